@@ -1,0 +1,227 @@
+//! The alloc chain (DESIGN.md §2): pop a group from the free queue and bind its windows to the
+//! requesting CN, entirely in the NIC. The step table is in docs/CHAINS.md.
+//!
+//! Request bytes are scattered by the RECV straight into the reply WRITE (address, rkey,
+//! immediate = the CN's token) and into the QP-number fields of the access BINDs. The queue
+//! head's fetch-and-add yields the slot address; two loop READs copy it into the READ that
+//! pops the slot and the WRITE that zeroes it; the slot's content (an entry address) is copied
+//! into the READ of the entry and the entry write-back; the entry lands in the reply image and
+//! its fields are copied into every BIND. If the queue was empty the slot held 0 and the READ
+//! of the entry at address 0 faults: that step is the chain's `empty_probe`.
+
+use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Ring};
+use crate::chain_builder::{Builder, ChainEnv};
+use crate::mn_memory::{alloc_scratch as a, ALLOC_SCRATCH_OFF};
+use crate::mwtable::{ENTRY_OFF_BASE, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE};
+use crate::wire::{alloc_request as req, ALLOC_REPLY_LEN};
+use crate::wqe::{QueueSel, Wqe, WqeField};
+
+pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
+    let g = env.geometry().group_size();
+    let s = env.scratch() + ALLOC_SCRATCH_OFF;
+    let q = env.map.queue;
+    let mut b = Builder::new(ChainKind::Alloc, env);
+
+    // Reply on the management QP: patched entirely from the request (RECV scatter).
+    // It is the only Mgmt step; the Loop ring enables it once the reply image is complete.
+    let l0 = b.push(Ring::Loop, Wqe::wait(env.mgmt_qpn, QueueSel::Recv, 1))?;
+    let _ = l0;
+    let faa = b.push(
+        Ring::Loop,
+        Wqe::masked_fetch_add(
+            s + a::SLOT_ADDR,
+            env.meta_lkey,
+            q.head,
+            env.meta_rkey,
+            8,
+            q.counter_boundary(),
+        ),
+    )?;
+    let _ = faa;
+    b.fence_loop(env)?;
+    // copy the slot address into the pop READ and the zeroing WRITE (indices fixed below)
+    let cp_pop = b.push(
+        Ring::Loop,
+        Wqe::read(0, env.ring_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey),
+    )?;
+    let cp_zero = b.push(
+        Ring::Loop,
+        Wqe::read(0, env.ring_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey),
+    )?;
+    b.fence_loop(env)?;
+    let pop = b.push(
+        Ring::Loop,
+        Wqe::read(s + a::REPLY_ENTRY_ADDR, env.meta_lkey, 8, 0, env.meta_rkey),
+    )?;
+    b.set_local(
+        cp_pop,
+        Loc::Field {
+            step: pop,
+            field: WqeField::RemoteAddr,
+        },
+    );
+    b.fence_loop(env)?;
+    let zero = b.push(
+        Ring::Loop,
+        Wqe::write(s + a::ZERO, env.meta_lkey, 8, 0, env.meta_rkey),
+    )?;
+    b.set_local(
+        cp_zero,
+        Loc::Field {
+            step: zero,
+            field: WqeField::RemoteAddr,
+        },
+    );
+    // copy the entry address into the entry READ and the write-back
+    let cp_entry = b.push(
+        Ring::Loop,
+        Wqe::read(0, env.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey),
+    )?;
+    let cp_wb = b.push(
+        Ring::Loop,
+        Wqe::read(0, env.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey),
+    )?;
+    b.fence_loop(env)?;
+    let entry = b.push(
+        Ring::Loop,
+        Wqe::read(
+            s + a::REPLY_ENTRY,
+            env.meta_lkey,
+            ENTRY_SIZE as u32,
+            0,
+            env.table_rkey,
+        ),
+    )?;
+    b.set_local(
+        cp_entry,
+        Loc::Field {
+            step: entry,
+            field: WqeField::RemoteAddr,
+        },
+    );
+    b.layout.empty_probe = Some(entry);
+    b.fence_loop(env)?;
+    b.push(
+        Ring::Loop,
+        Wqe::write(
+            s + a::OWNER,
+            env.meta_lkey,
+            4,
+            s + a::REPLY_ENTRY + ENTRY_OFF_OWNER,
+            env.meta_rkey,
+        ),
+    )?;
+    // scatter the entry into the BINDs: base/length/lkey span, then the window's rkey
+    let mut copies: heapless::Vec<(u8, u8), 8> = heapless::Vec::new();
+    for i in 0..g {
+        let span = b.push(
+            Ring::Loop,
+            Wqe::read(
+                0,
+                env.ring_lkey,
+                16,
+                s + a::REPLY_ENTRY + ENTRY_OFF_BASE,
+                env.meta_rkey,
+            ),
+        )?;
+        let rk = b.push(
+            Ring::Loop,
+            Wqe::read(
+                0,
+                env.ring_lkey,
+                4,
+                s + a::REPLY_ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64,
+                env.meta_rkey,
+            ),
+        )?;
+        let _ = copies.push((span, rk));
+    }
+    b.fence_loop(env)?;
+    let mut binds: heapless::Vec<u8, 4> = heapless::Vec::new();
+    for (i, (span, rk)) in copies.iter().copied().enumerate() {
+        let (qpn, access) = if i == 0 {
+            (env.free_qpn, env.owner_window_access)
+        } else {
+            (0, env.window_access) // patched from the request
+        };
+        let bind = b.push(Ring::Loop, Wqe::bind_mw(0, 0, 0, 0, qpn, access))?;
+        b.set_local(
+            span,
+            Loc::Field {
+                step: bind,
+                field: WqeField::LocalAddr,
+            },
+        );
+        b.set_local(
+            rk,
+            Loc::Field {
+                step: bind,
+                field: WqeField::Imm,
+            },
+        );
+        let _ = binds.push(bind);
+    }
+    b.fence_loop(env)?;
+    let wb = b.push(
+        Ring::Loop,
+        Wqe::write(
+            s + a::REPLY_ENTRY,
+            env.meta_lkey,
+            ENTRY_SIZE as u32,
+            0,
+            env.table_rkey,
+        ),
+    )?;
+    b.set_local(
+        cp_wb,
+        Loc::Field {
+            step: wb,
+            field: WqeField::RemoteAddr,
+        },
+    );
+    b.fence_loop(env)?;
+    // the reply, on the management QP
+    b.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Send, 1))?;
+    let reply = b.push(
+        Ring::Mgmt,
+        Wqe::write_imm(s + a::REPLY, env.meta_lkey, ALLOC_REPLY_LEN as u32, 0, 0, 0),
+    )?;
+
+    // RECV scatter: request header → scratch; the rest into WQE fields.
+    b.recv(Loc::Mem(s + a::REQ_HDR), req::TOKEN as u32)?;
+    b.recv(
+        Loc::Field {
+            step: reply,
+            field: WqeField::Imm,
+        },
+        4,
+    )?;
+    b.recv(
+        Loc::Field {
+            step: reply,
+            field: WqeField::RemoteAddr,
+        },
+        8,
+    )?;
+    b.recv(
+        Loc::Field {
+            step: reply,
+            field: WqeField::Rkey,
+        },
+        4,
+    )?;
+    for bind in binds.iter().skip(1) {
+        b.recv(
+            Loc::Field {
+                step: *bind,
+                field: WqeField::Qpn,
+            },
+            4,
+        )?;
+    }
+
+    b.rearm_tail(env, s + a::JUNK)?;
+    let loop_len = b.layout.ring_len(Ring::Loop) as u16;
+    b.layout.initial_enable = [loop_len, 0];
+    Ok(b.layout)
+}

@@ -1,0 +1,805 @@
+//! Chain layouts: a pre-posted WR chain as data, and its static validator.
+//!
+//! A chain spans three queues of the MN: the receive queue of a management QP (whose RECV
+//! scatters the request bytes), the send queue of the MN end of that management QP (`Mgmt`),
+//! and the send queue of the MN's loopback QP (`Loop`, which reaches the MN's own memory for
+//! the queue atomics, the MWTable READs and the WQE patches). Steps are listed in a global
+//! order that is a valid sequential execution (the host engine runs exactly that order); the
+//! NIC instead runs each ring independently, gated only by WAIT and ENABLE. The validator
+//! proves the two agree: every byte a step consumes that an earlier step produced — a patched
+//! WQE field or a scratch word — is guaranteed complete before the consumer can be *fetched*.
+//!
+//! Re-arming: both send rings are managed (they execute only up to an ENABLE limit, and ENABLE
+//! advances that limit by a count) and the chain closes each lap by bumping every WAIT's
+//! absolute CQ count with a fetch-and-add on the WQE field, then — fenced behind those
+//! atomics — enabling the next lap. The MN CPU arms a chain once per connection and
+//! again only after a failure.
+
+use crate::wqe::{Opcode, QueueSel, Wqe, WqeField, WQE_SIZE};
+use core::fmt;
+
+pub const MAX_STEPS: usize = 120;
+pub const MAX_RECV_TARGETS: usize = crate::wqe::MAX_RECV_SGES;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum Ring {
+    /// Send queue of the MN's loopback QP (MN → MN memory).
+    Loop = 0,
+    /// Send queue of the MN end of the CN's management QP.
+    Mgmt = 1,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum ChainKind {
+    Alloc,
+    Free,
+}
+
+/// Where bytes go or come from, resolved when the chain is armed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum Loc {
+    /// A concrete MN-memory address (scratch, queue, table).
+    Mem(u64),
+    /// A field (or span of consecutive fields starting at `field`) of a chain WQE.
+    Field { step: u8, field: WqeField },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Step {
+    pub ring: Ring,
+    /// The template, with lap-0 values; addresses given by `local`/`remote` are filled at arm.
+    pub wqe: Wqe,
+    /// If `Some(Loc::Field)`, the local address is that WQE field (a patch).
+    pub local: Option<Loc>,
+    /// If `Some(Loc::Field)`, the remote address is that WQE field (a lap bump).
+    pub remote: Option<Loc>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RecvTarget {
+    pub loc: Loc,
+    pub len: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Rearm {
+    /// The chain bumps its own WAIT counts / ENABLE limits and enables its next lap.
+    SelfEnabling,
+    /// The MN CPU re-posts it after each run (portable host-engine mode).
+    Host,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ChainLayout {
+    pub kind: ChainKind,
+    pub steps: heapless::Vec<Step, MAX_STEPS>,
+    /// Scatter list of the trigger RECV on the management QP.
+    pub recv: heapless::Vec<RecvTarget, MAX_RECV_TARGETS>,
+    /// QP numbers of the MN ends: [Loop, Mgmt].
+    pub qpns: [u32; 2],
+    /// Entries of each ring enabled when the chain is armed (the first lap's prefix).
+    pub initial_enable: [u16; 2],
+    pub rearm: Rearm,
+    /// Send-queue depth of the QPs the chain is posted on.
+    pub queue_depth: u16,
+    /// MN memory the chain's steps may name: `[meta_base, meta_base + meta_len)`.
+    pub meta: (u64, u64),
+    /// Step index whose failure means "the free queue is empty" (alloc chain).
+    pub empty_probe: Option<u8>,
+    /// Step index whose failure means "the caller does not own that chunk" (free chain).
+    pub ownership_check: Option<u8>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum ChainError {
+    /// More steps on one ring than the QP's send queue holds.
+    ChainTooLong {
+        ring: Ring,
+        steps: usize,
+        depth: u16,
+    },
+    /// A step or scatter entry names a step that does not exist.
+    BadStepRef {
+        step: u8,
+    },
+    /// A patch writes a field the target opcode does not allow to be patched.
+    NotPatchable {
+        step: u8,
+        field: WqeField,
+    },
+    /// A patch's length does not cover exactly whole patchable fields.
+    PatchOutsideField {
+        step: u8,
+        field: WqeField,
+        len: u32,
+    },
+    /// The producer of a patched field is not guaranteed complete when the consumer can be
+    /// fetched: the NIC may execute the stale template.
+    UngatedPatch {
+        producer: Producer,
+        consumer: u8,
+    },
+    /// A step reads MN memory an earlier step writes, without a gate between them.
+    UngatedDependency {
+        producer: Producer,
+        consumer: u8,
+    },
+    /// A step beyond a ring's initial enable is never released by an ENABLE.
+    NeverEnabled {
+        step: u8,
+    },
+    /// A WAIT waits for more completions than the lap produces before it.
+    WaitNeverSatisfied {
+        step: u8,
+    },
+    /// A self-enabling chain lacks a bump for a WAIT/ENABLE or a lap-closing ENABLE.
+    MissingRearm {
+        step: u8,
+    },
+    /// An address outside the MN's metadata region.
+    OutOfRegion {
+        step: u8,
+    },
+    /// A patch target comes before its producer in the global order.
+    PatchBackwards {
+        producer: Producer,
+        consumer: u8,
+    },
+    TooManySteps,
+}
+
+/// Who wrote a byte: a step, or the trigger RECV.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Producer {
+    Step(u8),
+    Recv,
+}
+
+impl fmt::Display for Producer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Producer::Step(s) => write!(f, "step {s}"),
+            Producer::Recv => f.write_str("the trigger RECV"),
+        }
+    }
+}
+
+impl fmt::Display for ChainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ChainTooLong { ring, steps, depth } => {
+                write!(f, "{steps} steps on the {ring:?} ring exceed the queue depth {depth}")
+            }
+            Self::BadStepRef { step } => write!(f, "reference to missing step {step}"),
+            Self::NotPatchable { step, field } => write!(f, "field {field:?} of step {step} is not patchable"),
+            Self::PatchOutsideField { step, field, len } => {
+                write!(f, "patch of {len} bytes at {field:?} of step {step} does not cover whole patchable fields")
+            }
+            Self::UngatedPatch { producer, consumer } => write!(
+                f,
+                "step {consumer} is patched by {producer} but not gated on its completion (the NIC may fetch it first)"
+            ),
+            Self::UngatedDependency { producer, consumer } => {
+                write!(f, "step {consumer} reads memory written by {producer} without a gate")
+            }
+            Self::NeverEnabled { step } => write!(f, "step {step} is never enabled"),
+            Self::WaitNeverSatisfied { step } => write!(f, "WAIT at step {step} can never be satisfied"),
+            Self::MissingRearm { step } => write!(f, "step {step} is not re-armed for the next lap"),
+            Self::OutOfRegion { step } => write!(f, "step {step} addresses memory outside the MN metadata region"),
+            Self::PatchBackwards { producer, consumer } => {
+                write!(f, "step {consumer} is patched by the later {producer}")
+            }
+            Self::TooManySteps => write!(f, "chain exceeds {MAX_STEPS} steps"),
+        }
+    }
+}
+
+type Set = u128;
+const RECV_BIT: u32 = 127;
+
+fn bit(s: usize) -> Set {
+    1u128 << s
+}
+
+impl ChainLayout {
+    pub fn ring_len(&self, ring: Ring) -> usize {
+        self.steps.iter().filter(|s| s.ring == ring).count()
+    }
+    /// Position of step `i` within its ring.
+    pub fn position(&self, i: usize) -> usize {
+        let r = self.steps[i].ring;
+        self.steps[..i].iter().filter(|s| s.ring == r).count()
+    }
+    fn ring_of_qpn(&self, qpn: u32) -> Option<Ring> {
+        if qpn == self.qpns[0] {
+            Some(Ring::Loop)
+        } else if qpn == self.qpns[1] {
+            Some(Ring::Mgmt)
+        } else {
+            None
+        }
+    }
+    /// Completions each CQ sees per lap: [Loop send, Mgmt send, Mgmt recv].
+    pub fn completions_per_lap(&self) -> [u64; 3] {
+        let mut c = [0u64, 0, 1];
+        for s in &self.steps {
+            if s.wqe.flags.contains(crate::wqe::WqeFlags::SIGNALED) {
+                c[s.ring as usize] += 1;
+            }
+        }
+        c
+    }
+    /// The n-th signaled step (1-based count) of a ring.
+    fn nth_signaled(&self, ring: Ring, n: u64) -> Option<usize> {
+        let mut k = 0;
+        for (i, s) in self.steps.iter().enumerate() {
+            if s.ring == ring && s.wqe.flags.contains(crate::wqe::WqeFlags::SIGNALED) {
+                k += 1;
+                if k == n {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    /// The patch and dependency edges, plus all structural checks.
+    pub fn validate(&self) -> Result<(), ChainError> {
+        let n = self.steps.len();
+        if n > MAX_STEPS || n >= RECV_BIT as usize {
+            return Err(ChainError::TooManySteps);
+        }
+        for ring in [Ring::Loop, Ring::Mgmt] {
+            let len = self.ring_len(ring);
+            if len > self.queue_depth as usize {
+                return Err(ChainError::ChainTooLong {
+                    ring,
+                    steps: len,
+                    depth: self.queue_depth,
+                });
+            }
+        }
+        // --- happens-before: what is complete when each step can be fetched -------------------
+        let mut fetch: heapless::Vec<Set, MAX_STEPS> = heapless::Vec::new();
+        // Completed(p) = p, everything fetched-before p, and earlier steps of p's ring.
+        let mut done: heapless::Vec<Set, MAX_STEPS> = heapless::Vec::new();
+        let recv_done: Set = bit(RECV_BIT as usize);
+        for i in 0..n {
+            let s = &self.steps[i];
+            let pos = self.position(i);
+            let mut g: Set = 0;
+            // WAITs earlier on the same ring block fetching past them.
+            for j in 0..i {
+                let w = &self.steps[j];
+                if w.ring == s.ring && w.wqe.opcode == Opcode::Wait {
+                    g |= fetch[j] | self.wait_guarantee(j, &done, recv_done)?;
+                }
+            }
+            // Steps past the initial enable are released by an earlier ENABLE.
+            if pos >= self.initial_enable[s.ring as usize] as usize {
+                match self.releasing_enable(s.ring, pos, i) {
+                    Some(j) => g |= fetch[j],
+                    None => return Err(ChainError::NeverEnabled { step: i as u8 }),
+                }
+            }
+            let _ = fetch.push(g);
+            let mut d = g | bit(i);
+            for j in 0..i {
+                if self.steps[j].ring == s.ring {
+                    d |= done[j];
+                }
+            }
+            let _ = done.push(d);
+        }
+        // --- patches and memory dependencies ----------------------------------------------------
+        for (i, s) in self.steps.iter().enumerate() {
+            for loc in [s.local, s.remote].into_iter().flatten() {
+                if let Loc::Field { step, field } = loc {
+                    let t = step as usize;
+                    if t >= n {
+                        return Err(ChainError::BadStepRef { step });
+                    }
+                    self.check_patch_span(step, field, s.wqe.length)?;
+                    let is_bump = s.remote == Some(loc);
+                    if is_bump {
+                        // A lap bump rewrites a WAIT for the *next* lap: the WAIT must already
+                        // have run in this one, or it would wait a lap too far.
+                        if t >= i || self.steps[t].wqe.opcode != Opcode::Wait {
+                            return Err(ChainError::PatchBackwards {
+                                producer: Producer::Step(i as u8),
+                                consumer: step,
+                            });
+                        }
+                    } else {
+                        if t <= i {
+                            return Err(ChainError::PatchBackwards {
+                                producer: Producer::Step(i as u8),
+                                consumer: step,
+                            });
+                        }
+                        if fetch[t] & bit(i) == 0 {
+                            return Err(ChainError::UngatedPatch {
+                                producer: Producer::Step(i as u8),
+                                consumer: step,
+                            });
+                        }
+                    }
+                }
+            }
+            // region check and memory dependencies
+            for (addr, len, is_read) in self.mem_accesses(i) {
+                if addr < self.meta.0 || addr.saturating_add(len as u64) > self.meta.0 + self.meta.1
+                {
+                    return Err(ChainError::OutOfRegion { step: i as u8 });
+                }
+                if !is_read {
+                    continue;
+                }
+                for p in 0..i {
+                    for (pa, pl, pr) in self.mem_accesses(p) {
+                        if !pr && overlaps(pa, pl, addr, len) && fetch[i] & bit(p) == 0 {
+                            return Err(ChainError::UngatedDependency {
+                                producer: Producer::Step(p as u8),
+                                consumer: i as u8,
+                            });
+                        }
+                    }
+                }
+                for r in &self.recv {
+                    if let Loc::Mem(a) = r.loc {
+                        if overlaps(a, r.len, addr, len) && fetch[i] & recv_done == 0 {
+                            return Err(ChainError::UngatedDependency {
+                                producer: Producer::Recv,
+                                consumer: i as u8,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        for r in &self.recv {
+            match r.loc {
+                Loc::Field { step, field } => {
+                    if step as usize >= n {
+                        return Err(ChainError::BadStepRef { step });
+                    }
+                    self.check_patch_span(step, field, r.len)?;
+                    if fetch[step as usize] & recv_done == 0 {
+                        return Err(ChainError::UngatedPatch {
+                            producer: Producer::Recv,
+                            consumer: step,
+                        });
+                    }
+                }
+                Loc::Mem(a) => {
+                    if a < self.meta.0 || a + r.len as u64 > self.meta.0 + self.meta.1 {
+                        return Err(ChainError::OutOfRegion { step: 0 });
+                    }
+                }
+            }
+        }
+        if self.rearm == Rearm::SelfEnabling {
+            self.check_rearm()?;
+        }
+        Ok(())
+    }
+
+    /// The set a WAIT at step `j` guarantees complete.
+    fn wait_guarantee(&self, j: usize, done: &[Set], recv_done: Set) -> Result<Set, ChainError> {
+        let w = &self.steps[j].wqe;
+        let count = w.operand0;
+        if count == 0 {
+            return Ok(0);
+        }
+        let ring = self
+            .ring_of_qpn(w.qpn)
+            .ok_or(ChainError::WaitNeverSatisfied { step: j as u8 })?;
+        if w.queue_sel() == QueueSel::Recv {
+            return if ring == Ring::Mgmt && count == 1 {
+                Ok(recv_done)
+            } else {
+                Err(ChainError::WaitNeverSatisfied { step: j as u8 })
+            };
+        }
+        match self.nth_signaled(ring, count) {
+            // Only completions of steps earlier in the global order can be guaranteed; a WAIT
+            // on a later step would deadlock the sequential order.
+            Some(p) if p < j || self.steps[p].ring != self.steps[j].ring => done
+                .get(p)
+                .copied()
+                .ok_or(ChainError::WaitNeverSatisfied { step: j as u8 }),
+            _ => Err(ChainError::WaitNeverSatisfied { step: j as u8 }),
+        }
+    }
+
+    /// The ENABLE (global index < `before`) whose increment first lets `ring` run entry `pos`
+    /// in lap 0. ENABLE increments the queue's limit by `operand0` (like mlx5 SEND_EN advancing
+    /// the producer index a managed QP may consume), so a re-armed chain needs no bumps of it.
+    fn releasing_enable(&self, ring: Ring, pos: usize, before: usize) -> Option<usize> {
+        let mut limit = self.initial_enable[ring as usize] as u64;
+        for (j, e) in self.steps.iter().enumerate().take(before) {
+            if self.is_send_enable_of(e, ring) {
+                limit += e.wqe.operand0;
+                if limit > pos as u64 {
+                    return Some(j);
+                }
+            }
+        }
+        None
+    }
+
+    fn is_send_enable_of(&self, e: &Step, ring: Ring) -> bool {
+        e.wqe.opcode == Opcode::Enable
+            && e.wqe.queue_sel() == QueueSel::Send
+            && self.ring_of_qpn(e.wqe.qpn) == Some(ring)
+    }
+
+    fn check_patch_span(&self, step: u8, field: WqeField, len: u32) -> Result<(), ChainError> {
+        let target = &self.steps[step as usize].wqe;
+        let start = field.offset();
+        let end = start + len as usize;
+        if end > WQE_SIZE || len == 0 {
+            return Err(ChainError::PatchOutsideField { step, field, len });
+        }
+        // walk the covered fields: each must be patchable and fully covered
+        let mut off = start;
+        while off < end {
+            let f = field_at(off).ok_or(ChainError::PatchOutsideField { step, field, len })?;
+            if !f.patchable_for(target.opcode) {
+                return Err(ChainError::NotPatchable { step, field: f });
+            }
+            off += f.width();
+        }
+        if off != end {
+            return Err(ChainError::PatchOutsideField { step, field, len });
+        }
+        Ok(())
+    }
+
+    /// MN-memory ranges a step touches: (addr, len, is_read_of_mn_memory).
+    fn mem_accesses(&self, i: usize) -> heapless::Vec<(u64, u32, bool), 3> {
+        let s = &self.steps[i];
+        let w = &s.wqe;
+        let mut v = heapless::Vec::new();
+        // Addresses patched at run time are dynamic: the MR they go through checks them, not
+        // this validator.
+        let local_is_mem = s.local.is_none() && !self.is_patched(i, WqeField::LocalAddr);
+        let remote_is_mem =
+            s.remote.is_none() && s.ring == Ring::Loop && !self.is_patched(i, WqeField::RemoteAddr);
+        match w.opcode {
+            Opcode::Read => {
+                if remote_is_mem {
+                    let _ = v.push((w.remote_addr, w.length, true));
+                }
+                if local_is_mem {
+                    let _ = v.push((w.local_addr, w.length, false));
+                }
+            }
+            Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => {
+                if remote_is_mem {
+                    // read-modify-write of MN memory
+                    let _ = v.push((w.remote_addr, 8, true));
+                    let _ = v.push((w.remote_addr, 8, false));
+                }
+                if local_is_mem {
+                    let _ = v.push((w.local_addr, 8, false));
+                }
+            }
+            Opcode::Write | Opcode::WriteWithImm | Opcode::Send | Opcode::SendWithImm => {
+                if local_is_mem {
+                    let _ = v.push((w.local_addr, w.length, true));
+                }
+                // A WRITE over the loop QP lands in MN memory: a producer for later readers
+                // (modelled as a completion-time write, like a READ response).
+                if remote_is_mem && matches!(w.opcode, Opcode::Write | Opcode::WriteWithImm) {
+                    let _ = v.push((w.remote_addr, w.length, false));
+                }
+            }
+            _ => {}
+        }
+        v
+    }
+
+    /// Whether some step or the RECV writes `field` of step `i`.
+    pub fn is_patched(&self, i: usize, field: WqeField) -> bool {
+        let hit = |l: &Option<Loc>| matches!(l, Some(Loc::Field { step, field: f }) if *step as usize == i && *f == field);
+        self.steps.iter().any(|s| hit(&s.local) || hit(&s.remote))
+            || self.recv.iter().any(|r| hit(&Some(r.loc)))
+    }
+
+    fn check_rearm(&self) -> Result<(), ChainError> {
+        let end = self.steps.len() as u8;
+        // The fenced ENABLE that starts the Loop ring's next lap: every bump must land before it
+        // executes (FENCE waits for this QP's outstanding atomics), and nothing else of the next
+        // lap can run before the Loop ring's does.
+        let closing = self
+            .steps
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, e)| {
+                e.ring == Ring::Loop
+                    && self.is_send_enable_of(e, Ring::Loop)
+                    && e.wqe.flags.contains(crate::wqe::WqeFlags::FENCE)
+            })
+            .map(|(j, _)| j)
+            .ok_or(ChainError::MissingRearm { step: end })?;
+        for (i, s) in self.steps.iter().enumerate() {
+            if s.wqe.opcode == Opcode::Wait {
+                let bump = self.steps.iter().enumerate().find(|(_, b)| {
+                    b.remote
+                        == Some(Loc::Field {
+                            step: i as u8,
+                            field: WqeField::Operand0,
+                        })
+                        && b.wqe.opcode == Opcode::FetchAdd
+                });
+                match bump {
+                    Some((b, bs)) if b < closing && bs.ring == Ring::Loop => {
+                        let per_lap = self.completions_per_lap();
+                        let q = match (self.ring_of_qpn(s.wqe.qpn), s.wqe.queue_sel()) {
+                            (Some(_), QueueSel::Recv) => 2,
+                            (Some(r), QueueSel::Send) => r as usize,
+                            (None, _) => {
+                                return Err(ChainError::WaitNeverSatisfied { step: i as u8 })
+                            }
+                        };
+                        if bs.wqe.operand0 != per_lap[q] {
+                            return Err(ChainError::MissingRearm { step: i as u8 });
+                        }
+                    }
+                    _ => return Err(ChainError::MissingRearm { step: i as u8 }),
+                }
+            }
+        }
+        // each lap must enable exactly one more lap of every ring, and one more RECV
+        for ring in [Ring::Loop, Ring::Mgmt] {
+            let len = self.ring_len(ring) as u64;
+            let inc: u64 = self
+                .steps
+                .iter()
+                .filter(|e| self.is_send_enable_of(e, ring))
+                .map(|e| e.wqe.operand0)
+                .sum();
+            if inc != len {
+                return Err(ChainError::MissingRearm { step: end });
+            }
+        }
+        let rq: u64 = self
+            .steps
+            .iter()
+            .filter(|e| {
+                e.wqe.opcode == Opcode::Enable
+                    && e.wqe.queue_sel() == QueueSel::Recv
+                    && e.wqe.qpn == self.qpns[1]
+            })
+            .map(|e| e.wqe.operand0)
+            .sum();
+        if rq != 1 {
+            return Err(ChainError::MissingRearm { step: end });
+        }
+        Ok(())
+    }
+}
+
+fn overlaps(a: u64, al: u32, b: u64, bl: u32) -> bool {
+    a < b.saturating_add(bl as u64) && b < a.saturating_add(al as u64)
+}
+
+fn field_at(off: usize) -> Option<WqeField> {
+    use WqeField::*;
+    [
+        Imm, WrId, LocalAddr, Length, Lkey, RemoteAddr, Rkey, Qpn, Operand0, Operand1,
+    ]
+    .into_iter()
+    .find(|f| f.offset() == off)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc_chain::build_alloc_chain;
+    use crate::chain_builder::test_env;
+    use crate::free_chain::build_free_chain;
+    use crate::wqe::WqeFlags;
+
+    #[test]
+    fn chains_valid_for_many_geometries() {
+        for g in 2..=crate::geometry::MAX_GROUP_SIZE as u8 {
+            for (cs, n) in [(512u64, 1u32), (4096, 100), (1 << 20, 7), (1 << 30, 3)] {
+                let env = test_env(cs, n, g);
+                let a = build_alloc_chain(&env).unwrap();
+                assert_eq!(a.validate(), Ok(()), "alloc G={g} cs={cs}");
+                assert!(a.empty_probe.is_some());
+                let f = build_free_chain(&env).unwrap();
+                assert_eq!(f.validate(), Ok(()), "free G={g} cs={cs}");
+                assert!(f.ownership_check.is_some());
+                // the binds: G of them, MW[0] to the Free QP
+                let binds: std::vec::Vec<_> = a
+                    .steps
+                    .iter()
+                    .filter(|s| s.wqe.opcode == Opcode::BindMw)
+                    .collect();
+                assert_eq!(binds.len(), g as usize);
+                assert_eq!(binds[0].wqe.qpn, env.free_qpn);
+                // the free chain: one LOCAL_INV on the Free QP ring, G-1 unbinds
+                let inv = f.ownership_check.unwrap() as usize;
+                assert_eq!(f.steps[inv].wqe.opcode, Opcode::LocalInv);
+                assert_eq!(f.steps[inv].ring, Ring::Mgmt);
+                let unbinds = f
+                    .steps
+                    .iter()
+                    .filter(|s| s.wqe.flags.contains(WqeFlags::UNBIND))
+                    .count();
+                assert_eq!(unbinds, g as usize - 1);
+            }
+        }
+    }
+
+    fn alloc() -> ChainLayout {
+        build_alloc_chain(&test_env(4096, 16, 3)).unwrap()
+    }
+
+    /// Removing the WAIT that gates a patched step must be caught.
+    #[test]
+    fn ungated_patch_rejected() {
+        let mut c = alloc();
+        // the WAIT right before the pop READ (step "pop" is patched by the copy before it)
+        let pop = c
+            .steps
+            .iter()
+            .position(|s| {
+                s.wqe.opcode == Opcode::Read && s.wqe.remote_addr == 0 && s.local.is_none()
+            })
+            .unwrap();
+        let wait = (0..pop)
+            .rev()
+            .find(|i| c.steps[*i].wqe.opcode == Opcode::Wait)
+            .unwrap();
+        c.steps[wait].wqe = Wqe::nop().with_flags(WqeFlags::empty());
+        // the bump of that WAIT now points at a NOP: drop it to isolate the gating error
+        for s in c.steps.iter_mut() {
+            if s.remote
+                == Some(Loc::Field {
+                    step: wait as u8,
+                    field: WqeField::Operand0,
+                })
+            {
+                s.wqe = Wqe::nop().with_flags(WqeFlags::SIGNALED);
+                s.remote = None;
+            }
+        }
+        c.rearm = Rearm::Host;
+        assert!(
+            matches!(
+                c.validate(),
+                Err(ChainError::UngatedPatch { .. }) | Err(ChainError::UngatedDependency { .. })
+            ),
+            "{:?}",
+            c.validate()
+        );
+    }
+
+    #[test]
+    fn ungated_recv_patch_rejected() {
+        let mut c = alloc();
+        c.steps[0].wqe.operand0 = 0; // WAIT for zero RECVs: gates nothing
+        assert!(matches!(
+            c.validate(),
+            Err(ChainError::UngatedPatch {
+                producer: Producer::Recv,
+                ..
+            }) | Err(ChainError::UngatedDependency {
+                producer: Producer::Recv,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn patch_outside_field_rejected() {
+        let mut c = alloc();
+        let i = c
+            .steps
+            .iter()
+            .position(|s| matches!(s.local, Some(Loc::Field { .. })))
+            .unwrap();
+        c.steps[i].wqe.length = 6; // 6 bytes into an 8-byte field
+        assert!(matches!(
+            c.validate(),
+            Err(ChainError::PatchOutsideField { .. })
+        ));
+    }
+
+    #[test]
+    fn patch_of_fixed_field_rejected() {
+        let mut c = alloc();
+        let i = c
+            .steps
+            .iter()
+            .position(|s| matches!(s.local, Some(Loc::Field { .. })))
+            .unwrap();
+        if let Some(Loc::Field { step, .. }) = c.steps[i].local {
+            c.steps[i].local = Some(Loc::Field {
+                step,
+                field: WqeField::WrId,
+            });
+        }
+        assert!(matches!(
+            c.validate(),
+            Err(ChainError::NotPatchable {
+                field: WqeField::WrId,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn chain_longer_than_queue_rejected() {
+        let mut c = alloc();
+        c.queue_depth = 8;
+        assert!(matches!(
+            c.validate(),
+            Err(ChainError::ChainTooLong {
+                ring: Ring::Loop,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn missing_rearm_rejected() {
+        let mut c = alloc();
+        let last = c.steps.len() - 1;
+        c.steps[last].wqe.flags = WqeFlags::empty(); // closing ENABLE without its fence
+        assert!(matches!(c.validate(), Err(ChainError::MissingRearm { .. })));
+        let mut c = alloc();
+        let bump = c
+            .steps
+            .iter()
+            .position(|s| matches!(s.remote, Some(Loc::Field { .. })))
+            .unwrap();
+        c.steps[bump].wqe.operand0 += 1; // wrong per-lap count
+        assert!(matches!(c.validate(), Err(ChainError::MissingRearm { .. })));
+    }
+
+    #[test]
+    fn never_enabled_and_out_of_region_rejected() {
+        let mut c = alloc();
+        let en = c
+            .steps
+            .iter()
+            .position(|s| {
+                s.wqe.opcode == Opcode::Enable
+                    && s.wqe.qpn == c.qpns[1]
+                    && s.wqe.queue_sel() == QueueSel::Send
+            })
+            .unwrap();
+        c.steps[en].wqe.operand0 = 0;
+        assert!(matches!(c.validate(), Err(ChainError::NeverEnabled { .. })));
+        let mut c = alloc();
+        let i = c
+            .steps
+            .iter()
+            .position(|s| s.wqe.opcode == Opcode::MaskedFetchAdd)
+            .unwrap();
+        c.steps[i].wqe.remote_addr = 0x10;
+        assert!(matches!(c.validate(), Err(ChainError::OutOfRegion { .. })));
+    }
+
+    #[test]
+    fn wait_never_satisfied_rejected() {
+        let mut c = alloc();
+        let i = c
+            .steps
+            .iter()
+            .position(|s| s.wqe.opcode == Opcode::Wait && s.wqe.queue_sel() == QueueSel::Send)
+            .unwrap();
+        c.steps[i].wqe.operand0 = 1000;
+        assert!(matches!(
+            c.validate(),
+            Err(ChainError::WaitNeverSatisfied { .. })
+        ));
+    }
+}

@@ -1,0 +1,82 @@
+//! The free MW queue: a ring of MWTable-entry addresses in MN memory.
+//!
+//! Pop is a fetch-and-add on `head`, push a fetch-and-add on `tail`, both issued by the NIC.
+//! The counters hold **slot addresses**, not indexes, so an atomic's result can be patched
+//! directly into the next READ's remote address; the ring is aligned to its own size so a
+//! masked fetch-and-add (carry boundary at the top index bit) wraps the address in place. A popped
+//! slot is zeroed, so popping an empty queue yields 0 and the following READ of address 0 fails —
+//! the hardware's way of noticing "empty".
+//!
+//! ```text
+//! ring:  capacity × u64 slot (entry address, 0 = empty), aligned to capacity × 8
+//! head:  u64  address of the next slot to pop
+//! tail:  u64  address of the next slot to push
+//! ```
+
+pub const SLOT_SIZE: usize = 8;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct FreeQueueLayout {
+    /// Address of slot 0; aligned to `capacity * 8`.
+    pub ring: u64,
+    /// Number of slots, a power of two ≥ the number of groups.
+    pub capacity: u32,
+    pub head: u64,
+    pub tail: u64,
+}
+
+impl FreeQueueLayout {
+    pub const fn ring_bytes(&self) -> u64 {
+        self.capacity as u64 * SLOT_SIZE as u64
+    }
+    /// Field-boundary mask for the counters' masked fetch-and-add: the slot offset bits wrap.
+    pub const fn counter_boundary(&self) -> u64 {
+        1u64 << (self.ring_bytes().trailing_zeros() - 1)
+    }
+    pub const fn slot_addr(&self, index: u32) -> u64 {
+        self.ring + (index as u64 % self.capacity as u64) * SLOT_SIZE as u64
+    }
+    pub const fn contains_slot(&self, addr: u64) -> bool {
+        addr >= self.ring && addr < self.ring + self.ring_bytes() && (addr - self.ring) % 8 == 0
+    }
+    /// Slot index of a counter value.
+    pub const fn index_of(&self, counter: u64) -> u32 {
+        ((counter - self.ring) / SLOT_SIZE as u64) as u32
+    }
+    /// Occupancy given the counters (both wrap in place, so the distance is modulo the ring).
+    pub const fn len(&self, head: u64, tail: u64) -> u32 {
+        let cap = self.capacity as u64;
+        let h = (head.wrapping_sub(self.ring) / 8) % cap;
+        let t = (tail.wrapping_sub(self.ring) / 8) % cap;
+        ((t + cap - h) % cap) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wqe::masked_add;
+
+    #[test]
+    fn counters_wrap_in_place() {
+        let q = FreeQueueLayout {
+            ring: 0x1_0000,
+            capacity: 16,
+            head: 0x2_0000,
+            tail: 0x2_0008,
+        };
+        assert_eq!(q.ring_bytes(), 128);
+        assert_eq!(q.counter_boundary(), 1 << 6);
+        let mut c = q.slot_addr(15);
+        c = masked_add(c, 8, q.counter_boundary());
+        assert_eq!(c, q.ring);
+        // and a "minus one slot" (add 2^7 − 8) steps back, wrapping too
+        let back = masked_add(q.ring, 128 - 8, q.counter_boundary());
+        assert_eq!(back, q.slot_addr(15));
+        assert!(q.contains_slot(q.slot_addr(3)));
+        assert!(!q.contains_slot(q.slot_addr(3) + 1));
+        assert!(!q.contains_slot(q.ring + 128));
+        assert_eq!(q.len(q.slot_addr(14), q.slot_addr(2)), 4);
+        assert_eq!(q.len(q.slot_addr(2), q.slot_addr(2)), 0);
+    }
+}

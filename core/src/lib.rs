@@ -1,0 +1,27 @@
+//! omw-core: OneSidedMW — remote memory management by RNIC-offloaded memory-window binding —
+//! as `no_std` data and sans-IO state machines.
+//!
+//! Start at [`mn::MemoryNode`] (the MN control plane) and [`cn::Client`] (the CN side); the
+//! chains they arm are built in [`alloc_chain`] and [`free_chain`] from the canonical
+//! [`wqe::Wqe`] and validated by [`chain::ChainLayout::validate`]. docs/ARCHITECTURE.md maps
+//! the crate; docs/CHAINS.md tabulates the chains step by step.
+#![no_std]
+#![forbid(unsafe_code)]
+#![warn(missing_debug_implementations)]
+
+#[cfg(test)]
+extern crate std;
+
+pub mod access;
+pub mod alloc_chain;
+pub mod backend;
+pub mod chain;
+pub mod chain_builder;
+pub mod free_chain;
+pub mod free_queue;
+pub mod geometry;
+pub mod ids;
+pub mod mn_memory;
+pub mod mwtable;
+pub mod wire;
+pub mod wqe;

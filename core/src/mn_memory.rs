@@ -1,0 +1,156 @@
+//! Where the MN's protocol state lies in its memory: the free queue, the MWTable and each
+//! CN's chain scratch areas. One computed map, so the chain builders, the host engine, the
+//! invariant checker and every backend agree on every address.
+//!
+//! ```text
+//! meta_base (aligned to the ring size)
+//!   free-queue ring      capacity × 8 B
+//!   head, tail           2 × 8 B
+//!   MWTable              chunk_count × 40 B      ← its own MR: the free chain reads entries
+//!                                                  through it, so a forged entry address
+//!                                                  outside the table faults
+//!   scratch              max_cns × 256 B         (alloc chain 128 B, free chain 128 B)
+//! ```
+
+use crate::free_queue::{FreeQueueLayout, SLOT_SIZE};
+use crate::geometry::PoolGeometry;
+use crate::ids::GroupId;
+use crate::mwtable::ENTRY_SIZE;
+
+pub const SCRATCH_PER_CN: u64 = 256;
+pub const ALLOC_SCRATCH_OFF: u64 = 0;
+pub const FREE_SCRATCH_OFF: u64 = 128;
+
+/// Offsets inside the alloc chain's scratch area.
+pub mod alloc_scratch {
+    /// Result of the FAA on the queue head: the popped slot's address.
+    pub const SLOT_ADDR: u64 = 0;
+    /// Eight zero bytes, written over the popped slot.
+    pub const ZERO: u64 = 8;
+    /// The CN's id (u32), written into the entry's owner field.
+    pub const OWNER: u64 = 16;
+    /// Landing place for the request header (magic, version, kind, token).
+    pub const REQ_HDR: u64 = 24;
+    /// The reply image, 56 B: header, entry address, entry.
+    pub const REPLY: u64 = 32;
+    pub const REPLY_ENTRY_ADDR: u64 = REPLY + 8;
+    pub const REPLY_ENTRY: u64 = REPLY + 16;
+    /// Destination of fetch-and-add results nobody reads (lap re-arm bumps).
+    pub const JUNK: u64 = 96;
+    pub const END: u64 = 104;
+}
+
+/// Offsets inside the free chain's scratch area.
+pub mod free_scratch {
+    pub const REQ_HDR: u64 = 0;
+    pub const ENTRY_ADDR: u64 = 8;
+    pub const ENTRY: u64 = 16;
+    pub const PUSH_SLOT: u64 = 56;
+    pub const ZERO: u64 = 64;
+    pub const JUNK: u64 = 72;
+    pub const END: u64 = 80;
+}
+
+const _: () = assert!(alloc_scratch::END <= FREE_SCRATCH_OFF);
+const _: () = assert!(FREE_SCRATCH_OFF + free_scratch::END <= SCRATCH_PER_CN);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MnMemoryMap {
+    pub geometry: PoolGeometry,
+    pub max_cns: u32,
+    pub meta_base: u64,
+    pub queue: FreeQueueLayout,
+    pub table_base: u64,
+    pub scratch_base: u64,
+    pub meta_len: u64,
+}
+
+impl MnMemoryMap {
+    /// Alignment the metadata region needs (the ring is aligned to its own size).
+    pub fn required_alignment(geometry: &PoolGeometry) -> u64 {
+        Self::ring_capacity(geometry) as u64 * SLOT_SIZE as u64
+    }
+    /// One more slot than groups, rounded up to a power of two, so a full queue is
+    /// distinguishable from an empty one.
+    pub fn ring_capacity(geometry: &PoolGeometry) -> u32 {
+        (geometry.chunk_count() + 1).next_power_of_two()
+    }
+    pub fn len_for(geometry: &PoolGeometry, max_cns: u32) -> u64 {
+        let ring = Self::required_alignment(geometry);
+        ring + 16
+            + geometry.chunk_count() as u64 * ENTRY_SIZE as u64
+            + max_cns as u64 * SCRATCH_PER_CN
+    }
+
+    /// `meta_base` must be aligned to [`Self::required_alignment`]; returns None otherwise.
+    pub fn new(geometry: PoolGeometry, max_cns: u32, meta_base: u64) -> Option<Self> {
+        let ring_bytes = Self::required_alignment(&geometry);
+        if meta_base == 0 || meta_base % ring_bytes != 0 {
+            return None;
+        }
+        let head = meta_base + ring_bytes;
+        let tail = head + 8;
+        let table_base = tail + 8;
+        let scratch_base = table_base + geometry.chunk_count() as u64 * ENTRY_SIZE as u64;
+        let meta_len = Self::len_for(&geometry, max_cns);
+        meta_base.checked_add(meta_len)?;
+        Some(MnMemoryMap {
+            geometry,
+            max_cns,
+            meta_base,
+            queue: FreeQueueLayout {
+                ring: meta_base,
+                capacity: Self::ring_capacity(&geometry),
+                head,
+                tail,
+            },
+            table_base,
+            scratch_base,
+            meta_len,
+        })
+    }
+    pub fn table_len(&self) -> u64 {
+        self.geometry.chunk_count() as u64 * ENTRY_SIZE as u64
+    }
+    pub fn entry_addr(&self, g: GroupId) -> Option<u64> {
+        (g.0 < self.geometry.chunk_count())
+            .then(|| self.table_base + g.0 as u64 * ENTRY_SIZE as u64)
+    }
+    /// The group whose entry starts exactly at `addr` (an entry address from the network).
+    pub fn group_of_entry(&self, addr: u64) -> Option<GroupId> {
+        if addr < self.table_base || addr >= self.table_base + self.table_len() {
+            return None;
+        }
+        let off = addr - self.table_base;
+        (off % ENTRY_SIZE as u64 == 0).then(|| GroupId((off / ENTRY_SIZE as u64) as u32))
+    }
+    /// Scratch area of the CN in connection slot `slot` (0-based).
+    pub fn scratch(&self, slot: u32) -> Option<u64> {
+        (slot < self.max_cns).then(|| self.scratch_base + slot as u64 * SCRATCH_PER_CN)
+    }
+    pub fn offset(&self, addr: u64) -> Option<usize> {
+        (addr >= self.meta_base && addr < self.meta_base + self.meta_len)
+            .then(|| (addr - self.meta_base) as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn map_is_disjoint_and_aligned() {
+        let g = PoolGeometry::new(1 << 20, 4096, 100, 3).unwrap();
+        assert_eq!(MnMemoryMap::ring_capacity(&g), 128);
+        assert!(MnMemoryMap::new(g, 4, 0x1200).is_none()); // not aligned to 1 KiB ring
+        let m = MnMemoryMap::new(g, 4, 0x10_0000).unwrap();
+        assert_eq!(m.queue.head, 0x10_0000 + 1024);
+        assert_eq!(m.table_base, m.queue.tail + 8);
+        assert_eq!(m.entry_addr(GroupId(1)), Some(m.table_base + 40));
+        assert_eq!(m.group_of_entry(m.table_base + 80), Some(GroupId(2)));
+        assert_eq!(m.group_of_entry(m.table_base + 81), None);
+        assert_eq!(m.group_of_entry(m.scratch_base), None);
+        assert_eq!(m.scratch(3), Some(m.scratch_base + 768));
+        assert_eq!(m.scratch(4), None);
+        assert_eq!(m.meta_len, 1024 + 16 + 4000 + 1024);
+    }
+}
