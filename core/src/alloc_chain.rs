@@ -221,7 +221,6 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     }
 
     b.rearm_tail(env, s + a::JUNK)?;
-    let loop_len = b.layout.ring_len(Ring::Loop) as u16;
-    b.layout.initial_enable = [loop_len, 0];
+    b.layout.initial_enable = [b.layout.ring_depth[Ring::Loop as usize], 0];
     Ok(b.layout)
 }

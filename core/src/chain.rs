@@ -80,8 +80,14 @@ pub struct ChainLayout {
     /// Entries of each ring enabled when the chain is armed (the first lap's prefix).
     pub initial_enable: [u16; 2],
     pub rearm: Rearm,
-    /// Send-queue depth of the QPs the chain is posted on.
+    /// Largest send-queue depth the chain's QPs may have.
     pub queue_depth: u16,
+    /// Send-queue depth each ring needs ([Loop, Mgmt]): its length, a power of two (the
+    /// builders pad with NOPs). The chain's QPs must be created with exactly these depths.
+    pub ring_depth: [u16; 2],
+    /// Keys the arm step needs for the RECV scatter entries: metadata MR and ring MR lkeys.
+    pub meta_lkey: u32,
+    pub ring_lkey: u32,
     /// MN memory the chain's steps may name: `[meta_base, meta_base + meta_len)`.
     pub meta: (u64, u64),
     /// Step index whose failure means "the free queue is empty" (alloc chain).
@@ -615,6 +621,10 @@ mod tests {
                 let f = build_free_chain(&env).unwrap();
                 assert_eq!(f.validate(), Ok(()), "free G={g} cs={cs}");
                 assert!(f.ownership_check.is_some());
+                for r in [Ring::Loop, Ring::Mgmt] {
+                    assert_eq!(a.ring_len(r), a.ring_depth[r as usize] as usize);
+                    assert!(a.ring_depth[r as usize].is_power_of_two());
+                }
                 // the binds: G of them, MW[0] to the Free QP
                 let binds: std::vec::Vec<_> = a
                     .steps
@@ -751,7 +761,11 @@ mod tests {
     #[test]
     fn missing_rearm_rejected() {
         let mut c = alloc();
-        let last = c.steps.len() - 1;
+        let last = c
+            .steps
+            .iter()
+            .rposition(|s| s.wqe.flags.contains(WqeFlags::FENCE))
+            .unwrap();
         c.steps[last].wqe.flags = WqeFlags::empty(); // closing ENABLE without its fence
         assert!(matches!(c.validate(), Err(ChainError::MissingRearm { .. })));
         let mut c = alloc();

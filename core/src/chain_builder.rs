@@ -77,6 +77,8 @@ pub fn parse_chain_wr_id(wr_id: u64) -> Option<(ChainKind, u32, u8)> {
 pub(crate) struct Builder {
     pub layout: ChainLayout,
     slot: u32,
+    /// Index of the lap-closing ENABLE once `rearm_tail` has run.
+    pub closing: u8,
 }
 
 impl Builder {
@@ -90,11 +92,15 @@ impl Builder {
                 initial_enable: [0, 0],
                 rearm: Rearm::SelfEnabling,
                 queue_depth: env.queue_depth,
+                ring_depth: [0, 0],
+                meta_lkey: env.meta_lkey,
+                ring_lkey: env.ring_lkey,
                 meta: (env.map.meta_base, env.map.meta_len),
                 empty_probe: None,
                 ownership_check: None,
             },
             slot: env.slot,
+            closing: 0,
         }
     }
     pub fn next(&self) -> u8 {
@@ -175,34 +181,37 @@ impl Builder {
                 field: WqeField::Operand0,
             });
         }
-        // Enable what this lap has not enabled yet: the Mgmt ring's remainder, the next RECV,
-        // then (fenced behind the bumps) the Loop ring's next lap.
+        // Each ring is padded with unsignaled NOPs to a power-of-two depth (what a real send
+        // queue has), and every lap enables exactly one ring's worth: the ring then wraps onto
+        // the same bytes, which is what makes the chain re-arm itself.
         let enabled_mgmt: u64 = self.enabled(Ring::Mgmt, env);
-        let mgmt_len = self
-            .layout
-            .steps
-            .iter()
-            .filter(|s| s.ring == Ring::Mgmt)
-            .count() as u64;
-        if mgmt_len > enabled_mgmt {
+        let mgmt_len = self.layout.ring_len(Ring::Mgmt) as u64;
+        let mgmt_depth = if mgmt_len == 0 {
+            0
+        } else {
+            mgmt_len.next_power_of_two()
+        };
+        let extra_mgmt_enable = u64::from(mgmt_depth > enabled_mgmt);
+        let loop_final = self.layout.ring_len(Ring::Loop) as u64 + extra_mgmt_enable + 2;
+        let loop_depth = loop_final.next_power_of_two();
+        if extra_mgmt_enable == 1 {
             self.push(
                 Ring::Loop,
-                Wqe::enable(env.mgmt_qpn, QueueSel::Send, mgmt_len - enabled_mgmt),
+                Wqe::enable(env.mgmt_qpn, QueueSel::Send, mgmt_depth - enabled_mgmt),
             )?;
         }
         self.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Recv, 1))?;
         let loop_enabled = self.enabled(Ring::Loop, env);
-        // the closing ENABLE itself is a Loop step of this lap
-        let loop_len = self
-            .layout
-            .steps
-            .iter()
-            .filter(|s| s.ring == Ring::Loop)
-            .count() as u64
-            + 1;
-        let inc = loop_len - loop_enabled;
-        let w = Wqe::enable(env.loop_qpn, QueueSel::Send, inc).with_flags(WqeFlags::FENCE);
+        let w = Wqe::enable(env.loop_qpn, QueueSel::Send, loop_depth - loop_enabled)
+            .with_flags(WqeFlags::FENCE);
         self.push(Ring::Loop, w)?;
+        self.closing = self.next() - 1;
+        for (ring, depth) in [(Ring::Loop, loop_depth), (Ring::Mgmt, mgmt_depth)] {
+            while (self.layout.ring_len(ring) as u64) < depth {
+                self.push(ring, Wqe::nop().with_flags(WqeFlags::empty()))?;
+            }
+        }
+        self.layout.ring_depth = [loop_depth as u16, mgmt_depth as u16];
         Ok(())
     }
 

@@ -103,7 +103,6 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.layout.steps[first_half_enable as usize].wqe.operand0 = mgmt_len;
 
     // ---- Loop, second half
-    let second_start = b.layout.ring_len(Ring::Loop);
     for pair in 0..g.div_ceil(2) {
         b.push(
             Ring::Loop,
@@ -180,11 +179,11 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.recv(Loc::Mem(s + f::ENTRY_ADDR), 8)?;
 
     b.rearm_tail(env, s + f::JUNK)?;
-    let loop_len = b.layout.ring_len(Ring::Loop);
-    b.layout.steps[release as usize].wqe.operand0 = (loop_len - second_start) as u64;
-    // the closing ENABLE re-enables only the first half
-    let closing = b.layout.steps.len() - 1;
-    b.layout.steps[closing].wqe.operand0 = first_len as u64;
+    let loop_depth = b.layout.ring_depth[Ring::Loop as usize] as u64;
+    // Per lap: the Free QP releases everything after the first half (padding included), the
+    // closing ENABLE re-enables only the next lap's first half.
+    b.layout.steps[release as usize].wqe.operand0 = loop_depth - first_len as u64;
+    b.layout.steps[b.closing as usize].wqe.operand0 = first_len as u64;
     b.layout.initial_enable = [first_len, 0];
     Ok(b.layout)
 }

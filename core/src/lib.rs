@@ -14,6 +14,7 @@ extern crate std;
 
 pub mod access;
 pub mod alloc_chain;
+pub mod arm;
 pub mod backend;
 pub mod chain;
 pub mod chain_builder;
