@@ -180,12 +180,22 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         },
     );
     b.fence_loop(env)?;
-    // the reply, on the management QP
-    b.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Send, 1))?;
+    // The reply, on the management QP. The Mgmt ring releases the Loop ring's commit half
+    // only after the reply completed successfully: a reply that fails (bad reply address from
+    // the CN) puts the QP in error, flushes that ENABLE, and leaves the markers set for the MN.
+    let release_mgmt = b.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Send, 3))?;
+    let first_len = b.layout.ring_len(Ring::Loop) as u64;
     let reply = b.push(
         Ring::Mgmt,
         Wqe::write_imm(s + a::REPLY, env.meta_lkey, ALLOC_REPLY_LEN as u32, 0, 0, 0),
     )?;
+    b.push(Ring::Mgmt, Wqe::wait(env.mgmt_qpn, QueueSel::Send, 1))?;
+    let release = b.push(Ring::Mgmt, Wqe::enable(env.loop_qpn, QueueSel::Send, 0))?;
+    let _ = release_mgmt;
+    // commit: clear the markers
+    b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.meta_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey))?;
+    b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.meta_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey))?;
+    b.fence_loop(env)?;
 
     // RECV scatter: request header → scratch; the rest into WQE fields.
     b.recv(Loc::Mem(s + a::REQ_HDR), req::TOKEN as u32)?;
@@ -221,6 +231,9 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     }
 
     b.rearm_tail(env, s + a::JUNK)?;
-    b.layout.initial_enable = [b.layout.ring_depth[Ring::Loop as usize], 0];
+    let loop_depth = b.layout.ring_depth[Ring::Loop as usize] as u64;
+    b.layout.steps[release as usize].wqe.operand0 = loop_depth - first_len;
+    b.layout.steps[b.closing as usize].wqe.operand0 = first_len;
+    b.layout.initial_enable = [first_len as u16, 0];
     Ok(b.layout)
 }

@@ -23,7 +23,8 @@ pub const FREE_SCRATCH_OFF: u64 = 128;
 
 /// Offsets inside the alloc chain's scratch area.
 pub mod alloc_scratch {
-    /// Result of the FAA on the queue head: the popped slot's address.
+    /// Result of the FAA on the queue head: the popped slot's address. Cleared when a lap
+    /// commits, so after a failure non-zero means "this lap took a ticket".
     pub const SLOT_ADDR: u64 = 0;
     /// Eight zero bytes, written over the popped slot.
     pub const ZERO: u64 = 8;
@@ -33,6 +34,8 @@ pub mod alloc_scratch {
     pub const REQ_HDR: u64 = 24;
     /// The reply image, 56 B: header, entry address, entry.
     pub const REPLY: u64 = 32;
+    /// The popped entry's address; cleared when a lap commits (the reply was delivered), so
+    /// after a failure non-zero means "this lap popped a group the CN never got".
     pub const REPLY_ENTRY_ADDR: u64 = REPLY + 8;
     pub const REPLY_ENTRY: u64 = REPLY + 16;
     /// Destination of fetch-and-add results nobody reads (lap re-arm bumps).
@@ -43,6 +46,7 @@ pub mod alloc_scratch {
 /// Offsets inside the free chain's scratch area.
 pub mod free_scratch {
     pub const REQ_HDR: u64 = 0;
+    /// Entry address from the request; cleared when a lap commits (the push landed).
     pub const ENTRY_ADDR: u64 = 8;
     pub const ENTRY: u64 = 16;
     pub const PUSH_SLOT: u64 = 56;
@@ -67,16 +71,17 @@ pub struct MnMemoryMap {
 
 impl MnMemoryMap {
     /// Alignment the metadata region needs (the ring is aligned to its own size).
-    pub fn required_alignment(geometry: &PoolGeometry) -> u64 {
-        Self::ring_capacity(geometry) as u64 * SLOT_SIZE as u64
+    pub fn required_alignment(geometry: &PoolGeometry, max_cns: u32) -> u64 {
+        Self::ring_capacity(geometry, max_cns) as u64 * SLOT_SIZE as u64
     }
-    /// One more slot than groups, rounded up to a power of two, so a full queue is
-    /// distinguishable from an empty one.
-    pub fn ring_capacity(geometry: &PoolGeometry) -> u32 {
-        (geometry.chunk_count() + 1).next_power_of_two()
+    /// Room for every group, plus one outstanding "ticket" per CN (a pop that found the queue
+    /// empty advances the head past the tail until the MN settles it), plus one so a full
+    /// queue is distinguishable from an empty one; rounded up to a power of two.
+    pub fn ring_capacity(geometry: &PoolGeometry, max_cns: u32) -> u32 {
+        (geometry.chunk_count() + max_cns + 1).next_power_of_two()
     }
     pub fn len_for(geometry: &PoolGeometry, max_cns: u32) -> u64 {
-        let ring = Self::required_alignment(geometry);
+        let ring = Self::required_alignment(geometry, max_cns);
         ring + 16
             + geometry.chunk_count() as u64 * ENTRY_SIZE as u64
             + max_cns as u64 * SCRATCH_PER_CN
@@ -84,7 +89,7 @@ impl MnMemoryMap {
 
     /// `meta_base` must be aligned to [`Self::required_alignment`]; returns None otherwise.
     pub fn new(geometry: PoolGeometry, max_cns: u32, meta_base: u64) -> Option<Self> {
-        let ring_bytes = Self::required_alignment(&geometry);
+        let ring_bytes = Self::required_alignment(&geometry, max_cns);
         if meta_base == 0 || meta_base % ring_bytes != 0 {
             return None;
         }
@@ -100,7 +105,7 @@ impl MnMemoryMap {
             meta_base,
             queue: FreeQueueLayout {
                 ring: meta_base,
-                capacity: Self::ring_capacity(&geometry),
+                capacity: Self::ring_capacity(&geometry, max_cns),
                 head,
                 tail,
             },
@@ -140,7 +145,8 @@ mod tests {
     #[test]
     fn map_is_disjoint_and_aligned() {
         let g = PoolGeometry::new(1 << 20, 4096, 100, 3).unwrap();
-        assert_eq!(MnMemoryMap::ring_capacity(&g), 128);
+        assert_eq!(MnMemoryMap::ring_capacity(&g, 4), 128);
+        assert_eq!(MnMemoryMap::ring_capacity(&g, 40), 256);
         assert!(MnMemoryMap::new(g, 4, 0x1200).is_none()); // not aligned to 1 KiB ring
         let m = MnMemoryMap::new(g, 4, 0x10_0000).unwrap();
         assert_eq!(m.queue.head, 0x10_0000 + 1024);
