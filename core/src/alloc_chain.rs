@@ -28,111 +28,40 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let _ = l0;
     let faa = b.push(
         Ring::Loop,
-        Wqe::masked_fetch_add(
-            s + a::SLOT_ADDR,
-            env.meta_lkey,
-            q.head,
-            env.meta_rkey,
-            8,
-            q.counter_boundary(),
-        ),
+        Wqe::masked_fetch_add(s + a::SLOT_ADDR, env.meta_lkey, q.head, env.meta_rkey, 8, q.counter_boundary()),
     )?;
     let _ = faa;
     b.fence_loop(env)?;
     // copy the slot address into the pop READ and the zeroing WRITE (indices fixed below)
-    let cp_pop = b.push(
-        Ring::Loop,
-        Wqe::read(0, env.ring_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey),
-    )?;
-    let cp_zero = b.push(
-        Ring::Loop,
-        Wqe::read(0, env.ring_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey),
-    )?;
+    let cp_pop = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey))?;
+    let cp_zero = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey))?;
     b.fence_loop(env)?;
-    let pop = b.push(
-        Ring::Loop,
-        Wqe::read(s + a::REPLY_ENTRY_ADDR, env.meta_lkey, 8, 0, env.meta_rkey),
-    )?;
-    b.set_local(
-        cp_pop,
-        Loc::Field {
-            step: pop,
-            field: WqeField::RemoteAddr,
-        },
-    );
+    let pop = b.push(Ring::Loop, Wqe::read(s + a::REPLY_ENTRY_ADDR, env.meta_lkey, 8, 0, env.meta_rkey))?;
+    b.set_local(cp_pop, Loc::Field { step: pop, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
-    let zero = b.push(
-        Ring::Loop,
-        Wqe::write(s + a::ZERO, env.meta_lkey, 8, 0, env.meta_rkey),
-    )?;
-    b.set_local(
-        cp_zero,
-        Loc::Field {
-            step: zero,
-            field: WqeField::RemoteAddr,
-        },
-    );
+    let zero = b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.meta_lkey, 8, 0, env.meta_rkey))?;
+    b.set_local(cp_zero, Loc::Field { step: zero, field: WqeField::RemoteAddr });
     // copy the entry address into the entry READ and the write-back
-    let cp_entry = b.push(
-        Ring::Loop,
-        Wqe::read(0, env.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey),
-    )?;
-    let cp_wb = b.push(
-        Ring::Loop,
-        Wqe::read(0, env.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey),
-    )?;
+    let cp_entry = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey))?;
+    let cp_wb = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey))?;
     b.fence_loop(env)?;
-    let entry = b.push(
-        Ring::Loop,
-        Wqe::read(
-            s + a::REPLY_ENTRY,
-            env.meta_lkey,
-            ENTRY_SIZE as u32,
-            0,
-            env.table_rkey,
-        ),
-    )?;
-    b.set_local(
-        cp_entry,
-        Loc::Field {
-            step: entry,
-            field: WqeField::RemoteAddr,
-        },
-    );
+    let entry =
+        b.push(Ring::Loop, Wqe::read(s + a::REPLY_ENTRY, env.meta_lkey, ENTRY_SIZE as u32, 0, env.table_rkey))?;
+    b.set_local(cp_entry, Loc::Field { step: entry, field: WqeField::RemoteAddr });
     b.layout.empty_probe = Some(entry);
     b.fence_loop(env)?;
     b.push(
         Ring::Loop,
-        Wqe::write(
-            s + a::OWNER,
-            env.meta_lkey,
-            4,
-            s + a::REPLY_ENTRY + ENTRY_OFF_OWNER,
-            env.meta_rkey,
-        ),
+        Wqe::write(s + a::OWNER, env.meta_lkey, 4, s + a::REPLY_ENTRY + ENTRY_OFF_OWNER, env.meta_rkey),
     )?;
     // scatter the entry into the BINDs: base/length/lkey span, then the window's rkey
     let mut copies: heapless::Vec<(u8, u8), 8> = heapless::Vec::new();
     for i in 0..g {
-        let span = b.push(
-            Ring::Loop,
-            Wqe::read(
-                0,
-                env.ring_lkey,
-                16,
-                s + a::REPLY_ENTRY + ENTRY_OFF_BASE,
-                env.meta_rkey,
-            ),
-        )?;
+        let span =
+            b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 16, s + a::REPLY_ENTRY + ENTRY_OFF_BASE, env.meta_rkey))?;
         let rk = b.push(
             Ring::Loop,
-            Wqe::read(
-                0,
-                env.ring_lkey,
-                4,
-                s + a::REPLY_ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64,
-                env.meta_rkey,
-            ),
+            Wqe::read(0, env.ring_lkey, 4, s + a::REPLY_ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64, env.meta_rkey),
         )?;
         let _ = copies.push((span, rk));
     }
@@ -145,50 +74,20 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
             (0, env.window_access) // patched from the request
         };
         let bind = b.push(Ring::Loop, Wqe::bind_mw(0, 0, 0, 0, qpn, access))?;
-        b.set_local(
-            span,
-            Loc::Field {
-                step: bind,
-                field: WqeField::LocalAddr,
-            },
-        );
-        b.set_local(
-            rk,
-            Loc::Field {
-                step: bind,
-                field: WqeField::Imm,
-            },
-        );
+        b.set_local(span, Loc::Field { step: bind, field: WqeField::LocalAddr });
+        b.set_local(rk, Loc::Field { step: bind, field: WqeField::Imm });
         let _ = binds.push(bind);
     }
     b.fence_loop(env)?;
-    let wb = b.push(
-        Ring::Loop,
-        Wqe::write(
-            s + a::REPLY_ENTRY,
-            env.meta_lkey,
-            ENTRY_SIZE as u32,
-            0,
-            env.table_rkey,
-        ),
-    )?;
-    b.set_local(
-        cp_wb,
-        Loc::Field {
-            step: wb,
-            field: WqeField::RemoteAddr,
-        },
-    );
+    let wb = b.push(Ring::Loop, Wqe::write(s + a::REPLY_ENTRY, env.meta_lkey, ENTRY_SIZE as u32, 0, env.table_rkey))?;
+    b.set_local(cp_wb, Loc::Field { step: wb, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
     // The reply, on the management QP. The Mgmt ring releases the Loop ring's commit half
     // only after the reply completed successfully: a reply that fails (bad reply address from
     // the CN) puts the QP in error, flushes that ENABLE, and leaves the markers set for the MN.
     let release_mgmt = b.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Send, 3))?;
     let first_len = b.layout.ring_len(Ring::Loop) as u64;
-    let reply = b.push(
-        Ring::Mgmt,
-        Wqe::write_imm(s + a::REPLY, env.meta_lkey, ALLOC_REPLY_LEN as u32, 0, 0, 0),
-    )?;
+    let reply = b.push(Ring::Mgmt, Wqe::write_imm(s + a::REPLY, env.meta_lkey, ALLOC_REPLY_LEN as u32, 0, 0, 0))?;
     b.push(Ring::Mgmt, Wqe::wait(env.mgmt_qpn, QueueSel::Send, 1))?;
     let release = b.push(Ring::Mgmt, Wqe::enable(env.loop_qpn, QueueSel::Send, 0))?;
     let _ = release_mgmt;
@@ -199,35 +98,11 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
 
     // RECV scatter: request header → scratch; the rest into WQE fields.
     b.recv(Loc::Mem(s + a::REQ_HDR), req::TOKEN as u32)?;
-    b.recv(
-        Loc::Field {
-            step: reply,
-            field: WqeField::Imm,
-        },
-        4,
-    )?;
-    b.recv(
-        Loc::Field {
-            step: reply,
-            field: WqeField::RemoteAddr,
-        },
-        8,
-    )?;
-    b.recv(
-        Loc::Field {
-            step: reply,
-            field: WqeField::Rkey,
-        },
-        4,
-    )?;
+    b.recv(Loc::Field { step: reply, field: WqeField::Imm }, 4)?;
+    b.recv(Loc::Field { step: reply, field: WqeField::RemoteAddr }, 8)?;
+    b.recv(Loc::Field { step: reply, field: WqeField::Rkey }, 4)?;
     for bind in binds.iter().skip(1) {
-        b.recv(
-            Loc::Field {
-                step: *bind,
-                field: WqeField::Qpn,
-            },
-            4,
-        )?;
+        b.recv(Loc::Field { step: *bind, field: WqeField::Qpn }, 4)?;
     }
 
     b.rearm_tail(env, s + a::JUNK)?;

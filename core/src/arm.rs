@@ -38,12 +38,7 @@ pub struct ResolvedChain {
 }
 
 /// Address of a WQE field of step `step` given the send-ring bases [Loop, Mgmt].
-pub fn field_addr(
-    layout: &ChainLayout,
-    bases: [u64; 2],
-    step: u8,
-    field: crate::wqe::WqeField,
-) -> u64 {
+pub fn field_addr(layout: &ChainLayout, bases: [u64; 2], step: u8, field: crate::wqe::WqeField) -> u64 {
     let i = step as usize;
     let ring = layout.steps.get(i).map(|s| s.ring).unwrap_or(Ring::Loop);
     bases[ring as usize] + (layout.position(i) * WQE_SIZE) as u64 + field.offset() as u64
@@ -61,22 +56,13 @@ pub fn resolve(layout: &ChainLayout, bases: [u64; 2]) -> ResolvedChain {
         }
         let _ = wqes.push(w);
     }
-    let mut recv = RecvWqe {
-        wr_id: chain_wr_id(layout.kind, 0, 0xFF),
-        sges: heapless::Vec::new(),
-    };
+    let mut recv = RecvWqe { wr_id: chain_wr_id(layout.kind, 0, 0xFF), sges: heapless::Vec::new() };
     for r in layout.recv.iter() {
         let sge = match r.loc {
-            Loc::Mem(a) => Sge {
-                addr: a,
-                length: r.len,
-                lkey: layout.meta_lkey,
-            },
-            Loc::Field { step, field } => Sge {
-                addr: field_addr(layout, bases, step, field),
-                length: r.len,
-                lkey: layout.ring_lkey,
-            },
+            Loc::Mem(a) => Sge { addr: a, length: r.len, lkey: layout.meta_lkey },
+            Loc::Field { step, field } => {
+                Sge { addr: field_addr(layout, bases, step, field), length: r.len, lkey: layout.ring_lkey }
+            }
         };
         let _ = recv.sges.push(sge);
     }
@@ -85,47 +71,31 @@ pub fn resolve(layout: &ChainLayout, bases: [u64; 2]) -> ResolvedChain {
 
 /// Post a chain into freshly reset managed queues and enable its first lap. `recv_copies`
 /// identical RECVs fill the management QP's receive ring (its depth).
-pub fn arm<B: RdmaBackend>(
-    backend: &mut B,
-    layout: &ChainLayout,
-    recv_copies: u32,
-) -> Result<(), ArmError<B::Error>> {
+pub fn arm<B: RdmaBackend>(backend: &mut B, layout: &ChainLayout, recv_copies: u32) -> Result<(), ArmError<B::Error>> {
     layout.validate().map_err(ArmError::Invalid)?;
     let q = |v: u32| Qpn::new(v).map_err(|_| ArmError::BadQpn(v));
     let qpns = [q(layout.qpns[0])?, q(layout.qpns[1])?];
     let bases = [
-        backend
-            .ring_base(qpns[0], QueueSel::Send)
-            .map_err(ArmError::Backend)?,
-        backend
-            .ring_base(qpns[1], QueueSel::Send)
-            .map_err(ArmError::Backend)?,
+        backend.ring_base(qpns[0], QueueSel::Send).map_err(ArmError::Backend)?,
+        backend.ring_base(qpns[1], QueueSel::Send).map_err(ArmError::Backend)?,
     ];
     let resolved = resolve(layout, bases);
     for ring in [Ring::Loop, Ring::Mgmt] {
         for (s, w) in layout.steps.iter().zip(resolved.wqes.iter()) {
             if s.ring == ring {
-                backend
-                    .post_send(qpns[ring as usize], w)
-                    .map_err(ArmError::Backend)?;
+                backend.post_send(qpns[ring as usize], w).map_err(ArmError::Backend)?;
             }
         }
     }
     for _ in 0..recv_copies.max(1) {
-        backend
-            .post_recv(qpns[1], &resolved.recv)
-            .map_err(ArmError::Backend)?;
+        backend.post_recv(qpns[1], &resolved.recv).map_err(ArmError::Backend)?;
     }
     for ring in [Ring::Loop, Ring::Mgmt] {
         let n = layout.initial_enable[ring as usize] as u64;
         if n > 0 {
-            backend
-                .enable(qpns[ring as usize], QueueSel::Send, n)
-                .map_err(ArmError::Backend)?;
+            backend.enable(qpns[ring as usize], QueueSel::Send, n).map_err(ArmError::Backend)?;
         }
     }
-    backend
-        .enable(qpns[1], QueueSel::Recv, 1)
-        .map_err(ArmError::Backend)?;
+    backend.enable(qpns[1], QueueSel::Recv, 1).map_err(ArmError::Backend)?;
     Ok(())
 }

@@ -47,8 +47,7 @@ impl Capabilities {
         .union(Capabilities::MW_QP_CHECK_ON_INVALIDATE)
         .union(Capabilities::MW_QP_BINDING_ENFORCED);
     /// What the secure protocol takes at all (host-engine mode compensates for the rest).
-    pub const SECURE_MINIMUM: Capabilities =
-        Capabilities::MW_TYPE2.union(Capabilities::MW_QP_BINDING_ENFORCED);
+    pub const SECURE_MINIMUM: Capabilities = Capabilities::MW_TYPE2.union(Capabilities::MW_QP_BINDING_ENFORCED);
 }
 
 /// How the MN runs the chains.
@@ -72,10 +71,9 @@ pub enum ModeError {
 impl fmt::Display for ModeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ModeError::Insecure(m) => write!(
-                f,
-                "device cannot isolate CNs (missing {m:?}): type-2 memory windows bound to a QP are required"
-            ),
+            ModeError::Insecure(m) => {
+                write!(f, "device cannot isolate CNs (missing {m:?}): type-2 memory windows bound to a QP are required")
+            }
             ModeError::OffloadUnavailable(m) => write!(f, "chain offload needs {m:?}, which the device lacks"),
         }
     }
@@ -84,11 +82,7 @@ impl fmt::Display for ModeError {
 impl ExecutionMode {
     /// Offload when the device can; the host engine otherwise; refuse when isolation is
     /// impossible (unless the operator explicitly accepts an insecure pool).
-    pub fn choose(
-        caps: Capabilities,
-        force: Option<ExecutionMode>,
-        allow_insecure: bool,
-    ) -> Result<Self, ModeError> {
+    pub fn choose(caps: Capabilities, force: Option<ExecutionMode>, allow_insecure: bool) -> Result<Self, ModeError> {
         let missing = Capabilities::SECURE_MINIMUM.difference(caps);
         if !missing.is_empty() && !allow_insecure {
             return Err(ModeError::Insecure(missing));
@@ -155,11 +149,7 @@ impl WcStatus {
         WcStatus::GeneralErr,
     ];
     pub fn from_u32(v: u32) -> WcStatus {
-        Self::ALL
-            .iter()
-            .copied()
-            .find(|s| *s as u32 == v)
-            .unwrap_or(WcStatus::GeneralErr)
+        Self::ALL.iter().copied().find(|s| *s as u32 == v).unwrap_or(WcStatus::GeneralErr)
     }
     pub const fn is_ok(self) -> bool {
         matches!(self, WcStatus::Success)
@@ -244,12 +234,7 @@ pub trait RdmaBackend {
     fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), Self::Error>;
     fn post_recv(&mut self, qp: Qpn, wqe: &RecvWqe) -> Result<(), Self::Error>;
     /// Non-blocking: fills `out` with completions of `qp`'s queue, returns how many.
-    fn poll_cq(
-        &mut self,
-        qp: Qpn,
-        queue: QueueSel,
-        out: &mut [Completion],
-    ) -> Result<usize, Self::Error>;
+    fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize, Self::Error>;
     /// Let a managed queue execute `count` more entries (a doorbell from the CPU).
     fn enable(&mut self, qp: Qpn, queue: QueueSel, count: u64) -> Result<(), Self::Error>;
     /// Bring an errored QP (and its peer) back to RTS with empty queues and zeroed CQ counts.

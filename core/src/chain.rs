@@ -259,11 +259,7 @@ impl ChainLayout {
         for ring in [Ring::Loop, Ring::Mgmt] {
             let len = self.ring_len(ring);
             if len > self.queue_depth as usize {
-                return Err(ChainError::ChainTooLong {
-                    ring,
-                    steps: len,
-                    depth: self.queue_depth,
-                });
+                return Err(ChainError::ChainTooLong { ring, steps: len, depth: self.queue_depth });
             }
         }
         // --- happens-before: what is complete when each step can be fetched -------------------
@@ -325,18 +321,14 @@ impl ChainLayout {
                             });
                         }
                         if fetch[t] & bit(i) == 0 {
-                            return Err(ChainError::UngatedPatch {
-                                producer: Producer::Step(i as u8),
-                                consumer: step,
-                            });
+                            return Err(ChainError::UngatedPatch { producer: Producer::Step(i as u8), consumer: step });
                         }
                     }
                 }
             }
             // region check and memory dependencies
             for (addr, len, is_read) in self.mem_accesses(i) {
-                if addr < self.meta.0 || addr.saturating_add(len as u64) > self.meta.0 + self.meta.1
-                {
+                if addr < self.meta.0 || addr.saturating_add(len as u64) > self.meta.0 + self.meta.1 {
                     return Err(ChainError::OutOfRegion { step: i as u8 });
                 }
                 if !is_read {
@@ -355,10 +347,7 @@ impl ChainLayout {
                 for r in &self.recv {
                     if let Loc::Mem(a) = r.loc {
                         if overlaps(a, r.len, addr, len) && fetch[i] & recv_done == 0 {
-                            return Err(ChainError::UngatedDependency {
-                                producer: Producer::Recv,
-                                consumer: i as u8,
-                            });
+                            return Err(ChainError::UngatedDependency { producer: Producer::Recv, consumer: i as u8 });
                         }
                     }
                 }
@@ -372,10 +361,7 @@ impl ChainLayout {
                     }
                     self.check_patch_span(step, field, r.len)?;
                     if fetch[step as usize] & recv_done == 0 {
-                        return Err(ChainError::UngatedPatch {
-                            producer: Producer::Recv,
-                            consumer: step,
-                        });
+                        return Err(ChainError::UngatedPatch { producer: Producer::Recv, consumer: step });
                     }
                 }
                 Loc::Mem(a) => {
@@ -398,9 +384,7 @@ impl ChainLayout {
         if count == 0 {
             return Ok(0);
         }
-        let ring = self
-            .ring_of_qpn(w.qpn)
-            .ok_or(ChainError::WaitNeverSatisfied { step: j as u8 })?;
+        let ring = self.ring_of_qpn(w.qpn).ok_or(ChainError::WaitNeverSatisfied { step: j as u8 })?;
         if w.queue_sel() == QueueSel::Recv {
             return if ring == Ring::Mgmt && count == 1 {
                 Ok(recv_done)
@@ -411,10 +395,9 @@ impl ChainLayout {
         match self.nth_signaled(ring, count) {
             // Only completions of steps earlier in the global order can be guaranteed; a WAIT
             // on a later step would deadlock the sequential order.
-            Some(p) if p < j || self.steps[p].ring != self.steps[j].ring => done
-                .get(p)
-                .copied()
-                .ok_or(ChainError::WaitNeverSatisfied { step: j as u8 }),
+            Some(p) if p < j || self.steps[p].ring != self.steps[j].ring => {
+                done.get(p).copied().ok_or(ChainError::WaitNeverSatisfied { step: j as u8 })
+            }
             _ => Err(ChainError::WaitNeverSatisfied { step: j as u8 }),
         }
     }
@@ -471,8 +454,7 @@ impl ChainLayout {
         // Addresses patched at run time are dynamic: the MR they go through checks them, not
         // this validator.
         let local_is_mem = s.local.is_none() && !self.is_patched(i, WqeField::LocalAddr);
-        let remote_is_mem =
-            s.remote.is_none() && s.ring == Ring::Loop && !self.is_patched(i, WqeField::RemoteAddr);
+        let remote_is_mem = s.remote.is_none() && s.ring == Ring::Loop && !self.is_patched(i, WqeField::RemoteAddr);
         match w.opcode {
             Opcode::Read => {
                 if remote_is_mem {
@@ -509,9 +491,9 @@ impl ChainLayout {
 
     /// Whether some step or the RECV writes `field` of step `i`.
     pub fn is_patched(&self, i: usize, field: WqeField) -> bool {
-        let hit = |l: &Option<Loc>| matches!(l, Some(Loc::Field { step, field: f }) if *step as usize == i && *f == field);
-        self.steps.iter().any(|s| hit(&s.local) || hit(&s.remote))
-            || self.recv.iter().any(|r| hit(&Some(r.loc)))
+        let hit =
+            |l: &Option<Loc>| matches!(l, Some(Loc::Field { step, field: f }) if *step as usize == i && *f == field);
+        self.steps.iter().any(|s| hit(&s.local) || hit(&s.remote)) || self.recv.iter().any(|r| hit(&Some(r.loc)))
     }
 
     fn check_rearm(&self) -> Result<(), ChainError> {
@@ -534,11 +516,7 @@ impl ChainLayout {
         for (i, s) in self.steps.iter().enumerate() {
             if s.wqe.opcode == Opcode::Wait {
                 let bump = self.steps.iter().enumerate().find(|(_, b)| {
-                    b.remote
-                        == Some(Loc::Field {
-                            step: i as u8,
-                            field: WqeField::Operand0,
-                        })
+                    b.remote == Some(Loc::Field { step: i as u8, field: WqeField::Operand0 })
                         && b.wqe.opcode == Opcode::FetchAdd
                 });
                 match bump {
@@ -547,9 +525,7 @@ impl ChainLayout {
                         let q = match (self.ring_of_qpn(s.wqe.qpn), s.wqe.queue_sel()) {
                             (Some(_), QueueSel::Recv) => 2,
                             (Some(r), QueueSel::Send) => r as usize,
-                            (None, _) => {
-                                return Err(ChainError::WaitNeverSatisfied { step: i as u8 })
-                            }
+                            (None, _) => return Err(ChainError::WaitNeverSatisfied { step: i as u8 }),
                         };
                         if bs.wqe.operand0 != per_lap[q] {
                             return Err(ChainError::MissingRearm { step: i as u8 });
@@ -562,12 +538,7 @@ impl ChainLayout {
         // each lap must enable exactly one more lap of every ring, and one more RECV
         for ring in [Ring::Loop, Ring::Mgmt] {
             let len = self.ring_len(ring) as u64;
-            let inc: u64 = self
-                .steps
-                .iter()
-                .filter(|e| self.is_send_enable_of(e, ring))
-                .map(|e| e.wqe.operand0)
-                .sum();
+            let inc: u64 = self.steps.iter().filter(|e| self.is_send_enable_of(e, ring)).map(|e| e.wqe.operand0).sum();
             if inc != len {
                 return Err(ChainError::MissingRearm { step: end });
             }
@@ -576,9 +547,7 @@ impl ChainLayout {
             .steps
             .iter()
             .filter(|e| {
-                e.wqe.opcode == Opcode::Enable
-                    && e.wqe.queue_sel() == QueueSel::Recv
-                    && e.wqe.qpn == self.qpns[1]
+                e.wqe.opcode == Opcode::Enable && e.wqe.queue_sel() == QueueSel::Recv && e.wqe.qpn == self.qpns[1]
             })
             .map(|e| e.wqe.operand0)
             .sum();
@@ -595,11 +564,9 @@ fn overlaps(a: u64, al: u32, b: u64, bl: u32) -> bool {
 
 fn field_at(off: usize) -> Option<WqeField> {
     use WqeField::*;
-    [
-        Imm, WrId, LocalAddr, Length, Lkey, RemoteAddr, Rkey, Qpn, Operand0, Operand1,
-    ]
-    .into_iter()
-    .find(|f| f.offset() == off)
+    [Imm, WrId, LocalAddr, Length, Lkey, RemoteAddr, Rkey, Qpn, Operand0, Operand1]
+        .into_iter()
+        .find(|f| f.offset() == off)
 }
 
 #[cfg(test)]
@@ -626,22 +593,14 @@ mod tests {
                     assert!(a.ring_depth[r as usize].is_power_of_two());
                 }
                 // the binds: G of them, MW[0] to the Free QP
-                let binds: std::vec::Vec<_> = a
-                    .steps
-                    .iter()
-                    .filter(|s| s.wqe.opcode == Opcode::BindMw)
-                    .collect();
+                let binds: std::vec::Vec<_> = a.steps.iter().filter(|s| s.wqe.opcode == Opcode::BindMw).collect();
                 assert_eq!(binds.len(), g as usize);
                 assert_eq!(binds[0].wqe.qpn, env.free_qpn);
                 // the free chain: one LOCAL_INV on the Free QP ring, G-1 unbinds
                 let inv = f.ownership_check.unwrap() as usize;
                 assert_eq!(f.steps[inv].wqe.opcode, Opcode::LocalInv);
                 assert_eq!(f.steps[inv].ring, Ring::Mgmt);
-                let unbinds = f
-                    .steps
-                    .iter()
-                    .filter(|s| s.wqe.flags.contains(WqeFlags::UNBIND))
-                    .count();
+                let unbinds = f.steps.iter().filter(|s| s.wqe.flags.contains(WqeFlags::UNBIND)).count();
                 assert_eq!(unbinds, g as usize - 1);
             }
         }
@@ -659,33 +618,20 @@ mod tests {
         let pop = c
             .steps
             .iter()
-            .position(|s| {
-                s.wqe.opcode == Opcode::Read && s.wqe.remote_addr == 0 && s.local.is_none()
-            })
+            .position(|s| s.wqe.opcode == Opcode::Read && s.wqe.remote_addr == 0 && s.local.is_none())
             .unwrap();
-        let wait = (0..pop)
-            .rev()
-            .find(|i| c.steps[*i].wqe.opcode == Opcode::Wait)
-            .unwrap();
+        let wait = (0..pop).rev().find(|i| c.steps[*i].wqe.opcode == Opcode::Wait).unwrap();
         c.steps[wait].wqe = Wqe::nop().with_flags(WqeFlags::empty());
         // the bump of that WAIT now points at a NOP: drop it to isolate the gating error
         for s in c.steps.iter_mut() {
-            if s.remote
-                == Some(Loc::Field {
-                    step: wait as u8,
-                    field: WqeField::Operand0,
-                })
-            {
+            if s.remote == Some(Loc::Field { step: wait as u8, field: WqeField::Operand0 }) {
                 s.wqe = Wqe::nop().with_flags(WqeFlags::SIGNALED);
                 s.remote = None;
             }
         }
         c.rearm = Rearm::Host;
         assert!(
-            matches!(
-                c.validate(),
-                Err(ChainError::UngatedPatch { .. }) | Err(ChainError::UngatedDependency { .. })
-            ),
+            matches!(c.validate(), Err(ChainError::UngatedPatch { .. }) | Err(ChainError::UngatedDependency { .. })),
             "{:?}",
             c.validate()
         );
@@ -697,83 +643,44 @@ mod tests {
         c.steps[0].wqe.operand0 = 0; // WAIT for zero RECVs: gates nothing
         assert!(matches!(
             c.validate(),
-            Err(ChainError::UngatedPatch {
-                producer: Producer::Recv,
-                ..
-            }) | Err(ChainError::UngatedDependency {
-                producer: Producer::Recv,
-                ..
-            })
+            Err(ChainError::UngatedPatch { producer: Producer::Recv, .. })
+                | Err(ChainError::UngatedDependency { producer: Producer::Recv, .. })
         ));
     }
 
     #[test]
     fn patch_outside_field_rejected() {
         let mut c = alloc();
-        let i = c
-            .steps
-            .iter()
-            .position(|s| matches!(s.local, Some(Loc::Field { .. })))
-            .unwrap();
+        let i = c.steps.iter().position(|s| matches!(s.local, Some(Loc::Field { .. }))).unwrap();
         c.steps[i].wqe.length = 6; // 6 bytes into an 8-byte field
-        assert!(matches!(
-            c.validate(),
-            Err(ChainError::PatchOutsideField { .. })
-        ));
+        assert!(matches!(c.validate(), Err(ChainError::PatchOutsideField { .. })));
     }
 
     #[test]
     fn patch_of_fixed_field_rejected() {
         let mut c = alloc();
-        let i = c
-            .steps
-            .iter()
-            .position(|s| matches!(s.local, Some(Loc::Field { .. })))
-            .unwrap();
+        let i = c.steps.iter().position(|s| matches!(s.local, Some(Loc::Field { .. }))).unwrap();
         if let Some(Loc::Field { step, .. }) = c.steps[i].local {
-            c.steps[i].local = Some(Loc::Field {
-                step,
-                field: WqeField::WrId,
-            });
+            c.steps[i].local = Some(Loc::Field { step, field: WqeField::WrId });
         }
-        assert!(matches!(
-            c.validate(),
-            Err(ChainError::NotPatchable {
-                field: WqeField::WrId,
-                ..
-            })
-        ));
+        assert!(matches!(c.validate(), Err(ChainError::NotPatchable { field: WqeField::WrId, .. })));
     }
 
     #[test]
     fn chain_longer_than_queue_rejected() {
         let mut c = alloc();
         c.queue_depth = 8;
-        assert!(matches!(
-            c.validate(),
-            Err(ChainError::ChainTooLong {
-                ring: Ring::Loop,
-                ..
-            })
-        ));
+        assert!(matches!(c.validate(), Err(ChainError::ChainTooLong { ring: Ring::Loop, .. })));
     }
 
     #[test]
     fn missing_rearm_rejected() {
         let mut c = alloc();
-        let last = c
-            .steps
-            .iter()
-            .rposition(|s| s.wqe.flags.contains(WqeFlags::FENCE))
-            .unwrap();
+        let last = c.steps.iter().rposition(|s| s.wqe.flags.contains(WqeFlags::FENCE)).unwrap();
         c.steps[last].wqe.flags = WqeFlags::empty(); // closing ENABLE without its fence
         assert!(matches!(c.validate(), Err(ChainError::MissingRearm { .. })));
         let mut c = alloc();
-        let bump = c
-            .steps
-            .iter()
-            .position(|s| matches!(s.remote, Some(Loc::Field { .. })))
-            .unwrap();
+        let bump = c.steps.iter().position(|s| matches!(s.remote, Some(Loc::Field { .. }))).unwrap();
         c.steps[bump].wqe.operand0 += 1; // wrong per-lap count
         assert!(matches!(c.validate(), Err(ChainError::MissingRearm { .. })));
     }
@@ -785,19 +692,13 @@ mod tests {
             .steps
             .iter()
             .position(|s| {
-                s.wqe.opcode == Opcode::Enable
-                    && s.wqe.qpn == c.qpns[1]
-                    && s.wqe.queue_sel() == QueueSel::Send
+                s.wqe.opcode == Opcode::Enable && s.wqe.qpn == c.qpns[1] && s.wqe.queue_sel() == QueueSel::Send
             })
             .unwrap();
         c.steps[en].wqe.operand0 = 0;
         assert!(matches!(c.validate(), Err(ChainError::NeverEnabled { .. })));
         let mut c = alloc();
-        let i = c
-            .steps
-            .iter()
-            .position(|s| s.wqe.opcode == Opcode::MaskedFetchAdd)
-            .unwrap();
+        let i = c.steps.iter().position(|s| s.wqe.opcode == Opcode::MaskedFetchAdd).unwrap();
         c.steps[i].wqe.remote_addr = 0x10;
         assert!(matches!(c.validate(), Err(ChainError::OutOfRegion { .. })));
     }
@@ -805,15 +706,9 @@ mod tests {
     #[test]
     fn wait_never_satisfied_rejected() {
         let mut c = alloc();
-        let i = c
-            .steps
-            .iter()
-            .position(|s| s.wqe.opcode == Opcode::Wait && s.wqe.queue_sel() == QueueSel::Send)
-            .unwrap();
+        let i =
+            c.steps.iter().position(|s| s.wqe.opcode == Opcode::Wait && s.wqe.queue_sel() == QueueSel::Send).unwrap();
         c.steps[i].wqe.operand0 = 1000;
-        assert!(matches!(
-            c.validate(),
-            Err(ChainError::WaitNeverSatisfied { .. })
-        ));
+        assert!(matches!(c.validate(), Err(ChainError::WaitNeverSatisfied { .. })));
     }
 }

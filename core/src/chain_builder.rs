@@ -67,11 +67,7 @@ pub fn parse_chain_wr_id(wr_id: u64) -> Option<(ChainKind, u32, u8)> {
         2 => ChainKind::Free,
         _ => return None,
     };
-    Some((
-        kind,
-        ((wr_id >> 8) & 0xFF_FFFF) as u32,
-        (wr_id & 0xFF) as u8,
-    ))
+    Some((kind, ((wr_id >> 8) & 0xFF_FFFF) as u32, (wr_id & 0xFF) as u8))
 }
 
 pub(crate) struct Builder {
@@ -111,12 +107,7 @@ impl Builder {
         let wqe = wqe.with_wr_id(chain_wr_id(self.layout.kind, self.slot, i));
         self.layout
             .steps
-            .push(Step {
-                ring,
-                wqe,
-                local: None,
-                remote: None,
-            })
+            .push(Step { ring, wqe, local: None, remote: None })
             .map_err(|_| crate::chain::ChainError::TooManySteps)?;
         Ok(i)
     }
@@ -126,17 +117,10 @@ impl Builder {
         self.push(Ring::Loop, Wqe::wait(env.loop_qpn, QueueSel::Send, n))
     }
     pub fn signaled_on(&self, ring: Ring) -> u64 {
-        self.layout
-            .steps
-            .iter()
-            .filter(|s| s.ring == ring && s.wqe.flags.contains(WqeFlags::SIGNALED))
-            .count() as u64
+        self.layout.steps.iter().filter(|s| s.ring == ring && s.wqe.flags.contains(WqeFlags::SIGNALED)).count() as u64
     }
     pub fn recv(&mut self, loc: Loc, len: u32) -> Result<(), crate::chain::ChainError> {
-        self.layout
-            .recv
-            .push(RecvTarget { loc, len })
-            .map_err(|_| crate::chain::ChainError::TooManySteps)
+        self.layout.recv.push(RecvTarget { loc, len }).map_err(|_| crate::chain::ChainError::TooManySteps)
     }
     pub fn set_local(&mut self, step: u8, loc: Loc) {
         if let Some(s) = self.layout.steps.get_mut(step as usize) {
@@ -147,11 +131,7 @@ impl Builder {
     /// The lap tail: bump every WAIT by its queue's per-lap completions, then enable one more
     /// lap of every ring and one more RECV. `mid_enables` are ENABLEs the chain already issued
     /// for the Mgmt ring or for the Loop ring's second half (they count towards the lap).
-    pub fn rearm_tail(
-        &mut self,
-        env: &ChainEnv,
-        junk: u64,
-    ) -> Result<(), crate::chain::ChainError> {
+    pub fn rearm_tail(&mut self, env: &ChainEnv, junk: u64) -> Result<(), crate::chain::ChainError> {
         let waits: heapless::Vec<u8, MAX_STEPS> = self
             .layout
             .steps
@@ -172,38 +152,24 @@ impl Builder {
             } else {
                 mgmt
             };
-            let i = self.push(
-                Ring::Loop,
-                Wqe::fetch_add(junk, env.meta_lkey, 0, env.ring_rkey, per_lap),
-            )?;
-            self.layout.steps[i as usize].remote = Some(Loc::Field {
-                step: w,
-                field: WqeField::Operand0,
-            });
+            let i = self.push(Ring::Loop, Wqe::fetch_add(junk, env.meta_lkey, 0, env.ring_rkey, per_lap))?;
+            self.layout.steps[i as usize].remote = Some(Loc::Field { step: w, field: WqeField::Operand0 });
         }
         // Each ring is padded with unsignaled NOPs to a power-of-two depth (what a real send
         // queue has), and every lap enables exactly one ring's worth: the ring then wraps onto
         // the same bytes, which is what makes the chain re-arm itself.
         let enabled_mgmt: u64 = self.enabled(Ring::Mgmt, env);
         let mgmt_len = self.layout.ring_len(Ring::Mgmt) as u64;
-        let mgmt_depth = if mgmt_len == 0 {
-            0
-        } else {
-            mgmt_len.next_power_of_two()
-        };
+        let mgmt_depth = if mgmt_len == 0 { 0 } else { mgmt_len.next_power_of_two() };
         let extra_mgmt_enable = u64::from(mgmt_depth > enabled_mgmt);
         let loop_final = self.layout.ring_len(Ring::Loop) as u64 + extra_mgmt_enable + 2;
         let loop_depth = loop_final.next_power_of_two();
         if extra_mgmt_enable == 1 {
-            self.push(
-                Ring::Loop,
-                Wqe::enable(env.mgmt_qpn, QueueSel::Send, mgmt_depth - enabled_mgmt),
-            )?;
+            self.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Send, mgmt_depth - enabled_mgmt))?;
         }
         self.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Recv, 1))?;
         let loop_enabled = self.enabled(Ring::Loop, env);
-        let w = Wqe::enable(env.loop_qpn, QueueSel::Send, loop_depth - loop_enabled)
-            .with_flags(WqeFlags::FENCE);
+        let w = Wqe::enable(env.loop_qpn, QueueSel::Send, loop_depth - loop_enabled).with_flags(WqeFlags::FENCE);
         self.push(Ring::Loop, w)?;
         self.closing = self.next() - 1;
         for (ring, depth) in [(Ring::Loop, loop_depth), (Ring::Mgmt, mgmt_depth)] {
@@ -223,11 +189,7 @@ impl Builder {
         self.layout
             .steps
             .iter()
-            .filter(|e| {
-                e.wqe.opcode == Opcode::Enable
-                    && e.wqe.queue_sel() == QueueSel::Send
-                    && e.wqe.qpn == qpn
-            })
+            .filter(|e| e.wqe.opcode == Opcode::Enable && e.wqe.queue_sel() == QueueSel::Send && e.wqe.qpn == qpn)
             .map(|e| e.wqe.operand0)
             .sum()
     }

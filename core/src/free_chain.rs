@@ -14,9 +14,7 @@
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Ring};
 use crate::chain_builder::{Builder, ChainEnv};
 use crate::mn_memory::{free_scratch as f, FREE_SCRATCH_OFF};
-use crate::mwtable::{
-    ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE, RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT,
-};
+use crate::mwtable::{ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE, RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT};
 use crate::wire::free_request as req;
 use crate::wqe::{QueueSel, Wqe, WqeField};
 
@@ -28,44 +26,17 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
 
     // ---- Loop, first half
     b.push(Ring::Loop, Wqe::wait(env.mgmt_qpn, QueueSel::Recv, 1))?;
-    let cp_read = b.push(
-        Ring::Loop,
-        Wqe::read(0, env.ring_lkey, 8, s + f::ENTRY_ADDR, env.meta_rkey),
-    )?;
-    let cp_wb = b.push(
-        Ring::Loop,
-        Wqe::read(0, env.ring_lkey, 8, s + f::ENTRY_ADDR, env.meta_rkey),
-    )?;
+    let cp_read = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + f::ENTRY_ADDR, env.meta_rkey))?;
+    let cp_wb = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + f::ENTRY_ADDR, env.meta_rkey))?;
     b.fence_loop(env)?;
-    let rd = b.push(
-        Ring::Loop,
-        Wqe::read(
-            s + f::ENTRY,
-            env.meta_lkey,
-            ENTRY_SIZE as u32,
-            0,
-            env.table_rkey,
-        ),
-    )?;
-    b.set_local(
-        cp_read,
-        Loc::Field {
-            step: rd,
-            field: WqeField::RemoteAddr,
-        },
-    );
+    let rd = b.push(Ring::Loop, Wqe::read(s + f::ENTRY, env.meta_lkey, ENTRY_SIZE as u32, 0, env.table_rkey))?;
+    b.set_local(cp_read, Loc::Field { step: rd, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
     let mut copies: heapless::Vec<u8, 4> = heapless::Vec::new();
     for i in 0..g {
         let c = b.push(
             Ring::Loop,
-            Wqe::read(
-                0,
-                env.ring_lkey,
-                4,
-                s + f::ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64,
-                env.meta_rkey,
-            ),
+            Wqe::read(0, env.ring_lkey, 4, s + f::ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64, env.meta_rkey),
         )?;
         let _ = copies.push(c);
     }
@@ -75,29 +46,14 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
 
     // ---- Free QP ring: the ownership check, then the unbinds, then release the second half
     let inv = b.push(Ring::Mgmt, Wqe::local_inv(0))?;
-    b.set_local(
-        copies[0],
-        Loc::Field {
-            step: inv,
-            field: WqeField::Imm,
-        },
-    );
+    b.set_local(copies[0], Loc::Field { step: inv, field: WqeField::Imm });
     b.layout.ownership_check = Some(inv);
     for c in copies.iter().skip(1).copied() {
         let u = b.push(Ring::Mgmt, Wqe::unbind_mw(0))?;
-        b.set_local(
-            c,
-            Loc::Field {
-                step: u,
-                field: WqeField::Imm,
-            },
-        );
+        b.set_local(c, Loc::Field { step: u, field: WqeField::Imm });
     }
     let mgmt_signaled = b.signaled_on(Ring::Mgmt);
-    b.push(
-        Ring::Mgmt,
-        Wqe::wait(env.mgmt_qpn, QueueSel::Send, mgmt_signaled),
-    )?;
+    b.push(Ring::Mgmt, Wqe::wait(env.mgmt_qpn, QueueSel::Send, mgmt_signaled))?;
     let release = b.push(Ring::Mgmt, Wqe::enable(env.loop_qpn, QueueSel::Send, 0))?;
     let mgmt_len = b.layout.ring_len(Ring::Mgmt) as u64;
     b.layout.steps[first_half_enable as usize].wqe.operand0 = mgmt_len;
@@ -116,62 +72,22 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
             ),
         )?;
     }
+    b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.meta_lkey, 4, s + f::ENTRY + ENTRY_OFF_OWNER, env.meta_rkey))?;
+    b.fence_loop(env)?;
+    let wb = b.push(Ring::Loop, Wqe::write(s + f::ENTRY, env.meta_lkey, ENTRY_SIZE as u32, 0, env.table_rkey))?;
+    b.set_local(cp_wb, Loc::Field { step: wb, field: WqeField::RemoteAddr });
     b.push(
         Ring::Loop,
-        Wqe::write(
-            s + f::ZERO,
-            env.meta_lkey,
-            4,
-            s + f::ENTRY + ENTRY_OFF_OWNER,
-            env.meta_rkey,
-        ),
+        Wqe::masked_fetch_add(s + f::PUSH_SLOT, env.meta_lkey, q.tail, env.meta_rkey, 8, q.counter_boundary()),
     )?;
     b.fence_loop(env)?;
-    let wb = b.push(
-        Ring::Loop,
-        Wqe::write(
-            s + f::ENTRY,
-            env.meta_lkey,
-            ENTRY_SIZE as u32,
-            0,
-            env.table_rkey,
-        ),
-    )?;
-    b.set_local(
-        cp_wb,
-        Loc::Field {
-            step: wb,
-            field: WqeField::RemoteAddr,
-        },
-    );
-    b.push(
-        Ring::Loop,
-        Wqe::masked_fetch_add(
-            s + f::PUSH_SLOT,
-            env.meta_lkey,
-            q.tail,
-            env.meta_rkey,
-            8,
-            q.counter_boundary(),
-        ),
-    )?;
+    let cp_push = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + f::PUSH_SLOT, env.meta_rkey))?;
     b.fence_loop(env)?;
-    let cp_push = b.push(
-        Ring::Loop,
-        Wqe::read(0, env.ring_lkey, 8, s + f::PUSH_SLOT, env.meta_rkey),
-    )?;
+    let push = b.push(Ring::Loop, Wqe::write(s + f::ENTRY_ADDR, env.meta_lkey, 8, 0, env.meta_rkey))?;
+    b.set_local(cp_push, Loc::Field { step: push, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
-    let push = b.push(
-        Ring::Loop,
-        Wqe::write(s + f::ENTRY_ADDR, env.meta_lkey, 8, 0, env.meta_rkey),
-    )?;
-    b.set_local(
-        cp_push,
-        Loc::Field {
-            step: push,
-            field: WqeField::RemoteAddr,
-        },
-    );
+    // commit: clear the marker (a failure with it set means "this lap may be half done")
+    b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.meta_lkey, 8, s + f::ENTRY_ADDR, env.meta_rkey))?;
     b.fence_loop(env)?;
 
     // RECV scatter: header → scratch, entry address → scratch (read by the copies above)

@@ -59,12 +59,7 @@ mod tests {
 
     #[test]
     fn counters_wrap_in_place() {
-        let q = FreeQueueLayout {
-            ring: 0x1_0000,
-            capacity: 16,
-            head: 0x2_0000,
-            tail: 0x2_0008,
-        };
+        let q = FreeQueueLayout { ring: 0x1_0000, capacity: 16, head: 0x2_0000, tail: 0x2_0008 };
         assert_eq!(q.ring_bytes(), 128);
         assert_eq!(q.counter_boundary(), 1 << 6);
         let mut c = q.slot_addr(15);

@@ -42,36 +42,22 @@ impl fmt::Display for GeometryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::ChunkSizeNotPowerOfTwo(s) => write!(f, "chunk size {s} is not a power of two"),
-            Self::ChunkSizeOutOfRange(s) => write!(
-                f,
-                "chunk size {s} outside {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE} bytes"
-            ),
+            Self::ChunkSizeOutOfRange(s) => {
+                write!(f, "chunk size {s} outside {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE} bytes")
+            }
             Self::NoChunks => f.write_str("pool has no chunks"),
             Self::TooManyChunks(n) => write!(f, "{n} chunks exceeds the maximum of {MAX_CHUNKS}"),
-            Self::GroupSizeOutOfRange(g) => write!(
-                f,
-                "MW group size {g} outside {MIN_GROUP_SIZE}..={MAX_GROUP_SIZE}"
-            ),
+            Self::GroupSizeOutOfRange(g) => write!(f, "MW group size {g} outside {MIN_GROUP_SIZE}..={MAX_GROUP_SIZE}"),
             Self::BaseNotAligned { base, chunk_size } => {
-                write!(
-                    f,
-                    "pool base {base:#x} is not aligned to the chunk size {chunk_size}"
-                )
+                write!(f, "pool base {base:#x} is not aligned to the chunk size {chunk_size}")
             }
-            Self::RegionOverflows => {
-                f.write_str("pool region wraps past the end of the address space")
-            }
+            Self::RegionOverflows => f.write_str("pool region wraps past the end of the address space"),
         }
     }
 }
 
 impl PoolGeometry {
-    pub const fn new(
-        base: u64,
-        chunk_size: u64,
-        chunk_count: u32,
-        group_size: u8,
-    ) -> Result<Self, GeometryError> {
+    pub const fn new(base: u64, chunk_size: u64, chunk_count: u32, group_size: u8) -> Result<Self, GeometryError> {
         if !chunk_size.is_power_of_two() {
             return Err(GeometryError::ChunkSizeNotPowerOfTwo(chunk_size));
         }
@@ -94,12 +80,7 @@ impl PoolGeometry {
         if base.checked_add(len).is_none() {
             return Err(GeometryError::RegionOverflows);
         }
-        Ok(PoolGeometry {
-            base,
-            chunk_size,
-            chunk_count,
-            group_size,
-        })
+        Ok(PoolGeometry { base, chunk_size, chunk_count, group_size })
     }
 
     pub const fn base(&self) -> u64 {
@@ -169,40 +150,16 @@ mod tests {
     #[test]
     fn every_invalid_combination_rejected() {
         use GeometryError::*;
-        assert_eq!(
-            PoolGeometry::new(0, 3000, 1, 2),
-            Err(ChunkSizeNotPowerOfTwo(3000))
-        );
-        assert_eq!(
-            PoolGeometry::new(0, 256, 1, 2),
-            Err(ChunkSizeOutOfRange(256))
-        );
-        assert_eq!(
-            PoolGeometry::new(0, 1 << 31, 1, 2),
-            Err(ChunkSizeOutOfRange(1 << 31))
-        );
-        assert_eq!(
-            PoolGeometry::new(0, 0, 1, 2),
-            Err(ChunkSizeNotPowerOfTwo(0))
-        );
+        assert_eq!(PoolGeometry::new(0, 3000, 1, 2), Err(ChunkSizeNotPowerOfTwo(3000)));
+        assert_eq!(PoolGeometry::new(0, 256, 1, 2), Err(ChunkSizeOutOfRange(256)));
+        assert_eq!(PoolGeometry::new(0, 1 << 31, 1, 2), Err(ChunkSizeOutOfRange(1 << 31)));
+        assert_eq!(PoolGeometry::new(0, 0, 1, 2), Err(ChunkSizeNotPowerOfTwo(0)));
         assert_eq!(PoolGeometry::new(0, 512, 0, 2), Err(NoChunks));
-        assert_eq!(
-            PoolGeometry::new(0, 512, MAX_CHUNKS + 1, 2),
-            Err(TooManyChunks(MAX_CHUNKS + 1))
-        );
+        assert_eq!(PoolGeometry::new(0, 512, MAX_CHUNKS + 1, 2), Err(TooManyChunks(MAX_CHUNKS + 1)));
         assert_eq!(PoolGeometry::new(0, 512, 1, 1), Err(GroupSizeOutOfRange(1)));
         assert_eq!(PoolGeometry::new(0, 512, 1, 5), Err(GroupSizeOutOfRange(5)));
-        assert_eq!(
-            PoolGeometry::new(100, 512, 1, 2),
-            Err(BaseNotAligned {
-                base: 100,
-                chunk_size: 512
-            })
-        );
-        assert_eq!(
-            PoolGeometry::new(u64::MAX - 511, 512, 2, 2),
-            Err(RegionOverflows)
-        );
+        assert_eq!(PoolGeometry::new(100, 512, 1, 2), Err(BaseNotAligned { base: 100, chunk_size: 512 }));
+        assert_eq!(PoolGeometry::new(u64::MAX - 511, 512, 2, 2), Err(RegionOverflows));
         assert!(PoolGeometry::new(1 << 30, 1 << 30, 4, 4).is_ok());
     }
 }

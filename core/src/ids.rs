@@ -139,10 +139,7 @@ mod tests {
         assert_eq!(w.key(), 0);
         assert_eq!(w.index(), 0x12_3456);
         assert_eq!(Rkey(0xFFFF_FFFF).next_key(), Rkey(0xFFFF_FF00));
-        assert_eq!(
-            Rkey::new(0x100_0000, 0),
-            Err(IdError::RkeyIndexOverflow(0x100_0000))
-        );
+        assert_eq!(Rkey::new(0x100_0000, 0), Err(IdError::RkeyIndexOverflow(0x100_0000)));
         // 256 increments return to the start and visit every key once
         let mut seen = [false; 256];
         let mut k = Rkey::new(7, 0).unwrap();

@@ -82,9 +82,7 @@ impl MnMemoryMap {
     }
     pub fn len_for(geometry: &PoolGeometry, max_cns: u32) -> u64 {
         let ring = Self::required_alignment(geometry, max_cns);
-        ring + 16
-            + geometry.chunk_count() as u64 * ENTRY_SIZE as u64
-            + max_cns as u64 * SCRATCH_PER_CN
+        ring + 16 + geometry.chunk_count() as u64 * ENTRY_SIZE as u64 + max_cns as u64 * SCRATCH_PER_CN
     }
 
     /// `meta_base` must be aligned to [`Self::required_alignment`]; returns None otherwise.
@@ -103,12 +101,7 @@ impl MnMemoryMap {
             geometry,
             max_cns,
             meta_base,
-            queue: FreeQueueLayout {
-                ring: meta_base,
-                capacity: Self::ring_capacity(&geometry, max_cns),
-                head,
-                tail,
-            },
+            queue: FreeQueueLayout { ring: meta_base, capacity: Self::ring_capacity(&geometry, max_cns), head, tail },
             table_base,
             scratch_base,
             meta_len,
@@ -118,8 +111,7 @@ impl MnMemoryMap {
         self.geometry.chunk_count() as u64 * ENTRY_SIZE as u64
     }
     pub fn entry_addr(&self, g: GroupId) -> Option<u64> {
-        (g.0 < self.geometry.chunk_count())
-            .then(|| self.table_base + g.0 as u64 * ENTRY_SIZE as u64)
+        (g.0 < self.geometry.chunk_count()).then(|| self.table_base + g.0 as u64 * ENTRY_SIZE as u64)
     }
     /// The group whose entry starts exactly at `addr` (an entry address from the network).
     pub fn group_of_entry(&self, addr: u64) -> Option<GroupId> {
@@ -134,8 +126,7 @@ impl MnMemoryMap {
         (slot < self.max_cns).then(|| self.scratch_base + slot as u64 * SCRATCH_PER_CN)
     }
     pub fn offset(&self, addr: u64) -> Option<usize> {
-        (addr >= self.meta_base && addr < self.meta_base + self.meta_len)
-            .then(|| (addr - self.meta_base) as usize)
+        (addr >= self.meta_base && addr < self.meta_base + self.meta_len).then(|| (addr - self.meta_base) as usize)
     }
 }
 

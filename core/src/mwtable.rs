@@ -37,19 +37,7 @@ pub const METADATA_BYTES_PER_CHUNK: usize = ENTRY_SIZE + crate::free_queue::SLOT
 pub const RKEY_PAIR_KEY_BOUNDARY: u64 = (1 << 7) | (1 << 31) | (1 << 39) | (1 << 63);
 pub const RKEY_PAIR_KEY_INCREMENT: u64 = 1 | (1 << 32);
 
-#[derive(
-    Clone,
-    Copy,
-    FromBytes,
-    IntoBytes,
-    KnownLayout,
-    Immutable,
-    Unaligned,
-    Default,
-    PartialEq,
-    Eq,
-    Debug,
-)]
+#[derive(Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Default, PartialEq, Eq, Debug)]
 #[repr(C)]
 pub struct MwTableEntry {
     pub base: U64,
@@ -65,12 +53,8 @@ const _: () = assert!(METADATA_BYTES_PER_CHUNK <= 48);
 
 impl MwTableEntry {
     pub fn new(base: u64, length: u32, lkey: u32, rkeys: &[Rkey]) -> Self {
-        let mut e = MwTableEntry {
-            base: U64::new(base),
-            length: U32::new(length),
-            lkey: U32::new(lkey),
-            ..Default::default()
-        };
+        let mut e =
+            MwTableEntry { base: U64::new(base), length: U32::new(length), lkey: U32::new(lkey), ..Default::default() };
         for (slot, r) in e.rkeys.iter_mut().zip(rkeys) {
             *slot = U32::new(r.0);
         }
@@ -114,17 +98,7 @@ mod tests {
 
     #[test]
     fn masked_faa_on_entry_equals_bump_keys() {
-        let mut e = MwTableEntry::new(
-            0,
-            512,
-            1,
-            &[
-                Rkey(0x1_00FF),
-                Rkey(0x2_0010),
-                Rkey(0x3_00FE),
-                Rkey(0x4_0000),
-            ],
-        );
+        let mut e = MwTableEntry::new(0, 512, 1, &[Rkey(0x1_00FF), Rkey(0x2_0010), Rkey(0x3_00FE), Rkey(0x4_0000)]);
         let mut bytes = [0u8; ENTRY_SIZE];
         bytes.copy_from_slice(e.as_bytes());
         for off in [16usize, 24] {

@@ -52,19 +52,7 @@ impl Kind {
     }
 }
 
-#[derive(
-    Clone,
-    Copy,
-    FromBytes,
-    IntoBytes,
-    KnownLayout,
-    Immutable,
-    Unaligned,
-    Default,
-    PartialEq,
-    Eq,
-    Debug,
-)]
+#[derive(Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Default, PartialEq, Eq, Debug)]
 #[repr(C)]
 pub struct Header {
     pub magic: U16,
@@ -75,12 +63,7 @@ pub struct Header {
 
 impl Header {
     pub fn new(kind: Kind, token: u32) -> Self {
-        Header {
-            magic: U16::new(MAGIC),
-            version: VERSION,
-            kind: kind as u8,
-            token: U32::new(token),
-        }
+        Header { magic: U16::new(MAGIC), version: VERSION, kind: kind as u8, token: U32::new(token) }
     }
 }
 
@@ -136,10 +119,8 @@ impl fmt::Display for WireError {
 
 /// Parse and check the header; returns its kind and token.
 pub fn parse_header(bytes: &[u8]) -> Result<(Kind, u32), WireError> {
-    let (h, _) = Header::read_from_prefix(bytes).map_err(|_| WireError::Truncated {
-        need: HEADER_LEN,
-        got: bytes.len(),
-    })?;
+    let (h, _) =
+        Header::read_from_prefix(bytes).map_err(|_| WireError::Truncated { need: HEADER_LEN, got: bytes.len() })?;
     if h.magic.get() != MAGIC {
         return Err(WireError::BadMagic(h.magic.get()));
     }
@@ -153,22 +134,13 @@ pub fn parse_header(bytes: &[u8]) -> Result<(Kind, u32), WireError> {
 fn expect(bytes: &[u8], kind: Kind, len: usize) -> Result<u32, WireError> {
     let (k, token) = parse_header(bytes)?;
     if k != kind {
-        return Err(WireError::UnexpectedKind {
-            expected: kind,
-            got: k,
-        });
+        return Err(WireError::UnexpectedKind { expected: kind, got: k });
     }
     if bytes.len() < len {
-        return Err(WireError::Truncated {
-            need: len,
-            got: bytes.len(),
-        });
+        return Err(WireError::Truncated { need: len, got: bytes.len() });
     }
     if bytes.len() > len {
-        return Err(WireError::TrailingBytes {
-            expected: len,
-            got: bytes.len(),
-        });
+        return Err(WireError::TrailingBytes { expected: len, got: bytes.len() });
     }
     Ok(token)
 }
@@ -209,10 +181,7 @@ impl AllocRequest {
     pub fn encode(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let len = alloc_request::len(self.access_qpns.len());
         if out.len() < len {
-            return Err(WireError::Truncated {
-                need: len,
-                got: out.len(),
-            });
+            return Err(WireError::Truncated { need: len, got: out.len() });
         }
         out[..8].copy_from_slice(Header::new(Kind::AllocRequest, self.token).as_bytes());
         out[8..16].copy_from_slice(&self.reply_addr.to_le_bytes());
@@ -227,23 +196,14 @@ impl AllocRequest {
         if access_windows == 0 || access_windows > MAX_ACCESS_QPS {
             return Err(WireError::BadGroupSize(access_windows as u8 + 1));
         }
-        let token = expect(
-            bytes,
-            Kind::AllocRequest,
-            alloc_request::len(access_windows),
-        )?;
+        let token = expect(bytes, Kind::AllocRequest, alloc_request::len(access_windows))?;
         let mut access_qpns = heapless::Vec::new();
         for i in 0..access_windows {
             let v = le32(bytes, 20 + 4 * i);
             let q = Qpn::new(v).map_err(|_| WireError::BadQpn(v))?;
             let _ = access_qpns.push(q);
         }
-        Ok(AllocRequest {
-            token,
-            reply_addr: le64(bytes, 8),
-            reply_rkey: le32(bytes, 16),
-            access_qpns,
-        })
+        Ok(AllocRequest { token, reply_addr: le64(bytes, 8), reply_rkey: le32(bytes, 16), access_qpns })
     }
 }
 
@@ -269,10 +229,7 @@ impl FreeRequest {
     }
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         let token = expect(bytes, Kind::FreeRequest, free_request::LEN)?;
-        Ok(FreeRequest {
-            token,
-            entry_addr: le64(bytes, 8),
-        })
+        Ok(FreeRequest { token, entry_addr: le64(bytes, 8) })
     }
 }
 
@@ -296,14 +253,9 @@ impl AllocReply {
     }
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         expect(bytes, Kind::AllocReply, ALLOC_REPLY_LEN)?;
-        let entry = MwTableEntry::read(&bytes[16..]).ok_or(WireError::Truncated {
-            need: ALLOC_REPLY_LEN,
-            got: bytes.len(),
-        })?;
-        Ok(AllocReply {
-            entry_addr: le64(bytes, 8),
-            entry,
-        })
+        let entry =
+            MwTableEntry::read(&bytes[16..]).ok_or(WireError::Truncated { need: ALLOC_REPLY_LEN, got: bytes.len() })?;
+        Ok(AllocReply { entry_addr: le64(bytes, 8), entry })
     }
     /// The reply header image the MN pre-writes into the alloc scratch area.
     pub fn header_image() -> [u8; 8] {
@@ -426,9 +378,7 @@ impl ConnectInfo {
         expect(bytes, Kind::ConnectInfo, CONNECT_INFO_LEN)?;
         let cn = CnId::new(le32(bytes, 8)).map_err(|_| WireError::BadCnId)?;
         let g = bytes[12];
-        if (g as usize) < crate::geometry::MIN_GROUP_SIZE
-            || g as usize > crate::geometry::MAX_GROUP_SIZE
-        {
+        if (g as usize) < crate::geometry::MIN_GROUP_SIZE || g as usize > crate::geometry::MAX_GROUP_SIZE {
             return Err(WireError::BadGroupSize(g));
         }
         let qpn = |off| {
@@ -468,38 +418,24 @@ impl MnMessage {
                 Ok(MnMessage::Notice(if kind == Kind::Empty {
                     Notice::Empty
                 } else {
-                    Notice::Available {
-                        free_groups: le64(bytes, 8),
-                    }
+                    Notice::Available { free_groups: le64(bytes, 8) }
                 }))
             }
             Kind::Error => {
                 expect(bytes, kind, ERROR_REPLY_LEN)?;
                 let c = le32(bytes, 8);
                 let code = ErrorCode::from_u32(c).ok_or(WireError::UnknownErrorCode(c))?;
-                Ok(MnMessage::Error(ErrorReply {
-                    token,
-                    code,
-                    detail: le32(bytes, 12),
-                }))
+                Ok(MnMessage::Error(ErrorReply { token, code, detail: le32(bytes, 12) }))
             }
             Kind::ConnectInfo => Ok(MnMessage::ConnectInfo(ConnectInfo::decode(bytes)?)),
-            other => Err(WireError::UnexpectedKind {
-                expected: Kind::Empty,
-                got: other,
-            }),
+            other => Err(WireError::UnexpectedKind { expected: Kind::Empty, got: other }),
         }
     }
 }
 
 /// Rkeys of an entry for the given group size (MW[0] first).
-pub fn entry_rkeys(
-    e: &MwTableEntry,
-    g: usize,
-) -> heapless::Vec<Rkey, { crate::geometry::MAX_GROUP_SIZE }> {
-    (0..g.min(crate::geometry::MAX_GROUP_SIZE))
-        .map(|i| e.rkey(i))
-        .collect()
+pub fn entry_rkeys(e: &MwTableEntry, g: usize) -> heapless::Vec<Rkey, { crate::geometry::MAX_GROUP_SIZE }> {
+    (0..g.min(crate::geometry::MAX_GROUP_SIZE)).map(|i| e.rkey(i)).collect()
 }
 
 #[cfg(test)]
@@ -523,112 +459,60 @@ mod tests {
         let n = r.encode(&mut b).unwrap();
         assert_eq!(n, 28);
         assert_eq!(&b[0..2], &MAGIC.to_le_bytes());
-        assert_eq!(
-            &b[alloc_request::TOKEN..alloc_request::TOKEN + 4],
-            &0xABCDu32.to_le_bytes()
-        );
-        assert_eq!(
-            &b[alloc_request::REPLY_ADDR..alloc_request::REPLY_ADDR + 8],
-            &0x7000u64.to_le_bytes()
-        );
+        assert_eq!(&b[alloc_request::TOKEN..alloc_request::TOKEN + 4], &0xABCDu32.to_le_bytes());
+        assert_eq!(&b[alloc_request::REPLY_ADDR..alloc_request::REPLY_ADDR + 8], &0x7000u64.to_le_bytes());
         assert_eq!(AllocRequest::decode(&b[..n], 2), Ok(r));
-        assert_eq!(
-            AllocRequest::decode(&b[..n - 1], 2),
-            Err(WireError::Truncated { need: 28, got: 27 })
-        );
-        assert_eq!(
-            AllocRequest::decode(&b[..n + 1], 2),
-            Err(WireError::TrailingBytes {
-                expected: 28,
-                got: 29
-            })
-        );
+        assert_eq!(AllocRequest::decode(&b[..n - 1], 2), Err(WireError::Truncated { need: 28, got: 27 }));
+        assert_eq!(AllocRequest::decode(&b[..n + 1], 2), Err(WireError::TrailingBytes { expected: 28, got: 29 }));
         let mut bad = b;
         bad[20..24].copy_from_slice(&0x0100_0000u32.to_le_bytes());
-        assert_eq!(
-            AllocRequest::decode(&bad[..n], 2),
-            Err(WireError::BadQpn(0x0100_0000))
-        );
+        assert_eq!(AllocRequest::decode(&bad[..n], 2), Err(WireError::BadQpn(0x0100_0000)));
     }
 
     #[test]
     fn header_errors() {
-        let f = FreeRequest {
-            token: 9,
-            entry_addr: 0x1000,
-        }
-        .encode();
-        assert_eq!(
-            FreeRequest::decode(&f),
-            Ok(FreeRequest {
-                token: 9,
-                entry_addr: 0x1000
-            })
-        );
+        let f = FreeRequest { token: 9, entry_addr: 0x1000 }.encode();
+        assert_eq!(FreeRequest::decode(&f), Ok(FreeRequest { token: 9, entry_addr: 0x1000 }));
         let mut b = f;
         b[0] = 0;
-        assert!(matches!(
-            FreeRequest::decode(&b),
-            Err(WireError::BadMagic(_))
-        ));
+        assert!(matches!(FreeRequest::decode(&b), Err(WireError::BadMagic(_))));
         let mut b = f;
         b[2] = 9;
         assert_eq!(FreeRequest::decode(&b), Err(WireError::BadVersion(9)));
         let mut b = f;
         b[3] = 99;
         assert_eq!(FreeRequest::decode(&b), Err(WireError::UnknownKind(99)));
-        assert_eq!(
-            FreeRequest::decode(&f[..3]),
-            Err(WireError::Truncated { need: 8, got: 3 })
-        );
+        assert_eq!(FreeRequest::decode(&f[..3]), Err(WireError::Truncated { need: 8, got: 3 }));
         assert_eq!(
             AllocRequest::decode(&f, 1),
-            Err(WireError::UnexpectedKind {
-                expected: Kind::AllocRequest,
-                got: Kind::FreeRequest
-            })
+            Err(WireError::UnexpectedKind { expected: Kind::AllocRequest, got: Kind::FreeRequest })
         );
     }
 
     #[test]
     fn replies_notices_errors_connect() {
         let e = MwTableEntry::new(0x1000, 512, 3, &[Rkey(0x100), Rkey(0x200)]);
-        let r = AllocReply {
-            entry_addr: 0x2000,
-            entry: e,
-        };
+        let r = AllocReply { entry_addr: 0x2000, entry: e };
         assert_eq!(AllocReply::decode(&r.encode()), Ok(r));
         assert_eq!(&r.encode()[..8], &AllocReply::header_image());
         for n in [Notice::Empty, Notice::Available { free_groups: 7 }] {
             assert_eq!(MnMessage::decode(&n.encode()), Ok(MnMessage::Notice(n)));
         }
-        let er = ErrorReply {
-            token: 5,
-            code: ErrorCode::NotOwner,
-            detail: 1,
-        };
+        let er = ErrorReply { token: 5, code: ErrorCode::NotOwner, detail: 1 };
         assert_eq!(MnMessage::decode(&er.encode()), Ok(MnMessage::Error(er)));
         let mut bad = er.encode();
         bad[8] = 77;
-        assert_eq!(
-            MnMessage::decode(&bad),
-            Err(WireError::UnknownErrorCode(77))
-        );
+        assert_eq!(MnMessage::decode(&bad), Err(WireError::UnknownErrorCode(77)));
         let ci = ConnectInfo {
             cn: CnId::new(4).unwrap(),
             group_size: 3,
             chunk_size: 4096,
             alloc_qpn: Qpn::new(0x11).unwrap(),
             free_qpn: Qpn::new(0x12).unwrap(),
-            access_qpns: [Qpn::new(0x13).unwrap(), Qpn::new(0x14).unwrap()]
-                .into_iter()
-                .collect(),
+            access_qpns: [Qpn::new(0x13).unwrap(), Qpn::new(0x14).unwrap()].into_iter().collect(),
             quota: 10,
         };
-        assert_eq!(
-            MnMessage::decode(&ci.encode()),
-            Ok(MnMessage::ConnectInfo(ci.clone()))
-        );
+        assert_eq!(MnMessage::decode(&ci.encode()), Ok(MnMessage::ConnectInfo(ci.clone())));
         let mut b = ci.encode();
         b[12] = 9;
         assert_eq!(ConnectInfo::decode(&b), Err(WireError::BadGroupSize(9)));

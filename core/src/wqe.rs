@@ -72,10 +72,7 @@ impl Opcode {
         Self::ALL.iter().copied().find(|o| *o as u8 == v)
     }
     pub const fn is_atomic(self) -> bool {
-        matches!(
-            self,
-            Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap
-        )
+        matches!(self, Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap)
     }
     /// Operations that touch the remote side of the QP.
     pub const fn is_remote(self) -> bool {
@@ -182,19 +179,7 @@ impl WqeField {
 }
 
 /// The byte image, exactly as it lies in a send queue ring.
-#[derive(
-    Clone,
-    Copy,
-    FromBytes,
-    IntoBytes,
-    KnownLayout,
-    Immutable,
-    Unaligned,
-    Default,
-    PartialEq,
-    Eq,
-    Debug,
-)]
+#[derive(Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Default, PartialEq, Eq, Debug)]
 #[repr(C)]
 pub struct WqeBytes {
     pub opcode: u8,
@@ -258,19 +243,14 @@ impl fmt::Display for WqeError {
             Self::UnknownOpcode(o) => write!(f, "unknown WQE opcode {o:#04x}"),
             Self::UnknownFlags(x) => write!(f, "unknown WQE flag bits {x:#04x}"),
             Self::ReservedNotZero => f.write_str("reserved WQE bytes are not zero"),
-            Self::BadAtomic => {
-                f.write_str("atomic WQE needs length 8 and an 8-byte aligned remote address")
-            }
+            Self::BadAtomic => f.write_str("atomic WQE needs length 8 and an 8-byte aligned remote address"),
             Self::UnbindOnNonBind => f.write_str("UNBIND flag on a WQE that is not BIND_MW"),
             Self::QpnOverflow(q) => write!(f, "QP number {q:#x} in WQE exceeds 24 bits"),
             Self::BadQueueSelector(q) => {
                 write!(f, "queue selector {q} is neither send (0) nor receive (1)")
             }
             Self::BadAccessFlags(a) => write!(f, "access flags {a:#x} invalid for a memory window"),
-            Self::TooManySges(n) => write!(
-                f,
-                "{n} scatter entries exceed the maximum of {MAX_RECV_SGES}"
-            ),
+            Self::TooManySges(n) => write!(f, "{n} scatter entries exceed the maximum of {MAX_RECV_SGES}"),
         }
     }
 }
@@ -309,14 +289,7 @@ impl Wqe {
         w.opcode = Opcode::Write;
         w
     }
-    pub const fn write_imm(
-        local: u64,
-        lkey: u32,
-        len: u32,
-        remote: u64,
-        rkey: u32,
-        imm: u32,
-    ) -> Self {
+    pub const fn write_imm(local: u64, lkey: u32, len: u32, remote: u64, rkey: u32, imm: u32) -> Self {
         let mut w = Self::read(local, lkey, len, remote, rkey);
         w.opcode = Opcode::WriteWithImm;
         w.imm = imm;
@@ -337,27 +310,13 @@ impl Wqe {
     }
     /// mlx5 extended atomic: `boundary` has a bit set at the most significant bit of each field;
     /// carries never cross a set bit, so a ring index or an rkey's key byte wraps in place.
-    pub const fn masked_fetch_add(
-        local: u64,
-        lkey: u32,
-        remote: u64,
-        rkey: u32,
-        add: u64,
-        boundary: u64,
-    ) -> Self {
+    pub const fn masked_fetch_add(local: u64, lkey: u32, remote: u64, rkey: u32, add: u64, boundary: u64) -> Self {
         let mut w = Self::fetch_add(local, lkey, remote, rkey, add);
         w.opcode = Opcode::MaskedFetchAdd;
         w.operand1 = boundary;
         w
     }
-    pub const fn compare_swap(
-        local: u64,
-        lkey: u32,
-        remote: u64,
-        rkey: u32,
-        compare: u64,
-        swap: u64,
-    ) -> Self {
+    pub const fn compare_swap(local: u64, lkey: u32, remote: u64, rkey: u32, compare: u64, swap: u64) -> Self {
         let mut w = Self::read(local, lkey, 8, remote, rkey);
         w.opcode = Opcode::CompareSwap;
         w.operand0 = compare;
@@ -366,14 +325,7 @@ impl Wqe {
     }
     /// Type-2 bind: the window `new_rkey.index()` becomes `new_rkey`, covering
     /// `[addr, addr+len)` of the MR `lkey`, usable only through QP `qpn`.
-    pub const fn bind_mw(
-        new_rkey: u32,
-        addr: u64,
-        len: u32,
-        lkey: u32,
-        qpn: u32,
-        access: AccessFlags,
-    ) -> Self {
+    pub const fn bind_mw(new_rkey: u32, addr: u64, len: u32, lkey: u32, qpn: u32, access: AccessFlags) -> Self {
         let mut w = Self::blank(Opcode::BindMw);
         w.imm = new_rkey;
         w.local_addr = addr;
@@ -464,8 +416,7 @@ impl Wqe {
 
     /// Decode untrusted bytes (a ring slot the NIC fetched, possibly patched by a chain).
     pub fn decode(bytes: &[u8]) -> Result<Self, WqeError> {
-        let (b, _) = WqeBytes::read_from_prefix(bytes)
-            .map_err(|_| WqeError::Truncated { len: bytes.len() })?;
+        let (b, _) = WqeBytes::read_from_prefix(bytes).map_err(|_| WqeError::Truncated { len: bytes.len() })?;
         let opcode = Opcode::from_u8(b.opcode).ok_or(WqeError::UnknownOpcode(b.opcode))?;
         let flags = WqeFlags::from_bits(b.flags).ok_or(WqeError::UnknownFlags(b.flags))?;
         if b.reserved.get() != 0 {
@@ -495,13 +446,10 @@ impl Wqe {
             Opcode::BindMw | Opcode::Wait | Opcode::Enable if w.qpn > crate::ids::Qpn::MAX => {
                 return Err(WqeError::QpnOverflow(w.qpn))
             }
-            Opcode::Wait | Opcode::Enable if w.operand1 > 1 => {
-                return Err(WqeError::BadQueueSelector(w.operand1))
-            }
+            Opcode::Wait | Opcode::Enable if w.operand1 > 1 => return Err(WqeError::BadQueueSelector(w.operand1)),
             Opcode::BindMw if !flags.contains(WqeFlags::UNBIND) => {
-                let ok = AccessFlags::from_bits(w.operand1 as u32).filter(|a| {
-                    w.operand1 <= u32::MAX as u64 && !a.intersects(AccessFlags::MR_ONLY)
-                });
+                let ok = AccessFlags::from_bits(w.operand1 as u32)
+                    .filter(|a| w.operand1 <= u32::MAX as u64 && !a.intersects(AccessFlags::MR_ONLY));
                 if ok.is_none() {
                     return Err(WqeError::BadAccessFlags(w.operand1));
                 }
@@ -585,10 +533,7 @@ impl RecvWqe {
             // capacity checked above
             let _ = sges.push(s);
         }
-        Ok(RecvWqe {
-            wr_id: u64::from_le_bytes(b[8..16].try_into().unwrap_or_default()),
-            sges,
-        })
+        Ok(RecvWqe { wr_id: u64::from_le_bytes(b[8..16].try_into().unwrap_or_default()), sges })
     }
 }
 
@@ -602,11 +547,7 @@ pub const fn masked_add(old: u64, add: u64, boundary: u64) -> u64 {
     while bit < 64 {
         if boundary & (1u64 << bit) != 0 || bit == 63 {
             let width = bit - lo + 1;
-            let mask = if width == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << width) - 1) << lo
-            };
+            let mask = if width == 64 { u64::MAX } else { ((1u64 << width) - 1) << lo };
             let sum = (old & mask).wrapping_add(add & mask) & mask;
             out |= sum;
             lo = bit + 1;
@@ -623,14 +564,7 @@ mod tests {
 
     #[test]
     fn golden_layout() {
-        let w = Wqe::read(
-            0x1122_3344_5566_7788,
-            0xAABB_CCDD,
-            64,
-            0x0102_0304_0506_0708,
-            0x0A0B_0C0D,
-        )
-        .with_wr_id(0x99);
+        let w = Wqe::read(0x1122_3344_5566_7788, 0xAABB_CCDD, 64, 0x0102_0304_0506_0708, 0x0A0B_0C0D).with_wr_id(0x99);
         let b = w.encode();
         assert_eq!(b[0], 0x06);
         assert_eq!(b[1], 0x01);
@@ -669,10 +603,7 @@ mod tests {
 
     #[test]
     fn malformed_wqes_rejected() {
-        assert_eq!(
-            Wqe::decode(&[0u8; 10]),
-            Err(WqeError::Truncated { len: 10 })
-        );
+        assert_eq!(Wqe::decode(&[0u8; 10]), Err(WqeError::Truncated { len: 10 }));
         let mut b = Wqe::nop().encode();
         b[0] = 0x7f;
         assert_eq!(Wqe::decode(&b), Err(WqeError::UnknownOpcode(0x7f)));
@@ -687,10 +618,7 @@ mod tests {
         let w = Wqe::nop().with_flags(WqeFlags::UNBIND);
         assert_eq!(Wqe::decode(&w.encode()), Err(WqeError::UnbindOnNonBind));
         let w = Wqe::wait(0x100_0000, QueueSel::Send, 1);
-        assert_eq!(
-            Wqe::decode(&w.encode()),
-            Err(WqeError::QpnOverflow(0x100_0000))
-        );
+        assert_eq!(Wqe::decode(&w.encode()), Err(WqeError::QpnOverflow(0x100_0000)));
         let mut w = Wqe::enable(1, QueueSel::Send, 1);
         w.operand1 = 2;
         assert_eq!(Wqe::decode(&w.encode()), Err(WqeError::BadQueueSelector(2)));
@@ -700,33 +628,15 @@ mod tests {
 
     #[test]
     fn recv_round_trip_and_errors() {
-        let mut r = RecvWqe {
-            wr_id: 5,
-            sges: heapless::Vec::new(),
-        };
-        r.sges
-            .push(Sge {
-                addr: 0x1000,
-                length: 8,
-                lkey: 3,
-            })
-            .unwrap();
-        r.sges
-            .push(Sge {
-                addr: 0x2004,
-                length: 4,
-                lkey: 3,
-            })
-            .unwrap();
+        let mut r = RecvWqe { wr_id: 5, sges: heapless::Vec::new() };
+        r.sges.push(Sge { addr: 0x1000, length: 8, lkey: 3 }).unwrap();
+        r.sges.push(Sge { addr: 0x2004, length: 4, lkey: 3 }).unwrap();
         assert_eq!(RecvWqe::decode(&r.encode()), Ok(r.clone()));
         assert_eq!(r.total_len(), 12);
         let mut b = r.encode();
         b[1] = 9;
         assert_eq!(RecvWqe::decode(&b), Err(WqeError::TooManySges(9)));
-        assert_eq!(
-            RecvWqe::decode(&b[..20]),
-            Err(WqeError::Truncated { len: 20 })
-        );
+        assert_eq!(RecvWqe::decode(&b[..20]), Err(WqeError::Truncated { len: 20 }));
     }
 
     #[test]
