@@ -1,1 +1,20 @@
-//! placeholder
+//! omw-verbs: the OneSidedMW protocol of `omw-core` on real RDMA hardware through libibverbs
+//! (`rdma-sys`) and rdma_cm.
+//!
+//! - [`backend::VerbsBackend`] implements the core's `RdmaBackend` contract: a canonical WQE
+//!   becomes an `ibv_send_wr`, a work completion becomes a `Completion`. No protocol logic.
+//! - [`probe`] measures a device's real memory-window semantics on fresh QP pairs and maps
+//!   them onto `Capabilities`.
+//! - [`cm`] sets up RC connections through rdma_cm (the MN listens, CNs connect).
+//! - [`mn`] is the memory-node daemon, [`cn`] the compute-node client.
+//!
+//! `unsafe` lives only in this crate, and every block says why it is sound.
+#![warn(missing_debug_implementations)]
+
+pub mod backend;
+pub mod device;
+pub mod error;
+pub mod probe;
+
+pub use backend::VerbsBackend;
+pub use error::VerbsError;

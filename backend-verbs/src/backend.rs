@@ -1,0 +1,1089 @@
+//! [`VerbsBackend`]: the core's [`RdmaBackend`] contract on libibverbs.
+//!
+//! A thin translation: a canonical [`Wqe`] becomes one `ibv_send_wr`, an `ibv_wc` becomes a
+//! [`Completion`]. What the device does not keep for us, we keep here:
+//! - each window's **current rkey** (rxe does not update `mw->rkey` after a BIND_MW work
+//!   request, yet uses it as the handle of the next bind) and the QP it is bound to, updated
+//!   optimistically when a bind/invalidate is posted and rolled back if it completes in error;
+//! - which memory this process owns, so `read_local`/`write_local`/`reg_mr` can never touch
+//!   anything else.
+//!
+//! Teardown ([`Drop`]) invalidates and deallocates every window before any QP is destroyed
+//! (rxe stalls ~51 s in `rxe_destroy_qp` otherwise), then QPs, CQs, MRs, PD, memory, context.
+
+use crate::device::Context;
+use crate::error::{Result, VerbsError};
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Capabilities, Completion, MrKeys, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::ids::{Qpn, Rkey};
+use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, MAX_RECV_SGES};
+use rdma_sys::*;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+/// Send/receive queue depths of every QP this backend creates.
+pub const SEND_DEPTH: u32 = 256;
+pub const RECV_DEPTH: u32 = 64;
+const RD_ATOMIC: u8 = 16;
+
+/// Anonymous memory owned by the backend (mmap'd, zeroed, page-aligned).
+struct Region {
+    map: *mut libc::c_void,
+    map_len: usize,
+    /// The usable, aligned part.
+    addr: u64,
+    len: u64,
+}
+
+struct MrEntry {
+    mr: *mut ibv_mr,
+    addr: u64,
+    len: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Binding {
+    pub qpn: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub lkey: u32,
+}
+
+struct MwEntry {
+    mw: *mut ibv_mw,
+    /// The key the window has (bound) or had last (unbound): the handle of the next bind.
+    rkey: Rkey,
+    bound: Option<Binding>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Effect {
+    None,
+    /// Undo: restore the window's rkey and binding.
+    Mw {
+        index: u32,
+        old_rkey: Rkey,
+        old_bound: Option<Binding>,
+    },
+}
+
+struct Pending {
+    internal: u64,
+    user: u64,
+    opcode: Opcode,
+    effect: Effect,
+    rolled_back: bool,
+}
+
+/// How a QP was connected, so `reset_qp` can bring it back.
+#[derive(Clone, Copy)]
+enum Link {
+    /// Raw loopback pair on this device: the peer QP is ours too.
+    Loopback { peer: u32 },
+    /// Connected through rdma_cm to another process/host.
+    Cm { id: *mut rdma_cm_id },
+}
+
+struct QpEntry {
+    qp: *mut ibv_qp,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    link: Link,
+    pending: VecDeque<Pending>,
+    errored: bool,
+}
+
+/// The libibverbs backend: one device context, one PD, and everything created on them.
+pub struct VerbsBackend {
+    // field order does not matter: Drop tears down explicitly
+    ctx: Context,
+    pd: *mut ibv_pd,
+    caps: Capabilities,
+    regions: Vec<Region>,
+    mrs: BTreeMap<u32, MrEntry>,
+    mws: HashMap<u32, MwEntry>,
+    qps: HashMap<u32, QpEntry>,
+    next_wr: u64,
+    /// rdma_cm event channel owned by this backend (destroyed after the ids).
+    pub(crate) cm_channel: *mut rdma_event_channel,
+    /// rdma_cm ids without a QP (listener, ids being set up).
+    pub(crate) cm_ids: Vec<*mut rdma_cm_id>,
+}
+
+impl std::fmt::Debug for VerbsBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsBackend")
+            .field("device", &self.ctx.info.name)
+            .field("caps", &self.caps)
+            .field("qps", &self.qps.len())
+            .field("mws", &self.mws.len())
+            .field("mrs", &self.mrs.len())
+            .finish()
+    }
+}
+
+pub(crate) fn wc_status_str(s: u32) -> String {
+    WcStatus::from_u32(s).as_str().to_string()
+}
+
+impl VerbsBackend {
+    /// Open `device` (or the first with type-2 windows) and allocate a PD. Declares only the
+    /// capabilities the device attributes prove; [`Self::set_probed`] adds the MW semantics.
+    pub fn open(device: Option<&str>) -> Result<Self> {
+        let ctx = Context::open(device)?;
+        // SAFETY: ctx.ctx is an open context.
+        let pd = unsafe { ibv_alloc_pd(ctx.ctx) };
+        if pd.is_null() {
+            return Err(VerbsError::last("ibv_alloc_pd"));
+        }
+        let caps = ctx.info.declared_capabilities();
+        Ok(VerbsBackend {
+            ctx,
+            pd,
+            caps,
+            regions: Vec::new(),
+            mrs: BTreeMap::new(),
+            mws: HashMap::new(),
+            qps: HashMap::new(),
+            next_wr: 1,
+            cm_channel: ptr::null_mut(),
+            cm_ids: Vec::new(),
+        })
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.ctx.info.name
+    }
+    pub fn device_info(&self) -> &crate::device::DeviceInfo {
+        &self.ctx.info
+    }
+    pub fn gid_index(&self) -> u8 {
+        self.ctx.gid_index
+    }
+    pub(crate) fn raw_context(&self) -> *mut ibv_context {
+        self.ctx.ctx
+    }
+
+    /// Add the capabilities a probe established (and drop those it refuted).
+    pub fn set_probed(&mut self, probed: Capabilities) {
+        let semantic = Capabilities::MW_QP_BINDING_ENFORCED
+            | Capabilities::MW_BOUNDS_ENFORCED
+            | Capabilities::MW_QP_CHECK_ON_INVALIDATE;
+        self.caps = (self.caps - semantic) | (probed & semantic);
+    }
+
+    // ---------------------------------------------------------------- memory
+
+    /// Allocate `len` bytes of zeroed memory aligned to `align` (a power of two), owned by the
+    /// backend until it drops. Returns its address.
+    pub fn alloc_region(&mut self, len: u64, align: u64) -> Result<u64> {
+        let page = 4096u64;
+        let align = align.max(page);
+        if !align.is_power_of_two() || len == 0 {
+            return Err(VerbsError::Config(format!("bad region request: {len} bytes aligned to {align}")));
+        }
+        let map_len = len
+            .checked_add(align - page)
+            .and_then(|v| v.checked_next_multiple_of(page))
+            .ok_or(VerbsError::BadAddress { addr: 0, len })? as usize;
+        // SAFETY: an anonymous private mapping with no address hint; checked for MAP_FAILED.
+        let map = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(VerbsError::last("mmap"));
+        }
+        let addr = (map as u64).next_multiple_of(align);
+        self.regions.push(Region { map, map_len, addr, len });
+        Ok(addr)
+    }
+
+    fn owned(&self, addr: u64, len: u64) -> Result<()> {
+        let ok = self.regions.iter().any(|r| addr >= r.addr && len <= r.len && addr - r.addr <= r.len - len);
+        if ok {
+            Ok(())
+        } else {
+            Err(VerbsError::BadAddress { addr, len })
+        }
+    }
+
+    /// A slice view of owned memory (for the CN's buffers and tests).
+    pub fn slice(&self, addr: u64, len: usize) -> Result<&[u8]> {
+        self.owned(addr, len as u64)?;
+        // SAFETY: the range lies inside a live mapping owned by self (checked above); the NIC
+        // may write it concurrently, which for plain bytes is a data race only in the sense
+        // that values may be stale — the same contract as any RDMA buffer.
+        Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, len) })
+    }
+
+    /// Deregister an MR (refused while a window is bound in it).
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
+        if self.mws.values().any(|m| m.bound.map(|b| b.lkey) == Some(lkey)) {
+            return Err(VerbsError::Config(format!("MR {lkey:#x} still has bound windows")));
+        }
+        let e = self.mrs.remove(&lkey).ok_or(VerbsError::UnknownMr(lkey))?;
+        // SAFETY: e.mr is a live MR of this backend, removed from the table so never reused.
+        let rc = unsafe { ibv_dereg_mr(e.mr) };
+        if rc != 0 {
+            return Err(VerbsError::rc("ibv_dereg_mr", rc));
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- QPs
+
+    fn create_cq(&self, depth: u32) -> Result<*mut ibv_cq> {
+        // SAFETY: ctx is open; no completion channel, no context pointer.
+        let cq = unsafe { ibv_create_cq(self.ctx.ctx, depth as i32, ptr::null_mut(), ptr::null_mut(), 0) };
+        if cq.is_null() {
+            return Err(VerbsError::last("ibv_create_cq"));
+        }
+        Ok(cq)
+    }
+
+    fn qp_init_attr(send_cq: *mut ibv_cq, recv_cq: *mut ibv_cq) -> ibv_qp_init_attr {
+        // SAFETY: ibv_qp_init_attr is plain data; all-zero is a valid starting value.
+        let mut ia: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        ia.send_cq = send_cq;
+        ia.recv_cq = recv_cq;
+        ia.qp_type = ibv_qp_type::IBV_QPT_RC;
+        ia.sq_sig_all = 0;
+        ia.cap.max_send_wr = SEND_DEPTH;
+        ia.cap.max_recv_wr = RECV_DEPTH;
+        ia.cap.max_send_sge = 1;
+        ia.cap.max_recv_sge = MAX_RECV_SGES as u32;
+        ia
+    }
+
+    fn destroy_cqs(send_cq: *mut ibv_cq, recv_cq: *mut ibv_cq) {
+        // SAFETY: the CQs are ours and no QP uses them any more.
+        unsafe {
+            if !send_cq.is_null() {
+                ibv_destroy_cq(send_cq);
+            }
+            if !recv_cq.is_null() {
+                ibv_destroy_cq(recv_cq);
+            }
+        }
+    }
+
+    fn modify_to_init(qp: *mut ibv_qp, port: u8) -> Result<()> {
+        // SAFETY: qp is live; attr is plain data with the fields the mask names set.
+        unsafe {
+            let mut a: ibv_qp_attr = std::mem::zeroed();
+            a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+            a.port_num = port;
+            a.pkey_index = 0;
+            a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+                | ibv_access_flags::IBV_ACCESS_REMOTE_READ
+                | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+                | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)
+                .0;
+            let m = ibv_qp_attr_mask::IBV_QP_STATE
+                | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+                | ibv_qp_attr_mask::IBV_QP_PORT
+                | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS;
+            let rc = ibv_modify_qp(qp, &mut a, m.0 as i32);
+            if rc != 0 {
+                return Err(VerbsError::rc("ibv_modify_qp(INIT)", rc));
+            }
+        }
+        Ok(())
+    }
+
+    fn modify_to_rts(&self, qp: *mut ibv_qp, dest: u32) -> Result<()> {
+        // SAFETY: qp is live and in INIT; attrs are plain data with the masked fields set.
+        unsafe {
+            let mut a: ibv_qp_attr = std::mem::zeroed();
+            a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+            a.path_mtu = ibv_mtu::IBV_MTU_1024;
+            a.dest_qp_num = dest;
+            a.rq_psn = 0;
+            a.max_dest_rd_atomic = RD_ATOMIC;
+            a.min_rnr_timer = 12;
+            a.ah_attr.is_global = 1;
+            a.ah_attr.port_num = self.ctx.port;
+            a.ah_attr.grh.dgid = self.ctx.gid;
+            a.ah_attr.grh.sgid_index = self.ctx.gid_index;
+            a.ah_attr.grh.hop_limit = 1;
+            let m = ibv_qp_attr_mask::IBV_QP_STATE
+                | ibv_qp_attr_mask::IBV_QP_AV
+                | ibv_qp_attr_mask::IBV_QP_PATH_MTU
+                | ibv_qp_attr_mask::IBV_QP_DEST_QPN
+                | ibv_qp_attr_mask::IBV_QP_RQ_PSN
+                | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+                | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER;
+            let rc = ibv_modify_qp(qp, &mut a, m.0 as i32);
+            if rc != 0 {
+                return Err(VerbsError::rc("ibv_modify_qp(RTR)", rc));
+            }
+            let mut a: ibv_qp_attr = std::mem::zeroed();
+            a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+            a.timeout = 14;
+            a.retry_cnt = 7;
+            a.rnr_retry = 7;
+            a.sq_psn = 0;
+            a.max_rd_atomic = RD_ATOMIC;
+            let m = ibv_qp_attr_mask::IBV_QP_STATE
+                | ibv_qp_attr_mask::IBV_QP_TIMEOUT
+                | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+                | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
+                | ibv_qp_attr_mask::IBV_QP_SQ_PSN
+                | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC;
+            let rc = ibv_modify_qp(qp, &mut a, m.0 as i32);
+            if rc != 0 {
+                return Err(VerbsError::rc("ibv_modify_qp(RTS)", rc));
+            }
+        }
+        Ok(())
+    }
+
+    fn raw_qp(&self) -> Result<(*mut ibv_qp, *mut ibv_cq, *mut ibv_cq)> {
+        let scq = self.create_cq(SEND_DEPTH)?;
+        let rcq = match self.create_cq(RECV_DEPTH) {
+            Ok(c) => c,
+            Err(e) => {
+                Self::destroy_cqs(scq, ptr::null_mut());
+                return Err(e);
+            }
+        };
+        let mut ia = Self::qp_init_attr(scq, rcq);
+        // SAFETY: pd is live; ia is fully initialised.
+        let qp = unsafe { ibv_create_qp(self.pd, &mut ia) };
+        if qp.is_null() {
+            let e = VerbsError::last("ibv_create_qp");
+            Self::destroy_cqs(scq, rcq);
+            return Err(e);
+        }
+        if let Err(e) = Self::modify_to_init(qp, self.ctx.port) {
+            // SAFETY: qp was just created and is unused.
+            unsafe { ibv_destroy_qp(qp) };
+            Self::destroy_cqs(scq, rcq);
+            return Err(e);
+        }
+        Ok((qp, scq, rcq))
+    }
+
+    fn qp_num(qp: *mut ibv_qp) -> u32 {
+        // SAFETY: qp is a live QP; qp_num is set at creation.
+        unsafe { (*qp).qp_num }
+    }
+
+    /// Two RC QPs on this device connected to each other (raw verbs, the device's own GID):
+    /// what the probe, the tests and the benchmark use for fresh QP pairs.
+    pub fn create_loopback_pair(&mut self) -> Result<(Qpn, Qpn)> {
+        let (a, asc, arc) = self.raw_qp()?;
+        let (b, bsc, brc) = match self.raw_qp() {
+            Ok(x) => x,
+            Err(e) => {
+                // SAFETY: a is ours and unused.
+                unsafe { ibv_destroy_qp(a) };
+                Self::destroy_cqs(asc, arc);
+                return Err(e);
+            }
+        };
+        let (an, bn) = (Self::qp_num(a), Self::qp_num(b));
+        let r = self.modify_to_rts(a, bn).and_then(|_| self.modify_to_rts(b, an));
+        for (qp, sc, rc, peer) in [(a, asc, arc, bn), (b, bsc, brc, an)] {
+            self.qps.insert(
+                Self::qp_num(qp),
+                QpEntry {
+                    qp,
+                    send_cq: sc,
+                    recv_cq: rc,
+                    link: Link::Loopback { peer },
+                    pending: VecDeque::new(),
+                    errored: false,
+                },
+            );
+        }
+        if let Err(e) = r {
+            let _ = self.destroy_qp(Qpn::new(an).unwrap_or_default());
+            let _ = self.destroy_qp(Qpn::new(bn).unwrap_or_default());
+            return Err(e);
+        }
+        Ok((qpn(an)?, qpn(bn)?))
+    }
+
+    /// Create the QP of an rdma_cm id (on this backend's PD, with its own CQs) and track it.
+    pub(crate) fn create_cm_qp(&mut self, id: *mut rdma_cm_id) -> Result<Qpn> {
+        // SAFETY: id is a live cm id whose verbs context is checked to be ours.
+        unsafe {
+            if (*id).verbs != self.ctx.ctx {
+                return Err(VerbsError::Config(format!(
+                    "the rdma_cm connection runs over another RDMA device than {} (pass --device to pick the one that owns the address)",
+                    self.ctx.info.name
+                )));
+            }
+        }
+        let scq = self.create_cq(SEND_DEPTH)?;
+        let rcq = match self.create_cq(RECV_DEPTH) {
+            Ok(c) => c,
+            Err(e) => {
+                Self::destroy_cqs(scq, ptr::null_mut());
+                return Err(e);
+            }
+        };
+        let mut ia = Self::qp_init_attr(scq, rcq);
+        // SAFETY: id and pd are live and on the same context (checked above).
+        let rc = unsafe { rdma_create_qp(id, self.pd, &mut ia) };
+        if rc != 0 {
+            let e = VerbsError::rc("rdma_create_qp", rc);
+            Self::destroy_cqs(scq, rcq);
+            return Err(e);
+        }
+        // SAFETY: rdma_create_qp succeeded, so id->qp is the new QP.
+        let qp = unsafe { (*id).qp };
+        let n = Self::qp_num(qp);
+        self.qps.insert(
+            n,
+            QpEntry { qp, send_cq: scq, recv_cq: rcq, link: Link::Cm { id }, pending: VecDeque::new(), errored: false },
+        );
+        qpn(n)
+    }
+
+    /// The rdma_cm id of a QP created by [`Self::create_cm_qp`].
+    pub(crate) fn cm_id_of(&self, q: Qpn) -> Option<*mut rdma_cm_id> {
+        match self.qps.get(&q.get())?.link {
+            Link::Cm { id } => Some(id),
+            Link::Loopback { .. } => None,
+        }
+    }
+
+    pub fn qpns(&self) -> Vec<Qpn> {
+        let mut v: Vec<Qpn> = self.qps.keys().filter_map(|q| Qpn::new(*q).ok()).collect();
+        v.sort();
+        v
+    }
+
+    /// Destroy a QP (and its CQs; and its rdma_cm id). Windows still bound to it are
+    /// invalidated and deallocated-safe first, so rxe never sees a QP die under a bound window.
+    pub fn destroy_qp(&mut self, q: Qpn) -> Result<()> {
+        if !self.qps.contains_key(&q.get()) {
+            return Err(VerbsError::UnknownQp(q.get()));
+        }
+        let bound: Vec<u32> =
+            self.mws.iter().filter(|(_, m)| m.bound.map(|b| b.qpn) == Some(q.get())).map(|(i, _)| *i).collect();
+        for index in bound {
+            self.invalidate_for_teardown(index);
+        }
+        let e = self.qps.remove(&q.get()).ok_or(VerbsError::UnknownQp(q.get()))?;
+        // SAFETY: the QP is removed from the table; nothing posts to it any more.
+        unsafe {
+            match e.link {
+                Link::Cm { id } => {
+                    rdma_destroy_qp(id);
+                    rdma_destroy_id(id);
+                }
+                Link::Loopback { .. } => {
+                    ibv_destroy_qp(e.qp);
+                }
+            }
+        }
+        Self::destroy_cqs(e.send_cq, e.recv_cq);
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- windows
+
+    /// The tracked state of a window: its current rkey and where it is bound.
+    pub fn mw_state(&self, rkey: Rkey) -> Option<(Rkey, Option<Binding>)> {
+        self.mws.get(&rkey.index()).map(|m| (m.rkey, m.bound))
+    }
+
+    /// Which QP a window is bound to (tracked).
+    pub fn bound_qp(&self, rkey: Rkey) -> Option<Qpn> {
+        self.mws.get(&rkey.index()).and_then(|m| m.bound).and_then(|b| Qpn::new(b.qpn).ok())
+    }
+
+    /// Best-effort invalidation during teardown: LOCAL_INV on the bound QP if it is in RTS,
+    /// else on any QP in RTS (rxe accepts that); in every case the window is then marked
+    /// unbound (deallocation releases what the invalidate could not).
+    fn invalidate_for_teardown(&mut self, index: u32) {
+        let Some(m) = self.mws.get(&index) else { return };
+        let Some(b) = m.bound else { return };
+        let rkey = m.rkey;
+        let mut candidates = vec![b.qpn];
+        candidates.extend(self.qps.keys().copied().filter(|q| *q != b.qpn));
+        for q in candidates {
+            if !matches!(self.raw_state(q), Some(QpState::Rts)) {
+                continue;
+            }
+            let Ok(qn) = Qpn::new(q) else { continue };
+            let w = Wqe::local_inv(rkey.0).with_wr_id(u64::MAX);
+            if self.post_send(qn, &w).is_err() {
+                continue;
+            }
+            match self.wait_send(qn, u64::MAX, Duration::from_millis(500)) {
+                Ok(c) if c.status.is_ok() => break,
+                _ => continue,
+            }
+        }
+        if let Some(m) = self.mws.get_mut(&index) {
+            m.bound = None;
+        }
+    }
+
+    // ---------------------------------------------------------------- helpers
+
+    fn raw_state(&self, q: u32) -> Option<QpState> {
+        let e = self.qps.get(&q)?;
+        query_state(e.qp).ok()
+    }
+
+    /// Post `wqe` on `qp` and wait (busy-polling) for its completion. The WQE is forced
+    /// signaled. Other completions of the same queue that arrive first are discarded.
+    pub fn post_wait(&mut self, qp: Qpn, wqe: &Wqe, timeout: Duration) -> Result<Completion> {
+        let w = wqe.with_flags(wqe.flags | WqeFlags::SIGNALED);
+        let target = if w.opcode == Opcode::BindMw && !w.flags.contains(WqeFlags::UNBIND) {
+            Qpn::new(w.qpn).map_err(|_| VerbsError::UnknownQp(w.qpn))?
+        } else if w.opcode == Opcode::BindMw {
+            self.bound_qp(Rkey(w.imm)).unwrap_or(qp)
+        } else {
+            qp
+        };
+        self.post_send(qp, &w)?;
+        self.wait_send(target, w.wr_id, timeout)
+    }
+
+    /// Wait for the send completion with user wr_id `wr_id` on `qp`.
+    pub fn wait_send(&mut self, qp: Qpn, wr_id: u64, timeout: Duration) -> Result<Completion> {
+        let t0 = Instant::now();
+        let mut buf = [empty_completion(); 16];
+        loop {
+            let n = self.poll_cq(qp, QueueSel::Send, &mut buf)?;
+            if let Some(c) = buf[..n].iter().find(|c| c.wr_id == wr_id) {
+                return Ok(*c);
+            }
+            if t0.elapsed() > timeout {
+                return Err(VerbsError::Timeout { what: format!("a send completion on QP {qp}") });
+            }
+            if n == 0 {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Wait for the next receive completion on `qp`.
+    pub fn wait_recv(&mut self, qp: Qpn, timeout: Duration) -> Result<Completion> {
+        let t0 = Instant::now();
+        let mut buf = [empty_completion(); 1];
+        loop {
+            if self.poll_cq(qp, QueueSel::Recv, &mut buf)? == 1 {
+                return Ok(buf[0]);
+            }
+            if t0.elapsed() > timeout {
+                return Err(VerbsError::Timeout { what: format!("a receive completion on QP {qp}") });
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    fn mr_ptr(&self, lkey: u32) -> Result<*mut ibv_mr> {
+        self.mrs.get(&lkey).map(|m| m.mr).ok_or(VerbsError::UnknownMr(lkey))
+    }
+
+    fn entry(&mut self, q: u32) -> Result<&mut QpEntry> {
+        self.qps.get_mut(&q).ok_or(VerbsError::UnknownQp(q))
+    }
+
+    fn translate_send(&mut self, qp: Qpn, w: &Wqe) -> Result<(u32, ibv_send_wr, ibv_sge, Effect)> {
+        // SAFETY: ibv_send_wr / ibv_sge are plain data (pointers, integers and unions of them);
+        // all-zero is the documented "unused" value of every field.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        let mut sge = ibv_sge { addr: w.local_addr, length: w.length, lkey: w.lkey };
+        let mut flags = 0u32;
+        if w.flags.contains(WqeFlags::SIGNALED) {
+            flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if w.flags.contains(WqeFlags::FENCE) {
+            flags |= ibv_send_flags::IBV_SEND_FENCE.0;
+        }
+        if w.flags.contains(WqeFlags::SOLICITED) {
+            flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
+        }
+        wr.send_flags = flags;
+        let mut post_on = qp.get();
+        let mut effect = Effect::None;
+        let use_sge = |wr: &mut ibv_send_wr, len: u32| {
+            wr.num_sge = if len == 0 { 0 } else { 1 };
+        };
+        match w.opcode {
+            Opcode::Send => {
+                wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+                use_sge(&mut wr, w.length);
+            }
+            Opcode::SendWithImm => {
+                wr.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+                wr.imm_data_invalidated_rkey_union.imm_data = w.imm.to_be();
+                use_sge(&mut wr, w.length);
+            }
+            Opcode::SendWithInv => {
+                wr.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_INV;
+                wr.imm_data_invalidated_rkey_union.invalidated_rkey = w.imm;
+                use_sge(&mut wr, w.length);
+            }
+            Opcode::Write | Opcode::WriteWithImm | Opcode::Read => {
+                wr.opcode = match w.opcode {
+                    Opcode::Write => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                    Opcode::WriteWithImm => {
+                        wr.imm_data_invalidated_rkey_union.imm_data = w.imm.to_be();
+                        ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+                    }
+                    _ => ibv_wr_opcode::IBV_WR_RDMA_READ,
+                };
+                wr.wr.rdma = rdma_t { remote_addr: w.remote_addr, rkey: w.rkey };
+                use_sge(&mut wr, w.length);
+            }
+            Opcode::FetchAdd | Opcode::CompareSwap => {
+                wr.opcode = if w.opcode == Opcode::FetchAdd {
+                    ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD
+                } else {
+                    ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP
+                };
+                wr.wr.atomic =
+                    atomic_t { remote_addr: w.remote_addr, compare_add: w.operand0, swap: w.operand1, rkey: w.rkey };
+                sge.length = 8;
+                wr.num_sge = 1;
+            }
+            Opcode::BindMw if w.flags.contains(WqeFlags::UNBIND) => {
+                // no UMR "free" form in libibverbs: LOCAL_INV on the QP the window is bound to
+                let index = Rkey(w.imm).index();
+                let m = self.mws.get_mut(&index).ok_or(VerbsError::UnknownMw(w.imm))?;
+                let b = m.bound.ok_or(VerbsError::NotBound(w.imm))?;
+                post_on = b.qpn;
+                effect = Effect::Mw { index, old_rkey: m.rkey, old_bound: m.bound };
+                m.bound = None;
+                wr.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
+                wr.imm_data_invalidated_rkey_union.invalidated_rkey = w.imm;
+                wr.send_flags &= !ibv_send_flags::IBV_SEND_SOLICITED.0;
+            }
+            Opcode::LocalInv => {
+                let index = Rkey(w.imm).index();
+                let m = self.mws.get_mut(&index).ok_or(VerbsError::UnknownMw(w.imm))?;
+                if m.bound.is_none() {
+                    return Err(VerbsError::NotBound(w.imm));
+                }
+                effect = Effect::Mw { index, old_rkey: m.rkey, old_bound: m.bound };
+                m.bound = None;
+                wr.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
+                wr.imm_data_invalidated_rkey_union.invalidated_rkey = w.imm;
+            }
+            Opcode::BindMw => {
+                // posted on the QP the window will be bound to (no BIND_TO_OTHER_QP here)
+                let new = Rkey(w.imm);
+                let mr = self.mr_ptr(w.lkey)?;
+                if !self.qps.contains_key(&w.qpn) {
+                    return Err(VerbsError::UnknownQp(w.qpn));
+                }
+                post_on = w.qpn;
+                let m = self.mws.get_mut(&new.index()).ok_or(VerbsError::UnknownMw(w.imm))?;
+                effect = Effect::Mw { index: new.index(), old_rkey: m.rkey, old_bound: m.bound };
+                // the provider sends mw->rkey as the handle: it must be the current key
+                // SAFETY: m.mw is a live window of this backend; rkey is a plain field the
+                // provider reads when the WR is posted (nobody else writes it).
+                unsafe { (*m.mw).rkey = m.rkey.0 };
+                wr.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+                wr.bind_mw_tso_union.bind_mw = bind_mw_t {
+                    mw: m.mw,
+                    rkey: new.0,
+                    bind_info: ibv_mw_bind_info {
+                        mr,
+                        addr: w.local_addr,
+                        length: w.length as u64,
+                        mw_access_flags: w.access().bits(),
+                    },
+                };
+                m.rkey = new;
+                m.bound = Some(Binding { qpn: w.qpn, addr: w.local_addr, len: w.length as u64, lkey: w.lkey });
+            }
+            Opcode::MaskedFetchAdd => {
+                return Err(VerbsError::Unsupported("masked fetch-and-add (mlx5 extended atomics)"))
+            }
+            Opcode::Wait | Opcode::Enable => {
+                return Err(VerbsError::Unsupported("WAIT/ENABLE (CORE-Direct is not in upstream libibverbs)"))
+            }
+            Opcode::Nop => return Err(VerbsError::Unsupported("NOP work request")),
+        }
+        Ok((post_on, wr, sge, effect))
+    }
+
+    fn rollback(&mut self, effect: Effect) {
+        if let Effect::Mw { index, old_rkey, old_bound } = effect {
+            if let Some(m) = self.mws.get_mut(&index) {
+                m.rkey = old_rkey;
+                m.bound = old_bound;
+            }
+        }
+    }
+
+    /// Account a send completion against the QP's shadow queue; returns the user wr_id and
+    /// the canonical opcode.
+    fn settle(&mut self, q: u32, internal: u64, status: WcStatus) -> (u64, Opcode) {
+        let Some(e) = self.qps.get_mut(&q) else {
+            return (internal, Opcode::Nop);
+        };
+        let Some(pos) = e.pending.iter().position(|p| p.internal == internal) else {
+            return (internal, Opcode::Nop);
+        };
+        let mut undo = Vec::new();
+        if !status.is_ok() && !e.errored {
+            // the failing WR and every later one will not take effect: undo newest first
+            e.errored = true;
+            for p in e.pending.iter_mut().skip(pos).rev() {
+                if !p.rolled_back {
+                    p.rolled_back = true;
+                    undo.push(p.effect);
+                }
+            }
+        }
+        let mut out = (internal, Opcode::Nop);
+        for _ in 0..=pos {
+            if let Some(p) = e.pending.pop_front() {
+                out = (p.user, p.opcode);
+            }
+        }
+        for u in undo {
+            self.rollback(u);
+        }
+        out
+    }
+}
+
+fn empty_completion() -> Completion {
+    Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Recv,
+        qpn: Qpn::default(),
+        byte_len: 0,
+        imm: None,
+        invalidated: None,
+    }
+}
+
+fn qpn(v: u32) -> Result<Qpn> {
+    Qpn::new(v).map_err(|_| VerbsError::UnknownQp(v))
+}
+
+fn query_state(qp: *mut ibv_qp) -> Result<QpState> {
+    // SAFETY: qp is live; attr/init_attr are plain data ibv_query_qp fills.
+    unsafe {
+        let mut a: ibv_qp_attr = std::mem::zeroed();
+        let mut ia: ibv_qp_init_attr = std::mem::zeroed();
+        let rc = ibv_query_qp(qp, &mut a, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32, &mut ia);
+        if rc != 0 {
+            return Err(VerbsError::rc("ibv_query_qp", rc));
+        }
+        Ok(match a.qp_state {
+            ibv_qp_state::IBV_QPS_RESET => QpState::Reset,
+            ibv_qp_state::IBV_QPS_INIT => QpState::Init,
+            ibv_qp_state::IBV_QPS_RTR => QpState::Rtr,
+            ibv_qp_state::IBV_QPS_RTS => QpState::Rts,
+            ibv_qp_state::IBV_QPS_SQD => QpState::Sqd,
+            ibv_qp_state::IBV_QPS_SQE => QpState::Sqe,
+            _ => QpState::Err,
+        })
+    }
+}
+
+impl RdmaBackend for VerbsBackend {
+    type Error = VerbsError;
+
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    /// BIND_MW is posted on the QP named by `wqe.qpn` (its completion appears there); an
+    /// UNBIND becomes LOCAL_INV on the QP the window is bound to; everything else on `qp`.
+    fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<()> {
+        if !self.qps.contains_key(&qp.get()) {
+            return Err(VerbsError::UnknownQp(qp.get()));
+        }
+        let (post_on, mut wr, mut sge, effect) = self.translate_send(qp, wqe)?;
+        let internal = self.next_wr;
+        self.next_wr += 1;
+        wr.wr_id = internal;
+        if wr.num_sge > 0 {
+            wr.sg_list = &mut sge;
+        }
+        let e = match self.qps.get_mut(&post_on) {
+            Some(e) => e,
+            None => {
+                self.rollback(effect);
+                return Err(VerbsError::UnknownQp(post_on));
+            }
+        };
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: e.qp is live; wr (and sge, which outlives the call) is fully initialised;
+        // the provider copies the WR before returning.
+        let rc = unsafe { ibv_post_send(e.qp, &mut wr, &mut bad) };
+        if rc != 0 {
+            self.rollback(effect);
+            return Err(VerbsError::rc("ibv_post_send", rc));
+        }
+        e.pending.push_back(Pending { internal, user: wqe.wr_id, opcode: wqe.opcode, effect, rolled_back: false });
+        // unsignaled WRs never produce a completion on success: keep the shadow bounded
+        while e.pending.len() > 4 * SEND_DEPTH as usize {
+            e.pending.pop_front();
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, qp: Qpn, wqe: &RecvWqe) -> Result<()> {
+        let e = self.entry(qp.get())?;
+        let mut sges: Vec<ibv_sge> =
+            wqe.sges.iter().map(|s| ibv_sge { addr: s.addr, length: s.length, lkey: s.lkey }).collect();
+        let mut wr = ibv_recv_wr {
+            wr_id: wqe.wr_id,
+            next: ptr::null_mut(),
+            sg_list: if sges.is_empty() { ptr::null_mut() } else { sges.as_mut_ptr() },
+            num_sge: sges.len() as i32,
+        };
+        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        // SAFETY: e.qp is live; wr and the sge array outlive the call.
+        let rc = unsafe { ibv_post_recv(e.qp, &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::rc("ibv_post_recv", rc));
+        }
+        Ok(())
+    }
+
+    fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize> {
+        let e = self.entry(qp.get())?;
+        let cq = match queue {
+            QueueSel::Send => e.send_cq,
+            QueueSel::Recv => e.recv_cq,
+        };
+        let max = out.len().min(32);
+        if max == 0 {
+            return Ok(0);
+        }
+        // SAFETY: ibv_wc is plain data; ibv_poll_cq fills at most `max` entries of the array.
+        let mut wcs: Vec<ibv_wc> = (0..max).map(|_| unsafe { std::mem::zeroed() }).collect();
+        // SAFETY: cq is a live CQ of this backend; wcs holds `max` entries.
+        let n = unsafe { ibv_poll_cq(cq, max as i32, wcs.as_mut_ptr()) };
+        if n < 0 {
+            return Err(VerbsError::rc("ibv_poll_cq", n));
+        }
+        let mut k = 0;
+        for wc in wcs.iter().take(n as usize) {
+            let status = WcStatus::from_u32(wc.status);
+            let flags = ibv_wc_flags(wc.wc_flags);
+            // SAFETY: which union member is valid is told by wc_flags.
+            let (imm, inv) = unsafe {
+                (
+                    ((flags & ibv_wc_flags::IBV_WC_WITH_IMM).0 != 0)
+                        .then(|| u32::from_be(wc.imm_data_invalidated_rkey_union.imm_data)),
+                    ((flags & ibv_wc_flags::IBV_WC_WITH_INV).0 != 0)
+                        .then(|| wc.imm_data_invalidated_rkey_union.invalidated_rkey),
+                )
+            };
+            let (wr_id, opcode) = match queue {
+                QueueSel::Send => {
+                    let (u, op) = self.settle(qp.get(), wc.wr_id, status);
+                    (u, WcOpcode::Send(op))
+                }
+                QueueSel::Recv => {
+                    if let Some(r) = inv.filter(|_| status.is_ok()) {
+                        // remote invalidation of one of our windows (SEND_WITH_INV)
+                        if let Some(m) = self.mws.get_mut(&Rkey(r).index()) {
+                            if m.rkey.0 == r {
+                                m.bound = None;
+                            }
+                        }
+                    }
+                    let op = if wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
+                        WcOpcode::RecvRdmaWithImm
+                    } else {
+                        WcOpcode::Recv
+                    };
+                    (wc.wr_id, op)
+                }
+            };
+            out[k] =
+                Completion { wr_id, status, opcode, qpn: qp, byte_len: wc.byte_len, imm, invalidated: inv.map(Rkey) };
+            k += 1;
+        }
+        Ok(k)
+    }
+
+    fn enable(&mut self, _qp: Qpn, _queue: QueueSel, _count: u64) -> Result<()> {
+        Err(VerbsError::Unsupported("ENABLE (managed queues are a vendor extension)"))
+    }
+
+    /// Loopback pairs only: both ends go RESET → INIT → RTR → RTS with empty queues. An
+    /// rdma_cm connection cannot be revived from one side: the peer reconnects instead.
+    fn reset_qp(&mut self, qp: Qpn) -> Result<()> {
+        let e = self.qps.get(&qp.get()).ok_or(VerbsError::UnknownQp(qp.get()))?;
+        let peer = match e.link {
+            Link::Loopback { peer } => peer,
+            Link::Cm { .. } => {
+                return Err(VerbsError::Unsupported("resetting an rdma_cm-connected QP (the CN reconnects instead)"))
+            }
+        };
+        for (q, dest) in [(qp.get(), peer), (peer, qp.get())] {
+            let Some(e) = self.qps.get(&q) else { continue };
+            let raw = e.qp;
+            // SAFETY: raw is live; moving to RESET only needs the state field.
+            unsafe {
+                let mut a: ibv_qp_attr = std::mem::zeroed();
+                a.qp_state = ibv_qp_state::IBV_QPS_RESET;
+                let rc = ibv_modify_qp(raw, &mut a, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32);
+                if rc != 0 {
+                    return Err(VerbsError::rc("ibv_modify_qp(RESET)", rc));
+                }
+            }
+            // drain anything left in the CQs
+            let (scq, rcq) = (e.send_cq, e.recv_cq);
+            for cq in [scq, rcq] {
+                // SAFETY: ibv_wc is plain data; the CQ is live.
+                unsafe {
+                    let mut wc: ibv_wc = std::mem::zeroed();
+                    while ibv_poll_cq(cq, 1, &mut wc) > 0 {}
+                }
+            }
+            Self::modify_to_init(raw, self.ctx.port)?;
+            self.modify_to_rts(raw, dest)?;
+            if let Some(e) = self.qps.get_mut(&q) {
+                e.pending.clear();
+                e.errored = false;
+            }
+        }
+        Ok(())
+    }
+
+    fn qp_state(&self, qp: Qpn) -> Result<QpState> {
+        let e = self.qps.get(&qp.get()).ok_or(VerbsError::UnknownQp(qp.get()))?;
+        query_state(e.qp)
+    }
+
+    /// Register `[addr, addr+len)`, which must lie in memory from [`Self::alloc_region`].
+    fn reg_mr(&mut self, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys> {
+        self.owned(addr, len)?;
+        // SAFETY: the range lies in a live mapping owned by self (checked), which outlives
+        // the MR (Drop deregisters MRs before unmapping).
+        let mr = unsafe { ibv_reg_mr(self.pd, addr as *mut libc::c_void, len as usize, access.bits() as i32) };
+        if mr.is_null() {
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            if e == libc::ENOMEM || e == libc::EPERM || e == libc::EAGAIN {
+                // SAFETY: getrlimit writes only into r.
+                let limit = unsafe {
+                    let mut r: libc::rlimit = std::mem::zeroed();
+                    libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r);
+                    r.rlim_cur
+                };
+                if limit != libc::RLIM_INFINITY {
+                    return Err(VerbsError::MemlockTooLow { limit, need: len });
+                }
+            }
+            return Err(VerbsError::Call { call: "ibv_reg_mr", errno: e });
+        }
+        // SAFETY: mr is a live MR just returned.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        self.mrs.insert(lkey, MrEntry { mr, addr, len });
+        Ok(MrKeys { lkey, rkey })
+    }
+
+    fn alloc_mw(&mut self) -> Result<Rkey> {
+        // SAFETY: pd is live; ibv_alloc_mw returns None if the provider lacks the verb.
+        let mw = unsafe { ibv_alloc_mw(self.pd, ibv_mw_type::IBV_MW_TYPE_2) };
+        let mw = match mw {
+            Some(m) if !m.is_null() => m,
+            Some(_) => return Err(VerbsError::last("ibv_alloc_mw(TYPE_2)")),
+            None => return Err(VerbsError::NoMwType2 { device: self.ctx.info.name.clone() }),
+        };
+        // SAFETY: mw is live.
+        let rkey = Rkey(unsafe { (*mw).rkey });
+        self.mws.insert(rkey.index(), MwEntry { mw, rkey, bound: None });
+        Ok(rkey)
+    }
+
+    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        buf.copy_from_slice(self.slice(addr, buf.len())?);
+        Ok(())
+    }
+
+    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<()> {
+        self.owned(addr, data.len() as u64)?;
+        // SAFETY: the destination lies in a live, writable mapping owned by self (checked);
+        // the source is a distinct Rust slice.
+        unsafe {
+            ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len());
+        }
+        Ok(())
+    }
+
+    fn ring_base(&self, _qp: Qpn, _queue: QueueSel) -> Result<u64> {
+        Err(VerbsError::Unsupported("WQE rings in registered memory (no chain offload on libibverbs)"))
+    }
+
+    fn ring_keys(&self) -> Result<MrKeys> {
+        Err(VerbsError::Unsupported("WQE rings in registered memory (no chain offload on libibverbs)"))
+    }
+}
+
+impl Drop for VerbsBackend {
+    fn drop(&mut self) {
+        // 1. every bound window: invalidate (best effort), then deallocate — before any QP dies
+        let bound: Vec<u32> = self.mws.iter().filter(|(_, m)| m.bound.is_some()).map(|(i, _)| *i).collect();
+        for i in bound {
+            self.invalidate_for_teardown(i);
+        }
+        for (_, m) in self.mws.drain() {
+            // SAFETY: m.mw is a live window of this backend, deallocated exactly once.
+            unsafe { ibv_dealloc_mw(m.mw) };
+        }
+        // 2. QPs (disconnecting rdma_cm ones), then their CQs
+        let qps: Vec<u32> = self.qps.keys().copied().collect();
+        for q in qps {
+            if let Some(e) = self.qps.remove(&q) {
+                // SAFETY: the QP is removed from the table and no longer used.
+                unsafe {
+                    match e.link {
+                        Link::Cm { id } => {
+                            rdma_disconnect(id);
+                            rdma_destroy_qp(id);
+                            rdma_destroy_id(id);
+                        }
+                        Link::Loopback { .. } => {
+                            ibv_destroy_qp(e.qp);
+                        }
+                    }
+                }
+                Self::destroy_cqs(e.send_cq, e.recv_cq);
+            }
+        }
+        // SAFETY: ids without QPs and the channel are ours; events were acked as they came.
+        unsafe {
+            for id in self.cm_ids.drain(..) {
+                rdma_destroy_id(id);
+            }
+            if !self.cm_channel.is_null() {
+                rdma_destroy_event_channel(self.cm_channel);
+                self.cm_channel = ptr::null_mut();
+            }
+        }
+        // 3. MRs, PD, memory (the context closes when `ctx` drops after this)
+        for (_, m) in std::mem::take(&mut self.mrs) {
+            let _ = (m.addr, m.len);
+            // SAFETY: live MR, deregistered once; no window is bound to it any more.
+            unsafe { ibv_dereg_mr(m.mr) };
+        }
+        // SAFETY: pd is live and now empty.
+        unsafe { ibv_dealloc_pd(self.pd) };
+        for r in self.regions.drain(..) {
+            let _ = (r.addr, r.len);
+            // SAFETY: the mapping is ours and nothing (MR, NIC) references it any more.
+            unsafe { libc::munmap(r.map, r.map_len) };
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Typed errors. Each says what is missing and, where there is one, how to fix it: an operator
+//! meets these on the command line, so "ENOSYS from ibv_get_device_list" is not enough.
+
+use omw_core::backend::WcStatus;
+use std::fmt;
+
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum VerbsError {
+    /// libibverbs found no RDMA device at all (or the kernel has no RDMA support).
+    NoDevice { detail: String },
+    /// `--device NAME` does not exist; lists what does.
+    DeviceNotFound { name: String, available: Vec<String> },
+    /// The device cannot allocate type-2 memory windows.
+    NoMwType2 { device: String },
+    /// RLIMIT_MEMLOCK is below what registering the pool needs.
+    MemlockTooLow { limit: u64, need: u64 },
+    /// The rdma_cm listen address is taken by another listener.
+    AddressInUse { addr: String },
+    /// The listen address does not belong to an RDMA device.
+    AddressNotRdma { addr: String, detail: String },
+    /// rdma_cm could not reach the peer (address/route resolution, rejection, timeout).
+    PeerUnreachable { addr: String, detail: String },
+    /// The peer closed the connection.
+    Disconnected,
+    /// A verbs or rdma_cm call failed.
+    Call { call: &'static str, errno: i32 },
+    /// A work completion did not arrive in time.
+    Timeout { what: String },
+    /// A work completion came back with an error status.
+    Completion { what: String, status: WcStatus },
+    /// The canonical operation has no libibverbs equivalent on this device.
+    Unsupported(&'static str),
+    /// A QP number that this backend did not create.
+    UnknownQp(u32),
+    /// An rkey whose index is none of this backend's windows.
+    UnknownMw(u32),
+    /// An lkey that is none of this backend's memory regions.
+    UnknownMr(u32),
+    /// An address range outside every region this backend owns.
+    BadAddress { addr: u64, len: u64 },
+    /// Invalidating a window that is not bound (rxe's invalidate path is not safe for it).
+    NotBound(u32),
+    /// The MN answered something that is not the protocol.
+    Protocol(String),
+    /// The MN refused the request.
+    Refused(String),
+    /// The device lacks a check isolation depends on, and `--insecure` was not given.
+    Insecure(String),
+    /// Invalid configuration (pool geometry, arguments).
+    Config(String),
+}
+
+impl VerbsError {
+    /// The `errno` of the last failed libc/libibverbs call.
+    pub(crate) fn last(call: &'static str) -> Self {
+        VerbsError::Call { call, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0) }
+    }
+    pub(crate) fn rc(call: &'static str, rc: i32) -> Self {
+        // verbs calls return either -1 with errno set or a positive errno
+        if rc > 0 {
+            VerbsError::Call { call, errno: rc }
+        } else {
+            Self::last(call)
+        }
+    }
+}
+
+fn strerror(e: i32) -> String {
+    std::io::Error::from_raw_os_error(e).to_string()
+}
+
+impl fmt::Display for VerbsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VerbsError::NoDevice { detail } => write!(
+                f,
+                "no RDMA device: {detail}. Load a driver (e.g. soft-RoCE: `modprobe rdma_rxe; rdma link add rxe0 type rxe netdev eth0`) and check `ibv_devices`"
+            ),
+            VerbsError::DeviceNotFound { name, available } => write!(
+                f,
+                "RDMA device {name:?} not found (available: {})",
+                if available.is_empty() { "none".to_string() } else { available.join(", ") }
+            ),
+            VerbsError::NoMwType2 { device } => write!(
+                f,
+                "device {device} does not support type-2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B), which omw needs"
+            ),
+            VerbsError::MemlockTooLow { limit, need } => write!(
+                f,
+                "locked-memory limit too low: RLIMIT_MEMLOCK is {} but registering the pool needs {}. Raise it with `ulimit -l unlimited` (as root), a `memlock` line in /etc/security/limits.conf, or LimitMEMLOCK=infinity for a systemd unit",
+                human(*limit),
+                human(*need)
+            ),
+            VerbsError::AddressInUse { addr } => {
+                write!(f, "address {addr} is already in use by another rdma_cm listener")
+            }
+            VerbsError::AddressNotRdma { addr, detail } => write!(
+                f,
+                "cannot listen on {addr}: {detail} (is the address assigned to the RDMA device's network interface?)"
+            ),
+            VerbsError::PeerUnreachable { addr, detail } => {
+                write!(f, "memory node {addr} unreachable: {detail}")
+            }
+            VerbsError::Disconnected => f.write_str("the peer disconnected"),
+            VerbsError::Call { call, errno } => {
+                write!(f, "{call} failed: {} (errno {errno})", strerror(*errno))
+            }
+            VerbsError::Timeout { what } => write!(f, "timed out waiting for {what}"),
+            VerbsError::Completion { what, status } => {
+                write!(f, "{what} completed with status {status} ({})", *status as u32)
+            }
+            VerbsError::Unsupported(what) => write!(f, "not supported by libibverbs: {what}"),
+            VerbsError::UnknownQp(q) => write!(f, "QP {q:#x} was not created by this backend"),
+            VerbsError::UnknownMw(r) => write!(f, "rkey {r:#010x} names no memory window of this backend"),
+            VerbsError::UnknownMr(k) => write!(f, "lkey {k:#x} names no memory region of this backend"),
+            VerbsError::BadAddress { addr, len } => write!(
+                f,
+                "address range {addr:#x}+{len} lies outside the backend's memory"
+            ),
+            VerbsError::NotBound(r) => write!(f, "memory window {r:#010x} is not bound"),
+            VerbsError::Protocol(s) => write!(f, "protocol error: {s}"),
+            VerbsError::Refused(s) => write!(f, "refused by the memory node: {s}"),
+            VerbsError::Insecure(s) => f.write_str(s),
+            VerbsError::Config(s) => f.write_str(s),
+        }
+    }
+}
+
+impl std::error::Error for VerbsError {}
+
+pub(crate) fn human(b: u64) -> String {
+    if b == u64::MAX || b == libc::RLIM_INFINITY {
+        return "unlimited".into();
+    }
+    const K: u64 = 1024;
+    if b >= K * K * K && b % (K * K * K) == 0 {
+        format!("{} GiB", b / (K * K * K))
+    } else if b >= K * K && b % (K * K) == 0 {
+        format!("{} MiB", b / (K * K))
+    } else if b >= K && b % K == 0 {
+        format!("{} KiB", b / K)
+    } else {
+        format!("{b} B")
+    }
+}
+
+pub type Result<T, E = VerbsError> = std::result::Result<T, E>;
