@@ -253,4 +253,17 @@ pub trait RdmaBackend {
     /// entries [`crate::wqe::RECV_WQE_SIZE`]) and the MR keys that cover every ring.
     fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, Self::Error>;
     fn ring_keys(&self) -> Result<MrKeys, Self::Error>;
+
+    /// Where the window with this index is bound, if the backend can tell (the model and the
+    /// FPGA extension block can; verbs tracks the binds it posted). `None`: unknown.
+    fn mw_binding(&self, _rkey: Rkey) -> Option<MwBinding> {
+        None
+    }
+}
+
+/// A window's state as the device sees it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum MwBinding {
+    Unbound,
+    Bound { rkey: Rkey, qpn: Qpn },
 }

@@ -37,7 +37,7 @@ impl FreeQueueLayout {
         self.ring + (index as u64 % self.capacity as u64) * SLOT_SIZE as u64
     }
     pub const fn contains_slot(&self, addr: u64) -> bool {
-        addr >= self.ring && addr < self.ring + self.ring_bytes() && (addr - self.ring) % 8 == 0
+        addr >= self.ring && addr < self.ring + self.ring_bytes() && (addr - self.ring).is_multiple_of(8)
     }
     /// Slot index of a counter value.
     pub const fn index_of(&self, counter: u64) -> u32 {

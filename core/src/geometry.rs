@@ -73,7 +73,7 @@ impl PoolGeometry {
         if (group_size as usize) < MIN_GROUP_SIZE || (group_size as usize) > MAX_GROUP_SIZE {
             return Err(GeometryError::GroupSizeOutOfRange(group_size));
         }
-        if base % chunk_size != 0 {
+        if !base.is_multiple_of(chunk_size) {
             return Err(GeometryError::BaseNotAligned { base, chunk_size });
         }
         let len = chunk_size * chunk_count as u64; // ≤ 2^30 * 2^20, cannot overflow u64
@@ -99,11 +99,11 @@ impl PoolGeometry {
     pub const fn access_windows(&self) -> usize {
         self.group_size as usize - 1
     }
-    pub const fn len(&self) -> u64 {
+    pub const fn pool_len(&self) -> u64 {
         self.chunk_size * self.chunk_count as u64
     }
     pub const fn end(&self) -> u64 {
-        self.base + self.len()
+        self.base + self.pool_len()
     }
     pub const fn chunk_shift(&self) -> u32 {
         self.chunk_size.trailing_zeros()
@@ -135,7 +135,7 @@ mod tests {
     #[test]
     fn valid_geometry_math() {
         let g = PoolGeometry::new(0x10_0000, 4096, 16, 3).unwrap();
-        assert_eq!(g.len(), 65536);
+        assert_eq!(g.pool_len(), 65536);
         assert_eq!(g.chunk_base(GroupId(2)), Some(0x10_2000));
         assert_eq!(g.chunk_base(GroupId(16)), None);
         assert_eq!(g.group_of(0x10_2fff), Some(GroupId(2)));

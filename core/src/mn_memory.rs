@@ -88,7 +88,7 @@ impl MnMemoryMap {
     /// `meta_base` must be aligned to [`Self::required_alignment`]; returns None otherwise.
     pub fn new(geometry: PoolGeometry, max_cns: u32, meta_base: u64) -> Option<Self> {
         let ring_bytes = Self::required_alignment(&geometry, max_cns);
-        if meta_base == 0 || meta_base % ring_bytes != 0 {
+        if meta_base == 0 || !meta_base.is_multiple_of(ring_bytes) {
             return None;
         }
         let head = meta_base + ring_bytes;
@@ -119,7 +119,7 @@ impl MnMemoryMap {
             return None;
         }
         let off = addr - self.table_base;
-        (off % ENTRY_SIZE as u64 == 0).then(|| GroupId((off / ENTRY_SIZE as u64) as u32))
+        off.is_multiple_of(ENTRY_SIZE as u64).then(|| GroupId((off / ENTRY_SIZE as u64) as u32))
     }
     /// Scratch area of the CN in connection slot `slot` (0-based).
     pub fn scratch(&self, slot: u32) -> Option<u64> {

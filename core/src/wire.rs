@@ -301,6 +301,8 @@ pub enum ErrorCode {
     QuotaExceeded = 4,
     /// The allocation failed part-way (bad reply buffer, bind refused); nothing was allocated.
     AllocFailed = 5,
+    /// The MN revoked every allocation (its RNIC was reset); reconnect and allocate again.
+    Revoked = 6,
 }
 
 impl ErrorCode {
@@ -311,6 +313,7 @@ impl ErrorCode {
             3 => ErrorCode::BadRequest,
             4 => ErrorCode::QuotaExceeded,
             5 => ErrorCode::AllocFailed,
+            6 => ErrorCode::Revoked,
             _ => return None,
         })
     }

@@ -439,7 +439,7 @@ impl Wqe {
         if flags.contains(WqeFlags::UNBIND) && opcode != Opcode::BindMw {
             return Err(WqeError::UnbindOnNonBind);
         }
-        if opcode.is_atomic() && (w.length != 8 || w.remote_addr % 8 != 0) {
+        if opcode.is_atomic() && (w.length != 8 || !w.remote_addr.is_multiple_of(8)) {
             return Err(WqeError::BadAtomic);
         }
         match opcode {

@@ -1,0 +1,302 @@
+//! The host engine: runs one lap of a chain layout on the MN CPU (portable mode).
+//!
+//! For devices without WAIT/ENABLE and self-modifying WQEs (every upstream rdma-core device)
+//! the MN executes the *same* layout the NIC would: it applies the RECV scatter to the request
+//! bytes itself, performs the loop-QP memory operations (READs, WRITEs, atomics on its own
+//! tables) with the same MR checks the NIC would make, patches its private copy of the WQEs,
+//! and posts only what needs the device — binds, invalidations, the reply — one at a time,
+//! waiting for each completion. WAIT and ENABLE are satisfied by the sequential order; lap
+//! bumps are irrelevant because every lap starts from the template again.
+//!
+//! Two checks exist only here, because real devices do not make them: the ownership check on
+//! free compares the MWTable owner with the requesting CN (soft-RoCE lets any QP invalidate a
+//! type-2 window), and QP numbers a request asks windows to be bound to must be the
+//! requester's own access QPs.
+
+use crate::backend::{Completion, RdmaBackend, WcStatus};
+use crate::chain::{ChainKind, ChainLayout, Loc, Ring, MAX_STEPS};
+use crate::ids::{CnId, Qpn};
+use crate::mn_memory::{free_scratch, FREE_SCRATCH_OFF};
+use crate::mwtable::ENTRY_OFF_OWNER;
+use crate::wqe::{masked_add, Opcode, QueueSel, Wqe, WqeField, WqeFlags, WQE_SIZE};
+use core::fmt;
+
+/// The memory regions the loop QP would reach, with their keys, so the engine refuses
+/// exactly what the NIC would refuse (e.g. an entry address outside the MWTable).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct HostRegions {
+    pub meta_base: u64,
+    pub meta_len: u64,
+    pub meta_lkey: u32,
+    pub meta_rkey: u32,
+    pub table_base: u64,
+    pub table_len: u64,
+    pub table_rkey: u32,
+    pub ring_lkey: u32,
+    pub ring_rkey: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct LapContext<'a> {
+    pub requester: CnId,
+    /// The requester's scratch area (its connection slot's).
+    pub scratch: u64,
+    /// MN ends of the requester's access QPs: request-supplied bind targets must be among them.
+    pub access_qpns: &'a [Qpn],
+    /// Compare the MWTable owner with the requester before the ownership-proving invalidate.
+    pub software_ownership_check: bool,
+    /// Polls of an empty CQ before a posted WQE counts as lost.
+    pub max_polls: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum LapFailure {
+    /// The request was longer than the RECV scatter list.
+    RequestTooLong,
+    /// A WQE (after patching) does not decode.
+    MalformedWqe,
+    /// The device (or the engine's MR check) completed a step with an error.
+    Status(WcStatus),
+    /// Software ownership check: the requester does not own the group.
+    NotOwner,
+    /// The request asked for a window on a QP that is not the requester's.
+    ForeignQpn(u32),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LapOutcome {
+    Committed { device_ops: u32, cpu_steps: u32 },
+    /// `step` is None when the RECV itself failed.
+    Failed { step: Option<u8>, failure: LapFailure, device_ops: u32, cpu_steps: u32 },
+}
+
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum HostEngineError<E> {
+    Backend(E),
+    /// A posted WQE never completed within the poll budget.
+    Timeout { step: u8 },
+}
+
+impl<E: fmt::Display> fmt::Display for HostEngineError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostEngineError::Backend(e) => write!(f, "backend error in host engine: {e}"),
+            HostEngineError::Timeout { step } => write!(f, "step {step} posted but never completed"),
+        }
+    }
+}
+
+fn patch(bytes: &mut [u8; WQE_SIZE], field: WqeField, data: &[u8]) {
+    let off = field.offset();
+    let end = (off + data.len()).min(WQE_SIZE);
+    bytes[off..end].copy_from_slice(&data[..end - off]);
+}
+
+impl HostRegions {
+    /// Which region an rkey opens, if the access fits in it.
+    fn remote_ok(&self, addr: u64, len: u64, rkey: u32) -> bool {
+        let (b, l) = if rkey == self.table_rkey {
+            (self.table_base, self.table_len)
+        } else if rkey == self.meta_rkey {
+            (self.meta_base, self.meta_len)
+        } else {
+            return false;
+        };
+        addr >= b && len <= l && addr - b <= l - len
+    }
+    fn local_ok(&self, addr: u64, len: u64, lkey: u32) -> bool {
+        lkey == self.meta_lkey && addr >= self.meta_base && len <= self.meta_len && addr - self.meta_base <= self.meta_len - len
+    }
+}
+
+/// Run one lap. Memory faults and device errors are *outcomes* (the chain failed, the MN
+/// repairs); only backend failures and lost completions are errors.
+pub fn run_lap<B: RdmaBackend>(
+    backend: &mut B,
+    layout: &ChainLayout,
+    regions: &HostRegions,
+    request: &[u8],
+    ctx: &LapContext<'_>,
+) -> Result<LapOutcome, HostEngineError<B::Error>> {
+    let mut copies: heapless::Vec<[u8; WQE_SIZE], MAX_STEPS> = layout.steps.iter().map(|s| s.wqe.encode()).collect();
+    let mut device_ops = 0u32;
+    let mut cpu_steps = 1u32; // the RECV scatter
+    let fail = |step: Option<u8>, failure, device_ops, cpu_steps| Ok(LapOutcome::Failed { step, failure, device_ops, cpu_steps });
+
+    // --- RECV scatter
+    let total: u64 = layout.recv.iter().map(|r| r.len as u64).sum();
+    if request.len() as u64 > total {
+        return fail(None, LapFailure::RequestTooLong, device_ops, cpu_steps);
+    }
+    let mut off = 0usize;
+    let mut patched_from_request: heapless::Vec<(u8, WqeField), 8> = heapless::Vec::new();
+    for r in layout.recv.iter() {
+        if off >= request.len() {
+            break;
+        }
+        let n = (r.len as usize).min(request.len() - off);
+        let data = &request[off..off + n];
+        match r.loc {
+            Loc::Mem(a) => backend.write_local(a, data).map_err(HostEngineError::Backend)?,
+            Loc::Field { step, field } => {
+                if let Some(c) = copies.get_mut(step as usize) {
+                    patch(c, field, data);
+                    let _ = patched_from_request.push((step, field));
+                }
+            }
+        }
+        off += n;
+    }
+
+    // --- the steps, in the layout's global order
+    for i in 0..layout.steps.len() {
+        let step = &layout.steps[i];
+        let si = i as u8;
+        let w = match Wqe::decode(&copies[i]) {
+            Ok(w) => w,
+            Err(_) => return fail(Some(si), LapFailure::MalformedWqe, device_ops, cpu_steps),
+        };
+        match w.opcode {
+            Opcode::Nop | Opcode::Wait | Opcode::Enable => continue,
+            _ => {}
+        }
+        // lap bumps rewrite WAIT counts for the NIC's next lap: meaningless here
+        if matches!(step.remote, Some(Loc::Field { .. })) {
+            continue;
+        }
+        let loop_mem_op = step.ring == Ring::Loop && (w.opcode.is_remote());
+        if loop_mem_op {
+            cpu_steps += 1;
+            let len = w.length as u64;
+            // source bytes
+            let mut buf = [0u8; 64];
+            let n = (w.length as usize).min(buf.len());
+            match w.opcode {
+                Opcode::Read => {
+                    if !regions.remote_ok(w.remote_addr, len, w.rkey) || n as u64 != len {
+                        return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
+                    }
+                    backend.read_local(w.remote_addr, &mut buf[..n]).map_err(HostEngineError::Backend)?;
+                    match step.local {
+                        Some(Loc::Field { step: t, field }) => {
+                            if let Some(c) = copies.get_mut(t as usize) {
+                                patch(c, field, &buf[..n]);
+                            }
+                        }
+                        _ => {
+                            if !regions.local_ok(w.local_addr, len, w.lkey) {
+                                return fail(Some(si), LapFailure::Status(WcStatus::LocProtErr), device_ops, cpu_steps);
+                            }
+                            backend.write_local(w.local_addr, &buf[..n]).map_err(HostEngineError::Backend)?;
+                        }
+                    }
+                }
+                Opcode::Write | Opcode::WriteWithImm => {
+                    if !regions.local_ok(w.local_addr, len, w.lkey) || n as u64 != len {
+                        return fail(Some(si), LapFailure::Status(WcStatus::LocProtErr), device_ops, cpu_steps);
+                    }
+                    if !regions.remote_ok(w.remote_addr, len, w.rkey) {
+                        return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
+                    }
+                    backend.read_local(w.local_addr, &mut buf[..n]).map_err(HostEngineError::Backend)?;
+                    backend.write_local(w.remote_addr, &buf[..n]).map_err(HostEngineError::Backend)?;
+                }
+                Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => {
+                    if !regions.remote_ok(w.remote_addr, 8, w.rkey) {
+                        return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
+                    }
+                    let mut old = [0u8; 8];
+                    backend.read_local(w.remote_addr, &mut old).map_err(HostEngineError::Backend)?;
+                    let v = u64::from_le_bytes(old);
+                    let new = match w.opcode {
+                        Opcode::FetchAdd => v.wrapping_add(w.operand0),
+                        Opcode::MaskedFetchAdd => masked_add(v, w.operand0, w.operand1),
+                        _ if v == w.operand0 => w.operand1,
+                        _ => v,
+                    };
+                    backend.write_local(w.remote_addr, &new.to_le_bytes()).map_err(HostEngineError::Backend)?;
+                    match step.local {
+                        Some(Loc::Field { step: t, field }) => {
+                            if let Some(c) = copies.get_mut(t as usize) {
+                                patch(c, field, &old);
+                            }
+                        }
+                        _ => {
+                            if !regions.local_ok(w.local_addr, 8, w.lkey) {
+                                return fail(Some(si), LapFailure::Status(WcStatus::LocProtErr), device_ops, cpu_steps);
+                            }
+                            backend.write_local(w.local_addr, &old).map_err(HostEngineError::Backend)?;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+
+        // --- device operations
+        let mgmt = Qpn::new(layout.qpns[1]).map_err(|_| HostEngineError::Timeout { step: si })?;
+        let qp = match w.opcode {
+            Opcode::BindMw if !w.flags.contains(WqeFlags::UNBIND) => {
+                let from_request = patched_from_request.iter().any(|(s, f)| *s == si && *f == WqeField::Qpn);
+                let target = match Qpn::new(w.qpn) {
+                    Ok(q) => q,
+                    Err(_) => return fail(Some(si), LapFailure::ForeignQpn(w.qpn), device_ops, cpu_steps),
+                };
+                if from_request && !ctx.access_qpns.contains(&target) {
+                    return fail(Some(si), LapFailure::ForeignQpn(w.qpn), device_ops, cpu_steps);
+                }
+                target
+            }
+            _ => mgmt,
+        };
+        if layout.kind == ChainKind::Free && layout.ownership_check == Some(si) && ctx.software_ownership_check {
+            let mut owner = [0u8; 4];
+            let at = ctx.scratch + FREE_SCRATCH_OFF + free_scratch::ENTRY + ENTRY_OFF_OWNER;
+            backend.read_local(at, &mut owner).map_err(HostEngineError::Backend)?;
+            if u32::from_le_bytes(owner) != ctx.requester.get() {
+                return fail(Some(si), LapFailure::NotOwner, device_ops, cpu_steps);
+            }
+        }
+        let w = w.with_flags(w.flags | WqeFlags::SIGNALED);
+        backend.post_send(qp, &w).map_err(HostEngineError::Backend)?;
+        device_ops += 1;
+        let status = wait_for(backend, qp, w.wr_id, ctx.max_polls).map_err(|e| match e {
+            WaitError::Backend(e) => HostEngineError::Backend(e),
+            WaitError::Timeout => HostEngineError::Timeout { step: si },
+        })?;
+        if !status.is_ok() {
+            return fail(Some(si), LapFailure::Status(status), device_ops, cpu_steps);
+        }
+    }
+    Ok(LapOutcome::Committed { device_ops, cpu_steps })
+}
+
+#[derive(Debug)]
+pub enum WaitError<E> {
+    Backend(E),
+    Timeout,
+}
+
+/// Poll `qp`'s send CQ until the completion of `wr_id` shows up; other completions are
+/// dropped (in host-engine mode the MN's management QPs carry nothing else it waits for).
+pub fn wait_for<B: RdmaBackend>(backend: &mut B, qp: Qpn, wr_id: u64, max_polls: u32) -> Result<WcStatus, WaitError<B::Error>> {
+    let mut buf = [Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: crate::backend::WcOpcode::Recv,
+        qpn: qp,
+        byte_len: 0,
+        imm: None,
+        invalidated: None,
+    }; 8];
+    for _ in 0..max_polls.max(1) {
+        let n = backend.poll_cq(qp, QueueSel::Send, &mut buf).map_err(WaitError::Backend)?;
+        if let Some(c) = buf[..n].iter().find(|c| c.wr_id == wr_id) {
+            return Ok(c.status);
+        }
+    }
+    Err(WaitError::Timeout)
+}

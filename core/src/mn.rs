@@ -1,0 +1,814 @@
+//! The MN control plane: a sans-IO state machine over the MN's tables.
+//!
+//! The MN CPU is *off* the allocation path in offloaded mode: it arms each CN's chains once and
+//! then only reacts to exceptions — a chain that failed (empty queue, a forged free, a bad
+//! request, a fault), a CN that crashed or left, a CN over its quota, an RNIC reset — and to the
+//! periodic tick that settles "tickets" left by pops of an empty queue. Every reaction reads and
+//! writes the MWTable and the free queue through an [`MnPort`] and asks the port to carry out
+//! device actions ([`Action`]) in order, so a backend only translates.
+//!
+//! Repair works from data alone: each chain lap sets markers in its scratch area and clears
+//! them when it commits (see `mn_memory`), so after any failure the MN knows whether the lap
+//! took a ticket, popped a group the CN never got, or was half-way through a free.
+
+use crate::access::AccessFlags;
+use crate::backend::{ExecutionMode, MwBinding, WcStatus};
+use crate::chain::ChainKind;
+use crate::chain_builder::ChainEnv;
+use crate::free_queue::SLOT_SIZE;
+use crate::geometry::{PoolGeometry, MAX_GROUP_SIZE};
+use crate::ids::{CnId, GroupId, Qpn, Rkey};
+use crate::mn_memory::{alloc_scratch, free_scratch, MnMemoryMap, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF, SCRATCH_PER_CN};
+use crate::mwtable::{MwTableEntry, ENTRY_SIZE};
+use crate::wire::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice};
+use crate::wqe::masked_add;
+use core::fmt;
+use zerocopy::IntoBytes;
+
+/// Most CNs one MN serves (fixed so the control plane needs no heap).
+pub const MAX_CNS: usize = 32;
+/// `reserved` value of an MWTable entry whose group the MN is reclaiming.
+pub const ENTRY_RECLAIMING: u32 = 1;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MnConfig {
+    pub geometry: PoolGeometry,
+    pub max_cns: u32,
+    /// Groups one CN may hold at once.
+    pub quota: u32,
+    pub mode: ExecutionMode,
+    /// Host-engine mode on devices that let any QP invalidate a type-2 window.
+    pub software_ownership_check: bool,
+    pub queue_depth: u16,
+    pub window_access: AccessFlags,
+}
+
+/// Keys of the MN's own registrations.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct MnKeys {
+    pub meta_lkey: u32,
+    pub meta_rkey: u32,
+    pub table_rkey: u32,
+    pub ring_lkey: u32,
+    pub ring_rkey: u32,
+}
+
+/// The MN ends of one CN's QPs.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct CnQps {
+    pub alloc: Qpn,
+    pub free: Qpn,
+    pub access: heapless::Vec<Qpn, { MAX_GROUP_SIZE - 1 }>,
+    /// Loopback QPs the chains run on (offloaded mode only).
+    pub alloc_loop: Option<Qpn>,
+    pub free_loop: Option<Qpn>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CnStatus {
+    Active,
+    /// Management QPs disconnected (quota); data access continues until it leaves.
+    MgmtDisconnected,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct CnRecord {
+    pub slot: u32,
+    pub cn: CnId,
+    pub qps: CnQps,
+    pub status: CnStatus,
+    /// The alloc chain is parked (not armed) until the queue is available again.
+    pub alloc_parked: bool,
+    /// Host-engine mode: laps committed. Offloaded: last counter sample.
+    pub allocs: u64,
+    pub frees: u64,
+    pub forged_frees: u32,
+    pub bad_requests: u32,
+}
+
+/// What the MN asks its port to do. Each completes before `apply` returns.
+#[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum Action {
+    /// Bring a QP pair back to RTS with empty queues.
+    ResetQp(Qpn),
+    /// Build and arm a chain (offloaded mode).
+    ArmChain { kind: ChainKind, env: ChainEnv },
+    /// Post plain receive buffers for requests on a management QP (host-engine mode).
+    PostRequestBuffers { qp: Qpn },
+    /// Invalidate the window with this exact rkey if it is bound; nothing if it is not.
+    Unbind { rkey: Rkey },
+    /// Send a message to a CN on its Alloc QP.
+    Send { qp: Qpn, bytes: heapless::Vec<u8, 64> },
+    /// Disconnect a CN's management QPs (quota enforcement).
+    DisconnectMgmt { alloc: Qpn, free: Qpn },
+    /// Destroy all QPs of a CN that left (its windows are already invalidated).
+    ReleaseCn { qps: CnQps },
+}
+
+/// Exceptions and timers the MN reacts to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum Event {
+    /// A chain completed a step with an error (`step` None: the trigger RECV).
+    ChainFailed { cn: CnId, kind: ChainKind, step: Option<u8>, status: WcStatus },
+    /// Host-engine mode: a lap committed (the MN CPU ran it).
+    LapCommitted { cn: CnId, kind: ChainKind },
+    /// Per-CN management-QP counters (offloaded mode's lazy quota enforcement).
+    CounterSample { cn: CnId, allocs: u64, frees: u64 },
+    /// The CN crashed or disconnected.
+    CnGone { cn: CnId },
+    /// The MN's RNIC was reset: every QP and window is gone.
+    RnicReset,
+    Tick,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MnError<E> {
+    Port(E),
+    TooManyCns,
+    UnknownCn(CnId),
+    /// The memory map cannot hold this many CNs.
+    BadConfig,
+    /// Offloaded mode needs loopback QPs for a CN's chains.
+    MissingLoopQps,
+    WrongAccessQpCount { expected: usize, got: usize },
+}
+
+impl<E: fmt::Display> fmt::Display for MnError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MnError::Port(e) => write!(f, "MN port error: {e}"),
+            MnError::TooManyCns => write!(f, "no free CN slot (at most {MAX_CNS} or the configured maximum)"),
+            MnError::UnknownCn(c) => write!(f, "unknown CN {c}"),
+            MnError::BadConfig => f.write_str("MN configuration inconsistent with its memory map"),
+            MnError::MissingLoopQps => f.write_str("offloaded mode needs a loopback QP per chain"),
+            MnError::WrongAccessQpCount { expected, got } => {
+                write!(f, "CN offered {got} access QPs, the pool's group size needs {expected}")
+            }
+        }
+    }
+}
+
+/// What the MN needs from its environment: its memory, and someone to carry out actions.
+pub trait MnPort {
+    type Error: fmt::Debug + fmt::Display;
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), Self::Error>;
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), Self::Error>;
+    /// Carry out `action` completely before returning.
+    fn apply(&mut self, action: Action) -> Result<(), Self::Error>;
+    /// Where a window is bound, if the device can tell.
+    fn mw_binding(&mut self, _rkey: Rkey) -> Option<MwBinding> {
+        None
+    }
+}
+
+/// Counters of what the MN CPU did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct MnStats {
+    pub events: u64,
+    pub empty_notices: u64,
+    pub available_notices: u64,
+    pub groups_reclaimed: u64,
+    pub forged_frees: u64,
+    pub chains_rearmed: u64,
+    pub quota_disconnects: u64,
+    pub tickets_settled: u64,
+}
+
+#[derive(Debug)]
+pub struct MemoryNode {
+    cfg: MnConfig,
+    map: MnMemoryMap,
+    keys: MnKeys,
+    cns: heapless::Vec<Option<CnRecord>, MAX_CNS>,
+    next_cn: u32,
+    /// Slot addresses of pops that found the queue empty, not yet settled.
+    tickets: heapless::Vec<u64, MAX_CNS>,
+    empty: bool,
+    stats: MnStats,
+    now: u64,
+}
+
+type R<E> = Result<(), MnError<E>>;
+
+fn rd<P: MnPort>(p: &mut P, addr: u64) -> Result<u64, MnError<P::Error>> {
+    let mut b = [0u8; 8];
+    p.read(addr, &mut b).map_err(MnError::Port)?;
+    Ok(u64::from_le_bytes(b))
+}
+fn wr<P: MnPort>(p: &mut P, addr: u64, v: u64) -> R<P::Error> {
+    p.write(addr, &v.to_le_bytes()).map_err(MnError::Port)
+}
+fn read_entry<P: MnPort>(p: &mut P, addr: u64) -> Result<MwTableEntry, MnError<P::Error>> {
+    let mut b = [0u8; ENTRY_SIZE];
+    p.read(addr, &mut b).map_err(MnError::Port)?;
+    Ok(MwTableEntry::read(&b).unwrap_or_default())
+}
+fn write_entry<P: MnPort>(p: &mut P, addr: u64, e: &MwTableEntry) -> R<P::Error> {
+    p.write(addr, e.as_bytes()).map_err(MnError::Port)
+}
+
+impl MemoryNode {
+    pub fn new(cfg: MnConfig, map: MnMemoryMap, keys: MnKeys) -> Result<Self, MnError<core::convert::Infallible>> {
+        if cfg.max_cns as usize > MAX_CNS || map.max_cns < cfg.max_cns || map.geometry != cfg.geometry {
+            return Err(MnError::BadConfig);
+        }
+        let mut cns = heapless::Vec::new();
+        for _ in 0..cfg.max_cns {
+            let _ = cns.push(None);
+        }
+        Ok(MemoryNode { cfg, map, keys, cns, next_cn: 1, tickets: heapless::Vec::new(), empty: false, stats: MnStats::default(), now: 0 })
+    }
+
+    pub fn config(&self) -> &MnConfig {
+        &self.cfg
+    }
+    pub fn map(&self) -> &MnMemoryMap {
+        &self.map
+    }
+    pub fn keys(&self) -> &MnKeys {
+        &self.keys
+    }
+    pub fn mode(&self) -> ExecutionMode {
+        self.cfg.mode
+    }
+    pub fn stats(&self) -> MnStats {
+        self.stats
+    }
+    pub fn is_empty_state(&self) -> bool {
+        self.empty
+    }
+    pub fn tickets(&self) -> &[u64] {
+        &self.tickets
+    }
+    pub fn cns(&self) -> impl Iterator<Item = &CnRecord> {
+        self.cns.iter().flatten()
+    }
+    pub fn cn(&self, cn: CnId) -> Option<&CnRecord> {
+        self.cns().find(|r| r.cn == cn)
+    }
+    /// The CN whose management QP (MN end) is `qp`.
+    pub fn cn_of_mgmt_qp(&self, qp: Qpn) -> Option<(CnId, ChainKind)> {
+        self.cns().find_map(|r| {
+            if r.qps.alloc == qp {
+                Some((r.cn, ChainKind::Alloc))
+            } else if r.qps.free == qp {
+                Some((r.cn, ChainKind::Free))
+            } else {
+                None
+            }
+        })
+    }
+    /// The CN one of whose chain QPs (MN ends, incl. loopback) is `qp`.
+    pub fn cn_of_chain_qp(&self, qp: Qpn) -> Option<(CnId, ChainKind)> {
+        self.cn_of_mgmt_qp(qp).or_else(|| {
+            self.cns().find_map(|r| {
+                if r.qps.alloc_loop == Some(qp) {
+                    Some((r.cn, ChainKind::Alloc))
+                } else if r.qps.free_loop == Some(qp) {
+                    Some((r.cn, ChainKind::Free))
+                } else {
+                    None
+                }
+            })
+        })
+    }
+
+    /// The environment a CN's chain is built for.
+    pub fn chain_env(&self, cn: CnId, kind: ChainKind) -> Option<ChainEnv> {
+        let r = self.cn(cn)?;
+        let (mgmt, lp) = match kind {
+            ChainKind::Alloc => (r.qps.alloc, r.qps.alloc_loop),
+            ChainKind::Free => (r.qps.free, r.qps.free_loop),
+        };
+        Some(ChainEnv {
+            map: self.map,
+            slot: r.slot,
+            cn,
+            // host-engine mode has no loop QP: the engine never posts to it
+            loop_qpn: lp.map(|q| q.get()).unwrap_or(0xFF_FFFF),
+            mgmt_qpn: mgmt.get(),
+            free_qpn: r.qps.free.get(),
+            meta_lkey: self.keys.meta_lkey,
+            meta_rkey: self.keys.meta_rkey,
+            table_rkey: self.keys.table_rkey,
+            ring_lkey: self.keys.ring_lkey,
+            ring_rkey: self.keys.ring_rkey,
+            queue_depth: self.cfg.queue_depth,
+            window_access: self.cfg.window_access,
+            owner_window_access: AccessFlags::REMOTE_READ,
+        })
+    }
+
+    pub fn scratch_of(&self, cn: CnId) -> Option<u64> {
+        self.cn(cn).and_then(|r| self.map.scratch(r.slot))
+    }
+
+    // ------------------------------------------------------------------ initialisation
+
+    /// Write a fresh MWTable (every group free, owner 0) and a full free queue. `rkey(g, i)`
+    /// is the initial rkey of MW[i] of group g; `lkey(g)` the MR the group's windows bind in.
+    pub fn format<P: MnPort>(&mut self, port: &mut P, rkey: impl Fn(GroupId, usize) -> Rkey, lkey: impl Fn(GroupId) -> u32) -> R<P::Error> {
+        let zero = [0u8; 256];
+        let mut off = 0;
+        while off < self.map.meta_len {
+            let n = (self.map.meta_len - off).min(zero.len() as u64) as usize;
+            port.write(self.map.meta_base + off, &zero[..n]).map_err(MnError::Port)?;
+            off += n as u64;
+        }
+        let g = self.cfg.geometry;
+        for i in 0..g.chunk_count() {
+            let gid = GroupId(i);
+            let rkeys: heapless::Vec<Rkey, MAX_GROUP_SIZE> = (0..g.group_size()).map(|k| rkey(gid, k)).collect();
+            let base = g.chunk_base(gid).unwrap_or(0);
+            let e = MwTableEntry::new(base, g.chunk_size() as u32, lkey(gid), &rkeys);
+            write_entry(port, self.map.entry_addr(gid).unwrap_or(0), &e)?;
+            wr(port, self.map.queue.slot_addr(i), self.map.entry_addr(gid).unwrap_or(0))?;
+        }
+        wr(port, self.map.queue.head, self.map.queue.ring)?;
+        wr(port, self.map.queue.tail, self.map.queue.slot_addr(g.chunk_count()))?;
+        self.empty = false;
+        self.tickets.clear();
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ connections
+
+    /// A CN connected with these MN-side QPs: assign it an id and a slot, prepare its scratch,
+    /// arm its chains (or post request buffers), and tell it who it is.
+    pub fn connect<P: MnPort>(&mut self, port: &mut P, qps: CnQps) -> Result<CnId, MnError<P::Error>> {
+        let need = self.cfg.geometry.access_windows();
+        if qps.access.len() != need {
+            return Err(MnError::WrongAccessQpCount { expected: need, got: qps.access.len() });
+        }
+        if self.cfg.mode == ExecutionMode::Offloaded && (qps.alloc_loop.is_none() || qps.free_loop.is_none()) {
+            return Err(MnError::MissingLoopQps);
+        }
+        let slot = self.cns.iter().position(|c| c.is_none()).ok_or(MnError::TooManyCns)? as u32;
+        let cn = CnId::new(self.next_cn).map_err(|_| MnError::BadConfig)?;
+        self.next_cn += 1;
+        self.stats.events += 1;
+        let rec = CnRecord {
+            slot,
+            cn,
+            qps: qps.clone(),
+            status: CnStatus::Active,
+            alloc_parked: false,
+            allocs: 0,
+            frees: 0,
+            forged_frees: 0,
+            bad_requests: 0,
+        };
+        self.cns[slot as usize] = Some(rec);
+        self.init_scratch(port, slot, cn)?;
+        let info = ConnectInfo {
+            cn,
+            group_size: self.cfg.geometry.group_size() as u8,
+            chunk_size: self.cfg.geometry.chunk_size(),
+            alloc_qpn: qps.alloc,
+            free_qpn: qps.free,
+            access_qpns: qps.access.clone(),
+            quota: self.cfg.quota,
+        };
+        self.send(port, qps.alloc, &info.encode())?;
+        self.arm(port, cn, ChainKind::Free)?;
+        if self.empty {
+            self.park(cn);
+            self.send(port, qps.alloc, &Notice::Empty.encode())?;
+        } else {
+            self.arm(port, cn, ChainKind::Alloc)?;
+        }
+        Ok(cn)
+    }
+
+    fn init_scratch<P: MnPort>(&mut self, port: &mut P, slot: u32, cn: CnId) -> R<P::Error> {
+        let s = self.map.scratch(slot).ok_or(MnError::BadConfig)?;
+        port.write(s, &[0u8; SCRATCH_PER_CN as usize]).map_err(MnError::Port)?;
+        let a = s + ALLOC_SCRATCH_OFF;
+        port.write(a + alloc_scratch::OWNER, &cn.get().to_le_bytes()).map_err(MnError::Port)?;
+        port.write(a + alloc_scratch::REPLY, &AllocReply::header_image()).map_err(MnError::Port)?;
+        Ok(())
+    }
+
+    fn send<P: MnPort>(&mut self, port: &mut P, qp: Qpn, bytes: &[u8]) -> R<P::Error> {
+        let mut v = heapless::Vec::new();
+        let _ = v.extend_from_slice(&bytes[..bytes.len().min(64)]);
+        port.apply(Action::Send { qp, bytes: v }).map_err(MnError::Port)
+    }
+
+    fn park(&mut self, cn: CnId) {
+        if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
+            r.alloc_parked = true;
+        }
+    }
+
+    /// (Re-)arm a chain: reset its QPs, then post it (offloaded) or post request buffers.
+    fn arm<P: MnPort>(&mut self, port: &mut P, cn: CnId, kind: ChainKind) -> R<P::Error> {
+        let r = self.cn(cn).ok_or(MnError::UnknownCn(cn))?.clone();
+        if r.status != CnStatus::Active {
+            return Ok(());
+        }
+        let (mgmt, lp) = match kind {
+            ChainKind::Alloc => (r.qps.alloc, r.qps.alloc_loop),
+            ChainKind::Free => (r.qps.free, r.qps.free_loop),
+        };
+        match self.cfg.mode {
+            ExecutionMode::Offloaded => {
+                let lp = lp.ok_or(MnError::MissingLoopQps)?;
+                port.apply(Action::ResetQp(lp)).map_err(MnError::Port)?;
+                port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+                let env = self.chain_env(cn, kind).ok_or(MnError::UnknownCn(cn))?;
+                port.apply(Action::ArmChain { kind, env }).map_err(MnError::Port)?;
+            }
+            ExecutionMode::HostEngine => {
+                port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+                port.apply(Action::PostRequestBuffers { qp: mgmt }).map_err(MnError::Port)?;
+            }
+        }
+        if kind == ChainKind::Alloc {
+            if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
+                rec.alloc_parked = false;
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ events
+
+    pub fn handle<P: MnPort>(&mut self, now: u64, event: Event, port: &mut P) -> R<P::Error> {
+        self.now = now;
+        self.stats.events += 1;
+        match event {
+            Event::ChainFailed { cn, kind, step, status } => self.on_chain_failed(port, cn, kind, step, status),
+            Event::LapCommitted { cn, kind } => {
+                if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
+                    match kind {
+                        ChainKind::Alloc => r.allocs += 1,
+                        ChainKind::Free => r.frees += 1,
+                    }
+                }
+                self.enforce_quota(port, cn)?;
+                if kind == ChainKind::Free {
+                    self.settle(port)?;
+                }
+                Ok(())
+            }
+            Event::CounterSample { cn, allocs, frees } => {
+                if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
+                    r.allocs = allocs;
+                    r.frees = frees;
+                }
+                self.enforce_quota(port, cn)
+            }
+            Event::CnGone { cn } => self.on_cn_gone(port, cn),
+            Event::RnicReset => self.on_rnic_reset(port),
+            Event::Tick => self.settle(port),
+        }
+    }
+
+    fn on_chain_failed<P: MnPort>(&mut self, port: &mut P, cn: CnId, kind: ChainKind, step: Option<u8>, status: WcStatus) -> R<P::Error> {
+        let r = self.cn(cn).ok_or(MnError::UnknownCn(cn))?.clone();
+        if r.status != CnStatus::Active {
+            return Ok(());
+        }
+        // Quiesce the chain before reading what it left behind.
+        let (mgmt, lp) = match kind {
+            ChainKind::Alloc => (r.qps.alloc, r.qps.alloc_loop),
+            ChainKind::Free => (r.qps.free, r.qps.free_loop),
+        };
+        if let Some(lp) = lp {
+            port.apply(Action::ResetQp(lp)).map_err(MnError::Port)?;
+        }
+        port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+        let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+        match kind {
+            ChainKind::Alloc => {
+                let a = s + ALLOC_SCRATCH_OFF;
+                let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
+                let took_ticket = self.repair_alloc(port, a)?;
+                if took_ticket {
+                    // the queue was empty: park this chain until frees refill it
+                    self.park(cn);
+                    self.send(port, r.qps.alloc, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
+                    if !self.empty {
+                        self.empty = true;
+                        self.broadcast(port, Notice::Empty)?;
+                    }
+                    return self.settle(port);
+                }
+                let code = if step.is_none() || status == WcStatus::LocLenErr {
+                    ErrorCode::BadRequest
+                } else {
+                    ErrorCode::AllocFailed
+                };
+                if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
+                    rec.bad_requests += 1;
+                }
+                self.send(port, r.qps.alloc, &ErrorReply { token, code, detail: status as u32 }.encode())?;
+                self.stats.chains_rearmed += 1;
+                self.arm(port, cn, ChainKind::Alloc)
+            }
+            ChainKind::Free => {
+                let f = s + FREE_SCRATCH_OFF;
+                let token = self.token_at(port, f + free_scratch::REQ_HDR)?;
+                let finished = self.repair_free(port, cn, f)?;
+                if !finished {
+                    let code = if status == WcStatus::MwBindErr { ErrorCode::NotOwner } else { ErrorCode::BadRequest };
+                    if code == ErrorCode::NotOwner {
+                        self.stats.forged_frees += 1;
+                    }
+                    if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
+                        if code == ErrorCode::NotOwner {
+                            rec.forged_frees += 1;
+                        } else {
+                            rec.bad_requests += 1;
+                        }
+                    }
+                    self.send(port, r.qps.alloc, &ErrorReply { token, code, detail: status as u32 }.encode())?;
+                }
+                self.stats.chains_rearmed += 1;
+                self.arm(port, cn, ChainKind::Free)?;
+                self.settle(port)
+            }
+        }
+    }
+
+    fn token_at<P: MnPort>(&self, port: &mut P, hdr: u64) -> Result<u32, MnError<P::Error>> {
+        let mut t = [0u8; 4];
+        port.read(hdr + 4, &mut t).map_err(MnError::Port)?;
+        Ok(u32::from_le_bytes(t))
+    }
+
+    /// Undo an uncommitted alloc lap. Returns true when the lap took a ticket (empty queue).
+    fn repair_alloc<P: MnPort>(&mut self, port: &mut P, a: u64) -> Result<bool, MnError<P::Error>> {
+        let slot = rd(port, a + alloc_scratch::SLOT_ADDR)?;
+        let entry = rd(port, a + alloc_scratch::REPLY_ENTRY_ADDR)?;
+        wr(port, a + alloc_scratch::SLOT_ADDR, 0)?;
+        wr(port, a + alloc_scratch::REPLY_ENTRY_ADDR, 0)?;
+        if entry != 0 {
+            // popped a group the CN never got: clear the slot if the pop left it, reclaim it
+            if self.map.queue.contains_slot(slot) && rd(port, slot)? == entry {
+                wr(port, slot, 0)?;
+            }
+            if let Some(g) = self.map.group_of_entry(entry) {
+                self.reclaim(port, g)?;
+            }
+            return Ok(false);
+        }
+        if slot != 0 && self.map.queue.contains_slot(slot) {
+            // the lap's FAA took this slot's ticket but found no group there (yet)
+            if !self.tickets.contains(&slot) {
+                let _ = self.tickets.push(slot);
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Finish or discard a half-done free. Returns true when the group got freed.
+    fn repair_free<P: MnPort>(&mut self, port: &mut P, cn: CnId, f: u64) -> Result<bool, MnError<P::Error>> {
+        let entry = rd(port, f + free_scratch::ENTRY_ADDR)?;
+        wr(port, f + free_scratch::ENTRY_ADDR, 0)?;
+        let Some(g) = self.map.group_of_entry(entry) else { return Ok(false) };
+        let e = read_entry(port, entry)?;
+        // Past the ownership check iff MW[0] is no longer bound with the entry's key while the
+        // table still names this CN (or the write-back already happened but not the push).
+        let in_queue = self.queue_contains(port, entry)?;
+        if in_queue {
+            return Ok(true);
+        }
+        if e.owner() == cn.get() {
+            let mw0_unbound = self.mw0_unbound(port, &e)?;
+            if mw0_unbound {
+                self.reclaim(port, g)?;
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+        if e.owner() == 0 {
+            // written back, not pushed: finish the push
+            self.return_group(port, g, false)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn mw0_unbound<P: MnPort>(&mut self, port: &mut P, e: &MwTableEntry) -> Result<bool, MnError<P::Error>> {
+        // Ports that cannot tell report None: then nothing is assumed to have changed.
+        Ok(port.mw_binding(e.rkey(0)) == Some(MwBinding::Unbound))
+    }
+
+    /// Take a group back from wherever it is: invalidate its windows, then return it.
+    fn reclaim<P: MnPort>(&mut self, port: &mut P, g: GroupId) -> R<P::Error> {
+        let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
+        let mut e = read_entry(port, addr)?;
+        e.reserved = ENTRY_RECLAIMING.into();
+        write_entry(port, addr, &e)?;
+        for i in 0..self.cfg.geometry.group_size() {
+            port.apply(Action::Unbind { rkey: e.rkey(i) }).map_err(MnError::Port)?;
+        }
+        self.return_group(port, g, true)?;
+        self.stats.groups_reclaimed += 1;
+        Ok(())
+    }
+
+    /// Owner 0, keys advanced (if the windows were used), pushed at the queue tail.
+    fn return_group<P: MnPort>(&mut self, port: &mut P, g: GroupId, bump: bool) -> R<P::Error> {
+        let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
+        let mut e = read_entry(port, addr)?;
+        if bump {
+            e.bump_keys();
+        }
+        e.owner = 0.into();
+        e.reserved = 0.into();
+        write_entry(port, addr, &e)?;
+        self.push(port, addr)
+    }
+
+    /// Push at the tail. The MN CPU's read-modify-write is atomic with respect to the chains
+    /// in the models (they step between CPU actions); on real offload hardware it would be a
+    /// masked fetch-and-add through an MN loopback QP.
+    fn push<P: MnPort>(&mut self, port: &mut P, entry_addr: u64) -> R<P::Error> {
+        let q = self.map.queue;
+        let tail = rd(port, q.tail)?;
+        wr(port, tail, entry_addr)?;
+        wr(port, q.tail, masked_add(tail, SLOT_SIZE as u64, q.counter_boundary()))
+    }
+
+    fn queue_contains<P: MnPort>(&mut self, port: &mut P, entry_addr: u64) -> Result<bool, MnError<P::Error>> {
+        let q = self.map.queue;
+        let head = rd(port, q.head)?;
+        let tail = rd(port, q.tail)?;
+        let n = q.len(head, tail);
+        let mut at = head;
+        for _ in 0..n {
+            if rd(port, at)? == entry_addr {
+                return Ok(true);
+            }
+            at = masked_add(at, SLOT_SIZE as u64, q.counter_boundary());
+        }
+        for t in self.tickets.clone().iter() {
+            if rd(port, *t)? == entry_addr {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn broadcast<P: MnPort>(&mut self, port: &mut P, n: Notice) -> R<P::Error> {
+        match n {
+            Notice::Empty => self.stats.empty_notices += 1,
+            Notice::Available { .. } => self.stats.available_notices += 1,
+        }
+        let qps: heapless::Vec<Qpn, MAX_CNS> = self.cns().filter(|r| r.status == CnStatus::Active).map(|r| r.qps.alloc).collect();
+        for qp in qps {
+            self.send(port, qp, &n.encode())?;
+        }
+        Ok(())
+    }
+
+    /// Settle tickets whose slot has since been filled (move the group to the tail), and
+    /// announce "available" once no ticket is left and the queue holds groups.
+    fn settle<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
+        let mut i = 0;
+        while i < self.tickets.len() {
+            let slot = self.tickets[i];
+            let v = rd(port, slot)?;
+            if v != 0 {
+                wr(port, slot, 0)?;
+                self.push(port, v)?;
+                self.tickets.swap_remove(i);
+                self.stats.tickets_settled += 1;
+            } else {
+                i += 1;
+            }
+        }
+        if self.empty && self.tickets.is_empty() {
+            let q = self.map.queue;
+            let n = q.len(rd(port, q.head)?, rd(port, q.tail)?);
+            if n > 0 {
+                self.empty = false;
+                self.broadcast(port, Notice::Available { free_groups: n as u64 })?;
+                let parked: heapless::Vec<CnId, MAX_CNS> = self.cns().filter(|r| r.alloc_parked).map(|r| r.cn).collect();
+                for cn in parked {
+                    self.stats.chains_rearmed += 1;
+                    self.arm(port, cn, ChainKind::Alloc)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn owned_groups<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> Result<heapless::Vec<GroupId, 64>, MnError<P::Error>> {
+        // bounded batches keep this heap-free; callers loop until empty
+        let mut out = heapless::Vec::new();
+        for i in 0..self.cfg.geometry.chunk_count() {
+            let g = GroupId(i);
+            let e = read_entry(port, self.map.entry_addr(g).unwrap_or(0))?;
+            if e.owner() == cn.get() && out.push(g).is_err() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn reclaim_all_of<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
+        loop {
+            let batch = self.owned_groups(port, cn)?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for g in batch {
+                self.reclaim(port, g)?;
+            }
+        }
+    }
+
+    /// Quota policy: a CN found holding more than its quota loses its management QPs and
+    /// **every** group it holds (windows invalidated, groups back in the queue); its access QPs
+    /// stay connected but every rkey it had is dead. Other CNs are unaffected.
+    fn enforce_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
+        let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
+        if r.status != CnStatus::Active || r.allocs.saturating_sub(r.frees) <= self.cfg.quota as u64 {
+            return Ok(());
+        }
+        self.stats.quota_disconnects += 1;
+        if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
+            rec.status = CnStatus::MgmtDisconnected;
+        }
+        port.apply(Action::DisconnectMgmt { alloc: r.qps.alloc, free: r.qps.free }).map_err(MnError::Port)?;
+        let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+        self.repair_alloc(port, s + ALLOC_SCRATCH_OFF)?;
+        self.repair_free(port, cn, s + FREE_SCRATCH_OFF)?;
+        self.reclaim_all_of(port, cn)?;
+        self.settle(port)
+    }
+
+    fn on_cn_gone<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
+        let r = self.cn(cn).ok_or(MnError::UnknownCn(cn))?.clone();
+        for q in [r.qps.alloc_loop, r.qps.free_loop].into_iter().flatten() {
+            port.apply(Action::ResetQp(q)).map_err(MnError::Port)?;
+        }
+        let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+        // in-flight laps first (a pop the CN never saw, a half-done free), then what it owns
+        if self.repair_alloc(port, s + ALLOC_SCRATCH_OFF)? {
+            // its ticket stays with the MN; settle() will place the group when it arrives
+        }
+        self.repair_free(port, cn, s + FREE_SCRATCH_OFF)?;
+        self.reclaim_all_of(port, cn)?;
+        port.apply(Action::ReleaseCn { qps: r.qps.clone() }).map_err(MnError::Port)?;
+        self.cns[r.slot as usize] = None;
+        self.settle(port)
+    }
+
+    /// Policy: an RNIC reset **revokes** every allocation. All windows and QPs are gone, so
+    /// the MWTable is rebuilt with every group free (keys advanced, so no old rkey ever
+    /// validates again), the queue refilled, each CN told `Revoked`, and its chains re-armed.
+    fn on_rnic_reset<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
+        let cns: heapless::Vec<CnRecord, MAX_CNS> = self.cns().cloned().collect();
+        for r in cns.iter() {
+            for q in [Some(r.qps.alloc), Some(r.qps.free), r.qps.alloc_loop, r.qps.free_loop].into_iter().flatten() {
+                port.apply(Action::ResetQp(q)).map_err(MnError::Port)?;
+            }
+            for q in r.qps.access.iter() {
+                port.apply(Action::ResetQp(*q)).map_err(MnError::Port)?;
+            }
+        }
+        let g = self.cfg.geometry;
+        for i in 0..g.chunk_count() {
+            let addr = self.map.entry_addr(GroupId(i)).unwrap_or(0);
+            let mut e = read_entry(port, addr)?;
+            if e.owner() != 0 || e.reserved.get() != 0 {
+                e.bump_keys();
+            }
+            e.owner = 0.into();
+            e.reserved = 0.into();
+            write_entry(port, addr, &e)?;
+        }
+        for i in 0..self.map.queue.capacity {
+            wr(port, self.map.queue.slot_addr(i), 0)?;
+        }
+        for i in 0..g.chunk_count() {
+            wr(port, self.map.queue.slot_addr(i), self.map.entry_addr(GroupId(i)).unwrap_or(0))?;
+        }
+        wr(port, self.map.queue.head, self.map.queue.ring)?;
+        wr(port, self.map.queue.tail, self.map.queue.slot_addr(g.chunk_count()))?;
+        self.tickets.clear();
+        self.empty = false;
+        for r in cns.iter() {
+            let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+            self.init_scratch(port, r.slot, r.cn)?;
+            let _ = s;
+            if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == r.cn) {
+                rec.allocs = 0;
+                rec.frees = 0;
+            }
+            self.send(port, r.qps.alloc, &ErrorReply { token: 0, code: ErrorCode::Revoked, detail: 0 }.encode())?;
+            self.arm(port, r.cn, ChainKind::Free)?;
+            self.arm(port, r.cn, ChainKind::Alloc)?;
+        }
+        Ok(())
+    }
+}
