@@ -14,7 +14,7 @@
 use crate::device::Context;
 use crate::error::{Result, VerbsError};
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, Completion, MrKeys, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::backend::{Capabilities, Completion, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, MAX_RECV_SGES};
 use rdma_sys::*;
@@ -406,8 +406,8 @@ impl VerbsBackend {
             );
         }
         if let Err(e) = r {
-            let _ = self.destroy_qp(Qpn::new(an).unwrap_or_default());
-            let _ = self.destroy_qp(Qpn::new(bn).unwrap_or_default());
+            let _ = self.teardown_qp(Qpn::new(an).unwrap_or_default());
+            let _ = self.teardown_qp(Qpn::new(bn).unwrap_or_default());
             return Err(e);
         }
         Ok((qpn(an)?, qpn(bn)?))
@@ -466,10 +466,11 @@ impl VerbsBackend {
 
     /// Destroy a QP (and its CQs; and its rdma_cm id). Windows still bound to it are
     /// invalidated and deallocated-safe first, so rxe never sees a QP die under a bound window.
-    pub fn destroy_qp(&mut self, q: Qpn) -> Result<()> {
+    fn teardown_qp(&mut self, q: Qpn) -> Result<()> {
         if !self.qps.contains_key(&q.get()) {
             return Err(VerbsError::UnknownQp(q.get()));
         }
+        self.drain(q);
         let bound: Vec<u32> =
             self.mws.iter().filter(|(_, m)| m.bound.map(|b| b.qpn) == Some(q.get())).map(|(i, _)| *i).collect();
         for index in bound {
@@ -533,6 +534,21 @@ impl VerbsBackend {
     }
 
     // ---------------------------------------------------------------- helpers
+
+    /// Poll every CQ empty (completions are settled against the shadow queues and dropped).
+    fn drain_all(&mut self) {
+        let qs: Vec<Qpn> = self.qps.keys().filter_map(|q| Qpn::new(*q).ok()).collect();
+        for q in qs {
+            self.drain(q);
+        }
+    }
+
+    fn drain(&mut self, q: Qpn) {
+        let mut buf = [empty_completion(); 16];
+        for sel in [QueueSel::Recv, QueueSel::Send] {
+            while matches!(self.poll_cq(q, sel, &mut buf), Ok(n) if n > 0) {}
+        }
+    }
 
     fn raw_state(&self, q: u32) -> Option<QpState> {
         let e = self.qps.get(&q)?;
@@ -874,6 +890,9 @@ impl RdmaBackend for VerbsBackend {
         if n < 0 {
             return Err(VerbsError::rc("ibv_poll_cq", n));
         }
+        // rxe copies the kernel's IB_WC_WITH_INVALIDATE (bit 2) into the user-space flags,
+        // where bit 2 is IBV_WC_IP_CSUM_OK and WITH_INV is bit 3
+        let rxe_inv_quirk = self.ctx.info.is_rxe();
         let mut k = 0;
         for wc in wcs.iter().take(n as usize) {
             let status = WcStatus::from_u32(wc.status);
@@ -883,7 +902,10 @@ impl RdmaBackend for VerbsBackend {
                 (
                     ((flags & ibv_wc_flags::IBV_WC_WITH_IMM).0 != 0)
                         .then(|| u32::from_be(wc.imm_data_invalidated_rkey_union.imm_data)),
-                    ((flags & ibv_wc_flags::IBV_WC_WITH_INV).0 != 0)
+                    (((flags & ibv_wc_flags::IBV_WC_WITH_INV).0 != 0)
+                        || (rxe_inv_quirk
+                            && queue == QueueSel::Recv
+                            && (flags & ibv_wc_flags::IBV_WC_IP_CSUM_OK).0 != 0))
                         .then(|| wc.imm_data_invalidated_rkey_union.invalidated_rkey),
                 )
             };
@@ -1026,6 +1048,21 @@ impl RdmaBackend for VerbsBackend {
         Err(VerbsError::Unsupported("WQE rings in registered memory (no chain offload on libibverbs)"))
     }
 
+    /// Windows bound to the QP are invalidated first (so rxe never sees a QP die under a
+    /// bound window), then the QP, its CQs and its rdma_cm id go.
+    fn destroy_qp(&mut self, qp: Qpn) -> Result<()> {
+        self.teardown_qp(qp)
+    }
+
+    /// Tracked, not queried: libibverbs has no query for a window's binding.
+    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
+        let m = self.mws.get(&rkey.index())?;
+        Some(match m.bound {
+            Some(b) if m.rkey == rkey => MwBinding::Bound { rkey, qpn: Qpn::new(b.qpn).ok()? },
+            _ => MwBinding::Unbound,
+        })
+    }
+
     fn ring_keys(&self) -> Result<MrKeys> {
         Err(VerbsError::Unsupported("WQE rings in registered memory (no chain offload on libibverbs)"))
     }
@@ -1033,6 +1070,9 @@ impl RdmaBackend for VerbsBackend {
 
 impl Drop for VerbsBackend {
     fn drop(&mut self) {
+        // 0. settle every outstanding completion, so the tracked bindings are exact: rxe
+        //    dereferences NULL when asked to invalidate a window that is not bound
+        self.drain_all();
         // 1. every bound window: invalidate (best effort), then deallocate — before any QP dies
         let bound: Vec<u32> = self.mws.iter().filter(|(_, m)| m.bound.is_some()).map(|(i, _)| *i).collect();
         for i in bound {

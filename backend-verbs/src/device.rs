@@ -23,9 +23,17 @@ pub struct DeviceInfo {
     pub max_qp_wr: i32,
     pub max_qp_rd_atom: i32,
     pub phys_port_cnt: u8,
+    pub vendor_id: u32,
 }
 
+/// Vendor id soft-RoCE reports (`RXE_VENDOR_ID`).
+pub const RXE_VENDOR_ID: u32 = 0x00FF_FFFF;
+
 impl DeviceInfo {
+    /// Linux soft-RoCE (rdma_rxe).
+    pub fn is_rxe(&self) -> bool {
+        self.vendor_id == RXE_VENDOR_ID
+    }
     /// Capabilities that follow from the attributes alone. The memory-window *semantics*
     /// (bounds, QP binding, invalidation check) are not declared here: only the probe may.
     pub fn declared_capabilities(&self) -> Capabilities {
@@ -116,6 +124,7 @@ fn query_info(ctx: *mut ibv_context, name: String) -> Result<DeviceInfo> {
         max_qp_wr: a.max_qp_wr,
         max_qp_rd_atom: a.max_qp_rd_atom,
         phys_port_cnt: a.phys_port_cnt,
+        vendor_id: a.vendor_id,
     })
 }
 
@@ -243,6 +252,7 @@ impl Context {
                     max_qp_wr: 0,
                     max_qp_rd_atom: 0,
                     phys_port_cnt: 1,
+                    vendor_id: 0,
                 },
                 port: 1,
                 gid_index: 0,
