@@ -239,6 +239,9 @@ pub trait RdmaBackend {
     fn enable(&mut self, qp: Qpn, queue: QueueSel, count: u64) -> Result<(), Self::Error>;
     /// Bring an errored QP (and its peer) back to RTS with empty queues and zeroed CQ counts.
     fn reset_qp(&mut self, qp: Qpn) -> Result<(), Self::Error>;
+    /// Tear a QP down (its peer sees the connection fail). Windows bound to it must have been
+    /// invalidated first.
+    fn destroy_qp(&mut self, qp: Qpn) -> Result<(), Self::Error>;
     fn qp_state(&self, qp: Qpn) -> Result<QpState, Self::Error>;
 
     fn reg_mr(&mut self, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Self::Error>;

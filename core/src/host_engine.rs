@@ -66,9 +66,17 @@ pub enum LapFailure {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum LapOutcome {
-    Committed { device_ops: u32, cpu_steps: u32 },
+    Committed {
+        device_ops: u32,
+        cpu_steps: u32,
+    },
     /// `step` is None when the RECV itself failed.
-    Failed { step: Option<u8>, failure: LapFailure, device_ops: u32, cpu_steps: u32 },
+    Failed {
+        step: Option<u8>,
+        failure: LapFailure,
+        device_ops: u32,
+        cpu_steps: u32,
+    },
 }
 
 #[derive(Debug)]
@@ -76,7 +84,9 @@ pub enum LapOutcome {
 pub enum HostEngineError<E> {
     Backend(E),
     /// A posted WQE never completed within the poll budget.
-    Timeout { step: u8 },
+    Timeout {
+        step: u8,
+    },
 }
 
 impl<E: fmt::Display> fmt::Display for HostEngineError<E> {
@@ -107,7 +117,10 @@ impl HostRegions {
         addr >= b && len <= l && addr - b <= l - len
     }
     fn local_ok(&self, addr: u64, len: u64, lkey: u32) -> bool {
-        lkey == self.meta_lkey && addr >= self.meta_base && len <= self.meta_len && addr - self.meta_base <= self.meta_len - len
+        lkey == self.meta_lkey
+            && addr >= self.meta_base
+            && len <= self.meta_len
+            && addr - self.meta_base <= self.meta_len - len
     }
 }
 
@@ -123,7 +136,9 @@ pub fn run_lap<B: RdmaBackend>(
     let mut copies: heapless::Vec<[u8; WQE_SIZE], MAX_STEPS> = layout.steps.iter().map(|s| s.wqe.encode()).collect();
     let mut device_ops = 0u32;
     let mut cpu_steps = 1u32; // the RECV scatter
-    let fail = |step: Option<u8>, failure, device_ops, cpu_steps| Ok(LapOutcome::Failed { step, failure, device_ops, cpu_steps });
+    let fail = |step: Option<u8>, failure, device_ops, cpu_steps| {
+        Ok(LapOutcome::Failed { step, failure, device_ops, cpu_steps })
+    };
 
     // --- RECV scatter
     let total: u64 = layout.recv.iter().map(|r| r.len as u64).sum();
@@ -282,7 +297,12 @@ pub enum WaitError<E> {
 
 /// Poll `qp`'s send CQ until the completion of `wr_id` shows up; other completions are
 /// dropped (in host-engine mode the MN's management QPs carry nothing else it waits for).
-pub fn wait_for<B: RdmaBackend>(backend: &mut B, qp: Qpn, wr_id: u64, max_polls: u32) -> Result<WcStatus, WaitError<B::Error>> {
+pub fn wait_for<B: RdmaBackend>(
+    backend: &mut B,
+    qp: Qpn,
+    wr_id: u64,
+    max_polls: u32,
+) -> Result<WcStatus, WaitError<B::Error>> {
     let mut buf = [Completion {
         wr_id: 0,
         status: WcStatus::Success,

@@ -98,8 +98,9 @@ pub enum Action {
     PostRequestBuffers { qp: Qpn },
     /// Invalidate the window with this exact rkey if it is bound; nothing if it is not.
     Unbind { rkey: Rkey },
-    /// Send a message to a CN on its Alloc QP.
-    Send { qp: Qpn, bytes: heapless::Vec<u8, 64> },
+    /// Send a message to a CN: on the MN end of its first access QP (the only CN-facing send
+    /// queue not carrying a chain); `slot` selects the CN's send buffers.
+    Send { slot: u32, qp: Qpn, bytes: heapless::Vec<u8, 64> },
     /// Disconnect a CN's management QPs (quota enforcement).
     DisconnectMgmt { alloc: Qpn, free: Qpn },
     /// Destroy all QPs of a CN that left (its windows are already invalidated).
@@ -111,13 +112,27 @@ pub enum Action {
 #[non_exhaustive]
 pub enum Event {
     /// A chain completed a step with an error (`step` None: the trigger RECV).
-    ChainFailed { cn: CnId, kind: ChainKind, step: Option<u8>, status: WcStatus },
+    ChainFailed {
+        cn: CnId,
+        kind: ChainKind,
+        step: Option<u8>,
+        status: WcStatus,
+    },
     /// Host-engine mode: a lap committed (the MN CPU ran it).
-    LapCommitted { cn: CnId, kind: ChainKind },
+    LapCommitted {
+        cn: CnId,
+        kind: ChainKind,
+    },
     /// Per-CN management-QP counters (offloaded mode's lazy quota enforcement).
-    CounterSample { cn: CnId, allocs: u64, frees: u64 },
+    CounterSample {
+        cn: CnId,
+        allocs: u64,
+        frees: u64,
+    },
     /// The CN crashed or disconnected.
-    CnGone { cn: CnId },
+    CnGone {
+        cn: CnId,
+    },
     /// The MN's RNIC was reset: every QP and window is gone.
     RnicReset,
     Tick,
@@ -133,7 +148,10 @@ pub enum MnError<E> {
     BadConfig,
     /// Offloaded mode needs loopback QPs for a CN's chains.
     MissingLoopQps,
-    WrongAccessQpCount { expected: usize, got: usize },
+    WrongAccessQpCount {
+        expected: usize,
+        got: usize,
+    },
 }
 
 impl<E: fmt::Display> fmt::Display for MnError<E> {
@@ -219,7 +237,17 @@ impl MemoryNode {
         for _ in 0..cfg.max_cns {
             let _ = cns.push(None);
         }
-        Ok(MemoryNode { cfg, map, keys, cns, next_cn: 1, tickets: heapless::Vec::new(), empty: false, stats: MnStats::default(), now: 0 })
+        Ok(MemoryNode {
+            cfg,
+            map,
+            keys,
+            cns,
+            next_cn: 1,
+            tickets: heapless::Vec::new(),
+            empty: false,
+            stats: MnStats::default(),
+            now: 0,
+        })
     }
 
     pub fn config(&self) -> &MnConfig {
@@ -310,7 +338,12 @@ impl MemoryNode {
 
     /// Write a fresh MWTable (every group free, owner 0) and a full free queue. `rkey(g, i)`
     /// is the initial rkey of MW[i] of group g; `lkey(g)` the MR the group's windows bind in.
-    pub fn format<P: MnPort>(&mut self, port: &mut P, rkey: impl Fn(GroupId, usize) -> Rkey, lkey: impl Fn(GroupId) -> u32) -> R<P::Error> {
+    pub fn format<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        rkey: impl Fn(GroupId, usize) -> Rkey,
+        lkey: impl Fn(GroupId) -> u32,
+    ) -> R<P::Error> {
         let zero = [0u8; 256];
         let mut off = 0;
         while off < self.map.meta_len {
@@ -372,11 +405,11 @@ impl MemoryNode {
             access_qpns: qps.access.clone(),
             quota: self.cfg.quota,
         };
-        self.send(port, qps.alloc, &info.encode())?;
+        self.send(port, cn, &info.encode())?;
         self.arm(port, cn, ChainKind::Free)?;
         if self.empty {
             self.park(cn);
-            self.send(port, qps.alloc, &Notice::Empty.encode())?;
+            self.send(port, cn, &Notice::Empty.encode())?;
         } else {
             self.arm(port, cn, ChainKind::Alloc)?;
         }
@@ -392,10 +425,12 @@ impl MemoryNode {
         Ok(())
     }
 
-    fn send<P: MnPort>(&mut self, port: &mut P, qp: Qpn, bytes: &[u8]) -> R<P::Error> {
+    fn send<P: MnPort>(&mut self, port: &mut P, cn: CnId, bytes: &[u8]) -> R<P::Error> {
+        let Some(r) = self.cn(cn) else { return Ok(()) };
+        let (slot, qp) = (r.slot, r.qps.access[0]);
         let mut v = heapless::Vec::new();
         let _ = v.extend_from_slice(&bytes[..bytes.len().min(64)]);
-        port.apply(Action::Send { qp, bytes: v }).map_err(MnError::Port)
+        port.apply(Action::Send { slot, qp, bytes: v }).map_err(MnError::Port)
     }
 
     fn park(&mut self, cn: CnId) {
@@ -468,7 +503,14 @@ impl MemoryNode {
         }
     }
 
-    fn on_chain_failed<P: MnPort>(&mut self, port: &mut P, cn: CnId, kind: ChainKind, step: Option<u8>, status: WcStatus) -> R<P::Error> {
+    fn on_chain_failed<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        cn: CnId,
+        kind: ChainKind,
+        step: Option<u8>,
+        status: WcStatus,
+    ) -> R<P::Error> {
         let r = self.cn(cn).ok_or(MnError::UnknownCn(cn))?.clone();
         if r.status != CnStatus::Active {
             return Ok(());
@@ -491,7 +533,7 @@ impl MemoryNode {
                 if took_ticket {
                     // the queue was empty: park this chain until frees refill it
                     self.park(cn);
-                    self.send(port, r.qps.alloc, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
+                    self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
                     if !self.empty {
                         self.empty = true;
                         self.broadcast(port, Notice::Empty)?;
@@ -506,7 +548,7 @@ impl MemoryNode {
                 if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
                     rec.bad_requests += 1;
                 }
-                self.send(port, r.qps.alloc, &ErrorReply { token, code, detail: status as u32 }.encode())?;
+                self.send(port, cn, &ErrorReply { token, code, detail: status as u32 }.encode())?;
                 self.stats.chains_rearmed += 1;
                 self.arm(port, cn, ChainKind::Alloc)
             }
@@ -526,7 +568,7 @@ impl MemoryNode {
                             rec.bad_requests += 1;
                         }
                     }
-                    self.send(port, r.qps.alloc, &ErrorReply { token, code, detail: status as u32 }.encode())?;
+                    self.send(port, cn, &ErrorReply { token, code, detail: status as u32 }.encode())?;
                 }
                 self.stats.chains_rearmed += 1;
                 self.arm(port, cn, ChainKind::Free)?;
@@ -662,9 +704,10 @@ impl MemoryNode {
             Notice::Empty => self.stats.empty_notices += 1,
             Notice::Available { .. } => self.stats.available_notices += 1,
         }
-        let qps: heapless::Vec<Qpn, MAX_CNS> = self.cns().filter(|r| r.status == CnStatus::Active).map(|r| r.qps.alloc).collect();
-        for qp in qps {
-            self.send(port, qp, &n.encode())?;
+        let cns: heapless::Vec<CnId, MAX_CNS> =
+            self.cns().filter(|r| r.status == CnStatus::Active).map(|r| r.cn).collect();
+        for cn in cns {
+            self.send(port, cn, &n.encode())?;
         }
         Ok(())
     }
@@ -691,7 +734,8 @@ impl MemoryNode {
             if n > 0 {
                 self.empty = false;
                 self.broadcast(port, Notice::Available { free_groups: n as u64 })?;
-                let parked: heapless::Vec<CnId, MAX_CNS> = self.cns().filter(|r| r.alloc_parked).map(|r| r.cn).collect();
+                let parked: heapless::Vec<CnId, MAX_CNS> =
+                    self.cns().filter(|r| r.alloc_parked).map(|r| r.cn).collect();
                 for cn in parked {
                     self.stats.chains_rearmed += 1;
                     self.arm(port, cn, ChainKind::Alloc)?;
@@ -701,7 +745,11 @@ impl MemoryNode {
         Ok(())
     }
 
-    fn owned_groups<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> Result<heapless::Vec<GroupId, 64>, MnError<P::Error>> {
+    fn owned_groups<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        cn: CnId,
+    ) -> Result<heapless::Vec<GroupId, 64>, MnError<P::Error>> {
         // bounded batches keep this heap-free; callers loop until empty
         let mut out = heapless::Vec::new();
         for i in 0..self.cfg.geometry.chunk_count() {
@@ -805,7 +853,7 @@ impl MemoryNode {
                 rec.allocs = 0;
                 rec.frees = 0;
             }
-            self.send(port, r.qps.alloc, &ErrorReply { token: 0, code: ErrorCode::Revoked, detail: 0 }.encode())?;
+            self.send(port, r.cn, &ErrorReply { token: 0, code: ErrorCode::Revoked, detail: 0 }.encode())?;
             self.arm(port, r.cn, ChainKind::Free)?;
             self.arm(port, r.cn, ChainKind::Alloc)?;
         }

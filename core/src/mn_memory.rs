@@ -9,7 +9,8 @@
 //!   MWTable              chunk_count × 40 B      ← its own MR: the free chain reads entries
 //!                                                  through it, so a forged entry address
 //!                                                  outside the table faults
-//!   scratch              max_cns × 256 B         (alloc chain 128 B, free chain 128 B)
+//!   scratch              max_cns × 1 KiB         (alloc chain 128 B, free chain 128 B,
+//!                                                  host-mode request buffers, send buffers)
 //! ```
 
 use crate::free_queue::{FreeQueueLayout, SLOT_SIZE};
@@ -17,9 +18,18 @@ use crate::geometry::PoolGeometry;
 use crate::ids::GroupId;
 use crate::mwtable::ENTRY_SIZE;
 
-pub const SCRATCH_PER_CN: u64 = 256;
+pub const SCRATCH_PER_CN: u64 = 1024;
 pub const ALLOC_SCRATCH_OFF: u64 = 0;
 pub const FREE_SCRATCH_OFF: u64 = 128;
+/// Host-engine mode: where the plain RECVs on the Alloc and Free QPs land (64 B each).
+pub const ALLOC_REQUEST_BUF_OFF: u64 = 256;
+pub const FREE_REQUEST_BUF_OFF: u64 = 320;
+pub const REQUEST_BUF_LEN: u32 = 64;
+/// Messages the MN sends the CN (notices, errors, connect info): a ring of 8 × 64 B, so a
+/// buffer is reused only after seven later messages.
+pub const SEND_BUF_OFF: u64 = 512;
+pub const SEND_BUF_COUNT: u64 = 8;
+pub const SEND_BUF_LEN: u64 = 64;
 
 /// Offsets inside the alloc chain's scratch area.
 pub mod alloc_scratch {
@@ -56,7 +66,9 @@ pub mod free_scratch {
 }
 
 const _: () = assert!(alloc_scratch::END <= FREE_SCRATCH_OFF);
-const _: () = assert!(FREE_SCRATCH_OFF + free_scratch::END <= SCRATCH_PER_CN);
+const _: () = assert!(FREE_SCRATCH_OFF + free_scratch::END <= ALLOC_REQUEST_BUF_OFF);
+const _: () = assert!(FREE_REQUEST_BUF_OFF + REQUEST_BUF_LEN as u64 <= SEND_BUF_OFF);
+const _: () = assert!(SEND_BUF_OFF + SEND_BUF_COUNT * SEND_BUF_LEN <= SCRATCH_PER_CN);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct MnMemoryMap {
@@ -146,8 +158,8 @@ mod tests {
         assert_eq!(m.group_of_entry(m.table_base + 80), Some(GroupId(2)));
         assert_eq!(m.group_of_entry(m.table_base + 81), None);
         assert_eq!(m.group_of_entry(m.scratch_base), None);
-        assert_eq!(m.scratch(3), Some(m.scratch_base + 768));
+        assert_eq!(m.scratch(3), Some(m.scratch_base + 3 * SCRATCH_PER_CN));
         assert_eq!(m.scratch(4), None);
-        assert_eq!(m.meta_len, 1024 + 16 + 4000 + 1024);
+        assert_eq!(m.meta_len, 1024 + 16 + 4000 + 4 * SCRATCH_PER_CN);
     }
 }

@@ -1,0 +1,442 @@
+//! The generic MN driver: runs a [`MemoryNode`] on any [`RdmaBackend`].
+//!
+//! Everything a backend would otherwise re-implement lives here once: carrying out the MN's
+//! actions (arming chains, unbinding, sending messages), turning error completions of chain
+//! QPs into events, and — in host-engine mode — receiving requests and running the host
+//! engine. A backend supplies QPs, memory and verbs; a deployment (the loopback cluster, the
+//! verbs daemon) adds connection management and calls [`MnDriver::poll`].
+
+use crate::arm::{arm, ArmError};
+use crate::backend::{Completion, ExecutionMode, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
+use crate::chain::{ChainError, ChainKind, ChainLayout};
+use crate::chain_builder::{parse_chain_wr_id, ChainEnv};
+use crate::host_engine::{run_lap, HostEngineError, HostRegions, LapContext, LapFailure, LapOutcome};
+use crate::ids::{CnId, GroupId, Qpn, Rkey};
+use crate::mn::{Action, CnQps, Event, MemoryNode, MnError, MnPort};
+use crate::mn_memory::{
+    ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF, REQUEST_BUF_LEN, SEND_BUF_COUNT, SEND_BUF_LEN, SEND_BUF_OFF,
+};
+use crate::wqe::{QueueSel, RecvWqe, Sge, Wqe};
+use core::fmt;
+
+/// wr_ids of the driver's own work requests (not chain steps).
+pub const WR_ID_SEND: u64 = 0x4F4D_0300_0000_0000;
+pub const WR_ID_UNBIND: u64 = 0x4F4D_0400_0000_0000;
+pub const WR_ID_REQUEST: u64 = 0x4F4D_0500_0000_0000;
+
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DriverError<E> {
+    Backend(E),
+    Chain(ChainError),
+    Arm(ArmError<E>),
+    HostEngine(HostEngineError<E>),
+    UnknownSlot(u32),
+    Mn(&'static str),
+}
+
+impl<E: fmt::Display> fmt::Display for DriverError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DriverError::Backend(e) => write!(f, "backend: {e}"),
+            DriverError::Chain(e) => write!(f, "chain: {e}"),
+            DriverError::Arm(e) => write!(f, "{e}"),
+            DriverError::HostEngine(e) => write!(f, "{e}"),
+            DriverError::UnknownSlot(s) => write!(f, "no CN in slot {s}"),
+            DriverError::Mn(m) => write!(f, "MN: {m}"),
+        }
+    }
+}
+
+impl<E: fmt::Display> From<MnError<DriverError<E>>> for DriverError<E> {
+    fn from(e: MnError<DriverError<E>>) -> Self {
+        match e {
+            MnError::Port(p) => p,
+            MnError::TooManyCns => DriverError::Mn("too many CNs"),
+            MnError::UnknownCn(_) => DriverError::Mn("unknown CN"),
+            MnError::MissingLoopQps => DriverError::Mn("offloaded mode needs loopback QPs"),
+            MnError::WrongAccessQpCount { .. } => DriverError::Mn("wrong number of access QPs"),
+            _ => DriverError::Mn("bad configuration"),
+        }
+    }
+}
+
+/// What the driver did on the MN CPU (host-engine work and exception handling).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct DriverStats {
+    pub laps: u64,
+    pub laps_failed: u64,
+    pub cpu_steps: u64,
+    pub device_ops: u64,
+    pub chain_failures: u64,
+    pub messages_sent: u64,
+}
+
+/// What one [`MnDriver::poll`] saw.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct PollReport {
+    /// Events the MN CPU handled (requests in host-engine mode, failures in both).
+    pub events: u32,
+    pub laps_committed: u32,
+}
+
+pub struct MnDriver<B: RdmaBackend> {
+    pub backend: B,
+    pub mn: MemoryNode,
+    pub regions: HostRegions,
+    /// A QP of the MN the driver may post management unbinds on.
+    pub admin_qp: Qpn,
+    pub stats: DriverStats,
+    send_seq: [u8; crate::mn::MAX_CNS],
+    now: u64,
+}
+
+impl<B: RdmaBackend> fmt::Debug for MnDriver<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MnDriver").field("mode", &self.mn.mode()).field("stats", &self.stats).finish()
+    }
+}
+
+struct Port<'a, B: RdmaBackend> {
+    backend: &'a mut B,
+    mn_mode: ExecutionMode,
+    scratch: [Option<u64>; crate::mn::MAX_CNS],
+    meta_lkey: u32,
+    admin_qp: Qpn,
+    send_seq: &'a mut [u8; crate::mn::MAX_CNS],
+    stats: &'a mut DriverStats,
+    /// Management QPs that need a request buffer posted once the MN's reaction is over.
+    repost: heapless::Vec<Qpn, 64>,
+}
+
+impl<B: RdmaBackend> MnPort for Port<'_, B> {
+    type Error = DriverError<B::Error>;
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), Self::Error> {
+        self.backend.read_local(addr, buf).map_err(DriverError::Backend)
+    }
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), Self::Error> {
+        self.backend.write_local(addr, data).map_err(DriverError::Backend)
+    }
+    fn mw_binding(&mut self, rkey: Rkey) -> Option<MwBinding> {
+        self.backend.mw_binding(rkey)
+    }
+    fn apply(&mut self, action: Action) -> Result<(), Self::Error> {
+        let b = &mut *self.backend;
+        match action {
+            Action::ResetQp(q) => {
+                // In host-engine mode a healthy QP keeps its state (and the CN its receives).
+                if self.mn_mode == ExecutionMode::HostEngine
+                    && b.qp_state(q).map_err(DriverError::Backend)? != QpState::Err
+                {
+                    return Ok(());
+                }
+                b.reset_qp(q).map_err(DriverError::Backend)
+            }
+            Action::ArmChain { kind, env } => {
+                let layout = build(kind, &env).map_err(DriverError::Chain)?;
+                arm(b, &layout, 1).map_err(DriverError::Arm)
+            }
+            Action::PostRequestBuffers { qp } => {
+                if !self.repost.contains(&qp) {
+                    let _ = self.repost.push(qp);
+                }
+                Ok(())
+            }
+            Action::Unbind { rkey } => {
+                match b.mw_binding(rkey) {
+                    Some(MwBinding::Unbound) => return Ok(()),
+                    Some(MwBinding::Bound { rkey: r, .. }) if r != rkey => return Ok(()),
+                    _ => {}
+                }
+                let w = Wqe::unbind_mw(rkey.0).with_wr_id(WR_ID_UNBIND | rkey.0 as u64);
+                b.post_send(self.admin_qp, &w).map_err(DriverError::Backend)?;
+                // An unknown binding state may mean "not bound": MW_BIND_ERR is then fine.
+                match crate::host_engine::wait_for(b, self.admin_qp, w.wr_id, 10_000) {
+                    Ok(WcStatus::Success | WcStatus::MwBindErr) => {}
+                    Ok(_) | Err(_) => {
+                        // the admin QP went to error: bring it back for the next action
+                        let _ = b.reset_qp(self.admin_qp);
+                    }
+                }
+                if b.qp_state(self.admin_qp).map_err(DriverError::Backend)? == QpState::Err {
+                    b.reset_qp(self.admin_qp).map_err(DriverError::Backend)?;
+                }
+                Ok(())
+            }
+            Action::Send { slot, qp, bytes } => {
+                let s = self.scratch.get(slot as usize).copied().flatten().ok_or(DriverError::UnknownSlot(slot))?;
+                let seq = &mut self.send_seq[slot as usize];
+                let buf = s + SEND_BUF_OFF + (*seq as u64 % SEND_BUF_COUNT) * SEND_BUF_LEN;
+                *seq = seq.wrapping_add(1);
+                b.write_local(buf, &bytes).map_err(DriverError::Backend)?;
+                let w = Wqe::send(buf, self.meta_lkey, bytes.len() as u32).with_wr_id(WR_ID_SEND | slot as u64);
+                self.stats.messages_sent += 1;
+                // fire and forget: the CN may be slow to post receives (RNR retries)
+                b.post_send(qp, &w).map_err(DriverError::Backend)
+            }
+            Action::DisconnectMgmt { alloc, free } => {
+                b.destroy_qp(alloc).map_err(DriverError::Backend)?;
+                b.destroy_qp(free).map_err(DriverError::Backend)
+            }
+            Action::ReleaseCn { qps } => {
+                for q in [Some(qps.alloc), Some(qps.free), qps.alloc_loop, qps.free_loop].into_iter().flatten() {
+                    let _ = b.destroy_qp(q);
+                }
+                for q in qps.access.iter() {
+                    let _ = b.destroy_qp(*q);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Build a chain layout for a kind.
+pub fn build(kind: ChainKind, env: &ChainEnv) -> Result<ChainLayout, ChainError> {
+    match kind {
+        ChainKind::Alloc => crate::alloc_chain::build_alloc_chain(env),
+        ChainKind::Free => crate::free_chain::build_free_chain(env),
+    }
+}
+
+fn blank_completion() -> Completion {
+    Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Recv,
+        qpn: Qpn::default(),
+        byte_len: 0,
+        imm: None,
+        invalidated: None,
+    }
+}
+
+impl<B: RdmaBackend> MnDriver<B> {
+    pub fn new(backend: B, mn: MemoryNode, regions: HostRegions, admin_qp: Qpn) -> Self {
+        MnDriver {
+            backend,
+            mn,
+            regions,
+            admin_qp,
+            stats: DriverStats::default(),
+            send_seq: [0; crate::mn::MAX_CNS],
+            now: 0,
+        }
+    }
+
+    fn port(&mut self) -> (&mut MemoryNode, Port<'_, B>) {
+        let mut scratch = [None; crate::mn::MAX_CNS];
+        for r in self.mn.cns() {
+            scratch[r.slot as usize] = self.mn.map().scratch(r.slot);
+        }
+        // slots not yet occupied still have scratch space (connect sends before the record exists)
+        for (i, s) in scratch.iter_mut().enumerate() {
+            if s.is_none() {
+                *s = self.mn.map().scratch(i as u32);
+            }
+        }
+        let port = Port {
+            backend: &mut self.backend,
+            mn_mode: self.mn.mode(),
+            scratch,
+            meta_lkey: self.regions.meta_lkey,
+            admin_qp: self.admin_qp,
+            send_seq: &mut self.send_seq,
+            stats: &mut self.stats,
+            repost: heapless::Vec::new(),
+        };
+        (&mut self.mn, port)
+    }
+
+    /// Lay out a fresh pool: every group free.
+    pub fn format(
+        &mut self,
+        rkey: impl Fn(GroupId, usize) -> Rkey,
+        lkey: impl Fn(GroupId) -> u32,
+    ) -> Result<(), DriverError<B::Error>> {
+        let (mn, mut port) = self.port();
+        mn.format(&mut port, rkey, lkey).map_err(DriverError::from)
+    }
+
+    /// A CN connected (its QPs already up): register it, arm or post, tell it who it is.
+    pub fn connect(&mut self, qps: CnQps) -> Result<CnId, DriverError<B::Error>> {
+        let (mn, mut port) = self.port();
+        let cn = mn.connect(&mut port, qps.clone()).map_err(DriverError::from)?;
+        let repost = core::mem::take(&mut port.repost);
+        self.post_request_buffers(&repost)?;
+        Ok(cn)
+    }
+
+    pub fn handle(&mut self, now: u64, event: Event) -> Result<(), DriverError<B::Error>> {
+        self.now = now;
+        let (mn, mut port) = self.port();
+        let r = mn.handle(now, event, &mut port).map_err(DriverError::from);
+        let repost = core::mem::take(&mut port.repost);
+        r?;
+        self.post_request_buffers(&repost)
+    }
+
+    fn post_request_buffers(&mut self, qps: &[Qpn]) -> Result<(), DriverError<B::Error>> {
+        for qp in qps {
+            if let Some((cn, kind)) = self.mn.cn_of_mgmt_qp(*qp) {
+                self.post_request_buffer(cn, kind)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn request_buf(&self, cn: CnId, kind: ChainKind) -> Option<u64> {
+        let s = self.mn.scratch_of(cn)?;
+        Some(s + if kind == ChainKind::Alloc { ALLOC_REQUEST_BUF_OFF } else { FREE_REQUEST_BUF_OFF })
+    }
+
+    fn post_request_buffer(&mut self, cn: CnId, kind: ChainKind) -> Result<(), DriverError<B::Error>> {
+        let Some(r) = self.mn.cn(cn) else { return Ok(()) };
+        let qp = if kind == ChainKind::Alloc { r.qps.alloc } else { r.qps.free };
+        let addr = self.request_buf(cn, kind).ok_or(DriverError::Mn("no scratch"))?;
+        let mut w =
+            RecvWqe { wr_id: WR_ID_REQUEST | ((kind as u64) << 32) | cn.get() as u64, sges: heapless::Vec::new() };
+        let _ = w.sges.push(Sge { addr, length: REQUEST_BUF_LEN, lkey: self.regions.meta_lkey });
+        self.backend.post_recv(qp, &w).map_err(DriverError::Backend)
+    }
+
+    /// Look at every CN's chain completions (errors become MN events) and, in host-engine
+    /// mode, serve the requests that arrived.
+    pub fn poll(&mut self, now: u64) -> Result<PollReport, DriverError<B::Error>> {
+        self.now = now;
+        let mut report = PollReport::default();
+        let cns: heapless::Vec<(CnId, CnQps), { crate::mn::MAX_CNS }> =
+            self.mn.cns().filter(|r| r.status == crate::mn::CnStatus::Active).map(|r| (r.cn, r.qps.clone())).collect();
+        let mut buf = [blank_completion(); 16];
+        for (cn, qps) in cns.iter() {
+            if self.mn.cn(*cn).is_none() {
+                continue;
+            }
+            // notices: drain their completions (errors mean the CN went away; CnGone handles it)
+            while self.backend.poll_cq(qps.access[0], QueueSel::Send, &mut buf).map_err(DriverError::Backend)? > 0 {}
+            for kind in [ChainKind::Alloc, ChainKind::Free] {
+                let (mgmt, lp) = match kind {
+                    ChainKind::Alloc => (qps.alloc, qps.alloc_loop),
+                    ChainKind::Free => (qps.free, qps.free_loop),
+                };
+                match self.mn.mode() {
+                    ExecutionMode::Offloaded => {
+                        let mut failure: Option<(Option<u8>, WcStatus)> = None;
+                        let queues = [(lp, QueueSel::Send), (Some(mgmt), QueueSel::Send), (Some(mgmt), QueueSel::Recv)];
+                        for (q, sel) in queues {
+                            let Some(q) = q else { continue };
+                            loop {
+                                let n = self.backend.poll_cq(q, sel, &mut buf).map_err(DriverError::Backend)?;
+                                if n == 0 {
+                                    break;
+                                }
+                                for c in &buf[..n] {
+                                    if c.status.is_ok() || c.status == WcStatus::WrFlushErr {
+                                        continue;
+                                    }
+                                    let step = parse_chain_wr_id(c.wr_id).map(|(_, _, s)| s).filter(|s| *s != 0xFF);
+                                    let step = if sel == QueueSel::Recv { None } else { step };
+                                    // the earliest failure is the cause; keep the first seen
+                                    if failure.is_none() {
+                                        failure = Some((step, c.status));
+                                    }
+                                }
+                            }
+                        }
+                        if let Some((step, status)) = failure {
+                            self.stats.chain_failures += 1;
+                            report.events += 1;
+                            self.handle(now, Event::ChainFailed { cn: *cn, kind, step, status })?;
+                        }
+                    }
+                    ExecutionMode::HostEngine => {
+                        // drain send completions of earlier device ops
+                        while self.backend.poll_cq(mgmt, QueueSel::Send, &mut buf).map_err(DriverError::Backend)? > 0 {}
+                        let n =
+                            self.backend.poll_cq(mgmt, QueueSel::Recv, &mut buf[..1]).map_err(DriverError::Backend)?;
+                        if n == 0 {
+                            continue;
+                        }
+                        report.events += 1;
+                        let c = buf[0];
+                        if !c.status.is_ok() {
+                            if c.status != WcStatus::WrFlushErr {
+                                self.handle(now, Event::ChainFailed { cn: *cn, kind, step: None, status: c.status })?;
+                            }
+                            continue;
+                        }
+                        let committed = self.serve_request(*cn, kind, c.byte_len)?;
+                        if committed {
+                            report.laps_committed += 1;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Host-engine mode: run one lap for a request that arrived in the CN's request buffer.
+    fn serve_request(&mut self, cn: CnId, kind: ChainKind, len: u32) -> Result<bool, DriverError<B::Error>> {
+        let addr = self.request_buf(cn, kind).ok_or(DriverError::Mn("no scratch"))?;
+        let mut req = [0u8; REQUEST_BUF_LEN as usize];
+        let n = (len as usize).min(req.len());
+        self.backend.read_local(addr, &mut req[..n]).map_err(DriverError::Backend)?;
+        // the buffer is free again once copied: keep one receive posted at all times
+        self.post_request_buffer(cn, kind)?;
+        let env = self.mn.chain_env(cn, kind).ok_or(DriverError::Mn("unknown CN"))?;
+        let layout = build(kind, &env).map_err(DriverError::Chain)?;
+        let r = self.mn.cn(cn).ok_or(DriverError::Mn("unknown CN"))?;
+        let access = r.qps.access.clone();
+        let ctx = LapContext {
+            requester: cn,
+            scratch: self.mn.scratch_of(cn).unwrap_or(0),
+            access_qpns: &access,
+            software_ownership_check: self.mn.config().software_ownership_check,
+            max_polls: 100_000,
+        };
+        // a request longer than the receive buffer was truncated by the device (LocLenErr)
+        let outcome = if len as usize > req.len() {
+            LapOutcome::Failed { step: None, failure: LapFailure::RequestTooLong, device_ops: 0, cpu_steps: 0 }
+        } else {
+            run_lap(&mut self.backend, &layout, &self.regions, &req[..n], &ctx).map_err(DriverError::HostEngine)?
+        };
+        self.stats.laps += 1;
+        let now = self.now;
+        match outcome {
+            LapOutcome::Committed { device_ops, cpu_steps } => {
+                self.stats.cpu_steps += cpu_steps as u64;
+                self.stats.device_ops += device_ops as u64;
+                self.handle(now, Event::LapCommitted { cn, kind })?;
+                Ok(true)
+            }
+            LapOutcome::Failed { step, failure, device_ops, cpu_steps } => {
+                self.stats.cpu_steps += cpu_steps as u64;
+                self.stats.device_ops += device_ops as u64;
+                self.stats.laps_failed += 1;
+                let status = match failure {
+                    LapFailure::Status(s) => s,
+                    LapFailure::NotOwner => WcStatus::MwBindErr,
+                    LapFailure::RequestTooLong => WcStatus::LocLenErr,
+                    LapFailure::MalformedWqe | LapFailure::ForeignQpn(_) => WcStatus::LocQpOpErr,
+                };
+                self.handle(now, Event::ChainFailed { cn, kind, step, status })?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// The MWTable entry of a group (for tests and tools).
+    pub fn entry(&self, g: GroupId) -> Option<crate::mwtable::MwTableEntry> {
+        let addr = self.mn.map().entry_addr(g)?;
+        let mut b = [0u8; crate::mwtable::ENTRY_SIZE];
+        self.backend.read_local(addr, &mut b).ok()?;
+        crate::mwtable::MwTableEntry::read(&b)
+    }
+
+    /// Check every invariant of DESIGN.md §4 principle 4 against the device's view.
+    pub fn check_invariants(&mut self) -> Result<(), crate::invariants::InvariantViolation> {
+        let (mn, mut port) = self.port();
+        crate::invariants::check(mn, &mut port)
+    }
+}
