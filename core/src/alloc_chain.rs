@@ -24,8 +24,11 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
 
     // Reply on the management QP: patched entirely from the request (RECV scatter).
     // It is the only Mgmt step; the Loop ring enables it once the reply image is complete.
-    let l0 = b.push(Ring::Loop, Wqe::wait(env.mgmt_qpn, QueueSel::Recv, 1))?;
-    let _ = l0;
+    b.push(Ring::Loop, Wqe::wait(env.mgmt_qpn, QueueSel::Recv, 1))?;
+    // the token stays in scratch (the MN quotes it in error replies) and is copied into the
+    // reply's immediate
+    let token_copy =
+        b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 4, s + a::REQ_HDR + req::TOKEN as u64, env.meta_rkey))?;
     let faa = b.push(
         Ring::Loop,
         Wqe::masked_fetch_add(s + a::SLOT_ADDR, env.meta_lkey, q.head, env.meta_rkey, 8, q.counter_boundary()),
@@ -96,14 +99,14 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.meta_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey))?;
     b.fence_loop(env)?;
 
-    // RECV scatter: request header → scratch; the rest into WQE fields.
-    b.recv(Loc::Mem(s + a::REQ_HDR), req::TOKEN as u32)?;
-    b.recv(Loc::Field { step: reply, field: WqeField::Imm }, 4)?;
+    // RECV scatter: the header (with the CN's token) → scratch, the rest into WQE fields.
+    b.recv(Loc::Mem(s + a::REQ_HDR), req::REPLY_ADDR as u32)?;
     b.recv(Loc::Field { step: reply, field: WqeField::RemoteAddr }, 8)?;
     b.recv(Loc::Field { step: reply, field: WqeField::Rkey }, 4)?;
     for bind in binds.iter().skip(1) {
         b.recv(Loc::Field { step: *bind, field: WqeField::Qpn }, 4)?;
     }
+    b.set_local(token_copy, Loc::Field { step: reply, field: WqeField::Imm });
 
     b.rearm_tail(env, s + a::JUNK)?;
     let loop_depth = b.layout.ring_depth[Ring::Loop as usize] as u64;

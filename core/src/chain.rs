@@ -651,7 +651,11 @@ mod tests {
     #[test]
     fn patch_outside_field_rejected() {
         let mut c = alloc();
-        let i = c.steps.iter().position(|s| matches!(s.local, Some(Loc::Field { .. }))).unwrap();
+        let i = c
+            .steps
+            .iter()
+            .position(|s| matches!(s.local, Some(Loc::Field { field: WqeField::RemoteAddr, .. })))
+            .unwrap();
         c.steps[i].wqe.length = 6; // 6 bytes into an 8-byte field
         assert!(matches!(c.validate(), Err(ChainError::PatchOutsideField { .. })));
     }

@@ -43,6 +43,19 @@ impl FreeQueueLayout {
     pub const fn index_of(&self, counter: u64) -> u32 {
         ((counter - self.ring) / SLOT_SIZE as u64) as u32
     }
+    /// Occupancy given the counters, when pops of an empty queue may have carried the head up
+    /// to `max_ahead` slots past the tail (each such pop holds a ticket the MN settles).
+    pub const fn live_len(&self, head: u64, tail: u64, max_ahead: u32) -> u32 {
+        let cap = self.capacity as u64;
+        let h = (head.wrapping_sub(self.ring) / 8) % cap;
+        let t = (tail.wrapping_sub(self.ring) / 8) % cap;
+        let ahead = (h + cap - t) % cap;
+        if ahead != 0 && ahead <= max_ahead as u64 {
+            0
+        } else {
+            ((t + cap - h) % cap) as u32
+        }
+    }
     /// Occupancy given the counters (both wrap in place, so the distance is modulo the ring).
     pub const fn len(&self, head: u64, tail: u64) -> u32 {
         let cap = self.capacity as u64;
@@ -73,5 +86,8 @@ mod tests {
         assert!(!q.contains_slot(q.ring + 128));
         assert_eq!(q.len(q.slot_addr(14), q.slot_addr(2)), 4);
         assert_eq!(q.len(q.slot_addr(2), q.slot_addr(2)), 0);
+        // head two past the tail (two tickets): empty, not "capacity − 2"
+        assert_eq!(q.live_len(q.slot_addr(4), q.slot_addr(2), 3), 0);
+        assert_eq!(q.live_len(q.slot_addr(2), q.slot_addr(4), 3), 2);
     }
 }

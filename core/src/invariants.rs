@@ -70,7 +70,7 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
     };
     let head = rd(port, q.head)?;
     let tail = rd(port, q.tail)?;
-    let live = q.len(head, tail);
+    let live = q.live_len(head, tail, map.max_cns);
     let mut at = head;
     let mut live_slots = 0u32;
     while live_slots < live {

@@ -31,3 +31,6 @@ pub mod mn_memory;
 pub mod mwtable;
 pub mod wire;
 pub mod wqe;
+
+#[cfg(test)]
+mod mn_tests;

@@ -683,7 +683,7 @@ impl MemoryNode {
         let q = self.map.queue;
         let head = rd(port, q.head)?;
         let tail = rd(port, q.tail)?;
-        let n = q.len(head, tail);
+        let n = q.live_len(head, tail, self.map.max_cns);
         let mut at = head;
         for _ in 0..n {
             if rd(port, at)? == entry_addr {
@@ -730,7 +730,7 @@ impl MemoryNode {
         }
         if self.empty && self.tickets.is_empty() {
             let q = self.map.queue;
-            let n = q.len(rd(port, q.head)?, rd(port, q.tail)?);
+            let n = q.live_len(rd(port, q.head)?, rd(port, q.tail)?, self.map.max_cns);
             if n > 0 {
                 self.empty = false;
                 self.broadcast(port, Notice::Available { free_groups: n as u64 })?;

@@ -1,0 +1,499 @@
+//! Scripted tests of the MN control plane, the host engine and the driver, on a minimal
+//! test device (just enough of a NIC: windows, bind/invalidate checks, completions). The full
+//! RNIC model with offloaded chains is omw-loopback; these pin the control plane's transitions.
+
+use crate::access::AccessFlags;
+use crate::backend::*;
+use crate::cn::Client;
+use crate::geometry::PoolGeometry;
+use crate::host_engine::HostRegions;
+use crate::ids::{CnId, GroupId, Qpn, Rkey};
+use crate::mn::{CnQps, Event, MemoryNode, MnConfig, MnKeys};
+use crate::mn_driver::MnDriver;
+use crate::mn_memory::{MnMemoryMap, ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF};
+use crate::wire::{ErrorCode, FreeRequest, MnMessage, Notice};
+use crate::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
+use std::collections::{HashMap, VecDeque};
+use std::vec::Vec;
+
+const META: u64 = 64 << 20;
+const POOL: u64 = 1 << 32;
+
+#[derive(Default)]
+struct Qp {
+    state: Option<QpState>,
+    send_cq: VecDeque<Completion>,
+    recv_cq: VecDeque<Completion>,
+    recvs: VecDeque<RecvWqe>,
+}
+
+#[derive(Default)]
+struct TestNic {
+    meta: Vec<u8>,
+    qps: HashMap<u32, Qp>,
+    mws: HashMap<u32, (Rkey, Option<Qpn>)>,
+    next_mw: u32,
+    strict_invalidate: bool,
+    /// What the CNs received: (MN-side QP it came from, bytes, imm)
+    inbox: Vec<(Qpn, Vec<u8>, Option<u32>)>,
+}
+
+#[derive(Debug)]
+struct NicErr(&'static str);
+impl core::fmt::Display for NicErr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl TestNic {
+    fn complete(&mut self, qp: Qpn, w: &Wqe, status: WcStatus) {
+        let q = self.qps.entry(qp.get()).or_default();
+        if !status.is_ok() {
+            q.state = Some(QpState::Err);
+        }
+        q.send_cq.push_back(Completion {
+            wr_id: w.wr_id,
+            status,
+            opcode: WcOpcode::Send(w.opcode),
+            qpn: qp,
+            byte_len: w.length,
+            imm: None,
+            invalidated: None,
+        });
+    }
+    fn meta_slice(&self, addr: u64, len: usize) -> Result<core::ops::Range<usize>, NicErr> {
+        let off = addr.checked_sub(META).ok_or(NicErr("address below metadata"))? as usize;
+        if off + len > self.meta.len() {
+            return Err(NicErr("address beyond metadata"));
+        }
+        Ok(off..off + len)
+    }
+    /// A CN's SEND arriving on MN QP `qp` (lands in its posted receive buffer).
+    fn deliver(&mut self, qp: Qpn, bytes: &[u8]) {
+        let r = self.qps.entry(qp.get()).or_default().recvs.pop_front().expect("no receive posted");
+        let sge = r.sges[0];
+        let n = bytes.len().min(sge.length as usize);
+        let rng = self.meta_slice(sge.addr, n).unwrap();
+        self.meta[rng].copy_from_slice(&bytes[..n]);
+        let status = if bytes.len() > sge.length as usize { WcStatus::LocLenErr } else { WcStatus::Success };
+        self.qps.get_mut(&qp.get()).unwrap().recv_cq.push_back(Completion {
+            wr_id: r.wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            qpn: qp,
+            byte_len: bytes.len() as u32,
+            imm: None,
+            invalidated: None,
+        });
+    }
+}
+
+impl RdmaBackend for TestNic {
+    type Error = NicErr;
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::SECURE_MINIMUM | Capabilities::ATOMICS
+    }
+    fn post_send(&mut self, qp: Qpn, w: &Wqe) -> Result<(), NicErr> {
+        let status = match w.opcode {
+            Opcode::BindMw if w.flags.contains(WqeFlags::UNBIND) => match self.mws.get_mut(&(w.imm >> 8)) {
+                Some((r, b @ Some(_))) if r.0 == w.imm => {
+                    *b = None;
+                    WcStatus::Success
+                }
+                _ => WcStatus::MwBindErr,
+            },
+            Opcode::BindMw => match self.mws.get_mut(&(w.imm >> 8)) {
+                Some((r, b @ None)) if w.length > 0 => {
+                    *r = Rkey(w.imm);
+                    *b = Some(Qpn::new(w.qpn).unwrap());
+                    WcStatus::Success
+                }
+                _ => WcStatus::MwBindErr,
+            },
+            Opcode::LocalInv => {
+                let strict = self.strict_invalidate;
+                match self.mws.get_mut(&(w.imm >> 8)) {
+                    Some((r, b @ Some(_))) if r.0 == w.imm && (!strict || *b == Some(qp)) => {
+                        *b = None;
+                        WcStatus::Success
+                    }
+                    _ => WcStatus::MwBindErr,
+                }
+            }
+            Opcode::WriteWithImm | Opcode::Send => {
+                let rng = self.meta_slice(w.local_addr, w.length as usize)?;
+                let bytes = self.meta[rng].to_vec();
+                let imm = (w.opcode == Opcode::WriteWithImm).then_some(w.imm);
+                self.inbox.push((qp, bytes, imm));
+                WcStatus::Success
+            }
+            _ => return Err(NicErr("unexpected opcode")),
+        };
+        self.complete(qp, w, status);
+        Ok(())
+    }
+    fn post_recv(&mut self, qp: Qpn, w: &RecvWqe) -> Result<(), NicErr> {
+        self.qps.entry(qp.get()).or_default().recvs.push_back(w.clone());
+        Ok(())
+    }
+    fn poll_cq(&mut self, qp: Qpn, q: QueueSel, out: &mut [Completion]) -> Result<usize, NicErr> {
+        let e = self.qps.entry(qp.get()).or_default();
+        let cq = if q == QueueSel::Send { &mut e.send_cq } else { &mut e.recv_cq };
+        let mut n = 0;
+        while n < out.len() {
+            match cq.pop_front() {
+                Some(c) => {
+                    out[n] = c;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(n)
+    }
+    fn enable(&mut self, _: Qpn, _: QueueSel, _: u64) -> Result<(), NicErr> {
+        Err(NicErr("no WAIT/ENABLE"))
+    }
+    fn reset_qp(&mut self, qp: Qpn) -> Result<(), NicErr> {
+        let e = self.qps.entry(qp.get()).or_default();
+        *e = Qp { state: Some(QpState::Rts), ..Default::default() };
+        Ok(())
+    }
+    fn destroy_qp(&mut self, qp: Qpn) -> Result<(), NicErr> {
+        self.qps.entry(qp.get()).or_default().state = Some(QpState::Err);
+        Ok(())
+    }
+    fn qp_state(&self, qp: Qpn) -> Result<QpState, NicErr> {
+        Ok(self.qps.get(&qp.get()).and_then(|q| q.state).unwrap_or(QpState::Rts))
+    }
+    fn reg_mr(&mut self, _: u64, _: u64, _: AccessFlags) -> Result<MrKeys, NicErr> {
+        Err(NicErr("not needed"))
+    }
+    fn alloc_mw(&mut self) -> Result<Rkey, NicErr> {
+        self.next_mw += 1;
+        let r = Rkey::new(self.next_mw, 0).unwrap();
+        self.mws.insert(self.next_mw, (r, None));
+        Ok(r)
+    }
+    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), NicErr> {
+        let rng = self.meta_slice(addr, buf.len())?;
+        buf.copy_from_slice(&self.meta[rng]);
+        Ok(())
+    }
+    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), NicErr> {
+        let rng = self.meta_slice(addr, data.len())?;
+        self.meta[rng].copy_from_slice(data);
+        Ok(())
+    }
+    fn ring_base(&self, _: Qpn, _: QueueSel) -> Result<u64, NicErr> {
+        Err(NicErr("no offload"))
+    }
+    fn ring_keys(&self) -> Result<MrKeys, NicErr> {
+        Err(NicErr("no offload"))
+    }
+    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
+        self.mws.get(&rkey.index()).map(|(r, b)| match b {
+            Some(q) => MwBinding::Bound { rkey: *r, qpn: *q },
+            None => MwBinding::Unbound,
+        })
+    }
+}
+
+struct Rig {
+    d: MnDriver<TestNic>,
+    cns: Vec<(CnId, CnQps, Client<16>)>,
+    now: u64,
+}
+
+fn qpn(v: u32) -> Qpn {
+    Qpn::new(v).unwrap()
+}
+
+impl Rig {
+    fn new(chunks: u32, g: u8, quota: u32) -> Rig {
+        let geo = PoolGeometry::new(POOL, 4096, chunks, g).unwrap();
+        let map = MnMemoryMap::new(geo, 8, META).unwrap();
+        let keys = MnKeys { meta_lkey: 1, meta_rkey: 2, table_rkey: 3, ring_lkey: 4, ring_rkey: 5 };
+        let cfg = MnConfig {
+            geometry: geo,
+            max_cns: 8,
+            quota,
+            mode: ExecutionMode::HostEngine,
+            software_ownership_check: true,
+            queue_depth: 128,
+            window_access: AccessFlags::DATA_WINDOW,
+        };
+        let mut nic = TestNic { meta: std::vec![0; map.meta_len as usize], ..Default::default() };
+        let rkeys: Vec<Rkey> = (0..chunks * g as u32).map(|_| nic.alloc_mw().unwrap()).collect();
+        let regions = HostRegions {
+            meta_base: map.meta_base,
+            meta_len: map.meta_len,
+            meta_lkey: 1,
+            meta_rkey: 2,
+            table_base: map.table_base,
+            table_len: map.table_len(),
+            table_rkey: 3,
+            ring_lkey: 4,
+            ring_rkey: 5,
+        };
+        let mn = MemoryNode::new(cfg, map, keys).unwrap();
+        let mut d = MnDriver::new(nic, mn, regions, qpn(1));
+        d.format(|gid, i| rkeys[(gid.0 * g as u32) as usize + i], |_| 77).unwrap();
+        Rig { d, cns: Vec::new(), now: 0 }
+    }
+    fn connect(&mut self) -> usize {
+        let base = 100 + 10 * self.cns.len() as u32;
+        let g = self.d.mn.config().geometry.group_size();
+        let qps = CnQps {
+            alloc: qpn(base),
+            free: qpn(base + 1),
+            access: (0..g - 1).map(|i| qpn(base + 2 + i as u32)).collect(),
+            alloc_loop: None,
+            free_loop: None,
+        };
+        let cn = self.d.connect(qps.clone()).unwrap();
+        let mut c = Client::new();
+        self.deliver_messages_to(&mut c, &qps);
+        assert_eq!(c.id(), Some(cn));
+        self.cns.push((cn, qps, c));
+        self.cns.len() - 1
+    }
+    fn deliver_messages_to(&mut self, c: &mut Client<16>, qps: &CnQps) -> Vec<crate::cn::ClientEvent> {
+        let mut evs = Vec::new();
+        let inbox = std::mem::take(&mut self.d.backend.inbox);
+        for (qp, bytes, imm) in inbox {
+            if qp == qps.access[0] {
+                evs.push(c.on_message(self.now, &bytes).unwrap());
+            } else {
+                self.d.backend.inbox.push((qp, bytes, imm));
+            }
+        }
+        evs
+    }
+    /// CN i allocates; returns the allocation or the error code the MN answered.
+    fn alloc(&mut self, i: usize) -> Result<crate::cn::Allocation, ErrorCode> {
+        let mut buf = [0u8; 64];
+        let (_, qps, c) = &mut self.cns[i];
+        let (tok, n) = c.alloc_request(self.now, 0xC0DE_0000, 9, &mut buf).unwrap();
+        let alloc_qp = qps.alloc;
+        self.d.backend.deliver(alloc_qp, &buf[..n]);
+        self.d.poll(self.now).unwrap();
+        self.d.check_invariants().unwrap();
+        // reply WRITE_IMM on the Alloc QP, or an error on the notice QP
+        let inbox = std::mem::take(&mut self.d.backend.inbox);
+        let mut result = None;
+        for (qp, bytes, imm) in inbox {
+            let (_, qps, c) = &mut self.cns[i];
+            if qp == qps.alloc && imm == Some(tok) {
+                result = Some(Ok(c.on_alloc_reply(tok, &bytes).unwrap()));
+            } else if qp == qps.access[0] {
+                if let crate::cn::ClientEvent::Failed { token, code } = c.on_message(self.now, &bytes).unwrap() {
+                    if token == tok {
+                        result = Some(Err(code));
+                    }
+                }
+            } else {
+                self.d.backend.inbox.push((qp, bytes, imm));
+            }
+        }
+        result.expect("no answer to an alloc request")
+    }
+    fn free_raw(&mut self, i: usize, entry_addr: u64) -> Option<ErrorCode> {
+        let f = FreeRequest { token: 4242, entry_addr }.encode();
+        let free_qp = self.cns[i].1.free;
+        self.d.backend.deliver(free_qp, &f);
+        self.d.poll(self.now).unwrap();
+        self.d.check_invariants().unwrap();
+        let inbox = std::mem::take(&mut self.d.backend.inbox);
+        let mut code = None;
+        for (qp, bytes, imm) in inbox {
+            if qp == self.cns[i].1.access[0] && matches!(MnMessage::decode(&bytes), Ok(MnMessage::Error(_))) {
+                if let Ok(MnMessage::Error(e)) = MnMessage::decode(&bytes) {
+                    code = Some(e.code);
+                }
+            } else {
+                self.d.backend.inbox.push((qp, bytes, imm));
+            }
+        }
+        code
+    }
+    fn free(&mut self, i: usize, a: &crate::cn::Allocation) -> Option<ErrorCode> {
+        self.cns[i].2.free_request(a.entry_addr).unwrap();
+        self.free_raw(i, a.entry_addr)
+    }
+}
+
+#[test]
+fn alloc_binds_windows_to_the_requesters_qps() {
+    let mut r = Rig::new(4, 3, 8);
+    let a = r.connect();
+    let b = r.connect();
+    let x = r.alloc(a).unwrap();
+    let y = r.alloc(b).unwrap();
+    assert_ne!(x.base, y.base);
+    for (i, rk) in x.rkeys.iter().enumerate() {
+        assert_eq!(r.d.backend.mw_binding(*rk), Some(MwBinding::Bound { rkey: *rk, qpn: r.cns[a].1.access[i] }));
+    }
+    assert_eq!(
+        r.d.backend.mw_binding(x.owner_rkey),
+        Some(MwBinding::Bound { rkey: x.owner_rkey, qpn: r.cns[a].1.free })
+    );
+    assert_eq!(r.d.stats.laps, 2);
+}
+
+#[test]
+fn free_returns_group_with_new_keys() {
+    let mut r = Rig::new(2, 2, 8);
+    let a = r.connect();
+    let x = r.alloc(a).unwrap();
+    assert_eq!(r.free(a, &x), None);
+    assert_eq!(r.d.backend.mw_binding(x.rkeys[0]), Some(MwBinding::Unbound));
+    let g = r.d.mn.map().group_of_entry(x.entry_addr).unwrap();
+    let e = r.d.entry(g).unwrap();
+    assert_eq!(e.rkey(1), x.rkeys[0].next_key(), "key advanced: the old rkey is stale");
+    assert_eq!(e.owner(), 0);
+}
+
+#[test]
+fn empty_then_available() {
+    let mut r = Rig::new(2, 2, 8);
+    let a = r.connect();
+    let b = r.connect();
+    let x = r.alloc(a).unwrap();
+    let _y = r.alloc(b).unwrap();
+    assert_eq!(r.alloc(a), Err(ErrorCode::Empty));
+    assert!(r.d.mn.is_empty_state());
+    // every CN heard "empty"
+    let qps = r.cns[b].1.clone();
+    let mut cb = std::mem::replace(&mut r.cns[b].2, Client::new());
+    let evs = r.deliver_messages_to(&mut cb, &qps);
+    r.cns[b].2 = cb;
+    assert!(evs.contains(&crate::cn::ClientEvent::Empty));
+    // a free refills the queue; the ticket is settled and "available" goes out
+    assert_eq!(r.free(a, &x), None);
+    assert!(!r.d.mn.is_empty_state());
+    assert_eq!(r.d.mn.stats().available_notices, 1);
+    let qps = r.cns[a].1.clone();
+    let mut ca = std::mem::replace(&mut r.cns[a].2, Client::new());
+    let evs = r.deliver_messages_to(&mut ca, &qps);
+    r.cns[a].2 = ca;
+    assert!(evs.iter().any(|e| matches!(e, crate::cn::ClientEvent::Available)));
+    let z = r.alloc(a).unwrap();
+    assert_eq!(z.base, x.base);
+}
+
+#[test]
+fn forged_free_is_refused_and_owner_keeps_chunk() {
+    let mut r = Rig::new(4, 3, 8);
+    let a = r.connect();
+    let b = r.connect();
+    let x = r.alloc(a).unwrap();
+    assert_eq!(r.free_raw(b, x.entry_addr), Some(ErrorCode::NotOwner));
+    assert!(matches!(r.d.backend.mw_binding(x.rkeys[0]), Some(MwBinding::Bound { .. })));
+    assert_eq!(r.d.mn.cn(r.cns[b].0).unwrap().forged_frees, 1);
+    // a forged entry address outside the table faults on the table MR
+    assert_eq!(r.free_raw(b, META + 8), Some(ErrorCode::BadRequest));
+    // A can still free it
+    assert_eq!(r.free(a, &x), None);
+}
+
+#[test]
+fn crash_reclaims_everything() {
+    let mut r = Rig::new(4, 2, 8);
+    let a = r.connect();
+    let _b = r.connect();
+    let x = r.alloc(a).unwrap();
+    let y = r.alloc(a).unwrap();
+    let cn = r.cns[a].0;
+    r.d.handle(1, Event::CnGone { cn }).unwrap();
+    r.d.check_invariants().unwrap();
+    for al in [&x, &y] {
+        assert_eq!(r.d.backend.mw_binding(al.rkeys[0]), Some(MwBinding::Unbound));
+        let g = r.d.mn.map().group_of_entry(al.entry_addr).unwrap();
+        assert_eq!(r.d.entry(g).unwrap().owner(), 0);
+    }
+    assert_eq!(r.d.mn.stats().groups_reclaimed, 2);
+    assert!(r.d.mn.cn(cn).is_none());
+}
+
+#[test]
+fn quota_disconnects_and_revokes() {
+    let mut r = Rig::new(8, 2, 2);
+    let a = r.connect();
+    let b = r.connect();
+    let keep = r.alloc(b).unwrap();
+    let x = r.alloc(a).unwrap();
+    let _y = r.alloc(a).unwrap();
+    // the third allocation puts A over its quota of 2: it loses its management QPs and chunks
+    let mut buf = [0u8; 64];
+    let (_, qps, c) = &mut r.cns[a];
+    let (_, n) = c.alloc_request(0, 0x1000, 1, &mut buf).unwrap();
+    let q = qps.alloc;
+    r.d.backend.deliver(q, &buf[..n]);
+    r.d.poll(0).unwrap();
+    r.d.check_invariants().unwrap();
+    assert_eq!(r.d.mn.stats().quota_disconnects, 1);
+    assert_eq!(r.d.backend.mw_binding(x.rkeys[0]), Some(MwBinding::Unbound));
+    assert_eq!(r.d.backend.qp_state(q).unwrap(), QpState::Err, "management QP disconnected");
+    // B unaffected
+    assert!(matches!(r.d.backend.mw_binding(keep.rkeys[0]), Some(MwBinding::Bound { .. })));
+    assert!(r.alloc(b).is_ok());
+}
+
+#[test]
+fn rnic_reset_revokes_and_rebuilds() {
+    let mut r = Rig::new(4, 2, 8);
+    let a = r.connect();
+    let x = r.alloc(a).unwrap();
+    // the device lost every binding
+    for v in r.d.backend.mws.values_mut() {
+        v.1 = None;
+    }
+    r.d.handle(5, Event::RnicReset).unwrap();
+    r.d.check_invariants().unwrap();
+    let g = r.d.mn.map().group_of_entry(x.entry_addr).unwrap();
+    assert_eq!(r.d.entry(g).unwrap().rkey(1), x.rkeys[0].next_key());
+    let qps = r.cns[a].1.clone();
+    let mut ca = std::mem::replace(&mut r.cns[a].2, Client::new());
+    let evs = r.deliver_messages_to(&mut ca, &qps);
+    assert!(evs.contains(&crate::cn::ClientEvent::Revoked));
+    assert!(ca.live().is_empty());
+    r.cns[a].2 = ca;
+    assert!(r.alloc(a).is_ok());
+}
+
+#[test]
+fn bad_requests_are_typed_errors() {
+    let mut r = Rig::new(4, 3, 8);
+    let a = r.connect();
+    let b = r.connect();
+    // too long for the receive buffer
+    let q = r.cns[a].1.alloc;
+    r.d.backend.deliver(q, &[0u8; 80]);
+    r.d.poll(0).unwrap();
+    r.d.check_invariants().unwrap();
+    // asking for windows on someone else's QPs: refused, nothing leaks
+    let mut buf = [0u8; 64];
+    let other = r.cns[b].1.access.clone();
+    let (tok, n) = r.cns[a].2.alloc_request(0, 0x1000, 1, &mut buf).unwrap();
+    let mut req = crate::wire::AllocRequest::decode(&buf[..n], 2).unwrap();
+    req.access_qpns = other;
+    let n = req.encode(&mut buf).unwrap();
+    r.d.backend.deliver(q, &buf[..n]);
+    r.d.poll(0).unwrap();
+    r.d.check_invariants().unwrap();
+    let errs: Vec<_> =
+        r.d.backend
+            .inbox
+            .iter()
+            .filter_map(|(_, b, _)| match MnMessage::decode(b) {
+                Ok(MnMessage::Error(e)) => Some((e.token, e.code)),
+                _ => None,
+            })
+            .collect();
+    assert!(errs.contains(&(tok, ErrorCode::AllocFailed)), "{errs:?}");
+    assert!(errs.iter().any(|(_, c)| *c == ErrorCode::BadRequest));
+    assert_eq!(r.d.mn.stats().groups_reclaimed, 1, "the popped group went back");
+    let _ = (ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF, Notice::Empty, GroupId(0));
+}
