@@ -366,7 +366,7 @@ fn empty_then_available() {
     assert!(r.d.mn.is_empty_state());
     // every CN heard "empty"
     let qps = r.cns[b].1.clone();
-    let mut cb = std::mem::replace(&mut r.cns[b].2, Client::new());
+    let mut cb = std::mem::take(&mut r.cns[b].2);
     let evs = r.deliver_messages_to(&mut cb, &qps);
     r.cns[b].2 = cb;
     assert!(evs.contains(&crate::cn::ClientEvent::Empty));
@@ -375,7 +375,7 @@ fn empty_then_available() {
     assert!(!r.d.mn.is_empty_state());
     assert_eq!(r.d.mn.stats().available_notices, 1);
     let qps = r.cns[a].1.clone();
-    let mut ca = std::mem::replace(&mut r.cns[a].2, Client::new());
+    let mut ca = std::mem::take(&mut r.cns[a].2);
     let evs = r.deliver_messages_to(&mut ca, &qps);
     r.cns[a].2 = ca;
     assert!(evs.iter().any(|e| matches!(e, crate::cn::ClientEvent::Available)));
@@ -455,7 +455,7 @@ fn rnic_reset_revokes_and_rebuilds() {
     let g = r.d.mn.map().group_of_entry(x.entry_addr).unwrap();
     assert_eq!(r.d.entry(g).unwrap().rkey(1), x.rkeys[0].next_key());
     let qps = r.cns[a].1.clone();
-    let mut ca = std::mem::replace(&mut r.cns[a].2, Client::new());
+    let mut ca = std::mem::take(&mut r.cns[a].2);
     let evs = r.deliver_messages_to(&mut ca, &qps);
     assert!(evs.contains(&crate::cn::ClientEvent::Revoked));
     assert!(ca.live().is_empty());
