@@ -1,0 +1,831 @@
+//! Reference model of the omw extension block (docs/FPGA.md): the responder-side key table
+//! and the chain sequencer. It executes the core's canonical WQEs ([`omw_core::wqe`]) from
+//! rings in the node's memory, with the semantics the core defines; nothing here knows what
+//! a chain is for.
+
+use super::World;
+use crate::encoding::{MAX_LEN_FIELD, MAX_VADDR};
+use crate::ext as map;
+use crate::ext::{qp as q, Cqe};
+use omw_core::access::AccessFlags;
+use omw_core::backend::WcStatus;
+use omw_core::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
+use std::collections::{BTreeMap, VecDeque};
+
+/// A bound window: where, for whom, with which rights.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct Binding {
+    pub qpn: u32,
+    pub addr: u64,
+    pub len: u32,
+    pub access: AccessFlags,
+}
+
+/// A memory window's state, for assertions.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct MwInfo {
+    pub rkey: u32,
+    pub bound: Option<Binding>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Key {
+    Mr { addr: u64, len: u64, access: AccessFlags, key: u32 },
+    Mw { rkey: u32, bound: Option<Binding> },
+}
+
+/// First MR index and first MW index (they share the 24-bit index space of the rkey).
+const FIRST_MR: u32 = 1;
+const FIRST_MW: u32 = 0x1000;
+const MAX_KEYS: u32 = 0xFFFF;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum State {
+    Reset,
+    Init,
+    Rts,
+    Err,
+}
+
+impl State {
+    fn code(self) -> u64 {
+        match self {
+            State::Reset => 0,
+            State::Init => 1,
+            State::Rts => 3,
+            State::Err => 6,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Queue {
+    pi: u64,
+    limit: u64,
+    ci: u64,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct ExtQp {
+    cfg: [u64; 8],
+    state: State,
+    inited: bool,
+    sq: Queue,
+    rq: Queue,
+    scq: u64,
+    rcq: u64,
+    prefetch: VecDeque<[u8; WQE_SIZE]>,
+}
+
+impl ExtQp {
+    fn new() -> Self {
+        ExtQp {
+            cfg: [0; 8],
+            state: State::Reset,
+            inited: false,
+            sq: Queue::default(),
+            rq: Queue::default(),
+            scq: 0,
+            rcq: 0,
+            prefetch: VecDeque::new(),
+        }
+    }
+    /// Entries of a ring: `1 << log`, or 0 when its base register is 0 (no ring).
+    fn depth(&self, log_reg: usize) -> u64 {
+        let base = match log_reg {
+            q::SQ_LOG_DEPTH => self.cfg[q::SQ_BASE],
+            q::RQ_LOG_DEPTH => self.cfg[q::RQ_BASE],
+            _ => 1, // completion rings: each base is checked where it is used
+        };
+        match self.cfg[log_reg] {
+            _ if base == 0 => 0,
+            l if l < 24 => 1 << l,
+            _ => 0,
+        }
+    }
+    fn managed(&self) -> bool {
+        self.cfg[q::FLAGS] & map::QP_FLAG_MANAGED != 0
+    }
+    fn sq_limit(&self) -> u64 {
+        if self.managed() {
+            self.sq.limit
+        } else {
+            self.sq.pi
+        }
+    }
+    fn rq_limit(&self) -> u64 {
+        if self.managed() {
+            self.rq.limit
+        } else {
+            self.rq.pi
+        }
+    }
+}
+
+pub(crate) struct ExtBlock {
+    keys: BTreeMap<u32, Key>,
+    next_mr: u32,
+    next_mw: u32,
+    key_addr: u64,
+    key_len: u64,
+    key_access: u64,
+    key_arg: u64,
+    key_result: u64,
+    mw_regs: [u64; 3],
+    events: u64,
+    last_event: u64,
+    qps: Vec<ExtQp>,
+}
+
+fn in_range(addr: u64, len: u64, base: u64, blen: u64) -> bool {
+    addr >= base && len <= blen && addr - base <= blen - len
+}
+
+impl ExtBlock {
+    pub fn new() -> Self {
+        ExtBlock {
+            keys: BTreeMap::new(),
+            next_mr: FIRST_MR,
+            next_mw: FIRST_MW,
+            key_addr: 0,
+            key_len: 0,
+            key_access: 0,
+            key_arg: 0,
+            key_result: 0,
+            mw_regs: [0; 3],
+            events: 0,
+            last_event: 0,
+            qps: vec![ExtQp::new(); 64],
+        }
+    }
+
+    pub fn caps_word() -> u64 {
+        use map::caps::*;
+        (KEY_TABLE
+            | SEQUENCER
+            | ATOMICS
+            | MASKED_FETCH_ADD
+            | SEND_WITH_INV
+            | BIND_TO_OTHER_QP
+            | INV_QP_CHECK
+            | MW_BOUNDS)
+            | ((MAX_KEYS - FIRST_MW) as u64) << 32
+            | 20u64 << 48
+    }
+
+    /// Responder check of an incoming READ / WRITE / atomic arriving on QP `resp_qpn`.
+    pub fn remote_ok(&self, rkey: u32, addr: u64, len: u64, need: AccessFlags, resp_qpn: u32) -> bool {
+        match self.keys.get(&(rkey >> 8)) {
+            Some(Key::Mr { addr: a, len: l, access, key }) => {
+                *key == rkey && in_range(addr, len, *a, *l) && access.contains(need)
+            }
+            Some(Key::Mw { rkey: k, bound: Some(b) }) => {
+                *k == rkey && b.qpn == resp_qpn && in_range(addr, len, b.addr, b.len as u64) && b.access.contains(need)
+            }
+            _ => false,
+        }
+    }
+
+    /// Requester-side check of a local SGE.
+    fn local_ok(&self, lkey: u32, addr: u64, len: u64, write: bool) -> bool {
+        if len == 0 {
+            return true;
+        }
+        match self.keys.get(&(lkey >> 8)) {
+            Some(Key::Mr { addr: a, len: l, access, key }) => {
+                *key == lkey && in_range(addr, len, *a, *l) && (!write || access.contains(AccessFlags::LOCAL_WRITE))
+            }
+            _ => false,
+        }
+    }
+
+    pub fn has_rq(&self, c: u8) -> bool {
+        let x = &self.qps[c as usize];
+        x.inited && x.depth(q::RQ_LOG_DEPTH) > 0
+    }
+
+    pub fn mw_info(&self, rkey: u32) -> Option<MwInfo> {
+        match self.keys.get(&(rkey >> 8)) {
+            Some(Key::Mw { rkey, bound }) => Some(MwInfo { rkey: *rkey, bound: *bound }),
+            _ => None,
+        }
+    }
+
+    pub fn event(&mut self, qpn: u32, status: WcStatus, wr_id: u64) {
+        self.events += 1;
+        self.last_event = (qpn as u64 & 0xFF_FFFF) | (status as u64) << 24 | (wr_id & 0xFFFF_FFFF) << 32;
+    }
+
+    pub fn connected(&mut self, c: u8) {
+        let x = &mut self.qps[c as usize];
+        if x.state == State::Init {
+            x.state = State::Rts;
+        }
+    }
+
+    pub fn read(&self, _node: &super::Node, reg: usize) -> u64 {
+        match reg {
+            map::ID => map::id_word(),
+            map::CAPS => Self::caps_word(),
+            map::KEY_ADDR => self.key_addr,
+            map::KEY_LEN => self.key_len,
+            map::KEY_ACCESS => self.key_access,
+            map::KEY_ARG => self.key_arg,
+            map::KEY_RESULT => self.key_result,
+            map::MW_STATE => self.mw_regs[0],
+            map::MW_BASE => self.mw_regs[1],
+            map::MW_LEN_ACCESS => self.mw_regs[2],
+            map::EVENT_COUNT => self.events,
+            map::LAST_EVENT => self.last_event,
+            r if (map::QP_BASE..map::BLOCK_WORDS).contains(&r) => {
+                let x = &self.qps[(r - map::QP_BASE) / map::QP_STRIDE];
+                match (r - map::QP_BASE) % map::QP_STRIDE {
+                    i if i <= q::FLAGS => x.cfg[i],
+                    q::STATE => x.state.code(),
+                    q::SQ_PI => x.sq.pi,
+                    q::SQ_ENABLE => x.sq_limit(),
+                    q::SQ_CI => x.sq.ci,
+                    q::SCQ_COUNT => x.scq,
+                    q::RQ_PI => x.rq.pi,
+                    q::RQ_ENABLE => x.rq_limit(),
+                    q::RQ_CI => x.rq.ci,
+                    q::RCQ_COUNT => x.rcq,
+                    _ => 0,
+                }
+            }
+            _ => 0,
+        }
+    }
+
+    fn key_cmd(&mut self, cmd: u64, mem_base: u64, mem_len: u64) {
+        let err = |code: u64| map::KEY_RESULT_ERROR | code << 32;
+        self.key_result = match cmd {
+            map::key_cmd::REG_MR => {
+                let access = AccessFlags::from_bits(self.key_access as u32);
+                if !in_range(self.key_addr, self.key_len, mem_base, mem_len) || self.key_len == 0 {
+                    err(map::key_err::BAD_RANGE)
+                } else if access.is_none() || self.key_access > u32::MAX as u64 {
+                    err(map::key_err::BAD_ACCESS)
+                } else if self.next_mr >= FIRST_MW {
+                    err(map::key_err::TABLE_FULL)
+                } else {
+                    let key = self.next_mr << 8;
+                    self.keys.insert(
+                        self.next_mr,
+                        Key::Mr { addr: self.key_addr, len: self.key_len, access: access.unwrap_or_default(), key },
+                    );
+                    self.next_mr += 1;
+                    key as u64
+                }
+            }
+            map::key_cmd::ALLOC_MW => {
+                if self.next_mw >= MAX_KEYS {
+                    err(map::key_err::TABLE_FULL)
+                } else {
+                    let rkey = self.next_mw << 8;
+                    self.keys.insert(self.next_mw, Key::Mw { rkey, bound: None });
+                    self.next_mw += 1;
+                    rkey as u64
+                }
+            }
+            map::key_cmd::QUERY_MW => match self.mw_info(self.key_arg as u32) {
+                Some(m) => {
+                    let b = m.bound;
+                    self.mw_regs = [
+                        m.rkey as u64
+                            | (b.is_some() as u64) << 32
+                            | 1 << 33
+                            | b.map(|b| (b.qpn as u64) << 40).unwrap_or(0),
+                        b.map(|b| b.addr).unwrap_or(0),
+                        b.map(|b| b.len as u64 | (b.access.bits() as u64) << 32).unwrap_or(0),
+                    ];
+                    m.rkey as u64
+                }
+                None => err(map::key_err::NO_SUCH_KEY),
+            },
+            _ => err(map::key_err::UNKNOWN_CMD),
+        };
+    }
+}
+
+fn xb(w: &mut World, n: usize) -> &mut ExtBlock {
+    w.nodes[n].ext.as_mut().expect("extension block present")
+}
+fn xq(w: &mut World, n: usize, c: u8) -> &mut ExtQp {
+    &mut xb(w, n).qps[c as usize]
+}
+
+pub(crate) fn write(w: &mut World, n: usize, reg: usize, value: u64) {
+    match reg {
+        map::KEY_ADDR => xb(w, n).key_addr = value,
+        map::KEY_LEN => xb(w, n).key_len = value,
+        map::KEY_ACCESS => xb(w, n).key_access = value,
+        map::KEY_ARG => xb(w, n).key_arg = value,
+        map::KEY_CMD => {
+            let (base, len) = (w.nodes[n].cfg.mem_base, w.nodes[n].cfg.mem_len as u64);
+            xb(w, n).key_cmd(value, base, len);
+        }
+        map::CMD_RKEY => w.nodes[n].stock.cmd_rkey = Some(value as u32),
+        r if (map::QP_BASE..map::BLOCK_WORDS).contains(&r) => {
+            let c = ((r - map::QP_BASE) / map::QP_STRIDE) as u8;
+            let i = (r - map::QP_BASE) % map::QP_STRIDE;
+            let connected = w.nodes[n].stock.qps[c as usize].conn.is_some();
+            match i {
+                i if i <= q::FLAGS => xq(w, n, c).cfg[i] = value,
+                q::CMD if value == map::qp_cmd::INIT => {
+                    let x = xq(w, n, c);
+                    x.inited = true;
+                    if x.state == State::Reset {
+                        x.state = if connected { State::Rts } else { State::Init };
+                    }
+                }
+                q::CMD if value == map::qp_cmd::RESET => {
+                    reset(w, n, c);
+                    if let Some((pn, pc)) = w.peer(n, c) {
+                        if pn == n {
+                            reset(w, n, pc);
+                        }
+                    }
+                }
+                q::CMD if value == map::qp_cmd::DESTROY => {
+                    *xq(w, n, c) = ExtQp::new();
+                    w.nodes[n].stock.qps[c as usize].conn = None;
+                }
+                q::SQ_PI => xq(w, n, c).sq.pi = value,
+                q::SQ_ENABLE => {
+                    let x = xq(w, n, c);
+                    x.sq.limit = x.sq.limit.wrapping_add(value);
+                }
+                q::RQ_PI => xq(w, n, c).rq.pi = value,
+                q::RQ_ENABLE => {
+                    let x = xq(w, n, c);
+                    x.rq.limit = x.rq.limit.wrapping_add(value);
+                }
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+}
+
+fn reset(w: &mut World, n: usize, c: u8) {
+    let connected = w.nodes[n].stock.qps[c as usize].conn.is_some();
+    let x = xq(w, n, c);
+    if !x.inited {
+        return;
+    }
+    x.state = if connected { State::Rts } else { State::Init };
+    x.sq = Queue::default();
+    x.rq = Queue::default();
+    x.scq = 0;
+    x.rcq = 0;
+    x.prefetch.clear();
+}
+
+fn push_cqe(w: &mut World, n: usize, c: u8, recv: bool, mut cqe: Cqe) {
+    cqe.qpn = w.nodes[n].qpn(c);
+    let x = xq(w, n, c);
+    let depth = x.depth(q::CQ_LOG_DEPTH);
+    let (base, count) = if recv { (x.cfg[q::RCQ_BASE], &mut x.rcq) } else { (x.cfg[q::SCQ_BASE], &mut x.scq) };
+    let slot = *count;
+    *count += 1;
+    if depth > 0 && base != 0 {
+        let addr = base + (slot % depth) * map::CQE_SIZE as u64;
+        let _ = w.nodes[n].write(addr, &cqe.encode());
+    }
+}
+
+fn wr_id_of(bytes: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&bytes[8..16]);
+    u64::from_le_bytes(a)
+}
+
+/// Move a QP to the error state and flush what it had been given.
+fn to_error(w: &mut World, n: usize, c: u8, status: WcStatus, wr_id: u64) {
+    let qpn = w.nodes[n].qpn(c);
+    if xq(w, n, c).state == State::Err {
+        return;
+    }
+    xb(w, n).event(qpn, status, wr_id);
+    let x = xq(w, n, c);
+    x.state = State::Err;
+    x.prefetch.clear();
+    let (sq_depth, rq_depth) = (x.depth(q::SQ_LOG_DEPTH), x.depth(q::RQ_LOG_DEPTH));
+    let (sq_base, rq_base) = (x.cfg[q::SQ_BASE], x.cfg[q::RQ_BASE]);
+    let (sq_from, sq_to) = (x.sq.ci, x.sq_limit().min(x.sq.ci + sq_depth));
+    let (rq_from, rq_to) = (x.rq.ci, x.rq_limit().min(x.rq.ci + rq_depth));
+    x.sq.ci = sq_to;
+    x.rq.ci = rq_to;
+    for i in sq_from..sq_to {
+        let wr = w.nodes[n].read(sq_base + (i % sq_depth) * WQE_SIZE as u64, 16).map(|b| wr_id_of(&b)).unwrap_or(0);
+        let op = w.nodes[n].read(sq_base + (i % sq_depth) * WQE_SIZE as u64, 1).map(|b| b[0]).unwrap_or(0);
+        push_cqe(w, n, c, false, Cqe { wr_id: wr, status: WcStatus::WrFlushErr as u8, opcode: op, ..Cqe::default() });
+    }
+    for i in rq_from..rq_to {
+        let wr =
+            w.nodes[n].read(rq_base + (i % rq_depth) * RECV_WQE_SIZE as u64, 16).map(|b| wr_id_of(&b)).unwrap_or(0);
+        push_cqe(
+            w,
+            n,
+            c,
+            true,
+            Cqe { wr_id: wr, status: WcStatus::WrFlushErr as u8, opcode: map::CQE_OP_RECV, ..Cqe::default() },
+        );
+    }
+}
+
+enum Out {
+    Done(u32),
+    Blocked,
+    Fail(WcStatus, Option<(usize, u8)>),
+}
+
+fn refill(w: &mut World, n: usize, c: u8) {
+    let pd = w.prefetch;
+    loop {
+        let x = xq(w, n, c);
+        let depth = x.depth(q::SQ_LOG_DEPTH);
+        if x.prefetch.len() >= pd || x.prefetch.back().is_some_and(|b| b[0] == Opcode::Wait as u8) {
+            return;
+        }
+        let idx = x.sq.ci + x.prefetch.len() as u64;
+        if idx >= x.sq_limit() || depth == 0 {
+            return;
+        }
+        let addr = x.cfg[q::SQ_BASE] + (idx % depth) * WQE_SIZE as u64;
+        let mut img = [0xFFu8; WQE_SIZE]; // unreadable ring memory decodes as garbage
+        if let Some(b) = w.nodes[n].read(addr, WQE_SIZE as u64) {
+            img.copy_from_slice(&b);
+        }
+        xq(w, n, c).prefetch.push_back(img);
+    }
+}
+
+/// Execute the next WQE of QP `c`'s send ring; false if it could not make progress.
+pub(crate) fn step(w: &mut World, n: usize, c: u8) -> bool {
+    {
+        let x = xq(w, n, c);
+        if x.state != State::Rts || !x.inited || x.depth(q::SQ_LOG_DEPTH) == 0 {
+            return false;
+        }
+    }
+    refill(w, n, c);
+    let Some(img) = xq(w, n, c).prefetch.front().copied() else {
+        return false;
+    };
+    let wqe = match Wqe::decode(&img) {
+        Ok(wqe) => wqe,
+        Err(_) => {
+            let x = xq(w, n, c);
+            x.prefetch.pop_front();
+            x.sq.ci += 1;
+            let wr = wr_id_of(&img);
+            push_cqe(
+                w,
+                n,
+                c,
+                false,
+                Cqe { wr_id: wr, status: WcStatus::LocQpOpErr as u8, opcode: img[0], ..Cqe::default() },
+            );
+            to_error(w, n, c, WcStatus::LocQpOpErr, wr);
+            return true;
+        }
+    };
+    let out = exec(w, n, c, &wqe);
+    match out {
+        Out::Blocked => false,
+        Out::Done(byte_len) => {
+            let x = xq(w, n, c);
+            x.prefetch.pop_front();
+            x.sq.ci += 1;
+            w.nodes[n].stats.wqes_executed += 1;
+            if wqe.flags.contains(WqeFlags::SIGNALED) {
+                push_cqe(
+                    w,
+                    n,
+                    c,
+                    false,
+                    Cqe { wr_id: wqe.wr_id, status: 0, opcode: wqe.opcode as u8, byte_len, ..Cqe::default() },
+                );
+            }
+            true
+        }
+        Out::Fail(status, peer) => {
+            let x = xq(w, n, c);
+            x.prefetch.pop_front();
+            x.sq.ci += 1;
+            w.nodes[n].stats.wqes_executed += 1;
+            push_cqe(
+                w,
+                n,
+                c,
+                false,
+                Cqe { wr_id: wqe.wr_id, status: status as u8, opcode: wqe.opcode as u8, ..Cqe::default() },
+            );
+            to_error(w, n, c, status, wqe.wr_id);
+            if let Some((pn, pc)) = peer {
+                if w.nodes[pn].ext.is_some() {
+                    to_error(w, pn, pc, status, 0);
+                }
+            }
+            true
+        }
+    }
+}
+
+fn exec(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
+    use Opcode::*;
+    let my_qpn = w.nodes[n].qpn(c);
+    match wqe.opcode {
+        Nop => Out::Done(0),
+        Wait | Enable => {
+            let Some(tc) = w.nodes[n].ctid_of(wqe.qpn) else {
+                return Out::Fail(WcStatus::LocQpOpErr, None);
+            };
+            let t = xq(w, n, tc);
+            let recv = wqe.queue_sel() == QueueSel::Recv;
+            if wqe.opcode == Wait {
+                let count = if recv { t.rcq } else { t.scq };
+                if count >= wqe.operand0 {
+                    Out::Done(0)
+                } else {
+                    Out::Blocked
+                }
+            } else {
+                let qu = if recv { &mut t.rq } else { &mut t.sq };
+                qu.limit = qu.limit.wrapping_add(wqe.operand0);
+                Out::Done(0)
+            }
+        }
+        BindMw => bind(w, n, wqe),
+        LocalInv => {
+            let e = xb(w, n);
+            match e.keys.get_mut(&(wqe.imm >> 8)) {
+                Some(Key::Mw { rkey, bound }) if *rkey == wqe.imm && bound.is_some_and(|b| b.qpn == my_qpn) => {
+                    *bound = None;
+                    Out::Done(0)
+                }
+                _ => Out::Fail(WcStatus::MwBindErr, None),
+            }
+        }
+        _ => remote_op(w, n, c, wqe),
+    }
+}
+
+fn bind(w: &mut World, n: usize, wqe: &Wqe) -> Out {
+    let target_ok = w.nodes[n].ctid_of(wqe.qpn).is_some();
+    let e = xb(w, n);
+    if wqe.flags.contains(WqeFlags::UNBIND) {
+        return match e.keys.get_mut(&(wqe.imm >> 8)) {
+            Some(Key::Mw { rkey, bound }) if *rkey == wqe.imm && bound.is_some() => {
+                *bound = None;
+                Out::Done(0)
+            }
+            _ => Out::Fail(WcStatus::MwBindErr, None),
+        };
+    }
+    let mr_ok = matches!(
+        e.keys.get(&(wqe.lkey >> 8)),
+        Some(Key::Mr { addr, len, access, key })
+            if *key == wqe.lkey && access.contains(AccessFlags::MW_BIND)
+                && in_range(wqe.local_addr, wqe.length as u64, *addr, *len)
+    );
+    match e.keys.get_mut(&(wqe.imm >> 8)) {
+        Some(Key::Mw { rkey, bound }) if bound.is_none() && mr_ok && target_ok && wqe.length > 0 => {
+            *rkey = wqe.imm;
+            *bound = Some(Binding { qpn: wqe.qpn, addr: wqe.local_addr, len: wqe.length, access: wqe.access() });
+            Out::Done(0)
+        }
+        _ => Out::Fail(WcStatus::MwBindErr, None),
+    }
+}
+
+fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
+    use Opcode::*;
+    let len = wqe.length as u64;
+    if len > MAX_LEN_FIELD {
+        return Out::Fail(WcStatus::LocLenErr, None);
+    }
+    if wqe.local_addr > MAX_VADDR || (wqe.opcode.is_remote() && wqe.remote_addr > MAX_VADDR) {
+        return Out::Fail(WcStatus::LocProtErr, None);
+    }
+    let Some((rn, rc)) = w.peer(n, c) else {
+        return Out::Fail(WcStatus::LocQpOpErr, None);
+    };
+    let peer = Some((rn, rc));
+    let resp_qpn = w.nodes[rn].qpn(rc);
+    if let Some(e) = w.nodes[rn].ext.as_ref() {
+        if e.qps[rc as usize].state != State::Rts {
+            // the responder does not answer: the requester's retries run out
+            return Out::Fail(WcStatus::RetryExcErr, None);
+        }
+    }
+    let local_ok = |w: &World, write: bool, l: u64| {
+        w.nodes[n].ext.as_ref().is_some_and(|e| e.local_ok(wqe.lkey, wqe.local_addr, l, write))
+    };
+    let remote_ok = |w: &World, need: AccessFlags, l: u64| match w.nodes[rn].ext.as_ref() {
+        Some(e) => e.remote_ok(wqe.rkey, wqe.remote_addr, l, need, resp_qpn),
+        None => true, // the stock responder checks nothing
+    };
+    match wqe.opcode {
+        Read => {
+            if !local_ok(w, true, len) {
+                return Out::Fail(WcStatus::LocProtErr, None);
+            }
+            if !remote_ok(w, AccessFlags::REMOTE_READ, len) {
+                return Out::Fail(WcStatus::RemAccessErr, peer);
+            }
+            let Some(data) = w.nodes[rn].read(wqe.remote_addr, len) else {
+                return Out::Fail(WcStatus::RemAccessErr, peer);
+            };
+            if !w.nodes[n].write(wqe.local_addr, &data) {
+                return Out::Fail(WcStatus::LocProtErr, None);
+            }
+            Out::Done(wqe.length)
+        }
+        Write | WriteWithImm => {
+            if !local_ok(w, false, len) {
+                return Out::Fail(WcStatus::LocProtErr, None);
+            }
+            if !remote_ok(w, AccessFlags::REMOTE_WRITE, len) {
+                return Out::Fail(WcStatus::RemAccessErr, peer);
+            }
+            let Some(data) = w.nodes[n].read(wqe.local_addr, len) else {
+                return Out::Fail(WcStatus::LocProtErr, None);
+            };
+            if wqe.opcode == WriteWithImm {
+                let Some(e) = w.nodes[rn].ext.as_ref() else {
+                    return Out::Fail(WcStatus::RemInvReqErr, None);
+                };
+                if !e.has_rq(rc) {
+                    return Out::Fail(WcStatus::RemInvReqErr, peer);
+                }
+                let x = &e.qps[rc as usize];
+                if x.rq.ci >= x.rq_limit() {
+                    return Out::Blocked; // RNR: retried
+                }
+            }
+            if !w.nodes[rn].write(wqe.remote_addr, &data) {
+                return Out::Fail(WcStatus::RemAccessErr, peer);
+            }
+            if wqe.opcode == WriteWithImm {
+                let x = xq(w, rn, rc);
+                let (base, depth, idx) = (x.cfg[q::RQ_BASE], x.depth(q::RQ_LOG_DEPTH), x.rq.ci);
+                x.rq.ci += 1;
+                let wr = w.nodes[rn].read(base + (idx % depth) * RECV_WQE_SIZE as u64, 16).map(|b| wr_id_of(&b));
+                push_cqe(
+                    w,
+                    rn,
+                    rc,
+                    true,
+                    Cqe {
+                        wr_id: wr.unwrap_or(0),
+                        status: 0,
+                        opcode: map::CQE_OP_RECV_RDMA_WITH_IMM,
+                        flags: map::CQE_FLAG_IMM,
+                        byte_len: wqe.length,
+                        imm: wqe.imm,
+                        ..Cqe::default()
+                    },
+                );
+            }
+            Out::Done(wqe.length)
+        }
+        Send | SendWithImm | SendWithInv => {
+            if !local_ok(w, false, len) {
+                return Out::Fail(WcStatus::LocProtErr, None);
+            }
+            let Some(data) = w.nodes[n].read(wqe.local_addr, len) else {
+                return Out::Fail(WcStatus::LocProtErr, None);
+            };
+            let imm = (wqe.opcode == SendWithImm).then_some(wqe.imm);
+            let inv = (wqe.opcode == SendWithInv).then_some(wqe.imm);
+            match deliver_send(w, rn, rc, &data, imm, inv) {
+                Ok(true) => Out::Done(wqe.length),
+                Ok(false) => Out::Blocked,
+                Err(s) => Out::Fail(s, peer),
+            }
+        }
+        FetchAdd | MaskedFetchAdd | CompareSwap => {
+            if w.nodes[rn].ext.is_none() {
+                return Out::Fail(WcStatus::RemInvReqErr, peer); // the stock engine has no atomics
+            }
+            if !local_ok(w, true, 8) {
+                return Out::Fail(WcStatus::LocProtErr, None);
+            }
+            if !remote_ok(w, AccessFlags::REMOTE_ATOMIC, 8) {
+                return Out::Fail(WcStatus::RemAccessErr, peer);
+            }
+            let Some(old) = w.nodes[rn].read_u64(wqe.remote_addr) else {
+                return Out::Fail(WcStatus::RemAccessErr, peer);
+            };
+            let new = match wqe.opcode {
+                FetchAdd => old.wrapping_add(wqe.operand0),
+                MaskedFetchAdd => masked_add(old, wqe.operand0, wqe.operand1),
+                _ => {
+                    if old == wqe.operand0 {
+                        wqe.operand1
+                    } else {
+                        old
+                    }
+                }
+            };
+            let _ = w.nodes[rn].write(wqe.remote_addr, &new.to_le_bytes());
+            if !w.nodes[n].write(wqe.local_addr, &old.to_le_bytes()) {
+                return Out::Fail(WcStatus::LocProtErr, None);
+            }
+            Out::Done(8)
+        }
+        _ => Out::Fail(WcStatus::LocQpOpErr, None),
+    }
+}
+
+/// Deliver a SEND's payload into the responder's receive ring: `Ok(false)` when no receive
+/// entry is enabled (RNR, the requester retries), `Err(status)` for the requester when the
+/// responder refuses (the responder QP then enters the error state).
+pub(crate) fn deliver_send(
+    w: &mut World,
+    rn: usize,
+    rc: u8,
+    data: &[u8],
+    imm: Option<u32>,
+    inv: Option<u32>,
+) -> Result<bool, WcStatus> {
+    let resp_qpn = w.nodes[rn].qpn(rc);
+    let Some(e) = w.nodes[rn].ext.as_ref() else {
+        return Err(WcStatus::RemInvReqErr);
+    };
+    if !e.has_rq(rc) {
+        return Err(WcStatus::RemInvReqErr);
+    }
+    let x = &e.qps[rc as usize];
+    if x.state != State::Rts {
+        return Err(WcStatus::RetryExcErr);
+    }
+    if x.rq.ci >= x.rq_limit() {
+        return Ok(false);
+    }
+    let (base, depth, idx) = (x.cfg[q::RQ_BASE], x.depth(q::RQ_LOG_DEPTH), x.rq.ci);
+    let slot = base + (idx % depth) * RECV_WQE_SIZE as u64;
+    let recv = w.nodes[rn].read(slot, RECV_WQE_SIZE as u64).and_then(|b| RecvWqe::decode(&b).ok());
+    let fail = |w: &mut World, wr_id: u64, st: WcStatus, req: WcStatus| {
+        xq(w, rn, rc).rq.ci += 1;
+        push_cqe(w, rn, rc, true, Cqe { wr_id, status: st as u8, opcode: map::CQE_OP_RECV, ..Cqe::default() });
+        to_error(w, rn, rc, st, wr_id);
+        Err(req)
+    };
+    let Some(recv) = recv else {
+        return fail(w, 0, WcStatus::LocQpOpErr, WcStatus::RemOpErr);
+    };
+    if recv.total_len() < data.len() as u64 {
+        return fail(w, recv.wr_id, WcStatus::LocLenErr, WcStatus::RemInvReqErr);
+    }
+    // check every scatter entry before writing any
+    let e = w.nodes[rn].ext.as_ref().expect("checked above");
+    let mut left = data.len() as u64;
+    for s in &recv.sges {
+        let take = left.min(s.length as u64);
+        if !e.local_ok(s.lkey, s.addr, take, true) || w.nodes[rn].mem_range(s.addr, take).is_none() {
+            return fail(w, recv.wr_id, WcStatus::LocProtErr, WcStatus::RemOpErr);
+        }
+        left -= take;
+    }
+    if let Some(rkey) = inv {
+        let ok = matches!(
+            e.keys.get(&(rkey >> 8)),
+            Some(Key::Mw { rkey: k, bound: Some(b) }) if *k == rkey && b.qpn == resp_qpn
+        );
+        if !ok {
+            return fail(w, recv.wr_id, WcStatus::RemInvReqErr, WcStatus::RemInvReqErr);
+        }
+        if let Some(Key::Mw { bound, .. }) = xb(w, rn).keys.get_mut(&(rkey >> 8)) {
+            *bound = None;
+        }
+    }
+    let mut off = 0usize;
+    for s in &recv.sges {
+        let take = (data.len() - off).min(s.length as usize);
+        let _ = w.nodes[rn].write(s.addr, &data[off..off + take]);
+        off += take;
+    }
+    xq(w, rn, rc).rq.ci += 1;
+    let flags = if imm.is_some() { map::CQE_FLAG_IMM } else { 0 } | if inv.is_some() { map::CQE_FLAG_INV } else { 0 };
+    push_cqe(
+        w,
+        rn,
+        rc,
+        true,
+        Cqe {
+            wr_id: recv.wr_id,
+            status: 0,
+            opcode: map::CQE_OP_RECV,
+            flags,
+            byte_len: data.len() as u32,
+            imm: imm.unwrap_or(0),
+            invalidated: inv.unwrap_or(0),
+            ..Cqe::default()
+        },
+    );
+    Ok(true)
+}
