@@ -123,15 +123,20 @@ impl std::fmt::Debug for VerbsBackend {
     }
 }
 
-pub(crate) fn wc_status_str(s: u32) -> String {
-    WcStatus::from_u32(s).as_str().to_string()
-}
-
 impl VerbsBackend {
     /// Open `device` (or the first with type-2 windows) and allocate a PD. Declares only the
     /// capabilities the device attributes prove; [`Self::set_probed`] adds the MW semantics.
     pub fn open(device: Option<&str>) -> Result<Self> {
-        let ctx = Context::open(device)?;
+        Self::open_with(device, true)
+    }
+
+    /// For a CN: the device need not have memory windows (only the MN binds them).
+    pub fn open_cn(device: Option<&str>) -> Result<Self> {
+        Self::open_with(device, false)
+    }
+
+    fn open_with(device: Option<&str>, require_mw: bool) -> Result<Self> {
+        let ctx = Context::open(device, require_mw)?;
         // SAFETY: ctx.ctx is an open context.
         let pd = unsafe { ibv_alloc_pd(ctx.ctx) };
         if pd.is_null() {

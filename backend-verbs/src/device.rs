@@ -166,7 +166,7 @@ fn pick_gid(ctx: *mut ibv_context, port: u8) -> Result<(u8, ibv_gid)> {
 
 impl Context {
     /// Open `name`, or the first device with type-2 windows when `name` is None.
-    pub fn open(name: Option<&str>) -> Result<Context> {
+    pub fn open(name: Option<&str>, require_mw: bool) -> Result<Context> {
         let names = device_names()?;
         let chosen = match name {
             Some(n) => {
@@ -180,7 +180,7 @@ impl Context {
                 let mut found = None;
                 for n in &names {
                     if let Ok(c) = Self::open_exact(n) {
-                        if c.info.mw_type2 {
+                        if c.info.mw_type2 || !require_mw {
                             found = Some(c);
                             break;
                         }
@@ -190,7 +190,7 @@ impl Context {
             }
         };
         let c = Self::open_exact(&chosen)?;
-        if !c.info.mw_type2 {
+        if require_mw && !c.info.mw_type2 {
             return Err(VerbsError::NoMwType2 { device: chosen });
         }
         Ok(c)

@@ -12,9 +12,13 @@
 #![warn(missing_debug_implementations)]
 
 pub mod backend;
+pub mod cm;
+pub mod cn;
 pub mod device;
 pub mod error;
+pub mod mn;
 pub mod probe;
+pub mod signals;
 
 pub use backend::VerbsBackend;
 pub use error::VerbsError;

@@ -83,7 +83,6 @@ impl fmt::Display for ProbeReport {
 
 struct Ctx {
     b: VerbsBackend,
-    own: u64,
     own_lkey: u32,
     req: u64,
     req_lkey: u32,

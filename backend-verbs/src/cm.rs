@@ -1,0 +1,432 @@
+//! RC connections through rdma_cm: the MN listens on IP:port, CNs connect.
+//!
+//! Each CN opens one Alloc QP, one Free QP and G−1 access QPs. Every connect request carries a
+//! [`Hello`] in its private data (role, access index, the CN's session nonce) so the MN can
+//! group a CN's connections; the MN's accept of the Alloc connection answers with the pool's
+//! group size, which tells the CN how many access QPs to open.
+
+use crate::backend::{VerbsBackend, RECV_DEPTH};
+use crate::error::{Result, VerbsError};
+use omw_core::ids::Qpn;
+use rdma_sys::*;
+use std::net::{SocketAddr, SocketAddrV4};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+pub const HELLO_MAGIC: u32 = 0x434D_574F; // "OWMC"
+pub const HELLO_LEN: usize = 16;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum Role {
+    Alloc,
+    Free,
+    Access(u8),
+}
+
+/// CN → MN private data of a connect request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Hello {
+    pub role: Role,
+    pub nonce: u64,
+}
+
+impl Hello {
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+        b[4] = 1;
+        let (r, i) = match self.role {
+            Role::Alloc => (0, 0),
+            Role::Free => (1, 0),
+            Role::Access(i) => (2, i),
+        };
+        b[5] = r;
+        b[6] = i;
+        b[8..16].copy_from_slice(&self.nonce.to_le_bytes());
+        b
+    }
+    pub fn decode(b: &[u8]) -> Option<Hello> {
+        if b.len() < HELLO_LEN || b[..4] != HELLO_MAGIC.to_le_bytes() || b[4] != 1 {
+            return None;
+        }
+        let role = match b[5] {
+            0 => Role::Alloc,
+            1 => Role::Free,
+            2 => Role::Access(b[6]),
+            _ => return None,
+        };
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&b[8..16]);
+        Some(Hello { role, nonce: u64::from_le_bytes(n) })
+    }
+}
+
+/// MN → CN private data of the Alloc connection's accept: the pool's group size.
+pub fn welcome(group_size: u8) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+    b[4] = 1;
+    b[5] = group_size;
+    b
+}
+pub fn parse_welcome(b: &[u8]) -> Option<u8> {
+    (b.len() >= 8 && b[..4] == HELLO_MAGIC.to_le_bytes() && b[4] == 1).then_some(b[5])
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CmEventKind {
+    AddrResolved,
+    RouteResolved,
+    ConnectRequest,
+    Established,
+    Disconnected,
+    Rejected,
+    Error(u32),
+    Other(u32),
+}
+
+/// An rdma_cm event, copied out and already acknowledged.
+#[derive(Clone, Debug)]
+pub struct CmEvent {
+    pub kind: CmEventKind,
+    pub id: *mut rdma_cm_id,
+    pub status: i32,
+    pub private_data: Vec<u8>,
+}
+
+fn sockaddr(addr: SocketAddr) -> Result<libc::sockaddr_in> {
+    let v4: SocketAddrV4 = match addr {
+        SocketAddr::V4(a) => a,
+        SocketAddr::V6(_) => return Err(VerbsError::Config("only IPv4 addresses are supported".into())),
+    };
+    // SAFETY: sockaddr_in is plain data.
+    let mut s: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    s.sin_family = libc::AF_INET as u16;
+    s.sin_port = v4.port().to_be();
+    s.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
+    Ok(s)
+}
+
+impl VerbsBackend {
+    fn channel(&mut self) -> Result<*mut rdma_event_channel> {
+        if self.cm_channel.is_null() {
+            // SAFETY: creates a channel owned by the backend (destroyed in Drop).
+            let ch = unsafe { rdma_create_event_channel() };
+            if ch.is_null() {
+                return Err(VerbsError::last("rdma_create_event_channel"));
+            }
+            // SAFETY: ch->fd is the channel's open file descriptor.
+            unsafe {
+                let fd = (*ch).fd;
+                let fl = libc::fcntl(fd, libc::F_GETFL);
+                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            }
+            self.cm_channel = ch;
+        }
+        Ok(self.cm_channel)
+    }
+
+    fn new_id(&mut self) -> Result<*mut rdma_cm_id> {
+        let ch = self.channel()?;
+        let mut id: *mut rdma_cm_id = ptr::null_mut();
+        // SAFETY: ch is live; id receives the new cm id.
+        let rc = unsafe { rdma_create_id(ch, &mut id, ptr::null_mut(), rdma_port_space::RDMA_PS_TCP) };
+        if rc != 0 {
+            return Err(VerbsError::rc("rdma_create_id", rc));
+        }
+        self.cm_ids.push(id);
+        Ok(id)
+    }
+
+    fn forget_id(&mut self, id: *mut rdma_cm_id) {
+        self.cm_ids.retain(|x| *x != id);
+    }
+
+    /// Listen for CNs on `addr` (an address of this backend's device).
+    pub fn listen(&mut self, addr: SocketAddr, backlog: i32) -> Result<()> {
+        let id = self.new_id()?;
+        let mut sa = sockaddr(addr)?;
+        // SAFETY: id is live; sa is a valid sockaddr_in for the call's duration.
+        let rc = unsafe { rdma_bind_addr(id, &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EADDRINUSE) => VerbsError::AddressInUse { addr: addr.to_string() },
+                _ => VerbsError::AddressNotRdma { addr: addr.to_string(), detail: format!("rdma_bind_addr: {e}") },
+            });
+        }
+        // SAFETY: id is bound; verbs is set when the address belongs to an RDMA device.
+        let verbs = unsafe { (*id).verbs };
+        if !verbs.is_null() && verbs != self.raw_context() {
+            return Err(VerbsError::Config(format!(
+                "{addr} belongs to another RDMA device than {}: pass --device with the device that owns it",
+                self.device_name()
+            )));
+        }
+        // SAFETY: id is bound.
+        let rc = unsafe { rdma_listen(id, backlog) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EADDRINUSE) => VerbsError::AddressInUse { addr: addr.to_string() },
+                _ => VerbsError::rc("rdma_listen", rc),
+            });
+        }
+        Ok(())
+    }
+
+    /// Next rdma_cm event, waiting at most `timeout` (zero: do not wait).
+    pub fn poll_cm(&mut self, timeout: Duration) -> Result<Option<CmEvent>> {
+        let ch = self.channel()?;
+        // SAFETY: ch is live; pollfd is plain data.
+        unsafe {
+            let mut p = libc::pollfd { fd: (*ch).fd, events: libc::POLLIN, revents: 0 };
+            let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+            if libc::poll(&mut p, 1, ms) <= 0 {
+                return Ok(None);
+            }
+            let mut ev: *mut rdma_cm_event = ptr::null_mut();
+            if rdma_get_cm_event(ch, &mut ev) != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EAGAIN) {
+                    return Ok(None);
+                }
+                return Err(VerbsError::last("rdma_get_cm_event"));
+            }
+            let e = &*ev;
+            let kind = match e.event {
+                rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
+                rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
+                rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST => CmEventKind::ConnectRequest,
+                rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED => CmEventKind::Established,
+                rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED => CmEventKind::Disconnected,
+                rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => CmEventKind::Rejected,
+                rdma_cm_event_type::RDMA_CM_EVENT_ADDR_ERROR
+                | rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_ERROR
+                | rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_ERROR
+                | rdma_cm_event_type::RDMA_CM_EVENT_UNREACHABLE
+                | rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL => CmEventKind::Error(e.event),
+                other => CmEventKind::Other(other),
+            };
+            let conn = &e.param.conn;
+            let private_data = if conn.private_data.is_null() || conn.private_data_len == 0 {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(conn.private_data as *const u8, conn.private_data_len as usize).to_vec()
+            };
+            let out = CmEvent { kind, id: e.id, status: e.status, private_data };
+            rdma_ack_cm_event(ev);
+            Ok(Some(out))
+        }
+    }
+
+    /// MN side: create the QP of a connection request, post receives (through `prepare`),
+    /// and accept it with `private` as the reply's private data.
+    pub fn accept(
+        &mut self,
+        id: *mut rdma_cm_id,
+        private: &[u8],
+        prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
+    ) -> Result<Qpn> {
+        let q = self.create_cm_qp(id)?;
+        if let Err(e) = prepare(self, q) {
+            let _ = omw_core::backend::RdmaBackend::destroy_qp(self, q);
+            return Err(e);
+        }
+        let rd = (self.device_info().max_qp_rd_atom.clamp(1, 16)) as u8;
+        // SAFETY: rdma_conn_param is plain data; private outlives the call.
+        let rc = unsafe {
+            let mut p: rdma_conn_param = std::mem::zeroed();
+            p.private_data = private.as_ptr() as *const libc::c_void;
+            p.private_data_len = private.len() as u8;
+            p.responder_resources = rd;
+            p.initiator_depth = rd;
+            p.rnr_retry_count = 7;
+            p.retry_count = 7;
+            rdma_accept(id, &mut p)
+        };
+        if rc != 0 {
+            let e = VerbsError::rc("rdma_accept", rc);
+            let _ = omw_core::backend::RdmaBackend::destroy_qp(self, q);
+            return Err(e);
+        }
+        Ok(q)
+    }
+
+    /// MN side: refuse a connection request (no QP was created for it).
+    pub fn reject(&mut self, id: *mut rdma_cm_id) {
+        // SAFETY: id is a connection request id handed to us by an event; destroyed after.
+        unsafe {
+            rdma_reject(id, ptr::null(), 0);
+            rdma_destroy_id(id);
+        }
+    }
+
+    fn wait_event_for(
+        &mut self,
+        id: *mut rdma_cm_id,
+        want: CmEventKind,
+        peer: &str,
+        deadline: Instant,
+    ) -> Result<CmEvent> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(VerbsError::PeerUnreachable {
+                    addr: peer.into(),
+                    detail: format!("timed out waiting for {want:?}"),
+                });
+            }
+            let Some(ev) = self.poll_cm(left.min(Duration::from_millis(100)))? else { continue };
+            if ev.id != id {
+                continue;
+            }
+            if ev.kind == want {
+                return Ok(ev);
+            }
+            let detail = match ev.kind {
+                CmEventKind::Rejected => {
+                    "connection rejected (is an omw MN listening on that port, and is the CN limit reached?)"
+                        .to_string()
+                }
+                k => format!("{k:?} (status {})", ev.status),
+            };
+            return Err(VerbsError::PeerUnreachable { addr: peer.into(), detail });
+        }
+    }
+
+    /// CN side, step 1: resolve the MN's address and route with a fresh id; returns the id
+    /// and the name of the local device the route uses.
+    pub(crate) fn resolve(ch_owner: &mut Self, addr: SocketAddr, deadline: Instant) -> Result<*mut rdma_cm_id> {
+        let id = ch_owner.new_id()?;
+        let mut sa = sockaddr(addr)?;
+        let peer = addr.to_string();
+        let left = deadline.saturating_duration_since(Instant::now()).as_millis().clamp(100, 10_000) as i32;
+        // SAFETY: id live; sa valid for the call.
+        let rc = unsafe {
+            rdma_resolve_addr(id, ptr::null_mut(), &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr, left)
+        };
+        if rc != 0 {
+            return Err(VerbsError::PeerUnreachable {
+                addr: peer,
+                detail: format!("rdma_resolve_addr: {}", std::io::Error::last_os_error()),
+            });
+        }
+        ch_owner.wait_event_for(id, CmEventKind::AddrResolved, &peer, deadline)?;
+        // SAFETY: the address is resolved.
+        let rc = unsafe { rdma_resolve_route(id, left) };
+        if rc != 0 {
+            return Err(VerbsError::PeerUnreachable {
+                addr: peer,
+                detail: format!("rdma_resolve_route: {}", std::io::Error::last_os_error()),
+            });
+        }
+        ch_owner.wait_event_for(id, CmEventKind::RouteResolved, &peer, deadline)?;
+        Ok(id)
+    }
+
+    /// The device name of a resolved id.
+    pub(crate) fn id_device(id: *mut rdma_cm_id) -> Option<String> {
+        // SAFETY: id is live; verbs/device are set once the address resolved.
+        unsafe {
+            let v = (*id).verbs;
+            if v.is_null() || (*v).device.is_null() {
+                return None;
+            }
+            let p = ibv_get_device_name((*v).device);
+            (!p.is_null()).then(|| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+        }
+    }
+
+    /// CN side: connect to the MN with `hello`; `prepare` posts receives before the connect.
+    /// Returns the QP and the accept's private data.
+    pub fn connect(
+        &mut self,
+        addr: SocketAddr,
+        hello: &Hello,
+        timeout: Duration,
+        prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
+    ) -> Result<(Qpn, Vec<u8>)> {
+        let deadline = Instant::now() + timeout;
+        let id = Self::resolve(self, addr, deadline)?;
+        let q = self.create_cm_qp(id)?;
+        self.forget_id(id); // owned by the QP entry from now on
+        prepare(self, q)?;
+        let private = hello.encode();
+        let rd = (self.device_info().max_qp_rd_atom.clamp(1, 16)) as u8;
+        // SAFETY: conn param is plain data; private outlives the call.
+        let rc = unsafe {
+            let mut p: rdma_conn_param = std::mem::zeroed();
+            p.private_data = private.as_ptr() as *const libc::c_void;
+            p.private_data_len = private.len() as u8;
+            p.responder_resources = rd;
+            p.initiator_depth = rd;
+            p.retry_count = 7;
+            p.rnr_retry_count = 7;
+            rdma_connect(id, &mut p)
+        };
+        if rc != 0 {
+            return Err(VerbsError::PeerUnreachable {
+                addr: addr.to_string(),
+                detail: format!("rdma_connect: {}", std::io::Error::last_os_error()),
+            });
+        }
+        let ev = self.wait_event_for(id, CmEventKind::Established, &addr.to_string(), deadline)?;
+        Ok((q, ev.private_data))
+    }
+
+    /// The QP created for an rdma_cm id, if any.
+    pub fn qp_of_id(&self, id: *mut rdma_cm_id) -> Option<Qpn> {
+        self.qpns().into_iter().find(|q| self.cm_id_of(*q) == Some(id))
+    }
+}
+
+/// Which local RDMA device routes to `addr` (resolved with a throw-away rdma_cm id).
+pub fn route_device(addr: SocketAddr, timeout: Duration) -> Result<String> {
+    let mut sa = sockaddr(addr)?;
+    let peer = addr.to_string();
+    // SAFETY: a private channel and id, both destroyed before returning; events are acked.
+    unsafe {
+        let ch = rdma_create_event_channel();
+        if ch.is_null() {
+            return Err(VerbsError::last("rdma_create_event_channel"));
+        }
+        let mut id: *mut rdma_cm_id = ptr::null_mut();
+        if rdma_create_id(ch, &mut id, ptr::null_mut(), rdma_port_space::RDMA_PS_TCP) != 0 {
+            let e = VerbsError::last("rdma_create_id");
+            rdma_destroy_event_channel(ch);
+            return Err(e);
+        }
+        let ms = timeout.as_millis().clamp(100, 10_000) as i32;
+        let mut result =
+            Err(VerbsError::PeerUnreachable { addr: peer.clone(), detail: "address resolution failed".into() });
+        if rdma_resolve_addr(id, ptr::null_mut(), &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr, ms) == 0 {
+            let mut ev: *mut rdma_cm_event = ptr::null_mut();
+            if rdma_get_cm_event(ch, &mut ev) == 0 {
+                if (*ev).event == rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED {
+                    result = VerbsBackend::id_device(id).ok_or(VerbsError::PeerUnreachable {
+                        addr: peer.clone(),
+                        detail: "no local RDMA device routes there".into(),
+                    });
+                } else {
+                    result = Err(VerbsError::PeerUnreachable {
+                        addr: peer.clone(),
+                        detail: format!("address resolution: event {} status {}", (*ev).event, (*ev).status),
+                    });
+                }
+                rdma_ack_cm_event(ev);
+            }
+        } else {
+            result = Err(VerbsError::PeerUnreachable {
+                addr: peer,
+                detail: format!("rdma_resolve_addr: {}", std::io::Error::last_os_error()),
+            });
+        }
+        rdma_destroy_id(id);
+        rdma_destroy_event_channel(ch);
+        result
+    }
+}
+
+/// Receive depth CN and MN post on management QPs.
+pub const MGMT_RECVS: u32 = RECV_DEPTH / 2;

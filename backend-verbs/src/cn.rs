@@ -1,0 +1,378 @@
+//! The compute-node client on libibverbs: connect to an MN over rdma_cm, allocate and free
+//! chunks, and read/write them with one-sided RDMA through the access QPs.
+//!
+//! The protocol state (tokens, live allocations, notices, reply checks) is the core's
+//! [`omw_core::cn::Client`]; this file moves its bytes.
+
+use crate::backend::VerbsBackend;
+use crate::cm::{parse_welcome, Hello, Role, MGMT_RECVS};
+use crate::error::{Result, VerbsError};
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Completion, RdmaBackend, WcOpcode, WcStatus};
+pub use omw_core::cn::Allocation;
+use omw_core::cn::{Client, ClientError, ClientEvent};
+use omw_core::ids::{CnId, Qpn, Rkey};
+use omw_core::wire::{ConnectInfo, ErrorCode, FreeRequest, ALLOC_REPLY_LEN};
+use omw_core::wqe::{QueueSel, RecvWqe, Sge, Wqe};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Largest single READ/WRITE the client stages.
+pub const STAGING: u64 = 4 << 20;
+const SLOT: u64 = 64;
+const SEND_OFF: u64 = MGMT_RECVS as u64 * SLOT;
+const STAGE_OFF: u64 = 8192;
+
+#[derive(Clone, Debug)]
+pub struct CnOptions {
+    pub device: Option<String>,
+    /// How long any one operation may take.
+    pub timeout: Duration,
+}
+
+impl Default for CnOptions {
+    fn default() -> Self {
+        CnOptions { device: None, timeout: Duration::from_secs(20) }
+    }
+}
+
+/// What arrived on the Alloc QP besides allocation replies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    Empty,
+    Available,
+    Failed { token: u32, code: ErrorCode },
+    Revoked,
+}
+
+pub struct CnClient {
+    b: VerbsBackend,
+    client: Client<256>,
+    pub cn: CnId,
+    pub info: ConnectInfo,
+    alloc_qp: Qpn,
+    free_qp: Qpn,
+    access: Vec<Qpn>,
+    local: u64,
+    local_lkey: u32,
+    reply: u64,
+    reply_rkey: u32,
+    replies: VecDeque<u32>,
+    pub notices: VecDeque<Notice>,
+    timeout: Duration,
+    t0: Instant,
+    wr: u64,
+}
+
+impl std::fmt::Debug for CnClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CnClient").field("cn", &self.cn).field("access_qps", &self.access.len()).finish()
+    }
+}
+
+fn nonce() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    (t as u64) ^ ((std::process::id() as u64) << 40) ^ 0x9E37_79B9_7F4A_7C15
+}
+
+impl CnClient {
+    /// Connect to the MN at `addr`: Alloc QP, Free QP, then the G−1 access QPs the MN asks for.
+    pub fn connect(addr: SocketAddr, opts: &CnOptions) -> Result<Self> {
+        crate::device::device_names()?;
+        let device = match &opts.device {
+            Some(d) => d.clone(),
+            None => crate::cm::route_device(addr, opts.timeout)?,
+        };
+        let mut b = VerbsBackend::open_cn(Some(&device))?;
+        let local = b.alloc_region(STAGE_OFF + STAGING, 4096)?;
+        let lk = b.reg_mr(local, STAGE_OFF + STAGING, AccessFlags::LOCAL_WRITE)?;
+        let reply = b.alloc_region(4096, 4096)?;
+        // the MN's alloc reply is a WRITE_WITH_IMM into this buffer: the only remote right
+        let rk = b.reg_mr(reply, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+        let n = nonce();
+        let recvs = |b: &mut VerbsBackend, q: Qpn| -> Result<()> {
+            for i in 0..MGMT_RECVS as u64 {
+                post_slot(b, q, local, lk.lkey, i)?;
+            }
+            Ok(())
+        };
+        let (alloc_qp, welcome) = b.connect(addr, &Hello { role: Role::Alloc, nonce: n }, opts.timeout, recvs)?;
+        let g = parse_welcome(&welcome)
+            .ok_or_else(|| VerbsError::Protocol("the MN's accept carried no group size".into()))?;
+        if !(2..=4).contains(&g) {
+            return Err(VerbsError::Protocol(format!("group size {g} from the MN")));
+        }
+        let (free_qp, _) = b.connect(addr, &Hello { role: Role::Free, nonce: n }, opts.timeout, |_, _| Ok(()))?;
+        let mut access = Vec::new();
+        for i in 0..g - 1 {
+            let (q, _) = b.connect(addr, &Hello { role: Role::Access(i), nonce: n }, opts.timeout, |_, _| Ok(()))?;
+            access.push(q);
+        }
+        let mut c = CnClient {
+            b,
+            client: Client::new(),
+            cn: CnId::new(1).map_err(|_| VerbsError::Protocol("cn id".into()))?,
+            info: ConnectInfo {
+                cn: CnId::new(1).map_err(|_| VerbsError::Protocol("cn id".into()))?,
+                group_size: g,
+                chunk_size: 0,
+                alloc_qpn: Qpn::default(),
+                free_qpn: Qpn::default(),
+                access_qpns: heapless::Vec::new(),
+                quota: 0,
+            },
+            alloc_qp,
+            free_qp,
+            access,
+            local,
+            local_lkey: lk.lkey,
+            reply,
+            reply_rkey: rk.rkey,
+            replies: VecDeque::new(),
+            notices: VecDeque::new(),
+            timeout: opts.timeout,
+            t0: Instant::now(),
+            wr: 1,
+        };
+        let deadline = Instant::now() + opts.timeout;
+        while c.client.info().is_none() {
+            if Instant::now() > deadline {
+                return Err(VerbsError::Timeout { what: "the MN's connect info".into() });
+            }
+            c.pump()?;
+        }
+        if let Some(i) = c.client.info() {
+            c.info = i.clone();
+            c.cn = i.cn;
+        }
+        Ok(c)
+    }
+
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
+
+    /// Access QPs (CN ends), index i carries window MW[i+1].
+    pub fn access_qps(&self) -> &[Qpn] {
+        &self.access
+    }
+
+    /// Process what arrived on the Alloc QP. Returns how many messages were handled.
+    pub fn pump(&mut self) -> Result<usize> {
+        let mut buf = [blank(); 8];
+        let n = self.b.poll_cq(self.alloc_qp, QueueSel::Recv, &mut buf)?;
+        for c in &buf[..n] {
+            if !c.status.is_ok() {
+                if c.status == WcStatus::WrFlushErr {
+                    return Err(VerbsError::Disconnected);
+                }
+                return Err(VerbsError::Completion { what: "receive on the Alloc QP".into(), status: c.status });
+            }
+            let slot = c.wr_id;
+            if c.opcode == WcOpcode::RecvRdmaWithImm {
+                self.replies.push_back(c.imm.unwrap_or(0));
+            } else {
+                let bytes = self.b.slice(self.local + slot * SLOT, (c.byte_len as usize).min(SLOT as usize))?.to_vec();
+                let now = self.now();
+                match self.client.on_message(now, &bytes) {
+                    Ok(ClientEvent::Connected(_)) => {}
+                    Ok(ClientEvent::Empty) => self.notices.push_back(Notice::Empty),
+                    Ok(ClientEvent::Available) => self.notices.push_back(Notice::Available),
+                    Ok(ClientEvent::Failed { token, code }) => self.notices.push_back(Notice::Failed { token, code }),
+                    Ok(ClientEvent::Revoked) => self.notices.push_back(Notice::Revoked),
+                    Err(e) => return Err(VerbsError::Protocol(format!("message from the MN: {e}"))),
+                }
+            }
+            post_slot(&mut self.b, self.alloc_qp, self.local, self.local_lkey, slot)?;
+        }
+        Ok(n)
+    }
+
+    fn send(&mut self, qp: Qpn, bytes: &[u8]) -> Result<()> {
+        let at = self.local + SEND_OFF;
+        self.b.write_local(at, bytes)?;
+        self.wr += 1;
+        let w = Wqe::send(at, self.local_lkey, bytes.len() as u32).with_wr_id(self.wr);
+        let c = self.b.post_wait(qp, &w, self.timeout)?;
+        if !c.status.is_ok() {
+            return Err(VerbsError::Completion { what: "SEND to the MN".into(), status: c.status });
+        }
+        Ok(())
+    }
+
+    /// Allocate one chunk (waits for "available" if the MN said the queue is empty, until the
+    /// timeout).
+    pub fn alloc(&mut self) -> Result<Allocation> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let mut req = [0u8; 64];
+            let now = self.now();
+            let (token, n) = match self.client.alloc_request(now, self.reply, self.reply_rkey, &mut req) {
+                Ok(x) => x,
+                Err(ClientError::Backoff { .. }) => {
+                    if Instant::now() > deadline {
+                        return Err(VerbsError::Refused("the MN's free queue is empty".into()));
+                    }
+                    self.pump()?;
+                    continue;
+                }
+                Err(e) => return Err(VerbsError::Protocol(e.to_string())),
+            };
+            let alloc_qp = self.alloc_qp;
+            self.send(alloc_qp, &req[..n])?;
+            loop {
+                if let Some(pos) = self.replies.iter().position(|t| *t == token) {
+                    self.replies.remove(pos);
+                    let bytes = self.b.slice(self.reply, ALLOC_REPLY_LEN)?.to_vec();
+                    return self
+                        .client
+                        .on_alloc_reply(token, &bytes)
+                        .map_err(|e| VerbsError::Protocol(format!("allocation reply: {e}")));
+                }
+                if let Some(pos) =
+                    self.notices.iter().position(|n| matches!(n, Notice::Failed { token: t, .. } if *t == token))
+                {
+                    let Some(Notice::Failed { code, .. }) = self.notices.remove(pos) else { continue };
+                    if code == ErrorCode::Empty {
+                        break; // back off, wait for "available", retry
+                    }
+                    return Err(VerbsError::Refused(format!("allocation refused: {code:?}")));
+                }
+                if Instant::now() > deadline {
+                    self.client.abandon_pending();
+                    return Err(VerbsError::Timeout { what: "the allocation reply".into() });
+                }
+                self.pump()?;
+            }
+        }
+    }
+
+    /// Free a chunk this client holds. The MN does not confirm a free; it reports a refusal.
+    pub fn free(&mut self, a: &Allocation) -> Result<u32> {
+        let bytes = self.client.free_request(a.entry_addr).map_err(|e| VerbsError::Protocol(format!("free: {e}")))?;
+        let token = FreeRequest::decode(&bytes).map(|f| f.token).unwrap_or(0);
+        let q = self.free_qp;
+        self.send(q, &bytes)?;
+        Ok(token)
+    }
+
+    /// Send a free request for any entry address (even one this client does not hold), then
+    /// wait up to `wait` for a refusal. `Ok(None)`: none arrived.
+    pub fn free_entry(&mut self, entry_addr: u64, wait: Duration) -> Result<Option<ErrorCode>> {
+        let token = 0x00F0_0000 | (self.wr as u32 & 0xFFFF);
+        let bytes = FreeRequest { token, entry_addr }.encode();
+        let q = self.free_qp;
+        self.send(q, &bytes)?;
+        self.wait_failure(token, wait)
+    }
+
+    /// Wait up to `wait` for an error reply with this token.
+    pub fn wait_failure(&mut self, token: u32, wait: Duration) -> Result<Option<ErrorCode>> {
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            self.pump()?;
+            if let Some(pos) =
+                self.notices.iter().position(|n| matches!(n, Notice::Failed { token: t, .. } if *t == token))
+            {
+                if let Some(Notice::Failed { code, .. }) = self.notices.remove(pos) {
+                    return Ok(Some(code));
+                }
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(None)
+    }
+
+    fn qp(&self, window: usize) -> Result<Qpn> {
+        self.access.get(window).copied().ok_or_else(|| VerbsError::Config(format!("no access QP {window}")))
+    }
+
+    /// One-sided WRITE of `data` at `offset` of the chunk through access QP `window`.
+    pub fn write(&mut self, a: &Allocation, window: usize, offset: u64, data: &[u8]) -> Result<()> {
+        let rkey = a.rkey(window).ok_or_else(|| VerbsError::Config(format!("no window {window}")))?;
+        let st = self.write_raw(window, a.base + offset, rkey, data)?;
+        if !st.is_ok() {
+            return Err(VerbsError::Completion { what: "RDMA WRITE".into(), status: st });
+        }
+        Ok(())
+    }
+
+    /// One-sided READ of `len` bytes at `offset` of the chunk through access QP `window`.
+    pub fn read(&mut self, a: &Allocation, window: usize, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let rkey = a.rkey(window).ok_or_else(|| VerbsError::Config(format!("no window {window}")))?;
+        let (st, v) = self.read_raw(window, a.base + offset, rkey, len)?;
+        if !st.is_ok() {
+            return Err(VerbsError::Completion { what: "RDMA READ".into(), status: st });
+        }
+        Ok(v)
+    }
+
+    /// WRITE any address/rkey through access QP `window`; returns the completion status
+    /// (after an error that QP pair is dead: the device moves both ends to ERR).
+    pub fn write_raw(&mut self, window: usize, addr: u64, rkey: Rkey, data: &[u8]) -> Result<WcStatus> {
+        if data.len() as u64 > STAGING {
+            return Err(VerbsError::Config(format!("at most {STAGING} bytes per WRITE")));
+        }
+        let q = self.qp(window)?;
+        self.b.write_local(self.local + STAGE_OFF, data)?;
+        self.wr += 1;
+        let w =
+            Wqe::write(self.local + STAGE_OFF, self.local_lkey, data.len() as u32, addr, rkey.0).with_wr_id(self.wr);
+        Ok(self.b.post_wait(q, &w, self.timeout)?.status)
+    }
+
+    /// READ any address/rkey through access QP `window`.
+    pub fn read_raw(&mut self, window: usize, addr: u64, rkey: Rkey, len: usize) -> Result<(WcStatus, Vec<u8>)> {
+        if len as u64 > STAGING {
+            return Err(VerbsError::Config(format!("at most {STAGING} bytes per READ")));
+        }
+        let q = self.qp(window)?;
+        self.wr += 1;
+        let w = Wqe::read(self.local + STAGE_OFF, self.local_lkey, len as u32, addr, rkey.0).with_wr_id(self.wr);
+        let st = self.b.post_wait(q, &w, self.timeout)?.status;
+        let v = if st.is_ok() { self.b.slice(self.local + STAGE_OFF, len)?.to_vec() } else { Vec::new() };
+        Ok((st, v))
+    }
+
+    /// A request on the Alloc QP the MN cannot parse: answered with an error reply by the MN
+    /// loop (what `omw cn bench` uses as the round-trip baseline on the same QPs).
+    pub fn bad_request_round_trip(&mut self) -> Result<Option<ErrorCode>> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(omw_core::wire::Header::new(omw_core::wire::Kind::AllocRequest, 0x00E0_0001).as_bytes_le());
+        let q = self.alloc_qp;
+        self.send(q, &b)?;
+        self.wait_failure(0x00E0_0001, self.timeout)
+    }
+
+    pub fn backend(&mut self) -> &mut VerbsBackend {
+        &mut self.b
+    }
+}
+
+trait HeaderBytes {
+    fn as_bytes_le(&self) -> &[u8];
+}
+impl HeaderBytes for omw_core::wire::Header {
+    fn as_bytes_le(&self) -> &[u8] {
+        zerocopy::IntoBytes::as_bytes(self)
+    }
+}
+
+fn post_slot(b: &mut VerbsBackend, q: Qpn, local: u64, lkey: u32, slot: u64) -> Result<()> {
+    let mut r = RecvWqe { wr_id: slot, sges: heapless::Vec::new() };
+    let _ = r.sges.push(Sge { addr: local + slot * SLOT, length: SLOT as u32, lkey });
+    b.post_recv(q, &r)
+}
+
+fn blank() -> Completion {
+    Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Recv,
+        qpn: Qpn::default(),
+        byte_len: 0,
+        imm: None,
+        invalidated: None,
+    }
+}

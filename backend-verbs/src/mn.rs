@@ -1,0 +1,439 @@
+//! The memory-node daemon on libibverbs: probe the device, lay out the pool, listen on rdma_cm,
+//! and run the core's [`MnDriver`] (host-engine mode: libibverbs has no WAIT/ENABLE).
+//!
+//! All protocol decisions are the core's: this file only sets up memory, registrations and
+//! windows, groups a CN's rdma_cm connections into one `CnQps`, turns disconnects into
+//! `Event::CnGone`, and logs.
+
+use crate::backend::{VerbsBackend, SEND_DEPTH};
+use crate::cm::{welcome, CmEvent, CmEventKind, Hello, Role};
+use crate::device::{ensure_memlock, memlock_limit};
+use crate::error::{human, Result, VerbsError};
+use crate::probe::{self, ProbeReport};
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Capabilities, ExecutionMode, RdmaBackend};
+use omw_core::geometry::PoolGeometry;
+use omw_core::host_engine::HostRegions;
+use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
+use omw_core::mn::{CnQps, Event, MemoryNode, MnConfig, MnKeys, MnStats};
+use omw_core::mn_driver::MnDriver;
+use omw_core::mn_memory::MnMemoryMap;
+use rdma_sys::rdma_cm_id;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug)]
+pub struct MnOptions {
+    pub device: Option<String>,
+    pub listen: SocketAddr,
+    pub pool_size: u64,
+    pub chunk_size: u64,
+    pub group_size: u8,
+    pub max_cns: u32,
+    /// Groups one CN may hold (0: the whole pool).
+    pub quota: u32,
+    /// Start even if the device cannot isolate CNs.
+    pub insecure: bool,
+    /// How often to print statistics (zero: never).
+    pub stats_every: Duration,
+}
+
+/// How chunks are kept apart on this device.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Protection {
+    /// The device enforces window bounds: one pool MR, windows confine each CN to its chunk.
+    WindowBounds,
+    /// The device checks only MR bounds (soft-RoCE): one MR per chunk, registered at start-up,
+    /// each chunk's windows bound in its own MR.
+    MrPerChunk,
+}
+
+impl std::fmt::Display for Protection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protection::WindowBounds => "window bounds enforced by the device (one pool MR)",
+            Protection::MrPerChunk => {
+                "one MR per chunk (the device does not enforce window bounds; MR bounds confine each window to its chunk)"
+            }
+        })
+    }
+}
+
+#[derive(Default)]
+struct Session {
+    alloc: Option<Qpn>,
+    free: Option<Qpn>,
+    access: Vec<Option<Qpn>>,
+    established: Vec<Qpn>,
+    ids: Vec<*mut rdma_cm_id>,
+    cn: Option<CnId>,
+    opened: Option<Instant>,
+}
+
+/// The running daemon.
+pub struct MemoryNodeDaemon {
+    pub driver: MnDriver<VerbsBackend>,
+    pub probe: ProbeReport,
+    pub protection: Protection,
+    pub mode: ExecutionMode,
+    pub software_ownership_check: bool,
+    opts: MnOptions,
+    sessions: HashMap<u64, Session>,
+    by_id: HashMap<usize, u64>,
+    t0: Instant,
+    last_stats: Instant,
+    last_counts: (u64, u64, MnStats),
+    idle: u32,
+}
+
+impl std::fmt::Debug for MemoryNodeDaemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryNodeDaemon").field("protection", &self.protection).field("mode", &self.mode).finish()
+    }
+}
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!("omw mn: {}", msg.as_ref());
+}
+
+impl MemoryNodeDaemon {
+    /// Probe, lay out, register, listen. Prints what protection is in force.
+    pub fn start(opts: MnOptions) -> Result<Self> {
+        if opts.group_size < 2 || opts.group_size > 4 {
+            return Err(VerbsError::Config(format!("--group-size {} outside 2..=4", opts.group_size)));
+        }
+        if opts.chunk_size == 0 || opts.pool_size < opts.chunk_size {
+            return Err(VerbsError::Config("--pool-size must hold at least one chunk".into()));
+        }
+        let chunks = opts.pool_size / opts.chunk_size;
+        if chunks > u32::MAX as u64 {
+            return Err(VerbsError::Config("too many chunks".into()));
+        }
+        // ---- what does the device really do?
+        let report = probe::run(opts.device.as_deref())?;
+        log(format!("{report}"));
+        if report.basic_failed {
+            return Err(VerbsError::Insecure(format!(
+                "device {}: type-2 memory windows do not work (bind/access/invalidate failed in the probe)",
+                report.device
+            )));
+        }
+        let caps = report.capabilities;
+        let mut mode = match ExecutionMode::choose(caps, None, opts.insecure) {
+            Ok(m) => m,
+            Err(e) => {
+                return Err(VerbsError::Insecure(format!(
+                    "refusing to start: {e}. Pass --insecure to run without isolation between CNs"
+                )))
+            }
+        };
+        if report.stale_rkey_accepted && !opts.insecure {
+            return Err(VerbsError::Insecure(
+                "refusing to start: the device accepted a stale rkey after a rebind. Pass --insecure to run anyway"
+                    .into(),
+            ));
+        }
+        // libibverbs has no chain offload; choose() can only say HostEngine here, but be explicit
+        if mode == ExecutionMode::Offloaded {
+            mode = ExecutionMode::HostEngine;
+        }
+        let protection = if caps.contains(Capabilities::MW_BOUNDS_ENFORCED) {
+            Protection::WindowBounds
+        } else {
+            Protection::MrPerChunk
+        };
+        let software_ownership_check = !caps.contains(Capabilities::MW_QP_CHECK_ON_INVALIDATE);
+
+        // ---- memory
+        let mut b = VerbsBackend::open(Some(&report.device))?;
+        b.set_probed(caps);
+        let max_cns = opts.max_cns.clamp(1, omw_core::mn::MAX_CNS as u32);
+        let pool = b.alloc_region(opts.pool_size, opts.chunk_size)?;
+        let geometry = PoolGeometry::new(pool, opts.chunk_size, chunks as u32, opts.group_size)
+            .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
+        let meta_len = MnMemoryMap::len_for(&geometry, max_cns);
+        ensure_memlock(opts.pool_size + meta_len + (1 << 20))?;
+        let meta = b.alloc_region(meta_len, MnMemoryMap::required_alignment(&geometry, max_cns))?;
+        let map = MnMemoryMap::new(geometry, max_cns, meta)
+            .ok_or_else(|| VerbsError::Config("metadata region misaligned".into()))?;
+        // the MN's tables are reached only by its CPU (host engine): no remote rights
+        let meta_keys = b.reg_mr(map.meta_base, map.meta_len, AccessFlags::LOCAL_WRITE)?;
+        let table_keys = b.reg_mr(map.table_base, map.table_len(), AccessFlags::LOCAL_WRITE)?;
+        // the pool: MW_BIND only, so remote access exists only through windows
+        let t = Instant::now();
+        let pool_access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+        let lkeys: Vec<u32> = match protection {
+            Protection::WindowBounds => vec![b.reg_mr(pool, opts.chunk_size * chunks, pool_access)?.lkey],
+            Protection::MrPerChunk => (0..geometry.chunk_count())
+                .map(|g| {
+                    let base = geometry.chunk_base(GroupId(g)).unwrap_or(pool);
+                    b.reg_mr(base, opts.chunk_size, pool_access).map(|k| k.lkey)
+                })
+                .collect::<Result<_>>()?,
+        };
+        let reg_time = t.elapsed();
+        let g = opts.group_size as usize;
+        let mut rkeys: Vec<Rkey> = Vec::with_capacity(chunks as usize * g);
+        for _ in 0..chunks as usize * g {
+            // the table holds the key of the *next* bind: never the window's current key
+            rkeys.push(b.alloc_mw()?.next_key());
+        }
+        let (admin, _admin_peer) = b.create_loopback_pair()?;
+        let regions = HostRegions {
+            meta_base: map.meta_base,
+            meta_len: map.meta_len,
+            meta_lkey: meta_keys.lkey,
+            meta_rkey: meta_keys.rkey,
+            table_base: map.table_base,
+            table_len: map.table_len(),
+            table_rkey: table_keys.rkey,
+            ring_lkey: 0,
+            ring_rkey: 0,
+        };
+        let cfg = MnConfig {
+            geometry,
+            max_cns,
+            quota: if opts.quota == 0 { chunks as u32 } else { opts.quota },
+            mode,
+            software_ownership_check,
+            queue_depth: SEND_DEPTH as u16,
+            window_access: AccessFlags::DATA_WINDOW,
+        };
+        let keys = MnKeys {
+            meta_lkey: meta_keys.lkey,
+            meta_rkey: meta_keys.rkey,
+            table_rkey: table_keys.rkey,
+            ring_lkey: 0,
+            ring_rkey: 0,
+        };
+        let mn = MemoryNode::new(cfg, map, keys).map_err(|e| VerbsError::Config(format!("MN configuration: {e}")))?;
+        let mut driver = MnDriver::new(b, mn, regions, admin);
+        let per_chunk = matches!(protection, Protection::MrPerChunk);
+        driver
+            .format(
+                |gid, i| rkeys[gid.0 as usize * g + i],
+                |gid| if per_chunk { lkeys[gid.0 as usize] } else { lkeys[0] },
+            )
+            .map_err(|e| VerbsError::Config(format!("formatting the pool: {e}")))?;
+        driver.backend.listen(opts.listen, 64)?;
+        log(format!(
+            "device {} | pool {} in {} chunks of {} | group size {} | {} windows | memlock {}",
+            report.device,
+            human(opts.pool_size),
+            chunks,
+            human(opts.chunk_size),
+            g,
+            rkeys.len(),
+            memlock_limit()
+        ));
+        log(format!("protection: {protection} ({} MR(s) registered in {:?})", lkeys.len(), reg_time));
+        log(format!(
+            "execution: {mode}; free ownership check: {}",
+            if software_ownership_check {
+                "in software (the device lets any QP invalidate a window)"
+            } else {
+                "by the device (LOCAL_INV on the owner's Free QP)"
+            }
+        ));
+        log(format!("listening on {} (rdma_cm)", opts.listen));
+        let now = Instant::now();
+        Ok(MemoryNodeDaemon {
+            driver,
+            probe: report,
+            protection,
+            mode,
+            software_ownership_check,
+            opts,
+            sessions: HashMap::new(),
+            by_id: HashMap::new(),
+            t0: now,
+            last_stats: now,
+            last_counts: (0, 0, MnStats::default()),
+            idle: 0,
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
+
+    /// Run until `stop` is set (SIGINT/SIGTERM), then tear everything down cleanly.
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<()> {
+        while !stop.load(Ordering::Relaxed) {
+            let busy = self.step()?;
+            if busy {
+                self.idle = 0;
+            } else {
+                self.idle = self.idle.saturating_add(1);
+                if self.idle > 2000 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+        log("shutting down: invalidating and deallocating every window before the QPs");
+        Ok(())
+    }
+
+    /// One turn of the event loop; true when anything happened.
+    pub fn step(&mut self) -> Result<bool> {
+        let mut busy = false;
+        while let Some(ev) = self.driver.backend.poll_cm(Duration::ZERO)? {
+            busy = true;
+            self.on_cm(ev)?;
+        }
+        let now = self.now();
+        let r = self.driver.poll(now).map_err(|e| VerbsError::Protocol(format!("MN driver: {e}")))?;
+        busy |= r.events > 0;
+        if !self.opts.stats_every.is_zero() && self.last_stats.elapsed() >= self.opts.stats_every {
+            self.driver.handle(now, Event::Tick).map_err(|e| VerbsError::Protocol(format!("MN driver: {e}")))?;
+            self.print_stats();
+        }
+        Ok(busy)
+    }
+
+    fn print_stats(&mut self) {
+        let dt = self.last_stats.elapsed().as_secs_f64().max(1e-9);
+        self.last_stats = Instant::now();
+        let (allocs, frees): (u64, u64) = self.driver.mn.cns().fold((0, 0), |(a, f), r| (a + r.allocs, f + r.frees));
+        let s = self.driver.mn.stats();
+        let (pa, pf, ps) = self.last_counts;
+        // CNs that left take their counters with them: clamp at zero
+        let da = allocs.saturating_sub(pa);
+        let df = frees.saturating_sub(pf);
+        if da > 0 || df > 0 || s != ps {
+            log(format!(
+                "{:.0} allocs/s, {:.0} frees/s | CNs {} | empty notices {} available {} | reclaimed {} | forged frees {}",
+                da as f64 / dt,
+                df as f64 / dt,
+                self.driver.mn.cns().count(),
+                s.empty_notices,
+                s.available_notices,
+                s.groups_reclaimed,
+                s.forged_frees
+            ));
+        }
+        if s.empty_notices > ps.empty_notices {
+            log("free queue EMPTY: told every CN");
+        }
+        if s.available_notices > ps.available_notices {
+            log("free queue available again: told every CN");
+        }
+        self.last_counts = (allocs, frees, s);
+    }
+
+    fn on_cm(&mut self, ev: CmEvent) -> Result<()> {
+        match ev.kind {
+            CmEventKind::ConnectRequest => {
+                let Some(hello) = Hello::decode(&ev.private_data) else {
+                    log("rejected a connection without an omw hello");
+                    self.driver.backend.reject(ev.id);
+                    return Ok(());
+                };
+                let g = self.opts.group_size;
+                let ok_role = match hello.role {
+                    Role::Access(i) => (i as usize) < g as usize - 1,
+                    _ => true,
+                };
+                let full = !self.sessions.contains_key(&hello.nonce)
+                    && self.sessions.len() >= self.driver.mn.config().max_cns as usize;
+                if !ok_role || full {
+                    log(format!("rejected {:?} of session {:#x}", hello.role, hello.nonce));
+                    self.driver.backend.reject(ev.id);
+                    return Ok(());
+                }
+                let private = if hello.role == Role::Alloc { welcome(g).to_vec() } else { Vec::new() };
+                match self.driver.backend.accept(ev.id, &private, |_, _| Ok(())) {
+                    Ok(q) => {
+                        let s = self.sessions.entry(hello.nonce).or_default();
+                        s.opened.get_or_insert_with(Instant::now);
+                        if s.access.len() < g as usize - 1 {
+                            s.access.resize(g as usize - 1, None);
+                        }
+                        match hello.role {
+                            Role::Alloc => s.alloc = Some(q),
+                            Role::Free => s.free = Some(q),
+                            Role::Access(i) => s.access[i as usize] = Some(q),
+                        }
+                        s.ids.push(ev.id);
+                        self.by_id.insert(ev.id as usize, hello.nonce);
+                    }
+                    Err(e) => {
+                        log(format!("accept failed: {e}"));
+                    }
+                }
+            }
+            CmEventKind::Established => {
+                let Some(nonce) = self.by_id.get(&(ev.id as usize)).copied() else { return Ok(()) };
+                let Some(q) = self.driver.backend.qp_of_id(ev.id) else { return Ok(()) };
+                let Some(s) = self.sessions.get_mut(&nonce) else { return Ok(()) };
+                if !s.established.contains(&q) {
+                    s.established.push(q);
+                }
+                let complete = s.cn.is_none()
+                    && s.alloc.is_some_and(|q| s.established.contains(&q))
+                    && s.free.is_some_and(|q| s.established.contains(&q))
+                    && s.access.iter().all(|a| a.is_some_and(|q| s.established.contains(&q)));
+                if complete {
+                    let qps = CnQps {
+                        alloc: s.alloc.unwrap_or_default(),
+                        free: s.free.unwrap_or_default(),
+                        access: s.access.iter().flatten().copied().collect(),
+                        alloc_loop: None,
+                        free_loop: None,
+                    };
+                    match self.driver.connect(qps) {
+                        Ok(cn) => {
+                            if let Some(s) = self.sessions.get_mut(&nonce) {
+                                s.cn = Some(cn);
+                            }
+                            log(format!("{cn} connected (session {nonce:#x}, {} QPs)", 2 + self.opts.group_size - 1));
+                        }
+                        Err(e) => {
+                            log(format!("could not admit session {nonce:#x}: {e}"));
+                            self.drop_session(nonce);
+                        }
+                    }
+                }
+            }
+            CmEventKind::Disconnected | CmEventKind::Error(_) | CmEventKind::Rejected => {
+                let Some(nonce) = self.by_id.get(&(ev.id as usize)).copied() else { return Ok(()) };
+                let cn = self.sessions.get(&nonce).and_then(|s| s.cn);
+                if let Some(cn) = cn {
+                    let before = self.driver.mn.stats().groups_reclaimed;
+                    let now = self.now();
+                    self.driver
+                        .handle(now, Event::CnGone { cn })
+                        .map_err(|e| VerbsError::Protocol(format!("MN driver: {e}")))?;
+                    let n = self.driver.mn.stats().groups_reclaimed - before;
+                    log(format!("{cn} disconnected: reclaimed {n} chunk(s)"));
+                }
+                self.drop_session(nonce);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn drop_session(&mut self, nonce: u64) {
+        let Some(s) = self.sessions.remove(&nonce) else { return };
+        for id in &s.ids {
+            self.by_id.remove(&(*id as usize));
+        }
+        let qps = [s.alloc, s.free].into_iter().flatten().chain(s.access.iter().flatten().copied());
+        for q in qps {
+            let _ = self.driver.backend.destroy_qp(q);
+        }
+    }
+}
+
+/// `omw mn`: start, run until SIGINT/SIGTERM, tear down.
+pub fn serve(opts: MnOptions) -> Result<()> {
+    let stop = crate::signals::install()?;
+    let mut d = MemoryNodeDaemon::start(opts)?;
+    d.run(stop)?;
+    drop(d);
+    log("stopped");
+    Ok(())
+}
