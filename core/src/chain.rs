@@ -716,3 +716,166 @@ mod tests {
         assert!(matches!(c.validate(), Err(ChainError::WaitNeverSatisfied { .. })));
     }
 }
+
+impl ChainLayout {
+    /// Render the chain as a Markdown table (docs/CHAINS.md is generated from this).
+    pub fn write_table(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        writeln!(out, "| # | ring | pos | op | flags | what | patched by |")?;
+        writeln!(out, "|---|---|---|---|---|---|---|")?;
+        for (i, s) in self.steps.iter().enumerate() {
+            let w = &s.wqe;
+            if w.opcode == Opcode::Nop {
+                continue;
+            }
+            let ring = match s.ring {
+                Ring::Loop => "Loop",
+                Ring::Mgmt => "Mgmt",
+            };
+            write!(out, "| {i} | {ring} | {} | {} | ", self.position(i), w.opcode.name())?;
+            let mut first = true;
+            for (flag, name) in [
+                (crate::wqe::WqeFlags::SIGNALED, "sig"),
+                (crate::wqe::WqeFlags::FENCE, "fence"),
+                (crate::wqe::WqeFlags::UNBIND, "unbind"),
+            ] {
+                if w.flags.contains(flag) {
+                    write!(out, "{}{name}", if first { "" } else { "," })?;
+                    first = false;
+                }
+            }
+            write!(out, " | ")?;
+            self.describe(i, out)?;
+            write!(out, " | ")?;
+            let mut any = false;
+            for (p, ps) in self.steps.iter().enumerate() {
+                for loc in [ps.local, ps.remote].into_iter().flatten() {
+                    if let Loc::Field { step, field } = loc {
+                        if step as usize == i {
+                            let kind = if ps.remote == Some(loc) { "bump " } else { "" };
+                            write!(out, "{}{kind}{field:?}←#{p}", if any { ", " } else { "" })?;
+                            any = true;
+                        }
+                    }
+                }
+            }
+            for r in self.recv.iter() {
+                if let Loc::Field { step, field } = r.loc {
+                    if step as usize == i {
+                        write!(out, "{}{field:?}←RECV", if any { ", " } else { "" })?;
+                        any = true;
+                    }
+                }
+            }
+            writeln!(out, " |")?;
+        }
+        let nops = self.steps.iter().filter(|s| s.wqe.opcode == Opcode::Nop).count();
+        writeln!(out)?;
+        writeln!(
+            out,
+            "Ring depths: Loop {}, Mgmt {} ({nops} NOP padding entries not shown). First lap enables Loop 0..{}, Mgmt 0..{}.",
+            self.ring_depth[0], self.ring_depth[1], self.initial_enable[0], self.initial_enable[1]
+        )?;
+        write!(out, "RECV scatter: ")?;
+        for (k, r) in self.recv.iter().enumerate() {
+            let sep = if k == 0 { "" } else { ", " };
+            match r.loc {
+                Loc::Mem(a) => write!(out, "{sep}{} B → MN {a:#x}", r.len)?,
+                Loc::Field { step, field } => write!(out, "{sep}{} B → #{step}.{field:?}", r.len)?,
+            }
+        }
+        writeln!(out)
+    }
+
+    fn describe(&self, i: usize, out: &mut impl fmt::Write) -> fmt::Result {
+        let s = &self.steps[i];
+        let w = &s.wqe;
+        let loc = |l: Option<Loc>, addr: u64| match l {
+            Some(Loc::Field { step, field }) => FieldOrAddr::Field(step, field),
+            _ => FieldOrAddr::Addr(addr),
+        };
+        match w.opcode {
+            Opcode::Wait => {
+                let q = if w.queue_sel() == QueueSel::Recv { "recv" } else { "send" };
+                let r = if w.qpn == self.qpns[0] { "Loop" } else { "Mgmt" };
+                write!(out, "until {r} {q} CQ ≥ {} (lap 0)", w.operand0)
+            }
+            Opcode::Enable => {
+                let q = if w.queue_sel() == QueueSel::Recv { "recv" } else { "send" };
+                let r = if w.qpn == self.qpns[0] { "Loop" } else { "Mgmt" };
+                write!(out, "{r} {q} queue += {}", w.operand0)
+            }
+            Opcode::Read => {
+                write!(out, "{} B {} → {}", w.length, loc(s.remote, w.remote_addr), loc(s.local, w.local_addr))
+            }
+            Opcode::Write | Opcode::WriteWithImm => {
+                write!(out, "{} B {} → {}", w.length, loc(s.local, w.local_addr), loc(s.remote, w.remote_addr))
+            }
+            Opcode::FetchAdd | Opcode::MaskedFetchAdd => write!(
+                out,
+                "{} += {:#x} (mask {:#x}), old → {}",
+                loc(s.remote, w.remote_addr),
+                w.operand0,
+                w.operand1,
+                loc(s.local, w.local_addr)
+            ),
+            Opcode::BindMw if w.flags.contains(crate::wqe::WqeFlags::UNBIND) => {
+                f_write(out, "invalidate window (no QP check)")
+            }
+            Opcode::BindMw => write!(out, "bind window to QP {:#x}, access {:?}", w.qpn, w.access()),
+            Opcode::LocalInv => f_write(out, "invalidate window (bound-QP check)"),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn f_write(out: &mut impl fmt::Write, s: &str) -> fmt::Result {
+    out.write_str(s)
+}
+
+enum FieldOrAddr {
+    Field(u8, WqeField),
+    Addr(u64),
+}
+
+impl fmt::Display for FieldOrAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FieldOrAddr::Field(s, fl) => write!(f, "#{s}.{fl:?}"),
+            FieldOrAddr::Addr(a) => write!(f, "[{a:#x}]"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod doc_tests {
+    use crate::alloc_chain::build_alloc_chain;
+    use crate::chain_builder::test_env;
+    use crate::free_chain::build_free_chain;
+    use std::string::String;
+
+    /// docs/CHAINS.md is generated from the builders; this fails when it is stale.
+    /// Regenerate with `OMW_BLESS=1 cargo test -p omw-core chains_doc`.
+    #[test]
+    fn chains_doc_is_current() {
+        let env = test_env(4096, 16, 3);
+        let mut doc = String::new();
+        doc.push_str("# The alloc and free chains, step by step\n\n");
+        doc.push_str("Generated from `omw_core::alloc_chain` / `free_chain` for G = 3, 4 KiB chunks, 16 chunks\n");
+        doc.push_str(
+            "(`OMW_BLESS=1 cargo test -p omw-core chains_doc` regenerates it; a test fails when it is stale).\n",
+        );
+        doc.push_str("`#n.Field` is a field of step n's WQE, `[addr]` an MN address (scratch, queue, table),\n");
+        doc.push_str("`Loop` the MN loopback QP's send queue, `Mgmt` the MN end of the CN's Alloc/Free QP.\n");
+        doc.push_str("Every WAIT is bumped by a FETCH_ADD at the end of each lap (`bump Operand0←#n`).\n\n");
+        doc.push_str("## Alloc chain\n\n");
+        build_alloc_chain(&env).unwrap().write_table(&mut doc).unwrap();
+        doc.push_str("\n## Free chain\n\n");
+        build_free_chain(&env).unwrap().write_table(&mut doc).unwrap();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CHAINS.md");
+        if std::env::var("OMW_BLESS").is_ok() {
+            std::fs::write(path, &doc).unwrap();
+        }
+        let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(on_disk == doc, "docs/CHAINS.md is stale: run OMW_BLESS=1 cargo test -p omw-core chains_doc");
+    }
+}
