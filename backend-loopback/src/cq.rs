@@ -1,0 +1,167 @@
+//! Completion queues with modelled timestamps.
+//!
+//! Each QP has a send CQ and a receive CQ. A CQ holds completions (oldest dropped past
+//! `NicConfig::cq_capacity`, like mlx5 "ignore overrun" CQs that chains use) and a count of
+//! every CQE it ever generated: polling does not decrease it, and a WAIT compares against it.
+//! Timestamps are non-decreasing per CQ (RC completes a queue's work in order); a CQE is
+//! visible to polls and WAITs only once the clock has reached its time.
+
+use omw_core::backend::Completion;
+use std::collections::VecDeque;
+
+/// A completion and the modelled time (ns) at which it was generated.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct TimedCompletion {
+    pub at: u64,
+    pub completion: Completion,
+}
+
+/// How many recent CQE timestamps a CQ remembers for WAITs.
+const HIST: usize = 64;
+
+#[derive(Debug)]
+pub(crate) struct Cq {
+    entries: VecDeque<TimedCompletion>,
+    cap: usize,
+    /// CQEs generated since creation or the last QP reset.
+    pub count: u64,
+    /// CQEs handed to pollers since the last reset.
+    pub polled: u64,
+    /// CQEs dropped because the CQ was full.
+    pub overruns: u64,
+    pub last_time: u64,
+    hist: [u64; HIST],
+    /// QPs parked on a WAIT for this CQ (global indices); woken on the next CQE.
+    pub waiters: Vec<u32>,
+}
+
+impl Cq {
+    pub fn new(cap: usize) -> Self {
+        Cq {
+            entries: VecDeque::new(),
+            cap: cap.max(1),
+            count: 0,
+            polled: 0,
+            overruns: 0,
+            last_time: 0,
+            hist: [0; HIST],
+            waiters: Vec::new(),
+        }
+    }
+
+    /// Append; returns the timestamp actually used (never earlier than the previous CQE's).
+    pub fn push(&mut self, at: u64, c: Completion) -> u64 {
+        let at = at.max(self.last_time);
+        self.last_time = at;
+        if self.entries.len() == self.cap {
+            self.entries.pop_front();
+            self.overruns += 1;
+        }
+        self.entries.push_back(TimedCompletion { at, completion: c });
+        self.hist[(self.count % HIST as u64) as usize] = at;
+        self.count += 1;
+        at
+    }
+
+    /// Time of the `n`-th CQE (1-based, `n <= count`). For CQEs older than the remembered
+    /// history, the oldest remembered time (an upper bound: times are non-decreasing).
+    #[inline]
+    pub fn time_of(&self, n: u64) -> u64 {
+        debug_assert!(n >= 1 && n <= self.count);
+        if self.count - n < HIST as u64 {
+            self.hist[((n - 1) % HIST as u64) as usize]
+        } else {
+            self.hist[(self.count % HIST as u64) as usize]
+        }
+    }
+
+    /// Whether `n` CQEs exist and the clock has reached the `n`-th.
+    #[inline]
+    pub fn reached(&self, n: u64, now: u64) -> bool {
+        n == 0 || (self.count >= n && self.time_of(n) <= now)
+    }
+
+    /// Earliest queued CQE time, if any.
+    pub fn next_time(&self) -> Option<u64> {
+        self.entries.front().map(|e| e.at)
+    }
+
+    pub fn queued(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Pop visible completions (time ≤ `now`).
+    pub fn poll(&mut self, now: u64, mut f: impl FnMut(TimedCompletion) -> bool) -> usize {
+        let mut n = 0;
+        while let Some(e) = self.entries.front() {
+            if e.at > now {
+                break;
+            }
+            let e = *e;
+            if !f(e) {
+                break;
+            }
+            self.entries.pop_front();
+            self.polled += 1;
+            n += 1;
+        }
+        n
+    }
+
+    pub fn reset(&mut self) {
+        self.entries.clear();
+        self.count = 0;
+        self.polled = 0;
+        self.overruns = 0;
+        self.last_time = 0;
+        self.hist = [0; HIST];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use omw_core::backend::{WcOpcode, WcStatus};
+    use omw_core::ids::Qpn;
+    use omw_core::wqe::Opcode;
+
+    fn c(id: u64) -> Completion {
+        Completion {
+            wr_id: id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send(Opcode::Nop),
+            qpn: Qpn::default(),
+            byte_len: 0,
+            imm: None,
+            invalidated: None,
+        }
+    }
+
+    #[test]
+    fn counts_times_and_overrun() {
+        let mut q = Cq::new(2);
+        assert_eq!(q.push(10, c(1)), 10);
+        assert_eq!(q.push(5, c(2)), 10, "never earlier than the previous CQE");
+        q.push(20, c(3));
+        assert_eq!(q.count, 3);
+        assert_eq!(q.overruns, 1);
+        assert_eq!(q.time_of(3), 20);
+        assert!(q.reached(2, 10));
+        assert!(!q.reached(3, 19));
+        let mut got = vec![];
+        assert_eq!(
+            q.poll(15, |e| {
+                got.push(e.completion.wr_id);
+                true
+            }),
+            1
+        );
+        assert_eq!(got, vec![2]);
+        assert_eq!(q.count, 3, "polling does not decrease the count");
+        for i in 0..200 {
+            q.push(100 + i, c(i));
+        }
+        assert!(q.time_of(5) >= q.time_of(4));
+        assert!(q.time_of(5) <= 100 + 199);
+    }
+}

@@ -1,0 +1,662 @@
+//! What each WQE does: fetch and decode the head entry's bytes, the local checks, the
+//! request message (through the fault middlewares), the responder's §3 checks, the memory
+//! effects, completions and error states.
+//!
+//! Timing of one operation started at `start` by a host whose NIC is free:
+//! * local operations (NOP, WAIT, ENABLE) complete at `start + wqe_ns`; BIND_MW, UNBIND and
+//!   LOCAL_INV at `start + bind_ns`, and the QP's next WQE waits for them;
+//! * a request arrives at `start + wqe_ns + hop (+ payload bytes) (+ injected delay)`, waits
+//!   for the responder engine, takes `responder_ns`, and its ACK/response returns after
+//!   another `hop` (+ READ payload bytes). The requester's CQE carries that time; a receive
+//!   CQE carries the time the responder finished.
+//!
+//! Memory effects are applied when the requester executes the WQE (the model is sequential);
+//! only completion timestamps carry the latency, and WAITs only see CQEs whose time has come,
+//! so anything gated on a completion observes its effects.
+
+use crate::counters::{digest, StepKind, TraceEvent};
+use crate::fabric::{Fabric, HostId};
+use crate::fault::{Message, Verdict};
+use crate::protection::BindTarget;
+use crate::sched::needs_recv;
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Completion, QpState, WcOpcode, WcStatus};
+use omw_core::ids::{Qpn, Rkey};
+use omw_core::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, RECV_WQE_SIZE};
+
+/// Why a request did not reach a responder.
+enum Delivery {
+    /// Delivered, arriving `delay` ns later than the cost model says.
+    Arrived {
+        delay: u64,
+    },
+    Dropped,
+}
+
+impl Fabric {
+    #[inline]
+    fn strict(&self) -> bool {
+        self.cfg.conformance == crate::config::Conformance::Strict
+    }
+
+    /// Execute the head of QP `g` at `self.now`.
+    pub(crate) fn execute(&mut self, g: u32) -> StepKind {
+        if self.qps[g as usize].state == QpState::Err {
+            return self.flush_one(g);
+        }
+        let mut raw = [0u8; 64];
+        raw.copy_from_slice(self.head_slice(g));
+        let now = self.now;
+        let cost = self.cfg.cost;
+        let wqe = match Wqe::decode(&raw) {
+            Ok(w) => w,
+            Err(_) => {
+                self.consume(g);
+                let h = self.qps[g as usize].host as usize;
+                self.hosts[h].nic_free = now + cost.wqe_ns;
+                let op = Opcode::from_u8(raw[0]).unwrap_or(Opcode::Nop);
+                let wr_id = u64::from_le_bytes(raw[8..16].try_into().unwrap_or_default());
+                self.push_cqe(
+                    g,
+                    QueueSel::Send,
+                    now + cost.wqe_ns,
+                    self.send_completion(g, wr_id, op, WcStatus::LocQpOpErr, 0),
+                );
+                self.set_err(g);
+                return StepKind::Malformed;
+            }
+        };
+        if needs_recv(raw[0]) && self.peer_recv_ready(g) == Some(false) {
+            // RNR: the responder has no receive WQE. Wait (the QP stays at its head) until one
+            // is posted or enabled, or the RNR budget runs out.
+            let q = &mut self.qps[g as usize];
+            let since = match q.rnr_since {
+                Some(s) => s,
+                None => {
+                    q.rnr_since = Some(now);
+                    self.counters.rnr_naks += 1;
+                    now
+                }
+            };
+            if now < since.saturating_add(cost.rnr_timeout_ns) {
+                let h = q.host as usize;
+                self.hosts[h].nic_free = self.hosts[h].nic_free.max(now + cost.wqe_ns);
+                return StepKind::RnrWait;
+            }
+            self.consume(g);
+            self.complete(g, &wqe, WcStatus::RnrRetryExcErr, now, 0);
+            self.refill(g);
+            return StepKind::Executed(wqe.opcode);
+        }
+        self.consume(g);
+        match wqe.opcode {
+            Opcode::Nop => {
+                self.local_done(g, now + cost.wqe_ns);
+                self.complete(g, &wqe, WcStatus::Success, now + cost.wqe_ns, 0);
+            }
+            Opcode::Write | Opcode::WriteWithImm | Opcode::Send | Opcode::SendWithImm | Opcode::SendWithInv => {
+                self.exec_outbound(g, &wqe)
+            }
+            Opcode::Read => self.exec_read(g, &wqe),
+            Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => self.exec_atomic(g, &wqe),
+            Opcode::BindMw => self.exec_bind(g, &wqe),
+            Opcode::LocalInv => self.exec_local_inv(g, &wqe),
+            Opcode::Wait => self.exec_wait(g, &wqe),
+            Opcode::Enable => self.exec_enable(g, &wqe),
+        }
+        self.refill(g);
+        StepKind::Executed(wqe.opcode)
+    }
+
+    /// Advance past the head entry (it has been fetched for execution).
+    #[inline]
+    fn consume(&mut self, g: u32) {
+        let q = &mut self.qps[g as usize];
+        q.sq.consumer += 1;
+        q.pf.pop();
+        q.rnr_since = None;
+        q.executed += 1;
+        let h = q.host as usize;
+        self.hosts[h].wqes_executed += 1;
+        self.counters.wqes_executed += 1;
+    }
+
+    #[inline]
+    fn local_done(&mut self, g: u32, t: u64) {
+        let h = self.qps[g as usize].host as usize;
+        self.hosts[h].nic_free = t;
+    }
+
+    #[inline]
+    fn send_completion(&self, g: u32, wr_id: u64, op: Opcode, status: WcStatus, byte_len: u32) -> Completion {
+        Completion {
+            wr_id,
+            status,
+            opcode: WcOpcode::Send(op),
+            qpn: Qpn::new(self.qps[g as usize].qpn).unwrap_or_default(),
+            byte_len,
+            imm: None,
+            invalidated: None,
+        }
+    }
+
+    /// Complete a send WQE: a CQE if signalled or failed; a failure moves the QP to Err.
+    #[inline]
+    fn complete(&mut self, g: u32, w: &Wqe, status: WcStatus, at: u64, byte_len: u32) {
+        if status != WcStatus::Success || w.flags.contains(WqeFlags::SIGNALED) {
+            let c = self.send_completion(g, w.wr_id, w.opcode, status, byte_len);
+            self.push_cqe(g, QueueSel::Send, at, c);
+        }
+        if status != WcStatus::Success {
+            self.set_err(g);
+        }
+    }
+
+    pub(crate) fn push_cqe(&mut self, g: u32, sel: QueueSel, at: u64, c: Completion) {
+        let q = &mut self.qps[g as usize];
+        let host = q.host;
+        let cq = q.cq_mut(sel);
+        let at = cq.push(at, c);
+        let wake = !cq.waiters.is_empty();
+        q.cqes_total += 1;
+        self.counters.count_completion(c.status);
+        self.digest = digest(self.digest, at, host, &c);
+        if self.cfg.trace {
+            self.trace.push(TraceEvent { at, host: HostId(host), completion: c });
+        }
+        if wake {
+            let mut w = std::mem::take(&mut self.qps[g as usize].cq_mut(sel).waiters);
+            for x in w.drain(..) {
+                self.activate(x);
+            }
+            // keep the allocation
+            let slot = &mut self.qps[g as usize].cq_mut(sel).waiters;
+            if slot.is_empty() {
+                *slot = w;
+            }
+        }
+    }
+
+    /// Move a QP to the error state: posted receives flush now, send entries flush one per
+    /// step, the prefetch cache is dropped.
+    pub(crate) fn set_err(&mut self, g: u32) {
+        let q = &mut self.qps[g as usize];
+        if !q.alive || q.state == QpState::Err {
+            return;
+        }
+        q.state = QpState::Err;
+        q.rnr_since = None;
+        q.pf.clear();
+        self.flush_recvs(g);
+        self.activate(g);
+    }
+
+    /// Flush every receive entry of an errored QP.
+    pub(crate) fn flush_recvs(&mut self, g: u32) {
+        loop {
+            let q = &self.qps[g as usize];
+            if q.rq.consumer >= q.rq.flush_end() {
+                break;
+            }
+            let addr = q.rq.slot_addr(q.rq.consumer);
+            let wr_id = self.hosts[q.host as usize]
+                .mem
+                .slice(addr + 8, 8)
+                .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or_default()));
+            let c = Completion {
+                wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                qpn: Qpn::new(q.qpn).unwrap_or_default(),
+                byte_len: 0,
+                imm: None,
+                invalidated: None,
+            };
+            self.qps[g as usize].rq.consumer += 1;
+            self.counters.recvs_flushed += 1;
+            let now = self.now;
+            self.push_cqe(g, QueueSel::Recv, now, c);
+        }
+    }
+
+    fn flush_one(&mut self, g: u32) -> StepKind {
+        let q = &self.qps[g as usize];
+        let addr = q.sq.slot_addr(q.sq.consumer);
+        let h = q.host as usize;
+        let (op, wr_id) = self.hosts[h].mem.slice(addr, 16).map_or((Opcode::Nop, 0), |s| {
+            (Opcode::from_u8(s[0]).unwrap_or(Opcode::Nop), u64::from_le_bytes(s[8..16].try_into().unwrap_or_default()))
+        });
+        let q = &mut self.qps[g as usize];
+        q.sq.consumer += 1;
+        q.flushed += 1;
+        self.counters.wqes_flushed += 1;
+        let now = self.now;
+        self.hosts[h].nic_free = now + self.cfg.cost.flush_ns;
+        let c = self.send_completion(g, wr_id, op, WcStatus::WrFlushErr, 0);
+        self.push_cqe(g, QueueSel::Send, now, c);
+        StepKind::Flushed
+    }
+
+    // ---- requests ---------------------------------------------------------------------------
+
+    /// The responder QP of `g`, or a transport failure (`RetryExcErr` after the retry
+    /// timeout; only the requester goes to Err: there is no live responder to tell).
+    fn responder(&mut self, g: u32, w: &Wqe, start: u64) -> Option<u32> {
+        if let Some(p) = self.peer_gq(g) {
+            let st = self.qps[p as usize].state;
+            if st == QpState::Rts || st == QpState::Rtr {
+                return Some(p);
+            }
+        }
+        let t = start.saturating_add(self.cfg.cost.retry_timeout_ns);
+        self.complete(g, w, WcStatus::RetryExcErr, t, 0);
+        None
+    }
+
+    /// Pass a request through the fault plan and middlewares. `plen` payload bytes are in
+    /// the scratch buffer and may be rewritten.
+    fn deliver(&mut self, g: u32, p: u32, w: &Wqe, plen: usize, start: u64) -> Delivery {
+        self.counters.messages += 1;
+        if self.faults.is_empty() && self.middlewares.is_empty() {
+            return Delivery::Arrived { delay: 0 };
+        }
+        let msg = Message { at: start, src: self.addr_of(g), dst: self.addr_of(p), opcode: w.opcode, len: w.length };
+        let mut delay = 0u64;
+        let mut dropped = false;
+        let payload = &mut self.scratch[..plen];
+        let verdicts = std::iter::once(&mut self.faults as &mut dyn crate::fault::Middleware)
+            .chain(self.middlewares.iter_mut().map(|m| m.as_mut()));
+        for m in verdicts {
+            if dropped {
+                break;
+            }
+            match m.on_message(&msg, payload) {
+                Verdict::Deliver => {}
+                Verdict::Drop => dropped = true,
+                Verdict::Delay(d) => delay = delay.saturating_add(d),
+            }
+        }
+        if dropped {
+            self.counters.messages_dropped += 1;
+            Delivery::Dropped
+        } else {
+            if delay > 0 {
+                self.counters.messages_delayed += 1;
+            }
+            Delivery::Arrived { delay }
+        }
+    }
+
+    /// A dropped request: the requester retries until its timeout (`RetryExcErr`); the pair
+    /// goes to Err.
+    fn dropped(&mut self, g: u32, p: u32, w: &Wqe, start: u64) {
+        let t = start.saturating_add(self.cfg.cost.retry_timeout_ns);
+        self.complete(g, w, WcStatus::RetryExcErr, t, 0);
+        self.set_err(p);
+    }
+
+    /// Arrival and responder-completion times; reserves the responder engine.
+    #[inline]
+    fn responder_times(&mut self, g: u32, p: u32, start: u64, extra: u64) -> (u64, u64) {
+        let c = self.cfg.cost;
+        let (h, ph) = (self.qps[g as usize].host, self.qps[p as usize].host);
+        let hop = if h == ph { c.loopback_hop_ns } else { c.wire_hop_ns };
+        let arrive = start.saturating_add(c.wqe_ns + hop).saturating_add(extra);
+        let rx = &mut self.hosts[ph as usize].rx_free;
+        let begin = arrive.max(*rx);
+        *rx = begin + c.responder_ns;
+        (begin + c.responder_ns, hop)
+    }
+
+    /// Copy `len` bytes of host `h` memory at `addr` into the scratch buffer.
+    #[inline]
+    fn gather(&mut self, h: u32, addr: u64, len: usize) -> bool {
+        if self.scratch.len() < len {
+            self.scratch.resize(len, 0);
+        }
+        match self.hosts[h as usize].mem.slice(addr, len as u64) {
+            Some(s) => {
+                self.scratch[..len].copy_from_slice(s);
+                true
+            }
+            None => len == 0,
+        }
+    }
+
+    #[inline]
+    fn scatter(&mut self, h: u32, addr: u64, from: usize, len: usize) -> bool {
+        match self.hosts[h as usize].mem.slice_mut(addr, len as u64) {
+            Some(s) => {
+                s.copy_from_slice(&self.scratch[from..from + len]);
+                true
+            }
+            None => len == 0,
+        }
+    }
+
+    /// WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, SEND_WITH_INV: data flows to the peer.
+    fn exec_outbound(&mut self, g: u32, w: &Wqe) {
+        let start = self.now;
+        let cost = self.cfg.cost;
+        let (h, pd) = (self.qps[g as usize].host, self.qps[g as usize].pd);
+        let len = w.length as usize;
+        self.local_done(g, start + cost.wqe_ns);
+        if len > 0 && !self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, len as u64, false) {
+            self.complete(g, w, WcStatus::LocProtErr, start + cost.wqe_ns, 0);
+            return;
+        }
+        let Some(p) = self.responder(g, w, start) else {
+            return;
+        };
+        if !self.gather(h, w.local_addr, len) {
+            self.complete(g, w, WcStatus::LocProtErr, start + cost.wqe_ns, 0);
+            return;
+        }
+        let delay = match self.deliver(g, p, w, len, start) {
+            Delivery::Arrived { delay } => delay,
+            Delivery::Dropped => return self.dropped(g, p, w, start),
+        };
+        let (resp_done, hop) = self.responder_times(g, p, start, cost.bytes_ns(len as u64).saturating_add(delay));
+        let ack = resp_done + hop;
+        let (ph, ppd) = (self.qps[p as usize].host, self.qps[p as usize].pd);
+        let strict = self.strict();
+        match w.opcode {
+            Opcode::Write | Opcode::WriteWithImm => {
+                let mut eff = w.remote_addr;
+                if len > 0 {
+                    match self.hosts[ph as usize].prot.check_remote(
+                        ppd,
+                        p,
+                        w.rkey,
+                        w.remote_addr,
+                        len as u64,
+                        AccessFlags::REMOTE_WRITE,
+                        false,
+                        strict,
+                    ) {
+                        Some(a) => eff = a,
+                        None => return self.remote_fail(g, p, w, WcStatus::RemAccessErr, ack),
+                    }
+                }
+                let mut recv_wr = 0;
+                if w.opcode == Opcode::WriteWithImm {
+                    match self.take_recv(p) {
+                        Ok(r) => recv_wr = r.wr_id,
+                        Err(wr_id) => {
+                            self.recv_error(p, wr_id, WcStatus::LocQpOpErr, resp_done);
+                            return self.remote_fail(g, p, w, WcStatus::RemOpErr, ack);
+                        }
+                    }
+                }
+                self.scatter(ph, eff, 0, len);
+                if w.opcode == Opcode::WriteWithImm {
+                    let c = Completion {
+                        wr_id: recv_wr,
+                        status: WcStatus::Success,
+                        opcode: WcOpcode::RecvRdmaWithImm,
+                        qpn: Qpn::new(self.qps[p as usize].qpn).unwrap_or_default(),
+                        byte_len: w.length,
+                        imm: Some(w.imm),
+                        invalidated: None,
+                    };
+                    self.push_cqe(p, QueueSel::Recv, resp_done, c);
+                }
+                self.complete(g, w, WcStatus::Success, ack, w.length);
+            }
+            _ => {
+                // SEND family: consume the next receive WQE, scatter across its SGEs.
+                let recv = match self.take_recv(p) {
+                    Ok(r) => r,
+                    Err(wr_id) => {
+                        self.recv_error(p, wr_id, WcStatus::LocQpOpErr, resp_done);
+                        return self.remote_fail(g, p, w, WcStatus::RemOpErr, ack);
+                    }
+                };
+                if len as u64 > recv.total_len() {
+                    self.recv_error(p, recv.wr_id, WcStatus::LocLenErr, resp_done);
+                    return self.remote_fail(g, p, w, WcStatus::RemInvReqErr, ack);
+                }
+                let mut left = len as u64;
+                for s in recv.sges.iter() {
+                    let take = left.min(s.length as u64);
+                    if take > 0 && !self.hosts[ph as usize].prot.check_local(ppd, s.lkey, s.addr, take, true) {
+                        self.recv_error(p, recv.wr_id, WcStatus::LocProtErr, resp_done);
+                        return self.remote_fail(g, p, w, WcStatus::RemOpErr, ack);
+                    }
+                    left -= take;
+                }
+                let mut invalidated = None;
+                if w.opcode == Opcode::SendWithInv {
+                    let by = strict.then_some(p);
+                    if self.hosts[ph as usize].prot.invalidate(w.imm, by).is_err() {
+                        self.recv_error(p, recv.wr_id, WcStatus::RemInvReqErr, resp_done);
+                        return self.remote_fail(g, p, w, WcStatus::RemInvReqErr, ack);
+                    }
+                    invalidated = Some(Rkey(w.imm));
+                }
+                let mut off = 0usize;
+                for s in recv.sges.iter() {
+                    let take = (len - off).min(s.length as usize);
+                    if take > 0 {
+                        self.scatter(ph, s.addr, off, take);
+                        off += take;
+                    }
+                }
+                let c = Completion {
+                    wr_id: recv.wr_id,
+                    status: WcStatus::Success,
+                    opcode: WcOpcode::Recv,
+                    qpn: Qpn::new(self.qps[p as usize].qpn).unwrap_or_default(),
+                    byte_len: w.length,
+                    imm: (w.opcode == Opcode::SendWithImm).then_some(w.imm),
+                    invalidated,
+                };
+                self.push_cqe(p, QueueSel::Recv, resp_done, c);
+                self.complete(g, w, WcStatus::Success, ack, w.length);
+            }
+        }
+    }
+
+    /// Consume the responder's next receive WQE. `Err(wr_id)` if its bytes do not decode
+    /// (the entry is consumed all the same).
+    fn take_recv(&mut self, p: u32) -> Result<RecvWqe, u64> {
+        let q = &mut self.qps[p as usize];
+        let addr = q.rq.slot_addr(q.rq.consumer);
+        q.rq.consumer += 1;
+        let mem = &self.hosts[q.host as usize].mem;
+        let Some(b) = mem.slice(addr, RECV_WQE_SIZE as u64) else {
+            return Err(0);
+        };
+        RecvWqe::decode(b).map_err(|_| u64::from_le_bytes(b[8..16].try_into().unwrap_or_default()))
+    }
+
+    /// A receive completes in error (the responder QP then goes to Err).
+    fn recv_error(&mut self, p: u32, wr_id: u64, status: WcStatus, at: u64) {
+        let c = Completion {
+            wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            qpn: Qpn::new(self.qps[p as usize].qpn).unwrap_or_default(),
+            byte_len: 0,
+            imm: None,
+            invalidated: None,
+        };
+        self.push_cqe(p, QueueSel::Recv, at, c);
+    }
+
+    /// A responder-side failure: the requester's WQE completes with `status` and both QPs of
+    /// the pair go to Err.
+    fn remote_fail(&mut self, g: u32, p: u32, w: &Wqe, status: WcStatus, at: u64) {
+        self.complete(g, w, status, at, 0);
+        self.set_err(p);
+    }
+
+    fn exec_read(&mut self, g: u32, w: &Wqe) {
+        let start = self.now;
+        let cost = self.cfg.cost;
+        let (h, pd) = (self.qps[g as usize].host, self.qps[g as usize].pd);
+        let len = w.length as usize;
+        self.local_done(g, start + cost.wqe_ns);
+        if len > 0 && !self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, len as u64, true) {
+            self.complete(g, w, WcStatus::LocProtErr, start + cost.wqe_ns, 0);
+            return;
+        }
+        let Some(p) = self.responder(g, w, start) else {
+            return;
+        };
+        let delay = match self.deliver(g, p, w, 0, start) {
+            Delivery::Arrived { delay } => delay,
+            Delivery::Dropped => return self.dropped(g, p, w, start),
+        };
+        let (resp_done, hop) = self.responder_times(g, p, start, delay);
+        let ack = resp_done + hop + cost.bytes_ns(len as u64);
+        let q = &mut self.qps[g as usize];
+        q.rd_done = q.rd_done.max(ack);
+        if len > 0 {
+            let (ph, ppd) = (self.qps[p as usize].host, self.qps[p as usize].pd);
+            let strict = self.strict();
+            let Some(eff) = self.hosts[ph as usize].prot.check_remote(
+                ppd,
+                p,
+                w.rkey,
+                w.remote_addr,
+                len as u64,
+                AccessFlags::REMOTE_READ,
+                false,
+                strict,
+            ) else {
+                return self.remote_fail(g, p, w, WcStatus::RemAccessErr, ack);
+            };
+            self.gather(ph, eff, len);
+            self.scatter(h, w.local_addr, 0, len);
+        }
+        self.complete(g, w, WcStatus::Success, ack, w.length);
+    }
+
+    fn exec_atomic(&mut self, g: u32, w: &Wqe) {
+        let start = self.now;
+        let cost = self.cfg.cost;
+        let (h, pd) = (self.qps[g as usize].host, self.qps[g as usize].pd);
+        self.local_done(g, start + cost.wqe_ns);
+        if !self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, 8, true) {
+            self.complete(g, w, WcStatus::LocProtErr, start + cost.wqe_ns, 0);
+            return;
+        }
+        let Some(p) = self.responder(g, w, start) else {
+            return;
+        };
+        let delay = match self.deliver(g, p, w, 0, start) {
+            Delivery::Arrived { delay } => delay,
+            Delivery::Dropped => return self.dropped(g, p, w, start),
+        };
+        let (resp_done, hop) = self.responder_times(g, p, start, delay);
+        let ack = resp_done + hop + cost.bytes_ns(8);
+        let q = &mut self.qps[g as usize];
+        q.rd_done = q.rd_done.max(ack);
+        let (ph, ppd) = (self.qps[p as usize].host, self.qps[p as usize].pd);
+        let strict = self.strict();
+        let Some(eff) = self.hosts[ph as usize].prot.check_remote(
+            ppd,
+            p,
+            w.rkey,
+            w.remote_addr,
+            8,
+            AccessFlags::REMOTE_ATOMIC,
+            true,
+            strict,
+        ) else {
+            return self.remote_fail(g, p, w, WcStatus::RemAccessErr, ack);
+        };
+        let mem = &mut self.hosts[ph as usize].mem;
+        let old = mem.read_u64(eff).unwrap_or(0);
+        let new = match w.opcode {
+            Opcode::FetchAdd => old.wrapping_add(w.operand0),
+            Opcode::MaskedFetchAdd => masked_add(old, w.operand0, w.operand1),
+            _ => {
+                if old == w.operand0 {
+                    w.operand1
+                } else {
+                    old
+                }
+            }
+        };
+        mem.write_u64(eff, new);
+        self.hosts[h as usize].mem.write_u64(w.local_addr, old);
+        self.complete(g, w, WcStatus::Success, ack, 8);
+    }
+
+    // ---- local operations ------------------------------------------------------------------
+
+    fn exec_bind(&mut self, g: u32, w: &Wqe) {
+        let start = self.now;
+        let done = start + self.cfg.cost.bind_ns;
+        self.local_done(g, done);
+        let q = &mut self.qps[g as usize];
+        q.order_until = q.order_until.max(done); // mlx5 fences the WQE after a bind
+        let (h, pd, qpn) = (q.host, q.pd, q.qpn);
+        let res = if w.flags.contains(WqeFlags::UNBIND) {
+            self.hosts[h as usize].prot.invalidate(w.imm, None)
+        } else if w.qpn != qpn && !self.cfg.offload {
+            Err(crate::protection::MwOpFail::OtherQpWithoutOffload)
+        } else {
+            let target = self.resolve(h, w.qpn).map(|t| BindTarget { gq: t, qpn: w.qpn, pd: self.qps[t as usize].pd });
+            self.hosts[h as usize].prot.bind(pd, w.imm, w.lkey, w.local_addr, w.length as u64, w.access(), target)
+        };
+        let status = match res {
+            Ok(()) => WcStatus::Success,
+            Err(_) => WcStatus::MwBindErr,
+        };
+        self.complete(g, w, status, done, 0);
+    }
+
+    fn exec_local_inv(&mut self, g: u32, w: &Wqe) {
+        let start = self.now;
+        let done = start + self.cfg.cost.bind_ns;
+        self.local_done(g, done);
+        let q = &mut self.qps[g as usize];
+        q.order_until = q.order_until.max(done);
+        let h = q.host;
+        let by = self.strict().then_some(g);
+        let status = match self.hosts[h as usize].prot.invalidate(w.imm, by) {
+            Ok(()) => WcStatus::Success,
+            Err(_) => WcStatus::MwBindErr,
+        };
+        self.complete(g, w, status, done, 0);
+    }
+
+    fn exec_wait(&mut self, g: u32, w: &Wqe) {
+        let done = self.now + self.cfg.cost.wqe_ns;
+        self.local_done(g, done);
+        let h = self.qps[g as usize].host;
+        let ok = self.cfg.offload && self.resolve(h, w.qpn).is_some();
+        let status = if ok { WcStatus::Success } else { WcStatus::LocQpOpErr };
+        self.complete(g, w, status, done, 0);
+    }
+
+    fn exec_enable(&mut self, g: u32, w: &Wqe) {
+        let done = self.now + self.cfg.cost.wqe_ns;
+        self.local_done(g, done);
+        let h = self.qps[g as usize].host;
+        let sel = w.queue_sel();
+        let target = if self.cfg.offload {
+            self.resolve(h, w.qpn).filter(|t| self.qps[*t as usize].queue(sel).managed)
+        } else {
+            None
+        };
+        let Some(t) = target else {
+            return self.complete(g, w, WcStatus::LocQpOpErr, done, 0);
+        };
+        let tq = &mut self.qps[t as usize];
+        let qu = tq.queue_mut(sel);
+        qu.limit = qu.limit.saturating_add(w.operand0);
+        if sel == QueueSel::Send {
+            self.activate(t);
+            if t != g {
+                self.refill(t);
+            }
+        } else if tq.state == QpState::Err {
+            self.flush_recvs(t);
+        }
+        self.complete(g, w, WcStatus::Success, done, 0);
+    }
+}

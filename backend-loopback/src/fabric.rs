@@ -1,0 +1,869 @@
+//! The fabric: hosts (MN, CNs) with memory, protection objects, QPs and one NIC each, the
+//! global virtual clock, and the control-plane API (what a CPU does: allocate, register,
+//! create and connect QPs, post, enable, poll, reset, inject host faults).
+//!
+//! Work itself runs in [`crate::sched`] (which QP goes next, when) and [`crate::exec`] (what
+//! a WQE does).
+
+use crate::config::NicConfig;
+use crate::counters::{Counters, HostStats, QpStats, TraceEvent};
+use crate::cq::{Cq, TimedCompletion};
+use crate::error::LoopbackError;
+use crate::fault::{FaultPlan, Middleware};
+use crate::memory::{host_base, Memory};
+use crate::protection::{MrInfo, MwInfo, MwState, PdId, Protection};
+use crate::qp::{Prefetch, Qp, QpConfig, Queue};
+use crate::view::HostView;
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Capabilities, Completion, MrKeys, QpState};
+use omw_core::ids::{Qpn, Rkey};
+use omw_core::wqe::{QueueSel, RecvWqe, Wqe, RECV_WQE_SIZE, WQE_SIZE};
+use std::fmt;
+
+type Result<T> = core::result::Result<T, LoopbackError>;
+
+/// A host of the fabric (index into [`Fabric`]'s hosts).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, Default)]
+pub struct HostId(pub u32);
+
+impl fmt::Display for HostId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "host{}", self.0)
+    }
+}
+
+/// A QP, fabric-wide: its host and its QP number there.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+pub struct QpAddr {
+    pub host: HostId,
+    pub qpn: Qpn,
+}
+
+impl QpAddr {
+    pub const fn new(host: HostId, qpn: Qpn) -> Self {
+        QpAddr { host, qpn }
+    }
+}
+
+impl fmt::Display for QpAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/qp{}", self.host, self.qpn)
+    }
+}
+
+/// Most hosts a fabric holds (QP numbers carry `host + 1` in bits 16..24).
+pub const MAX_HOSTS: u32 = 255;
+/// Most QPs one host creates over its life.
+pub const MAX_QPS_PER_HOST: u32 = 0x1_0000;
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// QP number of the `local`-th QP of host `h`: `(h + 1) << 16 | local`, so QP numbers of
+/// different hosts never coincide (a CN's qpn in an MN bind is caught as a bad target).
+pub const fn qpn_of(host: u32, local: u32) -> u32 {
+    ((host + 1) << 16) | local
+}
+
+#[derive(Debug)]
+pub(crate) struct Host {
+    pub name: String,
+    pub mem: Memory,
+    pub prot: Protection,
+    /// Local QP index → global index (NONE once destroyed).
+    pub qps: Vec<u32>,
+    pub crashed: bool,
+    pub ring_base: u64,
+    pub ring_len: u64,
+    pub ring_brk: u64,
+    pub ring_key: u32,
+    /// The send engine handles one WQE at a time; busy until this time.
+    pub nic_free: u64,
+    /// The responder engine (incoming requests); busy until this time.
+    pub rx_free: u64,
+    pub cpu_free: u64,
+    pub cpu_events: u64,
+    pub cpu_busy_ns: u64,
+    pub wqes_executed: u64,
+}
+
+/// The whole model. Everything is deterministic: the same calls in the same order give the
+/// same memory, completions, timestamps and counters.
+pub struct Fabric {
+    pub(crate) cfg: NicConfig,
+    pub(crate) now: u64,
+    pub(crate) hosts: Vec<Host>,
+    pub(crate) qps: Vec<Qp>,
+    /// QPs that may have work (global indices); idle and parked QPs are dropped lazily.
+    pub(crate) active: Vec<u32>,
+    /// Round-robin cursor: ties in ready time go to the first QP index at or after it.
+    pub(crate) rr: u32,
+    pub(crate) scratch: Vec<u8>,
+    pub(crate) faults: FaultPlan,
+    pub(crate) middlewares: Vec<Box<dyn Middleware>>,
+    pub(crate) counters: Counters,
+    pub(crate) trace: Vec<TraceEvent>,
+    pub(crate) digest: u64,
+}
+
+impl fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fabric")
+            .field("now", &self.now)
+            .field("hosts", &self.hosts.len())
+            .field("qps", &self.qps.len())
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fabric {
+    pub fn new(cfg: NicConfig) -> Self {
+        Fabric {
+            cfg,
+            now: 0,
+            hosts: Vec::new(),
+            qps: Vec::new(),
+            active: Vec::new(),
+            rr: 0,
+            scratch: Vec::new(),
+            faults: FaultPlan::new(cfg.seed),
+            middlewares: Vec::new(),
+            counters: Counters::default(),
+            trace: Vec::new(),
+            digest: 0xcbf2_9ce4_8422_2325,
+        }
+    }
+
+    pub fn config(&self) -> &NicConfig {
+        &self.cfg
+    }
+
+    /// What every NIC of this fabric can do (see [`NicConfig::capabilities`]).
+    pub fn capabilities(&self) -> Capabilities {
+        self.cfg.capabilities()
+    }
+
+    // ---- hosts -------------------------------------------------------------------------------
+
+    /// Add a host (an MN or a CN: the model does not distinguish). It gets PD 0 and a ring
+    /// arena (`NicConfig::ring_arena_bytes`) registered as one MR in PD 0 with
+    /// LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE | REMOTE_ATOMIC, so chains can patch WQEs
+    /// with READs and bump them with fetch-and-adds.
+    pub fn add_host(&mut self, name: &str) -> Result<HostId> {
+        let index = self.hosts.len() as u32;
+        if index >= MAX_HOSTS {
+            return Err(LoopbackError::BadArgument("too many hosts"));
+        }
+        let id = HostId(index);
+        let mut mem = Memory::new(host_base(index), self.cfg.mem_limit);
+        let ring_len = self.cfg.ring_arena_bytes.max(WQE_SIZE as u64);
+        let ring_base =
+            mem.alloc(ring_len, 4096).ok_or(LoopbackError::OutOfMemory { host: id, requested: ring_len })?;
+        let mut prot = Protection::new();
+        let ring_key = prot
+            .reg_mr(
+                PdId(0),
+                ring_base,
+                ring_len,
+                AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_ATOMIC,
+            )
+            .ok_or(LoopbackError::BadArgument("key space exhausted"))?;
+        self.hosts.push(Host {
+            name: name.to_string(),
+            mem,
+            prot,
+            qps: Vec::new(),
+            crashed: false,
+            ring_base,
+            ring_len,
+            ring_brk: 0,
+            ring_key,
+            nic_free: 0,
+            rx_free: 0,
+            cpu_free: 0,
+            cpu_events: 0,
+            cpu_busy_ns: 0,
+            wqes_executed: 0,
+        });
+        Ok(id)
+    }
+
+    pub fn host_count(&self) -> usize {
+        self.hosts.len()
+    }
+
+    pub fn host_name(&self, h: HostId) -> Result<&str> {
+        Ok(&self.host_any(h)?.name)
+    }
+
+    pub fn is_crashed(&self, h: HostId) -> Result<bool> {
+        Ok(self.host_any(h)?.crashed)
+    }
+
+    fn host_any(&self, h: HostId) -> Result<&Host> {
+        self.hosts.get(h.0 as usize).ok_or(LoopbackError::NoSuchHost(h))
+    }
+
+    pub(crate) fn host(&self, h: HostId) -> Result<&Host> {
+        let host = self.host_any(h)?;
+        if host.crashed {
+            return Err(LoopbackError::HostCrashed(h));
+        }
+        Ok(host)
+    }
+
+    pub(crate) fn host_mut(&mut self, h: HostId) -> Result<&mut Host> {
+        let host = self.hosts.get_mut(h.0 as usize).ok_or(LoopbackError::NoSuchHost(h))?;
+        if host.crashed {
+            return Err(LoopbackError::HostCrashed(h));
+        }
+        Ok(host)
+    }
+
+    /// A view of one host implementing [`omw_core::backend::RdmaBackend`].
+    pub fn view(&mut self, h: HostId) -> HostView<'_> {
+        HostView::new(self, h)
+    }
+
+    // ---- memory --------------------------------------------------------------------------------
+
+    /// Allocate `len` zeroed bytes of host memory aligned to `align` (a power of two).
+    pub fn alloc(&mut self, h: HostId, len: u64, align: u64) -> Result<u64> {
+        if !align.is_power_of_two() {
+            return Err(LoopbackError::BadArgument("alignment must be a power of two"));
+        }
+        self.host_mut(h)?.mem.alloc(len, align).ok_or(LoopbackError::OutOfMemory { host: h, requested: len })
+    }
+
+    /// Host (CPU) read of its own memory.
+    pub fn read(&self, h: HostId, addr: u64, buf: &mut [u8]) -> Result<()> {
+        if self.host(h)?.mem.read(addr, buf) {
+            Ok(())
+        } else {
+            Err(LoopbackError::BadAddress { host: h, addr, len: buf.len() as u64 })
+        }
+    }
+
+    /// Host (CPU) write of its own memory. Writing into a ring changes what the NIC fetches
+    /// next (unless it already prefetched the entry).
+    pub fn write(&mut self, h: HostId, addr: u64, data: &[u8]) -> Result<()> {
+        if self.host_mut(h)?.mem.write(addr, data) {
+            Ok(())
+        } else {
+            Err(LoopbackError::BadAddress { host: h, addr, len: data.len() as u64 })
+        }
+    }
+
+    pub fn read_u64(&self, h: HostId, addr: u64) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(h, addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    pub fn write_u64(&mut self, h: HostId, addr: u64, v: u64) -> Result<()> {
+        self.write(h, addr, &v.to_le_bytes())
+    }
+
+    // ---- protection ------------------------------------------------------------------------------
+
+    pub fn alloc_pd(&mut self, h: HostId) -> Result<PdId> {
+        Ok(self.host_mut(h)?.prot.alloc_pd())
+    }
+
+    /// Register allocated memory `[addr, addr+len)` in `pd`. lkey == rkey.
+    pub fn reg_mr(&mut self, h: HostId, pd: PdId, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys> {
+        let host = self.host_mut(h)?;
+        if !host.prot.pd_exists(pd) {
+            return Err(LoopbackError::NoSuchPd { host: h, pd: pd.0 });
+        }
+        if len == 0 {
+            return Err(LoopbackError::BadArgument("zero-length MR"));
+        }
+        if host.mem.range(addr, len).is_none() {
+            return Err(LoopbackError::BadAddress { host: h, addr, len });
+        }
+        let key = host.prot.reg_mr(pd, addr, len, access).ok_or(LoopbackError::BadArgument("key space exhausted"))?;
+        Ok(MrKeys { lkey: key, rkey: key })
+    }
+
+    /// Allocate and register in one call.
+    pub fn alloc_mr(
+        &mut self,
+        h: HostId,
+        pd: PdId,
+        len: u64,
+        align: u64,
+        access: AccessFlags,
+    ) -> Result<(u64, MrKeys)> {
+        let addr = self.alloc(h, len, align)?;
+        Ok((addr, self.reg_mr(h, pd, addr, len, access)?))
+    }
+
+    /// Deregister; refused while windows are bound to the MR (rxe's EINVAL, §3).
+    pub fn dereg_mr(&mut self, h: HostId, lkey: u32) -> Result<()> {
+        self.host_mut(h)?.prot.dereg_mr(lkey).map_err(|bound| match bound {
+            true => LoopbackError::MrHasBoundWindows { host: h, lkey },
+            false => LoopbackError::NoSuchKey { host: h, key: lkey },
+        })
+    }
+
+    pub fn mr_info(&self, h: HostId, key: u32) -> Result<MrInfo> {
+        self.host(h)?.prot.mr_info(key).ok_or(LoopbackError::NoSuchKey { host: h, key })
+    }
+
+    /// Allocate a type-2 window in `pd`; returns its initial (unbound) rkey.
+    pub fn alloc_mw(&mut self, h: HostId, pd: PdId) -> Result<Rkey> {
+        let host = self.host_mut(h)?;
+        if !host.prot.pd_exists(pd) {
+            return Err(LoopbackError::NoSuchPd { host: h, pd: pd.0 });
+        }
+        host.prot.alloc_mw(pd).ok_or(LoopbackError::BadArgument("key space exhausted"))
+    }
+
+    /// Deallocate an unbound window.
+    pub fn dealloc_mw(&mut self, h: HostId, rkey: Rkey) -> Result<()> {
+        self.host_mut(h)?.prot.dealloc_mw(rkey.0).map_err(|_| LoopbackError::NoSuchKey { host: h, key: rkey.0 })
+    }
+
+    /// State of the window with rkey index `rkey_index` (whatever its current key).
+    pub fn mw_binding(&self, h: HostId, rkey_index: u32) -> Option<MwInfo> {
+        self.host(h).ok()?.prot.mw_info(rkey_index)
+    }
+
+    /// The QP a window is bound to, if `rkey` is exactly its current key and it is bound.
+    pub fn qp_of_mw(&self, h: HostId, rkey: Rkey) -> Option<Qpn> {
+        let host = self.host(h).ok()?;
+        let info = host.prot.mw_info(rkey.index())?;
+        match info.state {
+            MwState::Bound(b) if info.rkey == rkey => Some(b.qpn),
+            _ => None,
+        }
+    }
+
+    /// Whether `rkey` (exactly) would currently validate as a bound window.
+    pub fn mw_is_bound(&self, h: HostId, rkey: Rkey) -> bool {
+        self.qp_of_mw(h, rkey).is_some()
+    }
+
+    // ---- QPs ---------------------------------------------------------------------------------
+
+    /// Resolve a QP number of host `h` to its global index (live QPs only).
+    #[inline]
+    pub(crate) fn resolve(&self, h: u32, qpn: u32) -> Option<u32> {
+        if qpn >> 16 != h + 1 {
+            return None;
+        }
+        let g = *self.hosts.get(h as usize)?.qps.get((qpn & 0xFFFF) as usize)?;
+        (g != NONE).then_some(g)
+    }
+
+    pub(crate) fn gq(&self, qp: QpAddr) -> Result<u32> {
+        self.host(qp.host)?;
+        self.resolve(qp.host.0, qp.qpn.get()).ok_or(LoopbackError::NoSuchQp { host: qp.host, qpn: qp.qpn.get() })
+    }
+
+    pub(crate) fn addr_of(&self, gq: u32) -> QpAddr {
+        let q = &self.qps[gq as usize];
+        QpAddr { host: HostId(q.host), qpn: Qpn::new(q.qpn).unwrap_or_default() }
+    }
+
+    /// Create an RC QP in state `Init` with rings in the host's ring arena.
+    pub fn create_qp(&mut self, h: HostId, cfg: QpConfig) -> Result<Qpn> {
+        if cfg.send_depth == 0 || cfg.recv_depth == 0 {
+            return Err(LoopbackError::BadArgument("queue depth must be at least 1"));
+        }
+        let cq_cap = self.cfg.cq_capacity as usize;
+        let pf_cap = if self.cfg.prefetch { self.cfg.prefetch_depth.max(1) as usize } else { 0 };
+        let gq = self.qps.len() as u32;
+        let host = self.host_mut(h)?;
+        if !host.prot.pd_exists(cfg.pd) {
+            return Err(LoopbackError::NoSuchPd { host: h, pd: cfg.pd.0 });
+        }
+        let local = host.qps.len() as u32;
+        if local >= MAX_QPS_PER_HOST {
+            return Err(LoopbackError::BadArgument("too many QPs on this host"));
+        }
+        let sbytes = cfg.send_depth as u64 * WQE_SIZE as u64;
+        let rbytes = cfg.recv_depth as u64 * RECV_WQE_SIZE as u64;
+        let s_off = host.ring_brk.next_multiple_of(64);
+        let r_off = (s_off + sbytes).next_multiple_of(64);
+        let end = r_off + rbytes;
+        if end > host.ring_len {
+            return Err(LoopbackError::RingArenaFull { host: h, requested: sbytes + rbytes });
+        }
+        host.ring_brk = end;
+        let qpn = qpn_of(h.0, local);
+        let sq = Queue::new(host.ring_base + s_off, cfg.send_depth, WQE_SIZE as u32, cfg.managed_send);
+        let rq = Queue::new(host.ring_base + r_off, cfg.recv_depth, RECV_WQE_SIZE as u32, cfg.managed_recv);
+        host.qps.push(gq);
+        self.qps.push(Qp {
+            host: h.0,
+            qpn,
+            pd: cfg.pd.0,
+            peer: None,
+            state: QpState::Init,
+            alive: true,
+            sq,
+            rq,
+            scq: Cq::new(cq_cap),
+            rcq: Cq::new(cq_cap),
+            pf: Prefetch::new(pf_cap),
+            order_until: 0,
+            rd_done: 0,
+            rnr_since: None,
+            executed: 0,
+            flushed: 0,
+            cqes_total: 0,
+            in_active: false,
+            parked_on: None,
+        });
+        Ok(Qpn::new(qpn).unwrap_or_default())
+    }
+
+    /// Connect two QPs (RC) and move both to RTS. They may be on the same host (the MN's
+    /// loopback pair); a QP may even be connected to itself.
+    pub fn connect(&mut self, a: QpAddr, b: QpAddr) -> Result<()> {
+        let ga = self.gq(a)?;
+        let gb = self.gq(b)?;
+        for g in [ga, gb] {
+            let q = &self.qps[g as usize];
+            if q.peer.is_some() || q.state != QpState::Init {
+                return Err(LoopbackError::BadQpState { host: HostId(q.host), qpn: q.qpn, state: q.state });
+            }
+        }
+        self.qps[ga as usize].peer = Some((b.host.0, b.qpn.get()));
+        self.qps[gb as usize].peer = Some((a.host.0, a.qpn.get()));
+        for g in [ga, gb] {
+            self.qps[g as usize].state = QpState::Rts;
+            self.activate(g);
+            self.refill(g);
+        }
+        Ok(())
+    }
+
+    /// Create a QP on each host and connect them.
+    pub fn create_connected_pair(
+        &mut self,
+        a: HostId,
+        a_cfg: QpConfig,
+        b: HostId,
+        b_cfg: QpConfig,
+    ) -> Result<(QpAddr, QpAddr)> {
+        let qa = QpAddr::new(a, self.create_qp(a, a_cfg)?);
+        let qb = QpAddr::new(b, self.create_qp(b, b_cfg)?);
+        self.connect(qa, qb)?;
+        Ok((qa, qb))
+    }
+
+    /// The QP a QP is connected to.
+    pub fn peer_of(&self, qp: QpAddr) -> Result<Option<QpAddr>> {
+        let g = self.gq(qp)?;
+        Ok(self.qps[g as usize].peer.map(|(h, q)| QpAddr { host: HostId(h), qpn: Qpn::new(q).unwrap_or_default() }))
+    }
+
+    pub fn qp_state(&self, qp: QpAddr) -> Result<QpState> {
+        Ok(self.qps[self.gq(qp)? as usize].state)
+    }
+
+    /// Destroy a QP: its number stops resolving; requests towards it fail with
+    /// `RetryExcErr`. Windows bound to it stay bound (and unusable) until invalidated.
+    pub fn destroy_qp(&mut self, qp: QpAddr) -> Result<()> {
+        let g = self.gq(qp)?;
+        self.destroy_gq(g);
+        Ok(())
+    }
+
+    pub(crate) fn destroy_gq(&mut self, g: u32) {
+        let q = &mut self.qps[g as usize];
+        if !q.alive {
+            return;
+        }
+        q.alive = false;
+        q.state = QpState::Reset;
+        q.pf.clear();
+        let (h, local) = (q.host as usize, (q.qpn & 0xFFFF) as usize);
+        if q.in_active {
+            q.in_active = false;
+            self.active.retain(|x| *x != g);
+        }
+        self.hosts[h].qps[local] = NONE;
+    }
+
+    /// Bring a QP **and its peer** back to RTS with empty rings (zeroed bytes), zero CQ
+    /// counts, empty CQs and prefetch caches, enable limits 0 (the `RdmaBackend::reset_qp`
+    /// contract). A QP whose peer is gone is reset alone.
+    pub fn reset_qp(&mut self, qp: QpAddr) -> Result<()> {
+        let g = self.gq(qp)?;
+        self.reset_gq(g);
+        if let Some(p) = self.peer_gq(g) {
+            if p != g {
+                self.reset_gq(p);
+            }
+        }
+        Ok(())
+    }
+
+    fn reset_gq(&mut self, g: u32) {
+        let q = &mut self.qps[g as usize];
+        q.state = if q.peer.is_some() { QpState::Rts } else { QpState::Init };
+        let (sbase, slen) = (q.sq.base, q.sq.ring_bytes());
+        let (rbase, rlen) = (q.rq.base, q.rq.ring_bytes());
+        q.sq.clear();
+        q.rq.clear();
+        q.scq.reset();
+        q.rcq.reset();
+        q.pf.clear();
+        q.rnr_since = None;
+        q.parked_on = None;
+        let h = q.host as usize;
+        if let Some(s) = self.hosts[h].mem.slice_mut(sbase, slen) {
+            s.fill(0);
+        }
+        if let Some(s) = self.hosts[h].mem.slice_mut(rbase, rlen) {
+            s.fill(0);
+        }
+    }
+
+    /// Post a WQE on the send queue (its canonical bytes go into the ring).
+    pub fn post_send(&mut self, qp: QpAddr, wqe: &Wqe) -> Result<()> {
+        self.post_send_raw(qp, &wqe.encode())
+    }
+
+    /// Post arbitrary bytes as a send-queue entry: the NIC decodes them when it fetches them
+    /// (a malformed entry completes with `LocQpOpErr`). The hook for malicious-CN tests.
+    pub fn post_send_raw(&mut self, qp: QpAddr, bytes: &[u8; WQE_SIZE]) -> Result<()> {
+        let g = self.gq(qp)?;
+        let q = &mut self.qps[g as usize];
+        if !q.sq.has_room() {
+            return Err(LoopbackError::RingFull { host: qp.host, qpn: qp.qpn.get(), queue: QueueSel::Send });
+        }
+        q.sq.producer = q.sq.producer.max(q.sq.consumer);
+        let addr = q.sq.slot_addr(q.sq.producer);
+        q.sq.producer += 1;
+        let h = q.host as usize;
+        self.hosts[h].mem.write(addr, bytes);
+        self.activate(g);
+        self.refill(g);
+        Ok(())
+    }
+
+    pub fn post_recv(&mut self, qp: QpAddr, wqe: &RecvWqe) -> Result<()> {
+        self.post_recv_raw(qp, &wqe.encode())
+    }
+
+    /// Post arbitrary bytes as a receive entry (decoded when a SEND consumes it).
+    pub fn post_recv_raw(&mut self, qp: QpAddr, bytes: &[u8; RECV_WQE_SIZE]) -> Result<()> {
+        let g = self.gq(qp)?;
+        let q = &mut self.qps[g as usize];
+        if !q.rq.has_room() {
+            return Err(LoopbackError::RingFull { host: qp.host, qpn: qp.qpn.get(), queue: QueueSel::Recv });
+        }
+        q.rq.producer = q.rq.producer.max(q.rq.consumer);
+        let addr = q.rq.slot_addr(q.rq.producer);
+        q.rq.producer += 1;
+        let err = q.state == QpState::Err;
+        let h = q.host as usize;
+        self.hosts[h].mem.write(addr, bytes);
+        if err {
+            self.flush_recvs(g);
+        }
+        Ok(())
+    }
+
+    /// Doorbell from the CPU: a managed queue may execute `count` more entries.
+    pub fn enable(&mut self, qp: QpAddr, queue: QueueSel, count: u64) -> Result<()> {
+        let g = self.gq(qp)?;
+        let q = self.qps[g as usize].queue_mut(queue);
+        if !q.managed {
+            return Err(LoopbackError::NotManaged { host: qp.host, qpn: qp.qpn.get(), queue });
+        }
+        q.limit = q.limit.saturating_add(count);
+        if queue == QueueSel::Send {
+            self.activate(g);
+            self.refill(g);
+        } else if self.qps[g as usize].state == QpState::Err {
+            self.flush_recvs(g);
+        }
+        Ok(())
+    }
+
+    /// Address of entry 0 of a QP's ring (send entries 64 B, receive `RECV_WQE_SIZE`).
+    pub fn ring_base(&self, qp: QpAddr, queue: QueueSel) -> Result<u64> {
+        Ok(self.qps[self.gq(qp)? as usize].queue(queue).base)
+    }
+
+    /// Depth (entries) of a QP's ring.
+    pub fn ring_depth(&self, qp: QpAddr, queue: QueueSel) -> Result<u32> {
+        Ok(self.qps[self.gq(qp)? as usize].queue(queue).depth)
+    }
+
+    /// Keys of the host's ring arena MR (PD 0).
+    pub fn ring_keys(&self, h: HostId) -> Result<MrKeys> {
+        let k = self.host(h)?.ring_key;
+        Ok(MrKeys { lkey: k, rkey: k })
+    }
+
+    // ---- completions -----------------------------------------------------------------------------
+
+    /// Drain visible completions (time ≤ now) into `out` without running the fabric.
+    pub fn poll(&mut self, qp: QpAddr, queue: QueueSel, out: &mut [Completion]) -> Result<usize> {
+        let g = self.gq(qp)?;
+        let now = self.now;
+        let mut i = 0;
+        let n = self.qps[g as usize].cq_mut(queue).poll(now, |c| {
+            if i < out.len() {
+                out[i] = c.completion;
+                i += 1;
+                true
+            } else {
+                false
+            }
+        });
+        Ok(n)
+    }
+
+    /// Drain every visible completion with its timestamp.
+    pub fn poll_timed(&mut self, qp: QpAddr, queue: QueueSel) -> Result<Vec<TimedCompletion>> {
+        let g = self.gq(qp)?;
+        let now = self.now;
+        let mut v = Vec::new();
+        self.qps[g as usize].cq_mut(queue).poll(now, |c| {
+            v.push(c);
+            true
+        });
+        Ok(v)
+    }
+
+    /// What a CPU spinning on the CQ sees: run the fabric until idle (at most
+    /// `NicConfig::poll_max_steps` steps); if the CQ then has only completions in the future,
+    /// advance the clock to the first one; drain visible completions into `out`.
+    pub fn poll_cq(&mut self, qp: QpAddr, queue: QueueSel, out: &mut [Completion]) -> Result<usize> {
+        let g = self.gq(qp)?;
+        self.run_until_idle(self.cfg.poll_max_steps);
+        if let Some(t) = self.qps[g as usize].cq(queue).next_time() {
+            if t > self.now {
+                self.now = t;
+            }
+        }
+        self.poll(qp, queue, out)
+    }
+
+    /// CQEs generated on a CQ since the QP's last reset (what a WAIT compares against).
+    pub fn cq_count(&self, qp: QpAddr, queue: QueueSel) -> Result<u64> {
+        Ok(self.qps[self.gq(qp)? as usize].cq(queue).count)
+    }
+
+    // ---- time ------------------------------------------------------------------------------------
+
+    /// The global virtual clock, ns of **modelled** time.
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+
+    /// Run work that becomes ready before `t`, then move the clock to `t` (never backwards).
+    pub fn advance_to(&mut self, t: u64) {
+        self.run_until(t, self.cfg.poll_max_steps);
+        self.now = self.now.max(t);
+    }
+
+    /// Charge `ns` of CPU work to host `h` (host-engine mode): the host's CPU is busy from
+    /// max(now, its previous work) for `ns`; NIC work ready meanwhile runs; the clock ends at
+    /// the end of the CPU work, which is returned. Counts one CPU event.
+    pub fn advance_cpu(&mut self, h: HostId, ns: u64) -> Result<u64> {
+        let now = self.now;
+        let host = self.host_mut(h)?;
+        host.cpu_events += 1;
+        host.cpu_busy_ns += ns;
+        let end = host.cpu_free.max(now).saturating_add(ns);
+        host.cpu_free = end;
+        self.advance_to(end);
+        Ok(end)
+    }
+
+    /// Count one MN CPU event without charging time.
+    pub fn count_cpu_event(&mut self, h: HostId) -> Result<()> {
+        self.host_mut(h)?.cpu_events += 1;
+        Ok(())
+    }
+
+    // ---- inspection ------------------------------------------------------------------------------
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn qp_stats(&self, qp: QpAddr) -> Result<QpStats> {
+        let q = &self.qps[self.gq(qp)? as usize];
+        Ok(QpStats {
+            wqes_executed: q.executed,
+            wqes_flushed: q.flushed,
+            cqes_total: q.cqes_total,
+            send_cq_count: q.scq.count,
+            recv_cq_count: q.rcq.count,
+            send_cq_queued: q.scq.queued(),
+            recv_cq_queued: q.rcq.queued(),
+            send_producer: q.sq.producer,
+            send_consumer: q.sq.consumer,
+            send_limit: q.sq.limit,
+            recv_producer: q.rq.producer,
+            recv_consumer: q.rq.consumer,
+            recv_limit: q.rq.limit,
+            prefetched: q.pf.len,
+        })
+    }
+
+    pub fn host_stats(&self, h: HostId) -> Result<HostStats> {
+        let host = self.host_any(h)?;
+        Ok(HostStats {
+            cpu_events: host.cpu_events,
+            cpu_busy_ns: host.cpu_busy_ns,
+            wqes_executed: host.wqes_executed,
+            nic_busy_until: host.nic_free,
+            mem_used: host.mem.used(),
+            crashed: host.crashed,
+        })
+    }
+
+    /// Every live QP of a host.
+    pub fn qps_of(&self, h: HostId) -> Vec<Qpn> {
+        self.hosts.get(h.0 as usize).map_or(Vec::new(), |host| {
+            host.qps
+                .iter()
+                .filter(|g| **g != NONE)
+                .map(|g| Qpn::new(self.qps[*g as usize].qpn).unwrap_or_default())
+                .collect()
+        })
+    }
+
+    /// Completions recorded when `NicConfig::trace` is on.
+    pub fn trace(&self) -> &[TraceEvent] {
+        &self.trace
+    }
+
+    /// FNV-1a digest of every completion generated so far (time, host, qpn, wr_id, status,
+    /// opcode, length, immediate): equal digests ⇒ (almost surely) identical runs.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    // ---- faults ------------------------------------------------------------------------------------
+
+    /// The built-in fault plan every request message passes through.
+    pub fn faults_mut(&mut self) -> &mut FaultPlan {
+        &mut self.faults
+    }
+
+    pub fn faults(&self) -> &FaultPlan {
+        &self.faults
+    }
+
+    /// Install a middleware after the fault plan (applied in installation order).
+    pub fn add_middleware(&mut self, m: Box<dyn Middleware>) {
+        self.middlewares.push(m);
+    }
+
+    /// Crash a host: its QPs vanish (requests towards them fail with `RetryExcErr` and put
+    /// the requester in the error state), its memory becomes inaccessible, and every control
+    /// call on it returns [`LoopbackError::HostCrashed`].
+    pub fn crash_host(&mut self, h: HostId) -> Result<()> {
+        let gqs: Vec<u32> = self.host(h)?.qps.clone();
+        for g in gqs.into_iter().filter(|g| *g != NONE) {
+            self.destroy_gq(g);
+        }
+        let host = &mut self.hosts[h.0 as usize];
+        host.crashed = true;
+        host.mem.wipe();
+        Ok(())
+    }
+
+    /// Reset a host's RNIC: every QP goes to the error state (its queues flush; each needs
+    /// [`Fabric::reset_qp`]), every window binding is lost; memory and MRs are kept.
+    pub fn reset_rnic(&mut self, h: HostId) -> Result<()> {
+        let gqs: Vec<u32> = self.host(h)?.qps.clone();
+        for g in gqs.into_iter().filter(|g| *g != NONE) {
+            self.set_err(g);
+        }
+        self.hosts[h.0 as usize].prot.unbind_all();
+        Ok(())
+    }
+
+    // ---- invariants ----------------------------------------------------------------------------
+
+    /// Internal consistency of the model (tests call it after every step).
+    pub fn check_invariants(&self) -> core::result::Result<(), String> {
+        let c = &self.counters;
+        let cqes: u64 = self.qps.iter().map(|q| q.cqes_total).sum();
+        if cqes != c.total_completions() {
+            return Err(format!("CQEs per QP sum to {cqes}, counters say {}", c.total_completions()));
+        }
+        let exec: u64 = self.qps.iter().map(|q| q.executed).sum();
+        if exec != c.wqes_executed {
+            return Err(format!("executed per QP {exec} != total {}", c.wqes_executed));
+        }
+        let host_exec: u64 = self.hosts.iter().map(|h| h.wqes_executed).sum();
+        if host_exec != c.wqes_executed {
+            return Err(format!("executed per host {host_exec} != total"));
+        }
+        let fl: u64 = self.qps.iter().map(|q| q.flushed).sum();
+        if fl != c.wqes_flushed {
+            return Err(format!("flushed per QP {fl} != total {}", c.wqes_flushed));
+        }
+        let mut seen = vec![false; self.qps.len()];
+        for &g in &self.active {
+            let q = &self.qps[g as usize];
+            if seen[g as usize] || !q.in_active || !q.alive {
+                return Err(format!("active list corrupt at QP {g}"));
+            }
+            seen[g as usize] = true;
+        }
+        for (g, q) in self.qps.iter().enumerate() {
+            if q.in_active != seen[g] {
+                return Err(format!("QP {g} in_active flag wrong"));
+            }
+            for (name, cq) in [("send", &q.scq), ("recv", &q.rcq)] {
+                if cq.count != cq.polled + cq.queued() as u64 + cq.overruns {
+                    return Err(format!("QP {:#x} {name} CQ count inconsistent", q.qpn));
+                }
+            }
+            if !q.alive {
+                continue;
+            }
+            for (name, qu) in [("send", &q.sq), ("recv", &q.rq)] {
+                if qu.producer.max(qu.consumer) - qu.consumer > qu.depth as u64 {
+                    return Err(format!("QP {:#x} {name} queue over-full", q.qpn));
+                }
+                if !qu.managed && qu.consumer > qu.producer {
+                    return Err(format!("QP {:#x} {name} consumer past producer", q.qpn));
+                }
+            }
+            if q.pf.len > q.pf.cap() {
+                return Err(format!("QP {:#x} prefetch overflow", q.qpn));
+            }
+            if q.state == QpState::Rts && q.pf.len > 0 && q.sq.consumer + q.pf.len as u64 > q.sq.end() {
+                return Err(format!("QP {:#x} prefetched past the enable limit", q.qpn));
+            }
+            if q.state == QpState::Err && q.rq.consumer < q.rq.flush_end() {
+                return Err(format!("QP {:#x} in error with unflushed receives", q.qpn));
+            }
+            if q.state == QpState::Err && q.pf.len > 0 {
+                return Err(format!("QP {:#x} in error with a prefetch cache", q.qpn));
+            }
+        }
+        for (i, h) in self.hosts.iter().enumerate() {
+            if h.crashed {
+                if h.qps.iter().any(|g| *g != NONE) {
+                    return Err(format!("crashed host {i} still has QPs"));
+                }
+                continue;
+            }
+            for (rkey, g) in h.prot.bound_windows() {
+                if self.qps.get(g as usize).map(|q| q.host) != Some(i as u32) {
+                    return Err(format!("window {rkey:#x} bound to a QP of another host"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

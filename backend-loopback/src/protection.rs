@@ -1,0 +1,428 @@
+//! Protection domains, memory regions, type-2 memory windows, and the access checks of
+//! DESIGN.md §3, per host.
+//!
+//! MRs and MWs share one key-index space per host: a key is `index << 8 | key` with a 24-bit
+//! index (never 0, so an rkey of 0 never validates) and an 8-bit consumer key. An MR's lkey
+//! equals its rkey. A window's rkey changes only by a bind (the bind names the new key); a
+//! stale key never validates.
+
+use omw_core::access::AccessFlags;
+use omw_core::ids::{Qpn, Rkey};
+
+/// A protection domain of one host. PD 0 exists on every host (the ring arena is in it).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, Default)]
+pub struct PdId(pub u32);
+
+/// Where a bound type-2 window points.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct WindowBinding {
+    /// The QP the window is bound to: remote accesses arriving on any other QP are refused.
+    pub qpn: Qpn,
+    /// lkey of the MR the window lies in.
+    pub mr_lkey: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub access: AccessFlags,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum MwState {
+    /// Allocated but not bound (initially, after LOCAL_INV / SEND_WITH_INV / UNBIND, after an
+    /// RNIC reset): no rkey validates.
+    Free,
+    Bound(WindowBinding),
+}
+
+/// Public view of a window: its current rkey (the last key bound, or the initial one).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct MwInfo {
+    pub rkey: Rkey,
+    pub pd: PdId,
+    pub state: MwState,
+}
+
+/// Public view of a memory region.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct MrInfo {
+    pub key: u32,
+    pub pd: PdId,
+    pub addr: u64,
+    pub len: u64,
+    pub access: AccessFlags,
+    pub bound_windows: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum KeyObj {
+    Vacant,
+    Mr(u32),
+    Mw(u32),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Mr {
+    pd: u32,
+    addr: u64,
+    len: u64,
+    access: AccessFlags,
+    key: u32,
+    valid: bool,
+    bound_windows: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Mw {
+    pd: u32,
+    rkey: u32,
+    state: MwState,
+    /// Global index of the bound QP (valid when bound).
+    bound_gq: u32,
+    /// MR index of the binding (valid when bound).
+    mr: u32,
+}
+
+/// Why a BIND_MW / UNBIND / LOCAL_INV / remote invalidation failed (all complete with
+/// `MwBindErr`, or `RemInvReqErr` for a remote invalidation; the reason is for traces).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum MwOpFail {
+    NotAWindow,
+    StaleKey,
+    AlreadyBound,
+    NotBound,
+    PdMismatch,
+    ZeroLength,
+    BadMr,
+    MrLacksMwBind,
+    MrLacksLocalWrite,
+    OutsideMr,
+    BadTargetQp,
+    /// The window is bound to a QP other than the one invalidating it (strict mode).
+    WrongQp,
+    /// A BIND_MW targeting another QP without the BIND_TO_OTHER_QP capability.
+    OtherQpWithoutOffload,
+}
+
+/// The target of a bind, resolved by the fabric.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BindTarget {
+    pub gq: u32,
+    pub qpn: u32,
+    pub pd: u32,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Protection {
+    pds: u32,
+    keys: Vec<KeyObj>,
+    mrs: Vec<Mr>,
+    mws: Vec<Mw>,
+}
+
+fn initial_key(index: u32) -> u32 {
+    (index.wrapping_mul(7).wrapping_add(0x35)) & 0xFF
+}
+
+impl Protection {
+    pub fn new() -> Self {
+        Protection { pds: 1, keys: vec![KeyObj::Vacant], mrs: Vec::new(), mws: Vec::new() }
+    }
+
+    pub fn alloc_pd(&mut self) -> PdId {
+        self.pds += 1;
+        PdId(self.pds - 1)
+    }
+
+    pub fn pd_exists(&self, pd: PdId) -> bool {
+        pd.0 < self.pds
+    }
+
+    fn new_index(&mut self, obj: KeyObj) -> Option<u32> {
+        let index = self.keys.len() as u32;
+        if index > Rkey::MAX_INDEX {
+            return None;
+        }
+        self.keys.push(obj);
+        Some(index)
+    }
+
+    /// Register `[addr, addr+len)` (the caller checked it is allocated). Returns the key.
+    pub fn reg_mr(&mut self, pd: PdId, addr: u64, len: u64, access: AccessFlags) -> Option<u32> {
+        let mr = self.mrs.len() as u32;
+        let index = self.new_index(KeyObj::Mr(mr))?;
+        let key = (index << 8) | initial_key(index);
+        self.mrs.push(Mr { pd: pd.0, addr, len, access, key, valid: true, bound_windows: 0 });
+        Some(key)
+    }
+
+    /// `Err(true)` if windows are still bound to it, `Err(false)` if no such MR.
+    pub fn dereg_mr(&mut self, key: u32) -> Result<(), bool> {
+        let m = self.mr_index(key).ok_or(false)?;
+        let mr = &mut self.mrs[m as usize];
+        if mr.bound_windows > 0 {
+            return Err(true);
+        }
+        mr.valid = false;
+        self.keys[(key >> 8) as usize] = KeyObj::Vacant;
+        Ok(())
+    }
+
+    pub fn alloc_mw(&mut self, pd: PdId) -> Option<Rkey> {
+        let mw = self.mws.len() as u32;
+        let index = self.new_index(KeyObj::Mw(mw))?;
+        let rkey = (index << 8) | initial_key(index);
+        self.mws.push(Mw { pd: pd.0, rkey, state: MwState::Free, bound_gq: u32::MAX, mr: u32::MAX });
+        Some(Rkey(rkey))
+    }
+
+    /// Deallocate an unbound window (a bound one must be invalidated first, §3).
+    pub fn dealloc_mw(&mut self, rkey: u32) -> Result<(), bool> {
+        let w = self.mw_index_any_key(rkey >> 8).ok_or(false)?;
+        if matches!(self.mws[w as usize].state, MwState::Bound(_)) {
+            return Err(true);
+        }
+        self.keys[(rkey >> 8) as usize] = KeyObj::Vacant;
+        Ok(())
+    }
+
+    #[inline]
+    fn mr_index(&self, key: u32) -> Option<u32> {
+        match self.keys.get((key >> 8) as usize) {
+            Some(KeyObj::Mr(m)) => {
+                let mr = &self.mrs[*m as usize];
+                (mr.valid && mr.key == key).then_some(*m)
+            }
+            _ => None,
+        }
+    }
+
+    fn mw_index_any_key(&self, index: u32) -> Option<u32> {
+        match self.keys.get(index as usize) {
+            Some(KeyObj::Mw(w)) => Some(*w),
+            _ => None,
+        }
+    }
+
+    pub fn mr_info(&self, key: u32) -> Option<MrInfo> {
+        let m = &self.mrs[self.mr_index(key)? as usize];
+        Some(MrInfo {
+            key: m.key,
+            pd: PdId(m.pd),
+            addr: m.addr,
+            len: m.len,
+            access: m.access,
+            bound_windows: m.bound_windows,
+        })
+    }
+
+    /// The window whose rkey index is `index`, whatever its current key.
+    pub fn mw_info(&self, index: u32) -> Option<MwInfo> {
+        let w = &self.mws[self.mw_index_any_key(index)? as usize];
+        Some(MwInfo { rkey: Rkey(w.rkey), pd: PdId(w.pd), state: w.state })
+    }
+
+    /// Every bound window's (rkey, bound global QP index).
+    pub fn bound_windows(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.mws.iter().filter(|w| matches!(w.state, MwState::Bound(_))).map(|w| (w.rkey, w.bound_gq))
+    }
+
+    /// Local SGE check: an MR (windows are never lkeys) with the exact key, in `pd`,
+    /// covering the range, with LOCAL_WRITE if the NIC writes there.
+    #[inline]
+    pub fn check_local(&self, pd: u32, lkey: u32, addr: u64, len: u64, write: bool) -> bool {
+        let Some(m) = self.mr_index(lkey) else {
+            return false;
+        };
+        let mr = &self.mrs[m as usize];
+        mr.pd == pd && (!write || mr.access.contains(AccessFlags::LOCAL_WRITE)) && within(addr, len, mr.addr, mr.len)
+    }
+
+    /// Responder check of DESIGN.md §3. `gq`/`pd`: the QP the request arrived on. Returns
+    /// the address to access (windows may be zero-based).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_remote(
+        &self,
+        pd: u32,
+        gq: u32,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+        atomic: bool,
+        strict: bool,
+    ) -> Option<u64> {
+        let eff = match self.keys.get((rkey >> 8) as usize)? {
+            KeyObj::Vacant => return None,
+            KeyObj::Mr(m) => {
+                let mr = &self.mrs[*m as usize];
+                if !mr.valid
+                    || mr.key != rkey
+                    || mr.pd != pd
+                    || !mr.access.contains(need)
+                    || !within(addr, len, mr.addr, mr.len)
+                {
+                    return None;
+                }
+                addr
+            }
+            KeyObj::Mw(w) => {
+                let mw = &self.mws[*w as usize];
+                let MwState::Bound(b) = mw.state else {
+                    return None;
+                };
+                if mw.rkey != rkey || mw.pd != pd || mw.bound_gq != gq || !b.access.contains(need) {
+                    return None;
+                }
+                let eff = if b.access.contains(AccessFlags::ZERO_BASED) { b.addr.checked_add(addr)? } else { addr };
+                if strict {
+                    if !within(eff, len, b.addr, b.len) {
+                        return None;
+                    }
+                } else {
+                    // rxe: only the underlying MR's bounds are checked (§3 deviation b)
+                    let mr = &self.mrs[mw.mr as usize];
+                    if !within(eff, len, mr.addr, mr.len) {
+                        return None;
+                    }
+                }
+                eff
+            }
+        };
+        if atomic && eff % 8 != 0 {
+            return None;
+        }
+        Some(eff)
+    }
+
+    /// Type-2 BIND_MW. `qp_pd`: PD of the posting QP.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind(
+        &mut self,
+        qp_pd: u32,
+        new_rkey: u32,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        target: Option<BindTarget>,
+    ) -> Result<(), MwOpFail> {
+        let w = self.mw_index_any_key(new_rkey >> 8).ok_or(MwOpFail::NotAWindow)?;
+        let mw = self.mws[w as usize];
+        if matches!(mw.state, MwState::Bound(_)) {
+            return Err(MwOpFail::AlreadyBound);
+        }
+        if mw.pd != qp_pd {
+            return Err(MwOpFail::PdMismatch);
+        }
+        if len == 0 {
+            return Err(MwOpFail::ZeroLength);
+        }
+        let m = self.mr_index(lkey).ok_or(MwOpFail::BadMr)?;
+        let mr = self.mrs[m as usize];
+        if mr.pd != qp_pd {
+            return Err(MwOpFail::BadMr);
+        }
+        if !mr.access.contains(AccessFlags::MW_BIND) {
+            return Err(MwOpFail::MrLacksMwBind);
+        }
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !mr.access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(MwOpFail::MrLacksLocalWrite);
+        }
+        if !within(addr, len, mr.addr, mr.len) {
+            return Err(MwOpFail::OutsideMr);
+        }
+        let t = target.ok_or(MwOpFail::BadTargetQp)?;
+        if t.pd != mw.pd {
+            return Err(MwOpFail::BadTargetQp);
+        }
+        let qpn = Qpn::new(t.qpn).map_err(|_| MwOpFail::BadTargetQp)?;
+        let mw = &mut self.mws[w as usize];
+        mw.rkey = new_rkey;
+        mw.state = MwState::Bound(WindowBinding { qpn, mr_lkey: lkey, addr, len, access });
+        mw.bound_gq = t.gq;
+        mw.mr = m;
+        self.mrs[m as usize].bound_windows += 1;
+        Ok(())
+    }
+
+    /// Invalidate the window with exactly `rkey`. `by_gq`: the QP the invalidation comes
+    /// from, checked against the binding when `Some` (strict LOCAL_INV / SEND_WITH_INV);
+    /// `None` skips the QP check (UNBIND, rxe-compatible invalidation).
+    pub fn invalidate(&mut self, rkey: u32, by_gq: Option<u32>) -> Result<(), MwOpFail> {
+        let w = self.mw_index_any_key(rkey >> 8).ok_or(MwOpFail::NotAWindow)?;
+        let mw = self.mws[w as usize];
+        if !matches!(mw.state, MwState::Bound(_)) {
+            return Err(MwOpFail::NotBound);
+        }
+        if mw.rkey != rkey {
+            return Err(MwOpFail::StaleKey);
+        }
+        if let Some(g) = by_gq {
+            if mw.bound_gq != g {
+                return Err(MwOpFail::WrongQp);
+            }
+        }
+        self.unbind_index(w);
+        Ok(())
+    }
+
+    fn unbind_index(&mut self, w: u32) {
+        let mw = &mut self.mws[w as usize];
+        if matches!(mw.state, MwState::Bound(_)) {
+            mw.state = MwState::Free;
+            let m = mw.mr;
+            mw.bound_gq = u32::MAX;
+            mw.mr = u32::MAX;
+            if let Some(mr) = self.mrs.get_mut(m as usize) {
+                mr.bound_windows = mr.bound_windows.saturating_sub(1);
+            }
+        }
+    }
+
+    /// RNIC reset: every binding is lost.
+    pub fn unbind_all(&mut self) {
+        for w in 0..self.mws.len() as u32 {
+            self.unbind_index(w);
+        }
+    }
+}
+
+/// `[addr, addr+len)` inside `[base, base+size)`, overflow-safe.
+#[inline]
+pub(crate) fn within(addr: u64, len: u64, base: u64, size: u64) -> bool {
+    match (addr.checked_add(len), base.checked_add(size)) {
+        (Some(end), Some(lim)) => addr >= base && end <= lim,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_and_never_zero() {
+        let mut p = Protection::new();
+        let a = p.reg_mr(PdId(0), 0x1000, 0x100, AccessFlags::LOCAL_WRITE).unwrap();
+        let w = p.alloc_mw(PdId(0)).unwrap();
+        let b = p.reg_mr(PdId(0), 0x1000, 0x100, AccessFlags::LOCAL_WRITE).unwrap();
+        assert!(a >> 8 != 0 && w.index() != 0);
+        assert_ne!(a >> 8, b >> 8);
+        assert_ne!(a >> 8, w.index());
+        assert!(p.check_local(0, a, 0x1000, 0x100, true));
+        assert!(!p.check_local(0, a ^ 1, 0x1000, 1, false), "stale key");
+        assert!(!p.check_local(1, a, 0x1000, 1, false), "other PD");
+        assert!(!p.check_local(0, a, 0x10ff, 2, false), "past the end");
+        assert!(!p.check_local(0, w.0, 0x1000, 1, false), "a window is not an lkey");
+        assert!(!p.check_local(0, 0, 0, 0, false));
+    }
+
+    #[test]
+    fn within_is_overflow_safe() {
+        assert!(within(5, 0, 5, 0));
+        assert!(!within(u64::MAX, 2, 0, u64::MAX));
+        assert!(!within(4, 2, 5, 10));
+    }
+}

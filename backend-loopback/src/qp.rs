@@ -1,0 +1,212 @@
+//! RC queue pairs: send and receive rings in host memory, managed-queue enable limits, the
+//! prefetch cache, per-QP timing state.
+//!
+//! Ring indices are absolute (never wrap); entry `i` lives in slot `i % depth`. An unmanaged
+//! queue executes entries below its producer index (what was posted). A *managed* queue
+//! executes entries below its enable limit — and only those — whatever was posted: like an
+//! mlx5 managed QP, whose hardware producer index is moved only by SEND_EN/RECV_EN, a chain
+//! whose ring is exactly as deep as the chain re-executes the same slots lap after lap.
+
+use crate::cq::Cq;
+use omw_core::backend::QpState;
+use omw_core::wqe::{QueueSel, WQE_SIZE};
+
+/// How a QP is created.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct QpConfig {
+    pub pd: crate::protection::PdId,
+    /// Send-queue entries (64 B each in the ring arena), ≥ 1.
+    pub send_depth: u32,
+    /// Receive-queue entries (`RECV_WQE_SIZE` each), ≥ 1.
+    pub recv_depth: u32,
+    /// The send queue executes only entries enabled by ENABLE / [`crate::Fabric::enable`].
+    pub managed_send: bool,
+    /// The receive queue consumes only entries enabled by ENABLE / `enable`.
+    pub managed_recv: bool,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        QpConfig {
+            pd: crate::protection::PdId(0),
+            send_depth: 64,
+            recv_depth: 16,
+            managed_send: false,
+            managed_recv: false,
+        }
+    }
+}
+
+impl QpConfig {
+    /// A QP whose queues are both managed, with the given depths (chain rings).
+    pub const fn managed(send_depth: u32, recv_depth: u32) -> Self {
+        QpConfig { pd: crate::protection::PdId(0), send_depth, recv_depth, managed_send: true, managed_recv: true }
+    }
+    pub const fn with_depths(mut self, send: u32, recv: u32) -> Self {
+        self.send_depth = send;
+        self.recv_depth = recv;
+        self
+    }
+    pub const fn with_pd(mut self, pd: crate::protection::PdId) -> Self {
+        self.pd = pd;
+        self
+    }
+}
+
+/// One ring and its indices.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Queue {
+    pub base: u64,
+    pub depth: u32,
+    pub stride: u32,
+    pub producer: u64,
+    pub consumer: u64,
+    pub managed: bool,
+    pub limit: u64,
+}
+
+impl Queue {
+    pub fn new(base: u64, depth: u32, stride: u32, managed: bool) -> Self {
+        Queue { base, depth, stride, producer: 0, consumer: 0, managed, limit: 0 }
+    }
+    /// Index one past the last entry the NIC may execute now.
+    #[inline]
+    pub fn end(&self) -> u64 {
+        if self.managed {
+            self.limit
+        } else {
+            self.producer
+        }
+    }
+    #[inline]
+    pub fn available(&self) -> bool {
+        self.consumer < self.end()
+    }
+    /// Entries an errored QP still has to flush end here: everything posted or enabled, at
+    /// most one ring's worth.
+    #[inline]
+    pub fn flush_end(&self) -> u64 {
+        let e = if self.managed { self.producer.max(self.limit) } else { self.producer };
+        e.min(self.consumer + self.depth as u64)
+    }
+    #[inline]
+    pub fn slot_addr(&self, index: u64) -> u64 {
+        self.base + (index % self.depth as u64) * self.stride as u64
+    }
+    /// Room for one more posted entry (after catching the producer up with a consumer that ran
+    /// past it on a wrapping managed ring).
+    pub fn has_room(&self) -> bool {
+        self.producer.max(self.consumer) - self.consumer < self.depth as u64
+    }
+    pub fn clear(&mut self) {
+        self.producer = 0;
+        self.consumer = 0;
+        self.limit = 0;
+    }
+    pub fn ring_bytes(&self) -> u64 {
+        self.depth as u64 * self.stride as u64
+    }
+}
+
+/// WQE bytes fetched ahead of execution (prefetch mode).
+#[derive(Debug, Default)]
+pub(crate) struct Prefetch {
+    buf: Vec<[u8; WQE_SIZE]>,
+    head: usize,
+    pub len: usize,
+}
+
+impl Prefetch {
+    pub fn new(cap: usize) -> Self {
+        Prefetch { buf: vec![[0u8; WQE_SIZE]; cap], head: 0, len: 0 }
+    }
+    #[inline]
+    pub fn cap(&self) -> usize {
+        self.buf.len()
+    }
+    #[inline]
+    pub fn front(&self) -> Option<&[u8; WQE_SIZE]> {
+        (self.len > 0).then(|| &self.buf[self.head])
+    }
+    #[inline]
+    pub fn back(&self) -> Option<&[u8; WQE_SIZE]> {
+        (self.len > 0).then(|| &self.buf[(self.head + self.len - 1) % self.buf.len()])
+    }
+    #[inline]
+    pub fn push_slot(&mut self) -> &mut [u8; WQE_SIZE] {
+        let i = (self.head + self.len) % self.buf.len();
+        self.len += 1;
+        &mut self.buf[i]
+    }
+    #[inline]
+    pub fn pop(&mut self) {
+        if self.len > 0 {
+            self.head = (self.head + 1) % self.buf.len();
+            self.len -= 1;
+        }
+    }
+    pub fn clear(&mut self) {
+        self.head = 0;
+        self.len = 0;
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub host: u32,
+    pub qpn: u32,
+    pub pd: u32,
+    /// (host index, qpn) of the connected QP.
+    pub peer: Option<(u32, u32)>,
+    pub state: QpState,
+    pub alive: bool,
+    pub sq: Queue,
+    pub rq: Queue,
+    pub scq: Cq,
+    pub rcq: Cq,
+    pub pf: Prefetch,
+    /// The next WQE may not start before this (set by binds: mlx5 fences the WQE after a bind).
+    pub order_until: u64,
+    /// Latest completion time of a READ or atomic (a FENCEd WQE waits for it).
+    pub rd_done: u64,
+    /// A SEND at the head found no receive WQE at this time and waits for one.
+    pub rnr_since: Option<u64>,
+    pub executed: u64,
+    pub flushed: u64,
+    /// CQEs generated over the QP's whole life (not zeroed by resets).
+    pub cqes_total: u64,
+    pub in_active: bool,
+    /// (global QP index, queue) of the CQ this QP is parked on (a blocked WAIT).
+    pub parked_on: Option<(u32, QueueSel)>,
+}
+
+impl Qp {
+    #[inline]
+    pub fn cq(&self, q: QueueSel) -> &Cq {
+        match q {
+            QueueSel::Send => &self.scq,
+            QueueSel::Recv => &self.rcq,
+        }
+    }
+    #[inline]
+    pub fn cq_mut(&mut self, q: QueueSel) -> &mut Cq {
+        match q {
+            QueueSel::Send => &mut self.scq,
+            QueueSel::Recv => &mut self.rcq,
+        }
+    }
+    #[inline]
+    pub fn queue(&self, q: QueueSel) -> &Queue {
+        match q {
+            QueueSel::Send => &self.sq,
+            QueueSel::Recv => &self.rq,
+        }
+    }
+    #[inline]
+    pub fn queue_mut(&mut self, q: QueueSel) -> &mut Queue {
+        match q {
+            QueueSel::Send => &mut self.sq,
+            QueueSel::Recv => &mut self.rq,
+        }
+    }
+}

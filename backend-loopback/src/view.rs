@@ -1,0 +1,91 @@
+//! [`HostView`]: one host of the fabric seen through the core's backend contract.
+
+use crate::error::LoopbackError;
+use crate::fabric::{Fabric, HostId, QpAddr};
+use crate::protection::MwState;
+use crate::protection::PdId;
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Capabilities, Completion, MrKeys, MwBinding, QpState, RdmaBackend};
+use omw_core::ids::{Qpn, Rkey};
+use omw_core::wqe::{QueueSel, RecvWqe, Wqe};
+
+/// A `&mut Fabric` plus the host it speaks for. Registrations and windows go to PD 0 (where
+/// the ring arena lives). `poll_cq` runs the whole fabric until idle first (bounded by
+/// `NicConfig::poll_max_steps`), so a caller that polls in a loop always makes progress.
+#[derive(Debug)]
+pub struct HostView<'a> {
+    fabric: &'a mut Fabric,
+    host: HostId,
+}
+
+impl<'a> HostView<'a> {
+    pub fn new(fabric: &'a mut Fabric, host: HostId) -> Self {
+        HostView { fabric, host }
+    }
+    pub fn host(&self) -> HostId {
+        self.host
+    }
+    pub fn fabric(&mut self) -> &mut Fabric {
+        self.fabric
+    }
+    pub fn fabric_ref(&self) -> &Fabric {
+        self.fabric
+    }
+    pub fn qp(&self, qpn: Qpn) -> QpAddr {
+        QpAddr::new(self.host, qpn)
+    }
+}
+
+impl RdmaBackend for HostView<'_> {
+    type Error = LoopbackError;
+
+    fn capabilities(&self) -> Capabilities {
+        self.fabric.capabilities()
+    }
+    fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), LoopbackError> {
+        self.fabric.post_send(self.qp(qp), wqe)
+    }
+    fn post_recv(&mut self, qp: Qpn, wqe: &RecvWqe) -> Result<(), LoopbackError> {
+        self.fabric.post_recv(self.qp(qp), wqe)
+    }
+    fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize, LoopbackError> {
+        self.fabric.poll_cq(self.qp(qp), queue, out)
+    }
+    fn enable(&mut self, qp: Qpn, queue: QueueSel, count: u64) -> Result<(), LoopbackError> {
+        self.fabric.enable(self.qp(qp), queue, count)
+    }
+    fn reset_qp(&mut self, qp: Qpn) -> Result<(), LoopbackError> {
+        self.fabric.reset_qp(self.qp(qp))
+    }
+    fn destroy_qp(&mut self, qp: Qpn) -> Result<(), LoopbackError> {
+        self.fabric.destroy_qp(self.qp(qp))
+    }
+    fn qp_state(&self, qp: Qpn) -> Result<QpState, LoopbackError> {
+        self.fabric.qp_state(self.qp(qp))
+    }
+    fn reg_mr(&mut self, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
+        self.fabric.reg_mr(self.host, PdId(0), addr, len, access)
+    }
+    fn alloc_mw(&mut self) -> Result<Rkey, LoopbackError> {
+        self.fabric.alloc_mw(self.host, PdId(0))
+    }
+    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), LoopbackError> {
+        self.fabric.read(self.host, addr, buf)
+    }
+    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), LoopbackError> {
+        self.fabric.write(self.host, addr, data)
+    }
+    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, LoopbackError> {
+        self.fabric.ring_base(self.qp(qp), queue)
+    }
+    fn ring_keys(&self) -> Result<MrKeys, LoopbackError> {
+        self.fabric.ring_keys(self.host)
+    }
+    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
+        let info = self.fabric.mw_binding(self.host, rkey.index())?;
+        Some(match info.state {
+            MwState::Free => MwBinding::Unbound,
+            MwState::Bound(b) => MwBinding::Bound { rkey: info.rkey, qpn: b.qpn },
+        })
+    }
+}
