@@ -397,9 +397,9 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
         let conn =
             ConnContext { local_qpn: qpn.get(), remote_qpn: c.remote_qpn, port: c.port as u32, remote_ip: c.remote_ip }
                 .encode()?;
-        mmio::write_block(&mut self.mmio, regs::RDMA_CTX_REG_0, ctx)?;
-        mmio::write_block(&mut self.mmio, regs::RDMA_CONN_REG_0, conn)?;
-        mmio::post_command(&mut self.mmio, &Command::clear_stat(ctid))?;
+        mmio::write_block(&self.mmio, regs::RDMA_CTX_REG_0, ctx)?;
+        mmio::write_block(&self.mmio, regs::RDMA_CONN_REG_0, conn)?;
+        mmio::post_command(&self.mmio, &Command::clear_stat(ctid))?;
         let s = &mut self.qps[ctid as usize];
         s.conn = Some(*c);
         s.reads.clear();
@@ -552,7 +552,7 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
             let reg = self.ext_reg(map::CMD_RKEY);
             self.mmio.write_csr(reg, wqe.rkey as u64)?;
         }
-        mmio::post_command(&mut self.mmio, &cmd)?;
+        mmio::post_command(&self.mmio, &cmd)?;
         self.seq += 1;
         let p = PendingWr {
             seq: self.seq,
@@ -802,7 +802,7 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
             self.mmio.write_csr(reg, map::qp_cmd::RESET)?;
         } else {
             for t in &targets {
-                mmio::post_command(&mut self.mmio, &Command::clear_stat(*t))?;
+                mmio::post_command(&self.mmio, &Command::clear_stat(*t))?;
             }
         }
         for t in targets {
@@ -893,8 +893,9 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
 
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         self.ext?;
-        // QUERY_MW needs a register write; the trait gives `&self`, so query through the
-        // read-only mirror the block keeps of the last query only when it names this window
+        self.mmio.write_csr(self.ext_reg(map::KEY_ARG), rkey.0 as u64).ok()?;
+        self.mmio.write_csr(self.ext_reg(map::KEY_CMD), map::key_cmd::QUERY_MW).ok()?;
+        self.key_result().ok()?;
         let state = self.mmio.read_csr(self.ext_reg(map::MW_STATE)).ok()?;
         if state & (1 << 33) == 0 || (state as u32) >> 8 != rkey.index() {
             return None;
@@ -903,18 +904,5 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
             return Some(MwBinding::Unbound);
         }
         Some(MwBinding::Bound { rkey: Rkey(state as u32), qpn: Qpn::new((state >> 40) as u32).ok()? })
-    }
-}
-
-impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
-    /// Query a window's binding in the extension block's table (`KEY_CMD = QUERY_MW`).
-    pub fn query_mw(&mut self, rkey: Rkey) -> Result<MwBinding, Error> {
-        if self.ext.is_none() {
-            return Self::unsupported_stock("memory windows");
-        }
-        self.mmio.write_csr(self.ext_reg(map::KEY_ARG), rkey.0 as u64)?;
-        self.mmio.write_csr(self.ext_reg(map::KEY_CMD), map::key_cmd::QUERY_MW)?;
-        self.key_result()?;
-        self.mw_binding(rkey).ok_or(Error::KeyTable { code: map::key_err::NO_SUCH_KEY })
     }
 }

@@ -148,7 +148,7 @@ impl Mmio for DevMmio {
         // until drop; device registers need volatile access
         Ok(unsafe { std::ptr::read_volatile(self.base.add(reg)) })
     }
-    fn write_csr(&mut self, reg: usize, value: u64) -> Result<(), MmioError> {
+    fn write_csr(&self, reg: usize, value: u64) -> Result<(), MmioError> {
         if reg >= self.words {
             return Err(MmioError::OutOfRange { reg, words: self.words });
         }
@@ -193,7 +193,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("omw-fpga-devmmio-{}", std::process::id()));
         std::fs::write(&dir, vec![0u8; 8192]).unwrap();
         let cfg = DeviceConfig { path: dir.clone(), offset: 4096, len: 4096 };
-        let mut m = DevMmio::open(&cfg).unwrap();
+        let m = DevMmio::open(&cfg).unwrap();
         m.write_csr(3, 0xdead_beef).unwrap();
         assert_eq!(m.read_csr(3).unwrap(), 0xdead_beef);
         assert_eq!(m.read_csr(512), Err(MmioError::OutOfRange { reg: 512, words: 512 }));

@@ -25,24 +25,26 @@ impl fmt::Display for MmioError {
     }
 }
 
-/// A window of 64-bit device registers.
+/// A window of 64-bit device registers. Both accesses take `&self`: device registers are
+/// shared, interior-mutable state (as in open-rdma's `DeviceAdaptor`), and a query that needs
+/// a register write (the extension block's QUERY_MW) can then run from `&self` methods.
 pub trait Mmio {
     fn read_csr(&self, reg: usize) -> Result<u64, MmioError>;
-    fn write_csr(&mut self, reg: usize, value: u64) -> Result<(), MmioError>;
+    fn write_csr(&self, reg: usize, value: u64) -> Result<(), MmioError>;
 }
 
-impl<M: Mmio + ?Sized> Mmio for &mut M {
+impl<M: Mmio + ?Sized> Mmio for &M {
     fn read_csr(&self, reg: usize) -> Result<u64, MmioError> {
         (**self).read_csr(reg)
     }
-    fn write_csr(&mut self, reg: usize, value: u64) -> Result<(), MmioError> {
+    fn write_csr(&self, reg: usize, value: u64) -> Result<(), MmioError> {
         (**self).write_csr(reg, value)
     }
 }
 
 /// Push one command, in the engine's order: `VADDR_WR`, `CTRL_REG_2`, `VADDR_RD`, then
 /// `CTRL_REG` **last** — the `CTRL_REG` write is what the engine latches the other three on.
-pub fn post_command<M: Mmio + ?Sized>(m: &mut M, c: &Command) -> Result<(), MmioError> {
+pub fn post_command<M: Mmio + ?Sized>(m: &M, c: &Command) -> Result<(), MmioError> {
     m.write_csr(regs::VADDR_WR_REG, c.vaddr_wr)?;
     m.write_csr(regs::CTRL_REG_2, c.ctrl_dst)?;
     m.write_csr(regs::VADDR_RD_REG, c.vaddr_rd)?;
@@ -54,7 +56,7 @@ pub fn post_command<M: Mmio + ?Sized>(m: &mut M, c: &Command) -> Result<(), Mmio
 
 /// Write a 3-word context block (`RDMA_CTX_REG_0..2` or `RDMA_CONN_REG_0..2`) in order; the
 /// last word commits it.
-pub fn write_block<M: Mmio + ?Sized>(m: &mut M, first: usize, words: [u64; 3]) -> Result<(), MmioError> {
+pub fn write_block<M: Mmio + ?Sized>(m: &M, first: usize, words: [u64; 3]) -> Result<(), MmioError> {
     for (i, w) in words.into_iter().enumerate() {
         if i == 2 {
             core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
@@ -74,22 +76,25 @@ mod tests {
     use super::*;
     use std::vec::Vec;
 
-    struct Recorder(Vec<(usize, u64)>);
+    struct Recorder(std::cell::RefCell<Vec<(usize, u64)>>);
     impl Mmio for Recorder {
         fn read_csr(&self, _reg: usize) -> Result<u64, MmioError> {
             Ok(0)
         }
-        fn write_csr(&mut self, reg: usize, value: u64) -> Result<(), MmioError> {
-            self.0.push((reg, value));
+        fn write_csr(&self, reg: usize, value: u64) -> Result<(), MmioError> {
+            self.0.borrow_mut().push((reg, value));
             Ok(())
         }
     }
 
     #[test]
     fn ctrl_reg_is_written_last() {
-        let mut r = Recorder(Vec::new());
+        let r = Recorder(Default::default());
         let c = Command { vaddr_wr: 1, ctrl_dst: 2, vaddr_rd: 3, ctrl_src: 4 };
-        post_command(&mut r, &c).unwrap();
-        assert_eq!(r.0, [(regs::VADDR_WR_REG, 1), (regs::CTRL_REG_2, 2), (regs::VADDR_RD_REG, 3), (regs::CTRL_REG, 4)]);
+        post_command(&r, &c).unwrap();
+        assert_eq!(
+            *r.0.borrow(),
+            [(regs::VADDR_WR_REG, 1), (regs::CTRL_REG_2, 2), (regs::VADDR_RD_REG, 3), (regs::CTRL_REG, 4)]
+        );
     }
 }

@@ -284,7 +284,7 @@ impl Mmio for SimMmio {
         }
         Ok(n.stock.read(reg))
     }
-    fn write_csr(&mut self, reg: usize, value: u64) -> Result<(), MmioError> {
+    fn write_csr(&self, reg: usize, value: u64) -> Result<(), MmioError> {
         if reg >= regs::CNFG_REGION_WORDS {
             return Err(MmioError::OutOfRange { reg, words: regs::CNFG_REGION_WORDS });
         }
