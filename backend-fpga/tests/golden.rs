@@ -132,8 +132,9 @@ fn extension_block_map() {
     assert_eq!(ext::DEFAULT_BASE * 8, 0x1000);
     assert_eq!(ext::qp_reg(3, ext::qp::SQ_PI), 64 + 3 * 32 + 10);
     assert_eq!(ext::BLOCK_WORDS, 64 + 64 * 32);
-    assert!(ext::DEFAULT_BASE + ext::BLOCK_WORDS <= regs::CNFG_REGION_WORDS);
-    assert!(ext::DEFAULT_BASE >= regs::STAT_RDMA_REG + 64, "block must not overlap stock registers");
+    const { assert!(ext::DEFAULT_BASE + ext::BLOCK_WORDS <= regs::CNFG_REGION_WORDS) };
+    // the block must not overlap the stock registers
+    const { assert!(ext::DEFAULT_BASE >= regs::STAT_RDMA_REG + 64) };
     let c = Cqe {
         wr_id: 0x0102_0304_0506_0708,
         status: 10,

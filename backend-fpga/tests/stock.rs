@@ -9,7 +9,7 @@ use omw_core::backend::{Capabilities, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
 use omw_fpga::backend::Backpressure;
 use omw_fpga::device::{DevMmio, DeviceConfig, DeviceError};
-use omw_fpga::double::{Fabric, NodeConfig};
+use omw_fpga::double::Fabric;
 use omw_fpga::encoding::{self, Command, CtrlWord, OpcodeEncoding, RdmaOp, RdmaRequest, Stream};
 use omw_fpga::mmio::{post_command, Mmio};
 use omw_fpga::{regs, Error, SecureProtocolError};
@@ -88,7 +88,8 @@ fn bad_inputs_are_typed_errors_and_nothing_is_sent() {
     let (f, mut a, _b) = pair(OpcodeEncoding::AppOpcodes);
     let qa = a.be.qpn(1).unwrap();
     let before = f.stats(a.id);
-    let cases: Vec<(Wqe, fn(&Error) -> bool)> = vec![
+    type Check = fn(&Error) -> bool;
+    let cases: Vec<(Wqe, Check)> = vec![
         (Wqe::write(A, 0, 1 << 28, B, 0), |e| matches!(e, Error::LengthOverflow { len } if *len == 1 << 28)),
         (Wqe::read(A, 0, u32::MAX, B, 0), |e| matches!(e, Error::LengthOverflow { .. })),
         (Wqe::write(A, 0, (1 << 27) + 1, B, 0), |e| matches!(e, Error::TransferTooLarge { .. })),
