@@ -60,6 +60,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod cluster;
 pub mod config;
 pub mod counters;
 pub mod cq;

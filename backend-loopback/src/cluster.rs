@@ -1,0 +1,835 @@
+//! OneSidedMW on the model: one MN and N CNs on a [`Fabric`], the MN driven by the core's
+//! [`MnDriver`] and each CN by the core's [`Client`]. Nothing protocol-specific lives here:
+//! this file creates hosts, memory, MRs, windows and QPs, moves bytes between the core's
+//! state machines and the model, and pumps the fabric.
+//!
+//! In **offloaded** mode the MN arms each CN's alloc and free chains once; afterwards an
+//! allocation is a SEND from the CN, the chain running inside the modelled NIC, and a
+//! WRITE_WITH_IMM back — the MN CPU handles no event. In **host-engine** mode (the model with
+//! its offload capabilities off) the MN CPU receives each request and runs the same chain
+//! layout with the core's host engine; every request is an MN CPU event, and its modelled CPU
+//! time is charged to the MN host.
+
+use crate::config::NicConfig;
+use crate::error::LoopbackError;
+use crate::fabric::{Fabric, HostId, QpAddr};
+use crate::protection::PdId;
+use crate::qp::QpConfig;
+use omw_core::access::AccessFlags;
+use omw_core::backend::{
+    Capabilities, Completion, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
+};
+use omw_core::chain::ChainKind;
+use omw_core::cn::{Allocation, Client, ClientError, ClientEvent};
+use omw_core::geometry::PoolGeometry;
+use omw_core::host_engine::HostRegions;
+use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
+use omw_core::mn::{CnQps, Event, MemoryNode, MnConfig, MnKeys};
+use omw_core::mn_driver::{DriverError, MnDriver};
+use omw_core::mn_memory::MnMemoryMap;
+use omw_core::wire::{ErrorCode, FreeRequest};
+use omw_core::wqe::{QueueSel, RecvWqe, Sge, Wqe};
+use std::cell::RefCell;
+use std::fmt;
+use std::rc::Rc;
+
+/// Most live allocations one modelled CN tracks.
+pub const CN_MAX_LIVE: usize = 4096;
+/// Receive WQEs each CN keeps posted on its Alloc QP (replies) and first access QP (messages).
+const CN_RECVS: u64 = 8;
+const MSG_BUF: u64 = 64;
+
+#[derive(Clone, Copy, Debug)]
+pub struct ClusterConfig {
+    pub cns: usize,
+    pub chunk_size: u64,
+    pub chunks: u32,
+    pub group_size: u8,
+    pub quota: u32,
+    /// None: offload if the NIC can, host engine otherwise.
+    pub mode: Option<ExecutionMode>,
+    pub nic: NicConfig,
+}
+
+impl ClusterConfig {
+    /// 1 MN + 6 CNs, 64 chunks of 4 KiB, G = 3, strict NIC with prefetching.
+    pub fn paper_like() -> Self {
+        ClusterConfig {
+            cns: 6,
+            chunk_size: 4096,
+            chunks: 64,
+            group_size: 3,
+            quota: 64,
+            mode: None,
+            nic: NicConfig::strict().with_prefetch(8),
+        }
+    }
+}
+
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ClusterError {
+    Model(LoopbackError),
+    Driver(String),
+    Config(String),
+}
+
+impl fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterError::Model(e) => write!(f, "model: {e}"),
+            ClusterError::Driver(e) => write!(f, "MN driver: {e}"),
+            ClusterError::Config(e) => write!(f, "configuration: {e}"),
+        }
+    }
+}
+impl std::error::Error for ClusterError {}
+impl From<LoopbackError> for ClusterError {
+    fn from(e: LoopbackError) -> Self {
+        ClusterError::Model(e)
+    }
+}
+impl<E: fmt::Display> From<DriverError<E>> for ClusterError {
+    fn from(e: DriverError<E>) -> Self {
+        ClusterError::Driver(e.to_string())
+    }
+}
+
+/// Why a CN operation did not succeed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CnOpError {
+    /// The MN refused (empty queue, not the owner, bad request, …).
+    Mn(ErrorCode),
+    Client(ClientError),
+    /// The CN's own work request failed.
+    Device(WcStatus),
+    /// Nothing came back (the CN's management QP is gone, e.g. after a quota disconnect).
+    NoReply,
+    Crashed,
+}
+
+impl fmt::Display for CnOpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CnOpError::Mn(c) => write!(f, "MN refused: {c:?}"),
+            CnOpError::Client(e) => write!(f, "{e}"),
+            CnOpError::Device(s) => write!(f, "work request failed: {s}"),
+            CnOpError::NoReply => f.write_str("no reply from the MN"),
+            CnOpError::Crashed => f.write_str("this CN has crashed"),
+        }
+    }
+}
+
+/// The MN's [`RdmaBackend`]: its host on the shared fabric.
+#[derive(Clone, Debug)]
+pub struct MnBackend {
+    pub fabric: Rc<RefCell<Fabric>>,
+    pub host: HostId,
+}
+
+impl MnBackend {
+    fn qa(&self, q: Qpn) -> QpAddr {
+        QpAddr::new(self.host, q)
+    }
+}
+
+impl RdmaBackend for MnBackend {
+    type Error = LoopbackError;
+    fn capabilities(&self) -> Capabilities {
+        self.fabric.borrow().capabilities()
+    }
+    fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), LoopbackError> {
+        self.fabric.borrow_mut().post_send(self.qa(qp), wqe)
+    }
+    fn post_recv(&mut self, qp: Qpn, wqe: &RecvWqe) -> Result<(), LoopbackError> {
+        self.fabric.borrow_mut().post_recv(self.qa(qp), wqe)
+    }
+    fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize, LoopbackError> {
+        self.fabric.borrow_mut().poll_cq(self.qa(qp), queue, out)
+    }
+    fn enable(&mut self, qp: Qpn, queue: QueueSel, count: u64) -> Result<(), LoopbackError> {
+        self.fabric.borrow_mut().enable(self.qa(qp), queue, count)
+    }
+    fn reset_qp(&mut self, qp: Qpn) -> Result<(), LoopbackError> {
+        self.fabric.borrow_mut().reset_qp(self.qa(qp))
+    }
+    fn destroy_qp(&mut self, qp: Qpn) -> Result<(), LoopbackError> {
+        self.fabric.borrow_mut().destroy_qp(self.qa(qp))
+    }
+    fn qp_state(&self, qp: Qpn) -> Result<QpState, LoopbackError> {
+        self.fabric.borrow().qp_state(self.qa(qp))
+    }
+    fn reg_mr(&mut self, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
+        self.fabric.borrow_mut().reg_mr(self.host, PdId(0), addr, len, access)
+    }
+    fn alloc_mw(&mut self) -> Result<Rkey, LoopbackError> {
+        self.fabric.borrow_mut().alloc_mw(self.host, PdId(0))
+    }
+    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), LoopbackError> {
+        self.fabric.borrow().read(self.host, addr, buf)
+    }
+    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), LoopbackError> {
+        self.fabric.borrow_mut().write(self.host, addr, data)
+    }
+    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, LoopbackError> {
+        self.fabric.borrow().ring_base(self.qa(qp), queue)
+    }
+    fn ring_keys(&self) -> Result<MrKeys, LoopbackError> {
+        self.fabric.borrow().ring_keys(self.host)
+    }
+    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
+        RdmaBackend::mw_binding(&self.fabric.borrow_mut().view(self.host), rkey)
+    }
+}
+
+/// One modelled compute node.
+#[derive(Debug)]
+pub struct CnNode {
+    pub host: HostId,
+    pub id: CnId,
+    pub client: Client<CN_MAX_LIVE>,
+    /// CN ends of the Alloc, Free and access QPs.
+    pub alloc_qp: QpAddr,
+    pub free_qp: QpAddr,
+    pub access_qps: Vec<QpAddr>,
+    /// MN ends (what the MN knows).
+    pub mn_qps: CnQps,
+    reply_buf: u64,
+    reply_keys: MrKeys,
+    io_buf: u64,
+    io_keys: MrKeys,
+    msg_bufs: u64,
+    msg_lkey: u32,
+    msg_seq: u64,
+    pub crashed: bool,
+    /// Every notice/error the MN sent, in order.
+    pub events: Vec<ClientEvent>,
+    replies: Vec<(u32, Result<Allocation, CnOpError>)>,
+}
+
+/// What a pump round saw on the MN side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MnActivity {
+    /// Events the MN CPU handled (the figure OneSidedMW drives to zero).
+    pub cpu_events: u64,
+}
+
+pub struct Cluster {
+    pub fabric: Rc<RefCell<Fabric>>,
+    pub mn_host: HostId,
+    pub driver: MnDriver<MnBackend>,
+    pub cns: Vec<CnNode>,
+    pub mode: ExecutionMode,
+    pub cfg: ClusterConfig,
+    /// MR per chunk instead of one pool MR (devices that do not enforce window bounds).
+    pub per_chunk_mrs: bool,
+    /// Send-queue depths [alloc, free] × [Loop, Mgmt]: each chain's QPs have exactly its
+    /// rings' depths, so a lap wraps onto the same bytes.
+    ring_depths: [[u32; 2]; 2],
+    pub mn_cpu_events: u64,
+    /// Management-QP counters at the last RNIC reset (the MN's counts restart there).
+    counter_base: Vec<(u64, u64)>,
+}
+
+impl fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cluster").field("mode", &self.mode).field("cns", &self.cns.len()).finish()
+    }
+}
+
+fn blank() -> Completion {
+    Completion {
+        wr_id: 0,
+        status: WcStatus::GeneralErr,
+        opcode: WcOpcode::Recv,
+        qpn: Qpn::default(),
+        byte_len: 0,
+        imm: None,
+        invalidated: None,
+    }
+}
+
+impl Cluster {
+    pub fn new(cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
+        let caps = cfg.nic.capabilities();
+        let mode = ExecutionMode::choose(caps, cfg.mode, false).map_err(|e| ClusterError::Config(e.to_string()))?;
+        let geo = PoolGeometry::new(1 << 30, cfg.chunk_size, cfg.chunks, cfg.group_size)
+            .map_err(|e| ClusterError::Config(e.to_string()))?;
+        let max_cns = cfg.cns.clamp(1, omw_core::mn::MAX_CNS) as u32;
+        let mut f = Fabric::new(cfg.nic);
+        let mn = f.add_host("mn")?;
+        // the pool: windows bind in it, it grants no remote rights itself
+        let pool = f.alloc(mn, geo.pool_len(), geo.chunk_size())?;
+        let geo = PoolGeometry::new(pool, cfg.chunk_size, cfg.chunks, cfg.group_size)
+            .map_err(|e| ClusterError::Config(e.to_string()))?;
+        let pool_access = AccessFlags::MW_BIND | AccessFlags::LOCAL_WRITE;
+        let per_chunk_mrs = !caps.contains(Capabilities::MW_BOUNDS_ENFORCED);
+        let mut lkeys = Vec::new();
+        if per_chunk_mrs {
+            for i in 0..geo.chunk_count() {
+                let base = geo.chunk_base(GroupId(i)).unwrap_or(pool);
+                lkeys.push(f.reg_mr(mn, PdId(0), base, geo.chunk_size(), pool_access)?.lkey);
+            }
+        } else {
+            lkeys.push(f.reg_mr(mn, PdId(0), pool, geo.pool_len(), pool_access)?.lkey);
+        }
+        // metadata: queue, MWTable, scratch
+        let align = MnMemoryMap::required_alignment(&geo, max_cns);
+        let len = MnMemoryMap::len_for(&geo, max_cns);
+        let meta = f.alloc(mn, len, align.max(64))?;
+        let map = MnMemoryMap::new(geo, max_cns, meta).ok_or(ClusterError::Config("metadata map".into()))?;
+        let meta_access = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_ATOMIC;
+        let meta_keys = f.reg_mr(mn, PdId(0), map.meta_base, map.meta_len, meta_access)?;
+        let table_keys = f.reg_mr(
+            mn,
+            PdId(0),
+            map.table_base,
+            map.table_len(),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+        )?;
+        let ring_keys = f.ring_keys(mn)?;
+        let keys = MnKeys {
+            meta_lkey: meta_keys.lkey,
+            meta_rkey: meta_keys.rkey,
+            table_rkey: table_keys.rkey,
+            ring_lkey: ring_keys.lkey,
+            ring_rkey: ring_keys.rkey,
+        };
+        let mut rkeys = Vec::new();
+        for _ in 0..(geo.chunk_count() as usize * geo.group_size()) {
+            rkeys.push(f.alloc_mw(mn, PdId(0))?);
+        }
+        let (admin, _) = f.create_connected_pair(mn, QpConfig::default(), mn, QpConfig::default())?;
+        let mcfg = MnConfig {
+            geometry: geo,
+            max_cns,
+            quota: cfg.quota,
+            mode,
+            software_ownership_check: !caps.contains(Capabilities::MW_QP_CHECK_ON_INVALIDATE),
+            queue_depth: 128,
+            window_access: AccessFlags::DATA_WINDOW,
+        };
+        let node = MemoryNode::new(mcfg, map, keys).map_err(|e| ClusterError::Config(format!("{e:?}")))?;
+        // ring depths of this geometry's chains (they do not depend on QP numbers)
+        let probe_env = omw_core::chain_builder::ChainEnv {
+            map,
+            slot: 0,
+            cn: CnId::new(1).map_err(|e| ClusterError::Config(e.to_string()))?,
+            loop_qpn: 1,
+            mgmt_qpn: 2,
+            free_qpn: 3,
+            meta_lkey: keys.meta_lkey,
+            meta_rkey: keys.meta_rkey,
+            table_rkey: keys.table_rkey,
+            ring_lkey: keys.ring_lkey,
+            ring_rkey: keys.ring_rkey,
+            queue_depth: 128,
+            window_access: AccessFlags::DATA_WINDOW,
+            owner_window_access: AccessFlags::REMOTE_READ,
+        };
+        let a =
+            omw_core::alloc_chain::build_alloc_chain(&probe_env).map_err(|e| ClusterError::Config(e.to_string()))?;
+        let fr = omw_core::free_chain::build_free_chain(&probe_env).map_err(|e| ClusterError::Config(e.to_string()))?;
+        let ring_depths =
+            [[a.ring_depth[0] as u32, a.ring_depth[1] as u32], [fr.ring_depth[0] as u32, fr.ring_depth[1] as u32]];
+        let regions = HostRegions {
+            meta_base: map.meta_base,
+            meta_len: map.meta_len,
+            meta_lkey: keys.meta_lkey,
+            meta_rkey: keys.meta_rkey,
+            table_base: map.table_base,
+            table_len: map.table_len(),
+            table_rkey: keys.table_rkey,
+            ring_lkey: keys.ring_lkey,
+            ring_rkey: keys.ring_rkey,
+        };
+        let fabric = Rc::new(RefCell::new(f));
+        let backend = MnBackend { fabric: fabric.clone(), host: mn };
+        let mut driver = MnDriver::new(backend, node, regions, admin.qpn);
+        let g = geo.group_size();
+        let per_chunk = per_chunk_mrs;
+        driver.format(
+            |gid, i| rkeys[gid.0 as usize * g + i],
+            |gid| if per_chunk { lkeys[gid.0 as usize] } else { lkeys[0] },
+        )?;
+        let mut c = Cluster {
+            fabric,
+            mn_host: mn,
+            driver,
+            cns: Vec::new(),
+            mode,
+            cfg,
+            per_chunk_mrs,
+            ring_depths,
+            mn_cpu_events: 0,
+            counter_base: Vec::new(),
+        };
+        for _ in 0..cfg.cns {
+            c.connect_cn()?;
+        }
+        Ok(c)
+    }
+
+    /// Bring up a new CN: its host, buffers and QPs, then the MN's connect.
+    pub fn connect_cn(&mut self) -> Result<usize, ClusterError> {
+        let idx = self.cns.len();
+        let g = self.cfg.group_size as usize;
+        let offload = self.mode == ExecutionMode::Offloaded;
+        let d = self.ring_depths;
+        let chain_cfg = |kind: usize, ring: usize| {
+            if offload {
+                QpConfig::managed(d[kind][ring], 1)
+            } else {
+                QpConfig::default()
+            }
+        };
+        let mut f = self.fabric.borrow_mut();
+        let host = f.add_host(&format!("cn{idx}"))?;
+        let mn = self.mn_host;
+        let cn_cfg = QpConfig::default().with_depths(64, CN_RECVS as u32 * 2);
+        let (alloc_qp, mn_alloc) = f.create_connected_pair(host, cn_cfg, mn, chain_cfg(0, 1))?;
+        let (free_qp, mn_free) = f.create_connected_pair(host, cn_cfg, mn, chain_cfg(1, 1))?;
+        let mut access_qps = Vec::new();
+        let mut mn_access = heapless::Vec::new();
+        for _ in 1..g {
+            let (c, m) = f.create_connected_pair(host, cn_cfg, mn, QpConfig::default())?;
+            access_qps.push(c);
+            let _ = mn_access.push(m.qpn);
+        }
+        let (alloc_loop, free_loop) = if offload {
+            let (a, _) = f.create_connected_pair(mn, chain_cfg(0, 0), mn, QpConfig::default())?;
+            let (b, _) = f.create_connected_pair(mn, chain_cfg(1, 0), mn, QpConfig::default())?;
+            (Some(a.qpn), Some(b.qpn))
+        } else {
+            (None, None)
+        };
+        let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let (reply_buf, reply_keys) = f.alloc_mr(host, PdId(0), 64, 64, rw)?;
+        let io_len = self.cfg.chunk_size.max(4096);
+        let (io_buf, io_keys) = f.alloc_mr(host, PdId(0), io_len, 64, AccessFlags::LOCAL_WRITE)?;
+        let (msg_bufs, msg_keys) = f.alloc_mr(host, PdId(0), MSG_BUF * CN_RECVS * 4, 64, AccessFlags::LOCAL_WRITE)?;
+        drop(f);
+        let mn_qps = CnQps { alloc: mn_alloc.qpn, free: mn_free.qpn, access: mn_access, alloc_loop, free_loop };
+        let mut node = CnNode {
+            host,
+            id: CnId::new(u32::MAX).map_err(|e| ClusterError::Config(e.to_string()))?,
+            client: Client::new(),
+            alloc_qp,
+            free_qp,
+            access_qps,
+            mn_qps: mn_qps.clone(),
+            reply_buf,
+            reply_keys,
+            io_buf,
+            io_keys,
+            msg_bufs,
+            msg_lkey: msg_keys.lkey,
+            msg_seq: 0,
+            crashed: false,
+            events: Vec::new(),
+            replies: Vec::new(),
+        };
+        Self::top_up(&mut self.fabric.borrow_mut(), &mut node)?;
+        self.cns.push(node);
+        self.counter_base.push((0, 0));
+        let id = self.driver.connect(mn_qps)?;
+        self.cns[idx].id = id;
+        self.pump()?;
+        if self.cns[idx].client.id() != Some(id) {
+            return Err(ClusterError::Driver(format!("cn{idx} never received its connect info")));
+        }
+        Ok(idx)
+    }
+
+    pub fn now(&self) -> u64 {
+        self.fabric.borrow().now()
+    }
+
+    /// Keep receives posted on the CN's Alloc QP (reply immediates) and first access QP
+    /// (MN messages), e.g. after the MN reset the pair.
+    fn top_up(f: &mut Fabric, n: &mut CnNode) -> Result<(), ClusterError> {
+        if n.crashed {
+            return Ok(());
+        }
+        for (qp, with_buf) in [(n.alloc_qp, false), (n.access_qps[0], true)] {
+            if f.qp_state(qp)? != QpState::Rts {
+                continue;
+            }
+            let st = f.qp_stats(qp)?;
+            let mut outstanding = st.recv_producer.saturating_sub(st.recv_consumer);
+            while outstanding < CN_RECVS {
+                let mut w = RecvWqe { wr_id: n.msg_seq, sges: heapless::Vec::new() };
+                if with_buf {
+                    let slot = n.msg_seq % (CN_RECVS * 4);
+                    let _ = w.sges.push(Sge {
+                        addr: n.msg_bufs + slot * MSG_BUF,
+                        length: MSG_BUF as u32,
+                        lkey: n.msg_lkey,
+                    });
+                }
+                n.msg_seq += 1;
+                f.post_recv(qp, &w)?;
+                outstanding += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Run the model, the MN and the CNs until nothing moves.
+    pub fn pump(&mut self) -> Result<MnActivity, ClusterError> {
+        let mut act = MnActivity::default();
+        for _round in 0..64 {
+            let steps = self.fabric.borrow_mut().run_until_idle(10_000_000);
+            let now = self.now();
+            // a crashed CN is noticed the way a connection manager notices it
+            let crashed: Vec<CnId> =
+                self.cns.iter().filter(|n| n.crashed && self.driver.mn.cn(n.id).is_some()).map(|n| n.id).collect();
+            for id in crashed {
+                self.driver.handle(now, Event::CnGone { cn: id })?;
+                self.count_event(1);
+                act.cpu_events += 1;
+            }
+            let before = self.driver.stats;
+            let report = self.driver.poll(now)?;
+            if report.events > 0 {
+                let steps_done = self.driver.stats.cpu_steps - before.cpu_steps;
+                self.charge_cpu(report.events as u64, steps_done)?;
+                act.cpu_events += report.events as u64;
+            }
+            let cn_moved = self.service_cns()?;
+            if steps == 0 && report.events == 0 && !cn_moved {
+                break;
+            }
+        }
+        Ok(act)
+    }
+
+    fn count_event(&mut self, n: u64) {
+        self.mn_cpu_events += n;
+        let mut f = self.fabric.borrow_mut();
+        for _ in 0..n {
+            let _ = f.count_cpu_event(self.mn_host);
+        }
+    }
+
+    /// Charge MN CPU time: each event costs one step plus the host engine's steps.
+    fn charge_cpu(&mut self, events: u64, steps: u64) -> Result<(), ClusterError> {
+        self.mn_cpu_events += events;
+        let mut f = self.fabric.borrow_mut();
+        let step_ns = f.config().cost.host_engine_step_ns;
+        for _ in 1..events {
+            f.count_cpu_event(self.mn_host)?;
+        }
+        f.advance_cpu(self.mn_host, (events + steps) * step_ns)?;
+        Ok(())
+    }
+
+    /// Feed arrived completions to the CN clients; returns whether anything arrived.
+    fn service_cns(&mut self) -> Result<bool, ClusterError> {
+        let mut moved = false;
+        let mut buf = [blank(); 16];
+        let mut f = self.fabric.borrow_mut();
+        let now = f.now();
+        for n in self.cns.iter_mut().filter(|n| !n.crashed) {
+            // alloc replies: WRITE_WITH_IMM consumed a receive on the Alloc QP
+            loop {
+                let k = f.poll(n.alloc_qp, QueueSel::Recv, &mut buf)?;
+                if k == 0 {
+                    break;
+                }
+                moved = true;
+                for c in &buf[..k] {
+                    if c.status.is_ok() && c.opcode == WcOpcode::RecvRdmaWithImm {
+                        let imm = c.imm.unwrap_or(0);
+                        let mut b = [0u8; omw_core::wire::ALLOC_REPLY_LEN];
+                        f.read(n.host, n.reply_buf, &mut b)?;
+                        let r = n.client.on_alloc_reply(imm, &b).map_err(CnOpError::Client);
+                        n.replies.push((imm, r));
+                    }
+                }
+            }
+            // messages on the first access QP
+            loop {
+                let k = f.poll(n.access_qps[0], QueueSel::Recv, &mut buf)?;
+                if k == 0 {
+                    break;
+                }
+                moved = true;
+                for c in &buf[..k] {
+                    if !c.status.is_ok() {
+                        continue;
+                    }
+                    let slot = c.wr_id % (CN_RECVS * 4);
+                    let mut b = vec![0u8; (c.byte_len as usize).min(MSG_BUF as usize)];
+                    f.read(n.host, n.msg_bufs + slot * MSG_BUF, &mut b)?;
+                    match n.client.on_message(now, &b) {
+                        Ok(ClientEvent::Failed { token, code }) => {
+                            n.replies.push((token, Err(CnOpError::Mn(code))));
+                            n.events.push(ClientEvent::Failed { token, code });
+                        }
+                        Ok(ev) => n.events.push(ev),
+                        Err(_) => {}
+                    }
+                }
+            }
+            // drain send completions of SENDs (their errors surface in the op that posted them)
+            for qp in [n.alloc_qp, n.free_qp] {
+                while f.poll(qp, QueueSel::Send, &mut buf)? > 0 {}
+            }
+            Self::top_up(&mut f, n)?;
+        }
+        Ok(moved)
+    }
+
+    // ------------------------------------------------------------------ CN operations
+
+    fn cn_send(&mut self, i: usize, qp: QpAddr, bytes: &[u8]) -> Result<(), CnOpError> {
+        let n = &self.cns[i];
+        if n.crashed {
+            return Err(CnOpError::Crashed);
+        }
+        let mut f = self.fabric.borrow_mut();
+        let (buf, lkey) = (n.io_buf, n.io_keys.lkey);
+        f.write(n.host, buf, bytes).map_err(|_| CnOpError::Device(WcStatus::LocProtErr))?;
+        f.post_send(qp, &Wqe::send(buf, lkey, bytes.len() as u32)).map_err(|_| CnOpError::Device(WcStatus::LocQpOpErr))
+    }
+
+    /// Allocate a chunk for CN `i`.
+    pub fn alloc(&mut self, i: usize) -> Result<Allocation, CnOpError> {
+        let now = self.now();
+        let n = &mut self.cns[i];
+        if n.crashed {
+            return Err(CnOpError::Crashed);
+        }
+        let mut req = [0u8; 64];
+        let (token, len) =
+            n.client.alloc_request(now, n.reply_buf, n.reply_keys.rkey, &mut req).map_err(CnOpError::Client)?;
+        let qp = n.alloc_qp;
+        self.cn_send(i, qp, &req[..len])?;
+        self.pump().map_err(|e| CnOpError::Client(ClientError::Wire(wire_err(e))))?;
+        self.take_reply(i, token)
+    }
+
+    fn take_reply(&mut self, i: usize, token: u32) -> Result<Allocation, CnOpError> {
+        let n = &mut self.cns[i];
+        if let Some(pos) = n.replies.iter().position(|(t, _)| *t == token) {
+            return n.replies.remove(pos).1;
+        }
+        n.client.abandon_pending();
+        Err(CnOpError::NoReply)
+    }
+
+    /// Send arbitrary bytes on CN `i`'s Alloc or Free QP (a malicious or broken CN).
+    pub fn send_raw(&mut self, i: usize, kind: ChainKind, bytes: &[u8]) -> Result<(), ClusterError> {
+        let qp = if kind == ChainKind::Alloc { self.cns[i].alloc_qp } else { self.cns[i].free_qp };
+        let _ = self.cn_send(i, qp, bytes);
+        self.pump()?;
+        Ok(())
+    }
+
+    /// Free one of CN `i`'s allocations. Frees are not acknowledged on success; an error
+    /// notice with the request's token comes back on failure.
+    pub fn free(&mut self, i: usize, a: &Allocation) -> Result<(), CnOpError> {
+        let bytes = self.cns[i].client.free_request(a.entry_addr).map_err(CnOpError::Client)?;
+        self.free_bytes(i, &bytes)
+    }
+
+    /// Send a free request for any entry address (forged frees).
+    pub fn free_raw(&mut self, i: usize, entry_addr: u64) -> Result<(), CnOpError> {
+        let bytes = FreeRequest { token: 0xF0F0_0000 | i as u32, entry_addr }.encode();
+        self.free_bytes(i, &bytes)
+    }
+
+    fn free_bytes(&mut self, i: usize, bytes: &[u8]) -> Result<(), CnOpError> {
+        let token = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        let qp = self.cns[i].free_qp;
+        self.cn_send(i, qp, bytes)?;
+        self.pump().map_err(|e| CnOpError::Client(ClientError::Wire(wire_err(e))))?;
+        let n = &mut self.cns[i];
+        if let Some(pos) = n.replies.iter().position(|(t, _)| *t == token) {
+            if let Err(e) = n.replies.remove(pos).1 {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// One-sided WRITE by CN `i` through its access QP `q` with `rkey` at `addr`.
+    pub fn write_raw(&mut self, i: usize, q: usize, addr: u64, rkey: Rkey, data: &[u8]) -> WcStatus {
+        self.one_sided(i, q, addr, rkey, Some(data), data.len()).0
+    }
+
+    /// One-sided READ of `len` bytes.
+    pub fn read_raw(&mut self, i: usize, q: usize, addr: u64, rkey: Rkey, len: usize) -> (WcStatus, Vec<u8>) {
+        self.one_sided(i, q, addr, rkey, None, len)
+    }
+
+    fn one_sided(
+        &mut self,
+        i: usize,
+        q: usize,
+        addr: u64,
+        rkey: Rkey,
+        data: Option<&[u8]>,
+        len: usize,
+    ) -> (WcStatus, Vec<u8>) {
+        let n = &self.cns[i];
+        if n.crashed || q >= n.access_qps.len() {
+            return (WcStatus::LocQpOpErr, Vec::new());
+        }
+        let qp = n.access_qps[q];
+        let (buf, lkey, host) = (n.io_buf, n.io_keys.lkey, n.host);
+        let mut f = self.fabric.borrow_mut();
+        let len = len.min(self.cfg.chunk_size.max(4096) as usize);
+        let w = match data {
+            Some(d) => {
+                if f.write(host, buf, d).is_err() {
+                    return (WcStatus::LocProtErr, Vec::new());
+                }
+                Wqe::write(buf, lkey, len as u32, addr, rkey.0)
+            }
+            None => Wqe::read(buf, lkey, len as u32, addr, rkey.0),
+        };
+        let w = w.with_wr_id(0xACC0_0000 + i as u64);
+        if f.post_send(qp, &w).is_err() {
+            return (WcStatus::LocQpOpErr, Vec::new());
+        }
+        let mut out = [blank(); 4];
+        let mut status = WcStatus::GeneralErr;
+        for _ in 0..4 {
+            match f.poll_cq(qp, QueueSel::Send, &mut out) {
+                Ok(k) if k > 0 => {
+                    if let Some(c) = out[..k].iter().find(|c| c.wr_id == w.wr_id) {
+                        status = c.status;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut got = vec![0u8; len];
+        if data.is_none() && status.is_ok() && f.read(host, buf, &mut got).is_err() {
+            status = WcStatus::LocProtErr;
+        }
+        drop(f);
+        // the MN sees nothing of one-sided traffic; a failed access left the pair in ERR:
+        // bring it back the way a CN would reconnect
+        if !status.is_ok() {
+            let mut f = self.fabric.borrow_mut();
+            let _ = f.reset_qp(qp);
+        }
+        let _ = self.service_cns();
+        (status, if data.is_none() { got } else { Vec::new() })
+    }
+
+    /// Write `data` at `offset` of an allocation through access QP `q` with its own rkey.
+    pub fn write(&mut self, i: usize, a: &Allocation, q: usize, offset: u64, data: &[u8]) -> WcStatus {
+        let rkey = a.rkey(q).unwrap_or_default();
+        self.write_raw(i, q, a.base + offset, rkey, data)
+    }
+
+    pub fn read(&mut self, i: usize, a: &Allocation, q: usize, offset: u64, len: usize) -> (WcStatus, Vec<u8>) {
+        let rkey = a.rkey(q).unwrap_or_default();
+        self.read_raw(i, q, a.base + offset, rkey, len)
+    }
+
+    // ------------------------------------------------------------------ faults and time
+
+    /// The CN host crashes: its QPs and memory are gone; the MN notices and reclaims.
+    pub fn crash_cn(&mut self, i: usize) -> Result<(), ClusterError> {
+        let h = self.cns[i].host;
+        self.fabric.borrow_mut().crash_host(h)?;
+        self.cns[i].crashed = true;
+        self.pump()?;
+        Ok(())
+    }
+
+    /// The MN's RNIC resets: every QP errors and every window binding is lost.
+    pub fn reset_mn_rnic(&mut self) -> Result<(), ClusterError> {
+        self.fabric.borrow_mut().reset_rnic(self.mn_host)?;
+        for i in 0..self.cns.len() {
+            self.counter_base[i] = self.mgmt_counters(i);
+        }
+        let now = self.now();
+        self.driver.handle(now, Event::RnicReset)?;
+        self.count_event(1);
+        self.pump()?;
+        Ok(())
+    }
+
+    /// The MN's periodic timer.
+    pub fn tick(&mut self) -> Result<(), ClusterError> {
+        let now = self.now();
+        self.driver.handle(now, Event::Tick)?;
+        self.pump()?;
+        Ok(())
+    }
+
+    /// The "hardware counters" of CN `i`'s management QPs: completed alloc and free laps,
+    /// from the WQEs the MN ends of its Alloc and Free QPs executed (one ring's worth per lap).
+    pub fn mgmt_counters(&self, i: usize) -> (u64, u64) {
+        let f = self.fabric.borrow();
+        let n = &self.cns[i];
+        let exec = |q: Qpn| f.qp_stats(QpAddr::new(self.mn_host, q)).map(|s| s.wqes_executed).unwrap_or(0);
+        let a = exec(n.mn_qps.alloc) / self.ring_depths[0][1].max(1) as u64;
+        let fr = exec(n.mn_qps.free) / self.ring_depths[1][1].max(1) as u64;
+        (a, fr)
+    }
+
+    /// Offloaded mode's lazy quota enforcement: sample each CN's management-QP counters and
+    /// hand them to the MN (which disconnects a CN over budget).
+    pub fn sample_counters(&mut self) -> Result<(), ClusterError> {
+        if self.mode != ExecutionMode::Offloaded {
+            return Ok(());
+        }
+        let now = self.now();
+        let mut samples = Vec::new();
+        for (i, n) in self.cns.iter().enumerate() {
+            if n.crashed || self.driver.mn.cn(n.id).is_none() {
+                continue;
+            }
+            let (a, fr) = self.mgmt_counters(i);
+            let (ba, bf) = self.counter_base[i];
+            samples.push((n.id, a.saturating_sub(ba), fr.saturating_sub(bf)));
+        }
+        for (cn, allocs, frees) in samples {
+            self.driver.handle(now, Event::CounterSample { cn, allocs, frees })?;
+            self.count_event(1);
+        }
+        self.pump()?;
+        Ok(())
+    }
+
+    /// Invariants of the protocol (the core's checker over MN memory and window state) and of
+    /// the model itself.
+    pub fn check_invariants(&mut self) -> Result<(), String> {
+        self.driver.check_invariants().map_err(|e| e.to_string())?;
+        self.fabric.borrow().check_invariants()
+    }
+
+    /// Which group an allocation is.
+    pub fn group_of(&self, a: &Allocation) -> Option<GroupId> {
+        self.driver.mn.map().group_of_entry(a.entry_addr)
+    }
+
+    pub fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
+        self.driver.backend.mw_binding(rkey)
+    }
+
+    /// Free groups in the queue right now.
+    pub fn free_groups(&self) -> u32 {
+        let q = self.driver.mn.map().queue;
+        let f = self.fabric.borrow();
+        let h = f.read_u64(self.mn_host, q.head).unwrap_or(0);
+        let t = f.read_u64(self.mn_host, q.tail).unwrap_or(0);
+        q.live_len(h, t, self.driver.mn.map().max_cns)
+    }
+}
+
+fn wire_err(_: ClusterError) -> omw_core::wire::WireError {
+    omw_core::wire::WireError::InconsistentReply
+}
