@@ -1,0 +1,322 @@
+//! DESIGN.md §3: type-2 memory windows — binding, QP association, invalidation, rebinding,
+//! bounds, rights — in strict and rxe-compatible modes.
+
+mod common;
+use common::*;
+use omw_core::access::AccessFlags;
+use omw_core::backend::{MwBinding, QpState, RdmaBackend, WcStatus};
+use omw_core::ids::Rkey;
+use omw_core::wqe::{QueueSel, Wqe};
+use omw_loopback::{MwState, NicConfig, PdId, QpAddr, QpConfig};
+
+const RW: AccessFlags = AccessFlags::DATA_WINDOW;
+
+struct MwEnv {
+    e: Env,
+    /// A second CN↔MN pair (another CN's access QP, say).
+    c2: QpAddr,
+    m2: QpAddr,
+    /// The MN's loopback pair (management: binds for other QPs).
+    lp: QpAddr,
+    mw: Rkey,
+}
+
+fn mw_env(cfg: NicConfig) -> MwEnv {
+    let mut e = env(cfg);
+    let (c2, m2) = e.f.create_connected_pair(e.cn, QpConfig::default(), e.mn, QpConfig::default()).unwrap();
+    let (lp, _lb) = e.f.create_connected_pair(e.mn, QpConfig::default(), e.mn, QpConfig::default()).unwrap();
+    let mw = e.f.alloc_mw(e.mn, PdId(0)).unwrap();
+    MwEnv { e, c2, m2, lp, mw }
+}
+
+impl MwEnv {
+    /// Post a BIND on `on`, binding window `rkey` to `target` over `[pool+off, +len)`.
+    fn bind(&mut self, on: QpAddr, rkey: Rkey, off: u64, len: u32, target: QpAddr, acc: AccessFlags) -> WcStatus {
+        let w = Wqe::bind_mw(rkey.0, self.e.pool + off, len, self.e.pool_k.lkey, target.qpn.get(), acc);
+        self.e.f.post_send(on, &w).unwrap();
+        one(&mut self.e.f, on).status
+    }
+    fn read(&mut self, via: QpAddr, rkey: Rkey, off: u64, len: u32) -> WcStatus {
+        let w = Wqe::read(self.e.buf, self.e.buf_k.lkey, len, self.e.pool + off, rkey.0);
+        self.e.f.post_send(via, &w).unwrap();
+        one(&mut self.e.f, via).status
+    }
+    fn write(&mut self, via: QpAddr, rkey: Rkey, off: u64, len: u32) -> WcStatus {
+        let w = Wqe::write(self.e.buf, self.e.buf_k.lkey, len, self.e.pool + off, rkey.0);
+        self.e.f.post_send(via, &w).unwrap();
+        one(&mut self.e.f, via).status
+    }
+    fn op(&mut self, on: QpAddr, w: Wqe) -> WcStatus {
+        self.e.f.post_send(on, &w).unwrap();
+        one(&mut self.e.f, on).status
+    }
+}
+
+#[test]
+fn bound_window_works_only_through_its_qp() {
+    let mut t = mw_env(NicConfig::strict());
+    let k = t.mw.next_key();
+    let m = t.e.m;
+    assert_eq!(t.bind(m, k, 0, 256, m, RW), WcStatus::Success);
+    assert_eq!(t.e.f.qp_of_mw(t.e.mn, k), Some(m.qpn));
+    let c = t.e.c;
+    assert_eq!(t.write(c, k, 0, 16), WcStatus::Success);
+    assert_eq!(t.read(c, k, 0, 256), WcStatus::Success);
+    // same rkey through another pair: refused, both QPs of that pair in error
+    let c2 = t.c2;
+    assert_eq!(t.read(c2, k, 0, 8), WcStatus::RemAccessErr);
+    assert_eq!(t.e.f.qp_state(t.c2).unwrap(), QpState::Err);
+    assert_eq!(t.e.f.qp_state(t.m2).unwrap(), QpState::Err);
+    // the bound pair keeps working
+    assert_eq!(t.read(c, k, 8, 8), WcStatus::Success);
+    assert_eq!(t.e.f.qp_state(t.e.m).unwrap(), QpState::Rts);
+}
+
+#[test]
+fn bind_from_a_management_qp_needs_bind_to_other_qp() {
+    let mut t = mw_env(NicConfig::strict());
+    let (lp, m, c) = (t.lp, t.e.m, t.e.c);
+    let k = t.mw.next_key();
+    assert_eq!(t.bind(lp, k, 0, 64, m, RW), WcStatus::Success, "offload: UMR binds for another QP");
+    assert_eq!(t.read(c, k, 0, 8), WcStatus::Success);
+
+    let mut t = mw_env(NicConfig::host_engine());
+    let (lp, m, c) = (t.lp, t.e.m, t.e.c);
+    let k = t.mw.next_key();
+    assert_eq!(t.bind(lp, k, 0, 64, m, RW), WcStatus::MwBindErr);
+    assert_eq!(t.e.f.qp_state(lp).unwrap(), QpState::Err);
+    assert_eq!(t.bind(m, k, 0, 64, m, RW), WcStatus::Success, "posted on the QP it binds to");
+    assert_eq!(t.read(c, k, 0, 8), WcStatus::Success);
+}
+
+#[test]
+fn local_invalidate_then_access_is_refused() {
+    let mut t = mw_env(NicConfig::strict());
+    let (m, c) = (t.e.m, t.e.c);
+    let k = t.mw.next_key();
+    assert_eq!(t.bind(m, k, 0, 64, m, RW), WcStatus::Success);
+    assert_eq!(t.op(m, Wqe::local_inv(k.0)), WcStatus::Success);
+    assert_eq!(t.e.f.mw_binding(t.e.mn, k.index()).unwrap().state, MwState::Free);
+    assert_eq!(t.read(c, k, 0, 8), WcStatus::RemAccessErr);
+    // invalidating again: not bound
+    t.e.f.reset_qp(m).unwrap();
+    assert_eq!(t.op(m, Wqe::local_inv(k.0)), WcStatus::MwBindErr);
+}
+
+#[test]
+fn rebind_with_next_key_and_stale_key_rejected() {
+    let mut t = mw_env(NicConfig::strict());
+    let (m, c) = (t.e.m, t.e.c);
+    let k1 = t.mw.next_key();
+    assert_eq!(t.bind(m, k1, 0, 64, m, RW), WcStatus::Success);
+    assert_eq!(t.op(m, Wqe::local_inv(k1.0)), WcStatus::Success);
+    let k2 = k1.next_key();
+    assert_eq!(t.bind(m, k2, 0, 64, m, RW), WcStatus::Success);
+    assert_eq!(t.read(c, k2, 0, 8), WcStatus::Success);
+    assert_eq!(t.read(c, k1, 0, 8), WcStatus::RemAccessErr);
+    t.e.f.reset_qp(c).unwrap();
+    // invalidation with the stale key fails, with the current one succeeds
+    assert_eq!(t.op(m, Wqe::local_inv(k1.0)), WcStatus::MwBindErr);
+    t.e.f.reset_qp(m).unwrap();
+    assert_eq!(t.op(m, Wqe::local_inv(k2.0)), WcStatus::Success);
+}
+
+#[test]
+fn bind_errors() {
+    let mut t = mw_env(NicConfig::strict());
+    let m = t.e.m;
+    let k = t.mw.next_key();
+    assert_eq!(t.bind(m, k, 0, 64, m, RW), WcStatus::Success);
+    // bind while bound
+    assert_eq!(t.bind(m, k.next_key(), 0, 64, m, RW), WcStatus::MwBindErr);
+    assert_eq!(t.e.f.qp_state(m).unwrap(), QpState::Err, "a failed bind moves the QP to error");
+    t.e.f.reset_qp(m).unwrap();
+    let w2 = t.e.f.alloc_mw(t.e.mn, PdId(0)).unwrap();
+    let try_bind = |t: &mut MwEnv, w: Wqe| {
+        t.e.f.post_send(m, &w).unwrap();
+        let s = one(&mut t.e.f, m).status;
+        t.e.f.reset_qp(m).unwrap();
+        s
+    };
+    let (pool, lk) = (t.e.pool, t.e.pool_k.lkey);
+    let q = m.qpn.get();
+    // zero length
+    assert_eq!(try_bind(&mut t, Wqe::bind_mw(w2.0, pool, 0, lk, q, RW)), WcStatus::MwBindErr);
+    // outside the MR
+    assert_eq!(try_bind(&mut t, Wqe::bind_mw(w2.0, pool + (64 << 10) - 8, 16, lk, q, RW)), WcStatus::MwBindErr);
+    // not a window
+    assert_eq!(try_bind(&mut t, Wqe::bind_mw(lk, pool, 8, lk, q, RW)), WcStatus::MwBindErr);
+    // MR without MW_BIND
+    let (nb, nbk) = t.e.f.alloc_mr(t.e.mn, PdId(0), 64, 8, AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!(try_bind(&mut t, Wqe::bind_mw(w2.0, nb, 8, nbk.lkey, q, RW)), WcStatus::MwBindErr);
+    // a writable window over an MR without LOCAL_WRITE
+    let (nw, nwk) = t.e.f.alloc_mr(t.e.mn, PdId(0), 64, 8, AccessFlags::MW_BIND).unwrap();
+    assert_eq!(try_bind(&mut t, Wqe::bind_mw(w2.0, nw, 8, nwk.lkey, q, RW)), WcStatus::MwBindErr);
+    assert_eq!(
+        try_bind(&mut t, Wqe::bind_mw(w2.0, nw, 8, nwk.lkey, q, AccessFlags::REMOTE_READ)),
+        WcStatus::Success,
+        "a read-only window is fine"
+    );
+    // a target QP that does not exist, or lives on another host
+    let w3 = t.e.f.alloc_mw(t.e.mn, PdId(0)).unwrap();
+    assert_eq!(try_bind(&mut t, Wqe::bind_mw(w3.0, pool, 8, lk, 0x00FF_0000, RW)), WcStatus::MwBindErr);
+    let cq = t.e.c.qpn.get();
+    assert_eq!(try_bind(&mut t, Wqe::bind_mw(w3.0, pool, 8, lk, cq, RW)), WcStatus::MwBindErr);
+    // a window of another PD
+    let pd1 = t.e.f.alloc_pd(t.e.mn).unwrap();
+    let w4 = t.e.f.alloc_mw(t.e.mn, pd1).unwrap();
+    assert_eq!(try_bind(&mut t, Wqe::bind_mw(w4.0, pool, 8, lk, q, RW)), WcStatus::MwBindErr);
+    assert_eq!(t.e.f.counters().completions(WcStatus::MwBindErr), 9);
+}
+
+#[test]
+fn window_bounds_strict_versus_rxe() {
+    for (cfg, outside) in
+        [(NicConfig::strict(), WcStatus::RemAccessErr), (NicConfig::rxe_compatible(), WcStatus::Success)]
+    {
+        let mut t = mw_env(cfg);
+        let (m, c) = (t.e.m, t.e.c);
+        let k = t.mw.next_key();
+        assert_eq!(t.bind(m, k, 1024, 256, m, RW), WcStatus::Success);
+        assert_eq!(t.read(c, k, 1024, 256), WcStatus::Success);
+        assert_eq!(t.read(c, k, 1024 + 256, 8), outside, "past the window, inside the MR");
+        t.e.f.reset_qp(c).unwrap();
+        assert_eq!(t.read(c, k, 1000, 8), outside, "before the window, inside the MR");
+        t.e.f.reset_qp(c).unwrap();
+        assert_eq!(t.read(c, k, (64 << 10) - 4, 8), WcStatus::RemAccessErr, "never past the MR");
+    }
+}
+
+#[test]
+fn local_invalidate_from_another_qp_strict_versus_rxe() {
+    for (cfg, status) in [(NicConfig::strict(), WcStatus::MwBindErr), (NicConfig::rxe_compatible(), WcStatus::Success)]
+    {
+        let mut t = mw_env(cfg);
+        let (m, m2) = (t.e.m, t.m2);
+        let k = t.mw.next_key();
+        assert_eq!(t.bind(m, k, 0, 64, m, RW), WcStatus::Success);
+        assert_eq!(t.op(m2, Wqe::local_inv(k.0)), status);
+        let expect = if status.is_ok() { QpState::Rts } else { QpState::Err };
+        assert_eq!(t.e.f.qp_state(m2).unwrap(), expect);
+        assert_eq!(t.e.f.mw_is_bound(t.e.mn, k), !status.is_ok());
+        assert_eq!(
+            t.e.f.capabilities().contains(omw_core::backend::Capabilities::MW_QP_CHECK_ON_INVALIDATE),
+            !status.is_ok()
+        );
+    }
+}
+
+#[test]
+fn unbind_has_no_qp_check_but_needs_the_exact_key() {
+    let mut t = mw_env(NicConfig::strict());
+    let (m, lp) = (t.e.m, t.lp);
+    let k = t.mw.next_key();
+    assert_eq!(t.bind(m, k, 0, 64, m, RW), WcStatus::Success);
+    assert_eq!(t.op(lp, Wqe::unbind_mw(k.next_key().0)), WcStatus::MwBindErr, "stale/wrong key");
+    t.e.f.reset_qp(lp).unwrap();
+    assert_eq!(t.op(lp, Wqe::unbind_mw(k.0)), WcStatus::Success, "from another QP");
+    assert!(!t.e.f.mw_is_bound(t.e.mn, k));
+    assert_eq!(t.op(lp, Wqe::unbind_mw(k.0)), WcStatus::MwBindErr, "already unbound");
+}
+
+#[test]
+fn insufficient_rights() {
+    let mut t = mw_env(NicConfig::strict());
+    let (m, c) = (t.e.m, t.e.c);
+    let k = t.mw.next_key();
+    assert_eq!(t.bind(m, k, 0, 64, m, AccessFlags::REMOTE_READ), WcStatus::Success);
+    assert_eq!(t.write(c, k, 0, 8), WcStatus::RemAccessErr);
+    t.e.f.reset_qp(c).unwrap();
+    let (buf, lk, pool) = (t.e.buf, t.e.buf_k.lkey, t.e.pool);
+    assert_eq!(t.op(c, Wqe::fetch_add(buf, lk, pool, k.0, 1)), WcStatus::RemAccessErr);
+    t.e.f.reset_qp(c).unwrap();
+    assert_eq!(t.read(c, k, 0, 8), WcStatus::Success);
+    // an atomic window
+    let w2 = t.e.f.alloc_mw(t.e.mn, PdId(0)).unwrap().next_key();
+    assert_eq!(t.bind(m, w2, 64, 64, m, AccessFlags::REMOTE_ATOMIC), WcStatus::Success);
+    assert_eq!(t.op(c, Wqe::fetch_add(buf, lk, pool + 64, w2.0, 1)), WcStatus::Success);
+    assert_eq!(t.read(c, w2, 64, 8), WcStatus::RemAccessErr);
+}
+
+#[test]
+fn zero_based_window_addresses_are_offsets() {
+    let mut t = mw_env(NicConfig::strict());
+    let (m, c) = (t.e.m, t.e.c);
+    let k = t.mw.next_key();
+    t.e.f.write(t.e.mn, t.e.pool + 512, b"zero-based").unwrap();
+    assert_eq!(t.bind(m, k, 512, 64, m, RW | AccessFlags::ZERO_BASED), WcStatus::Success);
+    let w = Wqe::read(t.e.buf, t.e.buf_k.lkey, 10, 0, k.0);
+    assert_eq!(t.op(c, w), WcStatus::Success);
+    assert_eq!(read_bytes(&t.e.f, t.e.cn, t.e.buf, 10), b"zero-based");
+    assert_eq!(t.op(c, Wqe::read(t.e.buf, t.e.buf_k.lkey, 8, 60, k.0)), WcStatus::RemAccessErr);
+}
+
+#[test]
+fn send_with_invalidate() {
+    for cfg in [NicConfig::strict(), NicConfig::rxe_compatible()] {
+        let mut t = mw_env(cfg);
+        let (m, c, m2, c2) = (t.e.m, t.e.c, t.m2, t.c2);
+        let (pool, plk) = (t.e.pool, t.e.pool_k.lkey);
+        let k = t.mw.next_key();
+        assert_eq!(t.bind(m, k, 0, 64, m, RW), WcStatus::Success);
+        // from the bound pair: invalidated, reported in the receive completion
+        t.e.f.post_recv(m, &recv(1, &[(pool + 4096, 64, plk)])).unwrap();
+        let s = Wqe::send_with_inv(t.e.buf, t.e.buf_k.lkey, 8, k.0);
+        assert_eq!(t.op(c, s), WcStatus::Success);
+        let r = drain(&mut t.e.f, m, QueueSel::Recv);
+        assert_eq!((r[0].status, r[0].invalidated), (WcStatus::Success, Some(k)));
+        assert!(!t.e.f.mw_is_bound(t.e.mn, k));
+        assert_eq!(t.read(c, k, 0, 8), WcStatus::RemAccessErr);
+        t.e.f.reset_qp(c).unwrap();
+        // a window bound to another QP: strict refuses, rxe invalidates anyway
+        let k2 = k.next_key();
+        assert_eq!(t.bind(m, k2, 0, 64, m, RW), WcStatus::Success);
+        t.e.f.post_recv(m2, &recv(2, &[(pool + 4096, 64, plk)])).unwrap();
+        let s = Wqe::send_with_inv(t.e.buf, t.e.buf_k.lkey, 8, k2.0);
+        if cfg.conformance == omw_loopback::Conformance::Strict {
+            assert_eq!(t.op(c2, s), WcStatus::RemInvReqErr);
+            assert_eq!(drain(&mut t.e.f, m2, QueueSel::Recv)[0].status, WcStatus::RemInvReqErr);
+            assert_eq!(t.e.f.qp_state(m2).unwrap(), QpState::Err);
+            assert!(t.e.f.mw_is_bound(t.e.mn, k2));
+        } else {
+            assert_eq!(t.op(c2, s), WcStatus::Success);
+            assert!(!t.e.f.mw_is_bound(t.e.mn, k2));
+        }
+        // a stale key or an MR's key is refused in both modes
+        t.e.f.reset_qp(c2).unwrap();
+        t.e.f.post_recv(m2, &recv(3, &[(pool + 4096, 64, plk)])).unwrap();
+        let s = Wqe::send_with_inv(t.e.buf, t.e.buf_k.lkey, 8, t.e.pool_k.rkey);
+        assert_eq!(t.op(c2, s), WcStatus::RemInvReqErr);
+    }
+}
+
+#[test]
+fn dereg_refused_while_windows_are_bound_and_inspection() {
+    let mut t = mw_env(NicConfig::strict());
+    let m = t.e.m;
+    let k = t.mw.next_key();
+    assert_eq!(t.bind(m, k, 16, 32, m, RW), WcStatus::Success);
+    assert!(matches!(
+        t.e.f.dereg_mr(t.e.mn, t.e.pool_k.lkey),
+        Err(omw_loopback::LoopbackError::MrHasBoundWindows { .. })
+    ));
+    let info = t.e.f.mw_binding(t.e.mn, k.index()).unwrap();
+    assert_eq!(info.rkey, k);
+    match info.state {
+        MwState::Bound(b) => {
+            assert_eq!((b.qpn, b.addr, b.len, b.access), (m.qpn, t.e.pool + 16, 32, RW));
+            assert_eq!(b.mr_lkey, t.e.pool_k.lkey);
+        }
+        MwState::Free => panic!("not bound"),
+    }
+    assert_eq!(t.e.f.mr_info(t.e.mn, t.e.pool_k.lkey).unwrap().bound_windows, 1);
+    let mn = t.e.mn;
+    let view = t.e.f.view(mn);
+    assert_eq!(view.mw_binding(k), Some(MwBinding::Bound { rkey: k, qpn: m.qpn }));
+    assert!(t.e.f.dealloc_mw(mn, k).is_err(), "a bound window cannot be deallocated");
+    assert_eq!(t.op(m, Wqe::local_inv(k.0)), WcStatus::Success);
+    assert_eq!(t.e.f.view(mn).mw_binding(k), Some(MwBinding::Unbound));
+    t.e.f.dereg_mr(mn, t.e.pool_k.lkey).unwrap();
+    t.e.f.dealloc_mw(mn, k).unwrap();
+    assert_eq!(t.e.f.mw_binding(mn, k.index()), None);
+}
