@@ -600,6 +600,13 @@ impl Cluster {
 
     /// Allocate a chunk for CN `i`.
     pub fn alloc(&mut self, i: usize) -> Result<Allocation, CnOpError> {
+        let token = self.alloc_begin(i)?;
+        self.alloc_finish(i, token)
+    }
+
+    /// Post CN `i`'s alloc request and return its token, without running anything (so a
+    /// test can interleave faults with the chain).
+    pub fn alloc_begin(&mut self, i: usize) -> Result<u32, CnOpError> {
         let now = self.now();
         let n = &mut self.cns[i];
         if n.crashed {
@@ -610,7 +617,15 @@ impl Cluster {
             n.client.alloc_request(now, n.reply_buf, n.reply_keys.rkey, &mut req).map_err(CnOpError::Client)?;
         let qp = n.alloc_qp;
         self.cn_send(i, qp, &req[..len])?;
+        Ok(token)
+    }
+
+    /// Run everything and collect the answer to the alloc request `token`.
+    pub fn alloc_finish(&mut self, i: usize, token: u32) -> Result<Allocation, CnOpError> {
         self.pump().map_err(|e| CnOpError::Client(ClientError::Wire(wire_err(e))))?;
+        if self.cns[i].crashed {
+            return Err(CnOpError::Crashed);
+        }
         self.take_reply(i, token)
     }
 

@@ -73,6 +73,16 @@ pub fn resolve(layout: &ChainLayout, bases: [u64; 2]) -> ResolvedChain {
 /// identical RECVs fill the management QP's receive ring (its depth).
 pub fn arm<B: RdmaBackend>(backend: &mut B, layout: &ChainLayout, recv_copies: u32) -> Result<(), ArmError<B::Error>> {
     layout.validate().map_err(ArmError::Invalid)?;
+    arm_unchecked(backend, layout, recv_copies)
+}
+
+/// [`arm`] without validation: only for demonstrating what an invalid chain does on a device
+/// (e.g. an ungated patch under prefetching). Never use it for a real chain.
+pub fn arm_unchecked<B: RdmaBackend>(
+    backend: &mut B,
+    layout: &ChainLayout,
+    recv_copies: u32,
+) -> Result<(), ArmError<B::Error>> {
     let q = |v: u32| Qpn::new(v).map_err(|_| ArmError::BadQpn(v));
     let qpns = [q(layout.qpns[0])?, q(layout.qpns[1])?];
     let bases = [

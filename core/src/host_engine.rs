@@ -43,6 +43,8 @@ pub struct LapContext<'a> {
     pub scratch: u64,
     /// MN ends of the requester's access QPs: request-supplied bind targets must be among them.
     pub access_qpns: &'a [Qpn],
+    /// MN end of the requester's Free QP (where MW[0] is bound).
+    pub free_qpn: Qpn,
     /// Compare the MWTable owner with the requester before the ownership-proving invalidate.
     pub software_ownership_check: bool,
     /// Polls of an empty CQ before a posted WQE counts as lost.
@@ -255,15 +257,14 @@ pub fn run_lap<B: RdmaBackend>(
         let mgmt = Qpn::new(layout.qpns[1]).map_err(|_| HostEngineError::Timeout { step: si })?;
         let qp = match w.opcode {
             Opcode::BindMw if !w.flags.contains(WqeFlags::UNBIND) => {
-                let from_request = patched_from_request.iter().any(|(s, f)| *s == si && *f == WqeField::Qpn);
-                let target = match Qpn::new(w.qpn) {
-                    Ok(q) => q,
-                    Err(_) => return fail(Some(si), LapFailure::ForeignQpn(w.qpn), device_ops, cpu_steps),
-                };
-                if from_request && !ctx.access_qpns.contains(&target) {
-                    return fail(Some(si), LapFailure::ForeignQpn(w.qpn), device_ops, cpu_steps);
+                // Every window goes to one of the requester's own QPs: its access QPs (the
+                // request names them) or its Free QP (MW[0]). A request that named someone
+                // else's QP, or too few, stops here.
+                let _ = &patched_from_request;
+                match Qpn::new(w.qpn) {
+                    Ok(q) if ctx.access_qpns.contains(&q) || q == ctx.free_qpn => q,
+                    _ => return fail(Some(si), LapFailure::ForeignQpn(w.qpn), device_ops, cpu_steps),
                 }
-                target
             }
             _ => mgmt,
         };
@@ -276,7 +277,10 @@ pub fn run_lap<B: RdmaBackend>(
             }
         }
         let w = w.with_flags(w.flags | WqeFlags::SIGNALED);
-        backend.post_send(qp, &w).map_err(HostEngineError::Backend)?;
+        // A device that refuses the post (its QP went away) fails the lap, not the MN.
+        if backend.post_send(qp, &w).is_err() {
+            return fail(Some(si), LapFailure::Status(WcStatus::LocQpOpErr), device_ops, cpu_steps);
+        }
         device_ops += 1;
         let status = wait_for(backend, qp, w.wr_id, ctx.max_polls).map_err(|e| match e {
             WaitError::Backend(e) => HostEngineError::Backend(e),

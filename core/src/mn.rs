@@ -600,7 +600,16 @@ impl MemoryNode {
             return Ok(false);
         }
         if slot != 0 && self.map.queue.contains_slot(slot) {
-            // the lap's FAA took this slot's ticket but found no group there (yet)
+            // The lap's FAA took this slot's ticket. If the group is there, the pop itself
+            // failed (a broken chain, a fault): move the group to the tail, nothing is lost.
+            // If the slot is empty the queue was empty: the MN holds the ticket until a push
+            // fills the slot.
+            let v = rd(port, slot)?;
+            if v != 0 {
+                wr(port, slot, 0)?;
+                self.push(port, v)?;
+                return Ok(false);
+            }
             if !self.tickets.contains(&slot) {
                 let _ = self.tickets.push(slot);
             }

@@ -392,6 +392,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             requester: cn,
             scratch: self.mn.scratch_of(cn).unwrap_or(0),
             access_qpns: &access,
+            free_qpn: r.qps.free,
             software_ownership_check: self.mn.config().software_ownership_check,
             max_polls: 100_000,
         };
