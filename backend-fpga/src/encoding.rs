@@ -422,7 +422,7 @@ impl QpContext {
 /// repeated in all four GID words, as Coyote builds it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, Default)]
 pub struct ConnContext {
-    /// Only the low 16 bits are carried (CONN[0] [15:0]).
+    /// Only the low 16 bits are carried (`CONN[0]` bits 15..0).
     pub local_qpn: u32,
     pub remote_qpn: u32,
     pub port: u32,

@@ -21,11 +21,11 @@ pub const ISR_LEN_MISS_REG: usize = 7;
 pub const STAT_REG_0: usize = 8;
 pub const RDMA_CTX_REG_0: usize = 40;
 pub const RDMA_CTX_REG_1: usize = 41;
-/// Written last: commits the QP context of the QP named in CTX[0].
+/// Written last: commits the QP context of the QP named in `CTX[0]`.
 pub const RDMA_CTX_REG_2: usize = 42;
 pub const RDMA_CONN_REG_0: usize = 44;
 pub const RDMA_CONN_REG_1: usize = 45;
-/// Written last: commits the connection of the QP named in CONN[0].
+/// Written last: commits the connection of the QP named in `CONN[0]`.
 pub const RDMA_CONN_REG_2: usize = 46;
 /// Local DMA counters, one register per ctid.
 pub const STAT_DMA_REG: usize = 64;
