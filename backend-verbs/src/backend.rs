@@ -69,6 +69,9 @@ enum Effect {
 }
 
 struct Pending {
+    /// The QP the caller posted to: its completion is reported there even when the WR ran
+    /// on another QP (BIND_MW on the target QP, UNBIND on the bound QP).
+    report_to: u32,
     internal: u64,
     user: u64,
     opcode: Opcode,
@@ -92,6 +95,8 @@ struct QpEntry {
     link: Link,
     pending: VecDeque<Pending>,
     errored: bool,
+    /// Send completions that belong to this QP's caller but were reaped from another CQ.
+    stash: VecDeque<Completion>,
 }
 
 /// The libibverbs backend: one device context, one PD, and everything created on them.
@@ -407,6 +412,7 @@ impl VerbsBackend {
                     link: Link::Loopback { peer },
                     pending: VecDeque::new(),
                     errored: false,
+                    stash: VecDeque::new(),
                 },
             );
         }
@@ -450,7 +456,15 @@ impl VerbsBackend {
         let n = Self::qp_num(qp);
         self.qps.insert(
             n,
-            QpEntry { qp, send_cq: scq, recv_cq: rcq, link: Link::Cm { id }, pending: VecDeque::new(), errored: false },
+            QpEntry {
+                qp,
+                send_cq: scq,
+                recv_cq: rcq,
+                link: Link::Cm { id },
+                pending: VecDeque::new(),
+                errored: false,
+                stash: VecDeque::new(),
+            },
         );
         qpn(n)
     }
@@ -564,15 +578,8 @@ impl VerbsBackend {
     /// signaled. Other completions of the same queue that arrive first are discarded.
     pub fn post_wait(&mut self, qp: Qpn, wqe: &Wqe, timeout: Duration) -> Result<Completion> {
         let w = wqe.with_flags(wqe.flags | WqeFlags::SIGNALED);
-        let target = if w.opcode == Opcode::BindMw && !w.flags.contains(WqeFlags::UNBIND) {
-            Qpn::new(w.qpn).map_err(|_| VerbsError::UnknownQp(w.qpn))?
-        } else if w.opcode == Opcode::BindMw {
-            self.bound_qp(Rkey(w.imm)).unwrap_or(qp)
-        } else {
-            qp
-        };
         self.post_send(qp, &w)?;
-        self.wait_send(target, w.wr_id, timeout)
+        self.wait_send(qp, w.wr_id, timeout)
     }
 
     /// Wait for the send completion with user wr_id `wr_id` on `qp`.
@@ -748,12 +755,12 @@ impl VerbsBackend {
 
     /// Account a send completion against the QP's shadow queue; returns the user wr_id and
     /// the canonical opcode.
-    fn settle(&mut self, q: u32, internal: u64, status: WcStatus) -> (u64, Opcode) {
+    fn settle(&mut self, q: u32, internal: u64, status: WcStatus) -> (u64, Opcode, u32) {
         let Some(e) = self.qps.get_mut(&q) else {
-            return (internal, Opcode::Nop);
+            return (internal, Opcode::Nop, q);
         };
         let Some(pos) = e.pending.iter().position(|p| p.internal == internal) else {
-            return (internal, Opcode::Nop);
+            return (internal, Opcode::Nop, q);
         };
         let mut undo = Vec::new();
         if !status.is_ok() && !e.errored {
@@ -766,10 +773,10 @@ impl VerbsBackend {
                 }
             }
         }
-        let mut out = (internal, Opcode::Nop);
+        let mut out = (internal, Opcode::Nop, q);
         for _ in 0..=pos {
             if let Some(p) = e.pending.pop_front() {
-                out = (p.user, p.opcode);
+                out = (p.user, p.opcode, p.report_to);
             }
         }
         for u in undo {
@@ -777,6 +784,10 @@ impl VerbsBackend {
         }
         out
     }
+}
+
+pub(crate) fn blank_completion() -> Completion {
+    empty_completion()
 }
 
 fn empty_completion() -> Completion {
@@ -851,7 +862,14 @@ impl RdmaBackend for VerbsBackend {
             self.rollback(effect);
             return Err(VerbsError::rc("ibv_post_send", rc));
         }
-        e.pending.push_back(Pending { internal, user: wqe.wr_id, opcode: wqe.opcode, effect, rolled_back: false });
+        e.pending.push_back(Pending {
+            report_to: qp.get(),
+            internal,
+            user: wqe.wr_id,
+            opcode: wqe.opcode,
+            effect,
+            rolled_back: false,
+        });
         // unsignaled WRs never produce a completion on success: keep the shadow bounded
         while e.pending.len() > 4 * SEND_DEPTH as usize {
             e.pending.pop_front();
@@ -879,65 +897,33 @@ impl RdmaBackend for VerbsBackend {
     }
 
     fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize> {
+        if queue == QueueSel::Recv {
+            return self.poll_raw(qp, queue, out);
+        }
+        self.entry(qp.get())?;
+        // completions of WRs posted to `qp` may sit in another QP's CQ (redirected posts)
+        let mut sources = vec![qp.get()];
+        for (n, e) in &self.qps {
+            if *n != qp.get() && e.pending.iter().any(|p| p.report_to == qp.get()) {
+                sources.push(*n);
+            }
+        }
+        let mut buf = [empty_completion(); 16];
+        for src in sources {
+            let Ok(sq) = Qpn::new(src) else { continue };
+            let n = self.poll_raw(sq, QueueSel::Send, &mut buf)?;
+            for c in &buf[..n] {
+                let to = c.qpn.get();
+                if let Some(e) = self.qps.get_mut(&to) {
+                    e.stash.push_back(*c);
+                }
+            }
+        }
         let e = self.entry(qp.get())?;
-        let cq = match queue {
-            QueueSel::Send => e.send_cq,
-            QueueSel::Recv => e.recv_cq,
-        };
-        let max = out.len().min(32);
-        if max == 0 {
-            return Ok(0);
-        }
-        // SAFETY: ibv_wc is plain data; ibv_poll_cq fills at most `max` entries of the array.
-        let mut wcs: Vec<ibv_wc> = (0..max).map(|_| unsafe { std::mem::zeroed() }).collect();
-        // SAFETY: cq is a live CQ of this backend; wcs holds `max` entries.
-        let n = unsafe { ibv_poll_cq(cq, max as i32, wcs.as_mut_ptr()) };
-        if n < 0 {
-            return Err(VerbsError::rc("ibv_poll_cq", n));
-        }
-        // rxe copies the kernel's IB_WC_WITH_INVALIDATE (bit 2) into the user-space flags,
-        // where bit 2 is IBV_WC_IP_CSUM_OK and WITH_INV is bit 3
-        let rxe_inv_quirk = self.ctx.info.is_rxe();
         let mut k = 0;
-        for wc in wcs.iter().take(n as usize) {
-            let status = WcStatus::from_u32(wc.status);
-            let flags = ibv_wc_flags(wc.wc_flags);
-            // SAFETY: which union member is valid is told by wc_flags.
-            let (imm, inv) = unsafe {
-                (
-                    ((flags & ibv_wc_flags::IBV_WC_WITH_IMM).0 != 0)
-                        .then(|| u32::from_be(wc.imm_data_invalidated_rkey_union.imm_data)),
-                    (((flags & ibv_wc_flags::IBV_WC_WITH_INV).0 != 0)
-                        || (rxe_inv_quirk
-                            && queue == QueueSel::Recv
-                            && (flags & ibv_wc_flags::IBV_WC_IP_CSUM_OK).0 != 0))
-                        .then(|| wc.imm_data_invalidated_rkey_union.invalidated_rkey),
-                )
-            };
-            let (wr_id, opcode) = match queue {
-                QueueSel::Send => {
-                    let (u, op) = self.settle(qp.get(), wc.wr_id, status);
-                    (u, WcOpcode::Send(op))
-                }
-                QueueSel::Recv => {
-                    if let Some(r) = inv.filter(|_| status.is_ok()) {
-                        // remote invalidation of one of our windows (SEND_WITH_INV)
-                        if let Some(m) = self.mws.get_mut(&Rkey(r).index()) {
-                            if m.rkey.0 == r {
-                                m.bound = None;
-                            }
-                        }
-                    }
-                    let op = if wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
-                        WcOpcode::RecvRdmaWithImm
-                    } else {
-                        WcOpcode::Recv
-                    };
-                    (wc.wr_id, op)
-                }
-            };
-            out[k] =
-                Completion { wr_id, status, opcode, qpn: qp, byte_len: wc.byte_len, imm, invalidated: inv.map(Rkey) };
+        while k < out.len() {
+            let Some(c) = e.stash.pop_front() else { break };
+            out[k] = c;
             k += 1;
         }
         Ok(k)
@@ -982,6 +968,7 @@ impl RdmaBackend for VerbsBackend {
             self.modify_to_rts(raw, dest)?;
             if let Some(e) = self.qps.get_mut(&q) {
                 e.pending.clear();
+                e.stash.clear();
                 e.errored = false;
             }
         }
@@ -1130,5 +1117,83 @@ impl Drop for VerbsBackend {
             // SAFETY: the mapping is ours and nothing (MR, NIC) references it any more.
             unsafe { libc::munmap(r.map, r.map_len) };
         }
+    }
+}
+
+impl VerbsBackend {
+    /// Poll one CQ and translate; send completions carry the QP they are reported to.
+    fn poll_raw(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize> {
+        let e = self.entry(qp.get())?;
+
+        let cq = match queue {
+            QueueSel::Send => e.send_cq,
+            QueueSel::Recv => e.recv_cq,
+        };
+        let max = out.len().min(32);
+        if max == 0 {
+            return Ok(0);
+        }
+        // SAFETY: ibv_wc is plain data; ibv_poll_cq fills at most `max` entries of the array.
+        let mut wcs: Vec<ibv_wc> = (0..max).map(|_| unsafe { std::mem::zeroed() }).collect();
+        // SAFETY: cq is a live CQ of this backend; wcs holds `max` entries.
+        let n = unsafe { ibv_poll_cq(cq, max as i32, wcs.as_mut_ptr()) };
+        if n < 0 {
+            return Err(VerbsError::rc("ibv_poll_cq", n));
+        }
+        // rxe copies the kernel's IB_WC_WITH_INVALIDATE (bit 2) into the user-space flags,
+        // where bit 2 is IBV_WC_IP_CSUM_OK and WITH_INV is bit 3
+        let rxe_inv_quirk = self.ctx.info.is_rxe();
+        let mut k = 0;
+        for wc in wcs.iter().take(n as usize) {
+            let status = WcStatus::from_u32(wc.status);
+            let flags = ibv_wc_flags(wc.wc_flags);
+            // SAFETY: which union member is valid is told by wc_flags.
+            let (imm, inv) = unsafe {
+                (
+                    ((flags & ibv_wc_flags::IBV_WC_WITH_IMM).0 != 0)
+                        .then(|| u32::from_be(wc.imm_data_invalidated_rkey_union.imm_data)),
+                    (((flags & ibv_wc_flags::IBV_WC_WITH_INV).0 != 0)
+                        || (rxe_inv_quirk
+                            && queue == QueueSel::Recv
+                            && (flags & ibv_wc_flags::IBV_WC_IP_CSUM_OK).0 != 0))
+                        .then(|| wc.imm_data_invalidated_rkey_union.invalidated_rkey),
+                )
+            };
+            let mut report_to = qp.get();
+            let (wr_id, opcode) = match queue {
+                QueueSel::Send => {
+                    let (u, op, to) = self.settle(qp.get(), wc.wr_id, status);
+                    report_to = to;
+                    (u, WcOpcode::Send(op))
+                }
+                QueueSel::Recv => {
+                    if let Some(r) = inv.filter(|_| status.is_ok()) {
+                        // remote invalidation of one of our windows (SEND_WITH_INV)
+                        if let Some(m) = self.mws.get_mut(&Rkey(r).index()) {
+                            if m.rkey.0 == r {
+                                m.bound = None;
+                            }
+                        }
+                    }
+                    let op = if wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
+                        WcOpcode::RecvRdmaWithImm
+                    } else {
+                        WcOpcode::Recv
+                    };
+                    (wc.wr_id, op)
+                }
+            };
+            out[k] = Completion {
+                wr_id,
+                status,
+                opcode,
+                qpn: Qpn::new(report_to).unwrap_or(qp),
+                byte_len: wc.byte_len,
+                imm,
+                invalidated: inv.map(Rkey),
+            };
+            k += 1;
+        }
+        Ok(k)
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 /// Largest single READ/WRITE the client stages.
 pub const STAGING: u64 = 4 << 20;
 const SLOT: u64 = 64;
-const SEND_OFF: u64 = MGMT_RECVS as u64 * SLOT;
+const SEND_OFF: u64 = 2 * MGMT_RECVS as u64 * SLOT;
 const STAGE_OFF: u64 = 8192;
 
 #[derive(Clone, Debug)]
@@ -104,9 +104,19 @@ impl CnClient {
             return Err(VerbsError::Protocol(format!("group size {g} from the MN")));
         }
         let (free_qp, _) = b.connect(addr, &Hello { role: Role::Free, nonce: n }, opts.timeout, |_, _| Ok(()))?;
+        // MN → CN messages (connect info, notices, error replies) arrive on access QP 0;
+        // allocation replies (WRITE_WITH_IMM) consume receives of the Alloc QP
         let mut access = Vec::new();
         for i in 0..g - 1 {
-            let (q, _) = b.connect(addr, &Hello { role: Role::Access(i), nonce: n }, opts.timeout, |_, _| Ok(()))?;
+            let msgs = |b: &mut VerbsBackend, q: Qpn| -> Result<()> {
+                if i == 0 {
+                    for s in MGMT_RECVS as u64..2 * MGMT_RECVS as u64 {
+                        post_slot(b, q, local, lk.lkey, s)?;
+                    }
+                }
+                Ok(())
+            };
+            let (q, _) = b.connect(addr, &Hello { role: Role::Access(i), nonce: n }, opts.timeout, msgs)?;
             access.push(q);
         }
         let mut c = CnClient {
@@ -160,14 +170,22 @@ impl CnClient {
 
     /// Process what arrived on the Alloc QP. Returns how many messages were handled.
     pub fn pump(&mut self) -> Result<usize> {
+        let mut total = 0;
+        for q in [self.alloc_qp, self.access[0]] {
+            total += self.pump_qp(q)?;
+        }
+        Ok(total)
+    }
+
+    fn pump_qp(&mut self, q: Qpn) -> Result<usize> {
         let mut buf = [blank(); 8];
-        let n = self.b.poll_cq(self.alloc_qp, QueueSel::Recv, &mut buf)?;
+        let n = self.b.poll_cq(q, QueueSel::Recv, &mut buf)?;
         for c in &buf[..n] {
             if !c.status.is_ok() {
                 if c.status == WcStatus::WrFlushErr {
                     return Err(VerbsError::Disconnected);
                 }
-                return Err(VerbsError::Completion { what: "receive on the Alloc QP".into(), status: c.status });
+                return Err(VerbsError::Completion { what: format!("receive on QP {q}"), status: c.status });
             }
             let slot = c.wr_id;
             if c.opcode == WcOpcode::RecvRdmaWithImm {
@@ -175,6 +193,17 @@ impl CnClient {
             } else {
                 let bytes = self.b.slice(self.local + slot * SLOT, (c.byte_len as usize).min(SLOT as usize))?.to_vec();
                 let now = self.now();
+                if let Ok(omw_core::wire::MnMessage::Error(e)) = omw_core::wire::MnMessage::decode(&bytes) {
+                    if std::env::var_os("OMW_DEBUG").is_some() {
+                        eprintln!(
+                            "omw cn: error reply token {} {:?} detail {} ({})",
+                            e.token,
+                            e.code,
+                            e.detail,
+                            WcStatus::from_u32(e.detail)
+                        );
+                    }
+                }
                 match self.client.on_message(now, &bytes) {
                     Ok(ClientEvent::Connected(_)) => {}
                     Ok(ClientEvent::Empty) => self.notices.push_back(Notice::Empty),
@@ -184,7 +213,7 @@ impl CnClient {
                     Err(e) => return Err(VerbsError::Protocol(format!("message from the MN: {e}"))),
                 }
             }
-            post_slot(&mut self.b, self.alloc_qp, self.local, self.local_lkey, slot)?;
+            post_slot(&mut self.b, q, self.local, self.local_lkey, slot)?;
         }
         Ok(n)
     }

@@ -19,6 +19,7 @@ pub mod error;
 pub mod mn;
 pub mod probe;
 pub mod signals;
+pub mod tool;
 
 pub use backend::VerbsBackend;
 pub use error::VerbsError;

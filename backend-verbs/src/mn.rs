@@ -181,14 +181,19 @@ impl MemoryNodeDaemon {
             rkeys.push(b.alloc_mw()?.next_key());
         }
         let (admin, _admin_peer) = b.create_loopback_pair()?;
+        // Host-engine mode: the tables are reached by the MN CPU only. The "rkeys" below are
+        // what the host engine compares to decide which region a loop step may touch; the
+        // MRs have no remote rights (rxe then reports rkey 0 for both), so use the distinct
+        // lkeys as those names.
+        let (meta_name, table_name) = (meta_keys.lkey, table_keys.lkey);
         let regions = HostRegions {
             meta_base: map.meta_base,
             meta_len: map.meta_len,
             meta_lkey: meta_keys.lkey,
-            meta_rkey: meta_keys.rkey,
+            meta_rkey: meta_name,
             table_base: map.table_base,
             table_len: map.table_len(),
-            table_rkey: table_keys.rkey,
+            table_rkey: table_name,
             ring_lkey: 0,
             ring_rkey: 0,
         };
@@ -203,8 +208,8 @@ impl MemoryNodeDaemon {
         };
         let keys = MnKeys {
             meta_lkey: meta_keys.lkey,
-            meta_rkey: meta_keys.rkey,
-            table_rkey: table_keys.rkey,
+            meta_rkey: meta_name,
+            table_rkey: table_name,
             ring_lkey: 0,
             ring_rkey: 0,
         };
@@ -302,7 +307,8 @@ impl MemoryNodeDaemon {
         // CNs that left take their counters with them: clamp at zero
         let da = allocs.saturating_sub(pa);
         let df = frees.saturating_sub(pf);
-        if da > 0 || df > 0 || s != ps {
+        let key = |m: &MnStats| (m.empty_notices, m.available_notices, m.groups_reclaimed, m.forged_frees);
+        if da > 0 || df > 0 || key(&s) != key(&ps) {
             log(format!(
                 "{:.0} allocs/s, {:.0} frees/s | CNs {} | empty notices {} available {} | reclaimed {} | forged frees {}",
                 da as f64 / dt,
@@ -389,6 +395,20 @@ impl MemoryNodeDaemon {
                                 s.cn = Some(cn);
                             }
                             log(format!("{cn} connected (session {nonce:#x}, {} QPs)", 2 + self.opts.group_size - 1));
+                            if std::env::var_os("OMW_DEBUG").is_some() {
+                                let aq = self.sessions.get(&nonce).and_then(|s| s.alloc).unwrap_or_default();
+                                let mut buf = [crate::backend::blank_completion(); 4];
+                                let t = Instant::now();
+                                while t.elapsed() < Duration::from_millis(500) {
+                                    let n = self.driver.backend.poll_cq(aq, omw_core::wqe::QueueSel::Send, &mut buf)?;
+                                    for c in &buf[..n] {
+                                        log(format!(
+                                            "debug: send completion {c:?} state {:?}",
+                                            self.driver.backend.qp_state(aq)
+                                        ));
+                                    }
+                                }
+                            }
                         }
                         Err(e) => {
                             log(format!("could not admit session {nonce:#x}: {e}"));

@@ -120,7 +120,7 @@ pub fn run(device: Option<&str>) -> Result<ProbeReport> {
     let own_keys = b.reg_mr(own, BUF, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
     let req_keys = b.reg_mr(req, BUF, AccessFlags::LOCAL_WRITE)?;
     b.write_local(own, &[b'o'; BUF as usize])?;
-    let mut cx = Ctx { b, own, own_lkey: own_keys.lkey, req, req_lkey: req_keys.lkey };
+    let mut cx = Ctx { b, own_lkey: own_keys.lkey, req, req_lkey: req_keys.lkey };
     let device = cx.b.device_name().to_string();
     let mut checks = Vec::new();
     let mut caps = declared;

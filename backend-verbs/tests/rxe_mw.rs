@@ -134,7 +134,7 @@ fn unbind_goes_to_the_bound_qp_and_unbound_windows_are_never_invalidated() {
     assert_eq!(f.bind(p.0, mw, k, 0, 4096, RW), OK);
     // UNBIND posted "on" another QP is translated to LOCAL_INV on the bound one
     let c = f.b.post_wait(other.0, &Wqe::unbind_mw(k.0).with_wr_id(7), T).unwrap();
-    assert_eq!((c.status, c.qpn), (OK, p.0));
+    assert_eq!((c.status, c.qpn), (OK, other.0), "reported to the QP it was posted to");
     assert_eq!(f.b.bound_qp(k), None);
     assert_eq!(f.read(p.1, 0, k, 8), DENIED);
     // an unbound window is refused locally, never posted
