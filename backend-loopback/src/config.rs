@@ -127,15 +127,16 @@ impl NicConfig {
 /// reads a wall clock. Defaults ([`CostModel::CX6`]) are calibrated from DESIGN.md §2:
 ///
 /// * a one-sided 8-byte READ between two hosts takes
-///   `wqe_ns + wire_hop_ns + responder_ns + wire_hop_ns` = 250 + 1200 + 250 + 1200 = **2.9 µs**,
+///   `wqe_ns + wire_hop_ns + responder_ns + wire_hop_ns` = 50 + 1350 + 150 + 1350 = **2.9 µs**,
 ///   ODRP's measured RDMA READ/WRITE latency;
 /// * a type-2 bind (and an unbind or LOCAL_INV, all UMR WQEs on mlx5) costs **1.3 µs** of NIC
 ///   time, the CX-6 figure the paper quotes;
 /// * operations between QPs of the same host (the MN's loopback pair, which carries most of
-///   a chain) cross the NIC's internal loopback instead of the wire: 300 ns per direction, so
-///   one gated chain phase (issue, WAIT on its completion) costs ≈ 1.1 µs and an allocation
-///   chain of ~9 gated phases plus G binds plus the CN round trip lands near the paper's
-///   10.7 µs single-thread allocation latency;
+///   a chain) cross the NIC's internal loopback instead of the wire: 200 ns per direction, so
+///   one gated chain phase (issue, WAIT on its completion) costs ≈ 0.65 µs. With these
+///   figures the CN sees the reply of the core's alloc chain (G = 2) ≈ 11.6 µs after it posts
+///   its request — the paper measured 10.7 µs for one thread on CX-5;
+/// * issuing a WQE is cheap (50 ns: the NIC pipelines; latency is in the hops);
 /// * 100 Gb/s links: 80 ps per payload byte.
 ///
 /// The MN CPU cost of one host-engine step (a post + poll on one weak MN core) is an estimate:
@@ -174,11 +175,11 @@ pub struct CostModel {
 impl CostModel {
     /// ConnectX-6-like defaults (see the type's documentation for where each comes from).
     pub const CX6: CostModel = CostModel {
-        wqe_ns: 250,
-        responder_ns: 250,
+        wqe_ns: 50,
+        responder_ns: 150,
         bind_ns: 1300,
-        wire_hop_ns: 1200,
-        loopback_hop_ns: 300,
+        wire_hop_ns: 1350,
+        loopback_hop_ns: 200,
         per_byte_ps: 80,
         flush_ns: 10,
         host_engine_step_ns: 400,

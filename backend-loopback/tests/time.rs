@@ -46,7 +46,8 @@ fn one_nic_executes_one_wqe_at_a_time() {
     let ta = e.f.poll_timed(a, QueueSel::Send).unwrap()[0].at;
     let tb = e.f.poll_timed(b, QueueSel::Send).unwrap()[0].at;
     let tc = e.f.poll_timed(e.c, QueueSel::Send).unwrap()[0].at;
-    assert_eq!((ta.min(tb), ta.max(tb), tc), (250, 500, 250));
+    let w = CostModel::CX6.wqe_ns;
+    assert_eq!((ta.min(tb), ta.max(tb), tc), (w, 2 * w, w));
 }
 
 #[test]
@@ -57,12 +58,14 @@ fn binds_cost_their_time_and_fence_the_next_wqe() {
     let w = Wqe::bind_mw(mw.0, e.pool, 64, e.pool_k.lkey, m.qpn.get(), AccessFlags::REMOTE_READ);
     e.f.post_send(m, &w).unwrap();
     e.f.post_send(m, &Wqe::nop()).unwrap();
-    assert_eq!(times(&mut e.f, m), vec![1300, 1550]);
+    let c = CostModel::CX6;
+    assert_eq!(times(&mut e.f, m), vec![c.bind_ns, c.bind_ns + c.wqe_ns]);
 }
 
 #[test]
 fn fence_waits_for_earlier_reads() {
-    for (flags, expect) in [(WqeFlags::SIGNALED, 500), (WqeFlags::SIGNALED | WqeFlags::FENCE, 2900 + 250)] {
+    let w = CostModel::CX6.wqe_ns;
+    for (flags, expect) in [(WqeFlags::SIGNALED, 2 * w), (WqeFlags::SIGNALED | WqeFlags::FENCE, 2900 + w)] {
         let mut e = env(NicConfig::strict());
         e.f.post_send(e.c, &Wqe::read(e.buf, e.buf_k.lkey, 8, e.pool, e.pool_k.rkey).with_flags(WqeFlags::empty()))
             .unwrap();
@@ -79,7 +82,8 @@ fn a_wait_sees_only_completions_whose_time_has_come() {
     e.f.post_send(c2, &Wqe::wait(e.c.qpn.get(), QueueSel::Send, 1)).unwrap();
     e.f.post_send(c2, &Wqe::nop()).unwrap();
     e.f.post_send(e.c, &Wqe::read(e.buf, e.buf_k.lkey, 8, e.pool, e.pool_k.rkey)).unwrap();
-    assert_eq!(times(&mut e.f, c2), vec![2900 + 250 + 250], "the WAIT itself is a WQE");
+    let w = CostModel::CX6.wqe_ns;
+    assert_eq!(times(&mut e.f, c2), vec![2900 + w + w], "the WAIT itself is a WQE");
 }
 
 #[test]
@@ -94,7 +98,8 @@ fn responder_engine_serialises_incoming_requests() {
     e.f.settle(100);
     let mut t: Vec<u64> = [c2, c3].iter().map(|q| e.f.poll_timed(*q, QueueSel::Send).unwrap()[0].at).collect();
     t.sort();
-    assert_eq!(t, vec![2900, 3150], "both arrive at 1.45 µs; the MN's responder takes them in turn");
+    let r = CostModel::CX6.responder_ns;
+    assert_eq!(t, vec![2900, 2900 + r], "both arrive together; the MN's responder takes them in turn");
 }
 
 #[test]
