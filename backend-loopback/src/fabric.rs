@@ -2,7 +2,7 @@
 //! global virtual clock, and the control-plane API (what a CPU does: allocate, register,
 //! create and connect QPs, post, enable, poll, reset, inject host faults).
 //!
-//! Work itself runs in [`crate::sched`] (which QP goes next, when) and [`crate::exec`] (what
+//! Work itself runs in `sched` (which QP goes next, when; see [`Fabric::step`]) and `exec` (what
 //! a WQE does).
 
 use crate::config::NicConfig;

@@ -153,7 +153,7 @@ struct DropEvery2nd(u32);
 impl Middleware for DropEvery2nd {
     fn on_message(&mut self, _m: &omw_loopback::Message, _p: &mut [u8]) -> Verdict {
         self.0 += 1;
-        if self.0 % 2 == 0 {
+        if self.0.is_multiple_of(2) {
             Verdict::Drop
         } else {
             Verdict::Deliver
