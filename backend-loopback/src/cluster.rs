@@ -206,6 +206,8 @@ pub struct CnNode {
     /// Every notice/error the MN sent, in order.
     pub events: Vec<ClientEvent>,
     replies: Vec<(u32, Result<Allocation, CnOpError>)>,
+    /// Tokens of free requests in flight (an error may come back for them).
+    free_tokens: Vec<u32>,
 }
 
 /// What a pump round saw on the MN side.
@@ -432,6 +434,7 @@ impl Cluster {
             crashed: false,
             events: Vec::new(),
             replies: Vec::new(),
+            free_tokens: Vec::new(),
         };
         Self::top_up(&mut self.fabric.borrow_mut(), &mut node)?;
         self.cns.push(node);
@@ -536,20 +539,16 @@ impl Cluster {
         let now = f.now();
         for n in self.cns.iter_mut().filter(|n| !n.crashed) {
             // alloc replies: WRITE_WITH_IMM consumed a receive on the Alloc QP
-            loop {
-                let k = f.poll(n.alloc_qp, QueueSel::Recv, &mut buf)?;
-                if k == 0 {
-                    break;
-                }
+            for tc in f.poll_timed(n.alloc_qp, QueueSel::Recv)? {
                 moved = true;
-                for c in &buf[..k] {
-                    if c.status.is_ok() && c.opcode == WcOpcode::RecvRdmaWithImm {
-                        let imm = c.imm.unwrap_or(0);
-                        let mut b = [0u8; omw_core::wire::ALLOC_REPLY_LEN];
-                        f.read(n.host, n.reply_buf, &mut b)?;
-                        let r = n.client.on_alloc_reply(imm, &b).map_err(CnOpError::Client);
-                        n.replies.push((imm, r));
-                    }
+                let c = tc.completion;
+                if c.status.is_ok() && c.opcode == WcOpcode::RecvRdmaWithImm {
+                    let imm = c.imm.unwrap_or(0);
+                    let mut b = [0u8; omw_core::wire::ALLOC_REPLY_LEN];
+                    f.read(n.host, n.reply_buf, &mut b)?;
+                    let r = n.client.on_alloc_reply(imm, &b).map_err(CnOpError::Client);
+                    n.replies.push((imm, r));
+                    n.last_reply_at = tc.at;
                 }
             }
             // messages on the first access QP
@@ -566,9 +565,14 @@ impl Cluster {
                     let slot = c.wr_id % (CN_RECVS * 4);
                     let mut b = vec![0u8; (c.byte_len as usize).min(MSG_BUF as usize)];
                     f.read(n.host, n.msg_bufs + slot * MSG_BUF, &mut b)?;
+                    let pending = n.client.pending_token();
                     match n.client.on_message(now, &b) {
                         Ok(ClientEvent::Failed { token, code }) => {
-                            n.replies.push((token, Err(CnOpError::Mn(code))));
+                            // only answers to requests this CN is waiting for count; an error
+                            // about bytes it never meant to send is just recorded
+                            if Some(token) == pending || n.free_tokens.contains(&token) {
+                                n.replies.push((token, Err(CnOpError::Mn(code))));
+                            }
                             n.events.push(ClientEvent::Failed { token, code });
                         }
                         Ok(ev) => n.events.push(ev),
@@ -653,6 +657,14 @@ impl Cluster {
         self.free_bytes(i, &bytes)
     }
 
+    /// Post CN `i`'s free request without running anything (the free counterpart of
+    /// [`Cluster::alloc_begin`]: several CNs' frees can then contend in one [`Cluster::pump`]).
+    pub fn free_begin(&mut self, i: usize, a: &Allocation) -> Result<(), CnOpError> {
+        let bytes = self.cns[i].client.free_request(a.entry_addr).map_err(CnOpError::Client)?;
+        let qp = self.cns[i].free_qp;
+        self.cn_send(i, qp, &bytes)
+    }
+
     /// Send a free request for any entry address (forged frees).
     pub fn free_raw(&mut self, i: usize, entry_addr: u64) -> Result<(), CnOpError> {
         let bytes = FreeRequest { token: 0xF0F0_0000 | i as u32, entry_addr }.encode();
@@ -662,13 +674,13 @@ impl Cluster {
     fn free_bytes(&mut self, i: usize, bytes: &[u8]) -> Result<(), CnOpError> {
         let token = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
         let qp = self.cns[i].free_qp;
+        self.cns[i].free_tokens.push(token);
         self.cn_send(i, qp, bytes)?;
         self.pump().map_err(|e| CnOpError::Client(ClientError::Wire(wire_err(e))))?;
         let n = &mut self.cns[i];
+        n.free_tokens.retain(|t| *t != token);
         if let Some(pos) = n.replies.iter().position(|(t, _)| *t == token) {
-            if let Err(e) = n.replies.remove(pos).1 {
-                return Err(e);
-            }
+            n.replies.remove(pos).1?;
         }
         Ok(())
     }

@@ -97,6 +97,8 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     // commit: clear the markers
     b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.meta_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey))?;
     b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.meta_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey))?;
+    // clear the reply's address and rkey for the next lap (a request must always supply them)
+    let clear = b.push(Ring::Loop, Wqe::write(s + a::ZEROS16, env.meta_lkey, 12, 0, env.ring_rkey))?;
     b.fence_loop(env)?;
 
     // RECV scatter: the header (with the CN's token) → scratch, the rest into WQE fields.
@@ -107,6 +109,7 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         b.recv(Loc::Field { step: *bind, field: WqeField::Qpn }, 4)?;
     }
     b.set_local(token_copy, Loc::Field { step: reply, field: WqeField::Imm });
+    b.layout.steps[clear as usize].remote = Some(Loc::Field { step: reply, field: WqeField::RemoteAddr });
 
     b.rearm_tail(env, s + a::JUNK)?;
     let loop_depth = b.layout.ring_depth[Ring::Loop as usize] as u64;

@@ -303,11 +303,18 @@ impl ChainLayout {
                         return Err(ChainError::BadStepRef { step });
                     }
                     self.check_patch_span(step, field, s.wqe.length)?;
-                    let is_bump = s.remote == Some(loc);
-                    if is_bump {
-                        // A lap bump rewrites a WAIT for the *next* lap: the WAIT must already
-                        // have run in this one, or it would wait a lap too far.
-                        if t >= i || self.steps[t].wqe.opcode != Opcode::Wait {
+                    // A remote-side field target rewrites a WQE for the *next* lap: a bump of a
+                    // WAIT's count (FETCH_ADD) or a clear of request-supplied fields (WRITE).
+                    // The target must already have run in this lap, and the write must land
+                    // before the lap-closing fenced ENABLE (checked in `check_rearm`).
+                    let next_lap = s.remote == Some(loc);
+                    if next_lap {
+                        let ok_op = match s.wqe.opcode {
+                            Opcode::FetchAdd => self.steps[t].wqe.opcode == Opcode::Wait,
+                            Opcode::Write => true,
+                            _ => false,
+                        };
+                        if t >= i || !ok_op {
                             return Err(ChainError::PatchBackwards {
                                 producer: Producer::Step(i as u8),
                                 consumer: step,
@@ -513,6 +520,11 @@ impl ChainLayout {
             })
             .map(|(j, _)| j)
             .ok_or(ChainError::MissingRearm { step: end })?;
+        for (j, w) in self.steps.iter().enumerate() {
+            if matches!(w.remote, Some(Loc::Field { .. })) && (j > closing || w.ring != Ring::Loop) {
+                return Err(ChainError::MissingRearm { step: j as u8 });
+            }
+        }
         for (i, s) in self.steps.iter().enumerate() {
             if s.wqe.opcode == Opcode::Wait {
                 let bump = self.steps.iter().enumerate().find(|(_, b)| {
@@ -684,7 +696,11 @@ mod tests {
         c.steps[last].wqe.flags = WqeFlags::empty(); // closing ENABLE without its fence
         assert!(matches!(c.validate(), Err(ChainError::MissingRearm { .. })));
         let mut c = alloc();
-        let bump = c.steps.iter().position(|s| matches!(s.remote, Some(Loc::Field { .. }))).unwrap();
+        let bump = c
+            .steps
+            .iter()
+            .position(|s| s.wqe.opcode == Opcode::FetchAdd && matches!(s.remote, Some(Loc::Field { .. })))
+            .unwrap();
         c.steps[bump].wqe.operand0 += 1; // wrong per-lap count
         assert!(matches!(c.validate(), Err(ChainError::MissingRearm { .. })));
     }

@@ -171,8 +171,11 @@ impl<const N: usize> Client<N> {
             }
             MnMessage::Error(e) => {
                 if e.code == ErrorCode::Revoked {
+                    // the MN rebuilt its pool: nothing we held is valid, and the queue is full
                     self.live.clear();
                     self.pending = None;
+                    self.empty = false;
+                    self.backoff_until = 0;
                     return Ok(ClientEvent::Revoked);
                 }
                 if self.pending.map(|p| p.token) == Some(e.token) {

@@ -149,16 +149,20 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
                     _ => {}
                 }
                 let w = Wqe::unbind_mw(rkey.0).with_wr_id(WR_ID_UNBIND | rkey.0 as u64);
-                b.post_send(self.admin_qp, &w).map_err(DriverError::Backend)?;
-                // An unknown binding state may mean "not bound": MW_BIND_ERR is then fine.
-                match crate::host_engine::wait_for(b, self.admin_qp, w.wr_id, 10_000) {
-                    Ok(WcStatus::Success | WcStatus::MwBindErr) => {}
-                    Ok(_) | Err(_) => {
-                        // the admin QP went to error: bring it back for the next action
-                        let _ = b.reset_qp(self.admin_qp);
+                // The admin QP may be in error from an earlier refused unbind or an RNIC reset:
+                // bring it back, and retry once if the unbind itself was flushed.
+                for _attempt in 0..2 {
+                    if b.qp_state(self.admin_qp).map_err(DriverError::Backend)? != QpState::Rts {
+                        b.reset_qp(self.admin_qp).map_err(DriverError::Backend)?;
+                    }
+                    b.post_send(self.admin_qp, &w).map_err(DriverError::Backend)?;
+                    match crate::host_engine::wait_for(b, self.admin_qp, w.wr_id, 10_000) {
+                        // An unknown binding state may mean "not bound": MW_BIND_ERR is then fine.
+                        Ok(WcStatus::Success | WcStatus::MwBindErr) => break,
+                        Ok(_) | Err(_) => continue,
                     }
                 }
-                if b.qp_state(self.admin_qp).map_err(DriverError::Backend)? == QpState::Err {
+                if b.qp_state(self.admin_qp).map_err(DriverError::Backend)? != QpState::Rts {
                     b.reset_qp(self.admin_qp).map_err(DriverError::Backend)?;
                 }
                 Ok(())

@@ -50,7 +50,10 @@ pub mod alloc_scratch {
     pub const REPLY_ENTRY: u64 = REPLY + 16;
     /// Destination of fetch-and-add results nobody reads (lap re-arm bumps).
     pub const JUNK: u64 = 96;
-    pub const END: u64 = 104;
+    /// Sixteen zero bytes: a committed lap clears the reply WQE's address and rkey with them,
+    /// so a later request too short to supply its own cannot replay the previous one.
+    pub const ZEROS16: u64 = 104;
+    pub const END: u64 = 120;
 }
 
 /// Offsets inside the free chain's scratch area.

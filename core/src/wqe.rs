@@ -20,7 +20,8 @@
 //!  32  8  remote_addr  READ/WRITE/atomics
 //!  40  4  rkey         READ/WRITE/atomics
 //!  44  4  qpn          BIND_MW: QP the window is bound to; WAIT/ENABLE: QP whose queue is meant
-//!  48  8  operand0     FAA: add; CAS: compare; WAIT: CQ count; ENABLE: queue index limit
+//!  48  8  operand0     FAA: add; CAS: compare; WAIT: absolute CQ count; ENABLE: how many more
+//!                      entries the managed queue may execute (added to its limit)
 //!  56  8  operand1     masked FAA: field-boundary mask; CAS: swap; BIND_MW: access flags;
 //!                      WAIT/ENABLE: queue selector (0 = send, 1 = receive)
 //! ```
@@ -362,12 +363,13 @@ impl Wqe {
         w.operand1 = queue as u64;
         w
     }
-    /// Let the managed `queue` of `qpn` execute entries with index below `limit`.
-    pub const fn enable(qpn: u32, queue: QueueSel, limit: u64) -> Self {
+    /// Let the managed `queue` of `qpn` execute `count` more entries (its limit grows by
+    /// `count`, like mlx5 SEND_EN/RECV_EN advancing the producer index a managed QP consumes).
+    pub const fn enable(qpn: u32, queue: QueueSel, count: u64) -> Self {
         let mut w = Self::blank(Opcode::Enable);
         w.flags = WqeFlags::empty();
         w.qpn = qpn;
-        w.operand0 = limit;
+        w.operand0 = count;
         w.operand1 = queue as u64;
         w
     }
