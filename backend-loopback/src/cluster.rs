@@ -205,6 +205,9 @@ pub struct CnNode {
     pub crashed: bool,
     /// Every notice/error the MN sent, in order.
     pub events: Vec<ClientEvent>,
+    /// Modelled time (ns) the most recent alloc reply landed in this CN's reply buffer (the
+    /// completion timestamp of its WRITE_WITH_IMM), for latency measurements.
+    pub last_reply_at: u64,
     replies: Vec<(u32, Result<Allocation, CnOpError>)>,
     /// Tokens of free requests in flight (an error may come back for them).
     free_tokens: Vec<u32>,
@@ -316,28 +319,8 @@ impl Cluster {
             window_access: AccessFlags::DATA_WINDOW,
         };
         let node = MemoryNode::new(mcfg, map, keys).map_err(|e| ClusterError::Config(format!("{e:?}")))?;
-        // ring depths of this geometry's chains (they do not depend on QP numbers)
-        let probe_env = omw_core::chain_builder::ChainEnv {
-            map,
-            slot: 0,
-            cn: CnId::new(1).map_err(|e| ClusterError::Config(e.to_string()))?,
-            loop_qpn: 1,
-            mgmt_qpn: 2,
-            free_qpn: 3,
-            meta_lkey: keys.meta_lkey,
-            meta_rkey: keys.meta_rkey,
-            table_rkey: keys.table_rkey,
-            ring_lkey: keys.ring_lkey,
-            ring_rkey: keys.ring_rkey,
-            queue_depth: 128,
-            window_access: AccessFlags::DATA_WINDOW,
-            owner_window_access: AccessFlags::REMOTE_READ,
-        };
-        let a =
-            omw_core::alloc_chain::build_alloc_chain(&probe_env).map_err(|e| ClusterError::Config(e.to_string()))?;
-        let fr = omw_core::free_chain::build_free_chain(&probe_env).map_err(|e| ClusterError::Config(e.to_string()))?;
-        let ring_depths =
-            [[a.ring_depth[0] as u32, a.ring_depth[1] as u32], [fr.ring_depth[0] as u32, fr.ring_depth[1] as u32]];
+        let d = node.chain_ring_depths().map_err(|e| ClusterError::Config(e.to_string()))?;
+        let ring_depths = [[d[0][0] as u32, d[0][1] as u32], [d[1][0] as u32, d[1][1] as u32]];
         let regions = HostRegions {
             meta_base: map.meta_base,
             meta_len: map.meta_len,
@@ -433,6 +416,7 @@ impl Cluster {
             msg_seq: 0,
             crashed: false,
             events: Vec::new(),
+            last_reply_at: 0,
             replies: Vec::new(),
             free_tokens: Vec::new(),
         };
