@@ -330,6 +330,31 @@ impl MemoryNode {
         })
     }
 
+    /// Send-queue depths the chain QPs must be created with, `[alloc, free] × [Loop, Mgmt]`
+    /// (each ring is exactly one lap deep so it wraps onto its own bytes). Their management
+    /// QPs' receive queues are one entry deep. Independent of QP numbers and of the CN.
+    pub fn chain_ring_depths(&self) -> Result<[[u16; 2]; 2], crate::chain::ChainError> {
+        let env = ChainEnv {
+            map: self.map,
+            slot: 0,
+            cn: CnId::new(1).map_err(|_| crate::chain::ChainError::TooManySteps)?,
+            loop_qpn: 1,
+            mgmt_qpn: 2,
+            free_qpn: 3,
+            meta_lkey: self.keys.meta_lkey,
+            meta_rkey: self.keys.meta_rkey,
+            table_rkey: self.keys.table_rkey,
+            ring_lkey: self.keys.ring_lkey,
+            ring_rkey: self.keys.ring_rkey,
+            queue_depth: self.cfg.queue_depth,
+            window_access: self.cfg.window_access,
+            owner_window_access: AccessFlags::REMOTE_READ,
+        };
+        let a = crate::alloc_chain::build_alloc_chain(&env)?;
+        let f = crate::free_chain::build_free_chain(&env)?;
+        Ok([a.ring_depth, f.ring_depth])
+    }
+
     pub fn scratch_of(&self, cn: CnId) -> Option<u64> {
         self.cn(cn).and_then(|r| self.map.scratch(r.slot))
     }
