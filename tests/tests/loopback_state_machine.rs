@@ -238,12 +238,28 @@ impl StateMachineTest for PoolTest {
     }
 }
 
-fn cases() -> u32 {
-    std::env::var("OMW_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24)
+/// CI: a fixed seed and a small case count (deterministic and fast). `OMW_PROPTEST_CASES=N`
+/// raises the count and draws random seeds; `OMW_PROPTEST_SEED=S` pins one. Failures found by
+/// long runs are saved under tests/proptest-regressions/ and replayed first on every run.
+fn config() -> Config {
+    use proptest::test_runner::{FileFailurePersistence, RngSeed};
+    let cases: Option<u32> = std::env::var("OMW_PROPTEST_CASES").ok().and_then(|v| v.parse().ok());
+    let seed = match std::env::var("OMW_PROPTEST_SEED").ok().and_then(|v| v.parse().ok()) {
+        Some(s) => RngSeed::Fixed(s),
+        None if cases.is_some() => RngSeed::Random,
+        None => RngSeed::Fixed(0x0_5EED_0FF1),
+    };
+    Config {
+        cases: cases.unwrap_or(24),
+        max_shrink_iters: 4000,
+        rng_seed: seed,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..Config::default()
+    }
 }
 
 prop_state_machine! {
-    #![proptest_config(Config { cases: cases(), max_shrink_iters: 2000, failure_persistence: None, ..Config::default() })]
+    #![proptest_config(config())]
     #[test]
     fn pool_against_reference_model(sequential 1..40 => PoolTest);
 }
