@@ -497,3 +497,118 @@ fn bad_requests_are_typed_errors() {
     assert_eq!(r.d.mn.stats().groups_reclaimed, 1, "the popped group went back");
     let _ = (ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF, Notice::Empty, GroupId(0));
 }
+
+mod invariant_violations {
+    use super::*;
+    use crate::invariants::InvariantViolation as V;
+    use crate::mwtable::{MwTableEntry, ENTRY_SIZE};
+    use zerocopy::IntoBytes;
+
+    fn entry(r: &Rig, g: u32) -> (u64, MwTableEntry) {
+        let addr = r.d.mn.map().entry_addr(GroupId(g)).unwrap();
+        (addr, r.d.entry(GroupId(g)).unwrap())
+    }
+    fn put(r: &mut Rig, addr: u64, e: &MwTableEntry) {
+        r.d.backend.write_local(addr, e.as_bytes()).unwrap();
+    }
+    fn slot(r: &Rig, i: u32) -> u64 {
+        r.d.mn.map().queue.slot_addr(i)
+    }
+
+    #[test]
+    fn each_violation_is_detected() {
+        // a group owned while still in the queue
+        let mut r = Rig::new(4, 2, 8);
+        let a = r.connect();
+        let (addr, mut e) = entry(&r, 3);
+        e.owner = r.cns[a].0.get().into();
+        put(&mut r, addr, &e);
+        assert_eq!(r.d.check_invariants(), Err(V::OwnedGroupInQueue(GroupId(3))));
+
+        // a group neither queued, owned nor being reclaimed
+        let mut r = Rig::new(4, 2, 8);
+        let s = slot(&r, 3);
+        r.d.backend.write_local(s, &0u64.to_le_bytes()).unwrap();
+        assert!(matches!(r.d.check_invariants(), Err(V::BadQueueSlot { .. })));
+        let q = r.d.mn.map().queue;
+        r.d.backend.write_local(q.tail, &slot(&r, 3).to_le_bytes()).unwrap();
+        assert_eq!(r.d.check_invariants(), Err(V::LostGroup(GroupId(3))));
+
+        // the same group twice in the queue
+        let mut r = Rig::new(4, 2, 8);
+        let e0 = r.d.mn.map().entry_addr(GroupId(0)).unwrap();
+        r.d.backend.write_local(slot(&r, 1), &e0.to_le_bytes()).unwrap();
+        assert_eq!(r.d.check_invariants(), Err(V::DuplicateInQueue(GroupId(0))));
+
+        // a stale slot outside the live window
+        let mut r = Rig::new(4, 2, 8);
+        r.d.backend.write_local(slot(&r, 6), &e0.to_le_bytes()).unwrap();
+        assert!(matches!(r.d.check_invariants(), Err(V::StaleSlot { .. })));
+
+        // a free group with a bound window
+        let mut r = Rig::new(4, 2, 8);
+        let (_, e) = entry(&r, 2);
+        r.d.backend.mws.get_mut(&e.rkey(1).index()).unwrap().1 = Some(qpn(999));
+        assert_eq!(r.d.check_invariants(), Err(V::FreeGroupBound { group: GroupId(2), mw: 1 }));
+
+        // an allocated group whose window is bound to a QP that is not its owner's
+        let mut r = Rig::new(4, 3, 8);
+        let a = r.connect();
+        let x = r.alloc(a).unwrap();
+        let g = r.d.mn.map().group_of_entry(x.entry_addr).unwrap();
+        r.d.backend.mws.get_mut(&x.rkeys[1].index()).unwrap().1 = Some(qpn(999));
+        assert_eq!(r.d.check_invariants(), Err(V::WindowMisbound { group: g, mw: 2 }));
+
+        // two groups sharing a window index
+        let mut r = Rig::new(4, 2, 8);
+        let (_, e1) = entry(&r, 1);
+        let (addr2, mut e2) = entry(&r, 2);
+        e2.rkeys[0] = e1.rkeys[1];
+        put(&mut r, addr2, &e2);
+        assert!(matches!(r.d.check_invariants(), Err(V::RkeyReused(_))));
+
+        // an entry whose chunk is not the geometry's
+        let mut r = Rig::new(4, 2, 8);
+        let (addr, mut e) = entry(&r, 1);
+        e.base = (e.base.get() + 4096).into();
+        put(&mut r, addr, &e);
+        assert_eq!(r.d.check_invariants(), Err(V::ChunkMismatch(GroupId(1))));
+
+        // an owner the MN does not know
+        let mut r = Rig::new(4, 2, 8);
+        let a = r.connect();
+        let x = r.alloc(a).unwrap();
+        let g = r.d.mn.map().group_of_entry(x.entry_addr).unwrap();
+        let (addr, mut e) = entry(&r, g.0);
+        e.owner = 77.into();
+        put(&mut r, addr, &e);
+        assert_eq!(r.d.check_invariants(), Err(V::UnknownOwner { group: g, owner: 77 }));
+        let _ = ENTRY_SIZE;
+    }
+
+    #[test]
+    fn over_quota_is_detected() {
+        let mut r = Rig::new(4, 2, 1);
+        let a = r.connect();
+        let _x = r.alloc(a).unwrap();
+        // hand a second group to the CN behind the MN's back
+        let q = r.d.mn.map().queue;
+        let mut h = [0u8; 8];
+        r.d.backend.read_local(q.head, &mut h).unwrap();
+        let head = u64::from_le_bytes(h);
+        let mut v = [0u8; 8];
+        r.d.backend.read_local(head, &mut v).unwrap();
+        let g = r.d.mn.map().group_of_entry(u64::from_le_bytes(v)).unwrap();
+        r.d.backend.write_local(head, &0u64.to_le_bytes()).unwrap();
+        r.d.backend.write_local(q.head, &(head + 8).to_le_bytes()).unwrap();
+        let (addr, mut e) = entry(&r, g.0);
+        e.owner = r.cns[a].0.get().into();
+        put(&mut r, addr, &e);
+        // its windows are unbound, so the first complaint may be the binding; make them bound
+        for k in 0..2 {
+            let target = if k == 0 { r.cns[a].1.free } else { r.cns[a].1.access[0] };
+            r.d.backend.mws.get_mut(&e.rkey(k).index()).unwrap().1 = Some(target);
+        }
+        assert!(matches!(r.d.check_invariants(), Err(V::OverQuota { held: 2, .. })));
+    }
+}

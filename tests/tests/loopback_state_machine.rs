@@ -250,7 +250,7 @@ fn config() -> Config {
         None => RngSeed::Fixed(0x0_5EED_0FF1),
     };
     Config {
-        cases: cases.unwrap_or(24),
+        cases: cases.unwrap_or(64),
         max_shrink_iters: 4000,
         rng_seed: seed,
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
