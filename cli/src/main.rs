@@ -3,6 +3,8 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod bench;
+mod demo;
 mod verbs;
 
 #[derive(Parser, Debug)]
@@ -14,6 +16,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// OneSidedMW end to end on the loopback RNIC model: 1 MN, N CNs, a KV workload, a malicious CN.
+    Demo(demo::DemoArgs),
+    /// Every memory-management scheme × workload on the modelled cluster; model vs the paper.
+    Bench(bench::BenchArgs),
     /// Memory node daemon on a real RDMA device (libibverbs).
     Mn(verbs::MnArgs),
     /// Compute-node client on a real RDMA device.
@@ -25,6 +31,8 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Demo(a) => demo::demo(a),
+        Cmd::Bench(a) => bench::bench(a),
         Cmd::Mn(a) => verbs::mn(a),
         Cmd::Cn(a) => verbs::cn(a),
         Cmd::Probe(a) => verbs::probe(a),
