@@ -243,18 +243,6 @@ impl fmt::Debug for Cluster {
     }
 }
 
-fn blank() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::GeneralErr,
-        opcode: WcOpcode::Recv,
-        qpn: Qpn::default(),
-        byte_len: 0,
-        imm: None,
-        invalidated: None,
-    }
-}
-
 impl Cluster {
     pub fn new(cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
         let caps = cfg.nic.capabilities();
@@ -321,17 +309,7 @@ impl Cluster {
         let node = MemoryNode::new(mcfg, map, keys).map_err(|e| ClusterError::Config(format!("{e:?}")))?;
         let d = node.chain_ring_depths().map_err(|e| ClusterError::Config(e.to_string()))?;
         let ring_depths = [[d[0][0] as u32, d[0][1] as u32], [d[1][0] as u32, d[1][1] as u32]];
-        let regions = HostRegions {
-            meta_base: map.meta_base,
-            meta_len: map.meta_len,
-            meta_lkey: keys.meta_lkey,
-            meta_rkey: keys.meta_rkey,
-            table_base: map.table_base,
-            table_len: map.table_len(),
-            table_rkey: keys.table_rkey,
-            ring_lkey: keys.ring_lkey,
-            ring_rkey: keys.ring_rkey,
-        };
+        let regions = HostRegions::new(&map, &keys);
         let fabric = Rc::new(RefCell::new(f));
         let backend = MnBackend { fabric: fabric.clone(), host: mn };
         let mut driver = MnDriver::new(backend, node, regions, admin.qpn);
@@ -518,7 +496,7 @@ impl Cluster {
     /// Feed arrived completions to the CN clients; returns whether anything arrived.
     fn service_cns(&mut self) -> Result<bool, ClusterError> {
         let mut moved = false;
-        let mut buf = [blank(); 16];
+        let mut buf = [Completion::EMPTY; 16];
         let mut f = self.fabric.borrow_mut();
         let now = f.now();
         for n in self.cns.iter_mut().filter(|n| !n.crashed) {
@@ -709,7 +687,7 @@ impl Cluster {
         if f.post_send(qp, &w).is_err() {
             return (WcStatus::LocQpOpErr, Vec::new());
         }
-        let mut out = [blank(); 4];
+        let mut out = [Completion::EMPTY; 4];
         let mut status = WcStatus::GeneralErr;
         for _ in 0..4 {
             match f.poll_cq(qp, QueueSel::Send, &mut out) {

@@ -203,6 +203,19 @@ pub struct Completion {
     pub invalidated: Option<Rkey>,
 }
 
+impl Completion {
+    /// A placeholder for completion buffers handed to `poll_cq`.
+    pub const EMPTY: Completion = Completion {
+        wr_id: 0,
+        status: WcStatus::GeneralErr,
+        opcode: WcOpcode::Recv,
+        qpn: Qpn::ZERO,
+        byte_len: 0,
+        imm: None,
+        invalidated: None,
+    };
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub struct MrKeys {
     pub lkey: u32,

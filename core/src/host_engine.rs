@@ -107,6 +107,21 @@ fn patch(bytes: &mut [u8; WQE_SIZE], field: WqeField, data: &[u8]) {
 }
 
 impl HostRegions {
+    /// The regions of an MN's memory map with its registration keys.
+    pub fn new(map: &crate::mn_memory::MnMemoryMap, keys: &crate::mn::MnKeys) -> Self {
+        HostRegions {
+            meta_base: map.meta_base,
+            meta_len: map.meta_len,
+            meta_lkey: keys.meta_lkey,
+            meta_rkey: keys.meta_rkey,
+            table_base: map.table_base,
+            table_len: map.table_len(),
+            table_rkey: keys.table_rkey,
+            ring_lkey: keys.ring_lkey,
+            ring_rkey: keys.ring_rkey,
+        }
+    }
+
     /// Which region an rkey opens, if the access fits in it.
     fn remote_ok(&self, addr: u64, len: u64, rkey: u32) -> bool {
         let (b, l) = if rkey == self.table_rkey {
@@ -307,15 +322,7 @@ pub fn wait_for<B: RdmaBackend>(
     wr_id: u64,
     max_polls: u32,
 ) -> Result<WcStatus, WaitError<B::Error>> {
-    let mut buf = [Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: crate::backend::WcOpcode::Recv,
-        qpn: qp,
-        byte_len: 0,
-        imm: None,
-        invalidated: None,
-    }; 8];
+    let mut buf = [Completion::EMPTY; 8];
     for _ in 0..max_polls.max(1) {
         let n = backend.poll_cq(qp, QueueSel::Send, &mut buf).map_err(WaitError::Backend)?;
         if let Some(c) = buf[..n].iter().find(|c| c.wr_id == wr_id) {

@@ -52,6 +52,7 @@ pub struct Qpn(u32);
 
 impl Qpn {
     pub const MAX: u32 = 0x00FF_FFFF;
+    pub const ZERO: Qpn = Qpn(0);
     pub const fn new(v: u32) -> Result<Self, IdError> {
         if v > Self::MAX {
             Err(IdError::QpnOverflow(v))

@@ -7,7 +7,7 @@
 //! verbs daemon) adds connection management and calls [`MnDriver::poll`].
 
 use crate::arm::{arm, ArmError};
-use crate::backend::{Completion, ExecutionMode, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
+use crate::backend::{Completion, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
 use crate::chain::{ChainError, ChainKind, ChainLayout};
 use crate::chain_builder::{parse_chain_wr_id, ChainEnv};
 use crate::host_engine::{run_lap, HostEngineError, HostRegions, LapContext, LapFailure, LapOutcome};
@@ -203,18 +203,6 @@ pub fn build(kind: ChainKind, env: &ChainEnv) -> Result<ChainLayout, ChainError>
     }
 }
 
-fn blank_completion() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Recv,
-        qpn: Qpn::default(),
-        byte_len: 0,
-        imm: None,
-        invalidated: None,
-    }
-}
-
 impl<B: RdmaBackend> MnDriver<B> {
     pub fn new(backend: B, mn: MemoryNode, regions: HostRegions, admin_qp: Qpn) -> Self {
         MnDriver {
@@ -311,7 +299,7 @@ impl<B: RdmaBackend> MnDriver<B> {
         let mut report = PollReport::default();
         let cns: heapless::Vec<(CnId, CnQps), { crate::mn::MAX_CNS }> =
             self.mn.cns().filter(|r| r.status == crate::mn::CnStatus::Active).map(|r| (r.cn, r.qps.clone())).collect();
-        let mut buf = [blank_completion(); 16];
+        let mut buf = [Completion::EMPTY; 16];
         for (cn, qps) in cns.iter() {
             if self.mn.cn(*cn).is_none() {
                 continue;

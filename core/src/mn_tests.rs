@@ -226,17 +226,7 @@ impl Rig {
         };
         let mut nic = TestNic { meta: std::vec![0; map.meta_len as usize], ..Default::default() };
         let rkeys: Vec<Rkey> = (0..chunks * g as u32).map(|_| nic.alloc_mw().unwrap()).collect();
-        let regions = HostRegions {
-            meta_base: map.meta_base,
-            meta_len: map.meta_len,
-            meta_lkey: 1,
-            meta_rkey: 2,
-            table_base: map.table_base,
-            table_len: map.table_len(),
-            table_rkey: 3,
-            ring_lkey: 4,
-            ring_rkey: 5,
-        };
+        let regions = HostRegions::new(&map, &keys);
         let mn = MemoryNode::new(cfg, map, keys).unwrap();
         let mut d = MnDriver::new(nic, mn, regions, qpn(1));
         d.format(|gid, i| rkeys[(gid.0 * g as u32) as usize + i], |_| 77).unwrap();
