@@ -335,7 +335,7 @@ impl ChainLayout {
             }
             // region check and memory dependencies
             for (addr, len, is_read) in self.mem_accesses(i) {
-                if addr < self.meta.0 || addr.saturating_add(len as u64) > self.meta.0 + self.meta.1 {
+                if addr < self.meta.0 || addr.saturating_add(len as u64) > self.meta_end() {
                     return Err(ChainError::OutOfRegion { step: i as u8 });
                 }
                 if !is_read {
@@ -372,7 +372,7 @@ impl ChainLayout {
                     }
                 }
                 Loc::Mem(a) => {
-                    if a < self.meta.0 || a + r.len as u64 > self.meta.0 + self.meta.1 {
+                    if a < self.meta.0 || a.saturating_add(r.len as u64) > self.meta_end() {
                         return Err(ChainError::OutOfRegion { step: 0 });
                     }
                 }
@@ -416,13 +416,18 @@ impl ChainLayout {
         let mut limit = self.initial_enable[ring as usize] as u64;
         for (j, e) in self.steps.iter().enumerate().take(before) {
             if self.is_send_enable_of(e, ring) {
-                limit += e.wqe.operand0;
+                limit = limit.saturating_add(e.wqe.operand0);
                 if limit > pos as u64 {
                     return Some(j);
                 }
             }
         }
         None
+    }
+
+    /// End of the metadata region (saturating: the layout is data, its numbers may be anything).
+    fn meta_end(&self) -> u64 {
+        self.meta.0.saturating_add(self.meta.1)
     }
 
     fn is_send_enable_of(&self, e: &Step, ring: Ring) -> bool {
@@ -550,19 +555,22 @@ impl ChainLayout {
         // each lap must enable exactly one more lap of every ring, and one more RECV
         for ring in [Ring::Loop, Ring::Mgmt] {
             let len = self.ring_len(ring) as u64;
-            let inc: u64 = self.steps.iter().filter(|e| self.is_send_enable_of(e, ring)).map(|e| e.wqe.operand0).sum();
+            let inc = self
+                .steps
+                .iter()
+                .filter(|e| self.is_send_enable_of(e, ring))
+                .fold(0u64, |a, e| a.saturating_add(e.wqe.operand0));
             if inc != len {
                 return Err(ChainError::MissingRearm { step: end });
             }
         }
-        let rq: u64 = self
+        let rq = self
             .steps
             .iter()
             .filter(|e| {
                 e.wqe.opcode == Opcode::Enable && e.wqe.queue_sel() == QueueSel::Recv && e.wqe.qpn == self.qpns[1]
             })
-            .map(|e| e.wqe.operand0)
-            .sum();
+            .fold(0u64, |a, e| a.saturating_add(e.wqe.operand0));
         if rq != 1 {
             return Err(ChainError::MissingRearm { step: end });
         }
@@ -721,6 +729,21 @@ mod tests {
         let i = c.steps.iter().position(|s| s.wqe.opcode == Opcode::MaskedFetchAdd).unwrap();
         c.steps[i].wqe.remote_addr = 0x10;
         assert!(matches!(c.validate(), Err(ChainError::OutOfRegion { .. })));
+    }
+
+    /// Layouts are data: huge enable counts or a region at the top of the address space are
+    /// validation errors, never arithmetic overflows (found by the `chain` fuzz target).
+    #[test]
+    fn huge_numbers_are_errors_not_overflows() {
+        let mut c = alloc();
+        for s in c.steps.iter_mut().filter(|s| s.wqe.opcode == Opcode::Enable) {
+            s.wqe.operand0 = u64::MAX;
+        }
+        assert!(c.validate().is_err());
+        let mut c = alloc();
+        c.meta = (u64::MAX - 8, u64::MAX);
+        c.recv.push(RecvTarget { loc: Loc::Mem(u64::MAX - 4), len: 8 }).ok();
+        assert!(c.validate().is_err());
     }
 
     #[test]
