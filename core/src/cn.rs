@@ -151,7 +151,7 @@ impl<const N: usize> Client<N> {
         self.pending.map(|p| p.token)
     }
 
-    /// A message on the notice QP.
+    /// A message from the MN (it arrives on the first access QP, see `wire::MnMessage`).
     pub fn on_message(&mut self, now: u64, bytes: &[u8]) -> Result<ClientEvent, ClientError> {
         match MnMessage::decode(bytes)? {
             MnMessage::ConnectInfo(ci) => {

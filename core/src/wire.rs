@@ -404,7 +404,10 @@ impl ConnectInfo {
     }
 }
 
-/// Any MN → CN message arriving on the CN's Alloc QP receive queue.
+/// Any MN → CN message (notices, errors, connect info). They arrive on the CN's **first access
+/// QP**: the MN ends of the Alloc and Free QPs carry the chains on their send queues, while an
+/// access QP's MN-side send queue is otherwise idle (the MN is only the responder there). The
+/// alloc reply itself is a WRITE_WITH_IMM on the Alloc QP.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum MnMessage {
     Notice(Notice),
