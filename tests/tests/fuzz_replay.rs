@@ -1,0 +1,87 @@
+//! Replays every saved fuzz input on stable: the seed corpus (`fuzz/corpus/<target>/`) and
+//! every input that once crashed a target (`fuzz/regressions/<target>/`), through the same
+//! function the cargo-fuzz target calls (`omw_fuzz_harness::<target>::run`). A failing input is
+//! named in the panic message; reproduce it with
+//! `cargo +nightly fuzz run <target> <file>` in `fuzz/`.
+
+use std::path::{Path, PathBuf};
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+}
+
+fn inputs(target: &str) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for kind in ["corpus", "regressions"] {
+        let dir = fuzz_dir().join(kind).join(target);
+        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_file()).unwrap_or(false) && !e.file_name().to_string_lossy().starts_with('.')
+            {
+                v.push(e.path());
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+fn replay(target: &str) {
+    let run = omw_fuzz_harness::TARGETS.iter().find(|(n, _)| *n == target).expect("known target").1;
+    let files = inputs(target);
+    assert!(!files.is_empty(), "no saved inputs for fuzz target {target} (fuzz/corpus/{target}/)");
+    for f in &files {
+        let data = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let r = std::panic::catch_unwind(|| run(&data));
+        if let Err(p) = r {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!("fuzz target {target} fails on {}: {msg}", f.display());
+        }
+    }
+}
+
+#[test]
+fn every_target_has_a_replay_test() {
+    let names: Vec<&str> = omw_fuzz_harness::TARGETS.iter().map(|(n, _)| *n).collect();
+    for n in &names {
+        assert!(fuzz_dir().join("fuzz_targets").join(format!("{n}.rs")).is_file(), "no fuzz target {n}");
+    }
+    let mut on_disk: Vec<String> = std::fs::read_dir(fuzz_dir().join("fuzz_targets"))
+        .expect("fuzz/fuzz_targets")
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().strip_suffix(".rs").map(str::to_string))
+        .collect();
+    on_disk.sort();
+    let mut sorted: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    sorted.sort();
+    assert_eq!(on_disk, sorted, "fuzz/fuzz_targets and omw_fuzz_harness::TARGETS disagree");
+}
+
+#[test]
+fn replay_wire() {
+    replay("wire");
+}
+
+#[test]
+fn replay_wqe() {
+    replay("wqe");
+}
+
+#[test]
+fn replay_chain() {
+    replay("chain");
+}
+
+#[test]
+fn replay_mn_events() {
+    replay("mn_events");
+}
+
+#[test]
+fn replay_malicious_cn() {
+    replay("malicious_cn");
+}
