@@ -24,3 +24,31 @@ fn demo_passes_host_engine_with_more_cns() {
     assert!(ok, "{out}");
     assert!(out.contains("host engine"), "{out}");
 }
+
+#[test]
+fn bench_quick_runs_every_scheme_and_workload() {
+    let dir = std::env::temp_dir().join(format!("omw-bench-test-{}", std::process::id()));
+    let d = dir.to_string_lossy().into_owned();
+    let (ok, out) = omw(&["bench", "--quick", "--out", &d]);
+    assert!(ok, "{out}");
+    for s in ["OneSidedMW", "RPC-MW type-1", "RPC-MW type-2", "Static-MR", "ODRP"] {
+        assert!(out.contains(s), "{s} missing:\n{out}");
+    }
+    for w in ["Allocation micro-benchmark", "kv: objects 2-8 KiB", "kv: 2 KiB allocations", "swap: 1 MiB chunks"] {
+        assert!(out.contains(w), "{w} missing:\n{out}");
+    }
+    assert!(out.contains("Model vs paper"), "{out}");
+    for f in ["inputs.csv", "alloc.csv", "alloc_curve.csv", "workloads.csv", "validation.csv", "alloc_latency.svg"] {
+        let p = dir.join(f);
+        let len = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 100, "{} missing or empty", p.display());
+    }
+    // every scheme × workload row made it into the CSV
+    let csv = std::fs::read_to_string(dir.join("workloads.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 5 * 5, "{csv}");
+    let (ok, json) = omw(&["bench", "--quick", "--json", "--out", &d]);
+    assert!(ok, "{json}");
+    let v: serde_json::Value = serde_json::from_str(json.trim()).expect("--json prints one JSON document");
+    assert!(v["validation"].as_array().is_some_and(|a| a.len() >= 10));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,13 +1,383 @@
-//! `omw bench` (placeholder while it is built).
+//! `omw bench`: every memory-management scheme × workload on the same modelled cluster (1 MN,
+//! 6 CNs, the loopback model's `CostModel::CX6`), in one run, in **modelled** time.
+//!
+//! * OneSidedMW runs its real alloc/free chains on the loopback model; the allocation
+//!   micro-benchmark's OneSidedMW rows come straight from the model's completion timestamps.
+//! * RPC-MW type-2 is the core's host engine (the MN CPU runs the chain layout), measured on
+//!   the model lap by lap; RPC-MW type-1 is analytical (one verbs bind per chunk); Static-MR
+//!   has no control path; ODRP is an analytical translation chain. Concurrency (24 requesters,
+//!   KV and swap threads on 6 CNs, N MN cores) is composed by a queueing simulator over those
+//!   per-operation costs (`sim.rs`).
+//!
+//! docs/COST-MODEL.md explains the inputs and where the model and the paper disagree.
+
+mod alloc;
+mod inputs;
+mod kv;
+mod report;
+mod schemes;
+mod sim;
+mod swap;
+
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use inputs::{Inputs, Measured};
+use schemes::{compile, Op, Scheme, ALL};
+use sim::Res;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
+    /// Small sizes (CI smoke run, a few seconds).
     #[arg(long)]
     pub quick: bool,
+    /// Directory for the CSV files and the SVG plot.
+    #[arg(long, default_value = "target/omw-bench")]
+    pub out: PathBuf,
+    /// Print one JSON document on stdout instead of the tables.
+    #[arg(long)]
+    pub json: bool,
+    /// MN CPU cores serving RPC-MW requests (the paper used one).
+    #[arg(long, default_value_t = 1)]
+    pub mn_cores: usize,
+    /// MN NIC processing units in the queueing simulator (what-if; the loopback model, and
+    /// so the default, has one send engine per NIC).
+    #[arg(long, default_value_t = 1)]
+    pub mn_nic_units: usize,
+    /// Application threads per CN in the KV and swap workloads.
+    #[arg(long, default_value_t = 8)]
+    pub threads: usize,
+    /// Compute nodes in the "at scale" runs.
+    #[arg(long, default_value_t = 6)]
+    pub cns: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
-pub fn bench(_a: BenchArgs) -> ExitCode {
+/// Sizes of one run.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizes {
+    pub alloc_rounds: usize,
+    pub kv_keys: usize,
+    pub kv_mixed: usize,
+    pub swap_pages: usize,
+    pub swap_accesses: usize,
+}
+
+impl Sizes {
+    fn of(quick: bool) -> Sizes {
+        if quick {
+            Sizes { alloc_rounds: 3, kv_keys: 64, kv_mixed: 192, swap_pages: 512, swap_accesses: 1500 }
+        } else {
+            Sizes { alloc_rounds: 20, kv_keys: 400, kv_mixed: 1600, swap_pages: 2048, swap_accesses: 12000 }
+        }
+    }
+}
+
+/// One scheme's results on one workload configuration.
+#[derive(Clone, Debug)]
+pub struct WorkloadRow {
+    pub workload: String,
+    pub config: String,
+    pub scheme: Scheme,
+    pub threads: usize,
+    pub requests: usize,
+    pub throughput: f64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    /// p50/p99 of the tagged request kind of interest (KV insert/update; swap faults).
+    pub key_p50_ns: u64,
+    pub key_p99_ns: u64,
+    pub mn_cpu_util: f64,
+    pub mn_nic_util: f64,
+    /// MN bytes held at the end, reserved on average, live data on average.
+    pub end_bytes: u64,
+    pub avg_bytes: f64,
+    pub avg_live: f64,
+    pub static_bytes: u64,
+    pub allocs: u64,
+    pub frees: u64,
+}
+
+impl WorkloadRow {
+    pub fn reclaimed(&self) -> f64 {
+        if self.static_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.end_bytes as f64 / self.static_bytes as f64
+        }
+    }
+    pub fn mem_util(&self) -> f64 {
+        if self.avg_bytes <= 0.0 {
+            0.0
+        } else {
+            self.avg_live / self.avg_bytes
+        }
+    }
+}
+
+pub struct Results {
+    pub inputs: Inputs,
+    pub geometries: Vec<Measured>,
+    pub alloc: Vec<alloc::AllocRow>,
+    pub alloc_curve: Vec<alloc::AllocRow>,
+    pub workloads: Vec<WorkloadRow>,
+    pub validation: Vec<report::Validation>,
+    pub wall_s: f64,
+    pub args: BenchArgs,
+}
+
+fn odrp_ops(ops: &[Op], pages_per_chunk: u64) -> Vec<Op> {
+    let mut v = Vec::with_capacity(ops.len());
+    for &op in ops {
+        match op {
+            Op::Alloc | Op::Free => v.extend(std::iter::repeat_n(op, pages_per_chunk as usize)),
+            _ => v.push(op),
+        }
+    }
+    v
+}
+
+#[allow(clippy::too_many_arguments)]
+fn kv_rows(
+    inp: &Inputs,
+    m: &Measured,
+    name: &str,
+    cfg: &kv::KvConfig,
+    cns: usize,
+    threads: usize,
+    schemes: &[Scheme],
+    tick: &mut dyn FnMut(&str),
+) -> Vec<WorkloadRow> {
+    let n = cns * threads;
+    tick(&format!("{name}: generating {n} client traces"));
+    let traces: Vec<kv::KvTrace> = (0..n).map(|t| kv::trace(cfg, t as u64)).collect();
+    let peak: u64 = traces.iter().map(|t| t.peak_bytes).sum();
+    let mut rows = Vec::new();
+    for &s in schemes {
+        tick(&format!("{name}: {} with {cns} CN(s) × {threads} threads", s.name()));
+        let ppc = cfg.chunk.div_ceil(inputs::ODRP_PAGE);
+        let progs: Vec<_> = traces
+            .iter()
+            .map(|t| {
+                if s == Scheme::Odrp {
+                    compile(s, inp, m, &odrp_ops(&t.ops, ppc))
+                } else {
+                    compile(s, inp, m, &t.ops)
+                }
+            })
+            .collect();
+        let r = sim::run(&progs, inp.mn_cores, inp.nic_units);
+        let all = r.all_latencies();
+        let mut key: Vec<u64> = [kv::INSERT, kv::UPDATE]
+            .iter()
+            .flat_map(|&t| r.latencies.get(t as usize).cloned().unwrap_or_default())
+            .collect();
+        key.sort_unstable();
+        let (end, avg) = match s {
+            Scheme::StaticMr => (peak, peak as f64),
+            Scheme::Odrp => {
+                (traces.iter().map(|t| t.end_page_bytes).sum(), traces.iter().map(|t| t.avg_page_bytes).sum())
+            }
+            _ => (traces.iter().map(|t| t.end_bytes).sum(), traces.iter().map(|t| t.avg_bytes).sum()),
+        };
+        let (allocs, frees) = if s == Scheme::StaticMr {
+            (0, 0)
+        } else {
+            let k = if s == Scheme::Odrp { ppc } else { 1 };
+            (
+                traces.iter().map(|t| t.chunk_allocs).sum::<u64>() * k,
+                traces.iter().map(|t| t.chunk_frees).sum::<u64>() * k,
+            )
+        };
+        rows.push(WorkloadRow {
+            workload: "kv".into(),
+            config: name.into(),
+            scheme: s,
+            threads: n,
+            requests: r.total_requests(),
+            throughput: r.throughput(),
+            p50_ns: sim::quantile(&all, 0.5),
+            p99_ns: sim::quantile(&all, 0.99),
+            key_p50_ns: sim::quantile(&key, 0.5),
+            key_p99_ns: sim::quantile(&key, 0.99),
+            mn_cpu_util: r.utilisation(Res::Cpu),
+            mn_nic_util: r.utilisation(Res::Nic),
+            end_bytes: end,
+            avg_bytes: avg,
+            avg_live: traces.iter().map(|t| t.avg_live_bytes).sum(),
+            static_bytes: peak,
+            allocs,
+            frees,
+        });
+    }
+    rows
+}
+
+fn swap_rows(
+    inp: &Inputs,
+    m: &Measured,
+    cfg: &swap::SwapConfig,
+    cns: usize,
+    threads: usize,
+    tick: &mut dyn FnMut(&str),
+) -> Vec<WorkloadRow> {
+    let n = cns * threads;
+    tick(&format!("swap: generating {n} application traces"));
+    let chunked: Vec<swap::SwapTrace> = (0..n).map(|t| swap::trace(cfg, t as u64)).collect();
+    let paged_cfg = swap::SwapConfig { region_pages: 1, ..cfg.clone() };
+    let paged: Vec<swap::SwapTrace> = (0..n).map(|t| swap::trace(&paged_cfg, t as u64)).collect();
+    let static_bytes = (n * cfg.pages) as u64 * swap::PAGE;
+    let mut rows = Vec::new();
+    for s in ALL {
+        tick(&format!("swap: {} with {cns} CN(s) × {threads} threads", s.name()));
+        let tr = if s == Scheme::Odrp { &paged } else { &chunked };
+        let progs: Vec<_> = tr.iter().map(|t| compile(s, inp, m, &t.ops)).collect();
+        let r = sim::run(&progs, inp.mn_cores, inp.nic_units);
+        let all = r.all_latencies();
+        let faults = r.latencies.get(swap::FAULT as usize).cloned().unwrap_or_default();
+        let (end, avg) = if s == Scheme::StaticMr {
+            (static_bytes, static_bytes as f64)
+        } else {
+            (tr.iter().map(|t| t.end_reserved).sum(), tr.iter().map(|t| t.avg_reserved).sum())
+        };
+        rows.push(WorkloadRow {
+            workload: "swap".into(),
+            config: format!("{} MiB chunks, G=3", (cfg.region_pages as u64 * swap::PAGE) >> 20),
+            scheme: s,
+            threads: n,
+            requests: r.total_requests(),
+            throughput: r.throughput(),
+            p50_ns: sim::quantile(&all, 0.5),
+            p99_ns: sim::quantile(&all, 0.99),
+            key_p50_ns: sim::quantile(&faults, 0.5),
+            key_p99_ns: sim::quantile(&faults, 0.99),
+            mn_cpu_util: r.utilisation(Res::Cpu),
+            mn_nic_util: r.utilisation(Res::Nic),
+            end_bytes: end,
+            avg_bytes: avg,
+            avg_live: tr.iter().map(|t| t.avg_remote_live).sum(),
+            static_bytes,
+            allocs: if s == Scheme::StaticMr { 0 } else { tr.iter().map(|t| t.allocs).sum() },
+            frees: if s == Scheme::StaticMr { 0 } else { tr.iter().map(|t| t.frees).sum() },
+        });
+    }
+    rows
+}
+
+pub fn run(args: &BenchArgs, tick: &mut dyn FnMut(&str)) -> Result<Results, String> {
+    let t0 = Instant::now();
+    let sizes = Sizes::of(args.quick);
+    let threads = if args.quick { args.threads.min(4) } else { args.threads }.max(1);
+    let cns = args.cns.clamp(1, 24);
+    tick("measuring one-sided READ/WRITE on the model");
+    let inp = inputs::measure_inputs(omw_loopback::CostModel::CX6, args.mn_cores.max(1), args.mn_nic_units.max(1))?;
+    let mut geos = Vec::new();
+    for (g, chunk) in [(2u8, 4096u64), (2, 16384), (2, 2048), (3, 1 << 20)] {
+        tick(&format!("measuring chains and host-engine laps: G={g}, {} KiB chunks", chunk >> 10));
+        geos.push(inputs::measure_geometry(&inp, g, chunk, 24)?);
+    }
+    let (micro_g, kv_g, kv2_g, swap_g) = (&geos[0], &geos[1], &geos[2], &geos[3]);
+    // the 4 KiB KV granularity run uses the micro-benchmark geometry (G = 2, 4 KiB)
+    let kv4_g = micro_g;
+
+    let alloc_rows = alloc::run(&inp, micro_g, sizes.alloc_rounds, tick)?;
+    let mut curve = Vec::new();
+    for k in [1usize, 2, 4, 8, 12, 16, 24] {
+        tick(&format!("allocation latency curve: {k} requesters"));
+        for s in ALL {
+            curve.push(alloc::in_sim(&inp, micro_g, s, k, sizes.alloc_rounds.max(20)));
+        }
+        if k == 1 || k == 24 || !args.quick {
+            curve.push(alloc::osmw_on_model(&inp, micro_g, k, sizes.alloc_rounds)?);
+        }
+    }
+
+    let mut wl = Vec::new();
+    let kv_main = kv::KvConfig {
+        chunk: 16384,
+        classes: vec![2048, 4096, 8192],
+        keys_per_thread: sizes.kv_keys,
+        mixed_ops: sizes.kv_mixed,
+        seed: args.seed,
+    };
+    wl.extend(kv_rows(&inp, kv_g, "objects 2-8 KiB, 16 KiB chunks, 1 CN", &kv_main, 1, threads, &ALL, tick));
+    wl.extend(kv_rows(
+        &inp,
+        kv_g,
+        &format!("objects 2-8 KiB, 16 KiB chunks, {cns} CNs"),
+        &kv_main,
+        cns,
+        threads,
+        &ALL,
+        tick,
+    ));
+    let small = vec![256u64, 512, 1024];
+    for (chunk, g) in [(2048u64, kv2_g), (4096, kv4_g)] {
+        let cfg = kv::KvConfig { chunk, classes: small.clone(), ..kv_main.clone() };
+        let name = format!("{} KiB allocations (objects 256 B-1 KiB), 1 CN", chunk >> 10);
+        wl.extend(kv_rows(&inp, g, &name, &cfg, 1, threads, &ALL, tick));
+    }
+    let swap_cfg = swap::SwapConfig {
+        pages: sizes.swap_pages,
+        local_pages: sizes.swap_pages / 2,
+        accesses: sizes.swap_accesses,
+        region_pages: 256,
+        readahead: 8,
+        compute_ns: 2000,
+        write_pct: 50,
+        seed: args.seed,
+    };
+    wl.extend(swap_rows(&inp, swap_g, &swap_cfg, cns, (threads / 2).max(1), tick));
+
+    tick("comparing with the paper");
+    let validation = report::validate(&inp, &alloc_rows, &wl);
+    Ok(Results {
+        inputs: inp,
+        geometries: geos,
+        alloc: alloc_rows,
+        alloc_curve: curve,
+        workloads: wl,
+        validation,
+        wall_s: t0.elapsed().as_secs_f64(),
+        args: args.clone(),
+    })
+}
+
+pub fn bench(args: BenchArgs) -> ExitCode {
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {pos} steps {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    let start = Instant::now();
+    let mut tick = |msg: &str| {
+        // only draw for runs longer than a moment
+        if start.elapsed().as_millis() > 700 {
+            pb.enable_steady_tick(std::time::Duration::from_millis(120));
+        }
+        pb.inc(1);
+        pb.set_message(msg.to_string());
+    };
+    let res = run(&args, &mut tick);
+    pb.finish_and_clear();
+    let res = match res {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("omw bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = report::write_files(&res) {
+        eprintln!("omw bench: writing {}: {e}", args.out.display());
+        return ExitCode::FAILURE;
+    }
+    if args.json {
+        println!("{}", report::json(&res));
+    } else {
+        print!("{}", report::text(&res));
+    }
     ExitCode::SUCCESS
 }

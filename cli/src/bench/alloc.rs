@@ -1,0 +1,118 @@
+//! Allocation micro-benchmark: alloc + free pairs with 1 and 24 concurrent requesters.
+//!
+//! OneSidedMW runs on the real loopback model: in each round every requester (one per CN)
+//! posts an alloc at the same instant, the model runs the chains, and each latency is the
+//! reply's completion timestamp minus the post time; then all free. The other schemes run in
+//! the queueing simulator with their control-path costs (see `schemes.rs`).
+
+use super::inputs::{Inputs, Measured};
+use super::schemes::{compile, Op, Scheme, ALL};
+use super::sim::{self, Res};
+use omw_core::backend::ExecutionMode;
+use omw_loopback::cluster::{Cluster, ClusterConfig};
+use omw_loopback::NicConfig;
+
+#[derive(Clone, Debug)]
+pub struct AllocRow {
+    pub scheme: Scheme,
+    pub requesters: usize,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub mean_ns: f64,
+    /// alloc + free pairs per second of modelled time.
+    pub pairs_per_s: f64,
+    pub mn_cpu_util: f64,
+    pub mn_nic_util: f64,
+    /// "model" (real chains on the loopback model) or "sim" (queueing simulator).
+    pub source: &'static str,
+    pub samples: usize,
+}
+
+/// OneSidedMW on the real model: `rounds` rounds of `k` concurrent alloc then `k` frees.
+pub fn osmw_on_model(inp: &Inputs, m: &Measured, k: usize, rounds: usize) -> Result<AllocRow, String> {
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = k;
+    cfg.group_size = m.group_size;
+    cfg.chunk_size = m.chunk_size;
+    cfg.chunks = (2 * k as u32).max(8);
+    cfg.quota = cfg.chunks;
+    cfg.mode = Some(ExecutionMode::Offloaded);
+    cfg.nic = NicConfig::strict().with_prefetch(8).with_cost(inp.cost);
+    cfg.nic.ring_arena_bytes = (k as u64 + 2) * (64 << 10);
+    let mut c = Cluster::new(cfg).map_err(|e| e.to_string())?;
+    let mn = c.mn_host;
+    let nic_wqes = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.wqes_executed).unwrap_or(0);
+    let mut lat = Vec::new();
+    let start = c.now();
+    let w0 = nic_wqes(&c);
+    for _ in 0..rounds {
+        let t0 = c.now();
+        let toks: Vec<u32> = (0..k).map(|i| c.alloc_begin(i)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+        c.pump().map_err(|e| e.to_string())?;
+        let mut held = Vec::new();
+        for (i, t) in toks.into_iter().enumerate() {
+            held.push(c.alloc_finish(i, t).map_err(|e| format!("cn{i}: {e}"))?);
+            lat.push(c.cns[i].last_reply_at - t0);
+        }
+        for (i, a) in held.iter().enumerate() {
+            c.free_begin(i, a).map_err(|e| e.to_string())?;
+        }
+        c.pump().map_err(|e| e.to_string())?;
+    }
+    c.check_invariants()?;
+    let span = c.now() - start;
+    lat.sort_unstable();
+    let cpu = c.fabric.borrow().host_stats(mn).map(|s| s.cpu_busy_ns).unwrap_or(0);
+    // NIC utilisation: executed MN WQEs at their issue cost is a lower bound; report the
+    // measured occupancy per pair instead
+    let _ = nic_wqes(&c) - w0;
+    Ok(AllocRow {
+        scheme: Scheme::OneSidedMw,
+        requesters: k,
+        p50_ns: sim::quantile(&lat, 0.5),
+        p99_ns: sim::quantile(&lat, 0.99),
+        mean_ns: sim::mean(&lat),
+        pairs_per_s: (k * rounds) as f64 * 1e9 / span.max(1) as f64,
+        mn_cpu_util: cpu as f64 / span.max(1) as f64,
+        mn_nic_util: ((m.osmw.alloc_nic_ns + m.osmw.free_nic_ns) * (k * rounds) as u64) as f64 / span.max(1) as f64,
+        source: "model",
+        samples: lat.len(),
+    })
+}
+
+/// Any scheme in the simulator, in the same rounds as on the model: `k` requesters post an
+/// alloc at once, then all free, and the next round starts when the MN is idle.
+pub fn in_sim(inp: &Inputs, m: &Measured, scheme: Scheme, k: usize, iters: usize) -> AllocRow {
+    let mut ops = Vec::with_capacity(iters * 4);
+    for _ in 0..iters {
+        ops.extend([Op::Alloc, Op::End(0), Op::Barrier, Op::Free, Op::End(1), Op::Barrier]);
+    }
+    let progs: Vec<_> = (0..k).map(|_| compile(scheme, inp, m, &ops)).collect();
+    let r = sim::run(&progs, inp.mn_cores, inp.nic_units);
+    let lat = r.latencies.first().cloned().unwrap_or_default();
+    AllocRow {
+        scheme,
+        requesters: k,
+        p50_ns: sim::quantile(&lat, 0.5),
+        p99_ns: sim::quantile(&lat, 0.99),
+        mean_ns: sim::mean(&lat),
+        pairs_per_s: if r.makespan_ns == 0 { f64::INFINITY } else { (k * iters) as f64 * 1e9 / r.makespan_ns as f64 },
+        mn_cpu_util: r.utilisation(Res::Cpu),
+        mn_nic_util: r.utilisation(Res::Nic),
+        source: "sim",
+        samples: lat.len(),
+    }
+}
+
+pub fn run(inp: &Inputs, m: &Measured, rounds: usize, tick: &mut dyn FnMut(&str)) -> Result<Vec<AllocRow>, String> {
+    let mut rows = Vec::new();
+    for k in [1usize, 24] {
+        tick(&format!("alloc micro: OneSidedMW on the model, {k} requester(s)"));
+        rows.push(osmw_on_model(inp, m, k, rounds)?);
+        for s in ALL {
+            tick(&format!("alloc micro: {} in the simulator, {k} requester(s)", s.name()));
+            rows.push(in_sim(inp, m, s, k, rounds.max(20)));
+        }
+    }
+    Ok(rows)
+}

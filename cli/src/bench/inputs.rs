@@ -1,0 +1,255 @@
+//! The cost-model inputs of every scheme, and the primitives measured on the real loopback
+//! model (OneSidedMW's chains, the host engine's laps, one-sided READ/WRITE).
+//!
+//! Everything here is either a `CostModel` parameter (backend-loopback/src/config.rs,
+//! calibrated there from DESIGN.md §2), a structural fact of a scheme (how many binds, how many
+//! CPU steps a request needs), or a measurement of the model running the real code. Nothing is
+//! fitted to the outputs the bench compares with the paper.
+
+use omw_core::backend::ExecutionMode;
+use omw_loopback::cluster::{Cluster, ClusterConfig};
+use omw_loopback::{CostModel, NicConfig};
+
+/// Request bytes on the wire (alloc request, free request) and the alloc reply.
+pub const ALLOC_REQ_BYTES: u64 = 28;
+pub const FREE_REQ_BYTES: u64 = 16;
+pub const ALLOC_REPLY_BYTES: u64 = omw_core::wire::ALLOC_REPLY_LEN as u64;
+
+/// ODRP's translation: gated NIC-internal phases before each data transfer (DESIGN §5: read
+/// the translation-table entry, then turn its big-endian address into the little-endian WQE
+/// field with a READ of reversed one-byte SGEs).
+pub const ODRP_TRANSLATE_PHASES: u64 = 2;
+/// ODRP page allocation / free in its chain: queue fetch-and-add, read the slot, write the
+/// translation entry.
+pub const ODRP_ALLOC_PHASES: u64 = 3;
+/// ODRP's page size (its paging is fixed at 4 KiB, §1).
+pub const ODRP_PAGE: u64 = 4096;
+
+/// RPC-MW type-1 (stated assumptions): an alloc is a request event (receive + parse), a
+/// software free-list pop with the owner record, `ibv_bind_mw` of ONE type-1 window per chunk
+/// (type-1 windows are not bound to a QP, so one window serves every access QP — and any QP of
+/// the PD) and the reply post: 4 MN CPU steps, 1 bind. A free: event, owner check + push,
+/// invalidate post: 3 steps, 1 invalidate.
+pub const T1_ALLOC_STEPS: u64 = 4;
+pub const T1_FREE_STEPS: u64 = 3;
+
+/// Costs of one scheme's allocation and free, as used by the queueing simulator.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CtlCosts {
+    /// Uncontended CN-visible alloc latency (request posted → reply landed).
+    pub alloc_ns: u64,
+    /// MN CPU time per alloc (0 when offloaded).
+    pub alloc_cpu_ns: u64,
+    /// Device time the MN CPU waits for synchronously per alloc (host engine / RPC).
+    pub alloc_dev_ns: u64,
+    /// MN NIC send-engine occupancy per alloc (offloaded chains).
+    pub alloc_nic_ns: u64,
+    /// MN work per free after the request arrived (chain until done, or CPU + device).
+    pub free_ns: u64,
+    pub free_cpu_ns: u64,
+    pub free_dev_ns: u64,
+    pub free_nic_ns: u64,
+    /// Host-engine steps per lap (measured) or stated steps (type-1).
+    pub alloc_steps: u64,
+    pub free_steps: u64,
+    /// MN WQEs executed per alloc / free (offloaded).
+    pub alloc_mn_wqes: u64,
+    pub free_mn_wqes: u64,
+}
+
+/// What was measured on the loopback model for one pool geometry.
+#[derive(Clone, Debug, Default)]
+pub struct Measured {
+    pub group_size: u8,
+    pub chunk_size: u64,
+    pub osmw: CtlCosts,
+    pub host_engine: CtlCosts,
+    /// OneSidedMW alloc latencies of one batch of `batch` concurrent requesters (one per CN),
+    /// straight from the fabric's completion timestamps, and the batch's duration.
+    pub osmw_batch: Vec<u64>,
+    pub osmw_batch_round_ns: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Inputs {
+    pub cost: CostModel,
+    pub mn_cores: usize,
+    /// MN NIC processing units in the queueing simulator (the loopback model has one).
+    pub nic_units: usize,
+    /// One-sided READ / WRITE round trips measured on the model: (bytes, ns).
+    pub read_rtt: [(u64, u64); 2],
+    pub write_rtt: [(u64, u64); 2],
+}
+
+impl Inputs {
+    /// Request transit CN → MN until the MN's receive completes.
+    pub fn transit(&self, bytes: u64) -> u64 {
+        let c = &self.cost;
+        c.wqe_ns + c.wire_hop_ns + c.responder_ns + c.bytes_ns(bytes)
+    }
+    fn interp(pts: &[(u64, u64); 2], len: u64) -> u64 {
+        let (x0, y0) = pts[0];
+        let (x1, y1) = pts[1];
+        if x1 == x0 {
+            return y0;
+        }
+        (y0 as i64 + (y1 as i64 - y0 as i64) * (len as i64 - x0 as i64) / (x1 as i64 - x0 as i64)).max(0) as u64
+    }
+    pub fn read_ns(&self, len: u64) -> u64 {
+        Self::interp(&self.read_rtt, len)
+    }
+    pub fn write_ns(&self, len: u64) -> u64 {
+        Self::interp(&self.write_rtt, len)
+    }
+    /// A phase of an offloaded chain: a gating WQE plus a loopback operation's round trip.
+    pub fn loop_phase_ns(&self) -> u64 {
+        let c = &self.cost;
+        c.wqe_ns + c.wqe_ns + 2 * c.loopback_hop_ns + c.responder_ns
+    }
+    /// ODRP access latency, analytical on the cost model: the request SEND, the translation
+    /// phases in the MN NIC, then the data moved by the MN (WRITE to the CN for a load, READ
+    /// from the CN for a store).
+    pub fn odrp_access_ns(&self, len: u64, store: bool) -> u64 {
+        let c = &self.cost;
+        let data = if store {
+            c.wqe_ns + 2 * c.wire_hop_ns + c.responder_ns + c.bytes_ns(len)
+        } else {
+            c.wqe_ns + c.wire_hop_ns + c.responder_ns + c.bytes_ns(len)
+        };
+        self.transit(16) + ODRP_TRANSLATE_PHASES * self.loop_phase_ns() + data
+    }
+    /// RPC-MW type-1, from the stated structure and the cost model.
+    pub fn type1(&self) -> CtlCosts {
+        let c = &self.cost;
+        let reply = c.wqe_ns + 2 * c.wire_hop_ns + c.responder_ns + c.bytes_ns(ALLOC_REPLY_BYTES);
+        let alloc_cpu = T1_ALLOC_STEPS * c.host_engine_step_ns;
+        let alloc_dev = c.bind_ns + reply;
+        let free_cpu = T1_FREE_STEPS * c.host_engine_step_ns;
+        CtlCosts {
+            alloc_ns: self.transit(ALLOC_REQ_BYTES) + alloc_cpu + alloc_dev - c.wire_hop_ns,
+            alloc_cpu_ns: alloc_cpu,
+            alloc_dev_ns: alloc_dev,
+            free_ns: free_cpu + c.bind_ns,
+            free_cpu_ns: free_cpu,
+            free_dev_ns: c.bind_ns,
+            alloc_steps: T1_ALLOC_STEPS,
+            free_steps: T1_FREE_STEPS,
+            ..Default::default()
+        }
+    }
+    /// ODRP's in-chain page allocation.
+    pub fn odrp_ctl(&self) -> CtlCosts {
+        let c = &self.cost;
+        let phases = ODRP_ALLOC_PHASES * self.loop_phase_ns();
+        let nic = ODRP_ALLOC_PHASES * 2 * c.wqe_ns + c.wqe_ns;
+        CtlCosts {
+            alloc_ns: self.transit(16) + phases + c.wqe_ns + c.wire_hop_ns + c.responder_ns,
+            alloc_nic_ns: nic,
+            free_ns: phases,
+            free_nic_ns: nic,
+            ..Default::default()
+        }
+    }
+}
+
+fn cluster(
+    mode: ExecutionMode,
+    cns: usize,
+    g: u8,
+    chunk: u64,
+    chunks: u32,
+    cost: CostModel,
+) -> Result<Cluster, String> {
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = cns;
+    cfg.group_size = g;
+    cfg.chunk_size = chunk;
+    cfg.chunks = chunks;
+    cfg.quota = chunks;
+    cfg.mode = Some(mode);
+    let nic =
+        if mode == ExecutionMode::HostEngine { NicConfig::strict().with_offload(false) } else { NicConfig::strict() };
+    cfg.nic = nic.with_prefetch(8).with_cost(cost);
+    cfg.nic.ring_arena_bytes = (cns as u64 + 2) * (64 << 10);
+    Cluster::new(cfg).map_err(|e| format!("model cluster: {e}"))
+}
+
+/// One-sided READ/WRITE round trips on the model, through a bound window.
+pub fn measure_inputs(cost: CostModel, mn_cores: usize, nic_units: usize) -> Result<Inputs, String> {
+    let mut c = cluster(ExecutionMode::Offloaded, 1, 2, 16384, 4, cost)?;
+    let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
+    let mut read = [(0, 0); 2];
+    let mut write = [(0, 0); 2];
+    for (k, len) in [8u64, 4096].into_iter().enumerate() {
+        let t0 = c.now();
+        let _ = c.write(0, &a, 0, 0, &vec![7u8; len as usize]);
+        write[k] = (len, c.now() - t0);
+        let t0 = c.now();
+        let _ = c.read(0, &a, 0, 0, len as usize);
+        read[k] = (len, c.now() - t0);
+    }
+    Ok(Inputs { cost, mn_cores, nic_units, read_rtt: read, write_rtt: write })
+}
+
+/// Measure OneSidedMW's chains and the host engine's laps for one geometry.
+pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result<Measured, String> {
+    let chunks = (batch as u32 * 2).max(8);
+    let mut m = Measured { group_size: g, chunk_size: chunk, ..Default::default() };
+    // ---- offloaded: the real chains in the modelled NIC
+    let mut c = cluster(ExecutionMode::Offloaded, batch, g, chunk, chunks, inp.cost)?;
+    let mn = c.mn_host;
+    let wq = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.wqes_executed).unwrap_or(0);
+    // warm-up lap (first laps of each CN are armed at connect)
+    let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
+    c.free(0, &a).map_err(|e| format!("free: {e}"))?;
+    let (t0, w0) = (c.now(), wq(&c));
+    let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
+    m.osmw.alloc_ns = c.cns[0].last_reply_at - t0;
+    m.osmw.alloc_mn_wqes = wq(&c) - w0;
+    let (t0, w0) = (c.now(), wq(&c));
+    c.free(0, &a).map_err(|e| format!("free: {e}"))?;
+    m.osmw.free_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES));
+    m.osmw.free_mn_wqes = wq(&c) - w0;
+    // a batch: every CN posts one alloc at the same instant; they contend in the MN NIC
+    let t0 = c.now();
+    let toks: Vec<u32> = (0..batch).map(|i| c.alloc_begin(i)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+    c.pump().map_err(|e| e.to_string())?;
+    m.osmw_batch_round_ns = c.now() - t0;
+    let mut held = Vec::new();
+    for (i, t) in toks.into_iter().enumerate() {
+        held.push(c.alloc_finish(i, t).map_err(|e| format!("batch alloc cn{i}: {e}"))?);
+        m.osmw_batch.push(c.cns[i].last_reply_at - t0);
+    }
+    m.osmw_batch.sort_unstable();
+    m.osmw.alloc_nic_ns = m.osmw_batch_round_ns / batch as u64;
+    let t0 = c.now();
+    for (i, a) in held.iter().enumerate() {
+        c.free_begin(i, a).map_err(|e| format!("batch free cn{i}: {e}"))?;
+    }
+    c.pump().map_err(|e| e.to_string())?;
+    m.osmw.free_nic_ns = (c.now() - t0) / batch as u64;
+    c.check_invariants()?;
+
+    // ---- host engine: the same layout run by the MN CPU (RPC-MW type-2)
+    let mut c = cluster(ExecutionMode::HostEngine, 1, g, chunk, chunks, inp.cost)?;
+    let cpu = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.cpu_busy_ns).unwrap_or(0);
+    let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
+    c.free(0, &a).map_err(|e| format!("free: {e}"))?;
+    let (t0, c0, s0) = (c.now(), cpu(&c), c.driver.stats.cpu_steps);
+    let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
+    let he = &mut m.host_engine;
+    he.alloc_cpu_ns = cpu(&c) - c0;
+    he.alloc_steps = c.driver.stats.cpu_steps - s0 + 1;
+    // the reply lands before the cluster charges the lap's CPU time; the CPU works first
+    let reply = c.cns[0].last_reply_at - t0;
+    he.alloc_dev_ns = reply.saturating_sub(inp.transit(ALLOC_REQ_BYTES)) + inp.cost.wire_hop_ns;
+    he.alloc_ns = reply + he.alloc_cpu_ns;
+    let (t0, c0, s0) = (c.now(), cpu(&c), c.driver.stats.cpu_steps);
+    c.free(0, &a).map_err(|e| format!("free: {e}"))?;
+    he.free_cpu_ns = cpu(&c) - c0;
+    he.free_steps = c.driver.stats.cpu_steps - s0 + 1;
+    he.free_dev_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES) + he.free_cpu_ns);
+    he.free_ns = he.free_cpu_ns + he.free_dev_ns;
+    c.check_invariants()?;
+    Ok(m)
+}

@@ -1,0 +1,560 @@
+//! Tables, model-vs-paper validation, CSV, SVG and JSON output of `omw bench`.
+
+use super::alloc::AllocRow;
+use super::inputs::{Inputs, ODRP_ALLOC_PHASES, ODRP_TRANSLATE_PHASES, T1_ALLOC_STEPS, T1_FREE_STEPS};
+use super::schemes::{Scheme, ALL};
+use super::{Results, WorkloadRow};
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+#[derive(Clone, Debug)]
+pub struct Validation {
+    pub what: String,
+    pub paper: f64,
+    pub model: f64,
+    pub unit: &'static str,
+    pub how: String,
+}
+
+impl Validation {
+    pub fn rel_err(&self) -> f64 {
+        if self.paper == 0.0 {
+            0.0
+        } else {
+            (self.model - self.paper) / self.paper
+        }
+    }
+}
+
+fn us(ns: f64) -> f64 {
+    ns / 1000.0
+}
+
+fn find_alloc(rows: &[AllocRow], s: Scheme, k: usize, source: &str) -> Option<AllocRow> {
+    rows.iter().find(|r| r.scheme == s && r.requesters == k && r.source == source).cloned()
+}
+
+fn find_wl<'a>(wl: &'a [WorkloadRow], workload: &str, config_has: &str, s: Scheme) -> Option<&'a WorkloadRow> {
+    wl.iter().find(|r| r.workload == workload && r.config.contains(config_has) && r.scheme == s)
+}
+
+/// OneSidedMW throughput over the faster RPC-MW variant.
+fn speedup(wl: &[WorkloadRow], config_has: &str) -> Option<f64> {
+    let o = find_wl(wl, "kv", config_has, Scheme::OneSidedMw)?;
+    let r1 = find_wl(wl, "kv", config_has, Scheme::RpcMwType1)?;
+    let r2 = find_wl(wl, "kv", config_has, Scheme::RpcMwType2)?;
+    Some(o.throughput / r1.throughput.max(r2.throughput))
+}
+
+pub fn validate(inp: &Inputs, alloc: &[AllocRow], wl: &[WorkloadRow]) -> Vec<Validation> {
+    let mut v = Vec::new();
+    let mut push = |what: &str, paper: f64, model: Option<f64>, unit: &'static str, how: &str| {
+        if let Some(model) = model {
+            v.push(Validation { what: what.into(), paper, model, unit, how: how.into() });
+        }
+    };
+    let o1 = find_alloc(alloc, Scheme::OneSidedMw, 1, "model");
+    let o24 = find_alloc(alloc, Scheme::OneSidedMw, 24, "model");
+    push(
+        "alloc latency, 1 thread",
+        10.7,
+        o1.map(|r| us(r.mean_ns)),
+        "µs",
+        "OneSidedMW, real chains on the model (G=2), mean",
+    );
+    push(
+        "alloc latency, 24 threads",
+        22.5,
+        o24.map(|r| us(r.mean_ns)),
+        "µs",
+        "24 CNs post at once; model completion timestamps, mean",
+    );
+    let r2 = find_alloc(alloc, Scheme::RpcMwType2, 24, "sim");
+    let r1 = find_alloc(alloc, Scheme::RpcMwType1, 24, "sim");
+    push(
+        "RPC-MW alloc latency, 24 threads (type-2)",
+        170.0,
+        r2.map(|r| us(r.mean_ns)),
+        "µs",
+        "host-engine laps + 1-core queue, mean",
+    );
+    push(
+        "RPC-MW alloc latency, 24 threads (type-1)",
+        170.0,
+        r1.map(|r| us(r.mean_ns)),
+        "µs",
+        "stated type-1 costs + 1-core queue, mean",
+    );
+    let odrp = inp.odrp_access_ns(4096, false) as f64;
+    let read = inp.read_ns(4096) as f64;
+    push(
+        "ODRP access latency / one-sided READ",
+        3.2,
+        Some(odrp / read),
+        "×",
+        "4 KiB load: translation chain vs plain READ",
+    );
+    push("ODRP access latency", 11.9, Some(us(odrp)), "µs", "4 KiB load, analytical on the cost model");
+    for (cfg, rec, cost) in [("2 KiB allocations", 81.1, 18.4), ("4 KiB allocations", 65.6, 8.73)] {
+        let o = find_wl(wl, "kv", cfg, Scheme::OneSidedMw);
+        let s = find_wl(wl, "kv", cfg, Scheme::StaticMr);
+        push(
+            &format!("KV reclaimed MN memory, {cfg}"),
+            rec,
+            o.map(|o| 100.0 * o.reclaimed()),
+            "%",
+            "vs Static-MR's reservation, end of run",
+        );
+        let c = o.zip(s).map(|(o, s)| 100.0 * (1.0 - o.throughput / s.throughput));
+        push(&format!("KV throughput cost, {cfg}"), cost, c, "%", "1 − OneSidedMW / Static-MR throughput, 1 CN");
+    }
+    let one = speedup(wl, "16 KiB chunks, 1 CN");
+    let scale = wl
+        .iter()
+        .find(|r| r.workload == "kv" && r.config.contains("16 KiB chunks") && !r.config.ends_with(" 1 CN"))
+        .and_then(|r| speedup(wl, &r.config));
+    push("KV speed-up over RPC-MW, one CN", 2.71, one, "×", "vs the faster RPC-MW variant, objects 2-8 KiB");
+    push("KV speed-up over RPC-MW, at scale", 10.6, scale, "×", "6 CNs, vs the faster RPC-MW variant");
+    for (s, paper) in [(Scheme::RpcMwType1, 36.0), (Scheme::RpcMwType2, 56.0)] {
+        let r = find_wl(wl, "kv", "16 KiB chunks, 1 CN", s);
+        push(
+            &format!("{} MN CPU utilisation (KV, 1 CN)", s.name()),
+            paper,
+            r.map(|r| 100.0 * r.mn_cpu_util),
+            "%",
+            "busy / elapsed of one MN core",
+        );
+    }
+    let so = find_wl(wl, "swap", "", Scheme::OneSidedMw);
+    let ss = find_wl(wl, "swap", "", Scheme::StaticMr);
+    let sd = find_wl(wl, "swap", "", Scheme::Odrp);
+    push(
+        "swap slowdown vs Static-MR",
+        6.3,
+        so.zip(ss).map(|(o, s)| 100.0 * (s.throughput / o.throughput - 1.0)),
+        "%",
+        "application runtime",
+    );
+    push(
+        "swap: faster than ODRP by",
+        32.3,
+        so.zip(sd).map(|(o, d)| 100.0 * (o.throughput / d.throughput - 1.0)),
+        "%",
+        "application runtime",
+    );
+    push(
+        "swap memory utilisation vs Static-MR",
+        1.67,
+        so.zip(ss).map(|(o, s)| o.mem_util() / s.mem_util().max(1e-9)),
+        "×",
+        "live remote bytes / reserved, averaged",
+    );
+    v
+}
+
+// ------------------------------------------------------------------------------------- text
+
+fn fmt_lat(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1000.0)
+}
+
+pub fn inputs_table(res: &Results) -> Vec<(String, String, String)> {
+    let inp = &res.inputs;
+    let c = &inp.cost;
+    let mut v: Vec<(String, String, String)> = vec![
+        ("wqe_ns".into(), format!("{} ns", c.wqe_ns), "CostModel::CX6: issue one WQE".into()),
+        (
+            "responder_ns".into(),
+            format!("{} ns", c.responder_ns),
+            "CostModel::CX6: responder engine per request".into(),
+        ),
+        (
+            "wire_hop_ns".into(),
+            format!("{} ns", c.wire_hop_ns),
+            "CostModel::CX6: one way host to host (READ = 2.9 µs, §2)".into(),
+        ),
+        (
+            "loopback_hop_ns".into(),
+            format!("{} ns", c.loopback_hop_ns),
+            "CostModel::CX6: NIC-internal loopback one way".into(),
+        ),
+        ("bind_ns".into(), format!("{} ns", c.bind_ns), "CostModel::CX6: BIND/UNBIND/LOCAL_INV (≈1.3 µs, §2)".into()),
+        ("per_byte_ps".into(), format!("{} ps", c.per_byte_ps), "CostModel::CX6: 100 Gb/s".into()),
+        (
+            "host_engine_step_ns".into(),
+            format!("{} ns", c.host_engine_step_ns),
+            "CostModel::CX6: MN CPU per host-engine step (estimate)".into(),
+        ),
+        ("MN cores".into(), format!("{}", inp.mn_cores), "--mn-cores (paper: one MN core)".into()),
+        (
+            "RPC-MW type-1 steps".into(),
+            format!("alloc {T1_ALLOC_STEPS}, free {T1_FREE_STEPS}"),
+            "stated: event, free list, one bind per chunk, reply".into(),
+        ),
+        (
+            "ODRP phases".into(),
+            format!("translate {ODRP_TRANSLATE_PHASES}, alloc {ODRP_ALLOC_PHASES}"),
+            "stated: TT read + byte reversal (§5); FAA, slot, TT write".into(),
+        ),
+    ];
+    for (b, ns) in inp.read_rtt {
+        v.push((format!("READ {b} B"), format!("{} ns", ns), "measured on the model".into()));
+    }
+    for (b, ns) in inp.write_rtt {
+        v.push((format!("WRITE {b} B"), format!("{} ns", ns), "measured on the model".into()));
+    }
+    for m in &res.geometries {
+        let g = format!("G={}, {} KiB", m.group_size, m.chunk_size >> 10);
+        v.push((
+            format!("OneSidedMW alloc ({g})"),
+            format!(
+                "{} ns, {} MN WQEs, NIC {} ns/alloc at 24",
+                m.osmw.alloc_ns, m.osmw.alloc_mn_wqes, m.osmw.alloc_nic_ns
+            ),
+            "measured: real chain on the model".into(),
+        ));
+        v.push((
+            format!("OneSidedMW free ({g})"),
+            format!("{} ns, {} MN WQEs, NIC {} ns/free at 24", m.osmw.free_ns, m.osmw.free_mn_wqes, m.osmw.free_nic_ns),
+            "measured: real chain on the model".into(),
+        ));
+        let h = &m.host_engine;
+        v.push((
+            format!("host-engine alloc lap ({g})"),
+            format!("{} steps, CPU {} ns + device {} ns", h.alloc_steps, h.alloc_cpu_ns, h.alloc_dev_ns),
+            "measured: core host engine on the model".into(),
+        ));
+        v.push((
+            format!("host-engine free lap ({g})"),
+            format!("{} steps, CPU {} ns + device {} ns", h.free_steps, h.free_cpu_ns, h.free_dev_ns),
+            "measured: core host engine on the model".into(),
+        ));
+    }
+    v
+}
+
+pub fn text(res: &Results) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "omw bench — schemes × workloads on the modelled cluster (1 MN, {} CNs; modelled time)",
+        res.args.cns
+    );
+    let _ = writeln!(s, "\nCost-model inputs (taken from the model / DESIGN §2 / stated; nothing fitted to outputs):");
+    for (k, v, src) in inputs_table(res) {
+        let _ = writeln!(s, "  {k:<34} {v:<46} {src}");
+    }
+    let _ = writeln!(s, "\nSchemes:");
+    for sc in ALL {
+        let _ = writeln!(s, "  {:<14} {}", sc.name(), sc.how());
+    }
+    let _ = writeln!(s, "\nAllocation micro-benchmark (alloc + free pairs; latency of the alloc, µs):");
+    let _ = writeln!(
+        s,
+        "  {:<14} {:>5} {:>7} {:>8} {:>8} {:>8} {:>12} {:>7} {:>7}",
+        "scheme", "reqs", "source", "mean", "p50", "p99", "pairs/s", "MN CPU", "MN NIC"
+    );
+    for r in &res.alloc {
+        let tput = if r.pairs_per_s.is_finite() { format!("{:.0}", r.pairs_per_s) } else { "CN-local".into() };
+        let _ = writeln!(
+            s,
+            "  {:<14} {:>5} {:>7} {:>8.1} {:>8} {:>8} {:>12} {:>6.0}% {:>6.0}%",
+            r.scheme.name(),
+            r.requesters,
+            r.source,
+            r.mean_ns / 1000.0,
+            fmt_lat(r.p50_ns),
+            fmt_lat(r.p99_ns),
+            tput,
+            100.0 * r.mn_cpu_util,
+            100.0 * r.mn_nic_util
+        );
+    }
+    let mut last = String::new();
+    for r in &res.workloads {
+        let head = format!("{}: {}", r.workload, r.config);
+        if head != last {
+            let _ = writeln!(s, "\n{} — {} client threads (throughput in requests/s; latency µs)", head, r.threads);
+            let key = if r.workload == "kv" { "ins/upd p50/p99" } else { "fault p50/p99" };
+            let _ = writeln!(
+                s,
+                "  {:<14} {:>11} {:>7} {:>7} {:>16} {:>7} {:>7} {:>10} {:>9} {:>8} {:>7}",
+                "scheme",
+                "throughput",
+                "p50",
+                "p99",
+                key,
+                "MN CPU",
+                "MN NIC",
+                "MN MiB end",
+                "reclaimed",
+                "mem util",
+                "allocs"
+            );
+            last = head;
+        }
+        let _ = writeln!(
+            s,
+            "  {:<14} {:>11.0} {:>7} {:>7} {:>16} {:>6.0}% {:>6.0}% {:>10.2} {:>8.1}% {:>7.1}% {:>7}",
+            r.scheme.name(),
+            r.throughput,
+            fmt_lat(r.p50_ns),
+            fmt_lat(r.p99_ns),
+            format!("{}/{}", fmt_lat(r.key_p50_ns), fmt_lat(r.key_p99_ns)),
+            100.0 * r.mn_cpu_util,
+            100.0 * r.mn_nic_util,
+            r.end_bytes as f64 / (1 << 20) as f64,
+            100.0 * r.reclaimed(),
+            100.0 * r.mem_util(),
+            r.allocs
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nModel vs paper (NSDI'26 figures from DESIGN.md §2; see docs/COST-MODEL.md for every disagreement):"
+    );
+    let _ = writeln!(s, "  {:<46} {:>9} {:>9} {:>9}  how the model gets it", "figure", "paper", "model", "rel.err");
+    for v in &res.validation {
+        let _ = writeln!(
+            s,
+            "  {:<46} {:>7.2}{:<2} {:>7.2}{:<2} {:>+8.0}%  {}",
+            v.what,
+            v.paper,
+            v.unit,
+            v.model,
+            v.unit,
+            100.0 * v.rel_err(),
+            v.how
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nWrote {}/{{inputs,alloc,alloc_curve,workloads,validation}}.csv and alloc_latency.svg ({}; wall clock {:.1} s)",
+        res.args.out.display(),
+        if res.args.quick { "--quick sizes" } else { "default sizes" },
+        res.wall_s
+    );
+    s
+}
+
+// ------------------------------------------------------------------------------------- files
+
+fn csv_escape(s: &str) -> String {
+    if s.contains(',') || s.contains('"') {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+fn write_csv(path: &std::path::Path, header: &str, rows: &[String]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    writeln!(f, "{header}")?;
+    for r in rows {
+        writeln!(f, "{r}")?;
+    }
+    Ok(())
+}
+
+fn alloc_csv(rows: &[AllocRow]) -> Vec<String> {
+    rows.iter()
+        .map(|r| {
+            format!(
+                "{},{},{},{:.0},{},{},{:.1},{:.4},{:.4},{}",
+                r.scheme.key(),
+                r.requesters,
+                r.source,
+                r.mean_ns,
+                r.p50_ns,
+                r.p99_ns,
+                r.pairs_per_s,
+                r.mn_cpu_util,
+                r.mn_nic_util,
+                r.samples
+            )
+        })
+        .collect()
+}
+
+pub fn write_files(res: &Results) -> Result<(), String> {
+    let dir = &res.args.out;
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let io = |e: std::io::Error| e.to_string();
+    let inputs: Vec<String> = inputs_table(res)
+        .iter()
+        .map(|(k, v, s)| format!("{},{},{}", csv_escape(k), csv_escape(v), csv_escape(s)))
+        .collect();
+    write_csv(&dir.join("inputs.csv"), "input,value,source", &inputs).map_err(io)?;
+    let h = "scheme,requesters,source,mean_ns,p50_ns,p99_ns,pairs_per_s,mn_cpu_util,mn_nic_util,samples";
+    write_csv(&dir.join("alloc.csv"), h, &alloc_csv(&res.alloc)).map_err(io)?;
+    write_csv(&dir.join("alloc_curve.csv"), h, &alloc_csv(&res.alloc_curve)).map_err(io)?;
+    let wl: Vec<String> = res
+        .workloads
+        .iter()
+        .map(|r| {
+            format!(
+                "{},{},{},{},{},{:.1},{},{},{},{},{:.4},{:.4},{},{:.0},{:.0},{},{:.4},{:.4},{},{}",
+                r.workload,
+                csv_escape(&r.config),
+                r.scheme.key(),
+                r.threads,
+                r.requests,
+                r.throughput,
+                r.p50_ns,
+                r.p99_ns,
+                r.key_p50_ns,
+                r.key_p99_ns,
+                r.mn_cpu_util,
+                r.mn_nic_util,
+                r.end_bytes,
+                r.avg_bytes,
+                r.avg_live,
+                r.static_bytes,
+                r.reclaimed(),
+                r.mem_util(),
+                r.allocs,
+                r.frees
+            )
+        })
+        .collect();
+    write_csv(
+        &dir.join("workloads.csv"),
+        "workload,config,scheme,threads,requests,throughput,p50_ns,p99_ns,key_p50_ns,key_p99_ns,mn_cpu_util,mn_nic_util,end_bytes,avg_bytes,avg_live_bytes,static_bytes,reclaimed,mem_util,allocs,frees",
+        &wl,
+    )
+    .map_err(io)?;
+    let val: Vec<String> = res
+        .validation
+        .iter()
+        .map(|v| {
+            format!(
+                "{},{},{:.4},{},{:.4},{}",
+                csv_escape(&v.what),
+                v.paper,
+                v.model,
+                v.unit,
+                v.rel_err(),
+                csv_escape(&v.how)
+            )
+        })
+        .collect();
+    write_csv(&dir.join("validation.csv"), "figure,paper,model,unit,rel_err,how", &val).map_err(io)?;
+    svg(res, &dir.join("alloc_latency.svg"))
+}
+
+fn svg(res: &Results, path: &std::path::Path) -> Result<(), String> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let ymax = res
+        .alloc_curve
+        .iter()
+        .filter(|r| r.pairs_per_s.is_finite())
+        .map(|r| r.mean_ns / 1000.0)
+        .fold(10.0f64, f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Allocation latency vs concurrent requesters (modelled)", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..25f64, 0f64..ymax)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("concurrent requesters (one per CN)")
+        .y_desc("mean alloc latency (µs)")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let colours = [RED, BLUE, GREEN, BLACK, MAGENTA];
+    for (i, sc) in ALL.iter().enumerate() {
+        if *sc == Scheme::StaticMr {
+            continue;
+        }
+        let pts: Vec<(f64, f64)> = res
+            .alloc_curve
+            .iter()
+            .filter(|r| r.scheme == *sc && r.source == "sim")
+            .map(|r| (r.requesters as f64, r.mean_ns / 1000.0))
+            .collect();
+        let c = colours[i % colours.len()];
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(format!("{} (sim)", sc.name()))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+    }
+    let model: Vec<(f64, f64)> = res
+        .alloc_curve
+        .iter()
+        .filter(|r| r.scheme == Scheme::OneSidedMw && r.source == "model")
+        .map(|r| (r.requesters as f64, r.mean_ns / 1000.0))
+        .collect();
+    chart
+        .draw_series(model.iter().map(|&(x, y)| Circle::new((x, y), 5, RED.filled())))
+        .map_err(|e| e.to_string())?
+        .label("OneSidedMW (real chains on the model)")
+        .legend(|(x, y)| Circle::new((x + 9, y), 5, RED.filled()));
+    let paper = [(1.0, 10.7, RED), (24.0, 22.5, RED), (24.0, 170.0, MAGENTA)];
+    chart
+        .draw_series(paper.iter().filter(|p| p.1 <= ymax).map(|&(x, y, c)| TriangleMarker::new((x, y), 7, c.filled())))
+        .map_err(|e| e.to_string())?
+        .label("paper (OneSidedMW 10.7/22.5 µs, RPC-MW 170 µs)")
+        .legend(|(x, y)| TriangleMarker::new((x + 9, y), 6, BLACK.filled()));
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+// ------------------------------------------------------------------------------------- JSON
+
+fn alloc_json(r: &AllocRow) -> Value {
+    json!({
+        "scheme": r.scheme.key(), "requesters": r.requesters, "source": r.source,
+        "mean_ns": r.mean_ns, "p50_ns": r.p50_ns, "p99_ns": r.p99_ns,
+        "pairs_per_s": if r.pairs_per_s.is_finite() { json!(r.pairs_per_s) } else { Value::Null },
+        "mn_cpu_util": r.mn_cpu_util, "mn_nic_util": r.mn_nic_util, "samples": r.samples,
+    })
+}
+
+pub fn json(res: &Results) -> String {
+    let inputs: Vec<Value> =
+        inputs_table(res).into_iter().map(|(k, v, s)| json!({"input": k, "value": v, "source": s})).collect();
+    let wl: Vec<Value> = res
+        .workloads
+        .iter()
+        .map(|r| {
+            json!({
+                "workload": r.workload, "config": r.config, "scheme": r.scheme.key(), "threads": r.threads,
+                "requests": r.requests, "throughput": r.throughput, "p50_ns": r.p50_ns, "p99_ns": r.p99_ns,
+                "key_p50_ns": r.key_p50_ns, "key_p99_ns": r.key_p99_ns, "mn_cpu_util": r.mn_cpu_util,
+                "mn_nic_util": r.mn_nic_util, "end_bytes": r.end_bytes, "avg_bytes": r.avg_bytes,
+                "avg_live_bytes": r.avg_live, "static_bytes": r.static_bytes, "reclaimed": r.reclaimed(),
+                "mem_util": r.mem_util(), "allocs": r.allocs, "frees": r.frees,
+            })
+        })
+        .collect();
+    let val: Vec<Value> = res
+        .validation
+        .iter()
+        .map(|v| json!({"figure": v.what, "paper": v.paper, "model": v.model, "unit": v.unit, "rel_err": v.rel_err(), "how": v.how}))
+        .collect();
+    let doc = json!({
+        "modelled_time": true,
+        "quick": res.args.quick,
+        "mn_cores": res.inputs.mn_cores,
+        "wall_s": res.wall_s,
+        "inputs": inputs,
+        "alloc": res.alloc.iter().map(alloc_json).collect::<Vec<_>>(),
+        "alloc_curve": res.alloc_curve.iter().map(alloc_json).collect::<Vec<_>>(),
+        "workloads": wl,
+        "validation": val,
+    });
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}

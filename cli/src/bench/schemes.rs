@@ -1,0 +1,138 @@
+//! The memory-management schemes, and how each turns a workload's primitive operations into
+//! simulator stages.
+
+use super::inputs::{CtlCosts, Inputs, Measured, ALLOC_REQ_BYTES, FREE_REQ_BYTES, ODRP_TRANSLATE_PHASES};
+use super::sim::{Program, Res, Stage};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// Offloaded alloc/free chains in the MN RNIC (real chains on the loopback model).
+    OneSidedMw,
+    /// MN CPU binds ONE type-1 window per chunk with the verbs call, per request.
+    RpcMwType1,
+    /// MN CPU runs the chain layout (the core's host engine), per request.
+    RpcMwType2,
+    /// One big MR per CN, carved on the CN; no fine-grained free back to the MN.
+    StaticMr,
+    /// ODRP-style: a translation chain in the MN NIC on every access, 4 KiB pages.
+    Odrp,
+}
+
+pub const ALL: [Scheme; 5] =
+    [Scheme::OneSidedMw, Scheme::RpcMwType1, Scheme::RpcMwType2, Scheme::StaticMr, Scheme::Odrp];
+
+impl Scheme {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::OneSidedMw => "OneSidedMW",
+            Scheme::RpcMwType1 => "RPC-MW type-1",
+            Scheme::RpcMwType2 => "RPC-MW type-2",
+            Scheme::StaticMr => "Static-MR",
+            Scheme::Odrp => "ODRP",
+        }
+    }
+    pub fn key(self) -> &'static str {
+        match self {
+            Scheme::OneSidedMw => "onesidedmw",
+            Scheme::RpcMwType1 => "rpcmw1",
+            Scheme::RpcMwType2 => "rpcmw2",
+            Scheme::StaticMr => "staticmr",
+            Scheme::Odrp => "odrp",
+        }
+    }
+    /// How each scheme's timing is obtained.
+    pub fn how(self) -> &'static str {
+        match self {
+            Scheme::OneSidedMw => "real chains on the loopback model (+ queueing sim for workloads)",
+            Scheme::RpcMwType1 => "analytical CPU/bind costs on the cost model + N-core queueing sim",
+            Scheme::RpcMwType2 => "host engine laps measured on the model + N-core queueing sim",
+            Scheme::StaticMr => "no control path; one-sided ops measured on the model",
+            Scheme::Odrp => "analytical translation chain on the cost model + queueing sim",
+        }
+    }
+    pub fn ctl(self, inp: &Inputs, m: &Measured) -> CtlCosts {
+        match self {
+            Scheme::OneSidedMw => m.osmw,
+            Scheme::RpcMwType1 => inp.type1(),
+            Scheme::RpcMwType2 => m.host_engine,
+            Scheme::StaticMr => CtlCosts::default(),
+            Scheme::Odrp => inp.odrp_ctl(),
+        }
+    }
+}
+
+/// A scheme-independent step of a workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read { len: u32, bg: bool },
+    Write { len: u32, bg: bool },
+    Alloc,
+    Free,
+    Compute(u32),
+    End(u8),
+    Barrier,
+}
+
+/// Translate a workload program for a scheme.
+pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op]) -> Program {
+    let c = &inp.cost;
+    let ctl = scheme.ctl(inp, m);
+    let mut p = Vec::with_capacity(ops.len() * 3);
+    let data = |p: &mut Program, len: u64, store: bool, bg: bool| {
+        let mut st: Vec<Stage> = Vec::with_capacity(4);
+        let pre = c.wqe_ns + c.wire_hop_ns + if store { c.bytes_ns(len) } else { 0 };
+        if scheme == Scheme::Odrp {
+            let total = inp.odrp_access_ns(len, store);
+            let nic = (2 * ODRP_TRANSLATE_PHASES + 1) * c.wqe_ns;
+            st.push(Stage::Delay(c.wqe_ns + c.wire_hop_ns));
+            st.push(Stage::Use { res: Res::Rx, hold: c.responder_ns, leave: c.responder_ns });
+            st.push(Stage::Use { res: Res::Nic, hold: nic, leave: nic });
+            st.push(Stage::Delay(total.saturating_sub(c.wqe_ns + c.wire_hop_ns + c.responder_ns + nic)));
+        } else {
+            let total = if store { inp.write_ns(len) } else { inp.read_ns(len) };
+            st.push(Stage::Delay(pre));
+            st.push(Stage::Use { res: Res::Rx, hold: c.responder_ns, leave: c.responder_ns });
+            st.push(Stage::Delay(total.saturating_sub(pre + c.responder_ns)));
+        }
+        if bg {
+            p.push(Stage::Detach(st.len() as u8));
+        }
+        p.extend(st);
+    };
+    for op in ops {
+        match *op {
+            Op::Read { len, bg } => data(&mut p, len as u64, false, bg),
+            Op::Write { len, bg } => data(&mut p, len as u64, true, bg),
+            Op::Compute(ns) => p.push(Stage::Delay(ns as u64)),
+            Op::End(t) => p.push(Stage::End(t)),
+            Op::Barrier => p.push(Stage::Barrier),
+            Op::Alloc => match scheme {
+                Scheme::StaticMr => {}
+                Scheme::OneSidedMw | Scheme::Odrp => {
+                    let tin = inp.transit(ALLOC_REQ_BYTES);
+                    p.push(Stage::Delay(tin));
+                    p.push(Stage::Use { res: Res::Nic, hold: ctl.alloc_nic_ns, leave: ctl.alloc_nic_ns });
+                    p.push(Stage::Delay(ctl.alloc_ns.saturating_sub(tin + ctl.alloc_nic_ns)));
+                }
+                Scheme::RpcMwType1 | Scheme::RpcMwType2 => {
+                    let work = ctl.alloc_cpu_ns + ctl.alloc_dev_ns;
+                    p.push(Stage::Delay(inp.transit(ALLOC_REQ_BYTES)));
+                    p.push(Stage::Use { res: Res::Cpu, hold: work, leave: work.saturating_sub(c.wire_hop_ns) });
+                }
+            },
+            Op::Free => {
+                let (res, hold) = match scheme {
+                    Scheme::StaticMr => continue,
+                    Scheme::OneSidedMw | Scheme::Odrp => (Res::Nic, ctl.free_nic_ns),
+                    Scheme::RpcMwType1 | Scheme::RpcMwType2 => (Res::Cpu, ctl.free_cpu_ns + ctl.free_dev_ns),
+                };
+                // the CN waits only for its SEND to be acknowledged; the MN works on
+                p.push(Stage::Detach(2));
+                p.push(Stage::Delay(inp.transit(FREE_REQ_BYTES)));
+                p.push(Stage::Use { res, hold, leave: hold });
+                p.push(Stage::Delay(inp.write_ns(FREE_REQ_BYTES)));
+            }
+        }
+    }
+    p
+}

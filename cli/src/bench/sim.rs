@@ -1,0 +1,251 @@
+//! A small discrete-event queueing simulator for concurrency on the modelled cluster.
+//!
+//! Clients run closed-loop programs of requests; each request is a list of stages: a pure
+//! delay (wire, NIC-internal latency), or the use of a shared MN resource — the MN NIC's send
+//! engine and responder engine (one server each, as in the loopback model) and the MN CPU
+//! (N cores, each a server with a busy-until time). Requests queue FCFS at a resource.
+//! Background jobs (a free's chain, a prefetch) occupy resources without stalling a client.
+//!
+//! Stage durations come from the cost model and from single operations measured on the real
+//! loopback model (see `inputs.rs`); nothing here is fitted to an output.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A shared resource of the MN.
+pub enum Res {
+    /// The MN NIC's send engine (chains' WQEs, binds, replies).
+    Nic = 0,
+    /// The MN NIC's responder engine (incoming one-sided requests and SENDs).
+    Rx = 1,
+    /// The MN CPU cores.
+    Cpu = 2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Delay(u64),
+    /// Queue at `res`; the server is busy `hold` ns; the job continues `leave` ns after its
+    /// service started (`leave` < `hold` when the server keeps working after answering).
+    Use {
+        res: Res,
+        hold: u64,
+        leave: u64,
+    },
+    /// Start a background job running the next `n` stages; the client goes on at once.
+    Detach(u8),
+    /// End of a request: its latency is recorded under this tag.
+    End(u8),
+    /// Wait until every client reached a barrier and no background work is left (a round of
+    /// the allocation micro-benchmark: the model's `pump` runs until idle).
+    Barrier,
+}
+
+/// One client's program: stages with `End` markers between requests.
+pub type Program = Vec<Stage>;
+
+#[derive(Debug, Default, Clone)]
+pub struct SimResult {
+    pub makespan_ns: u64,
+    /// Latencies (ns) per tag.
+    pub latencies: Vec<Vec<u64>>,
+    /// Busy time per resource, and server counts.
+    pub busy_ns: [u64; 3],
+    pub servers: [usize; 3],
+}
+
+impl SimResult {
+    pub fn total_requests(&self) -> usize {
+        self.latencies.iter().map(|v| v.len()).sum()
+    }
+    pub fn utilisation(&self, r: Res) -> f64 {
+        let i = r as usize;
+        if self.makespan_ns == 0 || self.servers[i] == 0 {
+            return 0.0;
+        }
+        self.busy_ns[i] as f64 / (self.servers[i] as f64 * self.makespan_ns as f64)
+    }
+    /// Requests per second of modelled time.
+    pub fn throughput(&self) -> f64 {
+        if self.makespan_ns == 0 {
+            return 0.0;
+        }
+        self.total_requests() as f64 * 1e9 / self.makespan_ns as f64
+    }
+    pub fn all_latencies(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.latencies.iter().flatten().copied().collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// p-quantile (0..=1) of sorted values.
+pub fn quantile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub fn mean(v: &[u64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<u64>() as f64 / v.len() as f64
+    }
+}
+
+struct Job {
+    /// Index into programs (clients) or into `bg`.
+    prog: usize,
+    pc: usize,
+    /// For background jobs: the stage index they stop at.
+    end: usize,
+    client: bool,
+    req_start: u64,
+}
+
+/// Run `programs` (one per client, all starting at 0) on an MN with `cpu_cores` cores and
+/// `nic_units` NIC processing units (1 in the loopback model).
+pub fn run(programs: &[Program], cpu_cores: usize, nic_units: usize) -> SimResult {
+    let servers = [nic_units.max(1), 1, cpu_cores.max(1)];
+    let mut busy_until: [Vec<u64>; 3] = [vec![0; servers[0]], vec![0; servers[1]], vec![0; servers[2]]];
+    let mut res = SimResult { servers, ..Default::default() };
+    let mut jobs: Vec<Job> = Vec::new();
+    let mut heap: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    for (i, p) in programs.iter().enumerate() {
+        jobs.push(Job { prog: i, pc: 0, end: p.len(), client: true, req_start: 0 });
+        heap.push(Reverse((0, seq, i)));
+        seq += 1;
+    }
+    let mut last = 0u64;
+    let mut parked: Vec<usize> = Vec::new();
+    loop {
+        let Some(Reverse((t, _, j))) = heap.pop() else {
+            if parked.is_empty() {
+                break;
+            }
+            // everyone is at the barrier and the MN is idle: release them together
+            for j in parked.drain(..) {
+                jobs[j].req_start = last;
+                heap.push(Reverse((last, seq, j)));
+                seq += 1;
+            }
+            continue;
+        };
+        last = last.max(t);
+        let job = &mut jobs[j];
+        if job.pc >= job.end {
+            continue;
+        }
+        let stage = programs[job.prog][job.pc];
+        job.pc += 1;
+        let next_t = match stage {
+            Stage::Delay(d) => t + d,
+            Stage::Use { res: r, hold, leave } => {
+                let k = r as usize;
+                let (si, &b) = busy_until[k].iter().enumerate().min_by_key(|(_, b)| **b).unwrap_or((0, &0));
+                let start = t.max(b);
+                busy_until[k][si] = start + hold;
+                res.busy_ns[k] += hold;
+                last = last.max(start + hold);
+                start + leave
+            }
+            Stage::Detach(n) => {
+                let from = job.pc;
+                let to = (from + n as usize).min(job.end);
+                job.pc = to;
+                let prog = job.prog;
+                jobs.push(Job { prog, pc: from, end: to, client: false, req_start: t });
+                heap.push(Reverse((t, seq, jobs.len() - 1)));
+                seq += 1;
+                t
+            }
+            Stage::End(tag) => {
+                if job.client {
+                    let l = &mut res.latencies;
+                    if l.len() <= tag as usize {
+                        l.resize(tag as usize + 1, Vec::new());
+                    }
+                    l[tag as usize].push(t - job.req_start);
+                    job.req_start = t;
+                }
+                t
+            }
+            Stage::Barrier => {
+                if job.pc < job.end {
+                    parked.push(j);
+                }
+                continue;
+            }
+        };
+        if jobs[j].pc < jobs[j].end {
+            heap.push(Reverse((next_t, seq, j)));
+            seq += 1;
+        } else {
+            last = last.max(next_t);
+        }
+    }
+    res.makespan_ns = last;
+    for v in res.latencies.iter_mut() {
+        v.sort_unstable();
+    }
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_server_queues_and_n_servers_do_not() {
+        let req = vec![Stage::Use { res: Res::Cpu, hold: 100, leave: 100 }, Stage::End(0)];
+        let progs: Vec<Program> = (0..4).map(|_| req.clone()).collect();
+        let r1 = run(&progs, 1, 1);
+        assert_eq!(r1.makespan_ns, 400);
+        assert_eq!(r1.latencies[0], vec![100, 200, 300, 400]);
+        assert!((r1.utilisation(Res::Cpu) - 1.0).abs() < 1e-9);
+        let r4 = run(&progs, 4, 1);
+        assert_eq!(r4.makespan_ns, 100);
+        assert_eq!(r4.latencies[0], vec![100; 4]);
+    }
+
+    #[test]
+    fn detached_work_does_not_stall_the_client() {
+        let p = vec![
+            Stage::Delay(10),
+            Stage::Detach(1),
+            Stage::Use { res: Res::Nic, hold: 1000, leave: 1000 },
+            Stage::End(0),
+            Stage::Use { res: Res::Nic, hold: 5, leave: 5 },
+            Stage::End(1),
+        ];
+        let r = run(&[p], 1, 1);
+        assert_eq!(r.latencies[0], vec![10]);
+        // the second request waits for the background job on the NIC
+        assert_eq!(r.latencies[1], vec![1005]);
+        assert_eq!(r.makespan_ns, 1015);
+    }
+
+    #[test]
+    fn barrier_waits_for_everyone_and_the_background() {
+        let a = vec![Stage::Delay(10), Stage::End(0), Stage::Barrier, Stage::Delay(1), Stage::End(1)];
+        let b = vec![
+            Stage::Detach(1),
+            Stage::Use { res: Res::Nic, hold: 50, leave: 50 },
+            Stage::Delay(20),
+            Stage::End(0),
+            Stage::Barrier,
+            Stage::Delay(1),
+            Stage::End(1),
+        ];
+        let r = run(&[a, b], 1, 1);
+        assert_eq!(r.latencies[0], vec![10, 20]);
+        // released at 50 (after the background job), then 1 ns: latency counts from release
+        assert_eq!(r.latencies[1], vec![1, 1]);
+        assert_eq!(r.makespan_ns, 51);
+    }
+}
