@@ -851,7 +851,9 @@ impl MemoryNode {
     fn on_rnic_reset<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
         let cns: heapless::Vec<CnRecord, MAX_CNS> = self.cns().cloned().collect();
         for r in cns.iter() {
-            for q in [Some(r.qps.alloc), Some(r.qps.free), r.qps.alloc_loop, r.qps.free_loop].into_iter().flatten() {
+            // a CN over its quota has no management QPs any more (destroyed at the disconnect)
+            let mgmt = if r.status == CnStatus::Active { [Some(r.qps.alloc), Some(r.qps.free)] } else { [None, None] };
+            for q in mgmt.into_iter().chain([r.qps.alloc_loop, r.qps.free_loop]).flatten() {
                 port.apply(Action::ResetQp(q)).map_err(MnError::Port)?;
             }
             for q in r.qps.access.iter() {
