@@ -85,3 +85,30 @@ fn replay_mn_events() {
 fn replay_malicious_cn() {
     replay("malicious_cn");
 }
+
+// ---- bugs the fuzz targets found, as plain scenarios ------------------------------------------
+
+/// mn_events: an MN RNIC reset after a CN was disconnected for exceeding its quota failed
+/// ("no QP … on host0"): the reset tried to reset that CN's management QPs, which the
+/// disconnect had destroyed, and aborted half-way through rebuilding the pool.
+#[test]
+fn rnic_reset_after_quota_disconnect() {
+    use omw_core::backend::{ExecutionMode, WcStatus};
+    use omw_loopback::cluster::{Cluster, ClusterConfig};
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 2;
+    cfg.chunks = 4;
+    cfg.quota = 1;
+    cfg.mode = Some(ExecutionMode::Offloaded);
+    let mut c = Cluster::new(cfg).unwrap();
+    c.alloc(0).unwrap();
+    c.alloc(0).unwrap(); // over quota: offloaded enforcement is lazy
+    c.sample_counters().unwrap();
+    assert_eq!(c.driver.mn.stats().quota_disconnects, 1);
+    c.reset_mn_rnic().unwrap();
+    c.check_invariants().unwrap();
+    assert_eq!(c.free_groups(), 4);
+    let a = c.alloc(1).unwrap();
+    assert_eq!(c.write(1, &a, 0, 0, b"after"), WcStatus::Success);
+    c.check_invariants().unwrap();
+}

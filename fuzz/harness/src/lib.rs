@@ -13,6 +13,7 @@
 pub mod chain;
 pub mod malicious_cn;
 pub mod mn_events;
+pub mod sim;
 pub mod wire;
 pub mod wqe;
 
@@ -27,3 +28,20 @@ pub const TARGETS: [(&str, Target); 5] = [
     ("mn_events", mn_events::run),
     ("malicious_cn", malicious_cn::run),
 ];
+
+/// The structured input `data` decodes to for `target` (`None` for byte-level targets).
+pub fn describe(target: &str, data: &[u8]) -> Option<String> {
+    use arbitrary::{Arbitrary, Unstructured};
+    fn show<T: for<'a> Arbitrary<'a> + std::fmt::Debug>(data: &[u8]) -> String {
+        match T::arbitrary_take_rest(Unstructured::new(data)) {
+            Ok(v) => format!("{v:#?}"),
+            Err(e) => format!("(does not decode: {e})"),
+        }
+    }
+    Some(match target {
+        "chain" => show::<chain::Input>(data),
+        "mn_events" => show::<mn_events::Input>(data),
+        "malicious_cn" => show::<malicious_cn::Input>(data),
+        _ => return None,
+    })
+}

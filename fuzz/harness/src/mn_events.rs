@@ -1,3 +1,375 @@
-pub fn run(_data: &[u8]) -> bool {
+//! The MN control plane driven by arbitrary event sequences on a small loopback cluster, in
+//! both execution modes: allocations, frees, forged frees, raw request bytes, one-sided
+//! accesses (own, cross-CN, stale, out of bounds), CN crashes (also mid-allocation), new CNs
+//! taking freed slots, corrupted requests, MN RNIC resets, ticks and counter samples. After
+//! every step: the core's and the model's invariants, and every chunk the MN records as owned
+//! reads back, through every access QP of its owner, exactly what the owner wrote.
+
+use crate::sim::{invariants, owned_by, rkey_is_current, touches_foreign, Setup, Shadow};
+use arbitrary::{Arbitrary, Unstructured};
+use omw_core::backend::WcStatus;
+use omw_core::chain::ChainKind;
+use omw_core::cn::ClientError;
+use omw_core::ids::{GroupId, Rkey};
+use omw_core::wire::ErrorCode;
+use omw_loopback::cluster::{Cluster, CnOpError};
+
+const MAX_OPS: usize = 40;
+const MAX_CONNECTS: usize = 3;
+
+#[derive(Arbitrary, Debug)]
+pub struct Input {
+    pub setup: Setup,
+    pub cns: u8,
+    pub ops: Vec<Op>,
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum Entry {
+    /// An allocation the harness knows (any CN's), by index.
+    Held(u8),
+    /// The entry of a group.
+    Group(u8),
+    /// A group's entry plus a byte offset (misaligned, or into the next entry).
+    GroupPlus(u8, u8),
+    Raw(u64),
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+pub enum Op {
+    Alloc(u8),
+    Free(u8, u8),
+    ForgedFree {
+        cn: u8,
+        entry: Entry,
+    },
+    Raw {
+        cn: u8,
+        free_qp: bool,
+        bytes: Vec<u8>,
+    },
+    Write {
+        cn: u8,
+        which: u8,
+        q: u8,
+        off: u16,
+        data: Vec<u8>,
+    },
+    Read {
+        cn: u8,
+        which: u8,
+        q: u8,
+        off: u16,
+        len: u8,
+    },
+    /// `attacker` uses `victim`'s address with the victim's rkey (or its own).
+    Cross {
+        attacker: u8,
+        victim: u8,
+        which: u8,
+        q: u8,
+        own_key: bool,
+        write: bool,
+    },
+    /// A freed / revoked allocation's rkey.
+    Stale {
+        which: u8,
+        write: bool,
+    },
+    Crash(u8),
+    /// Crash after the alloc request went out and the fabric ran `steps` steps.
+    CrashMidAlloc {
+        cn: u8,
+        steps: u8,
+    },
+    /// The first `bytes` bytes this CN sends next are corrupted in flight, then it allocates.
+    CorruptThenAlloc {
+        cn: u8,
+        bytes: u8,
+    },
+    Connect,
+    ResetRnic,
+    Tick,
+    SampleCounters,
+}
+
+pub fn run(data: &[u8]) -> bool {
+    let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else { return false };
+    check(&input);
     true
+}
+
+struct World {
+    c: Cluster,
+    shadow: Shadow,
+    connects: usize,
+}
+
+impl World {
+    fn cn(&self, i: u8) -> usize {
+        i as usize % self.c.cns.len()
+    }
+    fn alive(&self, i: usize) -> bool {
+        !self.c.cns[i].crashed
+    }
+    fn entry_addr(&self, e: Entry) -> u64 {
+        let map = *self.c.driver.mn.map();
+        let group = |g: u8| map.entry_addr(GroupId(g as u32 % map.geometry.chunk_count())).unwrap_or(0);
+        match e {
+            Entry::Held(k) => {
+                let mut all: Vec<_> = self.shadow.held.values().map(|h| h.a.entry_addr).collect();
+                all.sort_unstable();
+                if all.is_empty() {
+                    group(k)
+                } else {
+                    all[k as usize % all.len()]
+                }
+            }
+            Entry::Group(g) => group(g),
+            Entry::GroupPlus(g, d) => group(g) + d as u64,
+            Entry::Raw(v) => v,
+        }
+    }
+}
+
+fn cluster_err(what: &Op, e: impl std::fmt::Display) -> ! {
+    panic!("cluster operation failed on {what:?}: {e}")
+}
+
+pub fn check(input: &Input) {
+    let cns = 1 + input.cns as usize % 3;
+    let mut w = World { c: input.setup.cluster(cns), shadow: Shadow::default(), connects: 0 };
+    invariants(&mut w.c, &"setup");
+    for op in input.ops.iter().take(MAX_OPS) {
+        step(&mut w, op);
+        invariants(&mut w.c, op);
+        w.shadow.sync(&w.c);
+        w.shadow.verify_all(&mut w.c, op);
+    }
+}
+
+fn step(w: &mut World, op: &Op) {
+    match op.clone() {
+        Op::Alloc(i) => {
+            let i = w.cn(i);
+            alloc(w, i, op);
+        }
+        Op::Free(i, which) => {
+            let i = w.cn(i);
+            let Some(h) = w.shadow.pick(i, which) else { return };
+            let live = owned_by(&w.c, i, &h.a) && w.alive(i);
+            let r = w.c.free(i, &h.a);
+            if live && w.c.driver.mn.cn(w.c.cns[i].id).map(|r| r.status) == Some(omw_core::mn::CnStatus::Active) {
+                assert_eq!(r, Ok(()), "cn{i} could not free its own chunk");
+                assert!(!owned_by(&w.c, i, &h.a), "freed chunk still owned");
+            }
+        }
+        Op::ForgedFree { cn, entry } => {
+            let i = w.cn(cn);
+            let addr = w.entry_addr(entry);
+            let mine: Vec<_> = w.c.cns[i].client.live().iter().map(|a| a.entry_addr).collect();
+            let victims: Vec<_> =
+                w.shadow.held.values().filter(|h| h.cn != i && h.a.entry_addr == addr).cloned().collect();
+            let r = w.c.free_raw(i, addr);
+            if !mine.contains(&addr) {
+                // not its own: must not take anything from its owner
+                for v in victims {
+                    assert!(
+                        owned_by(&w.c, v.cn, &v.a) || w.c.cns[v.cn].crashed,
+                        "forged free by cn{i} took cn{}'s chunk {:#x} ({r:?})",
+                        v.cn,
+                        v.a.base
+                    );
+                }
+            }
+        }
+        Op::Raw { cn, free_qp, bytes } => {
+            let i = w.cn(cn);
+            if !w.alive(i) {
+                return;
+            }
+            let kind = if free_qp { ChainKind::Free } else { ChainKind::Alloc };
+            let bytes: Vec<u8> = bytes.into_iter().take(96).collect();
+            if let Err(e) = w.c.send_raw(i, kind, &bytes) {
+                cluster_err(op, e);
+            }
+        }
+        Op::Write { cn, which, q, off, data } => {
+            let i = w.cn(cn);
+            let Some(h) = w.shadow.pick(i, which) else { return };
+            let q = q as usize % h.a.rkeys.len();
+            let off = off as u64 % (2 * h.a.length);
+            let data: Vec<u8> = data.into_iter().take(64).collect();
+            if data.is_empty() {
+                return;
+            }
+            let st = w.c.write(i, &h.a, q, off, &data);
+            let inside = off + data.len() as u64 <= h.a.length;
+            if st == WcStatus::Success {
+                assert!(inside, "cn{i} wrote past the end of its chunk ({off}+{})", data.len());
+                assert!(owned_by(&w.c, i, &h.a), "cn{i} wrote a chunk it does not own");
+                w.shadow.record_write(&h, off as usize, &data);
+            } else if inside && owned_by(&w.c, i, &h.a) && w.alive(i) {
+                panic!("cn{i} could not write its own chunk: {st:?}");
+            }
+        }
+        Op::Read { cn, which, q, off, len } => {
+            let i = w.cn(cn);
+            let Some(h) = w.shadow.pick(i, which) else { return };
+            let q = q as usize % h.a.rkeys.len();
+            let off = off as u64 % (2 * h.a.length);
+            let len = 1 + len as usize % 64;
+            let (st, _) = w.c.read(i, &h.a, q, off, len);
+            let inside = off + len as u64 <= h.a.length;
+            if st == WcStatus::Success {
+                assert!(inside, "cn{i} read past the end of its chunk ({off}+{len})");
+            } else if inside && owned_by(&w.c, i, &h.a) && w.alive(i) {
+                panic!("cn{i} could not read its own chunk: {st:?}");
+            }
+        }
+        Op::Cross { attacker, victim, which, q, own_key, write } => {
+            let (a, v) = (w.cn(attacker), w.cn(victim));
+            if a == v || !w.alive(a) {
+                return;
+            }
+            let Some(h) = w.shadow.pick(v, which) else { return };
+            let q = q as usize % h.a.rkeys.len();
+            let rkey = if own_key {
+                match w.shadow.pick(a, which) {
+                    Some(mine) => mine.a.rkey(q).unwrap_or_default(),
+                    None => return,
+                }
+            } else {
+                h.a.rkey(q).unwrap_or_default()
+            };
+            let st = if write {
+                w.c.write_raw(a, q, h.a.base, rkey, b"intruder")
+            } else {
+                w.c.read_raw(a, q, h.a.base, rkey, 8).0
+            };
+            if owned_by(&w.c, v, &h.a) {
+                assert_ne!(st, WcStatus::Success, "cn{a} reached cn{v}'s chunk {:#x}", h.a.base);
+            }
+        }
+        Op::Stale { which, write } => {
+            if w.shadow.dead.is_empty() {
+                return;
+            }
+            let (i, a) = w.shadow.dead[which as usize % w.shadow.dead.len()].clone();
+            if !w.alive(i) {
+                return;
+            }
+            for q in 0..a.rkeys.len() {
+                let rkey: Rkey = a.rkey(q).unwrap_or_default();
+                let st = if write {
+                    w.c.write_raw(i, q, a.base, rkey, b"stale")
+                } else {
+                    w.c.read_raw(i, q, a.base, rkey, 8).0
+                };
+                if st == WcStatus::Success {
+                    assert!(rkey_is_current(&w.c, rkey), "stale rkey {rkey:?} of cn{i} still works");
+                    assert!(touches_foreign(&w.c, i, a.base, 8).is_none(), "stale rkey reached another CN's chunk");
+                }
+            }
+        }
+        Op::Crash(i) => {
+            let i = w.cn(i);
+            if w.alive(i) {
+                if let Err(e) = w.c.crash_cn(i) {
+                    cluster_err(op, e);
+                }
+                // the MN reclaimed everything it held
+                assert_eq!(crate::sim::held_by(&w.c, i), 0, "crashed cn{i} still holds chunks");
+            }
+        }
+        Op::CrashMidAlloc { cn, steps } => {
+            let i = w.cn(cn);
+            if !w.alive(i) || w.c.alloc_begin(i).is_err() {
+                return;
+            }
+            for _ in 0..steps {
+                w.c.fabric.borrow_mut().step();
+            }
+            if let Err(e) = w.c.crash_cn(i) {
+                cluster_err(op, e);
+            }
+            if let Err(e) = w.c.tick() {
+                cluster_err(op, e);
+            }
+            assert_eq!(crate::sim::held_by(&w.c, i), 0, "cn{i} crashed mid-allocation still holds chunks");
+        }
+        Op::CorruptThenAlloc { cn, bytes } => {
+            let i = w.cn(cn);
+            if !w.alive(i) {
+                return;
+            }
+            let qp = w.c.cns[i].alloc_qp;
+            w.c.fabric.borrow_mut().faults_mut().corrupt_sends(qp, 1 + bytes as u32 % 24);
+            if let Ok(a) = w.c.alloc(i) {
+                w.shadow.adopt(i, a);
+            }
+        }
+        Op::Connect => {
+            let live = w.c.cns.iter().filter(|n| !n.crashed).count();
+            if w.connects >= MAX_CONNECTS || live >= w.c.cfg.cns {
+                return;
+            }
+            w.connects += 1;
+            if let Err(e) = w.c.connect_cn() {
+                cluster_err(op, e);
+            }
+        }
+        Op::ResetRnic => {
+            if let Err(e) = w.c.reset_mn_rnic() {
+                cluster_err(op, e);
+            }
+            for i in 0..w.c.cns.len() {
+                assert_eq!(crate::sim::held_by(&w.c, i), 0, "an RNIC reset left cn{i} holding chunks");
+            }
+        }
+        Op::Tick => {
+            if let Err(e) = w.c.tick() {
+                cluster_err(op, e);
+            }
+        }
+        Op::SampleCounters => {
+            if let Err(e) = w.c.sample_counters() {
+                cluster_err(op, e);
+            }
+        }
+    }
+}
+
+fn alloc(w: &mut World, i: usize, op: &Op) {
+    let c = &w.c;
+    let rec = c.driver.mn.cn(c.cns[i].id).cloned();
+    let free = c.free_groups();
+    let held = crate::sim::held_by(c, i);
+    let host_engine = c.mode == omw_core::backend::ExecutionMode::HostEngine;
+    let quota = c.cfg.quota;
+    let backing_off = c.cns[i].client.is_backing_off(c.now());
+    let empty_state = c.driver.mn.is_empty_state();
+    let r = w.c.alloc(i);
+    match r {
+        Ok(a) => {
+            assert!(w.alive(i));
+            assert!(owned_by(&w.c, i, &a), "cn{i} got a chunk the MN does not record as its own");
+            assert!(a.length == w.c.cfg.chunk_size);
+            w.shadow.adopt(i, a);
+        }
+        Err(CnOpError::Crashed) => assert!(!w.alive(i)),
+        Err(e) => {
+            // when must an allocation succeed: a live, connected CN under its quota, the pool
+            // not empty, nobody told to back off
+            let expected = rec.map(|r| r.status == omw_core::mn::CnStatus::Active && !r.alloc_parked).unwrap_or(false)
+                && free > 0
+                && !empty_state
+                && !backing_off
+                && (!host_engine || held < quota);
+            let benign = matches!(e, CnOpError::Mn(ErrorCode::Empty) | CnOpError::Client(ClientError::Backoff { .. }));
+            if expected && !benign {
+                panic!("cn{i} could not allocate ({e}) with {free} free groups, {held}/{quota} held, after {op:?}");
+            }
+        }
+    }
 }

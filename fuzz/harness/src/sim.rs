@@ -1,0 +1,193 @@
+//! What the cluster targets share: building a small cluster from fuzz bytes, the MN's ground
+//! truth about who owns what, and a shadow of the bytes each CN wrote into its chunks.
+
+use arbitrary::Arbitrary;
+use omw_core::backend::{ExecutionMode, WcStatus};
+use omw_core::cn::Allocation;
+use omw_core::ids::{GroupId, Rkey};
+use omw_loopback::cluster::{Cluster, ClusterConfig};
+use omw_loopback::NicConfig;
+use std::collections::HashMap;
+
+/// Bytes of each chunk the shadow tracks (accesses may go further; they are checked by status).
+pub const SHADOW: usize = 256;
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub struct Setup {
+    pub host_engine: bool,
+    /// Host-engine mode only: soft-RoCE semantics (per-chunk MRs, software ownership check).
+    pub rxe: bool,
+    pub prefetch: u8,
+    pub small_chunks: bool,
+    pub chunks: u8,
+    pub quota: u8,
+    pub group_size: u8,
+}
+
+impl Setup {
+    pub fn config(&self, cns: usize) -> ClusterConfig {
+        let mut cfg = ClusterConfig::paper_like();
+        cfg.cns = cns;
+        cfg.chunk_size = if self.small_chunks { 512 } else { 4096 };
+        cfg.chunks = 2 + self.chunks as u32 % 7;
+        cfg.quota = 1 + self.quota as u32 % 6;
+        cfg.group_size = 2 + self.group_size % 3;
+        let pf = self.prefetch as u32 % 9;
+        if self.host_engine {
+            cfg.mode = Some(ExecutionMode::HostEngine);
+            let nic = if self.rxe { NicConfig::rxe_compatible() } else { NicConfig::strict() };
+            cfg.nic = nic.with_offload(false);
+        } else {
+            cfg.mode = Some(ExecutionMode::Offloaded);
+            cfg.nic = NicConfig::strict();
+        }
+        if pf > 0 {
+            cfg.nic = cfg.nic.with_prefetch(pf);
+        }
+        cfg
+    }
+    pub fn cluster(&self, cns: usize) -> Cluster {
+        Cluster::new(self.config(cns)).unwrap_or_else(|e| panic!("cluster {:?}: {e}", self.config(cns)))
+    }
+}
+
+/// Panics with the step's context if the cluster's invariants (the core's over MN memory and
+/// window state, and the model's own) do not hold.
+///
+/// Offloaded mode enforces quotas lazily (the chains do not count): a CN may be over its quota
+/// until the MN's next counter sample. Then the sample is taken and everything must hold.
+pub fn invariants(c: &mut Cluster, what: &dyn std::fmt::Debug) {
+    match c.check_invariants() {
+        Ok(()) => {}
+        Err(e) if c.mode == ExecutionMode::Offloaded && e.contains("OverQuota") => {
+            if let Err(e) = c.sample_counters() {
+                panic!("counter sample failed after {what:?}: {e}");
+            }
+            if let Err(e) = c.check_invariants() {
+                panic!("invariant broken after {what:?} and a counter sample: {e}");
+            }
+        }
+        Err(e) => panic!("invariant broken after {what:?}: {e}"),
+    }
+}
+
+/// An allocation as a CN got it, and the bytes it wrote since.
+#[derive(Clone, Debug)]
+pub struct Held {
+    pub cn: usize,
+    pub a: Allocation,
+    pub bytes: Vec<Option<u8>>,
+}
+
+/// The MN's ground truth: the group of `a` is owned by CN `cn` and still has `a`'s keys.
+pub fn owned_by(c: &Cluster, cn: usize, a: &Allocation) -> bool {
+    let Some(g) = c.group_of(a) else { return false };
+    let Some(e) = c.driver.entry(g) else { return false };
+    let id = c.cns[cn].id.get();
+    e.owner() == id && e.base.get() == a.base && e.rkey(0) == a.owner_rkey && c.driver.mn.cn(c.cns[cn].id).is_some()
+}
+
+/// Groups the MN records for CN `cn`.
+pub fn held_by(c: &Cluster, cn: usize) -> u32 {
+    let id = c.cns[cn].id.get();
+    (0..c.driver.mn.map().geometry.chunk_count())
+        .filter(|i| c.driver.entry(GroupId(*i)).map(|e| e.owner() == id).unwrap_or(false))
+        .count() as u32
+}
+
+/// Every chunk any CN holds now (base, length), by the MN's table.
+pub fn owned_ranges(c: &Cluster) -> Vec<(u64, u64, u32)> {
+    (0..c.driver.mn.map().geometry.chunk_count())
+        .filter_map(|i| c.driver.entry(GroupId(i)))
+        .filter(|e| e.owner() != 0)
+        .map(|e| (e.base.get(), e.length.get() as u64, e.owner()))
+        .collect()
+}
+
+/// The shadow of every allocation the harness saw succeed, keyed by (cn, entry, owner rkey).
+#[derive(Default, Debug)]
+pub struct Shadow {
+    pub held: HashMap<(usize, u64, u32), Held>,
+    /// Allocations that were freed, revoked or reclaimed: their rkeys must never work again.
+    pub dead: Vec<(usize, Allocation)>,
+}
+
+impl Shadow {
+    pub fn adopt(&mut self, cn: usize, a: Allocation) {
+        let len = (a.length as usize).min(SHADOW);
+        self.held.insert((cn, a.entry_addr, a.owner_rkey.0), Held { cn, a, bytes: vec![None; len] });
+    }
+    pub fn of(&self, cn: usize) -> Vec<Held> {
+        let mut v: Vec<Held> = self.held.values().filter(|h| h.cn == cn).cloned().collect();
+        v.sort_by_key(|h| h.a.entry_addr);
+        v
+    }
+    pub fn pick(&self, cn: usize, which: u8) -> Option<Held> {
+        let v = self.of(cn);
+        (!v.is_empty()).then(|| v[which as usize % v.len()].clone())
+    }
+    /// Drop what the MN no longer records as owned by its CN (freed, revoked, reclaimed).
+    pub fn sync(&mut self, c: &Cluster) {
+        let gone: Vec<(usize, u64, u32)> =
+            self.held.iter().filter(|(_, h)| !owned_by(c, h.cn, &h.a)).map(|(k, _)| *k).collect();
+        for k in gone {
+            if let Some(h) = self.held.remove(&k) {
+                self.dead.push((h.cn, h.a));
+            }
+        }
+    }
+    pub fn record_write(&mut self, h: &Held, off: usize, data: &[u8]) {
+        if let Some(x) = self.held.get_mut(&(h.cn, h.a.entry_addr, h.a.owner_rkey.0)) {
+            for (i, b) in data.iter().enumerate() {
+                if let Some(slot) = x.bytes.get_mut(off + i) {
+                    *slot = Some(*b);
+                }
+            }
+        }
+    }
+    /// Every live allocation reads back (through every access QP) exactly what its CN wrote.
+    pub fn verify_all(&self, c: &mut Cluster, what: &dyn std::fmt::Debug) {
+        let mut all: Vec<&Held> = self.held.values().collect();
+        all.sort_by_key(|h| (h.cn, h.a.entry_addr));
+        for h in all {
+            if c.cns[h.cn].crashed {
+                continue;
+            }
+            for q in 0..h.a.rkeys.len() {
+                let (st, got) = c.read(h.cn, &h.a, q, 0, h.bytes.len());
+                assert_eq!(
+                    st,
+                    WcStatus::Success,
+                    "cn{} lost access to its chunk {:#x} (qp {q}) after {what:?}",
+                    h.cn,
+                    h.a.base
+                );
+                for (i, want) in h.bytes.iter().enumerate() {
+                    if let Some(w) = want {
+                        assert_eq!(
+                            got[i], *w,
+                            "cn{}'s chunk {:#x} byte {i} changed behind its back after {what:?}",
+                            h.cn, h.a.base
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether `[addr, addr+len)` overlaps a chunk some CN other than `cn` owns.
+pub fn touches_foreign(c: &Cluster, cn: usize, addr: u64, len: u64) -> Option<u32> {
+    let me = c.cns[cn].id.get();
+    owned_ranges(c).into_iter().find_map(|(b, l, owner)| {
+        (owner != me && addr < b.saturating_add(l) && b < addr.saturating_add(len.max(1))).then_some(owner)
+    })
+}
+
+/// An rkey that is dead for good: no group's entry holds it as a current key.
+pub fn rkey_is_current(c: &Cluster, rkey: Rkey) -> bool {
+    let g = c.driver.mn.map().geometry;
+    (0..g.chunk_count())
+        .filter_map(|i| c.driver.entry(GroupId(i)))
+        .any(|e| (0..g.group_size()).any(|k| e.rkey(k) == rkey))
+}
