@@ -71,7 +71,7 @@ impl Sizes {
         if quick {
             Sizes { alloc_rounds: 3, kv_keys: 64, kv_mixed: 192, swap_pages: 512, swap_accesses: 1500 }
         } else {
-            Sizes { alloc_rounds: 20, kv_keys: 400, kv_mixed: 1600, swap_pages: 2048, swap_accesses: 12000 }
+            Sizes { alloc_rounds: 50, kv_keys: 1000, kv_mixed: 4000, swap_pages: 4096, swap_accesses: 40000 }
         }
     }
 }

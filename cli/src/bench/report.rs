@@ -72,19 +72,20 @@ pub fn validate(inp: &Inputs, alloc: &[AllocRow], wl: &[WorkloadRow]) -> Vec<Val
     );
     let r2 = find_alloc(alloc, Scheme::RpcMwType2, 24, "sim");
     let r1 = find_alloc(alloc, Scheme::RpcMwType1, 24, "sim");
+    let q = format!("{}-core MN CPU queue, mean", inp.mn_cores);
     push(
         "RPC-MW alloc latency, 24 threads (type-2)",
         170.0,
         r2.map(|r| us(r.mean_ns)),
         "µs",
-        "host-engine laps + 1-core queue, mean",
+        &format!("host-engine laps + {q}"),
     );
     push(
         "RPC-MW alloc latency, 24 threads (type-1)",
         170.0,
         r1.map(|r| us(r.mean_ns)),
         "µs",
-        "stated type-1 costs + 1-core queue, mean",
+        &format!("stated type-1 costs + {q}"),
     );
     let odrp = inp.odrp_access_ns(4096, false) as f64;
     let read = inp.read_ns(4096) as f64;
@@ -123,7 +124,7 @@ pub fn validate(inp: &Inputs, alloc: &[AllocRow], wl: &[WorkloadRow]) -> Vec<Val
             paper,
             r.map(|r| 100.0 * r.mn_cpu_util),
             "%",
-            "busy / elapsed of one MN core",
+            "MN CPU busy / elapsed, per core",
         );
     }
     let so = find_wl(wl, "swap", "", Scheme::OneSidedMw);
