@@ -92,6 +92,8 @@ pub struct WorkloadRow {
     pub key_p99_ns: u64,
     pub mn_cpu_util: f64,
     pub mn_nic_util: f64,
+    /// The MN NIC's responder engine (one-sided data requests).
+    pub mn_rx_util: f64,
     /// MN bytes held at the end, reserved on average, live data on average.
     pub end_bytes: u64,
     pub avg_bytes: f64,
@@ -205,6 +207,7 @@ fn kv_rows(
             key_p99_ns: sim::quantile(&key, 0.99),
             mn_cpu_util: r.utilisation(Res::Cpu),
             mn_nic_util: r.utilisation(Res::Nic),
+            mn_rx_util: r.utilisation(Res::Rx),
             end_bytes: end,
             avg_bytes: avg,
             avg_live: traces.iter().map(|t| t.avg_live_bytes).sum(),
@@ -256,6 +259,7 @@ fn swap_rows(
             key_p99_ns: sim::quantile(&faults, 0.99),
             mn_cpu_util: r.utilisation(Res::Cpu),
             mn_nic_util: r.utilisation(Res::Nic),
+            mn_rx_util: r.utilisation(Res::Rx),
             end_bytes: end,
             avg_bytes: avg,
             avg_live: tr.iter().map(|t| t.avg_remote_live).sum(),

@@ -280,7 +280,7 @@ pub fn text(res: &Results) -> String {
             let key = if r.workload == "kv" { "ins/upd p50/p99" } else { "fault p50/p99" };
             let _ = writeln!(
                 s,
-                "  {:<14} {:>11} {:>7} {:>7} {:>16} {:>7} {:>7} {:>10} {:>9} {:>8} {:>7}",
+                "  {:<14} {:>11} {:>7} {:>7} {:>16} {:>7} {:>7} {:>7} {:>10} {:>9} {:>8} {:>7}",
                 "scheme",
                 "throughput",
                 "p50",
@@ -288,6 +288,7 @@ pub fn text(res: &Results) -> String {
                 key,
                 "MN CPU",
                 "MN NIC",
+                "MN RX",
                 "MN MiB end",
                 "reclaimed",
                 "mem util",
@@ -297,7 +298,7 @@ pub fn text(res: &Results) -> String {
         }
         let _ = writeln!(
             s,
-            "  {:<14} {:>11.0} {:>7} {:>7} {:>16} {:>6.0}% {:>6.0}% {:>10.2} {:>8.1}% {:>7.1}% {:>7}",
+            "  {:<14} {:>11.0} {:>7} {:>7} {:>16} {:>6.0}% {:>6.0}% {:>6.0}% {:>10.2} {:>8.1}% {:>7.1}% {:>7}",
             r.scheme.name(),
             r.throughput,
             fmt_lat(r.p50_ns),
@@ -305,6 +306,7 @@ pub fn text(res: &Results) -> String {
             format!("{}/{}", fmt_lat(r.key_p50_ns), fmt_lat(r.key_p99_ns)),
             100.0 * r.mn_cpu_util,
             100.0 * r.mn_nic_util,
+            100.0 * r.mn_rx_util,
             r.end_bytes as f64 / (1 << 20) as f64,
             100.0 * r.reclaimed(),
             100.0 * r.mem_util(),
@@ -395,7 +397,7 @@ pub fn write_files(res: &Results) -> Result<(), String> {
         .iter()
         .map(|r| {
             format!(
-                "{},{},{},{},{},{:.1},{},{},{},{},{:.4},{:.4},{},{:.0},{:.0},{},{:.4},{:.4},{},{}",
+                "{},{},{},{},{},{:.1},{},{},{},{},{:.4},{:.4},{:.4},{},{:.0},{:.0},{},{:.4},{:.4},{},{}",
                 r.workload,
                 csv_escape(&r.config),
                 r.scheme.key(),
@@ -408,6 +410,7 @@ pub fn write_files(res: &Results) -> Result<(), String> {
                 r.key_p99_ns,
                 r.mn_cpu_util,
                 r.mn_nic_util,
+                r.mn_rx_util,
                 r.end_bytes,
                 r.avg_bytes,
                 r.avg_live,
@@ -421,7 +424,7 @@ pub fn write_files(res: &Results) -> Result<(), String> {
         .collect();
     write_csv(
         &dir.join("workloads.csv"),
-        "workload,config,scheme,threads,requests,throughput,p50_ns,p99_ns,key_p50_ns,key_p99_ns,mn_cpu_util,mn_nic_util,end_bytes,avg_bytes,avg_live_bytes,static_bytes,reclaimed,mem_util,allocs,frees",
+        "workload,config,scheme,threads,requests,throughput,p50_ns,p99_ns,key_p50_ns,key_p99_ns,mn_cpu_util,mn_nic_util,mn_rx_util,end_bytes,avg_bytes,avg_live_bytes,static_bytes,reclaimed,mem_util,allocs,frees",
         &wl,
     )
     .map_err(io)?;
@@ -535,7 +538,7 @@ pub fn json(res: &Results) -> String {
                 "workload": r.workload, "config": r.config, "scheme": r.scheme.key(), "threads": r.threads,
                 "requests": r.requests, "throughput": r.throughput, "p50_ns": r.p50_ns, "p99_ns": r.p99_ns,
                 "key_p50_ns": r.key_p50_ns, "key_p99_ns": r.key_p99_ns, "mn_cpu_util": r.mn_cpu_util,
-                "mn_nic_util": r.mn_nic_util, "end_bytes": r.end_bytes, "avg_bytes": r.avg_bytes,
+                "mn_nic_util": r.mn_nic_util, "mn_rx_util": r.mn_rx_util, "end_bytes": r.end_bytes, "avg_bytes": r.avg_bytes,
                 "avg_live_bytes": r.avg_live, "static_bytes": r.static_bytes, "reclaimed": r.reclaimed(),
                 "mem_util": r.mem_util(), "allocs": r.allocs, "frees": r.frees,
             })
