@@ -357,6 +357,14 @@ impl<B: RdmaBackend> MnDriver<B> {
                             }
                             continue;
                         }
+                        // A parked alloc chain is not armed in offloaded mode, so a request then
+                        // finds no receive. Here it must not run either: the CN's empty pop
+                        // already holds its one ticket, and another pop would take a second one
+                        // the queue ring has no room for. Drop the request (no reply).
+                        if kind == ChainKind::Alloc && self.mn.cn(*cn).is_some_and(|r| r.alloc_parked) {
+                            self.post_request_buffer(*cn, kind)?;
+                            continue;
+                        }
                         let committed = self.serve_request(*cn, kind, c.byte_len)?;
                         if committed {
                             report.laps_committed += 1;
