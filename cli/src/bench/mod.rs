@@ -351,17 +351,15 @@ pub fn run(args: &BenchArgs, tick: &mut dyn FnMut(&str)) -> Result<Results, Stri
 }
 
 pub fn bench(args: BenchArgs) -> ExitCode {
-    let pb = ProgressBar::new(0);
+    // the steps `run` reports: inputs, 4 geometries, 2 × 6 micro rows, 7 curve points,
+    // 4 KV configurations × (traces + 5 schemes), swap (traces + 5 schemes), the comparison
+    const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 1;
+    let pb = if args.quick || args.json { ProgressBar::hidden() } else { ProgressBar::new(STEPS) };
     pb.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {pos} steps {wide_msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let start = Instant::now();
     let mut tick = |msg: &str| {
-        // only draw for runs longer than a moment
-        if start.elapsed().as_millis() > 700 {
-            pb.enable_steady_tick(std::time::Duration::from_millis(120));
-        }
         pb.inc(1);
         pb.set_message(msg.to_string());
     };
