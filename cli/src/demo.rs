@@ -431,7 +431,7 @@ pub fn demo(args: DemoArgs) -> ExitCode {
     let t = Instant::now();
     match run_demo(&args) {
         Ok(rep) => {
-            print!("{}", summary(&rep, &args, t.elapsed()));
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), summary(&rep, &args, t.elapsed()).as_bytes());
             if rep.passed() {
                 ExitCode::SUCCESS
             } else {

@@ -376,10 +376,8 @@ pub fn bench(args: BenchArgs) -> ExitCode {
         eprintln!("omw bench: writing {}: {e}", args.out.display());
         return ExitCode::FAILURE;
     }
-    if args.json {
-        println!("{}", report::json(&res));
-    } else {
-        print!("{}", report::text(&res));
-    }
+    let out = if args.json { report::json(&res) + "\n" } else { report::text(&res) };
+    // a closed pipe (`omw bench | head`) is not an error worth a panic
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
     ExitCode::SUCCESS
 }
