@@ -307,6 +307,11 @@ impl<B: RdmaBackend> MnDriver<B> {
             // notices: drain their completions (errors mean the CN went away; CnGone handles it)
             while self.backend.poll_cq(qps.access[0], QueueSel::Send, &mut buf).map_err(DriverError::Backend)? > 0 {}
             for kind in [ChainKind::Alloc, ChainKind::Free] {
+                // serving the alloc side may have disconnected this CN (quota): its management
+                // QPs are gone
+                if self.mn.cn(*cn).map(|r| r.status) != Some(crate::mn::CnStatus::Active) {
+                    break;
+                }
                 let (mgmt, lp) = match kind {
                     ChainKind::Alloc => (qps.alloc, qps.alloc_loop),
                     ChainKind::Free => (qps.free, qps.free_loop),
