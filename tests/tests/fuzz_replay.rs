@@ -112,3 +112,62 @@ fn rnic_reset_after_quota_disconnect() {
     assert_eq!(c.write(1, &a, 0, 0, b"after"), WcStatus::Success);
     c.check_invariants().unwrap();
 }
+
+/// mn_events: in host-engine mode a CN whose allocation found the queue empty (its alloc chain
+/// parked, its ticket outstanding) could still have requests served: each one popped again,
+/// taking a second ticket the free-queue ring has no room for, and the queue broke
+/// (`BadQueueSlot`). A broken or malicious CN — or an honest one whose back-off ran out —
+/// triggered it with any bytes on its Alloc QP.
+#[test]
+fn host_engine_parked_cn_takes_no_second_ticket() {
+    use omw_core::backend::ExecutionMode;
+    use omw_core::chain::ChainKind;
+    use omw_core::wire::ErrorCode;
+    use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
+    use omw_loopback::NicConfig;
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 2;
+    cfg.chunks = 2;
+    cfg.quota = 2;
+    cfg.mode = Some(ExecutionMode::HostEngine);
+    cfg.nic = NicConfig::strict().with_offload(false);
+    let mut c = Cluster::new(cfg).unwrap();
+    let a = c.alloc(0).unwrap();
+    c.alloc(0).unwrap();
+    assert_eq!(c.alloc(1), Err(CnOpError::Mn(ErrorCode::Empty)));
+    for bytes in [&[][..], &[0u8; 28][..]] {
+        c.send_raw(1, ChainKind::Alloc, bytes).unwrap();
+        c.check_invariants().unwrap();
+        assert_eq!(c.driver.mn.tickets().len(), 1);
+    }
+    c.free(0, &a).unwrap();
+    c.tick().unwrap();
+    c.check_invariants().unwrap();
+    assert_eq!(c.free_groups() + c.driver.mn.tickets().len() as u32, 1);
+}
+
+/// malicious_cn: in host-engine mode, a request that put a CN over its quota disconnected it
+/// while the driver was polling that CN; the driver went on to poll the CN's Free QP, which the
+/// disconnect had just destroyed, and the whole poll failed ("no QP … on host0"). The honest
+/// API hid it (`Cluster::alloc` maps a failed pump to a wire error); raw requests showed it.
+#[test]
+fn host_engine_quota_disconnect_mid_poll() {
+    use omw_core::backend::{ExecutionMode, WcStatus};
+    use omw_loopback::cluster::{Cluster, ClusterConfig};
+    use omw_loopback::NicConfig;
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 2;
+    cfg.chunks = 4;
+    cfg.quota = 1;
+    cfg.mode = Some(ExecutionMode::HostEngine);
+    cfg.nic = NicConfig::strict().with_offload(false);
+    let mut c = Cluster::new(cfg).unwrap();
+    c.alloc(0).unwrap();
+    c.alloc_begin(0).unwrap();
+    c.pump().unwrap();
+    assert_eq!(c.driver.mn.stats().quota_disconnects, 1);
+    c.check_invariants().unwrap();
+    let b = c.alloc(1).unwrap();
+    assert_eq!(c.write(1, &b, 0, 0, b"fine"), WcStatus::Success);
+    c.check_invariants().unwrap();
+}

@@ -136,6 +136,12 @@ impl Shadow {
             }
         }
     }
+    /// The CN gave `h` back itself.
+    pub fn forget(&mut self, h: &Held) {
+        if let Some(h) = self.held.remove(&(h.cn, h.a.entry_addr, h.a.owner_rkey.0)) {
+            self.dead.push((h.cn, h.a));
+        }
+    }
     pub fn record_write(&mut self, h: &Held, off: usize, data: &[u8]) {
         if let Some(x) = self.held.get_mut(&(h.cn, h.a.entry_addr, h.a.owner_rkey.0)) {
             for (i, b) in data.iter().enumerate() {
