@@ -143,15 +143,19 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
                 Ok(())
             }
             Action::Unbind { rkey } => {
-                match b.mw_binding(rkey) {
-                    Some(MwBinding::Unbound) => return Ok(()),
-                    Some(MwBinding::Bound { rkey: r, .. }) if r != rkey => return Ok(()),
-                    _ => {}
-                }
                 let w = Wqe::unbind_mw(rkey.0).with_wr_id(WR_ID_UNBIND | rkey.0 as u64);
                 // The admin QP may be in error from an earlier refused unbind or an RNIC reset:
                 // bring it back, and retry once if the unbind itself was flushed.
                 for _attempt in 0..2 {
+                    // Checked before every attempt: an attempt whose completion did not arrive
+                    // within the poll budget may still take effect, and a backend that tracks
+                    // bindings then already reports the window unbound — posting the unbind
+                    // again would be refused (or invalidate a free window).
+                    match b.mw_binding(rkey) {
+                        Some(MwBinding::Unbound) => break,
+                        Some(MwBinding::Bound { rkey: r, .. }) if r != rkey => break,
+                        _ => {}
+                    }
                     if b.qp_state(self.admin_qp).map_err(DriverError::Backend)? != QpState::Rts {
                         b.reset_qp(self.admin_qp).map_err(DriverError::Backend)?;
                     }
