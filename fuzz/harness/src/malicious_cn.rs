@@ -165,10 +165,10 @@ fn cluster_err(what: &Op, e: impl std::fmt::Display) -> ! {
 
 pub fn check(input: &Input) {
     let mut w = World { c: input.setup.cluster(CNS), shadow: Shadow::default(), evil: Vec::new() };
-    invariants(&mut w.c, &"setup");
+    invariants(&mut w.c, &"setup", &[]);
     for op in input.ops.iter().take(MAX_OPS) {
         step(&mut w, op);
-        invariants(&mut w.c, op);
+        invariants(&mut w.c, op, &[EVIL]);
         // the attacker's own chunks may come and go (quota, crash); honest ones must not
         let before: Vec<_> = (1..CNS).flat_map(|i| w.shadow.of(i)).collect();
         w.shadow.sync(&w.c);

@@ -5,6 +5,7 @@ use arbitrary::Arbitrary;
 use omw_core::backend::{ExecutionMode, WcStatus};
 use omw_core::cn::Allocation;
 use omw_core::ids::{GroupId, Rkey};
+use omw_core::invariants::InvariantViolation;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::NicConfig;
 use std::collections::HashMap;
@@ -54,21 +55,48 @@ impl Setup {
 /// Panics with the step's context if the cluster's invariants (the core's over MN memory and
 /// window state, and the model's own) do not hold.
 ///
-/// Offloaded mode enforces quotas lazily (the chains do not count): a CN may be over its quota
-/// until the MN's next counter sample. Then the sample is taken and everything must hold.
-pub fn invariants(c: &mut Cluster, what: &dyn std::fmt::Debug) {
-    match c.check_invariants() {
-        Ok(()) => {}
-        Err(e) if c.mode == ExecutionMode::Offloaded && e.contains("OverQuota") => {
-            if let Err(e) = c.sample_counters() {
-                panic!("counter sample failed after {what:?}: {e}");
-            }
-            if let Err(e) = c.check_invariants() {
-                panic!("invariant broken after {what:?} and a counter sample: {e}");
-            }
+/// Two states are tolerated on the way, in offloaded mode only, each followed by what the MN
+/// or the CN would do about it, after which everything must hold:
+/// * a CN over its quota: quotas are enforced lazily there (the chains do not count), so the
+///   MN's next counter sample is taken;
+/// * an access window of a group owned by a CN in `forgers` bound to a QP that is not one of
+///   that CN's access QPs: the offloaded alloc chain binds MW[1..G) to whatever QP numbers the
+///   request names (DESIGN.md §2: "a bad qpn only hurts the caller"; the host engine refuses
+///   them). The CN frees that group.
+pub fn invariants(c: &mut Cluster, what: &dyn std::fmt::Debug, forgers: &[usize]) {
+    let offloaded = c.mode == ExecutionMode::Offloaded;
+    for _round in 0..16 {
+        let model = c.fabric.borrow().check_invariants();
+        if let Err(e) = model {
+            panic!("loopback model invariant broken after {what:?}: {e}");
         }
-        Err(e) => panic!("invariant broken after {what:?}: {e}"),
+        match c.driver.check_invariants() {
+            Ok(()) => return,
+            Err(InvariantViolation::OverQuota { .. }) if offloaded => {
+                if let Err(e) = c.sample_counters() {
+                    panic!("counter sample failed after {what:?}: {e}");
+                }
+            }
+            Err(v @ InvariantViolation::WindowMisbound { group, mw }) if offloaded && mw > 0 => {
+                let owner = c.driver.entry(group).map(|e| e.owner()).unwrap_or(0);
+                let cn = c.cns.iter().position(|n| n.id.get() == owner && !n.crashed);
+                match cn {
+                    Some(i) if forgers.contains(&i) => {
+                        let entry = c.driver.mn.map().entry_addr(group).unwrap_or(0);
+                        let _ = c.free_raw(i, entry);
+                        if c.driver.entry(group).map(|e| e.owner()) == Some(owner) {
+                            panic!(
+                                "cn{i} could not free its group {group:?} with a misbound window ({v}) after {what:?}"
+                            );
+                        }
+                    }
+                    _ => panic!("invariant broken after {what:?}: {v}"),
+                }
+            }
+            Err(v) => panic!("invariant broken after {what:?}: {v}"),
+        }
     }
+    panic!("invariants still broken after 16 repairs, after {what:?}");
 }
 
 /// An allocation as a CN got it, and the bytes it wrote since.
