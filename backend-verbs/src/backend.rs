@@ -22,6 +22,11 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ptr;
 use std::time::{Duration, Instant};
 
+/// wr_id of the backend's own teardown invalidations.
+const TEARDOWN_WR_ID: u64 = u64::MAX;
+/// wr_id of the marker [`VerbsBackend::revive_qp`] posts on a QP in ERR.
+const FLUSH_MARKER_ID: u64 = u64::MAX - 1;
+
 /// Send/receive queue depths of every QP this backend creates.
 pub const SEND_DEPTH: u32 = 256;
 pub const RECV_DEPTH: u32 = 64;
@@ -105,6 +110,8 @@ pub struct VerbsBackend {
     ctx: Context,
     pd: *mut ibv_pd,
     caps: Capabilities,
+    /// [`Self::set_probed`] ran: `caps` says whether LOCAL_INV must run on the bound QP.
+    probed: bool,
     regions: Vec<Region>,
     mrs: BTreeMap<u32, MrEntry>,
     mws: HashMap<u32, MwEntry>,
@@ -114,6 +121,8 @@ pub struct VerbsBackend {
     pub(crate) cm_channel: *mut rdma_event_channel,
     /// rdma_cm ids without a QP (listener, ids being set up).
     pub(crate) cm_ids: Vec<*mut rdma_cm_id>,
+    /// Connection requests reported by `poll_cm` and not yet accepted or rejected.
+    pub(crate) cm_requests: Vec<*mut rdma_cm_id>,
 }
 
 impl std::fmt::Debug for VerbsBackend {
@@ -152,6 +161,7 @@ impl VerbsBackend {
             ctx,
             pd,
             caps,
+            probed: false,
             regions: Vec::new(),
             mrs: BTreeMap::new(),
             mws: HashMap::new(),
@@ -159,6 +169,7 @@ impl VerbsBackend {
             next_wr: 1,
             cm_channel: ptr::null_mut(),
             cm_ids: Vec::new(),
+            cm_requests: Vec::new(),
         })
     }
 
@@ -181,6 +192,7 @@ impl VerbsBackend {
             | Capabilities::MW_BOUNDS_ENFORCED
             | Capabilities::MW_QP_CHECK_ON_INVALIDATE;
         self.caps = (self.caps - semantic) | (probed & semantic);
+        self.probed = true;
     }
 
     // ---------------------------------------------------------------- memory
@@ -524,32 +536,218 @@ impl VerbsBackend {
         self.mws.get(&rkey.index()).and_then(|m| m.bound).and_then(|b| Qpn::new(b.qpn).ok())
     }
 
-    /// Best-effort invalidation during teardown: LOCAL_INV on the bound QP if it is in RTS,
-    /// else on any QP in RTS (rxe accepts that); in every case the window is then marked
-    /// unbound (deallocation releases what the invalidate could not).
-    fn invalidate_for_teardown(&mut self, index: u32) {
-        let Some(m) = self.mws.get(&index) else { return };
-        let Some(b) = m.bound else { return };
-        let rkey = m.rkey;
-        let mut candidates = vec![b.qpn];
-        candidates.extend(self.qps.keys().copied().filter(|q| *q != b.qpn));
-        for q in candidates {
-            if !matches!(self.raw_state(q), Some(QpState::Rts)) {
-                continue;
-            }
-            let Ok(qn) = Qpn::new(q) else { continue };
-            let w = Wqe::local_inv(rkey.0).with_wr_id(u64::MAX);
+    /// Invalidate a window before its QP is destroyed (teardown): an UNBIND, which
+    /// [`Self::invalidate_target`] routes to a QP that can execute it, waited for (bounded:
+    /// three attempts of at most 500 ms). True when the window is known unbound afterwards. If
+    /// the device refused every attempt, the window is marked unbound anyway (so nothing ever
+    /// posts a second invalidate for it) and a warning says the QP's destruction may stall.
+    fn invalidate_for_teardown(&mut self, index: u32) -> bool {
+        for _attempt in 0..3 {
+            let Some(m) = self.mws.get(&index) else { return true };
+            let Some(b) = m.bound else { return true };
+            let rkey = m.rkey;
+            let Ok(on) = self.invalidate_target(b.qpn, b.qpn, true) else { break };
+            let Ok(qn) = Qpn::new(on) else { break };
+            let w = Wqe::unbind_mw(rkey.0).with_wr_id(TEARDOWN_WR_ID); // signaled
             if self.post_send(qn, &w).is_err() {
-                continue;
+                break;
             }
-            match self.wait_send(qn, u64::MAX, Duration::from_millis(500)) {
-                Ok(c) if c.status.is_ok() => break,
-                _ => continue,
+            // a timeout leaves the optimistic "unbound": a late success needs nothing more
+            if let Ok(c) = self.wait_send(qn, TEARDOWN_WR_ID, Duration::from_millis(500)) {
+                if c.status.is_ok() {
+                    return true;
+                }
             }
         }
-        if let Some(m) = self.mws.get_mut(&index) {
-            m.bound = None;
+        let Some(m) = self.mws.get_mut(&index) else { return true };
+        let Some(b) = m.bound.take() else { return true };
+        eprintln!(
+            "omw-verbs: window {:#010x} could not be invalidated; destroying QP {} may stall (rxe: ~51 s)",
+            m.rkey.0, b.qpn
+        );
+        false
+    }
+
+    /// Post a signaled zero-length SEND on `q` (in ERR: it is flushed, never transmitted).
+    fn post_flush_marker(&mut self, q: u32) -> Result<()> {
+        let internal = self.next_wr;
+        self.next_wr += 1;
+        let e = self.entry(q)?;
+        // SAFETY: ibv_send_wr is plain data; all-zero is "no SGE, no next"; e.qp is live.
+        let rc = unsafe {
+            let mut wr: ibv_send_wr = std::mem::zeroed();
+            wr.wr_id = internal;
+            wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+            wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+            let mut bad: *mut ibv_send_wr = ptr::null_mut();
+            ibv_post_send(e.qp, &mut wr, &mut bad)
+        };
+        if rc != 0 {
+            return Err(VerbsError::rc("ibv_post_send", rc));
         }
+        e.pending.push_back(Pending {
+            report_to: q,
+            internal,
+            user: FLUSH_MARKER_ID,
+            opcode: Opcode::Send,
+            effect: Effect::None,
+            rolled_back: false,
+        });
+        Ok(())
+    }
+
+    /// Bring QP `q` back to RTS in place (see [`Self::invalidate_target`]): for executing a
+    /// LOCAL_INV of a window bound to a QP in ERR on a device that accepts it only there.
+    pub fn revive_qp(&mut self, q: Qpn) -> Result<()> {
+        self.revive_raw(q.get())
+    }
+
+    /// Where a LOCAL_INV of a window bound to QP `bound` can run. A QP in ERR only flushes its
+    /// work requests, so:
+    /// 1. `bound` itself while it is in RTS;
+    /// 2. on a device probed to let any QP invalidate a window (no `MW_QP_CHECK_ON_INVALIDATE`:
+    ///    soft-RoCE, where `rxe_invalidate_mw` checks the rkey and the window's state but not
+    ///    the QP), `caller` or else any other QP in RTS, loopback QPs (the MN's own) first;
+    /// 3. otherwise, when `revive` (teardown: the QP is about to be destroyed), `bound` brought
+    ///    back to RTS in place ([`Self::revive_qp`]);
+    /// 4. otherwise `bound` as it is (the invalidate is flushed and rolled back; the window
+    ///    stays bound until the QP's teardown revives it).
+    fn invalidate_target(&mut self, bound: u32, caller: u32, revive: bool) -> Result<u32> {
+        let rts = |b: &Self, q: u32| matches!(b.raw_state(q), Some(QpState::Rts));
+        if !self.qps.contains_key(&bound) {
+            return Err(VerbsError::UnknownQp(bound));
+        }
+        if rts(self, bound) {
+            return Ok(bound);
+        }
+        if self.probed && !self.caps.contains(Capabilities::MW_QP_CHECK_ON_INVALIDATE) {
+            if caller != bound && self.qps.contains_key(&caller) && rts(self, caller) {
+                return Ok(caller);
+            }
+            let mut others: Vec<(bool, u32)> = self
+                .qps
+                .iter()
+                .filter(|(q, _)| **q != bound && **q != caller)
+                .map(|(q, e)| (!matches!(e.link, Link::Loopback { .. }), *q))
+                .collect();
+            others.sort_unstable();
+            if let Some((_, q)) = others.into_iter().find(|(_, q)| rts(self, *q)) {
+                return Ok(q);
+            }
+        }
+        if revive {
+            self.revive_raw(bound)?;
+        }
+        Ok(bound)
+    }
+
+    /// Bring one QP back to RTS **in place**, with the attributes it had (queried: path,
+    /// remote QPN, PSNs, limits): ERR → RESET → INIT → RTR → RTS. Only for executing local work
+    /// (LOCAL_INV) on a QP whose connection is dead anyway; the remote end is not touched.
+    /// Completions still due (flushes) are settled first, and what never completed is rolled
+    /// back: RESET discards the queues without completions.
+    pub(crate) fn revive_raw(&mut self, q: u32) -> Result<()> {
+        let e = self.qps.get(&q).ok_or(VerbsError::UnknownQp(q))?;
+        let raw = e.qp;
+        let qn = qpn(q)?;
+        // Settle what is still due. In ERR every outstanding WR completes (flushed, signaled or
+        // not), so a signaled marker posted now completes after all of them: once it is in,
+        // the shadow queue holds nothing older. Bounded: 500 ms.
+        if matches!(self.raw_state(q), Some(QpState::Err)) && self.post_flush_marker(q).is_ok() {
+            let t0 = Instant::now();
+            while self.qps.get(&q).is_some_and(|e| e.pending.iter().any(|p| p.user == FLUSH_MARKER_ID))
+                && t0.elapsed() < Duration::from_millis(500)
+            {
+                self.drain(qn);
+            }
+        }
+        self.drain(qn);
+        // SAFETY: raw is a live QP of this backend; attr/init_attr are plain data the call fills.
+        let a = unsafe {
+            let mut a: ibv_qp_attr = std::mem::zeroed();
+            let mut ia: ibv_qp_init_attr = std::mem::zeroed();
+            let mask = ibv_qp_attr_mask::IBV_QP_STATE
+                | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+                | ibv_qp_attr_mask::IBV_QP_PORT
+                | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS
+                | ibv_qp_attr_mask::IBV_QP_AV
+                | ibv_qp_attr_mask::IBV_QP_PATH_MTU
+                | ibv_qp_attr_mask::IBV_QP_DEST_QPN
+                | ibv_qp_attr_mask::IBV_QP_RQ_PSN
+                | ibv_qp_attr_mask::IBV_QP_SQ_PSN
+                | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+                | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC
+                | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER
+                | ibv_qp_attr_mask::IBV_QP_TIMEOUT
+                | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+                | ibv_qp_attr_mask::IBV_QP_RNR_RETRY;
+            let rc = ibv_query_qp(raw, &mut a, mask.0 as i32, &mut ia);
+            if rc != 0 {
+                return Err(VerbsError::rc("ibv_query_qp", rc));
+            }
+            a
+        };
+        let steps: [(ibv_qp_state::Type, ibv_qp_attr_mask, &'static str); 4] = [
+            (ibv_qp_state::IBV_QPS_RESET, ibv_qp_attr_mask::IBV_QP_STATE, "ibv_modify_qp(RESET)"),
+            (
+                ibv_qp_state::IBV_QPS_INIT,
+                ibv_qp_attr_mask::IBV_QP_STATE
+                    | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+                    | ibv_qp_attr_mask::IBV_QP_PORT
+                    | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS,
+                "ibv_modify_qp(INIT)",
+            ),
+            (
+                ibv_qp_state::IBV_QPS_RTR,
+                ibv_qp_attr_mask::IBV_QP_STATE
+                    | ibv_qp_attr_mask::IBV_QP_AV
+                    | ibv_qp_attr_mask::IBV_QP_PATH_MTU
+                    | ibv_qp_attr_mask::IBV_QP_DEST_QPN
+                    | ibv_qp_attr_mask::IBV_QP_RQ_PSN
+                    | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+                    | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER,
+                "ibv_modify_qp(RTR)",
+            ),
+            (
+                ibv_qp_state::IBV_QPS_RTS,
+                ibv_qp_attr_mask::IBV_QP_STATE
+                    | ibv_qp_attr_mask::IBV_QP_TIMEOUT
+                    | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+                    | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
+                    | ibv_qp_attr_mask::IBV_QP_SQ_PSN
+                    | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC,
+                "ibv_modify_qp(RTS)",
+            ),
+        ];
+        for (state, mask, call) in steps {
+            // SAFETY: ibv_qp_attr is plain C data (no Drop, no ownership): a bitwise copy is a
+            // valid, independent value.
+            let mut attr: ibv_qp_attr = unsafe { ptr::read(&a) };
+            attr.qp_state = state;
+            // SAFETY: raw is live; attr carries the queried values of every field `mask` names.
+            let rc = unsafe { ibv_modify_qp(raw, &mut attr, mask.0 as i32) };
+            if rc != 0 {
+                return Err(VerbsError::rc(call, rc));
+            }
+            if state == ibv_qp_state::IBV_QPS_RESET {
+                // the queues are gone without completions: nothing pending will complete
+                let undo: Vec<Effect> = match self.qps.get_mut(&q) {
+                    Some(e) => {
+                        let v = e.pending.iter_mut().rev().filter(|p| !p.rolled_back).map(|p| p.effect).collect();
+                        e.pending.clear();
+                        v
+                    }
+                    None => Vec::new(),
+                };
+                for u in undo {
+                    self.rollback(u);
+                }
+            }
+        }
+        if let Some(e) = self.qps.get_mut(&q) {
+            e.errored = false;
+        }
+        Ok(())
     }
 
     // ---------------------------------------------------------------- helpers
@@ -683,11 +881,17 @@ impl VerbsBackend {
                 wr.num_sge = 1;
             }
             Opcode::BindMw if w.flags.contains(WqeFlags::UNBIND) => {
-                // no UMR "free" form in libibverbs: LOCAL_INV on the QP the window is bound to
+                // no UMR "free" form in libibverbs: LOCAL_INV, on the QP the window is bound to
+                // while that QP can execute it, else where the device allows (invalidate_target)
                 let index = Rkey(w.imm).index();
-                let m = self.mws.get_mut(&index).ok_or(VerbsError::UnknownMw(w.imm))?;
+                let m = self.mws.get(&index).ok_or(VerbsError::UnknownMw(w.imm))?;
                 let b = m.bound.ok_or(VerbsError::NotBound(w.imm))?;
-                post_on = b.qpn;
+                if m.rkey.0 != w.imm {
+                    // bound under another key: this rkey names nothing the device would accept
+                    return Err(VerbsError::NotBound(w.imm));
+                }
+                post_on = self.invalidate_target(b.qpn, qp.get(), false)?;
+                let m = self.mws.get_mut(&index).ok_or(VerbsError::UnknownMw(w.imm))?;
                 effect = Effect::Mw { index, old_rkey: m.rkey, old_bound: m.bound };
                 m.bound = None;
                 wr.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
@@ -763,8 +967,13 @@ impl VerbsBackend {
             return (internal, Opcode::Nop, q);
         };
         let mut undo = Vec::new();
-        if !status.is_ok() && !e.errored {
-            // the failing WR and every later one will not take effect: undo newest first
+        if !status.is_ok() {
+            // The failing WR and every later one will not take effect: undo newest first.
+            // This holds for *every* error completion, not only the first: a WR posted after
+            // the QP went to ERR (a retried LOCAL_INV, say) completes flushed, and its
+            // optimistic effect must go too — otherwise the tracking calls a window unbound
+            // that the device still has bound to this QP (and destroying the QP then stalls
+            // ~51 s in rxe).
             e.errored = true;
             for p in e.pending.iter_mut().skip(pos).rev() {
                 if !p.rolled_back {
@@ -1096,6 +1305,9 @@ impl Drop for VerbsBackend {
         }
         // SAFETY: ids without QPs and the channel are ours; events were acked as they came.
         unsafe {
+            for id in self.cm_requests.drain(..) {
+                crate::cm::reject_raw(id);
+            }
             for id in self.cm_ids.drain(..) {
                 rdma_destroy_id(id);
             }
@@ -1147,18 +1359,13 @@ impl VerbsBackend {
         for wc in wcs.iter().take(n as usize) {
             let status = WcStatus::from_u32(wc.status);
             let flags = ibv_wc_flags(wc.wc_flags);
-            // SAFETY: which union member is valid is told by wc_flags.
-            let (imm, inv) = unsafe {
-                (
-                    ((flags & ibv_wc_flags::IBV_WC_WITH_IMM).0 != 0)
-                        .then(|| u32::from_be(wc.imm_data_invalidated_rkey_union.imm_data)),
-                    (((flags & ibv_wc_flags::IBV_WC_WITH_INV).0 != 0)
-                        || (rxe_inv_quirk
-                            && queue == QueueSel::Recv
-                            && (flags & ibv_wc_flags::IBV_WC_IP_CSUM_OK).0 != 0))
-                        .then(|| wc.imm_data_invalidated_rkey_union.invalidated_rkey),
-                )
-            };
+            // SAFETY: both members of the union are u32s over the same four bytes, so reading
+            // either is defined; wc_flags says which one the device filled.
+            let raw = unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey };
+            let imm = ((flags & ibv_wc_flags::IBV_WC_WITH_IMM).0 != 0).then_some(u32::from_be(raw));
+            let inv = (((flags & ibv_wc_flags::IBV_WC_WITH_INV).0 != 0)
+                || (rxe_inv_quirk && queue == QueueSel::Recv && (flags & ibv_wc_flags::IBV_WC_IP_CSUM_OK).0 != 0))
+                .then_some(raw);
             let mut report_to = qp.get();
             let (wr_id, opcode) = match queue {
                 QueueSel::Send => {

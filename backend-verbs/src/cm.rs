@@ -85,11 +85,17 @@ pub enum CmEventKind {
     Other(u32),
 }
 
+/// The rdma_cm id an event is about: a handle, compared by identity. Only the backend turns
+/// it back into a pointer, and only while it knows the id to be live (a connection request
+/// not yet accepted or rejected, or the id of one of its QPs).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct CmId(*mut rdma_cm_id);
+
 /// An rdma_cm event, copied out and already acknowledged.
 #[derive(Clone, Debug)]
 pub struct CmEvent {
     pub kind: CmEventKind,
-    pub id: *mut rdma_cm_id,
+    pub id: CmId,
     pub status: i32,
     pub private_data: Vec<u8>,
 }
@@ -214,21 +220,41 @@ impl VerbsBackend {
             } else {
                 std::slice::from_raw_parts(conn.private_data as *const u8, conn.private_data_len as usize).to_vec()
             };
-            let out = CmEvent { kind, id: e.id, status: e.status, private_data };
+            if kind == CmEventKind::ConnectRequest {
+                // a new id, ours until accepted (then its QP owns it) or rejected
+                self.cm_requests.push(e.id);
+            }
+            let out = CmEvent { kind, id: CmId(e.id), status: e.status, private_data };
             rdma_ack_cm_event(ev);
             Ok(Some(out))
         }
     }
 
+    /// Take a pending connection request out of the table (None: not one).
+    fn take_request(&mut self, id: CmId) -> Option<*mut rdma_cm_id> {
+        let i = self.cm_requests.iter().position(|x| *x == id.0)?;
+        Some(self.cm_requests.swap_remove(i))
+    }
+
     /// MN side: create the QP of a connection request, post receives (through `prepare`),
-    /// and accept it with `private` as the reply's private data.
+    /// and accept it with `private` as the reply's private data. `id` must be a connection
+    /// request [`Self::poll_cm`] reported and nobody accepted or rejected yet.
     pub fn accept(
         &mut self,
-        id: *mut rdma_cm_id,
+        id: CmId,
         private: &[u8],
         prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
     ) -> Result<Qpn> {
-        let q = self.create_cm_qp(id)?;
+        let id = self
+            .take_request(id)
+            .ok_or_else(|| VerbsError::Config("accept: not a pending connection request".into()))?;
+        let q = match self.create_cm_qp(id) {
+            Ok(q) => q,
+            Err(e) => {
+                reject_raw(id);
+                return Err(e);
+            }
+        };
         if let Err(e) = prepare(self, q) {
             let _ = omw_core::backend::RdmaBackend::destroy_qp(self, q);
             return Err(e);
@@ -253,12 +279,10 @@ impl VerbsBackend {
         Ok(q)
     }
 
-    /// MN side: refuse a connection request (no QP was created for it).
-    pub fn reject(&mut self, id: *mut rdma_cm_id) {
-        // SAFETY: id is a connection request id handed to us by an event; destroyed after.
-        unsafe {
-            rdma_reject(id, ptr::null(), 0);
-            rdma_destroy_id(id);
+    /// MN side: refuse a pending connection request (ignored if `id` is not one).
+    pub fn reject(&mut self, id: CmId) {
+        if let Some(raw) = self.take_request(id) {
+            reject_raw(raw);
         }
     }
 
@@ -278,7 +302,7 @@ impl VerbsBackend {
                 });
             }
             let Some(ev) = self.poll_cm(left.min(Duration::from_millis(100)))? else { continue };
-            if ev.id != id {
+            if ev.id.0 != id {
                 continue;
             }
             if ev.kind == want {
@@ -376,8 +400,18 @@ impl VerbsBackend {
     }
 
     /// The QP created for an rdma_cm id, if any.
-    pub fn qp_of_id(&self, id: *mut rdma_cm_id) -> Option<Qpn> {
-        self.qpns().into_iter().find(|q| self.cm_id_of(*q) == Some(id))
+    pub fn qp_of_id(&self, id: CmId) -> Option<Qpn> {
+        self.qpns().into_iter().find(|q| self.cm_id_of(*q) == Some(id.0))
+    }
+}
+
+/// Reject and destroy a connection request id that was taken out of the pending table.
+pub(crate) fn reject_raw(id: *mut rdma_cm_id) {
+    // SAFETY: id is a live connection-request id owned by the caller (taken out of the
+    // backend's pending table, so nothing else uses or destroys it).
+    unsafe {
+        rdma_reject(id, ptr::null(), 0);
+        rdma_destroy_id(id);
     }
 }
 

@@ -6,7 +6,7 @@
 //! `Event::CnGone`, and logs.
 
 use crate::backend::{VerbsBackend, SEND_DEPTH};
-use crate::cm::{welcome, CmEvent, CmEventKind, Hello, Role};
+use crate::cm::{welcome, CmEvent, CmEventKind, CmId, Hello, Role};
 use crate::device::{ensure_memlock, memlock_limit};
 use crate::error::{human, Result, VerbsError};
 use crate::probe::{self, ProbeReport};
@@ -18,7 +18,6 @@ use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::{CnQps, Event, MemoryNode, MnConfig, MnKeys, MnStats};
 use omw_core::mn_driver::MnDriver;
 use omw_core::mn_memory::MnMemoryMap;
-use rdma_sys::rdma_cm_id;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,7 +66,7 @@ struct Session {
     free: Option<Qpn>,
     access: Vec<Option<Qpn>>,
     established: Vec<Qpn>,
-    ids: Vec<*mut rdma_cm_id>,
+    ids: Vec<CmId>,
     cn: Option<CnId>,
     opened: Option<Instant>,
 }
@@ -81,7 +80,7 @@ pub struct MemoryNodeDaemon {
     pub software_ownership_check: bool,
     opts: MnOptions,
     sessions: HashMap<u64, Session>,
-    by_id: HashMap<usize, u64>,
+    by_id: HashMap<CmId, u64>,
     t0: Instant,
     last_stats: Instant,
     last_counts: (u64, u64, MnStats),
@@ -95,7 +94,9 @@ impl std::fmt::Debug for MemoryNodeDaemon {
 }
 
 fn log(msg: impl AsRef<str>) {
-    eprintln!("omw mn: {}", msg.as_ref());
+    // wall-clock seconds (mod 10⁴) with milliseconds, to line up with the CNs' and tests' logs
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    eprintln!("omw mn: [{:04}.{:03}] {}", t.as_secs() % 10_000, t.subsec_millis(), msg.as_ref());
 }
 
 impl MemoryNodeDaemon {
@@ -363,7 +364,7 @@ impl MemoryNodeDaemon {
                             Role::Access(i) => s.access[i as usize] = Some(q),
                         }
                         s.ids.push(ev.id);
-                        self.by_id.insert(ev.id as usize, hello.nonce);
+                        self.by_id.insert(ev.id, hello.nonce);
                     }
                     Err(e) => {
                         log(format!("accept failed: {e}"));
@@ -371,7 +372,7 @@ impl MemoryNodeDaemon {
                 }
             }
             CmEventKind::Established => {
-                let Some(nonce) = self.by_id.get(&(ev.id as usize)).copied() else { return Ok(()) };
+                let Some(nonce) = self.by_id.get(&ev.id).copied() else { return Ok(()) };
                 let Some(q) = self.driver.backend.qp_of_id(ev.id) else { return Ok(()) };
                 let Some(s) = self.sessions.get_mut(&nonce) else { return Ok(()) };
                 if !s.established.contains(&q) {
@@ -418,7 +419,7 @@ impl MemoryNodeDaemon {
                 }
             }
             CmEventKind::Disconnected | CmEventKind::Error(_) | CmEventKind::Rejected => {
-                let Some(nonce) = self.by_id.get(&(ev.id as usize)).copied() else { return Ok(()) };
+                let Some(nonce) = self.by_id.get(&ev.id).copied() else { return Ok(()) };
                 let cn = self.sessions.get(&nonce).and_then(|s| s.cn);
                 if let Some(cn) = cn {
                     let before = self.driver.mn.stats().groups_reclaimed;
@@ -439,7 +440,7 @@ impl MemoryNodeDaemon {
     fn drop_session(&mut self, nonce: u64) {
         let Some(s) = self.sessions.remove(&nonce) else { return };
         for id in &s.ids {
-            self.by_id.remove(&(*id as usize));
+            self.by_id.remove(id);
         }
         let qps = [s.alloc, s.free].into_iter().flatten().chain(s.access.iter().flatten().copied());
         for q in qps {

@@ -8,6 +8,12 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Wall-clock seconds (mod 10⁴) with milliseconds, as the MN's log lines carry.
+fn stamp() -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    format!("{:04}.{:03}", t.as_secs() % 10_000, t.subsec_millis())
+}
+
 const NODE: &str = env!("CARGO_BIN_EXE_omw-verbs-node");
 
 struct Mn {
@@ -46,14 +52,35 @@ impl Mn {
         }
     }
     fn stop(mut self) {
+        let t = Instant::now();
         let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
         let st = self.child.wait().unwrap();
         println!("--- MN log ---\n{}", self.log());
+        println!("MN stopped in {:?}", t.elapsed());
         assert!(st.success(), "MN exited with {st}");
+        assert!(t.elapsed() < Duration::from_secs(20), "MN shutdown stalled: {:?}", t.elapsed());
+    }
+}
+
+impl Drop for Mn {
+    /// A failed test still stops the MN (SIGINT: it tears down cleanly), and shows its log.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
+            let t = Instant::now();
+            while matches!(self.child.try_wait(), Ok(None)) && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            println!("--- MN log ---\n{}", self.log());
+        }
     }
 }
 
 struct Cn {
+    /// "cnN" as the MN logs it.
+    id: String,
     child: Child,
     stdin: ChildStdin,
     out: BufReader<ChildStdout>,
@@ -69,8 +96,10 @@ impl Cn {
             .unwrap();
         let stdin = child.stdin.take().unwrap();
         let out = BufReader::new(child.stdout.take().unwrap());
-        let mut c = Cn { child, stdin, out };
-        assert!(c.cmd("info").starts_with("ok"), "CN did not connect");
+        let mut c = Cn { id: String::new(), child, stdin, out };
+        let info = c.cmd("info");
+        let n = info.strip_prefix("ok cn=").and_then(|r| r.split_whitespace().next());
+        c.id = format!("cn{}", n.unwrap_or_else(|| panic!("CN did not connect: {info}")));
         c
     }
     fn cmd(&mut self, line: &str) -> String {
@@ -79,12 +108,18 @@ impl Cn {
         let mut s = String::new();
         self.out.read_line(&mut s).unwrap();
         let s = s.trim().to_string();
-        println!("  {line:<50} -> {s}");
+        println!("  [{}] {line:<50} -> {s}", stamp());
         s
     }
     fn quit(mut self) {
         let _ = writeln!(self.stdin, "quit");
         let _ = self.child.wait();
+    }
+    /// SIGKILL: the process dies with its QPs connected.
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        let _ = self.child.wait();
+        println!("  [{}] killed {}", stamp(), self.id);
     }
 }
 
@@ -150,31 +185,48 @@ fn two_cns_isolation_stale_keys_and_reclaim() {
     assert_eq!(b3.cmd(&format!("freeentry {:#x} 3000", y.entry)), "refused NotOwner");
     assert_eq!(a.cmd(&format!("read {} 0 0 11", y.n)), "ok secret-of-A");
     let _ = bz;
-    // killing a CN process returns all its chunks to the pool
     let z = parse_alloc(&a.cmd("alloc"));
     let _ = z;
     // stale rkey after free (x's windows were invalidated and rebound with new keys)
     let mut s = s;
     assert_eq!(s.cmd(&format!("rawread 1 {:#x} {:#x} 8", x.base, x.rkeys[1])), "status RemAccessErr");
-    if std::env::var_os("OMW_RXE_RECLAIM").is_none() {
-        // KNOWN GAP: reclaim after a CN process dies stalls the MN on rxe in this build
-        // (see docs/VERBS.md); opt in with OMW_RXE_RECLAIM=1 while it is being fixed.
-        println!("reclaim-on-kill check skipped (set OMW_RXE_RECLAIM=1)");
-        return;
-    }
-    a.child.kill().unwrap();
-    let _ = a.child.wait();
-    mn.wait_log("cn1 disconnected: reclaimed 2 chunk(s)");
-    // and the pool has them again: a new CN gets every chunk the others do not hold
-    // (B, B' hold one each): 16 − 2
+
+    // ---- reclaim: killing a CN process returns all its chunks to the pool, promptly, and the
+    // MN keeps serving. A (2 chunks, healthy QPs) first, then B (1 chunk, both access QPs in
+    // ERR from its refused accesses: its windows are bound to MN QPs in ERR), then B' quits
+    // normally (1 chunk, QPs in ERR), B'' and S (no chunks) quit.
+    let reclaim = |mn: &Mn, cn: &str, n: u32| {
+        let t = Instant::now();
+        mn.wait_log(&format!("{cn} disconnected: reclaimed {n} chunk(s)"));
+        let dt = t.elapsed();
+        println!("  [{}] {cn}: {n} chunk(s) reclaimed {dt:?} after it went", stamp());
+        assert!(dt < Duration::from_secs(20), "reclaim of {cn} took {dt:?}");
+    };
+    let a_id = a.id.clone();
+    a.kill();
+    reclaim(&mn, &a_id, 2);
+    let b_id = b.id.clone();
+    b.kill();
+    reclaim(&mn, &b_id, 1);
+    // the MN still accepts and serves while others come and go
     let mut c = Cn::start(&addr);
-    for _ in 0..14 {
+    let cz = parse_alloc(&c.cmd("alloc"));
+    assert_eq!(c.cmd(&format!("write {} 1 0 after-reclaim", cz.n)), "ok");
+    assert_eq!(c.cmd(&format!("read {} 0 0 13", cz.n)), "ok after-reclaim");
+    let b2_id = b2.id.clone();
+    b2.quit();
+    reclaim(&mn, &b2_id, 1);
+    for (x, n) in [(b3, 0), (s, 0)] {
+        let id = x.id.clone();
+        x.quit();
+        reclaim(&mn, &id, n);
+    }
+    // every chunk is back: C holds one and gets the other 15 (the pool has 16)
+    for _ in 0..15 {
         assert!(c.cmd("alloc").starts_with("ok"));
     }
-    // Known gap (see docs/VERBS.md): when a CN whose access QPs are in the error state
-    // disconnects, the MN's reclaim currently stalls; B, B', B'' stay connected until the MN stops.
-    for x in [b, b2, b3, s, c] {
-        x.quit();
-    }
+    c.quit();
+    let log = mn.log();
+    assert!(!log.contains("could not be invalidated"), "a window stayed bound:\n{log}");
     mn.stop();
 }

@@ -9,7 +9,7 @@ use omw_core::backend::{Capabilities, QpState, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wqe::{RecvWqe, Sge, Wqe};
 use omw_verbs::{VerbsBackend, VerbsError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(5);
 const OK: WcStatus = WcStatus::Success;
@@ -232,20 +232,118 @@ fn teardown_with_bound_windows_on_errored_qps_is_clean() {
     if !rxe() {
         return;
     }
-    // windows left bound (one to a QP in ERR) must not stall teardown in rxe_destroy_qp
-    let t0 = std::time::Instant::now();
-    {
-        let mut f = fx();
-        for i in 0..4u64 {
-            let mw = f.b.alloc_mw().unwrap();
-            let p = f.b.create_loopback_pair().unwrap();
-            assert_eq!(f.bind(p.0, mw, mw.next_key(), i * 4096, 4096, RW), OK);
-            if i == 0 {
-                assert_eq!(f.read(p.1, 0, Rkey(0x0BAD_0000), 8), DENIED);
+    // windows left bound (two to QPs in ERR) must not stall teardown in rxe_destroy_qp
+    for probed in [false, true] {
+        let t0 = Instant::now();
+        {
+            let mut f = fx();
+            if probed {
+                f.b.set_probed(RXE_SEMANTICS);
+            }
+            for i in 0..4u64 {
+                let mw = f.b.alloc_mw().unwrap();
+                let p = f.b.create_loopback_pair().unwrap();
+                assert_eq!(f.bind(p.0, mw, mw.next_key(), i * 4096, 4096, RW), OK);
+                if i < 2 {
+                    assert_eq!(f.read(p.1, 0, Rkey(0x0BAD_0000), 8), DENIED);
+                    assert_eq!(f.states(p), ERR2);
+                }
             }
         }
+        let dt = t0.elapsed();
+        println!("teardown with 4 bound windows (2 on QPs in ERR, probed {probed}) took {dt:?}");
+        assert!(dt < PROMPT, "teardown stalled: {dt:?}");
     }
-    println!("teardown with 4 bound windows took {:?}", t0.elapsed());
+}
+
+/// What the probe finds on soft-RoCE: QP binding enforced, neither window bounds nor the QP
+/// check on invalidation.
+const RXE_SEMANTICS: Capabilities = Capabilities::MW_QP_BINDING_ENFORCED;
+/// Destroying a QP with a type-2 window still bound stalls ~51 s in rxe: anything well below
+/// that proves the window was really unbound first.
+const PROMPT: Duration = Duration::from_secs(15);
+
+/// Destroy a QP pair and say how long it took.
+fn destroy_pair(f: &mut Fx, p: (Qpn, Qpn)) -> Duration {
+    let t0 = Instant::now();
+    f.b.destroy_qp(p.0).unwrap();
+    f.b.destroy_qp(p.1).unwrap();
+    t0.elapsed()
+}
+
+#[test]
+fn unbind_of_a_window_whose_qp_is_in_err_runs_on_a_live_qp() {
+    if !rxe() {
+        return;
+    }
+    let mut f = fx();
+    f.b.set_probed(RXE_SEMANTICS);
+    let mw = f.b.alloc_mw().unwrap();
+    let p = f.b.create_loopback_pair().unwrap();
+    let admin = f.b.create_loopback_pair().unwrap();
+    let k = mw.next_key();
+    assert_eq!(f.bind(p.0, mw, k, 0, 4096, RW), OK);
+    // the CN end does something illegal: both ends of the pair go to ERR
+    assert_eq!(f.read(p.1, 0, Rkey(0x0BAD_0000), 8), DENIED);
+    assert_eq!(f.states(p), ERR2);
+    // a LOCAL_INV on the QP in ERR is only flushed — every time, and every time the tracking
+    // keeps the window bound (a second flushed invalidate used to leave it "unbound")
+    for _ in 0..2 {
+        let st = f.inv(p.0, k);
+        assert_ne!(st, OK, "LOCAL_INV on a QP in ERR");
+        assert_eq!(f.b.bound_qp(k), Some(p.0), "a flushed invalidate leaves the window bound");
+    }
+    // UNBIND (the driver's, posted on its admin QP): runs on a QP in RTS, the window is free
+    let c = f.b.post_wait(admin.0, &Wqe::unbind_mw(k.0).with_wr_id(9), T).unwrap();
+    assert_eq!((c.status, c.qpn), (OK, admin.0));
+    assert_eq!(f.b.bound_qp(k), None);
+    // … for real: destroying the QP it was bound to does not stall
+    let dt = destroy_pair(&mut f, p);
+    println!("destroying the errored pair took {dt:?}");
+    assert!(dt < PROMPT, "the window was still bound: destroy took {dt:?}");
+    // and the window binds again with the next key
+    let p2 = f.b.create_loopback_pair().unwrap();
+    assert_eq!(f.bind(p2.0, mw, k.next_key(), 0, 4096, RW), OK);
+    assert_eq!(f.read(p2.1, 0, k.next_key(), 8), OK);
+}
+
+#[test]
+fn revived_qp_invalidates_its_own_window() {
+    if !rxe() {
+        return;
+    }
+    // the path for devices that accept LOCAL_INV only on the bound QP: bring that QP back to
+    // RTS in place (RESET → INIT → RTR → RTS with its queried attributes), invalidate there
+    let mut f = fx();
+    let mw = f.b.alloc_mw().unwrap();
+    let p = f.b.create_loopback_pair().unwrap();
+    let k = mw.next_key();
+    assert_eq!(f.bind(p.0, mw, k, 0, 4096, RW), OK);
+    assert_eq!(f.read(p.1, 0, Rkey(0x0BAD_0000), 8), DENIED);
+    assert_eq!(f.states(p), ERR2);
+    f.b.revive_qp(p.0).unwrap();
+    assert_eq!(f.b.qp_state(p.0).unwrap(), QpState::Rts);
+    assert_eq!(f.b.qp_state(p.1).unwrap(), QpState::Err, "the other end is not touched");
+    assert_eq!(f.b.bound_qp(k), Some(p.0), "RESET does not unbind a type-2 window");
+    assert_eq!(f.inv(p.0, k), OK, "LOCAL_INV on the revived QP");
+    let dt = destroy_pair(&mut f, p);
+    println!("destroying the revived pair took {dt:?}");
+    assert!(dt < PROMPT, "the window was still bound: destroy took {dt:?}");
+    // unprobed backend (treated as checking the QP on invalidation): an UNBIND of a window
+    // bound to a QP in ERR is posted there and flushed, the window stays bound; destroying the
+    // QP revives it, invalidates there, and does not stall
+    let p = f.b.create_loopback_pair().unwrap();
+    let k2 = k.next_key();
+    assert_eq!(f.bind(p.0, mw, k2, 0, 4096, RW), OK);
+    assert_eq!(f.read(p.1, 0, Rkey(0x0BAD_0000), 8), DENIED);
+    let other = f.b.create_loopback_pair().unwrap();
+    let c = f.b.post_wait(other.0, &Wqe::unbind_mw(k2.0).with_wr_id(9), T).unwrap();
+    assert_ne!(c.status, OK, "UNBIND on the bound QP in ERR is flushed");
+    assert_eq!(c.qpn, other.0);
+    assert_eq!(f.b.bound_qp(k2), Some(p.0));
+    let dt = destroy_pair(&mut f, p);
+    println!("destroying the errored pair (window revived and invalidated in teardown) took {dt:?}");
+    assert!(dt < PROMPT, "the window was still bound: destroy took {dt:?}");
 }
 
 #[test]
@@ -263,4 +361,47 @@ fn probe_reports_rxe_semantics() {
         assert!(!r.has(Capabilities::MW_BOUNDS_ENFORCED));
         assert!(!r.has(Capabilities::MW_QP_CHECK_ON_INVALIDATE));
     }
+}
+
+/// The rxe kernel hazard of docs/VERBS.md, reproduced: a SEND_WITH_INV whose invalidate rkey
+/// is the current key of a type-2 window in the FREE state (here: bound, then invalidated —
+/// the key a CN keeps knowing after it freed its chunk) reaches `rxe_invalidate_mw`, which
+/// only checks the rkey, that the window is not INVALID and that it is type 2, and then
+/// `rxe_do_invalidate_mw` dereferences the window's NULL QP and MR pointers. Nothing but a
+/// posted receive is needed on the receiving QP (`OMW_OOPS_NEVER_BOUND=1`: the same with a
+/// window never bound, named by its initial key). **This panics the kernel it runs on**
+/// (Debian 6.1.0-56: "BUG: kernel NULL pointer dereference" in `__rxe_put` from
+/// `rxe_invalidate_mw` ← `rxe_responder`, then "Kernel panic - not syncing: Fatal exception in
+/// interrupt"): run it by hand in the throw-away VM, with the console shown:
+///
+/// ```text
+/// OMW_RXE=1 OMW_RXE_VM_CONSOLE=1 scripts/rxe-test -p omw-verbs --test rxe_mw -- \
+///     --ignored --exact rxe_oops_on_send_with_inv_naming_a_free_window
+/// ```
+#[test]
+#[ignore = "oopses the kernel (rxe NULL dereference): run by hand in the VM, see the doc comment"]
+fn rxe_oops_on_send_with_inv_naming_a_free_window() {
+    if !rxe() {
+        return;
+    }
+    let mut f = fx();
+    let mw = f.b.alloc_mw().unwrap();
+    let p = f.b.create_loopback_pair().unwrap();
+    // OMW_OOPS_NEVER_BOUND=1: a window never bound, named by the key ibv_alloc_mw gave it
+    let k = if std::env::var_os("OMW_OOPS_NEVER_BOUND").is_some() {
+        mw
+    } else {
+        let k = mw.next_key();
+        assert_eq!(f.bind(p.0, mw, k, 0, 4096, RW), OK);
+        assert_eq!(f.read(p.1, 0, k, 8), OK);
+        assert_eq!(f.inv(p.0, k), OK, "the window is FREE now, its rkey still k");
+        k
+    };
+    let mut r = RecvWqe { wr_id: 1, sges: heapless::Vec::new() };
+    r.sges.push(Sge { addr: f.req + 4096, length: 64, lkey: f.req_lkey }).unwrap();
+    f.b.post_recv(p.0, &r).unwrap();
+    println!("posting SEND_WITH_INV({:#010x}) of a free window: expect a kernel oops now", k.0);
+    let c = f.b.post_wait(p.1, &Wqe::send_with_inv(f.req, f.req_lkey, 8, k.0).with_wr_id(2), T);
+    println!("still running: SEND_WITH_INV completed {c:?}; receive {:?}", f.b.wait_recv(p.0, T));
+    panic!("no oops: the kernel refused to invalidate a free window (fixed rxe?)");
 }

@@ -214,5 +214,23 @@ mod tests {
         })
         .unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::NoDevice { .. }), "{e}");
+        assert!(e.to_string().contains("no RDMA device"), "{e}");
+        // and the handlers `omw mn` / `omw cn` / `omw probe` run turn that into a failure exit
+        let mn_args = MnArgs {
+            device: None,
+            listen: "127.0.0.1:7471".parse().unwrap(),
+            pool_size: 1 << 20,
+            chunk_size: 4096,
+            group_size: 3,
+            max_cns: 4,
+            quota: 0,
+            insecure: false,
+            stats_ms: 0,
+        };
+        assert_eq!(mn(mn_args), ExitCode::FAILURE);
+        let cn_args =
+            CnArgs { connect: "127.0.0.1:7471".parse().unwrap(), device: None, timeout: 1, cmd: CnCmd::Script };
+        assert_eq!(cn(cn_args), ExitCode::FAILURE);
+        assert_eq!(probe(ProbeArgs { device: None }), ExitCode::FAILURE);
     }
 }
