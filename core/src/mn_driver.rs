@@ -332,14 +332,21 @@ impl<B: RdmaBackend> MnDriver<B> {
                                     break;
                                 }
                                 for c in &buf[..n] {
-                                    if c.status.is_ok() || c.status == WcStatus::WrFlushErr {
+                                    if c.status.is_ok() {
                                         continue;
                                     }
                                     let step = parse_chain_wr_id(c.wr_id).map(|(_, _, s)| s).filter(|s| *s != 0xFF);
                                     let step = if sel == QueueSel::Recv { None } else { step };
-                                    // the earliest failure is the cause; keep the first seen
-                                    if failure.is_none() {
-                                        failure = Some((step, c.status));
+                                    // The first real error is the cause. Flushes alone still mean
+                                    // the chain is dead: its QP went to error because the peer's
+                                    // side failed (a lost message, a crashed CN).
+                                    let is_flush = c.status == WcStatus::WrFlushErr;
+                                    match failure {
+                                        None => failure = Some((step, c.status)),
+                                        Some((_, WcStatus::WrFlushErr)) if !is_flush => {
+                                            failure = Some((step, c.status))
+                                        }
+                                        _ => {}
                                     }
                                 }
                             }
@@ -361,9 +368,9 @@ impl<B: RdmaBackend> MnDriver<B> {
                         report.events += 1;
                         let c = buf[0];
                         if !c.status.is_ok() {
-                            if c.status != WcStatus::WrFlushErr {
-                                self.handle(now, Event::ChainFailed { cn: *cn, kind, step: None, status: c.status })?;
-                            }
+                            // a flushed request buffer: the management QP is in error (the
+                            // CN's side failed); the MN resets it and posts a buffer again
+                            self.handle(now, Event::ChainFailed { cn: *cn, kind, step: None, status: c.status })?;
                             continue;
                         }
                         // A parked alloc chain is not armed in offloaded mode, so a request then

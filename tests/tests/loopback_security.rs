@@ -288,3 +288,30 @@ fn rxe_compatible_device_uses_per_chunk_mrs() {
     assert_eq!(c.free_raw(1, a.entry_addr), Err(CnOpError::Mn(ErrorCode::NotOwner)), "software ownership check");
     c.check_invariants().unwrap();
 }
+
+#[test]
+fn lost_and_delayed_messages() {
+    use omw_loopback::fault::MessageFilter;
+    both(|mode| {
+        let mut c = cluster_with(mode, 8, 16);
+        // a lost request: the CN's send fails, both ends of the Alloc QP pair error; the MN sees
+        // its chain QP flushed, repairs and re-arms; the CN allocates again afterwards
+        let qp = c.cns[1].alloc_qp;
+        c.fabric.borrow_mut().faults_mut().drop_next(MessageFilter::from_qp(qp), 1);
+        assert!(c.alloc(1).is_err(), "{mode:?}: a dropped request yields no allocation");
+        c.tick().unwrap();
+        c.check_invariants().unwrap();
+        let a = c.alloc(1).unwrap_or_else(|e| panic!("{mode:?}: after a lost message: {e}"));
+        assert_eq!(c.write(1, &a, 0, 0, b"after loss"), WcStatus::Success);
+        // a delayed request only costs time
+        let t0 = c.now();
+        c.fabric.borrow_mut().faults_mut().delay_next(MessageFilter::from_qp(qp), 50_000, 1);
+        let b = c.alloc(1).unwrap();
+        assert!(c.now() - t0 >= 50_000, "the delay shows in modelled time");
+        c.free(1, &b).unwrap();
+        c.free(1, &a).unwrap();
+        c.tick().unwrap();
+        assert_eq!(c.free_groups(), 8);
+        c.check_invariants().unwrap();
+    });
+}
