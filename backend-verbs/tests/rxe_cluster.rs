@@ -1,6 +1,14 @@
-//! The MN and several CN **processes** over rdma_cm on soft-RoCE (one VM): allocate, write and
-//! read back through each access QP, free, reallocate; isolation between CNs; stale rkeys;
-//! reclaim when a CN process dies. Skipped unless OMW_RXE is set.
+//! The MN and several CN **processes** over rdma_cm on soft-RoCE: allocate, write and read back
+//! through each access QP, free, reallocate; isolation between CNs; stale rkeys; reclaim when a
+//! CN process is killed (also with its QPs in ERR) while the MN keeps serving. Skipped unless
+//! OMW_RXE is set.
+//!
+//! By default the test starts its own MN in the same VM. Two hosts (scripts/verbs-ci): with
+//! `OMW_MN_ADDR=IP:PORT` it uses an MN already running elsewhere instead (64 KiB pool of 4 KiB
+//! chunks, group size 3, every chunk free) whose log it reads from `OMW_MN_LOG` (a shared file);
+//! whoever started that MN stops it. `OMW_NODE_BIN` names the program run as `… cn --connect
+//! ADDR --timeout S script` (default: this crate's omw-verbs-node; `omw` takes the same
+//! arguments).
 
 mod common;
 use common::*;
@@ -14,31 +22,38 @@ fn stamp() -> String {
     format!("{:04}.{:03}", t.as_secs() % 10_000, t.subsec_millis())
 }
 
-const NODE: &str = env!("CARGO_BIN_EXE_omw-verbs-node");
+/// The program CNs (and a local MN) run.
+fn node() -> String {
+    std::env::var("OMW_NODE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_omw-verbs-node").into())
+}
 
 struct Mn {
-    child: Child,
+    /// None: a remote MN (OMW_MN_ADDR), not ours to stop.
+    child: Option<Child>,
     log: std::path::PathBuf,
 }
 
 impl Mn {
     fn start(port: u16) -> (Mn, String) {
+        if let Ok(addr) = std::env::var("OMW_MN_ADDR") {
+            let log = std::env::var("OMW_MN_LOG").expect("OMW_MN_ADDR needs OMW_MN_LOG (the MN's log file)");
+            let mn = Mn { child: None, log: log.into() };
+            mn.wait_log("listening on");
+            println!("using the MN at {addr} (log {})", mn.log.display());
+            return (mn, addr);
+        }
         let dir = std::env::var("OMW_RXE_VM_OUT").unwrap_or_else(|_| env!("CARGO_TARGET_TMPDIR").into());
         let log = std::path::Path::new(&dir).join(format!("mn-{port}.log"));
         let f = std::fs::File::create(&log).unwrap();
         let addr = format!("{}:{port}", std::env::var("OMW_SELF_IP").unwrap_or_else(|_| "192.0.2.1".into()));
-        let child = Command::new(NODE)
+        let child = Command::new(node())
             .args(["mn", "--listen", &addr, "--pool-size", "65536", "--chunk-size", "4096", "--group-size", "3"])
             .args(["--stats-ms", "200"])
             .stderr(f)
             .spawn()
             .unwrap();
-        let mn = Mn { child, log };
-        let t = Instant::now();
-        while !mn.log().contains("listening on") {
-            assert!(t.elapsed() < Duration::from_secs(60), "MN did not start:\n{}", mn.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mn = Mn { child: Some(child), log };
+        mn.wait_log("listening on");
         (mn, addr)
     }
     fn log(&self) -> String {
@@ -52,9 +67,13 @@ impl Mn {
         }
     }
     fn stop(mut self) {
+        let Some(child) = self.child.as_mut() else {
+            println!("(remote MN: left running for whoever started it)");
+            return;
+        };
         let t = Instant::now();
-        let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
-        let st = self.child.wait().unwrap();
+        let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+        let st = child.wait().unwrap();
         println!("--- MN log ---\n{}", self.log());
         println!("MN stopped in {:?}", t.elapsed());
         assert!(st.success(), "MN exited with {st}");
@@ -63,16 +82,22 @@ impl Mn {
 }
 
 impl Drop for Mn {
-    /// A failed test still stops the MN (SIGINT: it tears down cleanly), and shows its log.
+    /// A failed test still stops its MN (SIGINT: it tears down cleanly), and shows the log.
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
+        let Some(child) = self.child.as_mut() else {
+            if std::thread::panicking() {
+                println!("--- MN log ---\n{}", self.log());
+            }
+            return;
+        };
+        if let Ok(None) = child.try_wait() {
+            let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
             let t = Instant::now();
-            while matches!(self.child.try_wait(), Ok(None)) && t.elapsed() < Duration::from_secs(10) {
+            while matches!(child.try_wait(), Ok(None)) && t.elapsed() < Duration::from_secs(10) {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            let _ = child.kill();
+            let _ = child.wait();
             println!("--- MN log ---\n{}", self.log());
         }
     }
@@ -88,7 +113,7 @@ struct Cn {
 
 impl Cn {
     fn start(addr: &str) -> Cn {
-        let mut child = Command::new(NODE)
+        let mut child = Command::new(node())
             .args(["cn", "--connect", addr, "--timeout", "30", "script"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
