@@ -353,6 +353,8 @@ fn alloc(w: &mut World, i: usize, op: &Op) {
     let quota = c.cfg.quota;
     let backing_off = c.cns[i].client.is_backing_off(c.now());
     let empty_state = c.driver.mn.is_empty_state();
+    // a corruption rule still waiting for this CN's next SEND makes the request garbage
+    let faults_pending = !c.fabric.borrow().faults().is_empty();
     let r = w.c.alloc(i);
     match r {
         Ok(a) => {
@@ -375,6 +377,7 @@ fn alloc(w: &mut World, i: usize, op: &Op) {
                 && free > 0
                 && !empty_state
                 && !backing_off
+                && !faults_pending
                 && (!host_engine || held < quota);
             let benign = matches!(e, CnOpError::Mn(ErrorCode::Empty) | CnOpError::Client(ClientError::Backoff { .. }));
             if expected && !benign {
