@@ -61,14 +61,13 @@ const SEQS: u64 = 120;
 const OPS: u64 = 60;
 
 /// Whether BIND_MW / LOCAL_INV are also posted on a QP already in ERR (both devices flush
-/// them, with the same status): OMW_DIFF_ERRORED_MW_OPS=1. Off by default because the verbs
-/// backend at commit 26f2b85 does not roll its window tracking back when such a work request is
-/// flushed (`settle` undoes only the WRs pending at a QP's *first* error): a flushed bind leaves
-/// it believing the window bound under the new key, its next bind passes that key as the
-/// handle and rxe refuses it (MW_BIND_ERR) — this test found it. With the rollback on every
-/// error completion, turn it on (and make it the default).
+/// them, with the same status); OMW_DIFF_ERRORED_MW_OPS=0 turns it off. Before b10508e the
+/// verbs backend did not roll its window tracking back when such a work request was flushed
+/// (`settle` undid only the WRs pending at a QP's *first* error): a flushed bind left it
+/// believing the window bound under the new key, its next bind passed that key as the handle
+/// and rxe refused it (MW_BIND_ERR) — this test found it.
 fn mw_ops_on_errored_qps() -> bool {
-    std::env::var_os("OMW_DIFF_ERRORED_MW_OPS").is_some_and(|v| v != "0")
+    std::env::var_os("OMW_DIFF_ERRORED_MW_OPS").is_none_or(|v| v != "0")
 }
 
 /// Measured rxe behaviour that the model in rxe-compatible mode does not reproduce. An outcome
