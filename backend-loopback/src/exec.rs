@@ -430,7 +430,13 @@ impl Fabric {
                     let by = strict.then_some(p);
                     if self.hosts[ph as usize].prot.invalidate(w.imm, by).is_err() {
                         self.recv_error(p, recv.wr_id, WcStatus::RemInvReqErr, resp_done);
-                        return self.remote_fail(g, p, w, WcStatus::RemInvReqErr, ack);
+                        if strict {
+                            return self.remote_fail(g, p, w, WcStatus::RemInvReqErr, ack);
+                        }
+                        // rxe (found by the verbs differential test): only the responder fails;
+                        // the requester's SEND completes successfully and its QP stays RTS
+                        self.set_err(p);
+                        return self.complete(g, w, WcStatus::Success, ack, w.length);
                     }
                     invalidated = Some(Rkey(w.imm));
                 }
@@ -619,7 +625,10 @@ impl Fabric {
         let by = self.strict().then_some(g);
         let status = match self.hosts[h as usize].prot.invalidate(w.imm, by) {
             Ok(()) => WcStatus::Success,
-            Err(_) => WcStatus::MwBindErr,
+            // the spec's "memory management operation error"; rxe reports a refused local
+            // invalidation as a local QP operation error (verbs differential test)
+            Err(_) if self.strict() => WcStatus::MwBindErr,
+            Err(_) => WcStatus::LocQpOpErr,
         };
         self.complete(g, w, status, done, 0);
     }

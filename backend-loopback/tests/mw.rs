@@ -282,11 +282,19 @@ fn send_with_invalidate() {
             assert_eq!(t.op(c2, s), WcStatus::Success);
             assert!(!t.e.f.mw_is_bound(t.e.mn, k2));
         }
-        // a stale key or an MR's key is refused in both modes
+        // a stale key or an MR's key is refused in both modes: strict fails both sides; rxe
+        // (measured) fails only the receiver, the SEND itself completes successfully
         t.e.f.reset_qp(c2).unwrap();
         t.e.f.post_recv(m2, &recv(3, &[(pool + 4096, 64, plk)])).unwrap();
         let s = Wqe::send_with_inv(t.e.buf, t.e.buf_k.lkey, 8, t.e.pool_k.rkey);
-        assert_eq!(t.op(c2, s), WcStatus::RemInvReqErr);
+        if cfg.conformance == omw_loopback::Conformance::Strict {
+            assert_eq!(t.op(c2, s), WcStatus::RemInvReqErr);
+        } else {
+            assert_eq!(t.op(c2, s), WcStatus::Success);
+            assert_eq!(t.e.f.qp_state(c2).unwrap(), QpState::Rts);
+        }
+        assert_eq!(drain(&mut t.e.f, m2, QueueSel::Recv)[0].status, WcStatus::RemInvReqErr);
+        assert_eq!(t.e.f.qp_state(m2).unwrap(), QpState::Err);
     }
 }
 

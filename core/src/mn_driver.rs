@@ -88,6 +88,8 @@ pub struct MnDriver<B: RdmaBackend> {
     pub admin_qp: Qpn,
     pub stats: DriverStats,
     send_seq: [u8; crate::mn::MAX_CNS],
+    /// Host-engine mode: whether the request buffer of [Alloc, Free] is posted, per CN slot.
+    request_posted: [[bool; 2]; crate::mn::MAX_CNS],
     now: u64,
 }
 
@@ -107,6 +109,8 @@ struct Port<'a, B: RdmaBackend> {
     stats: &'a mut DriverStats,
     /// Management QPs that need a request buffer posted once the MN's reaction is over.
     repost: heapless::Vec<Qpn, 64>,
+    /// QPs this reaction really reset (their posted receives are gone).
+    resets: heapless::Vec<Qpn, 64>,
 }
 
 impl<B: RdmaBackend> MnPort for Port<'_, B> {
@@ -129,6 +133,9 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
                     && b.qp_state(q).map_err(DriverError::Backend)? != QpState::Err
                 {
                     return Ok(());
+                }
+                if !self.resets.contains(&q) {
+                    let _ = self.resets.push(q);
                 }
                 b.reset_qp(q).map_err(DriverError::Backend)
             }
@@ -216,6 +223,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             admin_qp,
             stats: DriverStats::default(),
             send_seq: [0; crate::mn::MAX_CNS],
+            request_posted: [[false; 2]; crate::mn::MAX_CNS],
             now: 0,
         }
     }
@@ -240,6 +248,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             send_seq: &mut self.send_seq,
             stats: &mut self.stats,
             repost: heapless::Vec::new(),
+            resets: heapless::Vec::new(),
         };
         (&mut self.mn, port)
     }
@@ -259,6 +268,8 @@ impl<B: RdmaBackend> MnDriver<B> {
         let (mn, mut port) = self.port();
         let cn = mn.connect(&mut port, qps.clone()).map_err(DriverError::from)?;
         let repost = core::mem::take(&mut port.repost);
+        let resets = core::mem::take(&mut port.resets);
+        self.forget_receives(&resets);
         self.post_request_buffers(&repost)?;
         Ok(cn)
     }
@@ -268,8 +279,27 @@ impl<B: RdmaBackend> MnDriver<B> {
         let (mn, mut port) = self.port();
         let r = mn.handle(now, event, &mut port).map_err(DriverError::from);
         let repost = core::mem::take(&mut port.repost);
+        let resets = core::mem::take(&mut port.resets);
+        self.forget_receives(&resets);
         r?;
         self.post_request_buffers(&repost)
+    }
+
+    /// A reset dropped whatever receives these QPs had posted.
+    fn forget_receives(&mut self, qps: &[Qpn]) {
+        for qp in qps {
+            if let Some((cn, kind)) = self.mn.cn_of_mgmt_qp(*qp) {
+                self.set_request_posted(cn, kind, false);
+            }
+        }
+    }
+
+    fn set_request_posted(&mut self, cn: CnId, kind: ChainKind, v: bool) {
+        if let Some(r) = self.mn.cn(cn) {
+            if let Some(p) = self.request_posted.get_mut(r.slot as usize) {
+                p[kind as usize] = v;
+            }
+        }
     }
 
     fn post_request_buffers(&mut self, qps: &[Qpn]) -> Result<(), DriverError<B::Error>> {
@@ -286,14 +316,21 @@ impl<B: RdmaBackend> MnDriver<B> {
         Some(s + if kind == ChainKind::Alloc { ALLOC_REQUEST_BUF_OFF } else { FREE_REQUEST_BUF_OFF })
     }
 
+    /// Keep exactly one request buffer posted per management QP: a second one would leak a
+    /// receive slot per failed request until the queue overflows (a remote denial of service).
     fn post_request_buffer(&mut self, cn: CnId, kind: ChainKind) -> Result<(), DriverError<B::Error>> {
         let Some(r) = self.mn.cn(cn) else { return Ok(()) };
+        if self.request_posted.get(r.slot as usize).is_some_and(|p| p[kind as usize]) {
+            return Ok(());
+        }
         let qp = if kind == ChainKind::Alloc { r.qps.alloc } else { r.qps.free };
         let addr = self.request_buf(cn, kind).ok_or(DriverError::Mn("no scratch"))?;
         let mut w =
             RecvWqe { wr_id: WR_ID_REQUEST | ((kind as u64) << 32) | cn.get() as u64, sges: heapless::Vec::new() };
         let _ = w.sges.push(Sge { addr, length: REQUEST_BUF_LEN, lkey: self.regions.meta_lkey });
-        self.backend.post_recv(qp, &w).map_err(DriverError::Backend)
+        self.backend.post_recv(qp, &w).map_err(DriverError::Backend)?;
+        self.set_request_posted(cn, kind, true);
+        Ok(())
     }
 
     /// Look at every CN's chain completions (errors become MN events) and, in host-engine
@@ -367,6 +404,8 @@ impl<B: RdmaBackend> MnDriver<B> {
                         }
                         report.events += 1;
                         let c = buf[0];
+                        // that receive is consumed, whatever its status
+                        self.set_request_posted(*cn, kind, false);
                         if !c.status.is_ok() {
                             // a flushed request buffer: the management QP is in error (the
                             // CN's side failed); the MN resets it and posts a buffer again

@@ -602,3 +602,25 @@ mod invariant_violations {
         assert!(matches!(r.d.check_invariants(), Err(V::OverQuota { held: 2, .. })));
     }
 }
+
+/// Host-engine mode keeps exactly one request buffer posted per management QP: failed
+/// requests must not leak receive slots (found on rxe: ENOMEM after ~100 rejected requests).
+#[test]
+fn failed_requests_do_not_leak_receive_slots() {
+    let mut r = Rig::new(4, 2, 8);
+    let a = r.connect();
+    let b = r.connect();
+    let x = r.alloc(a).unwrap();
+    let free_qp = r.cns[b].1.free;
+    for _ in 0..50 {
+        assert_eq!(r.free_raw(b, x.entry_addr), Some(ErrorCode::NotOwner));
+    }
+    let alloc_qp = r.cns[b].1.alloc;
+    for _ in 0..50 {
+        r.d.backend.deliver(alloc_qp, &[0u8; 3]);
+        r.d.poll(0).unwrap();
+    }
+    assert_eq!(r.d.backend.qps[&free_qp.get()].recvs.len(), 1);
+    assert_eq!(r.d.backend.qps[&alloc_qp.get()].recvs.len(), 1);
+    r.d.check_invariants().unwrap();
+}
