@@ -404,7 +404,10 @@ fn honest_alloc(w: &mut World, i: usize, op: &Op) {
             assert!(owned_by(&w.c, i, &a), "honest cn{i} got a chunk the MN does not record as its own");
             w.shadow.adopt(i, a);
         }
-        Err(CnOpError::Mn(ErrorCode::Empty)) | Err(CnOpError::Client(ClientError::Backoff { .. }))
+        // an empty pool parks the alloc chain (offloaded: the request finds no receive)
+        Err(CnOpError::Mn(ErrorCode::Empty))
+        | Err(CnOpError::Client(ClientError::Backoff { .. }))
+        | Err(CnOpError::NoReply)
             if free == 0 || empty_state || backing_off => {}
         Err(e) => panic!(
             "honest cn{i} could not allocate ({e}) with {free} free groups, {held}/{quota} held, empty={empty_state}, after {op:?}"

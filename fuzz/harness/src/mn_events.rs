@@ -172,6 +172,7 @@ fn step(w: &mut World, op: &Op) {
             let mine: Vec<_> = w.c.cns[i].client.live().iter().map(|a| a.entry_addr).collect();
             let victims: Vec<_> =
                 w.shadow.held.values().filter(|h| h.cn != i && h.a.entry_addr == addr).cloned().collect();
+            w.forgers.push(i);
             let r = w.c.free_raw(i, addr);
             if !mine.contains(&addr) {
                 // not its own: must not take anything from its owner

