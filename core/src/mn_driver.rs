@@ -269,6 +269,10 @@ impl<B: RdmaBackend> MnDriver<B> {
         let cn = mn.connect(&mut port, qps.clone()).map_err(DriverError::from)?;
         let repost = core::mem::take(&mut port.repost);
         let resets = core::mem::take(&mut port.resets);
+        // the slot may have served a CN that left: none of the new CN's QPs has a buffer yet
+        if let Some(p) = self.mn.cn(cn).and_then(|r| self.request_posted.get_mut(r.slot as usize)) {
+            *p = [false; 2];
+        }
         self.forget_receives(&resets);
         self.post_request_buffers(&repost)?;
         Ok(cn)
