@@ -77,6 +77,11 @@ fn replay_chain() {
 }
 
 #[test]
+fn replay_fabric() {
+    replay("fabric");
+}
+
+#[test]
 fn replay_mn_events() {
     replay("mn_events");
 }
@@ -200,4 +205,28 @@ fn offloaded_quota_not_evaded_by_failed_forged_frees() {
     c.alloc(1).unwrap(); // over quota
     c.sample_counters().unwrap();
     c.check_invariants().unwrap(); // OverQuota { owner: 2, held: 2 }
+}
+
+/// mn_events: in host-engine mode a CN connecting into the slot of a CN that had left (crashed)
+/// got no request buffer on its management QPs — the driver's per-slot "buffer posted" flags
+/// (479bc7c) still held the departed CN's — so none of its requests were ever served.
+#[test]
+fn host_engine_new_cn_in_a_freed_slot_is_served() {
+    use omw_core::backend::{ExecutionMode, WcStatus};
+    use omw_loopback::cluster::{Cluster, ClusterConfig};
+    use omw_loopback::NicConfig;
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 2;
+    cfg.chunks = 4;
+    cfg.mode = Some(ExecutionMode::HostEngine);
+    cfg.nic = NicConfig::strict().with_offload(false);
+    let mut c = Cluster::new(cfg).unwrap();
+    c.alloc(0).unwrap();
+    c.crash_cn(0).unwrap();
+    let i = c.connect_cn().unwrap();
+    let a = c.alloc(i).unwrap();
+    assert_eq!(c.write(i, &a, 0, 0, b"new"), WcStatus::Success);
+    c.free(i, &a).unwrap();
+    c.check_invariants().unwrap();
+    assert_eq!(c.free_groups(), 4);
 }

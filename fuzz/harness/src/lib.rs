@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chain;
+pub mod fabric;
 pub mod malicious_cn;
 pub mod mn_events;
 pub mod sim;
@@ -21,10 +22,11 @@ pub mod wqe;
 pub type Target = fn(&[u8]) -> bool;
 
 /// The targets, by name (the names of `fuzz/fuzz_targets/*.rs` and of the corpus folders).
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("wire", wire::run),
     ("wqe", wqe::run),
     ("chain", chain::run),
+    ("fabric", fabric::run),
     ("mn_events", mn_events::run),
     ("malicious_cn", malicious_cn::run),
 ];
@@ -40,6 +42,7 @@ pub fn describe(target: &str, data: &[u8]) -> Option<String> {
     }
     Some(match target {
         "chain" => show::<chain::Input>(data),
+        "fabric" => show::<fabric::Input>(data),
         "mn_events" => show::<mn_events::Input>(data),
         "malicious_cn" => show::<malicious_cn::Input>(data),
         _ => return None,
