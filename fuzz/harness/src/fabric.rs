@@ -98,7 +98,7 @@ impl Rig {
     fn new(input: &Input) -> Rig {
         let mut nic = if input.rxe { NicConfig::rxe_compatible() } else { NicConfig::strict() };
         nic = nic.with_offload(!input.no_offload);
-        if input.prefetch % 5 != 0 {
+        if !input.prefetch.is_multiple_of(5) {
             nic = nic.with_prefetch(input.prefetch as u32 % 5);
         }
         nic.ring_arena_bytes = 64 << 10;
