@@ -586,6 +586,26 @@ impl Cluster {
         Ok(token)
     }
 
+    /// CN `i` allocates but names `access_qpns` (MN ends) for its access windows instead of its
+    /// own — a malicious or confused CN.
+    pub fn alloc_naming(&mut self, i: usize, access_qpns: &[Qpn]) -> Result<Allocation, CnOpError> {
+        let now = self.now();
+        let n = &mut self.cns[i];
+        if n.crashed {
+            return Err(CnOpError::Crashed);
+        }
+        let mut req = [0u8; 64];
+        let (token, len) =
+            n.client.alloc_request(now, n.reply_buf, n.reply_keys.rkey, &mut req).map_err(CnOpError::Client)?;
+        let g = self.cfg.group_size as usize - 1;
+        let mut r = omw_core::wire::AllocRequest::decode(&req[..len], g).map_err(|e| CnOpError::Client(e.into()))?;
+        r.access_qpns = access_qpns.iter().copied().take(g).collect();
+        let len = r.encode(&mut req).map_err(|e| CnOpError::Client(e.into()))?;
+        let qp = self.cns[i].alloc_qp;
+        self.cn_send(i, qp, &req[..len])?;
+        self.alloc_finish(i, token)
+    }
+
     /// Run everything and collect the answer to the alloc request `token`.
     pub fn alloc_finish(&mut self, i: usize, token: u32) -> Result<Allocation, CnOpError> {
         self.pump().map_err(|e| CnOpError::Client(ClientError::Wire(wire_err(e))))?;

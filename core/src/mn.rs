@@ -524,7 +524,12 @@ impl MemoryNode {
             }
             Event::CnGone { cn } => self.on_cn_gone(port, cn),
             Event::RnicReset => self.on_rnic_reset(port),
-            Event::Tick => self.settle(port),
+            Event::Tick => {
+                if self.cfg.mode == ExecutionMode::Offloaded {
+                    self.audit(port)?;
+                }
+                self.settle(port)
+            }
         }
     }
 
@@ -808,15 +813,44 @@ impl MemoryNode {
         }
     }
 
-    /// Quota policy: a CN found holding more than its quota loses its management QPs and
-    /// **every** group it holds (windows invalidated, groups back in the queue); its access QPs
-    /// stay connected but every rkey it had is dead. Other CNs are unaffected.
+    /// Groups `cn` holds according to the MWTable — the source of truth: management-QP
+    /// counters can be inflated by laps that failed part-way, the table cannot.
+    fn held_by<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> Result<u32, MnError<P::Error>> {
+        let mut n = 0;
+        for i in 0..self.cfg.geometry.chunk_count() {
+            if read_entry(port, self.map.entry_addr(GroupId(i)).unwrap_or(0))?.owner() == cn.get() {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Host-engine mode's exact quota: refuse an allocation that would exceed it (the CN is
+    /// told `QuotaExceeded`; nothing is revoked). Returns whether the request was refused.
+    pub fn refuse_over_quota<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        cn: CnId,
+        token: u32,
+    ) -> Result<bool, MnError<P::Error>> {
+        if self.held_by(port, cn)? < self.cfg.quota {
+            return Ok(false);
+        }
+        self.send(port, cn, &ErrorReply { token, code: ErrorCode::QuotaExceeded, detail: self.cfg.quota }.encode())?;
+        Ok(true)
+    }
+
+    /// Offloaded mode's lazy quota (the chains cannot count): a CN found holding more than its
+    /// quota is told `QuotaExceeded`, loses its management QPs and **every** group it holds
+    /// (windows invalidated, groups back in the queue); its access QPs stay connected but every
+    /// rkey it had is dead. Other CNs are unaffected.
     fn enforce_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
         let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
-        if r.status != CnStatus::Active || r.allocs.saturating_sub(r.frees) <= self.cfg.quota as u64 {
+        if r.status != CnStatus::Active || self.held_by(port, cn)? <= self.cfg.quota {
             return Ok(());
         }
         self.stats.quota_disconnects += 1;
+        self.send(port, cn, &ErrorReply { token: 0, code: ErrorCode::QuotaExceeded, detail: self.cfg.quota }.encode())?;
         if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
             rec.status = CnStatus::MgmtDisconnected;
         }
@@ -826,6 +860,37 @@ impl MemoryNode {
         self.repair_free(port, cn, s + FREE_SCRATCH_OFF)?;
         self.reclaim_all_of(port, cn)?;
         self.settle(port)
+    }
+
+    /// The MN's periodic audit (on every tick): offloaded chains bind access windows to
+    /// whatever QPs a request names (DESIGN.md §2: "a bad qpn only hurts the caller"), so a
+    /// group whose access window ended up bound outside its owner's access QPs is reclaimed —
+    /// the owner loses it, nobody else gains it. Then every CN's holdings against its quota.
+    fn audit<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
+        let g = self.cfg.geometry.group_size();
+        for i in 0..self.cfg.geometry.chunk_count() {
+            let gid = GroupId(i);
+            let e = read_entry(port, self.map.entry_addr(gid).unwrap_or(0))?;
+            if e.owner() == 0 {
+                continue;
+            }
+            let Some(rec) = self.cns().find(|r| r.cn.get() == e.owner() && r.status == CnStatus::Active) else {
+                continue;
+            };
+            let access = rec.qps.access.clone();
+            let misbound = (1..g).any(
+                |k| matches!(port.mw_binding(e.rkey(k)), Some(MwBinding::Bound { qpn, .. }) if !access.contains(&qpn)),
+            );
+            if misbound {
+                self.reclaim(port, gid)?;
+            }
+        }
+        let active: heapless::Vec<CnId, MAX_CNS> =
+            self.cns().filter(|r| r.status == CnStatus::Active).map(|r| r.cn).collect();
+        for cn in active {
+            self.enforce_quota(port, cn)?;
+        }
+        Ok(())
     }
 
     fn on_cn_gone<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {

@@ -443,6 +443,13 @@ impl<B: RdmaBackend> MnDriver<B> {
         self.backend.read_local(addr, &mut req[..n]).map_err(DriverError::Backend)?;
         // the buffer is free again once copied: keep one receive posted at all times
         self.post_request_buffer(cn, kind)?;
+        if kind == ChainKind::Alloc && n >= 8 {
+            let token = u32::from_le_bytes([req[4], req[5], req[6], req[7]]);
+            let (mn, mut port) = self.port();
+            if mn.refuse_over_quota(&mut port, cn, token).map_err(DriverError::from)? {
+                return Ok(false);
+            }
+        }
         let env = self.mn.chain_env(cn, kind).ok_or(DriverError::Mn("unknown CN"))?;
         let layout = build(kind, &env).map_err(DriverError::Chain)?;
         let r = self.mn.cn(cn).ok_or(DriverError::Mn("unknown CN"))?;

@@ -118,30 +118,77 @@ fn walking_all_256_keys_never_grants_access() {
     });
 }
 
-/// Policy under test (docs/ARCHITECTURE.md, "Quota"): a CN found over its quota loses its
-/// management QPs and every chunk it holds; other CNs are unaffected.
+/// Policy under test (docs/ARCHITECTURE.md, "Quota"). Offloaded: the chains cannot count, so
+/// enforcement is lazy — at the next audit (counter sample or tick) a CN found over its quota is
+/// told `QuotaExceeded`, loses its management QPs and every chunk it holds. Host engine: exact —
+/// the allocation that would exceed the quota is refused with `QuotaExceeded`, nothing revoked.
+/// Other CNs are unaffected either way.
 #[test]
-fn quota_exceeded_disconnects_and_revokes() {
+fn quota_enforcement() {
     both(|mode| {
         let mut c = cluster_with(mode, 16, 2);
         let keep = c.alloc(1).unwrap();
         let a1 = c.alloc(0).unwrap();
         let _a2 = c.alloc(0).unwrap();
         let third = c.alloc(0);
-        if mode == ExecutionMode::Offloaded {
-            // the chain does not check quotas: enforcement is lazy, at the next counter sample
-            assert!(third.is_ok());
-            c.sample_counters().unwrap();
+        match mode {
+            ExecutionMode::Offloaded => {
+                assert!(third.is_ok(), "the chain does not check quotas");
+                c.sample_counters().unwrap();
+                assert_eq!(c.driver.mn.stats().quota_disconnects, 1);
+                assert!(c.cns[0]
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, ClientEvent::Failed { code: ErrorCode::QuotaExceeded, .. })));
+                c.check_invariants().unwrap();
+                // its chunks are revoked, its management QPs gone
+                assert_eq!(c.read_raw(0, 0, a1.base, a1.rkey(0).unwrap(), 8).0, WcStatus::RemAccessErr);
+                assert!(c.alloc(0).is_err());
+            }
+            _ => {
+                assert_eq!(third, Err(CnOpError::Mn(ErrorCode::QuotaExceeded)));
+                assert_eq!(c.driver.mn.stats().quota_disconnects, 0);
+                assert_eq!(c.write(0, &a1, 0, 0, b"kept"), WcStatus::Success);
+                c.free(0, &a1).unwrap();
+                assert!(c.alloc(0).is_ok());
+            }
         }
-        assert_eq!(c.driver.mn.stats().quota_disconnects, 1, "{mode:?}");
-        c.check_invariants().unwrap();
-        // its chunks are revoked, its management QPs gone
-        assert_eq!(c.read_raw(0, 0, a1.base, a1.rkey(0).unwrap(), 8).0, WcStatus::RemAccessErr);
-        assert!(c.alloc(0).is_err());
         // the other CN is unaffected
         assert_eq!(c.write(1, &keep, 0, 0, b"still mine"), WcStatus::Success);
         assert!(c.alloc(1).is_ok());
         c.check_invariants().unwrap();
+    });
+}
+
+/// Offloaded chains bind access windows to whatever QPs the request names (DESIGN.md §2: a bad
+/// QP number only hurts the caller). The MN's audit on its tick reclaims such a group: the
+/// requester loses it, the CN whose QP it was bound to never gets access.
+#[test]
+fn windows_bound_to_a_foreign_qp_are_reclaimed_by_the_audit() {
+    both(|mode| {
+        let mut c = cluster_with(mode, 8, 16);
+        let victim = c.driver.mn.cn(c.cns[1].id).unwrap().qps.access.clone();
+        let own = c.driver.mn.cn(c.cns[0].id).unwrap().qps.access.clone();
+        let r = c.alloc_naming(0, &[victim[0], own[1]]);
+        match mode {
+            // the host engine refuses the foreign QP outright
+            ExecutionMode::HostEngine => {
+                assert_eq!(r, Err(CnOpError::Mn(ErrorCode::AllocFailed)));
+                c.check_invariants().unwrap();
+            }
+            // the chain binds where it was told; the victim still cannot use it without the
+            // rkey, and the MN's next audit takes the group back from the requester
+            _ => {
+                let a = r.unwrap();
+                assert_eq!(c.read_raw(1, 0, a.base, Rkey(a.rkey(0).unwrap().0 ^ 1), 8).0, WcStatus::RemAccessErr);
+                assert!(c.check_invariants().is_err(), "window bound outside its owner's QPs");
+                c.tick().unwrap();
+                c.check_invariants().unwrap();
+                assert_eq!(c.write(0, &a, 1, 0, b"gone"), WcStatus::RemAccessErr);
+            }
+        }
+        assert_eq!(c.free_groups(), 8);
+        assert!(c.alloc(1).is_ok());
     });
 }
 
