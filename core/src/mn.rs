@@ -580,7 +580,10 @@ impl MemoryNode {
                 }
                 self.send(port, cn, &ErrorReply { token, code, detail: status as u32 }.encode())?;
                 self.stats.chains_rearmed += 1;
-                self.arm(port, cn, ChainKind::Alloc)
+                self.arm(port, cn, ChainKind::Alloc)?;
+                // the repair pushed a group: a ticket slot a free filled meanwhile must be
+                // settled before the ring's head and tail can come round to it again
+                self.settle(port)
             }
             ChainKind::Free => {
                 let f = s + FREE_SCRATCH_OFF;
