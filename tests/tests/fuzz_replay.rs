@@ -231,3 +231,38 @@ fn host_engine_new_cn_in_a_freed_slot_is_served() {
     c.check_invariants().unwrap();
     assert_eq!(c.free_groups(), 4);
 }
+
+/// malicious_cn: offloaded mode, CN B's allocation found the queue empty (a ticket), then B
+/// freed groups — NIC only, the first push filling the ticket's slot, settled at the MN's next
+/// tick. Meanwhile CN A's allocations failed after their pop (a bad reply address): each
+/// failure's repair pushed the group back, moving head and tail round the ring without
+/// settling the filled ticket slot, until the tail came round and overwrote it: a group lost
+/// for good (`LostGroup`), or the queue's live window over an empty slot (`BadQueueSlot`).
+#[test]
+fn failed_alloc_laps_settle_tickets() {
+    use omw_core::backend::ExecutionMode;
+    use omw_core::chain::ChainKind;
+    use omw_core::wire::{AllocRequest, ErrorCode};
+    use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 3;
+    cfg.chunks = 3;
+    cfg.mode = Some(ExecutionMode::Offloaded);
+    let mut c = Cluster::new(cfg).unwrap();
+    c.alloc(0).unwrap();
+    let a = c.alloc(2).unwrap();
+    let b = c.alloc(2).unwrap();
+    assert_eq!(c.alloc(2), Err(CnOpError::Mn(ErrorCode::Empty)));
+    c.free(2, &a).unwrap();
+    c.free(2, &b).unwrap();
+    let req = AllocRequest { token: 9, reply_addr: 8, reply_rkey: 0, access_qpns: c.cns[0].mn_qps.access.clone() };
+    let mut bytes = [0u8; 64];
+    let n = req.encode(&mut bytes).unwrap();
+    for _ in 0..16 {
+        c.send_raw(0, ChainKind::Alloc, &bytes[..n]).unwrap();
+        c.check_invariants().unwrap();
+    }
+    c.tick().unwrap();
+    c.check_invariants().unwrap();
+    assert_eq!(c.free_groups() + c.driver.mn.tickets().len() as u32, 2);
+}
