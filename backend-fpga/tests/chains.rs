@@ -151,17 +151,7 @@ fn setup(n_cns: usize) -> Setup {
         queue_depth: 128,
         window_access: AccessFlags::DATA_WINDOW,
     };
-    let regions = HostRegions {
-        meta_base: map.meta_base,
-        meta_len: map.meta_len,
-        meta_lkey: keys.meta_lkey,
-        meta_rkey: keys.meta_rkey,
-        table_base: map.table_base,
-        table_len: map.table_len(),
-        table_rkey: keys.table_rkey,
-        ring_lkey: keys.ring_lkey,
-        ring_rkey: keys.ring_rkey,
-    };
+    let regions = HostRegions::new(&map, &keys);
     let admin = mn.be.qpn(ADMIN).unwrap();
     let mn_id = mn.id;
     let node = MemoryNode::new(cfg, map, keys).unwrap();

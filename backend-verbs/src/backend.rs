@@ -761,7 +761,7 @@ impl VerbsBackend {
     }
 
     fn drain(&mut self, q: Qpn) {
-        let mut buf = [empty_completion(); 16];
+        let mut buf = [Completion::EMPTY; 16];
         for sel in [QueueSel::Recv, QueueSel::Send] {
             while matches!(self.poll_cq(q, sel, &mut buf), Ok(n) if n > 0) {}
         }
@@ -783,7 +783,7 @@ impl VerbsBackend {
     /// Wait for the send completion with user wr_id `wr_id` on `qp`.
     pub fn wait_send(&mut self, qp: Qpn, wr_id: u64, timeout: Duration) -> Result<Completion> {
         let t0 = Instant::now();
-        let mut buf = [empty_completion(); 16];
+        let mut buf = [Completion::EMPTY; 16];
         loop {
             let n = self.poll_cq(qp, QueueSel::Send, &mut buf)?;
             if let Some(c) = buf[..n].iter().find(|c| c.wr_id == wr_id) {
@@ -801,7 +801,7 @@ impl VerbsBackend {
     /// Wait for the next receive completion on `qp`.
     pub fn wait_recv(&mut self, qp: Qpn, timeout: Duration) -> Result<Completion> {
         let t0 = Instant::now();
-        let mut buf = [empty_completion(); 1];
+        let mut buf = [Completion::EMPTY; 1];
         loop {
             if self.poll_cq(qp, QueueSel::Recv, &mut buf)? == 1 {
                 return Ok(buf[0]);
@@ -995,22 +995,6 @@ impl VerbsBackend {
     }
 }
 
-pub(crate) fn blank_completion() -> Completion {
-    empty_completion()
-}
-
-fn empty_completion() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Recv,
-        qpn: Qpn::default(),
-        byte_len: 0,
-        imm: None,
-        invalidated: None,
-    }
-}
-
 fn qpn(v: u32) -> Result<Qpn> {
     Qpn::new(v).map_err(|_| VerbsError::UnknownQp(v))
 }
@@ -1117,7 +1101,7 @@ impl RdmaBackend for VerbsBackend {
                 sources.push(*n);
             }
         }
-        let mut buf = [empty_completion(); 16];
+        let mut buf = [Completion::EMPTY; 16];
         for src in sources {
             let Ok(sq) = Qpn::new(src) else { continue };
             let n = self.poll_raw(sq, QueueSel::Send, &mut buf)?;

@@ -178,7 +178,7 @@ impl CnClient {
     }
 
     fn pump_qp(&mut self, q: Qpn) -> Result<usize> {
-        let mut buf = [blank(); 8];
+        let mut buf = [Completion::EMPTY; 8];
         let n = self.b.poll_cq(q, QueueSel::Recv, &mut buf)?;
         for c in &buf[..n] {
             if !c.status.is_ok() {
@@ -392,16 +392,4 @@ fn post_slot(b: &mut VerbsBackend, q: Qpn, local: u64, lkey: u32, slot: u64) -> 
     let mut r = RecvWqe { wr_id: slot, sges: heapless::Vec::new() };
     let _ = r.sges.push(Sge { addr: local + slot * SLOT, length: SLOT as u32, lkey });
     b.post_recv(q, &r)
-}
-
-fn blank() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Recv,
-        qpn: Qpn::default(),
-        byte_len: 0,
-        imm: None,
-        invalidated: None,
-    }
 }

@@ -398,7 +398,7 @@ impl MemoryNodeDaemon {
                             log(format!("{cn} connected (session {nonce:#x}, {} QPs)", 2 + self.opts.group_size - 1));
                             if std::env::var_os("OMW_DEBUG").is_some() {
                                 let aq = self.sessions.get(&nonce).and_then(|s| s.alloc).unwrap_or_default();
-                                let mut buf = [crate::backend::blank_completion(); 4];
+                                let mut buf = [omw_core::backend::Completion::EMPTY; 4];
                                 let t = Instant::now();
                                 while t.elapsed() < Duration::from_millis(500) {
                                     let n = self.driver.backend.poll_cq(aq, omw_core::wqe::QueueSel::Send, &mut buf)?;
