@@ -356,6 +356,7 @@ fn alloc(w: &mut World, i: usize, op: &Op) {
     let empty_state = c.driver.mn.is_empty_state();
     // a corruption rule still waiting for this CN's next SEND makes the request garbage
     let faults_pending = !c.fabric.borrow().faults().is_empty();
+    let forger = w.forgers.contains(&i);
     let r = w.c.alloc(i);
     match r {
         Ok(a) => {
@@ -379,6 +380,9 @@ fn alloc(w: &mut World, i: usize, op: &Op) {
                 && !empty_state
                 && !backing_off
                 && !faults_pending
+                // a CN that sent garbage may have replies to it in flight (a corrupted token can
+                // be the token of a later request)
+                && !forger
                 && (!host_engine || held < quota);
             let benign = matches!(e, CnOpError::Mn(ErrorCode::Empty) | CnOpError::Client(ClientError::Backoff { .. }));
             if expected && !benign {
