@@ -465,6 +465,12 @@ impl Cluster {
                 self.charge_cpu(report.events as u64, steps_done)?;
                 act.cpu_events += report.events as u64;
             }
+            // the empty state: the MN watches the tail until every ticket is settled
+            if !self.driver.mn.tickets().is_empty() {
+                self.driver.handle(now, Event::WatchTail)?;
+                self.count_event(1);
+                act.cpu_events += 1;
+            }
             let cn_moved = self.service_cns()?;
             if steps == 0 && report.events == 0 && !cn_moved {
                 break;

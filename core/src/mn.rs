@@ -112,30 +112,21 @@ pub enum Action {
 #[non_exhaustive]
 pub enum Event {
     /// A chain completed a step with an error (`step` None: the trigger RECV).
-    ChainFailed {
-        cn: CnId,
-        kind: ChainKind,
-        step: Option<u8>,
-        status: WcStatus,
-    },
+    ChainFailed { cn: CnId, kind: ChainKind, step: Option<u8>, status: WcStatus },
     /// Host-engine mode: a lap committed (the MN CPU ran it).
-    LapCommitted {
-        cn: CnId,
-        kind: ChainKind,
-    },
+    LapCommitted { cn: CnId, kind: ChainKind },
     /// Per-CN management-QP counters (offloaded mode's lazy quota enforcement).
-    CounterSample {
-        cn: CnId,
-        allocs: u64,
-        frees: u64,
-    },
+    CounterSample { cn: CnId, allocs: u64, frees: u64 },
     /// The CN crashed or disconnected.
-    CnGone {
-        cn: CnId,
-    },
+    CnGone { cn: CnId },
     /// The MN's RNIC was reset: every QP and window is gone.
     RnicReset,
+    /// The periodic timer: audit, settle tickets.
     Tick,
+    /// While pops of an empty queue hold tickets, the MN watches the tail (DESIGN.md §2) and
+    /// settles each ticket as soon as a push fills its slot — before the tail can come round
+    /// the ring to it again.
+    WatchTail,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -530,6 +521,7 @@ impl MemoryNode {
                 }
                 self.settle(port)
             }
+            Event::WatchTail => self.settle(port),
         }
     }
 
