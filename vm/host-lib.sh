@@ -84,11 +84,12 @@ rxe_write_env() {
   done < <(compgen -e)
 }
 
-# Host cwd if it is visible in the guest (not under /tmp: the guest's /tmp is an empty tmpfs), else /.
+# Host cwd if it is visible in the guest, else /. The guest's /tmp is its own tmpfs, but the host's
+# /tmp directories are bound back into it read-only (vm/init), so a checkout under /tmp works.
 rxe_guest_cwd() {
   local d; d=$(pwd -P)
   case $d/ in
-    /tmp/*|/run/*|/proc/*|/sys/*|/dev/*) echo "$RXE_PROG: warning: cwd $d is not visible in the VM, using /" >&2; echo / ;;
+    /run/*|/proc/*|/sys/*|/dev/*) echo "$RXE_PROG: warning: cwd $d is not visible in the VM, using /" >&2; echo / ;;
     *) echo "$d" ;;
   esac
 }
