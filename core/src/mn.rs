@@ -184,6 +184,7 @@ pub struct MnStats {
     pub chains_rearmed: u64,
     pub quota_disconnects: u64,
     pub tickets_settled: u64,
+    pub chunks_scrubbed: u64,
 }
 
 #[derive(Debug)]
@@ -685,9 +686,36 @@ impl MemoryNode {
         for i in 0..self.cfg.geometry.group_size() {
             port.apply(Action::Unbind { rkey: e.rkey(i) }).map_err(MnError::Port)?;
         }
+        // no window reaches the chunk any more: clear what its holder left before it moves on
+        self.scrub(port, g)?;
         self.return_group(port, g, true)?;
         self.stats.groups_reclaimed += 1;
         Ok(())
+    }
+
+    /// Zero a chunk on the MN CPU, so its next owner cannot read what the last one left. Done
+    /// for every group the MN handles itself (host-engine frees, reclaims); the offloaded free
+    /// chain cannot (the loopback QP has no write rights on the pool), see ARCHITECTURE.md.
+    pub fn scrub<P: MnPort>(&mut self, port: &mut P, g: GroupId) -> R<P::Error> {
+        static ZEROS: [u8; 4096] = [0; 4096];
+        let Some(base) = self.cfg.geometry.chunk_base(g) else { return Ok(()) };
+        let size = self.cfg.geometry.chunk_size();
+        let mut off = 0;
+        while off < size {
+            let n = (size - off).min(ZEROS.len() as u64) as usize;
+            port.write(base + off, &ZEROS[..n]).map_err(MnError::Port)?;
+            off += n as u64;
+        }
+        self.stats.chunks_scrubbed += 1;
+        Ok(())
+    }
+
+    /// [`Self::scrub`] for the group whose MWTable entry is at `entry_addr` (a free request's).
+    pub fn scrub_entry<P: MnPort>(&mut self, port: &mut P, entry_addr: u64) -> R<P::Error> {
+        match self.map.group_of_entry(entry_addr) {
+            Some(g) => self.scrub(port, g),
+            None => Ok(()),
+        }
     }
 
     /// Owner 0, keys advanced (if the windows were used), pushed at the queue tail.

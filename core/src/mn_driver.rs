@@ -474,6 +474,14 @@ impl<B: RdmaBackend> MnDriver<B> {
             LapOutcome::Committed { device_ops, cpu_steps } => {
                 self.stats.cpu_steps += cpu_steps as u64;
                 self.stats.device_ops += device_ops as u64;
+                if kind == ChainKind::Free && n >= 16 {
+                    // the group is back in the queue, but nothing is served before this
+                    // returns: clear the chunk before its next owner can get it
+                    let entry =
+                        u64::from_le_bytes([req[8], req[9], req[10], req[11], req[12], req[13], req[14], req[15]]);
+                    let (mn, mut port) = self.port();
+                    mn.scrub_entry(&mut port, entry).map_err(DriverError::from)?;
+                }
                 self.handle(now, Event::LapCommitted { cn, kind })?;
                 Ok(true)
             }

@@ -30,6 +30,8 @@ struct Qp {
 #[derive(Default)]
 struct TestNic {
     meta: Vec<u8>,
+    /// The pool's bytes (the MN scrubs chunks through its port).
+    pool: Vec<u8>,
     qps: HashMap<u32, Qp>,
     mws: HashMap<u32, (Rkey, Option<Qpn>)>,
     next_mw: u32,
@@ -177,11 +179,22 @@ impl RdmaBackend for TestNic {
         Ok(r)
     }
     fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), NicErr> {
+        if addr >= POOL {
+            let o = (addr - POOL) as usize;
+            let src = self.pool.get(o..o + buf.len()).ok_or(NicErr("beyond the pool"))?;
+            buf.copy_from_slice(src);
+            return Ok(());
+        }
         let rng = self.meta_slice(addr, buf.len())?;
         buf.copy_from_slice(&self.meta[rng]);
         Ok(())
     }
     fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), NicErr> {
+        if addr >= POOL {
+            let o = (addr - POOL) as usize;
+            self.pool.get_mut(o..o + data.len()).ok_or(NicErr("beyond the pool"))?.copy_from_slice(data);
+            return Ok(());
+        }
         let rng = self.meta_slice(addr, data.len())?;
         self.meta[rng].copy_from_slice(data);
         Ok(())
@@ -224,7 +237,11 @@ impl Rig {
             queue_depth: 128,
             window_access: AccessFlags::DATA_WINDOW,
         };
-        let mut nic = TestNic { meta: std::vec![0; map.meta_len as usize], ..Default::default() };
+        let mut nic = TestNic {
+            meta: std::vec![0; map.meta_len as usize],
+            pool: std::vec![0xAB; geo.pool_len() as usize],
+            ..Default::default()
+        };
         let rkeys: Vec<Rkey> = (0..chunks * g as u32).map(|_| nic.alloc_mw().unwrap()).collect();
         let regions = HostRegions::new(&map, &keys);
         let mn = MemoryNode::new(cfg, map, keys).unwrap();
@@ -620,4 +637,24 @@ fn failed_requests_do_not_leak_receive_slots() {
     assert_eq!(r.d.backend.qps[&free_qp.get()].recvs.len(), 1);
     assert_eq!(r.d.backend.qps[&alloc_qp.get()].recvs.len(), 1);
     r.d.check_invariants().unwrap();
+}
+
+/// A freed or reclaimed chunk is zeroed before anyone else can get it (host-engine frees and
+/// every reclaim).
+#[test]
+fn freed_and_reclaimed_chunks_are_scrubbed() {
+    let mut r = Rig::new(2, 2, 8);
+    let a = r.connect();
+    let x = r.alloc(a).unwrap();
+    let off = (x.base - POOL) as usize;
+    assert!(r.d.backend.pool[off..off + 4096].iter().all(|b| *b == 0xAB), "a previous tenant's bytes");
+    assert_eq!(r.free(a, &x), None);
+    assert!(r.d.backend.pool[off..off + 4096].iter().all(|b| *b == 0), "scrubbed on free");
+    let y = r.alloc(a).unwrap();
+    let off = (y.base - POOL) as usize;
+    r.d.backend.pool[off..off + 16].copy_from_slice(b"secret of cn one");
+    let cn = r.cns[a].0;
+    r.d.handle(1, Event::CnGone { cn }).unwrap();
+    assert!(r.d.backend.pool[off..off + 4096].iter().all(|b| *b == 0), "scrubbed on reclaim");
+    assert!(r.d.mn.stats().chunks_scrubbed >= 2);
 }

@@ -362,3 +362,18 @@ fn lost_and_delayed_messages() {
         c.check_invariants().unwrap();
     });
 }
+
+/// Host-engine mode zeroes a chunk on free: the next owner cannot read the last one's bytes.
+/// (Offloaded frees are not scrubbed — see docs/ARCHITECTURE.md, "Known gaps".)
+#[test]
+fn host_engine_scrubs_freed_chunks() {
+    let mut c = cluster_with(ExecutionMode::HostEngine, 1, 16);
+    let a = c.alloc(0).unwrap();
+    assert_eq!(c.write(0, &a, 0, 0, b"secret of cn0"), WcStatus::Success);
+    c.free(0, &a).unwrap();
+    let b = c.alloc(1).unwrap();
+    assert_eq!(b.base, a.base);
+    let (st, got) = c.read(1, &b, 0, 0, 13);
+    assert_eq!(st, WcStatus::Success);
+    assert_eq!(got, vec![0u8; 13]);
+}
