@@ -583,10 +583,7 @@ fn overlaps(a: u64, al: u32, b: u64, bl: u32) -> bool {
 }
 
 fn field_at(off: usize) -> Option<WqeField> {
-    use WqeField::*;
-    [Imm, WrId, LocalAddr, Length, Lkey, RemoteAddr, Rkey, Qpn, Operand0, Operand1]
-        .into_iter()
-        .find(|f| f.offset() == off)
+    WqeField::ALL.into_iter().find(|f| f.offset() == off)
 }
 
 #[cfg(test)]

@@ -140,6 +140,20 @@ pub enum WqeField {
 }
 
 impl WqeField {
+    /// Every field, in layout order.
+    pub const ALL: [WqeField; 10] = [
+        WqeField::Imm,
+        WqeField::WrId,
+        WqeField::LocalAddr,
+        WqeField::Length,
+        WqeField::Lkey,
+        WqeField::RemoteAddr,
+        WqeField::Rkey,
+        WqeField::Qpn,
+        WqeField::Operand0,
+        WqeField::Operand1,
+    ];
+
     pub const fn offset(self) -> usize {
         match self {
             WqeField::Imm => 4,
@@ -576,19 +590,12 @@ mod tests {
         assert_eq!(&b[28..32], &0xAABB_CCDDu32.to_le_bytes());
         assert_eq!(&b[32..40], &0x0102_0304_0506_0708u64.to_le_bytes());
         assert_eq!(&b[40..44], &0x0A0B_0C0Du32.to_le_bytes());
-        for f in [
-            WqeField::Imm,
-            WqeField::WrId,
-            WqeField::LocalAddr,
-            WqeField::Length,
-            WqeField::Lkey,
-            WqeField::RemoteAddr,
-            WqeField::Rkey,
-            WqeField::Qpn,
-            WqeField::Operand0,
-            WqeField::Operand1,
-        ] {
+        for f in WqeField::ALL {
             assert!(f.offset() + f.width() <= WQE_SIZE);
+        }
+        // fields tile the bytes after the header without gaps or overlaps
+        for w in WqeField::ALL.windows(2) {
+            assert_eq!(w[0].offset() + w[0].width(), w[1].offset());
         }
     }
 

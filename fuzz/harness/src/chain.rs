@@ -132,18 +132,7 @@ pub enum Request {
     Bytes(Vec<u8>),
 }
 
-const FIELDS: [WqeField; 10] = [
-    WqeField::Imm,
-    WqeField::WrId,
-    WqeField::LocalAddr,
-    WqeField::Length,
-    WqeField::Lkey,
-    WqeField::RemoteAddr,
-    WqeField::Rkey,
-    WqeField::Qpn,
-    WqeField::Operand0,
-    WqeField::Operand1,
-];
+const FIELDS: [WqeField; 10] = WqeField::ALL;
 
 pub fn run(data: &[u8]) -> bool {
     let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else { return false };

@@ -5,18 +5,7 @@
 use omw_core::access::AccessFlags;
 use omw_core::wqe::{masked_add, Opcode, RecvWqe, Wqe, WqeError, WqeField, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
 
-const FIELDS: [WqeField; 10] = [
-    WqeField::Imm,
-    WqeField::WrId,
-    WqeField::LocalAddr,
-    WqeField::Length,
-    WqeField::Lkey,
-    WqeField::RemoteAddr,
-    WqeField::Rkey,
-    WqeField::Qpn,
-    WqeField::Operand0,
-    WqeField::Operand1,
-];
+const FIELDS: [WqeField; 10] = WqeField::ALL;
 
 pub fn run(data: &[u8]) -> bool {
     send_wqe(data);
