@@ -335,19 +335,26 @@ impl Fabric {
     }
 
     /// WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, SEND_WITH_INV: data flows to the peer.
-    fn exec_outbound(&mut self, g: u32, w: &Wqe) {
+    /// What every remote operation does first: issue the WQE on the requester's NIC, check its
+    /// local SGE (`local_write` for READ and atomic results), find the responder. `None` when
+    /// the WQE already completed (local protection error, no usable peer).
+    fn begin_remote(&mut self, g: u32, w: &Wqe, len: u64, local_write: bool) -> Option<(u64, u32, u32)> {
         let start = self.now;
-        let cost = self.cfg.cost;
+        let wqe_ns = self.cfg.cost.wqe_ns;
         let (h, pd) = (self.qps[g as usize].host, self.qps[g as usize].pd);
-        let len = w.length as usize;
-        self.local_done(g, start + cost.wqe_ns);
-        if len > 0 && !self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, len as u64, false) {
-            self.complete(g, w, WcStatus::LocProtErr, start + cost.wqe_ns, 0);
-            return;
+        self.local_done(g, start + wqe_ns);
+        if len > 0 && !self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, len, local_write) {
+            self.complete(g, w, WcStatus::LocProtErr, start + wqe_ns, 0);
+            return None;
         }
-        let Some(p) = self.responder(g, w, start) else {
-            return;
-        };
+        let p = self.responder(g, w, start)?;
+        Some((start, h, p))
+    }
+
+    fn exec_outbound(&mut self, g: u32, w: &Wqe) {
+        let cost = self.cfg.cost;
+        let len = w.length as usize;
+        let Some((start, h, p)) = self.begin_remote(g, w, len as u64, false) else { return };
         if !self.gather(h, w.local_addr, len) {
             self.complete(g, w, WcStatus::LocProtErr, start + cost.wqe_ns, 0);
             return;
@@ -498,18 +505,9 @@ impl Fabric {
     }
 
     fn exec_read(&mut self, g: u32, w: &Wqe) {
-        let start = self.now;
         let cost = self.cfg.cost;
-        let (h, pd) = (self.qps[g as usize].host, self.qps[g as usize].pd);
         let len = w.length as usize;
-        self.local_done(g, start + cost.wqe_ns);
-        if len > 0 && !self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, len as u64, true) {
-            self.complete(g, w, WcStatus::LocProtErr, start + cost.wqe_ns, 0);
-            return;
-        }
-        let Some(p) = self.responder(g, w, start) else {
-            return;
-        };
+        let Some((start, h, p)) = self.begin_remote(g, w, len as u64, true) else { return };
         let delay = match self.deliver(g, p, w, 0, start) {
             Delivery::Arrived { delay } => delay,
             Delivery::Dropped => return self.dropped(g, p, w, start),
@@ -540,17 +538,8 @@ impl Fabric {
     }
 
     fn exec_atomic(&mut self, g: u32, w: &Wqe) {
-        let start = self.now;
         let cost = self.cfg.cost;
-        let (h, pd) = (self.qps[g as usize].host, self.qps[g as usize].pd);
-        self.local_done(g, start + cost.wqe_ns);
-        if !self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, 8, true) {
-            self.complete(g, w, WcStatus::LocProtErr, start + cost.wqe_ns, 0);
-            return;
-        }
-        let Some(p) = self.responder(g, w, start) else {
-            return;
-        };
+        let Some((start, h, p)) = self.begin_remote(g, w, 8, true) else { return };
         let delay = match self.deliver(g, p, w, 0, start) {
             Delivery::Arrived { delay } => delay,
             Delivery::Dropped => return self.dropped(g, p, w, start),
