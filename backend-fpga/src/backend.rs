@@ -23,7 +23,7 @@ use crate::regs;
 use crate::secure::{secure_protocol_mode, SecureProtocolError};
 use omw_core::access::AccessFlags;
 use omw_core::backend::{
-    Capabilities, Completion, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
+    Capabilities, Completion, Domain, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
 };
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeError, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
@@ -846,7 +846,10 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         Ok(if self.qps[ctid as usize].conn.is_some() { QpState::Rts } else { QpState::Reset })
     }
 
-    fn reg_mr(&mut self, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Error> {
+    // The extension block's key table has one protection domain: both domains register
+    // there (its PD separation is the extension double's to add; until then its MN-private
+    // registrations are not out of reach of CN-facing QPs — docs/ARCHITECTURE.md "Known gaps").
+    fn reg_mr(&mut self, _domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Error> {
         check_addr(addr)?;
         check_addr(addr.saturating_add(len).saturating_sub(1))?;
         if self.ext.is_none() {
@@ -884,7 +887,7 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         Ok(if queue == QueueSel::Recv { r.rq_base } else { r.sq_base })
     }
 
-    fn ring_keys(&self) -> Result<MrKeys, Error> {
+    fn ring_keys(&self, _domain: Domain) -> Result<MrKeys, Error> {
         if self.ext.is_none() {
             return Self::unsupported_stock("WQE rings");
         }

@@ -9,7 +9,7 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{ExecutionMode, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::backend::{Domain, ExecutionMode, QpState, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::chain::{ChainKind, Ring};
 use omw_core::chain_builder::ChainEnv;
 use omw_core::geometry::PoolGeometry;
@@ -67,11 +67,16 @@ fn ring_depths(map: MnMemoryMap, keys: MnKeys) -> [[u32; 2]; 2] {
         loop_qpn: 1,
         mgmt_qpn: 2,
         free_qpn: 3,
-        meta_lkey: keys.meta_lkey,
-        meta_rkey: keys.meta_rkey,
-        table_rkey: keys.table_rkey,
-        ring_lkey: keys.ring_lkey,
-        ring_rkey: keys.ring_rkey,
+        keys: MnKeys {
+            meta_lkey: keys.meta_lkey,
+            meta_rkey: keys.meta_rkey,
+            table_rkey: keys.table_rkey,
+            ring_lkey: keys.ring_lkey,
+            ring_rkey: keys.ring_rkey,
+            cn_meta_lkey: keys.meta_lkey,
+            cn_ring_lkey: keys.ring_lkey,
+            ..MnKeys::default()
+        },
         queue_depth: 128,
         window_access: AccessFlags::DATA_WINDOW,
         owner_window_access: AccessFlags::REMOTE_READ,
@@ -88,20 +93,31 @@ fn setup(n_cns: usize) -> Setup {
     let geo = PoolGeometry::new(POOL, CHUNK, CHUNKS, G).unwrap();
     let map = MnMemoryMap::new(geo, 4, META).unwrap();
     use AccessFlags as A;
-    let meta =
-        mn.be.reg_mr(map.meta_base, map.meta_len, A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE | A::REMOTE_ATOMIC);
+    let meta = mn.be.reg_mr(
+        Domain::CnFacing,
+        map.meta_base,
+        map.meta_len,
+        A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE | A::REMOTE_ATOMIC,
+    );
     let meta = meta.unwrap();
-    let table =
-        mn.be.reg_mr(map.table_base, map.table_len(), A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE).unwrap();
-    let pool =
-        mn.be.reg_mr(POOL, geo.pool_len(), A::MW_BIND | A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE).unwrap();
-    let ring = mn.be.ring_keys().unwrap();
+    let table = mn
+        .be
+        .reg_mr(Domain::CnFacing, map.table_base, map.table_len(), A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE)
+        .unwrap();
+    let pool = mn
+        .be
+        .reg_mr(Domain::CnFacing, POOL, geo.pool_len(), A::MW_BIND | A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE)
+        .unwrap();
+    let ring = mn.be.ring_keys(Domain::CnFacing).unwrap();
     let keys = MnKeys {
         meta_lkey: meta.lkey,
         meta_rkey: meta.rkey,
         table_rkey: table.rkey,
         ring_lkey: ring.lkey,
         ring_rkey: ring.rkey,
+        cn_meta_lkey: meta.lkey,
+        cn_ring_lkey: ring.lkey,
+        ..MnKeys::default()
     };
     let depths = ring_depths(map, keys);
     // the admin QP (management unbinds), a loopback pair
@@ -116,7 +132,7 @@ fn setup(n_cns: usize) -> Setup {
     for i in 0..n_cns {
         let base = 0x1000_0000 * (i as u64 + 1);
         let mut h = host(&f, 0x0A00_0001 + i as u32, base, true, OpcodeEncoding::AppOpcodes);
-        let mr = h.be.reg_mr(base, 0x10000, A::LOCAL_WRITE | A::REMOTE_WRITE).unwrap();
+        let mr = h.be.reg_mr(Domain::CnFacing, base, 0x10000, A::LOCAL_WRITE | A::REMOTE_WRITE).unwrap();
         // MN ctids of this CN: alloc, free, access0, access1, alloc loop (+1), free loop (+1)
         let c0 = 1 + 8 * i as u8;
         let m = [c0, c0 + 1, c0 + 2, c0 + 3];
@@ -150,6 +166,7 @@ fn setup(n_cns: usize) -> Setup {
         software_ownership_check: false,
         queue_depth: 128,
         window_access: AccessFlags::DATA_WINDOW,
+        scrub: omw_core::mn_plan::ScrubPath::Cpu,
     };
     let regions = HostRegions::new(&map, &keys);
     let admin = mn.be.qpn(ADMIN).unwrap();

@@ -4,7 +4,7 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, ExecutionMode, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::backend::{Capabilities, Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::Rkey;
 use omw_core::wqe::{QueueSel, RecvWqe, Sge, Wqe};
 use omw_fpga::double::Fabric;
@@ -39,8 +39,8 @@ fn world() -> World {
     setup(&mut mn, 4, QpSetup::plain(0, 0));
     connect_loop(&mut mn, 3, 4);
     let pool = AccessFlags::MW_BIND | AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-    let pool_lkey = mn.be.reg_mr(POOL, 0x10000, pool).unwrap().lkey;
-    let cn_lkey = cn.be.reg_mr(CN, 0x10000, AccessFlags::LOCAL_WRITE).unwrap().lkey;
+    let pool_lkey = mn.be.reg_mr(Domain::CnFacing, POOL, 0x10000, pool).unwrap().lkey;
+    let cn_lkey = cn.be.reg_mr(Domain::CnFacing, CN, 0x10000, AccessFlags::LOCAL_WRITE).unwrap().lkey;
     World { f, cn, mn, pool_lkey, cn_lkey }
 }
 
@@ -172,7 +172,11 @@ fn send_with_invalidate_and_receive_scatter() {
     assert_eq!(w.f.mw(w.mn.id, mw.0).unwrap().bound, None);
     // WRITE_WITH_IMM consumes a receive and carries the immediate
     w.mn.be.post_recv(qa_mn, &RecvWqe { wr_id: 0x78, sges: heapless::Vec::new() }).unwrap();
-    let mrk = w.mn.be.reg_mr(POOL + 0x400, 64, AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE).unwrap().rkey;
+    let mrk =
+        w.mn.be
+            .reg_mr(Domain::CnFacing, POOL + 0x400, 64, AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE)
+            .unwrap()
+            .rkey;
     w.cn.be.post_send(qa, &Wqe::write_imm(CN + 0x100, w.cn_lkey, 8, POOL + 0x400, mrk, 0xFEED).with_wr_id(4)).unwrap();
     let c = wait1(&mut w.mn.be, qa_mn, QueueSel::Recv);
     assert_eq!((c.wr_id, c.opcode, c.imm), (0x78, WcOpcode::RecvRdmaWithImm, Some(0xFEED)));

@@ -4,7 +4,7 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{RdmaBackend, WcStatus};
+use omw_core::backend::{Domain, RdmaBackend, WcStatus};
 use omw_core::wqe::{masked_add, QueueSel, Wqe, WqeField};
 use omw_fpga::double::Fabric;
 use omw_fpga::encoding::OpcodeEncoding;
@@ -25,8 +25,8 @@ fn run(gated: bool) -> Vec<u8> {
     connect_loop(&mut mn, 3, 4);
     let use_ =
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-    let meta = mn.be.reg_mr(M, 0x1000, use_).unwrap();
-    let ring = mn.be.ring_keys().unwrap();
+    let meta = mn.be.reg_mr(Domain::CnFacing, M, 0x1000, use_).unwrap();
+    let ring = mn.be.ring_keys(Domain::CnFacing).unwrap();
     put(&mut mn.be, M, &FRESH.to_le_bytes());
     put(&mut mn.be, STALE, b"stale!!!");
     put(&mut mn.be, FRESH, b"patched!");
@@ -57,7 +57,8 @@ fn masked_fetch_add_wraps_a_ring_counter_in_place() {
     setup(&mut mn, 3, QpSetup::plain(16, 0));
     setup(&mut mn, 4, QpSetup::plain(0, 0));
     connect_loop(&mut mn, 3, 4);
-    let meta = mn.be.reg_mr(M, 0x1000, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC).unwrap();
+    let meta =
+        mn.be.reg_mr(Domain::CnFacing, M, 0x1000, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC).unwrap();
     let q = mn.be.qpn(3).unwrap();
     // a counter holding slot addresses of a 16-slot ring at 0x8000: it wraps at bit 7
     let ring = 0x8000u64;
@@ -73,7 +74,8 @@ fn masked_fetch_add_wraps_a_ring_counter_in_place() {
     assert_eq!(wait1(&mut mn.be, q, QueueSel::Send).status, WcStatus::Success);
     assert_eq!(get(&mn.be, M, 8), 7u64.to_le_bytes());
     // an MR without REMOTE_ATOMIC refuses atomics
-    let ro = mn.be.reg_mr(M + 0x800, 64, AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE).unwrap();
+    let ro =
+        mn.be.reg_mr(Domain::CnFacing, M + 0x800, 64, AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE).unwrap();
     mn.be.post_send(q, &Wqe::fetch_add(M + 8, meta.lkey, M + 0x800, ro.rkey, 1)).unwrap();
     assert_eq!(wait1(&mut mn.be, q, QueueSel::Send).status, WcStatus::RemAccessErr);
 }

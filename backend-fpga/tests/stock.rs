@@ -5,7 +5,7 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::backend::{Capabilities, Domain, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
 use omw_fpga::backend::Backpressure;
 use omw_fpga::device::{DevMmio, DeviceConfig, DeviceError};
@@ -80,7 +80,7 @@ fn stock_engine_declares_nothing_and_secure_protocol_refused() {
     assert!(matches!(a.be.enable(qa, QueueSel::Send, 1), Err(Error::Unsupported { .. })));
     assert!(matches!(a.be.ring_base(qa, QueueSel::Send), Err(Error::Unsupported { .. })));
     assert!(matches!(a.be.poll_cq(qa, QueueSel::Recv, &mut [blank()]), Err(Error::Unsupported { .. })));
-    assert_eq!(a.be.reg_mr(A, 4096, AccessFlags::REMOTE_READ).unwrap().rkey, 0);
+    assert_eq!(a.be.reg_mr(Domain::CnFacing, A, 4096, AccessFlags::REMOTE_READ).unwrap().rkey, 0);
 }
 
 #[test]

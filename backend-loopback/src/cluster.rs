@@ -17,16 +17,17 @@ use crate::protection::PdId;
 use crate::qp::QpConfig;
 use omw_core::access::AccessFlags;
 use omw_core::backend::{
-    Capabilities, Completion, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
+    Capabilities, Completion, Domain, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
 };
 use omw_core::chain::ChainKind;
 use omw_core::cn::{Allocation, Client, ClientError, ClientEvent};
 use omw_core::geometry::PoolGeometry;
 use omw_core::host_engine::HostRegions;
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
-use omw_core::mn::{CnQps, Event, MemoryNode, MnConfig, MnKeys};
+use omw_core::mn::{CnQps, Event, MemoryNode, MnConfig};
 use omw_core::mn_driver::{DriverError, MnDriver};
 use omw_core::mn_memory::MnMemoryMap;
+use omw_core::mn_plan::{MnOptions, MnPlan, MnRegions, Region};
 use omw_core::wire::{ErrorCode, FreeRequest};
 use omw_core::wqe::{QueueSel, RecvWqe, Sge, Wqe};
 use std::cell::RefCell;
@@ -49,6 +50,8 @@ pub struct ClusterConfig {
     /// None: offload if the NIC can, host engine otherwise.
     pub mode: Option<ExecutionMode>,
     pub nic: NicConfig,
+    /// Zero every chunk between two owners (`MnOptions::scrub`; on by default).
+    pub scrub: bool,
 }
 
 impl ClusterConfig {
@@ -62,6 +65,7 @@ impl ClusterConfig {
             quota: 64,
             mode: None,
             nic: NicConfig::strict().with_prefetch(8),
+            scrub: true,
         }
     }
 }
@@ -121,16 +125,24 @@ impl fmt::Display for CnOpError {
     }
 }
 
-/// The MN's [`RdmaBackend`]: its host on the shared fabric.
+/// The MN's [`RdmaBackend`]: its host on the shared fabric. [`Domain::CnFacing`] is the
+/// host's PD 0, [`Domain::MnPrivate`] a PD of its own that only the MN's loopback QPs are in.
 #[derive(Clone, Debug)]
 pub struct MnBackend {
     pub fabric: Rc<RefCell<Fabric>>,
     pub host: HostId,
+    pub private_pd: PdId,
 }
 
 impl MnBackend {
     fn qa(&self, q: Qpn) -> QpAddr {
         QpAddr::new(self.host, q)
+    }
+    pub fn pd(&self, d: Domain) -> PdId {
+        match d {
+            Domain::CnFacing => PdId(0),
+            Domain::MnPrivate => self.private_pd,
+        }
     }
 }
 
@@ -160,8 +172,9 @@ impl RdmaBackend for MnBackend {
     fn qp_state(&self, qp: Qpn) -> Result<QpState, LoopbackError> {
         self.fabric.borrow().qp_state(self.qa(qp))
     }
-    fn reg_mr(&mut self, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
-        self.fabric.borrow_mut().reg_mr(self.host, PdId(0), addr, len, access)
+    fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
+        let pd = self.pd(d);
+        self.fabric.borrow_mut().reg_mr(self.host, pd, addr, len, access)
     }
     fn alloc_mw(&mut self) -> Result<Rkey, LoopbackError> {
         self.fabric.borrow_mut().alloc_mw(self.host, PdId(0))
@@ -175,8 +188,8 @@ impl RdmaBackend for MnBackend {
     fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, LoopbackError> {
         self.fabric.borrow().ring_base(self.qa(qp), queue)
     }
-    fn ring_keys(&self) -> Result<MrKeys, LoopbackError> {
-        self.fabric.borrow().ring_keys(self.host)
+    fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
+        self.fabric.borrow().ring_keys_in(self.host, self.pd(d))
     }
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         RdmaBackend::mw_binding(&self.fabric.borrow_mut().view(self.host), rkey)
@@ -245,73 +258,49 @@ impl fmt::Debug for Cluster {
 
 impl Cluster {
     pub fn new(cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
-        let caps = cfg.nic.capabilities();
-        let mode = ExecutionMode::choose(caps, cfg.mode, false).map_err(|e| ClusterError::Config(e.to_string()))?;
+        let plan = MnPlan::decide(
+            cfg.nic.capabilities(),
+            MnOptions { mode: cfg.mode, allow_insecure: false, scrub: cfg.scrub },
+        )
+        .map_err(|e| ClusterError::Config(e.to_string()))?;
+        let mode = plan.mode;
         let geo = PoolGeometry::new(1 << 30, cfg.chunk_size, cfg.chunks, cfg.group_size)
             .map_err(|e| ClusterError::Config(e.to_string()))?;
         let max_cns = cfg.cns.clamp(1, omw_core::mn::MAX_CNS) as u32;
         let mut f = Fabric::new(cfg.nic);
         let mn = f.add_host("mn")?;
-        // the pool: windows bind in it, it grants no remote rights itself
+        let private_pd = f.alloc_pd(mn)?;
+        // the rings are the model's own memory: grant them what the plan says, where it says
+        for r in plan.registrations().iter().filter(|r| r.region == Region::Rings && r.domain == Domain::MnPrivate) {
+            f.register_ring_arena(mn, private_pd, r.access)?;
+        }
         let pool = f.alloc(mn, geo.pool_len(), geo.chunk_size())?;
         let geo = PoolGeometry::new(pool, cfg.chunk_size, cfg.chunks, cfg.group_size)
             .map_err(|e| ClusterError::Config(e.to_string()))?;
-        let pool_access = AccessFlags::MW_BIND | AccessFlags::LOCAL_WRITE;
-        let per_chunk_mrs = !caps.contains(Capabilities::MW_BOUNDS_ENFORCED);
-        let mut lkeys = Vec::new();
-        if per_chunk_mrs {
-            for i in 0..geo.chunk_count() {
-                let base = geo.chunk_base(GroupId(i)).unwrap_or(pool);
-                lkeys.push(f.reg_mr(mn, PdId(0), base, geo.chunk_size(), pool_access)?.lkey);
-            }
-        } else {
-            lkeys.push(f.reg_mr(mn, PdId(0), pool, geo.pool_len(), pool_access)?.lkey);
-        }
         // metadata: queue, MWTable, scratch
         let align = MnMemoryMap::required_alignment(&geo, max_cns);
         let len = MnMemoryMap::len_for(&geo, max_cns);
         let meta = f.alloc(mn, len, align.max(64))?;
         let map = MnMemoryMap::new(geo, max_cns, meta).ok_or(ClusterError::Config("metadata map".into()))?;
-        let meta_access = AccessFlags::LOCAL_WRITE
-            | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_ATOMIC;
-        let meta_keys = f.reg_mr(mn, PdId(0), map.meta_base, map.meta_len, meta_access)?;
-        let table_keys = f.reg_mr(
-            mn,
-            PdId(0),
-            map.table_base,
-            map.table_len(),
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-        )?;
-        let ring_keys = f.ring_keys(mn)?;
-        let keys = MnKeys {
-            meta_lkey: meta_keys.lkey,
-            meta_rkey: meta_keys.rkey,
-            table_rkey: table_keys.rkey,
-            ring_lkey: ring_keys.lkey,
-            ring_rkey: ring_keys.rkey,
-        };
+        let zero_source = if plan.needs_zero_source() { Some(f.alloc(mn, geo.chunk_size(), 64)?) } else { None };
+        let fabric = Rc::new(RefCell::new(f));
+        let mut backend = MnBackend { fabric: fabric.clone(), host: mn, private_pd };
+        let keys = plan.register_metadata(&mut backend, &MnRegions { map, zero_source }).map_err(plan_err)?;
+        let mut lkeys = Vec::new();
+        plan.register_pool(&mut backend, &geo, |_, k| lkeys.push(k)).map_err(plan_err)?;
+        let per_chunk_mrs = plan.per_chunk_mrs;
         let mut rkeys = Vec::new();
         for _ in 0..(geo.chunk_count() as usize * geo.group_size()) {
-            rkeys.push(f.alloc_mw(mn, PdId(0))?);
+            rkeys.push(backend.alloc_mw()?);
         }
+        let mut f = fabric.borrow_mut();
         let (admin, _) = f.create_connected_pair(mn, QpConfig::default(), mn, QpConfig::default())?;
-        let mcfg = MnConfig {
-            geometry: geo,
-            max_cns,
-            quota: cfg.quota,
-            mode,
-            software_ownership_check: !caps.contains(Capabilities::MW_QP_CHECK_ON_INVALIDATE),
-            queue_depth: 128,
-            window_access: AccessFlags::DATA_WINDOW,
-        };
+        drop(f);
+        let mcfg = MnConfig::from_plan(&plan, geo, max_cns, cfg.quota);
         let node = MemoryNode::new(mcfg, map, keys).map_err(|e| ClusterError::Config(format!("{e:?}")))?;
         let d = node.chain_ring_depths().map_err(|e| ClusterError::Config(e.to_string()))?;
         let ring_depths = [[d[0][0] as u32, d[0][1] as u32], [d[1][0] as u32, d[1][1] as u32]];
         let regions = HostRegions::new(&map, &keys);
-        let fabric = Rc::new(RefCell::new(f));
-        let backend = MnBackend { fabric: fabric.clone(), host: mn };
         let mut driver = MnDriver::new(backend, node, regions, admin.qpn);
         let g = geo.group_size();
         let per_chunk = per_chunk_mrs;
@@ -364,8 +353,12 @@ impl Cluster {
             let _ = mn_access.push(m.qpn);
         }
         let (alloc_loop, free_loop) = if offload {
-            let (a, _) = f.create_connected_pair(mn, chain_cfg(0, 0), mn, QpConfig::default())?;
-            let (b, _) = f.create_connected_pair(mn, chain_cfg(1, 0), mn, QpConfig::default())?;
+            // both ends in the MN's private PD: the only QPs through which MN memory is
+            // remotely reachable, and no CN has one
+            let pd = self.driver.backend.private_pd;
+            let resp = QpConfig::default().with_pd(pd);
+            let (a, _) = f.create_connected_pair(mn, chain_cfg(0, 0).with_pd(pd), mn, resp)?;
+            let (b, _) = f.create_connected_pair(mn, chain_cfg(1, 0).with_pd(pd), mn, resp)?;
             (Some(a.qpn), Some(b.qpn))
         } else {
             (None, None)
@@ -843,6 +836,10 @@ impl Cluster {
         let t = f.read_u64(self.mn_host, q.tail).unwrap_or(0);
         q.live_len(h, t, self.driver.mn.map().max_cns)
     }
+}
+
+fn plan_err<E: fmt::Display>(e: omw_core::mn_plan::PlanError<E>) -> ClusterError {
+    ClusterError::Config(e.to_string())
 }
 
 fn wire_err(_: ClusterError) -> omw_core::wire::WireError {

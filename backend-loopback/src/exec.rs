@@ -595,7 +595,15 @@ impl Fabric {
             Err(crate::protection::MwOpFail::OtherQpWithoutOffload)
         } else {
             let target = self.resolve(h, w.qpn).map(|t| BindTarget { gq: t, qpn: w.qpn, pd: self.qps[t as usize].pd });
-            self.hosts[h as usize].prot.bind(pd, w.imm, w.lkey, w.local_addr, w.length as u64, w.access(), target)
+            // A bind naming another QP (BIND_TO_OTHER_QP, mlx5 UMR's qpn field) needs window,
+            // MR and target in one PD; the posting QP's PD is not involved (the mkey context
+            // carries its own `pd`, Linux drivers/infiniband/hw/mlx5/mr.c). That is what lets
+            // the MN post binds from a private loopback QP into the CN-facing PD.
+            let bind_pd = match target {
+                Some(t) if w.qpn != qpn => t.pd,
+                _ => pd,
+            };
+            self.hosts[h as usize].prot.bind(bind_pd, w.imm, w.lkey, w.local_addr, w.length as u64, w.access(), target)
         };
         let status = match res {
             Ok(()) => WcStatus::Success,

@@ -11,7 +11,7 @@ use crate::cq::{Cq, TimedCompletion};
 use crate::error::LoopbackError;
 use crate::fault::{FaultPlan, Middleware};
 use crate::memory::{host_base, Memory};
-use crate::protection::{MrInfo, MwInfo, MwState, PdId, Protection};
+use crate::protection::{KeyDraw, MrInfo, MwInfo, MwState, PdId, Protection};
 use crate::qp::{Prefetch, Qp, QpConfig, Queue};
 use crate::view::HostView;
 use omw_core::access::AccessFlags;
@@ -74,7 +74,9 @@ pub(crate) struct Host {
     pub ring_base: u64,
     pub ring_len: u64,
     pub ring_brk: u64,
-    pub ring_key: u32,
+    /// Registrations of the ring arena, one per PD that asked for one: `(pd, key, access)`.
+    /// PD 0's is local-only unless a caller grants more ([`Fabric::register_ring_arena`]).
+    pub ring_keys: Vec<(u32, u32, AccessFlags)>,
     /// The send engine handles one WQE at a time; busy until this time.
     pub nic_free: u64,
     /// The responder engine (incoming requests); busy until this time.
@@ -145,9 +147,12 @@ impl Fabric {
     // ---- hosts -------------------------------------------------------------------------------
 
     /// Add a host (an MN or a CN: the model does not distinguish). It gets PD 0 and a ring
-    /// arena (`NicConfig::ring_arena_bytes`) registered as one MR in PD 0 with
-    /// LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE | REMOTE_ATOMIC, so chains can patch WQEs
-    /// with READs and bump them with fetch-and-adds.
+    /// arena (`NicConfig::ring_arena_bytes`) registered in PD 0 **local-only** (receives may
+    /// scatter into ring bytes). Remote rights on the rings — which chains need to patch WQEs
+    /// with READs and bump them with fetch-and-adds — exist only where a caller grants them
+    /// with [`Fabric::register_ring_arena`], normally in a PD no other host's QP is in: a
+    /// remotely writable ring reachable from a peer's QP lets that peer rewrite the host's
+    /// work requests (DESIGN.md §9).
     pub fn add_host(&mut self, name: &str) -> Result<HostId> {
         let index = self.hosts.len() as u32;
         if index >= MAX_HOSTS {
@@ -158,17 +163,10 @@ impl Fabric {
         let ring_len = self.cfg.ring_arena_bytes.max(WQE_SIZE as u64);
         let ring_base =
             mem.alloc(ring_len, 4096).ok_or(LoopbackError::OutOfMemory { host: id, requested: ring_len })?;
-        let mut prot = Protection::new();
+        let rxe = self.cfg.conformance == crate::config::Conformance::RxeCompatible;
+        let mut prot = Protection::new(KeyDraw::for_device(rxe, self.cfg.seed ^ ((index as u64 + 1) << 32)));
         let ring_key = prot
-            .reg_mr(
-                PdId(0),
-                ring_base,
-                ring_len,
-                AccessFlags::LOCAL_WRITE
-                    | AccessFlags::REMOTE_READ
-                    | AccessFlags::REMOTE_WRITE
-                    | AccessFlags::REMOTE_ATOMIC,
-            )
+            .reg_mr(PdId(0), ring_base, ring_len, AccessFlags::LOCAL_WRITE)
             .ok_or(LoopbackError::BadArgument("key space exhausted"))?;
         self.hosts.push(Host {
             name: name.to_string(),
@@ -179,7 +177,7 @@ impl Fabric {
             ring_base,
             ring_len,
             ring_brk: 0,
-            ring_key,
+            ring_keys: vec![(0, ring_key, AccessFlags::LOCAL_WRITE)],
             nic_free: 0,
             rx_free: 0,
             cpu_free: 0,
@@ -599,10 +597,35 @@ impl Fabric {
         Ok(self.qps[self.gq(qp)? as usize].queue(queue).depth)
     }
 
-    /// Keys of the host's ring arena MR (PD 0).
+    /// Keys of the host's ring arena MR in PD 0 (local-only unless granted more).
     pub fn ring_keys(&self, h: HostId) -> Result<MrKeys> {
-        let k = self.host(h)?.ring_key;
+        self.ring_keys_in(h, PdId(0))
+    }
+
+    /// Keys of the most recent ring-arena registration in `pd`.
+    pub fn ring_keys_in(&self, h: HostId, pd: PdId) -> Result<MrKeys> {
+        let host = self.host(h)?;
+        let k = host
+            .ring_keys
+            .iter()
+            .rev()
+            .find(|(p, _, _)| *p == pd.0)
+            .map(|(_, k, _)| *k)
+            .ok_or(LoopbackError::NoSuchPd { host: h, pd: pd.0 })?;
         Ok(MrKeys { lkey: k, rkey: k })
+    }
+
+    /// Register the whole ring arena once more, in `pd` with `access` — e.g. the remote rights
+    /// a chain needs to patch its own WQEs, in the PD of the MN's private loopback QPs only.
+    pub fn register_ring_arena(&mut self, h: HostId, pd: PdId, access: AccessFlags) -> Result<MrKeys> {
+        let host = self.host_mut(h)?;
+        if !host.prot.pd_exists(pd) {
+            return Err(LoopbackError::NoSuchPd { host: h, pd: pd.0 });
+        }
+        let (base, len) = (host.ring_base, host.ring_len);
+        let key = host.prot.reg_mr(pd, base, len, access).ok_or(LoopbackError::BadArgument("key space exhausted"))?;
+        host.ring_keys.push((pd.0, key, access));
+        Ok(MrKeys { lkey: key, rkey: key })
     }
 
     // ---- completions -----------------------------------------------------------------------------

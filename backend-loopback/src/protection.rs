@@ -110,21 +110,73 @@ pub(crate) struct BindTarget {
     pub pd: u32,
 }
 
-#[derive(Debug, Default)]
+/// How a device picks the 8-bit consumer key of a new MR or MW (the low byte of its key).
+///
+/// Drawn the way the modelled hardware draws it, from a seed, so no test can lean on a fixed
+/// key and an attacker model faces what it would face on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyDraw {
+    /// mlx5: one device-wide 8-bit counter, incremented for every mkey the driver creates
+    /// (`assign_mkey_variant`: `key = atomic_inc_return(&dev->mkey_var)`, Linux
+    /// drivers/infiniband/hw/mlx5/mr.c). Predictable to anyone who sees one key — which is
+    /// why isolation may never rest on keys. The counter starts at a seeded value.
+    DeviceCounter { next: u8 },
+    /// rxe: a fresh random byte per object (`rxe_get_next_key` → `get_random_bytes`, Linux
+    /// drivers/infiniband/sw/rxe/rxe_mr.c); here a seeded xorshift stream.
+    Random { state: u64 },
+}
+
+impl KeyDraw {
+    /// The draw of the modelled device: the strict model follows mlx5, the rxe-compatible
+    /// model rxe. `seed` comes from the fabric's seed and the host index.
+    pub fn for_device(rxe: bool, seed: u64) -> Self {
+        let mut s = seed ^ 0x9E37_79B9_7F4A_7C15;
+        let first = splitmix(&mut s);
+        if rxe {
+            KeyDraw::Random { state: first | 1 }
+        } else {
+            KeyDraw::DeviceCounter { next: first as u8 }
+        }
+    }
+
+    fn draw(&mut self) -> u32 {
+        match self {
+            KeyDraw::DeviceCounter { next } => {
+                *next = next.wrapping_add(1);
+                *next as u32
+            }
+            KeyDraw::Random { state } => {
+                let mut x = *state;
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *state = x;
+                (x >> 24) as u32 & 0xFF
+            }
+        }
+    }
+}
+
+fn splitmix(s: &mut u64) -> u64 {
+    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[derive(Debug)]
 pub(crate) struct Protection {
     pds: u32,
     keys: Vec<KeyObj>,
     mrs: Vec<Mr>,
     mws: Vec<Mw>,
-}
-
-fn initial_key(index: u32) -> u32 {
-    (index.wrapping_mul(7).wrapping_add(0x35)) & 0xFF
+    draw: KeyDraw,
 }
 
 impl Protection {
-    pub fn new() -> Self {
-        Protection { pds: 1, keys: vec![KeyObj::Vacant], mrs: Vec::new(), mws: Vec::new() }
+    pub fn new(draw: KeyDraw) -> Self {
+        Protection { pds: 1, keys: vec![KeyObj::Vacant], mrs: Vec::new(), mws: Vec::new(), draw }
     }
 
     pub fn alloc_pd(&mut self) -> PdId {
@@ -149,7 +201,7 @@ impl Protection {
     pub fn reg_mr(&mut self, pd: PdId, addr: u64, len: u64, access: AccessFlags) -> Option<u32> {
         let mr = self.mrs.len() as u32;
         let index = self.new_index(KeyObj::Mr(mr))?;
-        let key = (index << 8) | initial_key(index);
+        let key = (index << 8) | self.draw.draw();
         self.mrs.push(Mr { pd: pd.0, addr, len, access, key, valid: true, bound_windows: 0 });
         Some(key)
     }
@@ -169,7 +221,7 @@ impl Protection {
     pub fn alloc_mw(&mut self, pd: PdId) -> Option<Rkey> {
         let mw = self.mws.len() as u32;
         let index = self.new_index(KeyObj::Mw(mw))?;
-        let rkey = (index << 8) | initial_key(index);
+        let rkey = (index << 8) | self.draw.draw();
         self.mws.push(Mw { pd: pd.0, rkey, state: MwState::Free, bound_gq: u32::MAX, mr: u32::MAX });
         Some(Rkey(rkey))
     }
@@ -404,7 +456,7 @@ mod tests {
 
     #[test]
     fn keys_are_unique_and_never_zero() {
-        let mut p = Protection::new();
+        let mut p = Protection::new(KeyDraw::for_device(false, 1));
         let a = p.reg_mr(PdId(0), 0x1000, 0x100, AccessFlags::LOCAL_WRITE).unwrap();
         let w = p.alloc_mw(PdId(0)).unwrap();
         let b = p.reg_mr(PdId(0), 0x1000, 0x100, AccessFlags::LOCAL_WRITE).unwrap();
@@ -417,6 +469,32 @@ mod tests {
         assert!(!p.check_local(0, a, 0x10ff, 2, false), "past the end");
         assert!(!p.check_local(0, w.0, 0x1000, 1, false), "a window is not an lkey");
         assert!(!p.check_local(0, 0, 0, 0, false));
+    }
+
+    #[test]
+    fn key_bytes_follow_the_modelled_device_and_the_seed() {
+        // mlx5: consecutive objects get consecutive key bytes from a seeded start
+        let mut a = Protection::new(KeyDraw::for_device(false, 7));
+        let k1 = a.reg_mr(PdId(0), 0x1000, 0x100, AccessFlags::LOCAL_WRITE).unwrap();
+        let k2 = a.alloc_mw(PdId(0)).unwrap().0;
+        assert_eq!((k1 as u8).wrapping_add(1), k2 as u8);
+        let mut b = Protection::new(KeyDraw::for_device(false, 8));
+        let k1b = b.reg_mr(PdId(0), 0x1000, 0x100, AccessFlags::LOCAL_WRITE).unwrap();
+        assert_eq!(k1 >> 8, k1b >> 8, "indexes are assigned in order");
+        // over many seeds the first key byte takes many values: nothing can assume it
+        let firsts: std::collections::HashSet<u8> = (0..64u64)
+            .map(|s| {
+                Protection::new(KeyDraw::for_device(true, s)).reg_mr(PdId(0), 0, 1, AccessFlags::empty()).unwrap() as u8
+            })
+            .collect();
+        assert!(firsts.len() > 32, "rxe-like draw is spread out: {}", firsts.len());
+        let firsts: std::collections::HashSet<u8> = (0..64u64)
+            .map(|s| {
+                Protection::new(KeyDraw::for_device(false, s)).reg_mr(PdId(0), 0, 1, AccessFlags::empty()).unwrap()
+                    as u8
+            })
+            .collect();
+        assert!(firsts.len() > 32, "mlx5-like counter start is seeded: {}", firsts.len());
     }
 
     #[test]

@@ -5,22 +5,34 @@ use crate::fabric::{Fabric, HostId, QpAddr};
 use crate::protection::MwState;
 use crate::protection::PdId;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, Completion, MrKeys, MwBinding, QpState, RdmaBackend};
+use omw_core::backend::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wqe::{QueueSel, RecvWqe, Wqe};
 
-/// A `&mut Fabric` plus the host it speaks for. Registrations and windows go to PD 0 (where
-/// the ring arena lives). `poll_cq` runs the whole fabric until idle first (bounded by
+/// A `&mut Fabric` plus the host it speaks for. [`Domain::CnFacing`] registrations and every
+/// window go to PD 0; [`Domain::MnPrivate`] ones to the PD given with
+/// [`HostView::with_private_pd`] (refused without one). `poll_cq` runs the whole fabric until idle first (bounded by
 /// `NicConfig::poll_max_steps`), so a caller that polls in a loop always makes progress.
 #[derive(Debug)]
 pub struct HostView<'a> {
     fabric: &'a mut Fabric,
     host: HostId,
+    private_pd: Option<PdId>,
 }
 
 impl<'a> HostView<'a> {
     pub fn new(fabric: &'a mut Fabric, host: HostId) -> Self {
-        HostView { fabric, host }
+        HostView { fabric, host, private_pd: None }
+    }
+    pub fn with_private_pd(mut self, pd: PdId) -> Self {
+        self.private_pd = Some(pd);
+        self
+    }
+    fn pd(&self, d: Domain) -> Result<PdId, LoopbackError> {
+        match d {
+            Domain::CnFacing => Ok(PdId(0)),
+            Domain::MnPrivate => self.private_pd.ok_or(LoopbackError::NoSuchPd { host: self.host, pd: u32::MAX }),
+        }
     }
     pub fn host(&self) -> HostId {
         self.host
@@ -63,8 +75,9 @@ impl RdmaBackend for HostView<'_> {
     fn qp_state(&self, qp: Qpn) -> Result<QpState, LoopbackError> {
         self.fabric.qp_state(self.qp(qp))
     }
-    fn reg_mr(&mut self, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
-        self.fabric.reg_mr(self.host, PdId(0), addr, len, access)
+    fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
+        let pd = self.pd(d)?;
+        self.fabric.reg_mr(self.host, pd, addr, len, access)
     }
     fn alloc_mw(&mut self) -> Result<Rkey, LoopbackError> {
         self.fabric.alloc_mw(self.host, PdId(0))
@@ -78,8 +91,8 @@ impl RdmaBackend for HostView<'_> {
     fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, LoopbackError> {
         self.fabric.ring_base(self.qp(qp), queue)
     }
-    fn ring_keys(&self) -> Result<MrKeys, LoopbackError> {
-        self.fabric.ring_keys(self.host)
+    fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
+        self.fabric.ring_keys_in(self.host, self.pd(d)?)
     }
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         let info = self.fabric.mw_binding(self.host, rkey.index())?;

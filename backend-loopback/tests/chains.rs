@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use omw_core::backend::{QpState, WcStatus};
 use omw_core::wqe::{QueueSel, Wqe, WqeField, WqeFlags, WQE_SIZE};
-use omw_loopback::{Fabric, NicConfig, QpAddr, QpConfig};
+use omw_loopback::{Fabric, NicConfig, PdId, QpAddr, QpConfig};
 
 const QUIET: WqeFlags = WqeFlags::empty();
 
@@ -115,7 +115,8 @@ fn self_rearming(cfg: NicConfig, laps: u64) -> (Fabric, QpAddr, u64) {
     let mut e = env(cfg);
     let a = loop_pair(&mut e, managed_send(4));
     let (pool, pk) = (e.pool, e.pool_k);
-    let ring = e.f.ring_keys(e.mn).unwrap();
+    // the bump is a remote atomic on the ring: grant it (rings are local-only by default)
+    let ring = e.f.register_ring_arena(e.mn, PdId(0), ALL_REMOTE).unwrap();
     let base = e.f.ring_base(a, QueueSel::Send).unwrap();
     let wait_op0 = base + WQE_SIZE as u64 + WqeField::Operand0.offset() as u64;
     let q = a.qpn.get();

@@ -83,7 +83,9 @@ fn world(cfg: NicConfig) -> World {
     let (c2, m2) = e.f.create_connected_pair(e.cn, QpConfig::default(), e.mn, QpConfig::default()).unwrap();
     let mw1 = e.f.alloc_mw(e.mn, PdId(0)).unwrap();
     let mw2 = e.f.alloc_mw(e.mn, PdId(0)).unwrap();
-    let ring = e.f.ring_keys(e.mn).unwrap();
+    // rings with remote rights in the PD every QP here is in: the property test explores
+    // what a peer with such a key could do (the MN never grants it to a CN-facing PD)
+    let ring = e.f.register_ring_arena(e.mn, PdId(0), ALL_REMOTE).unwrap();
     let ring_base = e.f.ring_base(a, QueueSel::Send).unwrap();
     let (ro, ro_k) = e.f.alloc_mr(e.mn, PdId(0), 256, 64, AccessFlags::REMOTE_READ).unwrap();
     let qps = vec![e.c, e.m, a, b, c2, m2];

@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, MwBinding, QpState, RdmaBackend, WcStatus};
+use omw_core::backend::{Capabilities, Domain, MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::ids::Qpn;
 use omw_core::wqe::{QueueSel, Wqe, WQE_SIZE};
 use omw_loopback::{NicConfig, QpConfig};
@@ -11,7 +11,7 @@ use omw_loopback::{NicConfig, QpConfig};
 /// Generic MN-side code: register memory, bind a window on a loop QP through the ring, poll.
 fn mn_side<B: RdmaBackend>(b: &mut B, pool: u64, loop_qp: Qpn, target: Qpn) -> omw_core::ids::Rkey {
     assert!(b.capabilities().contains(Capabilities::SECURE_MINIMUM));
-    let keys = b.reg_mr(pool, 4096, super_rights()).unwrap();
+    let keys = b.reg_mr(Domain::CnFacing, pool, 4096, super_rights()).unwrap();
     b.write_local(pool, b"from the MN").unwrap();
     let mut got = [0u8; 11];
     b.read_local(pool, &mut got).unwrap();
@@ -24,7 +24,7 @@ fn mn_side<B: RdmaBackend>(b: &mut B, pool: u64, loop_qp: Qpn, target: Qpn) -> o
     assert_eq!(out[0].status, WcStatus::Success);
     assert_eq!(b.mw_binding(mw), Some(MwBinding::Bound { rkey: mw, qpn: target }));
     // the rings are in the ring arena, whose keys are reported
-    let rk = b.ring_keys().unwrap();
+    let rk = b.ring_keys(Domain::CnFacing).unwrap();
     let base = b.ring_base(loop_qp, QueueSel::Send).unwrap();
     let mut slot = [0u8; WQE_SIZE];
     b.read_local(base, &mut slot).unwrap();

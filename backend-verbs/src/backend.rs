@@ -14,7 +14,9 @@
 use crate::device::Context;
 use crate::error::{Result, VerbsError};
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, Completion, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::backend::{
+    Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
+};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, MAX_RECV_SGES};
 use rdma_sys::*;
@@ -1174,7 +1176,12 @@ impl RdmaBackend for VerbsBackend {
     }
 
     /// Register `[addr, addr+len)`, which must lie in memory from [`Self::alloc_region`].
-    fn reg_mr(&mut self, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys> {
+    /// libibverbs has one PD here: the CN-facing one. [`Domain::MnPrivate`] exists only for
+    /// chain offload, which upstream verbs lacks, so it is refused.
+    fn reg_mr(&mut self, domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys> {
+        if domain == Domain::MnPrivate {
+            return Err(VerbsError::Unsupported("an MN-private protection domain (only chain offload needs one)"));
+        }
         self.owned(addr, len)?;
         // SAFETY: the range lies in a live mapping owned by self (checked), which outlives
         // the MR (Drop deregisters MRs before unmapping).
@@ -1248,8 +1255,15 @@ impl RdmaBackend for VerbsBackend {
         })
     }
 
-    fn ring_keys(&self) -> Result<MrKeys> {
-        Err(VerbsError::Unsupported("WQE rings in registered memory (no chain offload on libibverbs)"))
+    /// Send and receive rings live in provider memory: nothing to register. The CN-facing
+    /// "ring key" is never used by host-engine WQEs (the engine patches its own copies).
+    fn ring_keys(&self, domain: Domain) -> Result<MrKeys> {
+        match domain {
+            Domain::CnFacing => Ok(MrKeys { lkey: 0, rkey: 0 }),
+            Domain::MnPrivate => {
+                Err(VerbsError::Unsupported("WQE rings in registered memory (no chain offload on libibverbs)"))
+            }
+        }
     }
 }
 

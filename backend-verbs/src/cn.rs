@@ -8,7 +8,7 @@ use crate::backend::VerbsBackend;
 use crate::cm::{parse_welcome, Hello, Role, MGMT_RECVS};
 use crate::error::{Result, VerbsError};
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Completion, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::backend::{Completion, Domain, RdmaBackend, WcOpcode, WcStatus};
 pub use omw_core::cn::Allocation;
 use omw_core::cn::{Client, ClientError, ClientEvent};
 use omw_core::ids::{CnId, Qpn, Rkey};
@@ -86,10 +86,10 @@ impl CnClient {
         };
         let mut b = VerbsBackend::open_cn(Some(&device))?;
         let local = b.alloc_region(STAGE_OFF + STAGING, 4096)?;
-        let lk = b.reg_mr(local, STAGE_OFF + STAGING, AccessFlags::LOCAL_WRITE)?;
+        let lk = b.reg_mr(Domain::CnFacing, local, STAGE_OFF + STAGING, AccessFlags::LOCAL_WRITE)?;
         let reply = b.alloc_region(4096, 4096)?;
         // the MN's alloc reply is a WRITE_WITH_IMM into this buffer: the only remote right
-        let rk = b.reg_mr(reply, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+        let rk = b.reg_mr(Domain::CnFacing, reply, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
         let n = nonce();
         let recvs = |b: &mut VerbsBackend, q: Qpn| -> Result<()> {
             for i in 0..MGMT_RECVS as u64 {

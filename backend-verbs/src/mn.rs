@@ -10,14 +10,14 @@ use crate::cm::{welcome, CmEvent, CmEventKind, CmId, Hello, Role};
 use crate::device::{ensure_memlock, memlock_limit};
 use crate::error::{human, Result, VerbsError};
 use crate::probe::{self, ProbeReport};
-use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, ExecutionMode, RdmaBackend};
+use omw_core::backend::{ExecutionMode, RdmaBackend};
 use omw_core::geometry::PoolGeometry;
 use omw_core::host_engine::HostRegions;
-use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
-use omw_core::mn::{CnQps, Event, MemoryNode, MnConfig, MnKeys, MnStats};
+use omw_core::ids::{CnId, Qpn, Rkey};
+use omw_core::mn::{CnQps, Event, MemoryNode, MnConfig, MnStats};
 use omw_core::mn_driver::MnDriver;
 use omw_core::mn_memory::MnMemoryMap;
+use omw_core::mn_plan::{MnOptions as PlanOptions, MnPlan, MnRegions};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +37,8 @@ pub struct MnOptions {
     pub insecure: bool,
     /// How often to print statistics (zero: never).
     pub stats_every: Duration,
+    /// Zero every chunk between owners (default on; `--no-scrub` turns it off).
+    pub scrub: bool,
 }
 
 /// How chunks are kept apart on this device.
@@ -93,6 +95,13 @@ impl std::fmt::Debug for MemoryNodeDaemon {
     }
 }
 
+fn plan_err(e: omw_core::mn_plan::PlanError<VerbsError>) -> VerbsError {
+    match e {
+        omw_core::mn_plan::PlanError::Backend(e) => e,
+        other => VerbsError::Config(other.to_string()),
+    }
+}
+
 fn log(msg: impl AsRef<str>) {
     // wall-clock seconds (mod 10⁴) with milliseconds, to line up with the CNs' and tests' logs
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -122,30 +131,28 @@ impl MemoryNodeDaemon {
             )));
         }
         let caps = report.capabilities;
-        let mut mode = match ExecutionMode::choose(caps, None, opts.insecure) {
-            Ok(m) => m,
-            Err(e) => {
-                return Err(VerbsError::Insecure(format!(
-                    "refusing to start: {e}. Pass --insecure to run without isolation between CNs"
-                )))
-            }
-        };
         if report.stale_rkey_accepted && !opts.insecure {
             return Err(VerbsError::Insecure(
                 "refusing to start: the device accepted a stale rkey after a rebind. Pass --insecure to run anyway"
                     .into(),
             ));
         }
-        // libibverbs has no chain offload; choose() can only say HostEngine here, but be explicit
-        if mode == ExecutionMode::Offloaded {
-            mode = ExecutionMode::HostEngine;
-        }
-        let protection = if caps.contains(Capabilities::MW_BOUNDS_ENFORCED) {
-            Protection::WindowBounds
-        } else {
-            Protection::MrPerChunk
+        // every security decision is the core's MN plan; libibverbs has no chain offload, so
+        // the plan is always asked for the host engine here
+        let plan = match MnPlan::decide(
+            caps,
+            PlanOptions { mode: Some(ExecutionMode::HostEngine), allow_insecure: opts.insecure, scrub: opts.scrub },
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(VerbsError::Insecure(format!(
+                    "refusing to start: {e}. Pass --insecure to run without isolation between CNs"
+                )))
+            }
         };
-        let software_ownership_check = !caps.contains(Capabilities::MW_QP_CHECK_ON_INVALIDATE);
+        let mode = plan.mode;
+        let protection = if plan.per_chunk_mrs { Protection::MrPerChunk } else { Protection::WindowBounds };
+        let software_ownership_check = plan.software_ownership_check;
 
         // ---- memory
         let mut b = VerbsBackend::open(Some(&report.device))?;
@@ -159,61 +166,23 @@ impl MemoryNodeDaemon {
         let meta = b.alloc_region(meta_len, MnMemoryMap::required_alignment(&geometry, max_cns))?;
         let map = MnMemoryMap::new(geometry, max_cns, meta)
             .ok_or_else(|| VerbsError::Config("metadata region misaligned".into()))?;
-        // the MN's tables are reached only by its CPU (host engine): no remote rights
-        let meta_keys = b.reg_mr(map.meta_base, map.meta_len, AccessFlags::LOCAL_WRITE)?;
-        let table_keys = b.reg_mr(map.table_base, map.table_len(), AccessFlags::LOCAL_WRITE)?;
-        // the pool: MW_BIND only, so remote access exists only through windows
+        // host engine: the MN's tables are reached by its CPU only — the plan registers no
+        // remote rights on them; the pool is MW_BIND only
+        let keys = plan.register_metadata(&mut b, &MnRegions { map, zero_source: None }).map_err(plan_err)?;
         let t = Instant::now();
-        let pool_access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
-        let lkeys: Vec<u32> = match protection {
-            Protection::WindowBounds => vec![b.reg_mr(pool, opts.chunk_size * chunks, pool_access)?.lkey],
-            Protection::MrPerChunk => (0..geometry.chunk_count())
-                .map(|g| {
-                    let base = geometry.chunk_base(GroupId(g)).unwrap_or(pool);
-                    b.reg_mr(base, opts.chunk_size, pool_access).map(|k| k.lkey)
-                })
-                .collect::<Result<_>>()?,
-        };
+        let mut lkeys: Vec<u32> = Vec::new();
+        plan.register_pool(&mut b, &geometry, |_, k| lkeys.push(k)).map_err(plan_err)?;
         let reg_time = t.elapsed();
         let g = opts.group_size as usize;
         let mut rkeys: Vec<Rkey> = Vec::with_capacity(chunks as usize * g);
         for _ in 0..chunks as usize * g {
-            // the table holds the key of the *next* bind: never the window's current key
-            rkeys.push(b.alloc_mw()?.next_key());
+            rkeys.push(plan.initial_table_key(b.alloc_mw()?));
         }
         let (admin, _admin_peer) = b.create_loopback_pair()?;
-        // Host-engine mode: the tables are reached by the MN CPU only. The "rkeys" below are
-        // what the host engine compares to decide which region a loop step may touch; the
-        // MRs have no remote rights (rxe then reports rkey 0 for both), so use the distinct
-        // lkeys as those names.
-        let (meta_name, table_name) = (meta_keys.lkey, table_keys.lkey);
-        let regions = HostRegions {
-            meta_base: map.meta_base,
-            meta_len: map.meta_len,
-            meta_lkey: meta_keys.lkey,
-            meta_rkey: meta_name,
-            table_base: map.table_base,
-            table_len: map.table_len(),
-            table_rkey: table_name,
-            ring_lkey: 0,
-            ring_rkey: 0,
-        };
-        let cfg = MnConfig {
-            geometry,
-            max_cns,
-            quota: if opts.quota == 0 { chunks as u32 } else { opts.quota },
-            mode,
-            software_ownership_check,
-            queue_depth: SEND_DEPTH as u16,
-            window_access: AccessFlags::DATA_WINDOW,
-        };
-        let keys = MnKeys {
-            meta_lkey: meta_keys.lkey,
-            meta_rkey: meta_name,
-            table_rkey: table_name,
-            ring_lkey: 0,
-            ring_rkey: 0,
-        };
+        let regions = HostRegions::new(&map, &keys);
+        let mut cfg =
+            MnConfig::from_plan(&plan, geometry, max_cns, if opts.quota == 0 { chunks as u32 } else { opts.quota });
+        cfg.queue_depth = SEND_DEPTH as u16;
         let mn = MemoryNode::new(cfg, map, keys).map_err(|e| VerbsError::Config(format!("MN configuration: {e}")))?;
         let mut driver = MnDriver::new(b, mn, regions, admin);
         let per_chunk = matches!(protection, Protection::MrPerChunk);

@@ -10,7 +10,7 @@
 use crate::backend::VerbsBackend;
 use crate::error::{Result, VerbsError};
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, RdmaBackend, WcStatus};
+use omw_core::backend::{Capabilities, Domain, RdmaBackend, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wqe::Wqe;
 use std::fmt;
@@ -117,8 +117,8 @@ pub fn run(device: Option<&str>) -> Result<ProbeReport> {
     let own = b.alloc_region(BUF, 4096)?;
     let req = b.alloc_region(BUF, 4096)?;
     // the pool MR has no remote rights of its own: remote access only through windows
-    let own_keys = b.reg_mr(own, BUF, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
-    let req_keys = b.reg_mr(req, BUF, AccessFlags::LOCAL_WRITE)?;
+    let own_keys = b.reg_mr(Domain::CnFacing, own, BUF, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+    let req_keys = b.reg_mr(Domain::CnFacing, req, BUF, AccessFlags::LOCAL_WRITE)?;
     b.write_local(own, &[b'o'; BUF as usize])?;
     let mut cx = Ctx { b, own_lkey: own_keys.lkey, req, req_lkey: req_keys.lkey };
     let device = cx.b.device_name().to_string();

@@ -39,7 +39,7 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Completion, MwBinding, QpState, RdmaBackend, WcStatus};
+use omw_core::backend::{Completion, Domain, MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wqe::{QueueSel, RecvWqe, Sge, Wqe, WqeFlags};
 use omw_loopback::{Fabric, HostId, HostView, NicConfig, QpConfig};
@@ -518,8 +518,10 @@ fn pattern(seed: u64, n: usize) -> Vec<u8> {
 
 /// Register, fill, allocate windows on a device whose regions and pairs already exist.
 fn prepare<D: Dut>(d: &mut D, pool: u64, buf: u64, pairs: Vec<(Qpn, Qpn)>) -> (Rig, Shadow) {
-    let p = d.reg_mr(pool, POOL, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).expect("register the pool MR");
-    let b = d.reg_mr(buf, BUF, AccessFlags::LOCAL_WRITE).expect("register the requester buffer");
+    let p = d
+        .reg_mr(Domain::CnFacing, pool, POOL, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+        .expect("register the pool MR");
+    let b = d.reg_mr(Domain::CnFacing, buf, BUF, AccessFlags::LOCAL_WRITE).expect("register the requester buffer");
     d.write_local(pool, &pattern(0x9001, 2 * POOL as usize)).expect("fill the pool");
     let keys = (0..WINDOWS).map(|_| d.alloc_mw().expect("alloc_mw")).collect();
     let rig = Rig { pool, pool_lkey: p.lkey, pool_rkey: p.rkey, buf, buf_lkey: b.lkey, pairs };

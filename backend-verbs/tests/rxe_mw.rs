@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::backend::{Capabilities, Domain, QpState, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wqe::{RecvWqe, Sge, Wqe};
 use omw_verbs::{VerbsBackend, VerbsError};
@@ -27,8 +27,8 @@ fn fx() -> Fx {
     let mut b = VerbsBackend::open(Some(&device())).expect("open device");
     let own = b.alloc_region(1 << 16, 4096).unwrap();
     let req = b.alloc_region(1 << 16, 4096).unwrap();
-    let o = b.reg_mr(own, 1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
-    let r = b.reg_mr(req, 1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let o = b.reg_mr(Domain::CnFacing, own, 1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
+    let r = b.reg_mr(Domain::CnFacing, req, 1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
     b.write_local(own, &[b'o'; 1 << 16]).unwrap();
     Fx { b, own, own_lkey: o.lkey, req, req_lkey: r.lkey }
 }
@@ -195,8 +195,13 @@ fn atomics_write_imm_and_reset() {
     let mut f = fx();
     let tgt = f.b.alloc_region(4096, 4096).unwrap();
     let t =
-        f.b.reg_mr(tgt, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_WRITE)
-            .unwrap();
+        f.b.reg_mr(
+            Domain::CnFacing,
+            tgt,
+            4096,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
     f.b.write_local(tgt, &40u64.to_le_bytes()).unwrap();
     let p = f.b.create_loopback_pair().unwrap();
     let c = f.b.post_wait(p.1, &Wqe::fetch_add(f.req, f.req_lkey, tgt, t.rkey, 2).with_wr_id(1), T).unwrap();

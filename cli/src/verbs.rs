@@ -55,6 +55,10 @@ pub struct MnArgs {
     /// Statistics interval in milliseconds (0: off).
     #[arg(long, default_value_t = 1000)]
     pub stats_ms: u64,
+    /// Do not zero chunks between owners: the next owner of a chunk can then read what the
+    /// last one left in it. Only for CNs that trust each other (`omw bench` shows the cost).
+    #[arg(long)]
+    pub no_scrub: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -132,6 +136,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         quota: a.quota,
         insecure: a.insecure,
         stats_every: Duration::from_millis(a.stats_ms),
+        scrub: !a.no_scrub,
     })
 }
 
@@ -202,6 +207,7 @@ mod tests {
             quota: 0,
             insecure: false,
             stats_ms: 0,
+            no_scrub: false,
         })
         .unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::NoDevice { .. }), "{e}");
@@ -226,6 +232,7 @@ mod tests {
             quota: 0,
             insecure: false,
             stats_ms: 0,
+            no_scrub: false,
         };
         assert_eq!(mn(mn_args), ExitCode::FAILURE);
         let cn_args =

@@ -11,7 +11,7 @@
 use divan::Bencher;
 use omw_core::access::AccessFlags;
 use omw_core::backend::{
-    Capabilities, Completion, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
+    Capabilities, Completion, Domain, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
 };
 use omw_core::chain::ChainLayout;
 use omw_core::chain_builder::ChainEnv;
@@ -199,7 +199,7 @@ impl RdmaBackend for MiniNic {
     fn qp_state(&self, _: Qpn) -> Result<QpState, NicErr> {
         Ok(QpState::Rts)
     }
-    fn reg_mr(&mut self, _: u64, _: u64, _: AccessFlags) -> Result<MrKeys, NicErr> {
+    fn reg_mr(&mut self, _: Domain, _: u64, _: u64, _: AccessFlags) -> Result<MrKeys, NicErr> {
         Err(NicErr("not needed"))
     }
     fn alloc_mw(&mut self) -> Result<Rkey, NicErr> {
@@ -221,7 +221,7 @@ impl RdmaBackend for MiniNic {
     fn ring_base(&self, _: Qpn, _: QueueSel) -> Result<u64, NicErr> {
         Err(NicErr("no offload"))
     }
-    fn ring_keys(&self) -> Result<MrKeys, NicErr> {
+    fn ring_keys(&self, _: Domain) -> Result<MrKeys, NicErr> {
         Err(NicErr("no offload"))
     }
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
@@ -247,7 +247,16 @@ impl Rig {
     fn new() -> Rig {
         let geo = PoolGeometry::new(POOL, 4096, CHUNKS, G).expect("geometry");
         let map = MnMemoryMap::new(geo, 8, META).expect("map");
-        let keys = MnKeys { meta_lkey: 1, meta_rkey: 2, table_rkey: 3, ring_lkey: 4, ring_rkey: 5 };
+        let keys = MnKeys {
+            meta_lkey: 1,
+            meta_rkey: 2,
+            table_rkey: 3,
+            ring_lkey: 4,
+            ring_rkey: 5,
+            cn_meta_lkey: 1,
+            cn_ring_lkey: 4,
+            ..MnKeys::default()
+        };
         let cfg = MnConfig {
             geometry: geo,
             max_cns: 8,
@@ -256,6 +265,7 @@ impl Rig {
             software_ownership_check: true,
             queue_depth: 128,
             window_access: AccessFlags::DATA_WINDOW,
+            scrub: omw_core::mn_plan::ScrubPath::Cpu,
         };
         let mut nic = MiniNic {
             meta: vec![0; map.meta_len as usize],
@@ -347,11 +357,16 @@ fn chain_env() -> ChainEnv {
         loop_qpn: 1,
         mgmt_qpn: 2,
         free_qpn: 3,
-        meta_lkey: 1,
-        meta_rkey: 2,
-        table_rkey: 3,
-        ring_lkey: 4,
-        ring_rkey: 5,
+        keys: MnKeys {
+            meta_lkey: 1,
+            meta_rkey: 2,
+            table_rkey: 3,
+            ring_lkey: 4,
+            ring_rkey: 5,
+            cn_meta_lkey: 1,
+            cn_ring_lkey: 4,
+            ..MnKeys::default()
+        },
         queue_depth: 128,
         window_access: AccessFlags::DATA_WINDOW,
         owner_window_access: AccessFlags::REMOTE_READ,

@@ -27,44 +27,64 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.push(Ring::Loop, Wqe::wait(env.mgmt_qpn, QueueSel::Recv, 1))?;
     // the token stays in scratch (the MN quotes it in error replies) and is copied into the
     // reply's immediate
-    let token_copy =
-        b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 4, s + a::REQ_HDR + req::TOKEN as u64, env.meta_rkey))?;
+    let token_copy = b.push(
+        Ring::Loop,
+        Wqe::read(0, env.keys.ring_lkey, 4, s + a::REQ_HDR + req::TOKEN as u64, env.keys.meta_rkey),
+    )?;
     let faa = b.push(
         Ring::Loop,
-        Wqe::masked_fetch_add(s + a::SLOT_ADDR, env.meta_lkey, q.head, env.meta_rkey, 8, q.counter_boundary()),
+        Wqe::masked_fetch_add(
+            s + a::SLOT_ADDR,
+            env.keys.meta_lkey,
+            q.head,
+            env.keys.meta_rkey,
+            8,
+            q.counter_boundary(),
+        ),
     )?;
     let _ = faa;
     b.fence_loop(env)?;
     // copy the slot address into the pop READ and the zeroing WRITE (indices fixed below)
-    let cp_pop = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey))?;
-    let cp_zero = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey))?;
+    let cp_pop = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::SLOT_ADDR, env.keys.meta_rkey))?;
+    let cp_zero = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::SLOT_ADDR, env.keys.meta_rkey))?;
     b.fence_loop(env)?;
-    let pop = b.push(Ring::Loop, Wqe::read(s + a::REPLY_ENTRY_ADDR, env.meta_lkey, 8, 0, env.meta_rkey))?;
+    let pop = b.push(Ring::Loop, Wqe::read(s + a::REPLY_ENTRY_ADDR, env.keys.meta_lkey, 8, 0, env.keys.meta_rkey))?;
     b.set_local(cp_pop, Loc::Field { step: pop, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
-    let zero = b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.meta_lkey, 8, 0, env.meta_rkey))?;
+    let zero = b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.keys.meta_lkey, 8, 0, env.keys.meta_rkey))?;
     b.set_local(cp_zero, Loc::Field { step: zero, field: WqeField::RemoteAddr });
     // copy the entry address into the entry READ and the write-back
-    let cp_entry = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey))?;
-    let cp_wb = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey))?;
+    let cp_entry =
+        b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
+    let cp_wb = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
     b.fence_loop(env)?;
-    let entry =
-        b.push(Ring::Loop, Wqe::read(s + a::REPLY_ENTRY, env.meta_lkey, ENTRY_SIZE as u32, 0, env.table_rkey))?;
+    let entry = b.push(
+        Ring::Loop,
+        Wqe::read(s + a::REPLY_ENTRY, env.keys.meta_lkey, ENTRY_SIZE as u32, 0, env.keys.table_rkey),
+    )?;
     b.set_local(cp_entry, Loc::Field { step: entry, field: WqeField::RemoteAddr });
     b.layout.empty_probe = Some(entry);
     b.fence_loop(env)?;
     b.push(
         Ring::Loop,
-        Wqe::write(s + a::OWNER, env.meta_lkey, 4, s + a::REPLY_ENTRY + ENTRY_OFF_OWNER, env.meta_rkey),
+        Wqe::write(s + a::OWNER, env.keys.meta_lkey, 4, s + a::REPLY_ENTRY + ENTRY_OFF_OWNER, env.keys.meta_rkey),
     )?;
     // scatter the entry into the BINDs: base/length/lkey span, then the window's rkey
     let mut copies: heapless::Vec<(u8, u8), 8> = heapless::Vec::new();
     for i in 0..g {
-        let span =
-            b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 16, s + a::REPLY_ENTRY + ENTRY_OFF_BASE, env.meta_rkey))?;
+        let span = b.push(
+            Ring::Loop,
+            Wqe::read(0, env.keys.ring_lkey, 16, s + a::REPLY_ENTRY + ENTRY_OFF_BASE, env.keys.meta_rkey),
+        )?;
         let rk = b.push(
             Ring::Loop,
-            Wqe::read(0, env.ring_lkey, 4, s + a::REPLY_ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64, env.meta_rkey),
+            Wqe::read(
+                0,
+                env.keys.ring_lkey,
+                4,
+                s + a::REPLY_ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64,
+                env.keys.meta_rkey,
+            ),
         )?;
         let _ = copies.push((span, rk));
     }
@@ -82,7 +102,10 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         let _ = binds.push(bind);
     }
     b.fence_loop(env)?;
-    let wb = b.push(Ring::Loop, Wqe::write(s + a::REPLY_ENTRY, env.meta_lkey, ENTRY_SIZE as u32, 0, env.table_rkey))?;
+    let wb = b.push(
+        Ring::Loop,
+        Wqe::write(s + a::REPLY_ENTRY, env.keys.meta_lkey, ENTRY_SIZE as u32, 0, env.keys.table_rkey),
+    )?;
     b.set_local(cp_wb, Loc::Field { step: wb, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
     // The reply, on the management QP. The Mgmt ring releases the Loop ring's commit half
@@ -90,15 +113,16 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     // the CN) puts the QP in error, flushes that ENABLE, and leaves the markers set for the MN.
     let release_mgmt = b.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Send, 3))?;
     let first_len = b.layout.ring_len(Ring::Loop) as u64;
-    let reply = b.push(Ring::Mgmt, Wqe::write_imm(s + a::REPLY, env.meta_lkey, ALLOC_REPLY_LEN as u32, 0, 0, 0))?;
+    let reply =
+        b.push(Ring::Mgmt, Wqe::write_imm(s + a::REPLY, env.keys.cn_meta_lkey, ALLOC_REPLY_LEN as u32, 0, 0, 0))?;
     b.push(Ring::Mgmt, Wqe::wait(env.mgmt_qpn, QueueSel::Send, 1))?;
     let release = b.push(Ring::Mgmt, Wqe::enable(env.loop_qpn, QueueSel::Send, 0))?;
     let _ = release_mgmt;
     // commit: clear the markers
-    b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.meta_lkey, 8, s + a::SLOT_ADDR, env.meta_rkey))?;
-    b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.meta_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.meta_rkey))?;
+    b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.keys.meta_lkey, 8, s + a::SLOT_ADDR, env.keys.meta_rkey))?;
+    b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.keys.meta_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
     // clear the reply's address and rkey for the next lap (a request must always supply them)
-    let clear = b.push(Ring::Loop, Wqe::write(s + a::ZEROS16, env.meta_lkey, 12, 0, env.ring_rkey))?;
+    let clear = b.push(Ring::Loop, Wqe::write(s + a::ZEROS16, env.keys.meta_lkey, 12, 0, env.keys.ring_rkey))?;
     b.fence_loop(env)?;
 
     // RECV scatter: the header (with the CN's token) → scratch, the rest into WQE fields.

@@ -234,6 +234,21 @@ pub enum QpState {
     Err,
 }
 
+/// The protection domain a registration belongs to (DESIGN.md §9: isolation comes from PDs
+/// and QP binding, never from a key being secret).
+///
+/// CN-facing QPs (Alloc, Free, access), the pool and every memory window live in
+/// [`Domain::CnFacing`]; there MN-private memory (metadata, rings) is registered local-only.
+/// The MN's loopback QPs — both ends — live in [`Domain::MnPrivate`], the only domain where
+/// MN-private memory carries remote rights, so no key a CN can name through its QPs opens it.
+/// Host-engine mode needs no private domain at all: it registers no remote rights on
+/// MN-private memory.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum Domain {
+    CnFacing,
+    MnPrivate,
+}
+
 /// The contract every backend implements for the MN (and, with fewer calls, for a CN).
 ///
 /// Addresses are the backend's own: virtual addresses in the MN process for verbs, model
@@ -257,7 +272,9 @@ pub trait RdmaBackend {
     fn destroy_qp(&mut self, qp: Qpn) -> Result<(), Self::Error>;
     fn qp_state(&self, qp: Qpn) -> Result<QpState, Self::Error>;
 
-    fn reg_mr(&mut self, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Self::Error>;
+    /// Register `[addr, addr+len)` in `domain`. A backend without a private domain refuses
+    /// [`Domain::MnPrivate`] (only offloaded mode asks for it).
+    fn reg_mr(&mut self, domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Self::Error>;
     /// Allocate a type-2 memory window; returns its initial (unbound) rkey.
     fn alloc_mw(&mut self) -> Result<Rkey, Self::Error>;
 
@@ -266,9 +283,11 @@ pub trait RdmaBackend {
     fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), Self::Error>;
 
     /// Offload only: address of entry 0 of `qp`'s ring (send entries are 64 B, receive
-    /// entries [`crate::wqe::RECV_WQE_SIZE`]) and the MR keys that cover every ring.
+    /// entries [`crate::wqe::RECV_WQE_SIZE`]) and the MR keys that cover every ring in
+    /// `domain` (remote rights in [`Domain::MnPrivate`] only; local-only in the CN-facing one,
+    /// where receives scatter request bytes into WQE fields).
     fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, Self::Error>;
-    fn ring_keys(&self) -> Result<MrKeys, Self::Error>;
+    fn ring_keys(&self, domain: Domain) -> Result<MrKeys, Self::Error>;
 
     /// Where the window with this index is bound, if the backend can tell (the model and the
     /// FPGA extension block can; verbs tracks the binds it posted). `None`: unknown.

@@ -6,7 +6,7 @@ use crate::access::AccessFlags;
 use crate::chain::{ChainKind, ChainLayout, Loc, Rearm, RecvTarget, Ring, Step, MAX_STEPS};
 use crate::geometry::PoolGeometry;
 use crate::ids::CnId;
-use crate::mn_memory::MnMemoryMap;
+use crate::mn_memory::{MnKeys, MnMemoryMap};
 use crate::wqe::{Opcode, QueueSel, Wqe, WqeField, WqeFlags};
 
 /// Everything a chain's bytes depend on besides the request: fixed when the CN connects.
@@ -22,14 +22,12 @@ pub struct ChainEnv {
     pub mgmt_qpn: u32,
     /// MN end of the CN's Free QP: MW[0] of every group the CN allocates is bound there.
     pub free_qpn: u32,
-    /// MR over the whole metadata region (queue, table, scratch).
-    pub meta_lkey: u32,
-    pub meta_rkey: u32,
-    /// MR over the MWTable only: entry addresses from the network are dereferenced through it.
-    pub table_rkey: u32,
-    /// MR over the send-queue rings (chains patch and bump their own WQEs).
-    pub ring_lkey: u32,
-    pub ring_rkey: u32,
+    /// The MN's registrations: `meta_*` over the whole metadata region (queue, table,
+    /// scratch), `table_rkey` over the MWTable only (entry addresses from the network are
+    /// dereferenced through it), `ring_*` over the rings (chains patch and bump their own
+    /// WQEs) — all in the loop QPs' private domain — and the CN-facing local-only keys that
+    /// WQEs and receives on the management QP use.
+    pub keys: MnKeys,
     pub queue_depth: u16,
     /// Rights of the access windows MW[1..G).
     pub window_access: AccessFlags,
@@ -89,8 +87,9 @@ impl Builder {
                 rearm: Rearm::SelfEnabling,
                 queue_depth: env.queue_depth,
                 ring_depth: [0, 0],
-                meta_lkey: env.meta_lkey,
-                ring_lkey: env.ring_lkey,
+                // the RECV is posted on the management QP: CN-facing keys
+                meta_lkey: env.keys.cn_meta_lkey,
+                ring_lkey: env.keys.cn_ring_lkey,
                 meta: (env.map.meta_base, env.map.meta_len),
                 empty_probe: None,
                 ownership_check: None,
@@ -152,7 +151,7 @@ impl Builder {
             } else {
                 mgmt
             };
-            let i = self.push(Ring::Loop, Wqe::fetch_add(junk, env.meta_lkey, 0, env.ring_rkey, per_lap))?;
+            let i = self.push(Ring::Loop, Wqe::fetch_add(junk, env.keys.meta_lkey, 0, env.keys.ring_rkey, per_lap))?;
             self.layout.steps[i as usize].remote = Some(Loc::Field { step: w, field: WqeField::Operand0 });
         }
         // Each ring is padded with unsignaled NOPs to a power-of-two depth (what a real send
@@ -207,11 +206,16 @@ pub(crate) fn test_env(chunk_size: u64, chunks: u32, g: u8) -> ChainEnv {
         loop_qpn: 0x100,
         mgmt_qpn: 0x101,
         free_qpn: 0x102,
-        meta_lkey: 0x11,
-        meta_rkey: 0x12,
-        table_rkey: 0x13,
-        ring_lkey: 0x14,
-        ring_rkey: 0x15,
+        keys: MnKeys {
+            meta_lkey: 0x11,
+            meta_rkey: 0x12,
+            table_rkey: 0x13,
+            ring_lkey: 0x14,
+            ring_rkey: 0x15,
+            cn_meta_lkey: 0x16,
+            cn_ring_lkey: 0x17,
+            ..MnKeys::default()
+        },
         queue_depth: 128,
         window_access: AccessFlags::DATA_WINDOW,
         owner_window_access: AccessFlags::REMOTE_READ,

@@ -26,17 +26,18 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
 
     // ---- Loop, first half
     b.push(Ring::Loop, Wqe::wait(env.mgmt_qpn, QueueSel::Recv, 1))?;
-    let cp_read = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + f::ENTRY_ADDR, env.meta_rkey))?;
-    let cp_wb = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + f::ENTRY_ADDR, env.meta_rkey))?;
+    let cp_read = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + f::ENTRY_ADDR, env.keys.meta_rkey))?;
+    let cp_wb = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + f::ENTRY_ADDR, env.keys.meta_rkey))?;
     b.fence_loop(env)?;
-    let rd = b.push(Ring::Loop, Wqe::read(s + f::ENTRY, env.meta_lkey, ENTRY_SIZE as u32, 0, env.table_rkey))?;
+    let rd =
+        b.push(Ring::Loop, Wqe::read(s + f::ENTRY, env.keys.meta_lkey, ENTRY_SIZE as u32, 0, env.keys.table_rkey))?;
     b.set_local(cp_read, Loc::Field { step: rd, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
     let mut copies: heapless::Vec<u8, 4> = heapless::Vec::new();
     for i in 0..g {
         let c = b.push(
             Ring::Loop,
-            Wqe::read(0, env.ring_lkey, 4, s + f::ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64, env.meta_rkey),
+            Wqe::read(0, env.keys.ring_lkey, 4, s + f::ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64, env.keys.meta_rkey),
         )?;
         let _ = copies.push(c);
     }
@@ -64,30 +65,41 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
             Ring::Loop,
             Wqe::masked_fetch_add(
                 s + f::JUNK,
-                env.meta_lkey,
+                env.keys.meta_lkey,
                 s + f::ENTRY + ENTRY_OFF_RKEYS + 8 * pair as u64,
-                env.meta_rkey,
+                env.keys.meta_rkey,
                 RKEY_PAIR_KEY_INCREMENT,
                 RKEY_PAIR_KEY_BOUNDARY,
             ),
         )?;
     }
-    b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.meta_lkey, 4, s + f::ENTRY + ENTRY_OFF_OWNER, env.meta_rkey))?;
+    b.push(
+        Ring::Loop,
+        Wqe::write(s + f::ZERO, env.keys.meta_lkey, 4, s + f::ENTRY + ENTRY_OFF_OWNER, env.keys.meta_rkey),
+    )?;
     b.fence_loop(env)?;
-    let wb = b.push(Ring::Loop, Wqe::write(s + f::ENTRY, env.meta_lkey, ENTRY_SIZE as u32, 0, env.table_rkey))?;
+    let wb =
+        b.push(Ring::Loop, Wqe::write(s + f::ENTRY, env.keys.meta_lkey, ENTRY_SIZE as u32, 0, env.keys.table_rkey))?;
     b.set_local(cp_wb, Loc::Field { step: wb, field: WqeField::RemoteAddr });
     b.push(
         Ring::Loop,
-        Wqe::masked_fetch_add(s + f::PUSH_SLOT, env.meta_lkey, q.tail, env.meta_rkey, 8, q.counter_boundary()),
+        Wqe::masked_fetch_add(
+            s + f::PUSH_SLOT,
+            env.keys.meta_lkey,
+            q.tail,
+            env.keys.meta_rkey,
+            8,
+            q.counter_boundary(),
+        ),
     )?;
     b.fence_loop(env)?;
-    let cp_push = b.push(Ring::Loop, Wqe::read(0, env.ring_lkey, 8, s + f::PUSH_SLOT, env.meta_rkey))?;
+    let cp_push = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + f::PUSH_SLOT, env.keys.meta_rkey))?;
     b.fence_loop(env)?;
-    let push = b.push(Ring::Loop, Wqe::write(s + f::ENTRY_ADDR, env.meta_lkey, 8, 0, env.meta_rkey))?;
+    let push = b.push(Ring::Loop, Wqe::write(s + f::ENTRY_ADDR, env.keys.meta_lkey, 8, 0, env.keys.meta_rkey))?;
     b.set_local(cp_push, Loc::Field { step: push, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
     // commit: clear the marker (a failure with it set means "this lap may be half done")
-    b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.meta_lkey, 8, s + f::ENTRY_ADDR, env.meta_rkey))?;
+    b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.keys.meta_lkey, 8, s + f::ENTRY_ADDR, env.keys.meta_rkey))?;
     b.fence_loop(env)?;
 
     // RECV scatter: header → scratch, entry address → scratch (read by the copies above)

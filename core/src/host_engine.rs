@@ -34,6 +34,9 @@ pub struct HostRegions {
     pub table_rkey: u32,
     pub ring_lkey: u32,
     pub ring_rkey: u32,
+    /// Local-only key of the metadata in the CN-facing domain: what WQEs and receives on
+    /// CN-facing QPs (messages, host-engine request buffers) use.
+    pub cn_meta_lkey: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -119,6 +122,7 @@ impl HostRegions {
             table_rkey: keys.table_rkey,
             ring_lkey: keys.ring_lkey,
             ring_rkey: keys.ring_rkey,
+            cn_meta_lkey: keys.cn_meta_lkey,
         }
     }
 

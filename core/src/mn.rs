@@ -19,6 +19,7 @@ use crate::free_queue::SLOT_SIZE;
 use crate::geometry::{PoolGeometry, MAX_GROUP_SIZE};
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
 use crate::mn_memory::{alloc_scratch, free_scratch, MnMemoryMap, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF, SCRATCH_PER_CN};
+use crate::mn_plan::{MnPlan, ScrubPath};
 use crate::mwtable::{MwTableEntry, ENTRY_SIZE};
 use crate::wire::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice};
 use crate::wqe::masked_add;
@@ -41,17 +42,28 @@ pub struct MnConfig {
     pub software_ownership_check: bool,
     pub queue_depth: u16,
     pub window_access: AccessFlags,
+    /// Who zeroes chunks between owners (the plan's decision).
+    pub scrub: ScrubPath,
 }
 
-/// Keys of the MN's own registrations.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
-pub struct MnKeys {
-    pub meta_lkey: u32,
-    pub meta_rkey: u32,
-    pub table_rkey: u32,
-    pub ring_lkey: u32,
-    pub ring_rkey: u32,
+impl MnConfig {
+    /// The configuration an [`MnPlan`] implies for a pool (queue depth 128, data windows
+    /// read/write).
+    pub fn from_plan(plan: &MnPlan, geometry: PoolGeometry, max_cns: u32, quota: u32) -> Self {
+        MnConfig {
+            geometry,
+            max_cns,
+            quota,
+            mode: plan.mode,
+            software_ownership_check: plan.software_ownership_check,
+            queue_depth: 128,
+            window_access: AccessFlags::DATA_WINDOW,
+            scrub: plan.scrub,
+        }
+    }
 }
+
+pub use crate::mn_memory::MnKeys;
 
 /// The MN ends of one CN's QPs.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -311,11 +323,7 @@ impl MemoryNode {
             loop_qpn: lp.map(|q| q.get()).unwrap_or(0xFF_FFFF),
             mgmt_qpn: mgmt.get(),
             free_qpn: r.qps.free.get(),
-            meta_lkey: self.keys.meta_lkey,
-            meta_rkey: self.keys.meta_rkey,
-            table_rkey: self.keys.table_rkey,
-            ring_lkey: self.keys.ring_lkey,
-            ring_rkey: self.keys.ring_rkey,
+            keys: self.keys,
             queue_depth: self.cfg.queue_depth,
             window_access: self.cfg.window_access,
             owner_window_access: AccessFlags::REMOTE_READ,
@@ -333,11 +341,7 @@ impl MemoryNode {
             loop_qpn: 1,
             mgmt_qpn: 2,
             free_qpn: 3,
-            meta_lkey: self.keys.meta_lkey,
-            meta_rkey: self.keys.meta_rkey,
-            table_rkey: self.keys.table_rkey,
-            ring_lkey: self.keys.ring_lkey,
-            ring_rkey: self.keys.ring_rkey,
+            keys: self.keys,
             queue_depth: self.cfg.queue_depth,
             window_access: self.cfg.window_access,
             owner_window_access: AccessFlags::REMOTE_READ,
@@ -698,6 +702,9 @@ impl MemoryNode {
     /// chain cannot (the loopback QP has no write rights on the pool), see ARCHITECTURE.md.
     pub fn scrub<P: MnPort>(&mut self, port: &mut P, g: GroupId) -> R<P::Error> {
         static ZEROS: [u8; 4096] = [0; 4096];
+        if self.cfg.scrub == ScrubPath::Off {
+            return Ok(());
+        }
         let Some(base) = self.cfg.geometry.chunk_base(g) else { return Ok(()) };
         let size = self.cfg.geometry.chunk_size();
         let mut off = 0;

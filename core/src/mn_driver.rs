@@ -243,7 +243,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             backend: &mut self.backend,
             mn_mode: self.mn.mode(),
             scratch,
-            meta_lkey: self.regions.meta_lkey,
+            meta_lkey: self.regions.cn_meta_lkey,
             admin_qp: self.admin_qp,
             send_seq: &mut self.send_seq,
             stats: &mut self.stats,
@@ -331,7 +331,7 @@ impl<B: RdmaBackend> MnDriver<B> {
         let addr = self.request_buf(cn, kind).ok_or(DriverError::Mn("no scratch"))?;
         let mut w =
             RecvWqe { wr_id: WR_ID_REQUEST | ((kind as u64) << 32) | cn.get() as u64, sges: heapless::Vec::new() };
-        let _ = w.sges.push(Sge { addr, length: REQUEST_BUF_LEN, lkey: self.regions.meta_lkey });
+        let _ = w.sges.push(Sge { addr, length: REQUEST_BUF_LEN, lkey: self.regions.cn_meta_lkey });
         self.backend.post_recv(qp, &w).map_err(DriverError::Backend)?;
         self.set_request_posted(cn, kind, true);
         Ok(())

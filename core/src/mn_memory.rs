@@ -73,6 +73,27 @@ const _: () = assert!(FREE_SCRATCH_OFF + free_scratch::END <= ALLOC_REQUEST_BUF_
 const _: () = assert!(FREE_REQUEST_BUF_OFF + REQUEST_BUF_LEN as u64 <= SEND_BUF_OFF);
 const _: () = assert!(SEND_BUF_OFF + SEND_BUF_COUNT * SEND_BUF_LEN <= SCRATCH_PER_CN);
 
+/// Keys of the MN's own registrations ([`crate::mn_plan::MnPlan::register_metadata`] makes
+/// them). The first five are the loop QPs' (the MN-private domain when offloading; local-only
+/// CN-facing registrations in host-engine mode, checked in software by the engine).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct MnKeys {
+    pub meta_lkey: u32,
+    pub meta_rkey: u32,
+    pub table_rkey: u32,
+    pub ring_lkey: u32,
+    pub ring_rkey: u32,
+    /// Local-only registrations in the CN-facing domain: what WQEs on CN-facing QPs (the
+    /// reply WRITE, messages) and receives posted there (request scatter) use.
+    pub cn_meta_lkey: u32,
+    pub cn_ring_lkey: u32,
+    /// Offloaded scrubbing: the pool's private-domain rkey (remote write for the loop QP) and
+    /// a chunk of zeros (0: the free chain does not scrub).
+    pub pool_scrub_rkey: u32,
+    pub zero_addr: u64,
+    pub zero_lkey: u32,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct MnMemoryMap {
     pub geometry: PoolGeometry,

@@ -169,7 +169,7 @@ impl RdmaBackend for TestNic {
     fn qp_state(&self, qp: Qpn) -> Result<QpState, NicErr> {
         Ok(self.qps.get(&qp.get()).and_then(|q| q.state).unwrap_or(QpState::Rts))
     }
-    fn reg_mr(&mut self, _: u64, _: u64, _: AccessFlags) -> Result<MrKeys, NicErr> {
+    fn reg_mr(&mut self, _: Domain, _: u64, _: u64, _: AccessFlags) -> Result<MrKeys, NicErr> {
         Err(NicErr("not needed"))
     }
     fn alloc_mw(&mut self) -> Result<Rkey, NicErr> {
@@ -202,7 +202,7 @@ impl RdmaBackend for TestNic {
     fn ring_base(&self, _: Qpn, _: QueueSel) -> Result<u64, NicErr> {
         Err(NicErr("no offload"))
     }
-    fn ring_keys(&self) -> Result<MrKeys, NicErr> {
+    fn ring_keys(&self, _: Domain) -> Result<MrKeys, NicErr> {
         Err(NicErr("no offload"))
     }
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
@@ -227,7 +227,16 @@ impl Rig {
     fn new(chunks: u32, g: u8, quota: u32) -> Rig {
         let geo = PoolGeometry::new(POOL, 4096, chunks, g).unwrap();
         let map = MnMemoryMap::new(geo, 8, META).unwrap();
-        let keys = MnKeys { meta_lkey: 1, meta_rkey: 2, table_rkey: 3, ring_lkey: 4, ring_rkey: 5 };
+        let keys = MnKeys {
+            meta_lkey: 1,
+            meta_rkey: 2,
+            table_rkey: 3,
+            ring_lkey: 4,
+            ring_rkey: 5,
+            cn_meta_lkey: 1,
+            cn_ring_lkey: 4,
+            ..MnKeys::default()
+        };
         let cfg = MnConfig {
             geometry: geo,
             max_cns: 8,
@@ -236,6 +245,7 @@ impl Rig {
             software_ownership_check: true,
             queue_depth: 128,
             window_access: AccessFlags::DATA_WINDOW,
+            scrub: crate::mn_plan::ScrubPath::Cpu,
         };
         let mut nic = TestNic {
             meta: std::vec![0; map.meta_len as usize],

@@ -5,7 +5,7 @@
 
 use omw_core::chain_builder::ChainEnv;
 use omw_core::geometry::PoolGeometry;
-use omw_core::mn_memory::MnMemoryMap;
+use omw_core::mn_memory::{MnKeys, MnMemoryMap};
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
@@ -32,11 +32,16 @@ pub extern "C" fn _start() -> ! {
                     loop_qpn: 1,
                     mgmt_qpn: 2,
                     free_qpn: 3,
-                    meta_lkey: 1,
-                    meta_rkey: 2,
-                    table_rkey: 3,
-                    ring_lkey: 4,
-                    ring_rkey: 5,
+                    keys: MnKeys {
+                        meta_lkey: 1,
+                        meta_rkey: 2,
+                        table_rkey: 3,
+                        ring_lkey: 4,
+                        ring_rkey: 5,
+                        cn_meta_lkey: 1,
+                        cn_ring_lkey: 4,
+                        ..MnKeys::default()
+                    },
                     queue_depth: 128,
                     window_access: omw_core::access::AccessFlags::DATA_WINDOW,
                     owner_window_access: omw_core::access::AccessFlags::REMOTE_READ,

@@ -33,6 +33,7 @@ fn main() -> ExitCode {
                 quota: num("--quota", 0) as u32,
                 insecure: args.iter().any(|a| a == "--insecure"),
                 stats_every: Duration::from_millis(num("--stats-ms", 1000)),
+                scrub: !args.iter().any(|a| a == "--no-scrub"),
             })
         }
         Some("cn") => {

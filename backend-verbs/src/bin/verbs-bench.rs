@@ -25,7 +25,7 @@
 //! Typical run: `cargo build --release -p omw-verbs --bins && scripts/rxe-vm -- target/release/verbs-bench`.
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{RdmaBackend, WcStatus};
+use omw_core::backend::{Domain, RdmaBackend, WcStatus};
 use omw_core::ids::Qpn;
 use omw_core::wqe::{RecvWqe, Sge, Wqe, WqeFlags};
 use omw_verbs::cn::{CnClient, CnOptions};
@@ -174,14 +174,14 @@ fn part_mw(a: &Args) -> Result<(String, Vec<MwRow>, Duration)> {
         let mut rd = Vec::with_capacity(a.iters);
         for i in 0..warm + a.iters {
             let t = Instant::now();
-            let k = b.reg_mr(region, size, rights)?;
+            let k = b.reg_mr(Domain::CnFacing, region, size, rights)?;
             b.dereg_mr(k.lkey)?;
             if i >= warm {
                 rd.push(t.elapsed());
             }
         }
         // bind + LOCAL_INV of a type-2 window over an MR of that size (registered once)
-        let mr = b.reg_mr(region, size, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+        let mr = b.reg_mr(Domain::CnFacing, region, size, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
         let (mut both, mut bind, mut inv, mut chained) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for i in 0..warm + a.iters {
             let key = b.mw_state(mw).map(|(k, _)| k.next_key()).unwrap_or(mw);
@@ -226,7 +226,7 @@ fn part_mw(a: &Args) -> Result<(String, Vec<MwRow>, Duration)> {
 fn ping_pong(b: &mut VerbsBackend, (qa, qb): (Qpn, Qpn), iters: usize) -> Result<Duration> {
     const LEN: u32 = 64;
     let buf = b.alloc_region(4096, 4096)?;
-    let k = b.reg_mr(buf, 4096, AccessFlags::LOCAL_WRITE)?;
+    let k = b.reg_mr(Domain::CnFacing, buf, 4096, AccessFlags::LOCAL_WRITE)?;
     let recv = |b: &mut VerbsBackend, q: Qpn, off: u64| -> Result<()> {
         let mut r = RecvWqe { wr_id: off, sges: heapless::Vec::new() };
         let _ = r.sges.push(Sge { addr: buf + off, length: LEN, lkey: k.lkey });
@@ -293,6 +293,7 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
         quota: 0,
         insecure: false,
         stats_every: Duration::ZERO,
+        scrub: true,
     };
     let (tx, rx) = mpsc::channel::<std::result::Result<String, String>>();
     let mn = std::thread::spawn(move || {

@@ -19,7 +19,7 @@ use omw_core::ids::Qpn;
 use omw_core::mn_driver::build;
 use omw_core::wire::{AllocRequest, FreeRequest};
 use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeField, WqeFlags};
-use omw_loopback::cluster::{Cluster, ClusterConfig, MnBackend};
+use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::{NicConfig, PdId};
 
 const MAX_EDITS: usize = 24;
@@ -414,11 +414,10 @@ fn request_bytes(r: &Request, kind: ChainKind, c: &Cluster, ctx: &Ctx, held: Opt
 
 /// Arm the layout into the CN's chain QPs (reset first, as the MN does) and let the CN send.
 fn run_on_nic(c: &mut Cluster, layout: &ChainLayout, kind: ChainKind, requests: &[Vec<u8>]) {
-    let mn = c.mn_host;
     let node = &c.cns[0];
     let (cn_host, cn_qp, cn_alloc_qp) =
         (node.host, if kind == ChainKind::Alloc { node.alloc_qp } else { node.free_qp }, node.alloc_qp);
-    let mut backend = MnBackend { fabric: c.fabric.clone(), host: mn };
+    let mut backend = c.driver.backend.clone();
     {
         use omw_core::backend::RdmaBackend;
         for q in layout.qpns {
@@ -461,7 +460,7 @@ fn run_on_nic(c: &mut Cluster, layout: &ChainLayout, kind: ChainKind, requests: 
 }
 
 fn run_on_host_engine(c: &mut Cluster, layout: &ChainLayout, rec: &omw_core::mn::CnRecord, requests: &[Vec<u8>]) {
-    let mut backend = MnBackend { fabric: c.fabric.clone(), host: c.mn_host };
+    let mut backend = c.driver.backend.clone();
     let ctx = LapContext {
         requester: rec.cn,
         scratch: c.driver.mn.scratch_of(rec.cn).expect("slot"),

@@ -1,0 +1,310 @@
+//! The MN plan: every security-relevant set-up decision, made once, from the device's
+//! [`Capabilities`] and the operator's options — execution mode, which protection domain each
+//! registration and QP lives in, the rights of every registration, per-chunk MRs, the
+//! software ownership check, and how freed chunks are scrubbed. Every deployment (the
+//! loopback cluster, the verbs daemon, the FPGA tests) registers its memory through
+//! [`MnPlan::register_metadata`] and [`MnPlan::register_pool`], so the policy cannot drift
+//! between backends.
+//!
+//! The rules (DESIGN.md §9 — isolation from protection domains, never from a key being secret):
+//! - CN-facing QPs, the pool and every window are in [`Domain::CnFacing`]. There MN-private
+//!   memory (metadata: queue, MWTable, scratch; the WQE rings) is registered **local-only**:
+//!   receives scatter into it and sends read from it, but no rkey a CN names opens it.
+//! - Offloaded mode's loopback QPs (both ends) are in [`Domain::MnPrivate`], the only domain in
+//!   which metadata and rings carry remote rights (the chains READ, WRITE and fetch-and-add
+//!   them through the loop QP). A CN has no QP in that domain, so no key — guessed, leaked or
+//!   counted — reaches that memory from a CN.
+//! - Host-engine mode registers no remote rights on MN-private memory at all: the MN CPU does
+//!   the loop operations itself.
+//! - The pool is registered `MW_BIND | LOCAL_WRITE` in the CN-facing domain: windows bind in
+//!   it, it grants no remote right by itself. When the offloaded free chain scrubs chunks, the
+//!   pool is registered once more in the private domain with REMOTE_WRITE, and a chunk-sized
+//!   source of zeros local-only there.
+
+use crate::access::AccessFlags;
+use crate::backend::{Capabilities, Domain, ExecutionMode, ModeError, MrKeys, RdmaBackend};
+use crate::geometry::PoolGeometry;
+use crate::ids::GroupId;
+use crate::mn::MnKeys;
+use crate::mn_memory::MnMemoryMap;
+
+/// What the operator decides (everything else follows from the device).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MnOptions {
+    /// Demand a mode (None: offload if the device can).
+    pub mode: Option<ExecutionMode>,
+    /// Serve a pool on a device that cannot isolate CNs (never the default).
+    pub allow_insecure: bool,
+    /// Zero every chunk before it can reach its next owner (the default). Turning it off lets
+    /// the next owner read what the last one left; `omw bench` shows what it costs.
+    pub scrub: bool,
+}
+
+impl Default for MnOptions {
+    fn default() -> Self {
+        MnOptions { mode: None, allow_insecure: false, scrub: true }
+    }
+}
+
+/// Who clears a chunk between two owners.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum ScrubPath {
+    /// The offloaded free chain writes zeros over the chunk from the private domain (the MN
+    /// CPU still zeroes every chunk it handles itself: reclaims, repairs, resets).
+    Nic,
+    /// The MN CPU zeroes the chunk (host-engine frees and every reclaim).
+    Cpu,
+    /// Nobody: the operator turned scrubbing off.
+    Off,
+}
+
+/// The decisions. Cheap to copy; see the module doc for the rules.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MnPlan {
+    pub caps: Capabilities,
+    pub mode: ExecutionMode,
+    /// Devices that do not enforce window bounds (soft-RoCE) get one MR per chunk, so the MR's
+    /// bounds confine each window to its chunk.
+    pub per_chunk_mrs: bool,
+    /// Host-engine mode on devices that let any QP invalidate a type-2 window (soft-RoCE): the
+    /// engine compares the MWTable owner before the ownership-proving invalidation.
+    pub software_ownership_check: bool,
+    pub scrub: ScrubPath,
+}
+
+/// Rights of MN-private memory where the loop QPs reach it.
+const PRIVATE_REMOTE: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+/// What one registration covers.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum Region {
+    /// Queue, head/tail, MWTable, scratch.
+    Metadata,
+    /// The MWTable alone: entry addresses from the network are dereferenced through it, so an
+    /// address outside the table faults.
+    Table,
+    /// Every WQE ring of the MN.
+    Rings,
+    /// The pool (or one chunk of it, with per-chunk MRs).
+    Pool,
+    /// A chunk of zeros the offloaded free chain writes from.
+    ZeroSource,
+}
+
+/// One registration the plan asks for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct Registration {
+    pub region: Region,
+    pub domain: Domain,
+    pub access: AccessFlags,
+}
+
+/// Where a deployment put the memory the plan registers (the rings are the backend's own:
+/// [`RdmaBackend::ring_keys`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MnRegions {
+    pub map: MnMemoryMap,
+    /// A chunk-sized, zero-filled buffer, when [`MnPlan::needs_zero_source`].
+    pub zero_source: Option<u64>,
+}
+
+/// Why provisioning failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PlanError<E> {
+    Mode(ModeError),
+    /// Scrubbing by the NIC needs a chunk of zeros the deployment did not provide.
+    NoZeroSource,
+    Backend(E),
+}
+
+impl<E: core::fmt::Display> core::fmt::Display for PlanError<E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PlanError::Mode(e) => write!(f, "{e}"),
+            PlanError::NoZeroSource => {
+                f.write_str("offloaded scrubbing needs a chunk-sized zero buffer (MnRegions::zero_source)")
+            }
+            PlanError::Backend(e) => write!(f, "registering MN memory: {e}"),
+        }
+    }
+}
+
+impl MnPlan {
+    /// Decide everything from the device and the operator.
+    pub fn decide(caps: Capabilities, opts: MnOptions) -> Result<MnPlan, ModeError> {
+        let mode = ExecutionMode::choose(caps, opts.mode, opts.allow_insecure)?;
+        let scrub = match (opts.scrub, mode) {
+            (false, _) => ScrubPath::Off,
+            (true, ExecutionMode::Offloaded) => ScrubPath::Nic,
+            (true, ExecutionMode::HostEngine) => ScrubPath::Cpu,
+        };
+        Ok(MnPlan {
+            caps,
+            mode,
+            per_chunk_mrs: !caps.contains(Capabilities::MW_BOUNDS_ENFORCED),
+            software_ownership_check: mode == ExecutionMode::HostEngine
+                && !caps.contains(Capabilities::MW_QP_CHECK_ON_INVALIDATE),
+            scrub,
+        })
+    }
+
+    /// The domain of the MN's loopback QPs (both ends), if the mode has any.
+    pub fn loop_domain(&self) -> Option<Domain> {
+        (self.mode == ExecutionMode::Offloaded).then_some(Domain::MnPrivate)
+    }
+
+    /// The domain of every CN-facing QP (Alloc, Free, access) and of the MN's admin QP (it
+    /// invalidates windows, which live there).
+    pub const fn cn_facing_domain(&self) -> Domain {
+        Domain::CnFacing
+    }
+
+    /// Whether the MN CPU must zero a chunk it returns to the queue itself.
+    pub fn cpu_scrubs(&self) -> bool {
+        self.scrub != ScrubPath::Off
+    }
+
+    /// Whether the deployment must provide a chunk-sized zero buffer.
+    pub fn needs_zero_source(&self) -> bool {
+        self.scrub == ScrubPath::Nic
+    }
+
+    /// Every registration of MN-private memory and of the pool, in the order
+    /// [`MnPlan::register_metadata`] makes them (the pool's CN-facing registration is
+    /// [`MnPlan::register_pool`]'s).
+    pub fn registrations(&self) -> heapless::Vec<Registration, 8> {
+        let mut v = heapless::Vec::new();
+        let mut add = |region, domain, access| {
+            let _ = v.push(Registration { region, domain, access });
+        };
+        let local = AccessFlags::LOCAL_WRITE;
+        add(Region::Metadata, Domain::CnFacing, local);
+        add(Region::Rings, Domain::CnFacing, local);
+        match self.mode {
+            ExecutionMode::Offloaded => {
+                add(Region::Metadata, Domain::MnPrivate, PRIVATE_REMOTE);
+                add(Region::Table, Domain::MnPrivate, local | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE);
+                add(Region::Rings, Domain::MnPrivate, PRIVATE_REMOTE);
+                if self.scrub == ScrubPath::Nic {
+                    add(Region::Pool, Domain::MnPrivate, local | AccessFlags::REMOTE_WRITE);
+                    add(Region::ZeroSource, Domain::MnPrivate, AccessFlags::empty());
+                }
+            }
+            ExecutionMode::HostEngine => {
+                // the engine's software checks distinguish table and metadata by key: a second
+                // local-only registration of the table gives it a key of its own
+                add(Region::Table, Domain::CnFacing, local);
+            }
+        }
+        add(Region::Pool, Domain::CnFacing, self.pool_access());
+        v
+    }
+
+    /// The key the MWTable records for a window freshly allocated with `allocated`: the key of
+    /// its *next* bind, never the allocation's own (§3: a rebind must use a new key, so no key
+    /// the device ever handed out becomes valid again). One policy for every backend.
+    pub fn initial_table_key(&self, allocated: crate::ids::Rkey) -> crate::ids::Rkey {
+        allocated.next_key()
+    }
+
+    /// Rights of the pool registration(s) the windows bind in.
+    pub const fn pool_access(&self) -> AccessFlags {
+        AccessFlags::MW_BIND.union(AccessFlags::LOCAL_WRITE)
+    }
+
+    /// Register MN-private memory (metadata, table, rings, and for NIC scrubbing the pool's
+    /// private registration and the zero source). Returns the keys the chains, the host engine
+    /// and the driver use.
+    pub fn register_metadata<B: RdmaBackend>(
+        &self,
+        backend: &mut B,
+        regions: &MnRegions,
+    ) -> Result<MnKeys, PlanError<B::Error>> {
+        let map = &regions.map;
+        let geo = map.geometry;
+        let mut keys = MnKeys::default();
+        let meta = |b: &mut B, d, a| b.reg_mr(d, map.meta_base, map.meta_len, a).map_err(PlanError::Backend);
+        let cn_meta = meta(backend, Domain::CnFacing, AccessFlags::LOCAL_WRITE)?;
+        keys.cn_meta_lkey = cn_meta.lkey;
+        // the ring registration is the backend's own (its rings are its memory)
+        keys.cn_ring_lkey = backend.ring_keys(Domain::CnFacing).map_err(PlanError::Backend)?.lkey;
+        match self.mode {
+            ExecutionMode::Offloaded => {
+                let m = meta(backend, Domain::MnPrivate, PRIVATE_REMOTE)?;
+                let t = backend
+                    .reg_mr(
+                        Domain::MnPrivate,
+                        map.table_base,
+                        map.table_len(),
+                        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+                    )
+                    .map_err(PlanError::Backend)?;
+                let r: MrKeys = backend.ring_keys(Domain::MnPrivate).map_err(PlanError::Backend)?;
+                keys.meta_lkey = m.lkey;
+                keys.meta_rkey = m.rkey;
+                keys.table_rkey = t.rkey;
+                keys.ring_lkey = r.lkey;
+                keys.ring_rkey = r.rkey;
+                if self.scrub == ScrubPath::Nic {
+                    let zero = regions.zero_source.ok_or(PlanError::NoZeroSource)?;
+                    let p = backend
+                        .reg_mr(
+                            Domain::MnPrivate,
+                            geo.base(),
+                            geo.pool_len(),
+                            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                        )
+                        .map_err(PlanError::Backend)?;
+                    let z = backend
+                        .reg_mr(Domain::MnPrivate, zero, geo.chunk_size(), AccessFlags::empty())
+                        .map_err(PlanError::Backend)?;
+                    keys.pool_scrub_rkey = p.rkey;
+                    keys.zero_addr = zero;
+                    keys.zero_lkey = z.lkey;
+                }
+            }
+            ExecutionMode::HostEngine => {
+                let t = backend
+                    .reg_mr(Domain::CnFacing, map.table_base, map.table_len(), AccessFlags::LOCAL_WRITE)
+                    .map_err(PlanError::Backend)?;
+                // No remote right anywhere: the "rkeys" the host engine checks are the keys of
+                // local-only registrations, which no remote access can use.
+                keys.meta_lkey = cn_meta.lkey;
+                keys.meta_rkey = cn_meta.rkey;
+                keys.table_rkey = t.rkey;
+                keys.ring_lkey = keys.cn_ring_lkey;
+                keys.ring_rkey = keys.cn_ring_lkey;
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Register the pool the windows bind in: one MR (`record(None, lkey)`), or one per chunk
+    /// on devices that do not enforce window bounds (`record(Some(g), lkey)` for each group).
+    pub fn register_pool<B: RdmaBackend>(
+        &self,
+        backend: &mut B,
+        geo: &PoolGeometry,
+        mut record: impl FnMut(Option<GroupId>, u32),
+    ) -> Result<(), PlanError<B::Error>> {
+        if self.per_chunk_mrs {
+            for i in 0..geo.chunk_count() {
+                let base = geo.chunk_base(GroupId(i)).unwrap_or(geo.base());
+                let k = backend
+                    .reg_mr(Domain::CnFacing, base, geo.chunk_size(), self.pool_access())
+                    .map_err(PlanError::Backend)?;
+                record(Some(GroupId(i)), k.lkey);
+            }
+        } else {
+            let k = backend
+                .reg_mr(Domain::CnFacing, geo.base(), geo.pool_len(), self.pool_access())
+                .map_err(PlanError::Backend)?;
+            record(None, k.lkey);
+        }
+        Ok(())
+    }
+}
