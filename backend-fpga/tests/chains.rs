@@ -86,6 +86,12 @@ fn ring_depths(map: MnMemoryMap, keys: MnKeys) -> [[u32; 2]; 2] {
     [[a[0] as u32, a[1] as u32], [f[0] as u32, f[1] as u32]]
 }
 
+/// The table entry as the CN sees it: the reply clears the MN's MR key (DESIGN.md §9).
+fn without_lkey(mut e: MwTableEntry) -> MwTableEntry {
+    e.lkey = 0.into();
+    e
+}
+
 fn setup(n_cns: usize) -> Setup {
     let f = Fabric::new();
     let mut mn = host(&f, 0x0A00_00FF, MN, true, OpcodeEncoding::AppOpcodes);
@@ -297,7 +303,8 @@ fn alloc_chain_runs_offloaded_and_binds_windows_to_the_requested_qps() {
     assert_eq!(e.owner(), cn.id.get());
     assert_eq!(e.length.get() as u64, CHUNK);
     assert!(e.base.get() >= POOL && e.base.get() < POOL + CHUNK * CHUNKS as u64);
-    assert_eq!(s.entry(r.entry_addr), e, "the MWTable entry was written back");
+    assert_eq!(e.lkey.get(), 0, "the reply carries no MN key");
+    assert_eq!(without_lkey(s.entry(r.entry_addr)), e, "the MWTable entry was written back");
     // MW[0] on the CN's Free QP, MW[1..] on the access QPs the request named
     let (free_mn, a0, a1) = (cn.mq[1].get(), cn.mq[2].get(), cn.mq[3].get());
     assert_eq!(s.bound_to(e.rkey(0)), Some(free_mn));
@@ -349,7 +356,7 @@ fn free_chain_checks_ownership_and_stale_rkeys_die() {
     // nothing of the owner's changed: windows bound, entry owned, data intact
     assert_eq!(s.bound_to(e.rkey(0)), Some(s.cns[0].mq[1].get()));
     assert_eq!(s.bound_to(e.rkey(1)), Some(s.cns[0].mq[2].get()));
-    assert_eq!(s.entry(mine.entry_addr), e);
+    assert_eq!(without_lkey(s.entry(mine.entry_addr)), e);
     assert_eq!(s.access(0, 1, None, base, e.rkey(2), 12), WcStatus::Success);
     assert_eq!(s.read_back(0, 12), b"owner's data");
     // the MN CPU sees the failed step, counts a forged free and re-arms the free chain

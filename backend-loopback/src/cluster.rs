@@ -295,6 +295,14 @@ impl Cluster {
         }
         let mut f = fabric.borrow_mut();
         let (admin, _) = f.create_connected_pair(mn, QpConfig::default(), mn, QpConfig::default())?;
+        // the MN CPU's queue atomics go through the NIC, on a pair of the private domain
+        let atomic = match plan.loop_domain() {
+            Some(_) => {
+                let c = QpConfig::default().with_pd(private_pd);
+                Some(f.create_connected_pair(mn, c, mn, c)?.0.qpn)
+            }
+            None => None,
+        };
         drop(f);
         let mcfg = MnConfig::from_plan(&plan, geo, max_cns, cfg.quota);
         let node = MemoryNode::new(mcfg, map, keys).map_err(|e| ClusterError::Config(format!("{e:?}")))?;
@@ -302,6 +310,9 @@ impl Cluster {
         let ring_depths = [[d[0][0] as u32, d[0][1] as u32], [d[1][0] as u32, d[1][1] as u32]];
         let regions = HostRegions::new(&map, &keys);
         let mut driver = MnDriver::new(backend, node, regions, admin.qpn);
+        if let Some(q) = atomic {
+            driver = driver.with_atomic_qp(q);
+        }
         let g = geo.group_size();
         let per_chunk = per_chunk_mrs;
         driver.format(

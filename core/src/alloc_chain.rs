@@ -4,15 +4,27 @@
 //! Request bytes are scattered by the RECV straight into the reply WRITE (address, rkey,
 //! immediate = the CN's token) and into the QP-number fields of the access BINDs. The queue
 //! head's fetch-and-add yields the slot address; two loop READs copy it into the READ that
-//! pops the slot and the WRITE that zeroes it; the slot's content (an entry address) is copied
-//! into the READ of the entry and the entry write-back; the entry lands in the reply image and
-//! its fields are copied into every BIND. If the queue was empty the slot held 0 and the READ
-//! of the entry at address 0 faults: that step is the chain's `empty_probe`.
+//! pops the slot and the compare-and-swap that clears it; the slot's content (an entry
+//! address) is copied into the READ of the entry, the CAS's compare operand and the entry
+//! write-back; the entry lands in the reply image and its fields are copied into every BIND.
+//! If the queue was empty the slot held 0 and the READ of the entry at address 0 faults: that
+//! step is the chain's `empty_probe`.
+//!
+//! **Race-free pop.** The slot is cleared only *after* the empty probe succeeded, and only if
+//! it still holds what the pop read (CAS, compare patched from the pop). A push that fills the
+//! slot between the pop's READ and the clear — possible only when the pop found it empty, and
+//! real on hardware, where other CNs' free chains run concurrently — is therefore never erased:
+//! the lap faults at the probe, the MN holds a ticket for the slot and settles it when the push
+//! lands (`MemoryNode`).
+//!
+//! **No MN key in the reply.** The entry image carries the MR key the windows bind in; it is
+//! cleared in the image (after the binds and the write-back used it) before the reply is
+//! enabled, so a CN learns nothing but its own windows' rkeys (DESIGN.md §9).
 
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Ring};
 use crate::chain_builder::{Builder, ChainEnv};
 use crate::mn_memory::{alloc_scratch as a, ALLOC_SCRATCH_OFF};
-use crate::mwtable::{ENTRY_OFF_BASE, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE};
+use crate::mwtable::{ENTRY_OFF_BASE, ENTRY_OFF_LKEY, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE};
 use crate::wire::{alloc_request as req, ALLOC_REPLY_LEN};
 use crate::wqe::{QueueSel, Wqe, WqeField};
 
@@ -44,18 +56,17 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     )?;
     let _ = faa;
     b.fence_loop(env)?;
-    // copy the slot address into the pop READ and the zeroing WRITE (indices fixed below)
+    // copy the slot address into the pop READ and the clearing CAS (indices fixed below)
     let cp_pop = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::SLOT_ADDR, env.keys.meta_rkey))?;
-    let cp_zero = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::SLOT_ADDR, env.keys.meta_rkey))?;
+    let cp_clear = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::SLOT_ADDR, env.keys.meta_rkey))?;
     b.fence_loop(env)?;
     let pop = b.push(Ring::Loop, Wqe::read(s + a::REPLY_ENTRY_ADDR, env.keys.meta_lkey, 8, 0, env.keys.meta_rkey))?;
     b.set_local(cp_pop, Loc::Field { step: pop, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
-    let zero = b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.keys.meta_lkey, 8, 0, env.keys.meta_rkey))?;
-    b.set_local(cp_zero, Loc::Field { step: zero, field: WqeField::RemoteAddr });
-    // copy the entry address into the entry READ and the write-back
+    // copy the entry address into the entry READ, the CAS's compare operand and the write-back
     let cp_entry =
         b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
+    let cp_cmp = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
     let cp_wb = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
     b.fence_loop(env)?;
     let entry = b.push(
@@ -64,6 +75,11 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     )?;
     b.set_local(cp_entry, Loc::Field { step: entry, field: WqeField::RemoteAddr });
     b.layout.empty_probe = Some(entry);
+    // the probe passed (in-order: a fault stops the ring before this): clear the slot iff it
+    // still holds the popped entry
+    let clear = b.push(Ring::Loop, Wqe::compare_swap(s + a::JUNK, env.keys.meta_lkey, 0, env.keys.meta_rkey, 0, 0))?;
+    b.set_local(cp_clear, Loc::Field { step: clear, field: WqeField::RemoteAddr });
+    b.set_local(cp_cmp, Loc::Field { step: clear, field: WqeField::Operand0 });
     b.fence_loop(env)?;
     b.push(
         Ring::Loop,
@@ -107,6 +123,11 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         Wqe::write(s + a::REPLY_ENTRY, env.keys.meta_lkey, ENTRY_SIZE as u32, 0, env.keys.table_rkey),
     )?;
     b.set_local(cp_wb, Loc::Field { step: wb, field: WqeField::RemoteAddr });
+    // the MR key the windows bind in is the MN's: not for the CN (after the write-back read it)
+    b.push(
+        Ring::Loop,
+        Wqe::write(s + a::ZERO, env.keys.meta_lkey, 4, s + a::REPLY_ENTRY + ENTRY_OFF_LKEY, env.keys.meta_rkey),
+    )?;
     b.fence_loop(env)?;
     // The reply, on the management QP. The Mgmt ring releases the Loop ring's commit half
     // only after the reply completed successfully: a reply that fails (bad reply address from
@@ -122,7 +143,7 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.keys.meta_lkey, 8, s + a::SLOT_ADDR, env.keys.meta_rkey))?;
     b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.keys.meta_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
     // clear the reply's address and rkey for the next lap (a request must always supply them)
-    let clear = b.push(Ring::Loop, Wqe::write(s + a::ZEROS16, env.keys.meta_lkey, 12, 0, env.keys.ring_rkey))?;
+    let clear_reply = b.push(Ring::Loop, Wqe::write(s + a::ZEROS16, env.keys.meta_lkey, 12, 0, env.keys.ring_rkey))?;
     b.fence_loop(env)?;
 
     // RECV scatter: the header (with the CN's token) → scratch, the rest into WQE fields.
@@ -133,7 +154,7 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         b.recv(Loc::Field { step: *bind, field: WqeField::Qpn }, 4)?;
     }
     b.set_local(token_copy, Loc::Field { step: reply, field: WqeField::Imm });
-    b.layout.steps[clear as usize].remote = Some(Loc::Field { step: reply, field: WqeField::RemoteAddr });
+    b.layout.steps[clear_reply as usize].remote = Some(Loc::Field { step: reply, field: WqeField::RemoteAddr });
 
     b.rearm_tail(env, s + a::JUNK)?;
     let loop_depth = b.layout.ring_depth[Ring::Loop as usize] as u64;

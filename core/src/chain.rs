@@ -90,6 +90,9 @@ pub struct ChainLayout {
     pub ring_lkey: u32,
     /// MN memory the chain's steps may name: `[meta_base, meta_base + meta_len)`.
     pub meta: (u64, u64),
+    /// A read-only source the chain may read from besides the metadata: the MN-private chunk
+    /// of zeros the free chain scrubs from (`(0, 0)`: none). Nothing may write it.
+    pub zero_source: (u64, u64),
     /// Step index whose failure means "the free queue is empty" (alloc chain).
     pub empty_probe: Option<u8>,
     /// Step index whose failure means "the caller does not own that chunk" (free chain).
@@ -335,7 +338,10 @@ impl ChainLayout {
             }
             // region check and memory dependencies
             for (addr, len, is_read) in self.mem_accesses(i) {
-                if addr < self.meta.0 || addr.saturating_add(len as u64) > self.meta_end() {
+                let in_meta = addr >= self.meta.0 && addr.saturating_add(len as u64) <= self.meta_end();
+                let (z, zl) = self.zero_source;
+                let in_zero = is_read && zl > 0 && addr >= z && addr.saturating_add(len as u64) <= z.saturating_add(zl);
+                if !in_meta && !in_zero {
                     return Err(ChainError::OutOfRegion { step: i as u8 });
                 }
                 if !is_read {

@@ -91,6 +91,11 @@ impl Builder {
                 meta_lkey: env.keys.cn_meta_lkey,
                 ring_lkey: env.keys.cn_ring_lkey,
                 meta: (env.map.meta_base, env.map.meta_len),
+                zero_source: if env.keys.zero_lkey != 0 {
+                    (env.keys.zero_addr, env.map.geometry.chunk_size())
+                } else {
+                    (0, 0)
+                },
                 empty_probe: None,
                 ownership_check: None,
             },

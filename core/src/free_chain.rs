@@ -7,14 +7,18 @@
 //! Free QP's LOCAL_INV and UNBINDs, then enables the Free QP's ring. That ring invalidates
 //! MW[0] (the ownership check), unbinds the access windows, and only then enables the Loop
 //! ring's second half: if the check fails the Free QP enters the error state, its ENABLE is
-//! flushed, and nothing of the second half ever runs. The second half increments the key byte
-//! of every rkey with masked fetch-and-adds, clears the owner, writes the entry back, and
-//! pushes the entry address at the queue tail.
+//! flushed, and nothing of the second half ever runs. The second half first records that the
+//! check passed (the `PASSED` marker, which the MN's repair trusts instead of the MWTable),
+//! scrubs the chunk — a WRITE from a chunk of zeros through the MN-private domain, when the MN
+//! plan scrubs on the NIC — increments the key byte of every rkey with masked fetch-and-adds,
+//! clears the owner, writes the entry back, and pushes the entry address at the queue tail.
+//! Nothing is pushed before MW[0] is invalidated, so no group whose MW[0] is bound ever enters
+//! the queue.
 
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Ring};
 use crate::chain_builder::{Builder, ChainEnv};
 use crate::mn_memory::{free_scratch as f, FREE_SCRATCH_OFF};
-use crate::mwtable::{ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE, RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT};
+use crate::mwtable::{ENTRY_OFF_BASE, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE, RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT};
 use crate::wire::free_request as req;
 use crate::wqe::{QueueSel, Wqe, WqeField};
 
@@ -33,6 +37,13 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         b.push(Ring::Loop, Wqe::read(s + f::ENTRY, env.keys.meta_lkey, ENTRY_SIZE as u32, 0, env.keys.table_rkey))?;
     b.set_local(cp_read, Loc::Field { step: rd, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
+    let scrub = env.keys.zero_lkey != 0 && env.keys.pool_scrub_rkey != 0;
+    // the chunk's base, for the scrub WRITE of the second half
+    let cp_base = if scrub {
+        Some(b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + f::ENTRY + ENTRY_OFF_BASE, env.keys.meta_rkey))?)
+    } else {
+        None
+    };
     let mut copies: heapless::Vec<u8, 4> = heapless::Vec::new();
     for i in 0..g {
         let c = b.push(
@@ -59,7 +70,15 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let mgmt_len = b.layout.ring_len(Ring::Mgmt) as u64;
     b.layout.steps[first_half_enable as usize].wqe.operand0 = mgmt_len;
 
-    // ---- Loop, second half
+    // ---- Loop, second half: the ownership check passed
+    b.push(Ring::Loop, Wqe::write(s + f::ENTRY_ADDR, env.keys.meta_lkey, 8, s + f::PASSED, env.keys.meta_rkey))?;
+    if let Some(cp) = cp_base {
+        // no window reaches the chunk any more: clear what its owner left, before anyone
+        // can pop it again
+        let chunk = env.geometry().chunk_size() as u32;
+        let w = b.push(Ring::Loop, Wqe::write(env.keys.zero_addr, env.keys.zero_lkey, chunk, 0, env.keys.pool_scrub_rkey))?;
+        b.set_local(cp, Loc::Field { step: w, field: WqeField::RemoteAddr });
+    }
     for pair in 0..g.div_ceil(2) {
         b.push(
             Ring::Loop,
@@ -98,8 +117,10 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let push = b.push(Ring::Loop, Wqe::write(s + f::ENTRY_ADDR, env.keys.meta_lkey, 8, 0, env.keys.meta_rkey))?;
     b.set_local(cp_push, Loc::Field { step: push, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
-    // commit: clear the marker (a failure with it set means "this lap may be half done")
+    // commit: clear the markers (a failure with them set means "this lap may be half done")
     b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.keys.meta_lkey, 8, s + f::ENTRY_ADDR, env.keys.meta_rkey))?;
+    b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.keys.meta_lkey, 8, s + f::PASSED, env.keys.meta_rkey))?;
+    b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.keys.meta_lkey, 8, s + f::PUSH_SLOT, env.keys.meta_rkey))?;
     b.fence_loop(env)?;
 
     // RECV scatter: header → scratch, entry address → scratch (read by the copies above)

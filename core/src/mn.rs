@@ -183,6 +183,18 @@ pub trait MnPort {
     fn mw_binding(&mut self, _rkey: Rkey) -> Option<MwBinding> {
         None
     }
+    /// `masked_add(*addr, add, boundary)`, atomically **with respect to the NIC's atomics**,
+    /// returning the old value. While chains run in the NIC (offloaded mode) a CPU
+    /// read-modify-write of a queue counter races their fetch-and-adds (RDMA atomics are atomic
+    /// only among the HCA's own operations), so a port for an offloading device issues it as a
+    /// NIC atomic. The default is the CPU read-modify-write, right where no chain runs.
+    fn fetch_add(&mut self, addr: u64, add: u64, boundary: u64) -> Result<u64, Self::Error> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        let old = u64::from_le_bytes(b);
+        self.write(addr, &masked_add(old, add, boundary).to_le_bytes())?;
+        Ok(old)
+    }
 }
 
 /// Counters of what the MN CPU did.
@@ -648,32 +660,41 @@ impl MemoryNode {
         Ok(false)
     }
 
-    /// Finish or discard a half-done free. Returns true when the group got freed.
+    /// Finish or discard a half-done free, from this lap's own markers. Returns true when the
+    /// group got freed.
+    ///
+    /// Only two things prove the requester may free the group: this lap's `PASSED` marker (set
+    /// after MW[0] was invalidated on the requester's own Free QP), or — a lap that failed
+    /// between that invalidation and the marker — the MWTable naming the requester as owner
+    /// *and* MW[0] no longer bound. Anything else (an entry another lap is popping, a free
+    /// entry, a foreign one) is left exactly as it is.
     fn repair_free<P: MnPort>(&mut self, port: &mut P, cn: CnId, f: u64) -> Result<bool, MnError<P::Error>> {
         let entry = rd(port, f + free_scratch::ENTRY_ADDR)?;
-        wr(port, f + free_scratch::ENTRY_ADDR, 0)?;
-        let Some(g) = self.map.group_of_entry(entry) else { return Ok(false) };
-        let e = read_entry(port, entry)?;
-        // Past the ownership check iff MW[0] is no longer bound with the entry's key while the
-        // table still names this CN (or the write-back already happened but not the push).
-        let in_queue = self.queue_contains(port, entry)?;
-        if in_queue {
-            return Ok(true);
+        let passed = rd(port, f + free_scratch::PASSED)?;
+        let push_slot = rd(port, f + free_scratch::PUSH_SLOT)?;
+        for m in [free_scratch::ENTRY_ADDR, free_scratch::PASSED, free_scratch::PUSH_SLOT] {
+            wr(port, f + m, 0)?;
         }
-        if e.owner() == cn.get() {
-            let mw0_unbound = self.mw0_unbound(port, &e)?;
-            if mw0_unbound {
+        let Some(g) = self.map.group_of_entry(entry) else { return Ok(false) };
+        if passed != entry {
+            let e = read_entry(port, entry)?;
+            if e.owner() == cn.get() && self.mw0_unbound(port, &e)? {
                 self.reclaim(port, g)?;
                 return Ok(true);
             }
             return Ok(false);
         }
-        if e.owner() == 0 {
-            // written back, not pushed: finish the push
-            self.return_group(port, g, false)?;
+        // Ownership proven; every window was invalidated before the second half started.
+        if self.map.queue.contains_slot(push_slot) {
+            // the tail's fetch-and-add ran, so the write-back did too (in order): the slot is
+            // this lap's, fill it if the push WRITE did not
+            if rd(port, push_slot)? != entry {
+                wr(port, push_slot, entry)?;
+            }
             return Ok(true);
         }
-        Ok(false)
+        self.reclaim(port, g)?;
+        Ok(true)
     }
 
     fn mw0_unbound<P: MnPort>(&mut self, port: &mut P, e: &MwTableEntry) -> Result<bool, MnError<P::Error>> {
@@ -738,34 +759,14 @@ impl MemoryNode {
         self.push(port, addr)
     }
 
-    /// Push at the tail. The MN CPU's read-modify-write is atomic with respect to the chains
-    /// in the models (they step between CPU actions); on real offload hardware it would be a
-    /// masked fetch-and-add through an MN loopback QP.
+    /// Push at the tail: take a slot with a fetch-and-add that is atomic with respect to the
+    /// chains' own ([`MnPort::fetch_add`]), then fill it. Between the two a concurrent pop may
+    /// take the slot and find it empty; it then holds a ticket that settles when this write
+    /// lands (the pop's clear is conditional, so it never erases it).
     fn push<P: MnPort>(&mut self, port: &mut P, entry_addr: u64) -> R<P::Error> {
         let q = self.map.queue;
-        let tail = rd(port, q.tail)?;
-        wr(port, tail, entry_addr)?;
-        wr(port, q.tail, masked_add(tail, SLOT_SIZE as u64, q.counter_boundary()))
-    }
-
-    fn queue_contains<P: MnPort>(&mut self, port: &mut P, entry_addr: u64) -> Result<bool, MnError<P::Error>> {
-        let q = self.map.queue;
-        let head = rd(port, q.head)?;
-        let tail = rd(port, q.tail)?;
-        let n = q.live_len(head, tail, self.map.max_cns);
-        let mut at = head;
-        for _ in 0..n {
-            if rd(port, at)? == entry_addr {
-                return Ok(true);
-            }
-            at = masked_add(at, SLOT_SIZE as u64, q.counter_boundary());
-        }
-        for t in self.tickets.clone().iter() {
-            if rd(port, *t)? == entry_addr {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        let slot = port.fetch_add(q.tail, SLOT_SIZE as u64, q.counter_boundary()).map_err(MnError::Port)?;
+        wr(port, slot, entry_addr)
     }
 
     fn broadcast<P: MnPort>(&mut self, port: &mut P, n: Notice) -> R<P::Error> {
@@ -961,6 +962,8 @@ impl MemoryNode {
             let mut e = read_entry(port, addr)?;
             if e.owner() != 0 || e.reserved.get() != 0 {
                 e.bump_keys();
+                // whatever its holder wrote stays in the chunk: clear it before it is reused
+                self.scrub(port, GroupId(i))?;
             }
             e.owner = 0.into();
             e.reserved = 0.into();

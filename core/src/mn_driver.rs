@@ -23,6 +23,7 @@ use core::fmt;
 pub const WR_ID_SEND: u64 = 0x4F4D_0300_0000_0000;
 pub const WR_ID_UNBIND: u64 = 0x4F4D_0400_0000_0000;
 pub const WR_ID_REQUEST: u64 = 0x4F4D_0500_0000_0000;
+pub const WR_ID_ATOMIC: u64 = 0x4F4D_0600_0000_0000;
 
 #[derive(Debug)]
 #[non_exhaustive]
@@ -33,6 +34,9 @@ pub enum DriverError<E> {
     HostEngine(HostEngineError<E>),
     UnknownSlot(u32),
     Mn(&'static str),
+    /// The MN's own queue atomic through its private loopback QP failed (status) or never
+    /// completed (None).
+    MnAtomic(Option<WcStatus>),
 }
 
 impl<E: fmt::Display> fmt::Display for DriverError<E> {
@@ -44,6 +48,8 @@ impl<E: fmt::Display> fmt::Display for DriverError<E> {
             DriverError::HostEngine(e) => write!(f, "{e}"),
             DriverError::UnknownSlot(s) => write!(f, "no CN in slot {s}"),
             DriverError::Mn(m) => write!(f, "MN: {m}"),
+            DriverError::MnAtomic(Some(s)) => write!(f, "MN queue atomic on its private loopback QP failed: {s}"),
+            DriverError::MnAtomic(None) => f.write_str("MN queue atomic on its private loopback QP never completed"),
         }
     }
 }
@@ -84,8 +90,14 @@ pub struct MnDriver<B: RdmaBackend> {
     pub backend: B,
     pub mn: MemoryNode,
     pub regions: HostRegions,
-    /// A QP of the MN the driver may post management unbinds on.
+    /// A QP of the MN the driver may post management unbinds on (CN-facing domain: the
+    /// windows live there).
     pub admin_qp: Qpn,
+    /// Offloaded mode: a loopback QP of the MN-private domain through which the MN CPU issues
+    /// its queue atomics ([`MnPort::fetch_add`]), so they are atomic with respect to the
+    /// chains' own. Without one the CPU's read-modify-write is used (right only where no chain
+    /// runs concurrently: host-engine mode).
+    pub atomic_qp: Option<Qpn>,
     pub stats: DriverStats,
     send_seq: [u8; crate::mn::MAX_CNS],
     /// Host-engine mode: whether the request buffer of [Alloc, Free] is posted, per CN slot.
@@ -105,6 +117,7 @@ struct Port<'a, B: RdmaBackend> {
     scratch: [Option<u64>; crate::mn::MAX_CNS],
     meta_lkey: u32,
     admin_qp: Qpn,
+    atomic: Option<(Qpn, u64, u32, u32)>,
     send_seq: &'a mut [u8; crate::mn::MAX_CNS],
     stats: &'a mut DriverStats,
     /// Management QPs that need a request buffer posted once the MN's reaction is over.
@@ -123,6 +136,30 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
     }
     fn mw_binding(&mut self, rkey: Rkey) -> Option<MwBinding> {
         self.backend.mw_binding(rkey)
+    }
+    fn fetch_add(&mut self, addr: u64, add: u64, boundary: u64) -> Result<u64, Self::Error> {
+        let Some((qp, result, lkey, rkey)) = self.atomic else {
+            let mut b = [0u8; 8];
+            self.read(addr, &mut b)?;
+            let old = u64::from_le_bytes(b);
+            self.write(addr, &crate::wqe::masked_add(old, add, boundary).to_le_bytes())?;
+            return Ok(old);
+        };
+        let b = &mut *self.backend;
+        let w = Wqe::masked_fetch_add(result, lkey, addr, rkey, add, boundary).with_wr_id(WR_ID_ATOMIC);
+        if b.qp_state(qp).map_err(DriverError::Backend)? != QpState::Rts {
+            b.reset_qp(qp).map_err(DriverError::Backend)?;
+        }
+        b.post_send(qp, &w).map_err(DriverError::Backend)?;
+        match crate::host_engine::wait_for(b, qp, w.wr_id, 100_000) {
+            Ok(WcStatus::Success) => {}
+            Ok(s) => return Err(DriverError::MnAtomic(Some(s))),
+            Err(crate::host_engine::WaitError::Backend(e)) => return Err(DriverError::Backend(e)),
+            Err(crate::host_engine::WaitError::Timeout) => return Err(DriverError::MnAtomic(None)),
+        }
+        let mut old = [0u8; 8];
+        b.read_local(result, &mut old).map_err(DriverError::Backend)?;
+        Ok(u64::from_le_bytes(old))
     }
     fn apply(&mut self, action: Action) -> Result<(), Self::Error> {
         let b = &mut *self.backend;
@@ -221,11 +258,18 @@ impl<B: RdmaBackend> MnDriver<B> {
             mn,
             regions,
             admin_qp,
+            atomic_qp: None,
             stats: DriverStats::default(),
             send_seq: [0; crate::mn::MAX_CNS],
             request_posted: [[false; 2]; crate::mn::MAX_CNS],
             now: 0,
         }
+    }
+
+    /// Give the driver a private-domain loopback QP for its queue atomics (offloaded mode).
+    pub fn with_atomic_qp(mut self, qp: Qpn) -> Self {
+        self.atomic_qp = Some(qp);
+        self
     }
 
     fn port(&mut self) -> (&mut MemoryNode, Port<'_, B>) {
@@ -245,6 +289,9 @@ impl<B: RdmaBackend> MnDriver<B> {
             scratch,
             meta_lkey: self.regions.cn_meta_lkey,
             admin_qp: self.admin_qp,
+            atomic: self.atomic_qp.filter(|_| self.mn.mode() == ExecutionMode::Offloaded).map(|q| {
+                (q, self.mn.map().mn_scratch, self.regions.meta_lkey, self.regions.meta_rkey)
+            }),
             send_seq: &mut self.send_seq,
             stats: &mut self.stats,
             repost: heapless::Vec::new(),

@@ -30,6 +30,10 @@ pub const REQUEST_BUF_LEN: u32 = 64;
 pub const SEND_BUF_OFF: u64 = 512;
 pub const SEND_BUF_COUNT: u64 = 8;
 pub const SEND_BUF_LEN: u64 = 64;
+/// The MN CPU's own scratch (after every CN's): where the results of the atomics it issues
+/// through the NIC land (its pushes onto the free queue must be NIC atomics: a CPU
+/// read-modify-write of the tail is not atomic with respect to the chains' fetch-and-adds).
+pub const MN_SCRATCH_LEN: u64 = 64;
 
 /// Offsets inside the alloc chain's scratch area.
 pub mod alloc_scratch {
@@ -65,7 +69,13 @@ pub mod free_scratch {
     pub const PUSH_SLOT: u64 = 56;
     pub const ZERO: u64 = 64;
     pub const JUNK: u64 = 72;
-    pub const END: u64 = 80;
+    /// Set (to the entry address) by the first step of the second half — which runs only once
+    /// MW[0] was invalidated on the requester's own Free QP — and cleared at commit: after a
+    /// failure, non-zero means "this lap proved ownership", whatever the MWTable says. The MN's
+    /// repair decides from this lap's own markers alone, never from state another lap (e.g. a
+    /// victim's alloc lap half-way through the same entry) may be changing.
+    pub const PASSED: u64 = 80;
+    pub const END: u64 = 88;
 }
 
 const _: () = assert!(alloc_scratch::END <= FREE_SCRATCH_OFF);
@@ -102,6 +112,8 @@ pub struct MnMemoryMap {
     pub queue: FreeQueueLayout,
     pub table_base: u64,
     pub scratch_base: u64,
+    /// [`MN_SCRATCH_LEN`] bytes for the MN CPU's NIC atomics.
+    pub mn_scratch: u64,
     pub meta_len: u64,
 }
 
@@ -118,7 +130,7 @@ impl MnMemoryMap {
     }
     pub fn len_for(geometry: &PoolGeometry, max_cns: u32) -> u64 {
         let ring = Self::required_alignment(geometry, max_cns);
-        ring + 16 + geometry.chunk_count() as u64 * ENTRY_SIZE as u64 + max_cns as u64 * SCRATCH_PER_CN
+        ring + 16 + geometry.chunk_count() as u64 * ENTRY_SIZE as u64 + max_cns as u64 * SCRATCH_PER_CN + MN_SCRATCH_LEN
     }
 
     /// `meta_base` must be aligned to [`Self::required_alignment`]; returns None otherwise.
@@ -140,6 +152,7 @@ impl MnMemoryMap {
             queue: FreeQueueLayout { ring: meta_base, capacity: Self::ring_capacity(&geometry, max_cns), head, tail },
             table_base,
             scratch_base,
+            mn_scratch: scratch_base + max_cns as u64 * SCRATCH_PER_CN,
             meta_len,
         })
     }
@@ -184,6 +197,7 @@ mod tests {
         assert_eq!(m.group_of_entry(m.scratch_base), None);
         assert_eq!(m.scratch(3), Some(m.scratch_base + 3 * SCRATCH_PER_CN));
         assert_eq!(m.scratch(4), None);
-        assert_eq!(m.meta_len, 1024 + 16 + 4000 + 4 * SCRATCH_PER_CN);
+        assert_eq!(m.meta_len, 1024 + 16 + 4000 + 4 * SCRATCH_PER_CN + MN_SCRATCH_LEN);
+        assert_eq!(m.mn_scratch + MN_SCRATCH_LEN, m.meta_base + m.meta_len);
     }
 }
