@@ -39,6 +39,8 @@ pub const CN_MAX_LIVE: usize = 4096;
 /// Receive WQEs each CN keeps posted on its Alloc QP (replies) and first access QP (messages).
 const CN_RECVS: u64 = 8;
 const MSG_BUF: u64 = 64;
+/// Send buffers each CN rotates through (requests outstanding at once).
+const CN_SEND_SLOTS: u64 = 16;
 
 #[derive(Clone, Copy, Debug)]
 pub struct ClusterConfig {
@@ -125,6 +127,36 @@ impl fmt::Display for CnOpError {
     }
 }
 
+/// A seeded schedule of who runs next (see [`Cluster::set_interleaving`]).
+#[derive(Debug)]
+pub struct Interleave {
+    state: u64,
+    per_mille: u16,
+}
+
+impl Interleave {
+    fn next(&mut self) -> u64 {
+        let mut x = self.state;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.state = x;
+        x
+    }
+    fn mn_acts_now(&mut self) -> bool {
+        self.next() % 1000 < self.per_mille as u64
+    }
+    /// How many NIC steps pre-empt the MN's next access (0 most of the time).
+    fn nic_steps(&mut self) -> u32 {
+        let r = self.next();
+        if r % 1000 < self.per_mille as u64 {
+            1 + ((r >> 20) % 4) as u32
+        } else {
+            0
+        }
+    }
+}
+
 /// The MN's [`RdmaBackend`]: its host on the shared fabric. [`Domain::CnFacing`] is the
 /// host's PD 0, [`Domain::MnPrivate`] a PD of its own that only the MN's loopback QPs are in.
 #[derive(Clone, Debug)]
@@ -132,11 +164,28 @@ pub struct MnBackend {
     pub fabric: Rc<RefCell<Fabric>>,
     pub host: HostId,
     pub private_pd: PdId,
+    /// When set, NIC steps may run between the MN's own accesses.
+    pub interleave: Option<Rc<RefCell<Interleave>>>,
 }
 
 impl MnBackend {
     fn qa(&self, q: Qpn) -> QpAddr {
         QpAddr::new(self.host, q)
+    }
+    /// Let the NIC run a few steps before the MN CPU's next access, if the schedule says so.
+    fn preempt(&self) {
+        if let Some(il) = &self.interleave {
+            let n = il.borrow_mut().nic_steps();
+            if n > 0 {
+                if let Ok(mut f) = self.fabric.try_borrow_mut() {
+                    for _ in 0..n {
+                        if f.step().is_none() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
     }
     pub fn pd(&self, d: Domain) -> PdId {
         match d {
@@ -152,6 +201,7 @@ impl RdmaBackend for MnBackend {
         self.fabric.borrow().capabilities()
     }
     fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), LoopbackError> {
+        self.preempt();
         self.fabric.borrow_mut().post_send(self.qa(qp), wqe)
     }
     fn post_recv(&mut self, qp: Qpn, wqe: &RecvWqe) -> Result<(), LoopbackError> {
@@ -180,9 +230,11 @@ impl RdmaBackend for MnBackend {
         self.fabric.borrow_mut().alloc_mw(self.host, PdId(0))
     }
     fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), LoopbackError> {
+        self.preempt();
         self.fabric.borrow().read(self.host, addr, buf)
     }
     fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), LoopbackError> {
+        self.preempt();
         self.fabric.borrow_mut().write(self.host, addr, data)
     }
     fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, LoopbackError> {
@@ -215,6 +267,9 @@ pub struct CnNode {
     msg_bufs: u64,
     msg_lkey: u32,
     msg_seq: u64,
+    send_bufs: u64,
+    send_lkey: u32,
+    send_seq: u64,
     pub crashed: bool,
     /// Every notice/error the MN sent, in order.
     pub events: Vec<ClientEvent>,
@@ -284,7 +339,7 @@ impl Cluster {
         let map = MnMemoryMap::new(geo, max_cns, meta).ok_or(ClusterError::Config("metadata map".into()))?;
         let zero_source = if plan.needs_zero_source() { Some(f.alloc(mn, geo.chunk_size(), 64)?) } else { None };
         let fabric = Rc::new(RefCell::new(f));
-        let mut backend = MnBackend { fabric: fabric.clone(), host: mn, private_pd };
+        let mut backend = MnBackend { fabric: fabric.clone(), host: mn, private_pd, interleave: None };
         let keys = plan.register_metadata(&mut backend, &MnRegions { map, zero_source }).map_err(plan_err)?;
         let mut lkeys = Vec::new();
         plan.register_pool(&mut backend, &geo, |_, k| lkeys.push(k)).map_err(plan_err)?;
@@ -379,6 +434,8 @@ impl Cluster {
         let io_len = self.cfg.chunk_size.max(4096);
         let (io_buf, io_keys) = f.alloc_mr(host, PdId(0), io_len, 64, AccessFlags::LOCAL_WRITE)?;
         let (msg_bufs, msg_keys) = f.alloc_mr(host, PdId(0), MSG_BUF * CN_RECVS * 4, 64, AccessFlags::LOCAL_WRITE)?;
+        let (send_bufs, send_keys) =
+            f.alloc_mr(host, PdId(0), MSG_BUF * CN_SEND_SLOTS, 64, AccessFlags::LOCAL_WRITE)?;
         drop(f);
         let mn_qps = CnQps { alloc: mn_alloc.qpn, free: mn_free.qpn, access: mn_access, alloc_loop, free_loop };
         let mut node = CnNode {
@@ -396,6 +453,9 @@ impl Cluster {
             msg_bufs,
             msg_lkey: msg_keys.lkey,
             msg_seq: 0,
+            send_bufs,
+            send_lkey: send_keys.lkey,
+            send_seq: 0,
             crashed: false,
             events: Vec::new(),
             last_reply_at: 0,
@@ -452,35 +512,75 @@ impl Cluster {
     pub fn pump(&mut self) -> Result<MnActivity, ClusterError> {
         let mut act = MnActivity::default();
         for _round in 0..64 {
-            let steps = self.fabric.borrow_mut().run_until_idle(10_000_000);
-            let now = self.now();
-            // a crashed CN is noticed the way a connection manager notices it
-            let crashed: Vec<CnId> =
-                self.cns.iter().filter(|n| n.crashed && self.driver.mn.cn(n.id).is_some()).map(|n| n.id).collect();
-            for id in crashed {
-                self.driver.handle(now, Event::CnGone { cn: id })?;
-                self.count_event(1);
-                act.cpu_events += 1;
-            }
-            let before = self.driver.stats;
-            let report = self.driver.poll(now)?;
-            if report.events > 0 {
-                let steps_done = self.driver.stats.cpu_steps - before.cpu_steps;
-                self.charge_cpu(report.events as u64, steps_done)?;
-                act.cpu_events += report.events as u64;
-            }
-            // the empty state: the MN watches the tail until every ticket is settled
-            if !self.driver.mn.tickets().is_empty() {
-                self.driver.handle(now, Event::WatchTail)?;
-                self.count_event(1);
-                act.cpu_events += 1;
-            }
+            let steps = match self.driver.backend.interleave.clone() {
+                None => self.fabric.borrow_mut().run_until_idle(10_000_000),
+                Some(il) => {
+                    // The MN CPU runs *while* the NIC executes chains: step the NIC one WQE at a
+                    // time and let the MN act between any two steps (and, through the
+                    // backend, between any two of its own memory accesses).
+                    let mut n = 0u64;
+                    while n < 10_000_000 && self.fabric.borrow_mut().step().is_some() {
+                        n += 1;
+                        if il.borrow_mut().mn_acts_now() {
+                            let events = self.mn_round(&mut act)?;
+                            let _ = events;
+                        }
+                    }
+                    n
+                }
+            };
+            let events = self.mn_round(&mut act)?;
             let cn_moved = self.service_cns()?;
-            if steps == 0 && report.events == 0 && !cn_moved {
+            if steps == 0 && events == 0 && !cn_moved {
                 break;
             }
         }
         Ok(act)
+    }
+
+    /// One round of the MN CPU: departures, chain failures (and host-engine requests), the
+    /// tail watch. Returns the events handled.
+    fn mn_round(&mut self, act: &mut MnActivity) -> Result<u32, ClusterError> {
+        // CNs harvest what reached them first: a repair resets the MN's end of a pair, and the
+        // model resets the CN's end with it (a shortcut for the CN reconnecting), which would
+        // take completions the CN already had out of its CQ
+        self.service_cns()?;
+        let now = self.now();
+        let mut events = 0u32;
+        // a crashed CN is noticed the way a connection manager notices it
+        let crashed: Vec<CnId> =
+            self.cns.iter().filter(|n| n.crashed && self.driver.mn.cn(n.id).is_some()).map(|n| n.id).collect();
+        for id in crashed {
+            self.driver.handle(now, Event::CnGone { cn: id })?;
+            self.count_event(1);
+            act.cpu_events += 1;
+            events += 1;
+        }
+        let before = self.driver.stats;
+        let report = self.driver.poll(now)?;
+        if report.events > 0 {
+            let steps_done = self.driver.stats.cpu_steps - before.cpu_steps;
+            self.charge_cpu(report.events as u64, steps_done)?;
+            act.cpu_events += report.events as u64;
+            events += report.events;
+        }
+        // the empty state: the MN watches the tail until every ticket is settled
+        if !self.driver.mn.tickets().is_empty() {
+            self.driver.handle(now, Event::WatchTail)?;
+            self.count_event(1);
+            act.cpu_events += 1;
+        }
+        Ok(events)
+    }
+
+    /// Explore interleavings: from now on the MN CPU may act between any two NIC steps, and
+    /// NIC steps may run between any two of the MN CPU's memory accesses and device calls
+    /// (what real hardware does; the default schedule lets the MN act only when the NIC is
+    /// idle, which hides races). `seed` drives the choices; `per_mille` is how often the MN
+    /// is let in after a NIC step, and how often the NIC pre-empts an MN access.
+    pub fn set_interleaving(&mut self, seed: u64, per_mille: u16) {
+        self.driver.backend.interleave =
+            Some(Rc::new(RefCell::new(Interleave { state: seed | 1, per_mille: per_mille.min(1000) })));
     }
 
     fn count_event(&mut self, n: u64) {
@@ -564,12 +664,16 @@ impl Cluster {
     // ------------------------------------------------------------------ CN operations
 
     fn cn_send(&mut self, i: usize, qp: QpAddr, bytes: &[u8]) -> Result<(), CnOpError> {
-        let n = &self.cns[i];
+        let n = &mut self.cns[i];
         if n.crashed {
             return Err(CnOpError::Crashed);
         }
+        // a ring of send buffers: several requests may be outstanding at once (one pump runs
+        // them all), and a SEND reads its buffer only when the NIC executes it
+        let slot = n.send_seq % CN_SEND_SLOTS;
+        n.send_seq += 1;
         let mut f = self.fabric.borrow_mut();
-        let (buf, lkey) = (n.io_buf, n.io_keys.lkey);
+        let (buf, lkey) = (n.send_bufs + slot * MSG_BUF, n.send_lkey);
         f.write(n.host, buf, bytes).map_err(|_| CnOpError::Device(WcStatus::LocProtErr))?;
         f.post_send(qp, &Wqe::send(buf, lkey, bytes.len() as u32)).map_err(|_| CnOpError::Device(WcStatus::LocQpOpErr))
     }
@@ -655,6 +759,25 @@ impl Cluster {
         let bytes = self.cns[i].client.free_request(a.entry_addr).map_err(CnOpError::Client)?;
         let qp = self.cns[i].free_qp;
         self.cn_send(i, qp, &bytes)
+    }
+
+    /// Post a free request for any entry address without running anything (a forger timing
+    /// its request against other CNs' laps).
+    pub fn free_raw_begin(&mut self, i: usize, entry_addr: u64) -> Result<(), CnOpError> {
+        let bytes = FreeRequest { token: 0xF0F0_0000 | i as u32, entry_addr }.encode();
+        let qp = self.cns[i].free_qp;
+        self.cn_send(i, qp, &bytes)
+    }
+
+    /// Post arbitrary bytes on CN `i`'s Alloc or Free QP without running anything.
+    pub fn send_raw_begin(&mut self, i: usize, kind: ChainKind, bytes: &[u8]) -> Result<(), CnOpError> {
+        let qp = if kind == ChainKind::Alloc { self.cns[i].alloc_qp } else { self.cns[i].free_qp };
+        self.cn_send(i, qp, bytes)
+    }
+
+    /// The answer to alloc request `token` if it has arrived (after a [`Cluster::pump`]).
+    pub fn alloc_take(&mut self, i: usize, token: u32) -> Result<Allocation, CnOpError> {
+        self.take_reply(i, token)
     }
 
     /// Send a free request for any entry address (forged frees).

@@ -49,6 +49,17 @@ impl Cq {
         }
     }
 
+    /// The completions not yet polled (a QP reset on another host leaves them in place).
+    pub fn take_entries(&mut self) -> VecDeque<TimedCompletion> {
+        core::mem::take(&mut self.entries)
+    }
+    /// Put completions back after a reset, without counting them again.
+    pub fn restore_entries(&mut self, e: VecDeque<TimedCompletion>) {
+        for c in e {
+            self.push(c.at, c.completion);
+        }
+    }
+
     /// Append; returns the timestamp actually used (never earlier than the previous CQE's).
     pub fn push(&mut self, at: u64, c: Completion) -> u64 {
         let at = at.max(self.last_time);

@@ -497,7 +497,20 @@ impl Fabric {
         self.reset_gq(g);
         if let Some(p) = self.peer_gq(g) {
             if p != g {
+                // The peer's reset stands for that host reconnecting its end; completions it had
+                // already received stay in its CQs until it polls them (another host's reset
+                // cannot take them away).
+                let remote = self.qps[p as usize].host != self.qps[g as usize].host;
+                let kept = remote.then(|| {
+                    let q = &mut self.qps[p as usize];
+                    (q.scq.take_entries(), q.rcq.take_entries())
+                });
                 self.reset_gq(p);
+                if let Some((s, r)) = kept {
+                    let q = &mut self.qps[p as usize];
+                    q.scq.restore_entries(s);
+                    q.rcq.restore_entries(r);
+                }
             }
         }
         Ok(())

@@ -66,7 +66,8 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     // copy the entry address into the entry READ, the CAS's compare operand and the write-back
     let cp_entry =
         b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
-    let cp_cmp = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
+    let cp_cmp =
+        b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
     let cp_wb = b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
     b.fence_loop(env)?;
     let entry = b.push(
@@ -139,7 +140,10 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.push(Ring::Mgmt, Wqe::wait(env.mgmt_qpn, QueueSel::Send, 1))?;
     let release = b.push(Ring::Mgmt, Wqe::enable(env.loop_qpn, QueueSel::Send, 0))?;
     let _ = release_mgmt;
-    // commit: clear the markers
+    // commit: clear the markers, and the request header: a later request too short to bring
+    // its own must not make the MN quote this request's token in an error (the CN would take
+    // it for the answer to a request that succeeded)
+    b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.keys.meta_lkey, 8, s + a::REQ_HDR, env.keys.meta_rkey))?;
     b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.keys.meta_lkey, 8, s + a::SLOT_ADDR, env.keys.meta_rkey))?;
     b.push(Ring::Loop, Wqe::write(s + a::ZERO, env.keys.meta_lkey, 8, s + a::REPLY_ENTRY_ADDR, env.keys.meta_rkey))?;
     // clear the reply's address and rkey for the next lap (a request must always supply them)

@@ -18,7 +18,9 @@
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Ring};
 use crate::chain_builder::{Builder, ChainEnv};
 use crate::mn_memory::{free_scratch as f, FREE_SCRATCH_OFF};
-use crate::mwtable::{ENTRY_OFF_BASE, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE, RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT};
+use crate::mwtable::{
+    ENTRY_OFF_BASE, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE, RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT,
+};
 use crate::wire::free_request as req;
 use crate::wqe::{QueueSel, Wqe, WqeField};
 
@@ -40,7 +42,9 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let scrub = env.keys.zero_lkey != 0 && env.keys.pool_scrub_rkey != 0;
     // the chunk's base, for the scrub WRITE of the second half
     let cp_base = if scrub {
-        Some(b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + f::ENTRY + ENTRY_OFF_BASE, env.keys.meta_rkey))?)
+        Some(
+            b.push(Ring::Loop, Wqe::read(0, env.keys.ring_lkey, 8, s + f::ENTRY + ENTRY_OFF_BASE, env.keys.meta_rkey))?,
+        )
     } else {
         None
     };
@@ -76,7 +80,8 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         // no window reaches the chunk any more: clear what its owner left, before anyone
         // can pop it again
         let chunk = env.geometry().chunk_size() as u32;
-        let w = b.push(Ring::Loop, Wqe::write(env.keys.zero_addr, env.keys.zero_lkey, chunk, 0, env.keys.pool_scrub_rkey))?;
+        let w =
+            b.push(Ring::Loop, Wqe::write(env.keys.zero_addr, env.keys.zero_lkey, chunk, 0, env.keys.pool_scrub_rkey))?;
         b.set_local(cp, Loc::Field { step: w, field: WqeField::RemoteAddr });
     }
     for pair in 0..g.div_ceil(2) {
@@ -118,6 +123,8 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.set_local(cp_push, Loc::Field { step: push, field: WqeField::RemoteAddr });
     b.fence_loop(env)?;
     // commit: clear the markers (a failure with them set means "this lap may be half done")
+    // and the request header (a later short request must not be answered with this token)
+    b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.keys.meta_lkey, 8, s + f::REQ_HDR, env.keys.meta_rkey))?;
     b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.keys.meta_lkey, 8, s + f::ENTRY_ADDR, env.keys.meta_rkey))?;
     b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.keys.meta_lkey, 8, s + f::PASSED, env.keys.meta_rkey))?;
     b.push(Ring::Loop, Wqe::write(s + f::ZERO, env.keys.meta_lkey, 8, s + f::PUSH_SLOT, env.keys.meta_rkey))?;

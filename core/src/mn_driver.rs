@@ -289,9 +289,10 @@ impl<B: RdmaBackend> MnDriver<B> {
             scratch,
             meta_lkey: self.regions.cn_meta_lkey,
             admin_qp: self.admin_qp,
-            atomic: self.atomic_qp.filter(|_| self.mn.mode() == ExecutionMode::Offloaded).map(|q| {
-                (q, self.mn.map().mn_scratch, self.regions.meta_lkey, self.regions.meta_rkey)
-            }),
+            atomic: self
+                .atomic_qp
+                .filter(|_| self.mn.mode() == ExecutionMode::Offloaded)
+                .map(|q| (q, self.mn.map().mn_scratch, self.regions.meta_lkey, self.regions.meta_rkey)),
             send_seq: &mut self.send_seq,
             stats: &mut self.stats,
             repost: heapless::Vec::new(),

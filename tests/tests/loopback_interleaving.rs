@@ -1,0 +1,220 @@
+//! Races between laps (DESIGN.md §9: "no lost or duplicated group and no double ownership under
+//! any interleaving of NIC steps and MN CPU actions"). On real hardware the MN CPU runs while
+//! the NIC executes chains, and other CNs' laps run concurrently; the default schedule of the
+//! loopback cluster lets the MN act only when the NIC is idle, which hides races. Here
+//! [`Cluster::set_interleaving`] lets the MN act between any two NIC steps and lets NIC steps
+//! pre-empt the MN's own accesses, and batches of requests from several CNs — honest
+//! allocations and frees, frees forged for *any* entry (including ones another CN is popping
+//! right now), garbage — are posted together and run to completion under a seeded schedule.
+//!
+//! After every batch: the core's invariant checker, conservation (free + held = all groups,
+//! no group held twice), and every honest CN still owns and can use every chunk it was given.
+//! Runs in offloaded, host-engine and rxe-compatible modes.
+
+use omw_core::backend::{ExecutionMode, WcStatus};
+use omw_core::chain::ChainKind;
+use omw_core::cn::Allocation;
+use omw_core::ids::GroupId;
+use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
+use omw_loopback::{Conformance, NicConfig};
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+use std::collections::HashSet;
+
+const CNS: usize = 3;
+const CHUNKS: u32 = 5;
+
+#[derive(Clone, Debug)]
+enum Act {
+    Alloc(usize),
+    Free(usize, usize),
+    /// forger, group: a free request naming any group's entry
+    Forge(usize, u32),
+    Garbage(usize, bool, Vec<u8>),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Offloaded,
+    HostEngine,
+    Rxe,
+}
+
+fn cluster(mode: Mode) -> Cluster {
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = CNS;
+    cfg.chunks = CHUNKS;
+    cfg.chunk_size = 512;
+    cfg.quota = CHUNKS;
+    match mode {
+        Mode::Offloaded => cfg.mode = Some(ExecutionMode::Offloaded),
+        Mode::HostEngine => {
+            cfg.mode = Some(ExecutionMode::HostEngine);
+            cfg.nic = NicConfig::strict().with_offload(false).with_prefetch(8);
+        }
+        Mode::Rxe => {
+            cfg.mode = Some(ExecutionMode::HostEngine);
+            cfg.nic = NicConfig::strict().with_offload(false).with_conformance(Conformance::RxeCompatible);
+        }
+    }
+    Cluster::new(cfg).unwrap()
+}
+
+fn act() -> impl Strategy<Value = Act> {
+    let cn = 0..CNS;
+    prop_oneof![
+        4 => cn.clone().prop_map(Act::Alloc),
+        3 => (cn.clone(), 0..8usize).prop_map(|(c, k)| Act::Free(c, k)),
+        2 => (cn.clone(), 0..CHUNKS).prop_map(|(c, g)| Act::Forge(c, g)),
+        1 => (cn, any::<bool>(), proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(c, a, b)| Act::Garbage(c, a, b)),
+    ]
+}
+
+/// CN `i`'s chunk is its own: it reads back the bytes it wrote last.
+fn owner_keeps(c: &mut Cluster, i: usize, a: &Allocation, tag: &[u8]) {
+    let (st, got) = c.read(i, a, 0, 0, tag.len());
+    assert_eq!(st, WcStatus::Success, "cn{i} lost access to its chunk at {:#x}", a.base);
+    assert_eq!(got, tag, "cn{i}'s bytes changed");
+}
+
+fn run(mode: Mode, batches: Vec<(u64, u16, Vec<Act>)>) {
+    let mut c = cluster(mode);
+    // what each honest CN holds, with the tag it wrote
+    let mut live: Vec<Vec<(Allocation, Vec<u8>)>> = vec![Vec::new(); CNS];
+    for (seed, per_mille, acts) in batches {
+        c.set_interleaving(seed, per_mille);
+        let mut tokens = Vec::new();
+        let mut freed = Vec::new();
+        // a CN that allocates in this batch may receive the very group it names in a "forged"
+        // free, which then is its own, legitimately freed: forgers here do not allocate
+        let allocating: HashSet<usize> =
+            acts.iter().filter_map(|a| if let Act::Alloc(i) = a { Some(*i) } else { None }).collect();
+        for a in &acts {
+            match a {
+                Act::Alloc(i) => {
+                    // one outstanding allocation per CN (the client's rule)
+                    if tokens.iter().all(|(j, _)| j != i) {
+                        if let Ok(t) = c.alloc_begin(*i) {
+                            tokens.push((*i, t));
+                        }
+                    }
+                }
+                Act::Free(i, k) => {
+                    if !live[*i].is_empty() && freed.iter().all(|(j, _, _)| j != i) {
+                        let n = live[*i].len();
+                        let (a, tag) = live[*i].swap_remove(k % n);
+                        c.free_begin(*i, &a).unwrap();
+                        freed.push((*i, a, tag));
+                    }
+                }
+                Act::Forge(i, g) => {
+                    let entry = c.driver.mn.map().entry_addr(GroupId(*g)).unwrap();
+                    // a forger never frees its own chunk this way
+                    let own = live[*i].iter().any(|(a, _)| a.entry_addr == entry)
+                        || freed.iter().any(|(_, a, _)| a.entry_addr == entry);
+                    if !own && !allocating.contains(i) {
+                        let _ = c.free_raw_begin(*i, entry);
+                    }
+                }
+                Act::Garbage(i, alloc, bytes) => {
+                    let kind = if *alloc { ChainKind::Alloc } else { ChainKind::Free };
+                    let _ = c.send_raw_begin(*i, kind, bytes);
+                }
+            }
+        }
+        c.pump().unwrap();
+        // A CN that broke its own management QP in this batch (a forged free or garbage on
+        // it) may have had its honest free flushed with it: the chunk is then still its own
+        // (it is told by its SEND's error) — never anyone else's. Other CNs' frees must land.
+        let self_inflicted: HashSet<usize> = acts
+            .iter()
+            .filter_map(|a| match a {
+                Act::Forge(i, _) | Act::Garbage(i, ..) => Some(*i),
+                _ => None,
+            })
+            .collect();
+        for (i, a, tag) in freed {
+            let g = c.group_of(&a).unwrap();
+            // owned by it with the same keys: the free never landed (a landed free advances the
+            // keys, even if the CN allocated the group again in the same batch)
+            let still_own =
+                c.driver.entry(g).map(|e| (e.owner(), e.rkey(0))) == Some((c.cns[i].id.get(), a.owner_rkey));
+            if still_own {
+                assert!(self_inflicted.contains(&i), "{mode:?}: cn{i}'s free did not land and it broke nothing");
+                owner_keeps(&mut c, i, &a, &tag);
+                c.free_raw(i, a.entry_addr).unwrap_or_else(|e| panic!("{mode:?}: cn{i} frees again: {e}"));
+            }
+        }
+        for (i, t) in tokens {
+            match c.alloc_take(i, t) {
+                Ok(a) => {
+                    let tag = format!("cn{i}@{:x}", a.base).into_bytes();
+                    assert_eq!(c.write(i, &a, 0, 0, &tag), WcStatus::Success, "{mode:?}: new chunk usable");
+                    live[i].push((a, tag));
+                }
+                // empty pool, a request lost to a garbage-induced repair, or no reply: never a
+                // chunk that is not there
+                Err(CnOpError::Mn(_) | CnOpError::NoReply | CnOpError::Client(_)) => {}
+                Err(e) => panic!("{mode:?}: unexpected {e}"),
+            }
+        }
+        c.set_interleaving(seed ^ 0xA5A5, 0);
+        c.tick().unwrap();
+        // invariants, conservation, no double ownership, owners keep their chunks
+        c.check_invariants().unwrap_or_else(|e| panic!("{mode:?}: invariant broken: {e}"));
+        let held: usize = live.iter().map(Vec::len).sum();
+        let groups: HashSet<u64> = live.iter().flatten().map(|(a, _)| a.entry_addr).collect();
+        assert_eq!(groups.len(), held, "{mode:?}: a group is held twice");
+        assert_eq!(c.free_groups() as usize + held, CHUNKS as usize, "{mode:?}: a group was lost or duplicated");
+        for i in 0..CNS {
+            for (a, tag) in live[i].clone() {
+                owner_keeps(&mut c, i, &a, &tag);
+            }
+        }
+    }
+}
+
+fn config() -> Config {
+    let cases: Option<u32> = std::env::var("OMW_PROPTEST_CASES").ok().and_then(|v| v.parse().ok());
+    Config { cases: cases.unwrap_or(48), max_shrink_iters: 2000, ..Config::default() }
+}
+
+fn batches() -> impl Strategy<Value = Vec<(u64, u16, Vec<Act>)>> {
+    proptest::collection::vec((any::<u64>(), 20u16..600, proptest::collection::vec(act(), 1..7)), 1..10)
+}
+
+proptest! {
+    #![proptest_config(config())]
+    #[test]
+    fn offloaded_laps_race_free(b in batches()) { run(Mode::Offloaded, b) }
+    #[test]
+    fn host_engine_laps_race_free(b in batches()) { run(Mode::HostEngine, b) }
+    #[test]
+    fn rxe_compatible_laps_race_free(b in batches()) { run(Mode::Rxe, b) }
+}
+
+/// The two races of issue 10, pinned: a free's push landing between an empty pop's READ and
+/// its clear, and a forged free of an entry a victim is popping right now.
+#[test]
+fn pinned_pop_push_and_forged_free_races() {
+    for mode in [Mode::Offloaded, Mode::HostEngine, Mode::Rxe] {
+        for seed in 0..64u64 {
+            let mut b = Vec::new();
+            // fill the pool
+            b.push((seed, 0, (0..CHUNKS as usize).map(|k| Act::Alloc(k % CNS)).collect::<Vec<_>>()));
+            for _ in 0..CHUNKS {
+                b.push((seed, 0, vec![Act::Alloc(0), Act::Alloc(1), Act::Alloc(2)]));
+            }
+            // empty pops racing frees, forged frees racing pops
+            b.push((seed, 300, vec![Act::Alloc(2), Act::Free(0, 0), Act::Alloc(1), Act::Free(1, 0)]));
+            b.push((seed * 7 + 1, 500, vec![Act::Free(0, 0), Act::Alloc(1), Act::Forge(2, 0), Act::Forge(2, 1)]));
+            b.push((seed * 11 + 3, 500, vec![Act::Alloc(1), Act::Forge(2, 0), Act::Forge(2, 1), Act::Forge(2, 2)]));
+            b.push((
+                seed * 13 + 5,
+                800,
+                (0..CHUNKS).map(|g| Act::Forge(0, g)).chain([Act::Free(1, 0), Act::Alloc(1), Act::Alloc(2)]).collect(),
+            ));
+            run(mode, b);
+        }
+    }
+}
