@@ -285,6 +285,8 @@ fn send_with_invalidate() {
         // a stale key or an MR's key is refused in both modes: strict fails both sides; rxe
         // (measured) fails only the receiver, the SEND itself completes successfully
         t.e.f.reset_qp(c2).unwrap();
+        // the MN end keeps what it had received before the CN reconnected: take it away
+        drain(&mut t.e.f, m2, QueueSel::Recv);
         t.e.f.post_recv(m2, &recv(3, &[(pool + 4096, 64, plk)])).unwrap();
         let s = Wqe::send_with_inv(t.e.buf, t.e.buf_k.lkey, 8, t.e.pool_k.rkey);
         if cfg.conformance == omw_loopback::Conformance::Strict {
