@@ -166,9 +166,9 @@ fn run(mode: Mode, batches: Vec<(u64, u16, Vec<Act>)>) {
         let groups: HashSet<u64> = live.iter().flatten().map(|(a, _)| a.entry_addr).collect();
         assert_eq!(groups.len(), held, "{mode:?}: a group is held twice");
         assert_eq!(c.free_groups() as usize + held, CHUNKS as usize, "{mode:?}: a group was lost or duplicated");
-        for i in 0..CNS {
-            for (a, tag) in live[i].clone() {
-                owner_keeps(&mut c, i, &a, &tag);
+        for (i, held) in live.iter().enumerate() {
+            for (a, tag) in held {
+                owner_keeps(&mut c, i, a, tag);
             }
         }
     }
