@@ -101,6 +101,14 @@ impl<E: fmt::Display> From<DriverError<E>> for ClusterError {
     }
 }
 
+/// One of a CN's own QPs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CnQp {
+    Alloc,
+    Free,
+    Access(usize),
+}
+
 /// Why a CN operation did not succeed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -273,6 +281,9 @@ pub struct CnNode {
     pub crashed: bool,
     /// Every notice/error the MN sent, in order.
     pub events: Vec<ClientEvent>,
+    /// Every byte string the MN delivered to this CN (alloc replies, messages), for tests that
+    /// check what a CN learns.
+    pub received: Vec<Vec<u8>>,
     /// Modelled time (ns) the most recent alloc reply landed in this CN's reply buffer (the
     /// completion timestamp of its WRITE_WITH_IMM), for latency measurements.
     pub last_reply_at: u64,
@@ -458,6 +469,7 @@ impl Cluster {
             send_seq: 0,
             crashed: false,
             events: Vec::new(),
+            received: Vec::new(),
             last_reply_at: 0,
             replies: Vec::new(),
             free_tokens: Vec::new(),
@@ -618,6 +630,7 @@ impl Cluster {
                     let imm = c.imm.unwrap_or(0);
                     let mut b = [0u8; omw_core::wire::ALLOC_REPLY_LEN];
                     f.read(n.host, n.reply_buf, &mut b)?;
+                    n.received.push(b.to_vec());
                     let r = n.client.on_alloc_reply(imm, &b).map_err(CnOpError::Client);
                     n.replies.push((imm, r));
                     n.last_reply_at = tc.at;
@@ -637,6 +650,7 @@ impl Cluster {
                     let slot = c.wr_id % (CN_RECVS * 4);
                     let mut b = vec![0u8; (c.byte_len as usize).min(MSG_BUF as usize)];
                     f.read(n.host, n.msg_bufs + slot * MSG_BUF, &mut b)?;
+                    n.received.push(b.clone());
                     let pending = n.client.pending_token();
                     match n.client.on_message(now, &b) {
                         Ok(ClientEvent::Failed { token, code }) => {
@@ -798,6 +812,59 @@ impl Cluster {
             n.replies.remove(pos).1?;
         }
         Ok(())
+    }
+
+    /// CN `i` posts any work request on one of its own QPs — what a hostile CN can do. The
+    /// WQE's local buffer, if it names none, is the CN's I/O buffer. Runs the fabric, returns
+    /// the completion status, and brings the pair back after an error (the CN reconnecting).
+    pub fn cn_post(&mut self, i: usize, qp: CnQp, mut w: Wqe) -> WcStatus {
+        let n = &self.cns[i];
+        if n.crashed {
+            return WcStatus::LocQpOpErr;
+        }
+        let qp = match qp {
+            CnQp::Alloc => n.alloc_qp,
+            CnQp::Free => n.free_qp,
+            CnQp::Access(k) => match n.access_qps.get(k) {
+                Some(q) => *q,
+                None => return WcStatus::LocQpOpErr,
+            },
+        };
+        if w.lkey == 0 {
+            w.local_addr = n.io_buf;
+            w.lkey = n.io_keys.lkey;
+        }
+        let w = w.with_wr_id(0xA77A_0000 + i as u64).with_flags(w.flags | omw_core::wqe::WqeFlags::SIGNALED);
+        let mut f = self.fabric.borrow_mut();
+        if f.post_send(qp, &w).is_err() {
+            return WcStatus::LocQpOpErr;
+        }
+        let mut out = [Completion::EMPTY; 8];
+        let mut status = WcStatus::GeneralErr;
+        'poll: for _ in 0..4 {
+            if let Ok(k) = f.poll_cq(qp, QueueSel::Send, &mut out) {
+                for c in &out[..k] {
+                    if c.wr_id == w.wr_id {
+                        status = c.status;
+                        break 'poll;
+                    }
+                }
+            }
+        }
+        if !status.is_ok() {
+            let _ = f.reset_qp(qp);
+        }
+        drop(f);
+        let _ = self.pump();
+        status
+    }
+
+    /// The bytes of CN `i`'s I/O buffer (what its last READ or atomic brought back).
+    pub fn cn_io(&self, i: usize, len: usize) -> Vec<u8> {
+        let n = &self.cns[i];
+        let mut b = vec![0u8; len];
+        let _ = self.fabric.borrow().read(n.host, n.io_buf, &mut b);
+        b
     }
 
     /// One-sided WRITE by CN `i` through its access QP `q` with `rkey` at `addr`.

@@ -307,6 +307,11 @@ impl Fabric {
         })
     }
 
+    /// Every MR registered on host `h` (tests and attacker models enumerate them).
+    pub fn mrs_of(&self, h: HostId) -> Result<Vec<MrInfo>> {
+        Ok(self.host(h)?.prot.mrs().collect())
+    }
+
     pub fn mr_info(&self, h: HostId, key: u32) -> Result<MrInfo> {
         self.host(h)?.prot.mr_info(key).ok_or(LoopbackError::NoSuchKey { host: h, key })
     }

@@ -266,6 +266,18 @@ impl Protection {
         })
     }
 
+    /// Every registered (valid) MR.
+    pub fn mrs(&self) -> impl Iterator<Item = MrInfo> + '_ {
+        self.mrs.iter().filter(|m| m.valid).map(|m| MrInfo {
+            key: m.key,
+            pd: PdId(m.pd),
+            addr: m.addr,
+            len: m.len,
+            access: m.access,
+            bound_windows: m.bound_windows,
+        })
+    }
+
     /// The window whose rkey index is `index`, whatever its current key.
     pub fn mw_info(&self, index: u32) -> Option<MwInfo> {
         let w = &self.mws[self.mw_index_any_key(index)? as usize];
