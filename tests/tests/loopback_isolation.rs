@@ -89,7 +89,7 @@ fn mn_private_memory_is_out_of_reach_with_every_mn_key() {
         c.free(1, &own).unwrap();
         // the attacker writes a recognisable pattern wherever it can
         for mr in &mrs {
-            let targets = [mr.addr, mr.addr + (mr.len / 2 & !7), (mr.addr + mr.len).saturating_sub(8)];
+            let targets = [mr.addr, mr.addr + ((mr.len / 2) & !7), (mr.addr + mr.len).saturating_sub(8)];
             for t in targets {
                 for qp in [CnQp::Alloc, CnQp::Free, CnQp::Access(0), CnQp::Access(1)] {
                     for w in attacks(t, mr.key) {
