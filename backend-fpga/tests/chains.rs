@@ -173,6 +173,7 @@ fn setup(n_cns: usize) -> Setup {
         queue_depth: 128,
         window_access: AccessFlags::DATA_WINDOW,
         scrub: omw_core::mn_plan::ScrubPath::Cpu,
+        lease_ns: 0,
     };
     let regions = HostRegions::new(&map, &keys);
     let admin = mn.be.qpn(ADMIN).unwrap();

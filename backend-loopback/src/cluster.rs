@@ -496,7 +496,9 @@ impl Cluster {
         if n.crashed {
             return Ok(());
         }
-        for (qp, with_buf) in [(n.alloc_qp, false), (n.access_qps[0], true)] {
+        // both carry buffers: MN messages arrive on the Alloc QP (host engine) or on the first
+        // access QP (offloaded); replies (WRITE_WITH_IMM) need no buffer
+        for (qp, with_buf) in [(n.alloc_qp, true), (n.access_qps[0], true)] {
             if f.qp_state(qp)? != QpState::Rts {
                 continue;
             }
@@ -622,29 +624,23 @@ impl Cluster {
         let mut f = self.fabric.borrow_mut();
         let now = f.now();
         for n in self.cns.iter_mut().filter(|n| !n.crashed) {
-            // alloc replies: WRITE_WITH_IMM consumed a receive on the Alloc QP
-            for tc in f.poll_timed(n.alloc_qp, QueueSel::Recv)? {
-                moved = true;
-                let c = tc.completion;
-                if c.status.is_ok() && c.opcode == WcOpcode::RecvRdmaWithImm {
-                    let imm = c.imm.unwrap_or(0);
-                    let mut b = [0u8; omw_core::wire::ALLOC_REPLY_LEN];
-                    f.read(n.host, n.reply_buf, &mut b)?;
-                    n.received.push(b.to_vec());
-                    let r = n.client.on_alloc_reply(imm, &b).map_err(CnOpError::Client);
-                    n.replies.push((imm, r));
-                    n.last_reply_at = tc.at;
-                }
-            }
-            // messages on the first access QP
-            loop {
-                let k = f.poll(n.access_qps[0], QueueSel::Recv, &mut buf)?;
-                if k == 0 {
-                    break;
-                }
-                moved = true;
-                for c in &buf[..k] {
+            // alloc replies (WRITE_WITH_IMM on the Alloc QP) and messages (SENDs on the Alloc QP
+            // or the first access QP, depending on where the MN sends them)
+            for qp in [n.alloc_qp, n.access_qps[0]] {
+                for tc in f.poll_timed(qp, QueueSel::Recv)? {
+                    moved = true;
+                    let c = tc.completion;
                     if !c.status.is_ok() {
+                        continue;
+                    }
+                    if c.opcode == WcOpcode::RecvRdmaWithImm {
+                        let imm = c.imm.unwrap_or(0);
+                        let mut b = [0u8; omw_core::wire::ALLOC_REPLY_LEN];
+                        f.read(n.host, n.reply_buf, &mut b)?;
+                        n.received.push(b.to_vec());
+                        let r = n.client.on_alloc_reply(imm, &b).map_err(CnOpError::Client);
+                        n.replies.push((imm, r));
+                        n.last_reply_at = tc.at;
                         continue;
                     }
                     let slot = c.wr_id % (CN_RECVS * 4);
@@ -661,6 +657,7 @@ impl Cluster {
                             }
                             n.events.push(ClientEvent::Failed { token, code });
                         }
+                        Ok(ClientEvent::Probed) => {}
                         Ok(ev) => n.events.push(ev),
                         Err(_) => {}
                     }

@@ -104,8 +104,10 @@ impl CnClient {
             return Err(VerbsError::Protocol(format!("group size {g} from the MN")));
         }
         let (free_qp, _) = b.connect(addr, &Hello { role: Role::Free, nonce: n }, opts.timeout, |_, _| Ok(()))?;
-        // MN → CN messages (connect info, notices, error replies) arrive on access QP 0;
-        // allocation replies (WRITE_WITH_IMM) consume receives of the Alloc QP
+        // MN → CN messages (connect info, notices, error replies, lease probes) arrive on the
+        // Alloc QP (host-engine MN) or on access QP 0 (offloading MN) — never on a queue the
+        // MN posts binds on; allocation replies (WRITE_WITH_IMM) consume receives of the Alloc
+        // QP. Both QPs keep buffered receives posted and are pumped.
         let mut access = Vec::new();
         for i in 0..g - 1 {
             let msgs = |b: &mut VerbsBackend, q: Qpn| -> Result<()> {
@@ -210,6 +212,8 @@ impl CnClient {
                     Ok(ClientEvent::Available) => self.notices.push_back(Notice::Available),
                     Ok(ClientEvent::Failed { token, code }) => self.notices.push_back(Notice::Failed { token, code }),
                     Ok(ClientEvent::Revoked) => self.notices.push_back(Notice::Revoked),
+                    // the MN's lease probe: receiving it was the point
+                    Ok(ClientEvent::Probed) => {}
                     Err(e) => return Err(VerbsError::Protocol(format!("message from the MN: {e}"))),
                 }
             }

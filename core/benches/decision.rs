@@ -266,6 +266,7 @@ impl Rig {
             queue_depth: 128,
             window_access: AccessFlags::DATA_WINDOW,
             scrub: omw_core::mn_plan::ScrubPath::Cpu,
+            lease_ns: 0,
         };
         let mut nic = MiniNic {
             meta: vec![0; map.meta_len as usize],

@@ -96,6 +96,8 @@ pub enum ClientEvent {
     },
     /// Every allocation was revoked (MN RNIC reset); the client forgot them.
     Revoked,
+    /// The MN's lease probe arrived (nothing to do: receiving it renewed the lease).
+    Probed,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -169,6 +171,7 @@ impl<const N: usize> Client<N> {
                 self.backoff_until = 0;
                 Ok(ClientEvent::Available)
             }
+            MnMessage::Notice(Notice::Probe { .. }) => Ok(ClientEvent::Probed),
             MnMessage::Error(e) => {
                 if e.code == ErrorCode::Revoked {
                     // the MN rebuilt its pool: nothing we held is valid, and the queue is full

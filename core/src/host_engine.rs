@@ -50,7 +50,9 @@ pub struct LapContext<'a> {
     pub free_qpn: Qpn,
     /// Compare the MWTable owner with the requester before the ownership-proving invalidate.
     pub software_ownership_check: bool,
-    /// Polls of an empty CQ before a posted WQE counts as lost.
+    /// Polls of an empty CQ before a posted step counts as never completing (the lap then
+    /// fails with [`LapFailure::Timeout`]: the deadline that keeps one stalled CN from holding
+    /// the MN).
     pub max_polls: u32,
 }
 
@@ -67,6 +69,9 @@ pub enum LapFailure {
     NotOwner,
     /// The request asked for a window on a QP that is not the requester's.
     ForeignQpn(u32),
+    /// A posted step did not complete within the lap's budget: the CN on the other end is not
+    /// answering (the MN evicts it; the lap never blocks the MN for longer than the budget).
+    Timeout,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -301,10 +306,11 @@ pub fn run_lap<B: RdmaBackend>(
             return fail(Some(si), LapFailure::Status(WcStatus::LocQpOpErr), device_ops, cpu_steps);
         }
         device_ops += 1;
-        let status = wait_for(backend, qp, w.wr_id, ctx.max_polls).map_err(|e| match e {
-            WaitError::Backend(e) => HostEngineError::Backend(e),
-            WaitError::Timeout => HostEngineError::Timeout { step: si },
-        })?;
+        let status = match wait_for(backend, qp, w.wr_id, ctx.max_polls) {
+            Ok(s) => s,
+            Err(WaitError::Backend(e)) => return Err(HostEngineError::Backend(e)),
+            Err(WaitError::Timeout) => return fail(Some(si), LapFailure::Timeout, device_ops, cpu_steps),
+        };
         if !status.is_ok() {
             return fail(Some(si), LapFailure::Status(status), device_ops, cpu_steps);
         }

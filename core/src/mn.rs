@@ -44,7 +44,15 @@ pub struct MnConfig {
     pub window_access: AccessFlags,
     /// Who zeroes chunks between owners (the plan's decision).
     pub scrub: ScrubPath,
+    /// The CN lease (ns, 0: off): every CN is probed at half this period; a probe the
+    /// transport cannot deliver (the CN's host vanished, or the CN stopped posting receives)
+    /// gets the CN evicted and everything it held reclaimed.
+    pub lease_ns: u64,
 }
+
+/// Default lease: a CN whose host vanishes without a disconnect is reclaimed within about
+/// this long plus the transport's retry budget.
+pub const DEFAULT_LEASE_NS: u64 = 2_000_000_000;
 
 impl MnConfig {
     /// The configuration an [`MnPlan`] implies for a pool (queue depth 128, data windows
@@ -59,6 +67,7 @@ impl MnConfig {
             queue_depth: 128,
             window_access: AccessFlags::DATA_WINDOW,
             scrub: plan.scrub,
+            lease_ns: DEFAULT_LEASE_NS,
         }
     }
 }
@@ -96,6 +105,9 @@ pub struct CnRecord {
     pub frees: u64,
     pub forged_frees: u32,
     pub bad_requests: u32,
+    /// When the MN last probed it (the lease), and how many probes it sent.
+    pub probed_at: u64,
+    pub probes: u64,
 }
 
 /// What the MN asks its port to do. Each completes before `apply` returns.
@@ -131,6 +143,11 @@ pub enum Event {
     CounterSample { cn: CnId, allocs: u64, frees: u64 },
     /// The CN crashed or disconnected.
     CnGone { cn: CnId },
+    /// The transport could not reach the CN (retry or RNR budget exhausted on a send to it,
+    /// or a host-engine step that never completed): it stalled or its host vanished. The MN
+    /// evicts it — repairs its laps, reclaims everything, releases its QPs — and tells the
+    /// deployment ([`MemoryNode::take_evicted`]).
+    CnUnresponsive { cn: CnId },
     /// The MN's RNIC was reset: every QP and window is gone.
     RnicReset,
     /// The periodic timer: audit, settle tickets.
@@ -209,6 +226,9 @@ pub struct MnStats {
     pub quota_disconnects: u64,
     pub tickets_settled: u64,
     pub chunks_scrubbed: u64,
+    /// CNs evicted because the transport could not reach them (stalled or vanished).
+    pub cns_evicted: u64,
+    pub probes_sent: u64,
 }
 
 #[derive(Debug)]
@@ -220,6 +240,8 @@ pub struct MemoryNode {
     next_cn: u32,
     /// Slot addresses of pops that found the queue empty, not yet settled.
     tickets: heapless::Vec<u64, MAX_CNS>,
+    /// CNs evicted since the deployment last asked ([`MemoryNode::take_evicted`]).
+    evicted: heapless::Vec<CnId, MAX_CNS>,
     empty: bool,
     stats: MnStats,
     now: u64,
@@ -260,6 +282,7 @@ impl MemoryNode {
             cns,
             next_cn: 1,
             tickets: heapless::Vec::new(),
+            evicted: heapless::Vec::new(),
             empty: false,
             stats: MnStats::default(),
             now: 0,
@@ -426,6 +449,8 @@ impl MemoryNode {
             frees: 0,
             forged_frees: 0,
             bad_requests: 0,
+            probed_at: self.now,
+            probes: 0,
         };
         self.cns[slot as usize] = Some(rec);
         self.init_scratch(port, slot, cn)?;
@@ -458,9 +483,41 @@ impl MemoryNode {
         Ok(())
     }
 
+    /// The MN end of the QP the MN's messages to `cn` travel on: a send queue on which no
+    /// bind is ever posted, so a message stuck behind a CN that stopped posting receives can
+    /// delay nothing but that CN. Offloaded: its first access QP (binds are posted on the
+    /// loop QPs; the Alloc QP's send queue is the alloc chain's). Host engine: its Alloc QP
+    /// (binds are posted on the Free and access QPs they bind to; the Alloc QP carries only
+    /// replies, to the same CN).
+    pub fn message_qp(&self, cn: CnId) -> Option<Qpn> {
+        let r = self.cn(cn)?;
+        Some(match self.cfg.mode {
+            ExecutionMode::Offloaded => r.qps.access[0],
+            ExecutionMode::HostEngine => r.qps.alloc,
+        })
+    }
+
+    /// CNs evicted since the last call (the deployment drops their connections).
+    pub fn take_evicted(&mut self) -> heapless::Vec<CnId, MAX_CNS> {
+        core::mem::take(&mut self.evicted)
+    }
+
+    /// When the MN next needs a [`Event::Tick`] (the next lease probe), if ever. A deployment
+    /// sleeps until then (or until a completion or a connection event), never longer.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.cfg.lease_ns == 0 {
+            return None;
+        }
+        self.cns().filter(|r| r.status == CnStatus::Active).map(|r| r.probed_at.saturating_add(self.cfg.lease_ns / 2)).min()
+    }
+
     fn send<P: MnPort>(&mut self, port: &mut P, cn: CnId, bytes: &[u8]) -> R<P::Error> {
         let Some(r) = self.cn(cn) else { return Ok(()) };
-        let (slot, qp) = (r.slot, r.qps.access[0]);
+        let slot = r.slot;
+        let qp = match self.cfg.mode {
+            ExecutionMode::Offloaded => r.qps.access[0],
+            ExecutionMode::HostEngine => r.qps.alloc,
+        };
         let mut v = heapless::Vec::new();
         let _ = v.extend_from_slice(&bytes[..bytes.len().min(64)]);
         port.apply(Action::Send { slot, qp, bytes: v }).map_err(MnError::Port)
@@ -531,11 +588,13 @@ impl MemoryNode {
                 self.enforce_quota(port, cn)
             }
             Event::CnGone { cn } => self.on_cn_gone(port, cn),
+            Event::CnUnresponsive { cn } => self.evict(port, cn),
             Event::RnicReset => self.on_rnic_reset(port),
             Event::Tick => {
                 if self.cfg.mode == ExecutionMode::Offloaded {
                     self.audit(port)?;
                 }
+                self.probe_due(port)?;
                 self.settle(port)
             }
             Event::WatchTail => self.settle(port),
@@ -553,6 +612,12 @@ impl MemoryNode {
         let r = self.cn(cn).ok_or(MnError::UnknownCn(cn))?.clone();
         if r.status != CnStatus::Active {
             return Ok(());
+        }
+        // The CN did not answer its own reply (no receive posted, RNR budget gone) or its host
+        // is gone (transport retries exhausted): repairing and re-arming would only stall
+        // again. Evict it; every other CN is untouched.
+        if matches!(status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr) {
+            return self.evict(port, cn);
         }
         // Quiesce the chain before reading what it left behind.
         let (mgmt, lp) = match kind {
@@ -773,6 +838,7 @@ impl MemoryNode {
         match n {
             Notice::Empty => self.stats.empty_notices += 1,
             Notice::Available { .. } => self.stats.available_notices += 1,
+            Notice::Probe { .. } => {}
         }
         let cns: heapless::Vec<CnId, MAX_CNS> =
             self.cns().filter(|r| r.status == CnStatus::Active).map(|r| r.cn).collect();
@@ -920,6 +986,38 @@ impl MemoryNode {
             self.cns().filter(|r| r.status == CnStatus::Active).map(|r| r.cn).collect();
         for cn in active {
             self.enforce_quota(port, cn)?;
+        }
+        Ok(())
+    }
+
+    /// Evict an unresponsive CN: what a departure does, plus the record for the deployment.
+    fn evict<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
+        if self.cn(cn).is_none() {
+            return Ok(());
+        }
+        self.stats.cns_evicted += 1;
+        let _ = self.evicted.push(cn);
+        self.on_cn_gone(port, cn)
+    }
+
+    /// Lease probes for every CN whose half-period is up.
+    fn probe_due<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
+        if self.cfg.lease_ns == 0 {
+            return Ok(());
+        }
+        let now = self.now;
+        let due: heapless::Vec<(CnId, u64), MAX_CNS> = self
+            .cns()
+            .filter(|r| r.status == CnStatus::Active && now >= r.probed_at.saturating_add(self.cfg.lease_ns / 2))
+            .map(|r| (r.cn, r.probes))
+            .collect();
+        for (cn, seq) in due {
+            if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
+                r.probed_at = now;
+                r.probes += 1;
+            }
+            self.stats.probes_sent += 1;
+            self.send(port, cn, &Notice::Probe { seq }.encode())?;
         }
         Ok(())
     }

@@ -397,8 +397,17 @@ impl<B: RdmaBackend> MnDriver<B> {
             if self.mn.cn(*cn).is_none() {
                 continue;
             }
-            // notices: drain their completions (errors mean the CN went away; CnGone handles it)
-            while self.backend.poll_cq(qps.access[0], QueueSel::Send, &mut buf).map_err(DriverError::Backend)? > 0 {}
+            // messages: a send the transport could not deliver (retries or the RNR budget gone)
+            // means the CN stopped answering or its host vanished: evict it
+            if let Some(mq) = self.mn.message_qp(*cn) {
+                if mq != qps.alloc || self.mn.mode() == ExecutionMode::Offloaded {
+                    if self.drain_sends(mq)? {
+                        report.events += 1;
+                        self.handle(now, Event::CnUnresponsive { cn: *cn })?;
+                        continue;
+                    }
+                }
+            }
             for kind in [ChainKind::Alloc, ChainKind::Free] {
                 // serving the alloc side may have disconnected this CN (quota): its management
                 // QPs are gone
@@ -447,8 +456,13 @@ impl<B: RdmaBackend> MnDriver<B> {
                         }
                     }
                     ExecutionMode::HostEngine => {
-                        // drain send completions of earlier device ops
-                        while self.backend.poll_cq(mgmt, QueueSel::Send, &mut buf).map_err(DriverError::Backend)? > 0 {}
+                        // drain send completions of earlier device ops and messages (the
+                        // Alloc QP carries this CN's messages in host-engine mode)
+                        if self.drain_sends(mgmt)? {
+                            report.events += 1;
+                            self.handle(now, Event::CnUnresponsive { cn: *cn })?;
+                            break;
+                        }
                         let n =
                             self.backend.poll_cq(mgmt, QueueSel::Recv, &mut buf[..1]).map_err(DriverError::Backend)?;
                         if n == 0 {
@@ -481,6 +495,27 @@ impl<B: RdmaBackend> MnDriver<B> {
             }
         }
         Ok(report)
+    }
+
+    /// Drain a send CQ; true when a send failed because the transport could not reach the CN.
+    fn drain_sends(&mut self, qp: Qpn) -> Result<bool, DriverError<B::Error>> {
+        let mut buf = [Completion::EMPTY; 16];
+        let mut unreachable = false;
+        loop {
+            let n = self.backend.poll_cq(qp, QueueSel::Send, &mut buf).map_err(DriverError::Backend)?;
+            if n == 0 {
+                return Ok(unreachable);
+            }
+            unreachable |=
+                buf[..n].iter().any(|c| matches!(c.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr));
+        }
+    }
+
+    /// When the driver next needs [`MnDriver::handle`] with [`Event::Tick`] (the MN's lease
+    /// probes), if ever: a deployment sleeps until then or until a completion arrives
+    /// (quinn-proto's `poll_timeout`).
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.mn.poll_timeout()
     }
 
     /// Host-engine mode: run one lap for a request that arrived in the CN's request buffer.
@@ -542,6 +577,8 @@ impl<B: RdmaBackend> MnDriver<B> {
                     LapFailure::NotOwner => WcStatus::MwBindErr,
                     LapFailure::RequestTooLong => WcStatus::LocLenErr,
                     LapFailure::MalformedWqe | LapFailure::ForeignQpn(_) => WcStatus::LocQpOpErr,
+                    // a step the CN's end never let complete: the transport gave up on it
+                    LapFailure::Timeout => WcStatus::RetryExcErr,
                 };
                 self.handle(now, Event::ChainFailed { cn, kind, step, status })?;
                 Ok(false)

@@ -246,6 +246,7 @@ impl Rig {
             queue_depth: 128,
             window_access: AccessFlags::DATA_WINDOW,
             scrub: crate::mn_plan::ScrubPath::Cpu,
+            lease_ns: 0,
         };
         let mut nic = TestNic {
             meta: std::vec![0; map.meta_len as usize],
@@ -280,7 +281,8 @@ impl Rig {
         let mut evs = Vec::new();
         let inbox = std::mem::take(&mut self.d.backend.inbox);
         for (qp, bytes, imm) in inbox {
-            if qp == qps.access[0] {
+            // host-engine MN: messages travel on the Alloc QP (SENDs: no immediate)
+            if qp == qps.alloc && imm.is_none() {
                 evs.push(c.on_message(self.now, &bytes).unwrap());
             } else {
                 self.d.backend.inbox.push((qp, bytes, imm));
@@ -304,7 +306,7 @@ impl Rig {
             let (_, qps, c) = &mut self.cns[i];
             if qp == qps.alloc && imm == Some(tok) {
                 result = Some(Ok(c.on_alloc_reply(tok, &bytes).unwrap()));
-            } else if qp == qps.access[0] {
+            } else if qp == qps.alloc && imm.is_none() {
                 if let crate::cn::ClientEvent::Failed { token, code } = c.on_message(self.now, &bytes).unwrap() {
                     if token == tok {
                         result = Some(Err(code));
@@ -325,7 +327,7 @@ impl Rig {
         let inbox = std::mem::take(&mut self.d.backend.inbox);
         let mut code = None;
         for (qp, bytes, imm) in inbox {
-            if qp == self.cns[i].1.access[0] && matches!(MnMessage::decode(&bytes), Ok(MnMessage::Error(_))) {
+            if qp == self.cns[i].1.alloc && imm.is_none() && matches!(MnMessage::decode(&bytes), Ok(MnMessage::Error(_))) {
                 if let Ok(MnMessage::Error(e)) = MnMessage::decode(&bytes) {
                     code = Some(e.code);
                 }

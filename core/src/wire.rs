@@ -35,6 +35,10 @@ pub enum Kind {
     Available = 5,
     Error = 6,
     ConnectInfo = 7,
+    /// The MN's lease probe (MN → CN, `hdr | sequence u64`): the transport's ACK proves the
+    /// CN's host is alive and the CN keeps receives posted; a probe that fails (retry or RNR
+    /// budget exhausted) gets the CN reclaimed.
+    Probe = 8,
 }
 
 impl Kind {
@@ -47,6 +51,7 @@ impl Kind {
             5 => Kind::Available,
             6 => Kind::Error,
             7 => Kind::ConnectInfo,
+            8 => Kind::Probe,
             _ => return None,
         })
     }
@@ -270,6 +275,8 @@ impl AllocReply {
 pub enum Notice {
     Empty,
     Available { free_groups: u64 },
+    /// Lease probe; the CN needs do nothing but keep receives posted.
+    Probe { seq: u64 },
 }
 pub const NOTICE_LEN: usize = 16;
 
@@ -278,6 +285,7 @@ impl Notice {
         let (k, n) = match *self {
             Notice::Empty => (Kind::Empty, 0),
             Notice::Available { free_groups } => (Kind::Available, free_groups),
+            Notice::Probe { seq } => (Kind::Probe, seq),
         };
         let mut out = [0u8; NOTICE_LEN];
         out[..8].copy_from_slice(Header::new(k, 0).as_bytes());
@@ -419,12 +427,12 @@ impl MnMessage {
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         let (kind, token) = parse_header(bytes)?;
         match kind {
-            Kind::Empty | Kind::Available => {
+            Kind::Empty | Kind::Available | Kind::Probe => {
                 expect(bytes, kind, NOTICE_LEN)?;
-                Ok(MnMessage::Notice(if kind == Kind::Empty {
-                    Notice::Empty
-                } else {
-                    Notice::Available { free_groups: le64(bytes, 8) }
+                Ok(MnMessage::Notice(match kind {
+                    Kind::Empty => Notice::Empty,
+                    Kind::Available => Notice::Available { free_groups: le64(bytes, 8) },
+                    _ => Notice::Probe { seq: le64(bytes, 8) },
                 }))
             }
             Kind::Error => {
@@ -501,7 +509,7 @@ mod tests {
         let r = AllocReply { entry_addr: 0x2000, entry: e };
         assert_eq!(AllocReply::decode(&r.encode()), Ok(r));
         assert_eq!(&r.encode()[..8], &AllocReply::header_image());
-        for n in [Notice::Empty, Notice::Available { free_groups: 7 }] {
+        for n in [Notice::Empty, Notice::Available { free_groups: 7 }, Notice::Probe { seq: 9 }] {
             assert_eq!(MnMessage::decode(&n.encode()), Ok(MnMessage::Notice(n)));
         }
         let er = ErrorReply { token: 5, code: ErrorCode::NotOwner, detail: 1 };
