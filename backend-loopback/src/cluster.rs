@@ -279,6 +279,11 @@ pub struct CnNode {
     send_lkey: u32,
     send_seq: u64,
     pub crashed: bool,
+    /// The CN stopped posting receives (and polling): it still sends what the test makes it
+    /// send, but nothing the MN sends it can land once its posted receives are used up.
+    pub stalled: bool,
+    /// The host vanished without a disconnect: no connection manager tells the MN.
+    pub silent: bool,
     /// Every notice/error the MN sent, in order.
     pub events: Vec<ClientEvent>,
     /// Every byte string the MN delivered to this CN (alloc replies, messages), for tests that
@@ -468,6 +473,8 @@ impl Cluster {
             send_lkey: send_keys.lkey,
             send_seq: 0,
             crashed: false,
+            stalled: false,
+            silent: false,
             events: Vec::new(),
             received: Vec::new(),
             last_reply_at: 0,
@@ -493,7 +500,7 @@ impl Cluster {
     /// Keep receives posted on the CN's Alloc QP (reply immediates) and first access QP
     /// (MN messages), e.g. after the MN reset the pair.
     fn top_up(f: &mut Fabric, n: &mut CnNode) -> Result<(), ClusterError> {
-        if n.crashed {
+        if n.crashed || n.stalled {
             return Ok(());
         }
         // both carry buffers: MN messages arrive on the Alloc QP (host engine) or on the first
@@ -562,8 +569,12 @@ impl Cluster {
         let now = self.now();
         let mut events = 0u32;
         // a crashed CN is noticed the way a connection manager notices it
-        let crashed: Vec<CnId> =
-            self.cns.iter().filter(|n| n.crashed && self.driver.mn.cn(n.id).is_some()).map(|n| n.id).collect();
+        let crashed: Vec<CnId> = self
+            .cns
+            .iter()
+            .filter(|n| n.crashed && !n.silent && self.driver.mn.cn(n.id).is_some())
+            .map(|n| n.id)
+            .collect();
         for id in crashed {
             self.driver.handle(now, Event::CnGone { cn: id })?;
             self.count_event(1);
@@ -623,7 +634,7 @@ impl Cluster {
         let mut buf = [Completion::EMPTY; 16];
         let mut f = self.fabric.borrow_mut();
         let now = f.now();
-        for n in self.cns.iter_mut().filter(|n| !n.crashed) {
+        for n in self.cns.iter_mut().filter(|n| !n.crashed && !n.stalled) {
             // alloc replies (WRITE_WITH_IMM on the Alloc QP) and messages (SENDs on the Alloc QP
             // or the first access QP, depending on where the MN sends them)
             for qp in [n.alloc_qp, n.access_qps[0]] {
@@ -952,6 +963,35 @@ impl Cluster {
         self.cns[i].crashed = true;
         self.pump()?;
         Ok(())
+    }
+
+    /// CN `i` stops posting receives and polling (a hostile or hung CN): what it had posted is
+    /// used up by the next messages, after which the MN's sends to it hit the RNR budget.
+    pub fn stall_cn(&mut self, i: usize) {
+        self.cns[i].stalled = true;
+    }
+
+    /// CN `i`'s host vanishes without a disconnect (power loss, a killed VM): its QPs stop
+    /// answering and no connection manager tells the MN — only the MN's lease notices.
+    pub fn vanish_cn(&mut self, i: usize) -> Result<(), ClusterError> {
+        let h = self.cns[i].host;
+        self.fabric.borrow_mut().crash_host(h)?;
+        self.cns[i].crashed = true;
+        self.cns[i].silent = true;
+        Ok(())
+    }
+
+    /// Let `ns` of modelled time pass (running what is due), then give the MN its timer.
+    pub fn advance(&mut self, ns: u64) -> Result<(), ClusterError> {
+        let t = self.now() + ns;
+        self.fabric.borrow_mut().run_until(t, 10_000_000);
+        self.fabric.borrow_mut().advance_to(t);
+        self.tick()
+    }
+
+    /// Whether the MN still serves CN `i`.
+    pub fn is_served(&self, i: usize) -> bool {
+        self.driver.mn.cn(self.cns[i].id).is_some()
     }
 
     /// The MN's RNIC resets: every QP errors and every window binding is lost.

@@ -508,7 +508,10 @@ impl MemoryNode {
         if self.cfg.lease_ns == 0 {
             return None;
         }
-        self.cns().filter(|r| r.status == CnStatus::Active).map(|r| r.probed_at.saturating_add(self.cfg.lease_ns / 2)).min()
+        self.cns()
+            .filter(|r| r.status == CnStatus::Active)
+            .map(|r| r.probed_at.saturating_add(self.cfg.lease_ns / 2))
+            .min()
     }
 
     fn send<P: MnPort>(&mut self, port: &mut P, cn: CnId, bytes: &[u8]) -> R<P::Error> {

@@ -327,7 +327,10 @@ impl Rig {
         let inbox = std::mem::take(&mut self.d.backend.inbox);
         let mut code = None;
         for (qp, bytes, imm) in inbox {
-            if qp == self.cns[i].1.alloc && imm.is_none() && matches!(MnMessage::decode(&bytes), Ok(MnMessage::Error(_))) {
+            if qp == self.cns[i].1.alloc
+                && imm.is_none()
+                && matches!(MnMessage::decode(&bytes), Ok(MnMessage::Error(_)))
+            {
                 if let Ok(MnMessage::Error(e)) = MnMessage::decode(&bytes) {
                     code = Some(e.code);
                 }

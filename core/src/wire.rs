@@ -274,9 +274,13 @@ impl AllocReply {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Notice {
     Empty,
-    Available { free_groups: u64 },
+    Available {
+        free_groups: u64,
+    },
     /// Lease probe; the CN needs do nothing but keep receives posted.
-    Probe { seq: u64 },
+    Probe {
+        seq: u64,
+    },
 }
 pub const NOTICE_LEN: usize = 16;
 
