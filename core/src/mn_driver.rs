@@ -399,13 +399,12 @@ impl<B: RdmaBackend> MnDriver<B> {
             }
             // messages: a send the transport could not deliver (retries or the RNR budget gone)
             // means the CN stopped answering or its host vanished: evict it
-            if let Some(mq) = self.mn.message_qp(*cn) {
-                if mq != qps.alloc || self.mn.mode() == ExecutionMode::Offloaded {
-                    if self.drain_sends(mq)? {
-                        report.events += 1;
-                        self.handle(now, Event::CnUnresponsive { cn: *cn })?;
-                        continue;
-                    }
+            // (host-engine mode sends them on the Alloc QP, drained with its device ops below)
+            if let Some(mq) = self.mn.message_qp(*cn).filter(|q| *q != qps.alloc) {
+                if self.drain_sends(mq)? {
+                    report.events += 1;
+                    self.handle(now, Event::CnUnresponsive { cn: *cn })?;
+                    continue;
                 }
             }
             for kind in [ChainKind::Alloc, ChainKind::Free] {
