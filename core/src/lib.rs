@@ -28,6 +28,7 @@ pub mod invariants;
 pub mod mn;
 pub mod mn_driver;
 pub mod mn_memory;
+pub mod mw_rules;
 pub mod mwtable;
 pub mod wire;
 pub mod wqe;
