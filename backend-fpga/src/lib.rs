@@ -17,6 +17,7 @@
 pub mod backend;
 pub mod device;
 pub mod double;
+pub mod driver;
 pub mod encoding;
 pub mod ext;
 pub mod memory;
@@ -24,5 +25,5 @@ pub mod mmio;
 pub mod regs;
 pub mod secure;
 
-pub use backend::{Error, FpgaBackend, FpgaConfig, QpConnect, QpSetup};
+pub use backend::{Domain, Error, FpgaBackend, FpgaConfig, QpConnect, QpSetup};
 pub use secure::{secure_protocol_mode, SecureProtocolError};

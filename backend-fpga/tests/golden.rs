@@ -11,15 +11,18 @@ fn read(ctid: u8) -> RdmaRequest {
 #[test]
 fn opcode_numbering_per_firmware() {
     use OpcodeEncoding::*;
-    assert_eq!([Legacy.encode(RdmaOp::Read), Legacy.encode(RdmaOp::Write), Legacy.encode(RdmaOp::Send)], [0, 1, 2]);
+    assert_eq!(
+        [CoyoteV2.encode(RdmaOp::Read), CoyoteV2.encode(RdmaOp::Write), CoyoteV2.encode(RdmaOp::Send)],
+        [0, 1, 2]
+    );
     assert_eq!(
         [AppOpcodes.encode(RdmaOp::Read), AppOpcodes.encode(RdmaOp::Write), AppOpcodes.encode(RdmaOp::Send)],
         [0x12, 0x13, 0x14]
     );
     // one firmware's numbers are not the other's
-    assert_eq!(Legacy.decode(0x12), None);
+    assert_eq!(CoyoteV2.decode(0x12), None);
     assert_eq!(AppOpcodes.decode(1), None);
-    for e in [Legacy, AppOpcodes] {
+    for e in [CoyoteV2, AppOpcodes] {
         for op in RdmaOp::ALL {
             assert_eq!(e.decode(e.encode(op)), Some(op));
         }
@@ -35,7 +38,7 @@ fn read_command_words() {
     // local side = destination (CTRL_REG_2): stream HOST, no START
     assert_eq!(c.vaddr_wr, 0x1000);
     assert_eq!(c.ctrl_dst, 0x0000_0040_0010_1512);
-    let c = Command::rdma(OpcodeEncoding::Legacy, &read(5)).unwrap();
+    let c = Command::rdma(OpcodeEncoding::CoyoteV2, &read(5)).unwrap();
     assert_eq!(c.ctrl_src, 0x0000_0040_0030_1600);
     assert_eq!(c.ctrl_dst, 0x0000_0040_0010_1500);
 }
@@ -44,7 +47,7 @@ fn read_command_words() {
 fn write_and_send_command_words() {
     for (op, app, leg) in [(RdmaOp::Write, 0x13u64, 1u64), (RdmaOp::Send, 0x14, 2)] {
         let r = RdmaRequest::new(op, 5, 0x1000, 0x2000, 64);
-        for (enc, opc) in [(OpcodeEncoding::AppOpcodes, app), (OpcodeEncoding::Legacy, leg)] {
+        for (enc, opc) in [(OpcodeEncoding::AppOpcodes, app), (OpcodeEncoding::CoyoteV2, leg)] {
             let c = Command::rdma(enc, &r).unwrap();
             // local side = source (CTRL_REG), remote side = destination (CTRL_REG_2)
             assert_eq!(c.vaddr_rd, 0x1000);

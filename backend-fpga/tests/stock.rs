@@ -30,7 +30,7 @@ fn pair(enc: OpcodeEncoding) -> (Fabric, Host, Host) {
 
 #[test]
 fn read_write_send_between_two_nodes_both_encodings() {
-    for enc in [OpcodeEncoding::Legacy, OpcodeEncoding::AppOpcodes] {
+    for enc in [OpcodeEncoding::CoyoteV2, OpcodeEncoding::AppOpcodes] {
         let (f, mut a, mut b) = pair(enc);
         let qa = a.be.qpn(1).unwrap();
         put(&mut a.be, A + 0x100, b"written by A");
@@ -202,13 +202,13 @@ fn double_fifo_depth_limits_and_overflow() {
 
 #[test]
 fn double_counters_move_only_with_last_and_clear_on_clr_stat() {
-    let (f, a, _b) = pair(OpcodeEncoding::Legacy);
+    let (f, a, _b) = pair(OpcodeEncoding::CoyoteV2);
     let m = f.mmio(a.id);
     let mut r = RdmaRequest::new(RdmaOp::Read, 1, A, B, 8);
     r.last = false;
-    post_command(&m, &Command::rdma(OpcodeEncoding::Legacy, &r).unwrap()).unwrap();
+    post_command(&m, &Command::rdma(OpcodeEncoding::CoyoteV2, &r).unwrap()).unwrap();
     r.last = true;
-    post_command(&m, &Command::rdma(OpcodeEncoding::Legacy, &r).unwrap()).unwrap();
+    post_command(&m, &Command::rdma(OpcodeEncoding::CoyoteV2, &r).unwrap()).unwrap();
     f.run(100);
     assert_eq!(f.stats(a.id).commands_completed, 2);
     assert_eq!(m.read_csr(regs::stat_rdma(1)).unwrap(), 1, "only the LAST command counts");
@@ -231,7 +231,7 @@ fn double_rejects_words_outside_the_engine_limits() {
     c.vaddr_wr = 1 << 48;
     post_command(&m, &c).unwrap();
     // the other firmware's opcode
-    let c = Command::rdma(OpcodeEncoding::Legacy, &RdmaRequest::new(RdmaOp::Write, 1, A, B, 8)).unwrap();
+    let c = Command::rdma(OpcodeEncoding::CoyoteV2, &RdmaRequest::new(RdmaOp::Write, 1, A, B, 8)).unwrap();
     post_command(&m, &c).unwrap();
     // two words that do not form an RDMA command
     let w = CtrlWord {
