@@ -8,7 +8,7 @@ use omw_core::backend::{RdmaBackend, WcStatus};
 use omw_core::wqe::{masked_add, QueueSel, Wqe, WqeField};
 use omw_fpga::double::Fabric;
 use omw_fpga::encoding::OpcodeEncoding;
-use omw_fpga::QpSetup;
+use omw_fpga::{Domain, QpSetup};
 use support::*;
 
 const MN: u64 = 0x4000_0000;
@@ -20,12 +20,13 @@ const OUT: u64 = M + 0x400;
 fn run(gated: bool) -> Vec<u8> {
     let f = Fabric::new();
     let mut mn = host(&f, 9, MN, true, OpcodeEncoding::AppOpcodes);
-    setup(&mut mn, 3, QpSetup::plain(16, 0));
-    setup(&mut mn, 4, QpSetup::plain(0, 0));
+    // a loop pair and its memory in the MN-private domain, where the ring registration is
+    setup(&mut mn, 3, QpSetup::plain(16, 0).in_domain(Domain::MnPrivate));
+    setup(&mut mn, 4, QpSetup::plain(0, 0).in_domain(Domain::MnPrivate));
     connect_loop(&mut mn, 3, 4);
     let use_ =
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-    let meta = mn.be.reg_mr(M, 0x1000, use_).unwrap();
+    let meta = mn.be.reg_mr_in(Domain::MnPrivate, M, 0x1000, use_).unwrap();
     let ring = mn.be.ring_keys().unwrap();
     put(&mut mn.be, M, &FRESH.to_le_bytes());
     put(&mut mn.be, STALE, b"stale!!!");

@@ -252,7 +252,7 @@ fn double_posts_only_with_start_and_repeats_a_stale_ctrl_reg_2() {
     m.write_csr(regs::CTRL_REG, CtrlWord::clear_stat(1)).unwrap();
     f.run(50);
     let s = f.stats(a.id);
-    assert_eq!((s.commands_accepted, s.posted_by_ctrl_2, s.commands_completed), (2, 1, 2));
+    assert_eq!((s.commands_accepted, s.stale_reposts, s.commands_completed), (2, 1, 2));
     // the shim's clearCompleted rewrites CTRL_REG_2 first, so it posts nothing
     post_command(&m, &Command::clear_stat(1)).unwrap();
     f.run(50);

@@ -271,8 +271,8 @@ impl ExtBlock {
         self.qps[ctid as usize].pd
     }
 
-    /// Responder check of an incoming READ / WRITE / atomic arriving on QP `resp_qpn`
-    /// (ctid `resp_ctid`): the address to access, or why the request is refused.
+    /// Responder check of an incoming READ / WRITE / atomic arriving on QP `resp` (QPN,
+    /// ctid): the address to access, or why the request is refused.
     pub fn remote_check(
         &self,
         rkey: u32,
@@ -280,8 +280,7 @@ impl ExtBlock {
         len: u64,
         need: AccessFlags,
         atomic: bool,
-        resp_qpn: u32,
-        resp_ctid: u8,
+        (resp_qpn, resp_ctid): (u32, u8),
     ) -> Result<u64, rules::RemoteFail> {
         let req = rules::RemoteAccess {
             qp: QpRef { qp: resp_qpn, pd: self.qp_pd(resp_ctid) },
@@ -864,7 +863,7 @@ fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
     };
     // the address to access at the responder, or the requester's status
     let remote = |w: &World, need: AccessFlags, l: u64, atomic: bool| match w.nodes[rn].ext.as_ref() {
-        Some(e) => e.remote_check(wqe.rkey, wqe.remote_addr, l, need, atomic, resp_qpn, rc).map_err(nak_status),
+        Some(e) => e.remote_check(wqe.rkey, wqe.remote_addr, l, need, atomic, (resp_qpn, rc)).map_err(nak_status),
         None => Ok(wqe.remote_addr), // the stock responder checks nothing
     };
     match wqe.opcode {

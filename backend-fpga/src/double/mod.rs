@@ -111,9 +111,9 @@ pub struct NodeStats {
     pub fifo_overflows: u64,
     /// Local DMA commands (host/card streams), queued but not modelled.
     pub local_commands: u64,
-    /// Commands posted by a `CTRL_REG` write without START, from a `CTRL_REG_2` that still
-    /// held an active RDMA word.
-    pub posted_by_ctrl_2: u64,
+    /// Commands posted by a `CTRL_REG` write without START from a `CTRL_REG_2` that was not
+    /// rewritten since the previous command (it still held that command's active word).
+    pub stale_reposts: u64,
     pub page_faults: u64,
     /// Stock commands the responder's key table refused.
     pub remote_errors: u64,

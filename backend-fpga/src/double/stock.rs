@@ -89,6 +89,9 @@ pub(crate) struct StockEngine {
     pub vaddr_rd: u64,
     pub ctrl_2: u64,
     pub vaddr_wr: u64,
+    /// `CTRL_REG_2` was written since the last `CTRL_REG` write (the double's bookkeeping,
+    /// to count stale re-posts; the hardware has no such bit).
+    pub ctrl_2_fresh: bool,
     pub ctx_regs: [u64; 3],
     pub conn_regs: [u64; 3],
     pub arp_reg: u64,
@@ -112,6 +115,7 @@ impl StockEngine {
             vaddr_rd: 0,
             ctrl_2: 0,
             vaddr_wr: 0,
+            ctrl_2_fresh: false,
             ctx_regs: [0; 3],
             conn_regs: [0; 3],
             arp_reg: 0,
@@ -190,7 +194,10 @@ pub(crate) fn write(w: &mut World, n: usize, reg: usize, value: u64) {
     let s = &mut node.stock;
     match reg {
         regs::VADDR_RD_REG => s.vaddr_rd = value,
-        regs::CTRL_REG_2 => s.ctrl_2 = value,
+        regs::CTRL_REG_2 => {
+            s.ctrl_2 = value;
+            s.ctrl_2_fresh = true;
+        }
         regs::VADDR_WR_REG => s.vaddr_wr = value,
         regs::ISR_REG => {
             if value & regs::isr::CLR_IRQ_PENDING != 0 {
@@ -202,6 +209,7 @@ pub(crate) fn write(w: &mut World, n: usize, reg: usize, value: u64) {
         }
         regs::CTRL_REG => {
             node.stats.ctrl_writes += 1;
+            let fresh = std::mem::replace(&mut s.ctrl_2_fresh, false);
             let src = CtrlWord::decode(value);
             let dst = CtrlWord::decode(s.ctrl_2);
             // every CTRL_REG write pulses `post`: the CLR_STAT bits of both words act on it
@@ -214,12 +222,15 @@ pub(crate) fn write(w: &mut World, n: usize, reg: usize, value: u64) {
             if value & CTRL_START == 0 && s.ctrl_2 & CTRL_START == 0 {
                 return; // neither word is active: nothing is posted
             }
-            if s.ctrl_2 & CTRL_START != 0 && value & CTRL_START == 0 && dst.stream == Stream::Rdma {
-                node.stats.posted_by_ctrl_2 += 1;
+            if !fresh && s.ctrl_2 & CTRL_START != 0 && value & CTRL_START == 0 {
+                node.stats.stale_reposts += 1;
             }
-            let local = (src.start && dst.start)
-                || (src.start && is_strm_local(src.stream))
-                || (!src.start && is_strm_local(dst.stream));
+            // cnfg_slave's if / else-if chain on the two START bits
+            let local = match (src.start, dst.start) {
+                (true, true) => true,
+                (true, false) => is_strm_local(src.stream),
+                _ => is_strm_local(dst.stream),
+            };
             if s.fifo.len() as u64 >= CMD_FIFO_DEPTH {
                 node.stats.fifo_overflows += 1;
                 return;
@@ -466,7 +477,7 @@ fn deliver(w: &mut World, n: usize, q: &Queued) -> Delivery {
             RdmaOp::Send => None,
         };
         if let Some(need) = need {
-            match e.remote_check(q.rkey, r.remote_addr, len, need, false, resp_qpn, rc) {
+            match e.remote_check(q.rkey, r.remote_addr, len, need, false, (resp_qpn, rc)) {
                 Ok(at) => remote_addr = at,
                 Err(_) => {
                     if let Some(e) = w.nodes[rn].ext.as_mut() {
