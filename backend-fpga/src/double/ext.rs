@@ -371,7 +371,7 @@ impl ExtBlock {
     }
 
     /// One engine tick of the block's own state: the key generator runs, a mailbox command
-    /// finishes. True if a command finished.
+    /// advances. True if a command was running.
     pub fn tick(&mut self) -> bool {
         self.lfsr.clock();
         let Some(mut c) = self.running else {
@@ -380,7 +380,7 @@ impl ExtBlock {
         c.ticks = c.ticks.saturating_sub(1);
         if c.ticks > 0 {
             self.running = Some(c);
-            return false;
+            return true;
         }
         self.running = None;
         self.key_cmd(c);
@@ -531,6 +531,7 @@ pub(crate) fn run_qp_cmds(w: &mut World, n: usize) -> bool {
         };
         if left > 1 {
             xq(w, n, c).cmd = Some((cmd, left - 1));
+            progress = true;
             continue;
         }
         progress = true;

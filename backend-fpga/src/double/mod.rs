@@ -121,6 +121,8 @@ pub struct NodeStats {
     pub psn_drops: u64,
     /// Requests to a peer whose address was never resolved (`NET_ARP_REG`).
     pub arp_misses: u64,
+    /// Requests whose connection names an address (or QPN) no node has.
+    pub unroutable: u64,
     /// Requests to the node itself on a stock engine (no loopback).
     pub loopback_drops: u64,
     /// Writes into a context / connection / ARP interface while its previous commit was
@@ -287,6 +289,14 @@ impl Fabric {
     /// SEND payloads the node's vFPGA stream received (and forget them).
     pub fn take_stream_rx(&self, node: NodeId) -> Vec<(u8, Vec<u8>)> {
         std::mem::take(&mut self.world.borrow_mut().nodes[node.0].stream_rx)
+    }
+    /// The QP context the stack took for a QP (None until one was accepted).
+    pub fn qp_context(&self, node: NodeId, ctid: u8) -> Option<crate::encoding::QpContext> {
+        self.world.borrow().nodes[node.0].stock.qps[ctid as usize].ctx
+    }
+    /// Addresses the node resolved by ARP, host order.
+    pub fn arp_table(&self, node: NodeId) -> Vec<u32> {
+        self.world.borrow().nodes[node.0].stock.arp.iter().map(|a| a.swap_bytes()).collect()
     }
     /// A QP's PSN state as the stack holds it: (next PSN sent, PSN expected).
     pub fn psns(&self, node: NodeId, ctid: u8) -> (u32, u32) {

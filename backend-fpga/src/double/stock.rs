@@ -71,6 +71,10 @@ impl Sink {
     fn ready(&self) -> bool {
         self.busy == 0
     }
+    /// Whether the interface has work in progress (a tick changes something).
+    fn active(&self) -> bool {
+        self.valid || self.busy > 0
+    }
     /// One tick: take a pending request if ready; true if it was taken.
     fn tick(&mut self) -> bool {
         if self.busy > 0 {
@@ -276,7 +280,8 @@ pub(crate) fn write(w: &mut World, n: usize, reg: usize, value: u64) {
 /// The stack takes what the config interfaces offer.
 pub(crate) fn accept_config(w: &mut World, n: usize) -> bool {
     let node = &mut w.nodes[n];
-    let mut progress = false;
+    let st = &node.stock;
+    let mut progress = st.ctx_sink.active() || st.conn_sink.active() || st.arp_sink.active();
     if node.stock.ctx_sink.tick() {
         progress = true;
         let ctx = QpContext::decode(node.stock.ctx_regs);
@@ -356,6 +361,7 @@ enum Drop {
     Arp,
     Loopback,
     Oversized,
+    NoRoute,
 }
 
 /// Complete the requests issued in earlier ticks: move the data, move the counters.
@@ -383,6 +389,7 @@ pub(crate) fn complete_in_flight(w: &mut World, n: usize) -> bool {
                         Drop::Arp => node.stats.arp_misses += 1,
                         Drop::Loopback => node.stats.loopback_drops += 1,
                         Drop::Oversized => node.stats.decode_errors += 1,
+                        Drop::NoRoute => node.stats.unroutable += 1,
                     }
                 }
                 keep.push_back(q);
@@ -459,8 +466,13 @@ pub(crate) enum DropWhy {
 
 fn deliver(w: &mut World, n: usize, q: &Queued) -> Delivery {
     let r = &q.req;
-    let Some((rn, rc)) = w.peer(n, r.ctid) else {
+    if w.nodes[n].stock.qps[r.ctid as usize].conn.is_none() {
         return Delivery::Refused;
+    }
+    let Some((rn, rc)) = w.peer(n, r.ctid) else {
+        // no node has the connection's address (or QPN): nobody answers, the requester
+        // retransmits until its retries run out
+        return Delivery::Dropped(Drop::NoRoute);
     };
     let len = r.len as u64;
     let pmtu = w.nodes[n].cfg.pmtu;
