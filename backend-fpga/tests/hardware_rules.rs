@@ -265,3 +265,36 @@ fn sends_are_one_packet() {
     assert_eq!(f.stats(a.id).decode_errors, before + 1);
     assert!(f.take_stream_rx(b.id).is_empty());
 }
+
+#[test]
+fn sequencer_requests_obey_the_same_psn_rule() {
+    let f = Fabric::new();
+    let mut a = host(&f, IP_A, A, true, OpcodeEncoding::CoyoteV2);
+    let mut b = host(&f, IP_B, B, true, OpcodeEncoding::CoyoteV2);
+    setup(&mut a, 1, omw_fpga::QpSetup::plain(16, 0));
+    setup(&mut b, 1, omw_fpga::QpSetup::plain(16, 0));
+    let (qa, qb) = (a.be.qpn(1).unwrap(), b.be.qpn(1).unwrap());
+    let lkey = a.be.reg_mr(A, 0x1000, omw_core::access::AccessFlags::LOCAL_WRITE).unwrap().lkey;
+    let rights = omw_core::access::AccessFlags::LOCAL_WRITE | omw_core::access::AccessFlags::REMOTE_WRITE;
+    let rkey = b.be.reg_mr(B, 0x1000, rights).unwrap().rkey;
+    a.be.connect_qp(
+        1,
+        &QpConnect { remote_qpn: qb.get(), remote_ip: IP_B, local_psn: 7, remote_psn: 9, ..QpConnect::default() },
+    )
+    .unwrap();
+    b.be.connect_qp(
+        1,
+        &QpConnect { remote_qpn: qa.get(), remote_ip: IP_A, local_psn: 9, remote_psn: 8, ..QpConnect::default() },
+    )
+    .unwrap();
+    a.be.post_send(qa, &Wqe::write(A, lkey, 8, B, rkey).with_wr_id(1)).unwrap();
+    assert!(drain(&mut a.be, qa, QueueSel::Send, 200).is_empty(), "the ring hangs on its head WQE");
+    assert_eq!(f.stats(a.id).psn_drops, 1, "counted once, retransmitted silently");
+    b.be.connect_qp(
+        1,
+        &QpConnect { remote_qpn: qa.get(), remote_ip: IP_A, local_psn: 9, remote_psn: 7, ..QpConnect::default() },
+    )
+    .unwrap();
+    assert_eq!(wait1(&mut a.be, qa, QueueSel::Send).status, omw_core::backend::WcStatus::Success);
+    assert_eq!((f.psns(a.id, 1).0, f.psns(b.id, 1).1), (8, 8));
+}

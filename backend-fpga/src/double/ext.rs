@@ -125,6 +125,8 @@ pub(crate) struct ExtQp {
     /// A QP command running: (command, ticks left).
     cmd: Option<(u64, u8)>,
     last_cmd: u64,
+    /// The head WQE's request was dropped on the wire and is being retransmitted (counted once).
+    wire_dropped: bool,
 }
 
 impl ExtQp {
@@ -142,6 +144,7 @@ impl ExtQp {
             prefetch: VecDeque::new(),
             cmd: None,
             last_cmd: 0,
+            wire_dropped: false,
         }
     }
     /// Entries of a ring: `1 << log`, or 0 when its base register is 0 (no ring).
@@ -580,6 +583,9 @@ fn reset(w: &mut World, n: usize, c: u8) {
     x.scq = 0;
     x.rcq = 0;
     x.prefetch.clear();
+    x.wire_dropped = false;
+    // the PSN state is kept: a request refused at the responder consumed no PSN on either
+    // end, so one end's RESET leaves the pair in sequence (a fresh connect_qp re-seeds them)
 }
 
 fn push_cqe(w: &mut World, n: usize, c: u8, recv: bool, mut cqe: Cqe) {
@@ -839,7 +845,31 @@ fn nak_status(f: rules::RemoteFail) -> WcStatus {
     }
 }
 
+/// A request on the wire: the stack's PSN rule and the link apply to sequencer-posted requests
+/// as to stock commands (a dropped request is retransmitted with the same PSN: the ring hangs).
 fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
+    let peer = w.peer(n, c);
+    if let Some((rn, rc)) = peer {
+        if let Err(why) = super::stock::wire_check(w, n, c, rn, rc) {
+            if !std::mem::replace(&mut xq(w, n, c).wire_dropped, true) {
+                super::stock::count_drop(&mut w.nodes[n].stats, why);
+            }
+            return Out::Blocked;
+        }
+    }
+    let out = remote_request(w, n, c, wqe);
+    if let (Out::Done(_), Some((rn, rc))) = (&out, peer) {
+        let npkts = match wqe.opcode {
+            Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => 1,
+            _ => super::stock::packets(wqe.length, w.nodes[n].cfg.pmtu),
+        };
+        super::stock::wire_advance(w, n, c, rn, rc, npkts);
+        xq(w, n, c).wire_dropped = false;
+    }
+    out
+}
+
+fn remote_request(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
     use Opcode::*;
     let len = wqe.length as u64;
     if len > MAX_LEN_FIELD {

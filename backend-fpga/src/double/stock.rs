@@ -434,9 +434,10 @@ pub(crate) fn packets(len: u32, pmtu: u32) -> u32 {
     len.div_ceil(pmtu.max(1)).max(1)
 }
 
-/// The link and the responder's PSN check: the requester's next PSN must be the responder's
-/// expected one; on success both move on by `npkts`.
-pub(crate) fn wire_ok(w: &mut World, n: usize, c: u8, rn: usize, rc: u8, npkts: u32) -> Result<(), DropWhy> {
+/// The link and the responder's PSN check, without consuming anything: the requester's next
+/// PSN must be the responder's expected one, the peer's address resolved, and a same-node
+/// peer needs the extension block's internal loopback.
+pub(crate) fn wire_check(w: &World, n: usize, c: u8, rn: usize, rc: u8) -> Result<(), DropWhy> {
     if rn == n && w.nodes[n].ext.is_none() {
         return Err(DropWhy::Loopback);
     }
@@ -446,14 +447,34 @@ pub(crate) fn wire_ok(w: &mut World, n: usize, c: u8, rn: usize, rc: u8, npkts: 
             return Err(DropWhy::Arp);
         }
     }
-    let sent = w.nodes[n].stock.qps[c as usize].sq_psn;
-    if w.nodes[rn].stock.qps[rc as usize].epsn != sent {
+    if w.nodes[rn].stock.qps[rc as usize].epsn != w.nodes[n].stock.qps[c as usize].sq_psn {
         return Err(DropWhy::Psn);
     }
-    w.nodes[n].stock.qps[c as usize].sq_psn = sent.wrapping_add(npkts) & PSN_MASK;
+    Ok(())
+}
+
+/// A request of `npkts` packets was taken by the responder: both ends move on.
+pub(crate) fn wire_advance(w: &mut World, n: usize, c: u8, rn: usize, rc: u8, npkts: u32) {
+    let s = &mut w.nodes[n].stock.qps[c as usize].sq_psn;
+    *s = s.wrapping_add(npkts) & PSN_MASK;
     let e = &mut w.nodes[rn].stock.qps[rc as usize].epsn;
     *e = e.wrapping_add(npkts) & PSN_MASK;
+}
+
+/// [`wire_check`], then [`wire_advance`].
+pub(crate) fn wire_ok(w: &mut World, n: usize, c: u8, rn: usize, rc: u8, npkts: u32) -> Result<(), DropWhy> {
+    wire_check(w, n, c, rn, rc)?;
+    wire_advance(w, n, c, rn, rc, npkts);
     Ok(())
+}
+
+/// Count a dropped request in the node's statistics.
+pub(crate) fn count_drop(stats: &mut super::NodeStats, why: DropWhy) {
+    match why {
+        DropWhy::Psn => stats.psn_drops += 1,
+        DropWhy::Arp => stats.arp_misses += 1,
+        DropWhy::Loopback => stats.loopback_drops += 1,
+    }
 }
 
 /// Why a packet never reached the responder.
