@@ -87,7 +87,16 @@ impl fmt::Display for DeviceError {
 
 impl std::error::Error for DeviceError {}
 
-/// The config registers of one vFPGA, mapped from its device file.
+/// Open both register regions of a Coyote vFPGA the shim uses: the legacy config region and
+/// the user CSR region (`FpgaBackend::open(cnfg, user_csr, ..)`).
+pub fn open_vfpga(device: u32, vfid: u8) -> Result<(DevMmio, DevMmio), DeviceError> {
+    Ok((
+        DevMmio::open(&DeviceConfig::coyote(device, vfid))?,
+        DevMmio::open(&DeviceConfig::coyote_user_csr(device, vfid))?,
+    ))
+}
+
+/// One register region of one vFPGA, mapped from its device file.
 #[derive(Debug)]
 pub struct DevMmio {
     fd: libc::c_int,

@@ -1107,3 +1107,18 @@ pub(crate) fn deliver_send(
     );
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::KeyLfsr;
+
+    #[test]
+    fn key_generator_never_sticks() {
+        for seed in [0, 1, u64::MAX, 0x1234_5678_9ABC_DEF0] {
+            let mut l = KeyLfsr::new(seed);
+            let bytes: Vec<u8> = (0..512).map(|_| l.next_byte()).collect();
+            let distinct = bytes.iter().collect::<std::collections::BTreeSet<_>>().len();
+            assert!(distinct > 200, "seed {seed:#x}: {distinct} distinct bytes");
+        }
+    }
+}

@@ -349,19 +349,10 @@ enum Delivery {
     Done,
     /// Not delivered this tick (RNR at an extension responder): retried.
     Retry,
-    /// Dropped on the way (PSN, ARP, loopback): the requester retransmits, the same way.
-    Dropped(Drop),
+    /// Dropped on the way: the requester retransmits, the same way.
+    Dropped(DropWhy),
     Lost(u64),
     Refused,
-}
-
-#[derive(Clone, Copy)]
-enum Drop {
-    Psn,
-    Arp,
-    Loopback,
-    Oversized,
-    NoRoute,
 }
 
 /// Complete the requests issued in earlier ticks: move the data, move the counters.
@@ -382,15 +373,8 @@ pub(crate) fn complete_in_flight(w: &mut World, n: usize) -> bool {
                 continue;
             }
             Delivery::Dropped(why) => {
-                if !q.dropped {
-                    q.dropped = true;
-                    match why {
-                        Drop::Psn => node.stats.psn_drops += 1,
-                        Drop::Arp => node.stats.arp_misses += 1,
-                        Drop::Loopback => node.stats.loopback_drops += 1,
-                        Drop::Oversized => node.stats.decode_errors += 1,
-                        Drop::NoRoute => node.stats.unroutable += 1,
-                    }
+                if !std::mem::replace(&mut q.dropped, true) {
+                    count_drop(&mut node.stats, why);
                 }
                 keep.push_back(q);
                 continue;
@@ -474,6 +458,8 @@ pub(crate) fn count_drop(stats: &mut super::NodeStats, why: DropWhy) {
         DropWhy::Psn => stats.psn_drops += 1,
         DropWhy::Arp => stats.arp_misses += 1,
         DropWhy::Loopback => stats.loopback_drops += 1,
+        DropWhy::Oversized => stats.decode_errors += 1,
+        DropWhy::NoRoute => stats.unroutable += 1,
     }
 }
 
@@ -482,7 +468,12 @@ pub(crate) fn count_drop(stats: &mut super::NodeStats, why: DropWhy) {
 pub(crate) enum DropWhy {
     Psn,
     Arp,
+    /// A same-node peer on a stock engine.
     Loopback,
+    /// An RC SEND over one PMTU (the request parser drops it).
+    Oversized,
+    /// No node has the connection's address or QPN.
+    NoRoute,
 }
 
 fn deliver(w: &mut World, n: usize, q: &Queued) -> Delivery {
@@ -493,12 +484,12 @@ fn deliver(w: &mut World, n: usize, q: &Queued) -> Delivery {
     let Some((rn, rc)) = w.peer(n, r.ctid) else {
         // no node has the connection's address (or QPN): nobody answers, the requester
         // retransmits until its retries run out
-        return Delivery::Dropped(Drop::NoRoute);
+        return Delivery::Dropped(DropWhy::NoRoute);
     };
     let len = r.len as u64;
     let pmtu = w.nodes[n].cfg.pmtu;
     if r.op == RdmaOp::Send && r.len > pmtu {
-        return Delivery::Dropped(Drop::Oversized);
+        return Delivery::Dropped(DropWhy::Oversized);
     }
     let resp_qpn = w.nodes[rn].qpn(rc);
     let mut remote_addr = r.remote_addr;
@@ -530,11 +521,7 @@ fn deliver(w: &mut World, n: usize, q: &Queued) -> Delivery {
         }
     }
     if let Err(why) = wire_ok(w, n, r.ctid, rn, rc, packets(r.len, pmtu)) {
-        return Delivery::Dropped(match why {
-            DropWhy::Psn => Drop::Psn,
-            DropWhy::Arp => Drop::Arp,
-            DropWhy::Loopback => Drop::Loopback,
-        });
+        return Delivery::Dropped(why);
     }
     match r.op {
         RdmaOp::Read => {
