@@ -552,6 +552,14 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
         Ok(Rkey(self.key_command(map::key_cmd::ALLOC_MW, &[(map::KEY_PD, pd as u64)])?))
     }
 
+    /// Free a window (its current rkey), revoking any binding (`mw_rules::check_dealloc`).
+    pub fn dealloc_mw(&mut self, rkey: Rkey) -> Result<(), Error> {
+        if self.ext.is_none() {
+            return Self::unsupported_stock("memory windows");
+        }
+        self.key_command(map::key_cmd::DEALLOC_MW, &[(map::KEY_ARG, rkey.0 as u64)]).map(|_| ())
+    }
+
     /// The ring arena's keys in a domain: only the MN-private domain has a registration
     /// (no CN-facing QP can reach a ring with any key).
     pub fn ring_keys_in(&self, d: Domain) -> Result<MrKeys, Error> {

@@ -146,6 +146,8 @@ pub mod key_cmd {
     pub const QUERY_MW: u64 = 3;
     /// Result a new PD.
     pub const ALLOC_PD: u64 = 4;
+    /// Operand KEY_ARG (the window's current rkey): frees the window, revoking any binding.
+    pub const DEALLOC_MW: u64 = 5;
 }
 
 pub mod key_err {
@@ -159,6 +161,8 @@ pub mod key_err {
     pub const BUSY: u64 = 6;
     /// The PD operand names no allocated PD.
     pub const BAD_PD: u64 = 7;
+    /// The rkey names the window, but not with its current key byte.
+    pub const STALE_KEY: u64 = 8;
 }
 
 pub const MAGIC: u32 = 0x4F4D_5758;

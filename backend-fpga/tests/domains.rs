@@ -136,6 +136,12 @@ fn windows_live_with_the_pool_and_are_bound_from_the_private_loop_qp() {
     assert_eq!(w.cn_op(Wqe::read(CN + 0x100, w.cn_lkey, 4, 4, z.0)), WcStatus::Success);
     assert_eq!(w.cn.be.read_local_vec(CN + 0x100, 4), [4, 5, 6, 7]);
     assert_eq!(w.cn_op(Wqe::read(CN + 0x100, w.cn_lkey, 4, 30, z.0)), WcStatus::RemAccessErr, "past its 32 bytes");
+    // deallocation revokes the binding; only the current key frees the window
+    assert!(matches!(w.mn.be.dealloc_mw(Rkey(rk.0 ^ 1)), Err(Error::KeyTable { code: ext::key_err::STALE_KEY })));
+    w.mn.be.dealloc_mw(rk).unwrap();
+    assert_eq!(w.f.mw(w.mn.id, rk.0), None);
+    assert_eq!(w.cn_op(Wqe::read(CN, w.cn_lkey, 8, WIN + 8, rk.0)), WcStatus::RemAccessErr);
+    assert!(matches!(w.mn.be.dealloc_mw(rk), Err(Error::KeyTable { code: ext::key_err::NO_SUCH_KEY })));
 }
 
 fn keys(seed: u64) -> Vec<u32> {

@@ -436,6 +436,15 @@ impl ExtBlock {
                     ok(rkey as u64)
                 }
             }
+            map::key_cmd::DEALLOC_MW => match rules::check_dealloc(self.window(c.arg as u32), c.arg as u32) {
+                Ok(_revoked) => {
+                    // the index is not reused, so the revoked binding's rkey never validates again
+                    self.keys.remove(&((c.arg as u32) >> 8));
+                    ok(c.arg)
+                }
+                Err(rules::DeallocFail::StaleKey) => err(map::key_err::STALE_KEY),
+                Err(_) => err(map::key_err::NO_SUCH_KEY),
+            },
             map::key_cmd::QUERY_MW => match self.mw_info(c.arg as u32) {
                 Some(m) => {
                     let b = m.bound;
