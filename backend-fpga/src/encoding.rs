@@ -56,8 +56,8 @@ pub const CMD_FIFO_DEPTH: u64 = 32;
 pub const CMD_FIFO_THR: u64 = 10;
 /// The most commands the shim lets wait in the FIFO before it refuses another.
 pub const CMD_FIFO_LIMIT: u64 = CMD_FIFO_DEPTH - CMD_FIFO_THR;
-/// Path MTU of the RoCE stack (`PMTU_BYTES`, a synthesis parameter of `rocev2_config.hpp`;
-/// 4096 is the value the shim assumes — set [`crate::FpgaConfig::pmtu`] to the build's).
+/// Path MTU of the RoCE stack: `PMTU_BYTES`, a synthesis parameter whose default is 4096
+/// (`cmake/FindCoyoteHW.cmake`, Coyote c81d68f); set [`crate::FpgaConfig::pmtu`] to the build's.
 pub const DEFAULT_PMTU: u32 = 4096;
 /// Outstanding RDMA WRITE/SEND requests per QP (`RDMA_N_WR_OUTSTANDING`).
 pub const MAX_OUTSTANDING_WRITES: u32 = 16;

@@ -8,6 +8,7 @@
 //! * `hw/services/network/hls/ib_transport_protocol/ib_transport_protocol.{hpp,cpp}` and
 //!   `hw/hdl/network/rdma/rdma_req_parser.sv` at bca35638224a22fc03101915354bb68628ba91a8
 //!   ("STACK");
+//! * `cmake/FindCoyoteHW.cmake` at c81d68f314d9ad1cc5100b660524649a17640144 ("CMAKE");
 //! * IB wire opcodes: Linux `include/rdma/ib_pack.h`, `enum { IB_OPCODE_* }`.
 //!
 //! Where a test re-implements a Coyote function (`uintToGid` / `gidToUint`, the
@@ -203,6 +204,8 @@ fn register_maps_and_regions() {
     assert_eq!((CMD_FIFO_DEPTH, CMD_FIFO_THR, CMD_FIFO_LIMIT), (32, 10, 22));
     assert_eq!(MAX_TRANSFER_SIZE, 128 * 1024 * 1024);
     assert_eq!((MAX_LEN_FIELD, MAX_VADDR), ((1 << 28) - 1, (1 << 48) - 1));
+    // CMAKE defaults: PMTU_BYTES 4096, N_OUTSTANDING 8 (outstanding READs per QP)
+    assert_eq!((DEFAULT_PMTU, MAX_OUTSTANDING_READS), (4096, 8));
     assert_eq!(regs::reads_done(0x0000_0002_0000_0007), 7);
     assert_eq!(regs::writes_done(0x0000_0002_0000_0007), 2);
 }
