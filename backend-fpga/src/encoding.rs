@@ -128,14 +128,13 @@ impl RdmaOp {
 pub enum OpcodeEncoding {
     /// What Coyote v2's `cThread::invoke(oper, rdmaSg)` writes: `CoyoteOper - REMOTE_OFFS_OPS`,
     /// i.e. READ = 6 − 6 = 0, WRITE = 1, SEND = 2 (`cOps.hpp`, `cDefs.hpp`, `cThread.cpp`,
-    /// Coyote 4459deb). The default.
+    /// Coyote 4459deb) — also `APP_READ` / `APP_WRITE` / `APP_SEND` of the `lynx_pkg` templates
+    /// read here (bca3563, 05090aa). The default.
     CoyoteV2,
-    /// The `APP_*` numbering of the vFPGA's RDMA request interface (`rdma_req_parser.sv`
-    /// dispatches on `APP_READ` / `APP_WRITE` / `APP_SEND` outside `RDMA_MODE_RAW`):
-    /// READ = 0x12, WRITE = 0x13, SEND = 0x14. For a build whose host path forwards the
-    /// control word's opcode to that interface unchanged (inference: no released `cThread`
-    /// writes these). 0x12–0x14 are also the IB wire opcodes ATOMIC_ACK / COMPARE_SWAP /
-    /// FETCH_ADD — see [`crate::ext::wire`].
+    /// READ = 0x12, WRITE = 0x13, SEND = 0x14: the `APP_*` values DESIGN.md §6.3 reads in a
+    /// Coyote version not found in the index (unverified; kept for such a build). 0x12–0x14 are
+    /// also the IB wire opcodes ATOMIC_ACK / COMPARE_SWAP / FETCH_ADD — see
+    /// [`crate::ext::wire`].
     AppOpcodes,
 }
 

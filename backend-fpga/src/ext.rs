@@ -195,16 +195,18 @@ pub mod caps {
 
 /// Opcode numberings the block must keep apart.
 ///
-/// Coyote's vFPGA request interface numbers host requests `APP_*` (`APP_READ`, `APP_WRITE`,
-/// `APP_SEND`, `APP_IMMED` = 0x12–0x15, DESIGN.md §6.3; `rdma_req_parser.sv` dispatches on
-/// them) in the same 5-bit opcode field that carries IB opcodes in `RDMA_MODE_RAW`, and the
-/// HLS stack's `ibOpCode` stops at `RC_ACK` = 0x11 (`ib_transport_protocol.hpp`, Coyote
-/// bca3563). The IB atomic opcodes (Linux `include/rdma/ib_pack.h`: ATOMIC_ACKNOWLEDGE 0x12,
-/// COMPARE_SWAP 0x13, FETCH_ADD 0x14) fall exactly on the `APP_*` values. So the block never
-/// puts an IB atomic opcode in a request-interface opcode field: its atomics travel inside
-/// the stack as [`wire::EXT_FETCH_ADD`] .. (0x18–0x1B, unused by both numberings and by the
-/// canonical WQE opcodes' low five bits where they overlap) and become the IB wire opcodes
-/// only in the packet generator (`generate_ibh`), and back in `rx_process_ibh`.
+/// Coyote's vFPGA request interface carries, in one 5-bit opcode field, either `APP_*` opcodes
+/// (`RDMA_MODE_PARSE`; `rdma_req_parser.sv` dispatches on `APP_READ` / `APP_WRITE` /
+/// `APP_SEND`) or IB opcodes (`RDMA_MODE_RAW`), and the HLS stack's `ibOpCode` stops at
+/// `RC_ACK` = 0x11 (`ib_transport_protocol.hpp`, Coyote bca3563). The `lynx_pkg` templates read
+/// here (bca3563, 05090aa) define `APP_READ` .. `APP_IMMED` = 0..3 — the same numbers as the IB
+/// RC SEND opcodes 0x00–0x03; DESIGN.md §6.3 reads another version as 0x12–0x15 — exactly the
+/// IB atomic opcodes (Linux `include/rdma/ib_pack.h`: ATOMIC_ACKNOWLEDGE 0x12, COMPARE_SWAP
+/// 0x13, FETCH_ADD 0x14). Either way an IB atomic opcode in that field is ambiguous, so the
+/// block never puts one there: its atomics travel inside the stack as [`wire::EXT_FETCH_ADD`]
+/// .. (0x18–0x1B: free in both `APP_*` numberings, in `ibOpCode` and among the IB RC opcodes
+/// `ib_pack.h` defines) and become IB wire opcodes only in the packet generator
+/// (`generate_ibh`), and back in `rx_process_ibh`.
 pub mod wire {
     /// IB BTH opcodes of RC atomics (`ib_pack.h`, `IB_OPCODE_*`; the RC prefix is 0x00).
     pub const IB_ATOMIC_ACKNOWLEDGE: u8 = 0x12;
@@ -212,8 +214,11 @@ pub mod wire {
     pub const IB_FETCH_ADD: u8 = 0x14;
     /// Highest `ibOpCode` the stock HLS stack knows (`RC_ACK`).
     pub const COYOTE_RC_ACK: u8 = 0x11;
-    /// Coyote's `APP_*` request opcodes.
-    pub const COYOTE_APP: [u8; 4] = [0x12, 0x13, 0x14, 0x15];
+    /// `APP_READ`, `APP_WRITE`, `APP_SEND`, `APP_IMMED` as the `lynx_pkg` templates read here
+    /// define them (Coyote bca3563 / 05090aa).
+    pub const COYOTE_APP_LYNX_PKG: [u8; 4] = [0, 1, 2, 3];
+    /// The same as DESIGN.md §6.3 reads another Coyote version (not found in the index).
+    pub const COYOTE_APP_DESIGN: [u8; 4] = [0x12, 0x13, 0x14, 0x15];
     /// The block's stack-internal atomic opcodes (5-bit).
     pub const EXT_FETCH_ADD: u8 = 0x18;
     pub const EXT_COMPARE_SWAP: u8 = 0x19;

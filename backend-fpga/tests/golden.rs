@@ -9,6 +9,7 @@
 //!   `hw/hdl/network/rdma/rdma_req_parser.sv` at bca35638224a22fc03101915354bb68628ba91a8
 //!   ("STACK");
 //! * `cmake/FindCoyoteHW.cmake` at c81d68f314d9ad1cc5100b660524649a17640144 ("CMAKE");
+//! * `hw/scripts/wr_hdl/template_gen/lynx_pkg.txt` at bca3563 and 05090aa802cb75d4c57c12d11e0331d90382312d;
 //! * IB wire opcodes: Linux `include/rdma/ib_pack.h`, `enum { IB_OPCODE_* }`.
 //!
 //! Where a test re-implements a Coyote function (`uintToGid` / `gidToUint`, the
@@ -216,14 +217,20 @@ fn atomic_wire_opcodes_do_not_collide_with_coyote_opcodes() {
     assert_eq!((wire::IB_ATOMIC_ACKNOWLEDGE, wire::IB_COMPARE_SWAP, wire::IB_FETCH_ADD), (0x12, 0x13, 0x14));
     // STACK ib_transport_protocol.hpp ibOpCode: RC_SEND_ONLY 0x04 .. RC_ACK 0x11 is the last
     assert_eq!(wire::COYOTE_RC_ACK, 0x11);
-    // the collision the issue names: IB atomics sit on Coyote's APP_* numbers
+    // hw/scripts/wr_hdl/template_gen/lynx_pkg.txt (bca3563, 05090aa): APP_READ .. APP_IMMED = 0..3,
+    // what cThread writes too; they share the field with IB opcodes (RC SEND_* 0x00-0x03)
+    assert_eq!(wire::COYOTE_APP_LYNX_PKG, [0, 1, 2, 3]);
+    let v2 = OpcodeEncoding::CoyoteV2;
+    assert_eq!([v2.encode(RdmaOp::Read), v2.encode(RdmaOp::Write), v2.encode(RdmaOp::Send)], [0, 1, 2]);
+    // the collision the issue names: in DESIGN.md's reading APP_* sit on the IB atomics
     for ib in [wire::IB_ATOMIC_ACKNOWLEDGE, wire::IB_COMPARE_SWAP, wire::IB_FETCH_ADD] {
-        assert!(wire::COYOTE_APP.contains(&ib));
+        assert!(wire::COYOTE_APP_DESIGN.contains(&ib));
     }
-    // the block's internal encoding avoids APP_*, every stock ibOpCode, every IB RC opcode
-    // defined in ib_pack.h (0x00..=0x17) and the 5-bit field's limit
+    // the block's internal encoding avoids both APP_* numberings, every stock ibOpCode, every
+    // IB RC opcode defined in ib_pack.h (0x00..=0x17) and the 5-bit field's limit
     for x in wire::EXT_ATOMICS {
-        assert!(!wire::COYOTE_APP.contains(&x) && x > 0x17 && x <= 0x1F, "{x:#x}");
+        assert!(!wire::COYOTE_APP_DESIGN.contains(&x) && !wire::COYOTE_APP_LYNX_PKG.contains(&x), "{x:#x}");
+        assert!(x > 0x17 && x <= 0x1F, "{x:#x}");
         assert_eq!(wire::to_wire(x).and_then(wire::from_wire).unwrap_or(x), x);
     }
     assert_eq!(wire::to_wire(wire::EXT_MASKED_FETCH_ADD), None, "masked fetch-add never leaves the engine");
