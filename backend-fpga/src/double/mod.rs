@@ -104,8 +104,8 @@ pub struct NodeStats {
     pub commands_accepted: u64,
     /// Commands the engine executed to completion (both sides reached).
     pub commands_completed: u64,
-    /// Posted words the request parser dropped (no RDMA command of this encoding, or an RC
-    /// SEND over one PMTU). The hardware reports nothing: this counter is the double's.
+    /// Posted words the request parser dropped (no RDMA command of this encoding). The
+    /// hardware reports nothing: this counter is the double's.
     pub decode_errors: u64,
     /// Pushes into a full FIFO (lost; the hardware reports nothing).
     pub fifo_overflows: u64,

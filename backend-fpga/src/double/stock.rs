@@ -18,8 +18,9 @@
 //! * Same-node peers: the stock stack does not loop back (Coyote's `invoke` copies in software
 //!   when local and remote IP match); the request is dropped unless the node carries the
 //!   extension block, whose sequencer has an internal loopback.
-//! * An RC SEND is one packet (≤ PMTU) delivered to the vFPGA's stream
-//!   (`RC_SEND_ONLY` → `memCmd(0, len, PKG_F, PKG_INT, qpn)`), not to host memory.
+//! * An RC SEND is delivered to the vFPGA's stream (`RC_SEND_ONLY` →
+//!   `memCmd(0, len, PKG_F, PKG_INT, qpn)`), not to host memory; a SEND over one PMTU goes as
+//!   FIRST / MIDDLE / LAST packets (`rdma_req_parser.sv`, bca3563 and 05090aa), one PSN each.
 
 use super::{Fifo, World};
 use crate::encoding::{
@@ -458,7 +459,6 @@ pub(crate) fn count_drop(stats: &mut super::NodeStats, why: DropWhy) {
         DropWhy::Psn => stats.psn_drops += 1,
         DropWhy::Arp => stats.arp_misses += 1,
         DropWhy::Loopback => stats.loopback_drops += 1,
-        DropWhy::Oversized => stats.decode_errors += 1,
         DropWhy::NoRoute => stats.unroutable += 1,
     }
 }
@@ -470,8 +470,6 @@ pub(crate) enum DropWhy {
     Arp,
     /// A same-node peer on a stock engine.
     Loopback,
-    /// An RC SEND over one PMTU (the request parser drops it).
-    Oversized,
     /// No node has the connection's address or QPN.
     NoRoute,
 }
@@ -488,9 +486,6 @@ fn deliver(w: &mut World, n: usize, q: &Queued) -> Delivery {
     };
     let len = r.len as u64;
     let pmtu = w.nodes[n].cfg.pmtu;
-    if r.op == RdmaOp::Send && r.len > pmtu {
-        return Delivery::Dropped(DropWhy::Oversized);
-    }
     let resp_qpn = w.nodes[rn].qpn(rc);
     let mut remote_addr = r.remote_addr;
     // the extension block checks every incoming READ/WRITE against its key table
