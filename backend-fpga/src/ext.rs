@@ -24,12 +24,12 @@
 //! non-posted read, which PCIe orders behind the earlier writes).
 //!
 //! **Concurrent host users**: the key mailbox is one per block. Its operands are ignored while
-//! BUSY and a command written while BUSY is refused ([`key_err::BUSY`]), and every result
+//! BUSY and a command written while BUSY is dropped (its tag never appears), and every result
 //! carries the tag of the command it answers, so a user can tell its result from another's;
 //! but two users interleaving operand writes would still mix operands. Host users of one
 //! vFPGA therefore serialise mailbox use with Coyote's per-vFPGA lock (`cThread::lock()`, the
 //! named `boost::interprocess` mutex `mutex_dev_<dev>_vfpa_<vfid>`); the omw MN is a single
-//! process that owns the vFPGA, and `FpgaBackend` takes `&mut self` for every mailbox command.
+//! process that owns the vFPGA, and one `FpgaBackend` (`!Sync`) issues every mailbox command.
 //! A QP's registers belong to the one thread holding its ctid (the driver assigns ctids).
 
 /// Default word index of the block in the user CSR region.
@@ -157,8 +157,7 @@ pub mod key_err {
     pub const BAD_ACCESS: u64 = 3;
     pub const NO_SUCH_KEY: u64 = 4;
     pub const UNKNOWN_CMD: u64 = 5;
-    /// A command was written while the previous one was still running.
-    pub const BUSY: u64 = 6;
+    // 6 reserved (a command written while BUSY is dropped, it gets no result)
     /// The PD operand names no allocated PD.
     pub const BAD_PD: u64 = 7;
     /// The rkey names the window, but not with its current key byte.
