@@ -50,6 +50,8 @@ const FIRST_MW: u32 = 0x1000;
 const MAX_KEYS: u32 = 0xFFFF;
 /// Ticks a key-mailbox command runs (a model parameter: the host must poll for DONE).
 pub(crate) const MAILBOX_TICKS: u8 = 2;
+/// log2 of the largest ring the block takes (`CAPS[55:48]`); a larger one is no ring.
+const MAX_LOG_RING: u64 = 20;
 /// Ticks a QP command runs.
 pub(crate) const QP_CMD_TICKS: u8 = 1;
 
@@ -156,7 +158,7 @@ impl ExtQp {
         };
         match self.cfg[log_reg] {
             _ if base == 0 => 0,
-            l if l < 24 => 1 << l,
+            l if l <= MAX_LOG_RING => 1 << l,
             _ => 0,
         }
     }
@@ -248,7 +250,7 @@ impl ExtBlock {
             | MW_BOUNDS
             | PROTECTION_DOMAINS)
             | ((MAX_KEYS - FIRST_MW) as u64) << 32
-            | 20u64 << 48
+            | MAX_LOG_RING << 48
     }
 
     /// What a key's index names, as the shared rules take it.
