@@ -721,11 +721,18 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
                 why: "the stock engine has no work-queue rings; it takes commands through CTRL_REG",
             });
         }
+        let max_log = self.ext.map(|e| (e.caps >> 48) & 0xFF).unwrap_or(0) as u32;
         for d in [setup.sq_depth, setup.rq_depth, setup.cq_depth] {
             if d != 0 && !d.is_power_of_two() {
                 return Err(Error::Unsupported {
                     what: "a ring depth that is not a power of two",
                     why: "rings wrap by masking",
+                });
+            }
+            if d != 0 && d.trailing_zeros() > max_log {
+                return Err(Error::Unsupported {
+                    what: "a ring deeper than the extension block's CAPS allows",
+                    why: "CAPS[55:48] is the log2 of the largest ring the block takes",
                 });
             }
         }
