@@ -231,6 +231,9 @@ fn extension_bad_inputs_refused_before_the_ring() {
         w.cn.be.post_send(qa, &Wqe::read(CN, 0, 8, 1 << 48, 0)),
         Err(omw_fpga::Error::AddressOverflow { .. })
     ));
+    // a ring deeper than CAPS[55:48] allows, or not a power of two
+    assert!(matches!(w.cn.be.create_qp(9, QpSetup::plain(1 << 21, 0)), Err(omw_fpga::Error::Unsupported { .. })));
+    assert!(matches!(w.cn.be.create_qp(9, QpSetup::plain(3, 0)), Err(omw_fpga::Error::Unsupported { .. })));
     let mut bad = Wqe::nop();
     bad.operand1 = 0;
     bad.flags = omw_core::wqe::WqeFlags::UNBIND;
