@@ -488,6 +488,9 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
             return Err(DriverError::BadCtid(c as u64).into());
         }
         self.ctids[c as usize] = true;
+        // cThread's constructor: clearCompleted() for the new thread
+        mmio::post_command(&self.mmio, &Command::clear_stat(c))?;
+        self.qps[c as usize] = QpShim::default();
         Ok(c)
     }
 
@@ -666,9 +669,9 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
     }
 
     /// Connect a QP as `cThread::initRDMA` does: the QP context and the connection
-    /// (`writeQpContext`), an ARP lookup of the peer (`doArpLookup`), then clear the thread's
-    /// counters (`clearCompleted`). Unlike Coyote, which sleeps `SLEEP_TIME` after the writes,
-    /// each commit waits for its interface's `ready`.
+    /// (`writeQpContext`), then an ARP lookup of the peer (`doArpLookup`); the thread's counters
+    /// were cleared when it was registered, as `cThread`'s constructor does. Unlike Coyote,
+    /// which sleeps `SLEEP_TIME` after the writes, each commit waits for its interface's `ready`.
     pub fn connect_qp(&mut self, ctid: u8, c: &QpConnect) -> Result<Qpn, Error> {
         self.registered(ctid)?;
         let qpn = self.qpn(ctid)?;
@@ -701,13 +704,15 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
             self.mmio.write_csr(regs::NET_ARP_REG, c.remote_ip as u64)?;
             self.wait_ready(regs::NET_ARP_REG, "ARP lookup")?;
         }
-        mmio::post_command(&self.mmio, &Command::clear_stat(ctid))?;
+        // requests of an earlier connection will not be reported: count from where the
+        // counters stand now (the thread's counters were cleared when it was registered)
+        let stat = self.mmio.read_csr(regs::stat_rdma(ctid))?;
         let s = &mut self.qps[ctid as usize];
         s.conn = Some(*c);
         s.reads.clear();
         s.writes.clear();
-        s.reads_seen = 0;
-        s.writes_seen = 0;
+        s.reads_seen = regs::reads_done(stat);
+        s.writes_seen = regs::writes_done(stat);
         Ok(qpn)
     }
 

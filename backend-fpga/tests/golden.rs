@@ -304,9 +304,10 @@ impl CoyoteDriver for Rec {
 
 #[test]
 fn init_rdma_register_sequence() {
-    // SW cThread::initRDMA → writeQpContext(port) (CTX 0,1,2 then CONN 0,1,2) →
-    // doArpLookup(remote.ip_addr) (NET_ARP_REG = ip); the constructor's clearCompleted; then
-    // an invoke → postCmd (VADDR_WR, CTRL_REG_2, VADDR_RD, CTRL_REG)
+    // SW cThread::cThread → clearCompleted (CTRL_REG_2 then CTRL_REG = CLR_STAT | ctid);
+    // cThread::initRDMA → writeQpContext(port) (CTX 0,1,2 then CONN 0,1,2) →
+    // doArpLookup(remote.ip_addr) (NET_ARP_REG = ip); then an invoke → postCmd (VADDR_WR,
+    // CTRL_REG_2, VADDR_RD, CTRL_REG)
     let f = Fabric::new();
     let (ip_a, ip_b) = (0x0A00_0001, 0x0A00_0002);
     let a = f.add_node(NodeConfig::stock(ip_a, 0x1000_0000, 1 << 20));
@@ -333,6 +334,12 @@ fn init_rdma_register_sequence() {
     let clr = CTRL_CLR_STAT;
     let inv = coyote_invoke(REMOTE_RDMA_WRITE, 0, 0x1000_0000, 0x2000_0200, 64, true);
     let want = vec![
+        // the constructor's clearCompleted for the registered thread
+        (regs::VADDR_WR_REG, 0),
+        (regs::CTRL_REG_2, clr),
+        (regs::VADDR_RD_REG, 0),
+        (regs::CTRL_REG, clr),
+        // initRDMA: writeQpContext, doArpLookup
         (regs::RDMA_CTX_REG_0, 0),
         (regs::RDMA_CTX_REG_1, 0x11_1111 | 0x22_2222 << 24),
         (regs::RDMA_CTX_REG_2, 0x2000_0100),
@@ -340,10 +347,7 @@ fn init_rdma_register_sequence() {
         (regs::RDMA_CONN_REG_1, g << 32 | g),
         (regs::RDMA_CONN_REG_2, g << 32 | g),
         (regs::NET_ARP_REG, ip_b as u64),
-        (regs::VADDR_WR_REG, 0),
-        (regs::CTRL_REG_2, clr),
-        (regs::VADDR_RD_REG, 0),
-        (regs::CTRL_REG, clr),
+        // invoke → postCmd
         (regs::VADDR_WR_REG, inv[0]),
         (regs::CTRL_REG_2, inv[1]),
         (regs::VADDR_RD_REG, inv[2]),
