@@ -389,7 +389,10 @@ pub struct FpgaBackend<M: Mmio + CoyoteDriver, H: HostMemory> {
     qps: Vec<QpShim>,
     ctids: [bool; N_CTID_MAX],
     arena_next: u64,
+    /// The ring arena in the MN-private domain, with remote rights.
     ring_keys: Option<MrKeys>,
+    /// The ring arena in the CN-facing domain, local access only.
+    ring_keys_local: Option<MrKeys>,
     seq: u64,
     lost_completions: u64,
     /// Tag of the last key-mailbox command (results carry it back).
@@ -452,6 +455,7 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
             ctids: [false; N_CTID_MAX],
             arena_next: cfg.ring_arena.map(|a| a.0).unwrap_or(0),
             ring_keys: None,
+            ring_keys_local: None,
             seq: 0,
             lost_completions: 0,
             tag: Cell::new(0),
@@ -475,6 +479,12 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
                     | AccessFlags::REMOTE_WRITE
                     | AccessFlags::REMOTE_ATOMIC;
                 b.ring_keys = Some(b.reg_mr_in(Domain::MnPrivate, base, len, access)?);
+                // CN-facing chain QPs scatter requests into ring WQEs: a local-only registration
+                b.ring_keys_local = Some(if cfg.single_pd {
+                    b.ring_keys.unwrap_or(MrKeys { lkey: 0, rkey: 0 })
+                } else {
+                    b.reg_mr_in(Domain::CnFacing, base, len, AccessFlags::LOCAL_WRITE)?
+                });
             }
         }
         Ok(b)
@@ -563,17 +573,18 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
         self.key_command(map::key_cmd::DEALLOC_MW, &[(map::KEY_ARG, rkey.0 as u64)]).map(|_| ())
     }
 
-    /// The ring arena's keys in a domain: only the MN-private domain has a registration
-    /// (no CN-facing QP can reach a ring with any key).
+    /// The ring arena's keys in a domain: MN-private with remote rights (the loop QPs patch
+    /// rings), CN-facing local-only (CN-facing chain QPs may scatter into rings, but no
+    /// CN-facing QP can reach a ring remotely with any key).
     pub fn ring_keys_in(&self, d: Domain) -> Result<MrKeys, Error> {
         if self.ext.is_none() {
             return Self::unsupported_stock("WQE rings");
         }
-        match d {
-            Domain::MnPrivate => self.ring_keys.ok_or(Error::ArenaExhausted { need: 1 }),
-            Domain::CnFacing if self.cfg.single_pd => self.ring_keys.ok_or(Error::ArenaExhausted { need: 1 }),
-            Domain::CnFacing => Err(Error::NoSuchDomain(d)),
-        }
+        let k = match d {
+            Domain::MnPrivate => self.ring_keys,
+            Domain::CnFacing => self.ring_keys_local,
+        };
+        k.ok_or(Error::ArenaExhausted { need: 1 })
     }
 
     /// One key-mailbox command: operands, the command with a fresh tag, then poll the status

@@ -100,7 +100,10 @@ fn no_cn_facing_qp_reaches_mn_private_memory_with_any_key() {
     let ring = w.mn.be.ring_keys().unwrap();
     let ring_base = w.mn.be.ring_base(w.mn.be.qpn(3).unwrap(), QueueSel::Send).unwrap();
     assert_eq!(w.cn_op(Wqe::write(CN, w.cn_lkey, 8, ring_base, ring.rkey)), WcStatus::RemAccessErr);
-    assert!(matches!(w.mn.be.ring_keys_in(Domain::CnFacing), Err(Error::NoSuchDomain(Domain::CnFacing))));
+    // the CN-facing registration of the rings is local-only: its key reaches nothing remotely
+    let local = w.mn.be.ring_keys_in(Domain::CnFacing).unwrap();
+    assert_ne!(local.rkey, ring.rkey);
+    assert_eq!(w.cn_op(Wqe::write(CN, w.cn_lkey, 8, ring_base, local.rkey)), WcStatus::RemAccessErr);
     // the private loop QPs do reach it
     assert_eq!(w.loop_op(Wqe::read(META + 0x800, meta_rkey, 8, META, meta_rkey)), WcStatus::Success);
     assert_eq!(w.mn.be.read_local_vec(META + 0x800, 8), b"MN-priva");
