@@ -5,16 +5,22 @@
 //!   nothing but two in-order counters per thread, so the shim keeps the posted WRs in order
 //!   per counter class (READs; WRITEs + SENDs) and turns counter movement back into
 //!   completions with their WR ids — always `Success`: the stock engine has no error status.
-//!   The remote rkey lives in the QP context (one per QP), a SEND lands at the remote buffer
-//!   the context names, and there are no receive queues, atomics or memory windows.
-//! * **With the omw extension block**: every WQE goes, byte for byte, into the QP's send ring
-//!   in engine-visible memory and a doorbell register; completions are read back from the
-//!   completion rings with WR id and `ibv_wc_status`. Memory keys, windows and chains are the
-//!   block's. The backend declares what the block's capability register says.
+//!   The remote rkey lives in the QP context (one per QP), a SEND is one packet that lands in
+//!   the remote vFPGA's stream, and there are no receive queues, atomics or memory windows.
+//!   Opening reads the shell configuration (`IOCTL_READ_SHELL_CONFIG`) and refuses AVX shells;
+//!   ctids come from the driver (`IOCTL_REGISTER_CTID`); a connection is the QP context, the
+//!   connection and an ARP lookup, each committed only when the shell's interface is ready.
+//! * **With the omw extension block** (in the vFPGA's user CSR region): every WQE goes, byte
+//!   for byte, into the QP's send ring in engine-visible memory and a doorbell register;
+//!   completions are read back from the completion rings with WR id and `ibv_wc_status`.
+//!   Memory keys, windows, protection domains and chains are the block's; register commands
+//!   complete when their status word says DONE. The backend declares what the block's
+//!   capability register says.
 
+use crate::driver::{CoyoteDriver, DriverError, ShellConfig, N_CTID_MAX};
 use crate::encoding::{
-    self, Command, ConnContext, EncodeError, OpcodeEncoding, QpContext, RdmaOp, RdmaRequest, CMD_FIFO_DEPTH,
-    MAX_LEN_FIELD, MAX_OUTSTANDING_READS, MAX_OUTSTANDING_WRITES, MAX_TRANSFER_SIZE, MAX_VADDR,
+    self, Command, ConnContext, EncodeError, OpcodeEncoding, QpContext, RdmaOp, RdmaRequest, CMD_FIFO_LIMIT,
+    DEFAULT_PMTU, MAX_LEN_FIELD, MAX_OUTSTANDING_READS, MAX_OUTSTANDING_WRITES, MAX_TRANSFER_SIZE, MAX_VADDR,
 };
 use crate::ext::{self as map, qp as q, Cqe, CQE_SIZE};
 use crate::memory::{HostMemory, MemError};
@@ -23,17 +29,25 @@ use crate::regs;
 use crate::secure::{secure_protocol_mode, SecureProtocolError};
 use omw_core::access::AccessFlags;
 use omw_core::backend::{
-    Capabilities, Completion, Domain, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
+    Capabilities, Completion, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
 };
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeError, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
+use std::cell::Cell;
 use std::collections::VecDeque;
+
+/// Register polls a command may take before the shim gives up (the engine is stuck or gone).
+pub const MAX_POLLS: u32 = 100_000;
+
+/// Which protection domain an object of the extension block lives in (the two the MN needs,
+/// DESIGN.md §9): the core's.
+pub use omw_core::backend::Domain;
 use std::fmt;
 
 /// Which limit stopped a request before anything was written to the engine.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Backpressure {
-    /// The command FIFO holds this many commands already (depth 32).
+    /// The command FIFO holds more than `CMD_FIFO_DEPTH - CMD_FIFO_THR` (22) commands.
     CommandFifoFull { in_flight: u64 },
     /// The QP has the maximum of 16 WRITE/SEND requests outstanding.
     OutstandingWrites { limit: u32 },
@@ -52,6 +66,25 @@ pub enum Error {
     QpNotConnected(Qpn),
     /// Extension block: the QP has no rings ([`FpgaBackend::create_qp`] first).
     QpNotSetUp(Qpn),
+    Driver(DriverError),
+    /// The shell was built with `EN_AVX=1`: its config region is `cnfg_slave_avx` (256-bit
+    /// registers at `MMAP_CNFG_AVX`), which this shim does not drive.
+    AvxShell(ShellConfig),
+    /// The shell was built without RDMA (`EN_RDMA=0`).
+    NoRdma(ShellConfig),
+    /// The ctid was not handed to this backend by the driver (`IOCTL_REGISTER_CTID`).
+    CtidNotRegistered(u8),
+    /// A register command or interface did not finish within [`MAX_POLLS`] polls.
+    NotReady {
+        what: &'static str,
+    },
+    /// An RC SEND of the stock engine is one packet: at most one PMTU.
+    SendTooLong {
+        len: u32,
+        pmtu: u32,
+    },
+    /// The object would have to be registered in a domain this configuration does not have.
+    NoSuchDomain(Domain),
     /// The engine cannot do this at all; `why` says what is missing.
     Unsupported {
         what: &'static str,
@@ -113,6 +146,22 @@ impl fmt::Display for Error {
             Error::UnknownQp(q) => write!(f, "QP {q:#x} is not a QP of this vFPGA"),
             Error::QpNotConnected(q) => write!(f, "QP {q} has no connection (connect_qp first)"),
             Error::QpNotSetUp(q) => write!(f, "QP {q} has no rings (create_qp first)"),
+            Error::Driver(e) => write!(f, "{e}"),
+            Error::AvxShell(c) => write!(
+                f,
+                "the FPGA shell was built with AVX config registers (EN_AVX=1, cnfg_slave_avx; shell config {:#x}); \
+                 this shim drives only the legacy 64-bit register file (EN_AVX=0): rebuild the shell without AVX",
+                c.encode()
+            ),
+            Error::NoRdma(c) => write!(f, "the FPGA shell was built without RDMA (shell config {:#x})", c.encode()),
+            Error::CtidNotRegistered(c) => {
+                write!(f, "Coyote thread id {c} was not registered by this backend (the driver assigns ctids)")
+            }
+            Error::NotReady { what } => write!(f, "{what} did not complete within {MAX_POLLS} register polls"),
+            Error::SendTooLong { len, pmtu } => {
+                write!(f, "a SEND of {len} bytes exceeds one packet (PMTU {pmtu}) on the stock engine")
+            }
+            Error::NoSuchDomain(d) => write!(f, "this engine has no {d:?} protection domain"),
             Error::Unsupported { what, why } => write!(f, "{what} is not supported: {why}"),
             Error::LengthOverflow { len } => {
                 write!(f, "length {len} exceeds the engine's {}-bit length field", encoding::LEN_BITS)
@@ -125,7 +174,11 @@ impl fmt::Display for Error {
             }
             Error::Backpressure { qp, limit } => match limit {
                 Backpressure::CommandFifoFull { in_flight } => {
-                    write!(f, "engine command FIFO full ({in_flight} of {CMD_FIFO_DEPTH}); nothing sent on QP {qp}")
+                    write!(
+                        f,
+                        "engine command FIFO holds {in_flight} commands, more than Coyote's margin allows \
+                         ({CMD_FIFO_LIMIT} of 32); nothing sent on QP {qp}"
+                    )
                 }
                 Backpressure::OutstandingWrites { limit } => {
                     write!(f, "QP {qp} already has {limit} WRITE/SEND requests outstanding; nothing sent")
@@ -162,6 +215,11 @@ impl From<MemError> for Error {
         Error::Memory(e)
     }
 }
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Self {
+        Error::Driver(e)
+    }
+}
 impl From<EncodeError> for Error {
     fn from(e: EncodeError) -> Self {
         Error::Encode(e)
@@ -174,20 +232,48 @@ pub struct FpgaConfig {
     pub vfid: u8,
     /// Firmware opcode numbering (two versions exist; see [`OpcodeEncoding`]).
     pub encoding: OpcodeEncoding,
-    /// This engine's IPv4 address (used to recognise loopback peers).
+    /// This engine's IPv4 address, host order (used to recognise same-node peers). Replaced
+    /// at open by what the driver reports (`IOCTL_GET_IP_ADDRESS`).
     pub local_ip: u32,
-    /// Word index where an extension block would sit.
+    /// Word index of the extension block in the user CSR region.
     pub ext_base: usize,
     /// Engine-visible memory the backend carves rings from (extension block only).
     pub ring_arena: Option<(u64, u64)>,
+    /// The stack's path MTU (`PMTU_BYTES` of the build).
+    pub pmtu: u32,
+    /// Coyote threads to register with the driver at open (each is a QP of this backend).
+    pub threads: u8,
+    /// Host process id passed to `IOCTL_REGISTER_CTID`.
+    pub hpid: u32,
+    /// Extension block: put both [`Domain`]s in one PD. For set-ups that do not yet assign
+    /// every registration a domain; it gives up the separation issue 10 asks for.
+    pub single_pd: bool,
 }
 
 impl FpgaConfig {
     pub fn new(vfid: u8, encoding: OpcodeEncoding, local_ip: u32) -> Self {
-        FpgaConfig { vfid, encoding, local_ip, ext_base: map::DEFAULT_BASE, ring_arena: None }
+        FpgaConfig {
+            vfid,
+            encoding,
+            local_ip,
+            ext_base: map::DEFAULT_BASE,
+            ring_arena: None,
+            pmtu: DEFAULT_PMTU,
+            threads: 0,
+            hpid: std::process::id(),
+            single_pd: false,
+        }
     }
     pub fn with_ring_arena(mut self, base: u64, len: u64) -> Self {
         self.ring_arena = Some((base, len));
+        self
+    }
+    pub fn with_threads(mut self, n: u8) -> Self {
+        self.threads = n;
+        self
+    }
+    pub fn with_single_pd(mut self) -> Self {
+        self.single_pd = true;
         self
     }
 }
@@ -214,14 +300,20 @@ pub struct QpSetup {
     pub sq_depth: u32,
     pub rq_depth: u32,
     pub cq_depth: u32,
+    /// The QP's protection domain.
+    pub domain: Domain,
 }
 
 impl QpSetup {
     pub const fn plain(sq_depth: u32, rq_depth: u32) -> Self {
-        QpSetup { managed: false, sq_depth, rq_depth, cq_depth: 64 }
+        QpSetup { managed: false, sq_depth, rq_depth, cq_depth: 64, domain: Domain::CnFacing }
     }
     pub const fn managed(sq_depth: u32, rq_depth: u32) -> Self {
-        QpSetup { managed: true, sq_depth, rq_depth, cq_depth: 256 }
+        QpSetup { managed: true, sq_depth, rq_depth, cq_depth: 256, domain: Domain::CnFacing }
+    }
+    pub const fn in_domain(mut self, d: Domain) -> Self {
+        self.domain = d;
+        self
     }
 }
 
@@ -269,18 +361,36 @@ struct ExtInfo {
     minor: u16,
 }
 
+/// The PDs of the two domains on the extension block.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Pds {
+    cn_facing: u32,
+    mn_private: u32,
+}
+
 /// The omw backend for one vFPGA of a Coyote v2 / BALBOA engine.
 #[derive(Debug)]
-pub struct FpgaBackend<M: Mmio, H: HostMemory> {
+pub struct FpgaBackend<M: Mmio + CoyoteDriver, H: HostMemory> {
+    /// The legacy config region (`MMAP_CNFG`); also the driver's file.
     mmio: M,
+    /// The user CSR region (`MMAP_CTRL`): the extension block.
+    csr: M,
     mem: H,
     cfg: FpgaConfig,
+    shell: ShellConfig,
     ext: Option<ExtInfo>,
+    pds: Option<Pds>,
     qps: Vec<QpShim>,
+    ctids: [bool; N_CTID_MAX],
     arena_next: u64,
+    /// The ring arena in the MN-private domain, with remote rights.
     ring_keys: Option<MrKeys>,
+    /// The ring arena in the CN-facing domain, local access only.
+    ring_keys_local: Option<MrKeys>,
     seq: u64,
     lost_completions: u64,
+    /// Tag of the last key-mailbox command (results carry it back).
+    tag: Cell<u8>,
 }
 
 fn check_addr(addr: u64) -> Result<(), Error> {
@@ -301,42 +411,219 @@ fn check_len(len: u64) -> Result<(), Error> {
     }
 }
 
-impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
-    /// Probe the engine (reads the extension block's ID register; writes nothing).
-    pub fn open(mmio: M, mem: H, cfg: FpgaConfig) -> Result<Self, Error> {
+impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
+    /// Probe the engine: the shell configuration and IP address from the driver, the
+    /// extension block's ID in the user CSR region; then register `cfg.threads` ctids, and
+    /// with the block allocate the two PDs and register the ring arena.
+    pub fn open(mmio: M, csr: M, mem: H, mut cfg: FpgaConfig) -> Result<Self, Error> {
         if cfg.vfid > encoding::MAX_VFID {
             return Err(EncodeError::VfidOverflow(cfg.vfid).into());
         }
-        let id = mmio.read_csr(cfg.ext_base + map::ID)?;
+        let shell = mmio.shell_config()?;
+        if shell.en_avx {
+            return Err(Error::AvxShell(shell));
+        }
+        if !shell.en_rdma {
+            return Err(Error::NoRdma(shell));
+        }
+        cfg.local_ip = mmio.ip_address()?;
+        let id = csr.read_csr(cfg.ext_base + map::ID)?;
         let ext = if (id >> 32) as u32 == map::MAGIC {
             let (major, minor) = ((id >> 16) as u16, id as u16);
             if major != map::VERSION_MAJOR {
                 return Err(Error::ExtensionVersion { major, minor });
             }
-            Some(ExtInfo { caps: mmio.read_csr(cfg.ext_base + map::CAPS)?, major, minor })
+            Some(ExtInfo { caps: csr.read_csr(cfg.ext_base + map::CAPS)?, major, minor })
         } else {
             None
         };
         let mut b = FpgaBackend {
             mmio,
+            csr,
             mem,
             cfg,
+            shell,
             ext,
-            qps: vec![QpShim::default(); 64],
+            pds: None,
+            qps: vec![QpShim::default(); N_CTID_MAX],
+            ctids: [false; N_CTID_MAX],
             arena_next: cfg.ring_arena.map(|a| a.0).unwrap_or(0),
             ring_keys: None,
+            ring_keys_local: None,
             seq: 0,
             lost_completions: 0,
+            tag: Cell::new(0),
         };
-        if let (Some(_), Some((base, len))) = (b.ext, cfg.ring_arena) {
-            // chains patch and bump their own WQEs through the loop QP: the rings need remote rights
-            let access = AccessFlags::LOCAL_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_ATOMIC;
-            b.ring_keys = Some(b.ext_reg_mr(base, len, access)?);
+        for _ in 0..cfg.threads {
+            b.register_thread()?;
+        }
+        if let Some(e) = b.ext {
+            b.pds = Some(if e.caps & map::caps::PROTECTION_DOMAINS == 0 {
+                Pds { cn_facing: 0, mn_private: 0 }
+            } else {
+                let cn_facing = b.key_command(map::key_cmd::ALLOC_PD, &[])?;
+                let mn_private = if cfg.single_pd { cn_facing } else { b.key_command(map::key_cmd::ALLOC_PD, &[])? };
+                Pds { cn_facing, mn_private }
+            });
+            if let Some((base, len)) = cfg.ring_arena {
+                // chains patch and bump their own WQEs through the loop QPs: the rings need
+                // remote rights, in the MN-private domain only
+                let access = AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_ATOMIC;
+                b.ring_keys = Some(b.reg_mr_in(Domain::MnPrivate, base, len, access)?);
+                // CN-facing chain QPs scatter requests into ring WQEs: a local-only registration
+                b.ring_keys_local = Some(if cfg.single_pd {
+                    b.ring_keys.unwrap_or(MrKeys { lkey: 0, rkey: 0 })
+                } else {
+                    b.reg_mr_in(Domain::CnFacing, base, len, AccessFlags::LOCAL_WRITE)?
+                });
+            }
         }
         Ok(b)
+    }
+
+    /// Register one more Coyote thread with the driver; its ctid (chosen by the driver)
+    /// names a QP of this backend.
+    pub fn register_thread(&mut self) -> Result<u8, Error> {
+        let c = self.mmio.register_ctid(self.cfg.hpid)?;
+        if c as usize >= N_CTID_MAX {
+            return Err(DriverError::BadCtid(c as u64).into());
+        }
+        self.ctids[c as usize] = true;
+        // cThread's constructor: clearCompleted() for the new thread
+        mmio::post_command(&self.mmio, &Command::clear_stat(c))?;
+        self.qps[c as usize] = QpShim::default();
+        Ok(c)
+    }
+
+    /// The ctids this backend holds.
+    pub fn threads(&self) -> impl Iterator<Item = u8> + '_ {
+        (0..N_CTID_MAX as u8).filter(|c| self.ctids[*c as usize])
+    }
+
+    fn registered(&self, ctid: u8) -> Result<(), Error> {
+        if (ctid as usize) < N_CTID_MAX && self.ctids[ctid as usize] {
+            Ok(())
+        } else {
+            Err(Error::CtidNotRegistered(ctid))
+        }
+    }
+
+    /// The shell configuration the driver reported.
+    pub fn shell(&self) -> ShellConfig {
+        self.shell
+    }
+
+    /// The PD number of a domain (extension block only).
+    pub fn pd(&self, d: Domain) -> Result<u32, Error> {
+        let p = self.pds.ok_or(Error::NoSuchDomain(d))?;
+        Ok(match d {
+            Domain::CnFacing => p.cn_facing,
+            Domain::MnPrivate => p.mn_private,
+        })
+    }
+
+    /// `reg_mr` into a domain: what the core's `reg_mr(domain, ..)` will call.
+    pub fn reg_mr_in(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Error> {
+        check_addr(addr)?;
+        check_addr(addr.saturating_add(len).saturating_sub(1))?;
+        if self.ext.is_none() {
+            // the stock engine translates through the vFPGA TLB the driver fills; it has no
+            // keys (Coyote hard-codes the local rkey to 0)
+            return Ok(MrKeys { lkey: 0, rkey: 0 });
+        }
+        let pd = self.pd(d)?;
+        let r = self.key_command(
+            map::key_cmd::REG_MR,
+            &[
+                (map::KEY_ADDR, addr),
+                (map::KEY_LEN, len),
+                (map::KEY_ACCESS, access.bits() as u64),
+                (map::KEY_PD, pd as u64),
+            ],
+        )?;
+        Ok(MrKeys { lkey: r, rkey: r })
+    }
+
+    /// `alloc_mw` in a domain (windows belong with the pool: [`Domain::CnFacing`]).
+    pub fn alloc_mw_in(&mut self, d: Domain) -> Result<Rkey, Error> {
+        if self.ext.is_none() {
+            return Err(Error::Unsupported {
+                what: "memory windows",
+                why: "the stock engine has no memory windows and no responder-side rkey check",
+            });
+        }
+        let pd = self.pd(d)?;
+        Ok(Rkey(self.key_command(map::key_cmd::ALLOC_MW, &[(map::KEY_PD, pd as u64)])?))
+    }
+
+    /// Free a window (its current rkey), revoking any binding (`mw_rules::check_dealloc`).
+    pub fn dealloc_mw(&mut self, rkey: Rkey) -> Result<(), Error> {
+        if self.ext.is_none() {
+            return Self::unsupported_stock("memory windows");
+        }
+        self.key_command(map::key_cmd::DEALLOC_MW, &[(map::KEY_ARG, rkey.0 as u64)]).map(|_| ())
+    }
+
+    /// The ring arena's keys in a domain: MN-private with remote rights (the loop QPs patch
+    /// rings), CN-facing local-only (CN-facing chain QPs may scatter into rings, but no
+    /// CN-facing QP can reach a ring remotely with any key).
+    pub fn ring_keys_in(&self, d: Domain) -> Result<MrKeys, Error> {
+        if self.ext.is_none() {
+            return Self::unsupported_stock("WQE rings");
+        }
+        let k = match d {
+            Domain::MnPrivate => self.ring_keys,
+            Domain::CnFacing => self.ring_keys_local,
+        };
+        k.ok_or(Error::ArenaExhausted { need: 1 })
+    }
+
+    /// One key-mailbox command: operands, the command with a fresh tag, then poll the status
+    /// word until it is DONE with that tag.
+    fn key_command(&self, cmd: u64, operands: &[(usize, u64)]) -> Result<u32, Error> {
+        let tag = self.tag.get().wrapping_add(1);
+        self.tag.set(tag);
+        for (reg, v) in operands {
+            self.csr.write_csr(self.ext_reg(*reg), *v)?;
+        }
+        self.csr.write_csr(self.ext_reg(map::KEY_CMD), map::key_cmd_word(cmd, tag))?;
+        for _ in 0..MAX_POLLS {
+            let r = self.csr.read_csr(self.ext_reg(map::KEY_RESULT))?;
+            if r & map::KEY_RESULT_DONE == 0 || map::key_result_tag(r) != tag {
+                continue;
+            }
+            if r & map::KEY_RESULT_ERROR != 0 {
+                return Err(Error::KeyTable { code: (r >> 32) & 0xFF });
+            }
+            return Ok(r as u32);
+        }
+        Err(Error::NotReady { what: "extension key-table command" })
+    }
+
+    /// A QP command, polled to completion.
+    fn qp_command(&self, ctid: u8, cmd: u64) -> Result<(), Error> {
+        self.csr.write_csr(self.qp_reg(ctid, q::CMD), cmd)?;
+        for _ in 0..MAX_POLLS {
+            let st = self.csr.read_csr(self.qp_reg(ctid, q::CMD_STATUS))?;
+            if st & map::QP_CMD_DONE != 0 && st & map::QP_CMD_BUSY == 0 && (st >> 8) & 0xFF == cmd {
+                return Ok(());
+            }
+        }
+        Err(Error::NotReady { what: "extension QP command" })
+    }
+
+    /// Poll a shell interface's ready bit (`RDMA_CTX_REG_2`, `RDMA_CONN_REG_2`, `NET_ARP_REG`
+    /// read back `ready`): a commit written while the previous one waits would change it.
+    fn wait_ready(&self, reg: usize, what: &'static str) -> Result<(), Error> {
+        for _ in 0..MAX_POLLS {
+            if self.mmio.read_csr(reg)? & 1 != 0 {
+                return Ok(());
+            }
+        }
+        Err(Error::NotReady { what })
     }
 
     /// Whether the omw extension block is present, and its version.
@@ -348,6 +635,10 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
     }
     pub fn mmio(&self) -> &M {
         &self.mmio
+    }
+    /// The user CSR region (the extension block's registers).
+    pub fn user_csr(&self) -> &M {
+        &self.csr
     }
     pub fn memory(&self) -> &H {
         &self.mem
@@ -382,10 +673,21 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
         self.cfg.ext_base + map::qp_reg(ctid, reg)
     }
 
-    /// Write the QP context and connection registers and clear the thread's counters
-    /// (`writeQpContext` + `clearCompleted`).
+    /// Connect a QP as `cThread::initRDMA` does: the QP context and the connection
+    /// (`writeQpContext`), then an ARP lookup of the peer (`doArpLookup`); the thread's counters
+    /// were cleared when it was registered, as `cThread`'s constructor does. Unlike Coyote,
+    /// which sleeps `SLEEP_TIME` after the writes, each commit waits for its interface's `ready`.
     pub fn connect_qp(&mut self, ctid: u8, c: &QpConnect) -> Result<Qpn, Error> {
+        self.registered(ctid)?;
         let qpn = self.qpn(ctid)?;
+        let same_node = c.remote_ip == self.cfg.local_ip;
+        if same_node && self.ext.is_none() {
+            return Err(Error::Unsupported {
+                what: "a same-node connection on the stock engine",
+                why: "the stock RoCE stack does not loop back (Coyote's cThread::invoke copies in software when \
+                      local and remote IP match); the chains' loop QPs need the extension block's internal loopback",
+            });
+        }
         let ctx = QpContext {
             local_qpn: qpn.get(),
             remote_rkey: c.remote_rkey,
@@ -397,20 +699,31 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
         let conn =
             ConnContext { local_qpn: qpn.get(), remote_qpn: c.remote_qpn, port: c.port as u32, remote_ip: c.remote_ip }
                 .encode()?;
+        self.wait_ready(regs::RDMA_CTX_REG_2, "QP context interface")?;
         mmio::write_block(&self.mmio, regs::RDMA_CTX_REG_0, ctx)?;
+        self.wait_ready(regs::RDMA_CTX_REG_2, "QP context interface")?;
         mmio::write_block(&self.mmio, regs::RDMA_CONN_REG_0, conn)?;
-        mmio::post_command(&self.mmio, &Command::clear_stat(ctid))?;
+        self.wait_ready(regs::RDMA_CONN_REG_2, "connection interface")?;
+        if !same_node {
+            self.wait_ready(regs::NET_ARP_REG, "ARP lookup")?;
+            self.mmio.write_csr(regs::NET_ARP_REG, c.remote_ip as u64)?;
+            self.wait_ready(regs::NET_ARP_REG, "ARP lookup")?;
+        }
+        // requests of an earlier connection will not be reported: count from where the
+        // counters stand now (the thread's counters were cleared when it was registered)
+        let stat = self.mmio.read_csr(regs::stat_rdma(ctid))?;
         let s = &mut self.qps[ctid as usize];
         s.conn = Some(*c);
         s.reads.clear();
         s.writes.clear();
-        s.reads_seen = 0;
-        s.writes_seen = 0;
+        s.reads_seen = regs::reads_done(stat);
+        s.writes_seen = regs::writes_done(stat);
         Ok(qpn)
     }
 
     /// Extension block: give a QP its rings (carved from the ring arena) and initialise it.
     pub fn create_qp(&mut self, ctid: u8, setup: QpSetup) -> Result<Qpn, Error> {
+        self.registered(ctid)?;
         let qpn = self.qpn(ctid)?;
         if self.ext.is_none() {
             return Err(Error::Unsupported {
@@ -418,11 +731,18 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
                 why: "the stock engine has no work-queue rings; it takes commands through CTRL_REG",
             });
         }
+        let max_log = self.ext.map(|e| (e.caps >> 48) & 0xFF).unwrap_or(0) as u32;
         for d in [setup.sq_depth, setup.rq_depth, setup.cq_depth] {
             if d != 0 && !d.is_power_of_two() {
                 return Err(Error::Unsupported {
                     what: "a ring depth that is not a power of two",
                     why: "rings wrap by masking",
+                });
+            }
+            if d != 0 && d.trailing_zeros() > max_log {
+                return Err(Error::Unsupported {
+                    what: "a ring deeper than the extension block's CAPS allows",
+                    why: "CAPS[55:48] is the log2 of the largest ring the block takes",
                 });
             }
         }
@@ -463,12 +783,13 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
             (q::RCQ_BASE, bases[3]),
             (q::CQ_LOG_DEPTH, log(setup.cq_depth)),
             (q::FLAGS, if setup.managed { map::QP_FLAG_MANAGED } else { 0 }),
-            (q::CMD, map::qp_cmd::INIT),
+            (q::PD, self.pd(setup.domain)? as u64),
         ];
         for (r, v) in cfg {
             let reg = self.qp_reg(ctid, r);
-            self.mmio.write_csr(reg, v)?;
+            self.csr.write_csr(reg, v)?;
         }
+        self.qp_command(ctid, map::qp_cmd::INIT)?;
         let s = &mut self.qps[ctid as usize];
         s.rings = Some(Rings {
             sq_base: bases[0],
@@ -486,28 +807,11 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
         Ok(qpn)
     }
 
-    fn ext_reg_mr(&mut self, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Error> {
-        self.mmio.write_csr(self.ext_reg(map::KEY_ADDR), addr)?;
-        self.mmio.write_csr(self.ext_reg(map::KEY_LEN), len)?;
-        self.mmio.write_csr(self.ext_reg(map::KEY_ACCESS), access.bits() as u64)?;
-        self.mmio.write_csr(self.ext_reg(map::KEY_CMD), map::key_cmd::REG_MR)?;
-        let r = self.key_result()?;
-        Ok(MrKeys { lkey: r, rkey: r })
-    }
-
-    fn key_result(&self) -> Result<u32, Error> {
-        let r = self.mmio.read_csr(self.ext_reg(map::KEY_RESULT))?;
-        if r & map::KEY_RESULT_ERROR != 0 {
-            return Err(Error::KeyTable { code: (r >> 32) & 0xFF });
-        }
-        Ok(r as u32)
-    }
-
     // ---- stock engine path ------------------------------------------------------------------
 
     /// Post one WQE as a stock engine command (the path [`RdmaBackend::post_send`] takes
-    /// without the extension block). With the block present the WQE's rkey travels in the
-    /// block's `CMD_RKEY` register and the responder checks it.
+    /// without the extension block). The rkey a stock command carries is the QP context's;
+    /// an extension block at the responder checks it.
     pub fn post_stock(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), Error> {
         let ctid = self.ctid(qp)?;
         let conn = self.qps[ctid as usize].conn.ok_or(Error::QpNotConnected(qp))?;
@@ -523,10 +827,13 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
             }
         };
         check_len(wqe.length as u64)?;
+        if op == RdmaOp::Send && wqe.length > self.cfg.pmtu {
+            return Err(Error::SendTooLong { len: wqe.length, pmtu: self.cfg.pmtu });
+        }
         check_addr(wqe.local_addr)?;
         let remote = if op == RdmaOp::Send { conn.remote_vaddr } else { wqe.remote_addr };
         check_addr(remote)?;
-        if op != RdmaOp::Send && self.ext.is_none() && wqe.rkey != conn.remote_rkey {
+        if op != RdmaOp::Send && wqe.rkey != conn.remote_rkey {
             return Err(Error::RkeyNotInContext { qp, rkey: wqe.rkey, context: conn.remote_rkey });
         }
         self.refresh_counters(ctid)?;
@@ -543,15 +850,12 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
                 limit: Backpressure::OutstandingWrites { limit: MAX_OUTSTANDING_WRITES },
             });
         }
-        let in_flight = mmio::commands_in_flight(&self.mmio)?;
-        if in_flight >= CMD_FIFO_DEPTH {
+        // Coyote's margin: post only while at most CMD_FIFO_DEPTH - CMD_FIFO_THR are queued
+        let in_flight = mmio::commands_in_flight(&self.mmio)? & 0xFFFF_FFFF;
+        if in_flight > CMD_FIFO_LIMIT {
             return Err(Error::Backpressure { qp, limit: Backpressure::CommandFifoFull { in_flight } });
         }
         let cmd = Command::rdma(self.cfg.encoding, &RdmaRequest::new(op, ctid, wqe.local_addr, remote, wqe.length))?;
-        if self.ext.is_some() && op != RdmaOp::Send {
-            let reg = self.ext_reg(map::CMD_RKEY);
-            self.mmio.write_csr(reg, wqe.rkey as u64)?;
-        }
         mmio::post_command(&self.mmio, &cmd)?;
         self.seq += 1;
         let p = PendingWr {
@@ -623,7 +927,7 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
                 check_addr(wqe.remote_addr)?;
             }
         }
-        let ci = self.mmio.read_csr(self.qp_reg(ctid, q::SQ_CI))?;
+        let ci = self.csr.read_csr(self.qp_reg(ctid, q::SQ_CI))?;
         let s = &self.qps[ctid as usize];
         if s.sq_pi.saturating_sub(ci) >= r.sq_depth {
             return Err(Error::QueueFull { qp, queue: QueueSel::Send });
@@ -632,7 +936,7 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
         self.mem.write(r.sq_base + (pi % r.sq_depth) * WQE_SIZE as u64, &bytes)?;
         core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
         let reg = self.qp_reg(ctid, q::SQ_PI);
-        self.mmio.write_csr(reg, pi + 1)?;
+        self.csr.write_csr(reg, pi + 1)?;
         self.qps[ctid as usize].sq_pi = pi + 1;
         Ok(())
     }
@@ -640,7 +944,7 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
     fn ext_poll(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize, Error> {
         let (ctid, r) = self.rings(qp)?;
         let recv = queue == QueueSel::Recv;
-        let count = self.mmio.read_csr(self.qp_reg(ctid, if recv { q::RCQ_COUNT } else { q::SCQ_COUNT }))?;
+        let count = self.csr.read_csr(self.qp_reg(ctid, if recv { q::RCQ_COUNT } else { q::SCQ_COUNT }))?;
         let base = if recv { r.rcq_base } else { r.scq_base };
         if r.cq_depth == 0 || base == 0 {
             return Ok(0);
@@ -685,7 +989,7 @@ impl<M: Mmio, H: HostMemory> FpgaBackend<M, H> {
     }
 }
 
-impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
+impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
     type Error = Error;
 
     fn capabilities(&self) -> Capabilities {
@@ -744,7 +1048,7 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         for s in &wqe.sges {
             check_addr(s.addr)?;
         }
-        let ci = self.mmio.read_csr(self.qp_reg(ctid, q::RQ_CI))?;
+        let ci = self.csr.read_csr(self.qp_reg(ctid, q::RQ_CI))?;
         let pi = self.qps[ctid as usize].rq_pi;
         if pi.saturating_sub(ci) >= r.rq_depth {
             return Err(Error::QueueFull { qp, queue: QueueSel::Recv });
@@ -752,7 +1056,7 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         self.mem.write(r.rq_base + (pi % r.rq_depth) * RECV_WQE_SIZE as u64, &wqe.encode())?;
         core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
         let reg = self.qp_reg(ctid, q::RQ_PI);
-        self.mmio.write_csr(reg, pi + 1)?;
+        self.csr.write_csr(reg, pi + 1)?;
         self.qps[ctid as usize].rq_pi = pi + 1;
         Ok(())
     }
@@ -780,7 +1084,7 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         }
         let (ctid, _) = self.rings(qp)?;
         let reg = self.qp_reg(ctid, if queue == QueueSel::Recv { q::RQ_ENABLE } else { q::SQ_ENABLE });
-        self.mmio.write_csr(reg, count)?;
+        self.csr.write_csr(reg, count)?;
         Ok(())
     }
 
@@ -798,8 +1102,7 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         }
         if self.ext.is_some() {
             self.rings(qp)?;
-            let reg = self.qp_reg(ctid, q::CMD);
-            self.mmio.write_csr(reg, map::qp_cmd::RESET)?;
+            self.qp_command(ctid, map::qp_cmd::RESET)?;
         } else {
             for t in &targets {
                 mmio::post_command(&self.mmio, &Command::clear_stat(*t))?;
@@ -823,8 +1126,7 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
     fn destroy_qp(&mut self, qp: Qpn) -> Result<(), Error> {
         let ctid = self.ctid(qp)?;
         if self.ext.is_some() && self.qps[ctid as usize].rings.is_some() {
-            let reg = self.qp_reg(ctid, q::CMD);
-            self.mmio.write_csr(reg, map::qp_cmd::DESTROY)?;
+            self.qp_command(ctid, map::qp_cmd::DESTROY)?;
         }
         self.qps[ctid as usize] = QpShim::default();
         Ok(())
@@ -833,7 +1135,7 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
     fn qp_state(&self, qp: Qpn) -> Result<QpState, Error> {
         let ctid = self.ctid(qp)?;
         if self.ext.is_some() && self.qps[ctid as usize].rings.is_some() {
-            return Ok(match self.mmio.read_csr(self.qp_reg(ctid, q::STATE))? {
+            return Ok(match self.csr.read_csr(self.qp_reg(ctid, q::STATE))? {
                 0 => QpState::Reset,
                 1 => QpState::Init,
                 2 => QpState::Rtr,
@@ -846,29 +1148,12 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         Ok(if self.qps[ctid as usize].conn.is_some() { QpState::Rts } else { QpState::Reset })
     }
 
-    // The extension block's key table has one protection domain: both domains register
-    // there (its PD separation is the extension double's to add; until then its MN-private
-    // registrations are not out of reach of CN-facing QPs — docs/ARCHITECTURE.md "Known gaps").
-    fn reg_mr(&mut self, _domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Error> {
-        check_addr(addr)?;
-        check_addr(addr.saturating_add(len).saturating_sub(1))?;
-        if self.ext.is_none() {
-            // the stock engine translates through the vFPGA TLB the driver fills; it has no
-            // keys (Coyote hard-codes the local rkey to 0)
-            return Ok(MrKeys { lkey: 0, rkey: 0 });
-        }
-        self.ext_reg_mr(addr, len, access)
+    fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Error> {
+        self.reg_mr_in(d, addr, len, access)
     }
 
     fn alloc_mw(&mut self) -> Result<Rkey, Error> {
-        if self.ext.is_none() {
-            return Err(Error::Unsupported {
-                what: "memory windows",
-                why: "the stock engine has no memory windows and no responder-side rkey check",
-            });
-        }
-        self.mmio.write_csr(self.ext_reg(map::KEY_CMD), map::key_cmd::ALLOC_MW)?;
-        Ok(Rkey(self.key_result()?))
+        self.alloc_mw_in(Domain::CnFacing)
     }
 
     fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), Error> {
@@ -887,19 +1172,14 @@ impl<M: Mmio, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         Ok(if queue == QueueSel::Recv { r.rq_base } else { r.sq_base })
     }
 
-    fn ring_keys(&self, _domain: Domain) -> Result<MrKeys, Error> {
-        if self.ext.is_none() {
-            return Self::unsupported_stock("WQE rings");
-        }
-        self.ring_keys.ok_or(Error::ArenaExhausted { need: 1 })
+    fn ring_keys(&self, d: Domain) -> Result<MrKeys, Error> {
+        self.ring_keys_in(d)
     }
 
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         self.ext?;
-        self.mmio.write_csr(self.ext_reg(map::KEY_ARG), rkey.0 as u64).ok()?;
-        self.mmio.write_csr(self.ext_reg(map::KEY_CMD), map::key_cmd::QUERY_MW).ok()?;
-        self.key_result().ok()?;
-        let state = self.mmio.read_csr(self.ext_reg(map::MW_STATE)).ok()?;
+        self.key_command(map::key_cmd::QUERY_MW, &[(map::KEY_ARG, rkey.0 as u64)]).ok()?;
+        let state = self.csr.read_csr(self.ext_reg(map::MW_STATE)).ok()?;
         if state & (1 << 33) == 0 || (state as u32) >> 8 != rkey.index() {
             return None;
         }

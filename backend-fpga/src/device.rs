@@ -1,6 +1,7 @@
 //! The real MMIO: a vFPGA device file (`/dev/coyote_fpga_<dev>_v<vfid>`) whose config region
 //! is `mmap`ed and accessed with volatile 64-bit loads and stores.
 
+use crate::driver::{self, CoyoteDriver, DriverError, ShellConfig, MAX_USER_ARGS, N_CTID_MAX};
 use crate::mmio::{Mmio, MmioError};
 use crate::regs;
 use std::ffi::CString;
@@ -18,13 +19,19 @@ pub struct DeviceConfig {
 }
 
 impl DeviceConfig {
-    /// Coyote's naming: `/dev/coyote_fpga_<device>_v<vfid>`, config region at `MMAP_CNFG`.
+    /// Coyote's naming: `/dev/coyote_fpga_<device>_v<vfid>`, the legacy config region at
+    /// `MMAP_CNFG`.
     pub fn coyote(device: u32, vfid: u8) -> Self {
         DeviceConfig {
             path: PathBuf::from(format!("/dev/coyote_fpga_{device}_v{vfid}")),
             offset: regs::MMAP_CNFG_OFFSET,
             len: regs::CNFG_REGION_WORDS * 8,
         }
+    }
+    /// The same vFPGA's user CSR region (`MMAP_CTRL`, 64 KiB): where the omw extension
+    /// block's registers are.
+    pub fn coyote_user_csr(device: u32, vfid: u8) -> Self {
+        DeviceConfig { offset: regs::MMAP_CTRL_OFFSET, len: regs::CTRL_REGION_WORDS * 8, ..Self::coyote(device, vfid) }
     }
 }
 
@@ -80,7 +87,16 @@ impl fmt::Display for DeviceError {
 
 impl std::error::Error for DeviceError {}
 
-/// The config registers of one vFPGA, mapped from its device file.
+/// Open both register regions of a Coyote vFPGA the shim uses: the legacy config region and
+/// the user CSR region (`FpgaBackend::open(cnfg, user_csr, ..)`).
+pub fn open_vfpga(device: u32, vfid: u8) -> Result<(DevMmio, DevMmio), DeviceError> {
+    Ok((
+        DevMmio::open(&DeviceConfig::coyote(device, vfid))?,
+        DevMmio::open(&DeviceConfig::coyote_user_csr(device, vfid))?,
+    ))
+}
+
+/// One register region of one vFPGA, mapped from its device file.
 #[derive(Debug)]
 pub struct DevMmio {
     fd: libc::c_int,
@@ -158,6 +174,49 @@ impl Mmio for DevMmio {
     }
 }
 
+impl DevMmio {
+    fn ioctl(&self, name: &'static str, request: u64, args: &mut [u64; MAX_USER_ARGS]) -> Result<(), DriverError> {
+        // SAFETY: fd is open for the lifetime of self; every Coyote ioctl reads and writes at
+        // most MAX_USER_ARGS u64s through the pointer (`copy_from_user(tmp, arg, ...)` of
+        // `uint64_t tmp[MAX_USER_ARGS]`), and `args` is exactly that long and lives across the call
+        let r = unsafe { libc::ioctl(self.fd, request as _, args.as_mut_ptr()) };
+        if r < 0 {
+            return Err(DriverError::Ioctl {
+                name,
+                errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl CoyoteDriver for DevMmio {
+    fn shell_config(&self) -> Result<ShellConfig, DriverError> {
+        let mut a = [0u64; MAX_USER_ARGS];
+        self.ioctl("IOCTL_READ_SHELL_CONFIG", driver::IOCTL_READ_SHELL_CONFIG, &mut a)?;
+        Ok(ShellConfig::parse(a[0]))
+    }
+    fn register_ctid(&self, hpid: u32) -> Result<u8, DriverError> {
+        let mut a = [0u64; MAX_USER_ARGS];
+        a[0] = hpid as u64;
+        self.ioctl("IOCTL_REGISTER_CTID", driver::IOCTL_REGISTER_CTID, &mut a)?;
+        if a[1] >= N_CTID_MAX as u64 {
+            return Err(DriverError::BadCtid(a[1]));
+        }
+        Ok(a[1] as u8)
+    }
+    fn unregister_ctid(&self, ctid: u8) -> Result<(), DriverError> {
+        let mut a = [0u64; MAX_USER_ARGS];
+        a[0] = ctid as u64;
+        self.ioctl("IOCTL_UNREGISTER_CTID", driver::IOCTL_UNREGISTER_CTID, &mut a)
+    }
+    fn ip_address(&self) -> Result<u32, DriverError> {
+        let mut a = [0u64; MAX_USER_ARGS];
+        self.ioctl("IOCTL_GET_IP_ADDRESS", driver::IOCTL_GET_IP_ADDRESS, &mut a)?;
+        Ok(a[0] as u32)
+    }
+}
+
 impl Drop for DevMmio {
     fn drop(&mut self) {
         // SAFETY: base/len are the mapping made in open; fd is ours
@@ -200,6 +259,20 @@ mod tests {
         drop(m);
         let bytes = std::fs::read(&dir).unwrap();
         assert_eq!(&bytes[4096 + 24..4096 + 32], &0xdead_beefu64.to_le_bytes());
+        let _ = std::fs::remove_file(&dir);
+    }
+
+    #[test]
+    fn ioctl_on_a_plain_file_is_a_typed_error() {
+        let dir = std::env::temp_dir().join(format!("omw-fpga-devioctl-{}", std::process::id()));
+        std::fs::write(&dir, vec![0u8; 8192]).unwrap();
+        let m = DevMmio::open(&DeviceConfig { path: dir.clone(), offset: 4096, len: 4096 }).unwrap();
+        let e = m.shell_config().unwrap_err();
+        assert!(
+            matches!(e, DriverError::Ioctl { name: "IOCTL_READ_SHELL_CONFIG", errno } if errno == libc::ENOTTY),
+            "{e:?}"
+        );
+        drop(m);
         let _ = std::fs::remove_file(&dir);
     }
 }

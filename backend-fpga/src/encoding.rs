@@ -50,6 +50,15 @@ pub const VADDR_BITS: u32 = 48;
 pub const MAX_VADDR: u64 = (1 << VADDR_BITS) - 1;
 /// Depth of the per-vFPGA command FIFO (`CMD_FIFO_DEPTH`).
 pub const CMD_FIFO_DEPTH: u64 = 32;
+/// Coyote keeps this many FIFO entries free: `cThread::postCmd` waits while more than
+/// `CMD_FIFO_DEPTH - CMD_FIFO_THR` commands are queued (`cDefs.hpp`, 4459deb). The FIFO is
+/// written over AXI-Lite with no back-pressure to the host: a push into a full FIFO is lost.
+pub const CMD_FIFO_THR: u64 = 10;
+/// The most commands the shim lets wait in the FIFO before it refuses another.
+pub const CMD_FIFO_LIMIT: u64 = CMD_FIFO_DEPTH - CMD_FIFO_THR;
+/// Path MTU of the RoCE stack: `PMTU_BYTES`, a synthesis parameter whose default is 4096
+/// (`cmake/FindCoyoteHW.cmake`, Coyote c81d68f); set [`crate::FpgaConfig::pmtu`] to the build's.
+pub const DEFAULT_PMTU: u32 = 4096;
 /// Outstanding RDMA WRITE/SEND requests per QP (`RDMA_N_WR_OUTSTANDING`).
 pub const MAX_OUTSTANDING_WRITES: u32 = 16;
 /// Outstanding RDMA READ requests per QP (`N_OUTSTANDING`).
@@ -113,23 +122,28 @@ impl RdmaOp {
     }
 }
 
-/// How the firmware numbers the RDMA opcodes in the control word. Two versions exist; the
-/// encoding is selected per engine, never guessed from the other.
+/// How the RDMA opcodes are numbered in the control word. The encoding is selected per
+/// engine, never guessed from the other.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum OpcodeEncoding {
-    /// Older Coyote v2 releases: READ = 0, WRITE = 1, SEND = 2.
-    Legacy,
-    /// Current releases (`toRdmaAppOpcode`): READ = 0x12, WRITE = 0x13, SEND = 0x14, chosen not
-    /// to overlap RoCE wire opcodes.
+    /// What Coyote v2's `cThread::invoke(oper, rdmaSg)` writes: `CoyoteOper - REMOTE_OFFS_OPS`,
+    /// i.e. READ = 6 − 6 = 0, WRITE = 1, SEND = 2 (`cOps.hpp`, `cDefs.hpp`, `cThread.cpp`,
+    /// Coyote 4459deb) — also `APP_READ` / `APP_WRITE` / `APP_SEND` of the `lynx_pkg` templates
+    /// read here (bca3563, 05090aa). The default.
+    CoyoteV2,
+    /// READ = 0x12, WRITE = 0x13, SEND = 0x14: the `APP_*` values DESIGN.md §6.3 reads in a
+    /// Coyote version not found in the index (unverified; kept for such a build). 0x12–0x14 are
+    /// also the IB wire opcodes ATOMIC_ACK / COMPARE_SWAP / FETCH_ADD — see
+    /// [`crate::ext::wire`].
     AppOpcodes,
 }
 
 impl OpcodeEncoding {
     pub const fn encode(self, op: RdmaOp) -> u8 {
         match (self, op) {
-            (OpcodeEncoding::Legacy, RdmaOp::Read) => 0,
-            (OpcodeEncoding::Legacy, RdmaOp::Write) => 1,
-            (OpcodeEncoding::Legacy, RdmaOp::Send) => 2,
+            (OpcodeEncoding::CoyoteV2, RdmaOp::Read) => 0,
+            (OpcodeEncoding::CoyoteV2, RdmaOp::Write) => 1,
+            (OpcodeEncoding::CoyoteV2, RdmaOp::Send) => 2,
             (OpcodeEncoding::AppOpcodes, RdmaOp::Read) => 0x12,
             (OpcodeEncoding::AppOpcodes, RdmaOp::Write) => 0x13,
             (OpcodeEncoding::AppOpcodes, RdmaOp::Send) => 0x14,
@@ -418,8 +432,14 @@ impl QpContext {
     }
 }
 
-/// The connection context (`RDMA_CONN_REG_0..2`). The remote GID is the remote IPv4 address
-/// repeated in all four GID words, as Coyote builds it.
+/// The connection context (`RDMA_CONN_REG_0..2`).
+///
+/// `remote_ip` is the IPv4 address as a host-order number (10.0.0.1 = `0x0A00_0001`, what
+/// `IOCTL_GET_IP_ADDRESS` returns and `ibvQ::ip_addr` holds). Coyote puts it in every GID word
+/// with `uintToGid` (`%08x`) and writes CONN words 1–2 from `gidToUint(idx)`, which parses
+/// those hex digits back and returns `ntohl(v)` — on a little-endian host the address
+/// **byte-swapped** (`cDefs.hpp` / `cThread::writeQpContext`, Coyote 4459deb). For 10.0.0.1
+/// the words are `0x0100_000A_0100_000A`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, Default)]
 pub struct ConnContext {
     /// Only the low 16 bits are carried (`CONN[0]` bits 15..0).
@@ -440,7 +460,8 @@ impl ConnContext {
         if self.port > 0xFFFF {
             return Err(EncodeError::PortOverflow(self.port));
         }
-        let gid = (self.remote_ip as u64) << 32 | self.remote_ip as u64;
+        let g = gid_word(self.remote_ip) as u64;
+        let gid = g << 32 | g;
         Ok([self.local_qpn as u64 | (self.remote_qpn as u64) << 16 | (self.port as u64) << 40, gid, gid])
     }
     pub const fn decode(w: [u64; 3]) -> ConnContext {
@@ -448,9 +469,16 @@ impl ConnContext {
             local_qpn: (w[0] & 0xFFFF) as u32,
             remote_qpn: ((w[0] >> 16) & 0xFF_FFFF) as u32,
             port: ((w[0] >> 40) & 0xFFFF) as u32,
-            remote_ip: (w[1] & 0xFFFF_FFFF) as u32,
+            remote_ip: (w[1] as u32).swap_bytes(),
         }
     }
+}
+
+/// One GID word as Coyote's `gidToUint` returns it for an address `uintToGid` stored:
+/// `ntohl(ip)`, the byte-swapped address on the little-endian hosts Coyote runs on
+/// (`htols` is the identity there).
+pub const fn gid_word(ip: u32) -> u32 {
+    ip.swap_bytes()
 }
 
 #[cfg(test)]
@@ -486,7 +514,7 @@ mod tests {
 
     #[test]
     fn command_decodes_back() {
-        for enc in [OpcodeEncoding::Legacy, OpcodeEncoding::AppOpcodes] {
+        for enc in [OpcodeEncoding::CoyoteV2, OpcodeEncoding::AppOpcodes] {
             for op in RdmaOp::ALL {
                 let r = RdmaRequest::new(op, 7, 0x1000, 0x2000, 64);
                 let c = Command::rdma(enc, &r).unwrap();

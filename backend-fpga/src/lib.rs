@@ -3,10 +3,12 @@
 //! that models both.
 //!
 //! * [`mmio`]: the register abstraction ([`mmio::Mmio`]) and the write-ordering rule
-//!   (`CTRL_REG` last); [`device::DevMmio`] maps a real device file, [`double::SimMmio`] is
-//!   the test double.
+//!   (`CTRL_REG` last); [`device::DevMmio`] maps a region of a real device file,
+//!   [`double::SimMmio`] is the test double.
+//! * [`driver`]: the Coyote driver's `ioctl`s the shim needs (shell configuration, ctids, IP).
 //! * [`encoding`] and [`regs`]: the stock engine's words and registers, as data.
-//! * [`ext`]: the extension block's register map, completion format and capability bits.
+//! * [`ext`]: the extension block's register map (in the vFPGA's user CSR region), completion
+//!   format, capability bits and opcode encoding.
 //! * [`backend::FpgaBackend`]: [`omw_core::backend::RdmaBackend`] on top — a thin translation
 //!   of the core's canonical WQEs into engine commands (stock) or ring entries (extension).
 //! * [`secure`]: whether the memory node may run the secure protocol on a device.
@@ -17,6 +19,7 @@
 pub mod backend;
 pub mod device;
 pub mod double;
+pub mod driver;
 pub mod encoding;
 pub mod ext;
 pub mod memory;
@@ -24,5 +27,5 @@ pub mod mmio;
 pub mod regs;
 pub mod secure;
 
-pub use backend::{Error, FpgaBackend, FpgaConfig, QpConnect, QpSetup};
+pub use backend::{Domain, Error, FpgaBackend, FpgaConfig, QpConnect, QpSetup};
 pub use secure::{secure_protocol_mode, SecureProtocolError};

@@ -94,7 +94,10 @@ fn without_lkey(mut e: MwTableEntry) -> MwTableEntry {
 
 fn setup(n_cns: usize) -> Setup {
     let f = Fabric::new();
-    let mut mn = host(&f, 0x0A00_00FF, MN, true, OpcodeEncoding::AppOpcodes);
+    // one PD for the whole MN: the core's MnKeys has one meta lkey and one ring lkey for both
+    // the CN-facing chain QPs and the loop QPs (the chains receive CN requests straight into
+    // ring WQEs), so the two-domain split needs the MN plan of issue 10/12 first
+    let mut mn = host_with(&f, 0x0A00_00FF, MN, true, OpcodeEncoding::AppOpcodes, |c| c.with_single_pd());
     assert_eq!(mn.be.secure_mode(), Ok(ExecutionMode::Offloaded));
     let geo = PoolGeometry::new(POOL, CHUNK, CHUNKS, G).unwrap();
     let map = MnMemoryMap::new(geo, 4, META).unwrap();

@@ -9,7 +9,7 @@ use omw_core::ids::Rkey;
 use omw_core::wqe::{QueueSel, RecvWqe, Sge, Wqe};
 use omw_fpga::double::Fabric;
 use omw_fpga::encoding::OpcodeEncoding;
-use omw_fpga::QpSetup;
+use omw_fpga::{QpConnect, QpSetup};
 use support::*;
 
 const CN: u64 = 0x1000_0000;
@@ -76,7 +76,7 @@ impl World {
 #[test]
 fn extension_block_detected_and_offload_declared() {
     let w = world();
-    assert_eq!(w.mn.be.extension(), Some((1, 0)));
+    assert_eq!(w.mn.be.extension(), Some((2, 0)));
     let caps = w.mn.be.capabilities();
     assert!(caps.contains(Capabilities::OFFLOAD), "{caps:?}");
     assert!(caps.contains(Capabilities::MW_BOUNDS_ENFORCED | Capabilities::SEND_WITH_INV));
@@ -190,13 +190,35 @@ fn stock_commands_are_checked_by_the_extension_responder() {
     assert_eq!(w.bind(mw, 1, 64), WcStatus::Success);
     w.mn.be.write_local(WIN, b"stock!").unwrap();
     let qa = w.q(&w.cn, 1);
-    // the stock command path: the rkey travels in CMD_RKEY and the responder checks it
+    // the stock command path: the rkey is the QP context's (the stack puts it in every RETH),
+    // and the responder's key table checks it
+    let mn_qpn = w.q(&w.mn, 1).get();
+    let ctx = |rkey: u32| QpConnect {
+        remote_qpn: mn_qpn,
+        remote_ip: w.mn.ip,
+        local_psn: 0x100,
+        remote_psn: 0x200,
+        remote_rkey: rkey,
+        remote_vaddr: 0,
+        port: 18488,
+    };
+    w.cn.be.connect_qp(1, &ctx(mw.0)).unwrap();
     w.cn.be.post_stock(qa, &Wqe::read(CN + 0x300, 0, 6, WIN, mw.0).with_wr_id(1)).unwrap();
-    let before = w.f.stats(w.cn.id).remote_errors;
-    w.cn.be.post_stock(qa, &Wqe::read(CN + 0x400, 0, 6, WIN, mw.next_key().0).with_wr_id(2)).unwrap();
+    // another rkey cannot be expressed on the stock path
+    assert!(matches!(
+        w.cn.be.post_stock(qa, &Wqe::read(CN + 0x400, 0, 6, WIN, mw.next_key().0)),
+        Err(omw_fpga::Error::RkeyNotInContext { .. })
+    ));
     w.f.run(100);
     assert_eq!(get(&w.cn.be, CN + 0x300, 6), b"stock!");
-    assert_eq!(get(&w.cn.be, CN + 0x400, 6), [0; 6]);
+    // a context naming a stale key: refused at the responder
+    let before = w.f.stats(w.cn.id).remote_errors;
+    let mut cn_be = w.cn.be;
+    let psn = w.f.psns(w.cn.id, 1).0;
+    cn_be.connect_qp(1, &QpConnect { local_psn: psn, ..ctx(mw.next_key().0) }).unwrap();
+    cn_be.post_stock(qa, &Wqe::read(CN + 0x400, 0, 6, WIN, mw.next_key().0).with_wr_id(2)).unwrap();
+    w.f.run(100);
+    assert_eq!(get(&cn_be, CN + 0x400, 6), [0; 6]);
     assert_eq!(w.f.stats(w.cn.id).remote_errors, before + 1);
 }
 
@@ -213,6 +235,9 @@ fn extension_bad_inputs_refused_before_the_ring() {
         w.cn.be.post_send(qa, &Wqe::read(CN, 0, 8, 1 << 48, 0)),
         Err(omw_fpga::Error::AddressOverflow { .. })
     ));
+    // a ring deeper than CAPS[55:48] allows, or not a power of two
+    assert!(matches!(w.cn.be.create_qp(9, QpSetup::plain(1 << 21, 0)), Err(omw_fpga::Error::Unsupported { .. })));
+    assert!(matches!(w.cn.be.create_qp(9, QpSetup::plain(3, 0)), Err(omw_fpga::Error::Unsupported { .. })));
     let mut bad = Wqe::nop();
     bad.operand1 = 0;
     bad.flags = omw_core::wqe::WqeFlags::UNBIND;

@@ -20,13 +20,14 @@ const OUT: u64 = M + 0x400;
 fn run(gated: bool) -> Vec<u8> {
     let f = Fabric::new();
     let mut mn = host(&f, 9, MN, true, OpcodeEncoding::AppOpcodes);
-    setup(&mut mn, 3, QpSetup::plain(16, 0));
-    setup(&mut mn, 4, QpSetup::plain(0, 0));
+    // a loop pair and its memory in the MN-private domain, where the ring registration is
+    setup(&mut mn, 3, QpSetup::plain(16, 0).in_domain(Domain::MnPrivate));
+    setup(&mut mn, 4, QpSetup::plain(0, 0).in_domain(Domain::MnPrivate));
     connect_loop(&mut mn, 3, 4);
     let use_ =
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-    let meta = mn.be.reg_mr(Domain::CnFacing, M, 0x1000, use_).unwrap();
-    let ring = mn.be.ring_keys(Domain::CnFacing).unwrap();
+    let meta = mn.be.reg_mr_in(Domain::MnPrivate, M, 0x1000, use_).unwrap();
+    let ring = mn.be.ring_keys(Domain::MnPrivate).unwrap();
     put(&mut mn.be, M, &FRESH.to_le_bytes());
     put(&mut mn.be, STALE, b"stale!!!");
     put(&mut mn.be, FRESH, b"patched!");

@@ -29,6 +29,7 @@ pub mod mn;
 pub mod mn_driver;
 pub mod mn_memory;
 pub mod mn_plan;
+pub mod mw_rules;
 pub mod mwtable;
 pub mod wire;
 pub mod wqe;

@@ -1,7 +1,12 @@
 //! Reference model of the omw extension block (docs/FPGA.md): the responder-side key table
-//! and the chain sequencer. It executes the core's canonical WQEs ([`omw_core::wqe`]) from
-//! rings in the node's memory, with the semantics the core defines; nothing here knows what
-//! a chain is for.
+//! with protection domains and the chain sequencer. It executes the core's canonical WQEs
+//! ([`omw_core::wqe`]) from rings in the node's memory, with the semantics the core defines;
+//! nothing here knows what a chain is for.
+//!
+//! Every protection decision — local SGEs, remote READ / WRITE / atomics, binds,
+//! invalidations, registrations — is the core's shared rule set [`omw_core::mw_rules`] in its
+//! strict (InfiniBand spec) variant: this model only looks the named objects up and applies
+//! the effect a rule allows (the `rules` functions below are that adapter, nothing more).
 
 use super::World;
 use crate::encoding::{MAX_LEN_FIELD, MAX_VADDR};
@@ -9,8 +14,12 @@ use crate::ext as map;
 use crate::ext::{qp as q, Cqe};
 use omw_core::access::AccessFlags;
 use omw_core::backend::WcStatus;
+use omw_core::mw_rules::{self as rules, KeyTarget, Mode, QpRef};
 use omw_core::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
 use std::collections::{BTreeMap, VecDeque};
+
+/// The variant of the shared rules the proposed hardware implements.
+const MODE: Mode = Mode::Strict;
 
 /// A bound window: where, for whom, with which rights.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
@@ -25,19 +34,56 @@ pub struct Binding {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub struct MwInfo {
     pub rkey: u32,
+    pub pd: u32,
     pub bound: Option<Binding>,
 }
 
 #[derive(Clone, Copy, Debug)]
 enum Key {
-    Mr { addr: u64, len: u64, access: AccessFlags, key: u32 },
-    Mw { rkey: u32, bound: Option<Binding> },
+    Mr(rules::Mr),
+    Mw(rules::Window),
 }
 
 /// First MR index and first MW index (they share the 24-bit index space of the rkey).
 const FIRST_MR: u32 = 1;
 const FIRST_MW: u32 = 0x1000;
 const MAX_KEYS: u32 = 0xFFFF;
+/// Ticks a key-mailbox command runs (a model parameter: the host must poll for DONE).
+pub(crate) const MAILBOX_TICKS: u8 = 2;
+/// log2 of the largest ring the block takes (`CAPS[55:48]`); a larger one is no ring.
+const MAX_LOG_RING: u64 = 20;
+/// Ticks a QP command runs.
+pub(crate) const QP_CMD_TICKS: u8 = 1;
+
+/// The block's key-byte generator: a 32-bit maximal-length Galois LFSR (taps 32, 22, 2, 1;
+/// polynomial `0x8020_0003`) seeded at reset and clocked every engine tick and once more per
+/// key it hands out; a new MR or window takes its low byte. So key bytes depend on the seed
+/// and on when the command ran, never on the index alone (issue 10: mlx5 draws the byte from
+/// a device-wide counter, which makes keys sequential). In hardware the seed would come from a
+/// TRNG or a host-written seed register at reset; the double takes it from
+/// [`super::NodeConfig::key_seed`].
+#[derive(Clone, Copy, Debug)]
+pub struct KeyLfsr(u32);
+
+impl KeyLfsr {
+    pub fn new(seed: u64) -> Self {
+        let s = (seed ^ (seed >> 32)) as u32;
+        KeyLfsr(if s == 0 { 0xACE1_ACE1 } else { s })
+    }
+    pub fn clock(&mut self) {
+        let lsb = self.0 & 1;
+        self.0 >>= 1;
+        if lsb != 0 {
+            self.0 ^= 0x8020_0003;
+        }
+    }
+    pub fn next_byte(&mut self) -> u8 {
+        for _ in 0..8 {
+            self.clock();
+        }
+        self.0 as u8
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum State {
@@ -68,6 +114,9 @@ struct Queue {
 #[derive(Clone, Debug)]
 pub(crate) struct ExtQp {
     cfg: [u64; 8],
+    /// The PD register; INIT takes it into `pd`.
+    pd_reg: u64,
+    pd: u32,
     state: State,
     inited: bool,
     sq: Queue,
@@ -75,12 +124,19 @@ pub(crate) struct ExtQp {
     scq: u64,
     rcq: u64,
     prefetch: VecDeque<[u8; WQE_SIZE]>,
+    /// A QP command running: (command, ticks left).
+    cmd: Option<(u64, u8)>,
+    last_cmd: u64,
+    /// The head WQE's request was dropped on the wire and is being retransmitted (counted once).
+    wire_dropped: bool,
 }
 
 impl ExtQp {
     fn new() -> Self {
         ExtQp {
             cfg: [0; 8],
+            pd_reg: 0,
+            pd: 0,
             state: State::Reset,
             inited: false,
             sq: Queue::default(),
@@ -88,6 +144,9 @@ impl ExtQp {
             scq: 0,
             rcq: 0,
             prefetch: VecDeque::new(),
+            cmd: None,
+            last_cmd: 0,
+            wire_dropped: false,
         }
     }
     /// Entries of a ring: `1 << log`, or 0 when its base register is 0 (no ring).
@@ -99,7 +158,7 @@ impl ExtQp {
         };
         match self.cfg[log_reg] {
             _ if base == 0 => 0,
-            l if l < 24 => 1 << l,
+            l if l <= MAX_LOG_RING => 1 << l,
             _ => 0,
         }
     }
@@ -122,36 +181,56 @@ impl ExtQp {
     }
 }
 
+/// A key-mailbox command in progress, with the operands it latched.
+#[derive(Clone, Copy, Debug)]
+struct MailboxCmd {
+    cmd: u64,
+    tag: u8,
+    addr: u64,
+    len: u64,
+    access: u64,
+    pd: u64,
+    arg: u64,
+    ticks: u8,
+}
+
 pub(crate) struct ExtBlock {
     keys: BTreeMap<u32, Key>,
     next_mr: u32,
     next_mw: u32,
+    /// PDs allocated so far; PD 0 exists from reset.
+    pds: u32,
+    lfsr: KeyLfsr,
     key_addr: u64,
     key_len: u64,
     key_access: u64,
+    key_pd: u64,
     key_arg: u64,
     key_result: u64,
+    running: Option<MailboxCmd>,
+    pub(crate) collisions: u64,
     mw_regs: [u64; 3],
     events: u64,
     last_event: u64,
     qps: Vec<ExtQp>,
 }
 
-fn in_range(addr: u64, len: u64, base: u64, blen: u64) -> bool {
-    addr >= base && len <= blen && addr - base <= blen - len
-}
-
 impl ExtBlock {
-    pub fn new() -> Self {
+    pub fn new(key_seed: u64) -> Self {
         ExtBlock {
             keys: BTreeMap::new(),
             next_mr: FIRST_MR,
             next_mw: FIRST_MW,
+            pds: 1,
+            lfsr: KeyLfsr::new(key_seed),
             key_addr: 0,
             key_len: 0,
             key_access: 0,
+            key_pd: 0,
             key_arg: 0,
             key_result: 0,
+            running: None,
+            collisions: 0,
             mw_regs: [0; 3],
             events: 0,
             last_event: 0,
@@ -168,35 +247,64 @@ impl ExtBlock {
             | SEND_WITH_INV
             | BIND_TO_OTHER_QP
             | INV_QP_CHECK
-            | MW_BOUNDS)
+            | MW_BOUNDS
+            | PROTECTION_DOMAINS)
             | ((MAX_KEYS - FIRST_MW) as u64) << 32
-            | 20u64 << 48
+            | MAX_LOG_RING << 48
     }
 
-    /// Responder check of an incoming READ / WRITE / atomic arriving on QP `resp_qpn`.
-    pub fn remote_ok(&self, rkey: u32, addr: u64, len: u64, need: AccessFlags, resp_qpn: u32) -> bool {
-        match self.keys.get(&(rkey >> 8)) {
-            Some(Key::Mr { addr: a, len: l, access, key }) => {
-                *key == rkey && in_range(addr, len, *a, *l) && access.contains(need)
-            }
-            Some(Key::Mw { rkey: k, bound: Some(b) }) => {
-                *k == rkey && b.qpn == resp_qpn && in_range(addr, len, b.addr, b.len as u64) && b.access.contains(need)
-            }
-            _ => false,
+    /// What a key's index names, as the shared rules take it.
+    fn target(&self, key: u32) -> KeyTarget {
+        match self.keys.get(&(key >> 8)) {
+            Some(Key::Mr(m)) => KeyTarget::Mr(*m),
+            Some(Key::Mw(w)) => KeyTarget::Window(*w),
+            None => KeyTarget::None,
         }
     }
+    fn window(&self, key: u32) -> Option<rules::Window> {
+        match self.keys.get(&(key >> 8)) {
+            Some(Key::Mw(w)) => Some(*w),
+            _ => None,
+        }
+    }
+    fn set_window(&mut self, w: rules::Window) {
+        self.keys.insert(w.rkey >> 8, Key::Mw(w));
+    }
 
-    /// Requester-side check of a local SGE.
-    fn local_ok(&self, lkey: u32, addr: u64, len: u64, write: bool) -> bool {
+    /// The PD of one of this engine's QPs (the one its INIT took).
+    pub fn qp_pd(&self, ctid: u8) -> u32 {
+        self.qps[ctid as usize].pd
+    }
+
+    /// Responder check of an incoming READ / WRITE / atomic arriving on QP `resp` (QPN,
+    /// ctid): the address to access, or why the request is refused.
+    pub fn remote_check(
+        &self,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+        atomic: bool,
+        (resp_qpn, resp_ctid): (u32, u8),
+    ) -> Result<u64, rules::RemoteFail> {
+        let req = rules::RemoteAccess {
+            qp: QpRef { qp: resp_qpn, pd: self.qp_pd(resp_ctid) },
+            rkey,
+            addr,
+            len,
+            need,
+            atomic,
+        };
+        rules::check_remote(MODE, self.target(rkey), req)
+    }
+
+    /// Requester-side check of a local SGE of QP `ctid`.
+    fn local_ok(&self, ctid: u8, lkey: u32, addr: u64, len: u64, write: bool) -> bool {
         if len == 0 {
             return true;
         }
-        match self.keys.get(&(lkey >> 8)) {
-            Some(Key::Mr { addr: a, len: l, access, key }) => {
-                *key == lkey && in_range(addr, len, *a, *l) && (!write || access.contains(AccessFlags::LOCAL_WRITE))
-            }
-            _ => false,
-        }
+        let sge = rules::LocalSge { pd: self.qp_pd(ctid), lkey, addr, len, write };
+        rules::check_local(self.target(lkey), sge).is_ok()
     }
 
     pub fn has_rq(&self, c: u8) -> bool {
@@ -205,10 +313,11 @@ impl ExtBlock {
     }
 
     pub fn mw_info(&self, rkey: u32) -> Option<MwInfo> {
-        match self.keys.get(&(rkey >> 8)) {
-            Some(Key::Mw { rkey, bound }) => Some(MwInfo { rkey: *rkey, bound: *bound }),
-            _ => None,
-        }
+        self.window(rkey).map(|w| MwInfo {
+            rkey: w.rkey,
+            pd: w.pd,
+            bound: w.binding.map(|b| Binding { qpn: b.qp, addr: b.addr, len: b.len as u32, access: b.access }),
+        })
     }
 
     pub fn event(&mut self, qpn: u32, status: WcStatus, wr_id: u64) {
@@ -230,8 +339,12 @@ impl ExtBlock {
             map::KEY_ADDR => self.key_addr,
             map::KEY_LEN => self.key_len,
             map::KEY_ACCESS => self.key_access,
+            map::KEY_PD => self.key_pd,
             map::KEY_ARG => self.key_arg,
-            map::KEY_RESULT => self.key_result,
+            map::KEY_RESULT => match self.running {
+                Some(c) => map::KEY_RESULT_BUSY | (c.tag as u64) << 40,
+                None => self.key_result,
+            },
             map::MW_STATE => self.mw_regs[0],
             map::MW_BASE => self.mw_regs[1],
             map::MW_LEN_ACCESS => self.mw_regs[2],
@@ -250,6 +363,11 @@ impl ExtBlock {
                     q::RQ_ENABLE => x.rq_limit(),
                     q::RQ_CI => x.rq.ci,
                     q::RCQ_COUNT => x.rcq,
+                    q::PD => x.pd_reg,
+                    q::CMD_STATUS => match x.cmd {
+                        Some((c, _)) => map::QP_CMD_BUSY | (c & 0xFF) << 8,
+                        None => map::QP_CMD_DONE | (x.last_cmd & 0xFF) << 8,
+                    },
                     _ => 0,
                 }
             }
@@ -257,38 +375,79 @@ impl ExtBlock {
         }
     }
 
-    fn key_cmd(&mut self, cmd: u64, mem_base: u64, mem_len: u64) {
-        let err = |code: u64| map::KEY_RESULT_ERROR | code << 32;
-        self.key_result = match cmd {
+    /// One engine tick of the block's own state: the key generator runs, a mailbox command
+    /// advances. True if a command was running.
+    pub fn tick(&mut self) -> bool {
+        self.lfsr.clock();
+        let Some(mut c) = self.running else {
+            return false;
+        };
+        c.ticks = c.ticks.saturating_sub(1);
+        if c.ticks > 0 {
+            self.running = Some(c);
+            return true;
+        }
+        self.running = None;
+        self.key_cmd(c);
+        true
+    }
+
+    fn key_cmd(&mut self, c: MailboxCmd) {
+        let tag = (c.tag as u64) << 40;
+        let err = |code: u64| map::KEY_RESULT_ERROR | map::KEY_RESULT_DONE | tag | code << 32;
+        let ok = |v: u64| map::KEY_RESULT_DONE | tag | (v & 0xFFFF_FFFF);
+        let pd_ok = |pd: u64| pd < self.pds as u64;
+        self.key_result = match c.cmd {
+            map::key_cmd::ALLOC_PD => {
+                self.pds += 1;
+                ok(self.pds as u64 - 1)
+            }
             map::key_cmd::REG_MR => {
-                let access = AccessFlags::from_bits(self.key_access as u32);
-                if !in_range(self.key_addr, self.key_len, mem_base, mem_len) || self.key_len == 0 {
+                let mem_ok =
+                    c.len > 0 && c.addr <= MAX_VADDR && c.addr.checked_add(c.len).is_some_and(|e| e <= MAX_VADDR + 1);
+                if !mem_ok {
                     err(map::key_err::BAD_RANGE)
-                } else if access.is_none() || self.key_access > u32::MAX as u64 {
+                } else if !pd_ok(c.pd) {
+                    err(map::key_err::BAD_PD)
+                } else if c.access > u32::MAX as u64 {
+                    err(map::key_err::BAD_ACCESS)
+                } else if let Err(_why) = rules::check_reg_mr(c.access as u32) {
                     err(map::key_err::BAD_ACCESS)
                 } else if self.next_mr >= FIRST_MW {
                     err(map::key_err::TABLE_FULL)
                 } else {
-                    let key = self.next_mr << 8;
+                    let key = self.next_mr << 8 | self.lfsr.next_byte() as u32;
+                    let access = AccessFlags::from_bits_truncate(c.access as u32);
                     self.keys.insert(
                         self.next_mr,
-                        Key::Mr { addr: self.key_addr, len: self.key_len, access: access.unwrap_or_default(), key },
+                        Key::Mr(rules::Mr { pd: c.pd as u32, key, addr: c.addr, len: c.len, access }),
                     );
                     self.next_mr += 1;
-                    key as u64
+                    ok(key as u64)
                 }
             }
             map::key_cmd::ALLOC_MW => {
-                if self.next_mw >= MAX_KEYS {
+                if !pd_ok(c.pd) {
+                    err(map::key_err::BAD_PD)
+                } else if self.next_mw >= MAX_KEYS {
                     err(map::key_err::TABLE_FULL)
                 } else {
-                    let rkey = self.next_mw << 8;
-                    self.keys.insert(self.next_mw, Key::Mw { rkey, bound: None });
+                    let rkey = self.next_mw << 8 | self.lfsr.next_byte() as u32;
+                    self.set_window(rules::Window { pd: c.pd as u32, rkey, binding: None });
                     self.next_mw += 1;
-                    rkey as u64
+                    ok(rkey as u64)
                 }
             }
-            map::key_cmd::QUERY_MW => match self.mw_info(self.key_arg as u32) {
+            map::key_cmd::DEALLOC_MW => match rules::check_dealloc(self.window(c.arg as u32), c.arg as u32) {
+                Ok(_revoked) => {
+                    // the index is not reused, so the revoked binding's rkey never validates again
+                    self.keys.remove(&((c.arg as u32) >> 8));
+                    ok(c.arg)
+                }
+                Err(rules::DeallocFail::StaleKey) => err(map::key_err::STALE_KEY),
+                Err(_) => err(map::key_err::NO_SUCH_KEY),
+            },
+            map::key_cmd::QUERY_MW => match self.mw_info(c.arg as u32) {
                 Some(m) => {
                     let b = m.bound;
                     self.mw_regs = [
@@ -299,12 +458,38 @@ impl ExtBlock {
                         b.map(|b| b.addr).unwrap_or(0),
                         b.map(|b| b.len as u64 | (b.access.bits() as u64) << 32).unwrap_or(0),
                     ];
-                    m.rkey as u64
+                    ok(m.rkey as u64)
                 }
                 None => err(map::key_err::NO_SUCH_KEY),
             },
             _ => err(map::key_err::UNKNOWN_CMD),
         };
+    }
+
+    fn mailbox_write(&mut self, reg: usize, value: u64) {
+        if self.running.is_some() {
+            self.collisions += 1;
+            return;
+        }
+        match reg {
+            map::KEY_ADDR => self.key_addr = value,
+            map::KEY_LEN => self.key_len = value,
+            map::KEY_ACCESS => self.key_access = value,
+            map::KEY_PD => self.key_pd = value,
+            map::KEY_ARG => self.key_arg = value,
+            _ => {
+                self.running = Some(MailboxCmd {
+                    cmd: value & 0xFF,
+                    tag: (value >> 8) as u8,
+                    addr: self.key_addr,
+                    len: self.key_len,
+                    access: self.key_access,
+                    pd: self.key_pd,
+                    arg: self.key_arg,
+                    ticks: MAILBOX_TICKS,
+                });
+            }
+        }
     }
 }
 
@@ -317,39 +502,22 @@ fn xq(w: &mut World, n: usize, c: u8) -> &mut ExtQp {
 
 pub(crate) fn write(w: &mut World, n: usize, reg: usize, value: u64) {
     match reg {
-        map::KEY_ADDR => xb(w, n).key_addr = value,
-        map::KEY_LEN => xb(w, n).key_len = value,
-        map::KEY_ACCESS => xb(w, n).key_access = value,
-        map::KEY_ARG => xb(w, n).key_arg = value,
-        map::KEY_CMD => {
-            let (base, len) = (w.nodes[n].cfg.mem_base, w.nodes[n].cfg.mem_len as u64);
-            xb(w, n).key_cmd(value, base, len);
+        map::KEY_ADDR | map::KEY_LEN | map::KEY_ACCESS | map::KEY_PD | map::KEY_ARG | map::KEY_CMD => {
+            let e = xb(w, n);
+            e.mailbox_write(reg, value);
+            w.nodes[n].stats.mailbox_collisions = w.nodes[n].ext.as_ref().map(|e| e.collisions).unwrap_or(0);
         }
-        map::CMD_RKEY => w.nodes[n].stock.cmd_rkey = Some(value as u32),
         r if (map::QP_BASE..map::BLOCK_WORDS).contains(&r) => {
             let c = ((r - map::QP_BASE) / map::QP_STRIDE) as u8;
             let i = (r - map::QP_BASE) % map::QP_STRIDE;
-            let connected = w.nodes[n].stock.qps[c as usize].conn.is_some();
             match i {
                 i if i <= q::FLAGS => xq(w, n, c).cfg[i] = value,
-                q::CMD if value == map::qp_cmd::INIT => {
+                q::PD => xq(w, n, c).pd_reg = value,
+                q::CMD => {
                     let x = xq(w, n, c);
-                    x.inited = true;
-                    if x.state == State::Reset {
-                        x.state = if connected { State::Rts } else { State::Init };
+                    if x.cmd.is_none() {
+                        x.cmd = Some((value, QP_CMD_TICKS));
                     }
-                }
-                q::CMD if value == map::qp_cmd::RESET => {
-                    reset(w, n, c);
-                    if let Some((pn, pc)) = w.peer(n, c) {
-                        if pn == n {
-                            reset(w, n, pc);
-                        }
-                    }
-                }
-                q::CMD if value == map::qp_cmd::DESTROY => {
-                    *xq(w, n, c) = ExtQp::new();
-                    w.nodes[n].stock.qps[c as usize].conn = None;
                 }
                 q::SQ_PI => xq(w, n, c).sq.pi = value,
                 q::SQ_ENABLE => {
@@ -368,6 +536,52 @@ pub(crate) fn write(w: &mut World, n: usize, reg: usize, value: u64) {
     }
 }
 
+/// Run the QP commands whose time has come (called once per engine tick).
+pub(crate) fn run_qp_cmds(w: &mut World, n: usize) -> bool {
+    let mut progress = false;
+    for c in 0..64u8 {
+        let Some((cmd, left)) = xq(w, n, c).cmd else {
+            continue;
+        };
+        if left > 1 {
+            xq(w, n, c).cmd = Some((cmd, left - 1));
+            progress = true;
+            continue;
+        }
+        progress = true;
+        let x = xq(w, n, c);
+        x.cmd = None;
+        x.last_cmd = cmd;
+        let connected = w.nodes[n].stock.qps[c as usize].conn.is_some();
+        match cmd {
+            map::qp_cmd::INIT => {
+                let x = xq(w, n, c);
+                x.inited = true;
+                x.pd = x.pd_reg as u32;
+                if x.state == State::Reset {
+                    x.state = if connected { State::Rts } else { State::Init };
+                }
+            }
+            map::qp_cmd::RESET => {
+                reset(w, n, c);
+                if let Some((pn, pc)) = w.peer(n, c) {
+                    if pn == n {
+                        reset(w, n, pc);
+                    }
+                }
+            }
+            map::qp_cmd::DESTROY => {
+                let keep = xq(w, n, c).last_cmd;
+                *xq(w, n, c) = ExtQp::new();
+                xq(w, n, c).last_cmd = keep;
+                w.nodes[n].stock.qps[c as usize].conn = None;
+            }
+            _ => {}
+        }
+    }
+    progress
+}
+
 fn reset(w: &mut World, n: usize, c: u8) {
     let connected = w.nodes[n].stock.qps[c as usize].conn.is_some();
     let x = xq(w, n, c);
@@ -380,6 +594,9 @@ fn reset(w: &mut World, n: usize, c: u8) {
     x.scq = 0;
     x.rcq = 0;
     x.prefetch.clear();
+    x.wire_dropped = false;
+    // the PSN state is kept: a request refused at the responder consumed no PSN on either
+    // end, so one end's RESET leaves the pair in sequence (a fresh connect_qp re-seeds them)
 }
 
 fn push_cqe(w: &mut World, n: usize, c: u8, recv: bool, mut cqe: Cqe) {
@@ -558,50 +775,112 @@ fn exec(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
                 Out::Done(0)
             }
         }
-        BindMw => bind(w, n, wqe),
+        BindMw => bind(w, n, c, wqe),
         LocalInv => {
             let e = xb(w, n);
-            match e.keys.get_mut(&(wqe.imm >> 8)) {
-                Some(Key::Mw { rkey, bound }) if *rkey == wqe.imm && bound.is_some_and(|b| b.qpn == my_qpn) => {
-                    *bound = None;
+            let win = e.window(wqe.imm);
+            match rules::check_invalidate(MODE, win, wqe.imm, rules::Invalidator::LocalInv { qp: my_qpn }) {
+                Ok(()) => {
+                    if let Some(mut wd) = win {
+                        wd.binding = None;
+                        e.set_window(wd);
+                    }
                     Out::Done(0)
                 }
-                _ => Out::Fail(WcStatus::MwBindErr, None),
+                Err(_) => Out::Fail(WcStatus::MwBindErr, None),
             }
         }
         _ => remote_op(w, n, c, wqe),
     }
 }
 
-fn bind(w: &mut World, n: usize, wqe: &Wqe) -> Out {
-    let target_ok = w.nodes[n].ctid_of(wqe.qpn).is_some();
+fn bind(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
+    let posting = QpRef { qp: w.nodes[n].qpn(c), pd: xb(w, n).qp_pd(c) };
+    let target_ctid = w.nodes[n].ctid_of(wqe.qpn);
     let e = xb(w, n);
+    let win = e.window(wqe.imm);
     if wqe.flags.contains(WqeFlags::UNBIND) {
-        return match e.keys.get_mut(&(wqe.imm >> 8)) {
-            Some(Key::Mw { rkey, bound }) if *rkey == wqe.imm && bound.is_some() => {
-                *bound = None;
+        return match rules::check_invalidate(MODE, win, wqe.imm, rules::Invalidator::Unbind) {
+            Ok(()) => {
+                if let Some(mut wd) = win {
+                    wd.binding = None;
+                    e.set_window(wd);
+                }
                 Out::Done(0)
             }
-            _ => Out::Fail(WcStatus::MwBindErr, None),
+            Err(_) => Out::Fail(WcStatus::MwBindErr, None),
         };
     }
-    let mr_ok = matches!(
-        e.keys.get(&(wqe.lkey >> 8)),
-        Some(Key::Mr { addr, len, access, key })
-            if *key == wqe.lkey && access.contains(AccessFlags::MW_BIND)
-                && in_range(wqe.local_addr, wqe.length as u64, *addr, *len)
-    );
-    match e.keys.get_mut(&(wqe.imm >> 8)) {
-        Some(Key::Mw { rkey, bound }) if bound.is_none() && mr_ok && target_ok && wqe.length > 0 => {
-            *rkey = wqe.imm;
-            *bound = Some(Binding { qpn: wqe.qpn, addr: wqe.local_addr, len: wqe.length, access: wqe.access() });
+    let Some(mut window) = win else {
+        return Out::Fail(WcStatus::MwBindErr, None);
+    };
+    let mr = match e.target(wqe.lkey) {
+        KeyTarget::Mr(m) if m.key == wqe.lkey => Some(m),
+        _ => None,
+    };
+    let target = target_ctid.map(|tc| QpRef { qp: wqe.qpn, pd: e.qp_pd(tc) });
+    let req = rules::BindRequest {
+        posting,
+        target,
+        other_qp_capable: true,
+        addr: wqe.local_addr,
+        len: wqe.length as u64,
+        access: wqe.operand1 as u32,
+    };
+    // the new key must name this window's index
+    if wqe.imm >> 8 != window.rkey >> 8 {
+        return Out::Fail(WcStatus::MwBindErr, None);
+    }
+    match (rules::check_bind(MODE, window, mr, req), mr) {
+        (Ok(()), Some(mr)) => {
+            window.rkey = wqe.imm;
+            window.binding = Some(rules::Binding {
+                qp: wqe.qpn,
+                addr: wqe.local_addr,
+                len: wqe.length as u64,
+                access: AccessFlags::from_bits_truncate(wqe.operand1 as u32),
+                mr,
+            });
+            e.set_window(window);
             Out::Done(0)
         }
         _ => Out::Fail(WcStatus::MwBindErr, None),
     }
 }
 
+/// The requester's completion status for a responder refusal.
+fn nak_status(f: rules::RemoteFail) -> WcStatus {
+    match f.nak() {
+        rules::Nak::RemoteAccess => WcStatus::RemAccessErr,
+        rules::Nak::InvalidRequest => WcStatus::RemInvReqErr,
+    }
+}
+
+/// A request on the wire: the stack's PSN rule and the link apply to sequencer-posted requests
+/// as to stock commands (a dropped request is retransmitted with the same PSN: the ring hangs).
 fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
+    let peer = w.peer(n, c);
+    if let Some((rn, rc)) = peer {
+        if let Err(why) = super::stock::wire_check(w, n, c, rn, rc) {
+            if !std::mem::replace(&mut xq(w, n, c).wire_dropped, true) {
+                super::stock::count_drop(&mut w.nodes[n].stats, why);
+            }
+            return Out::Blocked;
+        }
+    }
+    let out = remote_request(w, n, c, wqe);
+    if let (Out::Done(_), Some((rn, rc))) = (&out, peer) {
+        let npkts = match wqe.opcode {
+            Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => 1,
+            _ => super::stock::packets(wqe.length, w.nodes[n].cfg.pmtu),
+        };
+        super::stock::wire_advance(w, n, c, rn, rc, npkts);
+        xq(w, n, c).wire_dropped = false;
+    }
+    out
+}
+
+fn remote_request(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
     use Opcode::*;
     let len = wqe.length as u64;
     if len > MAX_LEN_FIELD {
@@ -622,21 +901,23 @@ fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
         }
     }
     let local_ok = |w: &World, write: bool, l: u64| {
-        w.nodes[n].ext.as_ref().is_some_and(|e| e.local_ok(wqe.lkey, wqe.local_addr, l, write))
+        w.nodes[n].ext.as_ref().is_some_and(|e| e.local_ok(c, wqe.lkey, wqe.local_addr, l, write))
     };
-    let remote_ok = |w: &World, need: AccessFlags, l: u64| match w.nodes[rn].ext.as_ref() {
-        Some(e) => e.remote_ok(wqe.rkey, wqe.remote_addr, l, need, resp_qpn),
-        None => true, // the stock responder checks nothing
+    // the address to access at the responder, or the requester's status
+    let remote = |w: &World, need: AccessFlags, l: u64, atomic: bool| match w.nodes[rn].ext.as_ref() {
+        Some(e) => e.remote_check(wqe.rkey, wqe.remote_addr, l, need, atomic, (resp_qpn, rc)).map_err(nak_status),
+        None => Ok(wqe.remote_addr), // the stock responder checks nothing
     };
     match wqe.opcode {
         Read => {
             if !local_ok(w, true, len) {
                 return Out::Fail(WcStatus::LocProtErr, None);
             }
-            if !remote_ok(w, AccessFlags::REMOTE_READ, len) {
-                return Out::Fail(WcStatus::RemAccessErr, peer);
-            }
-            let Some(data) = w.nodes[rn].read(wqe.remote_addr, len) else {
+            let at = match remote(w, AccessFlags::REMOTE_READ, len, false) {
+                Ok(a) => a,
+                Err(st) => return Out::Fail(st, peer),
+            };
+            let Some(data) = w.nodes[rn].read(at, len) else {
                 return Out::Fail(WcStatus::RemAccessErr, peer);
             };
             if !w.nodes[n].write(wqe.local_addr, &data) {
@@ -648,9 +929,10 @@ fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
             if !local_ok(w, false, len) {
                 return Out::Fail(WcStatus::LocProtErr, None);
             }
-            if !remote_ok(w, AccessFlags::REMOTE_WRITE, len) {
-                return Out::Fail(WcStatus::RemAccessErr, peer);
-            }
+            let at = match remote(w, AccessFlags::REMOTE_WRITE, len, false) {
+                Ok(a) => a,
+                Err(st) => return Out::Fail(st, peer),
+            };
             let Some(data) = w.nodes[n].read(wqe.local_addr, len) else {
                 return Out::Fail(WcStatus::LocProtErr, None);
             };
@@ -666,7 +948,7 @@ fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
                     return Out::Blocked; // RNR: retried
                 }
             }
-            if !w.nodes[rn].write(wqe.remote_addr, &data) {
+            if !w.nodes[rn].write(at, &data) {
                 return Out::Fail(WcStatus::RemAccessErr, peer);
             }
             if wqe.opcode == WriteWithImm {
@@ -714,10 +996,11 @@ fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
             if !local_ok(w, true, 8) {
                 return Out::Fail(WcStatus::LocProtErr, None);
             }
-            if !remote_ok(w, AccessFlags::REMOTE_ATOMIC, 8) {
-                return Out::Fail(WcStatus::RemAccessErr, peer);
-            }
-            let Some(old) = w.nodes[rn].read_u64(wqe.remote_addr) else {
+            let at = match remote(w, AccessFlags::REMOTE_ATOMIC, 8, true) {
+                Ok(a) => a,
+                Err(st) => return Out::Fail(st, peer),
+            };
+            let Some(old) = w.nodes[rn].read_u64(at) else {
                 return Out::Fail(WcStatus::RemAccessErr, peer);
             };
             let new = match wqe.opcode {
@@ -731,7 +1014,7 @@ fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
                     }
                 }
             };
-            let _ = w.nodes[rn].write(wqe.remote_addr, &new.to_le_bytes());
+            let _ = w.nodes[rn].write(at, &new.to_le_bytes());
             if !w.nodes[n].write(wqe.local_addr, &old.to_le_bytes()) {
                 return Out::Fail(WcStatus::LocProtErr, None);
             }
@@ -739,6 +1022,14 @@ fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
         }
         _ => Out::Fail(WcStatus::LocQpOpErr, None),
     }
+}
+
+/// Whether a SEND arriving at `rc` would find an enabled receive entry.
+pub(crate) fn rq_ready(w: &World, rn: usize, rc: u8) -> bool {
+    w.nodes[rn].ext.as_ref().is_some_and(|e| {
+        let x = &e.qps[rc as usize];
+        x.rq.ci < x.rq_limit()
+    })
 }
 
 /// Deliver a SEND's payload into the responder's receive ring: `Ok(false)` when no receive
@@ -786,21 +1077,19 @@ pub(crate) fn deliver_send(
     let mut left = data.len() as u64;
     for s in &recv.sges {
         let take = left.min(s.length as u64);
-        if !e.local_ok(s.lkey, s.addr, take, true) || w.nodes[rn].mem_range(s.addr, take).is_none() {
+        if !e.local_ok(rc, s.lkey, s.addr, take, true) || w.nodes[rn].mem_range(s.addr, take).is_none() {
             return fail(w, recv.wr_id, WcStatus::LocProtErr, WcStatus::RemOpErr);
         }
         left -= take;
     }
     if let Some(rkey) = inv {
-        let ok = matches!(
-            e.keys.get(&(rkey >> 8)),
-            Some(Key::Mw { rkey: k, bound: Some(b) }) if *k == rkey && b.qpn == resp_qpn
-        );
-        if !ok {
+        let win = e.window(rkey);
+        if rules::check_invalidate(MODE, win, rkey, rules::Invalidator::SendWithInv { qp: resp_qpn }).is_err() {
             return fail(w, recv.wr_id, WcStatus::RemInvReqErr, WcStatus::RemInvReqErr);
         }
-        if let Some(Key::Mw { bound, .. }) = xb(w, rn).keys.get_mut(&(rkey >> 8)) {
-            *bound = None;
+        if let Some(mut wd) = win {
+            wd.binding = None;
+            xb(w, rn).set_window(wd);
         }
     }
     let mut off = 0usize;
@@ -828,4 +1117,19 @@ pub(crate) fn deliver_send(
         },
     );
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyLfsr;
+
+    #[test]
+    fn key_generator_never_sticks() {
+        for seed in [0, 1, u64::MAX, 0x1234_5678_9ABC_DEF0] {
+            let mut l = KeyLfsr::new(seed);
+            let bytes: Vec<u8> = (0..512).map(|_| l.next_byte()).collect();
+            let distinct = bytes.iter().collect::<std::collections::BTreeSet<_>>().len();
+            assert!(distinct > 200, "seed {seed:#x}: {distinct} distinct bytes");
+        }
+    }
 }

@@ -3,15 +3,19 @@
 //! memory ([`SimMemory`]), exactly like the real device.
 //!
 //! What is modelled, per node (one vFPGA per node):
-//! * the stock engine ([`stock`]): the command FIFO (depth 32, `CTRL_REG` reads the commands
-//!   waiting in it; a push into a full FIFO is lost and flagged), control-word decoding for the
-//!   node's opcode encoding, the 28-bit length and 48-bit address limits (violations are
-//!   decode errors: dropped and flagged), QP context and connection registers, READ / WRITE /
-//!   SEND between nodes' memories, per-thread completion counters that move only for commands
-//!   with LAST and that CLR_STAT zeroes, and the per-QP limits (16 outstanding WRITE/SEND,
-//!   8 READ; the FIFO head waits — head-of-line blocking — while its QP is at a limit);
-//! * optionally the omw extension block ([`ext`]): the responder-side key table and the chain
-//!   sequencer, as the reference model of docs/FPGA.md.
+//! * the Coyote driver's answers ([`crate::driver::CoyoteDriver`]): the shell configuration,
+//!   ctid registration (the driver picks the lowest free ctid), the engine's IP address;
+//! * the stock engine ([`stock`], which lists the hardware rules it follows and their source):
+//!   the legacy config registers, the command FIFO (depth 32; a push into a full FIFO is lost),
+//!   control-word decoding as `cnfg_slave` does it (START, the `CTRL_REG_2` latch, CLR_STAT,
+//!   truncation to 48-bit addresses and 28-bit lengths), the valid/ready QP-context,
+//!   connection and ARP interfaces, PSNs, ARP, READ / WRITE between nodes' memories, SENDs
+//!   into the vFPGA stream, per-thread completion counters that move only for commands with
+//!   LAST, and the per-QP limits (16 outstanding WRITE/SEND, 8 READ; the FIFO head waits —
+//!   head-of-line blocking — while its QP is at a limit);
+//! * optionally the omw extension block ([`ext`]) in the vFPGA's user CSR region: the
+//!   responder-side key table with protection domains and the chain sequencer, as the
+//!   reference model of docs/FPGA.md.
 //!
 //! Time: [`Fabric::tick`] moves every engine one step (in-flight stock commands complete,
 //! the FIFO heads issue, each sequencer runs a few WQEs per QP). By default every register
@@ -22,7 +26,8 @@
 pub mod ext;
 pub mod stock;
 
-use crate::encoding::{split_qpn, OpcodeEncoding};
+use crate::driver::{CoyoteDriver, DriverError, ShellConfig, N_CTID_MAX};
+use crate::encoding::{split_qpn, OpcodeEncoding, DEFAULT_PMTU};
 use crate::memory::{HostMemory, MemError};
 use crate::mmio::{Mmio, MmioError};
 use crate::regs;
@@ -43,16 +48,41 @@ pub struct NodeConfig {
     /// Engine-visible memory: `[mem_base, mem_base + mem_len)`.
     pub mem_base: u64,
     pub mem_len: usize,
-    /// Whether the bitstream carries the omw extension block, and at which word index.
+    /// Whether the bitstream carries the omw extension block, and at which word index of the
+    /// user CSR region.
     pub extension: Option<usize>,
+    /// What `IOCTL_READ_SHELL_CONFIG` reports.
+    pub shell: ShellConfig,
+    pub pmtu: u32,
+    /// Seed of the extension block's key-byte generator (its reset value; see
+    /// [`ext::KeyLfsr`]).
+    pub key_seed: u64,
 }
 
 impl NodeConfig {
     pub fn stock(ip: u32, mem_base: u64, mem_len: usize) -> Self {
-        NodeConfig { ip, vfid: 0, encoding: OpcodeEncoding::AppOpcodes, mem_base, mem_len, extension: None }
+        NodeConfig {
+            ip,
+            vfid: 0,
+            encoding: OpcodeEncoding::CoyoteV2,
+            mem_base,
+            mem_len,
+            extension: None,
+            shell: ShellConfig { en_rdma: true, en_strm: true, n_fpga_reg: 1, ..ShellConfig::default() },
+            pmtu: DEFAULT_PMTU,
+            key_seed: 0x9E37_79B9_7F4A_7C15 ^ ip as u64,
+        }
     }
     pub fn with_extension(mut self) -> Self {
         self.extension = Some(crate::ext::DEFAULT_BASE);
+        self
+    }
+    pub fn with_shell(mut self, shell: ShellConfig) -> Self {
+        self.shell = shell;
+        self
+    }
+    pub fn with_key_seed(mut self, seed: u64) -> Self {
+        self.key_seed = seed;
         self
     }
     pub fn with_encoding(mut self, e: OpcodeEncoding) -> Self {
@@ -70,15 +100,38 @@ impl NodeConfig {
 pub struct NodeStats {
     /// Writes to `CTRL_REG` (each one is a push attempt).
     pub ctrl_writes: u64,
-    /// Commands accepted into the FIFO.
+    /// RDMA commands accepted into the FIFO.
     pub commands_accepted: u64,
     /// Commands the engine executed to completion (both sides reached).
     pub commands_completed: u64,
+    /// Posted words the request parser dropped (no RDMA command of this encoding). The
+    /// hardware reports nothing: this counter is the double's.
     pub decode_errors: u64,
+    /// Pushes into a full FIFO (lost; the hardware reports nothing).
     pub fifo_overflows: u64,
+    /// Local DMA commands (host/card streams), queued but not modelled.
+    pub local_commands: u64,
+    /// Commands posted by a `CTRL_REG` write without START from a `CTRL_REG_2` that was not
+    /// rewritten since the previous command (it still held that command's active word).
+    pub stale_reposts: u64,
     pub page_faults: u64,
     /// Stock commands the responder's key table refused.
     pub remote_errors: u64,
+    /// Requests dropped at the responder for a wrong PSN (counted once per request).
+    pub psn_drops: u64,
+    /// Requests to a peer whose address was never resolved (`NET_ARP_REG`).
+    pub arp_misses: u64,
+    /// Requests whose connection names an address (or QPN) no node has.
+    pub unroutable: u64,
+    /// Requests to the node itself on a stock engine (no loopback).
+    pub loopback_drops: u64,
+    /// Writes into a context / connection / ARP interface while its previous commit was
+    /// still waiting for `ready` (the earlier one is changed or lost).
+    pub interface_overwrites: u64,
+    /// `ISR_INVLDT` pulses.
+    pub invalidations_posted: u64,
+    /// Writes to the extension block's key mailbox while it was busy (ignored).
+    pub mailbox_collisions: u64,
     /// Largest number of WRITE/SEND (READ) requests one QP had outstanding.
     pub max_outstanding_writes: u32,
     pub max_outstanding_reads: u32,
@@ -93,6 +146,10 @@ pub(crate) struct Node {
     pub ext: Option<ext::ExtBlock>,
     pub stats: NodeStats,
     pub paused: bool,
+    /// Ctids the driver handed out.
+    pub ctids: [bool; N_CTID_MAX],
+    /// SEND payloads delivered into the vFPGA stream: (receiving ctid, bytes).
+    pub stream_rx: Vec<(u8, Vec<u8>)>,
 }
 
 impl Node {
@@ -153,6 +210,7 @@ impl World {
             if self.nodes[n].paused {
                 continue;
             }
+            progress |= stock::accept_config(self, n);
             progress |= stock::complete_in_flight(self, n);
             progress |= stock::issue(self, n);
         }
@@ -160,6 +218,8 @@ impl World {
             if self.nodes[n].paused || self.nodes[n].ext.is_none() {
                 continue;
             }
+            progress |= xb_tick(self, n);
+            progress |= ext::run_qp_cmds(self, n);
             for c in 0..64u8 {
                 for _ in 0..self.burst {
                     if !ext::step(self, n, c) {
@@ -171,6 +231,10 @@ impl World {
         }
         progress
     }
+}
+
+fn xb_tick(w: &mut World, n: usize) -> bool {
+    w.nodes[n].ext.as_mut().is_some_and(|e| e.tick())
 }
 
 /// The modelled network and its engines. Cheap to clone (shared).
@@ -200,7 +264,7 @@ impl Fabric {
     }
     pub fn add_node(&self, cfg: NodeConfig) -> NodeId {
         let mut w = self.world.borrow_mut();
-        let ext = cfg.extension.map(|_| ext::ExtBlock::new());
+        let ext = cfg.extension.map(|_| ext::ExtBlock::new(cfg.key_seed));
         let mem = vec![0u8; cfg.mem_len];
         w.nodes.push(Node {
             cfg,
@@ -209,11 +273,36 @@ impl Fabric {
             ext,
             stats: NodeStats::default(),
             paused: false,
+            ctids: [false; N_CTID_MAX],
+            stream_rx: Vec::new(),
         });
         NodeId(w.nodes.len() - 1)
     }
+    /// The node's config region (`MMAP_CNFG`), which also answers the driver's `ioctl`s.
     pub fn mmio(&self, node: NodeId) -> SimMmio {
-        SimMmio { world: self.world.clone(), node: node.0 }
+        SimMmio { world: self.world.clone(), node: node.0, region: Region::Cnfg }
+    }
+    /// The node's user CSR region (`MMAP_CTRL`): the extension block, when present.
+    pub fn user_csr(&self, node: NodeId) -> SimMmio {
+        SimMmio { world: self.world.clone(), node: node.0, region: Region::UserCsr }
+    }
+    /// SEND payloads the node's vFPGA stream received (and forget them).
+    pub fn take_stream_rx(&self, node: NodeId) -> Vec<(u8, Vec<u8>)> {
+        std::mem::take(&mut self.world.borrow_mut().nodes[node.0].stream_rx)
+    }
+    /// The QP context the stack took for a QP (None until one was accepted).
+    pub fn qp_context(&self, node: NodeId, ctid: u8) -> Option<crate::encoding::QpContext> {
+        self.world.borrow().nodes[node.0].stock.qps[ctid as usize].ctx
+    }
+    /// Addresses the node resolved by ARP, host order.
+    pub fn arp_table(&self, node: NodeId) -> Vec<u32> {
+        self.world.borrow().nodes[node.0].stock.arp.iter().map(|a| a.swap_bytes()).collect()
+    }
+    /// A QP's PSN state as the stack holds it: (next PSN sent, PSN expected).
+    pub fn psns(&self, node: NodeId, ctid: u8) -> (u32, u32) {
+        let w = self.world.borrow();
+        let q = &w.nodes[node.0].stock.qps[ctid as usize];
+        (q.sq_psn, q.epsn)
     }
     pub fn memory(&self, node: NodeId) -> SimMemory {
         SimMemory { world: self.world.clone(), node: node.0 }
@@ -255,49 +344,95 @@ impl Fabric {
     }
 }
 
-/// A node's registers, as the host sees them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Region {
+    Cnfg,
+    UserCsr,
+}
+
+/// One register region of a node, as the host sees it.
 pub struct SimMmio {
     world: Rc<RefCell<World>>,
     node: usize,
+    region: Region,
 }
 
 impl std::fmt::Debug for SimMmio {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimMmio").field("node", &self.node).finish()
+        f.debug_struct("SimMmio").field("node", &self.node).field("region", &self.region).finish()
+    }
+}
+
+impl SimMmio {
+    fn words(&self) -> usize {
+        match self.region {
+            Region::Cnfg => regs::CNFG_REGION_WORDS,
+            Region::UserCsr => regs::CTRL_REGION_WORDS,
+        }
     }
 }
 
 impl Mmio for SimMmio {
     fn read_csr(&self, reg: usize) -> Result<u64, MmioError> {
-        if reg >= regs::CNFG_REGION_WORDS {
-            return Err(MmioError::OutOfRange { reg, words: regs::CNFG_REGION_WORDS });
+        if reg >= self.words() {
+            return Err(MmioError::OutOfRange { reg, words: self.words() });
         }
         let mut w = self.world.borrow_mut();
         if w.auto_tick {
             w.tick();
         }
         let n = &w.nodes[self.node];
-        if let (Some(base), Some(e)) = (n.cfg.extension, n.ext.as_ref()) {
-            if (base..base + crate::ext::BLOCK_WORDS).contains(&reg) {
-                return Ok(e.read(n, reg - base));
-            }
+        if self.region == Region::Cnfg {
+            return Ok(n.stock.read(reg));
         }
-        Ok(n.stock.read(reg))
+        // the user CSR region: decoded by the user logic; without the block it reads 0
+        match (n.cfg.extension, n.ext.as_ref()) {
+            (Some(base), Some(e)) if (base..base + crate::ext::BLOCK_WORDS).contains(&reg) => Ok(e.read(n, reg - base)),
+            _ => Ok(0),
+        }
     }
     fn write_csr(&self, reg: usize, value: u64) -> Result<(), MmioError> {
-        if reg >= regs::CNFG_REGION_WORDS {
-            return Err(MmioError::OutOfRange { reg, words: regs::CNFG_REGION_WORDS });
+        if reg >= self.words() {
+            return Err(MmioError::OutOfRange { reg, words: self.words() });
         }
         let mut w = self.world.borrow_mut();
+        if self.region == Region::Cnfg {
+            stock::write(&mut w, self.node, reg, value);
+            return Ok(());
+        }
         let base = w.nodes[self.node].cfg.extension;
         if let (Some(base), true) = (base, w.nodes[self.node].ext.is_some()) {
             if (base..base + crate::ext::BLOCK_WORDS).contains(&reg) {
                 ext::write(&mut w, self.node, reg - base, value);
-                return Ok(());
             }
         }
-        stock::write(&mut w, self.node, reg, value);
         Ok(())
+    }
+}
+
+impl CoyoteDriver for SimMmio {
+    fn shell_config(&self) -> Result<ShellConfig, DriverError> {
+        Ok(self.world.borrow().nodes[self.node].cfg.shell)
+    }
+    fn register_ctid(&self, _hpid: u32) -> Result<u8, DriverError> {
+        let mut w = self.world.borrow_mut();
+        let t = &mut w.nodes[self.node].ctids;
+        let c = t.iter().position(|used| !used).ok_or(DriverError::NoFreeCtid)?;
+        t[c] = true;
+        Ok(c as u8)
+    }
+    fn unregister_ctid(&self, ctid: u8) -> Result<(), DriverError> {
+        let mut w = self.world.borrow_mut();
+        match w.nodes[self.node].ctids.get_mut(ctid as usize) {
+            Some(c) => {
+                *c = false;
+                Ok(())
+            }
+            None => Err(DriverError::BadCtid(ctid as u64)),
+        }
+    }
+    fn ip_address(&self) -> Result<u32, DriverError> {
+        Ok(self.world.borrow().nodes[self.node].cfg.ip)
     }
 }
 

@@ -21,17 +21,29 @@ pub const MEM_LEN: usize = 4 << 20;
 /// The last MiB of every node's memory holds the backend's rings.
 pub const ARENA_OFF: u64 = 3 << 20;
 
+/// A modelled node and a backend on it that holds all 64 ctids (the MN daemon owns its vFPGA).
 pub fn host(f: &Fabric, ip: u32, mem_base: u64, ext: bool, enc: OpcodeEncoding) -> Host {
+    host_with(f, ip, mem_base, ext, enc, |c| c)
+}
+
+pub fn host_with(
+    f: &Fabric,
+    ip: u32,
+    mem_base: u64,
+    ext: bool,
+    enc: OpcodeEncoding,
+    tweak: impl FnOnce(FpgaConfig) -> FpgaConfig,
+) -> Host {
     let mut cfg = NodeConfig::stock(ip, mem_base, MEM_LEN).with_encoding(enc);
     if ext {
         cfg = cfg.with_extension();
     }
     let id = f.add_node(cfg);
-    let mut bcfg = FpgaConfig::new(0, enc, ip);
+    let mut bcfg = FpgaConfig::new(0, enc, ip).with_threads(64);
     if ext {
         bcfg = bcfg.with_ring_arena(mem_base + ARENA_OFF, 1 << 20);
     }
-    let be = FpgaBackend::open(f.mmio(id), f.memory(id), bcfg).expect("open backend");
+    let be = FpgaBackend::open(f.mmio(id), f.user_csr(id), f.memory(id), tweak(bcfg)).expect("open backend");
     Host { id, be, ip, mem_base }
 }
 
