@@ -23,6 +23,9 @@ pub struct Counters {
     /// Messages a middleware dropped / delayed.
     pub messages_dropped: u64,
     pub messages_delayed: u64,
+    /// Strict-mode SEND_WITH_INV whose invalidation failed (IBTA 9.9.6.3 class J): the
+    /// responder erred and no NAK or completion reached the requester.
+    pub silent_class_j: u64,
     completions: [u64; 32],
 }
 

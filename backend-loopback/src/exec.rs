@@ -17,12 +17,22 @@
 use crate::counters::{digest, StepKind, TraceEvent};
 use crate::fabric::{Fabric, HostId};
 use crate::fault::{Message, Verdict};
-use crate::protection::BindTarget;
+use crate::protection::{BindTarget, MwOpFail};
 use crate::sched::needs_recv;
 use omw_core::access::AccessFlags;
 use omw_core::backend::{Completion, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, RECV_WQE_SIZE};
+use omw_core::mw_rules::{Invalidator, Mode, Nak, QpRef, RemoteFail};
+use omw_core::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeError, WqeFlags, RECV_WQE_SIZE};
+
+/// The requester's status for a refused remote access: the NAK class the rule names.
+#[inline]
+fn nak_status(e: RemoteFail) -> WcStatus {
+    match e.nak() {
+        Nak::RemoteAccess => WcStatus::RemAccessErr,
+        Nak::InvalidRequest => WcStatus::RemInvReqErr,
+    }
+}
 
 /// Why a request did not reach a responder.
 enum Delivery {
@@ -39,6 +49,16 @@ impl Fabric {
         self.cfg.conformance == crate::config::Conformance::Strict
     }
 
+    /// The rule variant of [`omw_core::mw_rules`] this NIC follows.
+    #[inline]
+    fn mode(&self) -> Mode {
+        if self.strict() {
+            Mode::Strict
+        } else {
+            Mode::Rxe
+        }
+    }
+
     /// Execute the head of QP `g` at `self.now`.
     pub(crate) fn execute(&mut self, g: u32) -> StepKind {
         if self.qps[g as usize].state == QpState::Err {
@@ -50,21 +70,19 @@ impl Fabric {
         let cost = self.cfg.cost;
         let wqe = match Wqe::decode(&raw) {
             Ok(w) => w,
-            Err(_) => {
-                self.consume(g);
-                let h = self.qps[g as usize].host as usize;
-                self.hosts[h].nic_free = now + cost.wqe_ns;
-                let op = Opcode::from_u8(raw[0]).unwrap_or(Opcode::Nop);
-                let wr_id = u64::from_le_bytes(raw[8..16].try_into().unwrap_or_default());
-                self.push_cqe(
-                    g,
-                    QueueSel::Send,
-                    now + cost.wqe_ns,
-                    self.send_completion(g, wr_id, op, WcStatus::LocQpOpErr, 0),
-                );
-                self.set_err(g);
-                return StepKind::Malformed;
+            Err(WqeError::BadAccessFlags(bits)) if !self.strict() => {
+                // rxe reads the rights only in rxe_bind_mw, which refuses unsupported bits
+                // with MW_BIND_ERR (rxe_mw.c): decode the rest and let the bind rule judge
+                raw[56..64].fill(0);
+                if let Ok(w) = Wqe::decode(&raw) {
+                    self.consume(g);
+                    self.exec_bind(g, &w, u32::try_from(bits).unwrap_or(u32::MAX));
+                    self.refill(g);
+                    return StepKind::Executed(w.opcode);
+                }
+                return self.malformed(g, &raw);
             }
+            Err(_) => return self.malformed(g, &raw),
         };
         if needs_recv(raw[0]) && self.peer_recv_ready(g) == Some(false) {
             // RNR: the responder has no receive WQE. Wait (the QP stays at its head) until one
@@ -99,13 +117,31 @@ impl Fabric {
             }
             Opcode::Read => self.exec_read(g, &wqe),
             Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => self.exec_atomic(g, &wqe),
-            Opcode::BindMw => self.exec_bind(g, &wqe),
+            Opcode::BindMw => self.exec_bind(g, &wqe, wqe.access().bits()),
             Opcode::LocalInv => self.exec_local_inv(g, &wqe),
             Opcode::Wait => self.exec_wait(g, &wqe),
             Opcode::Enable => self.exec_enable(g, &wqe),
         }
         self.refill(g);
         StepKind::Executed(wqe.opcode)
+    }
+
+    /// The head entry's bytes do not decode: it completes with `LocQpOpErr`, the QP errs.
+    fn malformed(&mut self, g: u32, raw: &[u8; 64]) -> StepKind {
+        let (now, cost) = (self.now, self.cfg.cost);
+        self.consume(g);
+        let h = self.qps[g as usize].host as usize;
+        self.hosts[h].nic_free = now + cost.wqe_ns;
+        let op = Opcode::from_u8(raw[0]).unwrap_or(Opcode::Nop);
+        let wr_id = u64::from_le_bytes(raw[8..16].try_into().unwrap_or_default());
+        self.push_cqe(
+            g,
+            QueueSel::Send,
+            now + cost.wqe_ns,
+            self.send_completion(g, wr_id, op, WcStatus::LocQpOpErr, 0),
+        );
+        self.set_err(g);
+        StepKind::Malformed
     }
 
     /// Advance past the head entry (it has been fetched for execution).
@@ -343,7 +379,7 @@ impl Fabric {
         let wqe_ns = self.cfg.cost.wqe_ns;
         let (h, pd) = (self.qps[g as usize].host, self.qps[g as usize].pd);
         self.local_done(g, start + wqe_ns);
-        if len > 0 && !self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, len, local_write) {
+        if len > 0 && self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, len, local_write).is_err() {
             self.complete(g, w, WcStatus::LocProtErr, start + wqe_ns, 0);
             return None;
         }
@@ -366,23 +402,23 @@ impl Fabric {
         let (resp_done, hop) = self.responder_times(g, p, start, cost.bytes_ns(len as u64).saturating_add(delay));
         let ack = resp_done + hop;
         let (ph, ppd) = (self.qps[p as usize].host, self.qps[p as usize].pd);
-        let strict = self.strict();
+        let mode = self.mode();
         match w.opcode {
             Opcode::Write | Opcode::WriteWithImm => {
                 let mut eff = w.remote_addr;
                 if len > 0 {
+                    let qp = QpRef { qp: p, pd: ppd };
                     match self.hosts[ph as usize].prot.check_remote(
-                        ppd,
-                        p,
+                        mode,
+                        qp,
                         w.rkey,
                         w.remote_addr,
                         len as u64,
                         AccessFlags::REMOTE_WRITE,
                         false,
-                        strict,
                     ) {
-                        Some(a) => eff = a,
-                        None => return self.remote_fail(g, p, w, WcStatus::RemAccessErr, ack),
+                        Ok(a) => eff = a,
+                        Err(e) => return self.remote_fail(g, p, w, nak_status(e), ack),
                     }
                 }
                 let mut recv_wr = 0;
@@ -426,7 +462,7 @@ impl Fabric {
                 let mut left = len as u64;
                 for s in recv.sges.iter() {
                     let take = left.min(s.length as u64);
-                    if take > 0 && !self.hosts[ph as usize].prot.check_local(ppd, s.lkey, s.addr, take, true) {
+                    if take > 0 && self.hosts[ph as usize].prot.check_local(ppd, s.lkey, s.addr, take, true).is_err() {
                         self.recv_error(p, recv.wr_id, WcStatus::LocProtErr, resp_done);
                         return self.remote_fail(g, p, w, WcStatus::RemOpErr, ack);
                     }
@@ -434,15 +470,23 @@ impl Fabric {
                 }
                 let mut invalidated = None;
                 if w.opcode == Opcode::SendWithInv {
-                    let by = strict.then_some(p);
-                    if self.hosts[ph as usize].prot.invalidate(w.imm, by).is_err() {
+                    let by = Invalidator::SendWithInv { qp: p };
+                    if self.hosts[ph as usize].prot.invalidate(mode, w.imm, by).is_err() {
+                        // IBTA 9.9.6.3 class J (rxe_resp.c RESPST_ERR_INVALIDATE_RKEY): the
+                        // receive WQE completes in error and the responder QP goes to Err;
+                        // no NAK is sent.
                         self.recv_error(p, recv.wr_id, WcStatus::RemInvReqErr, resp_done);
-                        if strict {
-                            return self.remote_fail(g, p, w, WcStatus::RemInvReqErr, ack);
-                        }
-                        // rxe (found by the verbs differential test): only the responder fails;
-                        // the requester's SEND completes successfully and its QP stays RTS
                         self.set_err(p);
+                        if mode == Mode::Strict {
+                            // the spec: without a NAK the requester gets no completion for
+                            // this SEND and its QP stays RTS (on a wire its retry timer would
+                            // later expire against the errored responder; the model's
+                            // requester stays silent, see README "Conformance")
+                            self.counters.silent_class_j += 1;
+                            return;
+                        }
+                        // rxe (found by the verbs differential test): the requester's SEND
+                        // completes successfully and its QP stays RTS
                         return self.complete(g, w, WcStatus::Success, ack, w.length);
                     }
                     invalidated = Some(Rkey(w.imm));
@@ -518,18 +562,18 @@ impl Fabric {
         q.rd_done = q.rd_done.max(ack);
         if len > 0 {
             let (ph, ppd) = (self.qps[p as usize].host, self.qps[p as usize].pd);
-            let strict = self.strict();
-            let Some(eff) = self.hosts[ph as usize].prot.check_remote(
-                ppd,
-                p,
+            let mode = self.mode();
+            let eff = match self.hosts[ph as usize].prot.check_remote(
+                mode,
+                QpRef { qp: p, pd: ppd },
                 w.rkey,
                 w.remote_addr,
                 len as u64,
                 AccessFlags::REMOTE_READ,
                 false,
-                strict,
-            ) else {
-                return self.remote_fail(g, p, w, WcStatus::RemAccessErr, ack);
+            ) {
+                Ok(a) => a,
+                Err(e) => return self.remote_fail(g, p, w, nak_status(e), ack),
             };
             self.gather(ph, eff, len);
             self.scatter(h, w.local_addr, 0, len);
@@ -549,18 +593,18 @@ impl Fabric {
         let q = &mut self.qps[g as usize];
         q.rd_done = q.rd_done.max(ack);
         let (ph, ppd) = (self.qps[p as usize].host, self.qps[p as usize].pd);
-        let strict = self.strict();
-        let Some(eff) = self.hosts[ph as usize].prot.check_remote(
-            ppd,
-            p,
+        let mode = self.mode();
+        let eff = match self.hosts[ph as usize].prot.check_remote(
+            mode,
+            QpRef { qp: p, pd: ppd },
             w.rkey,
             w.remote_addr,
             8,
             AccessFlags::REMOTE_ATOMIC,
             true,
-            strict,
-        ) else {
-            return self.remote_fail(g, p, w, WcStatus::RemAccessErr, ack);
+        ) {
+            Ok(a) => a,
+            Err(e) => return self.remote_fail(g, p, w, nak_status(e), ack),
         };
         let mem = &mut self.hosts[ph as usize].mem;
         let old = mem.read_u64(eff).unwrap_or(0);
@@ -582,20 +626,33 @@ impl Fabric {
 
     // ---- local operations ------------------------------------------------------------------
 
-    fn exec_bind(&mut self, g: u32, w: &Wqe) {
+    /// BIND_MW. `access`: the rights exactly as the WQE carries them (in rxe mode the decoder
+    /// lets unknown bits through so the bind rule, not the decoder, refuses them).
+    pub(crate) fn exec_bind(&mut self, g: u32, w: &Wqe, access: u32) {
         let start = self.now;
         let done = start + self.cfg.cost.bind_ns;
         self.local_done(g, done);
         let q = &mut self.qps[g as usize];
         q.order_until = q.order_until.max(done); // mlx5 fences the WQE after a bind
-        let (h, pd, qpn) = (q.host, q.pd, q.qpn);
+        let (h, pd) = (q.host, q.pd);
+        let mode = self.mode();
         let res = if w.flags.contains(WqeFlags::UNBIND) {
-            self.hosts[h as usize].prot.invalidate(w.imm, None)
-        } else if w.qpn != qpn && !self.cfg.offload {
-            Err(crate::protection::MwOpFail::OtherQpWithoutOffload)
+            self.hosts[h as usize].prot.invalidate(mode, w.imm, Invalidator::Unbind).map_err(MwOpFail::Invalidate)
         } else {
             let target = self.resolve(h, w.qpn).map(|t| BindTarget { gq: t, qpn: w.qpn, pd: self.qps[t as usize].pd });
-            self.hosts[h as usize].prot.bind(pd, w.imm, w.lkey, w.local_addr, w.length as u64, w.access(), target)
+            let posting = QpRef { qp: g, pd };
+            let capable = self.cfg.offload;
+            self.hosts[h as usize].prot.bind(
+                mode,
+                posting,
+                w.imm,
+                w.lkey,
+                w.local_addr,
+                w.length as u64,
+                access,
+                target,
+                capable,
+            )
         };
         let status = match res {
             Ok(()) => WcStatus::Success,
@@ -611,8 +668,8 @@ impl Fabric {
         let q = &mut self.qps[g as usize];
         q.order_until = q.order_until.max(done);
         let h = q.host;
-        let by = self.strict().then_some(g);
-        let status = match self.hosts[h as usize].prot.invalidate(w.imm, by) {
+        let mode = self.mode();
+        let status = match self.hosts[h as usize].prot.invalidate(mode, w.imm, Invalidator::LocalInv { qp: g }) {
             Ok(()) => WcStatus::Success,
             // the spec's "memory management operation error"; rxe reports a refused local
             // invalidation as a local QP operation error (verbs differential test)

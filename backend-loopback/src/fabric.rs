@@ -11,7 +11,7 @@ use crate::cq::{Cq, TimedCompletion};
 use crate::error::LoopbackError;
 use crate::fault::{FaultPlan, Middleware};
 use crate::memory::{host_base, Memory};
-use crate::protection::{MrInfo, MwInfo, MwState, PdId, Protection};
+use crate::protection::{MrInfo, MwInfo, MwState, PdId, Protection, WindowBinding};
 use crate::qp::{Prefetch, Qp, QpConfig, Queue};
 use crate::view::HostView;
 use omw_core::access::AccessFlags;
@@ -284,6 +284,7 @@ impl Fabric {
         if host.mem.range(addr, len).is_none() {
             return Err(LoopbackError::BadAddress { host: h, addr, len });
         }
+        omw_core::mw_rules::check_reg_mr(access.bits()).map_err(|reason| LoopbackError::RegMr { host: h, reason })?;
         let key = host.prot.reg_mr(pd, addr, len, access).ok_or(LoopbackError::BadArgument("key space exhausted"))?;
         Ok(MrKeys { lkey: key, rkey: key })
     }
@@ -322,9 +323,14 @@ impl Fabric {
         host.prot.alloc_mw(pd).ok_or(LoopbackError::BadArgument("key space exhausted"))
     }
 
-    /// Deallocate an unbound window.
-    pub fn dealloc_mw(&mut self, h: HostId, rkey: Rkey) -> Result<()> {
-        self.host_mut(h)?.prot.dealloc_mw(rkey.0).map_err(|_| LoopbackError::NoSuchKey { host: h, key: rkey.0 })
+    /// Deallocate a window by its current rkey, bound or not (a binding is revoked: later
+    /// accesses through it fail with `RemAccessErr`). Returns the revoked binding.
+    pub fn dealloc_mw(&mut self, h: HostId, rkey: Rkey) -> Result<Option<WindowBinding>> {
+        self.host_mut(h)?.prot.dealloc_mw(rkey.0).map_err(|reason| LoopbackError::DeallocMw {
+            host: h,
+            key: rkey.0,
+            reason,
+        })
     }
 
     /// State of the window with rkey index `rkey_index` (whatever its current key).
