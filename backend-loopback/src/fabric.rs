@@ -11,6 +11,7 @@ use crate::cq::{Cq, TimedCompletion};
 use crate::error::LoopbackError;
 use crate::fault::{FaultPlan, Middleware};
 use crate::memory::{host_base, Memory};
+use crate::nic::Nic;
 use crate::protection::{MrInfo, MwInfo, MwState, PdId, Protection, WindowBinding};
 use crate::qp::{Prefetch, Qp, QpConfig, Queue};
 use crate::view::HostView;
@@ -75,10 +76,8 @@ pub(crate) struct Host {
     pub ring_len: u64,
     pub ring_brk: u64,
     pub ring_key: u32,
-    /// The send engine handles one WQE at a time; busy until this time.
-    pub nic_free: u64,
-    /// The responder engine (incoming requests); busy until this time.
-    pub rx_free: u64,
+    /// The NIC's processing units, link and atomic serialiser.
+    pub nic: Nic,
     pub cpu_free: u64,
     pub cpu_events: u64,
     pub cpu_busy_ns: u64,
@@ -180,8 +179,7 @@ impl Fabric {
             ring_len,
             ring_brk: 0,
             ring_key,
-            nic_free: 0,
-            rx_free: 0,
+            nic: Nic::new(self.cfg.cost.nic_units),
             cpu_free: 0,
             cpu_events: 0,
             cpu_busy_ns: 0,
@@ -726,7 +724,9 @@ impl Fabric {
             cpu_events: host.cpu_events,
             cpu_busy_ns: host.cpu_busy_ns,
             wqes_executed: host.wqes_executed,
-            nic_busy_until: host.nic_free,
+            nic_busy_until: host.nic.busy_until(),
+            nic_send_busy_ns: host.nic.send_busy_ns,
+            nic_rx_busy_ns: host.nic.rx_busy_ns,
             mem_used: host.mem.used(),
             crashed: host.crashed,
         })

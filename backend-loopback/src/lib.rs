@@ -69,6 +69,7 @@ mod exec;
 pub mod fabric;
 pub mod fault;
 mod memory;
+mod nic;
 pub mod protection;
 pub mod qp;
 mod sched;

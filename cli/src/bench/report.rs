@@ -163,29 +163,30 @@ fn fmt_lat(ns: u64) -> String {
 pub fn inputs_table(res: &Results) -> Vec<(String, String, String)> {
     let inp = &res.inputs;
     let c = &inp.cost;
+    let ns = |x: u64| format!("{x} ns");
     let mut v: Vec<(String, String, String)> = vec![
-        ("wqe_ns".into(), format!("{} ns", c.wqe_ns), "CostModel::CX6: issue one WQE".into()),
         (
-            "responder_ns".into(),
-            format!("{} ns", c.responder_ns),
-            "CostModel::CX6: responder engine per request".into(),
+            "nic_units".into(),
+            format!("{}", c.nic_units),
+            "unmeasured: 200 M msg/s (CX-5 brief) / 20 M WQE/s per unit; swept below".into(),
         ),
+        ("wqe_ns".into(), ns(c.wqe_ns), "estimate: unit time per WQE (no public figure)".into()),
+        ("responder_ns".into(), ns(c.responder_ns), "estimate: responder unit time per request".into()),
+        ("bind_ns".into(), ns(c.bind_ns), "FROM THE PAPER: ≈1.3 µs per bind on CX-6 (§2); a per-QP fence".into()),
+        ("bind_unit_ns".into(), ns(c.bind_unit_ns), "unmeasured: unit occupancy of a bind (one WQE)".into()),
+        ("pcie_read_ns".into(), ns(c.pcie_read_ns), "Neugebauer et al. SIGCOMM'18: DMA read round trip".into()),
+        ("pcie_write_ns".into(), ns(c.pcie_write_ns), "Neugebauer et al. SIGCOMM'18: posted write, one way".into()),
+        ("wire_ns".into(), ns(c.wire_ns), "FROM THE PAPER: makes an 8 B READ 2.9 µs (§2)".into()),
+        ("per_byte_ps".into(), format!("{} ps", c.per_byte_ps), "100 Gb/s link (§2), shared per host".into()),
         (
-            "wire_hop_ns".into(),
-            format!("{} ns", c.wire_hop_ns),
-            "CostModel::CX6: one way host to host (READ = 2.9 µs, §2)".into(),
+            "atomic_same_addr_ns".into(),
+            ns(c.atomic_same_addr_ns),
+            "rdma_bench (Kalia et al.): 2.7 M same-address atomics/s".into(),
         ),
-        (
-            "loopback_hop_ns".into(),
-            format!("{} ns", c.loopback_hop_ns),
-            "CostModel::CX6: NIC-internal loopback one way".into(),
-        ),
-        ("bind_ns".into(), format!("{} ns", c.bind_ns), "CostModel::CX6: BIND/UNBIND/LOCAL_INV (≈1.3 µs, §2)".into()),
-        ("per_byte_ps".into(), format!("{} ps", c.per_byte_ps), "CostModel::CX6: 100 Gb/s".into()),
         (
             "host_engine_step_ns".into(),
-            format!("{} ns", c.host_engine_step_ns),
-            "CostModel::CX6: MN CPU per host-engine step (estimate)".into(),
+            ns(c.host_engine_step_ns),
+            "estimate: MN CPU per host-engine step (post + poll)".into(),
         ),
         ("MN cores".into(), format!("{}", inp.mn_cores), "--mn-cores (paper: one MN core)".into()),
         (
