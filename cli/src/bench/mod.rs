@@ -7,7 +7,9 @@
 //!   the model lap by lap; RPC-MW type-1 is analytical (one verbs bind per chunk); Static-MR
 //!   has no control path; ODRP is an analytical translation chain. Concurrency (24 requesters,
 //!   KV and swap threads on 6 CNs, N MN cores) is composed by a queueing simulator over those
-//!   per-operation costs (`sim.rs`).
+//!   per-operation costs (`sim.rs`), with the model's structure: N NIC units, the MN's link.
+//! * The paper's "up to" speed-ups are maxima over a sweep of KV configurations × MN cores ×
+//!   NIC units (`sweep.rs`); the chains are re-measured on the model for every unit count.
 //!
 //! docs/COST-MODEL.md explains the inputs and where the model and the paper disagree.
 

@@ -120,7 +120,7 @@ pub fn run(
 }
 
 /// The largest speed-up over the faster RPC-MW among rows matching `pick`.
-pub fn up_to<'a>(rows: &'a [SweepRow], pick: impl Fn(&SweepRow) -> bool) -> Option<&'a SweepRow> {
+pub fn up_to(rows: &[SweepRow], pick: impl Fn(&SweepRow) -> bool) -> Option<&SweepRow> {
     rows.iter().filter(|r| pick(r)).max_by(|a, b| a.speedup().total_cmp(&b.speedup()))
 }
 
