@@ -131,6 +131,8 @@ pub struct Results {
     pub workloads: Vec<WorkloadRow>,
     /// OneSidedMW vs RPC-MW over KV configurations × MN cores × NIC units.
     pub sweep: Vec<sweep::SweepRow>,
+    /// The unmeasured inputs at ½×, 1×, 2×.
+    pub sensitivity: Vec<sweep::Sensitivity>,
     pub validation: Vec<report::Validation>,
     pub wall_s: f64,
     pub args: BenchArgs,
@@ -345,6 +347,9 @@ pub fn run(args: &BenchArgs, tick: &mut dyn FnMut(&str)) -> Result<Results, Stri
         if args.quick { (&[1, 10], &[1, 4]) } else { (&[1, 2, 4, 8, 10, 16], &[1, 2, 4]) };
     let sweep_cfgs = sweep::configs(sizes.kv_keys, sizes.kv_mixed, args.seed, cns);
     let sweep_rows = sweep::run(&sweep_cfgs, threads, units, cores, tick)?;
+    // sensitivity to the unmeasured inputs, on the most allocation-heavy configuration
+    let heavy: Vec<sweep::SweepConfig> = sweep_cfgs.iter().filter(|c| c.kv.chunk == 2048).cloned().collect();
+    let sensitivity = sweep::sensitivity(&heavy, threads, tick)?;
 
     tick("comparing with the paper");
     let validation = report::validate(&inp, &alloc_rows, &wl, &sweep_rows);
@@ -355,6 +360,7 @@ pub fn run(args: &BenchArgs, tick: &mut dyn FnMut(&str)) -> Result<Results, Stri
         alloc_curve: curve,
         workloads: wl,
         sweep: sweep_rows,
+        sensitivity,
         validation,
         wall_s: t0.elapsed().as_secs_f64(),
         args: args.clone(),
@@ -364,7 +370,7 @@ pub fn run(args: &BenchArgs, tick: &mut dyn FnMut(&str)) -> Result<Results, Stri
 pub fn bench(args: BenchArgs) -> ExitCode {
     // the steps `run` reports: inputs, 4 geometries, 2 × 6 micro rows, 7 curve points,
     // 4 KV configurations × (traces + 5 schemes), swap (traces + 5 schemes), the comparison
-    const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 6 + 1;
+    const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 6 + 4 + 1;
     let pb = if args.quick || args.json { ProgressBar::hidden() } else { ProgressBar::new(STEPS) };
     pb.set_style(
         ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}")

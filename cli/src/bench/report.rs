@@ -346,6 +346,29 @@ pub fn text(res: &Results) -> String {
         );
     }
     sweep_text(&mut s, &res.sweep);
+    if !res.sensitivity.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nSensitivity to the unmeasured inputs (2 KiB MN chunks; speed-ups over the faster RPC-MW, 1 MN core):"
+        );
+        let _ = writeln!(
+            s,
+            "  {:<22} {:>8} {:>16} {:>20} {:>10} {:>10}",
+            "input", "value", "alloc, 1 req (µs)", "RPC-MW t2, 24 (µs)", "1 CN", "at scale"
+        );
+        for x in &res.sensitivity {
+            let _ = writeln!(
+                s,
+                "  {:<22} {:>8} {:>16.1} {:>20.1} {:>9.2}× {:>9.2}×",
+                x.input,
+                format!("{} ns", x.value),
+                x.alloc_ns as f64 / 1000.0,
+                x.rpc2_24_ns / 1000.0,
+                x.speedup_one,
+                x.speedup_scale
+            );
+        }
+    }
     let _ = writeln!(
         s,
         "\nModel vs paper (NSDI'26 figures from DESIGN.md §2; see docs/COST-MODEL.md for every disagreement):"
@@ -687,6 +710,8 @@ pub fn json(res: &Results) -> String {
         "workloads": wl,
         "validation": val,
         "sweep": sw,
+        "sensitivity": res.sensitivity.iter().map(|x| json!({"input": x.input, "value_ns": x.value, "alloc_ns": x.alloc_ns,
+            "rpcmw2_24_ns": x.rpc2_24_ns, "speedup_one_cn": x.speedup_one, "speedup_at_scale": x.speedup_scale})).collect::<Vec<_>>(),
         "error_summary": error_summary(&res.validation).map(|(mean, median, n)| json!({"mean_abs_rel_err": mean, "median_abs_rel_err": median, "rows": n})),
     });
     serde_json::to_string_pretty(&doc).unwrap_or_default()

@@ -71,6 +71,33 @@ pub fn configs(keys: usize, mixed: usize, seed: u64, cns: usize) -> Vec<SweepCon
     v
 }
 
+/// OneSidedMW and both RPC-MW variants on one configuration (traces generated), one MN core
+/// count, with the chains measured on a model of `inp.nic_units` units.
+fn point(inp: &Inputs, m: &Measured, c: &SweepConfig, tr: &[kv::KvTrace], cores: usize) -> SweepRow {
+    let requests: usize = tr.iter().map(|t| t.requests).sum();
+    let ctl: u64 = tr.iter().map(|t| t.chunk_allocs + t.chunk_frees).sum();
+    let inp_k = Inputs { mn_cores: cores, ..inp.clone() };
+    let tput = |s: Scheme| {
+        let progs: Vec<_> = tr.iter().map(|t| compile(s, &inp_k, m, &t.ops)).collect();
+        sim::run(&progs, cores, inp.nic_units).throughput()
+    };
+    SweepRow {
+        config: c.name.clone(),
+        cns: c.cns,
+        threads: tr.len(),
+        ctl_per_request: ctl as f64 / requests.max(1) as f64,
+        mn_cores: cores,
+        nic_units: inp.nic_units,
+        osmw: tput(Scheme::OneSidedMw),
+        type1: tput(Scheme::RpcMwType1),
+        type2: tput(Scheme::RpcMwType2),
+    }
+}
+
+fn traces_of(cfgs: &[SweepConfig], threads: usize) -> Vec<Vec<kv::KvTrace>> {
+    cfgs.iter().map(|c| (0..c.cns * threads).map(|t| kv::trace(&c.kv, t as u64)).collect()).collect()
+}
+
 /// Run the sweep. `threads` per CN; `units` and `cores` the values swept.
 pub fn run(
     cfgs: &[SweepConfig],
@@ -80,8 +107,7 @@ pub fn run(
     tick: &mut dyn FnMut(&str),
 ) -> Result<Vec<SweepRow>, String> {
     // traces do not depend on the MN: generate each configuration's once
-    let traces: Vec<Vec<kv::KvTrace>> =
-        cfgs.iter().map(|c| (0..c.cns * threads).map(|t| kv::trace(&c.kv, t as u64)).collect()).collect();
+    let traces = traces_of(cfgs, threads);
     let mut rows = Vec::new();
     for &u in units {
         tick(&format!("sweep: measuring the chains on the model with {u} NIC unit(s)"));
@@ -94,29 +120,82 @@ pub fn run(
         }
         for (c, tr) in cfgs.iter().zip(&traces) {
             let m = &measured.iter().find(|(chunk, _)| *chunk == c.kv.chunk).ok_or("geometry")?.1;
-            let requests: usize = tr.iter().map(|t| t.requests).sum();
-            let ctl: u64 = tr.iter().map(|t| t.chunk_allocs + t.chunk_frees).sum();
             for &k in cores {
-                let inp_k = Inputs { mn_cores: k, ..inp.clone() };
-                let tput = |s: Scheme| {
-                    let progs: Vec<_> = tr.iter().map(|t| compile(s, &inp_k, m, &t.ops)).collect();
-                    sim::run(&progs, k, u).throughput()
-                };
-                rows.push(SweepRow {
-                    config: c.name.clone(),
-                    cns: c.cns,
-                    threads: c.cns * threads,
-                    ctl_per_request: ctl as f64 / requests.max(1) as f64,
-                    mn_cores: k,
-                    nic_units: u,
-                    osmw: tput(Scheme::OneSidedMw),
-                    type1: tput(Scheme::RpcMwType1),
-                    type2: tput(Scheme::RpcMwType2),
-                });
+                rows.push(point(&inp, m, c, tr, k));
             }
         }
     }
     Ok(rows)
+}
+
+/// How much the outputs move when one unmeasured input is halved or doubled.
+#[derive(Clone, Debug)]
+pub struct Sensitivity {
+    pub input: &'static str,
+    pub value: u64,
+    /// OneSidedMW alloc latency, one requester, on the model.
+    pub alloc_ns: u64,
+    /// RPC-MW type-2 alloc latency with 24 requesters on one MN core (simulator).
+    pub rpc2_24_ns: f64,
+    /// KV speed-up over the faster RPC-MW on one CN and at scale (1 MN core).
+    pub speedup_one: f64,
+    pub speedup_scale: f64,
+}
+
+type Setter = fn(&mut CostModel, u64);
+
+/// The unmeasured inputs of `CostModel` (estimates, no measurement behind them), each at ½×,
+/// 1× and 2× its default, on one configuration on one CN and at scale.
+pub fn sensitivity(
+    cfgs: &[SweepConfig],
+    threads: usize,
+    tick: &mut dyn FnMut(&str),
+) -> Result<Vec<Sensitivity>, String> {
+    let knobs: [(&'static str, u64, Setter); 4] = [
+        ("wqe_ns", CostModel::CX6.wqe_ns, |c, v| c.wqe_ns = v),
+        ("responder_ns", CostModel::CX6.responder_ns, |c, v| c.responder_ns = v),
+        ("bind_unit_ns", CostModel::CX6.bind_unit_ns, |c, v| c.bind_unit_ns = v),
+        ("host_engine_step_ns", CostModel::CX6.host_engine_step_ns, |c, v| c.host_engine_step_ns = v),
+    ];
+    let traces = traces_of(cfgs, threads);
+    let mut out = Vec::new();
+    let mut baseline: Option<Sensitivity> = None;
+    for (name, base, set) in knobs {
+        tick(&format!("sensitivity: {name} at ½×, 1×, 2×"));
+        for v in [base / 2, base, base * 2] {
+            if let Some(b) = baseline.as_ref().filter(|_| v == base) {
+                // the 1× point is the same for every knob: measured once
+                out.push(Sensitivity { input: name, value: v, ..b.clone() });
+                continue;
+            }
+            let mut cost = CostModel::CX6;
+            set(&mut cost, v);
+            let inp = inputs::measure_inputs(cost, 1, cost.nic_units as usize)?;
+            let chunk = cfgs.first().map_or(2048, |c| c.kv.chunk);
+            let m = inputs::measure_geometry(&inp, 2, chunk, 24)?;
+            let rpc2 = super::alloc::in_sim(&inp, &m, Scheme::RpcMwType2, 24, 20).mean_ns;
+            let sp = |one: bool| {
+                cfgs.iter()
+                    .zip(&traces)
+                    .filter(|(c, _)| (c.cns == 1) == one)
+                    .map(|(c, tr)| point(&inp, &m, c, tr, 1).speedup())
+                    .fold(0.0, f64::max)
+            };
+            let point = Sensitivity {
+                input: name,
+                value: v,
+                alloc_ns: m.osmw.alloc_ns,
+                rpc2_24_ns: rpc2,
+                speedup_one: sp(true),
+                speedup_scale: sp(false),
+            };
+            if v == base {
+                baseline = Some(point.clone());
+            }
+            out.push(point);
+        }
+    }
+    Ok(out)
 }
 
 /// The largest speed-up over the faster RPC-MW among rows matching `pick`.
