@@ -137,15 +137,20 @@ pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op]) -> Progra
                 }
             },
             Op::Free => {
-                let (res, hold) = match scheme {
+                // (resource, its occupancy, how long the MN's work lasts from its start)
+                let (res, hold, last) = match scheme {
                     Scheme::StaticMr => continue,
-                    Scheme::OneSidedMw | Scheme::Odrp => (Res::Nic, ctl.free_nic_ns),
-                    Scheme::RpcMwType1 | Scheme::RpcMwType2 => (Res::Cpu, ctl.free_cpu_ns + ctl.free_dev_ns),
+                    // a chain occupies the NIC for its unit time but runs for its latency
+                    Scheme::OneSidedMw | Scheme::Odrp => (Res::Nic, ctl.free_nic_ns, ctl.free_ns.max(ctl.free_nic_ns)),
+                    Scheme::RpcMwType1 | Scheme::RpcMwType2 => {
+                        let w = ctl.free_cpu_ns + ctl.free_dev_ns;
+                        (Res::Cpu, w, w)
+                    }
                 };
                 // the CN waits only for its SEND to be acknowledged; the MN works on
                 p.push(Stage::Detach(2));
                 p.push(Stage::Delay(inp.transit(FREE_REQ_BYTES)));
-                p.push(Stage::Use { res, hold, leave: hold });
+                p.push(Stage::Use { res, hold, leave: last });
                 p.push(Stage::Delay(inp.write_ns(FREE_REQ_BYTES)));
             }
         }

@@ -36,7 +36,8 @@ pub const RESOURCES: usize = 5;
 pub enum Stage {
     Delay(u64),
     /// Queue at `res`; the server is busy `hold` ns; the job continues `leave` ns after its
-    /// service started (`leave` < `hold` when the server keeps working after answering).
+    /// service started (`leave` < `hold` when the server keeps working after answering,
+    /// `leave` > `hold` when the work outlasts its occupancy, like a chain's latency).
     Use {
         res: Res,
         hold: u64,
