@@ -23,6 +23,12 @@ pub struct Counters {
     /// Messages a middleware dropped / delayed.
     pub messages_dropped: u64,
     pub messages_delayed: u64,
+    /// Strict-mode SEND_WITH_INV whose invalidation failed (IBTA 9.9.6.3 class J): the
+    /// responder erred and no NAK or completion reached the requester.
+    pub silent_class_j: u64,
+    /// WQEs fetched over PCIe after a gate opened (a WAIT passed or an ENABLE released a
+    /// queue that had run dry) because the prefetch cache did not hold them.
+    pub gated_fetches: u64,
     completions: [u64; 32],
 }
 
@@ -74,8 +80,13 @@ pub struct HostStats {
     /// Modelled CPU time charged through `advance_cpu`.
     pub cpu_busy_ns: u64,
     pub wqes_executed: u64,
-    /// The NIC's send engine is busy until this time.
+    /// The NIC's busiest processing unit (send side) is busy until this time.
     pub nic_busy_until: u64,
+    /// Total send-side occupancy of the NIC's units (WQE issue, binds' occupancy): divide by
+    /// units × elapsed time for a utilisation.
+    pub nic_send_busy_ns: u64,
+    /// Total responder occupancy of the NIC's units (incoming requests).
+    pub nic_rx_busy_ns: u64,
     pub mem_used: u64,
     pub crashed: bool,
 }

@@ -4,6 +4,7 @@
 
 use crate::fabric::HostId;
 use omw_core::backend::QpState;
+use omw_core::mw_rules::{DeallocFail, RegMrFail};
 use omw_core::wqe::QueueSel;
 use std::fmt;
 
@@ -25,6 +26,17 @@ pub enum LoopbackError {
     NoSuchKey {
         host: HostId,
         key: u32,
+    },
+    /// `reg_mr` refused by the registration rules (`omw_core::mw_rules::check_reg_mr`).
+    RegMr {
+        host: HostId,
+        reason: RegMrFail,
+    },
+    /// `dealloc_mw` refused: no window with that index, or not its current key byte.
+    DeallocMw {
+        host: HostId,
+        key: u32,
+        reason: DeallocFail,
     },
     /// Host memory exhausted (`NicConfig::mem_limit`).
     OutOfMemory {
@@ -77,6 +89,8 @@ impl fmt::Display for LoopbackError {
             Self::NoSuchQp { host, qpn } => write!(f, "no QP {qpn:#x} on {host}"),
             Self::NoSuchPd { host, pd } => write!(f, "no protection domain {pd} on {host}"),
             Self::NoSuchKey { host, key } => write!(f, "no memory key {key:#010x} on {host}"),
+            Self::RegMr { host, reason } => write!(f, "reg_mr on {host}: {reason}"),
+            Self::DeallocMw { host, key, reason } => write!(f, "dealloc_mw {key:#010x} on {host}: {reason}"),
             Self::OutOfMemory { host, requested } => {
                 write!(f, "{host}: out of model memory allocating {requested} bytes")
             }
@@ -103,4 +117,12 @@ impl fmt::Display for LoopbackError {
     }
 }
 
-impl std::error::Error for LoopbackError {}
+impl std::error::Error for LoopbackError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::RegMr { reason, .. } => Some(reason),
+            Self::DeallocMw { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+}

@@ -2,13 +2,21 @@
 //! request message (through the fault middlewares), the responder's §3 checks, the memory
 //! effects, completions and error states.
 //!
-//! Timing of one operation started at `start` by a host whose NIC is free:
-//! * local operations (NOP, WAIT, ENABLE) complete at `start + wqe_ns`; BIND_MW, UNBIND and
-//!   LOCAL_INV at `start + bind_ns`, and the QP's next WQE waits for them;
-//! * a request arrives at `start + wqe_ns + hop (+ payload bytes) (+ injected delay)`, waits
-//!   for the responder engine, takes `responder_ns`, and its ACK/response returns after
-//!   another `hop` (+ READ payload bytes). The requester's CQE carries that time; a receive
-//!   CQE carries the time the responder finished.
+//! Timing (`CostModel`, docs/COST-MODEL.md §1). A WQE starts when the processing unit its QP
+//! is pinned to is free and its QP's order allows (previous bind's fence, FENCE flag, a gate's
+//! WQE fetch):
+//! * local operations (NOP, WAIT, ENABLE) occupy the unit `wqe_ns`; BIND_MW, UNBIND and
+//!   LOCAL_INV occupy it `bind_unit_ns` and complete — and release their QP's next WQE — after
+//!   `bind_ns`;
+//! * the WQE after a WAIT, or the first one an ENABLE releases on a queue that ran dry, is
+//!   fetched over PCIe (`pcie_read_ns`) unless the prefetch cache already holds it;
+//! * a remote operation is issued in `wqe_ns` (+ a PCIe read of its payload), serialised on the
+//!   host's link and sent over the wire (`wire_ns`) — or, between QPs of one host, looped inside
+//!   the NIC — handled by the responder QP's unit (`responder_ns`), which DMA-reads READ data
+//!   (`pcie_read_ns`), serialises same-address atomics (`atomic_same_addr_ns`) and places
+//!   written data with a posted write (`pcie_write_ns`); the response or ACK travels back the
+//!   same way and the requester places returned data with a posted write. The requester's CQE
+//!   carries that time; a receive CQE carries the time the data was placed.
 //!
 //! Memory effects are applied when the requester executes the WQE (the model is sequential);
 //! only completion timestamps carry the latency, and WAITs only see CQEs whose time has come,
@@ -17,12 +25,22 @@
 use crate::counters::{digest, StepKind, TraceEvent};
 use crate::fabric::{Fabric, HostId};
 use crate::fault::{Message, Verdict};
-use crate::protection::BindTarget;
+use crate::protection::{BindTarget, MwOpFail};
 use crate::sched::needs_recv;
 use omw_core::access::AccessFlags;
 use omw_core::backend::{Completion, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, RECV_WQE_SIZE};
+use omw_core::mw_rules::{Invalidator, Mode, Nak, QpRef, RemoteFail};
+use omw_core::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeError, WqeFlags, RECV_WQE_SIZE};
+
+/// The requester's status for a refused remote access: the NAK class the rule names.
+#[inline]
+fn nak_status(e: RemoteFail) -> WcStatus {
+    match e.nak() {
+        Nak::RemoteAccess => WcStatus::RemAccessErr,
+        Nak::InvalidRequest => WcStatus::RemInvReqErr,
+    }
+}
 
 /// Why a request did not reach a responder.
 enum Delivery {
@@ -39,6 +57,16 @@ impl Fabric {
         self.cfg.conformance == crate::config::Conformance::Strict
     }
 
+    /// The rule variant of [`omw_core::mw_rules`] this NIC follows.
+    #[inline]
+    fn mode(&self) -> Mode {
+        if self.strict() {
+            Mode::Strict
+        } else {
+            Mode::Rxe
+        }
+    }
+
     /// Execute the head of QP `g` at `self.now`.
     pub(crate) fn execute(&mut self, g: u32) -> StepKind {
         if self.qps[g as usize].state == QpState::Err {
@@ -50,21 +78,19 @@ impl Fabric {
         let cost = self.cfg.cost;
         let wqe = match Wqe::decode(&raw) {
             Ok(w) => w,
-            Err(_) => {
-                self.consume(g);
-                let h = self.qps[g as usize].host as usize;
-                self.hosts[h].nic_free = now + cost.wqe_ns;
-                let op = Opcode::from_u8(raw[0]).unwrap_or(Opcode::Nop);
-                let wr_id = u64::from_le_bytes(raw[8..16].try_into().unwrap_or_default());
-                self.push_cqe(
-                    g,
-                    QueueSel::Send,
-                    now + cost.wqe_ns,
-                    self.send_completion(g, wr_id, op, WcStatus::LocQpOpErr, 0),
-                );
-                self.set_err(g);
-                return StepKind::Malformed;
+            Err(WqeError::BadAccessFlags(bits)) if !self.strict() => {
+                // rxe reads the rights only in rxe_bind_mw, which refuses unsupported bits
+                // with MW_BIND_ERR (rxe_mw.c): decode the rest and let the bind rule judge
+                raw[56..64].fill(0);
+                if let Ok(w) = Wqe::decode(&raw) {
+                    self.consume(g);
+                    self.exec_bind(g, &w, u32::try_from(bits).unwrap_or(u32::MAX));
+                    self.refill(g);
+                    return StepKind::Executed(w.opcode);
+                }
+                return self.malformed(g, &raw);
             }
+            Err(_) => return self.malformed(g, &raw),
         };
         if needs_recv(raw[0]) && self.peer_recv_ready(g) == Some(false) {
             // RNR: the responder has no receive WQE. Wait (the QP stays at its head) until one
@@ -80,7 +106,8 @@ impl Fabric {
             };
             if now < since.saturating_add(cost.rnr_timeout_ns) {
                 let h = q.host as usize;
-                self.hosts[h].nic_free = self.hosts[h].nic_free.max(now + cost.wqe_ns);
+                let u = self.unit(g);
+                self.hosts[h].nic.occupy_send(u, now, cost.wqe_ns);
                 return StepKind::RnrWait;
             }
             self.consume(g);
@@ -91,7 +118,7 @@ impl Fabric {
         self.consume(g);
         match wqe.opcode {
             Opcode::Nop => {
-                self.local_done(g, now + cost.wqe_ns);
+                self.local_done(g, now, cost.wqe_ns);
                 self.complete(g, &wqe, WcStatus::Success, now + cost.wqe_ns, 0);
             }
             Opcode::Write | Opcode::WriteWithImm | Opcode::Send | Opcode::SendWithImm | Opcode::SendWithInv => {
@@ -99,13 +126,30 @@ impl Fabric {
             }
             Opcode::Read => self.exec_read(g, &wqe),
             Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => self.exec_atomic(g, &wqe),
-            Opcode::BindMw => self.exec_bind(g, &wqe),
+            Opcode::BindMw => self.exec_bind(g, &wqe, wqe.access().bits()),
             Opcode::LocalInv => self.exec_local_inv(g, &wqe),
             Opcode::Wait => self.exec_wait(g, &wqe),
             Opcode::Enable => self.exec_enable(g, &wqe),
         }
         self.refill(g);
         StepKind::Executed(wqe.opcode)
+    }
+
+    /// The head entry's bytes do not decode: it completes with `LocQpOpErr`, the QP errs.
+    fn malformed(&mut self, g: u32, raw: &[u8; 64]) -> StepKind {
+        let (now, cost) = (self.now, self.cfg.cost);
+        self.consume(g);
+        self.local_done(g, now, cost.wqe_ns);
+        let op = Opcode::from_u8(raw[0]).unwrap_or(Opcode::Nop);
+        let wr_id = u64::from_le_bytes(raw[8..16].try_into().unwrap_or_default());
+        self.push_cqe(
+            g,
+            QueueSel::Send,
+            now + cost.wqe_ns,
+            self.send_completion(g, wr_id, op, WcStatus::LocQpOpErr, 0),
+        );
+        self.set_err(g);
+        StepKind::Malformed
     }
 
     /// Advance past the head entry (it has been fetched for execution).
@@ -122,9 +166,10 @@ impl Fabric {
     }
 
     #[inline]
-    fn local_done(&mut self, g: u32, t: u64) {
+    fn local_done(&mut self, g: u32, start: u64, ns: u64) {
+        let u = self.unit(g);
         let h = self.qps[g as usize].host as usize;
-        self.hosts[h].nic_free = t;
+        self.hosts[h].nic.occupy_send(u, start, ns);
     }
 
     #[inline]
@@ -231,7 +276,8 @@ impl Fabric {
         q.flushed += 1;
         self.counters.wqes_flushed += 1;
         let now = self.now;
-        self.hosts[h].nic_free = now + self.cfg.cost.flush_ns;
+        let u = self.unit(g);
+        self.hosts[h].nic.occupy_send(u, now, self.cfg.cost.flush_ns);
         let c = self.send_completion(g, wr_id, op, WcStatus::WrFlushErr, 0);
         self.push_cqe(g, QueueSel::Send, now, c);
         StepKind::Flushed
@@ -295,17 +341,29 @@ impl Fabric {
         self.set_err(p);
     }
 
-    /// Arrival and responder-completion times; reserves the responder engine.
+    /// A message from QP `from` to QP `to`, ready to leave at `ready` with `payload` bytes:
+    /// its arrival. Between hosts it is serialised on the sender's link (shared by all its
+    /// QPs) and crosses the wire; between two QPs of one host it never leaves the NIC (the
+    /// loopback costs are the PCIe DMAs its endpoints do, charged by the callers).
     #[inline]
-    fn responder_times(&mut self, g: u32, p: u32, start: u64, extra: u64) -> (u64, u64) {
+    fn transmit(&mut self, from: u32, to: u32, ready: u64, payload: u64) -> u64 {
         let c = self.cfg.cost;
-        let (h, ph) = (self.qps[g as usize].host, self.qps[p as usize].host);
-        let hop = if h == ph { c.loopback_hop_ns } else { c.wire_hop_ns };
-        let arrive = start.saturating_add(c.wqe_ns + hop).saturating_add(extra);
-        let rx = &mut self.hosts[ph as usize].rx_free;
-        let begin = arrive.max(*rx);
-        *rx = begin + c.responder_ns;
-        (begin + c.responder_ns, hop)
+        let (h, th) = (self.qps[from as usize].host, self.qps[to as usize].host);
+        if h == th {
+            return ready;
+        }
+        let left = self.hosts[h as usize].nic.occupy_link(ready, c.bytes_ns(payload));
+        left.saturating_add(c.wire_ns)
+    }
+
+    /// A request arriving at `arrive` at responder QP `p`: handled by the unit `p` is pinned
+    /// to; returns when the responder finished with it.
+    #[inline]
+    fn respond(&mut self, p: u32, arrive: u64) -> u64 {
+        let c = self.cfg.cost;
+        let u = self.unit(p);
+        let ph = self.qps[p as usize].host as usize;
+        self.hosts[ph].nic.occupy_rx(u, arrive, c.responder_ns).saturating_add(c.responder_ns)
     }
 
     /// Copy `len` bytes of host `h` memory at `addr` into the scratch buffer.
@@ -342,8 +400,8 @@ impl Fabric {
         let start = self.now;
         let wqe_ns = self.cfg.cost.wqe_ns;
         let (h, pd) = (self.qps[g as usize].host, self.qps[g as usize].pd);
-        self.local_done(g, start + wqe_ns);
-        if len > 0 && !self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, len, local_write) {
+        self.local_done(g, start, wqe_ns);
+        if len > 0 && self.hosts[h as usize].prot.check_local(pd, w.lkey, w.local_addr, len, local_write).is_err() {
             self.complete(g, w, WcStatus::LocProtErr, start + wqe_ns, 0);
             return None;
         }
@@ -363,26 +421,31 @@ impl Fabric {
             Delivery::Arrived { delay } => delay,
             Delivery::Dropped => return self.dropped(g, p, w, start),
         };
-        let (resp_done, hop) = self.responder_times(g, p, start, cost.bytes_ns(len as u64).saturating_add(delay));
-        let ack = resp_done + hop;
+        // the payload is DMA-read from host memory, sent, placed by a posted write; the ACK
+        // leaves when the responder is done with the request
+        let issued = start + cost.wqe_ns + if len > 0 { cost.pcie_read_ns } else { 0 };
+        let arrive = self.transmit(g, p, issued, len as u64).saturating_add(delay);
+        let handled = self.respond(p, arrive);
+        let resp_done = handled + if len > 0 { cost.pcie_write_ns } else { 0 };
+        let ack = self.transmit(p, g, handled, 0);
         let (ph, ppd) = (self.qps[p as usize].host, self.qps[p as usize].pd);
-        let strict = self.strict();
+        let mode = self.mode();
         match w.opcode {
             Opcode::Write | Opcode::WriteWithImm => {
                 let mut eff = w.remote_addr;
                 if len > 0 {
+                    let qp = QpRef { qp: p, pd: ppd };
                     match self.hosts[ph as usize].prot.check_remote(
-                        ppd,
-                        p,
+                        mode,
+                        qp,
                         w.rkey,
                         w.remote_addr,
                         len as u64,
                         AccessFlags::REMOTE_WRITE,
                         false,
-                        strict,
                     ) {
-                        Some(a) => eff = a,
-                        None => return self.remote_fail(g, p, w, WcStatus::RemAccessErr, ack),
+                        Ok(a) => eff = a,
+                        Err(e) => return self.remote_fail(g, p, w, nak_status(e), ack),
                     }
                 }
                 let mut recv_wr = 0;
@@ -426,7 +489,7 @@ impl Fabric {
                 let mut left = len as u64;
                 for s in recv.sges.iter() {
                     let take = left.min(s.length as u64);
-                    if take > 0 && !self.hosts[ph as usize].prot.check_local(ppd, s.lkey, s.addr, take, true) {
+                    if take > 0 && self.hosts[ph as usize].prot.check_local(ppd, s.lkey, s.addr, take, true).is_err() {
                         self.recv_error(p, recv.wr_id, WcStatus::LocProtErr, resp_done);
                         return self.remote_fail(g, p, w, WcStatus::RemOpErr, ack);
                     }
@@ -434,15 +497,23 @@ impl Fabric {
                 }
                 let mut invalidated = None;
                 if w.opcode == Opcode::SendWithInv {
-                    let by = strict.then_some(p);
-                    if self.hosts[ph as usize].prot.invalidate(w.imm, by).is_err() {
+                    let by = Invalidator::SendWithInv { qp: p };
+                    if self.hosts[ph as usize].prot.invalidate(mode, w.imm, by).is_err() {
+                        // IBTA 9.9.6.3 class J (rxe_resp.c RESPST_ERR_INVALIDATE_RKEY): the
+                        // receive WQE completes in error and the responder QP goes to Err;
+                        // no NAK is sent.
                         self.recv_error(p, recv.wr_id, WcStatus::RemInvReqErr, resp_done);
-                        if strict {
-                            return self.remote_fail(g, p, w, WcStatus::RemInvReqErr, ack);
-                        }
-                        // rxe (found by the verbs differential test): only the responder fails;
-                        // the requester's SEND completes successfully and its QP stays RTS
                         self.set_err(p);
+                        if mode == Mode::Strict {
+                            // the spec: without a NAK the requester gets no completion for
+                            // this SEND and its QP stays RTS (on a wire its retry timer would
+                            // later expire against the errored responder; the model's
+                            // requester stays silent, see README "Conformance")
+                            self.counters.silent_class_j += 1;
+                            return;
+                        }
+                        // rxe (found by the verbs differential test): the requester's SEND
+                        // completes successfully and its QP stays RTS
                         return self.complete(g, w, WcStatus::Success, ack, w.length);
                     }
                     invalidated = Some(Rkey(w.imm));
@@ -512,24 +583,27 @@ impl Fabric {
             Delivery::Arrived { delay } => delay,
             Delivery::Dropped => return self.dropped(g, p, w, start),
         };
-        let (resp_done, hop) = self.responder_times(g, p, start, delay);
-        let ack = resp_done + hop + cost.bytes_ns(len as u64);
+        // the responder DMA-reads the data, sends it back, the requester places it
+        let arrive = self.transmit(g, p, start + cost.wqe_ns, 0).saturating_add(delay);
+        let handled = self.respond(p, arrive);
+        let read = handled + if len > 0 { cost.pcie_read_ns } else { 0 };
+        let ack = self.transmit(p, g, read, len as u64) + if len > 0 { cost.pcie_write_ns } else { 0 };
         let q = &mut self.qps[g as usize];
         q.rd_done = q.rd_done.max(ack);
         if len > 0 {
             let (ph, ppd) = (self.qps[p as usize].host, self.qps[p as usize].pd);
-            let strict = self.strict();
-            let Some(eff) = self.hosts[ph as usize].prot.check_remote(
-                ppd,
-                p,
+            let mode = self.mode();
+            let eff = match self.hosts[ph as usize].prot.check_remote(
+                mode,
+                QpRef { qp: p, pd: ppd },
                 w.rkey,
                 w.remote_addr,
                 len as u64,
                 AccessFlags::REMOTE_READ,
                 false,
-                strict,
-            ) else {
-                return self.remote_fail(g, p, w, WcStatus::RemAccessErr, ack);
+            ) {
+                Ok(a) => a,
+                Err(e) => return self.remote_fail(g, p, w, nak_status(e), ack),
             };
             self.gather(ph, eff, len);
             self.scatter(h, w.local_addr, 0, len);
@@ -544,24 +618,30 @@ impl Fabric {
             Delivery::Arrived { delay } => delay,
             Delivery::Dropped => return self.dropped(g, p, w, start),
         };
-        let (resp_done, hop) = self.responder_times(g, p, start, delay);
-        let ack = resp_done + hop + cost.bytes_ns(8);
+        let arrive = self.transmit(g, p, start + cost.wqe_ns, 0).saturating_add(delay);
+        let handled = self.respond(p, arrive);
+        let nak = self.transmit(p, g, handled, 0);
         let q = &mut self.qps[g as usize];
-        q.rd_done = q.rd_done.max(ack);
+        q.rd_done = q.rd_done.max(nak);
         let (ph, ppd) = (self.qps[p as usize].host, self.qps[p as usize].pd);
-        let strict = self.strict();
-        let Some(eff) = self.hosts[ph as usize].prot.check_remote(
-            ppd,
-            p,
+        let mode = self.mode();
+        let eff = match self.hosts[ph as usize].prot.check_remote(
+            mode,
+            QpRef { qp: p, pd: ppd },
             w.rkey,
             w.remote_addr,
             8,
             AccessFlags::REMOTE_ATOMIC,
             true,
-            strict,
-        ) else {
-            return self.remote_fail(g, p, w, WcStatus::RemAccessErr, ack);
+        ) {
+            Ok(a) => a,
+            Err(e) => return self.remote_fail(g, p, w, nak_status(e), nak),
         };
+        // same-address atomics serialise in the responder NIC; each reads its word over PCIe
+        let rmw = self.hosts[ph as usize].nic.occupy_atomic(eff, handled, cost.atomic_same_addr_ns);
+        let ack = self.transmit(p, g, rmw + cost.pcie_read_ns, 8) + cost.pcie_write_ns;
+        let q = &mut self.qps[g as usize];
+        q.rd_done = q.rd_done.max(ack);
         let mem = &mut self.hosts[ph as usize].mem;
         let old = mem.read_u64(eff).unwrap_or(0);
         let new = match w.opcode {
@@ -582,28 +662,35 @@ impl Fabric {
 
     // ---- local operations ------------------------------------------------------------------
 
-    fn exec_bind(&mut self, g: u32, w: &Wqe) {
+    /// BIND_MW. `access`: the rights exactly as the WQE carries them (in rxe mode the decoder
+    /// lets unknown bits through so the bind rule, not the decoder, refuses them).
+    pub(crate) fn exec_bind(&mut self, g: u32, w: &Wqe, access: u32) {
         let start = self.now;
         let done = start + self.cfg.cost.bind_ns;
-        self.local_done(g, done);
+        // the unit is busy only briefly; the QP's next WQE waits for the bind (mlx5 fences
+        // the WQE after a UMR): the ordering is per QP, not NIC-wide
+        self.local_done(g, start, self.cfg.cost.bind_unit_ns);
         let q = &mut self.qps[g as usize];
-        q.order_until = q.order_until.max(done); // mlx5 fences the WQE after a bind
-        let (h, pd, qpn) = (q.host, q.pd, q.qpn);
+        q.order_until = q.order_until.max(done);
+        let (h, pd) = (q.host, q.pd);
+        let mode = self.mode();
         let res = if w.flags.contains(WqeFlags::UNBIND) {
-            self.hosts[h as usize].prot.invalidate(w.imm, None)
-        } else if w.qpn != qpn && !self.cfg.offload {
-            Err(crate::protection::MwOpFail::OtherQpWithoutOffload)
+            self.hosts[h as usize].prot.invalidate(mode, w.imm, Invalidator::Unbind).map_err(MwOpFail::Invalidate)
         } else {
             let target = self.resolve(h, w.qpn).map(|t| BindTarget { gq: t, qpn: w.qpn, pd: self.qps[t as usize].pd });
-            // A bind naming another QP (BIND_TO_OTHER_QP, mlx5 UMR's qpn field) needs window,
-            // MR and target in one PD; the posting QP's PD is not involved (the mkey context
-            // carries its own `pd`, Linux drivers/infiniband/hw/mlx5/mr.c). That is what lets
-            // the MN post binds from a private loopback QP into the CN-facing PD.
-            let bind_pd = match target {
-                Some(t) if w.qpn != qpn => t.pd,
-                _ => pd,
-            };
-            self.hosts[h as usize].prot.bind(bind_pd, w.imm, w.lkey, w.local_addr, w.length as u64, w.access(), target)
+            let posting = QpRef { qp: g, pd };
+            let capable = self.cfg.offload;
+            self.hosts[h as usize].prot.bind(
+                mode,
+                posting,
+                w.imm,
+                w.lkey,
+                w.local_addr,
+                w.length as u64,
+                access,
+                target,
+                capable,
+            )
         };
         let status = match res {
             Ok(()) => WcStatus::Success,
@@ -615,12 +702,12 @@ impl Fabric {
     fn exec_local_inv(&mut self, g: u32, w: &Wqe) {
         let start = self.now;
         let done = start + self.cfg.cost.bind_ns;
-        self.local_done(g, done);
+        self.local_done(g, start, self.cfg.cost.bind_unit_ns);
         let q = &mut self.qps[g as usize];
         q.order_until = q.order_until.max(done);
         let h = q.host;
-        let by = self.strict().then_some(g);
-        let status = match self.hosts[h as usize].prot.invalidate(w.imm, by) {
+        let mode = self.mode();
+        let status = match self.hosts[h as usize].prot.invalidate(mode, w.imm, Invalidator::LocalInv { qp: g }) {
             Ok(()) => WcStatus::Success,
             // the spec's "memory management operation error"; rxe reports a refused local
             // invalidation as a local QP operation error (verbs differential test)
@@ -631,8 +718,16 @@ impl Fabric {
     }
 
     fn exec_wait(&mut self, g: u32, w: &Wqe) {
-        let done = self.now + self.cfg.cost.wqe_ns;
-        self.local_done(g, done);
+        let cost = self.cfg.cost;
+        let done = self.now + cost.wqe_ns;
+        self.local_done(g, self.now, cost.wqe_ns);
+        // the WQE behind a gate is fetched over PCIe once the gate opens, unless it was
+        // already in the prefetch cache (the cache stops after an unsatisfied WAIT)
+        let q = &mut self.qps[g as usize];
+        if q.pf.len == 0 {
+            q.order_until = q.order_until.max(done + cost.pcie_read_ns);
+            self.counters.gated_fetches += 1;
+        }
         let h = self.qps[g as usize].host;
         let ok = self.cfg.offload && self.resolve(h, w.qpn).is_some();
         let status = if ok { WcStatus::Success } else { WcStatus::LocQpOpErr };
@@ -640,8 +735,9 @@ impl Fabric {
     }
 
     fn exec_enable(&mut self, g: u32, w: &Wqe) {
-        let done = self.now + self.cfg.cost.wqe_ns;
-        self.local_done(g, done);
+        let cost = self.cfg.cost;
+        let done = self.now + cost.wqe_ns;
+        self.local_done(g, self.now, cost.wqe_ns);
         let h = self.qps[g as usize].host;
         let sel = w.queue_sel();
         let target = if self.cfg.offload {
@@ -654,7 +750,14 @@ impl Fabric {
         };
         let tq = &mut self.qps[t as usize];
         let qu = tq.queue_mut(sel);
+        let stalled = qu.consumer >= qu.limit;
         qu.limit = qu.limit.saturating_add(w.operand0);
+        if sel == QueueSel::Send && stalled {
+            // the released entries exist for the NIC only from `done` on, and a queue that
+            // ran dry at its limit has nothing prefetched: its next WQE is fetched over PCIe
+            tq.order_until = tq.order_until.max(done + cost.pcie_read_ns);
+            self.counters.gated_fetches += 1;
+        }
         if sel == QueueSel::Send {
             self.activate(t);
             if t != g {

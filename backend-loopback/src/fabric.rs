@@ -11,7 +11,8 @@ use crate::cq::{Cq, TimedCompletion};
 use crate::error::LoopbackError;
 use crate::fault::{FaultPlan, Middleware};
 use crate::memory::{host_base, Memory};
-use crate::protection::{KeyDraw, MrInfo, MwInfo, MwState, PdId, Protection};
+use crate::nic::Nic;
+use crate::protection::{KeyDraw, MrInfo, MwInfo, MwState, PdId, Protection, WindowBinding};
 use crate::qp::{Prefetch, Qp, QpConfig, Queue};
 use crate::view::HostView;
 use omw_core::access::AccessFlags;
@@ -77,10 +78,8 @@ pub(crate) struct Host {
     /// Registrations of the ring arena, one per PD that asked for one: `(pd, key, access)`.
     /// PD 0's is local-only unless a caller grants more ([`Fabric::register_ring_arena`]).
     pub ring_keys: Vec<(u32, u32, AccessFlags)>,
-    /// The send engine handles one WQE at a time; busy until this time.
-    pub nic_free: u64,
-    /// The responder engine (incoming requests); busy until this time.
-    pub rx_free: u64,
+    /// The NIC's processing units, link and atomic serialiser.
+    pub nic: Nic,
     pub cpu_free: u64,
     pub cpu_events: u64,
     pub cpu_busy_ns: u64,
@@ -178,8 +177,7 @@ impl Fabric {
             ring_len,
             ring_brk: 0,
             ring_keys: vec![(0, ring_key, AccessFlags::LOCAL_WRITE)],
-            nic_free: 0,
-            rx_free: 0,
+            nic: Nic::new(self.cfg.cost.nic_units),
             cpu_free: 0,
             cpu_events: 0,
             cpu_busy_ns: 0,
@@ -282,6 +280,7 @@ impl Fabric {
         if host.mem.range(addr, len).is_none() {
             return Err(LoopbackError::BadAddress { host: h, addr, len });
         }
+        omw_core::mw_rules::check_reg_mr(access.bits()).map_err(|reason| LoopbackError::RegMr { host: h, reason })?;
         let key = host.prot.reg_mr(pd, addr, len, access).ok_or(LoopbackError::BadArgument("key space exhausted"))?;
         Ok(MrKeys { lkey: key, rkey: key })
     }
@@ -325,9 +324,14 @@ impl Fabric {
         host.prot.alloc_mw(pd).ok_or(LoopbackError::BadArgument("key space exhausted"))
     }
 
-    /// Deallocate an unbound window.
-    pub fn dealloc_mw(&mut self, h: HostId, rkey: Rkey) -> Result<()> {
-        self.host_mut(h)?.prot.dealloc_mw(rkey.0).map_err(|_| LoopbackError::NoSuchKey { host: h, key: rkey.0 })
+    /// Deallocate a window by its current rkey, bound or not (a binding is revoked: later
+    /// accesses through it fail with `RemAccessErr`). Returns the revoked binding.
+    pub fn dealloc_mw(&mut self, h: HostId, rkey: Rkey) -> Result<Option<WindowBinding>> {
+        self.host_mut(h)?.prot.dealloc_mw(rkey.0).map_err(|reason| LoopbackError::DeallocMw {
+            host: h,
+            key: rkey.0,
+            reason,
+        })
     }
 
     /// State of the window with rkey index `rkey_index` (whatever its current key).
@@ -761,7 +765,9 @@ impl Fabric {
             cpu_events: host.cpu_events,
             cpu_busy_ns: host.cpu_busy_ns,
             wqes_executed: host.wqes_executed,
-            nic_busy_until: host.nic_free,
+            nic_busy_until: host.nic.busy_until(),
+            nic_send_busy_ns: host.nic.send_busy_ns,
+            nic_rx_busy_ns: host.nic.rx_busy_ns,
             mem_used: host.mem.used(),
             crashed: host.crashed,
         })

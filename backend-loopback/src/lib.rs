@@ -4,7 +4,7 @@
 //! byte-addressable memory, protection domains, MRs, type-2 memory windows, RC queue pairs
 //! whose send and receive rings live **in host memory** (one ring-arena MR per host, so chains
 //! can patch and bump their own WQEs), completion queues with modelled timestamps, and one
-//! NIC. Work runs when the fabric is stepped: [`Fabric::step`] executes one WQE,
+//! NIC of several processing units. Work runs when the fabric is stepped: [`Fabric::step`] executes one WQE,
 //! [`Fabric::run_until_idle`] runs until nothing is runnable (bounded). No threads, no wall
 //! clock, no unseeded randomness: the same calls give the same bytes, completions, times and
 //! counters.
@@ -15,8 +15,10 @@
 //! * [`fabric`] — hosts, the control-plane API, host faults (crash, RNIC reset), invariants;
 //! * [`sched`](crate::Fabric::step) — which QP runs next and when (round-robin, earliest ready
 //!   time, WAIT parking, prefetching);
-//! * `exec` — what each opcode does, the §3 access checks' outcomes, error states, flushes;
-//! * [`protection`] — PDs, MRs, type-2 MWs, the local and remote access checks;
+//! * `exec` — what each opcode does and when (the cost model), the §3 checks' outcomes, error
+//!   states, flushes;
+//! * `nic` — a NIC's processing units (send and responder clocks), link, atomic serialiser;
+//! * [`protection`] — PDs, MRs, type-2 MWs; the checks themselves are `omw_core::mw_rules`;
 //! * [`qp`], [`cq`] — rings, managed queues, prefetch cache; CQs with counts and timestamps;
 //! * [`fault`] — the fault plan and middlewares every request message passes through;
 //! * [`view`] — [`HostView`], the `omw_core::backend::RdmaBackend` implementation;
@@ -69,6 +71,7 @@ mod exec;
 pub mod fabric;
 pub mod fault;
 mod memory;
+mod nic;
 pub mod protection;
 pub mod qp;
 mod sched;

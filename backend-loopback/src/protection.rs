@@ -8,6 +8,10 @@
 
 use omw_core::access::AccessFlags;
 use omw_core::ids::{Qpn, Rkey};
+use omw_core::mw_rules::{
+    self, BindFail, BindRequest, DeallocFail, InvalidateFail, Invalidator, KeyTarget, LocalFail, LocalSge, Mode, QpRef,
+    RemoteAccess, RemoteFail,
+};
 
 /// A protection domain of one host. PD 0 exists on every host (the ring arena is in it).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, Default)]
@@ -82,24 +86,35 @@ struct Mw {
 }
 
 /// Why a BIND_MW / UNBIND / LOCAL_INV / remote invalidation failed (all complete with
-/// `MwBindErr`, or `RemInvReqErr` for a remote invalidation; the reason is for traces).
+/// `MwBindErr`, `LocQpOpErr` (rxe LOCAL_INV) or fail the responder (SEND_WITH_INV); the
+/// reason is for traces). The rules are [`omw_core::mw_rules`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[non_exhaustive]
 pub enum MwOpFail {
+    /// The bind's key index names no window.
     NotAWindow,
-    StaleKey,
-    AlreadyBound,
-    NotBound,
-    PdMismatch,
-    ZeroLength,
-    BadMr,
-    MrLacksMwBind,
-    MrLacksLocalWrite,
-    OutsideMr,
-    BadTargetQp,
-    /// The window is bound to a QP other than the one invalidating it (strict mode).
-    WrongQp,
-    /// A BIND_MW targeting another QP without the BIND_TO_OTHER_QP capability.
-    OtherQpWithoutOffload,
+    Bind(BindFail),
+    Invalidate(InvalidateFail),
+}
+
+impl std::fmt::Display for MwOpFail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotAWindow => f.write_str("key names no memory window"),
+            Self::Bind(e) => write!(f, "bind refused: {e}"),
+            Self::Invalidate(e) => write!(f, "invalidation refused: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for MwOpFail {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::NotAWindow => None,
+            Self::Bind(e) => Some(e),
+            Self::Invalidate(e) => Some(e),
+        }
+    }
 }
 
 /// The target of a bind, resolved by the fabric.
@@ -197,7 +212,8 @@ impl Protection {
         Some(index)
     }
 
-    /// Register `[addr, addr+len)` (the caller checked it is allocated). Returns the key.
+    /// Register `[addr, addr+len)` (the caller checked it is allocated, and its rights with
+    /// [`mw_rules::check_reg_mr`]). Returns the key.
     pub fn reg_mr(&mut self, pd: PdId, addr: u64, len: u64, access: AccessFlags) -> Option<u32> {
         let mr = self.mrs.len() as u32;
         let index = self.new_index(KeyObj::Mr(mr))?;
@@ -226,14 +242,20 @@ impl Protection {
         Some(Rkey(rkey))
     }
 
-    /// Deallocate an unbound window (a bound one must be invalidated first, §3).
-    pub fn dealloc_mw(&mut self, rkey: u32) -> Result<(), bool> {
-        let w = self.mw_index_any_key(rkey >> 8).ok_or(false)?;
-        if matches!(self.mws[w as usize].state, MwState::Bound(_)) {
-            return Err(true);
-        }
+    /// Deallocate a window, bound or not ([`mw_rules::check_dealloc`]): a binding is revoked,
+    /// so later accesses through its rkey find no key. Returns the revoked binding.
+    pub fn dealloc_mw(&mut self, rkey: u32) -> Result<Option<WindowBinding>, DeallocFail> {
+        let w = self.mw_index_any_key(rkey >> 8);
+        let d = mw_rules::check_dealloc(w.map(|w| self.window(w)), rkey)?;
+        let w = w.ok_or(DeallocFail::NotAWindow)?;
+        let revoked = match self.mws[w as usize].state {
+            MwState::Bound(b) => Some(b),
+            MwState::Free => None,
+        };
+        debug_assert_eq!(revoked.is_some(), d.revoked.is_some());
+        self.unbind_index(w);
         self.keys[(rkey >> 8) as usize] = KeyObj::Vacant;
-        Ok(())
+        Ok(revoked)
     }
 
     #[inline]
@@ -251,6 +273,39 @@ impl Protection {
         match self.keys.get(index as usize) {
             Some(KeyObj::Mw(w)) => Some(*w),
             _ => None,
+        }
+    }
+
+    #[inline]
+    fn mr_view(&self, m: u32) -> mw_rules::Mr {
+        let mr = &self.mrs[m as usize];
+        mw_rules::Mr { pd: mr.pd, key: mr.key, addr: mr.addr, len: mr.len, access: mr.access }
+    }
+
+    #[inline]
+    fn window(&self, w: u32) -> mw_rules::Window {
+        let mw = &self.mws[w as usize];
+        let binding = match mw.state {
+            MwState::Free => None,
+            MwState::Bound(b) => Some(mw_rules::Binding {
+                qp: mw.bound_gq,
+                addr: b.addr,
+                len: b.len,
+                access: b.access,
+                mr: self.mr_view(mw.mr),
+            }),
+        };
+        mw_rules::Window { pd: mw.pd, rkey: mw.rkey, binding }
+    }
+
+    /// What the index of `key` names, as the rules see it (a deregistered MR is nothing).
+    #[inline]
+    fn target(&self, key: u32) -> KeyTarget {
+        match self.keys.get((key >> 8) as usize) {
+            None | Some(KeyObj::Vacant) => KeyTarget::None,
+            Some(KeyObj::Mr(m)) if self.mrs[*m as usize].valid => KeyTarget::Mr(self.mr_view(*m)),
+            Some(KeyObj::Mr(_)) => KeyTarget::None,
+            Some(KeyObj::Mw(w)) => KeyTarget::Window(self.window(*w)),
         }
     }
 
@@ -289,119 +344,61 @@ impl Protection {
         self.mws.iter().filter(|w| matches!(w.state, MwState::Bound(_))).map(|w| (w.rkey, w.bound_gq))
     }
 
-    /// Local SGE check: an MR (windows are never lkeys) with the exact key, in `pd`,
-    /// covering the range, with LOCAL_WRITE if the NIC writes there.
+    /// Local SGE check ([`mw_rules::check_local`]).
     #[inline]
-    pub fn check_local(&self, pd: u32, lkey: u32, addr: u64, len: u64, write: bool) -> bool {
-        let Some(m) = self.mr_index(lkey) else {
-            return false;
-        };
-        let mr = &self.mrs[m as usize];
-        mr.pd == pd && (!write || mr.access.contains(AccessFlags::LOCAL_WRITE)) && within(addr, len, mr.addr, mr.len)
+    pub fn check_local(&self, pd: u32, lkey: u32, addr: u64, len: u64, write: bool) -> Result<(), LocalFail> {
+        mw_rules::check_local(self.target(lkey), LocalSge { pd, lkey, addr, len, write })
     }
 
-    /// Responder check of DESIGN.md §3. `gq`/`pd`: the QP the request arrived on. Returns
-    /// the address to access (windows may be zero-based).
+    /// Responder check ([`mw_rules::check_remote`]). `qp`: the QP the request arrived on
+    /// (its global index and PD). Returns the address to access (windows may be zero-based).
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn check_remote(
         &self,
-        pd: u32,
-        gq: u32,
+        mode: Mode,
+        qp: QpRef,
         rkey: u32,
         addr: u64,
         len: u64,
         need: AccessFlags,
         atomic: bool,
-        strict: bool,
-    ) -> Option<u64> {
-        let eff = match self.keys.get((rkey >> 8) as usize)? {
-            KeyObj::Vacant => return None,
-            KeyObj::Mr(m) => {
-                let mr = &self.mrs[*m as usize];
-                if !mr.valid
-                    || mr.key != rkey
-                    || mr.pd != pd
-                    || !mr.access.contains(need)
-                    || !within(addr, len, mr.addr, mr.len)
-                {
-                    return None;
-                }
-                addr
-            }
-            KeyObj::Mw(w) => {
-                let mw = &self.mws[*w as usize];
-                let MwState::Bound(b) = mw.state else {
-                    return None;
-                };
-                if mw.rkey != rkey || mw.pd != pd || mw.bound_gq != gq || !b.access.contains(need) {
-                    return None;
-                }
-                let eff = if b.access.contains(AccessFlags::ZERO_BASED) { b.addr.checked_add(addr)? } else { addr };
-                if strict {
-                    if !within(eff, len, b.addr, b.len) {
-                        return None;
-                    }
-                } else {
-                    // rxe: only the underlying MR's bounds are checked (§3 deviation b)
-                    let mr = &self.mrs[mw.mr as usize];
-                    if !within(eff, len, mr.addr, mr.len) {
-                        return None;
-                    }
-                }
-                eff
-            }
-        };
-        if atomic && eff % 8 != 0 {
-            return None;
-        }
-        Some(eff)
+    ) -> Result<u64, RemoteFail> {
+        mw_rules::check_remote(mode, self.target(rkey), RemoteAccess { qp, rkey, addr, len, need, atomic })
     }
 
-    /// Type-2 BIND_MW. `qp_pd`: PD of the posting QP.
+    /// Type-2 BIND_MW ([`mw_rules::check_bind`]). `posting`: the QP the WQE runs on;
+    /// `target`: the QP it names, resolved by the fabric (`None`: no such QP); `access`: the
+    /// rights as the WQE carries them.
     #[allow(clippy::too_many_arguments)]
     pub fn bind(
         &mut self,
-        qp_pd: u32,
+        mode: Mode,
+        posting: QpRef,
         new_rkey: u32,
         lkey: u32,
         addr: u64,
         len: u64,
-        access: AccessFlags,
+        access: u32,
         target: Option<BindTarget>,
+        other_qp_capable: bool,
     ) -> Result<(), MwOpFail> {
         let w = self.mw_index_any_key(new_rkey >> 8).ok_or(MwOpFail::NotAWindow)?;
-        let mw = self.mws[w as usize];
-        if matches!(mw.state, MwState::Bound(_)) {
-            return Err(MwOpFail::AlreadyBound);
-        }
-        if mw.pd != qp_pd {
-            return Err(MwOpFail::PdMismatch);
-        }
-        if len == 0 {
-            return Err(MwOpFail::ZeroLength);
-        }
-        let m = self.mr_index(lkey).ok_or(MwOpFail::BadMr)?;
-        let mr = self.mrs[m as usize];
-        if mr.pd != qp_pd {
-            return Err(MwOpFail::BadMr);
-        }
-        if !mr.access.contains(AccessFlags::MW_BIND) {
-            return Err(MwOpFail::MrLacksMwBind);
-        }
-        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
-            && !mr.access.contains(AccessFlags::LOCAL_WRITE)
-        {
-            return Err(MwOpFail::MrLacksLocalWrite);
-        }
-        if !within(addr, len, mr.addr, mr.len) {
-            return Err(MwOpFail::OutsideMr);
-        }
-        let t = target.ok_or(MwOpFail::BadTargetQp)?;
-        if t.pd != mw.pd {
-            return Err(MwOpFail::BadTargetQp);
-        }
-        let qpn = Qpn::new(t.qpn).map_err(|_| MwOpFail::BadTargetQp)?;
+        let m = self.mr_index(lkey);
+        let req = BindRequest {
+            posting,
+            target: target.map(|t| QpRef { qp: t.gq, pd: t.pd }),
+            other_qp_capable,
+            addr,
+            len,
+            access,
+        };
+        mw_rules::check_bind(mode, self.window(w), m.map(|m| self.mr_view(m)), req).map_err(MwOpFail::Bind)?;
+        let (Some(t), Some(m)) = (target, m) else {
+            return Err(MwOpFail::Bind(BindFail::BadTargetQp));
+        };
+        let qpn = Qpn::new(t.qpn).map_err(|_| MwOpFail::Bind(BindFail::BadTargetQp))?;
+        let access = AccessFlags::from_bits_truncate(access);
         let mw = &mut self.mws[w as usize];
         mw.rkey = new_rkey;
         mw.state = MwState::Bound(WindowBinding { qpn, mr_lkey: lkey, addr, len, access });
@@ -411,24 +408,14 @@ impl Protection {
         Ok(())
     }
 
-    /// Invalidate the window with exactly `rkey`. `by_gq`: the QP the invalidation comes
-    /// from, checked against the binding when `Some` (strict LOCAL_INV / SEND_WITH_INV);
-    /// `None` skips the QP check (UNBIND, rxe-compatible invalidation).
-    pub fn invalidate(&mut self, rkey: u32, by_gq: Option<u32>) -> Result<(), MwOpFail> {
-        let w = self.mw_index_any_key(rkey >> 8).ok_or(MwOpFail::NotAWindow)?;
-        let mw = self.mws[w as usize];
-        if !matches!(mw.state, MwState::Bound(_)) {
-            return Err(MwOpFail::NotBound);
+    /// Invalidate the window with exactly `rkey` ([`mw_rules::check_invalidate`]; `by` names
+    /// the QP by its global index).
+    pub fn invalidate(&mut self, mode: Mode, rkey: u32, by: Invalidator) -> Result<(), InvalidateFail> {
+        let w = self.mw_index_any_key(rkey >> 8);
+        mw_rules::check_invalidate(mode, w.map(|w| self.window(w)), rkey, by)?;
+        if let Some(w) = w {
+            self.unbind_index(w);
         }
-        if mw.rkey != rkey {
-            return Err(MwOpFail::StaleKey);
-        }
-        if let Some(g) = by_gq {
-            if mw.bound_gq != g {
-                return Err(MwOpFail::WrongQp);
-            }
-        }
-        self.unbind_index(w);
         Ok(())
     }
 
@@ -453,15 +440,6 @@ impl Protection {
     }
 }
 
-/// `[addr, addr+len)` inside `[base, base+size)`, overflow-safe.
-#[inline]
-pub(crate) fn within(addr: u64, len: u64, base: u64, size: u64) -> bool {
-    match (addr.checked_add(len), base.checked_add(size)) {
-        (Some(end), Some(lim)) => addr >= base && end <= lim,
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,12 +453,12 @@ mod tests {
         assert!(a >> 8 != 0 && w.index() != 0);
         assert_ne!(a >> 8, b >> 8);
         assert_ne!(a >> 8, w.index());
-        assert!(p.check_local(0, a, 0x1000, 0x100, true));
-        assert!(!p.check_local(0, a ^ 1, 0x1000, 1, false), "stale key");
-        assert!(!p.check_local(1, a, 0x1000, 1, false), "other PD");
-        assert!(!p.check_local(0, a, 0x10ff, 2, false), "past the end");
-        assert!(!p.check_local(0, w.0, 0x1000, 1, false), "a window is not an lkey");
-        assert!(!p.check_local(0, 0, 0, 0, false));
+        assert!(p.check_local(0, a, 0x1000, 0x100, true).is_ok());
+        assert_eq!(p.check_local(0, a ^ 1, 0x1000, 1, false), Err(LocalFail::StaleKey));
+        assert_eq!(p.check_local(1, a, 0x1000, 1, false), Err(LocalFail::PdMismatch));
+        assert_eq!(p.check_local(0, a, 0x10ff, 2, false), Err(LocalFail::OutOfBounds));
+        assert_eq!(p.check_local(0, w.0, 0x1000, 1, false), Err(LocalFail::WindowAsLkey));
+        assert_eq!(p.check_local(0, 0, 0, 0, false), Err(LocalFail::NoSuchKey));
     }
 
     #[test]
@@ -507,12 +485,5 @@ mod tests {
             })
             .collect();
         assert!(firsts.len() > 32, "mlx5-like counter start is seeded: {}", firsts.len());
-    }
-
-    #[test]
-    fn within_is_overflow_safe() {
-        assert!(within(5, 0, 5, 0));
-        assert!(!within(u64::MAX, 2, 0, u64::MAX));
-        assert!(!within(4, 2, 5, 10));
     }
 }

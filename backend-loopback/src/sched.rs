@@ -72,6 +72,14 @@ impl Fabric {
         }
     }
 
+    /// The processing unit QP `g` is pinned to on its host's NIC (its local index modulo the
+    /// unit count: QP numbers are `(host + 1) << 16 | local`).
+    #[inline]
+    pub(crate) fn unit(&self, g: u32) -> usize {
+        let q = &self.qps[g as usize];
+        self.hosts[q.host as usize].nic.unit_of(q.qpn & 0xFFFF)
+    }
+
     /// The connected QP, if it still exists.
     #[inline]
     pub(crate) fn peer_gq(&self, g: u32) -> Option<u32> {
@@ -120,7 +128,7 @@ impl Fabric {
             QpState::Rts => {}
             QpState::Err => {
                 return if q.sq.consumer < q.sq.flush_end() {
-                    Readiness::Ready(host.nic_free)
+                    Readiness::Ready(host.nic.send_free(host.nic.unit_of(q.qpn & 0xFFFF)))
                 } else {
                     Readiness::Idle
                 };
@@ -130,7 +138,7 @@ impl Fabric {
         if !q.sq.available() {
             return Readiness::Idle;
         }
-        let mut t = host.nic_free.max(q.order_until);
+        let mut t = host.nic.send_free(host.nic.unit_of(q.qpn & 0xFFFF)).max(q.order_until);
         let p = Peek::of(self.head_slice(g));
         if p.flags & WqeFlags::FENCE.bits() != 0 {
             t = t.max(q.rd_done);

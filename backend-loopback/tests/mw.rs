@@ -6,8 +6,9 @@ use common::*;
 use omw_core::access::AccessFlags;
 use omw_core::backend::{MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::ids::Rkey;
+use omw_core::mw_rules::{DeallocFail, RegMrFail};
 use omw_core::wqe::{QueueSel, Wqe};
-use omw_loopback::{MwState, NicConfig, PdId, QpAddr, QpConfig};
+use omw_loopback::{LoopbackError, MwState, NicConfig, PdId, QpAddr, QpConfig};
 
 const RW: AccessFlags = AccessFlags::DATA_WINDOW;
 
@@ -274,7 +275,9 @@ fn send_with_invalidate() {
         t.e.f.post_recv(m2, &recv(2, &[(pool + 4096, 64, plk)])).unwrap();
         let s = Wqe::send_with_inv(t.e.buf, t.e.buf_k.lkey, 8, k2.0);
         if cfg.conformance == omw_loopback::Conformance::Strict {
-            assert_eq!(t.op(c2, s), WcStatus::RemInvReqErr);
+            // class J: no NAK, so no completion for the SEND (see strict_class_j_* below)
+            t.e.f.post_send(c2, &s).unwrap();
+            assert!(drain(&mut t.e.f, c2, QueueSel::Send).is_empty());
             assert_eq!(drain(&mut t.e.f, m2, QueueSel::Recv)[0].status, WcStatus::RemInvReqErr);
             assert_eq!(t.e.f.qp_state(m2).unwrap(), QpState::Err);
             assert!(t.e.f.mw_is_bound(t.e.mn, k2));
@@ -290,11 +293,12 @@ fn send_with_invalidate() {
         t.e.f.post_recv(m2, &recv(3, &[(pool + 4096, 64, plk)])).unwrap();
         let s = Wqe::send_with_inv(t.e.buf, t.e.buf_k.lkey, 8, t.e.pool_k.rkey);
         if cfg.conformance == omw_loopback::Conformance::Strict {
-            assert_eq!(t.op(c2, s), WcStatus::RemInvReqErr);
+            t.e.f.post_send(c2, &s).unwrap();
+            assert!(drain(&mut t.e.f, c2, QueueSel::Send).is_empty());
         } else {
             assert_eq!(t.op(c2, s), WcStatus::Success);
-            assert_eq!(t.e.f.qp_state(c2).unwrap(), QpState::Rts);
         }
+        assert_eq!(t.e.f.qp_state(c2).unwrap(), QpState::Rts);
         assert_eq!(drain(&mut t.e.f, m2, QueueSel::Recv)[0].status, WcStatus::RemInvReqErr);
         assert_eq!(t.e.f.qp_state(m2).unwrap(), QpState::Err);
     }
@@ -323,10 +327,127 @@ fn dereg_refused_while_windows_are_bound_and_inspection() {
     let mn = t.e.mn;
     let view = t.e.f.view(mn);
     assert_eq!(view.mw_binding(k), Some(MwBinding::Bound { rkey: k, qpn: m.qpn }));
-    assert!(t.e.f.dealloc_mw(mn, k).is_err(), "a bound window cannot be deallocated");
     assert_eq!(t.op(m, Wqe::local_inv(k.0)), WcStatus::Success);
     assert_eq!(t.e.f.view(mn).mw_binding(k), Some(MwBinding::Unbound));
     t.e.f.dereg_mr(mn, t.e.pool_k.lkey).unwrap();
-    t.e.f.dealloc_mw(mn, k).unwrap();
+    assert_eq!(t.e.f.dealloc_mw(mn, k).unwrap(), None, "nothing to revoke");
     assert_eq!(t.e.f.mw_binding(mn, k.index()), None);
+}
+
+// ---- conformance classes (issue 11 part 4) ------------------------------------------------
+
+/// Deallocating a bound type-2 window succeeds in both modes and revokes it: later accesses
+/// through its rkey are REM_ACCESS_ERR, the MR no longer counts it, and a second dealloc
+/// or a wrong key byte says exactly that.
+#[test]
+fn dealloc_of_a_bound_window_revokes_it() {
+    for cfg in [NicConfig::strict(), NicConfig::rxe_compatible()] {
+        let mut t = mw_env(cfg);
+        let (m, c, mn) = (t.e.m, t.e.c, t.e.mn);
+        let k = t.mw.next_key();
+        assert_eq!(t.bind(m, k, 0, 64, m, RW), WcStatus::Success);
+        assert_eq!(t.read(c, k, 0, 8), WcStatus::Success);
+        let stale = Rkey(k.0 ^ 1);
+        assert!(matches!(
+            t.e.f.dealloc_mw(mn, stale),
+            Err(LoopbackError::DeallocMw { reason: DeallocFail::StaleKey, .. })
+        ));
+        assert!(t.e.f.mw_is_bound(mn, k), "a refused dealloc changes nothing");
+        let revoked = t.e.f.dealloc_mw(mn, k).unwrap().expect("it was bound");
+        assert_eq!((revoked.qpn, revoked.addr, revoked.len), (m.qpn, t.e.pool, 64));
+        assert_eq!(t.read(c, k, 0, 8), WcStatus::RemAccessErr);
+        assert_eq!(t.e.f.mr_info(mn, t.e.pool_k.lkey).unwrap().bound_windows, 0);
+        t.e.f.dereg_mr(mn, t.e.pool_k.lkey).unwrap();
+        assert!(matches!(
+            t.e.f.dealloc_mw(mn, k),
+            Err(LoopbackError::DeallocMw { reason: DeallocFail::NotAWindow, .. })
+        ));
+        let e = t.e.f.dealloc_mw(mn, k).unwrap_err();
+        assert!(std::error::Error::source(&e).is_some(), "the rule's reason is kept as the source");
+    }
+}
+
+/// Strict mode, IBTA 9.9.6.3 class J: a SEND_WITH_INV whose invalidation fails makes the
+/// responder complete its receive WQE in error and go to Err, and sends no NAK, so the
+/// requester gets no completion for it and stays RTS; its next request finds the errored
+/// responder and times out.
+#[test]
+fn strict_class_j_send_with_inv_is_silent_to_the_requester() {
+    let mut t = mw_env(NicConfig::strict());
+    let (c2, m2, m) = (t.c2, t.m2, t.e.m);
+    let (pool, plk) = (t.e.pool, t.e.pool_k.lkey);
+    let k = t.mw.next_key();
+    assert_eq!(t.bind(m, k, 0, 64, m, RW), WcStatus::Success); // bound to m, not m2
+    t.e.f.post_recv(m2, &recv(7, &[(pool + 4096, 64, plk)])).unwrap();
+    let s = Wqe::send_with_inv(t.e.buf, t.e.buf_k.lkey, 8, k.0);
+    t.e.f.post_send(c2, &s).unwrap();
+    assert!(drain(&mut t.e.f, c2, QueueSel::Send).is_empty(), "no NAK, no completion");
+    assert_eq!(t.e.f.qp_state(c2).unwrap(), QpState::Rts);
+    let r = drain(&mut t.e.f, m2, QueueSel::Recv);
+    assert_eq!((r.len(), r[0].wr_id, r[0].status, r[0].invalidated), (1, 7, WcStatus::RemInvReqErr, None));
+    assert_eq!(t.e.f.qp_state(m2).unwrap(), QpState::Err);
+    assert!(t.e.f.mw_is_bound(t.e.mn, k), "nothing was invalidated");
+    assert_eq!(t.e.f.counters().silent_class_j, 1);
+    // the next request meets the errored responder
+    assert_eq!(t.op(c2, Wqe::send(t.e.buf, t.e.buf_k.lkey, 8)), WcStatus::RetryExcErr);
+}
+
+/// Window rights with a bit rxe does not support: rxe refuses them in the bind
+/// (`rxe_bind_mw`: `access & ~RXE_ACCESS_SUPPORTED_MW` → MW_BIND_ERR); strict mode refuses
+/// the WQE at decode (LOC_QP_OP_ERR), like any malformed canonical WQE. `MW_BIND` itself is
+/// in `RXE_ACCESS_SUPPORTED_MW`, so rxe binds such a window (and ignores the bit).
+#[test]
+fn window_rights_outside_the_supported_set() {
+    let unknown = AccessFlags::from_bits_retain(RW.bits() | 1 << 12);
+    for (cfg, want) in [(NicConfig::strict(), WcStatus::LocQpOpErr), (NicConfig::rxe_compatible(), WcStatus::MwBindErr)]
+    {
+        let mut t = mw_env(cfg);
+        let m = t.e.m;
+        let k = t.mw.next_key();
+        assert_eq!(t.bind(m, k, 0, 64, m, unknown), want);
+        assert!(!t.e.f.mw_is_bound(t.e.mn, k));
+        assert_eq!(t.e.f.qp_state(m).unwrap(), QpState::Err);
+    }
+    let mut t = mw_env(NicConfig::strict());
+    let (m, k) = (t.e.m, t.mw.next_key());
+    assert_eq!(t.bind(m, k, 0, 64, m, RW | AccessFlags::MW_BIND), WcStatus::LocQpOpErr);
+    let mut t = mw_env(NicConfig::rxe_compatible());
+    let (m, c, k) = (t.e.m, t.e.c, t.mw.next_key());
+    assert_eq!(t.bind(m, k, 0, 64, m, RW | AccessFlags::MW_BIND), WcStatus::Success);
+    assert_eq!(t.read(c, k, 0, 8), WcStatus::Success);
+}
+
+/// ZERO_BASED and ON_DEMAND registrations are refused with a typed reason (the model has
+/// no IOVA-based registration and no page faults), as is REMOTE_WRITE without LOCAL_WRITE.
+#[test]
+fn reg_mr_refuses_what_the_model_does_not_model() {
+    let mut t = mw_env(NicConfig::strict());
+    let mn = t.e.mn;
+    for (bits, reason) in [
+        (AccessFlags::ZERO_BASED, RegMrFail::ZeroBased),
+        (AccessFlags::ON_DEMAND, RegMrFail::OnDemand),
+        (AccessFlags::REMOTE_WRITE, RegMrFail::RemoteWriteWithoutLocalWrite),
+    ] {
+        let acc = if reason == RegMrFail::RemoteWriteWithoutLocalWrite { bits } else { ALL_REMOTE | bits };
+        match t.e.f.reg_mr(mn, PdId(0), t.e.pool, 4096, acc) {
+            Err(LoopbackError::RegMr { reason: r, .. }) => assert_eq!(r, reason),
+            other => panic!("{acc:?}: {other:?}"),
+        }
+    }
+    // a window on the pool still binds: nothing was registered
+    let (m, k) = (t.e.m, t.mw.next_key());
+    assert_eq!(t.bind(m, k, 0, 64, m, RW), WcStatus::Success);
+}
+
+/// A refused remote access names its NAK: a misaligned atomic through a zero-based window
+/// is an invalid request (rxe_resp.c RESPST_ERR_MISALIGNED_ATOMIC → REM_INV_REQ_ERR).
+#[test]
+fn misaligned_atomic_through_a_zero_based_window_is_an_invalid_request() {
+    let mut t = mw_env(NicConfig::strict());
+    let (m, c) = (t.e.m, t.e.c);
+    let k = t.mw.next_key();
+    let acc = AccessFlags::REMOTE_ATOMIC | AccessFlags::ZERO_BASED;
+    assert_eq!(t.bind(m, k, 4, 64, m, acc), WcStatus::Success); // window base pool+4
+    let fa = Wqe::fetch_add(t.e.buf, t.e.buf_k.lkey, 0, k.0, 1);
+    assert_eq!(t.op(c, fa), WcStatus::RemInvReqErr);
 }

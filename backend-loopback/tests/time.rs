@@ -1,5 +1,6 @@
-//! Modelled time: calibration, NIC serialisation, binds and fences, WAITs that only see
-//! arrived completions, CPU time, monotonicity, determinism.
+//! Modelled time: calibration, processing units (per-QP order, parallel QPs, responder
+//! units), binds as per-QP fences, gated WQE fetches, loopback PCIe costs, same-address atomics,
+//! the shared link, WAITs that only see arrived completions, CPU time, monotonicity, determinism.
 
 mod common;
 use common::*;
@@ -17,49 +18,75 @@ fn loop_qp(e: &mut Env) -> QpAddr {
     e.f.create_connected_pair(e.mn, QpConfig::default(), e.mn, QpConfig::default()).unwrap().0
 }
 
+fn one_unit() -> NicConfig {
+    NicConfig::strict().with_cost(CostModel::CX6.with_units(1))
+}
+
 #[test]
 fn read_latency_is_calibrated() {
     let c = CostModel::CX6;
     let mut e = env(NicConfig::strict());
     e.f.post_send(e.c, &Wqe::read(e.buf, e.buf_k.lkey, 8, e.pool, e.pool_k.rkey)).unwrap();
-    assert_eq!(times(&mut e.f, e.c), vec![2900], "§2: a one-sided READ is 2.9 µs");
+    assert_eq!(times(&mut e.f, e.c), vec![2900], "§2: a one-sided READ is 2.9 µs (wire_ns is set from it)");
+    // a loopback READ never leaves the NIC: issue, responder, DMA read of the source, posted
+    // write of the destination
     let a = loop_qp(&mut e);
     let t0 = e.f.now();
     e.f.post_send(a, &Wqe::read(e.pool + 64, e.pool_k.lkey, 8, e.pool, e.pool_k.rkey)).unwrap();
-    let loopback = c.wqe_ns + 2 * c.loopback_hop_ns + c.responder_ns;
+    let loopback = c.wqe_ns + c.responder_ns + c.pcie_read_ns + c.pcie_write_ns;
     assert_eq!(times(&mut e.f, a), vec![t0 + loopback]);
-    // payload bytes cost serialisation time
+    // a loopback WRITE completes when the responder took it: issue, DMA read of the payload
+    let t0 = e.f.now();
+    e.f.post_send(a, &Wqe::write(e.pool + 64, e.pool_k.lkey, 8, e.pool, e.pool_k.rkey)).unwrap();
+    assert_eq!(times(&mut e.f, a), vec![t0 + c.wqe_ns + c.pcie_read_ns + c.responder_ns]);
+    // payload bytes cost serialisation time on the link
     let t0 = e.f.now();
     e.f.post_send(e.c, &Wqe::read(e.buf, e.buf_k.lkey, 4096, e.pool, e.pool_k.rkey)).unwrap();
     assert_eq!(times(&mut e.f, e.c), vec![t0 + 2900 + c.bytes_ns(4096)]);
 }
 
 #[test]
-fn one_nic_executes_one_wqe_at_a_time() {
-    let mut e = env(NicConfig::strict());
-    let a = loop_qp(&mut e);
-    let b = loop_qp(&mut e);
-    e.f.post_send(a, &Wqe::nop()).unwrap();
-    e.f.post_send(b, &Wqe::nop()).unwrap();
-    e.f.post_send(e.c, &Wqe::nop()).unwrap(); // another host: in parallel
-    e.f.settle(100);
-    let ta = e.f.poll_timed(a, QueueSel::Send).unwrap()[0].at;
-    let tb = e.f.poll_timed(b, QueueSel::Send).unwrap()[0].at;
-    let tc = e.f.poll_timed(e.c, QueueSel::Send).unwrap()[0].at;
+fn one_qp_runs_in_order_and_qps_on_different_units_in_parallel() {
     let w = CostModel::CX6.wqe_ns;
-    assert_eq!((ta.min(tb), ta.max(tb), tc), (w, 2 * w, w));
+    for (cfg, serial) in [(one_unit(), true), (NicConfig::strict(), false)] {
+        let mut e = env(cfg);
+        let a = loop_qp(&mut e);
+        let b = loop_qp(&mut e);
+        e.f.post_send(a, &Wqe::nop()).unwrap();
+        e.f.post_send(a, &Wqe::nop()).unwrap();
+        e.f.post_send(b, &Wqe::nop()).unwrap();
+        e.f.post_send(e.c, &Wqe::nop()).unwrap(); // another host: in parallel
+        e.f.settle(100);
+        let ta: Vec<u64> = e.f.poll_timed(a, QueueSel::Send).unwrap().iter().map(|c| c.at).collect();
+        let tb = e.f.poll_timed(b, QueueSel::Send).unwrap()[0].at;
+        let tc = e.f.poll_timed(e.c, QueueSel::Send).unwrap()[0].at;
+        assert_eq!(tc, w);
+        if serial {
+            // one unit: three WQEs one after the other, whatever the interleaving
+            let mut all = vec![ta[0], ta[1], tb];
+            all.sort();
+            assert_eq!(all, vec![w, 2 * w, 3 * w]);
+            assert!(ta[0] < ta[1]);
+        } else {
+            assert_eq!((ta, tb), (vec![w, 2 * w], w), "a's second NOP waits for its first; b does not");
+        }
+    }
 }
 
 #[test]
-fn binds_cost_their_time_and_fence_the_next_wqe() {
-    let mut e = env(NicConfig::strict());
+fn binds_fence_their_qp_not_the_unit() {
+    let c = CostModel::CX6;
+    let mut e = env(one_unit());
     let mw = e.f.alloc_mw(e.mn, PdId(0)).unwrap().next_key();
     let m = e.m;
+    let other = loop_qp(&mut e); // same (only) unit of the MN
     let w = Wqe::bind_mw(mw.0, e.pool, 64, e.pool_k.lkey, m.qpn.get(), AccessFlags::REMOTE_READ);
     e.f.post_send(m, &w).unwrap();
     e.f.post_send(m, &Wqe::nop()).unwrap();
-    let c = CostModel::CX6;
+    e.f.post_send(other, &Wqe::nop()).unwrap();
     assert_eq!(times(&mut e.f, m), vec![c.bind_ns, c.bind_ns + c.wqe_ns]);
+    let t = e.f.poll_timed(other, QueueSel::Send).unwrap()[0].at;
+    assert_eq!(t, c.bind_unit_ns + c.wqe_ns, "the unit was busy only for the bind's issue");
 }
 
 #[test]
@@ -75,31 +102,81 @@ fn fence_waits_for_earlier_reads() {
 }
 
 #[test]
-fn a_wait_sees_only_completions_whose_time_has_come() {
-    let mut e = env(NicConfig::strict());
-    // CN QP c: a READ whose CQE is generated at 2.9 µs; a second CN QP waits for it
-    let (c2, _m2) = e.f.create_connected_pair(e.cn, QpConfig::default(), e.mn, QpConfig::default()).unwrap();
-    e.f.post_send(c2, &Wqe::wait(e.c.qpn.get(), QueueSel::Send, 1)).unwrap();
-    e.f.post_send(c2, &Wqe::nop()).unwrap();
-    e.f.post_send(e.c, &Wqe::read(e.buf, e.buf_k.lkey, 8, e.pool, e.pool_k.rkey)).unwrap();
-    let w = CostModel::CX6.wqe_ns;
-    assert_eq!(times(&mut e.f, c2), vec![2900 + w + w], "the WAIT itself is a WQE");
+fn a_wait_sees_only_completions_whose_time_has_come_and_the_next_wqe_is_fetched() {
+    let c = CostModel::CX6;
+    for prefetch in [false, true] {
+        let cfg = if prefetch { NicConfig::strict().with_prefetch(4) } else { NicConfig::strict() };
+        let mut e = env(cfg);
+        // CN QP c: a READ whose CQE is generated at 2.9 µs; a second CN QP waits for it
+        let (c2, _m2) = e.f.create_connected_pair(e.cn, QpConfig::default(), e.mn, QpConfig::default()).unwrap();
+        e.f.post_send(c2, &Wqe::wait(e.c.qpn.get(), QueueSel::Send, 1)).unwrap();
+        e.f.post_send(c2, &Wqe::nop()).unwrap();
+        e.f.post_send(e.c, &Wqe::read(e.buf, e.buf_k.lkey, 8, e.pool, e.pool_k.rkey)).unwrap();
+        // the WAIT is a WQE; the NOP behind it is fetched over PCIe once the gate opens
+        // (prefetching stops after an unsatisfied WAIT, so it does not help)
+        assert_eq!(times(&mut e.f, c2), vec![2900 + c.wqe_ns + c.pcie_read_ns + c.wqe_ns]);
+        assert_eq!(e.f.counters().gated_fetches, 1);
+    }
 }
 
 #[test]
-fn responder_engine_serialises_incoming_requests() {
+fn enable_of_a_queue_that_ran_dry_pays_a_fetch() {
+    let c = CostModel::CX6;
+    let mut e = env(NicConfig::strict());
+    let (t, _) = e.f.create_connected_pair(e.mn, QpConfig::managed(8, 8), e.mn, QpConfig::default()).unwrap();
+    let a = loop_qp(&mut e);
+    e.f.post_send(t, &Wqe::nop()).unwrap();
+    e.f.post_send(a, &Wqe::enable(t.qpn.get(), QueueSel::Send, 1)).unwrap();
+    // ENABLE issued at 0, done at wqe_ns; the released NOP is fetched, then runs
+    assert_eq!(times(&mut e.f, t), vec![c.wqe_ns + c.pcie_read_ns + c.wqe_ns]);
+    assert_eq!(e.f.counters().gated_fetches, 1);
+}
+
+#[test]
+fn responder_work_runs_on_the_responder_qps_unit() {
+    let r = CostModel::CX6.responder_ns;
+    for (cfg, expect) in [(one_unit(), vec![2900, 2900 + r]), (NicConfig::strict(), vec![2900, 2900])] {
+        let mut e = env(cfg);
+        let (c2, _m2) = e.f.create_connected_pair(e.cn, QpConfig::default(), e.mn, QpConfig::default()).unwrap();
+        let cn2 = e.f.add_host("cn2").unwrap();
+        let (buf2, k2) = e.f.alloc_mr(cn2, PdId(0), 64, 8, AccessFlags::LOCAL_WRITE).unwrap();
+        let (c3, _m3) = e.f.create_connected_pair(cn2, QpConfig::default(), e.mn, QpConfig::default()).unwrap();
+        e.f.post_send(c2, &Wqe::read(e.buf, e.buf_k.lkey, 8, e.pool, e.pool_k.rkey)).unwrap();
+        e.f.post_send(c3, &Wqe::read(buf2, k2.lkey, 8, e.pool, e.pool_k.rkey)).unwrap();
+        e.f.settle(100);
+        let mut t: Vec<u64> = [c2, c3].iter().map(|q| e.f.poll_timed(*q, QueueSel::Send).unwrap()[0].at).collect();
+        t.sort();
+        assert_eq!(t, expect, "one unit takes them in turn; two units in parallel");
+    }
+}
+
+#[test]
+fn same_address_atomics_serialise_in_the_responder() {
+    let c = CostModel::CX6;
+    for (other, gap) in [(0u64, c.atomic_same_addr_ns), (8, 0)] {
+        let mut e = env(NicConfig::strict());
+        let (c2, _m2) = e.f.create_connected_pair(e.cn, QpConfig::default(), e.mn, QpConfig::default()).unwrap();
+        e.f.post_send(e.c, &Wqe::fetch_add(e.buf, e.buf_k.lkey, e.pool, e.pool_k.rkey, 1)).unwrap();
+        e.f.post_send(c2, &Wqe::fetch_add(e.buf + 8, e.buf_k.lkey, e.pool + other, e.pool_k.rkey, 1)).unwrap();
+        e.f.settle(100);
+        let mut t: Vec<u64> = [e.c, c2].iter().map(|q| e.f.poll_timed(*q, QueueSel::Send).unwrap()[0].at).collect();
+        t.sort();
+        assert_eq!(t[1] - t[0], gap, "address offset {other}");
+    }
+}
+
+#[test]
+fn a_hosts_link_is_shared_by_its_qps() {
+    let c = CostModel::CX6;
     let mut e = env(NicConfig::strict());
     let (c2, _m2) = e.f.create_connected_pair(e.cn, QpConfig::default(), e.mn, QpConfig::default()).unwrap();
-    let cn2 = e.f.add_host("cn2").unwrap();
-    let (buf2, k2) = e.f.alloc_mr(cn2, PdId(0), 64, 8, AccessFlags::LOCAL_WRITE).unwrap();
-    let (c3, _m3) = e.f.create_connected_pair(cn2, QpConfig::default(), e.mn, QpConfig::default()).unwrap();
-    e.f.post_send(c2, &Wqe::read(e.buf, e.buf_k.lkey, 8, e.pool, e.pool_k.rkey)).unwrap();
-    e.f.post_send(c3, &Wqe::read(buf2, k2.lkey, 8, e.pool, e.pool_k.rkey)).unwrap();
+    for q in [e.c, c2] {
+        e.f.post_send(q, &Wqe::write(e.buf, e.buf_k.lkey, 4096, e.pool, e.pool_k.rkey)).unwrap();
+    }
     e.f.settle(100);
-    let mut t: Vec<u64> = [c2, c3].iter().map(|q| e.f.poll_timed(*q, QueueSel::Send).unwrap()[0].at).collect();
+    let mut t: Vec<u64> = [e.c, c2].iter().map(|q| e.f.poll_timed(*q, QueueSel::Send).unwrap()[0].at).collect();
     t.sort();
-    let r = CostModel::CX6.responder_ns;
-    assert_eq!(t, vec![2900, 2900 + r], "both arrive together; the MN's responder takes them in turn");
+    assert_eq!(t[1] - t[0], c.bytes_ns(4096), "the second WRITE's payload leaves after the first's");
 }
 
 #[test]
@@ -169,7 +246,7 @@ fn same_calls_same_everything() {
     }
     // and a different configuration is visibly different
     let (a, _) = scenario(NicConfig::strict());
-    let (b, _) = scenario(NicConfig::strict().with_cost(CostModel { wire_hop_ns: 1000, ..CostModel::CX6 }));
+    let (b, _) = scenario(NicConfig::strict().with_cost(CostModel { wire_ns: 1000, ..CostModel::CX6 }));
     assert_ne!(a.digest(), b.digest());
 }
 

@@ -74,9 +74,11 @@ impl core::fmt::Display for NicErr {
 }
 
 /// Just enough of a NIC for the host engine, in fixed-size storage (no allocation after
-/// set-up): MN memory, windows with bind/invalidate checks, completions, one reply buffer.
+/// set-up): MN memory (metadata and the pool, which the MN scrubs on every host-engine free),
+/// windows with bind/invalidate checks, completions, one reply buffer.
 struct MiniNic {
     meta: Vec<u8>,
+    pool: Vec<u8>,
     mws: Vec<(Rkey, Option<Qpn>)>,
     cqes: heapless::Vec<(u32, bool, Completion), 64>,
     recvs: heapless::Vec<(u32, RecvWqe), 64>,
@@ -86,6 +88,15 @@ struct MiniNic {
 }
 
 impl MiniNic {
+    /// Host memory at `addr`: the pool or the metadata.
+    fn mem(&mut self, addr: u64, len: usize) -> Result<&mut [u8], NicErr> {
+        if let Some(off) = addr.checked_sub(POOL).filter(|o| *o < self.pool.len() as u64) {
+            let off = off as usize;
+            return self.pool.get_mut(off..off + len).ok_or(NicErr("beyond the pool"));
+        }
+        let rng = self.range(addr, len)?;
+        Ok(&mut self.meta[rng])
+    }
     fn range(&self, addr: u64, len: usize) -> Result<core::ops::Range<usize>, NicErr> {
         let off = addr.checked_sub(META).ok_or(NicErr("below metadata"))? as usize;
         if off + len > self.meta.len() {
@@ -209,13 +220,17 @@ impl RdmaBackend for MiniNic {
         Ok(r)
     }
     fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), NicErr> {
+        if let Some(off) = addr.checked_sub(POOL).filter(|o| *o < self.pool.len() as u64) {
+            let off = off as usize;
+            buf.copy_from_slice(self.pool.get(off..off + buf.len()).ok_or(NicErr("beyond the pool"))?);
+            return Ok(());
+        }
         let rng = self.range(addr, buf.len())?;
         buf.copy_from_slice(&self.meta[rng]);
         Ok(())
     }
     fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), NicErr> {
-        let rng = self.range(addr, data.len())?;
-        self.meta[rng].copy_from_slice(data);
+        self.mem(addr, data.len())?.copy_from_slice(data);
         Ok(())
     }
     fn ring_base(&self, _: Qpn, _: QueueSel) -> Result<u64, NicErr> {
@@ -270,6 +285,7 @@ impl Rig {
         };
         let mut nic = MiniNic {
             meta: vec![0; map.meta_len as usize],
+            pool: vec![0; geo.pool_len() as usize],
             mws: Vec::with_capacity((CHUNKS * G as u32 + 1) as usize),
             cqes: heapless::Vec::new(),
             recvs: heapless::Vec::new(),
@@ -465,9 +481,12 @@ fn measure(n: u64, reps: u32, mut f: impl FnMut()) -> (f64, f64) {
     (best, allocs as f64 / n as f64)
 }
 
-fn summary() {
+/// `quick` (the `--test` smoke run of scripts/bench-smoke): every operation, a thousandth of
+/// the iterations — it proves the paths run, its figures mean nothing.
+fn summary(quick: bool) {
+    let q = if quick { 1000 } else { 1 };
     let src = [7u8; 64];
-    let (base, _) = measure(2_000_000, 5, || {
+    let (base, _) = measure(2_000_000 / q, 5, || {
         let mut dst = [0u8; 64];
         dst.copy_from_slice(black_box(&src));
         black_box(dst);
@@ -477,7 +496,7 @@ fn summary() {
     let mut c = connected_client();
     rows.push((
         "CN: alloc request + reply decode + free request",
-        measure(200_000, 5, || {
+        measure(200_000 / q, 5, || {
             let mut buf = [0u8; 64];
             let (tok, _) = c.alloc_request(0, 0xC0DE_0000, 9, &mut buf).expect("request");
             let a = c.on_alloc_reply(tok, black_box(&reply)).expect("reply");
@@ -491,7 +510,7 @@ fn summary() {
     let (mut aa, mut af, mut k) = (0u64, 0u64, 0u64);
     let mut best_a = f64::MAX;
     let mut best_f = f64::MAX;
-    for round in 0..40 {
+    for round in 0..(if quick { 6 } else { 40 }) {
         let a0 = ALLOCS.load(Ordering::Relaxed);
         let t = Instant::now();
         for _ in 0..batch {
@@ -525,28 +544,28 @@ fn summary() {
     let w = bind_wqe();
     rows.push((
         "WQE encode (BIND_MW)",
-        measure(2_000_000, 5, || {
+        measure(2_000_000 / q, 5, || {
             black_box(black_box(&w).encode());
         }),
     ));
     let bytes = w.encode();
     rows.push((
         "WQE decode (BIND_MW)",
-        measure(2_000_000, 5, || {
+        measure(2_000_000 / q, 5, || {
             black_box(Wqe::decode(black_box(&bytes)).expect("decode"));
         }),
     ));
     let env = chain_env();
     rows.push((
         "alloc chain: build (G=3)",
-        measure(20_000, 5, || {
+        measure(20_000 / q, 5, || {
             black_box(omw_core::alloc_chain::build_alloc_chain(black_box(&env)).expect("build"));
         }),
     ));
     let layout = omw_core::alloc_chain::build_alloc_chain(&env).expect("build");
     rows.push((
         "alloc chain: static validation",
-        measure(20_000, 5, || {
+        measure(20_000 / q, 5, || {
             black_box(black_box(&layout).validate()).ok();
         }),
     ));
@@ -568,8 +587,8 @@ fn summary() {
 
 fn main() {
     divan::main();
-    // `cargo test --benches` runs this binary too: keep that quick
+    // `cargo test --benches` runs this binary too (without `--bench`): keep that quick
     if std::env::args().any(|a| a == "--bench") {
-        summary();
+        summary(std::env::args().any(|a| a == "--test"));
     }
 }

@@ -74,7 +74,9 @@ pub fn osmw_on_model(inp: &Inputs, m: &Measured, k: usize, rounds: usize) -> Res
         mean_ns: sim::mean(&lat),
         pairs_per_s: (k * rounds) as f64 * 1e9 / span.max(1) as f64,
         mn_cpu_util: cpu as f64 / span.max(1) as f64,
-        mn_nic_util: ((m.osmw.alloc_nic_ns + m.osmw.free_nic_ns) * (k * rounds) as u64) as f64 / span.max(1) as f64,
+        // measured unit occupancy per pair, over every unit of the NIC
+        mn_nic_util: ((m.osmw.alloc_nic_ns + m.osmw.free_nic_ns) * (k * rounds) as u64) as f64
+            / (span.max(1) as f64 * inp.nic_units.max(1) as f64),
         source: "model",
         samples: lat.len(),
     })

@@ -1,10 +1,10 @@
 //! The cost-model inputs of every scheme, and the primitives measured on the real loopback
 //! model (OneSidedMW's chains, the host engine's laps, one-sided READ/WRITE).
 //!
-//! Everything here is either a `CostModel` parameter (backend-loopback/src/config.rs,
-//! calibrated there from DESIGN.md §2), a structural fact of a scheme (how many binds, how many
-//! CPU steps a request needs), or a measurement of the model running the real code. Nothing is
-//! fitted to the outputs the bench compares with the paper.
+//! Everything here is either a `CostModel` parameter (backend-loopback/src/config.rs, each
+//! with its source; two come from DESIGN.md §2), a structural fact of a scheme (how many binds,
+//! how many CPU steps a request needs), or a measurement of the model running the real code.
+//! Nothing is fitted to the outputs the bench compares with the paper.
 
 use omw_core::backend::ExecutionMode;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
@@ -74,7 +74,7 @@ pub struct Measured {
 pub struct Inputs {
     pub cost: CostModel,
     pub mn_cores: usize,
-    /// MN NIC processing units in the queueing simulator (the loopback model has one).
+    /// MN NIC processing units, in the loopback model (`cost.nic_units`) and the simulator.
     pub nic_units: usize,
     /// One-sided READ / WRITE round trips measured on the model: (bytes, ns).
     pub read_rtt: [(u64, u64); 2],
@@ -82,10 +82,17 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// Request transit CN → MN until the MN's receive completes.
+    /// Request transit CN → MN until the MN's receive completes: issue, PCIe read of the
+    /// payload, serialisation, wire, responder, posted write of the payload.
     pub fn transit(&self, bytes: u64) -> u64 {
         let c = &self.cost;
-        c.wqe_ns + c.wire_hop_ns + c.responder_ns + c.bytes_ns(bytes)
+        c.wqe_ns + c.pcie_read_ns + c.bytes_ns(bytes) + c.wire_ns + c.responder_ns + c.pcie_write_ns
+    }
+    /// A WRITE of `bytes` between two hosts until its ACK: issue, PCIe read, serialisation,
+    /// wire, responder, wire back.
+    pub fn write_rtt(&self, bytes: u64) -> u64 {
+        let c = &self.cost;
+        c.wqe_ns + c.pcie_read_ns + c.bytes_ns(bytes) + 2 * c.wire_ns + c.responder_ns
     }
     fn interp(pts: &[(u64, u64); 2], len: u64) -> u64 {
         let (x0, y0) = pts[0];
@@ -101,10 +108,12 @@ impl Inputs {
     pub fn write_ns(&self, len: u64) -> u64 {
         Self::interp(&self.write_rtt, len)
     }
-    /// A phase of an offloaded chain: a gating WQE plus a loopback operation's round trip.
+    /// A phase of an offloaded chain, as the loopback model runs one: the gating WAIT, the
+    /// PCIe fetch of the WQE behind it, and a loopback READ (issue, responder, DMA read of the
+    /// source, posted write of the destination).
     pub fn loop_phase_ns(&self) -> u64 {
         let c = &self.cost;
-        c.wqe_ns + c.wqe_ns + 2 * c.loopback_hop_ns + c.responder_ns
+        c.wqe_ns + c.pcie_read_ns + c.wqe_ns + c.responder_ns + c.pcie_read_ns + c.pcie_write_ns
     }
     /// ODRP access latency, analytical on the cost model: the request SEND, the translation
     /// phases in the MN NIC, then the data moved by the MN (WRITE to the CN for a load, READ
@@ -112,21 +121,23 @@ impl Inputs {
     pub fn odrp_access_ns(&self, len: u64, store: bool) -> u64 {
         let c = &self.cost;
         let data = if store {
-            c.wqe_ns + 2 * c.wire_hop_ns + c.responder_ns + c.bytes_ns(len)
+            // the MN READs the CN's data: a READ round trip
+            c.wqe_ns + 2 * c.wire_ns + c.responder_ns + c.pcie_read_ns + c.bytes_ns(len) + c.pcie_write_ns
         } else {
-            c.wqe_ns + c.wire_hop_ns + c.responder_ns + c.bytes_ns(len)
+            // the MN WRITEs the data to the CN: it is there once placed
+            self.transit(len)
         };
         self.transit(16) + ODRP_TRANSLATE_PHASES * self.loop_phase_ns() + data
     }
     /// RPC-MW type-1, from the stated structure and the cost model.
     pub fn type1(&self) -> CtlCosts {
         let c = &self.cost;
-        let reply = c.wqe_ns + 2 * c.wire_hop_ns + c.responder_ns + c.bytes_ns(ALLOC_REPLY_BYTES);
+        let reply = self.write_rtt(ALLOC_REPLY_BYTES);
         let alloc_cpu = T1_ALLOC_STEPS * c.host_engine_step_ns;
         let alloc_dev = c.bind_ns + reply;
         let free_cpu = T1_FREE_STEPS * c.host_engine_step_ns;
         CtlCosts {
-            alloc_ns: self.transit(ALLOC_REQ_BYTES) + alloc_cpu + alloc_dev - c.wire_hop_ns,
+            alloc_ns: self.transit(ALLOC_REQ_BYTES) + alloc_cpu + alloc_dev - c.wire_ns,
             alloc_cpu_ns: alloc_cpu,
             alloc_dev_ns: alloc_dev,
             free_ns: free_cpu + c.bind_ns,
@@ -143,7 +154,7 @@ impl Inputs {
         let phases = ODRP_ALLOC_PHASES * self.loop_phase_ns();
         let nic = ODRP_ALLOC_PHASES * 2 * c.wqe_ns + c.wqe_ns;
         CtlCosts {
-            alloc_ns: self.transit(16) + phases + c.wqe_ns + c.wire_hop_ns + c.responder_ns,
+            alloc_ns: self.transit(16) + phases + self.transit(ALLOC_REPLY_BYTES),
             alloc_nic_ns: nic,
             free_ns: phases,
             free_nic_ns: nic,
@@ -174,8 +185,10 @@ fn cluster(
     Cluster::new(cfg).map_err(|e| format!("model cluster: {e}"))
 }
 
-/// One-sided READ/WRITE round trips on the model, through a bound window.
+/// One-sided READ/WRITE round trips on the model, through a bound window. `nic_units`
+/// processing units per NIC, in the model and in the simulator alike.
 pub fn measure_inputs(cost: CostModel, mn_cores: usize, nic_units: usize) -> Result<Inputs, String> {
+    let cost = cost.with_units(nic_units as u32);
     let mut c = cluster(ExecutionMode::Offloaded, 1, 2, 16384, 4, cost)?;
     let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
     let mut read = [(0, 0); 2];
@@ -199,6 +212,7 @@ pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result
     let mut c = cluster(ExecutionMode::Offloaded, batch, g, chunk, chunks, inp.cost)?;
     let mn = c.mn_host;
     let wq = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.wqes_executed).unwrap_or(0);
+    let busy = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.nic_send_busy_ns).unwrap_or(0);
     // warm-up lap (first laps of each CN are armed at connect)
     let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
     c.free(0, &a).map_err(|e| format!("free: {e}"))?;
@@ -212,6 +226,7 @@ pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result
     m.osmw.free_mn_wqes = wq(&c) - w0;
     // a batch: every CN posts one alloc at the same instant; they contend in the MN NIC
     let t0 = c.now();
+    let b0 = busy(&c);
     let toks: Vec<u32> = (0..batch).map(|i| c.alloc_begin(i)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
     c.pump().map_err(|e| e.to_string())?;
     m.osmw_batch_round_ns = c.now() - t0;
@@ -221,13 +236,14 @@ pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result
         m.osmw_batch.push(c.cns[i].last_reply_at - t0);
     }
     m.osmw_batch.sort_unstable();
-    m.osmw.alloc_nic_ns = m.osmw_batch_round_ns / batch as u64;
-    let t0 = c.now();
+    // the NIC occupancy of one alloc: unit time summed over the units, per alloc
+    m.osmw.alloc_nic_ns = (busy(&c) - b0) / batch as u64;
+    let b0 = busy(&c);
     for (i, a) in held.iter().enumerate() {
         c.free_begin(i, a).map_err(|e| format!("batch free cn{i}: {e}"))?;
     }
     c.pump().map_err(|e| e.to_string())?;
-    m.osmw.free_nic_ns = (c.now() - t0) / batch as u64;
+    m.osmw.free_nic_ns = (busy(&c) - b0) / batch as u64;
     c.check_invariants()?;
 
     // ---- host engine: the same layout run by the MN CPU (RPC-MW type-2)
@@ -242,7 +258,7 @@ pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result
     he.alloc_steps = c.driver.stats.cpu_steps - s0 + 1;
     // the reply lands before the cluster charges the lap's CPU time; the CPU works first
     let reply = c.cns[0].last_reply_at - t0;
-    he.alloc_dev_ns = reply.saturating_sub(inp.transit(ALLOC_REQ_BYTES)) + inp.cost.wire_hop_ns;
+    he.alloc_dev_ns = reply.saturating_sub(inp.transit(ALLOC_REQ_BYTES)) + inp.cost.wire_ns;
     he.alloc_ns = reply + he.alloc_cpu_ns;
     let (t0, c0, s0) = (c.now(), cpu(&c), c.driver.stats.cpu_steps);
     c.free(0, &a).map_err(|e| format!("free: {e}"))?;

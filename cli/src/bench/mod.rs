@@ -7,7 +7,9 @@
 //!   the model lap by lap; RPC-MW type-1 is analytical (one verbs bind per chunk); Static-MR
 //!   has no control path; ODRP is an analytical translation chain. Concurrency (24 requesters,
 //!   KV and swap threads on 6 CNs, N MN cores) is composed by a queueing simulator over those
-//!   per-operation costs (`sim.rs`).
+//!   per-operation costs (`sim.rs`), with the model's structure: N NIC units, the MN's link.
+//! * The paper's "up to" speed-ups are maxima over a sweep of KV configurations × MN cores ×
+//!   NIC units (`sweep.rs`); the chains are re-measured on the model for every unit count.
 //!
 //! docs/COST-MODEL.md explains the inputs and where the model and the paper disagree.
 
@@ -18,6 +20,7 @@ mod report;
 mod schemes;
 mod sim;
 mod swap;
+mod sweep;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -42,9 +45,9 @@ pub struct BenchArgs {
     /// MN CPU cores serving RPC-MW requests (the paper used one).
     #[arg(long, default_value_t = 1)]
     pub mn_cores: usize,
-    /// MN NIC processing units in the queueing simulator (what-if; the loopback model, and
-    /// so the default, has one send engine per NIC).
-    #[arg(long, default_value_t = 1)]
+    /// NIC processing units of the main run, in the loopback model and the simulator alike
+    /// (default: `CostModel::CX6`'s; the sweep covers 1–16 whatever this is).
+    #[arg(long, default_value_t = omw_loopback::CostModel::CX6.nic_units as usize)]
     pub mn_nic_units: usize,
     /// Application threads per CN in the KV and swap workloads.
     #[arg(long, default_value_t = 8)]
@@ -126,6 +129,10 @@ pub struct Results {
     pub alloc: Vec<alloc::AllocRow>,
     pub alloc_curve: Vec<alloc::AllocRow>,
     pub workloads: Vec<WorkloadRow>,
+    /// OneSidedMW vs RPC-MW over KV configurations × MN cores × NIC units.
+    pub sweep: Vec<sweep::SweepRow>,
+    /// The unmeasured inputs at ½×, 1×, 2×.
+    pub sensitivity: Vec<sweep::Sensitivity>,
     pub validation: Vec<report::Validation>,
     pub wall_s: f64,
     pub args: BenchArgs,
@@ -336,14 +343,24 @@ pub fn run(args: &BenchArgs, tick: &mut dyn FnMut(&str)) -> Result<Results, Stri
     };
     wl.extend(swap_rows(&inp, swap_g, &swap_cfg, cns, (threads / 2).max(1), tick));
 
+    let (units, cores): (&[usize], &[usize]) =
+        if args.quick { (&[1, 10], &[1, 4]) } else { (&[1, 2, 4, 8, 10, 16], &[1, 2, 4]) };
+    let sweep_cfgs = sweep::configs(sizes.kv_keys, sizes.kv_mixed, args.seed, cns);
+    let sweep_rows = sweep::run(&sweep_cfgs, threads, units, cores, tick)?;
+    // sensitivity to the unmeasured inputs, on the most allocation-heavy configuration
+    let heavy: Vec<sweep::SweepConfig> = sweep_cfgs.iter().filter(|c| c.kv.chunk == 2048).cloned().collect();
+    let sensitivity = sweep::sensitivity(&heavy, threads, tick)?;
+
     tick("comparing with the paper");
-    let validation = report::validate(&inp, &alloc_rows, &wl);
+    let validation = report::validate(&inp, &alloc_rows, &wl, &sweep_rows);
     Ok(Results {
         inputs: inp,
         geometries: geos,
         alloc: alloc_rows,
         alloc_curve: curve,
         workloads: wl,
+        sweep: sweep_rows,
+        sensitivity,
         validation,
         wall_s: t0.elapsed().as_secs_f64(),
         args: args.clone(),
@@ -353,7 +370,7 @@ pub fn run(args: &BenchArgs, tick: &mut dyn FnMut(&str)) -> Result<Results, Stri
 pub fn bench(args: BenchArgs) -> ExitCode {
     // the steps `run` reports: inputs, 4 geometries, 2 × 6 micro rows, 7 curve points,
     // 4 KV configurations × (traces + 5 schemes), swap (traces + 5 schemes), the comparison
-    const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 1;
+    const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 6 + 4 + 1;
     let pb = if args.quick || args.json { ProgressBar::hidden() } else { ProgressBar::new(STEPS) };
     pb.set_style(
         ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}")

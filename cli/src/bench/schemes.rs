@@ -78,21 +78,37 @@ pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op]) -> Progra
     let c = &inp.cost;
     let ctl = scheme.ctl(inp, m);
     let mut p = Vec::with_capacity(ops.len() * 3);
+    // the payload crosses the MN's link: inbound for a store, outbound for a load
+    let link = |store: bool| if store { Res::LinkIn } else { Res::LinkOut };
     let data = |p: &mut Program, len: u64, store: bool, bg: bool| {
-        let mut st: Vec<Stage> = Vec::with_capacity(4);
-        let pre = c.wqe_ns + c.wire_hop_ns + if store { c.bytes_ns(len) } else { 0 };
+        let mut st: Vec<Stage> = Vec::with_capacity(6);
+        let bytes = c.bytes_ns(len);
         if scheme == Scheme::Odrp {
+            // request SEND in, the translation chain on a unit, then the MN moves the data
             let total = inp.odrp_access_ns(len, store);
             let nic = (2 * ODRP_TRANSLATE_PHASES + 1) * c.wqe_ns;
-            st.push(Stage::Delay(c.wqe_ns + c.wire_hop_ns));
-            st.push(Stage::Use { res: Res::Rx, hold: c.responder_ns, leave: c.responder_ns });
-            st.push(Stage::Use { res: Res::Nic, hold: nic, leave: nic });
-            st.push(Stage::Delay(total.saturating_sub(c.wqe_ns + c.wire_hop_ns + c.responder_ns + nic)));
-        } else {
-            let total = if store { inp.write_ns(len) } else { inp.read_ns(len) };
+            let pre = c.wqe_ns + c.pcie_read_ns + c.wire_ns;
             st.push(Stage::Delay(pre));
             st.push(Stage::Use { res: Res::Rx, hold: c.responder_ns, leave: c.responder_ns });
-            st.push(Stage::Delay(total.saturating_sub(pre + c.responder_ns)));
+            st.push(Stage::Use { res: Res::Nic, hold: nic, leave: nic });
+            st.push(Stage::Use { res: link(store), hold: bytes, leave: bytes });
+            st.push(Stage::Delay(total.saturating_sub(pre + c.responder_ns + nic + bytes)));
+        } else {
+            // measured round trip on the model; the MN's responder and link are the shared
+            // parts (a store's payload arrives before the responder, a load's leaves after)
+            let total = if store { inp.write_ns(len) } else { inp.read_ns(len) };
+            let pre = c.wqe_ns + c.wire_ns + if store { c.pcie_read_ns } else { 0 };
+            st.push(Stage::Delay(pre));
+            if store {
+                st.push(Stage::Use { res: Res::LinkIn, hold: bytes, leave: bytes });
+            }
+            st.push(Stage::Use { res: Res::Rx, hold: c.responder_ns, leave: c.responder_ns });
+            if !store {
+                st.push(Stage::Delay(c.pcie_read_ns));
+                st.push(Stage::Use { res: Res::LinkOut, hold: bytes, leave: bytes });
+            }
+            let used = pre + bytes + c.responder_ns + if store { 0 } else { c.pcie_read_ns };
+            st.push(Stage::Delay(total.saturating_sub(used)));
         }
         if bg {
             p.push(Stage::Detach(st.len() as u8));
@@ -117,19 +133,24 @@ pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op]) -> Progra
                 Scheme::RpcMwType1 | Scheme::RpcMwType2 => {
                     let work = ctl.alloc_cpu_ns + ctl.alloc_dev_ns;
                     p.push(Stage::Delay(inp.transit(ALLOC_REQ_BYTES)));
-                    p.push(Stage::Use { res: Res::Cpu, hold: work, leave: work.saturating_sub(c.wire_hop_ns) });
+                    p.push(Stage::Use { res: Res::Cpu, hold: work, leave: work.saturating_sub(c.wire_ns) });
                 }
             },
             Op::Free => {
-                let (res, hold) = match scheme {
+                // (resource, its occupancy, how long the MN's work lasts from its start)
+                let (res, hold, last) = match scheme {
                     Scheme::StaticMr => continue,
-                    Scheme::OneSidedMw | Scheme::Odrp => (Res::Nic, ctl.free_nic_ns),
-                    Scheme::RpcMwType1 | Scheme::RpcMwType2 => (Res::Cpu, ctl.free_cpu_ns + ctl.free_dev_ns),
+                    // a chain occupies the NIC for its unit time but runs for its latency
+                    Scheme::OneSidedMw | Scheme::Odrp => (Res::Nic, ctl.free_nic_ns, ctl.free_ns.max(ctl.free_nic_ns)),
+                    Scheme::RpcMwType1 | Scheme::RpcMwType2 => {
+                        let w = ctl.free_cpu_ns + ctl.free_dev_ns;
+                        (Res::Cpu, w, w)
+                    }
                 };
                 // the CN waits only for its SEND to be acknowledged; the MN works on
                 p.push(Stage::Detach(2));
                 p.push(Stage::Delay(inp.transit(FREE_REQ_BYTES)));
-                p.push(Stage::Use { res, hold, leave: hold });
+                p.push(Stage::Use { res, hold, leave: last });
                 p.push(Stage::Delay(inp.write_ns(FREE_REQ_BYTES)));
             }
         }

@@ -1,9 +1,11 @@
 //! A small discrete-event queueing simulator for concurrency on the modelled cluster.
 //!
 //! Clients run closed-loop programs of requests; each request is a list of stages: a pure
-//! delay (wire, NIC-internal latency), or the use of a shared MN resource — the MN NIC's send
-//! engine and responder engine (one server each, as in the loopback model) and the MN CPU
-//! (N cores, each a server with a busy-until time). Requests queue FCFS at a resource.
+//! delay (wire, PCIe, NIC-internal latency), or the use of a shared MN resource — the MN NIC's
+//! processing units, send side and responder side (N servers each, as in the loopback model),
+//! the MN's 100 Gb/s link in each direction (one server each: payload serialisation), and the
+//! MN CPU (N cores). Requests queue FCFS at a resource (the model pins a QP to one unit; the
+//! simulator lets a request take any free unit — a bias towards parallelism, docs/COST-MODEL.md).
 //! Background jobs (a free's chain, a prefetch) occupy resources without stalling a client.
 //!
 //! Stage durations come from the cost model and from single operations measured on the real
@@ -15,19 +17,27 @@ use std::collections::BinaryHeap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 /// A shared resource of the MN.
 pub enum Res {
-    /// The MN NIC's send engine (chains' WQEs, binds, replies).
+    /// The MN NIC units' send side (chains' WQEs, binds' issue, replies).
     Nic = 0,
-    /// The MN NIC's responder engine (incoming one-sided requests and SENDs).
+    /// The MN NIC units' responder side (incoming one-sided requests and SENDs).
     Rx = 1,
     /// The MN CPU cores.
     Cpu = 2,
+    /// The MN's link, leaving the MN (READ data, replies).
+    LinkOut = 3,
+    /// The MN's link, arriving at the MN (WRITE data, requests).
+    LinkIn = 4,
 }
+
+/// Resources of the simulated MN.
+pub const RESOURCES: usize = 5;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
     Delay(u64),
     /// Queue at `res`; the server is busy `hold` ns; the job continues `leave` ns after its
-    /// service started (`leave` < `hold` when the server keeps working after answering).
+    /// service started (`leave` < `hold` when the server keeps working after answering,
+    /// `leave` > `hold` when the work outlasts its occupancy, like a chain's latency).
     Use {
         res: Res,
         hold: u64,
@@ -51,8 +61,8 @@ pub struct SimResult {
     /// Latencies (ns) per tag.
     pub latencies: Vec<Vec<u64>>,
     /// Busy time per resource, and server counts.
-    pub busy_ns: [u64; 3],
-    pub servers: [usize; 3],
+    pub busy_ns: [u64; RESOURCES],
+    pub servers: [usize; RESOURCES],
 }
 
 impl SimResult {
@@ -108,10 +118,10 @@ struct Job {
 }
 
 /// Run `programs` (one per client, all starting at 0) on an MN with `cpu_cores` cores and
-/// `nic_units` NIC processing units (1 in the loopback model).
+/// `nic_units` NIC processing units (send and responder side each).
 pub fn run(programs: &[Program], cpu_cores: usize, nic_units: usize) -> SimResult {
-    let servers = [nic_units.max(1), 1, cpu_cores.max(1)];
-    let mut busy_until: [Vec<u64>; 3] = [vec![0; servers[0]], vec![0; servers[1]], vec![0; servers[2]]];
+    let servers = [nic_units.max(1), nic_units.max(1), cpu_cores.max(1), 1, 1];
+    let mut busy_until: [Vec<u64>; RESOURCES] = servers.map(|n| vec![0; n]);
     let mut res = SimResult { servers, ..Default::default() };
     let mut jobs: Vec<Job> = Vec::new();
     let mut heap: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
@@ -211,6 +221,19 @@ mod tests {
         let r4 = run(&progs, 4, 1);
         assert_eq!(r4.makespan_ns, 100);
         assert_eq!(r4.latencies[0], vec![100; 4]);
+    }
+
+    #[test]
+    fn responder_units_are_parallel_and_the_link_is_shared() {
+        let rx = vec![Stage::Use { res: Res::Rx, hold: 100, leave: 100 }, Stage::End(0)];
+        let progs: Vec<Program> = (0..4).map(|_| rx.clone()).collect();
+        assert_eq!(run(&progs, 1, 1).makespan_ns, 400);
+        assert_eq!(run(&progs, 1, 4).makespan_ns, 100, "four units");
+        let link = vec![Stage::Use { res: Res::LinkOut, hold: 100, leave: 100 }, Stage::End(0)];
+        let progs: Vec<Program> = (0..4).map(|_| link.clone()).collect();
+        let r = run(&progs, 4, 16);
+        assert_eq!(r.makespan_ns, 400, "one link, whatever the units");
+        assert!((r.utilisation(Res::LinkOut) - 1.0).abs() < 1e-9);
     }
 
     #[test]
