@@ -15,6 +15,7 @@ pub mod backend;
 pub mod cm;
 pub mod cn;
 pub mod device;
+pub mod devx;
 pub mod error;
 pub mod mn;
 pub mod probe;
