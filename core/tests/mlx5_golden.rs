@@ -289,7 +289,7 @@ fn query_hca_cap_by_hand() {
     let mut atomic = expect(hca_cap::QUERY_HCA_CAP_OUT_LEN, &[(34, &[0x00, 0x0f]), (38, &[0x00, 0x0c])]);
     let c = HcaCaps::parse(&general, Some(&atomic)).unwrap();
     assert!(c.cd && c.imaicl && c.rc && c.atomic && c.masked_fetch_add_8b());
-    assert_eq!((c.atomic_operations, c.atomic_size_qp), (0x0f, 0x0c));
+    assert_eq!((c.atomic_operations, c.atomic_size_qp, c.log_max_msg), (0x0f, 0x0c, 30));
     assert_eq!(c.missing_for_offload(), None);
     // little-endian 8-byte atomics (mode 1 → byte 24 = 0x40) break the chains' BE patches
     atomic[24] = 0x40;

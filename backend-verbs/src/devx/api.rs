@@ -42,8 +42,13 @@ pub trait DevxApi {
     /// `mlx5dv_devx_obj_create` (CREATE_CQ, CREATE_QP).
     fn obj_create(&mut self, command: &'static str, input: &[u8], out: &mut [u8]) -> Result<ObjHandle, DevxError>;
     /// `mlx5dv_devx_obj_modify` (the QP transitions).
-    fn obj_modify(&mut self, command: &'static str, obj: ObjHandle, input: &[u8], out: &mut [u8])
-        -> Result<(), DevxError>;
+    fn obj_modify(
+        &mut self,
+        command: &'static str,
+        obj: ObjHandle,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), DevxError>;
     /// `mlx5dv_devx_obj_destroy`.
     fn obj_destroy(&mut self, obj: ObjHandle) -> Result<(), DevxError>;
     /// `mlx5dv_devx_umem_reg`.

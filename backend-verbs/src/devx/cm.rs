@@ -166,7 +166,10 @@ mod tests {
         assert_eq!((r.path.sgid_index, r.path.hop_limit, r.path.rgid, r.path.port), (3, 64, a.dgid, 1));
         let t = rtr2rts(0x55, &a);
         assert_eq!((t.next_send_psn, t.ack_timeout, t.retry_count, t.rnr_retry, t.log_sra_max), (0xbbbb, 14, 7, 7, 4));
-        assert_eq!([ceil_log2(0), ceil_log2(1), ceil_log2(2), ceil_log2(3), ceil_log2(16), ceil_log2(255)], [0, 0, 1, 2, 4, 8]);
+        assert_eq!(
+            [ceil_log2(0), ceil_log2(1), ceil_log2(2), ceil_log2(3), ceil_log2(16), ceil_log2(255)],
+            [0, 0, 1, 2, 4, 8]
+        );
     }
 
     #[test]

@@ -55,7 +55,9 @@ impl RecordingDevx {
         self.calls
             .iter()
             .filter_map(|c| match c {
-                Call::GeneralCmd { command: n, input } | Call::ObjCreate { command: n, input, .. } | Call::ObjModify { command: n, input, .. }
+                Call::GeneralCmd { command: n, input }
+                | Call::ObjCreate { command: n, input, .. }
+                | Call::ObjModify { command: n, input, .. }
                     if *n == command =>
                 {
                     Some(&input[..])
@@ -84,7 +86,13 @@ impl DevxApi for RecordingDevx {
         self.calls.push(Call::ObjCreate { command, input: input.to_vec(), obj });
         Ok(obj)
     }
-    fn obj_modify(&mut self, command: &'static str, obj: ObjHandle, input: &[u8], out: &mut [u8]) -> Result<(), DevxError> {
+    fn obj_modify(
+        &mut self,
+        command: &'static str,
+        obj: ObjHandle,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), DevxError> {
         self.calls.push(Call::ObjModify { command, obj, input: input.to_vec() });
         self.answer(command, opcode(input), out)
     }

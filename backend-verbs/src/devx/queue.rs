@@ -111,7 +111,8 @@ pub fn create_cq<A: DevxApi>(api: &mut A, caps: &HcaCaps, uar: UarHandle, spec: 
         let input = cq::create_cq_in(&CreateCq {
             log_cq_size: spec.log_cqes,
             uar_page: uar.page_id,
-            eqn: u8::try_from(eqn).map_err(|_| DevxError::Call { call: "mlx5dv_devx_query_eqn (EQN > 255)", errno: 0 })?,
+            eqn: u8::try_from(eqn)
+                .map_err(|_| DevxError::Call { call: "mlx5dv_devx_query_eqn (EQN > 255)", errno: 0 })?,
             log_page_size: LOG_PAGE_SIZE_4K,
             umem_id: umem.umem_id,
             umem_offset: 0,
@@ -201,7 +202,8 @@ pub fn create_qp<A: DevxApi>(api: &mut A, caps: &HcaCaps, uar: UarHandle, spec: 
 fn modify<A: DevxApi>(api: &mut A, command: &'static str, qp: &DevxQp, input: &[u8]) -> Result<(), DevxError> {
     let mut out = [0u8; qp::MODIFY_QP_OUT_LEN];
     api.obj_modify(command, qp.obj, input, &mut out)?;
-    omw_core::mlx5::prm::check_status(u16::from_be_bytes([input[0], input[1]]), &out).map_err(|e| command_error(command, e))
+    omw_core::mlx5::prm::check_status(u16::from_be_bytes([input[0], input[1]]), &out)
+        .map_err(|e| command_error(command, e))
 }
 
 /// RST → INIT → RTR → RTS, in that order; stops at the first refusal. The QP numbers in the

@@ -28,7 +28,8 @@ fn caps_out(general: &[(usize, u8)], atomic: &[(usize, u8)]) -> (Vec<u8>, Vec<u8
 /// log_max_qp_sz (0x88) byte 16+17, log_max_cq_sz (0xc8) byte 16+25.
 fn capable() -> RecordingDevx {
     let mut d = RecordingDevx::new(0x77);
-    let (g, a) = caps_out(&[(83, 0x02), (85, 0x08), (86, 0x40), (87, 0x01), (33, 15), (41, 22)], &[(35, 0x0f), (39, 0x08)]);
+    let (g, a) =
+        caps_out(&[(83, 0x02), (85, 0x08), (86, 0x40), (87, 0x01), (33, 15), (41, 22)], &[(35, 0x0f), (39, 0x08)]);
     d.outputs.insert(caps::GENERAL, g);
     d.outputs.insert(caps::ATOMIC, a);
     d
@@ -43,8 +44,14 @@ fn capability_query_is_general_then_atomic() {
     assert_eq!(
         d.calls,
         [
-            Call::GeneralCmd { command: caps::GENERAL, input: hca_cap::query_hca_cap_in(hca_cap::CAP_GENERAL).unwrap().to_vec() },
-            Call::GeneralCmd { command: caps::ATOMIC, input: hca_cap::query_hca_cap_in(hca_cap::CAP_ATOMIC).unwrap().to_vec() },
+            Call::GeneralCmd {
+                command: caps::GENERAL,
+                input: hca_cap::query_hca_cap_in(hca_cap::CAP_GENERAL).unwrap().to_vec()
+            },
+            Call::GeneralCmd {
+                command: caps::ATOMIC,
+                input: hca_cap::query_hca_cap_in(hca_cap::CAP_ATOMIC).unwrap().to_vec()
+            },
         ]
     );
     // no atomics: the atomic caps are not queried, and masked FA is missing
@@ -163,9 +170,15 @@ fn failures_undo_newest_first() {
     let mut big = qp_spec(1);
     big.log_sq_wqebbs = 16;
     big.mem.len = big.mem_needed();
-    assert!(matches!(queue::create_qp(&mut d, &c, uar, &big), Err(DevxError::TooLarge { log2: 16, device_max_log2: 15, .. })));
+    assert!(matches!(
+        queue::create_qp(&mut d, &c, uar, &big),
+        Err(DevxError::TooLarge { log2: 16, device_max_log2: 15, .. })
+    ));
     let small = CqSpec { log_cqes: 6, mem: MemRange { addr: 0, len: 100 } };
-    assert!(matches!(queue::create_cq(&mut d, &c, uar, &small), Err(DevxError::MemTooSmall { need: 4160, got: 100, .. })));
+    assert!(matches!(
+        queue::create_cq(&mut d, &c, uar, &small),
+        Err(DevxError::MemTooSmall { need: 4160, got: 100, .. })
+    ));
     assert!(d.calls.is_empty());
 }
 
@@ -182,7 +195,8 @@ fn created_qp(d: &mut RecordingDevx) -> (HcaCaps, queue::DevxQp) {
 fn external_qp_connection_is_three_modifies_in_order() {
     let mut d = capable();
     let (_, q) = created_qp(&mut d);
-    let mut a = CmQpAttr { port_num: 1, qp_access_flags: 0b1110, dest_qp_num: 0x321, path_mtu: 5, ..Default::default() };
+    let mut a =
+        CmQpAttr { port_num: 1, qp_access_flags: 0b1110, dest_qp_num: 0x321, path_mtu: 5, ..Default::default() };
     a.rq_psn = 0x10;
     a.sq_psn = 0x20;
     a.max_dest_rd_atomic = 16;

@@ -32,6 +32,7 @@ pub mod general {
     pub const LOG_MAX_QP_SZ: Field = Field::new("log_max_qp_sz", 0x88, 0x8);
     pub const LOG_MAX_CQ_SZ: Field = Field::new("log_max_cq_sz", 0xc8, 0x8);
     pub const LOG_MAX_MKEY: Field = Field::new("log_max_mkey", 0xea, 0x6);
+    pub const LOG_MAX_MSG: Field = Field::new("log_max_msg", 0x1c3, 0x5);
     pub const PORT_TYPE: Field = Field::new("port_type", 0x1b6, 0x2);
     pub const UMR_FENCE: Field = Field::new("umr_fence", 0x20a, 0x2);
     pub const ATOMIC: Field = Field::new("atomic", 0x21e, 0x1);
@@ -84,6 +85,8 @@ pub struct HcaCaps {
     pub log_max_qp_sz: u8,
     pub log_max_cq_sz: u8,
     pub log_max_mkey: u8,
+    /// log2 of the largest message (what INIT2RTR's `log_msg_max` may say).
+    pub log_max_msg: u8,
     pub umr_fence: u8,
 }
 
@@ -101,6 +104,7 @@ impl HcaCaps {
             log_max_qp_sz: g(general::LOG_MAX_QP_SZ)? as u8,
             log_max_cq_sz: g(general::LOG_MAX_CQ_SZ)? as u8,
             log_max_mkey: g(general::LOG_MAX_MKEY)? as u8,
+            log_max_msg: g(general::LOG_MAX_MSG)? as u8,
             umr_fence: g(general::UMR_FENCE)? as u8,
             ..Default::default()
         };
