@@ -35,7 +35,13 @@ struct Golden {
     values: HashMap<String, u64>,
 }
 
-fn golden() -> Golden {
+/// Compiled and run once per test process (the tests run in parallel).
+fn golden() -> &'static Golden {
+    static G: std::sync::OnceLock<Golden> = std::sync::OnceLock::new();
+    G.get_or_init(build_golden)
+}
+
+fn build_golden() -> Golden {
     assert!(
         Path::new(HEADER).exists(),
         "{HEADER} is missing: install libibverbs-dev (scripts/setup does) — the golden vectors come from it"
@@ -282,8 +288,11 @@ fn query_hca_cap_by_hand() {
     );
     // general caps: atomic (cap bit 0x21e → out byte 16+67, 0x02), cd (0x22c → 16+69, 0x08),
     // imaicl (0x231 → 16+70, 0x40), rc (0x23f → 16+71, 0x01)
-    let mut general =
-        expect(hca_cap::QUERY_HCA_CAP_OUT_LEN, &[(83, &[0x02]), (85, &[0x08]), (86, &[0x40]), (87, &[0x01])]);
+    // log_max_msg (0x1c3, 5 bits → dword 14 of the cap, shift 24 → out byte 16+56) = 30
+    let mut general = expect(
+        hca_cap::QUERY_HCA_CAP_OUT_LEN,
+        &[(72, &[30]), (83, &[0x02]), (85, &[0x08]), (86, &[0x40]), (87, &[0x01])],
+    );
     // atomic caps: endianness mode (0x40, 2 bits → out byte 24 top bits) 0, operations
     // (0x90 → bytes 34..36) = CS | FA | masked CS | masked FA, size_qp (0xb0 → 38..40) = 8 | 4
     let mut atomic = expect(hca_cap::QUERY_HCA_CAP_OUT_LEN, &[(34, &[0x00, 0x0f]), (38, &[0x00, 0x0c])]);
