@@ -11,6 +11,8 @@ use std::fmt;
 pub enum DevxError {
     /// This binary was built without the `devx` feature.
     NotBuilt,
+    /// libibverbs lists no RDMA device (or the kernel has no RDMA support).
+    NoDevice { errno: i32 },
     /// The device is not an mlx5 device (DEVX exists only for mlx5_ib).
     NotMlx5 { device: String },
     /// `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)` failed.
@@ -41,6 +43,11 @@ impl fmt::Display for DevxError {
         match self {
             DevxError::NotBuilt => f.write_str(
                 "this omw was built without DEVX support: rebuild with `cargo build --release -p omw --features devx` (needs libmlx5 from libibverbs-dev)",
+            ),
+            DevxError::NoDevice { errno } => write!(
+                f,
+                "no RDMA device ({}): DEVX offload needs a ConnectX with the mlx5_ib driver loaded (`ibv_devices` lists it)",
+                if *errno == 0 { "the device list is empty".to_string() } else { strerror(*errno) }
             ),
             DevxError::NotMlx5 { device } => write!(
                 f,

@@ -203,7 +203,7 @@ impl RealDevx {
         // array (or null with errno set); the array is freed below on every path.
         let list = unsafe { ibv_get_device_list(&mut n) };
         if list.is_null() {
-            return Err(DevxError::Call { call: "ibv_get_device_list", errno: errno() });
+            return Err(DevxError::NoDevice { errno: errno() });
         }
         // SAFETY: `list` holds `n` valid entries.
         let devs: Vec<*mut ibv_device> = (0..n.max(0) as usize).map(|i| unsafe { *list.add(i) }).collect();
@@ -213,7 +213,13 @@ impl RealDevx {
             None => devs.iter().copied().find(|d| unsafe { mlx5dv_is_supported(*d) }),
         };
         let r = match chosen {
-            None => Err(DevxError::NotMlx5 { device: device.unwrap_or("(no mlx5 device)").to_string() }),
+            None if devs.is_empty() => Err(DevxError::NoDevice { errno: 0 }),
+            None => Err(DevxError::NotMlx5 {
+                device: match device {
+                    Some(name) => format!("{name} (not found)"),
+                    None => format!("any of [{}]", devs.iter().map(|d| device_name(*d)).collect::<Vec<_>>().join(", ")),
+                },
+            }),
             // SAFETY: `d` is a live device of the list.
             Some(d) if !unsafe { mlx5dv_is_supported(d) } => Err(DevxError::NotMlx5 { device: device_name(d) }),
             Some(d) => {
@@ -615,7 +621,7 @@ mod tests {
             Err(e) => {
                 let s = e.to_string();
                 assert!(
-                    matches!(e, DevxError::Call { .. } | DevxError::NotMlx5 { .. } | DevxError::Open { .. }),
+                    matches!(e, DevxError::NoDevice { .. } | DevxError::NotMlx5 { .. } | DevxError::Open { .. }),
                     "{s}"
                 );
             }
