@@ -37,5 +37,6 @@ pub const SOURCES: &[&str] = &[
     "rdma-core 44.0 (Debian libibverbs-dev 44.0-2): /usr/include/infiniband/mlx5dv.h, providers/mlx5/qp.c at tag v44.0 (e018d7f3876c315df29060d0a6c95b8abca2b09d)",
     "DPDK main 38f72e500b3b159eca3ba2f4ca0e46a26a7cb057: drivers/common/mlx5/mlx5_prm.h, drivers/net/mlx5/mlx5_txpp.c, drivers/crypto/mlx5/mlx5_crypto_gcm.c",
     "UCX master 9466d104a317c8ffddd9734e72055d8bbda021b3: src/uct/ib/mlx5/ib_mlx5.h, src/uct/ib/mlx5/rc/rc_mlx5.inl, src/uct/ib/mlx5/dv/ib_mlx5_ifc.h",
-    "Linux include/linux/mlx5/mlx5_ifc.h (cross-check of the atomic caps and QPC offsets)",
+    "UCX master 9466d104a317c8ffddd9734e72055d8bbda021b3: src/uct/ib/mlx5/dv/ib_mlx5_dv.c (DEVX CQ/QP command sequences)",
+    "Linux: include/linux/mlx5/mlx5_ifc.h (atomic caps), include/linux/mlx5/driver.h (MLX5_ATOMIC_MODE_*), drivers/infiniband/hw/mlx5/main.c (imaicl gates type-2B windows)",
 ];
