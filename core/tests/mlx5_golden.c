@@ -68,6 +68,18 @@ int main(void)
 	OFF(mlx5_wqe_mkey_context_seg, start_addr); OFF(mlx5_wqe_mkey_context_seg, len);
 	OFF(mlx5_wqe_mkey_context_seg, translations_octword_size); OFF(mlx5_wqe_mkey_context_seg, log_page_size);
 	SIZE(mlx5_wqe_umr_klm_seg); OFF(mlx5_wqe_umr_klm_seg, mkey); OFF(mlx5_wqe_umr_klm_seg, address);
+	SIZE(mlx5_cqe64); OFF(mlx5_cqe64, imm_inval_pkey); OFF(mlx5_cqe64, byte_cnt);
+	OFF(mlx5_cqe64, sop_drop_qpn); OFF(mlx5_cqe64, wqe_counter); OFF(mlx5_cqe64, op_own);
+	SIZE(mlx5_err_cqe); OFF(mlx5_err_cqe, vendor_err_synd); OFF(mlx5_err_cqe, syndrome);
+	OFF(mlx5_err_cqe, s_wqe_opcode_qpn); OFF(mlx5_err_cqe, wqe_counter);
+	VAL(MLX5_CQE_REQ); VAL(MLX5_CQE_RESP_WR_IMM); VAL(MLX5_CQE_RESP_SEND); VAL(MLX5_CQE_RESP_SEND_IMM);
+	VAL(MLX5_CQE_RESP_SEND_INV); VAL(MLX5_CQE_REQ_ERR); VAL(MLX5_CQE_RESP_ERR); VAL(MLX5_CQE_INVALID);
+	VAL(MLX5_CQE_OWNER_MASK); VAL(MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR); VAL(MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+	VAL(MLX5_CQE_SYNDROME_LOCAL_PROT_ERR); VAL(MLX5_CQE_SYNDROME_WR_FLUSH_ERR); VAL(MLX5_CQE_SYNDROME_MW_BIND_ERR);
+	VAL(MLX5_CQE_SYNDROME_BAD_RESP_ERR); VAL(MLX5_CQE_SYNDROME_LOCAL_ACCESS_ERR);
+	VAL(MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR); VAL(MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR);
+	VAL(MLX5_CQE_SYNDROME_REMOTE_OP_ERR); VAL(MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR);
+	VAL(MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR); VAL(MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR);
 	/* the DEVX structs the backend declares itself */
 	SIZE(mlx5dv_context_attr); OFF(mlx5dv_context_attr, comp_mask);
 	SIZE(mlx5dv_devx_uar); OFF(mlx5dv_devx_uar, reg_addr); OFF(mlx5dv_devx_uar, base_addr);

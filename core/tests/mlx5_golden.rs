@@ -200,6 +200,53 @@ fn segment_layouts_match_mlx5dv_h() {
 }
 
 #[test]
+fn cqe_layout_matches_mlx5dv_h() {
+    use omw_core::mlx5::cqe::{self, opcode as op, syndrome as sy};
+    let g = golden();
+    assert_eq!(g.v("sizeof(mlx5_cqe64)"), cqe::CQE_SIZE as u64);
+    assert_eq!(g.v("sizeof(mlx5_err_cqe)"), cqe::CQE_SIZE as u64);
+    for (f, o) in [
+        ("mlx5_cqe64.imm_inval_pkey", cqe::IMM_OFFSET),
+        ("mlx5_cqe64.byte_cnt", cqe::BYTE_CNT_OFFSET),
+        ("mlx5_cqe64.sop_drop_qpn", cqe::SOP_DROP_QPN_OFFSET),
+        ("mlx5_cqe64.wqe_counter", cqe::WQE_COUNTER_OFFSET),
+        ("mlx5_cqe64.op_own", cqe::OP_OWN_OFFSET),
+        ("mlx5_err_cqe.vendor_err_synd", cqe::VENDOR_ERR_SYND_OFFSET),
+        ("mlx5_err_cqe.syndrome", cqe::SYNDROME_OFFSET),
+        ("mlx5_err_cqe.s_wqe_opcode_qpn", cqe::SOP_DROP_QPN_OFFSET),
+        ("mlx5_err_cqe.wqe_counter", cqe::WQE_COUNTER_OFFSET),
+    ] {
+        assert_eq!(g.v(&format!("offsetof({f})")), o as u64, "{f}");
+    }
+    for (k, v) in [
+        ("MLX5_CQE_REQ", op::REQ),
+        ("MLX5_CQE_RESP_WR_IMM", op::RESP_WR_IMM),
+        ("MLX5_CQE_RESP_SEND", op::RESP_SEND),
+        ("MLX5_CQE_RESP_SEND_IMM", op::RESP_SEND_IMM),
+        ("MLX5_CQE_RESP_SEND_INV", op::RESP_SEND_INV),
+        ("MLX5_CQE_REQ_ERR", op::REQ_ERR),
+        ("MLX5_CQE_RESP_ERR", op::RESP_ERR),
+        ("MLX5_CQE_INVALID", op::INVALID),
+        ("MLX5_CQE_OWNER_MASK", 1),
+        ("MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR", sy::LOCAL_LENGTH_ERR),
+        ("MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR", sy::LOCAL_QP_OP_ERR),
+        ("MLX5_CQE_SYNDROME_LOCAL_PROT_ERR", sy::LOCAL_PROT_ERR),
+        ("MLX5_CQE_SYNDROME_WR_FLUSH_ERR", sy::WR_FLUSH_ERR),
+        ("MLX5_CQE_SYNDROME_MW_BIND_ERR", sy::MW_BIND_ERR),
+        ("MLX5_CQE_SYNDROME_BAD_RESP_ERR", sy::BAD_RESP_ERR),
+        ("MLX5_CQE_SYNDROME_LOCAL_ACCESS_ERR", sy::LOCAL_ACCESS_ERR),
+        ("MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR", sy::REMOTE_INVAL_REQ_ERR),
+        ("MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR", sy::REMOTE_ACCESS_ERR),
+        ("MLX5_CQE_SYNDROME_REMOTE_OP_ERR", sy::REMOTE_OP_ERR),
+        ("MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR", sy::TRANSPORT_RETRY_EXC_ERR),
+        ("MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR", sy::RNR_RETRY_EXC_ERR),
+        ("MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR", sy::REMOTE_ABORTED_ERR),
+    ] {
+        assert_eq!(g.v(k), v as u64, "{k}");
+    }
+}
+
+#[test]
 fn setters_match_mlx5dv_set_ctrl_seg_and_set_data_seg() {
     let g = golden();
     let c = CtrlSeg::new(0xBEEF, opcode::RDMA_READ, 0x09, 0x12_3456, FmCeSe::CQ_UPDATE | FmCeSe::FENCE, 3, 0xA1B2_C3D4);

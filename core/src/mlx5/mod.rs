@@ -17,6 +17,7 @@
 //!   CREATE_CQ, CREATE_QP with the CORE-Direct bits, the QP state transitions).
 
 pub mod atomic;
+pub mod cqe;
 pub mod ctrl;
 pub mod data;
 pub mod encode;
