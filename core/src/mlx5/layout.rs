@@ -258,17 +258,20 @@ mod tests {
             let q = 0u32..(1 << 24);
             prop_oneof![
                 Just(Wqe::nop()),
-                (a.clone(), k.clone(), 0u32..4096, a.clone(), k.clone())
-                    .prop_map(|(l, lk, n, r, rk)| Wqe::read(l, lk, n, r, rk)),
-                (a.clone(), k.clone(), 1u32..4096, a.clone(), k.clone(), k.clone())
-                    .prop_map(|(l, lk, n, r, rk, i)| Wqe::write_imm(l, lk, n, r, rk, i)),
-                (a.clone(), k.clone(), a.clone(), k.clone(), a.clone(), a.clone())
-                    .prop_map(|(l, lk, r, rk, x, b)| Wqe::masked_fetch_add(l, lk, r & !7, rk, x, b)),
-                (k.clone(), a.clone(), 1u32..(1 << 31), k.clone(), q.clone())
-                    .prop_map(|(rk, ad, n, lk, qp)| Wqe::bind_mw(rk, ad, n, lk, qp, AccessFlags::DATA_WINDOW)),
-                k.clone().prop_map(Wqe::local_inv),
-                k.clone().prop_map(Wqe::unbind_mw),
-                (q.clone(), a.clone()).prop_map(|(qp, c)| Wqe::wait(qp, QueueSel::Recv, c)),
+                (a, k, 0u32..4096, a, k).prop_map(|(l, lk, n, r, rk)| Wqe::read(l, lk, n, r, rk)),
+                (a, k, 1u32..4096, a, k, k).prop_map(|(l, lk, n, r, rk, i)| Wqe::write_imm(l, lk, n, r, rk, i)),
+                (a, k, a, k, a, a).prop_map(|(l, lk, r, rk, x, b)| Wqe::masked_fetch_add(l, lk, r & !7, rk, x, b)),
+                (k, a, 1u32..(1 << 31), k, q.clone()).prop_map(|(rk, ad, n, lk, qp)| Wqe::bind_mw(
+                    rk,
+                    ad,
+                    n,
+                    lk,
+                    qp,
+                    AccessFlags::DATA_WINDOW
+                )),
+                k.prop_map(Wqe::local_inv),
+                k.prop_map(Wqe::unbind_mw),
+                (q.clone(), a).prop_map(|(qp, c)| Wqe::wait(qp, QueueSel::Recv, c)),
                 (q, 0u64..1000).prop_map(|(qp, c)| Wqe::enable(qp, QueueSel::Send, c)),
             ]
         }
