@@ -160,6 +160,24 @@ impl RingMemory {
     pub fn range(&self) -> MemRange {
         MemRange { addr: self.ptr as usize, len: self.len }
     }
+    /// The memory as bytes, for writing WQEs and initialising CQ rings. The device writes CQEs
+    /// and doorbell records here too: read those with [`RingMemory::read_volatile`].
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `len` bytes owned by this value; `&mut self` makes the
+        // borrow unique on the CPU side.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    /// Copy `out.len()` bytes at `offset` with volatile reads (the device may have written
+    /// them), then fence so later reads see at least as new data (rdma-core's
+    /// udma_from_device_barrier after reading a CQE's owner byte).
+    pub fn read_volatile(&self, offset: usize, out: &mut [u8]) {
+        assert!(offset + out.len() <= self.len, "read outside the ring memory");
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: in bounds (asserted above) of memory this value owns.
+            *b = unsafe { ptr::read_volatile(self.ptr.add(offset + i)) };
+        }
+        fence(Ordering::SeqCst);
+    }
 }
 
 impl Drop for RingMemory {
@@ -266,6 +284,14 @@ impl RealDevx {
 
     pub fn device(&self) -> &str {
         &self.device
+    }
+    /// The DEVX-enabled verbs context (for `ibv_query_gid`, `ibv_reg_mr`, …).
+    pub fn context(&self) -> *mut ibv_context {
+        self.ctx
+    }
+    /// The PD every DEVX QP of this context is created in.
+    pub fn pd(&self) -> *mut ibv_pd {
+        self.pd
     }
 
     /// The next hop's MAC for a RoCE path, from an address handle's mlx5 address vector (as

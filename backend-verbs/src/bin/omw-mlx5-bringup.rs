@@ -1,0 +1,251 @@
+//! Hardware bring-up steps for the DEVX path (docs/MLX5.md, checklist step 6). Needs a
+//! ConnectX; written without one and never run — every step prints what it did and what the
+//! device answered, so a failure says which assumption broke.
+//!
+//! ```text
+//! omw-mlx5-bringup caps      [--device mlx5_0]
+//! omw-mlx5-bringup cd-roles  [--device mlx5_0]
+//! omw-mlx5-bringup loopback  [--device mlx5_0] [--gid-index 3]
+//! ```
+//! `cd-roles`: CREATE_QP with each CORE-Direct role as the calling user (question 1).
+//! `loopback`: two DEVX QPs connected to each other over RoCE, an encoded NOP then an encoded
+//! READ posted on one, the doorbell rung, the CQ polled, the READ's bytes compared — the first
+//! end-to-end check of `omw_core::mlx5::encode`, the PRM commands and the doorbell.
+
+use omw_core::mlx5::cqe;
+use omw_core::mlx5::ctrl::FmCeSe;
+use omw_core::mlx5::encode::{encode, QueueResolver};
+use omw_core::mlx5::prm::hca_cap::HcaCaps;
+use omw_core::mlx5::prm::qp::{self, AddressPath, CdRole, Init2Rtr, Rst2Init, Rtr2Rts};
+use omw_core::mlx5::wqebb::WqeIndex;
+use omw_core::wqe::{QueueSel, Wqe};
+use omw_verbs::devx::api::{DevxApi, MemRange, UarHandle};
+use omw_verbs::devx::ffi::{RealDevx, RingMemory};
+use omw_verbs::devx::queue::{self, CqSpec, DevxCq, DevxQp, QpSpec};
+use omw_verbs::devx::{caps, cm, doorbell, DevxError};
+use rdma_sys::*;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+struct NoQueues;
+impl QueueResolver for NoQueues {
+    fn cqn(&self, _: u32, _: QueueSel) -> Option<u32> {
+        None
+    }
+    fn enable_index(&mut self, _: u32, _: QueueSel, _: u64) -> Option<WqeIndex> {
+        None
+    }
+}
+
+const LOG_CQES: u8 = 6;
+
+fn new_cq(d: &mut RealDevx, c: &HcaCaps, uar: UarHandle) -> Result<(DevxCq, RingMemory), DevxError> {
+    let mut mem = RingMemory::new(CqSpec::mem_needed(LOG_CQES))?;
+    cqe::init_ring(&mut mem.bytes_mut()[..cqe::CQE_SIZE << LOG_CQES]);
+    let cq = queue::create_cq(d, c, uar, &CqSpec { log_cqes: LOG_CQES, mem: mem.range() })?;
+    Ok((cq, mem))
+}
+
+fn qp_spec(cd: CdRole, cqn: u32, mem: MemRange) -> QpSpec {
+    QpSpec { log_sq_wqebbs: 6, log_rq: None, log_rq_stride: 0, cd, cqn_snd: cqn, cqn_rcv: cqn, mem }
+}
+
+fn qp_mem_len(cd: CdRole) -> usize {
+    qp_spec(cd, 0, MemRange { addr: 0, len: 0 }).mem_needed()
+}
+
+fn cd_roles(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
+    let uar = d.alloc_uar()?;
+    let (cq, _cq_mem) = new_cq(d, c, uar)?;
+    let mut all = true;
+    for (name, role) in [
+        ("none", CdRole::empty()),
+        ("cd_master", CdRole::MASTER),
+        ("cd_slave_send", CdRole::SLAVE_SEND),
+        ("cd_slave_receive", CdRole::SLAVE_RECEIVE),
+        ("cd_master + cd_slave_send", CdRole::MASTER | CdRole::SLAVE_SEND),
+    ] {
+        let mem = RingMemory::new(qp_mem_len(role))?;
+        match queue::create_qp(d, c, uar, &qp_spec(role, cq.cqn, mem.range())) {
+            Ok(q) => {
+                println!("  CREATE_QP with {name:<26} ok (qpn {:#x})", q.qpn);
+                queue::destroy_qp(d, q)?;
+            }
+            Err(e) => {
+                all = false;
+                println!("  CREATE_QP with {name:<26} REFUSED: {e}");
+            }
+        }
+    }
+    queue::destroy_cq(d, cq)?;
+    Ok(all)
+}
+
+fn connect_to(
+    d: &mut RealDevx,
+    c: &HcaCaps,
+    q: &DevxQp,
+    peer: u32,
+    gid: [u8; 16],
+    gid_index: u8,
+    rmac: [u8; 6],
+) -> Result<(), DevxError> {
+    let init = Rst2Init {
+        qpn: q.qpn,
+        port: 1,
+        pkey_index: 0,
+        remote_read: true,
+        remote_write: true,
+        remote_atomic: true,
+        atomic_mode: qp::ATOMIC_MODE_8B as u8,
+    };
+    let rtr = Init2Rtr {
+        qpn: q.qpn,
+        remote_qpn: peer,
+        mtu: 3,
+        log_msg_max: c.log_max_msg,
+        next_rcv_psn: 0,
+        log_rra_max: 4,
+        min_rnr_nak: 12,
+        path: AddressPath {
+            port: 1,
+            grh: true,
+            sgid_index: gid_index,
+            hop_limit: 64,
+            rgid: gid,
+            rmac,
+            udp_sport: cm::udp_sport(0, q.qpn, peer),
+            ..Default::default()
+        },
+    };
+    let rts = Rtr2Rts { qpn: q.qpn, next_send_psn: 0, ack_timeout: 14, retry_count: 7, rnr_retry: 7, log_sra_max: 4 };
+    queue::connect(d, q, init, rtr, rts)
+}
+
+fn loopback(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
+    // SAFETY: ibv_gid is 16 plain bytes; ibv_query_gid fills it for a valid port/index.
+    let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
+    // SAFETY: the context is open; `gid` is a valid output.
+    let rc = unsafe { ibv_query_gid(d.context(), 1, gid_index as i32, &mut gid) };
+    if rc != 0 {
+        return Err(DevxError::Call { call: "ibv_query_gid", errno: rc });
+    }
+    // SAFETY: both members of ibv_gid are 16 plain bytes.
+    let raw = unsafe { gid.raw };
+    println!("  port 1 GID[{gid_index}] = {raw:02x?}");
+    // SAFETY: ibv_ah_attr is plain C data; all-zero is valid.
+    let mut ah: ibv_ah_attr = unsafe { std::mem::zeroed() };
+    ah.is_global = 1;
+    ah.port_num = 1;
+    ah.grh.dgid = gid;
+    ah.grh.sgid_index = gid_index;
+    ah.grh.hop_limit = 64;
+    let rmac = d.rmac(&mut ah)?;
+    println!("  next-hop MAC (own port, from the AH's mlx5 AV) = {rmac:02x?}");
+
+    let uar = d.alloc_uar()?;
+    let (cq, cq_mem) = new_cq(d, c, uar)?;
+    let mut mem_a = RingMemory::new(qp_mem_len(CdRole::empty()))?;
+    let mem_b = RingMemory::new(qp_mem_len(CdRole::empty()))?;
+    let a = queue::create_qp(d, c, uar, &qp_spec(CdRole::empty(), cq.cqn, mem_a.range()))?;
+    let b = queue::create_qp(d, c, uar, &qp_spec(CdRole::empty(), cq.cqn, mem_b.range()))?;
+    println!("  CQ {:#x}, QPs A {:#x} and B {:#x} created", cq.cqn, a.qpn, b.qpn);
+    connect_to(d, c, &a, b.qpn, raw, gid_index, rmac)?;
+    connect_to(d, c, &b, a.qpn, raw, gid_index, rmac)?;
+    println!("  A and B in RTS");
+
+    // one MR for the READ's source and destination
+    let mut buf = RingMemory::new(8192)?;
+    buf.bytes_mut()[..4096].iter_mut().enumerate().for_each(|(i, x)| *x = i as u8 ^ 0x5a);
+    let access = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_READ).0 as i32;
+    // SAFETY: `buf` is owned memory that outlives the MR (deregistered below).
+    let mr = unsafe { ibv_reg_mr(d.pd(), buf.range().addr as *mut libc::c_void, 8192, access) };
+    if mr.is_null() {
+        return Err(DevxError::Call {
+            call: "ibv_reg_mr",
+            errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+        });
+    }
+    // SAFETY: `mr` is the live MR just registered.
+    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+    let src = buf.range().addr as u64;
+    let wqes = [Wqe::nop(), Wqe::read(src + 4096, lkey, 256, src, rkey)];
+    let sq_off = a.sq.addr - mem_a.range().addr;
+    let mut pi = WqeIndex::new(0);
+    let mut last = [0u8; 16];
+    for w in &wqes {
+        let e = encode(w, pi, a.qpn, FmCeSe::empty(), &mut NoQueues).map_err(DevxError::Encode)?;
+        let off = sq_off + pi.slot(64) * 64;
+        mem_a.bytes_mut()[off..off + e.bytes().len()].copy_from_slice(e.bytes());
+        last.copy_from_slice(&e.bytes()[..16]);
+        pi = pi.add(e.wqebbs() as u16);
+    }
+    doorbell::ring_sq(d, &a, pi, &last);
+    println!("  posted NOP and READ (256 B) on A, doorbell at pi {}", pi.get());
+
+    let cq_off = cq.ring.addr - cq_mem.range().addr;
+    let mut ok = true;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut ci = 0u32;
+    while ci < 2 {
+        let mut ring = vec![0u8; cqe::CQE_SIZE << LOG_CQES];
+        cq_mem.read_volatile(cq_off, &mut ring);
+        if let Some(e) = cqe::poll(&ring, LOG_CQES, ci) {
+            println!(
+                "  CQE {ci}: opcode {} qpn {:#x} wqe_counter {} error {:?}",
+                e.opcode,
+                e.qpn,
+                e.wqe_counter.get(),
+                e.error
+            );
+            ok &= e.error.is_none();
+            ci += 1;
+            doorbell::update_cq_ci(d, &cq, ci);
+        } else if Instant::now() > deadline {
+            println!("  no CQE {ci} within 2 s");
+            ok = false;
+            break;
+        }
+    }
+    let mut got = [0u8; 256];
+    buf.read_volatile(4096, &mut got);
+    let want: Vec<u8> = (0..256).map(|i| i as u8 ^ 0x5a).collect();
+    let same = got[..] == want[..];
+    println!("  READ data {}", if same { "matches" } else { "DIFFERS" });
+    // SAFETY: no WQE references the MR any more (both completed or the QPs are destroyed next).
+    unsafe { ibv_dereg_mr(mr) };
+    queue::destroy_qp(d, a)?;
+    queue::destroy_qp(d, b)?;
+    queue::destroy_cq(d, cq)?;
+    Ok(ok && same)
+}
+
+fn run() -> Result<bool, DevxError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let device = opt("--device");
+    let gid_index: u8 = opt("--gid-index").and_then(|s| s.parse().ok()).unwrap_or(3);
+    let mut d = RealDevx::open(device.as_deref())?;
+    let c = caps::query(&mut d)?;
+    println!("device {}: {}", d.device(), omw_verbs::devx::DevxProbe { device: Some(d.device().into()), caps: Ok(c) });
+    match args.first().map(String::as_str) {
+        Some("caps") => Ok(true),
+        Some("cd-roles") => cd_roles(&mut d, &c),
+        Some("loopback") => loopback(&mut d, &c, gid_index),
+        _ => {
+            eprintln!("usage: omw-mlx5-bringup caps|cd-roles|loopback [--device NAME] [--gid-index N]");
+            Ok(false)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("omw-mlx5-bringup: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
