@@ -88,7 +88,8 @@ pub fn poll(ring: &[u8], log_cqes: u8, ci: u32) -> Option<Cqe> {
     }
     let n = 1u64 << log_cqes;
     let slot = (ci as u64 & (n - 1)) as usize;
-    let c = ring.get(slot * CQE_SIZE..(slot + 1) * CQE_SIZE)?;
+    let start = slot.checked_mul(CQE_SIZE)?;
+    let c = ring.get(start..start.checked_add(CQE_SIZE)?)?;
     let op_own = c[OP_OWN_OFFSET];
     let op = op_own >> 4;
     let owner = op_own & 1;

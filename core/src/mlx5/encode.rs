@@ -410,6 +410,31 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Arbitrary canonical bytes (valid or not): `encode` answers Ok with the size `ds_of`
+        /// predicts, or a typed error — never a panic.
+        #[test]
+        fn arbitrary_wqes_encode_or_refuse(
+            op in 0usize..14, flags in 0u8..16, imm in proptest::prelude::any::<u32>(),
+            a in proptest::prelude::any::<u64>(), len in proptest::prelude::any::<u32>(),
+            k in proptest::prelude::any::<u32>(), q in proptest::prelude::any::<u32>(),
+            o0 in proptest::prelude::any::<u64>(), o1 in 0u64..4, pi in proptest::prelude::any::<u16>(),
+        ) {
+            let mut w = Wqe::blank(crate::wqe::Opcode::ALL[op]);
+            w.flags = WqeFlags::from_bits_truncate(flags);
+            (w.imm, w.local_addr, w.length, w.lkey, w.remote_addr, w.rkey, w.qpn, w.operand0, w.operand1) =
+                (imm, a, len, k, a ^ o0, k ^ imm, q, o0, o1);
+            match encode(&w, WqeIndex::new(pi), 0x42, FmCeSe::empty(), &mut Fixed) {
+                Ok(e) => {
+                    proptest::prop_assert_eq!(e.ds(), ds_of(&w));
+                    proptest::prop_assert_eq!(e.bytes().len(), e.wqebbs() * WQEBB);
+                }
+                Err(Mlx5Error::AtomicLength(_) | Mlx5Error::BindTooLong(_) | Mlx5Error::QpnOverflow(_)) => {}
+                Err(e) => return Err(proptest::test_runner::TestCaseError::fail(std::format!("{e}"))),
+            }
+        }
+    }
+
     #[test]
     fn bad_input_is_a_typed_error() {
         let mut r = Fixed;

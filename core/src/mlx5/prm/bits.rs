@@ -30,7 +30,8 @@ impl Field {
 }
 
 fn check(buf_len: usize, f: Field) -> Result<(), Mlx5Error> {
-    if f.bits == 0 || (f.bit_off + f.bits) as usize > buf_len * 8 {
+    let end = f.bit_off.checked_add(f.bits).map(|e| e as u64);
+    if f.bits == 0 || end.is_none_or(|e| e > buf_len as u64 * 8) {
         return Err(Mlx5Error::FieldOutOfRange { field: f.name });
     }
     Ok(())
@@ -115,5 +116,21 @@ mod tests {
         assert_eq!(set(&mut b, Field::new("x", 0x3f, 2), 0), Err(Mlx5Error::FieldOutOfRange { field: "x" }));
         assert_eq!(get(&b, Field::new("y", 0x40, 1)), Err(Mlx5Error::FieldOutOfRange { field: "y" }));
         assert_eq!(b, [0; 8]);
+        assert_eq!(get(&b, Field::new("z", u32::MAX, 2)), Err(Mlx5Error::FieldOutOfRange { field: "z" }));
+    }
+
+    proptest::proptest! {
+        /// Any field and value: a typed error or a round trip, never a panic.
+        #[test]
+        fn set_get_round_trip_or_refuse(off in 0u32..2200, bits in 0u32..70, v in proptest::prelude::any::<u64>()) {
+            let mut b = [0u8; 256];
+            let f = Field::new("f", off, bits);
+            match set(&mut b, f, v) {
+                Ok(()) => proptest::prop_assert_eq!(get(&b, f).unwrap(), v),
+                Err(Mlx5Error::FieldOutOfRange { .. }) => proptest::prop_assert!(bits == 0 || off + bits > 2048),
+                Err(Mlx5Error::FieldOverflow { .. }) => proptest::prop_assert!(bits > 64 || v >> bits != 0),
+                Err(e) => return Err(proptest::test_runner::TestCaseError::fail(std::format!("{e}"))),
+            }
+        }
     }
 }
