@@ -23,6 +23,15 @@ pub enum Mlx5Error {
     /// A WAIT or ENABLE names a queue the caller could not resolve to a CQ number or an
     /// enable index.
     Unresolved { qpn: u32, recv: bool },
+    /// Fewer bytes than the WQE's `ds` (or than a control segment) claims.
+    Truncated { need: usize, got: usize },
+    /// An mlx5 opcode (with opmod) this crate does not execute.
+    UnknownOpcode { opcode: u8, opmod: u8 },
+    /// A WQE whose `ds` does not fit its opcode.
+    BadDs { opcode: u8, ds: u8 },
+    /// A UMR whose flags / mkey mask are neither the bind nor the invalidate form, or a bind
+    /// whose key byte and control `imm` disagree.
+    UnsupportedUmr,
     /// A PRM field value wider than the field.
     FieldOverflow { field: &'static str, value: u64 },
     /// A PRM field outside the command buffer.
@@ -50,6 +59,12 @@ impl fmt::Display for Mlx5Error {
                 "no CQ number / enable index known for the {} queue of QP {qpn:#x}",
                 if *recv { "receive" } else { "send" }
             ),
+            Self::Truncated { need, got } => write!(f, "mlx5 WQE needs {need} bytes, {got} given"),
+            Self::UnknownOpcode { opcode, opmod } => {
+                write!(f, "mlx5 opcode {opcode:#04x} (opmod {opmod:#04x}) is not one omw executes")
+            }
+            Self::BadDs { opcode, ds } => write!(f, "mlx5 opcode {opcode:#04x} with ds {ds} is malformed"),
+            Self::UnsupportedUmr => f.write_str("UMR WQE is neither omw's type-2 bind nor its invalidate form"),
             Self::FieldOverflow { field, value } => write!(f, "value {value:#x} does not fit PRM field {field}"),
             Self::FieldOutOfRange { field } => write!(f, "PRM field {field} lies outside the command buffer"),
             Self::CommandFailed { opcode, status, syndrome } => {

@@ -20,6 +20,7 @@ pub mod atomic;
 pub mod cqe;
 pub mod ctrl;
 pub mod data;
+pub mod decode;
 pub mod encode;
 pub mod error;
 pub mod layout;
