@@ -15,6 +15,8 @@ pub enum DevxError {
     NoDevice { errno: i32 },
     /// The device is not an mlx5 device (DEVX exists only for mlx5_ib).
     NotMlx5 { device: String },
+    /// No device given and none of the listed devices is an mlx5 device.
+    NoMlx5 { devices: Vec<String> },
     /// `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)` failed.
     Open { device: String, errno: i32 },
     /// A DEVX call other than a PRM command failed (umem registration, UAR, EQN, PD).
@@ -48,6 +50,11 @@ impl fmt::Display for DevxError {
                 f,
                 "no RDMA device ({}): DEVX offload needs a ConnectX with the mlx5_ib driver loaded (`ibv_devices` lists it)",
                 if *errno == 0 { "the device list is empty".to_string() } else { strerror(*errno) }
+            ),
+            DevxError::NoMlx5 { devices } => write!(
+                f,
+                "no mlx5 (ConnectX) device among [{}]: DEVX offload needs mlx5_ib; run `omw mn` without --offload (host engine)",
+                devices.join(", ")
             ),
             DevxError::NotMlx5 { device } => write!(
                 f,

@@ -232,12 +232,10 @@ impl RealDevx {
         };
         let r = match chosen {
             None if devs.is_empty() => Err(DevxError::NoDevice { errno: 0 }),
-            None => Err(DevxError::NotMlx5 {
-                device: match device {
-                    Some(name) => format!("{name} (not found)"),
-                    None => format!("any of [{}]", devs.iter().map(|d| device_name(*d)).collect::<Vec<_>>().join(", ")),
-                },
-            }),
+            None => match device {
+                Some(name) => Err(DevxError::NotMlx5 { device: format!("{name} (not found)") }),
+                None => Err(DevxError::NoMlx5 { devices: devs.iter().map(|d| device_name(*d)).collect() }),
+            },
             // SAFETY: `d` is a live device of the list.
             Some(d) if !unsafe { mlx5dv_is_supported(d) } => Err(DevxError::NotMlx5 { device: device_name(d) }),
             Some(d) => {
@@ -647,7 +645,13 @@ mod tests {
             Err(e) => {
                 let s = e.to_string();
                 assert!(
-                    matches!(e, DevxError::NoDevice { .. } | DevxError::NotMlx5 { .. } | DevxError::Open { .. }),
+                    matches!(
+                        e,
+                        DevxError::NoDevice { .. }
+                            | DevxError::NotMlx5 { .. }
+                            | DevxError::NoMlx5 { .. }
+                            | DevxError::Open { .. }
+                    ),
                     "{s}"
                 );
             }
