@@ -6,11 +6,16 @@
 //! omw-mlx5-bringup caps      [--device mlx5_0]
 //! omw-mlx5-bringup cd-roles  [--device mlx5_0]
 //! omw-mlx5-bringup loopback  [--device mlx5_0] [--gid-index 3]
+//! omw-mlx5-bringup bind      [--device mlx5_0] [--gid-index 3] [--imm-current]
 //! ```
 //! `cd-roles`: CREATE_QP with each CORE-Direct role as the calling user (question 1).
 //! `loopback`: two DEVX QPs connected to each other over RoCE, an encoded NOP then an encoded
 //! READ posted on one, the doorbell rung, the CQ polled, the READ's bytes compared — the first
 //! end-to-end check of `omw_core::mlx5::encode`, the PRM commands and the doorbell.
+//! `bind`: a type-2 window bound by an encoded UMR on A to A, READ through it from B,
+//! invalidated on A; then bound by a UMR posted on B naming A's QPN (question 5), READ again, and
+//! a LOCAL_INV from B that must fail. `--imm-current` puts the window's current rkey in the
+//! control `imm`, as rdma-core does, instead of the new one (question 7).
 
 use omw_core::mlx5::cqe;
 use omw_core::mlx5::ctrl::FmCeSe;
@@ -122,7 +127,20 @@ fn connect_to(
     queue::connect(d, q, init, rtr, rts)
 }
 
-fn loopback(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
+/// Two DEVX QPs A and B on one CQ, connected to each other over RoCE port 1.
+struct Pair {
+    cq: DevxCq,
+    cq_mem: RingMemory,
+    ci: u32,
+    a: DevxQp,
+    mem_a: RingMemory,
+    pi_a: WqeIndex,
+    b: DevxQp,
+    mem_b: RingMemory,
+    pi_b: WqeIndex,
+}
+
+fn pair(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<Pair, DevxError> {
     // SAFETY: ibv_gid is 16 plain bytes; ibv_query_gid fills it for a valid port/index.
     let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
     // SAFETY: the context is open; `gid` is a valid output.
@@ -142,10 +160,9 @@ fn loopback(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxEr
     ah.grh.hop_limit = 64;
     let rmac = d.rmac(&mut ah)?;
     println!("  next-hop MAC (own port, from the AH's mlx5 AV) = {rmac:02x?}");
-
     let uar = d.alloc_uar()?;
     let (cq, cq_mem) = new_cq(d, c, uar)?;
-    let mut mem_a = RingMemory::new(qp_mem_len(CdRole::empty()))?;
+    let mem_a = RingMemory::new(qp_mem_len(CdRole::empty()))?;
     let mem_b = RingMemory::new(qp_mem_len(CdRole::empty()))?;
     let a = queue::create_qp(d, c, uar, &qp_spec(CdRole::empty(), cq.cqn, mem_a.range()))?;
     let b = queue::create_qp(d, c, uar, &qp_spec(CdRole::empty(), cq.cqn, mem_b.range()))?;
@@ -153,12 +170,69 @@ fn loopback(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxEr
     connect_to(d, c, &a, b.qpn, raw, gid_index, rmac)?;
     connect_to(d, c, &b, a.qpn, raw, gid_index, rmac)?;
     println!("  A and B in RTS");
+    Ok(Pair { cq, cq_mem, ci: 0, a, mem_a, pi_a: WqeIndex::new(0), b, mem_b, pi_b: WqeIndex::new(0) })
+}
 
-    // one MR for the READ's source and destination
+impl Pair {
+    /// Encode `w` on A (`on_a`) or B, optionally overwrite its control `imm`, ring, and wait
+    /// for its CQE (every WQE here is signaled).
+    fn run(&mut self, d: &mut RealDevx, on_a: bool, w: &Wqe, imm: Option<u32>) -> Result<cqe::Cqe, DevxError> {
+        let (qp, mem, pi) =
+            if on_a { (&self.a, &mut self.mem_a, &mut self.pi_a) } else { (&self.b, &mut self.mem_b, &mut self.pi_b) };
+        let e = encode(w, *pi, qp.qpn, FmCeSe::empty(), &mut NoQueues).map_err(DevxError::Encode)?;
+        let n = e.wqebbs();
+        let ring = 64usize;
+        if pi.slot(ring) + n > ring {
+            return Err(DevxError::MemTooSmall {
+                what: "bring-up send queue (no wrap handling)",
+                need: n,
+                got: ring - pi.slot(ring),
+            });
+        }
+        let off = qp.sq.addr - mem.range().addr + pi.slot(ring) * 64;
+        mem.bytes_mut()[off..off + n * 64].copy_from_slice(e.bytes());
+        if let Some(v) = imm {
+            mem.bytes_mut()[off + 12..off + 16].copy_from_slice(&v.to_be_bytes());
+        }
+        let mut last = [0u8; 16];
+        last.copy_from_slice(&mem.bytes_mut()[off..off + 16]);
+        *pi = pi.add(n as u16);
+        doorbell::ring_sq(d, qp, *pi, &last);
+        let cq_off = self.cq.ring.addr - self.cq_mem.range().addr;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let mut ring = vec![0u8; cqe::CQE_SIZE << LOG_CQES];
+            self.cq_mem.read_volatile(cq_off, &mut ring);
+            if let Some(c) = cqe::poll(&ring, LOG_CQES, self.ci) {
+                self.ci += 1;
+                doorbell::update_cq_ci(d, &self.cq, self.ci);
+                return Ok(c);
+            }
+            if Instant::now() > deadline {
+                return Err(DevxError::Call { call: "CQ poll (no CQE within 2 s)", errno: libc::ETIMEDOUT });
+            }
+        }
+    }
+
+    fn destroy(self, d: &mut RealDevx) -> Result<(), DevxError> {
+        queue::destroy_qp(d, self.a)?;
+        queue::destroy_qp(d, self.b)?;
+        queue::destroy_cq(d, self.cq)
+    }
+}
+
+fn show(what: &str, c: &cqe::Cqe) -> bool {
+    println!("  {what:<58} -> CQE opcode {} wqe_counter {} error {:?}", c.opcode, c.wqe_counter.get(), c.error);
+    c.error.is_none()
+}
+
+/// A registered buffer: 4 KiB of pattern, 4 KiB of zeros.
+fn buffer(d: &mut RealDevx, extra_access: ibv_access_flags) -> Result<(RingMemory, *mut ibv_mr), DevxError> {
     let mut buf = RingMemory::new(8192)?;
     buf.bytes_mut()[..4096].iter_mut().enumerate().for_each(|(i, x)| *x = i as u8 ^ 0x5a);
-    let access = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_READ).0 as i32;
-    // SAFETY: `buf` is owned memory that outlives the MR (deregistered below).
+    let access =
+        (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_READ | extra_access).0 as i32;
+    // SAFETY: `buf` is owned memory that outlives the MR (the caller deregisters it first).
     let mr = unsafe { ibv_reg_mr(d.pd(), buf.range().addr as *mut libc::c_void, 8192, access) };
     if mr.is_null() {
         return Err(DevxError::Call {
@@ -166,58 +240,89 @@ fn loopback(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxEr
             errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
         });
     }
+    Ok((buf, mr))
+}
+
+fn data_ok(buf: &RingMemory) -> bool {
+    let mut got = [0u8; 256];
+    buf.read_volatile(4096, &mut got);
+    got.iter().enumerate().all(|(i, x)| *x == i as u8 ^ 0x5a)
+}
+
+fn loopback(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
+    let mut p = pair(d, c, gid_index)?;
+    let (buf, mr) = buffer(d, ibv_access_flags(0))?;
     // SAFETY: `mr` is the live MR just registered.
     let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
     let src = buf.range().addr as u64;
-    let wqes = [Wqe::nop(), Wqe::read(src + 4096, lkey, 256, src, rkey)];
-    let sq_off = a.sq.addr - mem_a.range().addr;
-    let mut pi = WqeIndex::new(0);
-    let mut last = [0u8; 16];
-    for w in &wqes {
-        let e = encode(w, pi, a.qpn, FmCeSe::empty(), &mut NoQueues).map_err(DevxError::Encode)?;
-        let off = sq_off + pi.slot(64) * 64;
-        mem_a.bytes_mut()[off..off + e.bytes().len()].copy_from_slice(e.bytes());
-        last.copy_from_slice(&e.bytes()[..16]);
-        pi = pi.add(e.wqebbs() as u16);
-    }
-    doorbell::ring_sq(d, &a, pi, &last);
-    println!("  posted NOP and READ (256 B) on A, doorbell at pi {}", pi.get());
-
-    let cq_off = cq.ring.addr - cq_mem.range().addr;
-    let mut ok = true;
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut ci = 0u32;
-    while ci < 2 {
-        let mut ring = vec![0u8; cqe::CQE_SIZE << LOG_CQES];
-        cq_mem.read_volatile(cq_off, &mut ring);
-        if let Some(e) = cqe::poll(&ring, LOG_CQES, ci) {
-            println!(
-                "  CQE {ci}: opcode {} qpn {:#x} wqe_counter {} error {:?}",
-                e.opcode,
-                e.qpn,
-                e.wqe_counter.get(),
-                e.error
-            );
-            ok &= e.error.is_none();
-            ci += 1;
-            doorbell::update_cq_ci(d, &cq, ci);
-        } else if Instant::now() > deadline {
-            println!("  no CQE {ci} within 2 s");
-            ok = false;
-            break;
-        }
-    }
-    let mut got = [0u8; 256];
-    buf.read_volatile(4096, &mut got);
-    let want: Vec<u8> = (0..256).map(|i| i as u8 ^ 0x5a).collect();
-    let same = got[..] == want[..];
+    let mut ok = show("NOP on A", &p.run(d, true, &Wqe::nop(), None)?);
+    ok &= show("READ 256 B on A (MR rkey)", &p.run(d, true, &Wqe::read(src + 4096, lkey, 256, src, rkey), None)?);
+    let same = data_ok(&buf);
     println!("  READ data {}", if same { "matches" } else { "DIFFERS" });
-    // SAFETY: no WQE references the MR any more (both completed or the QPs are destroyed next).
+    // SAFETY: no WQE references the MR any more.
     unsafe { ibv_dereg_mr(mr) };
-    queue::destroy_qp(d, a)?;
-    queue::destroy_qp(d, b)?;
-    queue::destroy_cq(d, cq)?;
+    p.destroy(d)?;
     Ok(ok && same)
+}
+
+/// Type-2 windows bound by UMR from DEVX QPs (questions 5 and 7). The last step errors QP B.
+fn bind(d: &mut RealDevx, c: &HcaCaps, gid_index: u8, imm_current: bool) -> Result<bool, DevxError> {
+    let mut p = pair(d, c, gid_index)?;
+    let (buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_MW_BIND)?;
+    // SAFETY: `mr` is the live MR just registered.
+    let lkey = unsafe { (*mr).lkey };
+    // SAFETY: the PD is live; None if the provider lacks the verb.
+    let mw = unsafe { ibv_alloc_mw(d.pd(), ibv_mw_type::IBV_MW_TYPE_2) }.filter(|m| !m.is_null()).ok_or(
+        DevxError::Call {
+            call: "ibv_alloc_mw(TYPE_2)",
+            errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+        },
+    )?;
+    // SAFETY: `mw` is the live window just allocated.
+    let mut cur = unsafe { (*mw).rkey };
+    let next = |k: u32| (k & 0xFFFF_FF00) | (k.wrapping_add(1) & 0xFF);
+    let src = buf.range().addr as u64;
+    let a = p.a.qpn;
+    let imm = |cur: u32| imm_current.then_some(cur);
+    println!(
+        "  window rkey {cur:#010x}; control imm carries the {} rkey",
+        if imm_current { "current (rdma-core)" } else { "new (omw)" }
+    );
+    let mut ok = true;
+
+    let k1 = next(cur);
+    let w = Wqe::bind_mw(k1, src, 4096, lkey, a, omw_core::access::AccessFlags::DATA_WINDOW);
+    ok &= show(&format!("BIND on A to A (key {k1:#010x})"), &p.run(d, true, &w, imm(cur))?);
+    cur = k1;
+    ok &= show(
+        "READ on B through the window (responder A)",
+        &p.run(d, false, &Wqe::read(src + 4096, lkey, 256, src, k1), None)?,
+    );
+    println!("  READ data {}", if data_ok(&buf) { "matches" } else { "DIFFERS" });
+    ok &= show("LOCAL_INV on A (bound to A)", &p.run(d, true, &Wqe::local_inv(k1), None)?);
+
+    let k2 = next(cur);
+    let w = Wqe::bind_mw(k2, src, 4096, lkey, a, omw_core::access::AccessFlags::DATA_WINDOW);
+    let bound_elsewhere =
+        show(&format!("BIND posted on B naming A's QPN (key {k2:#010x})"), &p.run(d, false, &w, imm(cur))?);
+    ok &= bound_elsewhere;
+    if bound_elsewhere {
+        ok &= show(
+            "READ on B through that window (responder A)",
+            &p.run(d, false, &Wqe::read(src + 4096, lkey, 256, src, k2), None)?,
+        );
+        // must be refused: the window is bound to A, the LOCAL_INV is posted on B
+        let inv = p.run(d, false, &Wqe::local_inv(k2), None)?;
+        show("LOCAL_INV on B of a window bound to A (must fail)", &inv);
+        ok &= inv.error.is_some();
+    }
+    // SAFETY: the window and MR are no longer referenced by any posted WQE.
+    unsafe {
+        ibv_dealloc_mw(mw);
+        ibv_dereg_mr(mr);
+    }
+    p.destroy(d)?;
+    Ok(ok)
 }
 
 fn run() -> Result<bool, DevxError> {
@@ -232,8 +337,11 @@ fn run() -> Result<bool, DevxError> {
         Some("caps") => Ok(true),
         Some("cd-roles") => cd_roles(&mut d, &c),
         Some("loopback") => loopback(&mut d, &c, gid_index),
+        Some("bind") => bind(&mut d, &c, gid_index, args.iter().any(|a| a == "--imm-current")),
         _ => {
-            eprintln!("usage: omw-mlx5-bringup caps|cd-roles|loopback [--device NAME] [--gid-index N]");
+            eprintln!(
+                "usage: omw-mlx5-bringup caps|cd-roles|loopback|bind [--device NAME] [--gid-index N] [--imm-current]"
+            );
             Ok(false)
         }
     }
