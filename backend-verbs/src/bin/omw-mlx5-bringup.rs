@@ -7,6 +7,8 @@
 //! omw-mlx5-bringup cd-roles  [--device mlx5_0]
 //! omw-mlx5-bringup loopback  [--device mlx5_0] [--gid-index 3]
 //! omw-mlx5-bringup bind      [--device mlx5_0] [--gid-index 3] [--imm-current]
+//! omw-mlx5-bringup masked-fa [--device mlx5_0] [--gid-index 3]
+//! omw-mlx5-bringup send-en   [--device mlx5_0] [--gid-index 3]
 //! ```
 //! `cd-roles`: CREATE_QP with each CORE-Direct role as the calling user (question 1).
 //! `loopback`: two DEVX QPs connected to each other over RoCE, an encoded NOP then an encoded
@@ -16,6 +18,9 @@
 //! invalidated on A; then bound by a UMR posted on B naming A's QPN (question 5), READ again, and
 //! a LOCAL_INV from B that must fail. `--imm-current` puts the window's current rkey in the
 //! control `imm`, as rdma-core does, instead of the new one (question 7).
+//! `masked-fa`: an encoded 8-byte masked fetch-and-add with two 32-bit fields (question 6).
+//! `send-en`: a `cd_master` QP enabling a `cd_slave_send` QP's three WRITEs with SEND_EN up to
+//! index 1, then 3, printing which ran (question 2).
 
 use omw_core::mlx5::cqe;
 use omw_core::mlx5::ctrl::FmCeSe;
@@ -141,6 +146,10 @@ struct Pair {
 }
 
 fn pair(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<Pair, DevxError> {
+    pair_with(d, c, gid_index, CdRole::empty(), CdRole::empty())
+}
+
+fn pair_with(d: &mut RealDevx, c: &HcaCaps, gid_index: u8, role_a: CdRole, role_b: CdRole) -> Result<Pair, DevxError> {
     // SAFETY: ibv_gid is 16 plain bytes; ibv_query_gid fills it for a valid port/index.
     let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
     // SAFETY: the context is open; `gid` is a valid output.
@@ -162,11 +171,11 @@ fn pair(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<Pair, DevxError>
     println!("  next-hop MAC (own port, from the AH's mlx5 AV) = {rmac:02x?}");
     let uar = d.alloc_uar()?;
     let (cq, cq_mem) = new_cq(d, c, uar)?;
-    let mem_a = RingMemory::new(qp_mem_len(CdRole::empty()))?;
-    let mem_b = RingMemory::new(qp_mem_len(CdRole::empty()))?;
-    let a = queue::create_qp(d, c, uar, &qp_spec(CdRole::empty(), cq.cqn, mem_a.range()))?;
-    let b = queue::create_qp(d, c, uar, &qp_spec(CdRole::empty(), cq.cqn, mem_b.range()))?;
-    println!("  CQ {:#x}, QPs A {:#x} and B {:#x} created", cq.cqn, a.qpn, b.qpn);
+    let mem_a = RingMemory::new(qp_mem_len(role_a))?;
+    let mem_b = RingMemory::new(qp_mem_len(role_b))?;
+    let a = queue::create_qp(d, c, uar, &qp_spec(role_a, cq.cqn, mem_a.range()))?;
+    let b = queue::create_qp(d, c, uar, &qp_spec(role_b, cq.cqn, mem_b.range()))?;
+    println!("  CQ {:#x}, QPs A {:#x} ({role_a:?}) and B {:#x} ({role_b:?}) created", cq.cqn, a.qpn, b.qpn);
     connect_to(d, c, &a, b.qpn, raw, gid_index, rmac)?;
     connect_to(d, c, &b, a.qpn, raw, gid_index, rmac)?;
     println!("  A and B in RTS");
@@ -174,12 +183,18 @@ fn pair(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<Pair, DevxError>
 }
 
 impl Pair {
-    /// Encode `w` on A (`on_a`) or B, optionally overwrite its control `imm`, ring, and wait
-    /// for its CQE (every WQE here is signaled).
-    fn run(&mut self, d: &mut RealDevx, on_a: bool, w: &Wqe, imm: Option<u32>) -> Result<cqe::Cqe, DevxError> {
+    /// Encode `w` on A (`on_a`) or B, optionally overwrite its control `imm`, and ring.
+    fn post(
+        &mut self,
+        d: &mut RealDevx,
+        on_a: bool,
+        w: &Wqe,
+        imm: Option<u32>,
+        r: &mut impl QueueResolver,
+    ) -> Result<(), DevxError> {
         let (qp, mem, pi) =
             if on_a { (&self.a, &mut self.mem_a, &mut self.pi_a) } else { (&self.b, &mut self.mem_b, &mut self.pi_b) };
-        let e = encode(w, *pi, qp.qpn, FmCeSe::empty(), &mut NoQueues).map_err(DevxError::Encode)?;
+        let e = encode(w, *pi, qp.qpn, FmCeSe::empty(), r).map_err(DevxError::Encode)?;
         let n = e.wqebbs();
         let ring = 64usize;
         if pi.slot(ring) + n > ring {
@@ -198,20 +213,32 @@ impl Pair {
         last.copy_from_slice(&mem.bytes_mut()[off..off + 16]);
         *pi = pi.add(n as u16);
         doorbell::ring_sq(d, qp, *pi, &last);
+        Ok(())
+    }
+
+    /// The next CQE of either QP, if one arrives within `within`.
+    fn next_cqe(&mut self, d: &mut RealDevx, within: Duration) -> Option<cqe::Cqe> {
         let cq_off = self.cq.ring.addr - self.cq_mem.range().addr;
-        let deadline = Instant::now() + Duration::from_secs(2);
+        let deadline = Instant::now() + within;
         loop {
             let mut ring = vec![0u8; cqe::CQE_SIZE << LOG_CQES];
             self.cq_mem.read_volatile(cq_off, &mut ring);
             if let Some(c) = cqe::poll(&ring, LOG_CQES, self.ci) {
                 self.ci += 1;
                 doorbell::update_cq_ci(d, &self.cq, self.ci);
-                return Ok(c);
+                return Some(c);
             }
             if Instant::now() > deadline {
-                return Err(DevxError::Call { call: "CQ poll (no CQE within 2 s)", errno: libc::ETIMEDOUT });
+                return None;
             }
         }
+    }
+
+    /// Post a signaled `w` and wait for the next CQE.
+    fn run(&mut self, d: &mut RealDevx, on_a: bool, w: &Wqe, imm: Option<u32>) -> Result<cqe::Cqe, DevxError> {
+        self.post(d, on_a, w, imm, &mut NoQueues)?;
+        self.next_cqe(d, Duration::from_secs(2))
+            .ok_or(DevxError::Call { call: "CQ poll (no CQE within 2 s)", errno: libc::ETIMEDOUT })
     }
 
     fn destroy(self, d: &mut RealDevx) -> Result<(), DevxError> {
@@ -325,6 +352,84 @@ fn bind(d: &mut RealDevx, c: &HcaCaps, gid_index: u8, imm_current: bool) -> Resu
     Ok(ok)
 }
 
+/// 8-byte masked fetch-and-add with two 32-bit fields (question 6): the low field wraps without
+/// carrying into the high one, big-endian in memory.
+fn masked_fa(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
+    let mut p = pair(d, c, gid_index)?;
+    let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)?;
+    // SAFETY: `mr` is the live MR just registered.
+    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+    let src = buf.range().addr as u64;
+    let (old, add, boundary) = (0x0000_0001_FFFF_FFFFu64, 0x0000_0001_0000_0001u64, (1u64 << 63) | (1 << 31));
+    buf.bytes_mut()[..8].copy_from_slice(&old.to_be_bytes());
+    let w = Wqe::masked_fetch_add(src + 4096, lkey, src, rkey, add, boundary);
+    let ok = show("masked FA on B (responder A), fields at bits 31 and 63", &p.run(d, false, &w, None)?);
+    let (mut now, mut ret) = ([0u8; 8], [0u8; 8]);
+    buf.read_volatile(0, &mut now);
+    buf.read_volatile(4096, &mut ret);
+    let (now, ret) = (u64::from_be_bytes(now), u64::from_be_bytes(ret));
+    let want = omw_core::wqe::masked_add(old, add, boundary);
+    println!(
+        "  memory {now:#018x} (masked: {want:#018x}, plain add: {:#018x}); returned {ret:#018x} (old {old:#018x})",
+        old.wrapping_add(add)
+    );
+    // SAFETY: no WQE references the MR any more.
+    unsafe { ibv_dereg_mr(mr) };
+    p.destroy(d)?;
+    Ok(ok && now == want && ret == old)
+}
+
+struct EnableAt(u16);
+impl QueueResolver for EnableAt {
+    fn cqn(&self, _: u32, _: QueueSel) -> Option<u32> {
+        None
+    }
+    fn enable_index(&mut self, _: u32, _: QueueSel, _: u64) -> Option<WqeIndex> {
+        Some(WqeIndex::new(self.0))
+    }
+}
+
+/// SEND_EN counting (question 2): B (`cd_slave_send`) holds three 8-byte WRITEs; A
+/// (`cd_master`) enables B up to index 1, then 3. Which WRITEs landed tells the unit.
+fn send_en(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
+    let mut p = pair_with(d, c, gid_index, CdRole::MASTER, CdRole::SLAVE_SEND)?;
+    let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)?;
+    // SAFETY: `mr` is the live MR just registered.
+    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+    let src = buf.range().addr as u64;
+    buf.bytes_mut()[4096..4096 + 512].fill(0);
+    for i in 0..3u64 {
+        let w = Wqe::write(src + 8 * i, lkey, 8, src + 4096 + 128 * i, rkey);
+        p.post(d, false, &w, None, &mut NoQueues)?;
+    }
+    let landed = |buf: &RingMemory| {
+        (0..3)
+            .map(|i| {
+                let mut b = [0u8; 8];
+                buf.read_volatile(4096 + 128 * i, &mut b);
+                b != [0; 8]
+            })
+            .collect::<Vec<_>>()
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    println!("  3 WRITEs posted on slave B, doorbell rung, none enabled: landed {:?}", landed(&buf));
+    let mut ok = true;
+    for k in [1u16, 3] {
+        let w = Wqe::enable(p.b.qpn, QueueSel::Send, 0).with_flags(omw_core::wqe::WqeFlags::SIGNALED);
+        p.post(d, true, &w, None, &mut EnableAt(k))?;
+        let mut cqes = Vec::new();
+        while let Some(e) = p.next_cqe(d, Duration::from_millis(500)) {
+            cqes.push((e.qpn, e.wqe_counter.get(), e.error));
+        }
+        ok &= cqes.iter().all(|c| c.2.is_none());
+        println!("  SEND_EN max_index {k}: CQEs (qpn, wqe_counter, error) {cqes:?}; WRITEs landed {:?}", landed(&buf));
+    }
+    // SAFETY: no WQE references the MR any more.
+    unsafe { ibv_dereg_mr(mr) };
+    p.destroy(d)?;
+    Ok(ok)
+}
+
 fn run() -> Result<bool, DevxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
@@ -337,10 +442,12 @@ fn run() -> Result<bool, DevxError> {
         Some("caps") => Ok(true),
         Some("cd-roles") => cd_roles(&mut d, &c),
         Some("loopback") => loopback(&mut d, &c, gid_index),
+        Some("masked-fa") => masked_fa(&mut d, &c, gid_index),
+        Some("send-en") => send_en(&mut d, &c, gid_index),
         Some("bind") => bind(&mut d, &c, gid_index, args.iter().any(|a| a == "--imm-current")),
         _ => {
             eprintln!(
-                "usage: omw-mlx5-bringup caps|cd-roles|loopback|bind [--device NAME] [--gid-index N] [--imm-current]"
+                "usage: omw-mlx5-bringup caps|cd-roles|loopback|bind|masked-fa|send-en [--device NAME] [--gid-index N] [--imm-current]"
             );
             Ok(false)
         }
