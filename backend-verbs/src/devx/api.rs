@@ -1,5 +1,5 @@
 //! The DEVX calls the command sequences use, as a trait: the real implementation
-//! ([`super::ffi::RealDevx`], feature `devx`) calls libmlx5; the tests' mock records them.
+//! (`ffi::RealDevx`, feature `devx`) calls libmlx5; the tests' mock records them.
 //!
 //! Handles are plain values so a recording can be compared. Memory a umem covers is named by
 //! address and length; whoever implements the trait owns it.

@@ -4,10 +4,10 @@
 //! state (INIT, RTR, RTS) and applies them with DEVX modifies (`queue::connect`), then
 //! accepts (librdmacm man rdma_accept / rdma_init_qp_attr: a user-owned QP is the caller's to
 //! transition). This file is the translation from `ibv_qp_attr` to the PRM modifies; the
-//! calls themselves are in [`super::ffi`].
+//! calls themselves are in `ffi.rs` (feature `devx`).
 //!
 //! The RoCE next-hop MAC is not in `ibv_qp_attr`: the kernel resolves it for verbs QPs only.
-//! [`super::ffi`] obtains it as UCX does — create an address handle from `ah_attr` and read
+//! `ffi.rs` obtains it as UCX does — create an address handle from `ah_attr` and read
 //! `rmac` from its mlx5 address vector (`mlx5dv_init_obj(MLX5DV_OBJ_AH)`).
 
 use omw_core::mlx5::prm::qp::{AddressPath, Init2Rtr, Rst2Init, Rtr2Rts};

@@ -4,9 +4,9 @@
 //! module holds the command sequences — device capabilities, CQs and QPs whose rings are
 //! registered user memory (umem), the QP state machine, doorbells, rdma_cm in external-QP
 //! mode — written against [`api::DevxApi`], a trait of the few DEVX calls, so that they are
-//! tested against a recording mock ([`mock`]) on machines without a ConnectX.
+//! tested against a recording mock (`mock.rs`) on machines without a ConnectX.
 //!
-//! The real implementation ([`ffi`]) links libmlx5 and exists only with the cargo feature
+//! The real implementation (`ffi.rs`) links libmlx5 and exists only with the cargo feature
 //! `devx`; everything else here is plain Rust and always builds. The command bytes come from
 //! `omw_core::mlx5::prm` (golden-tested there). Nothing in this module has run on a
 //! ConnectX: docs/MLX5.md lists what only hardware can settle and the bring-up steps.
