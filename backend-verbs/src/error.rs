@@ -49,6 +49,8 @@ pub enum VerbsError {
     Insecure(String),
     /// Invalid configuration (pool geometry, arguments).
     Config(String),
+    /// `--offload mlx5` cannot run (DEVX, capability or command failure, with what to do).
+    Devx(crate::devx::DevxError),
 }
 
 impl VerbsError {
@@ -123,6 +125,7 @@ impl fmt::Display for VerbsError {
             VerbsError::Refused(s) => write!(f, "refused by the memory node: {s}"),
             VerbsError::Insecure(s) => f.write_str(s),
             VerbsError::Config(s) => f.write_str(s),
+            VerbsError::Devx(e) => write!(f, "--offload mlx5: {e}"),
         }
     }
 }

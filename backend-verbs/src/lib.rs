@@ -7,6 +7,7 @@
 //!   them onto `Capabilities`.
 //! - [`cm`] sets up RC connections through rdma_cm (the MN listens, CNs connect).
 //! - [`mn`] is the memory-node daemon, [`cn`] the compute-node client.
+//! - [`devx`] is the mlx5 direct path (DEVX PRM commands; the libmlx5 calls with feature `devx`).
 //!
 //! `unsafe` lives only in this crate, and every block says why it is sound.
 #![warn(missing_debug_implementations)]
@@ -15,6 +16,7 @@ pub mod backend;
 pub mod cm;
 pub mod cn;
 pub mod device;
+pub mod devx;
 pub mod error;
 pub mod mn;
 pub mod probe;

@@ -59,6 +59,15 @@ pub struct MnArgs {
     /// last one left in it. Only for CNs that trust each other (`omw bench` shows the cost).
     #[arg(long)]
     pub no_scrub: bool,
+    /// Offload the chains to the NIC: `mlx5` = ConnectX through DEVX (refuses, saying why,
+    /// where the device, kernel or this build cannot). Default: the host engine.
+    #[arg(long, value_enum)]
+    pub offload: Option<Offload>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offload {
+    Mlx5,
 }
 
 #[derive(clap::Args, Debug)]
@@ -126,6 +135,9 @@ pub fn mn(a: MnArgs) -> ExitCode {
 }
 
 fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
+    if a.offload == Some(Offload::Mlx5) {
+        return Err(omw_verbs::VerbsError::Devx(omw_verbs::devx::refuse_offload(a.device.as_deref())));
+    }
     omw_verbs::mn::serve(MnOptions {
         device: a.device,
         listen: a.listen,
@@ -168,6 +180,7 @@ pub fn probe(a: ProbeArgs) -> ExitCode {
                 "an MN on this device registers one MR per chunk (window bounds are not enforced)"
             };
             println!("{mn}");
+            println!("{}", omw_verbs::devx::probe(a.device.as_deref()));
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -208,6 +221,7 @@ mod tests {
             insecure: false,
             stats_ms: 0,
             no_scrub: false,
+            offload: None,
         })
         .unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::NoDevice { .. }), "{e}");
@@ -233,11 +247,37 @@ mod tests {
             insecure: false,
             stats_ms: 0,
             no_scrub: false,
+            offload: None,
         };
         assert_eq!(mn(mn_args), ExitCode::FAILURE);
         let cn_args =
             CnArgs { connect: "127.0.0.1:7471".parse().unwrap(), device: None, timeout: 1, cmd: CnCmd::Script };
         assert_eq!(cn(cn_args), ExitCode::FAILURE);
         assert_eq!(probe(ProbeArgs { device: None }), ExitCode::FAILURE);
+    }
+
+    /// `--offload mlx5` never falls back silently: it refuses with the DEVX reason (here: no
+    /// mlx5 device, or a build without the `devx` feature).
+    #[test]
+    fn offload_mlx5_refuses_with_a_reason() {
+        let e = run_mn(MnArgs {
+            device: None,
+            listen: "127.0.0.1:7471".parse().unwrap(),
+            pool_size: 1 << 20,
+            chunk_size: 4096,
+            group_size: 3,
+            max_cns: 4,
+            quota: 0,
+            insecure: false,
+            stats_ms: 0,
+            no_scrub: false,
+            offload: Some(Offload::Mlx5),
+        })
+        .unwrap_err();
+        assert!(matches!(e, omw_verbs::VerbsError::Devx(_)), "{e}");
+        let s = e.to_string();
+        assert!(s.starts_with("--offload mlx5: "), "{s}");
+        #[cfg(not(feature = "devx"))]
+        assert!(s.contains("--features devx"), "{s}");
     }
 }

@@ -25,6 +25,7 @@ pub mod geometry;
 pub mod host_engine;
 pub mod ids;
 pub mod invariants;
+pub mod mlx5;
 pub mod mn;
 pub mod mn_driver;
 pub mod mn_memory;

@@ -1,0 +1,466 @@
+//! Hardware bring-up steps for the DEVX path (docs/MLX5.md, checklist step 6). Needs a
+//! ConnectX; written without one and never run — every step prints what it did and what the
+//! device answered, so a failure says which assumption broke.
+//!
+//! ```text
+//! omw-mlx5-bringup caps      [--device mlx5_0]
+//! omw-mlx5-bringup cd-roles  [--device mlx5_0]
+//! omw-mlx5-bringup loopback  [--device mlx5_0] [--gid-index 3]
+//! omw-mlx5-bringup bind      [--device mlx5_0] [--gid-index 3] [--imm-current]
+//! omw-mlx5-bringup masked-fa [--device mlx5_0] [--gid-index 3]
+//! omw-mlx5-bringup send-en   [--device mlx5_0] [--gid-index 3]
+//! ```
+//! `cd-roles`: CREATE_QP with each CORE-Direct role as the calling user (question 1).
+//! `loopback`: two DEVX QPs connected to each other over RoCE, an encoded NOP then an encoded
+//! READ posted on one, the doorbell rung, the CQ polled, the READ's bytes compared — the first
+//! end-to-end check of `omw_core::mlx5::encode`, the PRM commands and the doorbell.
+//! `bind`: a type-2 window bound by an encoded UMR on A to A, READ through it from B,
+//! invalidated on A; then bound by a UMR posted on B naming A's QPN (question 5), READ again, and
+//! a LOCAL_INV from B that must fail. `--imm-current` puts the window's current rkey in the
+//! control `imm`, as rdma-core does, instead of the new one (question 7).
+//! `masked-fa`: an encoded 8-byte masked fetch-and-add with two 32-bit fields (question 6).
+//! `send-en`: a `cd_master` QP enabling a `cd_slave_send` QP's three WRITEs with SEND_EN up to
+//! index 1, then 3, printing which ran (question 2).
+
+use omw_core::mlx5::cqe;
+use omw_core::mlx5::ctrl::FmCeSe;
+use omw_core::mlx5::encode::{encode, QueueResolver};
+use omw_core::mlx5::prm::hca_cap::HcaCaps;
+use omw_core::mlx5::prm::qp::{self, AddressPath, CdRole, Init2Rtr, Rst2Init, Rtr2Rts};
+use omw_core::mlx5::wqebb::WqeIndex;
+use omw_core::wqe::{QueueSel, Wqe};
+use omw_verbs::devx::api::{DevxApi, MemRange, UarHandle};
+use omw_verbs::devx::ffi::{RealDevx, RingMemory};
+use omw_verbs::devx::queue::{self, CqSpec, DevxCq, DevxQp, QpSpec};
+use omw_verbs::devx::{caps, cm, doorbell, DevxError};
+use rdma_sys::*;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+struct NoQueues;
+impl QueueResolver for NoQueues {
+    fn cqn(&self, _: u32, _: QueueSel) -> Option<u32> {
+        None
+    }
+    fn enable_index(&mut self, _: u32, _: QueueSel, _: u64) -> Option<WqeIndex> {
+        None
+    }
+}
+
+const LOG_CQES: u8 = 6;
+
+fn new_cq(d: &mut RealDevx, c: &HcaCaps, uar: UarHandle) -> Result<(DevxCq, RingMemory), DevxError> {
+    let mut mem = RingMemory::new(CqSpec::mem_needed(LOG_CQES))?;
+    cqe::init_ring(&mut mem.bytes_mut()[..cqe::CQE_SIZE << LOG_CQES]);
+    let cq = queue::create_cq(d, c, uar, &CqSpec { log_cqes: LOG_CQES, mem: mem.range() })?;
+    Ok((cq, mem))
+}
+
+fn qp_spec(cd: CdRole, cqn: u32, mem: MemRange) -> QpSpec {
+    QpSpec { log_sq_wqebbs: 6, log_rq: None, log_rq_stride: 0, cd, cqn_snd: cqn, cqn_rcv: cqn, mem }
+}
+
+fn qp_mem_len(cd: CdRole) -> usize {
+    qp_spec(cd, 0, MemRange { addr: 0, len: 0 }).mem_needed()
+}
+
+fn cd_roles(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
+    let uar = d.alloc_uar()?;
+    let (cq, _cq_mem) = new_cq(d, c, uar)?;
+    let mut all = true;
+    for (name, role) in [
+        ("none", CdRole::empty()),
+        ("cd_master", CdRole::MASTER),
+        ("cd_slave_send", CdRole::SLAVE_SEND),
+        ("cd_slave_receive", CdRole::SLAVE_RECEIVE),
+        ("cd_master + cd_slave_send", CdRole::MASTER | CdRole::SLAVE_SEND),
+    ] {
+        let mem = RingMemory::new(qp_mem_len(role))?;
+        match queue::create_qp(d, c, uar, &qp_spec(role, cq.cqn, mem.range())) {
+            Ok(q) => {
+                println!("  CREATE_QP with {name:<26} ok (qpn {:#x})", q.qpn);
+                queue::destroy_qp(d, q)?;
+            }
+            Err(e) => {
+                all = false;
+                println!("  CREATE_QP with {name:<26} REFUSED: {e}");
+            }
+        }
+    }
+    queue::destroy_cq(d, cq)?;
+    Ok(all)
+}
+
+fn connect_to(
+    d: &mut RealDevx,
+    c: &HcaCaps,
+    q: &DevxQp,
+    peer: u32,
+    gid: [u8; 16],
+    gid_index: u8,
+    rmac: [u8; 6],
+) -> Result<(), DevxError> {
+    let init = Rst2Init {
+        qpn: q.qpn,
+        port: 1,
+        pkey_index: 0,
+        remote_read: true,
+        remote_write: true,
+        remote_atomic: true,
+        atomic_mode: qp::ATOMIC_MODE_8B as u8,
+    };
+    let rtr = Init2Rtr {
+        qpn: q.qpn,
+        remote_qpn: peer,
+        mtu: 3,
+        log_msg_max: c.log_max_msg,
+        next_rcv_psn: 0,
+        log_rra_max: 4,
+        min_rnr_nak: 12,
+        path: AddressPath {
+            port: 1,
+            grh: true,
+            sgid_index: gid_index,
+            hop_limit: 64,
+            rgid: gid,
+            rmac,
+            udp_sport: cm::udp_sport(0, q.qpn, peer),
+            ..Default::default()
+        },
+    };
+    let rts = Rtr2Rts { qpn: q.qpn, next_send_psn: 0, ack_timeout: 14, retry_count: 7, rnr_retry: 7, log_sra_max: 4 };
+    queue::connect(d, q, init, rtr, rts)
+}
+
+/// Two DEVX QPs A and B on one CQ, connected to each other over RoCE port 1.
+struct Pair {
+    cq: DevxCq,
+    cq_mem: RingMemory,
+    ci: u32,
+    a: DevxQp,
+    mem_a: RingMemory,
+    pi_a: WqeIndex,
+    b: DevxQp,
+    mem_b: RingMemory,
+    pi_b: WqeIndex,
+}
+
+fn pair(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<Pair, DevxError> {
+    pair_with(d, c, gid_index, CdRole::empty(), CdRole::empty())
+}
+
+fn pair_with(d: &mut RealDevx, c: &HcaCaps, gid_index: u8, role_a: CdRole, role_b: CdRole) -> Result<Pair, DevxError> {
+    // SAFETY: ibv_gid is 16 plain bytes; ibv_query_gid fills it for a valid port/index.
+    let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
+    // SAFETY: the context is open; `gid` is a valid output.
+    let rc = unsafe { ibv_query_gid(d.context(), 1, gid_index as i32, &mut gid) };
+    if rc != 0 {
+        return Err(DevxError::Call { call: "ibv_query_gid", errno: rc });
+    }
+    // SAFETY: both members of ibv_gid are 16 plain bytes.
+    let raw = unsafe { gid.raw };
+    println!("  port 1 GID[{gid_index}] = {raw:02x?}");
+    // SAFETY: ibv_ah_attr is plain C data; all-zero is valid.
+    let mut ah: ibv_ah_attr = unsafe { std::mem::zeroed() };
+    ah.is_global = 1;
+    ah.port_num = 1;
+    ah.grh.dgid = gid;
+    ah.grh.sgid_index = gid_index;
+    ah.grh.hop_limit = 64;
+    let rmac = d.rmac(&mut ah)?;
+    println!("  next-hop MAC (own port, from the AH's mlx5 AV) = {rmac:02x?}");
+    let uar = d.alloc_uar()?;
+    let (cq, cq_mem) = new_cq(d, c, uar)?;
+    let mem_a = RingMemory::new(qp_mem_len(role_a))?;
+    let mem_b = RingMemory::new(qp_mem_len(role_b))?;
+    let a = queue::create_qp(d, c, uar, &qp_spec(role_a, cq.cqn, mem_a.range()))?;
+    let b = queue::create_qp(d, c, uar, &qp_spec(role_b, cq.cqn, mem_b.range()))?;
+    println!("  CQ {:#x}, QPs A {:#x} ({role_a:?}) and B {:#x} ({role_b:?}) created", cq.cqn, a.qpn, b.qpn);
+    connect_to(d, c, &a, b.qpn, raw, gid_index, rmac)?;
+    connect_to(d, c, &b, a.qpn, raw, gid_index, rmac)?;
+    println!("  A and B in RTS");
+    Ok(Pair { cq, cq_mem, ci: 0, a, mem_a, pi_a: WqeIndex::new(0), b, mem_b, pi_b: WqeIndex::new(0) })
+}
+
+impl Pair {
+    /// Encode `w` on A (`on_a`) or B, optionally overwrite its control `imm`, and ring.
+    fn post(
+        &mut self,
+        d: &mut RealDevx,
+        on_a: bool,
+        w: &Wqe,
+        imm: Option<u32>,
+        r: &mut impl QueueResolver,
+    ) -> Result<(), DevxError> {
+        let (qp, mem, pi) =
+            if on_a { (&self.a, &mut self.mem_a, &mut self.pi_a) } else { (&self.b, &mut self.mem_b, &mut self.pi_b) };
+        let e = encode(w, *pi, qp.qpn, FmCeSe::empty(), r).map_err(DevxError::Encode)?;
+        let n = e.wqebbs();
+        let ring = 64usize;
+        if pi.slot(ring) + n > ring {
+            return Err(DevxError::MemTooSmall {
+                what: "bring-up send queue (no wrap handling)",
+                need: n,
+                got: ring - pi.slot(ring),
+            });
+        }
+        let off = qp.sq.addr - mem.range().addr + pi.slot(ring) * 64;
+        mem.bytes_mut()[off..off + n * 64].copy_from_slice(e.bytes());
+        if let Some(v) = imm {
+            mem.bytes_mut()[off + 12..off + 16].copy_from_slice(&v.to_be_bytes());
+        }
+        let mut last = [0u8; 16];
+        last.copy_from_slice(&mem.bytes_mut()[off..off + 16]);
+        *pi = pi.add(n as u16);
+        doorbell::ring_sq(d, qp, *pi, &last);
+        Ok(())
+    }
+
+    /// The next CQE of either QP, if one arrives within `within`.
+    fn next_cqe(&mut self, d: &mut RealDevx, within: Duration) -> Option<cqe::Cqe> {
+        let cq_off = self.cq.ring.addr - self.cq_mem.range().addr;
+        let deadline = Instant::now() + within;
+        loop {
+            let mut ring = vec![0u8; cqe::CQE_SIZE << LOG_CQES];
+            self.cq_mem.read_volatile(cq_off, &mut ring);
+            if let Some(c) = cqe::poll(&ring, LOG_CQES, self.ci) {
+                self.ci += 1;
+                doorbell::update_cq_ci(d, &self.cq, self.ci);
+                return Some(c);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+        }
+    }
+
+    /// Post a signaled `w` and wait for the next CQE.
+    fn run(&mut self, d: &mut RealDevx, on_a: bool, w: &Wqe, imm: Option<u32>) -> Result<cqe::Cqe, DevxError> {
+        self.post(d, on_a, w, imm, &mut NoQueues)?;
+        self.next_cqe(d, Duration::from_secs(2))
+            .ok_or(DevxError::Call { call: "CQ poll (no CQE within 2 s)", errno: libc::ETIMEDOUT })
+    }
+
+    fn destroy(self, d: &mut RealDevx) -> Result<(), DevxError> {
+        queue::destroy_qp(d, self.a)?;
+        queue::destroy_qp(d, self.b)?;
+        queue::destroy_cq(d, self.cq)
+    }
+}
+
+fn show(what: &str, c: &cqe::Cqe) -> bool {
+    println!("  {what:<58} -> CQE opcode {} wqe_counter {} error {:?}", c.opcode, c.wqe_counter.get(), c.error);
+    c.error.is_none()
+}
+
+/// A registered buffer: 4 KiB of pattern, 4 KiB of zeros.
+fn buffer(d: &mut RealDevx, extra_access: ibv_access_flags) -> Result<(RingMemory, *mut ibv_mr), DevxError> {
+    let mut buf = RingMemory::new(8192)?;
+    buf.bytes_mut()[..4096].iter_mut().enumerate().for_each(|(i, x)| *x = i as u8 ^ 0x5a);
+    let access =
+        (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_READ | extra_access).0 as i32;
+    // SAFETY: `buf` is owned memory that outlives the MR (the caller deregisters it first).
+    let mr = unsafe { ibv_reg_mr(d.pd(), buf.range().addr as *mut libc::c_void, 8192, access) };
+    if mr.is_null() {
+        return Err(DevxError::Call {
+            call: "ibv_reg_mr",
+            errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+        });
+    }
+    Ok((buf, mr))
+}
+
+fn data_ok(buf: &RingMemory) -> bool {
+    let mut got = [0u8; 256];
+    buf.read_volatile(4096, &mut got);
+    got.iter().enumerate().all(|(i, x)| *x == i as u8 ^ 0x5a)
+}
+
+fn loopback(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
+    let mut p = pair(d, c, gid_index)?;
+    let (buf, mr) = buffer(d, ibv_access_flags(0))?;
+    // SAFETY: `mr` is the live MR just registered.
+    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+    let src = buf.range().addr as u64;
+    let mut ok = show("NOP on A", &p.run(d, true, &Wqe::nop(), None)?);
+    ok &= show("READ 256 B on A (MR rkey)", &p.run(d, true, &Wqe::read(src + 4096, lkey, 256, src, rkey), None)?);
+    let same = data_ok(&buf);
+    println!("  READ data {}", if same { "matches" } else { "DIFFERS" });
+    // SAFETY: no WQE references the MR any more.
+    unsafe { ibv_dereg_mr(mr) };
+    p.destroy(d)?;
+    Ok(ok && same)
+}
+
+/// Type-2 windows bound by UMR from DEVX QPs (questions 5 and 7). The last step errors QP B.
+fn bind(d: &mut RealDevx, c: &HcaCaps, gid_index: u8, imm_current: bool) -> Result<bool, DevxError> {
+    let mut p = pair(d, c, gid_index)?;
+    let (buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_MW_BIND)?;
+    // SAFETY: `mr` is the live MR just registered.
+    let lkey = unsafe { (*mr).lkey };
+    // SAFETY: the PD is live; None if the provider lacks the verb.
+    let mw = unsafe { ibv_alloc_mw(d.pd(), ibv_mw_type::IBV_MW_TYPE_2) }.filter(|m| !m.is_null()).ok_or(
+        DevxError::Call {
+            call: "ibv_alloc_mw(TYPE_2)",
+            errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+        },
+    )?;
+    // SAFETY: `mw` is the live window just allocated.
+    let mut cur = unsafe { (*mw).rkey };
+    let next = |k: u32| (k & 0xFFFF_FF00) | (k.wrapping_add(1) & 0xFF);
+    let src = buf.range().addr as u64;
+    let a = p.a.qpn;
+    let imm = |cur: u32| imm_current.then_some(cur);
+    println!(
+        "  window rkey {cur:#010x}; control imm carries the {} rkey",
+        if imm_current { "current (rdma-core)" } else { "new (omw)" }
+    );
+    let mut ok = true;
+
+    let k1 = next(cur);
+    let w = Wqe::bind_mw(k1, src, 4096, lkey, a, omw_core::access::AccessFlags::DATA_WINDOW);
+    ok &= show(&format!("BIND on A to A (key {k1:#010x})"), &p.run(d, true, &w, imm(cur))?);
+    cur = k1;
+    ok &= show(
+        "READ on B through the window (responder A)",
+        &p.run(d, false, &Wqe::read(src + 4096, lkey, 256, src, k1), None)?,
+    );
+    println!("  READ data {}", if data_ok(&buf) { "matches" } else { "DIFFERS" });
+    ok &= show("LOCAL_INV on A (bound to A)", &p.run(d, true, &Wqe::local_inv(k1), None)?);
+
+    let k2 = next(cur);
+    let w = Wqe::bind_mw(k2, src, 4096, lkey, a, omw_core::access::AccessFlags::DATA_WINDOW);
+    let bound_elsewhere =
+        show(&format!("BIND posted on B naming A's QPN (key {k2:#010x})"), &p.run(d, false, &w, imm(cur))?);
+    ok &= bound_elsewhere;
+    if bound_elsewhere {
+        ok &= show(
+            "READ on B through that window (responder A)",
+            &p.run(d, false, &Wqe::read(src + 4096, lkey, 256, src, k2), None)?,
+        );
+        // must be refused: the window is bound to A, the LOCAL_INV is posted on B
+        let inv = p.run(d, false, &Wqe::local_inv(k2), None)?;
+        show("LOCAL_INV on B of a window bound to A (must fail)", &inv);
+        ok &= inv.error.is_some();
+    }
+    // SAFETY: the window and MR are no longer referenced by any posted WQE.
+    unsafe {
+        ibv_dealloc_mw(mw);
+        ibv_dereg_mr(mr);
+    }
+    p.destroy(d)?;
+    Ok(ok)
+}
+
+/// 8-byte masked fetch-and-add with two 32-bit fields (question 6): the low field wraps without
+/// carrying into the high one, big-endian in memory.
+fn masked_fa(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
+    let mut p = pair(d, c, gid_index)?;
+    let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)?;
+    // SAFETY: `mr` is the live MR just registered.
+    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+    let src = buf.range().addr as u64;
+    let (old, add, boundary) = (0x0000_0001_FFFF_FFFFu64, 0x0000_0001_0000_0001u64, (1u64 << 63) | (1 << 31));
+    buf.bytes_mut()[..8].copy_from_slice(&old.to_be_bytes());
+    let w = Wqe::masked_fetch_add(src + 4096, lkey, src, rkey, add, boundary);
+    let ok = show("masked FA on B (responder A), fields at bits 31 and 63", &p.run(d, false, &w, None)?);
+    let (mut now, mut ret) = ([0u8; 8], [0u8; 8]);
+    buf.read_volatile(0, &mut now);
+    buf.read_volatile(4096, &mut ret);
+    let (now, ret) = (u64::from_be_bytes(now), u64::from_be_bytes(ret));
+    let want = omw_core::wqe::masked_add(old, add, boundary);
+    println!(
+        "  memory {now:#018x} (masked: {want:#018x}, plain add: {:#018x}); returned {ret:#018x} (old {old:#018x})",
+        old.wrapping_add(add)
+    );
+    // SAFETY: no WQE references the MR any more.
+    unsafe { ibv_dereg_mr(mr) };
+    p.destroy(d)?;
+    Ok(ok && now == want && ret == old)
+}
+
+struct EnableAt(u16);
+impl QueueResolver for EnableAt {
+    fn cqn(&self, _: u32, _: QueueSel) -> Option<u32> {
+        None
+    }
+    fn enable_index(&mut self, _: u32, _: QueueSel, _: u64) -> Option<WqeIndex> {
+        Some(WqeIndex::new(self.0))
+    }
+}
+
+/// SEND_EN counting (question 2): B (`cd_slave_send`) holds three 8-byte WRITEs; A
+/// (`cd_master`) enables B up to index 1, then 3. Which WRITEs landed tells the unit.
+fn send_en(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
+    let mut p = pair_with(d, c, gid_index, CdRole::MASTER, CdRole::SLAVE_SEND)?;
+    let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)?;
+    // SAFETY: `mr` is the live MR just registered.
+    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+    let src = buf.range().addr as u64;
+    buf.bytes_mut()[4096..4096 + 512].fill(0);
+    for i in 0..3u64 {
+        let w = Wqe::write(src + 8 * i, lkey, 8, src + 4096 + 128 * i, rkey);
+        p.post(d, false, &w, None, &mut NoQueues)?;
+    }
+    let landed = |buf: &RingMemory| {
+        (0..3)
+            .map(|i| {
+                let mut b = [0u8; 8];
+                buf.read_volatile(4096 + 128 * i, &mut b);
+                b != [0; 8]
+            })
+            .collect::<Vec<_>>()
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    println!("  3 WRITEs posted on slave B, doorbell rung, none enabled: landed {:?}", landed(&buf));
+    let mut ok = true;
+    for k in [1u16, 3] {
+        let w = Wqe::enable(p.b.qpn, QueueSel::Send, 0).with_flags(omw_core::wqe::WqeFlags::SIGNALED);
+        p.post(d, true, &w, None, &mut EnableAt(k))?;
+        let mut cqes = Vec::new();
+        while let Some(e) = p.next_cqe(d, Duration::from_millis(500)) {
+            cqes.push((e.qpn, e.wqe_counter.get(), e.error));
+        }
+        ok &= cqes.iter().all(|c| c.2.is_none());
+        println!("  SEND_EN max_index {k}: CQEs (qpn, wqe_counter, error) {cqes:?}; WRITEs landed {:?}", landed(&buf));
+    }
+    // SAFETY: no WQE references the MR any more.
+    unsafe { ibv_dereg_mr(mr) };
+    p.destroy(d)?;
+    Ok(ok)
+}
+
+fn run() -> Result<bool, DevxError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let device = opt("--device");
+    let gid_index: u8 = opt("--gid-index").and_then(|s| s.parse().ok()).unwrap_or(3);
+    let mut d = RealDevx::open(device.as_deref())?;
+    let c = caps::query(&mut d)?;
+    println!("device {}: {}", d.device(), omw_verbs::devx::DevxProbe { device: Some(d.device().into()), caps: Ok(c) });
+    match args.first().map(String::as_str) {
+        Some("caps") => Ok(true),
+        Some("cd-roles") => cd_roles(&mut d, &c),
+        Some("loopback") => loopback(&mut d, &c, gid_index),
+        Some("masked-fa") => masked_fa(&mut d, &c, gid_index),
+        Some("send-en") => send_en(&mut d, &c, gid_index),
+        Some("bind") => bind(&mut d, &c, gid_index, args.iter().any(|a| a == "--imm-current")),
+        _ => {
+            eprintln!(
+                "usage: omw-mlx5-bringup caps|cd-roles|loopback|bind|masked-fa|send-en [--device NAME] [--gid-index N] [--imm-current]"
+            );
+            Ok(false)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("omw-mlx5-bringup: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

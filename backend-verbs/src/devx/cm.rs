@@ -1,0 +1,184 @@
+//! rdma_cm in external-QP mode: rdma_cm resolves addresses, routes and the peer's QP number
+//! and PSNs as usual, but the QP is a DEVX object it never sees. The MN passes the DEVX QP's
+//! number in `rdma_conn_param.qp_num`, asks `rdma_init_qp_attr` for the attributes of each
+//! state (INIT, RTR, RTS) and applies them with DEVX modifies (`queue::connect`), then
+//! accepts (librdmacm man rdma_accept / rdma_init_qp_attr: a user-owned QP is the caller's to
+//! transition). This file is the translation from `ibv_qp_attr` to the PRM modifies; the
+//! calls themselves are in `ffi.rs` (feature `devx`).
+//!
+//! The RoCE next-hop MAC is not in `ibv_qp_attr`: the kernel resolves it for verbs QPs only.
+//! `ffi.rs` obtains it as UCX does — create an address handle from `ah_attr` and read
+//! `rmac` from its mlx5 address vector (`mlx5dv_init_obj(MLX5DV_OBJ_AH)`).
+
+use omw_core::mlx5::prm::qp::{AddressPath, Init2Rtr, Rst2Init, Rtr2Rts};
+
+/// The fields of `ibv_qp_attr` (and its `ah_attr`) the modifies need, copied out of the C
+/// struct so the translation is plain data.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct CmQpAttr {
+    pub port_num: u8,
+    pub pkey_index: u16,
+    pub qp_access_flags: u32,
+    pub dest_qp_num: u32,
+    /// `IBV_MTU_*` (1 = 256 … 5 = 4096).
+    pub path_mtu: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub ah_is_global: bool,
+    pub ah_dlid: u16,
+    pub ah_sl: u8,
+    pub ah_port_num: u8,
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `IBV_ACCESS_REMOTE_WRITE` / `_READ` / `_ATOMIC` (verbs.h).
+const REMOTE_WRITE: u32 = 1 << 1;
+const REMOTE_READ: u32 = 1 << 2;
+const REMOTE_ATOMIC: u32 = 1 << 3;
+
+/// ceil(log2(n)) for the `log_sra_max` / `log_rra_max` fields (the kernel's
+/// `fls(n - 1)` in drivers/infiniband/hw/mlx5/qp.c); 0 for n ≤ 1.
+fn ceil_log2(n: u8) -> u8 {
+    if n <= 1 {
+        0
+    } else {
+        (8 - (n - 1).leading_zeros()) as u8
+    }
+}
+
+/// RoCE v2 UDP source port for a flow label, as Linux include/rdma/ib_verbs.h
+/// `rdma_flow_label_to_udp_sport`; a zero label is first replaced by
+/// `rdma_calc_flow_label(lqpn, rqpn)`, as mlx5_ib does.
+pub fn udp_sport(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
+    let fl = if flow_label == 0 {
+        let mut v = lqpn as u64 * rqpn as u64;
+        v ^= v >> 20;
+        v ^= v >> 40;
+        (v & 0xF_FFFF) as u32
+    } else {
+        flow_label
+    };
+    let mut low = fl & 0x03FFF;
+    let high = fl & 0xFC000;
+    low ^= high >> 14;
+    (low as u16) | 0xC000
+}
+
+pub fn rst2init(qpn: u32, a: &CmQpAttr, atomic_mode: u8) -> Rst2Init {
+    Rst2Init {
+        qpn,
+        port: a.port_num,
+        pkey_index: a.pkey_index,
+        remote_read: a.qp_access_flags & REMOTE_READ != 0,
+        remote_write: a.qp_access_flags & REMOTE_WRITE != 0,
+        remote_atomic: a.qp_access_flags & REMOTE_ATOMIC != 0,
+        atomic_mode,
+    }
+}
+
+/// `log_msg_max` comes from the device (`cmd_hca_cap.log_max_msg`); `rmac` from the AH.
+pub fn init2rtr(qpn: u32, a: &CmQpAttr, log_msg_max: u8, rmac: [u8; 6]) -> Init2Rtr {
+    let remote_qpn = a.dest_qp_num & 0x00FF_FFFF;
+    Init2Rtr {
+        qpn,
+        remote_qpn,
+        mtu: a.path_mtu as u8,
+        log_msg_max,
+        next_rcv_psn: a.rq_psn & 0x00FF_FFFF,
+        log_rra_max: ceil_log2(a.max_dest_rd_atomic),
+        min_rnr_nak: a.min_rnr_timer,
+        path: AddressPath {
+            port: if a.ah_port_num != 0 { a.ah_port_num } else { a.port_num },
+            pkey_index: a.pkey_index,
+            grh: a.ah_is_global,
+            rlid: a.ah_dlid,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            tclass: a.traffic_class,
+            flow_label: a.flow_label & 0xF_FFFF,
+            rgid: a.dgid,
+            sl: a.ah_sl & 0xF,
+            rmac,
+            udp_sport: udp_sport(a.flow_label, qpn, remote_qpn),
+        },
+    }
+}
+
+pub fn rtr2rts(qpn: u32, a: &CmQpAttr) -> Rtr2Rts {
+    Rtr2Rts {
+        qpn,
+        next_send_psn: a.sq_psn & 0x00FF_FFFF,
+        ack_timeout: a.timeout & 0x1F,
+        retry_count: a.retry_cnt & 0x7,
+        rnr_retry: a.rnr_retry & 0x7,
+        log_sra_max: ceil_log2(a.max_rd_atomic),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr() -> CmQpAttr {
+        let mut dgid = [0u8; 16];
+        dgid[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 2]);
+        CmQpAttr {
+            port_num: 1,
+            pkey_index: 0,
+            qp_access_flags: REMOTE_READ | REMOTE_WRITE,
+            dest_qp_num: 0x321,
+            path_mtu: 3,
+            rq_psn: 0xaaaa,
+            sq_psn: 0xbbbb,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 12,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            ah_is_global: true,
+            ah_port_num: 1,
+            dgid,
+            sgid_index: 3,
+            hop_limit: 64,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn translation() {
+        let a = attr();
+        let i = rst2init(0x55, &a, 3);
+        assert!(i.remote_read && i.remote_write && !i.remote_atomic);
+        let r = init2rtr(0x55, &a, 30, [2, 0, 0, 0, 0, 2]);
+        assert_eq!((r.remote_qpn, r.mtu, r.next_rcv_psn, r.log_rra_max, r.min_rnr_nak), (0x321, 3, 0xaaaa, 4, 12));
+        assert!(r.path.grh);
+        assert_eq!((r.path.sgid_index, r.path.hop_limit, r.path.rgid, r.path.port), (3, 64, a.dgid, 1));
+        let t = rtr2rts(0x55, &a);
+        assert_eq!((t.next_send_psn, t.ack_timeout, t.retry_count, t.rnr_retry, t.log_sra_max), (0xbbbb, 14, 7, 7, 4));
+        assert_eq!(
+            [ceil_log2(0), ceil_log2(1), ceil_log2(2), ceil_log2(3), ceil_log2(16), ceil_log2(255)],
+            [0, 0, 1, 2, 4, 8]
+        );
+    }
+
+    #[test]
+    fn udp_source_port_follows_the_kernel() {
+        // non-zero label: low 14 bits XOR the next 6, with the RoCE v2 range bits set
+        assert_eq!(udp_sport(0x1_2345, 0, 0), 0xC000 | ((0x2345 ^ (0x1_0000 >> 14)) as u16));
+        // every port is in 0xC000..=0xFFFF
+        for (l, r) in [(1, 2), (0x12_3456, 0xAB_CDEF), (0, 0)] {
+            assert!(udp_sport(0, l, r) >= 0xC000);
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Why the DEVX path cannot be used, in terms an operator can act on: which call or PRM
+//! command failed (with the firmware's status and syndrome), or which capability is missing,
+//! and what to do.
+
+use omw_core::mlx5::prm::hca_cap::MissingCap;
+use omw_core::mlx5::Mlx5Error;
+use std::fmt;
+
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DevxError {
+    /// This binary was built without the `devx` feature.
+    NotBuilt,
+    /// libibverbs lists no RDMA device (or the kernel has no RDMA support).
+    NoDevice { errno: i32 },
+    /// The device is not an mlx5 device (DEVX exists only for mlx5_ib).
+    NotMlx5 { device: String },
+    /// No device given and none of the listed devices is an mlx5 device.
+    NoMlx5 { devices: Vec<String> },
+    /// `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)` failed.
+    Open { device: String, errno: i32 },
+    /// A DEVX call other than a PRM command failed (umem registration, UAR, EQN, PD).
+    Call { call: &'static str, errno: i32 },
+    /// A PRM command failed; `status` / `syndrome` are the firmware's answer (0 if the kernel
+    /// refused the command before the firmware saw it).
+    Command { command: &'static str, opcode: u16, status: u8, syndrome: u32, errno: i32 },
+    /// The device lacks a capability offload needs.
+    MissingCapability(MissingCap),
+    /// A requested size exceeds what the device reports.
+    TooLarge { what: &'static str, log2: u8, device_max_log2: u8 },
+    /// The memory handed in for a queue is smaller than its rings and doorbell record.
+    MemTooSmall { what: &'static str, need: usize, got: usize },
+    /// A command could not be built (a value does not fit its PRM field).
+    Encode(Mlx5Error),
+    /// Every capability is there, but this build cannot arm mlx5-form chains yet.
+    ArmingNotImplemented,
+}
+
+fn strerror(e: i32) -> String {
+    std::io::Error::from_raw_os_error(e).to_string()
+}
+
+impl fmt::Display for DevxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DevxError::NotBuilt => f.write_str(
+                "this omw was built without DEVX support: rebuild with `cargo build --release -p omw --features devx` (needs libmlx5 from libibverbs-dev)",
+            ),
+            DevxError::NoDevice { errno } => write!(
+                f,
+                "no RDMA device ({}): DEVX offload needs a ConnectX with the mlx5_ib driver loaded (`ibv_devices` lists it)",
+                if *errno == 0 { "the device list is empty".to_string() } else { strerror(*errno) }
+            ),
+            DevxError::NoMlx5 { devices } => write!(
+                f,
+                "no mlx5 (ConnectX) device among [{}]: DEVX offload needs mlx5_ib; run `omw mn` without --offload (host engine)",
+                devices.join(", ")
+            ),
+            DevxError::NotMlx5 { device } => write!(
+                f,
+                "device {device} is not an mlx5 (ConnectX) device: DEVX offload needs mlx5_ib; run `omw mn` without --offload (host engine)"
+            ),
+            DevxError::Open { device, errno } => write!(
+                f,
+                "mlx5dv_open_device({device}, MLX5DV_CONTEXT_FLAGS_DEVX) failed: {} (errno {errno}). DEVX needs the mlx5_ib driver with DEVX support (Linux ≥ 4.18, rdma-core ≥ 21) and read/write access to the device's /dev/infiniband/uverbsN; EOPNOTSUPP means the kernel or firmware offers no DEVX user context",
+                strerror(*errno)
+            ),
+            DevxError::Call { call, errno } => write!(f, "{call} failed: {} (errno {errno})", strerror(*errno)),
+            DevxError::Command { command, opcode, status, syndrome, errno } => {
+                write!(f, "PRM command {command} ({opcode:#06x}) failed: ")?;
+                if *status != 0 {
+                    write!(f, "firmware status {status:#04x}, syndrome {syndrome:#010x}")?;
+                } else {
+                    write!(f, "{} (errno {errno}) before reaching the firmware", strerror(*errno))?;
+                }
+                f.write_str(
+                    ". Look the syndrome up in the mlx5 PRM or with `dmesg` (mlx5_core logs it); EPERM means the kernel does not let an unprivileged DEVX context issue this command or set these fields",
+                )
+            }
+            DevxError::MissingCapability(c) => write!(
+                f,
+                "the device does not report {}: offload needs {} — run `omw mn` without --offload (the host engine serves the same protocol), or try a ConnectX/firmware that reports it (`omw probe` shows the DEVX capabilities)",
+                c.field(),
+                match c {
+                    MissingCap::Rc => "RC transport",
+                    MissingCap::CoreDirect => "CORE-Direct (cross-channel WAIT / SEND_EN and the cd_* QP roles)",
+                    MissingCap::Type2Windows => "type-2 memory windows",
+                    MissingCap::MaskedFetchAdd => "8-byte big-endian masked fetch-and-add",
+                }
+            ),
+            DevxError::TooLarge { what, log2, device_max_log2 } => write!(
+                f,
+                "{what} of 2^{log2} exceeds the device's maximum 2^{device_max_log2}"
+            ),
+            DevxError::MemTooSmall { what, need, got } => {
+                write!(f, "{what} needs {need} bytes of ring memory, got {got}")
+            }
+            DevxError::Encode(e) => write!(f, "cannot build the PRM command: {e}"),
+            DevxError::ArmingNotImplemented => f.write_str(
+                "the device reports every capability offload needs (DEVX, cd, imaicl, masked fetch-and-add), but this build cannot yet arm the chains in mlx5 form on DEVX QPs (issue 13, parts 2–3): run `omw mn` without --offload; docs/MLX5.md has the bring-up steps",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DevxError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        None
+    }
+}
+
+impl From<Mlx5Error> for DevxError {
+    fn from(e: Mlx5Error) -> Self {
+        DevxError::Encode(e)
+    }
+}

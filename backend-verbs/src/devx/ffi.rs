@@ -1,0 +1,660 @@
+//! The real DEVX calls (feature `devx`): libmlx5's `mlx5dv_*` functions, declared here because
+//! rdma-sys binds only libibverbs and librdmacm. Signatures and struct layouts are those of
+//! /usr/include/infiniband/mlx5dv.h (rdma-core 44.0); the test at the bottom compiles
+//! core/tests/mlx5_golden.c and compares every struct size and offset declared here.
+//!
+//! Nothing here has run against a ConnectX (none was available): docs/MLX5.md.
+
+use super::api::{DevxApi, MemRange, ObjHandle, UarHandle, UmemHandle};
+use super::cm::{self, CmQpAttr};
+use super::queue::{self, DevxQp};
+use super::DevxError;
+use omw_core::mlx5::prm::hca_cap::HcaCaps;
+use rdma_sys::*;
+use std::ffi::{c_int, c_void, CStr};
+use std::ptr;
+use std::sync::atomic::{fence, Ordering};
+
+/// `MLX5DV_CONTEXT_FLAGS_DEVX` (mlx5dv.h:1682).
+pub const MLX5DV_CONTEXT_FLAGS_DEVX: u32 = 1 << 0;
+/// `MLX5DV_OBJ_AH`, `MLX5DV_OBJ_PD` (mlx5dv.h:966).
+pub const MLX5DV_OBJ_AH: u64 = 1 << 5;
+pub const MLX5DV_OBJ_PD: u64 = 1 << 6;
+/// `MLX5DV_UAR_ALLOC_TYPE_NC` (mlx5_api.h → `MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC = 0x1`):
+/// a non-cached doorbell page, written with plain 8-byte stores.
+pub const MLX5DV_UAR_ALLOC_TYPE_NC: u32 = 1;
+/// `offsetof(struct mlx5_wqe_av, rmac)` (checked against the header in the test).
+pub const AV_RMAC_OFFSET: usize = 20;
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct Mlx5dvContextAttr {
+    pub flags: u32,
+    pub comp_mask: u64,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct Mlx5dvDevxUar {
+    pub reg_addr: *mut c_void,
+    pub base_addr: *mut c_void,
+    pub page_id: u32,
+    pub mmap_off: libc::off_t,
+    pub comp_mask: u64,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct Mlx5dvDevxUmem {
+    pub umem_id: u32,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct Mlx5dvPd {
+    pub pdn: u32,
+    pub comp_mask: u64,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct Mlx5dvAh {
+    pub av: *mut u8,
+    pub comp_mask: u64,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct InOut {
+    pub input: *mut c_void,
+    pub out: *mut c_void,
+}
+
+/// `struct mlx5dv_obj`: seven `{in, out}` pairs (qp, cq, srq, rwq, dm, ah, pd).
+#[repr(C)]
+#[derive(Debug)]
+pub struct Mlx5dvObj {
+    pub qp: InOut,
+    pub cq: InOut,
+    pub srq: InOut,
+    pub rwq: InOut,
+    pub dm: InOut,
+    pub ah: InOut,
+    pub pd: InOut,
+}
+
+/// Opaque `struct mlx5dv_devx_obj`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Mlx5dvDevxObj {
+    _p: [u8; 0],
+}
+
+#[link(name = "mlx5")]
+extern "C" {
+    fn mlx5dv_is_supported(device: *mut ibv_device) -> bool;
+    fn mlx5dv_open_device(device: *mut ibv_device, attr: *mut Mlx5dvContextAttr) -> *mut ibv_context;
+    fn mlx5dv_init_obj(obj: *mut Mlx5dvObj, obj_type: u64) -> c_int;
+    fn mlx5dv_devx_general_cmd(
+        ctx: *mut ibv_context,
+        input: *const c_void,
+        inlen: usize,
+        out: *mut c_void,
+        outlen: usize,
+    ) -> c_int;
+    fn mlx5dv_devx_obj_create(
+        ctx: *mut ibv_context,
+        input: *const c_void,
+        inlen: usize,
+        out: *mut c_void,
+        outlen: usize,
+    ) -> *mut Mlx5dvDevxObj;
+    fn mlx5dv_devx_obj_modify(
+        obj: *mut Mlx5dvDevxObj,
+        input: *const c_void,
+        inlen: usize,
+        out: *mut c_void,
+        outlen: usize,
+    ) -> c_int;
+    fn mlx5dv_devx_obj_destroy(obj: *mut Mlx5dvDevxObj) -> c_int;
+    fn mlx5dv_devx_umem_reg(ctx: *mut ibv_context, addr: *mut c_void, size: usize, access: u32) -> *mut Mlx5dvDevxUmem;
+    fn mlx5dv_devx_umem_dereg(umem: *mut Mlx5dvDevxUmem) -> c_int;
+    fn mlx5dv_devx_alloc_uar(ctx: *mut ibv_context, flags: u32) -> *mut Mlx5dvDevxUar;
+    fn mlx5dv_devx_free_uar(uar: *mut Mlx5dvDevxUar);
+    fn mlx5dv_devx_query_eqn(ctx: *mut ibv_context, vector: u32, eqn: *mut u32) -> c_int;
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn rc_errno(rc: c_int) -> i32 {
+    if rc > 0 {
+        rc
+    } else {
+        errno()
+    }
+}
+
+/// Page-aligned, zeroed memory for rings and doorbell records; freed on drop.
+#[derive(Debug)]
+pub struct RingMemory {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl RingMemory {
+    pub fn new(len: usize) -> Result<Self, DevxError> {
+        let mut p: *mut c_void = ptr::null_mut();
+        // SAFETY: posix_memalign writes a pointer to `len` bytes aligned to 4096 into `p` or
+        // returns an error code and leaves it untouched; 4096 is a power of two and a multiple
+        // of the pointer size.
+        let rc = unsafe { libc::posix_memalign(&mut p, 4096, len.max(1)) };
+        if rc != 0 {
+            return Err(DevxError::Call { call: "posix_memalign", errno: rc });
+        }
+        // SAFETY: `p` points to at least `len` writable bytes just allocated above.
+        unsafe { ptr::write_bytes(p as *mut u8, 0, len) };
+        Ok(RingMemory { ptr: p as *mut u8, len })
+    }
+    pub fn range(&self) -> MemRange {
+        MemRange { addr: self.ptr as usize, len: self.len }
+    }
+    /// The memory as bytes, for writing WQEs and initialising CQ rings. The device writes CQEs
+    /// and doorbell records here too: read those with [`RingMemory::read_volatile`].
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `len` bytes owned by this value; `&mut self` makes the
+        // borrow unique on the CPU side.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    /// Copy `out.len()` bytes at `offset` with volatile reads (the device may have written
+    /// them), then fence so later reads see at least as new data (rdma-core's
+    /// udma_from_device_barrier after reading a CQE's owner byte).
+    pub fn read_volatile(&self, offset: usize, out: &mut [u8]) {
+        assert!(offset + out.len() <= self.len, "read outside the ring memory");
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: in bounds (asserted above) of memory this value owns.
+            *b = unsafe { ptr::read_volatile(self.ptr.add(offset + i)) };
+        }
+        fence(Ordering::SeqCst);
+    }
+}
+
+impl Drop for RingMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from posix_memalign and is freed exactly once; umems over it must
+        // be deregistered first (the owner of both drops the DEVX objects before the memory).
+        unsafe { libc::free(self.ptr as *mut c_void) };
+    }
+}
+
+/// An open DEVX context with one PD.
+#[derive(Debug)]
+pub struct RealDevx {
+    device: String,
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    pdn: u32,
+    objs: Vec<*mut Mlx5dvDevxObj>,
+    umems: Vec<*mut Mlx5dvDevxUmem>,
+    uars: Vec<*mut Mlx5dvDevxUar>,
+}
+
+fn device_name(d: *mut ibv_device) -> String {
+    // SAFETY: `d` is an entry of a live device list; the name is a NUL-terminated string the
+    // device owns (or null).
+    unsafe {
+        let p = ibv_get_device_name(d);
+        if p.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    }
+}
+
+impl RealDevx {
+    /// Open `device` (or the first mlx5 device) with a DEVX context and allocate a PD.
+    pub fn open(device: Option<&str>) -> Result<Self, DevxError> {
+        let mut n: c_int = 0;
+        // SAFETY: ibv_get_device_list writes the count to `n` and returns a NULL-terminated
+        // array (or null with errno set); the array is freed below on every path.
+        let list = unsafe { ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            return Err(DevxError::NoDevice { errno: errno() });
+        }
+        // SAFETY: `list` holds `n` valid entries.
+        let devs: Vec<*mut ibv_device> = (0..n.max(0) as usize).map(|i| unsafe { *list.add(i) }).collect();
+        let chosen = match device {
+            Some(name) => devs.iter().copied().find(|d| device_name(*d) == name),
+            // SAFETY: each entry is a live device of the list.
+            None => devs.iter().copied().find(|d| unsafe { mlx5dv_is_supported(*d) }),
+        };
+        let r = match chosen {
+            None if devs.is_empty() => Err(DevxError::NoDevice { errno: 0 }),
+            None => match device {
+                Some(name) => Err(DevxError::NotMlx5 { device: format!("{name} (not found)") }),
+                None => Err(DevxError::NoMlx5 { devices: devs.iter().map(|d| device_name(*d)).collect() }),
+            },
+            // SAFETY: `d` is a live device of the list.
+            Some(d) if !unsafe { mlx5dv_is_supported(d) } => Err(DevxError::NotMlx5 { device: device_name(d) }),
+            Some(d) => {
+                let mut attr = Mlx5dvContextAttr { flags: MLX5DV_CONTEXT_FLAGS_DEVX, comp_mask: 0 };
+                // SAFETY: `d` is live until the list is freed; `attr` is a valid attribute
+                // struct; the returned context (or null) is ours and outlives the list.
+                let ctx = unsafe { mlx5dv_open_device(d, &mut attr) };
+                if ctx.is_null() {
+                    Err(DevxError::Open { device: device_name(d), errno: errno() })
+                } else {
+                    Ok((device_name(d), ctx))
+                }
+            }
+        };
+        // SAFETY: `list` came from ibv_get_device_list; an opened context stays valid.
+        unsafe { ibv_free_device_list(list) };
+        let (device, ctx) = r?;
+        let mut me = RealDevx {
+            device,
+            ctx,
+            pd: ptr::null_mut(),
+            pdn: 0,
+            objs: Vec::new(),
+            umems: Vec::new(),
+            uars: Vec::new(),
+        };
+        // SAFETY: `ctx` is an open context.
+        me.pd = unsafe { ibv_alloc_pd(ctx) };
+        if me.pd.is_null() {
+            return Err(DevxError::Call { call: "ibv_alloc_pd", errno: errno() });
+        }
+        let mut dv_pd = Mlx5dvPd { pdn: 0, comp_mask: 0 };
+        let mut obj = Mlx5dvObj::empty();
+        obj.pd = InOut { input: me.pd as *mut c_void, out: &mut dv_pd as *mut Mlx5dvPd as *mut c_void };
+        // SAFETY: `obj.pd` names our PD and a valid output struct; the other pairs are null and
+        // not selected by the type mask.
+        let rc = unsafe { mlx5dv_init_obj(&mut obj, MLX5DV_OBJ_PD) };
+        if rc != 0 {
+            return Err(DevxError::Call { call: "mlx5dv_init_obj(PD)", errno: rc_errno(rc) });
+        }
+        me.pdn = dv_pd.pdn;
+        Ok(me)
+    }
+
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+    /// The DEVX-enabled verbs context (for `ibv_query_gid`, `ibv_reg_mr`, …).
+    pub fn context(&self) -> *mut ibv_context {
+        self.ctx
+    }
+    /// The PD every DEVX QP of this context is created in.
+    pub fn pd(&self) -> *mut ibv_pd {
+        self.pd
+    }
+
+    /// The next hop's MAC for a RoCE path, from an address handle's mlx5 address vector (as
+    /// UCX's `uct_ib_mlx5_get_av` does): the kernel resolves it when creating the AH.
+    pub fn rmac(&mut self, ah_attr: &mut ibv_ah_attr) -> Result<[u8; 6], DevxError> {
+        // SAFETY: `pd` is our live PD; `ah_attr` is a valid attribute struct from rdma_cm.
+        let ah = unsafe { ibv_create_ah(self.pd, ah_attr) };
+        if ah.is_null() {
+            return Err(DevxError::Call { call: "ibv_create_ah", errno: errno() });
+        }
+        let mut dv_ah = Mlx5dvAh { av: ptr::null_mut(), comp_mask: 0 };
+        let mut obj = Mlx5dvObj::empty();
+        obj.ah = InOut { input: ah as *mut c_void, out: &mut dv_ah as *mut Mlx5dvAh as *mut c_void };
+        // SAFETY: `obj.ah` names the AH just created and a valid output struct.
+        let rc = unsafe { mlx5dv_init_obj(&mut obj, MLX5DV_OBJ_AH) };
+        let mut mac = [0u8; 6];
+        if rc == 0 && !dv_ah.av.is_null() {
+            // SAFETY: `av` points to the AH's `struct mlx5_wqe_av` (48 bytes, rmac at 20..26),
+            // alive until the AH is destroyed below.
+            unsafe { ptr::copy_nonoverlapping(dv_ah.av.add(AV_RMAC_OFFSET), mac.as_mut_ptr(), 6) };
+        }
+        // SAFETY: `ah` is ours and no longer used.
+        unsafe { ibv_destroy_ah(ah) };
+        if rc != 0 {
+            return Err(DevxError::Call { call: "mlx5dv_init_obj(AH)", errno: rc_errno(rc) });
+        }
+        Ok(mac)
+    }
+}
+
+impl Mlx5dvObj {
+    fn empty() -> Self {
+        let z = || InOut { input: ptr::null_mut(), out: ptr::null_mut() };
+        Mlx5dvObj { qp: z(), cq: z(), srq: z(), rwq: z(), dm: z(), ah: z(), pd: z() }
+    }
+}
+
+fn status_of(command: &'static str, input: &[u8], out: &[u8], errno: i32) -> DevxError {
+    let opcode = u16::from_be_bytes([input[0], input[1]]);
+    let status = out.first().copied().unwrap_or(0);
+    let syndrome = out.get(4..8).map_or(0, |s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]));
+    DevxError::Command { command, opcode, status, syndrome, errno }
+}
+
+impl DevxApi for RealDevx {
+    fn pdn(&self) -> u32 {
+        self.pdn
+    }
+    fn general_cmd(&mut self, command: &'static str, input: &[u8], out: &mut [u8]) -> Result<(), DevxError> {
+        // SAFETY: `ctx` is open; `input`/`out` are valid for their lengths during the call.
+        let rc = unsafe {
+            mlx5dv_devx_general_cmd(
+                self.ctx,
+                input.as_ptr() as *const c_void,
+                input.len(),
+                out.as_mut_ptr() as *mut c_void,
+                out.len(),
+            )
+        };
+        if rc != 0 {
+            return Err(status_of(command, input, out, rc_errno(rc)));
+        }
+        Ok(())
+    }
+    fn obj_create(&mut self, command: &'static str, input: &[u8], out: &mut [u8]) -> Result<ObjHandle, DevxError> {
+        // SAFETY: as for general_cmd; the returned object (or null) is ours.
+        let o = unsafe {
+            mlx5dv_devx_obj_create(
+                self.ctx,
+                input.as_ptr() as *const c_void,
+                input.len(),
+                out.as_mut_ptr() as *mut c_void,
+                out.len(),
+            )
+        };
+        if o.is_null() {
+            return Err(status_of(command, input, out, errno()));
+        }
+        self.objs.push(o);
+        Ok(ObjHandle(self.objs.len() - 1))
+    }
+    fn obj_modify(
+        &mut self,
+        command: &'static str,
+        obj: ObjHandle,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), DevxError> {
+        let o = self
+            .objs
+            .get(obj.0)
+            .copied()
+            .filter(|p| !p.is_null())
+            .ok_or(DevxError::Call { call: "mlx5dv_devx_obj_modify (unknown object)", errno: libc::EINVAL })?;
+        // SAFETY: `o` is a live object of this context; buffers valid for the call.
+        let rc = unsafe {
+            mlx5dv_devx_obj_modify(
+                o,
+                input.as_ptr() as *const c_void,
+                input.len(),
+                out.as_mut_ptr() as *mut c_void,
+                out.len(),
+            )
+        };
+        if rc != 0 {
+            return Err(status_of(command, input, out, rc_errno(rc)));
+        }
+        Ok(())
+    }
+    fn obj_destroy(&mut self, obj: ObjHandle) -> Result<(), DevxError> {
+        let Some(slot) = self.objs.get_mut(obj.0) else { return Ok(()) };
+        let o = std::mem::replace(slot, ptr::null_mut());
+        if o.is_null() {
+            return Ok(());
+        }
+        // SAFETY: `o` is live and destroyed exactly once (its slot is now null).
+        let rc = unsafe { mlx5dv_devx_obj_destroy(o) };
+        if rc != 0 {
+            return Err(DevxError::Call { call: "mlx5dv_devx_obj_destroy", errno: rc_errno(rc) });
+        }
+        Ok(())
+    }
+    fn umem_reg(&mut self, mem: MemRange, access: u32) -> Result<UmemHandle, DevxError> {
+        // SAFETY: `mem` is memory this process owns (a RingMemory) for as long as the umem is
+        // registered; the kernel pins it.
+        let u = unsafe { mlx5dv_devx_umem_reg(self.ctx, mem.addr as *mut c_void, mem.len, access) };
+        if u.is_null() {
+            return Err(DevxError::Call { call: "mlx5dv_devx_umem_reg", errno: errno() });
+        }
+        self.umems.push(u);
+        // SAFETY: `u` points to the umem just registered.
+        let umem_id = unsafe { (*u).umem_id };
+        Ok(UmemHandle { slot: self.umems.len() - 1, umem_id })
+    }
+    fn umem_dereg(&mut self, umem: UmemHandle) -> Result<(), DevxError> {
+        let Some(slot) = self.umems.get_mut(umem.slot) else { return Ok(()) };
+        let u = std::mem::replace(slot, ptr::null_mut());
+        if u.is_null() {
+            return Ok(());
+        }
+        // SAFETY: `u` is live and deregistered exactly once.
+        let rc = unsafe { mlx5dv_devx_umem_dereg(u) };
+        if rc != 0 {
+            return Err(DevxError::Call { call: "mlx5dv_devx_umem_dereg", errno: rc_errno(rc) });
+        }
+        Ok(())
+    }
+    fn alloc_uar(&mut self) -> Result<UarHandle, DevxError> {
+        // SAFETY: `ctx` is open; the UAR (or null) is ours.
+        let u = unsafe { mlx5dv_devx_alloc_uar(self.ctx, MLX5DV_UAR_ALLOC_TYPE_NC) };
+        if u.is_null() {
+            return Err(DevxError::Call { call: "mlx5dv_devx_alloc_uar", errno: errno() });
+        }
+        self.uars.push(u);
+        // SAFETY: `u` points to the UAR just allocated.
+        let page_id = unsafe { (*u).page_id };
+        Ok(UarHandle { slot: self.uars.len() - 1, page_id })
+    }
+    fn query_eqn(&mut self, vector: u32) -> Result<u32, DevxError> {
+        let mut eqn = 0u32;
+        // SAFETY: `ctx` is open; `eqn` is a valid output.
+        let rc = unsafe { mlx5dv_devx_query_eqn(self.ctx, vector, &mut eqn) };
+        if rc != 0 {
+            return Err(DevxError::Call { call: "mlx5dv_devx_query_eqn", errno: rc_errno(rc) });
+        }
+        Ok(eqn)
+    }
+    fn write_dbr(&mut self, addr: usize, value_be: [u8; 4]) {
+        // WQE stores must be visible to the device before the doorbell record (rdma-core's
+        // udma_to_device_barrier); a SeqCst fence is at least that strong.
+        fence(Ordering::SeqCst);
+        // SAFETY: `addr` is a 4-byte-aligned doorbell-record word inside a registered umem
+        // this process owns (queue.rs places records at 64-byte-aligned offsets).
+        unsafe { ptr::write_volatile(addr as *mut [u8; 4], value_be) };
+    }
+    fn write_uar(&mut self, uar: UarHandle, value: [u8; 8]) {
+        let Some(u) = self.uars.get(uar.slot).copied().filter(|p| !p.is_null()) else { return };
+        fence(Ordering::SeqCst);
+        // SAFETY: `reg_addr` is the UAR's mapped, 8-byte-aligned doorbell register; a single
+        // 8-byte volatile store is the MMIO write rdma-core's mmio_write64_be performs.
+        unsafe { ptr::write_volatile((*u).reg_addr as *mut u64, u64::from_ne_bytes(value)) };
+        fence(Ordering::SeqCst);
+    }
+}
+
+impl Drop for RealDevx {
+    fn drop(&mut self) {
+        for o in self.objs.drain(..).rev().filter(|p| !p.is_null()) {
+            // SAFETY: live object, destroyed once, newest first (QPs before their CQs).
+            unsafe { mlx5dv_devx_obj_destroy(o) };
+        }
+        for u in self.umems.drain(..).rev().filter(|p| !p.is_null()) {
+            // SAFETY: live umem, deregistered once after every object using it.
+            unsafe { mlx5dv_devx_umem_dereg(u) };
+        }
+        for u in self.uars.drain(..).rev() {
+            // SAFETY: live UAR, freed once.
+            unsafe { mlx5dv_devx_free_uar(u) };
+        }
+        if !self.pd.is_null() {
+            // SAFETY: our PD, no longer used by any object.
+            unsafe { ibv_dealloc_pd(self.pd) };
+        }
+        // SAFETY: the context opened in `open`, closed once.
+        unsafe { ibv_close_device(self.ctx) };
+    }
+}
+
+/// Ask rdma_cm for the attributes of `state` on `id` (which has no QP of its own).
+///
+/// # Safety
+/// `id` must be a live `rdma_cm_id` with a pending connection request (passive side) or a
+/// resolved route (active side).
+pub unsafe fn init_qp_attr(
+    id: *mut rdma_cm_id,
+    state: ibv_qp_state::Type,
+) -> Result<(CmQpAttr, ibv_ah_attr), DevxError> {
+    // SAFETY: ibv_qp_attr is plain C data; all-zero is a valid value.
+    let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    attr.qp_state = state;
+    let mut mask: c_int = 0;
+    // SAFETY: `id` is live per the contract; attr/mask are valid outputs.
+    let rc = unsafe { rdma_init_qp_attr(id, &mut attr, &mut mask) };
+    if rc != 0 {
+        return Err(DevxError::Call { call: "rdma_init_qp_attr", errno: rc_errno(rc) });
+    }
+    let g = &attr.ah_attr.grh;
+    // SAFETY: both members of `ibv_gid` are 16 plain bytes; reading `raw` is always valid.
+    let dgid = unsafe { g.dgid.raw };
+    let a = CmQpAttr {
+        port_num: attr.port_num,
+        pkey_index: attr.pkey_index,
+        qp_access_flags: attr.qp_access_flags,
+        dest_qp_num: attr.dest_qp_num,
+        path_mtu: attr.path_mtu,
+        rq_psn: attr.rq_psn,
+        sq_psn: attr.sq_psn,
+        max_rd_atomic: attr.max_rd_atomic,
+        max_dest_rd_atomic: attr.max_dest_rd_atomic,
+        min_rnr_timer: attr.min_rnr_timer,
+        timeout: attr.timeout,
+        retry_cnt: attr.retry_cnt,
+        rnr_retry: attr.rnr_retry,
+        ah_is_global: attr.ah_attr.is_global != 0,
+        ah_dlid: attr.ah_attr.dlid,
+        ah_sl: attr.ah_attr.sl,
+        ah_port_num: attr.ah_attr.port_num,
+        dgid,
+        flow_label: g.flow_label,
+        sgid_index: g.sgid_index,
+        hop_limit: g.hop_limit,
+        traffic_class: g.traffic_class,
+    };
+    Ok((a, attr.ah_attr))
+}
+
+/// The MN side of an external-QP connection: move the DEVX QP `qp` through INIT, RTR and RTS
+/// with the attributes rdma_cm computed for `id`, then accept with `conn_param.qp_num` set to
+/// the DEVX QP's number.
+///
+/// # Safety
+/// `id` must be a live `rdma_cm_id` for a connection request not yet accepted, on the device
+/// `dev` was opened on.
+pub unsafe fn accept_external(
+    id: *mut rdma_cm_id,
+    dev: &mut RealDevx,
+    caps: &HcaCaps,
+    qp: &DevxQp,
+    atomic_mode: u8,
+) -> Result<(), DevxError> {
+    // SAFETY: forwarded contract.
+    let (init, _) = unsafe { init_qp_attr(id, ibv_qp_state::IBV_QPS_INIT) }?;
+    // SAFETY: forwarded contract.
+    let (rtr, mut ah) = unsafe { init_qp_attr(id, ibv_qp_state::IBV_QPS_RTR) }?;
+    // SAFETY: forwarded contract.
+    let (rts, _) = unsafe { init_qp_attr(id, ibv_qp_state::IBV_QPS_RTS) }?;
+    let rmac = if rtr.ah_is_global { dev.rmac(&mut ah)? } else { [0; 6] };
+    queue::connect(
+        dev,
+        qp,
+        cm::rst2init(qp.qpn, &init, atomic_mode),
+        cm::init2rtr(qp.qpn, &rtr, caps.log_max_msg, rmac),
+        cm::rtr2rts(qp.qpn, &rts),
+    )?;
+    // SAFETY: rdma_conn_param is plain C data; all-zero is valid.
+    let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+    p.qp_num = qp.qpn;
+    p.responder_resources = rtr.max_dest_rd_atomic;
+    p.initiator_depth = rts.max_rd_atomic;
+    p.retry_count = rts.retry_cnt;
+    p.rnr_retry_count = rts.rnr_retry;
+    // SAFETY: `id` is live per the contract; `p` is valid for the call.
+    let rc = unsafe { rdma_accept(id, &mut p) };
+    if rc != 0 {
+        return Err(DevxError::Call { call: "rdma_accept", errno: rc_errno(rc) });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::mem::{offset_of, size_of};
+    use std::path::Path;
+    use std::process::Command;
+
+    /// The C program of core's golden test prints the header's sizes and offsets.
+    fn header_layouts() -> HashMap<String, u64> {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/tests/mlx5_golden.c");
+        let exe = std::env::temp_dir().join(format!("omw_devx_layouts_{}", std::process::id()));
+        let st = Command::new("cc").args(["-std=gnu11", "-O0", "-o"]).arg(&exe).arg(&src).status().expect("cc");
+        assert!(st.success(), "compiling {} against mlx5dv.h failed (is libibverbs-dev installed?)", src.display());
+        let out = Command::new(&exe).output().expect("run");
+        let _ = std::fs::remove_file(&exe);
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_once(" = ").map(|(k, v)| (k.to_string(), v.parse().unwrap())))
+            .collect()
+    }
+
+    #[test]
+    fn declared_structs_match_mlx5dv_h() {
+        let h = header_layouts();
+        let v = |k: &str| *h.get(k).unwrap_or_else(|| panic!("missing {k}")) as usize;
+        assert_eq!(v("MLX5DV_CONTEXT_FLAGS_DEVX"), MLX5DV_CONTEXT_FLAGS_DEVX as usize);
+        assert_eq!(v("MLX5DV_OBJ_PD"), MLX5DV_OBJ_PD as usize);
+        assert_eq!(v("MLX5DV_OBJ_AH"), MLX5DV_OBJ_AH as usize);
+        assert_eq!(v("sizeof(mlx5dv_context_attr)"), size_of::<Mlx5dvContextAttr>());
+        assert_eq!(v("offsetof(mlx5dv_context_attr.comp_mask)"), offset_of!(Mlx5dvContextAttr, comp_mask));
+        assert_eq!(v("sizeof(mlx5dv_devx_uar)"), size_of::<Mlx5dvDevxUar>());
+        assert_eq!(v("offsetof(mlx5dv_devx_uar.reg_addr)"), offset_of!(Mlx5dvDevxUar, reg_addr));
+        assert_eq!(v("offsetof(mlx5dv_devx_uar.base_addr)"), offset_of!(Mlx5dvDevxUar, base_addr));
+        assert_eq!(v("offsetof(mlx5dv_devx_uar.page_id)"), offset_of!(Mlx5dvDevxUar, page_id));
+        assert_eq!(v("offsetof(mlx5dv_devx_uar.mmap_off)"), offset_of!(Mlx5dvDevxUar, mmap_off));
+        assert_eq!(v("offsetof(mlx5dv_devx_uar.comp_mask)"), offset_of!(Mlx5dvDevxUar, comp_mask));
+        assert_eq!(v("sizeof(mlx5dv_devx_umem)"), size_of::<Mlx5dvDevxUmem>());
+        assert_eq!(v("sizeof(mlx5dv_pd)"), size_of::<Mlx5dvPd>());
+        assert_eq!(v("offsetof(mlx5dv_pd.comp_mask)"), offset_of!(Mlx5dvPd, comp_mask));
+        assert_eq!(v("sizeof(mlx5dv_obj)"), size_of::<Mlx5dvObj>());
+        assert_eq!(v("offsetof(mlx5dv_obj.ah)"), offset_of!(Mlx5dvObj, ah));
+        assert_eq!(v("offsetof(mlx5dv_obj.pd)"), offset_of!(Mlx5dvObj, pd));
+        assert_eq!(v("sizeof(mlx5dv_ah)"), size_of::<Mlx5dvAh>());
+        assert_eq!(v("offsetof(mlx5_wqe_av.rmac)"), AV_RMAC_OFFSET);
+    }
+
+    /// On a machine without an mlx5 device, opening fails with a typed error, not a panic.
+    #[test]
+    fn open_without_a_device_is_a_clear_error() {
+        match RealDevx::open(None) {
+            Ok(d) => eprintln!("skipped: this machine has DEVX device {}", d.device()),
+            Err(e) => {
+                let s = e.to_string();
+                assert!(
+                    matches!(
+                        e,
+                        DevxError::NoDevice { .. }
+                            | DevxError::NotMlx5 { .. }
+                            | DevxError::NoMlx5 { .. }
+                            | DevxError::Open { .. }
+                    ),
+                    "{s}"
+                );
+            }
+        }
+    }
+}

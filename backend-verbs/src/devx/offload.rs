@@ -1,0 +1,126 @@
+//! What `omw probe` reports about the DEVX path and why `omw mn --offload mlx5` refuses.
+//!
+//! The capabilities are what the firmware *reports*; none of them has been exercised by
+//! running a chain (docs/MLX5.md: what only hardware can settle).
+
+use super::DevxError;
+use omw_core::mlx5::prm::hca_cap::HcaCaps;
+use std::fmt;
+
+/// The DEVX section of `omw probe`.
+#[derive(Debug)]
+pub struct DevxProbe {
+    pub device: Option<String>,
+    /// The capabilities, or why they could not be read.
+    pub caps: Result<HcaCaps, DevxError>,
+}
+
+impl fmt::Display for DevxProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "DEVX (mlx5 direct path) on {}", self.device.as_deref().unwrap_or("the first device"))?;
+        let c = match &self.caps {
+            Ok(c) => c,
+            Err(e) => return write!(f, "  DEVX                        NO: {e}"),
+        };
+        let yes = |b: bool| if b { "yes" } else { "NO" };
+        writeln!(f, "  DEVX context                yes")?;
+        writeln!(f, "  cd (CORE-Direct)            {}", yes(c.cd))?;
+        writeln!(f, "  imaicl (type-2 windows)     {}", yes(c.imaicl))?;
+        writeln!(f, "  rc                          {}", yes(c.rc))?;
+        writeln!(
+            f,
+            "  atomics                     {} (operations {:#06x}, sizes {:#06x}, 8-byte endianness mode {})",
+            yes(c.atomic),
+            c.atomic_operations,
+            c.atomic_size_qp,
+            c.atomic_8b_endianness_mode
+        )?;
+        writeln!(f, "  masked fetch-add, 8 B, BE   {}", yes(c.masked_fetch_add_8b()))?;
+        writeln!(f, "  log_max_qp_sz / cq_sz / mkey {} / {} / {}", c.log_max_qp_sz, c.log_max_cq_sz, c.log_max_mkey)?;
+        write!(f, "  omw mn --offload mlx5       refused: {}", verdict(c))?;
+        f.write_str("\n  (capabilities as reported by the firmware; no chain has run on this device)")
+    }
+}
+
+/// Why offload cannot run on a device with capabilities `c` in this build.
+pub fn verdict(c: &HcaCaps) -> DevxError {
+    match c.missing_for_offload() {
+        Some(m) => DevxError::MissingCapability(m),
+        None => DevxError::ArmingNotImplemented,
+    }
+}
+
+/// Read the DEVX capabilities of `device` (or the first device).
+pub fn probe(device: Option<&str>) -> DevxProbe {
+    DevxProbe { device: device.map(str::to_string), caps: query_device(device) }
+}
+
+#[cfg(feature = "devx")]
+fn query_device(device: Option<&str>) -> Result<HcaCaps, DevxError> {
+    let mut d = super::ffi::RealDevx::open(device)?;
+    super::caps::query(&mut d)
+}
+
+#[cfg(not(feature = "devx"))]
+fn query_device(_device: Option<&str>) -> Result<HcaCaps, DevxError> {
+    Err(DevxError::NotBuilt)
+}
+
+/// Why `omw mn --offload mlx5` cannot run: the DEVX open or capability query that failed, the
+/// capability that is missing, or — on a device that has them all — that this build cannot
+/// arm mlx5-form chains yet.
+pub fn refuse_offload(device: Option<&str>) -> DevxError {
+    match query_device(device) {
+        Err(e) => e,
+        Ok(c) => verdict(&c),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use omw_core::mlx5::prm::hca_cap::MissingCap;
+
+    fn full() -> HcaCaps {
+        HcaCaps {
+            cd: true,
+            imaicl: true,
+            rc: true,
+            atomic: true,
+            atomic_operations: 0xf,
+            atomic_size_qp: 0x8,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn refusals_name_the_capability_and_the_way_out() {
+        let e = verdict(&HcaCaps { cd: false, ..full() });
+        assert!(matches!(e, DevxError::MissingCapability(MissingCap::CoreDirect)));
+        let s = e.to_string();
+        assert!(s.contains("cmd_hca_cap.cd") && s.contains("without --offload"), "{s}");
+        let e = verdict(&HcaCaps { imaicl: false, ..full() });
+        assert!(e.to_string().contains("cmd_hca_cap.imaicl"));
+        let e = verdict(&HcaCaps { atomic_8b_endianness_mode: 1, ..full() });
+        assert!(e.to_string().contains("atomic_req_8B_endianness_mode"));
+        let e = verdict(&full());
+        assert!(matches!(e, DevxError::ArmingNotImplemented));
+        assert!(e.to_string().contains("without --offload"));
+    }
+
+    #[test]
+    fn probe_report_says_what_was_not_verified() {
+        let p = DevxProbe { device: Some("mlx5_0".into()), caps: Ok(full()) };
+        let s = p.to_string();
+        assert!(s.contains("cd (CORE-Direct)            yes"), "{s}");
+        assert!(s.contains("no chain has run"), "{s}");
+        let p = DevxProbe { device: None, caps: Err(DevxError::NotBuilt) };
+        assert!(p.to_string().contains("--features devx"));
+    }
+
+    #[cfg(not(feature = "devx"))]
+    #[test]
+    fn without_the_feature_offload_refuses_with_the_rebuild_hint() {
+        assert!(matches!(refuse_offload(None), DevxError::NotBuilt));
+    }
+}

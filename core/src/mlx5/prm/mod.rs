@@ -1,0 +1,46 @@
+//! PRM commands as a DEVX user sends them: byte buffers whose fields are big-endian bit ranges.
+//!
+//! Field offsets are from rdma-core 44.0 `providers/mlx5/mlx5_ifc.h` (tag v44.0,
+//! e018d7f3876c315df29060d0a6c95b8abca2b09d — the version Debian's libibverbs-dev 44.0-2 is
+//! built from), cross-checked field by field against DPDK drivers/common/mlx5/mlx5_prm.h (main
+//! 38f72e500b3b159eca3ba2f4ca0e46a26a7cb057): every field used here has the same offset and
+//! width in both. `mlx5_ifc.h` is not installed by any Debian package, so the golden tests
+//! carry hand-written bytes derived from those offsets.
+
+pub mod bits;
+pub mod cq;
+pub mod hca_cap;
+pub mod qp;
+
+pub use bits::Field;
+
+/// Command opcodes, rdma-core v44.0 providers/mlx5/mlx5_ifc.h `enum { MLX5_CMD_OP_* }` and
+/// DPDK mlx5_prm.h (same values).
+pub mod op {
+    pub const QUERY_HCA_CAP: u16 = 0x100;
+    pub const CREATE_CQ: u16 = 0x400;
+    pub const CREATE_QP: u16 = 0x500;
+    pub const RST2INIT_QP: u16 = 0x502;
+    pub const INIT2RTR_QP: u16 = 0x503;
+    pub const RTR2RTS_QP: u16 = 0x504;
+}
+
+/// The header every command input starts with (`opcode` 16 bits at 0x0, `uid` at 0x10,
+/// `op_mod` at 0x30).
+pub const IN_OPCODE: Field = Field::new("opcode", 0x0, 0x10);
+pub const IN_UID: Field = Field::new("uid", 0x10, 0x10);
+pub const IN_OP_MOD: Field = Field::new("op_mod", 0x30, 0x10);
+/// And every output (`status` 8 bits at 0x0, `syndrome` 32 bits at 0x20).
+pub const OUT_STATUS: Field = Field::new("status", 0x0, 0x8);
+pub const OUT_SYNDROME: Field = Field::new("syndrome", 0x20, 0x20);
+
+/// Fail with the command's status and syndrome if its output says so (DEVX returns the
+/// firmware's output even when the ioctl fails; the syndrome is what a bug report needs).
+pub fn check_status(opcode: u16, out: &[u8]) -> Result<(), super::Mlx5Error> {
+    let status = bits::get(out, OUT_STATUS)? as u8;
+    if status != 0 {
+        let syndrome = bits::get(out, OUT_SYNDROME)? as u32;
+        return Err(super::Mlx5Error::CommandFailed { opcode, status, syndrome });
+    }
+    Ok(())
+}
