@@ -29,6 +29,7 @@ pub mod mn;
 pub mod mn_driver;
 pub mod mn_memory;
 pub mod mwtable;
+pub mod object_alloc;
 pub mod wire;
 pub mod wqe;
 
