@@ -63,6 +63,8 @@ pub struct CnClient {
     timeout: Duration,
     t0: Instant,
     wr: u64,
+    /// The MN's QPs at the other end of Alloc, Free, access 0.. (as rdma_cm negotiated them).
+    mn_qpns: Vec<Option<Qpn>>,
 }
 
 impl std::fmt::Debug for CnClient {
@@ -84,6 +86,7 @@ impl CnClient {
             Some(d) => d.clone(),
             None => crate::cm::route_device(addr, opts.timeout)?,
         };
+        crate::memlock::ensure_memlock(crate::memlock::MemlockNeed::cn(STAGE_OFF + STAGING + 4096))?;
         let mut b = VerbsBackend::open_cn(Some(&device))?;
         let local = b.alloc_region(STAGE_OFF + STAGING, 4096)?;
         let lk = b.reg_mr(local, STAGE_OFF + STAGING, AccessFlags::LOCAL_WRITE)?;
@@ -97,13 +100,16 @@ impl CnClient {
             }
             Ok(())
         };
-        let (alloc_qp, welcome) = b.connect(addr, &Hello { role: Role::Alloc, nonce: n }, opts.timeout, recvs)?;
-        let g = parse_welcome(&welcome)
+        let alloc = b.connect(addr, &Hello { role: Role::Alloc, nonce: n }, opts.timeout, recvs)?;
+        let alloc_qp = alloc.qp;
+        let g = parse_welcome(&alloc.private_data)
             .ok_or_else(|| VerbsError::Protocol("the MN's accept carried no group size".into()))?;
         if !(2..=4).contains(&g) {
             return Err(VerbsError::Protocol(format!("group size {g} from the MN")));
         }
-        let (free_qp, _) = b.connect(addr, &Hello { role: Role::Free, nonce: n }, opts.timeout, |_, _| Ok(()))?;
+        let free = b.connect(addr, &Hello { role: Role::Free, nonce: n }, opts.timeout, |_, _| Ok(()))?;
+        let free_qp = free.qp;
+        let mut mn_qpns = vec![alloc.remote_qpn, free.remote_qpn];
         // MN → CN messages (connect info, notices, error replies) arrive on access QP 0;
         // allocation replies (WRITE_WITH_IMM) consume receives of the Alloc QP
         let mut access = Vec::new();
@@ -116,8 +122,9 @@ impl CnClient {
                 }
                 Ok(())
             };
-            let (q, _) = b.connect(addr, &Hello { role: Role::Access(i), nonce: n }, opts.timeout, msgs)?;
-            access.push(q);
+            let c = b.connect(addr, &Hello { role: Role::Access(i), nonce: n }, opts.timeout, msgs)?;
+            access.push(c.qp);
+            mn_qpns.push(c.remote_qpn);
         }
         let mut c = CnClient {
             b,
@@ -144,6 +151,7 @@ impl CnClient {
             timeout: opts.timeout,
             t0: Instant::now(),
             wr: 1,
+            mn_qpns: Vec::new(),
         };
         let deadline = Instant::now() + opts.timeout;
         while c.client.info().is_none() {
@@ -156,6 +164,20 @@ impl CnClient {
             c.info = i.clone();
             c.cn = i.cn;
         }
+        // the MN's connect info names its ends of our QPs: they must be the QPs rdma_cm
+        // connected us to, or the MN mixed up sessions
+        let told: Vec<Qpn> =
+            [c.info.alloc_qpn, c.info.free_qpn].into_iter().chain(c.info.access_qpns.iter().copied()).collect();
+        for (i, (t, n)) in told.iter().zip(&mn_qpns).enumerate() {
+            if let Some(n) = n {
+                if t != n {
+                    return Err(VerbsError::Protocol(format!(
+                        "the MN's connect info names QP {t} for connection {i}, but rdma_cm connected it to QP {n}"
+                    )));
+                }
+            }
+        }
+        c.mn_qpns = mn_qpns;
         Ok(c)
     }
 
@@ -166,6 +188,12 @@ impl CnClient {
     /// Access QPs (CN ends), index i carries window MW[i+1].
     pub fn access_qps(&self) -> &[Qpn] {
         &self.access
+    }
+
+    /// The MN's QP numbers for Alloc, Free and each access QP, as rdma_cm negotiated them
+    /// (checked against the MN's connect info at connect).
+    pub fn mn_qpns(&self) -> &[Option<Qpn>] {
+        &self.mn_qpns
     }
 
     /// Process what arrived on the Alloc QP. Returns how many messages were handled.
@@ -231,17 +259,28 @@ impl CnClient {
     }
 
     /// Allocate one chunk (waits for "available" if the MN said the queue is empty, until the
-    /// timeout).
+    /// timeout; then [`VerbsError::PoolEmpty`]).
     pub fn alloc(&mut self) -> Result<Allocation> {
+        self.alloc_inner(true)
+    }
+
+    /// Allocate one chunk, or [`VerbsError::PoolEmpty`] as soon as the MN answers this request
+    /// "empty" (or said so and has not said "available" since).
+    pub fn try_alloc(&mut self) -> Result<Allocation> {
+        self.alloc_inner(false)
+    }
+
+    fn alloc_inner(&mut self, wait: bool) -> Result<Allocation> {
         let deadline = Instant::now() + self.timeout;
+        self.pump()?;
         loop {
             let mut req = [0u8; 64];
             let now = self.now();
             let (token, n) = match self.client.alloc_request(now, self.reply, self.reply_rkey, &mut req) {
                 Ok(x) => x,
                 Err(ClientError::Backoff { .. }) => {
-                    if Instant::now() > deadline {
-                        return Err(VerbsError::Refused("the MN's free queue is empty".into()));
+                    if !wait || Instant::now() > deadline {
+                        return Err(VerbsError::PoolEmpty);
                     }
                     self.pump()?;
                     continue;
@@ -264,6 +303,9 @@ impl CnClient {
                 {
                     let Some(Notice::Failed { code, .. }) = self.notices.remove(pos) else { continue };
                     if code == ErrorCode::Empty {
+                        if !wait {
+                            return Err(VerbsError::PoolEmpty);
+                        }
                         break; // back off, wait for "available", retry
                     }
                     return Err(VerbsError::Refused(format!("allocation refused: {code:?}")));

@@ -13,8 +13,13 @@ pub enum VerbsError {
     DeviceNotFound { name: String, available: Vec<String> },
     /// The device cannot allocate type-2 memory windows.
     NoMwType2 { device: String },
-    /// RLIMIT_MEMLOCK is below what registering the pool needs.
-    MemlockTooLow { limit: u64, need: u64 },
+    /// RLIMIT_MEMLOCK is below what the configuration pins, and CAP_IPC_LOCK is not in effect
+    /// (None: /proc did not say).
+    MemlockTooLow { limit: u64, need: crate::memlock::MemlockNeed, cap_ipc_lock: Option<bool> },
+    /// The port or GID cannot serve (state, LID, GID table, `--gid-index`).
+    Port(crate::port::PortError),
+    /// The MN's free queue is empty (answered to this very request).
+    PoolEmpty,
     /// The rdma_cm listen address is taken by another listener.
     AddressInUse { addr: String },
     /// The listen address does not belong to an RDMA device.
@@ -86,12 +91,31 @@ impl fmt::Display for VerbsError {
                 f,
                 "device {device} does not support type-2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B), which omw needs"
             ),
-            VerbsError::MemlockTooLow { limit, need } => write!(
-                f,
-                "locked-memory limit too low: RLIMIT_MEMLOCK is {} but registering the pool needs {}. Raise it with `ulimit -l unlimited` (as root), a `memlock` line in /etc/security/limits.conf, or LimitMEMLOCK=infinity for a systemd unit",
-                human(*limit),
-                human(*need)
-            ),
+            VerbsError::MemlockTooLow { limit, need, cap_ipc_lock } => {
+                write!(
+                    f,
+                    "locked-memory limit too low: RLIMIT_MEMLOCK is {} but this configuration pins about {} (",
+                    human(*limit),
+                    human(need.total())
+                )?;
+                if need.metadata > 0 {
+                    write!(f, "pool {}, metadata {}", human(need.registered), human(need.metadata))?;
+                } else {
+                    write!(f, "buffers {}", human(need.registered))?;
+                }
+                if need.qps > 0 {
+                    write!(f, ", {} QPs with their CQs × {}", need.qps, human(crate::memlock::PINNED_PER_QP))?;
+                }
+                f.write_str(")")?;
+                match cap_ipc_lock {
+                    Some(false) => f.write_str(", and the process lacks CAP_IPC_LOCK (as root in a container: `--cap-add IPC_LOCK`)")?,
+                    None => f.write_str(" (CAP_IPC_LOCK: unknown)")?,
+                    Some(true) => {}
+                }
+                f.write_str(". Raise the limit with `ulimit -l unlimited` (as root), a `memlock` line in /etc/security/limits.conf, LimitMEMLOCK=infinity in a systemd unit, or `docker run --ulimit memlock=-1`; or run with fewer --max-cns / a smaller --pool-size")
+            }
+            VerbsError::Port(e) => write!(f, "{e}"),
+            VerbsError::PoolEmpty => f.write_str("the memory node's free queue is empty (every chunk is allocated)"),
             VerbsError::AddressInUse { addr } => {
                 write!(f, "address {addr} is already in use by another rdma_cm listener")
             }
@@ -127,7 +151,14 @@ impl fmt::Display for VerbsError {
     }
 }
 
-impl std::error::Error for VerbsError {}
+impl std::error::Error for VerbsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            VerbsError::Port(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 pub(crate) fn human(b: u64) -> String {
     if b == u64::MAX || b == libc::RLIM_INFINITY {

@@ -7,8 +7,9 @@
 
 use crate::backend::{VerbsBackend, SEND_DEPTH};
 use crate::cm::{welcome, CmEvent, CmEventKind, CmId, Hello, Role};
-use crate::device::{ensure_memlock, memlock_limit};
+use crate::device::DeviceChoice;
 use crate::error::{human, Result, VerbsError};
+use crate::memlock::{ensure_memlock, memlock_limit, MemlockNeed};
 use crate::probe::{self, ProbeReport};
 use omw_core::access::AccessFlags;
 use omw_core::backend::{Capabilities, ExecutionMode, RdmaBackend};
@@ -26,6 +27,8 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct MnOptions {
     pub device: Option<String>,
+    /// Source GID of the MN's raw QPs (probe, admin pair); None: chosen by type.
+    pub gid_index: Option<u8>,
     pub listen: SocketAddr,
     pub pool_size: u64,
     pub chunk_size: u64,
@@ -37,6 +40,10 @@ pub struct MnOptions {
     pub insecure: bool,
     /// How often to print statistics (zero: never).
     pub stats_every: Duration,
+    /// Serve the counters in the Prometheus text format on this address (`GET /metrics`).
+    pub metrics: Option<SocketAddr>,
+    /// Print the counters as one JSON object per line on stdout at every statistics interval.
+    pub stats_json: bool,
 }
 
 /// How chunks are kept apart on this device.
@@ -113,7 +120,8 @@ impl MemoryNodeDaemon {
             return Err(VerbsError::Config("too many chunks".into()));
         }
         // ---- what does the device really do?
-        let report = probe::run(opts.device.as_deref())?;
+        let choice = DeviceChoice { device: opts.device.clone(), gid_index: opts.gid_index };
+        let report = probe::run_choice(&choice)?;
         log(format!("{report}"));
         if report.basic_failed {
             return Err(VerbsError::Insecure(format!(
@@ -148,14 +156,14 @@ impl MemoryNodeDaemon {
         let software_ownership_check = !caps.contains(Capabilities::MW_QP_CHECK_ON_INVALIDATE);
 
         // ---- memory
-        let mut b = VerbsBackend::open(Some(&report.device))?;
+        let mut b = VerbsBackend::open_choice(&DeviceChoice { device: Some(report.device.clone()), ..choice })?;
         b.set_probed(caps);
         let max_cns = opts.max_cns.clamp(1, omw_core::mn::MAX_CNS as u32);
         let pool = b.alloc_region(opts.pool_size, opts.chunk_size)?;
         let geometry = PoolGeometry::new(pool, opts.chunk_size, chunks as u32, opts.group_size)
             .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
         let meta_len = MnMemoryMap::len_for(&geometry, max_cns);
-        ensure_memlock(opts.pool_size + meta_len + (1 << 20))?;
+        ensure_memlock(MemlockNeed::mn(opts.pool_size, meta_len, max_cns, opts.group_size))?;
         let meta = b.alloc_region(meta_len, MnMemoryMap::required_alignment(&geometry, max_cns))?;
         let map = MnMemoryMap::new(geometry, max_cns, meta)
             .ok_or_else(|| VerbsError::Config("metadata region misaligned".into()))?;

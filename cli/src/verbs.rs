@@ -28,7 +28,7 @@ fn size(s: &str) -> Result<u64, String> {
 
 #[derive(clap::Args, Debug)]
 pub struct MnArgs {
-    /// RDMA device (default: the first with type-2 memory windows).
+    /// RDMA device (default: the first with an ACTIVE port, preferring type-2 windows).
     #[arg(long)]
     pub device: Option<String>,
     /// rdma_cm address to listen on (an address of the device's network interface).
@@ -55,6 +55,16 @@ pub struct MnArgs {
     /// Statistics interval in milliseconds (0: off).
     #[arg(long, default_value_t = 1000)]
     pub stats_ms: u64,
+    /// Source GID index of the MN's raw QPs (probe, admin pair), as perftest's -x (default: the
+    /// RoCE v2 IPv4 GID, or the port GID on InfiniBand).
+    #[arg(long)]
+    pub gid_index: Option<u8>,
+    /// Serve the counters in the Prometheus text format at http://ADDR/metrics.
+    #[arg(long)]
+    pub metrics: Option<SocketAddr>,
+    /// Print the counters as JSON lines on stdout at every statistics interval.
+    #[arg(long)]
+    pub stats_json: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -102,9 +112,12 @@ pub enum CnCmd {
 
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
-    /// RDMA device (default: the first with type-2 memory windows).
+    /// RDMA device (default: the first with an ACTIVE port, preferring type-2 windows).
     #[arg(long)]
     pub device: Option<String>,
+    /// Source GID index of the probe's QPs, as perftest's -x.
+    #[arg(long)]
+    pub gid_index: Option<u8>,
 }
 
 fn finish(what: &str, r: Result<(), omw_verbs::VerbsError>) -> ExitCode {
@@ -132,6 +145,9 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         quota: a.quota,
         insecure: a.insecure,
         stats_every: Duration::from_millis(a.stats_ms),
+        gid_index: a.gid_index,
+        metrics: a.metrics,
+        stats_json: a.stats_json,
     })
 }
 
@@ -152,7 +168,8 @@ fn run_cn(a: CnArgs) -> Result<(), omw_verbs::VerbsError> {
 }
 
 pub fn probe(a: ProbeArgs) -> ExitCode {
-    match omw_verbs::probe::run(a.device.as_deref()) {
+    let choice = omw_verbs::device::DeviceChoice { device: a.device, gid_index: a.gid_index };
+    match omw_verbs::probe::run_choice(&choice) {
         Ok(r) => {
             println!("{r}");
             let mn = if r.basic_failed || !r.has(omw_core::backend::Capabilities::MW_QP_BINDING_ENFORCED) {
@@ -202,6 +219,9 @@ mod tests {
             quota: 0,
             insecure: false,
             stats_ms: 0,
+            gid_index: None,
+            metrics: None,
+            stats_json: false,
         })
         .unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::NoDevice { .. }), "{e}");
@@ -226,11 +246,14 @@ mod tests {
             quota: 0,
             insecure: false,
             stats_ms: 0,
+            gid_index: None,
+            metrics: None,
+            stats_json: false,
         };
         assert_eq!(mn(mn_args), ExitCode::FAILURE);
         let cn_args =
             CnArgs { connect: "127.0.0.1:7471".parse().unwrap(), device: None, timeout: 1, cmd: CnCmd::Script };
         assert_eq!(cn(cn_args), ExitCode::FAILURE);
-        assert_eq!(probe(ProbeArgs { device: None }), ExitCode::FAILURE);
+        assert_eq!(probe(ProbeArgs { device: None, gid_index: None }), ExitCode::FAILURE);
     }
 }

@@ -33,6 +33,9 @@ fn main() -> ExitCode {
                 quota: num("--quota", 0) as u32,
                 insecure: args.iter().any(|a| a == "--insecure"),
                 stats_every: Duration::from_millis(num("--stats-ms", 1000)),
+                gid_index: opt(&args, "--gid-index").and_then(|v| v.parse().ok()),
+                metrics: opt(&args, "--metrics").and_then(|v| v.parse().ok()),
+                stats_json: args.iter().any(|a| a == "--stats-json"),
             })
         }
         Some("cn") => {

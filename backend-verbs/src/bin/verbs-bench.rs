@@ -293,6 +293,9 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
         quota: 0,
         insecure: false,
         stats_every: Duration::ZERO,
+        gid_index: None,
+        metrics: None,
+        stats_json: false,
     };
     let (tx, rx) = mpsc::channel::<std::result::Result<String, String>>();
     let mn = std::thread::spawn(move || {
