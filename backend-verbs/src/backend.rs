@@ -621,19 +621,19 @@ impl VerbsBackend {
         if rc == 0 {
             self.mws.remove(&index);
             self.lost_windows.push(rkey);
-            eprintln!(
-                "omw-verbs: window {:#010x} could not be invalidated on QP {}; deallocated it instead (its group cannot be bound again until restart)",
+            crate::log::log("omw_verbs::backend", "omw-verbs", crate::log::Level::Warn, &format!(
+                "window {:#010x} could not be invalidated on QP {}; deallocated it instead (its group cannot be bound again until restart)",
                 rkey.0, b.qpn
-            );
+            ));
             return true;
         }
         if let Some(m) = self.mws.get_mut(&index) {
             m.bound = None;
         }
-        eprintln!(
-            "omw-verbs: window {:#010x} could neither be invalidated nor deallocated (errno {rc}); destroying QP {} may stall (rxe: ~51 s)",
+        crate::log::log("omw_verbs::backend", "omw-verbs", crate::log::Level::Warn, &format!(
+            "window {:#010x} could neither be invalidated nor deallocated (errno {rc}); destroying QP {} may stall (rxe: ~51 s)",
             rkey.0, b.qpn
-        );
+        ));
         false
     }
 

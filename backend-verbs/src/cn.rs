@@ -222,7 +222,9 @@ impl CnClient {
                 let bytes = self.b.slice(self.local + slot * SLOT, (c.byte_len as usize).min(SLOT as usize))?.to_vec();
                 let now = self.now();
                 if let Ok(omw_core::wire::MnMessage::Error(e)) = omw_core::wire::MnMessage::decode(&bytes) {
-                    if std::env::var_os("OMW_DEBUG").is_some() {
+                    if crate::log::enabled("omw_verbs::cn", crate::log::Level::Debug)
+                        || std::env::var_os("OMW_DEBUG").is_some()
+                    {
                         eprintln!(
                             "omw cn: error reply token {} {:?} detail {} ({})",
                             e.token,

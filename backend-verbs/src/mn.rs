@@ -9,7 +9,9 @@ use crate::backend::{VerbsBackend, SEND_DEPTH};
 use crate::cm::{welcome, CmEvent, CmEventKind, CmId, Hello, Role};
 use crate::device::DeviceChoice;
 use crate::error::{human, Result, VerbsError};
+use crate::log::Level;
 use crate::memlock::{ensure_memlock, memlock_limit, MemlockNeed};
+use crate::metrics::{MetricsServer, MnCounters};
 use crate::probe::{self, ProbeReport};
 use omw_core::access::AccessFlags;
 use omw_core::backend::{Capabilities, ExecutionMode, RdmaBackend};
@@ -92,6 +94,10 @@ pub struct MemoryNodeDaemon {
     last_stats: Instant,
     last_counts: (u64, u64, MnStats),
     idle: u32,
+    /// Allocations and frees of CNs that left (so the exported counters stay monotonic).
+    departed: (u64, u64),
+    metrics: Option<MetricsServer>,
+    last_publish: Instant,
 }
 
 impl std::fmt::Debug for MemoryNodeDaemon {
@@ -100,10 +106,14 @@ impl std::fmt::Debug for MemoryNodeDaemon {
     }
 }
 
+const TARGET: &str = "omw_verbs::mn";
+
 fn log(msg: impl AsRef<str>) {
-    // wall-clock seconds (mod 10⁴) with milliseconds, to line up with the CNs' and tests' logs
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    eprintln!("omw mn: [{:04}.{:03}] {}", t.as_secs() % 10_000, t.subsec_millis(), msg.as_ref());
+    crate::log::log(TARGET, "omw mn", Level::Info, msg.as_ref());
+}
+
+fn debug_enabled() -> bool {
+    crate::log::enabled(TARGET, Level::Debug) || std::env::var_os("OMW_DEBUG").is_some()
 }
 
 impl MemoryNodeDaemon {
@@ -252,6 +262,14 @@ impl MemoryNodeDaemon {
             }
         ));
         log(format!("listening on {} (rdma_cm)", opts.listen));
+        let metrics = match opts.metrics {
+            Some(a) => {
+                let m = MetricsServer::start(a).map_err(|e| VerbsError::Config(format!("--metrics {a}: {e}")))?;
+                log(format!("metrics: http://{}/metrics (Prometheus text format)", m.addr));
+                Some(m)
+            }
+            None => None,
+        };
         let now = Instant::now();
         Ok(MemoryNodeDaemon {
             driver,
@@ -266,6 +284,9 @@ impl MemoryNodeDaemon {
             last_stats: now,
             last_counts: (0, 0, MnStats::default()),
             idle: 0,
+            departed: (0, 0),
+            metrics,
+            last_publish: now,
         })
     }
 
@@ -303,8 +324,47 @@ impl MemoryNodeDaemon {
         if !self.opts.stats_every.is_zero() && self.last_stats.elapsed() >= self.opts.stats_every {
             self.driver.handle(now, Event::Tick).map_err(|e| VerbsError::Protocol(format!("MN driver: {e}")))?;
             self.print_stats();
+            if self.opts.stats_json {
+                println!("{}", self.counters().json());
+            }
+        }
+        if self.metrics.is_some() && self.last_publish.elapsed() >= Duration::from_millis(100) {
+            self.last_publish = Instant::now();
+            let c = self.counters();
+            if let Some(m) = &self.metrics {
+                m.publish(c);
+            }
         }
         Ok(busy)
+    }
+
+    /// The counters `--metrics` and `--stats-json` export.
+    pub fn counters(&self) -> MnCounters {
+        let (a, f) = self.driver.mn.cns().fold(self.departed, |(a, f), r| (a + r.allocs, f + r.frees));
+        let map = self.driver.mn.map();
+        let q = map.queue;
+        let word = |addr: u64| {
+            let mut b = [0u8; 8];
+            self.driver.backend.read_local(addr, &mut b).map(|_| u64::from_le_bytes(b)).unwrap_or(0)
+        };
+        let s = self.driver.mn.stats();
+        MnCounters {
+            uptime_ms: self.t0.elapsed().as_millis() as u64,
+            cns: self.driver.mn.cns().count() as u64,
+            free_chunks: q.live_len(word(q.head), word(q.tail), map.max_cns) as u64,
+            chunks: map.geometry.chunk_count() as u64,
+            allocs: a,
+            frees: f,
+            empty_notices: s.empty_notices,
+            available_notices: s.available_notices,
+            groups_reclaimed: s.groups_reclaimed,
+            forged_frees: s.forged_frees,
+            quota_disconnects: s.quota_disconnects,
+            chunks_scrubbed: s.chunks_scrubbed,
+            laps: self.driver.stats.laps,
+            laps_failed: self.driver.stats.laps_failed,
+            lost_windows: self.driver.backend.lost_windows().len() as u64,
+        }
     }
 
     fn print_stats(&mut self) {
@@ -404,7 +464,7 @@ impl MemoryNodeDaemon {
                                 s.cn = Some(cn);
                             }
                             log(format!("{cn} connected (session {nonce:#x}, {} QPs)", 2 + self.opts.group_size - 1));
-                            if std::env::var_os("OMW_DEBUG").is_some() {
+                            if debug_enabled() {
                                 let aq = self.sessions.get(&nonce).and_then(|s| s.alloc).unwrap_or_default();
                                 let mut buf = [omw_core::backend::Completion::EMPTY; 4];
                                 let t = Instant::now();
@@ -430,6 +490,10 @@ impl MemoryNodeDaemon {
                 let Some(nonce) = self.by_id.get(&ev.id).copied() else { return Ok(()) };
                 let cn = self.sessions.get(&nonce).and_then(|s| s.cn);
                 if let Some(cn) = cn {
+                    if let Some(r) = self.driver.mn.cn(cn) {
+                        self.departed.0 += r.allocs;
+                        self.departed.1 += r.frees;
+                    }
                     let before = self.driver.mn.stats().groups_reclaimed;
                     let now = self.now();
                     self.driver

@@ -42,6 +42,16 @@ pub struct Placement<'a, H> {
     pub class: usize,
 }
 
+/// A held chunk, as [`ObjectAllocator::chunks`] reports it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ChunkInfo<'a, H> {
+    pub index: ChunkIndex,
+    pub handle: &'a H,
+    pub class: usize,
+    pub live: u32,
+    pub slots: u32,
+}
+
 /// The configuration cannot work.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[non_exhaustive]
@@ -258,8 +268,8 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
         self.live_bytes
     }
 
-    fn candidate(&self, class: usize) -> Option<u32> {
-        if let Some(o) = self.open[class] {
+    fn candidate(&self, class: usize, avoid: Option<u32>) -> Option<u32> {
+        if let Some(o) = self.open[class].filter(|o| Some(*o) != avoid) {
             if self.chunks[o as usize].as_ref().is_some_and(|c| c.has_room()) {
                 return Some(o);
             }
@@ -267,6 +277,9 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
         let mut best: Option<(u32, u32)> = None;
         for (i, c) in self.chunks.iter().enumerate() {
             let Some(c) = c else { continue };
+            if Some(i as u32) == avoid {
+                continue;
+            }
             if c.class == class && c.has_room() && best.is_none_or(|(_, live)| c.live >= live) {
                 best = Some((i as u32, c.live));
             }
@@ -276,8 +289,18 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
 
     /// Place one object of `class` in a chunk already held.
     pub fn alloc(&mut self, class: usize) -> Result<ObjectRef, ObjectAllocError> {
+        self.place(class, None)
+    }
+
+    /// Place one object of `class` in a held chunk other than `avoid`: compaction moves the
+    /// objects of a sparse chunk elsewhere so the chunk can go back to the MN.
+    pub fn alloc_avoiding(&mut self, class: usize, avoid: ChunkIndex) -> Result<ObjectRef, ObjectAllocError> {
+        self.place(class, Some(avoid.0))
+    }
+
+    fn place(&mut self, class: usize, avoid: Option<u32>) -> Result<ObjectRef, ObjectAllocError> {
         let size = *self.classes.get(class).ok_or(ObjectAllocError::UnknownClass { class })?;
-        let ci = self.candidate(class).ok_or(ObjectAllocError::NeedChunk { class })?;
+        let ci = self.candidate(class, avoid).ok_or(ObjectAllocError::NeedChunk { class })?;
         let c = self.chunks[ci as usize].as_mut().ok_or(ObjectAllocError::NeedChunk { class })?;
         let slot = c.first_free().ok_or(ObjectAllocError::NeedChunk { class })?;
         c.used[slot as usize / 64] |= 1 << (slot % 64);
@@ -353,6 +376,19 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
             }
             _ => Err(ObjectAllocError::NotLive { object }),
         }
+    }
+
+    /// Every held chunk: its index, handle, class, live objects and slots.
+    pub fn chunks(&self) -> impl Iterator<Item = ChunkInfo<'_, H>> + '_ {
+        self.chunks.iter().enumerate().filter_map(|(i, c)| {
+            c.as_ref().map(|c| ChunkInfo {
+                index: ChunkIndex(i as u32),
+                handle: &c.handle,
+                class: c.class,
+                live: c.live,
+                slots: c.slots,
+            })
+        })
     }
 
     /// Every live object, by chunk then slot.
@@ -453,6 +489,23 @@ mod tests {
         assert_eq!(a.alloc(0).unwrap(), ObjectRef { chunk: ChunkIndex(0), slot: 0 });
         assert_eq!(a.alloc(0).unwrap(), ObjectRef { chunk: ChunkIndex(0), slot: 1 });
         assert!(matches!(a.alloc_with(0, &mut get), Ok((_, true))));
+    }
+
+    #[test]
+    fn alloc_avoiding_skips_the_chunk_being_emptied() {
+        let mut a = A::new(4096, &[1024]).unwrap();
+        a.add_chunk(0, 1).unwrap();
+        a.add_chunk(0, 2).unwrap();
+        // chunk 1 is open; fill one slot in each
+        let x = a.alloc(0).unwrap();
+        assert_eq!(x.chunk, ChunkIndex(1));
+        assert_eq!(a.alloc_avoiding(0, ChunkIndex(1)).unwrap().chunk, ChunkIndex(0));
+        let info: Vec<(u32, u32, u32)> = a.chunks().map(|c| (c.index.0, c.live, c.slots)).collect();
+        assert_eq!(info, [(0, 1, 4), (1, 1, 4)]);
+        // only the avoided chunk has room left for another class member → NeedChunk
+        let mut b = A::new(1024, &[1024]).unwrap();
+        b.add_chunk(0, 9).unwrap();
+        assert_eq!(b.alloc_avoiding(0, ChunkIndex(0)), Err(ObjectAllocError::NeedChunk { class: 0 }));
     }
 
     #[test]
