@@ -128,6 +128,8 @@ pub struct VerbsBackend {
     pub(crate) cm_backlog: VecDeque<crate::cm::CmEvent>,
     /// Windows given up at teardown (deallocated because they could not be invalidated).
     lost_windows: Vec<Rkey>,
+    /// Tests only: act as if every teardown invalidation failed.
+    fail_teardown_invalidation: bool,
 }
 
 impl std::fmt::Debug for VerbsBackend {
@@ -180,6 +182,7 @@ impl VerbsBackend {
             cm_requests: Vec::new(),
             cm_backlog: VecDeque::new(),
             lost_windows: Vec::new(),
+            fail_teardown_invalidation: false,
         })
     }
 
@@ -591,7 +594,8 @@ impl VerbsBackend {
     /// too is it marked unbound (so nothing posts a second invalidate) with a warning that the
     /// QP's destruction may stall.
     fn invalidate_for_teardown(&mut self, index: u32) -> bool {
-        for _attempt in 0..3 {
+        let attempts = if self.fail_teardown_invalidation { 0 } else { 3 };
+        for _attempt in 0..attempts {
             let Some(m) = self.mws.get(&index) else { return true };
             let Some(b) = m.bound else { return true };
             let rkey = m.rkey;
@@ -635,6 +639,13 @@ impl VerbsBackend {
             rkey.0, b.qpn
         ));
         false
+    }
+
+    /// For the device tests: make every teardown invalidation count as failed, so the
+    /// deallocation fallback runs (a device that refuses LOCAL_INV cannot be had on demand).
+    #[doc(hidden)]
+    pub fn fail_teardown_invalidation_for_tests(&mut self) {
+        self.fail_teardown_invalidation = true;
     }
 
     /// Windows deallocated because they could not be invalidated (see
