@@ -310,6 +310,9 @@ impl CnClient {
                         }
                         break; // back off, wait for "available", retry
                     }
+                    if code == ErrorCode::QuotaExceeded {
+                        return Err(VerbsError::QuotaExceeded);
+                    }
                     return Err(VerbsError::Refused(format!("allocation refused: {code:?}")));
                 }
                 if Instant::now() > deadline {

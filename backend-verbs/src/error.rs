@@ -20,6 +20,8 @@ pub enum VerbsError {
     Port(crate::port::PortError),
     /// The MN's free queue is empty (answered to this very request).
     PoolEmpty,
+    /// This CN holds its quota of chunks (`omw mn --quota`; 0 there means the whole pool).
+    QuotaExceeded,
     /// The rdma_cm listen address is taken by another listener.
     AddressInUse { addr: String },
     /// The listen address does not belong to an RDMA device.
@@ -116,6 +118,9 @@ impl fmt::Display for VerbsError {
             }
             VerbsError::Port(e) => write!(f, "{e}"),
             VerbsError::PoolEmpty => f.write_str("the memory node's free queue is empty (every chunk is allocated)"),
+            VerbsError::QuotaExceeded => {
+                f.write_str("this CN holds its quota of chunks (the MN's --quota; by default the whole pool)")
+            }
             VerbsError::AddressInUse { addr } => {
                 write!(f, "address {addr} is already in use by another rdma_cm listener")
             }
