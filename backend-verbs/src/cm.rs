@@ -305,6 +305,7 @@ impl VerbsBackend {
             let _ = omw_core::backend::RdmaBackend::destroy_qp(self, q);
             return Err(e);
         }
+        self.short_rnr_timer(q);
         Ok(q)
     }
 
@@ -434,7 +435,16 @@ impl VerbsBackend {
         let ev = self.wait_event_for(id, CmEventKind::Established, &addr.to_string(), deadline)?;
         // the QP's own attributes say the same where the event did not carry it
         let remote_qpn = ev.remote_qpn.or_else(|| self.dest_qpn(q));
+        self.short_rnr_timer(q);
         Ok(Connected { qp: q, remote_qpn, private_data: ev.private_data })
+    }
+
+    /// rdma_cm leaves the responder's RNR timer at its longest (see
+    /// [`VerbsBackend::set_min_rnr_timer`]); a device that refuses the change keeps it.
+    fn short_rnr_timer(&mut self, q: Qpn) {
+        if let Err(e) = self.set_min_rnr_timer(q, 12) {
+            crate::log::log("omw_verbs::cm", "omw-verbs", crate::log::Level::Warn, &format!("QP {q}: {e}"));
+        }
     }
 
     /// The QP created for an rdma_cm id, if any.
