@@ -201,6 +201,40 @@ mod tests {
         assert!(size("3X").is_err());
     }
 
+    #[test]
+    fn operations_flags_parse() {
+        use clap::Parser;
+        #[derive(clap::Parser, Debug)]
+        struct Mn {
+            #[command(flatten)]
+            a: MnArgs,
+        }
+        #[derive(clap::Parser, Debug)]
+        struct Probe {
+            #[command(flatten)]
+            a: ProbeArgs,
+        }
+        let m = Mn::try_parse_from([
+            "mn",
+            "--listen",
+            "10.0.0.1:7471",
+            "--metrics",
+            "10.0.0.1:9464",
+            "--stats-json",
+            "--gid-index",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(m.a.metrics, Some("10.0.0.1:9464".parse().unwrap()));
+        assert!(m.a.stats_json);
+        assert_eq!(m.a.gid_index, Some(3));
+        let d = Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471"]).unwrap();
+        assert_eq!((d.a.metrics, d.a.stats_json, d.a.gid_index), (None, false, None));
+        assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--gid-index", "300"]).is_err());
+        assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--metrics", "nope"]).is_err());
+        assert_eq!(Probe::try_parse_from(["probe", "--gid-index", "1"]).unwrap().a.gid_index, Some(1));
+    }
+
     /// On a host without RDMA (CI, the build machines) the programs fail with a clear,
     /// typed message instead of panicking. Inside the soft-RoCE VM this test is skipped.
     #[test]
