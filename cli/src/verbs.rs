@@ -1,6 +1,9 @@
 //! `omw mn`, `omw cn`, `omw probe`: the verbs-backed programs (libibverbs + rdma_cm).
 //! Argument structs and thin handlers; the work is in the omw-verbs crate.
 
+use omw_kv::exercise::{exercise, ExerciseError};
+use omw_kv::verbs::VerbsCn;
+use omw_kv::KvStore;
 use omw_verbs::cn::CnOptions;
 use omw_verbs::mn::MnOptions;
 use omw_verbs::tool::CnCommand;
@@ -108,6 +111,12 @@ pub enum CnCmd {
     },
     /// Read commands from stdin (alloc, write, read, free, rawread, rawwrite, freeentry, quit).
     Script,
+    /// The example KV store (omw-kv) as a self-checking workload: insert, read back, update,
+    /// delete, shrink, delete the rest — every value compared, every chunk back at the MN.
+    Kv {
+        #[arg(long, default_value_t = 200)]
+        keys: usize,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -152,10 +161,47 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
 }
 
 pub fn cn(a: CnArgs) -> ExitCode {
-    finish("cn", run_cn(a))
+    match run_cn(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("omw cn: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
-fn run_cn(a: CnArgs) -> Result<(), omw_verbs::VerbsError> {
+/// What `omw cn` can fail with: the verbs layer, or the KV workload's checks.
+#[derive(Debug)]
+pub enum CnError {
+    Verbs(omw_verbs::VerbsError),
+    Kv(ExerciseError<omw_verbs::VerbsError>),
+}
+
+impl std::fmt::Display for CnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CnError::Verbs(e) => write!(f, "{e}"),
+            CnError::Kv(e) => write!(f, "kv: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CnError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CnError::Verbs(e) => Some(e),
+            CnError::Kv(e) => Some(e),
+        }
+    }
+}
+
+impl From<omw_verbs::VerbsError> for CnError {
+    fn from(e: omw_verbs::VerbsError) -> Self {
+        CnError::Verbs(e)
+    }
+}
+
+fn run_cn(a: CnArgs) -> Result<(), CnError> {
     let o = CnOptions { device: a.device, timeout: Duration::from_secs(a.timeout) };
     let cmd = match a.cmd {
         CnCmd::Alloc { count } => CnCommand::Alloc { count },
@@ -163,8 +209,33 @@ fn run_cn(a: CnArgs) -> Result<(), omw_verbs::VerbsError> {
         CnCmd::Load { ops, bytes } => CnCommand::Load { ops, bytes },
         CnCmd::Bench { iters } => CnCommand::Bench { iters },
         CnCmd::Script => CnCommand::Script,
+        CnCmd::Kv { keys } => return run_kv(a.connect, &o, keys),
     };
-    omw_verbs::tool::run(a.connect, &o, cmd)
+    Ok(omw_verbs::tool::run(a.connect, &o, cmd)?)
+}
+
+/// `omw cn kv`: the omw-kv store against the MN, checked (omw_kv::exercise).
+fn run_kv(addr: SocketAddr, o: &CnOptions, keys: usize) -> Result<(), CnError> {
+    let mut c = omw_verbs::cn::CnClient::connect(addr, o)?;
+    eprintln!("omw cn: connected as {} (chunk {} B)", c.cn, c.info.chunk_size);
+    let t = std::time::Instant::now();
+    let mut kv = KvStore::new(VerbsCn::new(&mut c, 0)).map_err(|e| CnError::Kv(e.into()))?;
+    let r = exercise(&mut kv, keys).map_err(CnError::Kv)?;
+    println!(
+        "kv: {} inserts, {} updates, {} deletes, {} reads checked in {:.3} s; chunks held: {} at peak, {} after deleting 3/4, {} after shrink, 0 at the end ({} taken from the MN, {} returned, {} objects moved)",
+        r.inserted,
+        r.updated,
+        r.deleted,
+        r.reads_checked,
+        t.elapsed().as_secs_f64(),
+        r.peak_chunks,
+        r.sparse_chunks,
+        r.shrunk_chunks,
+        r.stats.chunks_allocated,
+        r.stats.chunks_freed,
+        r.stats.objects_moved
+    );
+    Ok(())
 }
 
 pub fn probe(a: ProbeArgs) -> ExitCode {
@@ -267,8 +338,16 @@ mod tests {
             cmd: CnCmd::Alloc { count: 1 },
         })
         .unwrap_err();
-        assert!(matches!(e, omw_verbs::VerbsError::NoDevice { .. }), "{e}");
+        assert!(matches!(e, CnError::Verbs(omw_verbs::VerbsError::NoDevice { .. })), "{e}");
         assert!(e.to_string().contains("no RDMA device"), "{e}");
+        let e = run_cn(CnArgs {
+            connect: "127.0.0.1:7471".parse().unwrap(),
+            device: None,
+            timeout: 1,
+            cmd: CnCmd::Kv { keys: 4 },
+        })
+        .unwrap_err();
+        assert!(matches!(e, CnError::Verbs(omw_verbs::VerbsError::NoDevice { .. })), "{e}");
         // and the handlers `omw mn` / `omw cn` / `omw probe` run turn that into a failure exit
         let mn_args = MnArgs {
             device: None,

@@ -24,6 +24,7 @@
 //! assert_eq!(kv.held_chunks(), 0); // its chunk went back to the MN
 //! ```
 
+pub mod exercise;
 pub mod loopback;
 pub mod record;
 pub mod verbs;

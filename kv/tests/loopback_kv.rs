@@ -202,3 +202,17 @@ proptest! {
         }
     }
 }
+
+/// The self-checking workload `omw cn kv` runs: clean on both modes, every chunk back.
+#[test]
+fn exercise_workload_on_both_modes() {
+    for mode in [ExecutionMode::HostEngine, ExecutionMode::Offloaded] {
+        let mut c = cluster(mode);
+        let mut kv = KvStore::new(LoopbackCn::new(&mut c, 0, 1)).unwrap();
+        let r = omw_kv::exercise::exercise(&mut kv, 60).unwrap();
+        assert_eq!((r.inserted, r.updated, r.deleted), (60, 20, 60));
+        assert!(r.shrunk_chunks <= r.sparse_chunks && r.sparse_chunks <= r.peak_chunks, "{r:?}");
+        assert_eq!(r.stats.chunks_allocated, r.stats.chunks_freed);
+        assert_eq!(kv.memory().cluster.free_groups(), CHUNKS);
+    }
+}
