@@ -666,8 +666,8 @@ impl VerbsBackend {
         self.fail_teardown_invalidation = true;
     }
 
-    /// Windows deallocated because they could not be invalidated (see
-    /// [`Self::invalidate_for_teardown`]), with their last keys.
+    /// Windows deallocated because they could not be invalidated at teardown (a QP's
+    /// destruction or the backend's drop), with their last keys.
     pub fn lost_windows(&self) -> &[Rkey] {
         &self.lost_windows
     }
