@@ -98,10 +98,10 @@ impl fmt::Display for VerbsError {
                     f,
                     "locked-memory limit too low: RLIMIT_MEMLOCK is {} but this configuration pins about {} (",
                     human(*limit),
-                    human(need.total())
+                    approx(need.total())
                 )?;
                 if need.metadata > 0 {
-                    write!(f, "pool {}, metadata {}", human(need.registered), human(need.metadata))?;
+                    write!(f, "pool {}, metadata {}", human(need.registered), approx(need.metadata))?;
                 } else {
                     write!(f, "buffers {}", human(need.registered))?;
                 }
@@ -165,6 +165,21 @@ impl std::error::Error for VerbsError {
     }
 }
 
+/// Bytes to one decimal in the largest unit that fits (for figures that are estimates).
+pub(crate) fn approx(b: u64) -> String {
+    const K: f64 = 1024.0;
+    let x = b as f64;
+    if x >= K * K * K {
+        format!("{:.1} GiB", x / (K * K * K))
+    } else if x >= K * K {
+        format!("{:.1} MiB", x / (K * K))
+    } else if x >= K {
+        format!("{:.1} KiB", x / K)
+    } else {
+        format!("{b} B")
+    }
+}
+
 pub(crate) fn human(b: u64) -> String {
     if b == u64::MAX || b == libc::RLIM_INFINITY {
         return "unlimited".into();
@@ -182,3 +197,23 @@ pub(crate) fn human(b: u64) -> String {
 }
 
 pub type Result<T, E = VerbsError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memlock::MemlockNeed;
+
+    #[test]
+    fn memlock_message_says_what_and_how() {
+        let need = MemlockNeed::mn(64 << 20, 933_904, 16, 3);
+        let e = VerbsError::MemlockTooLow { limit: 1 << 20, need, cap_ipc_lock: Some(false) };
+        let m = e.to_string();
+        assert!(m.contains("RLIMIT_MEMLOCK is 1 MiB"), "{m}");
+        assert!(m.contains("about 74.1 MiB (pool 64 MiB, metadata 912.0 KiB, 66 QPs"), "{m}");
+        assert!(m.contains("lacks CAP_IPC_LOCK") && m.contains("LimitMEMLOCK=infinity"), "{m}");
+        let e = VerbsError::MemlockTooLow { limit: 0, need: MemlockNeed::bytes(4096), cap_ipc_lock: Some(true) };
+        assert!(!e.to_string().contains("lacks"), "{e}");
+        assert_eq!(approx(512), "512 B");
+        assert_eq!(approx(3 << 30), "3.0 GiB");
+    }
+}

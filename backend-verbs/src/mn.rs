@@ -129,6 +129,14 @@ impl MemoryNodeDaemon {
         if chunks > u32::MAX as u64 {
             return Err(VerbsError::Config("too many chunks".into()));
         }
+        // ---- can this configuration pin what it needs? (before the probe pins anything; a
+        // missing device is the more basic error)
+        crate::device::device_names()?;
+        let max_cns = opts.max_cns.clamp(1, omw_core::mn::MAX_CNS as u32);
+        let sizing = PoolGeometry::new(opts.chunk_size, opts.chunk_size, chunks as u32, opts.group_size)
+            .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
+        let meta_need = MnMemoryMap::len_for(&sizing, max_cns);
+        ensure_memlock(MemlockNeed::mn(opts.pool_size, meta_need, max_cns, opts.group_size))?;
         // ---- what does the device really do?
         let choice = DeviceChoice { device: opts.device.clone(), gid_index: opts.gid_index };
         let report = probe::run_choice(&choice)?;
@@ -168,12 +176,10 @@ impl MemoryNodeDaemon {
         // ---- memory
         let mut b = VerbsBackend::open_choice(&DeviceChoice { device: Some(report.device.clone()), ..choice })?;
         b.set_probed(caps);
-        let max_cns = opts.max_cns.clamp(1, omw_core::mn::MAX_CNS as u32);
         let pool = b.alloc_region(opts.pool_size, opts.chunk_size)?;
         let geometry = PoolGeometry::new(pool, opts.chunk_size, chunks as u32, opts.group_size)
             .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
         let meta_len = MnMemoryMap::len_for(&geometry, max_cns);
-        ensure_memlock(MemlockNeed::mn(opts.pool_size, meta_len, max_cns, opts.group_size))?;
         let meta = b.alloc_region(meta_len, MnMemoryMap::required_alignment(&geometry, max_cns))?;
         let map = MnMemoryMap::new(geometry, max_cns, meta)
             .ok_or_else(|| VerbsError::Config("metadata region misaligned".into()))?;
