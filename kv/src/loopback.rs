@@ -2,7 +2,8 @@
 //! through access QP `window`.
 
 use crate::CnMemory;
-use omw_core::cn::Allocation;
+use omw_core::cn::{Allocation, ClientError};
+use omw_core::wire::ErrorCode;
 use omw_loopback::cluster::{Cluster, CnOpError};
 use std::fmt;
 
@@ -30,6 +31,14 @@ impl fmt::Display for LoopbackError {
 }
 
 impl std::error::Error for LoopbackError {}
+
+impl LoopbackError {
+    /// The MN has no chunk: it answered "empty", or said so recently and the CN is still
+    /// backing off (no "available" since).
+    pub fn is_pool_empty(&self) -> bool {
+        matches!(self.0, CnOpError::Mn(ErrorCode::Empty) | CnOpError::Client(ClientError::Backoff { .. }))
+    }
+}
 
 impl CnMemory for LoopbackCn<'_> {
     type Chunk = Allocation;
