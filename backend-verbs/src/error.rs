@@ -22,6 +22,8 @@ pub enum VerbsError {
     PoolEmpty,
     /// This CN holds its quota of chunks (`omw mn --quota`; 0 there means the whole pool).
     QuotaExceeded,
+    /// Every staging slot for asynchronous operations is in use: collect some first.
+    TooManyInFlight { max: usize },
     /// The rdma_cm listen address is taken by another listener.
     AddressInUse { addr: String },
     /// The listen address does not belong to an RDMA device.
@@ -118,6 +120,10 @@ impl fmt::Display for VerbsError {
             }
             VerbsError::Port(e) => write!(f, "{e}"),
             VerbsError::PoolEmpty => f.write_str("the memory node's free queue is empty (every chunk is allocated)"),
+            VerbsError::TooManyInFlight { max } => write!(
+                f,
+                "{max} asynchronous operations are in flight already: collect completions (poll_ops/wait_ops) first"
+            ),
             VerbsError::QuotaExceeded => {
                 f.write_str("this CN holds its quota of chunks (the MN's --quota; by default the whole pool)")
             }
