@@ -11,8 +11,9 @@
 //! Teardown ([`Drop`]) invalidates and deallocates every window before any QP is destroyed
 //! (rxe stalls ~51 s in `rxe_destroy_qp` otherwise), then QPs, CQs, MRs, PD, memory, context.
 
-use crate::device::Context;
+use crate::device::{Context, DeviceChoice};
 use crate::error::{Result, VerbsError};
+use crate::port::{self, Addressing, GidEntry, Peer, PortAttr};
 use omw_core::access::AccessFlags;
 use omw_core::backend::{
     Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
@@ -125,6 +126,12 @@ pub struct VerbsBackend {
     pub(crate) cm_ids: Vec<*mut rdma_cm_id>,
     /// Connection requests reported by `poll_cm` and not yet accepted or rejected.
     pub(crate) cm_requests: Vec<*mut rdma_cm_id>,
+    /// rdma_cm events read while waiting for another id's event: `poll_cm` returns them first.
+    pub(crate) cm_backlog: VecDeque<crate::cm::CmEvent>,
+    /// Windows given up at teardown (deallocated because they could not be invalidated).
+    lost_windows: Vec<Rkey>,
+    /// Tests only: act as if every teardown invalidation failed.
+    fail_teardown_invalidation: bool,
 }
 
 impl std::fmt::Debug for VerbsBackend {
@@ -140,19 +147,22 @@ impl std::fmt::Debug for VerbsBackend {
 }
 
 impl VerbsBackend {
-    /// Open `device` (or the first with type-2 windows) and allocate a PD. Declares only the
-    /// capabilities the device attributes prove; [`Self::set_probed`] adds the MW semantics.
+    /// Open `device` (or the first with an ACTIVE port, preferring one that advertises type-2
+    /// windows) and allocate a PD. Declares only the capabilities the device attributes prove;
+    /// [`Self::set_probed`] adds the MW semantics. Nothing is refused on an attribute flag:
+    /// the probe decides.
     pub fn open(device: Option<&str>) -> Result<Self> {
-        Self::open_with(device, true)
+        Self::open_choice(&DeviceChoice::named(device))
     }
 
-    /// For a CN: the device need not have memory windows (only the MN binds them).
+    /// For a CN (only the MN binds windows; the same rules apply).
     pub fn open_cn(device: Option<&str>) -> Result<Self> {
-        Self::open_with(device, false)
+        Self::open(device)
     }
 
-    fn open_with(device: Option<&str>, require_mw: bool) -> Result<Self> {
-        let ctx = Context::open(device, require_mw)?;
+    /// Open with a device and GID choice (`--device`, `--gid-index`).
+    pub fn open_choice(choice: &DeviceChoice) -> Result<Self> {
+        let ctx = Context::open(choice)?;
         // SAFETY: ctx.ctx is an open context.
         let pd = unsafe { ibv_alloc_pd(ctx.ctx) };
         if pd.is_null() {
@@ -172,6 +182,9 @@ impl VerbsBackend {
             cm_channel: ptr::null_mut(),
             cm_ids: Vec::new(),
             cm_requests: Vec::new(),
+            cm_backlog: VecDeque::new(),
+            lost_windows: Vec::new(),
+            fail_teardown_invalidation: false,
         })
     }
 
@@ -181,8 +194,16 @@ impl VerbsBackend {
     pub fn device_info(&self) -> &crate::device::DeviceInfo {
         &self.ctx.info
     }
+    /// The source GID raw QPs use.
     pub fn gid_index(&self) -> u8 {
-        self.ctx.gid_index
+        self.ctx.gid.index
+    }
+    pub fn gid(&self) -> GidEntry {
+        self.ctx.gid
+    }
+    /// The port in use, as queried at open.
+    pub fn port_attr(&self) -> PortAttr {
+        self.ctx.port_attr
     }
     pub(crate) fn raw_context(&self) -> *mut ibv_context {
         self.ctx.ctx
@@ -323,21 +344,36 @@ impl VerbsBackend {
         Ok(())
     }
 
+    /// INIT → RTR → RTS towards `dest`, a QP on this very port (loopback pairs): addressed by
+    /// LID on InfiniBand, by GID on RoCE ([`port::address`]), at the port's active MTU.
     fn modify_to_rts(&self, qp: *mut ibv_qp, dest: u32) -> Result<()> {
+        let pa = self.ctx.port_attr;
+        let peer = Peer { lid: pa.lid, gid: self.ctx.gid.gid };
+        let av = port::address(&pa, &self.ctx.gid, &peer).map_err(VerbsError::Port)?;
+        let mtu = port::path_mtu(&pa, None).map_err(VerbsError::Port)?;
         // SAFETY: qp is live and in INIT; attrs are plain data with the masked fields set.
         unsafe {
             let mut a: ibv_qp_attr = std::mem::zeroed();
             a.qp_state = ibv_qp_state::IBV_QPS_RTR;
-            a.path_mtu = ibv_mtu::IBV_MTU_1024;
+            a.path_mtu = mtu.raw();
             a.dest_qp_num = dest;
             a.rq_psn = 0;
             a.max_dest_rd_atomic = RD_ATOMIC;
             a.min_rnr_timer = 12;
-            a.ah_attr.is_global = 1;
-            a.ah_attr.port_num = self.ctx.port;
-            a.ah_attr.grh.dgid = self.ctx.gid;
-            a.ah_attr.grh.sgid_index = self.ctx.gid_index;
-            a.ah_attr.grh.hop_limit = 1;
+            a.ah_attr.port_num = pa.port;
+            match av {
+                Addressing::Lid { dlid } => {
+                    a.ah_attr.is_global = 0;
+                    a.ah_attr.dlid = dlid;
+                }
+                Addressing::Global { dlid, dgid, sgid_index, hop_limit } => {
+                    a.ah_attr.is_global = 1;
+                    a.ah_attr.dlid = dlid;
+                    a.ah_attr.grh.dgid = ibv_gid { raw: dgid };
+                    a.ah_attr.grh.sgid_index = sgid_index;
+                    a.ah_attr.grh.hop_limit = hop_limit;
+                }
+            }
             let m = ibv_qp_attr_mask::IBV_QP_STATE
                 | ibv_qp_attr_mask::IBV_QP_AV
                 | ibv_qp_attr_mask::IBV_QP_PATH_MTU
@@ -387,7 +423,7 @@ impl VerbsBackend {
             Self::destroy_cqs(scq, rcq);
             return Err(e);
         }
-        if let Err(e) = Self::modify_to_init(qp, self.ctx.port) {
+        if let Err(e) = Self::modify_to_init(qp, self.ctx.port_attr.port) {
             // SAFETY: qp was just created and is unused.
             unsafe { ibv_destroy_qp(qp) };
             Self::destroy_cqs(scq, rcq);
@@ -483,6 +519,39 @@ impl VerbsBackend {
         qpn(n)
     }
 
+    /// Set the RNR NAK timer a connected QP advertises as a responder (RTS → RTS). The
+    /// kernel's IB CM leaves it 0 on rdma_cm QPs — encoded 0 is the *longest* delay, 655 ms —
+    /// so a SEND that finds no receive posted yet waits that long before its retry. 12 is
+    /// 0.64 ms (IBA table 45), what this backend's raw QPs use.
+    pub(crate) fn set_min_rnr_timer(&mut self, q: Qpn, timer: u8) -> Result<()> {
+        let e = self.qps.get(&q.get()).ok_or(VerbsError::UnknownQp(q.get()))?;
+        // SAFETY: e.qp is live and in RTS; attr is plain data with the masked field set.
+        let rc = unsafe {
+            let mut a: ibv_qp_attr = std::mem::zeroed();
+            a.min_rnr_timer = timer;
+            ibv_modify_qp(e.qp, &mut a, ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32)
+        };
+        if rc != 0 {
+            return Err(VerbsError::rc("ibv_modify_qp(MIN_RNR_TIMER)", rc));
+        }
+        Ok(())
+    }
+
+    /// The remote QP number a connected QP of this backend sends to (`ibv_query_qp`).
+    pub fn dest_qpn(&self, q: Qpn) -> Option<Qpn> {
+        let e = self.qps.get(&q.get())?;
+        // SAFETY: e.qp is live; attr/init_attr are plain data ibv_query_qp fills.
+        let n = unsafe {
+            let mut a: ibv_qp_attr = std::mem::zeroed();
+            let mut ia: ibv_qp_init_attr = std::mem::zeroed();
+            if ibv_query_qp(e.qp, &mut a, ibv_qp_attr_mask::IBV_QP_DEST_QPN.0 as i32, &mut ia) != 0 {
+                return None;
+            }
+            a.dest_qp_num
+        };
+        Qpn::new(n).ok().filter(|q| q.get() != 0)
+    }
+
     /// The rdma_cm id of a QP created by [`Self::create_cm_qp`].
     pub(crate) fn cm_id_of(&self, q: Qpn) -> Option<*mut rdma_cm_id> {
         match self.qps.get(&q.get())?.link {
@@ -541,10 +610,12 @@ impl VerbsBackend {
     /// Invalidate a window before its QP is destroyed (teardown): an UNBIND, which
     /// [`Self::invalidate_target`] routes to a QP that can execute it, waited for (bounded:
     /// three attempts of at most 500 ms). True when the window is known unbound afterwards. If
-    /// the device refused every attempt, the window is marked unbound anyway (so nothing ever
-    /// posts a second invalidate for it) and a warning says the QP's destruction may stall.
+    /// the device refused every attempt, the window is deallocated instead; only if that fails
+    /// too is it marked unbound (so nothing posts a second invalidate) with a warning that the
+    /// QP's destruction may stall.
     fn invalidate_for_teardown(&mut self, index: u32) -> bool {
-        for _attempt in 0..3 {
+        let attempts = if self.fail_teardown_invalidation { 0 } else { 3 };
+        for _attempt in 0..attempts {
             let Some(m) = self.mws.get(&index) else { return true };
             let Some(b) = m.bound else { return true };
             let rkey = m.rkey;
@@ -561,13 +632,46 @@ impl VerbsBackend {
                 }
             }
         }
-        let Some(m) = self.mws.get_mut(&index) else { return true };
-        let Some(b) = m.bound.take() else { return true };
-        eprintln!(
-            "omw-verbs: window {:#010x} could not be invalidated; destroying QP {} may stall (rxe: ~51 s)",
-            m.rkey.0, b.qpn
-        );
+        let Some(m) = self.mws.get(&index) else { return true };
+        let Some(b) = m.bound else { return true };
+        let (mw, rkey) = (m.mw, m.rkey);
+        // Fall back to deallocating the window: that revokes a bound window (mlx5 destroys its
+        // mkey; rxe's rxe_mw_cleanup drops the QP and MR references and invalidates it), so no
+        // bound window outlives its QP. The window is gone for good: a later bind of it fails
+        // (UnknownMw), which fails that lap, not the MN.
+        // SAFETY: mw is a live window of this backend; it leaves the table below, so it is
+        // deallocated exactly once and never posted again.
+        let rc = unsafe { ibv_dealloc_mw(mw) };
+        if rc == 0 {
+            self.mws.remove(&index);
+            self.lost_windows.push(rkey);
+            crate::log::log("omw_verbs::backend", "omw-verbs", crate::log::Level::Warn, &format!(
+                "window {:#010x} could not be invalidated on QP {}; deallocated it instead (its group cannot be bound again until restart)",
+                rkey.0, b.qpn
+            ));
+            return true;
+        }
+        if let Some(m) = self.mws.get_mut(&index) {
+            m.bound = None;
+        }
+        crate::log::log("omw_verbs::backend", "omw-verbs", crate::log::Level::Warn, &format!(
+            "window {:#010x} could neither be invalidated nor deallocated (errno {rc}); destroying QP {} may stall (rxe: ~51 s)",
+            rkey.0, b.qpn
+        ));
         false
+    }
+
+    /// For the device tests: make every teardown invalidation count as failed, so the
+    /// deallocation fallback runs (a device that refuses LOCAL_INV cannot be had on demand).
+    #[doc(hidden)]
+    pub fn fail_teardown_invalidation_for_tests(&mut self) {
+        self.fail_teardown_invalidation = true;
+    }
+
+    /// Windows deallocated because they could not be invalidated at teardown (a QP's
+    /// destruction or the backend's drop), with their last keys.
+    pub fn lost_windows(&self) -> &[Rkey] {
+        &self.lost_windows
     }
 
     /// Post a signaled zero-length SEND on `q` (in ERR: it is flushed, never transmitted).
@@ -1159,7 +1263,7 @@ impl RdmaBackend for VerbsBackend {
                     while ibv_poll_cq(cq, 1, &mut wc) > 0 {}
                 }
             }
-            Self::modify_to_init(raw, self.ctx.port)?;
+            Self::modify_to_init(raw, self.ctx.port_attr.port)?;
             self.modify_to_rts(raw, dest)?;
             if let Some(e) = self.qps.get_mut(&q) {
                 e.pending.clear();
@@ -1196,7 +1300,11 @@ impl RdmaBackend for VerbsBackend {
                     r.rlim_cur
                 };
                 if limit != libc::RLIM_INFINITY {
-                    return Err(VerbsError::MemlockTooLow { limit, need: len });
+                    return Err(VerbsError::MemlockTooLow {
+                        limit,
+                        need: crate::memlock::MemlockNeed::bytes(len),
+                        cap_ipc_lock: crate::memlock::cap_ipc_lock(),
+                    });
                 }
             }
             return Err(VerbsError::Call { call: "ibv_reg_mr", errno: e });

@@ -98,6 +98,20 @@ pub struct CmEvent {
     pub id: CmId,
     pub status: i32,
     pub private_data: Vec<u8>,
+    /// The remote QP number rdma_cm negotiated (`param.conn.qp_num`): the requester's QP on a
+    /// connect request, the responder's on the active side's ESTABLISHED; None otherwise.
+    pub remote_qpn: Option<Qpn>,
+}
+
+/// A connection the CN side set up ([`VerbsBackend::connect`]).
+#[derive(Clone, Debug)]
+pub struct Connected {
+    /// The local QP.
+    pub qp: Qpn,
+    /// The MN's QP at the other end, as rdma_cm negotiated it.
+    pub remote_qpn: Option<Qpn>,
+    /// The accept's private data.
+    pub private_data: Vec<u8>,
 }
 
 fn sockaddr(addr: SocketAddr) -> Result<libc::sockaddr_in> {
@@ -181,8 +195,17 @@ impl VerbsBackend {
         Ok(())
     }
 
-    /// Next rdma_cm event, waiting at most `timeout` (zero: do not wait).
+    /// Next rdma_cm event, waiting at most `timeout` (zero: do not wait). Events read earlier
+    /// while a connect waited for its own come first, in the order they arrived.
     pub fn poll_cm(&mut self, timeout: Duration) -> Result<Option<CmEvent>> {
+        if let Some(ev) = self.cm_backlog.pop_front() {
+            return Ok(Some(ev));
+        }
+        self.read_cm_event(timeout)
+    }
+
+    /// Read one event from the channel (not the backlog).
+    fn read_cm_event(&mut self, timeout: Duration) -> Result<Option<CmEvent>> {
         let ch = self.channel()?;
         // SAFETY: ch is live; pollfd is plain data.
         unsafe {
@@ -224,7 +247,13 @@ impl VerbsBackend {
                 // a new id, ours until accepted (then its QP owns it) or rejected
                 self.cm_requests.push(e.id);
             }
-            let out = CmEvent { kind, id: CmId(e.id), status: e.status, private_data };
+            let remote_qpn = match kind {
+                CmEventKind::ConnectRequest | CmEventKind::Established => {
+                    Qpn::new(conn.qp_num).ok().filter(|q| q.get() != 0)
+                }
+                _ => None,
+            };
+            let out = CmEvent { kind, id: CmId(e.id), status: e.status, private_data, remote_qpn };
             rdma_ack_cm_event(ev);
             Ok(Some(out))
         }
@@ -276,6 +305,7 @@ impl VerbsBackend {
             let _ = omw_core::backend::RdmaBackend::destroy_qp(self, q);
             return Err(e);
         }
+        self.short_rnr_timer(q);
         Ok(q)
     }
 
@@ -301,8 +331,15 @@ impl VerbsBackend {
                     detail: format!("timed out waiting for {want:?}"),
                 });
             }
-            let Some(ev) = self.poll_cm(left.min(Duration::from_millis(100)))? else { continue };
+            let ev = match self.cm_backlog.iter().position(|e| e.id.0 == id) {
+                Some(i) => self.cm_backlog.remove(i),
+                None => self.read_cm_event(left.min(Duration::from_millis(100)))?,
+            };
+            let Some(ev) = ev else { continue };
             if ev.id.0 != id {
+                // another id's event (a connection request, another connect): keep it for
+                // poll_cm instead of dropping it
+                self.cm_backlog.push_back(ev);
                 continue;
             }
             if ev.kind == want {
@@ -363,14 +400,14 @@ impl VerbsBackend {
     }
 
     /// CN side: connect to the MN with `hello`; `prepare` posts receives before the connect.
-    /// Returns the QP and the accept's private data.
+    /// Returns the QP, the MN's QP number and the accept's private data.
     pub fn connect(
         &mut self,
         addr: SocketAddr,
         hello: &Hello,
         timeout: Duration,
         prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
-    ) -> Result<(Qpn, Vec<u8>)> {
+    ) -> Result<Connected> {
         let deadline = Instant::now() + timeout;
         let id = Self::resolve(self, addr, deadline)?;
         let q = self.create_cm_qp(id)?;
@@ -396,7 +433,18 @@ impl VerbsBackend {
             });
         }
         let ev = self.wait_event_for(id, CmEventKind::Established, &addr.to_string(), deadline)?;
-        Ok((q, ev.private_data))
+        // the QP's own attributes say the same where the event did not carry it
+        let remote_qpn = ev.remote_qpn.or_else(|| self.dest_qpn(q));
+        self.short_rnr_timer(q);
+        Ok(Connected { qp: q, remote_qpn, private_data: ev.private_data })
+    }
+
+    /// rdma_cm leaves the responder's RNR timer at its longest (see
+    /// [`VerbsBackend::set_min_rnr_timer`]); a device that refuses the change keeps it.
+    fn short_rnr_timer(&mut self, q: Qpn) {
+        if let Err(e) = self.set_min_rnr_timer(q, 12) {
+            crate::log::log("omw_verbs::cm", "omw-verbs", crate::log::Level::Warn, &format!("QP {q}: {e}"));
+        }
     }
 
     /// The QP created for an rdma_cm id, if any.

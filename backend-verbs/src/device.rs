@@ -4,7 +4,8 @@
 //! backend allocates belongs to the very context rdma_cm hands out in `cm_id->verbs` (an
 //! `rdma_create_qp` with a PD of another context is refused).
 
-use crate::error::{human, Result, VerbsError};
+use crate::error::{Result, VerbsError};
+use crate::port::{choose_gid, pick_device, Candidate, GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortState};
 use omw_core::backend::Capabilities;
 use rdma_sys::*;
 use std::ffi::CStr;
@@ -58,9 +59,10 @@ pub(crate) struct Context {
     /// was opened with `ibv_open_device` (closed on drop).
     cm_list: *mut *mut ibv_context,
     pub info: DeviceInfo,
-    pub port: u8,
-    pub gid_index: u8,
-    pub gid: ibv_gid,
+    /// The port in use and its attributes (queried when the context is opened).
+    pub port_attr: PortAttr,
+    /// The source GID of raw QPs.
+    pub gid: GidEntry,
 }
 
 fn dev_name(d: *mut ibv_device) -> String {
@@ -128,71 +130,126 @@ fn query_info(ctx: *mut ibv_context, name: String) -> Result<DeviceInfo> {
     })
 }
 
-/// The GID index raw (non-rdma_cm) connections use: `OMW_GID_INDEX` if set, else the first
-/// IPv4-mapped RoCE GID (soft-RoCE: index 1; index 0 is link-local and fails to reach RTR),
-/// else 0.
-fn pick_gid(ctx: *mut ibv_context, port: u8) -> Result<(u8, ibv_gid)> {
-    let forced = std::env::var("OMW_GID_INDEX").ok().and_then(|v| v.parse::<u8>().ok());
-    // SAFETY: ibv_gid is plain bytes; ibv_query_gid fills it for a valid index and returns
-    // non-zero otherwise.
-    unsafe {
-        let mut gid: ibv_gid = std::mem::zeroed();
-        if let Some(i) = forced {
-            let rc = ibv_query_gid(ctx, port, i as i32, &mut gid);
-            if rc != 0 {
-                return Err(VerbsError::rc("ibv_query_gid", rc));
-            }
-            return Ok((i, gid));
+extern "C" {
+    /// `ibv_query_gid_ex` is a static inline in `verbs.h` that passes `sizeof(*entry)` to this
+    /// exported symbol (libibverbs `IBVERBS_1.11`, rdma-core ≥ v32; not in the bindings).
+    fn _ibv_query_gid_ex(
+        context: *mut ibv_context,
+        port_num: u32,
+        gid_index: u32,
+        entry: *mut ibv_gid_entry,
+        flags: u32,
+        entry_size: usize,
+    ) -> libc::c_int;
+}
+
+fn query_port(ctx: *mut ibv_context, port: u8) -> Result<PortAttr> {
+    // SAFETY: ctx is an open context; ibv_port_attr is plain data the call fills (the
+    // provider's query_port is given its size).
+    let a = unsafe {
+        let mut a: ibv_port_attr = std::mem::zeroed();
+        let rc = ___ibv_query_port(ctx, port, &mut a);
+        if rc != 0 {
+            return Err(VerbsError::rc("ibv_query_port", rc));
         }
-        let mut first: Option<(u8, ibv_gid)> = None;
-        for i in 0..16u8 {
-            if ibv_query_gid(ctx, port, i as i32, &mut gid) != 0 {
-                break;
-            }
-            let raw = gid.raw;
-            if raw.iter().all(|b| *b == 0) {
-                continue;
-            }
-            if raw[..10].iter().all(|b| *b == 0) && raw[10] == 0xff && raw[11] == 0xff {
-                return Ok((i, gid));
-            }
-            if first.is_none() {
-                first = Some((i, gid));
-            }
+        a
+    };
+    Ok(PortAttr {
+        port,
+        state: PortState::from_raw(a.state),
+        link_layer: LinkLayer::from_raw(a.link_layer),
+        lid: a.lid,
+        active_mtu: Mtu::from_raw(a.active_mtu),
+        gid_table_len: a.gid_tbl_len.max(0) as u32,
+    })
+}
+
+/// The port's GID table with each entry's type: `ibv_query_gid_ex`, or where the provider
+/// refuses it, `ibv_query_gid` and the sysfs type file. Empty entries are left out.
+fn gid_table(ctx: *mut ibv_context, dev: &str, port: &PortAttr) -> Vec<GidEntry> {
+    let mut out = Vec::new();
+    for i in 0..port.gid_table_len.min(256) {
+        // SAFETY: ibv_gid_entry is plain data; the call writes at most `entry_size` bytes.
+        let (rc, e) = unsafe {
+            let mut e: ibv_gid_entry = std::mem::zeroed();
+            let rc = _ibv_query_gid_ex(ctx, port.port as u32, i, &mut e, 0, std::mem::size_of::<ibv_gid_entry>());
+            (rc, e)
+        };
+        let entry = if rc == 0 {
+            // SAFETY: ibv_gid is a union of plain bytes; raw covers all 16.
+            Some(GidEntry { index: i as u8, gid: unsafe { e.gid.raw }, gid_type: GidType::from_raw(e.gid_type) })
+        } else if rc == libc::ENODATA || rc == -libc::ENODATA {
+            None // an empty slot
+        } else {
+            // SAFETY: ibv_gid is plain bytes; ibv_query_gid fills it for a valid index.
+            let raw = unsafe {
+                let mut g: ibv_gid = std::mem::zeroed();
+                let ok = ibv_query_gid(ctx, port.port, i as i32, &mut g) == 0;
+                ok.then_some(g.raw)
+            };
+            raw.map(|gid| {
+                let p = format!("/sys/class/infiniband/{dev}/ports/{}/gid_attrs/types/{i}", port.port);
+                let t =
+                    std::fs::read_to_string(p).map_or(GidType::Unknown, |s| GidType::from_sysfs(&s, port.link_layer));
+                GidEntry { index: i as u8, gid, gid_type: t }
+            })
+        };
+        if let Some(e) = entry.filter(|e| !e.is_zero()) {
+            out.push(e);
         }
-        first.ok_or(VerbsError::Call { call: "ibv_query_gid (no usable GID)", errno: libc::ENODEV })
+    }
+    out
+}
+
+/// Which device, port and GID to open (`--device`, `--gid-index`).
+#[derive(Clone, Debug, Default)]
+pub struct DeviceChoice {
+    pub device: Option<String>,
+    /// Source GID of raw QPs (perftest's `-x`); default: [`choose_gid`]. The `OMW_GID_INDEX`
+    /// environment variable is read when this is None.
+    pub gid_index: Option<u8>,
+}
+
+impl DeviceChoice {
+    pub fn named(device: Option<&str>) -> Self {
+        DeviceChoice { device: device.map(str::to_string), gid_index: None }
+    }
+    fn forced_gid(&self) -> Option<u8> {
+        self.gid_index.or_else(|| std::env::var("OMW_GID_INDEX").ok().and_then(|v| v.parse::<u8>().ok()))
     }
 }
 
 impl Context {
-    /// Open `name`, or the first device with type-2 windows when `name` is None.
-    pub fn open(name: Option<&str>, require_mw: bool) -> Result<Context> {
+    /// Open the device `choice` names, or the first with an ACTIVE port (preferring one whose
+    /// attributes advertise type-2 windows; whether they work is the probe's to say), on its
+    /// first ACTIVE port, with the GID [`choose_gid`] picks.
+    pub fn open(choice: &DeviceChoice) -> Result<Context> {
         let names = device_names()?;
-        let chosen = match name {
-            Some(n) => {
-                if !names.iter().any(|x| x == n) {
-                    return Err(VerbsError::DeviceNotFound { name: n.into(), available: names });
-                }
-                n.to_string()
+        if let Some(n) = &choice.device {
+            if !names.iter().any(|x| x == n) {
+                return Err(VerbsError::DeviceNotFound { name: n.clone(), available: names });
             }
-            None => {
-                // open each in turn and take the first with type-2 windows
-                let mut found = None;
-                for n in &names {
-                    if let Ok(c) = Self::open_exact(n) {
-                        if c.info.mw_type2 || !require_mw {
-                            found = Some(c);
-                            break;
-                        }
-                    }
-                }
-                return found.ok_or_else(|| VerbsError::NoMwType2 { device: names.join(", ") });
-            }
-        };
-        let c = Self::open_exact(&chosen)?;
-        if require_mw && !c.info.mw_type2 {
-            return Err(VerbsError::NoMwType2 { device: chosen });
         }
+        let mut opened = Vec::new();
+        let mut cands = Vec::new();
+        for n in names.iter().filter(|n| choice.device.as_ref().is_none_or(|d| d == *n)) {
+            let c = match Self::open_exact(n) {
+                Ok(c) => c,
+                Err(e) if choice.device.is_some() => return Err(e),
+                Err(_) => continue,
+            };
+            let ports = (1..=c.info.phys_port_cnt.max(1))
+                .map(|p| (p, query_port(c.ctx, p).map_or(PortState::Other(u32::MAX), |a| a.state)))
+                .collect();
+            cands.push(Candidate { name: n.clone(), mw_type2_flag: c.info.mw_type2, ports });
+            opened.push(c);
+        }
+        let (i, port) = pick_device(&cands, choice.device.as_deref()).map_err(VerbsError::Port)?;
+        let mut c = opened.swap_remove(i);
+        drop(opened);
+        c.port_attr = query_port(c.ctx, port)?;
+        let table = gid_table(c.ctx, &c.info.name, &c.port_attr);
+        c.gid = choose_gid(&c.port_attr, &table, choice.forced_gid()).map_err(VerbsError::Port)?;
         Ok(c)
     }
 
@@ -254,14 +311,17 @@ impl Context {
                     phys_port_cnt: 1,
                     vendor_id: 0,
                 },
-                port: 1,
-                gid_index: 0,
-                gid: std::mem::zeroed(),
+                port_attr: PortAttr {
+                    port: 1,
+                    state: PortState::Other(u32::MAX),
+                    link_layer: LinkLayer::Unspecified,
+                    lid: 0,
+                    active_mtu: None,
+                    gid_table_len: 0,
+                },
+                gid: GidEntry { index: 0, gid: [0; 16], gid_type: GidType::Unknown },
             };
             c.info = query_info(ctx, name.into())?;
-            let (gi, gid) = pick_gid(ctx, c.port)?;
-            c.gid_index = gi;
-            c.gid = gid;
             Ok(c)
         }
     }
@@ -278,43 +338,5 @@ impl Drop for Context {
                 ibv_close_device(self.ctx);
             }
         }
-    }
-}
-
-/// Make sure `need` bytes can be pinned: raise the soft RLIMIT_MEMLOCK to the hard limit if
-/// that suffices, else a [`VerbsError::MemlockTooLow`] that says how to raise it. Processes with
-/// CAP_IPC_LOCK (root) are not limited.
-pub fn ensure_memlock(need: u64) -> Result<()> {
-    // SAFETY: getrlimit/setrlimit/geteuid only read and write the rlimit struct passed.
-    unsafe {
-        if libc::geteuid() == 0 {
-            return Ok(());
-        }
-        let mut r: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) != 0 {
-            return Ok(()); // cannot tell; registration will report what it hits
-        }
-        if r.rlim_cur == libc::RLIM_INFINITY || r.rlim_cur >= need {
-            return Ok(());
-        }
-        if r.rlim_max == libc::RLIM_INFINITY || r.rlim_max >= need {
-            let want = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &want) == 0 {
-                return Ok(());
-            }
-        }
-        Err(VerbsError::MemlockTooLow { limit: r.rlim_cur, need })
-    }
-}
-
-/// The current soft memlock limit, for reports.
-pub fn memlock_limit() -> String {
-    // SAFETY: getrlimit writes only into `r`.
-    unsafe {
-        let mut r: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) != 0 {
-            return "unknown".into();
-        }
-        human(r.rlim_cur)
     }
 }

@@ -13,8 +13,17 @@ pub enum VerbsError {
     DeviceNotFound { name: String, available: Vec<String> },
     /// The device cannot allocate type-2 memory windows.
     NoMwType2 { device: String },
-    /// RLIMIT_MEMLOCK is below what registering the pool needs.
-    MemlockTooLow { limit: u64, need: u64 },
+    /// RLIMIT_MEMLOCK is below what the configuration pins, and CAP_IPC_LOCK is not in effect
+    /// (None: /proc did not say).
+    MemlockTooLow { limit: u64, need: crate::memlock::MemlockNeed, cap_ipc_lock: Option<bool> },
+    /// The port or GID cannot serve (state, LID, GID table, `--gid-index`).
+    Port(crate::port::PortError),
+    /// The MN's free queue is empty (answered to this very request).
+    PoolEmpty,
+    /// This CN holds its quota of chunks (`omw mn --quota`; 0 there means the whole pool).
+    QuotaExceeded,
+    /// Every staging slot for asynchronous operations is in use: collect some first.
+    TooManyInFlight { max: usize },
     /// The rdma_cm listen address is taken by another listener.
     AddressInUse { addr: String },
     /// The listen address does not belong to an RDMA device.
@@ -88,12 +97,38 @@ impl fmt::Display for VerbsError {
                 f,
                 "device {device} does not support type-2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B), which omw needs"
             ),
-            VerbsError::MemlockTooLow { limit, need } => write!(
+            VerbsError::MemlockTooLow { limit, need, cap_ipc_lock } => {
+                write!(
+                    f,
+                    "locked-memory limit too low: RLIMIT_MEMLOCK is {} but this configuration pins about {} (",
+                    human(*limit),
+                    approx(need.total())
+                )?;
+                if need.metadata > 0 {
+                    write!(f, "pool {}, metadata {}", human(need.registered), approx(need.metadata))?;
+                } else {
+                    write!(f, "buffers {}", human(need.registered))?;
+                }
+                if need.qps > 0 {
+                    write!(f, ", {} QPs with their CQs × {}", need.qps, human(crate::memlock::PINNED_PER_QP))?;
+                }
+                f.write_str(")")?;
+                match cap_ipc_lock {
+                    Some(false) => f.write_str(", and the process lacks CAP_IPC_LOCK (as root in a container: `--cap-add IPC_LOCK`)")?,
+                    None => f.write_str(" (CAP_IPC_LOCK: unknown)")?,
+                    Some(true) => {}
+                }
+                f.write_str(". Raise the limit with `ulimit -l unlimited` (as root), a `memlock` line in /etc/security/limits.conf, LimitMEMLOCK=infinity in a systemd unit, or `docker run --ulimit memlock=-1`; or run with fewer --max-cns / a smaller --pool-size")
+            }
+            VerbsError::Port(e) => write!(f, "{e}"),
+            VerbsError::PoolEmpty => f.write_str("the memory node's free queue is empty (every chunk is allocated)"),
+            VerbsError::TooManyInFlight { max } => write!(
                 f,
-                "locked-memory limit too low: RLIMIT_MEMLOCK is {} but registering the pool needs {}. Raise it with `ulimit -l unlimited` (as root), a `memlock` line in /etc/security/limits.conf, or LimitMEMLOCK=infinity for a systemd unit",
-                human(*limit),
-                human(*need)
+                "{max} asynchronous operations are in flight already: collect completions (poll_ops/wait_ops) first"
             ),
+            VerbsError::QuotaExceeded => {
+                f.write_str("this CN holds its quota of chunks (the MN's --quota; by default the whole pool)")
+            }
             VerbsError::AddressInUse { addr } => {
                 write!(f, "address {addr} is already in use by another rdma_cm listener")
             }
@@ -130,7 +165,29 @@ impl fmt::Display for VerbsError {
     }
 }
 
-impl std::error::Error for VerbsError {}
+impl std::error::Error for VerbsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            VerbsError::Port(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes to one decimal in the largest unit that fits (for figures that are estimates).
+pub(crate) fn approx(b: u64) -> String {
+    const K: f64 = 1024.0;
+    let x = b as f64;
+    if x >= K * K * K {
+        format!("{:.1} GiB", x / (K * K * K))
+    } else if x >= K * K {
+        format!("{:.1} MiB", x / (K * K))
+    } else if x >= K {
+        format!("{:.1} KiB", x / K)
+    } else {
+        format!("{b} B")
+    }
+}
 
 pub(crate) fn human(b: u64) -> String {
     if b == u64::MAX || b == libc::RLIM_INFINITY {
@@ -149,3 +206,23 @@ pub(crate) fn human(b: u64) -> String {
 }
 
 pub type Result<T, E = VerbsError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memlock::MemlockNeed;
+
+    #[test]
+    fn memlock_message_says_what_and_how() {
+        let need = MemlockNeed::mn(64 << 20, 933_904, 16, 3);
+        let e = VerbsError::MemlockTooLow { limit: 1 << 20, need, cap_ipc_lock: Some(false) };
+        let m = e.to_string();
+        assert!(m.contains("RLIMIT_MEMLOCK is 1 MiB"), "{m}");
+        assert!(m.contains("about 74.1 MiB (pool 64 MiB, metadata 912.0 KiB, 66 QPs"), "{m}");
+        assert!(m.contains("lacks CAP_IPC_LOCK") && m.contains("LimitMEMLOCK=infinity"), "{m}");
+        let e = VerbsError::MemlockTooLow { limit: 0, need: MemlockNeed::bytes(4096), cap_ipc_lock: Some(true) };
+        assert!(!e.to_string().contains("lacks"), "{e}");
+        assert_eq!(approx(512), "512 B");
+        assert_eq!(approx(3 << 30), "3.0 GiB");
+    }
+}

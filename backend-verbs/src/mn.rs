@@ -7,8 +7,11 @@
 
 use crate::backend::{VerbsBackend, SEND_DEPTH};
 use crate::cm::{welcome, CmEvent, CmEventKind, CmId, Hello, Role};
-use crate::device::{ensure_memlock, memlock_limit};
+use crate::device::DeviceChoice;
 use crate::error::{human, Result, VerbsError};
+use crate::log::Level;
+use crate::memlock::{ensure_memlock, memlock_limit, MemlockNeed};
+use crate::metrics::{MetricsServer, MnCounters};
 use crate::probe::{self, ProbeReport};
 use omw_core::backend::{ExecutionMode, RdmaBackend};
 use omw_core::geometry::PoolGeometry;
@@ -26,6 +29,8 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct MnOptions {
     pub device: Option<String>,
+    /// Source GID of the MN's raw QPs (probe, admin pair); None: chosen by type.
+    pub gid_index: Option<u8>,
     pub listen: SocketAddr,
     pub pool_size: u64,
     pub chunk_size: u64,
@@ -39,6 +44,10 @@ pub struct MnOptions {
     pub stats_every: Duration,
     /// Zero every chunk between owners (default on; `--no-scrub` turns it off).
     pub scrub: bool,
+    /// Serve the counters in the Prometheus text format on this address (`GET /metrics`).
+    pub metrics: Option<SocketAddr>,
+    /// Print the counters as one JSON object per line on stdout at every statistics interval.
+    pub stats_json: bool,
 }
 
 /// How chunks are kept apart on this device.
@@ -87,6 +96,10 @@ pub struct MemoryNodeDaemon {
     last_stats: Instant,
     last_counts: (u64, u64, MnStats),
     idle: u32,
+    /// Allocations and frees of CNs that left (so the exported counters stay monotonic).
+    departed: (u64, u64),
+    metrics: Option<MetricsServer>,
+    last_publish: Instant,
 }
 
 impl std::fmt::Debug for MemoryNodeDaemon {
@@ -101,11 +114,14 @@ fn plan_err(e: omw_core::mn_plan::PlanError<VerbsError>) -> VerbsError {
         other => VerbsError::Config(other.to_string()),
     }
 }
+const TARGET: &str = "omw_verbs::mn";
 
 fn log(msg: impl AsRef<str>) {
-    // wall-clock seconds (mod 10⁴) with milliseconds, to line up with the CNs' and tests' logs
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    eprintln!("omw mn: [{:04}.{:03}] {}", t.as_secs() % 10_000, t.subsec_millis(), msg.as_ref());
+    crate::log::log(TARGET, "omw mn", Level::Info, msg.as_ref());
+}
+
+fn debug_enabled() -> bool {
+    crate::log::enabled(TARGET, Level::Debug) || std::env::var_os("OMW_DEBUG").is_some()
 }
 
 impl MemoryNodeDaemon {
@@ -121,8 +137,17 @@ impl MemoryNodeDaemon {
         if chunks > u32::MAX as u64 {
             return Err(VerbsError::Config("too many chunks".into()));
         }
+        // ---- can this configuration pin what it needs? (before the probe pins anything; a
+        // missing device is the more basic error)
+        crate::device::device_names()?;
+        let max_cns = opts.max_cns.clamp(1, omw_core::mn::MAX_CNS as u32);
+        let sizing = PoolGeometry::new(opts.chunk_size, opts.chunk_size, chunks as u32, opts.group_size)
+            .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
+        let meta_need = MnMemoryMap::len_for(&sizing, max_cns);
+        ensure_memlock(MemlockNeed::mn(opts.pool_size, meta_need, max_cns, opts.group_size))?;
         // ---- what does the device really do?
-        let report = probe::run(opts.device.as_deref())?;
+        let choice = DeviceChoice { device: opts.device.clone(), gid_index: opts.gid_index };
+        let report = probe::run_choice(&choice)?;
         log(format!("{report}"));
         if report.basic_failed {
             return Err(VerbsError::Insecure(format!(
@@ -155,14 +180,12 @@ impl MemoryNodeDaemon {
         let software_ownership_check = plan.software_ownership_check;
 
         // ---- memory
-        let mut b = VerbsBackend::open(Some(&report.device))?;
+        let mut b = VerbsBackend::open_choice(&DeviceChoice { device: Some(report.device.clone()), ..choice })?;
         b.set_probed(caps);
-        let max_cns = opts.max_cns.clamp(1, omw_core::mn::MAX_CNS as u32);
         let pool = b.alloc_region(opts.pool_size, opts.chunk_size)?;
         let geometry = PoolGeometry::new(pool, opts.chunk_size, chunks as u32, opts.group_size)
             .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
         let meta_len = MnMemoryMap::len_for(&geometry, max_cns);
-        ensure_memlock(opts.pool_size + meta_len + (1 << 20))?;
         let meta = b.alloc_region(meta_len, MnMemoryMap::required_alignment(&geometry, max_cns))?;
         let map = MnMemoryMap::new(geometry, max_cns, meta)
             .ok_or_else(|| VerbsError::Config("metadata region misaligned".into()))?;
@@ -213,6 +236,14 @@ impl MemoryNodeDaemon {
             }
         ));
         log(format!("listening on {} (rdma_cm)", opts.listen));
+        let metrics = match opts.metrics {
+            Some(a) => {
+                let m = MetricsServer::start(a).map_err(|e| VerbsError::Config(format!("--metrics {a}: {e}")))?;
+                log(format!("metrics: http://{}/metrics (Prometheus text format)", m.addr));
+                Some(m)
+            }
+            None => None,
+        };
         let now = Instant::now();
         Ok(MemoryNodeDaemon {
             driver,
@@ -227,6 +258,9 @@ impl MemoryNodeDaemon {
             last_stats: now,
             last_counts: (0, 0, MnStats::default()),
             idle: 0,
+            departed: (0, 0),
+            metrics,
+            last_publish: now,
         })
     }
 
@@ -264,8 +298,47 @@ impl MemoryNodeDaemon {
         if !self.opts.stats_every.is_zero() && self.last_stats.elapsed() >= self.opts.stats_every {
             self.driver.handle(now, Event::Tick).map_err(|e| VerbsError::Protocol(format!("MN driver: {e}")))?;
             self.print_stats();
+            if self.opts.stats_json {
+                println!("{}", self.counters().json());
+            }
+        }
+        if self.metrics.is_some() && self.last_publish.elapsed() >= Duration::from_millis(100) {
+            self.last_publish = Instant::now();
+            let c = self.counters();
+            if let Some(m) = &self.metrics {
+                m.publish(c);
+            }
         }
         Ok(busy)
+    }
+
+    /// The counters `--metrics` and `--stats-json` export.
+    pub fn counters(&self) -> MnCounters {
+        let (a, f) = self.driver.mn.cns().fold(self.departed, |(a, f), r| (a + r.allocs, f + r.frees));
+        let map = self.driver.mn.map();
+        let q = map.queue;
+        let word = |addr: u64| {
+            let mut b = [0u8; 8];
+            self.driver.backend.read_local(addr, &mut b).map(|_| u64::from_le_bytes(b)).unwrap_or(0)
+        };
+        let s = self.driver.mn.stats();
+        MnCounters {
+            uptime_ms: self.t0.elapsed().as_millis() as u64,
+            cns: self.driver.mn.cns().count() as u64,
+            free_chunks: q.live_len(word(q.head), word(q.tail), map.max_cns) as u64,
+            chunks: map.geometry.chunk_count() as u64,
+            allocs: a,
+            frees: f,
+            empty_notices: s.empty_notices,
+            available_notices: s.available_notices,
+            groups_reclaimed: s.groups_reclaimed,
+            forged_frees: s.forged_frees,
+            quota_disconnects: s.quota_disconnects,
+            chunks_scrubbed: s.chunks_scrubbed,
+            laps: self.driver.stats.laps,
+            laps_failed: self.driver.stats.laps_failed,
+            lost_windows: self.driver.backend.lost_windows().len() as u64,
+        }
     }
 
     fn print_stats(&mut self) {
@@ -365,7 +438,7 @@ impl MemoryNodeDaemon {
                                 s.cn = Some(cn);
                             }
                             log(format!("{cn} connected (session {nonce:#x}, {} QPs)", 2 + self.opts.group_size - 1));
-                            if std::env::var_os("OMW_DEBUG").is_some() {
+                            if debug_enabled() {
                                 let aq = self.sessions.get(&nonce).and_then(|s| s.alloc).unwrap_or_default();
                                 let mut buf = [omw_core::backend::Completion::EMPTY; 4];
                                 let t = Instant::now();
@@ -391,6 +464,10 @@ impl MemoryNodeDaemon {
                 let Some(nonce) = self.by_id.get(&ev.id).copied() else { return Ok(()) };
                 let cn = self.sessions.get(&nonce).and_then(|s| s.cn);
                 if let Some(cn) = cn {
+                    if let Some(r) = self.driver.mn.cn(cn) {
+                        self.departed.0 += r.allocs;
+                        self.departed.1 += r.frees;
+                    }
                     let before = self.driver.mn.stats().groups_reclaimed;
                     let now = self.now();
                     self.driver

@@ -50,6 +50,9 @@ pub struct ProbeReport {
     pub stale_rkey_accepted: bool,
     /// Basic bind/access through the bound QP failed: windows are unusable.
     pub basic_failed: bool,
+    /// The port the probe ran on and the source GID of its QPs.
+    pub port: crate::port::PortAttr,
+    pub gid: crate::port::GidEntry,
 }
 
 impl ProbeReport {
@@ -61,6 +64,26 @@ impl ProbeReport {
 impl fmt::Display for ProbeReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "memory-window probe of {}", self.device)?;
+        let p = &self.port;
+        writeln!(
+            f,
+            "  port {}: {:?}, {:?}, LID {}, active MTU {}; raw QPs use GID index {} ({:?}{})",
+            p.port,
+            p.link_layer,
+            p.state,
+            p.lid,
+            p.active_mtu.map_or(0, |m| m.bytes()),
+            self.gid.index,
+            self.gid.gid_type,
+            if self.gid.is_ipv4_mapped() {
+                format!(
+                    ", {}",
+                    std::net::Ipv4Addr::new(self.gid.gid[12], self.gid.gid[13], self.gid.gid[14], self.gid.gid[15])
+                )
+            } else {
+                String::new()
+            }
+        )?;
         writeln!(f, "  declared by the device: {:?}", self.declared)?;
         for c in &self.checks {
             let got = c.got.map(|s| s.as_str().to_string()).unwrap_or_else(|| "not run".into());
@@ -110,9 +133,15 @@ impl Ctx {
     }
 }
 
-/// Run every check on `device` (or the first device with type-2 windows).
+/// Run every check on `device` (or the device [`VerbsBackend::open`] picks).
 pub fn run(device: Option<&str>) -> Result<ProbeReport> {
-    let mut b = VerbsBackend::open(device)?;
+    run_choice(&crate::device::DeviceChoice::named(device))
+}
+
+/// Run every check on the device, port and GID `choice` selects.
+pub fn run_choice(choice: &crate::device::DeviceChoice) -> Result<ProbeReport> {
+    let mut b = VerbsBackend::open_choice(choice)?;
+    let (port, gid) = (b.port_attr(), b.gid());
     let declared = b.capabilities();
     let own = b.alloc_region(BUF, 4096)?;
     let req = b.alloc_region(BUF, 4096)?;
@@ -246,5 +275,14 @@ pub fn run(device: Option<&str>) -> Result<ProbeReport> {
         }
     }
 
-    Ok(ProbeReport { device, declared, checks, capabilities: caps, stale_rkey_accepted: stale_accepted, basic_failed })
+    Ok(ProbeReport {
+        device,
+        declared,
+        checks,
+        capabilities: caps,
+        stale_rkey_accepted: stale_accepted,
+        basic_failed,
+        port,
+        gid,
+    })
 }

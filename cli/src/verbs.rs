@@ -1,6 +1,9 @@
 //! `omw mn`, `omw cn`, `omw probe`: the verbs-backed programs (libibverbs + rdma_cm).
 //! Argument structs and thin handlers; the work is in the omw-verbs crate.
 
+use omw_kv::exercise::{exercise, ExerciseError};
+use omw_kv::verbs::VerbsCn;
+use omw_kv::KvStore;
 use omw_verbs::cn::CnOptions;
 use omw_verbs::mn::MnOptions;
 use omw_verbs::tool::CnCommand;
@@ -28,7 +31,7 @@ fn size(s: &str) -> Result<u64, String> {
 
 #[derive(clap::Args, Debug)]
 pub struct MnArgs {
-    /// RDMA device (default: the first with type-2 memory windows).
+    /// RDMA device (default: the first with an ACTIVE port, preferring type-2 windows).
     #[arg(long)]
     pub device: Option<String>,
     /// rdma_cm address to listen on (an address of the device's network interface).
@@ -63,6 +66,16 @@ pub struct MnArgs {
     /// where the device, kernel or this build cannot). Default: the host engine.
     #[arg(long, value_enum)]
     pub offload: Option<Offload>,
+    /// Source GID index of the MN's raw QPs (probe, admin pair), as perftest's -x (default: the
+    /// RoCE v2 IPv4 GID, or the port GID on InfiniBand).
+    #[arg(long)]
+    pub gid_index: Option<u8>,
+    /// Serve the counters in the Prometheus text format at http://ADDR/metrics.
+    #[arg(long)]
+    pub metrics: Option<SocketAddr>,
+    /// Print the counters as JSON lines on stdout at every statistics interval.
+    #[arg(long)]
+    pub stats_json: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,13 +124,22 @@ pub enum CnCmd {
     },
     /// Read commands from stdin (alloc, write, read, free, rawread, rawwrite, freeentry, quit).
     Script,
+    /// The example KV store (omw-kv) as a self-checking workload: insert, read back, update,
+    /// delete, shrink, delete the rest — every value compared, every chunk back at the MN.
+    Kv {
+        #[arg(long, default_value_t = 200)]
+        keys: usize,
+    },
 }
 
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
-    /// RDMA device (default: the first with type-2 memory windows).
+    /// RDMA device (default: the first with an ACTIVE port, preferring type-2 windows).
     #[arg(long)]
     pub device: Option<String>,
+    /// Source GID index of the probe's QPs, as perftest's -x.
+    #[arg(long)]
+    pub gid_index: Option<u8>,
 }
 
 fn finish(what: &str, r: Result<(), omw_verbs::VerbsError>) -> ExitCode {
@@ -149,14 +171,54 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         insecure: a.insecure,
         stats_every: Duration::from_millis(a.stats_ms),
         scrub: !a.no_scrub,
+        gid_index: a.gid_index,
+        metrics: a.metrics,
+        stats_json: a.stats_json,
     })
 }
 
 pub fn cn(a: CnArgs) -> ExitCode {
-    finish("cn", run_cn(a))
+    match run_cn(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("omw cn: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
-fn run_cn(a: CnArgs) -> Result<(), omw_verbs::VerbsError> {
+/// What `omw cn` can fail with: the verbs layer, or the KV workload's checks.
+#[derive(Debug)]
+pub enum CnError {
+    Verbs(omw_verbs::VerbsError),
+    Kv(ExerciseError<omw_verbs::VerbsError>),
+}
+
+impl std::fmt::Display for CnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CnError::Verbs(e) => write!(f, "{e}"),
+            CnError::Kv(e) => write!(f, "kv: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CnError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CnError::Verbs(e) => Some(e),
+            CnError::Kv(e) => Some(e),
+        }
+    }
+}
+
+impl From<omw_verbs::VerbsError> for CnError {
+    fn from(e: omw_verbs::VerbsError) -> Self {
+        CnError::Verbs(e)
+    }
+}
+
+fn run_cn(a: CnArgs) -> Result<(), CnError> {
     let o = CnOptions { device: a.device, timeout: Duration::from_secs(a.timeout) };
     let cmd = match a.cmd {
         CnCmd::Alloc { count } => CnCommand::Alloc { count },
@@ -164,12 +226,38 @@ fn run_cn(a: CnArgs) -> Result<(), omw_verbs::VerbsError> {
         CnCmd::Load { ops, bytes } => CnCommand::Load { ops, bytes },
         CnCmd::Bench { iters } => CnCommand::Bench { iters },
         CnCmd::Script => CnCommand::Script,
+        CnCmd::Kv { keys } => return run_kv(a.connect, &o, keys),
     };
-    omw_verbs::tool::run(a.connect, &o, cmd)
+    Ok(omw_verbs::tool::run(a.connect, &o, cmd)?)
+}
+
+/// `omw cn kv`: the omw-kv store against the MN, checked (omw_kv::exercise).
+fn run_kv(addr: SocketAddr, o: &CnOptions, keys: usize) -> Result<(), CnError> {
+    let mut c = omw_verbs::cn::CnClient::connect(addr, o)?;
+    eprintln!("omw cn: connected as {} (chunk {} B)", c.cn, c.info.chunk_size);
+    let t = std::time::Instant::now();
+    let mut kv = KvStore::new(VerbsCn::new(&mut c, 0)).map_err(|e| CnError::Kv(e.into()))?;
+    let r = exercise(&mut kv, keys).map_err(CnError::Kv)?;
+    println!(
+        "kv: {} inserts, {} updates, {} deletes, {} reads checked in {:.3} s; chunks held: {} at peak, {} after deleting 3/4, {} after shrink, 0 at the end ({} taken from the MN, {} returned, {} objects moved)",
+        r.inserted,
+        r.updated,
+        r.deleted,
+        r.reads_checked,
+        t.elapsed().as_secs_f64(),
+        r.peak_chunks,
+        r.sparse_chunks,
+        r.shrunk_chunks,
+        r.stats.chunks_allocated,
+        r.stats.chunks_freed,
+        r.stats.objects_moved
+    );
+    Ok(())
 }
 
 pub fn probe(a: ProbeArgs) -> ExitCode {
-    match omw_verbs::probe::run(a.device.as_deref()) {
+    let choice = omw_verbs::device::DeviceChoice { device: a.device.clone(), gid_index: a.gid_index };
+    match omw_verbs::probe::run_choice(&choice) {
         Ok(r) => {
             println!("{r}");
             let mn = if r.basic_failed || !r.has(omw_core::backend::Capabilities::MW_QP_BINDING_ENFORCED) {
@@ -202,6 +290,40 @@ mod tests {
         assert!(size("3X").is_err());
     }
 
+    #[test]
+    fn operations_flags_parse() {
+        use clap::Parser;
+        #[derive(clap::Parser, Debug)]
+        struct Mn {
+            #[command(flatten)]
+            a: MnArgs,
+        }
+        #[derive(clap::Parser, Debug)]
+        struct Probe {
+            #[command(flatten)]
+            a: ProbeArgs,
+        }
+        let m = Mn::try_parse_from([
+            "mn",
+            "--listen",
+            "10.0.0.1:7471",
+            "--metrics",
+            "10.0.0.1:9464",
+            "--stats-json",
+            "--gid-index",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(m.a.metrics, Some("10.0.0.1:9464".parse().unwrap()));
+        assert!(m.a.stats_json);
+        assert_eq!(m.a.gid_index, Some(3));
+        let d = Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471"]).unwrap();
+        assert_eq!((d.a.metrics, d.a.stats_json, d.a.gid_index), (None, false, None));
+        assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--gid-index", "300"]).is_err());
+        assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--metrics", "nope"]).is_err());
+        assert_eq!(Probe::try_parse_from(["probe", "--gid-index", "1"]).unwrap().a.gid_index, Some(1));
+    }
+
     /// On a host without RDMA (CI, the build machines) the programs fail with a clear,
     /// typed message instead of panicking. Inside the soft-RoCE VM this test is skipped.
     #[test]
@@ -222,6 +344,9 @@ mod tests {
             stats_ms: 0,
             no_scrub: false,
             offload: None,
+            gid_index: None,
+            metrics: None,
+            stats_json: false,
         })
         .unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::NoDevice { .. }), "{e}");
@@ -233,8 +358,16 @@ mod tests {
             cmd: CnCmd::Alloc { count: 1 },
         })
         .unwrap_err();
-        assert!(matches!(e, omw_verbs::VerbsError::NoDevice { .. }), "{e}");
+        assert!(matches!(e, CnError::Verbs(omw_verbs::VerbsError::NoDevice { .. })), "{e}");
         assert!(e.to_string().contains("no RDMA device"), "{e}");
+        let e = run_cn(CnArgs {
+            connect: "127.0.0.1:7471".parse().unwrap(),
+            device: None,
+            timeout: 1,
+            cmd: CnCmd::Kv { keys: 4 },
+        })
+        .unwrap_err();
+        assert!(matches!(e, CnError::Verbs(omw_verbs::VerbsError::NoDevice { .. })), "{e}");
         // and the handlers `omw mn` / `omw cn` / `omw probe` run turn that into a failure exit
         let mn_args = MnArgs {
             device: None,
@@ -248,12 +381,15 @@ mod tests {
             stats_ms: 0,
             no_scrub: false,
             offload: None,
+            gid_index: None,
+            metrics: None,
+            stats_json: false,
         };
         assert_eq!(mn(mn_args), ExitCode::FAILURE);
         let cn_args =
             CnArgs { connect: "127.0.0.1:7471".parse().unwrap(), device: None, timeout: 1, cmd: CnCmd::Script };
         assert_eq!(cn(cn_args), ExitCode::FAILURE);
-        assert_eq!(probe(ProbeArgs { device: None }), ExitCode::FAILURE);
+        assert_eq!(probe(ProbeArgs { device: None, gid_index: None }), ExitCode::FAILURE);
     }
 
     /// `--offload mlx5` never falls back silently: it refuses with the DEVX reason (here: no
@@ -272,6 +408,9 @@ mod tests {
             stats_ms: 0,
             no_scrub: false,
             offload: Some(Offload::Mlx5),
+            gid_index: None,
+            metrics: None,
+            stats_json: false,
         })
         .unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::Devx(_)), "{e}");

@@ -32,6 +32,7 @@ pub mod mn_memory;
 pub mod mn_plan;
 pub mod mw_rules;
 pub mod mwtable;
+pub mod object_alloc;
 pub mod wire;
 pub mod wqe;
 

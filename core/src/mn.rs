@@ -940,6 +940,14 @@ impl MemoryNode {
         Ok(true)
     }
 
+    /// Host-engine mode: an alloc request arrived while the CN's alloc chain is parked (the
+    /// queue is empty and the CN already holds its one ticket). It does not run — another pop
+    /// would take a second ticket — but it is answered, so the CN learns "empty" for *this*
+    /// request instead of waiting for a reply that never comes.
+    pub fn refuse_parked<P: MnPort>(&mut self, port: &mut P, cn: CnId, token: u32) -> R<P::Error> {
+        self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())
+    }
+
     /// Offloaded mode's lazy quota (the chains cannot count): a CN found holding more than its
     /// quota is told `QuotaExceeded`, loses its management QPs and **every** group it holds
     /// (windows invalidated, groups back in the queue); its access QPs stay connected but every

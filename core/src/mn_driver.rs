@@ -480,9 +480,15 @@ impl<B: RdmaBackend> MnDriver<B> {
                         // A parked alloc chain is not armed in offloaded mode, so a request then
                         // finds no receive. Here it must not run either: the CN's empty pop
                         // already holds its one ticket, and another pop would take a second one
-                        // the queue ring has no room for. Drop the request (no reply).
+                        // the queue ring has no room for. Answer it "empty" (matched by its
+                        // token) without running it.
                         if kind == ChainKind::Alloc && self.mn.cn(*cn).is_some_and(|r| r.alloc_parked) {
+                            let token = self.request_token(*cn, kind, c.byte_len)?;
                             self.post_request_buffer(*cn, kind)?;
+                            if let Some(token) = token {
+                                let (mn, mut port) = self.port();
+                                mn.refuse_parked(&mut port, *cn, token).map_err(DriverError::from)?;
+                            }
                             continue;
                         }
                         let committed = self.serve_request(*cn, kind, c.byte_len)?;
@@ -515,6 +521,17 @@ impl<B: RdmaBackend> MnDriver<B> {
     /// (quinn-proto's `poll_timeout`).
     pub fn poll_timeout(&self) -> Option<u64> {
         self.mn.poll_timeout()
+    }
+
+    /// The token of the request in the CN's request buffer (None: too short to carry one).
+    fn request_token(&mut self, cn: CnId, kind: ChainKind, len: u32) -> Result<Option<u32>, DriverError<B::Error>> {
+        if len < 8 {
+            return Ok(None);
+        }
+        let addr = self.request_buf(cn, kind).ok_or(DriverError::Mn("no scratch"))?;
+        let mut t = [0u8; 4];
+        self.backend.read_local(addr + 4, &mut t).map_err(DriverError::Backend)?;
+        Ok(Some(u32::from_le_bytes(t)))
     }
 
     /// Host-engine mode: run one lap for a request that arrived in the CN's request buffer.

@@ -405,6 +405,26 @@ fn empty_then_available() {
     assert_eq!(z.base, x.base);
 }
 
+/// A CN that retries while its alloc chain is parked (after its back-off) gets "empty" for
+/// that very request, not silence; nothing runs, and the ticket it holds is still the only one.
+#[test]
+fn retry_while_parked_is_answered_empty() {
+    let mut r = Rig::new(1, 2, 8);
+    let a = r.connect();
+    let x = r.alloc(a).unwrap();
+    assert_eq!(r.alloc(a), Err(ErrorCode::Empty));
+    let laps = r.d.stats.laps;
+    r.now += 10 * r.cns[a].2.backoff;
+    assert_eq!(r.alloc(a), Err(ErrorCode::Empty), "answered, matched by token");
+    assert_eq!(r.d.stats.laps, laps, "the parked chain did not run");
+    assert_eq!(r.free(a, &x), None);
+    let qps = r.cns[a].1.clone();
+    let mut ca = std::mem::take(&mut r.cns[a].2);
+    let _ = r.deliver_messages_to(&mut ca, &qps);
+    r.cns[a].2 = ca;
+    assert_eq!(r.alloc(a).unwrap().base, x.base);
+}
+
 #[test]
 fn forged_free_is_refused_and_owner_keeps_chunk() {
     let mut r = Rig::new(4, 3, 8);

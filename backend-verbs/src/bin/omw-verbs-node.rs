@@ -34,6 +34,9 @@ fn main() -> ExitCode {
                 insecure: args.iter().any(|a| a == "--insecure"),
                 stats_every: Duration::from_millis(num("--stats-ms", 1000)),
                 scrub: !args.iter().any(|a| a == "--no-scrub"),
+                gid_index: opt(&args, "--gid-index").and_then(|v| v.parse().ok()),
+                metrics: opt(&args, "--metrics").and_then(|v| v.parse().ok()),
+                stats_json: args.iter().any(|a| a == "--stats-json"),
             })
         }
         Some("cn") => {

@@ -294,6 +294,9 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
         insecure: false,
         stats_every: Duration::ZERO,
         scrub: true,
+        gid_index: None,
+        metrics: None,
+        stats_json: false,
     };
     let (tx, rx) = mpsc::channel::<std::result::Result<String, String>>();
     let mn = std::thread::spawn(move || {

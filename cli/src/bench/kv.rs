@@ -11,6 +11,7 @@
 
 use super::schemes::Op;
 use crate::demo::Rng;
+use omw_core::object_alloc::{ObjectAllocator, ObjectRef};
 
 pub const GET: u8 = 0;
 pub const INSERT: u8 = 1;
@@ -47,109 +48,43 @@ pub struct KvTrace {
     pub end_live_bytes: u64,
 }
 
-struct Chunk {
-    class: u64,
-    slots: Vec<bool>,
-    live: usize,
+/// The CN's object allocator (omw-core's two-level allocation); chunk `i` of its table sits at
+/// `i × chunk` of the CN's virtual space for page accounting. Capacity: every held chunk holds
+/// a live key, and a thread never has more than `keys_per_thread + mixed_ops` keys.
+type Carver = ObjectAllocator<(), KV_MAX_CHUNKS, 4, 1>;
+const KV_MAX_CHUNKS: usize = 8192;
+
+/// Bytes held at 4 KiB-page granularity (ODRP): pages of the CN's virtual space that overlap a
+/// live object.
+fn page_bytes(cv: &Carver) -> u64 {
+    let mut pages: Vec<u64> = Vec::new();
+    for p in cv.objects() {
+        let a = p.object.chunk.0 as u64 * cv.chunk_size() + p.offset;
+        let b = a + p.len;
+        pages.extend(a / 4096..b.div_ceil(4096));
+    }
+    pages.sort_unstable();
+    pages.dedup();
+    pages.len() as u64 * 4096
 }
 
-struct Carver {
-    chunk: u64,
-    chunks: Vec<Option<Chunk>>,
-    open: Vec<Option<usize>>,
-    held: u64,
-    live_bytes: u64,
+/// Place an object of class `ci`; true when that took a new chunk from the MN.
+fn carve(cv: &mut Carver, ci: usize) -> (ObjectRef, bool) {
+    cv.alloc_with(ci, || Ok::<(), ()>(())).expect("the workload fits the allocator (sizes in bench/mod.rs)")
 }
 
-impl Carver {
-    /// (chunk index, slot, needed a new chunk)
-    fn alloc(&mut self, class_idx: usize, class: u64) -> (usize, usize, bool) {
-        let cands = |s: &Self| -> Option<usize> {
-            if let Some(o) = s.open[class_idx] {
-                if let Some(c) = &s.chunks[o] {
-                    if c.live < c.slots.len() {
-                        return Some(o);
-                    }
-                }
-            }
-            s.chunks
-                .iter()
-                .enumerate()
-                .filter_map(|(i, c)| c.as_ref().map(|c| (i, c)))
-                .filter(|(_, c)| c.class == class && c.live < c.slots.len())
-                .max_by_key(|(_, c)| c.live)
-                .map(|(i, _)| i)
-        };
-        let (ci, new) = match cands(self) {
-            Some(i) => (i, false),
-            None => {
-                let n = (self.chunk / class).max(1) as usize;
-                let c = Chunk { class, slots: vec![false; n], live: 0 };
-                self.held += 1;
-                match self.chunks.iter().position(|c| c.is_none()) {
-                    Some(i) => {
-                        self.chunks[i] = Some(c);
-                        (i, true)
-                    }
-                    None => {
-                        self.chunks.push(Some(c));
-                        (self.chunks.len() - 1, true)
-                    }
-                }
-            }
-        };
-        self.open[class_idx] = Some(ci);
-        let c = self.chunks[ci].as_mut().expect("chunk");
-        let s = c.slots.iter().position(|x| !x).expect("room");
-        c.slots[s] = true;
-        c.live += 1;
-        self.live_bytes += class;
-        (ci, s, new)
-    }
-    /// Returns whether the chunk became empty (and was freed).
-    fn free(&mut self, ci: usize, s: usize) -> bool {
-        let c = self.chunks[ci].as_mut().expect("chunk");
-        c.slots[s] = false;
-        c.live -= 1;
-        self.live_bytes -= c.class;
-        if c.live == 0 {
-            self.chunks[ci] = None;
-            self.held -= 1;
-            for o in self.open.iter_mut() {
-                if *o == Some(ci) {
-                    *o = None;
-                }
-            }
-            return true;
-        }
-        false
-    }
-    /// Bytes held at 4 KiB-page granularity (ODRP): pages of the CN's virtual space (chunk
-    /// `i` at `i × chunk`) that overlap a live object.
-    fn page_bytes(&self) -> u64 {
-        let mut pages: Vec<u64> = Vec::new();
-        for (ci, c) in self.chunks.iter().enumerate() {
-            let Some(c) = c else { continue };
-            for (i, _) in c.slots.iter().enumerate().filter(|(_, l)| **l) {
-                let a = ci as u64 * self.chunk + i as u64 * c.class;
-                let b = a + c.class;
-                pages.extend(a / 4096..b.div_ceil(4096));
-            }
-        }
-        pages.sort_unstable();
-        pages.dedup();
-        pages.len() as u64 * 4096
-    }
+/// Free an object; true when its chunk went back to the MN.
+fn release(cv: &mut Carver, o: ObjectRef) -> bool {
+    matches!(cv.free(o), Ok(Some(())))
 }
 
 /// Generate one client thread's KV program.
 pub fn trace(cfg: &KvConfig, thread: u64) -> KvTrace {
     let mut rng = Rng::new(cfg.seed ^ (thread + 1).wrapping_mul(0x1234_5678_9ABC));
-    let mut cv =
-        Carver { chunk: cfg.chunk, chunks: Vec::new(), open: vec![None; cfg.classes.len()], held: 0, live_bytes: 0 };
+    let mut cv = Box::new(Carver::new(cfg.chunk, &cfg.classes).expect("bench size classes fit a chunk"));
     let mut tr = KvTrace::default();
     // key → (class index, chunk, slot)
-    let mut live: Vec<(usize, usize, usize)> = Vec::new();
+    let mut live: Vec<(usize, ObjectRef)> = Vec::new();
     let mut sum_bytes = 0f64;
     let mut sum_pages = 0f64;
     let mut sum_live = 0f64;
@@ -158,18 +93,18 @@ pub fn trace(cfg: &KvConfig, thread: u64) -> KvTrace {
     let mut step = |tr: &mut KvTrace, cv: &Carver, tag: u8| {
         tr.ops.push(Op::End(tag));
         tr.requests += 1;
-        tr.peak_bytes = tr.peak_bytes.max(cv.held * cv.chunk);
+        tr.peak_bytes = tr.peak_bytes.max(cv.held_chunks() as u64 * cv.chunk_size());
         if tr.requests.is_multiple_of(sample_every) {
-            sum_bytes += (cv.held * cv.chunk) as f64;
-            sum_pages += cv.page_bytes() as f64;
-            sum_live += cv.live_bytes as f64;
+            sum_bytes += (cv.held_chunks() as u64 * cv.chunk_size()) as f64;
+            sum_pages += page_bytes(cv) as f64;
+            sum_live += cv.live_bytes() as f64;
             samples += 1;
         }
     };
-    let insert = |tr: &mut KvTrace, cv: &mut Carver, rng: &mut Rng, live: &mut Vec<(usize, usize, usize)>| {
+    let insert = |tr: &mut KvTrace, cv: &mut Carver, rng: &mut Rng, live: &mut Vec<(usize, ObjectRef)>| {
         let ci = rng.below(cfg.classes.len() as u64) as usize;
         let class = cfg.classes[ci];
-        let (ch, s, new) = cv.alloc(ci, class);
+        let (o, new) = carve(cv, ci);
         if new {
             tr.ops.push(Op::Alloc);
             tr.chunk_allocs += 1;
@@ -177,18 +112,18 @@ pub fn trace(cfg: &KvConfig, thread: u64) -> KvTrace {
         tr.ops.push(Op::Read { len: BUCKET_BYTES, bg: false });
         tr.ops.push(Op::Write { len: class as u32, bg: false });
         tr.ops.push(Op::Write { len: SLOT_BYTES, bg: false });
-        live.push((ci, ch, s));
+        live.push((ci, o));
     };
     for _ in 0..cfg.keys_per_thread {
         insert(&mut tr, &mut cv, &mut rng, &mut live);
         step(&mut tr, &cv, INSERT);
     }
-    let delete = |tr: &mut KvTrace, cv: &mut Carver, rng: &mut Rng, live: &mut Vec<(usize, usize, usize)>| {
+    let delete = |tr: &mut KvTrace, cv: &mut Carver, rng: &mut Rng, live: &mut Vec<(usize, ObjectRef)>| {
         let k = rng.below(live.len() as u64) as usize;
-        let (_, ch, s) = live.swap_remove(k);
+        let (_, o) = live.swap_remove(k);
         tr.ops.push(Op::Read { len: BUCKET_BYTES, bg: false });
         tr.ops.push(Op::Write { len: SLOT_BYTES, bg: false });
-        if cv.free(ch, s) {
+        if release(cv, o) {
             tr.ops.push(Op::Free);
             tr.chunk_frees += 1;
         }
@@ -207,9 +142,9 @@ pub fn trace(cfg: &KvConfig, thread: u64) -> KvTrace {
         } else if r < 80 {
             // out-of-place update: new copy, swing the index slot, free the old copy
             let k = rng.below(live.len() as u64) as usize;
-            let (ci, ch, s) = live[k];
+            let (ci, old) = live[k];
             let class = cfg.classes[ci];
-            let (nch, ns, new) = cv.alloc(ci, class);
+            let (o, new) = carve(&mut cv, ci);
             if new {
                 tr.ops.push(Op::Alloc);
                 tr.chunk_allocs += 1;
@@ -217,8 +152,8 @@ pub fn trace(cfg: &KvConfig, thread: u64) -> KvTrace {
             tr.ops.push(Op::Read { len: BUCKET_BYTES, bg: false });
             tr.ops.push(Op::Write { len: class as u32, bg: false });
             tr.ops.push(Op::Write { len: SLOT_BYTES, bg: false });
-            live[k] = (ci, nch, ns);
-            if cv.free(ch, s) {
+            live[k] = (ci, o);
+            if release(&mut cv, old) {
                 tr.ops.push(Op::Free);
                 tr.chunk_frees += 1;
             }
@@ -242,9 +177,9 @@ pub fn trace(cfg: &KvConfig, thread: u64) -> KvTrace {
             step(&mut tr, &cv, GET);
         }
     }
-    tr.end_bytes = cv.held * cv.chunk;
-    tr.end_page_bytes = cv.page_bytes();
-    tr.end_live_bytes = cv.live_bytes;
+    tr.end_bytes = cv.held_chunks() as u64 * cv.chunk_size();
+    tr.end_page_bytes = page_bytes(&cv);
+    tr.end_live_bytes = cv.live_bytes();
     let n = samples.max(1) as f64;
     tr.avg_bytes = sum_bytes / n;
     tr.avg_page_bytes = sum_pages / n;
