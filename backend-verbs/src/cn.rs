@@ -334,6 +334,22 @@ impl CnClient {
 
     /// Allocate one chunk (waits for "available" if the MN said the queue is empty, until the
     /// timeout; then [`VerbsError::PoolEmpty`]).
+    /// A hostile or hung CN, for tests of the MN: send an allocation request and never look
+    /// at the answer (no polling, no receive reposted for it). Each answer the MN delivers
+    /// uses up one of the receives posted earlier; once they are gone the MN's sends to this
+    /// CN find none, and the MN must evict it without delaying anyone else.
+    pub fn send_alloc_unread(&mut self) -> Result<()> {
+        let mut req = [0u8; 64];
+        let now = self.now();
+        let (_, n) = self
+            .client
+            .alloc_request(now, self.reply, self.reply_rkey, &mut req)
+            .map_err(|e| VerbsError::Protocol(e.to_string()))?;
+        self.client.abandon_pending();
+        let alloc_qp = self.alloc_qp;
+        self.send(alloc_qp, &req[..n])
+    }
+
     pub fn alloc(&mut self) -> Result<Allocation> {
         self.alloc_inner(true)
     }

@@ -48,6 +48,10 @@ pub struct MnOptions {
     pub metrics: Option<SocketAddr>,
     /// Print the counters as one JSON object per line on stdout at every statistics interval.
     pub stats_json: bool,
+    /// The CN lease (zero: off): every CN is probed at half this period, and one that has not
+    /// answered by the next probe — its host vanished, or it stopped posting receives — is
+    /// evicted and everything it held reclaimed.
+    pub lease: Duration,
 }
 
 /// How chunks are kept apart on this device.
@@ -206,6 +210,7 @@ impl MemoryNodeDaemon {
         let mut cfg =
             MnConfig::from_plan(&plan, geometry, max_cns, if opts.quota == 0 { chunks as u32 } else { opts.quota });
         cfg.queue_depth = SEND_DEPTH as u16;
+        cfg.lease_ns = opts.lease.as_nanos().min(u64::MAX as u128) as u64;
         let mn = MemoryNode::new(cfg, map, keys).map_err(|e| VerbsError::Config(format!("MN configuration: {e}")))?;
         let mut driver = MnDriver::new(b, mn, regions, admin);
         let per_chunk = matches!(protection, Protection::MrPerChunk);
@@ -285,7 +290,9 @@ impl MemoryNodeDaemon {
         Ok(())
     }
 
-    /// One turn of the event loop; true when anything happened.
+    /// One turn of the event loop; true when anything happened. A failure the driver reports
+    /// is logged, not returned: the MN keeps serving every other CN (an error here comes from
+    /// one CN's connection, and the CN it concerns is evicted or noticed by its departure).
     pub fn step(&mut self) -> Result<bool> {
         let mut busy = false;
         while let Some(ev) = self.driver.backend.poll_cm(Duration::ZERO)? {
@@ -293,10 +300,23 @@ impl MemoryNodeDaemon {
             self.on_cm(ev)?;
         }
         let now = self.now();
-        let r = self.driver.poll(now).map_err(|e| VerbsError::Protocol(format!("MN driver: {e}")))?;
-        busy |= r.events > 0;
-        if !self.opts.stats_every.is_zero() && self.last_stats.elapsed() >= self.opts.stats_every {
-            self.driver.handle(now, Event::Tick).map_err(|e| VerbsError::Protocol(format!("MN driver: {e}")))?;
+        match self.driver.poll(now) {
+            Ok(r) => busy |= r.events > 0,
+            Err(e) => {
+                busy = true;
+                log(format!("MN driver: {e} (serving on)"));
+            }
+        }
+        // the MN's own timers (the lease) and the statistics interval both tick it
+        let stats_due = !self.opts.stats_every.is_zero() && self.last_stats.elapsed() >= self.opts.stats_every;
+        let timer_due = self.driver.poll_timeout().is_some_and(|t| now >= t);
+        if stats_due || timer_due {
+            if let Err(e) = self.driver.handle(now, Event::Tick) {
+                log(format!("MN driver (tick): {e} (serving on)"));
+            }
+        }
+        self.drop_evicted();
+        if stats_due {
             self.print_stats();
             if self.opts.stats_json {
                 println!("{}", self.counters().json());
@@ -310,6 +330,18 @@ impl MemoryNodeDaemon {
             }
         }
         Ok(busy)
+    }
+
+    /// CNs the MN evicted (the transport could not reach them, or they stopped answering the
+    /// lease): their connections go; what they held was reclaimed by the MN already.
+    fn drop_evicted(&mut self) {
+        for cn in self.driver.mn.take_evicted() {
+            let nonce = self.sessions.iter().find(|(_, s)| s.cn == Some(cn)).map(|(n, _)| *n);
+            log(format!("{cn} evicted: it stopped answering (no receive posted, or its host is gone); its chunks were reclaimed"));
+            if let Some(nonce) = nonce {
+                self.drop_session(nonce);
+            }
+        }
     }
 
     /// The counters `--metrics` and `--stats-json` export.

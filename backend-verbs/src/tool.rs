@@ -170,6 +170,7 @@ fn parse_u64(s: &str) -> Result<u64> {
 /// rawwrite <qp> <addr> <rkey> <text> -> status <status>
 /// rawread <qp> <addr> <rkey> <len>   -> status <status> [<text>]
 /// freeentry <entry> <wait-ms>        -> refused <code> | none
+/// flood <n>                          -> ok sent <k>   (n alloc requests whose answers are never read)
 /// quit
 /// ```
 pub fn run_script(c: &mut CnClient, input: impl BufRead, mut out: impl Write) -> Result<()> {
@@ -229,6 +230,19 @@ pub fn run_script(c: &mut CnClient, input: impl BufRead, mut out: impl Write) ->
                         parse_u64(len)? as usize,
                     )?;
                     format!("status {st:?} {}", String::from_utf8_lossy(&v))
+                }
+                ["flood", n] => {
+                    // hostile: requests whose answers this CN never reads (see
+                    // CnClient::send_alloc_unread); it then stops serving its queues
+                    let n = parse_u64(n)?;
+                    let mut sent = 0;
+                    for _ in 0..n {
+                        if c.send_alloc_unread().is_err() {
+                            break;
+                        }
+                        sent += 1;
+                    }
+                    format!("ok sent {sent}")
                 }
                 ["freeentry", entry, ms] => {
                     match c.free_entry(parse_u64(entry)?, Duration::from_millis(parse_u64(ms)?))? {

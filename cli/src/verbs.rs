@@ -62,6 +62,10 @@ pub struct MnArgs {
     /// last one left in it. Only for CNs that trust each other (`omw bench` shows the cost).
     #[arg(long)]
     pub no_scrub: bool,
+    /// CN lease in milliseconds (0: off): a CN whose host vanishes without a disconnect, or that
+    /// stops posting receives, is evicted and reclaimed within about this long.
+    #[arg(long, default_value_t = 2000)]
+    pub lease_ms: u64,
     /// Offload the chains to the NIC: `mlx5` = ConnectX through DEVX (refuses, saying why,
     /// where the device, kernel or this build cannot). Default: the host engine.
     #[arg(long, value_enum)]
@@ -174,6 +178,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         gid_index: a.gid_index,
         metrics: a.metrics,
         stats_json: a.stats_json,
+        lease: Duration::from_millis(a.lease_ms),
     })
 }
 
@@ -347,6 +352,7 @@ mod tests {
             gid_index: None,
             metrics: None,
             stats_json: false,
+            lease_ms: 2000,
         })
         .unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::NoDevice { .. }), "{e}");
@@ -384,6 +390,7 @@ mod tests {
             gid_index: None,
             metrics: None,
             stats_json: false,
+            lease_ms: 2000,
         };
         assert_eq!(mn(mn_args), ExitCode::FAILURE);
         let cn_args =
@@ -411,6 +418,7 @@ mod tests {
             gid_index: None,
             metrics: None,
             stats_json: false,
+            lease_ms: 2000,
         })
         .unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::Devx(_)), "{e}");

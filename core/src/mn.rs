@@ -108,6 +108,9 @@ pub struct CnRecord {
     /// When the MN last probed it (the lease), and how many probes it sent.
     pub probed_at: u64,
     pub probes: u64,
+    /// A probe went out and the CN has not answered since (no send to it completed, no
+    /// request from it arrived). Still set at the next probe time: the CN is evicted.
+    pub probe_outstanding: bool,
 }
 
 /// What the MN asks its port to do. Each completes before `apply` returns.
@@ -451,6 +454,7 @@ impl MemoryNode {
             bad_requests: 0,
             probed_at: self.now,
             probes: 0,
+            probe_outstanding: false,
         };
         self.cns[slot as usize] = Some(rec);
         self.init_scratch(port, slot, cn)?;
@@ -1011,21 +1015,36 @@ impl MemoryNode {
         self.on_cn_gone(port, cn)
     }
 
-    /// Lease probes for every CN whose half-period is up.
+    /// Evidence that `cn` is alive and receiving: a send to it completed, or a request from it
+    /// arrived. Renews its lease.
+    pub fn cn_answered(&mut self, cn: CnId) {
+        if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
+            r.probe_outstanding = false;
+        }
+    }
+
+    /// Lease probes for every CN whose half-period is up; a CN that has not answered the
+    /// previous probe by then is evicted. The MN's own clock bounds it: a CN cannot stretch
+    /// it with the RNR timer or retry counts it negotiated.
     fn probe_due<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
         if self.cfg.lease_ns == 0 {
             return Ok(());
         }
         let now = self.now;
-        let due: heapless::Vec<(CnId, u64), MAX_CNS> = self
+        let due: heapless::Vec<(CnId, u64, bool), MAX_CNS> = self
             .cns()
             .filter(|r| r.status == CnStatus::Active && now >= r.probed_at.saturating_add(self.cfg.lease_ns / 2))
-            .map(|r| (r.cn, r.probes))
+            .map(|r| (r.cn, r.probes, r.probe_outstanding))
             .collect();
-        for (cn, seq) in due {
+        for (cn, seq, unanswered) in due {
+            if unanswered {
+                self.evict(port, cn)?;
+                continue;
+            }
             if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
                 r.probed_at = now;
                 r.probes += 1;
+                r.probe_outstanding = true;
             }
             self.stats.probes_sent += 1;
             self.send(port, cn, &Notice::Probe { seq }.encode())?;

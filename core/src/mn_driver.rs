@@ -76,6 +76,8 @@ pub struct DriverStats {
     pub device_ops: u64,
     pub chain_failures: u64,
     pub messages_sent: u64,
+    /// Messages a CN's QP refused to take (its connection was already gone).
+    pub messages_dropped: u64,
 }
 
 /// What one [`MnDriver::poll`] saw.
@@ -222,13 +224,21 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
                 *seq = seq.wrapping_add(1);
                 b.write_local(buf, &bytes).map_err(DriverError::Backend)?;
                 let w = Wqe::send(buf, self.meta_lkey, bytes.len() as u32).with_wr_id(WR_ID_SEND | slot as u64);
-                self.stats.messages_sent += 1;
-                // fire and forget: the CN may be slow to post receives (RNR retries)
-                b.post_send(qp, &w).map_err(DriverError::Backend)
+                // fire and forget: the CN may be slow to post receives (RNR retries); a QP that
+                // refuses the post (the CN's connection is gone) loses the message — the MN
+                // learns of the departure from the connection manager or the lease, and one
+                // CN's dead QP must never fail the MN's reaction to anything else
+                match b.post_send(qp, &w) {
+                    Ok(()) => self.stats.messages_sent += 1,
+                    Err(_) => self.stats.messages_dropped += 1,
+                }
+                Ok(())
             }
             Action::DisconnectMgmt { alloc, free } => {
-                b.destroy_qp(alloc).map_err(DriverError::Backend)?;
-                b.destroy_qp(free).map_err(DriverError::Backend)
+                // best effort, as for a departure: a QP already gone is as good as destroyed
+                let _ = b.destroy_qp(alloc);
+                let _ = b.destroy_qp(free);
+                Ok(())
             }
             Action::ReleaseCn { qps } => {
                 for q in [Some(qps.alloc), Some(qps.free), qps.alloc_loop, qps.free_loop].into_iter().flatten() {
@@ -401,7 +411,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             // means the CN stopped answering or its host vanished: evict it
             // (host-engine mode sends them on the Alloc QP, drained with its device ops below)
             if let Some(mq) = self.mn.message_qp(*cn).filter(|q| *q != qps.alloc) {
-                if self.drain_sends(mq)? {
+                if self.drain_sends(*cn, mq)? {
                     report.events += 1;
                     self.handle(now, Event::CnUnresponsive { cn: *cn })?;
                     continue;
@@ -457,7 +467,7 @@ impl<B: RdmaBackend> MnDriver<B> {
                     ExecutionMode::HostEngine => {
                         // drain send completions of earlier device ops and messages (the
                         // Alloc QP carries this CN's messages in host-engine mode)
-                        if self.drain_sends(mgmt)? {
+                        if self.drain_sends(*cn, mgmt)? {
                             report.events += 1;
                             self.handle(now, Event::CnUnresponsive { cn: *cn })?;
                             break;
@@ -469,6 +479,11 @@ impl<B: RdmaBackend> MnDriver<B> {
                         }
                         report.events += 1;
                         let c = buf[0];
+                        if c.status.is_ok() {
+                            // a request: the CN is alive (a lap may drop the completions of
+                            // its probes while it waits for its own steps)
+                            self.mn.cn_answered(*cn);
+                        }
                         // that receive is consumed, whatever its status
                         self.set_request_posted(*cn, kind, false);
                         if !c.status.is_ok() {
@@ -502,8 +517,9 @@ impl<B: RdmaBackend> MnDriver<B> {
         Ok(report)
     }
 
-    /// Drain a send CQ; true when a send failed because the transport could not reach the CN.
-    fn drain_sends(&mut self, qp: Qpn) -> Result<bool, DriverError<B::Error>> {
+    /// Drain `cn`'s send CQ of `qp`; true when a send failed because the transport could not
+    /// reach the CN. A send that completed renews the CN's lease.
+    fn drain_sends(&mut self, cn: CnId, qp: Qpn) -> Result<bool, DriverError<B::Error>> {
         let mut buf = [Completion::EMPTY; 16];
         let mut unreachable = false;
         loop {
@@ -513,6 +529,9 @@ impl<B: RdmaBackend> MnDriver<B> {
             }
             unreachable |=
                 buf[..n].iter().any(|c| matches!(c.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr));
+            if buf[..n].iter().any(|c| c.status.is_ok()) {
+                self.mn.cn_answered(cn);
+            }
         }
     }
 

@@ -37,6 +37,7 @@ fn main() -> ExitCode {
                 gid_index: opt(&args, "--gid-index").and_then(|v| v.parse().ok()),
                 metrics: opt(&args, "--metrics").and_then(|v| v.parse().ok()),
                 stats_json: args.iter().any(|a| a == "--stats-json"),
+                lease: Duration::from_millis(num("--lease-ms", 2000)),
             })
         }
         Some("cn") => {

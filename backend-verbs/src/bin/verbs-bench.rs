@@ -297,6 +297,7 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
         gid_index: None,
         metrics: None,
         stats_json: false,
+        lease: Duration::from_secs(2),
     };
     let (tx, rx) = mpsc::channel::<std::result::Result<String, String>>();
     let mn = std::thread::spawn(move || {
