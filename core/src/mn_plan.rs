@@ -271,11 +271,13 @@ impl MnPlan {
                 let t = backend
                     .reg_mr(Domain::CnFacing, map.table_base, map.table_len(), AccessFlags::LOCAL_WRITE)
                     .map_err(PlanError::Backend)?;
-                // No remote right anywhere: the "rkeys" the host engine checks are the keys of
-                // local-only registrations, which no remote access can use.
+                // No remote right anywhere: the "rkeys" the host engine checks are names for
+                // its software region check. They are the registrations' *lkeys* — distinct per
+                // MR, where a device may report the same rkey (rxe: 0) for every MR without
+                // remote rights — and no remote access can use them.
                 keys.meta_lkey = cn_meta.lkey;
-                keys.meta_rkey = cn_meta.rkey;
-                keys.table_rkey = t.rkey;
+                keys.meta_rkey = cn_meta.lkey;
+                keys.table_rkey = t.lkey;
                 keys.ring_lkey = keys.cn_ring_lkey;
                 keys.ring_rkey = keys.cn_ring_lkey;
             }
@@ -306,5 +308,126 @@ impl MnPlan {
             record(None, k.lkey);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Completion, QpState};
+    use crate::ids::{Qpn, Rkey};
+    use crate::wqe::{QueueSel, RecvWqe, Wqe};
+
+    /// Records registrations; reports rkey 0 for MRs without remote rights (as rxe does).
+    #[derive(Default)]
+    struct Recorder {
+        regs: heapless::Vec<(Domain, u64, u64, AccessFlags), 16>,
+    }
+    impl RdmaBackend for Recorder {
+        type Error = &'static str;
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::SECURE_MINIMUM
+        }
+        fn post_send(&mut self, _: Qpn, _: &Wqe) -> Result<(), Self::Error> {
+            Err("unused")
+        }
+        fn post_recv(&mut self, _: Qpn, _: &RecvWqe) -> Result<(), Self::Error> {
+            Err("unused")
+        }
+        fn poll_cq(&mut self, _: Qpn, _: QueueSel, _: &mut [Completion]) -> Result<usize, Self::Error> {
+            Ok(0)
+        }
+        fn enable(&mut self, _: Qpn, _: QueueSel, _: u64) -> Result<(), Self::Error> {
+            Err("unused")
+        }
+        fn reset_qp(&mut self, _: Qpn) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        fn destroy_qp(&mut self, _: Qpn) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        fn qp_state(&self, _: Qpn) -> Result<QpState, Self::Error> {
+            Ok(QpState::Rts)
+        }
+        fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, a: AccessFlags) -> Result<MrKeys, Self::Error> {
+            self.regs.push((d, addr, len, a)).map_err(|_| "full")?;
+            let lkey = 0x100 * self.regs.len() as u32 + 7;
+            let remote = a.intersects(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+            Ok(MrKeys { lkey, rkey: if remote { lkey } else { 0 } })
+        }
+        fn alloc_mw(&mut self) -> Result<Rkey, Self::Error> {
+            Err("unused")
+        }
+        fn read_local(&self, _: u64, _: &mut [u8]) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        fn write_local(&mut self, _: u64, _: &[u8]) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        fn ring_base(&self, _: Qpn, _: QueueSel) -> Result<u64, Self::Error> {
+            Err("unused")
+        }
+        fn ring_keys(&self, d: Domain) -> Result<MrKeys, Self::Error> {
+            match d {
+                Domain::CnFacing => Ok(MrKeys { lkey: 0x55, rkey: 0 }),
+                Domain::MnPrivate => Ok(MrKeys { lkey: 0x66, rkey: 0x66 }),
+            }
+        }
+    }
+
+    fn map() -> MnMemoryMap {
+        let geo = PoolGeometry::new(1 << 30, 4096, 16, 3).unwrap();
+        MnMemoryMap::new(geo, 4, 1 << 20).unwrap()
+    }
+
+    const REMOTE: AccessFlags =
+        AccessFlags::REMOTE_READ.union(AccessFlags::REMOTE_WRITE).union(AccessFlags::REMOTE_ATOMIC);
+
+    #[test]
+    fn host_engine_registers_no_remote_rights_and_names_regions_apart() {
+        let plan = MnPlan::decide(Capabilities::SECURE_MINIMUM, MnOptions::default()).unwrap();
+        assert_eq!(plan.mode, ExecutionMode::HostEngine);
+        assert!(plan.per_chunk_mrs && plan.software_ownership_check);
+        assert_eq!(plan.scrub, ScrubPath::Cpu);
+        let mut b = Recorder::default();
+        let k = plan.register_metadata(&mut b, &MnRegions { map: map(), zero_source: None }).unwrap();
+        assert!(b.regs.iter().all(|r| !r.3.intersects(REMOTE) && r.0 == Domain::CnFacing));
+        // the device reported rkey 0 for both: the engine's region names must still differ
+        assert_ne!(k.meta_rkey, k.table_rkey);
+        assert_eq!(k.cn_meta_lkey, k.meta_lkey);
+        assert!(plan.registrations().iter().all(|r| !r.access.intersects(REMOTE)));
+    }
+
+    #[test]
+    fn offload_keeps_remote_rights_in_the_private_domain_only() {
+        let plan = MnPlan::decide(Capabilities::OFFLOAD | Capabilities::MW_BOUNDS_ENFORCED, MnOptions::default()).unwrap();
+        assert_eq!(plan.mode, ExecutionMode::Offloaded);
+        assert_eq!(plan.loop_domain(), Some(Domain::MnPrivate));
+        assert!(!plan.per_chunk_mrs && plan.needs_zero_source());
+        let mut b = Recorder::default();
+        assert!(matches!(
+            plan.register_metadata(&mut b, &MnRegions { map: map(), zero_source: None }),
+            Err(PlanError::NoZeroSource)
+        ));
+        let mut b = Recorder::default();
+        let k = plan.register_metadata(&mut b, &MnRegions { map: map(), zero_source: Some(1 << 29) }).unwrap();
+        for (d, _, _, a) in b.regs.iter() {
+            assert!(*d == Domain::MnPrivate || !a.intersects(REMOTE), "{d:?} {a:?}");
+        }
+        assert!(k.pool_scrub_rkey != 0 && k.zero_lkey != 0);
+        assert_ne!(k.cn_meta_lkey, k.meta_lkey, "loop and CN-facing WQEs use different registrations");
+        let off = MnPlan::decide(Capabilities::OFFLOAD, MnOptions { scrub: false, ..MnOptions::default() }).unwrap();
+        assert_eq!(off.scrub, ScrubPath::Off);
+        assert!(!off.needs_zero_source());
+    }
+
+    #[test]
+    fn an_insecure_device_is_refused_unless_asked() {
+        assert!(MnPlan::decide(Capabilities::MW_TYPE2, MnOptions::default()).is_err());
+        let p = MnPlan::decide(Capabilities::MW_TYPE2, MnOptions { allow_insecure: true, ..MnOptions::default() });
+        assert!(p.is_ok());
+        let table_key = MnPlan::decide(Capabilities::SECURE_MINIMUM, MnOptions::default()).unwrap();
+        let k = Rkey::new(5, 0xFF).unwrap();
+        assert_ne!(table_key.initial_table_key(k), k, "the table never records the allocation's own key");
     }
 }
