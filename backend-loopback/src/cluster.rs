@@ -254,6 +254,9 @@ impl RdmaBackend for MnBackend {
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         RdmaBackend::mw_binding(&self.fabric.borrow_mut().view(self.host), rkey)
     }
+    fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
+        RdmaBackend::mw_span(&self.fabric.borrow_mut().view(self.host), rkey)
+    }
 }
 
 /// One modelled compute node.

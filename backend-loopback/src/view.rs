@@ -94,6 +94,13 @@ impl RdmaBackend for HostView<'_> {
     fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
         self.fabric.ring_keys_in(self.host, self.pd(d)?)
     }
+    fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
+        let info = self.fabric.mw_binding(self.host, rkey.index())?;
+        match info.state {
+            MwState::Bound(b) if info.rkey == rkey => Some((b.addr, b.len)),
+            _ => None,
+        }
+    }
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         let info = self.fabric.mw_binding(self.host, rkey.index())?;
         Some(match info.state {

@@ -572,19 +572,36 @@ impl VerbsBackend {
         if !self.qps.contains_key(&q.get()) {
             return Err(VerbsError::UnknownQp(q.get()));
         }
+        let t0 = Instant::now();
+        let slow = |what: &str, t: Instant| {
+            let dt = t.elapsed();
+            if dt > Duration::from_millis(200) {
+                crate::log::log(
+                    "omw_verbs::teardown",
+                    "omw-verbs",
+                    crate::log::Level::Warn,
+                    &format!("QP {q}: {what} took {dt:?}"),
+                );
+            }
+        };
         self.drain(q);
         let bound: Vec<u32> =
             self.mws.iter().filter(|(_, m)| m.bound.map(|b| b.qpn) == Some(q.get())).map(|(i, _)| *i).collect();
         for index in bound {
             self.invalidate_for_teardown(index);
         }
+        slow("invalidating its windows", t0);
         let e = self.qps.remove(&q.get()).ok_or(VerbsError::UnknownQp(q.get()))?;
         // SAFETY: the QP is removed from the table; nothing posts to it any more.
         unsafe {
             match e.link {
                 Link::Cm { id } => {
+                    let t = Instant::now();
                     rdma_destroy_qp(id);
+                    slow("rdma_destroy_qp", t);
+                    let t = Instant::now();
                     rdma_destroy_id(id);
+                    slow("rdma_destroy_id", t);
                 }
                 Link::Loopback { .. } => {
                     ibv_destroy_qp(e.qp);
@@ -1225,6 +1242,11 @@ impl RdmaBackend for VerbsBackend {
             out[k] = c;
             k += 1;
         }
+        if crate::log::enabled("omw_verbs::cq", crate::log::Level::Trace) {
+            for c in &out[..k] {
+                crate::log::log("omw_verbs::cq", "omw-verbs", crate::log::Level::Trace, &format!("QP {qp} send: {c:?}"));
+            }
+        }
         Ok(k)
     }
 
@@ -1365,6 +1387,12 @@ impl RdmaBackend for VerbsBackend {
 
     /// Send and receive rings live in provider memory: nothing to register. The CN-facing
     /// "ring key" is never used by host-engine WQEs (the engine patches its own copies).
+    /// Tracked, like the binding: the range the bind that is in force named.
+    fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
+        let m = self.mws.get(&rkey.index())?;
+        m.bound.filter(|_| m.rkey == rkey).map(|b| (b.addr, b.len))
+    }
+
     fn ring_keys(&self, domain: Domain) -> Result<MrKeys> {
         match domain {
             Domain::CnFacing => Ok(MrKeys { lkey: 0, rkey: 0 }),

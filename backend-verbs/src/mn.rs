@@ -98,6 +98,7 @@ pub struct MemoryNodeDaemon {
     by_id: HashMap<CmId, u64>,
     t0: Instant,
     last_stats: Instant,
+    last_heartbeat: Instant,
     last_counts: (u64, u64, MnStats),
     idle: u32,
     /// Allocations and frees of CNs that left (so the exported counters stay monotonic).
@@ -261,6 +262,7 @@ impl MemoryNodeDaemon {
             by_id: HashMap::new(),
             t0: now,
             last_stats: now,
+            last_heartbeat: now,
             last_counts: (0, 0, MnStats::default()),
             idle: 0,
             departed: (0, 0),
@@ -311,11 +313,38 @@ impl MemoryNodeDaemon {
         let stats_due = !self.opts.stats_every.is_zero() && self.last_stats.elapsed() >= self.opts.stats_every;
         let timer_due = self.driver.poll_timeout().is_some_and(|t| now >= t);
         if stats_due || timer_due {
+            let t = Instant::now();
             if let Err(e) = self.driver.handle(now, Event::Tick) {
                 log(format!("MN driver (tick): {e} (serving on)"));
             }
+            if t.elapsed() > Duration::from_millis(200) {
+                log(format!("the MN's timer round took {:?}", t.elapsed()));
+            }
         }
         self.drop_evicted();
+        if debug_enabled() && self.last_heartbeat.elapsed() >= Duration::from_secs(1) {
+            self.last_heartbeat = Instant::now();
+            let st = self.driver.mn.stats();
+            let outstanding: Vec<String> = self
+                .driver
+                .mn
+                .cns()
+                .filter(|r| r.probe_outstanding)
+                .map(|r| r.cn.to_string())
+                .collect();
+            crate::log::log(
+                TARGET,
+                "omw mn",
+                Level::Debug,
+                &format!(
+                    "loop alive: {} CNs, probes sent {}, evicted {}, unanswered probes {:?}",
+                    self.driver.mn.cns().count(),
+                    st.probes_sent,
+                    st.cns_evicted,
+                    outstanding
+                ),
+            );
+        }
         if stats_due {
             self.print_stats();
             if self.opts.stats_json {

@@ -294,6 +294,13 @@ pub trait RdmaBackend {
     fn mw_binding(&self, _rkey: Rkey) -> Option<MwBinding> {
         None
     }
+
+    /// The address range `(addr, len)` a bound window covers, if the backend can tell (the MN's
+    /// audit checks it against the window's chunk — defence in depth against a corrupted
+    /// table entry). `None`: unbound or unknown.
+    fn mw_span(&self, _rkey: Rkey) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// A window's state as the device sees it.

@@ -54,6 +54,9 @@ pub struct LapContext<'a> {
     /// fails with [`LapFailure::Timeout`]: the deadline that keeps one stalled CN from holding
     /// the MN).
     pub max_polls: u32,
+    /// The pool: a bind must cover exactly one chunk of it (defence in depth against a
+    /// corrupted MWTable entry; the NIC would bind whatever span the entry says).
+    pub geometry: crate::geometry::PoolGeometry,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -69,6 +72,8 @@ pub enum LapFailure {
     NotOwner,
     /// The request asked for a window on a QP that is not the requester's.
     ForeignQpn(u32),
+    /// A bind's span (from the MWTable entry) is not exactly one chunk of the pool.
+    BadSpan,
     /// A posted step did not complete within the lap's budget: the CN on the other end is not
     /// answering (the MN evicts it; the lap never blocks the MN for longer than the budget).
     Timeout,
@@ -285,10 +290,16 @@ pub fn run_lap<B: RdmaBackend>(
                 // request names them) or its Free QP (MW[0]). A request that named someone
                 // else's QP, or too few, stops here.
                 let _ = &patched_from_request;
-                match Qpn::new(w.qpn) {
+                let q = match Qpn::new(w.qpn) {
                     Ok(q) if ctx.access_qpns.contains(&q) || q == ctx.free_qpn => q,
                     _ => return fail(Some(si), LapFailure::ForeignQpn(w.qpn), device_ops, cpu_steps),
+                };
+                let g = &ctx.geometry;
+                let chunk = g.group_of(w.local_addr).and_then(|id| g.chunk_base(id));
+                if chunk != Some(w.local_addr) || w.length as u64 != g.chunk_size() {
+                    return fail(Some(si), LapFailure::BadSpan, device_ops, cpu_steps);
                 }
+                q
             }
             _ => mgmt,
         };

@@ -203,6 +203,10 @@ pub trait MnPort {
     fn mw_binding(&mut self, _rkey: Rkey) -> Option<MwBinding> {
         None
     }
+    /// The range a bound window covers, if the device can tell.
+    fn mw_span(&mut self, _rkey: Rkey) -> Option<(u64, u64)> {
+        None
+    }
     /// `masked_add(*addr, add, boundary)`, atomically **with respect to the NIC's atomics**,
     /// returning the old value. While chains run in the NIC (offloaded mode) a CPU
     /// read-modify-write of a queue counter races their fetch-and-adds (RDMA atomics are atomic
@@ -232,6 +236,8 @@ pub struct MnStats {
     /// CNs evicted because the transport could not reach them (stalled or vanished).
     pub cns_evicted: u64,
     pub probes_sent: u64,
+    /// Windows found (audit) or about to be bound (host engine) over anything but their chunk.
+    pub spans_refused: u64,
 }
 
 #[derive(Debug)]
@@ -993,7 +999,15 @@ impl MemoryNode {
             let misbound = (1..g).any(
                 |k| matches!(port.mw_binding(e.rkey(k)), Some(MwBinding::Bound { qpn, .. }) if !access.contains(&qpn)),
             );
-            if misbound {
+            // defence in depth: every bound window of the group must lie inside its own chunk
+            let (base, size) = (self.cfg.geometry.chunk_base(gid).unwrap_or(0), self.cfg.geometry.chunk_size());
+            let outside = (0..g).any(|k| {
+                port.mw_span(e.rkey(k)).is_some_and(|(a, l)| a < base || a.saturating_add(l) > base + size)
+            });
+            if outside {
+                self.stats.spans_refused += 1;
+            }
+            if misbound || outside {
                 self.reclaim(port, gid)?;
             }
         }

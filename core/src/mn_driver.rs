@@ -139,6 +139,9 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
     fn mw_binding(&mut self, rkey: Rkey) -> Option<MwBinding> {
         self.backend.mw_binding(rkey)
     }
+    fn mw_span(&mut self, rkey: Rkey) -> Option<(u64, u64)> {
+        self.backend.mw_span(rkey)
+    }
     fn fetch_add(&mut self, addr: u64, add: u64, boundary: u64) -> Result<u64, Self::Error> {
         let Some((qp, result, lkey, rkey)) = self.atomic else {
             let mut b = [0u8; 8];
@@ -579,6 +582,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             free_qpn: r.qps.free,
             software_ownership_check: self.mn.config().software_ownership_check,
             max_polls: 100_000,
+            geometry: self.mn.config().geometry,
         };
         // a request longer than the receive buffer was truncated by the device (LocLenErr)
         let outcome = if len as usize > req.len() {
@@ -614,6 +618,7 @@ impl<B: RdmaBackend> MnDriver<B> {
                     LapFailure::MalformedWqe | LapFailure::ForeignQpn(_) => WcStatus::LocQpOpErr,
                     // a step the CN's end never let complete: the transport gave up on it
                     LapFailure::Timeout => WcStatus::RetryExcErr,
+                    LapFailure::BadSpan => WcStatus::LocProtErr,
                 };
                 self.handle(now, Event::ChainFailed { cn, kind, step, status })?;
                 Ok(false)

@@ -303,3 +303,42 @@ fn stale_window_keys_are_not_mr_keys() {
         }
     }
 }
+
+/// Defence in depth (issue 10 §7): MN memory corrupted so an MWTable entry spans more than its
+/// chunk. The host engine refuses to bind such a span; offloaded (the NIC binds what the entry
+/// says), the audit finds the bound window outside its chunk and reclaims the group.
+#[test]
+fn a_corrupted_entry_span_is_never_served() {
+    use omw_core::mwtable::MwTableEntry;
+    use zerocopy::IntoBytes;
+    for mode in MODES {
+        let mut c = cluster(mode, 4, true);
+        // corrupt every entry: twice the chunk, reaching into the next one
+        let map = *c.driver.mn.map();
+        for g in 0..4 {
+            let addr = map.entry_addr(GroupId(g)).unwrap();
+            let mut e: MwTableEntry = c.driver.entry(GroupId(g)).unwrap();
+            e.length = (2 * e.length.get()).into();
+            c.fabric.borrow_mut().write(c.mn_host, addr, e.as_bytes()).unwrap();
+        }
+        match (mode, c.alloc(0)) {
+            (Mode::Offloaded, r) => {
+                // the NIC bound the corrupted span (the CN's client refuses a reply whose length
+                // is not the chunk size, if it got one); the next audit takes the windows away
+                c.tick().unwrap();
+                assert!(c.driver.mn.stats().spans_refused >= 1, "{mode:?}: the audit saw nothing");
+                if let Ok(a) = r {
+                    assert_eq!(c.read(0, &a, 0, 0, 8).0, WcStatus::RemAccessErr, "{mode:?}: the window survived");
+                }
+                let bound_outside = (0..4).any(|g| {
+                    let e = c.driver.entry(GroupId(g)).unwrap();
+                    e.owner() != 0
+                });
+                assert!(!bound_outside, "{mode:?}: a group with a corrupted span stayed allocated");
+            }
+            (_, r) => {
+                assert!(r.is_err(), "{mode:?}: the host engine bound a span that is not one chunk");
+            }
+        }
+    }
+}

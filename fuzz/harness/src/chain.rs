@@ -468,6 +468,7 @@ fn run_on_host_engine(c: &mut Cluster, layout: &ChainLayout, rec: &omw_core::mn:
         free_qpn: rec.qps.free,
         software_ownership_check: c.driver.mn.config().software_ownership_check,
         max_polls: 10_000,
+        geometry: c.driver.mn.config().geometry,
     };
     let regions = c.driver.regions;
     for req in requests {
