@@ -238,6 +238,8 @@ pub struct MnStats {
     pub probes_sent: u64,
     /// Windows found (audit) or about to be bound (host engine) over anything but their chunk.
     pub spans_refused: u64,
+    /// Alloc repairs that found the popped group already moved on (freed, or held by another).
+    pub stale_repairs: u64,
 }
 
 #[derive(Debug)]
@@ -646,7 +648,7 @@ impl MemoryNode {
             ChainKind::Alloc => {
                 let a = s + ALLOC_SCRATCH_OFF;
                 let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
-                let took_ticket = self.repair_alloc(port, a)?;
+                let took_ticket = self.repair_alloc(port, cn, a)?;
                 if took_ticket {
                     // the queue was empty: park this chain until frees refill it
                     self.park(cn);
@@ -703,8 +705,9 @@ impl MemoryNode {
         Ok(u32::from_le_bytes(t))
     }
 
-    /// Undo an uncommitted alloc lap. Returns true when the lap took a ticket (empty queue).
-    fn repair_alloc<P: MnPort>(&mut self, port: &mut P, a: u64) -> Result<bool, MnError<P::Error>> {
+    /// Undo an uncommitted alloc lap of `cn`. Returns true when the lap took a ticket (empty
+    /// queue).
+    fn repair_alloc<P: MnPort>(&mut self, port: &mut P, cn: CnId, a: u64) -> Result<bool, MnError<P::Error>> {
         let slot = rd(port, a + alloc_scratch::SLOT_ADDR)?;
         let entry = rd(port, a + alloc_scratch::REPLY_ENTRY_ADDR)?;
         wr(port, a + alloc_scratch::SLOT_ADDR, 0)?;
@@ -715,7 +718,27 @@ impl MemoryNode {
                 wr(port, slot, 0)?;
             }
             if let Some(g) = self.map.group_of_entry(entry) {
-                self.reclaim(port, g)?;
+                // ... unless it moved on since the lap popped it: between the lap's failure and
+                // this repair (the MN CPU runs after the NIC) the CN may have freed a group the
+                // lap had already stamped and bound — it is then back in the queue — and someone
+                // else may even hold it now. Reclaiming it again would push it twice.
+                // The lap's own image of the entry (read at its pop) decides: every free
+                // advances the keys, so keys that differ from the image mean a free happened.
+                let e = read_entry(port, entry)?;
+                let image = read_entry(port, a + alloc_scratch::REPLY_ENTRY)?;
+                // (the image is this group's only if the lap's entry READ ran)
+                let image_is_ours = self.cfg.geometry.chunk_base(g) == Some(image.base.get());
+                let freed_since = image_is_ours && e.rkeys != image.rkeys;
+                let moved_on = freed_since
+                    || match e.owner() {
+                        0 => self.queue_holds(port, entry)?,
+                        o => o != cn.get(),
+                    };
+                if moved_on {
+                    self.stats.stale_repairs += 1;
+                } else {
+                    self.reclaim(port, g)?;
+                }
             }
             return Ok(false);
         }
@@ -847,6 +870,27 @@ impl MemoryNode {
         wr(port, slot, entry_addr)
     }
 
+    /// Whether the free queue's live window (or a settled-later ticket slot) holds `entry`.
+    /// A scan of at most the ring: used only on repair paths.
+    fn queue_holds<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<bool, MnError<P::Error>> {
+        let q = self.map.queue;
+        let head = rd(port, q.head)?;
+        let tail = rd(port, q.tail)?;
+        let mut at = head;
+        for _ in 0..q.len(head, tail) {
+            if rd(port, at)? == entry {
+                return Ok(true);
+            }
+            at = masked_add(at, SLOT_SIZE as u64, q.counter_boundary());
+        }
+        for t in self.tickets.clone().iter() {
+            if rd(port, *t)? == entry {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     fn broadcast<P: MnPort>(&mut self, port: &mut P, n: Notice) -> R<P::Error> {
         match n {
             Notice::Empty => self.stats.empty_notices += 1,
@@ -974,7 +1018,7 @@ impl MemoryNode {
         }
         port.apply(Action::DisconnectMgmt { alloc: r.qps.alloc, free: r.qps.free }).map_err(MnError::Port)?;
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
-        self.repair_alloc(port, s + ALLOC_SCRATCH_OFF)?;
+        self.repair_alloc(port, cn, s + ALLOC_SCRATCH_OFF)?;
         self.repair_free(port, cn, s + FREE_SCRATCH_OFF)?;
         self.reclaim_all_of(port, cn)?;
         self.settle(port)
@@ -1073,7 +1117,7 @@ impl MemoryNode {
         }
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
         // in-flight laps first (a pop the CN never saw, a half-done free), then what it owns
-        if self.repair_alloc(port, s + ALLOC_SCRATCH_OFF)? {
+        if self.repair_alloc(port, cn, s + ALLOC_SCRATCH_OFF)? {
             // its ticket stays with the MN; settle() will place the group when it arrives
         }
         self.repair_free(port, cn, s + FREE_SCRATCH_OFF)?;
