@@ -38,6 +38,17 @@ pub struct MwInfo {
     pub bound: Option<Binding>,
 }
 
+/// A memory region in the key table, for assertions (what a test enumerates when it plays an
+/// attacker who knows every key the node handed out).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct MrInfo {
+    pub key: u32,
+    pub pd: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub access: AccessFlags,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Key {
     Mr(rules::Mr),
@@ -318,6 +329,17 @@ impl ExtBlock {
             pd: w.pd,
             bound: w.binding.map(|b| Binding { qpn: b.qp, addr: b.addr, len: b.len as u32, access: b.access }),
         })
+    }
+
+    /// Every registered MR, in index order.
+    pub fn mrs(&self) -> Vec<MrInfo> {
+        self.keys
+            .values()
+            .filter_map(|k| match k {
+                Key::Mr(m) => Some(MrInfo { key: m.key, pd: m.pd, addr: m.addr, len: m.len, access: m.access }),
+                Key::Mw(_) => None,
+            })
+            .collect()
     }
 
     pub fn event(&mut self, qpn: u32, status: WcStatus, wr_id: u64) {

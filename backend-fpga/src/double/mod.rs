@@ -342,6 +342,14 @@ impl Fabric {
     pub fn mw(&self, node: NodeId, rkey: u32) -> Option<ext::MwInfo> {
         self.world.borrow().nodes[node.0].ext.as_ref().and_then(|e| e.mw_info(rkey))
     }
+    /// Every MR in a node's key table (empty without the extension block), for assertions.
+    pub fn mrs(&self, node: NodeId) -> Vec<ext::MrInfo> {
+        self.world.borrow().nodes[node.0].ext.as_ref().map(|e| e.mrs()).unwrap_or_default()
+    }
+    /// The PD a QP's INIT took (None without the extension block), for assertions.
+    pub fn qp_pd(&self, node: NodeId, ctid: u8) -> Option<u32> {
+        self.world.borrow().nodes[node.0].ext.as_ref().map(|e| e.qp_pd(ctid))
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
