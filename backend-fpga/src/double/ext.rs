@@ -211,6 +211,8 @@ pub(crate) struct ExtBlock {
     next_mw: u32,
     /// PDs allocated so far; PD 0 exists from reset.
     pds: u32,
+    /// Whether this block has protection domains (CAPS bit 8, ALLOC_PD); without, PD 0 only.
+    pd_support: bool,
     lfsr: KeyLfsr,
     key_addr: u64,
     key_len: u64,
@@ -227,12 +229,13 @@ pub(crate) struct ExtBlock {
 }
 
 impl ExtBlock {
-    pub fn new(key_seed: u64) -> Self {
+    pub fn new(key_seed: u64, pd_support: bool) -> Self {
         ExtBlock {
             keys: BTreeMap::new(),
             next_mr: FIRST_MR,
             next_mw: FIRST_MW,
             pds: 1,
+            pd_support,
             lfsr: KeyLfsr::new(key_seed),
             key_addr: 0,
             key_len: 0,
@@ -249,8 +252,9 @@ impl ExtBlock {
         }
     }
 
-    pub fn caps_word() -> u64 {
+    pub fn caps_word(&self) -> u64 {
         use map::caps::*;
+        let pds = if self.pd_support { PROTECTION_DOMAINS } else { 0 };
         (KEY_TABLE
             | SEQUENCER
             | ATOMICS
@@ -259,7 +263,7 @@ impl ExtBlock {
             | BIND_TO_OTHER_QP
             | INV_QP_CHECK
             | MW_BOUNDS
-            | PROTECTION_DOMAINS)
+            | pds)
             | ((MAX_KEYS - FIRST_MW) as u64) << 32
             | MAX_LOG_RING << 48
     }
@@ -357,7 +361,7 @@ impl ExtBlock {
     pub fn read(&self, _node: &super::Node, reg: usize) -> u64 {
         match reg {
             map::ID => map::id_word(),
-            map::CAPS => Self::caps_word(),
+            map::CAPS => self.caps_word(),
             map::KEY_ADDR => self.key_addr,
             map::KEY_LEN => self.key_len,
             map::KEY_ACCESS => self.key_access,
@@ -420,6 +424,7 @@ impl ExtBlock {
         let ok = |v: u64| map::KEY_RESULT_DONE | tag | (v & 0xFFFF_FFFF);
         let pd_ok = |pd: u64| pd < self.pds as u64;
         self.key_result = match c.cmd {
+            map::key_cmd::ALLOC_PD if !self.pd_support => err(map::key_err::UNKNOWN_CMD),
             map::key_cmd::ALLOC_PD => {
                 self.pds += 1;
                 ok(self.pds as u64 - 1)
