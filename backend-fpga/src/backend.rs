@@ -245,9 +245,6 @@ pub struct FpgaConfig {
     pub threads: u8,
     /// Host process id passed to `IOCTL_REGISTER_CTID`.
     pub hpid: u32,
-    /// Extension block: put both [`Domain`]s in one PD. For set-ups that do not yet assign
-    /// every registration a domain; it gives up the separation issue 10 asks for.
-    pub single_pd: bool,
 }
 
 impl FpgaConfig {
@@ -261,7 +258,6 @@ impl FpgaConfig {
             pmtu: DEFAULT_PMTU,
             threads: 0,
             hpid: std::process::id(),
-            single_pd: false,
         }
     }
     pub fn with_ring_arena(mut self, base: u64, len: u64) -> Self {
@@ -270,10 +266,6 @@ impl FpgaConfig {
     }
     pub fn with_threads(mut self, n: u8) -> Self {
         self.threads = n;
-        self
-    }
-    pub fn with_single_pd(mut self) -> Self {
-        self.single_pd = true;
         self
     }
 }
@@ -361,11 +353,13 @@ struct ExtInfo {
     minor: u16,
 }
 
-/// The PDs of the two domains on the extension block.
+/// The PDs of the two domains on the extension block. A block without protection domains
+/// has PD 0 only: it has no private domain (asking for one is `NoSuchDomain`, never PD 0,
+/// which the CN-facing QPs are in).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Pds {
     cn_facing: u32,
-    mn_private: u32,
+    mn_private: Option<u32>,
 }
 
 /// The omw backend for one vFPGA of a Coyote v2 / BALBOA engine.
@@ -459,11 +453,11 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
         }
         if let Some(e) = b.ext {
             b.pds = Some(if e.caps & map::caps::PROTECTION_DOMAINS == 0 {
-                Pds { cn_facing: 0, mn_private: 0 }
+                Pds { cn_facing: 0, mn_private: None }
             } else {
                 let cn_facing = b.key_command(map::key_cmd::ALLOC_PD, &[])?;
-                let mn_private = if cfg.single_pd { cn_facing } else { b.key_command(map::key_cmd::ALLOC_PD, &[])? };
-                Pds { cn_facing, mn_private }
+                let mn_private = b.key_command(map::key_cmd::ALLOC_PD, &[])?;
+                Pds { cn_facing, mn_private: Some(mn_private) }
             });
             if let Some((base, len)) = cfg.ring_arena {
                 // chains patch and bump their own WQEs through the loop QPs: the rings need
@@ -472,13 +466,11 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
                     | AccessFlags::REMOTE_READ
                     | AccessFlags::REMOTE_WRITE
                     | AccessFlags::REMOTE_ATOMIC;
-                b.ring_keys = Some(b.reg_mr_in(Domain::MnPrivate, base, len, access)?);
+                if b.pd(Domain::MnPrivate).is_ok() {
+                    b.ring_keys = Some(b.reg_mr_in(Domain::MnPrivate, base, len, access)?);
+                }
                 // CN-facing chain QPs scatter requests into ring WQEs: a local-only registration
-                b.ring_keys_local = Some(if cfg.single_pd {
-                    b.ring_keys.unwrap_or(MrKeys { lkey: 0, rkey: 0 })
-                } else {
-                    b.reg_mr_in(Domain::CnFacing, base, len, AccessFlags::LOCAL_WRITE)?
-                });
+                b.ring_keys_local = Some(b.reg_mr_in(Domain::CnFacing, base, len, AccessFlags::LOCAL_WRITE)?);
             }
         }
         Ok(b)
@@ -521,7 +513,7 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
         let p = self.pds.ok_or(Error::NoSuchDomain(d))?;
         Ok(match d {
             Domain::CnFacing => p.cn_facing,
-            Domain::MnPrivate => p.mn_private,
+            Domain::MnPrivate => p.mn_private.ok_or(Error::NoSuchDomain(d))?,
         })
     }
 
@@ -575,7 +567,10 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
             return Self::unsupported_stock("WQE rings");
         }
         let k = match d {
-            Domain::MnPrivate => self.ring_keys,
+            Domain::MnPrivate => {
+                self.pd(d)?;
+                self.ring_keys
+            }
             Domain::CnFacing => self.ring_keys_local,
         };
         k.ok_or(Error::ArenaExhausted { need: 1 })

@@ -219,3 +219,28 @@ impl ReadVec for Be {
         get(self, addr, len)
     }
 }
+
+#[test]
+fn a_block_without_protection_domains_has_no_private_domain() {
+    let f = Fabric::new();
+    let id = f.add_node(NodeConfig::stock(9, MN, 4 << 20).with_extension().without_protection_domains());
+    let cfg = FpgaConfig::new(0, OpcodeEncoding::CoyoteV2, 9).with_threads(4).with_ring_arena(MN + (3 << 20), 1 << 20);
+    let mut be: Be = FpgaBackend::open(f.mmio(id), f.user_csr(id), f.memory(id), cfg).unwrap();
+    // MN-private memory never lands in PD 0 with the CN-facing QPs: every private request is refused
+    assert_eq!(be.pd(Domain::CnFacing).unwrap(), 0);
+    assert!(matches!(be.pd(Domain::MnPrivate), Err(Error::NoSuchDomain(Domain::MnPrivate))));
+    let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    assert!(matches!(be.reg_mr_in(Domain::MnPrivate, META, 64, rights), Err(Error::NoSuchDomain(_))));
+    assert!(matches!(be.ring_keys_in(Domain::MnPrivate), Err(Error::NoSuchDomain(_))));
+    assert!(matches!(be.create_qp(1, QpSetup::plain(4, 0).in_domain(Domain::MnPrivate)), Err(Error::NoSuchDomain(_))));
+    assert!(be.ring_keys_in(Domain::CnFacing).is_ok());
+    assert!(f.mrs(id).iter().all(|m| !m.access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)));
+    // so offloaded provisioning through the MN plan fails instead of running unseparated
+    use omw_core::mn_plan::{MnOptions, MnPlan, MnRegions, PlanError};
+    let plan = MnPlan::decide(be.capabilities(), MnOptions::default()).unwrap();
+    assert_eq!(plan.mode, omw_core::backend::ExecutionMode::Offloaded);
+    let geo = omw_core::geometry::PoolGeometry::new(MN + (1 << 20), 4096, 4, 3).unwrap();
+    let map = omw_core::mn_memory::MnMemoryMap::new(geo, 1, MN + (2 << 20)).unwrap();
+    let r = plan.register_metadata(&mut be, &MnRegions { map, zero_source: Some(MN + 0x8000) });
+    assert!(matches!(r, Err(PlanError::Backend(Error::NoSuchDomain(Domain::MnPrivate)))), "{r:?}");
+}

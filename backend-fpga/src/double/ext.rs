@@ -38,6 +38,17 @@ pub struct MwInfo {
     pub bound: Option<Binding>,
 }
 
+/// A memory region in the key table, for assertions (what a test enumerates when it plays an
+/// attacker who knows every key the node handed out).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct MrInfo {
+    pub key: u32,
+    pub pd: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub access: AccessFlags,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Key {
     Mr(rules::Mr),
@@ -200,6 +211,8 @@ pub(crate) struct ExtBlock {
     next_mw: u32,
     /// PDs allocated so far; PD 0 exists from reset.
     pds: u32,
+    /// Whether this block has protection domains (CAPS bit 8, ALLOC_PD); without, PD 0 only.
+    pd_support: bool,
     lfsr: KeyLfsr,
     key_addr: u64,
     key_len: u64,
@@ -216,12 +229,13 @@ pub(crate) struct ExtBlock {
 }
 
 impl ExtBlock {
-    pub fn new(key_seed: u64) -> Self {
+    pub fn new(key_seed: u64, pd_support: bool) -> Self {
         ExtBlock {
             keys: BTreeMap::new(),
             next_mr: FIRST_MR,
             next_mw: FIRST_MW,
             pds: 1,
+            pd_support,
             lfsr: KeyLfsr::new(key_seed),
             key_addr: 0,
             key_len: 0,
@@ -238,8 +252,9 @@ impl ExtBlock {
         }
     }
 
-    pub fn caps_word() -> u64 {
+    pub fn caps_word(&self) -> u64 {
         use map::caps::*;
+        let pds = if self.pd_support { PROTECTION_DOMAINS } else { 0 };
         (KEY_TABLE
             | SEQUENCER
             | ATOMICS
@@ -248,7 +263,7 @@ impl ExtBlock {
             | BIND_TO_OTHER_QP
             | INV_QP_CHECK
             | MW_BOUNDS
-            | PROTECTION_DOMAINS)
+            | pds)
             | ((MAX_KEYS - FIRST_MW) as u64) << 32
             | MAX_LOG_RING << 48
     }
@@ -320,6 +335,17 @@ impl ExtBlock {
         })
     }
 
+    /// Every registered MR, in index order.
+    pub fn mrs(&self) -> Vec<MrInfo> {
+        self.keys
+            .values()
+            .filter_map(|k| match k {
+                Key::Mr(m) => Some(MrInfo { key: m.key, pd: m.pd, addr: m.addr, len: m.len, access: m.access }),
+                Key::Mw(_) => None,
+            })
+            .collect()
+    }
+
     pub fn event(&mut self, qpn: u32, status: WcStatus, wr_id: u64) {
         self.events += 1;
         self.last_event = (qpn as u64 & 0xFF_FFFF) | (status as u64) << 24 | (wr_id & 0xFFFF_FFFF) << 32;
@@ -335,7 +361,7 @@ impl ExtBlock {
     pub fn read(&self, _node: &super::Node, reg: usize) -> u64 {
         match reg {
             map::ID => map::id_word(),
-            map::CAPS => Self::caps_word(),
+            map::CAPS => self.caps_word(),
             map::KEY_ADDR => self.key_addr,
             map::KEY_LEN => self.key_len,
             map::KEY_ACCESS => self.key_access,
@@ -398,6 +424,7 @@ impl ExtBlock {
         let ok = |v: u64| map::KEY_RESULT_DONE | tag | (v & 0xFFFF_FFFF);
         let pd_ok = |pd: u64| pd < self.pds as u64;
         self.key_result = match c.cmd {
+            map::key_cmd::ALLOC_PD if !self.pd_support => err(map::key_err::UNKNOWN_CMD),
             map::key_cmd::ALLOC_PD => {
                 self.pds += 1;
                 ok(self.pds as u64 - 1)

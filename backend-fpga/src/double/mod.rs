@@ -57,6 +57,9 @@ pub struct NodeConfig {
     /// Seed of the extension block's key-byte generator (its reset value; see
     /// [`ext::KeyLfsr`]).
     pub key_seed: u64,
+    /// Whether the extension block has protection domains (a block built without them has
+    /// PD 0 only).
+    pub ext_pds: bool,
 }
 
 impl NodeConfig {
@@ -71,10 +74,16 @@ impl NodeConfig {
             shell: ShellConfig { en_rdma: true, en_strm: true, n_fpga_reg: 1, ..ShellConfig::default() },
             pmtu: DEFAULT_PMTU,
             key_seed: 0x9E37_79B9_7F4A_7C15 ^ ip as u64,
+            ext_pds: true,
         }
     }
     pub fn with_extension(mut self) -> Self {
         self.extension = Some(crate::ext::DEFAULT_BASE);
+        self
+    }
+    /// An extension block built without protection domains.
+    pub fn without_protection_domains(mut self) -> Self {
+        self.ext_pds = false;
         self
     }
     pub fn with_shell(mut self, shell: ShellConfig) -> Self {
@@ -264,7 +273,7 @@ impl Fabric {
     }
     pub fn add_node(&self, cfg: NodeConfig) -> NodeId {
         let mut w = self.world.borrow_mut();
-        let ext = cfg.extension.map(|_| ext::ExtBlock::new(cfg.key_seed));
+        let ext = cfg.extension.map(|_| ext::ExtBlock::new(cfg.key_seed, cfg.ext_pds));
         let mem = vec![0u8; cfg.mem_len];
         w.nodes.push(Node {
             cfg,
@@ -341,6 +350,14 @@ impl Fabric {
     /// A window's state in a node's key table, for assertions.
     pub fn mw(&self, node: NodeId, rkey: u32) -> Option<ext::MwInfo> {
         self.world.borrow().nodes[node.0].ext.as_ref().and_then(|e| e.mw_info(rkey))
+    }
+    /// Every MR in a node's key table (empty without the extension block), for assertions.
+    pub fn mrs(&self, node: NodeId) -> Vec<ext::MrInfo> {
+        self.world.borrow().nodes[node.0].ext.as_ref().map(|e| e.mrs()).unwrap_or_default()
+    }
+    /// The PD a QP's INIT took (None without the extension block), for assertions.
+    pub fn qp_pd(&self, node: NodeId, ctid: u8) -> Option<u32> {
+        self.world.borrow().nodes[node.0].ext.as_ref().map(|e| e.qp_pd(ctid))
     }
 }
 

@@ -1,6 +1,8 @@
 //! Shared test plumbing: modelled nodes with a backend each, QP wiring, polling.
 #![allow(dead_code)]
 
+pub mod mn;
+
 use omw_core::backend::{Completion, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::Qpn;
 use omw_core::wqe::QueueSel;
