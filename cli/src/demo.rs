@@ -14,7 +14,8 @@ use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
 use omw_core::ids::Rkey;
 use omw_core::wire::ErrorCode;
-use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
+use omw_core::wqe::Wqe;
+use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError, CnQp};
 use omw_loopback::NicConfig;
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -284,9 +285,62 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoReport, String> {
         rep.attack(&format!("garbage {kind:?} request ({} bytes): no chunk gained or lost", bytes.len()), same);
         rep.invariants(&mut c, &format!("garbage {kind:?} request"));
     }
+    // MN-private memory: every MR the MN registered, with its exact key (stronger than any
+    // guess), through the CN's own access and Alloc QPs
+    let mn_mrs = c.fabric.borrow().mrs_of(c.mn_host).map_err(|e| format!("MN MRs: {e}"))?;
+    let mut reached = 0;
+    for mr in &mn_mrs {
+        for qp in [CnQp::Access(0), CnQp::Alloc] {
+            for w in [Wqe::read(0, 0, 8, mr.addr, mr.key), Wqe::write(0, 0, 8, mr.addr, mr.key)] {
+                if c.cn_post(evil, qp, w) == WcStatus::Success {
+                    reached += 1;
+                }
+            }
+        }
+    }
+    rep.attack(
+        &format!("read/write the MN's tables, scratch and rings with each of its {} MR keys", mn_mrs.len()),
+        reached == 0,
+    );
+    let keys: Vec<u32> = mn_mrs.iter().map(|m| m.key).collect();
+    let leaked = c.cns[evil]
+        .received
+        .iter()
+        .filter_map(|b| omw_core::wire::AllocReply::decode(b).ok())
+        .any(|r| r.entry.lkey.get() != 0 || keys.contains(&r.entry.lkey.get()));
+    rep.attack("learn an MN key from its alloc replies", !leaked);
+    // residue: what it wrote before freeing is gone from the chunk
+    let residue = {
+        let mut b = vec![0u8; old.length as usize];
+        c.fabric.borrow().read(c.mn_host, old.base, &mut b).map_err(|e| format!("MN read: {e}"))?;
+        b.iter().any(|x| *x != 0)
+    };
+    rep.attack("leave bytes for the next owner of its freed chunk", !residue);
     let (st, got) = c.read(victim, &va, 0, chunk - 32, 32);
     rep.check(st == WcStatus::Success && got == secret, || "cn0's data changed by the attacks".into());
     rep.invariants(&mut c, "the attacks");
+    // it stops answering (posts no receives) and keeps asking: evicted; the others notice nothing
+    c.stall_cn(evil);
+    let mut others_ok = true;
+    for round in 0..24 {
+        if c.alloc_begin(evil).is_ok() {
+            c.cns[evil].client.abandon_pending();
+        }
+        let i = round % honest;
+        match c.alloc(i) {
+            Ok(a) => {
+                others_ok &= c.free(i, &a).is_ok();
+                rep.allocations += 1;
+                rep.frees += 1;
+            }
+            Err(_) => others_ok = false,
+        }
+    }
+    rep.attack(
+        "stall the MN by never posting receives (evicted; every other CN's request succeeded)",
+        !c.is_served(evil) && others_ok,
+    );
+    rep.invariants(&mut c, "the stalled CN's eviction");
     let denied = rep.attacks.iter().filter(|a| a.1).count();
     rep.log.push(format!("malicious cn{evil}: {denied}/{} attacks denied; cn0's data intact", rep.attacks.len()));
 
