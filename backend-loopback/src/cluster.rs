@@ -535,7 +535,8 @@ impl Cluster {
     /// Run the model, the MN and the CNs until nothing moves.
     pub fn pump(&mut self) -> Result<MnActivity, ClusterError> {
         let mut act = MnActivity::default();
-        for _round in 0..64 {
+        // (host-engine laps advance one device step per round)
+        for _round in 0..1024 {
             let steps = match self.driver.backend.interleave.clone() {
                 None => self.fabric.borrow_mut().run_until_idle(10_000_000),
                 Some(il) => {

@@ -1244,7 +1244,12 @@ impl RdmaBackend for VerbsBackend {
         }
         if crate::log::enabled("omw_verbs::cq", crate::log::Level::Trace) {
             for c in &out[..k] {
-                crate::log::log("omw_verbs::cq", "omw-verbs", crate::log::Level::Trace, &format!("QP {qp} send: {c:?}"));
+                crate::log::log(
+                    "omw_verbs::cq",
+                    "omw-verbs",
+                    crate::log::Level::Trace,
+                    &format!("QP {qp} send: {c:?}"),
+                );
             }
         }
         Ok(k)

@@ -325,13 +325,8 @@ impl MemoryNodeDaemon {
         if debug_enabled() && self.last_heartbeat.elapsed() >= Duration::from_secs(1) {
             self.last_heartbeat = Instant::now();
             let st = self.driver.mn.stats();
-            let outstanding: Vec<String> = self
-                .driver
-                .mn
-                .cns()
-                .filter(|r| r.probe_outstanding)
-                .map(|r| r.cn.to_string())
-                .collect();
+            let outstanding: Vec<String> =
+                self.driver.mn.cns().filter(|r| r.probe_outstanding).map(|r| r.cn.to_string()).collect();
             crate::log::log(
                 TARGET,
                 "omw mn",

@@ -322,7 +322,10 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoReport, String> {
     // it stops answering (posts no receives) and keeps asking: evicted; the others notice nothing
     c.stall_cn(evil);
     let mut others_ok = true;
-    for round in 0..24 {
+    for round in 0..400 {
+        if round >= 24 && !c.is_served(evil) {
+            break;
+        }
         if c.alloc_begin(evil).is_ok() {
             c.cns[evil].client.abandon_pending();
         }

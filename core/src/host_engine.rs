@@ -155,8 +155,265 @@ impl HostRegions {
     }
 }
 
-/// Run one lap. Memory faults and device errors are *outcomes* (the chain failed, the MN
-/// repairs); only backend failures and lost completions are errors.
+/// A step the lap posted to the device and now waits for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Waiting {
+    pub qp: Qpn,
+    pub wr_id: u64,
+    pub step: u8,
+}
+
+/// Where a resumable lap stands.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Progress {
+    /// A device operation is posted: call [`Lap::complete`] with its completion status (or
+    /// [`Lap::timed_out`]), then [`Lap::advance`] again.
+    Waiting(Waiting),
+    Done(LapOutcome),
+}
+
+/// One lap of a chain layout on the MN CPU, resumable: the CPU steps run at once, each
+/// device step is posted and the lap returns to its caller until the completion arrives — so
+/// the driver can run laps of different CNs side by side instead of busy-waiting on one.
+/// The semantics are exactly those of [`run_lap`] (which drives a `Lap` to the end).
+#[derive(Clone, Debug)]
+pub struct Lap {
+    copies: heapless::Vec<[u8; WQE_SIZE], MAX_STEPS>,
+    next: usize,
+    device_ops: u32,
+    cpu_steps: u32,
+    waiting: Option<Waiting>,
+}
+
+impl Lap {
+    /// Apply the RECV scatter of `request` (what the NIC's receive would do). An outcome
+    /// instead of a lap when the request cannot even be scattered.
+    pub fn start<B: RdmaBackend>(
+        backend: &mut B,
+        layout: &ChainLayout,
+        request: &[u8],
+    ) -> Result<Result<Lap, LapOutcome>, HostEngineError<B::Error>> {
+        let copies: heapless::Vec<[u8; WQE_SIZE], MAX_STEPS> = layout.steps.iter().map(|s| s.wqe.encode()).collect();
+        let mut lap = Lap { copies, next: 0, device_ops: 0, cpu_steps: 1, waiting: None };
+        let total: u64 = layout.recv.iter().map(|r| r.len as u64).sum();
+        if request.len() as u64 > total {
+            return Ok(Err(LapOutcome::Failed {
+                step: None,
+                failure: LapFailure::RequestTooLong,
+                device_ops: 0,
+                cpu_steps: 1,
+            }));
+        }
+        let mut off = 0usize;
+        for r in layout.recv.iter() {
+            if off >= request.len() {
+                break;
+            }
+            let n = (r.len as usize).min(request.len() - off);
+            let data = &request[off..off + n];
+            match r.loc {
+                Loc::Mem(a) => backend.write_local(a, data).map_err(HostEngineError::Backend)?,
+                Loc::Field { step, field } => {
+                    if let Some(c) = lap.copies.get_mut(step as usize) {
+                        patch(c, field, data);
+                    }
+                }
+            }
+            off += n;
+        }
+        Ok(Ok(lap))
+    }
+
+    /// The step being waited for, if any.
+    pub fn waiting(&self) -> Option<Waiting> {
+        self.waiting
+    }
+
+    /// The waited-for step completed with `status`; `Some` outcome when that failed the lap.
+    pub fn complete(&mut self, status: WcStatus) -> Option<LapOutcome> {
+        let w = self.waiting.take()?;
+        (!status.is_ok()).then_some(LapOutcome::Failed {
+            step: Some(w.step),
+            failure: LapFailure::Status(status),
+            device_ops: self.device_ops,
+            cpu_steps: self.cpu_steps,
+        })
+    }
+
+    /// The waited-for step did not complete within the lap's budget.
+    pub fn timed_out(&mut self) -> LapOutcome {
+        let step = self.waiting.take().map(|w| w.step);
+        LapOutcome::Failed {
+            step,
+            failure: LapFailure::Timeout,
+            device_ops: self.device_ops,
+            cpu_steps: self.cpu_steps,
+        }
+    }
+
+    /// Run CPU steps until the next device step is posted, or the lap ends.
+    pub fn advance<B: RdmaBackend>(
+        &mut self,
+        backend: &mut B,
+        layout: &ChainLayout,
+        regions: &HostRegions,
+        ctx: &LapContext<'_>,
+    ) -> Result<Progress, HostEngineError<B::Error>> {
+        if let Some(w) = self.waiting {
+            return Ok(Progress::Waiting(w));
+        }
+        let copies = &mut self.copies;
+        let mut device_ops = self.device_ops;
+        let mut cpu_steps = self.cpu_steps;
+        let fail = |step: Option<u8>, failure, device_ops, cpu_steps| {
+            Ok(Progress::Done(LapOutcome::Failed { step, failure, device_ops, cpu_steps }))
+        };
+        for i in self.next..layout.steps.len() {
+            let step = &layout.steps[i];
+            let si = i as u8;
+            let w = match Wqe::decode(&copies[i]) {
+                Ok(w) => w,
+                Err(_) => return fail(Some(si), LapFailure::MalformedWqe, device_ops, cpu_steps),
+            };
+            match w.opcode {
+                Opcode::Nop | Opcode::Wait | Opcode::Enable => continue,
+                _ => {}
+            }
+            // lap bumps rewrite WAIT counts for the NIC's next lap: meaningless here
+            if matches!(step.remote, Some(Loc::Field { .. })) {
+                continue;
+            }
+            let loop_mem_op = step.ring == Ring::Loop && (w.opcode.is_remote());
+            if loop_mem_op {
+                cpu_steps += 1;
+                let len = w.length as u64;
+                // source bytes
+                let mut buf = [0u8; 64];
+                let n = (w.length as usize).min(buf.len());
+                match w.opcode {
+                    Opcode::Read => {
+                        if !regions.remote_ok(w.remote_addr, len, w.rkey) || n as u64 != len {
+                            return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
+                        }
+                        backend.read_local(w.remote_addr, &mut buf[..n]).map_err(HostEngineError::Backend)?;
+                        match step.local {
+                            Some(Loc::Field { step: t, field }) => {
+                                if let Some(c) = copies.get_mut(t as usize) {
+                                    patch(c, field, &buf[..n]);
+                                }
+                            }
+                            _ => {
+                                if !regions.local_ok(w.local_addr, len, w.lkey) {
+                                    return fail(
+                                        Some(si),
+                                        LapFailure::Status(WcStatus::LocProtErr),
+                                        device_ops,
+                                        cpu_steps,
+                                    );
+                                }
+                                backend.write_local(w.local_addr, &buf[..n]).map_err(HostEngineError::Backend)?;
+                            }
+                        }
+                    }
+                    Opcode::Write | Opcode::WriteWithImm => {
+                        if !regions.local_ok(w.local_addr, len, w.lkey) || n as u64 != len {
+                            return fail(Some(si), LapFailure::Status(WcStatus::LocProtErr), device_ops, cpu_steps);
+                        }
+                        if !regions.remote_ok(w.remote_addr, len, w.rkey) {
+                            return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
+                        }
+                        backend.read_local(w.local_addr, &mut buf[..n]).map_err(HostEngineError::Backend)?;
+                        backend.write_local(w.remote_addr, &buf[..n]).map_err(HostEngineError::Backend)?;
+                    }
+                    Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => {
+                        if !regions.remote_ok(w.remote_addr, 8, w.rkey) {
+                            return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
+                        }
+                        let mut old = [0u8; 8];
+                        backend.read_local(w.remote_addr, &mut old).map_err(HostEngineError::Backend)?;
+                        let v = u64::from_le_bytes(old);
+                        let new = match w.opcode {
+                            Opcode::FetchAdd => v.wrapping_add(w.operand0),
+                            Opcode::MaskedFetchAdd => masked_add(v, w.operand0, w.operand1),
+                            _ if v == w.operand0 => w.operand1,
+                            _ => v,
+                        };
+                        backend.write_local(w.remote_addr, &new.to_le_bytes()).map_err(HostEngineError::Backend)?;
+                        match step.local {
+                            Some(Loc::Field { step: t, field }) => {
+                                if let Some(c) = copies.get_mut(t as usize) {
+                                    patch(c, field, &old);
+                                }
+                            }
+                            _ => {
+                                if !regions.local_ok(w.local_addr, 8, w.lkey) {
+                                    return fail(
+                                        Some(si),
+                                        LapFailure::Status(WcStatus::LocProtErr),
+                                        device_ops,
+                                        cpu_steps,
+                                    );
+                                }
+                                backend.write_local(w.local_addr, &old).map_err(HostEngineError::Backend)?;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+
+            // --- device operations
+            let mgmt = Qpn::new(layout.qpns[1]).map_err(|_| HostEngineError::Timeout { step: si })?;
+            let qp = match w.opcode {
+                Opcode::BindMw if !w.flags.contains(WqeFlags::UNBIND) => {
+                    // Every window goes to one of the requester's own QPs: its access QPs (the
+                    // request names them) or its Free QP (MW[0]). A request that named someone
+                    // else's QP, or too few, stops here.
+                    let q = match Qpn::new(w.qpn) {
+                        Ok(q) if ctx.access_qpns.contains(&q) || q == ctx.free_qpn => q,
+                        _ => return fail(Some(si), LapFailure::ForeignQpn(w.qpn), device_ops, cpu_steps),
+                    };
+                    let g = &ctx.geometry;
+                    let chunk = g.group_of(w.local_addr).and_then(|id| g.chunk_base(id));
+                    if chunk != Some(w.local_addr) || w.length as u64 != g.chunk_size() {
+                        return fail(Some(si), LapFailure::BadSpan, device_ops, cpu_steps);
+                    }
+                    q
+                }
+                _ => mgmt,
+            };
+            if layout.kind == ChainKind::Free && layout.ownership_check == Some(si) && ctx.software_ownership_check {
+                let mut owner = [0u8; 4];
+                let at = ctx.scratch + FREE_SCRATCH_OFF + free_scratch::ENTRY + ENTRY_OFF_OWNER;
+                backend.read_local(at, &mut owner).map_err(HostEngineError::Backend)?;
+                if u32::from_le_bytes(owner) != ctx.requester.get() {
+                    return fail(Some(si), LapFailure::NotOwner, device_ops, cpu_steps);
+                }
+            }
+            let w = w.with_flags(w.flags | WqeFlags::SIGNALED);
+            // A device that refuses the post (its QP went away) fails the lap, not the MN.
+            if backend.post_send(qp, &w).is_err() {
+                return fail(Some(si), LapFailure::Status(WcStatus::LocQpOpErr), device_ops, cpu_steps);
+            }
+            device_ops += 1;
+            let waiting = Waiting { qp, wr_id: w.wr_id, step: si };
+            self.waiting = Some(waiting);
+            self.next = i + 1;
+            self.device_ops = device_ops;
+            self.cpu_steps = cpu_steps;
+            return Ok(Progress::Waiting(waiting));
+        }
+        self.next = layout.steps.len();
+        self.device_ops = device_ops;
+        self.cpu_steps = cpu_steps;
+        Ok(Progress::Done(LapOutcome::Committed { device_ops, cpu_steps }))
+    }
+}
+
+/// Run one lap to its end, waiting on each device step in turn (at most `ctx.max_polls` polls
+/// each). Memory faults and device errors are *outcomes* (the chain failed, the MN repairs);
+/// only backend failures are errors.
 pub fn run_lap<B: RdmaBackend>(
     backend: &mut B,
     layout: &ChainLayout,
@@ -164,169 +421,24 @@ pub fn run_lap<B: RdmaBackend>(
     request: &[u8],
     ctx: &LapContext<'_>,
 ) -> Result<LapOutcome, HostEngineError<B::Error>> {
-    let mut copies: heapless::Vec<[u8; WQE_SIZE], MAX_STEPS> = layout.steps.iter().map(|s| s.wqe.encode()).collect();
-    let mut device_ops = 0u32;
-    let mut cpu_steps = 1u32; // the RECV scatter
-    let fail = |step: Option<u8>, failure, device_ops, cpu_steps| {
-        Ok(LapOutcome::Failed { step, failure, device_ops, cpu_steps })
+    let mut lap = match Lap::start(backend, layout, request)? {
+        Ok(l) => l,
+        Err(o) => return Ok(o),
     };
-
-    // --- RECV scatter
-    let total: u64 = layout.recv.iter().map(|r| r.len as u64).sum();
-    if request.len() as u64 > total {
-        return fail(None, LapFailure::RequestTooLong, device_ops, cpu_steps);
-    }
-    let mut off = 0usize;
-    let mut patched_from_request: heapless::Vec<(u8, WqeField), 8> = heapless::Vec::new();
-    for r in layout.recv.iter() {
-        if off >= request.len() {
-            break;
-        }
-        let n = (r.len as usize).min(request.len() - off);
-        let data = &request[off..off + n];
-        match r.loc {
-            Loc::Mem(a) => backend.write_local(a, data).map_err(HostEngineError::Backend)?,
-            Loc::Field { step, field } => {
-                if let Some(c) = copies.get_mut(step as usize) {
-                    patch(c, field, data);
-                    let _ = patched_from_request.push((step, field));
-                }
-            }
-        }
-        off += n;
-    }
-
-    // --- the steps, in the layout's global order
-    for i in 0..layout.steps.len() {
-        let step = &layout.steps[i];
-        let si = i as u8;
-        let w = match Wqe::decode(&copies[i]) {
-            Ok(w) => w,
-            Err(_) => return fail(Some(si), LapFailure::MalformedWqe, device_ops, cpu_steps),
-        };
-        match w.opcode {
-            Opcode::Nop | Opcode::Wait | Opcode::Enable => continue,
-            _ => {}
-        }
-        // lap bumps rewrite WAIT counts for the NIC's next lap: meaningless here
-        if matches!(step.remote, Some(Loc::Field { .. })) {
-            continue;
-        }
-        let loop_mem_op = step.ring == Ring::Loop && (w.opcode.is_remote());
-        if loop_mem_op {
-            cpu_steps += 1;
-            let len = w.length as u64;
-            // source bytes
-            let mut buf = [0u8; 64];
-            let n = (w.length as usize).min(buf.len());
-            match w.opcode {
-                Opcode::Read => {
-                    if !regions.remote_ok(w.remote_addr, len, w.rkey) || n as u64 != len {
-                        return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
-                    }
-                    backend.read_local(w.remote_addr, &mut buf[..n]).map_err(HostEngineError::Backend)?;
-                    match step.local {
-                        Some(Loc::Field { step: t, field }) => {
-                            if let Some(c) = copies.get_mut(t as usize) {
-                                patch(c, field, &buf[..n]);
-                            }
-                        }
-                        _ => {
-                            if !regions.local_ok(w.local_addr, len, w.lkey) {
-                                return fail(Some(si), LapFailure::Status(WcStatus::LocProtErr), device_ops, cpu_steps);
-                            }
-                            backend.write_local(w.local_addr, &buf[..n]).map_err(HostEngineError::Backend)?;
-                        }
+    loop {
+        match lap.advance(backend, layout, regions, ctx)? {
+            Progress::Done(o) => return Ok(o),
+            Progress::Waiting(w) => match wait_for(backend, w.qp, w.wr_id, ctx.max_polls) {
+                Ok(st) => {
+                    if let Some(o) = lap.complete(st) {
+                        return Ok(o);
                     }
                 }
-                Opcode::Write | Opcode::WriteWithImm => {
-                    if !regions.local_ok(w.local_addr, len, w.lkey) || n as u64 != len {
-                        return fail(Some(si), LapFailure::Status(WcStatus::LocProtErr), device_ops, cpu_steps);
-                    }
-                    if !regions.remote_ok(w.remote_addr, len, w.rkey) {
-                        return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
-                    }
-                    backend.read_local(w.local_addr, &mut buf[..n]).map_err(HostEngineError::Backend)?;
-                    backend.write_local(w.remote_addr, &buf[..n]).map_err(HostEngineError::Backend)?;
-                }
-                Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => {
-                    if !regions.remote_ok(w.remote_addr, 8, w.rkey) {
-                        return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
-                    }
-                    let mut old = [0u8; 8];
-                    backend.read_local(w.remote_addr, &mut old).map_err(HostEngineError::Backend)?;
-                    let v = u64::from_le_bytes(old);
-                    let new = match w.opcode {
-                        Opcode::FetchAdd => v.wrapping_add(w.operand0),
-                        Opcode::MaskedFetchAdd => masked_add(v, w.operand0, w.operand1),
-                        _ if v == w.operand0 => w.operand1,
-                        _ => v,
-                    };
-                    backend.write_local(w.remote_addr, &new.to_le_bytes()).map_err(HostEngineError::Backend)?;
-                    match step.local {
-                        Some(Loc::Field { step: t, field }) => {
-                            if let Some(c) = copies.get_mut(t as usize) {
-                                patch(c, field, &old);
-                            }
-                        }
-                        _ => {
-                            if !regions.local_ok(w.local_addr, 8, w.lkey) {
-                                return fail(Some(si), LapFailure::Status(WcStatus::LocProtErr), device_ops, cpu_steps);
-                            }
-                            backend.write_local(w.local_addr, &old).map_err(HostEngineError::Backend)?;
-                        }
-                    }
-                }
-                _ => {}
-            }
-            continue;
-        }
-
-        // --- device operations
-        let mgmt = Qpn::new(layout.qpns[1]).map_err(|_| HostEngineError::Timeout { step: si })?;
-        let qp = match w.opcode {
-            Opcode::BindMw if !w.flags.contains(WqeFlags::UNBIND) => {
-                // Every window goes to one of the requester's own QPs: its access QPs (the
-                // request names them) or its Free QP (MW[0]). A request that named someone
-                // else's QP, or too few, stops here.
-                let _ = &patched_from_request;
-                let q = match Qpn::new(w.qpn) {
-                    Ok(q) if ctx.access_qpns.contains(&q) || q == ctx.free_qpn => q,
-                    _ => return fail(Some(si), LapFailure::ForeignQpn(w.qpn), device_ops, cpu_steps),
-                };
-                let g = &ctx.geometry;
-                let chunk = g.group_of(w.local_addr).and_then(|id| g.chunk_base(id));
-                if chunk != Some(w.local_addr) || w.length as u64 != g.chunk_size() {
-                    return fail(Some(si), LapFailure::BadSpan, device_ops, cpu_steps);
-                }
-                q
-            }
-            _ => mgmt,
-        };
-        if layout.kind == ChainKind::Free && layout.ownership_check == Some(si) && ctx.software_ownership_check {
-            let mut owner = [0u8; 4];
-            let at = ctx.scratch + FREE_SCRATCH_OFF + free_scratch::ENTRY + ENTRY_OFF_OWNER;
-            backend.read_local(at, &mut owner).map_err(HostEngineError::Backend)?;
-            if u32::from_le_bytes(owner) != ctx.requester.get() {
-                return fail(Some(si), LapFailure::NotOwner, device_ops, cpu_steps);
-            }
-        }
-        let w = w.with_flags(w.flags | WqeFlags::SIGNALED);
-        // A device that refuses the post (its QP went away) fails the lap, not the MN.
-        if backend.post_send(qp, &w).is_err() {
-            return fail(Some(si), LapFailure::Status(WcStatus::LocQpOpErr), device_ops, cpu_steps);
-        }
-        device_ops += 1;
-        let status = match wait_for(backend, qp, w.wr_id, ctx.max_polls) {
-            Ok(s) => s,
-            Err(WaitError::Backend(e)) => return Err(HostEngineError::Backend(e)),
-            Err(WaitError::Timeout) => return fail(Some(si), LapFailure::Timeout, device_ops, cpu_steps),
-        };
-        if !status.is_ok() {
-            return fail(Some(si), LapFailure::Status(status), device_ops, cpu_steps);
+                Err(WaitError::Backend(e)) => return Err(HostEngineError::Backend(e)),
+                Err(WaitError::Timeout) => return Ok(lap.timed_out()),
+            },
         }
     }
-    Ok(LapOutcome::Committed { device_ops, cpu_steps })
 }
 
 #[derive(Debug)]

@@ -1045,9 +1045,8 @@ impl MemoryNode {
             );
             // defence in depth: every bound window of the group must lie inside its own chunk
             let (base, size) = (self.cfg.geometry.chunk_base(gid).unwrap_or(0), self.cfg.geometry.chunk_size());
-            let outside = (0..g).any(|k| {
-                port.mw_span(e.rkey(k)).is_some_and(|(a, l)| a < base || a.saturating_add(l) > base + size)
-            });
+            let outside = (0..g)
+                .any(|k| port.mw_span(e.rkey(k)).is_some_and(|(a, l)| a < base || a.saturating_add(l) > base + size));
             if outside {
                 self.stats.spans_refused += 1;
             }

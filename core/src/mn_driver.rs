@@ -10,7 +10,7 @@ use crate::arm::{arm, ArmError};
 use crate::backend::{Completion, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
 use crate::chain::{ChainError, ChainKind, ChainLayout};
 use crate::chain_builder::{parse_chain_wr_id, ChainEnv};
-use crate::host_engine::{run_lap, HostEngineError, HostRegions, LapContext, LapFailure, LapOutcome};
+use crate::host_engine::{run_lap, HostEngineError, HostRegions, Lap, LapContext, LapFailure, LapOutcome, Progress};
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
 use crate::mn::{Action, CnQps, Event, MemoryNode, MnError, MnPort};
 use crate::mn_memory::{
@@ -88,6 +88,23 @@ pub struct PollReport {
     pub laps_committed: u32,
 }
 
+/// Host-engine laps in flight at once (one per CN and kind at most).
+pub const MAX_LAPS_IN_FLIGHT: usize = 16;
+
+/// A host-engine lap waiting for one of its device steps.
+#[derive(Debug)]
+struct InFlight {
+    cn: CnId,
+    kind: ChainKind,
+    lap: Lap,
+    /// When its current step was posted, and MN polls since.
+    since: u64,
+    rounds: u32,
+    /// The entry a free request named (scrubbed when the lap commits).
+    entry: Option<u64>,
+    done: Option<WcStatus>,
+}
+
 pub struct MnDriver<B: RdmaBackend> {
     pub backend: B,
     pub mn: MemoryNode,
@@ -100,6 +117,15 @@ pub struct MnDriver<B: RdmaBackend> {
     /// chains' own. Without one the CPU's read-modify-write is used (right only where no chain
     /// runs concurrently: host-engine mode).
     pub atomic_qp: Option<Qpn>,
+    /// Host-engine mode: run laps of different CNs side by side (post a step, move on, resume
+    /// on its completion); each CN's laps of one kind stay in order (its next request is not
+    /// received before its lap ends). Off: one lap at a time, each step busy-waited — the
+    /// engine before this one, kept for measurements.
+    pub concurrent_laps: bool,
+    /// Host-engine mode: how long a posted step may take (MN clock, ns) before the lap fails
+    /// with [`LapFailure::Timeout`] and its CN is evicted.
+    pub step_budget_ns: u64,
+    laps: heapless::Vec<InFlight, MAX_LAPS_IN_FLIGHT>,
     pub stats: DriverStats,
     send_seq: [u8; crate::mn::MAX_CNS],
     /// Host-engine mode: whether the request buffer of [Alloc, Free] is posted, per CN slot.
@@ -272,6 +298,9 @@ impl<B: RdmaBackend> MnDriver<B> {
             regions,
             admin_qp,
             atomic_qp: None,
+            concurrent_laps: true,
+            step_budget_ns: 400_000_000,
+            laps: heapless::Vec::new(),
             stats: DriverStats::default(),
             send_seq: [0; crate::mn::MAX_CNS],
             request_posted: [[false; 2]; crate::mn::MAX_CNS],
@@ -346,6 +375,15 @@ impl<B: RdmaBackend> MnDriver<B> {
         let repost = core::mem::take(&mut port.repost);
         let resets = core::mem::take(&mut port.resets);
         self.forget_receives(&resets);
+        // A reset discards posted work without completions: a lap waiting on such a QP has
+        // lost its step (as a flush would report). A lap whose CN is gone ends.
+        for l in self.laps.iter_mut() {
+            if l.lap.waiting().is_some_and(|w| resets.contains(&w.qp)) {
+                l.done = Some(WcStatus::WrFlushErr);
+            }
+        }
+        let mn = &self.mn;
+        self.laps.retain(|l| mn.cn(l.cn).is_some());
         r?;
         self.post_request_buffers(&repost)
     }
@@ -470,7 +508,7 @@ impl<B: RdmaBackend> MnDriver<B> {
                     ExecutionMode::HostEngine => {
                         // drain send completions of earlier device ops and messages (the
                         // Alloc QP carries this CN's messages in host-engine mode)
-                        if self.drain_sends(*cn, mgmt)? {
+                        if self.dispatch_sends(*cn, mgmt)? {
                             report.events += 1;
                             self.handle(now, Event::CnUnresponsive { cn: *cn })?;
                             break;
@@ -517,10 +555,140 @@ impl<B: RdmaBackend> MnDriver<B> {
                 }
             }
         }
+        let (advanced, committed) = self.progress_laps(now)?;
+        report.events += advanced;
+        report.laps_committed += committed;
         Ok(report)
     }
 
-    /// Drain `cn`'s send CQ of `qp`; true when a send failed because the transport could not
+    /// Host-engine laps waiting for a device step.
+    pub fn laps_in_flight(&self) -> usize {
+        self.laps.len()
+    }
+
+    /// Poll `qp`'s send CQ and route what it holds: a completion an in-flight lap waits for
+    /// goes to that lap; one of the MN's messages to `cn` renews its lease (or, when the
+    /// transport gave up on it, says the CN is unreachable: returns true); anything else was
+    /// already accounted for and is dropped.
+    fn dispatch_sends(&mut self, cn: CnId, qp: Qpn) -> Result<bool, DriverError<B::Error>> {
+        let mut buf = [Completion::EMPTY; 16];
+        let mut unreachable = false;
+        loop {
+            let n = self.backend.poll_cq(qp, QueueSel::Send, &mut buf).map_err(DriverError::Backend)?;
+            if n == 0 {
+                return Ok(unreachable);
+            }
+            for c in &buf[..n] {
+                if let Some(l) =
+                    self.laps.iter_mut().find(|l| l.lap.waiting().is_some_and(|w| w.qp == qp && w.wr_id == c.wr_id))
+                {
+                    l.done = Some(c.status);
+                    continue;
+                }
+                if matches!(c.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr) {
+                    unreachable = true;
+                } else if c.status.is_ok() {
+                    self.mn.cn_answered(cn);
+                }
+            }
+        }
+    }
+
+    /// Resume the laps whose step completed; fail those past their budget. Returns (laps
+    /// advanced or ended, laps committed).
+    fn progress_laps(&mut self, now: u64) -> Result<(u32, u32), DriverError<B::Error>> {
+        if self.laps.is_empty() {
+            return Ok((0, 0));
+        }
+        // route completions of every QP a lap waits on
+        let waits: heapless::Vec<(CnId, Qpn), MAX_LAPS_IN_FLIGHT> =
+            self.laps.iter().filter_map(|l| l.lap.waiting().map(|w| (l.cn, w.qp))).collect();
+        let mut unreachable: heapless::Vec<CnId, MAX_LAPS_IN_FLIGHT> = heapless::Vec::new();
+        for (i, (cn, qp)) in waits.iter().enumerate() {
+            if waits[..i].iter().any(|(_, q)| q == qp) {
+                continue;
+            }
+            if self.dispatch_sends(*cn, *qp)? && !unreachable.contains(cn) {
+                let _ = unreachable.push(*cn);
+            }
+        }
+        let (mut advanced, mut committed) = (0u32, 0u32);
+        let mut i = 0;
+        while i < self.laps.len() {
+            let l = &mut self.laps[i];
+            let outcome = match l.done.take() {
+                Some(st) => {
+                    advanced += 1;
+                    match l.lap.complete(st) {
+                        Some(o) => Some(o),
+                        None => None,
+                    }
+                }
+                None => {
+                    l.rounds = l.rounds.saturating_add(1);
+                    // the MN's clock, or — where the clock does not move while nothing runs
+                    // (a model) — a bound on polls
+                    if now.saturating_sub(l.since) > self.step_budget_ns || l.rounds > 200_000 {
+                        advanced += 1;
+                        Some(l.lap.timed_out())
+                    } else {
+                        i += 1;
+                        continue;
+                    }
+                }
+            };
+            let mut f = self.laps.swap_remove(i);
+            let outcome = match outcome {
+                Some(o) => o,
+                None => match self.advance_lap(&mut f)? {
+                    Some(o) => o,
+                    None => {
+                        f.since = now;
+                        f.rounds = 0;
+                        // still waiting: back in the table (it was just taken out, so it fits)
+                        let _ = self.laps.push(f);
+                        continue;
+                    }
+                },
+            };
+            if self.finish_lap(f.cn, f.kind, outcome, f.entry)? {
+                committed += 1;
+            }
+        }
+        for cn in unreachable {
+            if self.mn.cn(cn).is_some() {
+                self.handle(now, Event::CnUnresponsive { cn })?;
+            }
+        }
+        Ok((advanced, committed))
+    }
+
+    /// Run a lap's CPU steps up to its next device step. `Some` outcome when it ended.
+    fn advance_lap(&mut self, f: &mut InFlight) -> Result<Option<LapOutcome>, DriverError<B::Error>> {
+        let Some(env) = self.mn.chain_env(f.cn, f.kind) else {
+            // its CN was evicted or left meanwhile: the repair saw to its markers
+            return Ok(Some(f.lap.timed_out()));
+        };
+        let layout = build(f.kind, &env).map_err(DriverError::Chain)?;
+        let r = self.mn.cn(f.cn).ok_or(DriverError::Mn("unknown CN"))?;
+        let access = r.qps.access.clone();
+        let ctx = LapContext {
+            requester: f.cn,
+            scratch: self.mn.scratch_of(f.cn).unwrap_or(0),
+            access_qpns: &access,
+            free_qpn: r.qps.free,
+            software_ownership_check: self.mn.config().software_ownership_check,
+            max_polls: 100_000,
+            geometry: self.mn.config().geometry,
+        };
+        match f.lap.advance(&mut self.backend, &layout, &self.regions, &ctx).map_err(DriverError::HostEngine)? {
+            Progress::Done(o) => Ok(Some(o)),
+            Progress::Waiting(_) => Ok(None),
+        }
+    }
+
+    /// Drain `cn`'s send CQ of `qp` (offloaded mode's message QP: no lap waits there); true
+    /// when a send failed because the transport could not
     /// reach the CN. A send that completed renews the CN's lease.
     fn drain_sends(&mut self, cn: CnId, qp: Qpn) -> Result<bool, DriverError<B::Error>> {
         let mut buf = [Completion::EMPTY; 16];
@@ -556,21 +724,30 @@ impl<B: RdmaBackend> MnDriver<B> {
         Ok(Some(u32::from_le_bytes(t)))
     }
 
-    /// Host-engine mode: run one lap for a request that arrived in the CN's request buffer.
+    /// Host-engine mode: start (or, with `concurrent_laps` off, run) a lap for a request that
+    /// arrived in the CN's request buffer. True when it committed right away.
     fn serve_request(&mut self, cn: CnId, kind: ChainKind, len: u32) -> Result<bool, DriverError<B::Error>> {
         let addr = self.request_buf(cn, kind).ok_or(DriverError::Mn("no scratch"))?;
         let mut req = [0u8; REQUEST_BUF_LEN as usize];
         let n = (len as usize).min(req.len());
         self.backend.read_local(addr, &mut req[..n]).map_err(DriverError::Backend)?;
-        // the buffer is free again once copied: keep one receive posted at all times
-        self.post_request_buffer(cn, kind)?;
+        // Serial engine: the buffer is free again once copied. Concurrent engine: it is posted
+        // again when the lap ends, so this CN's next request of this kind waits for it (its
+        // laps share one scratch area) — the CN's SEND retries meanwhile.
+        let serial = !self.concurrent_laps;
+        if serial {
+            self.post_request_buffer(cn, kind)?;
+        }
         if kind == ChainKind::Alloc && n >= 8 {
             let token = u32::from_le_bytes([req[4], req[5], req[6], req[7]]);
             let (mn, mut port) = self.port();
             if mn.refuse_over_quota(&mut port, cn, token).map_err(DriverError::from)? {
+                self.post_request_buffer(cn, kind)?;
                 return Ok(false);
             }
         }
+        let entry = (kind == ChainKind::Free && n >= 16)
+            .then(|| u64::from_le_bytes([req[8], req[9], req[10], req[11], req[12], req[13], req[14], req[15]]));
         let env = self.mn.chain_env(cn, kind).ok_or(DriverError::Mn("unknown CN"))?;
         let layout = build(kind, &env).map_err(DriverError::Chain)?;
         let r = self.mn.cn(cn).ok_or(DriverError::Mn("unknown CN"))?;
@@ -587,25 +764,53 @@ impl<B: RdmaBackend> MnDriver<B> {
         // a request longer than the receive buffer was truncated by the device (LocLenErr)
         let outcome = if len as usize > req.len() {
             LapOutcome::Failed { step: None, failure: LapFailure::RequestTooLong, device_ops: 0, cpu_steps: 0 }
-        } else {
+        } else if serial || self.laps.is_full() {
             run_lap(&mut self.backend, &layout, &self.regions, &req[..n], &ctx).map_err(DriverError::HostEngine)?
+        } else {
+            let started = Lap::start(&mut self.backend, &layout, &req[..n]).map_err(DriverError::HostEngine)?;
+            match started {
+                Err(o) => o,
+                Ok(mut lap) => match lap
+                    .advance(&mut self.backend, &layout, &self.regions, &ctx)
+                    .map_err(DriverError::HostEngine)?
+                {
+                    Progress::Done(o) => o,
+                    Progress::Waiting(_) => {
+                        let f = InFlight { cn, kind, lap, since: self.now, rounds: 0, entry, done: None };
+                        // (not full: checked above)
+                        let _ = self.laps.push(f);
+                        return Ok(false);
+                    }
+                },
+            }
         };
+        self.finish_lap(cn, kind, outcome, entry)
+    }
+
+    /// A lap ended: account for it, scrub a freed chunk, tell the MN, repost the request
+    /// buffer. True when it committed.
+    fn finish_lap(
+        &mut self,
+        cn: CnId,
+        kind: ChainKind,
+        outcome: LapOutcome,
+        entry: Option<u64>,
+    ) -> Result<bool, DriverError<B::Error>> {
         self.stats.laps += 1;
         let now = self.now;
-        match outcome {
+        let committed = match outcome {
             LapOutcome::Committed { device_ops, cpu_steps } => {
                 self.stats.cpu_steps += cpu_steps as u64;
                 self.stats.device_ops += device_ops as u64;
-                if kind == ChainKind::Free && n >= 16 {
-                    // the group is back in the queue, but nothing is served before this
-                    // returns: clear the chunk before its next owner can get it
-                    let entry =
-                        u64::from_le_bytes([req[8], req[9], req[10], req[11], req[12], req[13], req[14], req[15]]);
+                if let Some(entry) = entry {
+                    // the group is back in the queue, but no other lap runs a step before this
+                    // returns (one thread; the NIC pops nothing in this mode): clear the chunk
+                    // before its next owner can get it
                     let (mn, mut port) = self.port();
                     mn.scrub_entry(&mut port, entry).map_err(DriverError::from)?;
                 }
                 self.handle(now, Event::LapCommitted { cn, kind })?;
-                Ok(true)
+                true
             }
             LapOutcome::Failed { step, failure, device_ops, cpu_steps } => {
                 self.stats.cpu_steps += cpu_steps as u64;
@@ -620,10 +825,14 @@ impl<B: RdmaBackend> MnDriver<B> {
                     LapFailure::Timeout => WcStatus::RetryExcErr,
                     LapFailure::BadSpan => WcStatus::LocProtErr,
                 };
-                self.handle(now, Event::ChainFailed { cn, kind, step, status })?;
-                Ok(false)
+                if self.mn.cn(cn).is_some() {
+                    self.handle(now, Event::ChainFailed { cn, kind, step, status })?;
+                }
+                false
             }
-        }
+        };
+        self.post_request_buffer(cn, kind)?;
+        Ok(committed)
     }
 
     /// The MWTable entry of a group (for tests and tools).

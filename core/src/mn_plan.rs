@@ -352,7 +352,8 @@ mod tests {
         fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, a: AccessFlags) -> Result<MrKeys, Self::Error> {
             self.regs.push((d, addr, len, a)).map_err(|_| "full")?;
             let lkey = 0x100 * self.regs.len() as u32 + 7;
-            let remote = a.intersects(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+            let remote =
+                a.intersects(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
             Ok(MrKeys { lkey, rkey: if remote { lkey } else { 0 } })
         }
         fn alloc_mw(&mut self) -> Result<Rkey, Self::Error> {
@@ -400,7 +401,8 @@ mod tests {
 
     #[test]
     fn offload_keeps_remote_rights_in_the_private_domain_only() {
-        let plan = MnPlan::decide(Capabilities::OFFLOAD | Capabilities::MW_BOUNDS_ENFORCED, MnOptions::default()).unwrap();
+        let plan =
+            MnPlan::decide(Capabilities::OFFLOAD | Capabilities::MW_BOUNDS_ENFORCED, MnOptions::default()).unwrap();
         assert_eq!(plan.mode, ExecutionMode::Offloaded);
         assert_eq!(plan.loop_domain(), Some(Domain::MnPrivate));
         assert!(!plan.per_chunk_mrs && plan.needs_zero_source());

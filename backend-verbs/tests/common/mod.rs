@@ -192,4 +192,3 @@ pub fn parse_alloc(s: &str) -> A {
         rkeys: field("rkeys=").split(',').map(hex).collect(),
     }
 }
-
