@@ -619,10 +619,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             let outcome = match l.done.take() {
                 Some(st) => {
                     advanced += 1;
-                    match l.lap.complete(st) {
-                        Some(o) => Some(o),
-                        None => None,
-                    }
+                    l.lap.complete(st)
                 }
                 None => {
                     l.rounds = l.rounds.saturating_add(1);
