@@ -52,6 +52,9 @@ pub struct MnOptions {
     /// answered by the next probe — its host vanished, or it stopped posting receives — is
     /// evicted and everything it held reclaimed.
     pub lease: Duration,
+    /// Run host-engine laps one at a time, busy-waiting each step (the engine before laps of
+    /// different CNs ran side by side) — for measurements.
+    pub serial_engine: bool,
 }
 
 /// How chunks are kept apart on this device.
@@ -214,6 +217,7 @@ impl MemoryNodeDaemon {
         cfg.lease_ns = opts.lease.as_nanos().min(u64::MAX as u128) as u64;
         let mn = MemoryNode::new(cfg, map, keys).map_err(|e| VerbsError::Config(format!("MN configuration: {e}")))?;
         let mut driver = MnDriver::new(b, mn, regions, admin);
+        driver.concurrent_laps = !opts.serial_engine;
         let per_chunk = matches!(protection, Protection::MrPerChunk);
         driver
             .format(

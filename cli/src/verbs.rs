@@ -66,6 +66,10 @@ pub struct MnArgs {
     /// stops posting receives, is evicted and reclaimed within about this long.
     #[arg(long, default_value_t = 2000)]
     pub lease_ms: u64,
+    /// Host engine: run one lap at a time, busy-waiting each step (the engine before laps of
+    /// different CNs ran side by side) — for measurements only.
+    #[arg(long)]
+    pub serial_engine: bool,
     /// Offload the chains to the NIC: `mlx5` = ConnectX through DEVX (refuses, saying why,
     /// where the device, kernel or this build cannot). Default: the host engine.
     #[arg(long, value_enum)]
@@ -179,6 +183,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         metrics: a.metrics,
         stats_json: a.stats_json,
         lease: Duration::from_millis(a.lease_ms),
+        serial_engine: a.serial_engine,
     })
 }
 
@@ -353,6 +358,7 @@ mod tests {
             metrics: None,
             stats_json: false,
             lease_ms: 2000,
+            serial_engine: false,
         })
         .unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::NoDevice { .. }), "{e}");
@@ -391,6 +397,7 @@ mod tests {
             metrics: None,
             stats_json: false,
             lease_ms: 2000,
+            serial_engine: false,
         };
         assert_eq!(mn(mn_args), ExitCode::FAILURE);
         let cn_args =
@@ -419,6 +426,7 @@ mod tests {
             metrics: None,
             stats_json: false,
             lease_ms: 2000,
+            serial_engine: false,
         })
         .unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::Devx(_)), "{e}");

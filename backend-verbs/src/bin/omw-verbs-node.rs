@@ -38,6 +38,7 @@ fn main() -> ExitCode {
                 metrics: opt(&args, "--metrics").and_then(|v| v.parse().ok()),
                 stats_json: args.iter().any(|a| a == "--stats-json"),
                 lease: Duration::from_millis(num("--lease-ms", 2000)),
+                serial_engine: args.iter().any(|a| a == "--serial-engine"),
             })
         }
         Some("cn") => {

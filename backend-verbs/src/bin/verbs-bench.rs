@@ -298,6 +298,7 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
         metrics: None,
         stats_json: false,
         lease: Duration::from_secs(2),
+        serial_engine: false,
     };
     let (tx, rx) = mpsc::channel::<std::result::Result<String, String>>();
     let mn = std::thread::spawn(move || {
