@@ -555,9 +555,17 @@ impl<B: RdmaBackend> MnDriver<B> {
                 }
             }
         }
-        let (advanced, committed) = self.progress_laps(now)?;
-        report.events += advanced;
-        report.laps_committed += committed;
+        // keep resuming laps while their steps complete at once (a device that completes
+        // posts synchronously, or completions that were already waiting), a bounded number of
+        // rounds per poll
+        for _ in 0..64 {
+            let (advanced, committed) = self.progress_laps(now)?;
+            report.events += advanced;
+            report.laps_committed += committed;
+            if advanced == 0 {
+                break;
+            }
+        }
         Ok(report)
     }
 
