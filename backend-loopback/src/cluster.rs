@@ -587,12 +587,18 @@ impl Cluster {
         }
         let before = self.driver.stats;
         let report = self.driver.poll(now)?;
+        let steps_done = self.driver.stats.cpu_steps - before.cpu_steps;
         if report.events > 0 {
-            let steps_done = self.driver.stats.cpu_steps - before.cpu_steps;
             self.charge_cpu(report.events as u64, steps_done)?;
             act.cpu_events += report.events as u64;
             events += report.events;
+        } else if steps_done > 0 {
+            // a lap resumed: CPU work without a new event
+            let ns = self.fabric.borrow().config().cost.host_engine_step_ns * steps_done;
+            self.fabric.borrow_mut().advance_cpu(self.mn_host, ns)?;
         }
+        // resumed laps count as movement (they posted their next device step)
+        events += report.laps_advanced.min(1);
         // the empty state: the MN watches the tail until every ticket is settled
         if !self.driver.mn.tickets().is_empty() {
             self.driver.handle(now, Event::WatchTail)?;

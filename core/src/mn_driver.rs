@@ -86,6 +86,8 @@ pub struct PollReport {
     /// Events the MN CPU handled (requests in host-engine mode, failures in both).
     pub events: u32,
     pub laps_committed: u32,
+    /// Host-engine laps resumed after a device step completed (continuations, not events).
+    pub laps_advanced: u32,
 }
 
 /// Host-engine laps in flight at once (one per CN and kind at most).
@@ -560,7 +562,7 @@ impl<B: RdmaBackend> MnDriver<B> {
         // rounds per poll
         for _ in 0..64 {
             let (advanced, committed) = self.progress_laps(now)?;
-            report.events += advanced;
+            report.laps_advanced += advanced;
             report.laps_committed += committed;
             if advanced == 0 {
                 break;
