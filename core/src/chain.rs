@@ -454,6 +454,15 @@ impl ChainLayout {
             if c as usize >= n {
                 return Err(ChainError::BadStepRef { step: c });
             }
+            // The reply goes out (the push happens) only once every window operation before it
+            // completed: a CN is never told of a window that is not bound, no group is queued
+            // with a window still bound — and a failed bind or invalidation stops it.
+            for (j, w) in self.steps.iter().enumerate().take(c as usize) {
+                let window_op = matches!(w.wqe.opcode, Opcode::BindMw | Opcode::LocalInv);
+                if window_op && exec[c as usize] & bit(j) == 0 {
+                    return Err(ChainError::UncheckedEffect { check: j as u8, step: c });
+                }
+            }
         }
         if self.rearm == Rearm::SelfEnabling {
             self.check_rearm(&hb)?;
@@ -1293,7 +1302,12 @@ How the chains keep short (the mechanisms are checked by `ChainLayout::validate`
   reply target, the access QP numbers, the free's entry address); loop READs copy a field out of
   a WQE (`#n.Field → [addr]`) where scratch needs it too.
 - **Checks first.** Nothing after the empty probe (alloc) or the ownership check (free) can
-  execute before that check completed.
+  execute before that check completed; the reply (push) only after every bind (invalidation).
+- **What only hardware can settle.** That an mlx5 SEND_EN WQE with the fence bit waits like
+  any fenced WQE (the lap-closing ENABLE relied on it before); that the small fence after a UMR
+  holds the next WQE until the UMR completed. In the mlx5 form a ring read copies a big-endian
+  field (the free's entry address), so the markers and queue slots it feeds are big-endian too,
+  as docs/MLX5.md already requires of values copied into WQEs.
 
 "#;
 
