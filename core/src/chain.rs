@@ -948,6 +948,32 @@ mod tests {
         );
     }
 
+    /// A copy in the same phase as the atomic whose result it reads is sound only FENCEd.
+    #[test]
+    fn unfenced_copy_of_a_fresh_result_rejected() {
+        let mut c = alloc();
+        let faa = c.steps.iter().position(|s| s.wqe.opcode == Opcode::MaskedFetchAdd).unwrap();
+        let cp = (faa + 1..c.steps.len()).find(|i| c.steps[*i].wqe.flags.contains(WqeFlags::FENCE)).unwrap();
+        assert_eq!(c.steps[cp].wqe.opcode, Opcode::Read);
+        c.steps[cp].wqe.flags.remove(WqeFlags::FENCE);
+        assert!(
+            matches!(c.validate(), Err(ChainError::UngatedDependency { producer: Producer::Step(p), .. }) if p as usize == faa),
+            "{:?}",
+            c.validate()
+        );
+        // and a phase gate without its FENCE releases WQEs whose patches may not have landed
+        let mut c = alloc();
+        let gate = c
+            .steps
+            .iter()
+            .position(|s| {
+                s.wqe.opcode == Opcode::Enable && s.wqe.qpn == c.qpns[0] && s.wqe.queue_sel() == QueueSel::Send
+            })
+            .unwrap();
+        c.steps[gate].wqe.flags.remove(WqeFlags::FENCE);
+        assert!(matches!(c.validate(), Err(ChainError::UngatedPatch { .. })), "{:?}", c.validate());
+    }
+
     /// The free chain's second half may run only after the ownership check: released by an
     /// ENABLE on another QP than the check's, it would not be.
     #[test]
@@ -1148,8 +1174,18 @@ impl ChainLayout {
                 for loc in [ps.local, ps.remote].into_iter().flatten() {
                     if let Loc::Field { step, field } = loc {
                         if step as usize == i {
-                            let kind = if ps.remote == Some(loc) { "bump " } else { "" };
-                            write!(out, "{}{kind}{field:?}←#{p}", if any { ", " } else { "" })?;
+                            let kind = match (ps.remote == Some(loc), ps.wqe.opcode) {
+                                (true, Opcode::Read) => "→",
+                                (true, Opcode::FetchAdd) => "bump ",
+                                (true, _) => "cleared ",
+                                _ => "",
+                            };
+                            let sep = if any { ", " } else { "" };
+                            if kind == "→" {
+                                write!(out, "{sep}{field:?}→#{p}")?;
+                            } else {
+                                write!(out, "{sep}{kind}{field:?}←#{p}")?;
+                            }
                             any = true;
                         }
                     }
@@ -1203,12 +1239,13 @@ impl ChainLayout {
         }
         writeln!(
             out,
-            "**Per lap:** {} WQEs (Loop {}, Mgmt {}; {} of them NOP padding), of which {} lap re-arm fetch-and-adds.",
+            "**Per lap:** {} WQEs (Loop {}, Mgmt {}; {} of them NOP padding), of which {} lap re-arm fetch-and-add{}.",
             self.wqes_per_lap(),
             self.ring_depth[0],
             self.ring_depth[1],
             nops,
-            self.rearm_bumps()
+            self.rearm_bumps(),
+            if self.rearm_bumps() == 1 { "" } else { "s" }
         )
     }
 
@@ -1315,15 +1352,21 @@ How the chains keep short (the mechanisms are checked by `ChainLayout::validate`
     /// Regenerate with `OMW_BLESS=1 cargo test -p omw-core chains_doc`.
     #[test]
     fn chains_doc_is_current() {
-        let env = test_env(4096, 16, 3);
+        let mut env = test_env(4096, 16, 3);
+        // the free chain scrubs on the NIC (from a private chunk of zeros)
+        env.keys.zero_lkey = 0x18;
+        env.keys.pool_scrub_rkey = 0x19;
+        env.keys.zero_addr = 1 << 40;
         let mut doc = String::new();
         doc.push_str("# The alloc and free chains, step by step\n\n");
-        doc.push_str("Generated from `omw_core::alloc_chain` / `free_chain` for G = 3, 4 KiB chunks, 16 chunks\n");
+        doc.push_str("Generated from `omw_core::alloc_chain` / `free_chain` for G = 3, 4 KiB chunks, 16 chunks,\n");
         doc.push_str(
-            "(`OMW_BLESS=1 cargo test -p omw-core chains_doc` regenerates it; a test fails when it is stale).\n",
+            "NIC scrubbing (`OMW_BLESS=1 cargo test -p omw-core chains_doc` regenerates it; a test fails when it is stale).\n",
         );
         doc.push_str("`#n.Field` is a field of step n's WQE, `[addr]` an MN address (scratch, queue, table),\n");
         doc.push_str("`Loop` the MN loopback QP's send queue, `Mgmt` the MN end of the CN's Alloc/Free QP.\n");
+        doc.push_str("WAITs are bumped by a FETCH_ADD at the end of each lap (`bump Operand0←#n`), request-supplied\n");
+        doc.push_str("fields are `cleared` for the next lap, `Field→#n` marks a loop READ copying that field out.\n");
         doc.push_str(HEAD);
         doc.push_str("## Alloc chain\n\n");
         let a = build_alloc_chain(&env).unwrap();
