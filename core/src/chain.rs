@@ -169,6 +169,12 @@ pub enum ChainError {
     RecvReuse {
         step: u8,
     },
+    /// An address or key the request scatters into a WQE is not cleared for the next lap: a
+    /// later request too short to supply its own would reuse this one's.
+    Replayable {
+        step: u8,
+        field: WqeField,
+    },
     TooManySteps,
 }
 
@@ -218,6 +224,9 @@ impl fmt::Display for ChainError {
             }
             Self::RecvReuse { step } => {
                 write!(f, "step {step} may still use a RECV target when the next RECV is enabled")
+            }
+            Self::Replayable { step, field } => {
+                write!(f, "{field:?} of step {step} comes from the request but is not cleared for the next lap")
             }
             Self::TooManySteps => write!(f, "chain exceeds {MAX_STEPS} steps"),
         }
@@ -766,6 +775,25 @@ impl ChainLayout {
         let recv_en = self.steps.iter().position(|e| {
             e.wqe.opcode == Opcode::Enable && e.wqe.queue_sel() == QueueSel::Recv && e.wqe.qpn == self.qpns[1]
         });
+        // Addresses and keys from the request are cleared every lap.
+        for t in &self.recv {
+            if let Loc::Field { step, field } = t.loc {
+                if !matches!(field, WqeField::RemoteAddr | WqeField::LocalAddr | WqeField::Rkey) {
+                    continue;
+                }
+                let (a, al) = (field.offset() as u64, t.len);
+                let cleared = self.steps.iter().any(|w| match w.remote {
+                    Some(Loc::Field { step: s, field: f }) if s == step && w.wqe.opcode == Opcode::Write => {
+                        let (b, bl) = (f.offset() as u64, w.wqe.length);
+                        b <= a && a + al as u64 <= b + bl as u64
+                    }
+                    _ => false,
+                });
+                if !cleared {
+                    return Err(ChainError::Replayable { step, field });
+                }
+            }
+        }
         if let Some(r) = recv_en {
             for (j, w) in self.steps.iter().enumerate() {
                 let uses = self.recv.iter().any(|t| match t.loc {
@@ -1001,6 +1029,28 @@ mod tests {
             }
         }
         assert!(matches!(f.validate(), Err(ChainError::UncheckedEffect { .. })), "{:?}", f.validate());
+    }
+
+    /// A request-supplied address that is not cleared for the next lap is refused (a short
+    /// request would free the previous request's entry again).
+    #[test]
+    fn replayable_request_field_rejected() {
+        let env = test_env(4096, 16, 3);
+        let mut f = build_free_chain(&env).unwrap();
+        let rd = f.recv.iter().find_map(|r| match r.loc {
+            Loc::Field { step, .. } => Some(step),
+            _ => None,
+        });
+        let clear = f
+            .steps
+            .iter()
+            .position(|s| {
+                s.wqe.opcode == Opcode::Write && matches!(s.remote, Some(Loc::Field { step, .. }) if Some(step) == rd)
+            })
+            .unwrap();
+        f.steps[clear].wqe = Wqe::nop().with_flags(WqeFlags::SIGNALED);
+        f.steps[clear].remote = None;
+        assert!(matches!(f.validate(), Err(ChainError::Replayable { .. })), "{:?}", f.validate());
     }
 
     /// A next-lap rewrite or a clear of a RECV target that is still in flight when the next
@@ -1340,6 +1390,8 @@ How the chains keep short (the mechanisms are checked by `ChainLayout::validate`
   a WQE (`#n.Field → [addr]`) where scratch needs it too.
 - **Checks first.** Nothing after the empty probe (alloc) or the ownership check (free) can
   execute before that check completed; the reply (push) only after every bind (invalidation).
+- **No replay.** Addresses and keys the RECV puts into WQEs are cleared every lap, and nothing
+  the next request overwrites is still in use when its RECV is enabled.
 - **What only hardware can settle.** That an mlx5 SEND_EN WQE with the fence bit waits like
   any fenced WQE (the lap-closing ENABLE relied on it before); that the small fence after a UMR
   holds the next WQE until the UMR completed. In the mlx5 form a ring read copies a big-endian

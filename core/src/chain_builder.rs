@@ -78,7 +78,7 @@ pub(crate) const fn fenced(w: Wqe) -> Wqe {
 pub(crate) struct Builder {
     pub layout: ChainLayout,
     slot: u32,
-    /// Index of the lap-closing ENABLE once `rearm_tail` has run.
+    /// Index of the lap-closing ENABLE once `lap_tail` has run.
     pub closing: u8,
 }
 
