@@ -5,9 +5,12 @@
 //! and the send queue of the MN's loopback QP (`Loop`, which reaches the MN's own memory for
 //! the queue atomics, the MWTable READs and the WQE patches). Steps are listed in a global
 //! order that is a valid sequential execution (the host engine runs exactly that order); the
-//! NIC instead runs each ring independently, gated only by WAIT and ENABLE. The validator
-//! proves the two agree: every byte a step consumes that an earlier step produced — a patched
-//! WQE field or a scratch word — is guaranteed complete before the consumer can be *fetched*.
+//! NIC instead runs each ring independently, gated only by WAIT and ENABLE, and ordered within
+//! a QP by FENCE and the fence after a bind. The validator proves the two agree: every patched
+//! WQE field is complete before its WQE can be *fetched*, every scratch word before the step
+//! that reads or overwrites it *executes* ([`ChainLayout::happens_before`]); nothing runs before
+//! the empty probe or ownership check has completed, nor the reply or push before the window
+//! operations. [`ChainLayout::critical_path`] counts the gated phases to the reply or push.
 //!
 //! Re-arming: both send rings are managed (they execute only up to an ENABLE limit, and ENABLE
 //! advances that limit by a count) and the chain closes each lap by bumping every WAIT's
@@ -344,10 +347,6 @@ impl ChainLayout {
                     if t >= n {
                         return Err(ChainError::BadStepRef { step });
                     }
-                    // A remote-side field target rewrites a WQE for the *next* lap: a bump of a
-                    // WAIT's count (FETCH_ADD) or a clear of request-supplied fields (WRITE).
-                    // The target must already have run in this lap, and the write must land
-                    // before the lap-closing fenced ENABLE (checked in `check_rearm`).
                     // A READ whose remote side is a WQE field copies that field out (a ring read):
                     // it consumes what the RECV or a patch put there, like a memory read.
                     if s.remote == Some(loc) && s.wqe.opcode == Opcode::Read {
@@ -359,6 +358,10 @@ impl ChainLayout {
                         continue;
                     }
                     self.check_patch_span(step, field, s.wqe.length)?;
+                    // Any other remote-side field target rewrites a WQE for the *next* lap: a
+                    // bump of a WAIT's count (FETCH_ADD) or a clear of request-supplied fields
+                    // (WRITE). The target must already have run in this lap, and the write must
+                    // land before the lap-closing fenced ENABLE (checked in `check_rearm`).
                     let next_lap = s.remote == Some(loc);
                     if next_lap {
                         let ok_op = match s.wqe.opcode {
