@@ -5,9 +5,12 @@
 //! and the send queue of the MN's loopback QP (`Loop`, which reaches the MN's own memory for
 //! the queue atomics, the MWTable READs and the WQE patches). Steps are listed in a global
 //! order that is a valid sequential execution (the host engine runs exactly that order); the
-//! NIC instead runs each ring independently, gated only by WAIT and ENABLE. The validator
-//! proves the two agree: every byte a step consumes that an earlier step produced — a patched
-//! WQE field or a scratch word — is guaranteed complete before the consumer can be *fetched*.
+//! NIC instead runs each ring independently, gated only by WAIT and ENABLE, and ordered within
+//! a QP by FENCE and the fence after a bind. The validator proves the two agree: every patched
+//! WQE field is complete before its WQE can be *fetched*, every scratch word before the step
+//! that reads or overwrites it *executes* ([`ChainLayout::happens_before`]); nothing runs before
+//! the empty probe or ownership check has completed, nor the reply or push before the window
+//! operations. [`ChainLayout::critical_path`] counts the gated phases to the reply or push.
 //!
 //! Re-arming: both send rings are managed (they execute only up to an ENABLE limit, and ENABLE
 //! advances that limit by a count) and the chain closes each lap by bumping every WAIT's
@@ -97,6 +100,9 @@ pub struct ChainLayout {
     pub empty_probe: Option<u8>,
     /// Step index whose failure means "the caller does not own that chunk" (free chain).
     pub ownership_check: Option<u8>,
+    /// The step the chain exists for — the reply WRITE (alloc), the push onto the free queue
+    /// (free): [`ChainLayout::critical_path`] counts the gates before it.
+    pub critical_end: Option<u8>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -155,6 +161,23 @@ pub enum ChainError {
         producer: Producer,
         consumer: u8,
     },
+    /// A step after the empty probe or the ownership check can execute before that check has
+    /// completed: it could take effect although the check fails.
+    UncheckedEffect {
+        check: u8,
+        step: u8,
+    },
+    /// Something the next lap's request overwrites (a RECV target) is still being read or
+    /// written when the next RECV is enabled.
+    RecvReuse {
+        step: u8,
+    },
+    /// An address or key the request scatters into a WQE is not cleared for the next lap: a
+    /// later request too short to supply its own would reuse this one's.
+    Replayable {
+        step: u8,
+        field: WqeField,
+    },
     TooManySteps,
 }
 
@@ -199,6 +222,15 @@ impl fmt::Display for ChainError {
             Self::PatchBackwards { producer, consumer } => {
                 write!(f, "step {consumer} is patched by the later {producer}")
             }
+            Self::UncheckedEffect { check, step } => {
+                write!(f, "step {step} can execute before the check at step {check} has completed")
+            }
+            Self::RecvReuse { step } => {
+                write!(f, "step {step} may still use a RECV target when the next RECV is enabled")
+            }
+            Self::Replayable { step, field } => {
+                write!(f, "{field:?} of step {step} comes from the request but is not cleared for the next lap")
+            }
             Self::TooManySteps => write!(f, "chain exceeds {MAX_STEPS} steps"),
         }
     }
@@ -206,6 +238,44 @@ impl fmt::Display for ChainError {
 
 type Set = u128;
 const RECV_BIT: u32 = 127;
+
+/// The validator's happens-before sets, per step (bit *j*: step *j* is complete; bit 127: the
+/// trigger RECV is), and the gates passed on the longest path to each step.
+#[derive(Clone, Debug)]
+pub struct HappensBefore {
+    /// Complete whenever the step's WQE can be fetched.
+    pub fetch: heapless::Vec<Set, MAX_STEPS>,
+    /// Complete whenever the step executes.
+    pub exec: heapless::Vec<Set, MAX_STEPS>,
+    /// Complete when the step has completed.
+    pub done: heapless::Vec<Set, MAX_STEPS>,
+    pub gates: heapless::Vec<Gates, MAX_STEPS>,
+}
+
+/// Gated phases on a path: each is a point where a queue stops fetching until something else
+/// happened — a WAIT (until a CQ count), or the limit of a managed queue (until an ENABLE
+/// raises it). On the NIC each costs a WQE fetch after the gate opens.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Gates {
+    /// All gates on the path.
+    pub gates: u32,
+    /// Of them, WAITs (the rest are ENABLE releases).
+    pub waits: u32,
+}
+
+impl Gates {
+    pub const ZERO: Gates = Gates { gates: 0, waits: 0 };
+    fn add(self, wait: bool) -> Gates {
+        Gates { gates: self.gates + 1, waits: self.waits + u32::from(wait) }
+    }
+    fn max(self, o: Gates) -> Gates {
+        if (o.gates, o.waits) > (self.gates, self.waits) {
+            o
+        } else {
+            self
+        }
+    }
+}
 
 fn bit(s: usize) -> Set {
     1u128 << s
@@ -265,38 +335,10 @@ impl ChainLayout {
                 return Err(ChainError::ChainTooLong { ring, steps: len, depth: self.queue_depth });
             }
         }
-        // --- happens-before: what is complete when each step can be fetched -------------------
-        let mut fetch: heapless::Vec<Set, MAX_STEPS> = heapless::Vec::new();
-        // Completed(p) = p, everything fetched-before p, and earlier steps of p's ring.
-        let mut done: heapless::Vec<Set, MAX_STEPS> = heapless::Vec::new();
+        // --- happens-before ------------------------------------------------------------------
+        let hb = self.happens_before()?;
+        let (fetch, exec) = (&hb.fetch, &hb.exec);
         let recv_done: Set = bit(RECV_BIT as usize);
-        for i in 0..n {
-            let s = &self.steps[i];
-            let pos = self.position(i);
-            let mut g: Set = 0;
-            // WAITs earlier on the same ring block fetching past them.
-            for j in 0..i {
-                let w = &self.steps[j];
-                if w.ring == s.ring && w.wqe.opcode == Opcode::Wait {
-                    g |= fetch[j] | self.wait_guarantee(j, &done, recv_done)?;
-                }
-            }
-            // Steps past the initial enable are released by an earlier ENABLE.
-            if pos >= self.initial_enable[s.ring as usize] as usize {
-                match self.releasing_enable(s.ring, pos, i) {
-                    Some(j) => g |= fetch[j],
-                    None => return Err(ChainError::NeverEnabled { step: i as u8 }),
-                }
-            }
-            let _ = fetch.push(g);
-            let mut d = g | bit(i);
-            for j in 0..i {
-                if self.steps[j].ring == s.ring {
-                    d |= done[j];
-                }
-            }
-            let _ = done.push(d);
-        }
         // --- patches and memory dependencies ----------------------------------------------------
         for (i, s) in self.steps.iter().enumerate() {
             for loc in [s.local, s.remote].into_iter().flatten() {
@@ -305,11 +347,21 @@ impl ChainLayout {
                     if t >= n {
                         return Err(ChainError::BadStepRef { step });
                     }
+                    // A READ whose remote side is a WQE field copies that field out (a ring read):
+                    // it consumes what the RECV or a patch put there, like a memory read.
+                    if s.remote == Some(loc) && s.wqe.opcode == Opcode::Read {
+                        let start = field.offset();
+                        if start + s.wqe.length as usize > WQE_SIZE || s.wqe.length == 0 {
+                            return Err(ChainError::PatchOutsideField { step, field, len: s.wqe.length });
+                        }
+                        self.check_field_read(i, step, field, s.wqe.length, exec, recv_done)?;
+                        continue;
+                    }
                     self.check_patch_span(step, field, s.wqe.length)?;
-                    // A remote-side field target rewrites a WQE for the *next* lap: a bump of a
-                    // WAIT's count (FETCH_ADD) or a clear of request-supplied fields (WRITE).
-                    // The target must already have run in this lap, and the write must land
-                    // before the lap-closing fenced ENABLE (checked in `check_rearm`).
+                    // Any other remote-side field target rewrites a WQE for the *next* lap: a
+                    // bump of a WAIT's count (FETCH_ADD) or a clear of request-supplied fields
+                    // (WRITE). The target must already have run in this lap, and the write must
+                    // land before the lap-closing fenced ENABLE (checked in `check_rearm`).
                     let next_lap = s.remote == Some(loc);
                     if next_lap {
                         let ok_op = match s.wqe.opcode {
@@ -345,11 +397,25 @@ impl ChainLayout {
                     return Err(ChainError::OutOfRegion { step: i as u8 });
                 }
                 if !is_read {
+                    // Write after write: the later bytes must land last. (Not for an atomic's
+                    // returned value: chains send the ones they do not need to a junk word.)
+                    let junk = s.wqe.opcode.is_atomic() && s.local.is_none() && addr == s.wqe.local_addr;
+                    for p in (0..i).filter(|_| !junk) {
+                        for (pa, pl, pr) in self.mem_accesses(p) {
+                            if !pr && overlaps(pa, pl, addr, len) && exec[i] & bit(p) == 0 {
+                                return Err(ChainError::UngatedDependency {
+                                    producer: Producer::Step(p as u8),
+                                    consumer: i as u8,
+                                });
+                            }
+                        }
+                    }
                     continue;
                 }
                 for p in 0..i {
                     for (pa, pl, pr) in self.mem_accesses(p) {
-                        if !pr && overlaps(pa, pl, addr, len) && fetch[i] & bit(p) == 0 {
+                        // memory is read when the step executes (a FENCE may have waited for it)
+                        if !pr && overlaps(pa, pl, addr, len) && exec[i] & bit(p) == 0 {
                             return Err(ChainError::UngatedDependency {
                                 producer: Producer::Step(p as u8),
                                 consumer: i as u8,
@@ -359,7 +425,7 @@ impl ChainLayout {
                 }
                 for r in &self.recv {
                     if let Loc::Mem(a) = r.loc {
-                        if overlaps(a, r.len, addr, len) && fetch[i] & recv_done == 0 {
+                        if overlaps(a, r.len, addr, len) && exec[i] & recv_done == 0 {
                             return Err(ChainError::UngatedDependency { producer: Producer::Recv, consumer: i as u8 });
                         }
                     }
@@ -384,10 +450,175 @@ impl ChainLayout {
                 }
             }
         }
+        // Nothing after the empty probe / ownership check may run before it completed: the
+        // check's failure must stop every effect behind it (its QP errors, later WQEs flush).
+        for c in [self.empty_probe, self.ownership_check].into_iter().flatten() {
+            if c as usize >= n {
+                return Err(ChainError::BadStepRef { step: c });
+            }
+            for (i, e) in exec.iter().enumerate().skip(c as usize + 1) {
+                if e & bit(c as usize) == 0 {
+                    return Err(ChainError::UncheckedEffect { check: c, step: i as u8 });
+                }
+            }
+        }
+        if let Some(c) = self.critical_end {
+            if c as usize >= n {
+                return Err(ChainError::BadStepRef { step: c });
+            }
+            // The reply goes out (the push happens) only once every window operation before it
+            // completed: a CN is never told of a window that is not bound, no group is queued
+            // with a window still bound — and a failed bind or invalidation stops it.
+            for (j, w) in self.steps.iter().enumerate().take(c as usize) {
+                let window_op = matches!(w.wqe.opcode, Opcode::BindMw | Opcode::LocalInv);
+                if window_op && exec[c as usize] & bit(j) == 0 {
+                    return Err(ChainError::UncheckedEffect { check: j as u8, step: c });
+                }
+            }
+        }
         if self.rearm == Rearm::SelfEnabling {
-            self.check_rearm()?;
+            self.check_rearm(&hb)?;
         }
         Ok(())
+    }
+
+    /// A ring read of `len` bytes at `field` of step `t` by step `i`: every producer of those
+    /// bytes (the RECV scatter, a patch) must be complete when `i` executes.
+    fn check_field_read(
+        &self,
+        i: usize,
+        t: u8,
+        field: WqeField,
+        len: u32,
+        exec: &[Set],
+        recv_done: Set,
+    ) -> Result<(), ChainError> {
+        let (a, al) = (field.offset() as u64, len);
+        let hit = |loc: Option<Loc>, plen: u32| match loc {
+            Some(Loc::Field { step, field: f }) if step == t => overlaps(f.offset() as u64, plen, a, al),
+            _ => false,
+        };
+        for (p, ps) in self.steps.iter().enumerate().take(i) {
+            if hit(ps.local, ps.wqe.length) && exec[i] & bit(p) == 0 {
+                return Err(ChainError::UngatedDependency { producer: Producer::Step(p as u8), consumer: i as u8 });
+            }
+        }
+        for r in &self.recv {
+            if hit(Some(r.loc), r.len) && exec[i] & recv_done == 0 {
+                return Err(ChainError::UngatedDependency { producer: Producer::Recv, consumer: i as u8 });
+            }
+        }
+        Ok(())
+    }
+
+    /// What is guaranteed complete when each step can be fetched and when it executes.
+    ///
+    /// * fetch: past a WAIT only once its CQ count is reached; past a managed queue's limit
+    ///   only once the ENABLE that raises it has executed.
+    /// * execute: after the previous step of the ring executed (in order); a FENCEd step also
+    ///   after every earlier READ and atomic of its ring completed (IBTA's fence indicator;
+    ///   completions are in order, so also everything before them); the step after a BIND_MW
+    ///   or LOCAL_INV after that operation completed (mlx5 puts a small fence on it,
+    ///   rdma-core providers/mlx5/qp.c; a failure errors the QP and flushes it).
+    /// * complete: the step, what was guaranteed at its execution, and earlier steps of its ring.
+    ///
+    /// A patched WQE field must be complete at *fetch* (a NIC may prefetch a WQE as soon as
+    /// it is released); memory a step reads through its SGEs only at *execute*.
+    pub fn happens_before(&self) -> Result<HappensBefore, ChainError> {
+        let n = self.steps.len();
+        if n > MAX_STEPS || n >= RECV_BIT as usize {
+            return Err(ChainError::TooManySteps);
+        }
+        let mut hb = HappensBefore {
+            fetch: heapless::Vec::new(),
+            exec: heapless::Vec::new(),
+            done: heapless::Vec::new(),
+            gates: heapless::Vec::new(),
+        };
+        let recv_done: Set = bit(RECV_BIT as usize);
+        for i in 0..n {
+            let s = &self.steps[i];
+            let pos = self.position(i);
+            let prev = (0..i).rev().find(|&j| self.steps[j].ring == s.ring);
+            let mut g: Set = 0;
+            let mut gates = prev.map(|p| hb.gates[p]).unwrap_or(Gates::ZERO);
+            // WAITs earlier on the same ring block fetching past them.
+            for j in 0..i {
+                let w = &self.steps[j];
+                if w.ring == s.ring && w.wqe.opcode == Opcode::Wait {
+                    g |= hb.exec[j] | self.wait_guarantee(j, &hb.done, recv_done)?;
+                }
+            }
+            // Steps past the initial enable are released by an earlier ENABLE.
+            if pos >= self.initial_enable[s.ring as usize] as usize {
+                match self.releasing_enable(s.ring, pos, i) {
+                    Some(j) => {
+                        g |= hb.exec[j];
+                        gates = gates.max(hb.gates[j].add(false));
+                    }
+                    None => return Err(ChainError::NeverEnabled { step: i as u8 }),
+                }
+            }
+            if s.wqe.opcode == Opcode::Wait {
+                let awaited = self.awaited(i).map(|p| hb.gates[p]).unwrap_or(Gates::ZERO);
+                gates = gates.max(awaited).add(true);
+            }
+            let mut e = g;
+            if let Some(p) = prev {
+                e |= hb.exec[p];
+            }
+            let earlier = |f: &dyn Fn(Opcode) -> bool| {
+                (0..i).rev().find(|&j| self.steps[j].ring == s.ring && f(self.steps[j].wqe.opcode))
+            };
+            if s.wqe.flags.contains(crate::wqe::WqeFlags::FENCE) {
+                if let Some(j) = earlier(&|o| o == Opcode::Read || o.is_atomic()) {
+                    e |= hb.done[j];
+                }
+            }
+            if let Some(j) = earlier(&|o| matches!(o, Opcode::BindMw | Opcode::LocalInv)) {
+                e |= hb.done[j];
+            }
+            let mut d = e | bit(i);
+            if let Some(p) = prev {
+                d |= hb.done[p];
+            }
+            let _ = hb.fetch.push(g);
+            let _ = hb.exec.push(e);
+            let _ = hb.done.push(d);
+            let _ = hb.gates.push(gates);
+        }
+        Ok(hb)
+    }
+
+    /// The step whose completion a WAIT at `j` waits for (None: the RECV, or nothing).
+    fn awaited(&self, j: usize) -> Option<usize> {
+        let w = &self.steps[j].wqe;
+        if w.queue_sel() == QueueSel::Recv || w.operand0 == 0 {
+            return None;
+        }
+        self.nth_signaled(self.ring_of_qpn(w.qpn)?, w.operand0)
+    }
+
+    /// Gates on the longest path from the request to [`Self::critical_end`]: every WAIT, and
+    /// every ENABLE that releases a queue (the released WQE is fetched only then). None when
+    /// the layout names no end step or does not validate.
+    pub fn critical_path(&self) -> Option<Gates> {
+        let end = self.critical_end? as usize;
+        let hb = self.happens_before().ok()?;
+        hb.gates.get(end).copied()
+    }
+
+    /// WQEs a lap executes: both rings' depths (every slot runs once per lap, padding too).
+    pub fn wqes_per_lap(&self) -> usize {
+        self.ring_depth.iter().map(|d| *d as usize).sum()
+    }
+
+    /// The lap re-arm's fetch-and-adds (one per WAIT: its absolute CQ count moves on).
+    pub fn rearm_bumps(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| s.wqe.opcode == Opcode::FetchAdd && matches!(s.remote, Some(Loc::Field { .. })))
+            .count()
     }
 
     /// The set a WAIT at step `j` guarantees complete.
@@ -514,7 +745,7 @@ impl ChainLayout {
         self.steps.iter().any(|s| hit(&s.local) || hit(&s.remote)) || self.recv.iter().any(|r| hit(&Some(r.loc)))
     }
 
-    fn check_rearm(&self) -> Result<(), ChainError> {
+    fn check_rearm(&self, hb: &HappensBefore) -> Result<(), ChainError> {
         let end = self.steps.len() as u8;
         // The fenced ENABLE that starts the Loop ring's next lap: every bump must land before it
         // executes (FENCE waits for this QP's outstanding atomics), and nothing else of the next
@@ -534,6 +765,49 @@ impl ChainLayout {
         for (j, w) in self.steps.iter().enumerate() {
             if matches!(w.remote, Some(Loc::Field { .. })) && (j > closing || w.ring != Ring::Loop) {
                 return Err(ChainError::MissingRearm { step: j as u8 });
+            }
+            // a next-lap rewrite (bump, clear) must have landed when the next lap is enabled
+            let rewrites = matches!(w.remote, Some(Loc::Field { .. })) && w.wqe.opcode != Opcode::Read;
+            if rewrites && hb.exec[closing] & bit(j) == 0 {
+                return Err(ChainError::MissingRearm { step: j as u8 });
+            }
+        }
+        // The next RECV overwrites its targets: whatever this lap still does with them — the
+        // steps the request patched, readers and writers of the scratch it lands in, the
+        // rewrites of its fields — must be complete when the receive queue is re-enabled.
+        let recv_en = self.steps.iter().position(|e| {
+            e.wqe.opcode == Opcode::Enable && e.wqe.queue_sel() == QueueSel::Recv && e.wqe.qpn == self.qpns[1]
+        });
+        // Addresses and keys from the request are cleared every lap.
+        for t in &self.recv {
+            if let Loc::Field { step, field } = t.loc {
+                if !matches!(field, WqeField::RemoteAddr | WqeField::LocalAddr | WqeField::Rkey) {
+                    continue;
+                }
+                let (a, al) = (field.offset() as u64, t.len);
+                let cleared = self.steps.iter().any(|w| match w.remote {
+                    Some(Loc::Field { step: s, field: f }) if s == step && w.wqe.opcode == Opcode::Write => {
+                        let (b, bl) = (f.offset() as u64, w.wqe.length);
+                        b <= a && a + al as u64 <= b + bl as u64
+                    }
+                    _ => false,
+                });
+                if !cleared {
+                    return Err(ChainError::Replayable { step, field });
+                }
+            }
+        }
+        if let Some(r) = recv_en {
+            for (j, w) in self.steps.iter().enumerate() {
+                let uses = self.recv.iter().any(|t| match t.loc {
+                    Loc::Field { step, .. } => {
+                        step as usize == j || matches!(w.remote, Some(Loc::Field { step: s, .. }) if s == step)
+                    }
+                    Loc::Mem(a) => self.mem_accesses(j).iter().any(|(pa, pl, _)| overlaps(*pa, *pl, a, t.len)),
+                });
+                if uses && j != r && hb.exec[r] & bit(j) == 0 {
+                    return Err(ChainError::RecvReuse { step: j as u8 });
+                }
             }
         }
         for (i, s) in self.steps.iter().enumerate() {
@@ -631,6 +905,166 @@ mod tests {
 
     fn alloc() -> ChainLayout {
         build_alloc_chain(&test_env(4096, 16, 3)).unwrap()
+    }
+
+    /// Issue 11: at most four gated phases from the request to the reply (alloc) or the push
+    /// (free), and these WQEs per lap (padding and re-arm bumps included), for every G and
+    /// geometry. Before the redesign: alloc 10 gates (9 WAITs), 68 WQEs, 11 bumps; free 10
+    /// gates (8 WAITs), 72 WQEs, 10 bumps (G = 3). A chain that grows fails here.
+    #[test]
+    fn chain_cost_bounds() {
+        const MAX_GATES: u32 = 4;
+        const MAX_WAITS: u32 = 1;
+        const ALLOC_MAX_WQES_PER_LAP: usize = 40;
+        const ALLOC_MAX_BUMPS: usize = 2;
+        const FREE_MAX_WQES_PER_LAP: usize = 40;
+        const FREE_MAX_BUMPS: usize = 1;
+        for g in 2..=crate::geometry::MAX_GROUP_SIZE as u8 {
+            for (cs, n) in [(512u64, 1u32), (4096, 100), (1 << 20, 7)] {
+                let mut env = test_env(cs, n, g);
+                for scrub in [false, true] {
+                    if scrub {
+                        env.keys.zero_lkey = 0x18;
+                        env.keys.pool_scrub_rkey = 0x19;
+                        env.keys.zero_addr = 1 << 40;
+                    }
+                    for (c, wqes, bumps) in [
+                        (build_alloc_chain(&env).unwrap(), ALLOC_MAX_WQES_PER_LAP, ALLOC_MAX_BUMPS),
+                        (build_free_chain(&env).unwrap(), FREE_MAX_WQES_PER_LAP, FREE_MAX_BUMPS),
+                    ] {
+                        assert_eq!(c.validate(), Ok(()), "{:?} G={g} cs={cs} scrub={scrub}", c.kind);
+                        let p = c.critical_path().expect("critical path");
+                        assert!(p.gates <= MAX_GATES && p.waits <= MAX_WAITS, "{:?} G={g}: {p:?}", c.kind);
+                        assert!(c.wqes_per_lap() <= wqes, "{:?} G={g}: {} WQEs per lap", c.kind, c.wqes_per_lap());
+                        assert!(c.rearm_bumps() <= bumps, "{:?} G={g}: {} bumps", c.kind, c.rearm_bumps());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The counting itself: a WAIT inserted on the path to the reply adds a gate.
+    #[test]
+    fn critical_path_counts_an_extra_wait() {
+        let c = alloc();
+        let before = c.critical_path().unwrap();
+        let end = c.critical_end.unwrap() as usize;
+        // the reply's ring, once more gated: turn the last bind into a WAIT for the bind before it
+        let mut d = c.clone();
+        let last_bind = (0..end).rev().find(|i| d.steps[*i].wqe.opcode == Opcode::BindMw).unwrap();
+        d.steps[last_bind].wqe = Wqe::wait(d.qpns[1], QueueSel::Send, 1);
+        // one signaled step fewer on that ring: the WAIT after the reply counts one less
+        for s in d.steps.iter_mut().skip(end) {
+            if s.wqe.opcode == Opcode::Wait && s.wqe.qpn == c.qpns[1] && s.wqe.queue_sel() == QueueSel::Send {
+                s.wqe.operand0 -= 1;
+            }
+        }
+        let after = d.critical_path().unwrap();
+        assert_eq!(after.gates, before.gates + 1);
+        assert_eq!(after.waits, before.waits + 1);
+    }
+
+    /// The probe's CAS must not run before the probe completed (race-free pop): without the
+    /// FENCE that orders phase 3 behind the probe, the validator refuses the chain.
+    #[test]
+    fn effect_before_probe_completed_rejected() {
+        let mut c = alloc();
+        let probe = c.empty_probe.unwrap() as usize;
+        let fenced = (probe + 1..c.steps.len()).find(|i| c.steps[*i].wqe.flags.contains(WqeFlags::FENCE)).unwrap();
+        c.steps[fenced].wqe.flags.remove(WqeFlags::FENCE);
+        assert!(
+            matches!(c.validate(), Err(ChainError::UncheckedEffect { .. }) | Err(ChainError::UngatedDependency { .. })),
+            "{:?}",
+            c.validate()
+        );
+    }
+
+    /// A copy in the same phase as the atomic whose result it reads is sound only FENCEd.
+    #[test]
+    fn unfenced_copy_of_a_fresh_result_rejected() {
+        let mut c = alloc();
+        let faa = c.steps.iter().position(|s| s.wqe.opcode == Opcode::MaskedFetchAdd).unwrap();
+        let cp = (faa + 1..c.steps.len()).find(|i| c.steps[*i].wqe.flags.contains(WqeFlags::FENCE)).unwrap();
+        assert_eq!(c.steps[cp].wqe.opcode, Opcode::Read);
+        c.steps[cp].wqe.flags.remove(WqeFlags::FENCE);
+        assert!(
+            matches!(c.validate(), Err(ChainError::UngatedDependency { producer: Producer::Step(p), .. }) if p as usize == faa),
+            "{:?}",
+            c.validate()
+        );
+        // and a phase gate without its FENCE releases WQEs whose patches may not have landed
+        let mut c = alloc();
+        let gate = c
+            .steps
+            .iter()
+            .position(|s| {
+                s.wqe.opcode == Opcode::Enable && s.wqe.qpn == c.qpns[0] && s.wqe.queue_sel() == QueueSel::Send
+            })
+            .unwrap();
+        c.steps[gate].wqe.flags.remove(WqeFlags::FENCE);
+        assert!(matches!(c.validate(), Err(ChainError::UngatedPatch { .. })), "{:?}", c.validate());
+    }
+
+    /// The free chain's second half may run only after the ownership check: released by an
+    /// ENABLE on another QP than the check's, it would not be.
+    #[test]
+    fn free_second_half_before_ownership_check_rejected() {
+        let env = test_env(4096, 16, 3);
+        let mut f = build_free_chain(&env).unwrap();
+        let inv = f.ownership_check.unwrap() as usize;
+        // the Loop-releasing ENABLE on the Free QP ring moves in front of the LOCAL_INV
+        let rel = (inv..f.steps.len())
+            .find(|i| f.steps[*i].ring == Ring::Mgmt && f.steps[*i].wqe.opcode == Opcode::Enable)
+            .unwrap();
+        let (a, b) = (f.steps[inv], f.steps[rel]);
+        f.steps[inv] = Step { wqe: b.wqe, ..b };
+        f.steps[rel] = a;
+        f.ownership_check = Some(rel as u8);
+        for s in f.steps.iter_mut() {
+            for l in [&mut s.local, &mut s.remote] {
+                if let Some(Loc::Field { step, .. }) = l {
+                    if *step as usize == inv {
+                        *step = rel as u8;
+                    } else if *step as usize == rel {
+                        *step = inv as u8;
+                    }
+                }
+            }
+        }
+        assert!(matches!(f.validate(), Err(ChainError::UncheckedEffect { .. })), "{:?}", f.validate());
+    }
+
+    /// A request-supplied address that is not cleared for the next lap is refused (a short
+    /// request would free the previous request's entry again).
+    #[test]
+    fn replayable_request_field_rejected() {
+        let env = test_env(4096, 16, 3);
+        let mut f = build_free_chain(&env).unwrap();
+        let rd = f.recv.iter().find_map(|r| match r.loc {
+            Loc::Field { step, .. } => Some(step),
+            _ => None,
+        });
+        let clear = f
+            .steps
+            .iter()
+            .position(|s| {
+                s.wqe.opcode == Opcode::Write && matches!(s.remote, Some(Loc::Field { step, .. }) if Some(step) == rd)
+            })
+            .unwrap();
+        f.steps[clear].wqe = Wqe::nop().with_flags(WqeFlags::SIGNALED);
+        f.steps[clear].remote = None;
+        assert!(matches!(f.validate(), Err(ChainError::Replayable { .. })), "{:?}", f.validate());
+    }
+
+    /// A next-lap rewrite or a clear of a RECV target that is still in flight when the next
+    /// RECV is enabled is refused.
+    #[test]
+    fn recv_reuse_rejected() {
+        let mut c = alloc();
+        let r =
+            c.steps.iter().position(|e| e.wqe.opcode == Opcode::Enable && e.wqe.queue_sel() == QueueSel::Recv).unwrap();
+        c.steps[r].wqe.flags.remove(WqeFlags::FENCE);
+        assert!(matches!(c.validate(), Err(ChainError::RecvReuse { .. })), "{:?}", c.validate());
     }
 
     /// Removing the WAIT that gates a patched step must be caught.
@@ -793,8 +1227,18 @@ impl ChainLayout {
                 for loc in [ps.local, ps.remote].into_iter().flatten() {
                     if let Loc::Field { step, field } = loc {
                         if step as usize == i {
-                            let kind = if ps.remote == Some(loc) { "bump " } else { "" };
-                            write!(out, "{}{kind}{field:?}←#{p}", if any { ", " } else { "" })?;
+                            let kind = match (ps.remote == Some(loc), ps.wqe.opcode) {
+                                (true, Opcode::Read) => "→",
+                                (true, Opcode::FetchAdd) => "bump ",
+                                (true, _) => "cleared ",
+                                _ => "",
+                            };
+                            let sep = if any { ", " } else { "" };
+                            if kind == "→" {
+                                write!(out, "{sep}{field:?}→#{p}")?;
+                            } else {
+                                write!(out, "{sep}{kind}{field:?}←#{p}")?;
+                            }
                             any = true;
                         }
                     }
@@ -826,6 +1270,36 @@ impl ChainLayout {
             }
         }
         writeln!(out)
+    }
+
+    /// The chain's cost in one paragraph (docs/CHAINS.md): gated phases before its
+    /// [`Self::critical_end`], WQEs per lap, re-arm bumps.
+    pub fn write_summary(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        let nops = self.steps.iter().filter(|s| s.wqe.opcode == Opcode::Nop).count();
+        let what = match self.kind {
+            ChainKind::Alloc => "the reply",
+            ChainKind::Free => "the push",
+        };
+        match (self.critical_end, self.critical_path()) {
+            (Some(end), Some(g)) => writeln!(
+                out,
+                "**Critical path:** {} gated phases from the request to {what} (#{end}): {} WAIT, {} ENABLE releases.",
+                g.gates,
+                g.waits,
+                g.gates - g.waits
+            )?,
+            _ => writeln!(out, "**Critical path:** not computed (no end step, or the layout does not validate).")?,
+        }
+        writeln!(
+            out,
+            "**Per lap:** {} WQEs (Loop {}, Mgmt {}; {} of them NOP padding), of which {} lap re-arm fetch-and-add{}.",
+            self.wqes_per_lap(),
+            self.ring_depth[0],
+            self.ring_depth[1],
+            nops,
+            self.rearm_bumps(),
+            if self.rearm_bumps() == 1 { "" } else { "s" }
+        )
     }
 
     fn describe(&self, i: usize, out: &mut impl fmt::Write) -> fmt::Result {
@@ -895,24 +1369,70 @@ mod doc_tests {
     use crate::free_chain::build_free_chain;
     use std::string::String;
 
+    const HEAD: &str = r#"
+How the chains keep short (the mechanisms are checked by `ChainLayout::validate`):
+
+- **Gates.** A *gated phase* begins where a send queue stops fetching until something else
+  happened: a WAIT (until a CQ count), or the end of a managed queue's enabled range (until an
+  ENABLE raises it). On the NIC each costs a WQE fetch after the gate opens. A patched WQE
+  field must be complete before its WQE can be fetched, so each value the chain learns and then
+  uses as a WQE field — the slot address, the entry address, the entry — costs one gate.
+- **FENCE instead of WAIT.** A FENCEd WQE executes only after every earlier READ and atomic of
+  its QP completed (IBTA's fence indicator; rdma-core maps `IBV_SEND_FENCE` to mlx5's fence
+  mode). A copy that *reads* a value an earlier READ or atomic produced therefore sits in the
+  same phase as its producer, FENCEd; and a FENCEd ENABLE of the chain's own Loop ring is a gate
+  that needs no WAIT. WAIT counts are absolute (mlx5 WAIT compares a CQ producer index), so each
+  WAIT needs a fetch-and-add per lap; ENABLE counts are relative and need none. Only the WAIT
+  for the RECV (and, in the alloc chain, the management ring's WAIT for the reply, off the
+  critical path) remain.
+- **Order on the management QP.** The binds and the reply (alloc), the invalidations and the
+  release of the second half (free) share one send queue: mlx5 fences the WQE after a bind or
+  invalidation until it completed, and a failure errors the QP and flushes the rest — no WAIT.
+- **Scatter, not copy.** The RECV puts request bytes straight into the WQEs that use them (the
+  reply target, the access QP numbers, the free's entry address); loop READs copy a field out of
+  a WQE (`#n.Field → [addr]`) where scratch needs it too.
+- **Checks first.** Nothing after the empty probe (alloc) or the ownership check (free) can
+  execute before that check completed; the reply (push) only after every bind (invalidation).
+- **No replay.** Addresses and keys the RECV puts into WQEs are cleared every lap, and nothing
+  the next request overwrites is still in use when its RECV is enabled.
+- **What only hardware can settle.** That an mlx5 SEND_EN WQE with the fence bit waits like
+  any fenced WQE (the lap-closing ENABLE relied on it before); that the small fence after a UMR
+  holds the next WQE until the UMR completed. In the mlx5 form a ring read copies a big-endian
+  field (the free's entry address), so the markers and queue slots it feeds are big-endian too,
+  as docs/MLX5.md already requires of values copied into WQEs.
+
+"#;
+
     /// docs/CHAINS.md is generated from the builders; this fails when it is stale.
     /// Regenerate with `OMW_BLESS=1 cargo test -p omw-core chains_doc`.
     #[test]
     fn chains_doc_is_current() {
-        let env = test_env(4096, 16, 3);
+        let mut env = test_env(4096, 16, 3);
+        // the free chain scrubs on the NIC (from a private chunk of zeros)
+        env.keys.zero_lkey = 0x18;
+        env.keys.pool_scrub_rkey = 0x19;
+        env.keys.zero_addr = 1 << 40;
         let mut doc = String::new();
         doc.push_str("# The alloc and free chains, step by step\n\n");
-        doc.push_str("Generated from `omw_core::alloc_chain` / `free_chain` for G = 3, 4 KiB chunks, 16 chunks\n");
+        doc.push_str("Generated from `omw_core::alloc_chain` / `free_chain` for G = 3, 4 KiB chunks, 16 chunks,\n");
         doc.push_str(
-            "(`OMW_BLESS=1 cargo test -p omw-core chains_doc` regenerates it; a test fails when it is stale).\n",
+            "NIC scrubbing (`OMW_BLESS=1 cargo test -p omw-core chains_doc` regenerates it; a test fails when it is stale).\n",
         );
         doc.push_str("`#n.Field` is a field of step n's WQE, `[addr]` an MN address (scratch, queue, table),\n");
         doc.push_str("`Loop` the MN loopback QP's send queue, `Mgmt` the MN end of the CN's Alloc/Free QP.\n");
-        doc.push_str("Every WAIT is bumped by a FETCH_ADD at the end of each lap (`bump Operand0←#n`).\n\n");
+        doc.push_str("WAITs are bumped by a FETCH_ADD at the end of each lap (`bump Operand0←#n`), request-supplied\n");
+        doc.push_str("fields are `cleared` for the next lap, `Field→#n` marks a loop READ copying that field out.\n");
+        doc.push_str(HEAD);
         doc.push_str("## Alloc chain\n\n");
-        build_alloc_chain(&env).unwrap().write_table(&mut doc).unwrap();
+        let a = build_alloc_chain(&env).unwrap();
+        a.write_summary(&mut doc).unwrap();
+        doc.push('\n');
+        a.write_table(&mut doc).unwrap();
         doc.push_str("\n## Free chain\n\n");
-        build_free_chain(&env).unwrap().write_table(&mut doc).unwrap();
+        let f = build_free_chain(&env).unwrap();
+        f.write_summary(&mut doc).unwrap();
+        doc.push('\n');
+        f.write_table(&mut doc).unwrap();
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CHAINS.md");
         if std::env::var("OMW_BLESS").is_ok() {
             std::fs::write(path, &doc).unwrap();

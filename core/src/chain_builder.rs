@@ -68,10 +68,17 @@ pub fn parse_chain_wr_id(wr_id: u64) -> Option<(ChainKind, u32, u8)> {
     Some((kind, ((wr_id >> 8) & 0xFF_FFFF) as u32, (wr_id & 0xFF) as u8))
 }
 
+/// `w` with the FENCE flag: it executes only after every earlier READ and atomic of its QP
+/// completed.
+pub(crate) const fn fenced(w: Wqe) -> Wqe {
+    let f = w.flags.union(WqeFlags::FENCE);
+    w.with_flags(f)
+}
+
 pub(crate) struct Builder {
     pub layout: ChainLayout,
     slot: u32,
-    /// Index of the lap-closing ENABLE once `rearm_tail` has run.
+    /// Index of the lap-closing ENABLE once `lap_tail` has run.
     pub closing: u8,
 }
 
@@ -98,6 +105,7 @@ impl Builder {
                 },
                 empty_probe: None,
                 ownership_check: None,
+                critical_end: None,
             },
             slot: env.slot,
             closing: 0,
@@ -115,11 +123,6 @@ impl Builder {
             .map_err(|_| crate::chain::ChainError::TooManySteps)?;
         Ok(i)
     }
-    /// WAIT until the loop QP's own completions cover everything posted so far on it.
-    pub fn fence_loop(&mut self, env: &ChainEnv) -> Result<u8, crate::chain::ChainError> {
-        let n = self.signaled_on(Ring::Loop);
-        self.push(Ring::Loop, Wqe::wait(env.loop_qpn, QueueSel::Send, n))
-    }
     pub fn signaled_on(&self, ring: Ring) -> u64 {
         self.layout.steps.iter().filter(|s| s.ring == ring && s.wqe.flags.contains(WqeFlags::SIGNALED)).count() as u64
     }
@@ -132,10 +135,29 @@ impl Builder {
         }
     }
 
-    /// The lap tail: bump every WAIT by its queue's per-lap completions, then enable one more
-    /// lap of every ring and one more RECV. `mid_enables` are ENABLEs the chain already issued
-    /// for the Mgmt ring or for the Loop ring's second half (they count towards the lap).
-    pub fn rearm_tail(&mut self, env: &ChainEnv, junk: u64) -> Result<(), crate::chain::ChainError> {
+    /// A phase boundary on the Loop ring: a FENCEd ENABLE of the Loop ring itself. The ring
+    /// stops at its limit; the ENABLE executes only once every earlier READ and atomic of the
+    /// ring completed (and, completions being in order, everything before them), and only then
+    /// are the next phase's WQEs — patched by those READs — fetched. A gate that needs no WAIT,
+    /// so nothing to bump per lap (ENABLE counts are relative). Its count is set by
+    /// [`Self::set_count`] once the next phase is known.
+    pub fn gate_loop(&mut self, env: &ChainEnv) -> Result<u8, crate::chain::ChainError> {
+        self.push(Ring::Loop, fenced(Wqe::enable(env.loop_qpn, QueueSel::Send, 0)))
+    }
+    /// Set the count of ENABLE `step`.
+    pub fn set_count(&mut self, step: u8, count: u64) {
+        if let Some(s) = self.layout.steps.get_mut(step as usize) {
+            s.wqe.operand0 = count;
+        }
+    }
+
+    /// The lap tail: bump every WAIT by its queue's per-lap completions, enable one more RECV
+    /// and — fenced behind the bumps — one more lap of the Loop ring; then pad both rings with
+    /// NOPs to power-of-two depths (a real send queue's), so every lap wraps onto the same
+    /// bytes, which is what makes the chain re-arm itself. The chain sets the counts of its
+    /// own ENABLEs from the depths afterwards; `closing` is left pointing at the lap-closing
+    /// ENABLE (count 0 until then).
+    pub fn lap_tail(&mut self, env: &ChainEnv, junk: u64) -> Result<(), crate::chain::ChainError> {
         let waits: heapless::Vec<u8, MAX_STEPS> = self
             .layout
             .steps
@@ -159,43 +181,20 @@ impl Builder {
             let i = self.push(Ring::Loop, Wqe::fetch_add(junk, env.keys.meta_lkey, 0, env.keys.ring_rkey, per_lap))?;
             self.layout.steps[i as usize].remote = Some(Loc::Field { step: w, field: WqeField::Operand0 });
         }
-        // Each ring is padded with unsignaled NOPs to a power-of-two depth (what a real send
-        // queue has), and every lap enables exactly one ring's worth: the ring then wraps onto
-        // the same bytes, which is what makes the chain re-arm itself.
-        let enabled_mgmt: u64 = self.enabled(Ring::Mgmt, env);
-        let mgmt_len = self.layout.ring_len(Ring::Mgmt) as u64;
-        let mgmt_depth = if mgmt_len == 0 { 0 } else { mgmt_len.next_power_of_two() };
-        let extra_mgmt_enable = u64::from(mgmt_depth > enabled_mgmt);
-        let loop_final = self.layout.ring_len(Ring::Loop) as u64 + extra_mgmt_enable + 2;
-        let loop_depth = loop_final.next_power_of_two();
-        if extra_mgmt_enable == 1 {
-            self.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Send, mgmt_depth - enabled_mgmt))?;
-        }
-        self.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Recv, 1))?;
-        let loop_enabled = self.enabled(Ring::Loop, env);
-        let w = Wqe::enable(env.loop_qpn, QueueSel::Send, loop_depth - loop_enabled).with_flags(WqeFlags::FENCE);
-        self.push(Ring::Loop, w)?;
-        self.closing = self.next() - 1;
-        for (ring, depth) in [(Ring::Loop, loop_depth), (Ring::Mgmt, mgmt_depth)] {
+        // The next request may land as soon as its RECV is enabled: the FENCE (behind the
+        // bumps, themselves behind the lap's clears) keeps it from landing on anything this
+        // lap still uses.
+        self.push(Ring::Loop, fenced(Wqe::enable(env.mgmt_qpn, QueueSel::Recv, 1)))?;
+        self.closing = self.push(Ring::Loop, fenced(Wqe::enable(env.loop_qpn, QueueSel::Send, 0)))?;
+        for ring in [Ring::Loop, Ring::Mgmt] {
+            let len = self.layout.ring_len(ring) as u64;
+            let depth = if len == 0 { 0 } else { len.next_power_of_two() };
             while (self.layout.ring_len(ring) as u64) < depth {
                 self.push(ring, Wqe::nop().with_flags(WqeFlags::empty()))?;
             }
+            self.layout.ring_depth[ring as usize] = depth as u16;
         }
-        self.layout.ring_depth = [loop_depth as u16, mgmt_depth as u16];
         Ok(())
-    }
-
-    fn enabled(&self, ring: Ring, env: &ChainEnv) -> u64 {
-        let qpn = match ring {
-            Ring::Loop => env.loop_qpn,
-            Ring::Mgmt => env.mgmt_qpn,
-        };
-        self.layout
-            .steps
-            .iter()
-            .filter(|e| e.wqe.opcode == Opcode::Enable && e.wqe.queue_sel() == QueueSel::Send && e.wqe.qpn == qpn)
-            .map(|e| e.wqe.operand0)
-            .sum()
     }
 }
 

@@ -279,8 +279,9 @@ impl Lap {
                 Opcode::Nop | Opcode::Wait | Opcode::Enable => continue,
                 _ => {}
             }
-            // lap bumps rewrite WAIT counts for the NIC's next lap: meaningless here
-            if matches!(step.remote, Some(Loc::Field { .. })) {
+            // lap bumps rewrite WAIT counts for the NIC's next lap: meaningless here (a READ whose
+            // remote side is a field copies that field out of this lap's WQE: see below)
+            if matches!(step.remote, Some(Loc::Field { .. })) && w.opcode != Opcode::Read {
                 continue;
             }
             let loop_mem_op = step.ring == Ring::Loop && (w.opcode.is_remote());
@@ -292,10 +293,27 @@ impl Lap {
                 let n = (w.length as usize).min(buf.len());
                 match w.opcode {
                     Opcode::Read => {
-                        if !regions.remote_ok(w.remote_addr, len, w.rkey) || n as u64 != len {
+                        if let Some(Loc::Field { step: t, field }) = step.remote {
+                            // a ring read: the bytes of this lap's (patched) WQE
+                            let off = field.offset();
+                            match copies.get(t as usize) {
+                                Some(c) if n as u64 == len && off + n <= WQE_SIZE => {
+                                    buf[..n].copy_from_slice(&c[off..off + n])
+                                }
+                                _ => {
+                                    return fail(
+                                        Some(si),
+                                        LapFailure::Status(WcStatus::RemAccessErr),
+                                        device_ops,
+                                        cpu_steps,
+                                    )
+                                }
+                            }
+                        } else if !regions.remote_ok(w.remote_addr, len, w.rkey) || n as u64 != len {
                             return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
+                        } else {
+                            backend.read_local(w.remote_addr, &mut buf[..n]).map_err(HostEngineError::Backend)?;
                         }
-                        backend.read_local(w.remote_addr, &mut buf[..n]).map_err(HostEngineError::Backend)?;
                         match step.local {
                             Some(Loc::Field { step: t, field }) => {
                                 if let Some(c) = copies.get_mut(t as usize) {

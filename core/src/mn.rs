@@ -498,7 +498,7 @@ impl MemoryNode {
     /// The MN end of the QP the MN's messages to `cn` travel on: a send queue on which no
     /// bind is ever posted, so a message stuck behind a CN that stopped posting receives can
     /// delay nothing but that CN. Offloaded: its first access QP (binds are posted on the
-    /// loop QPs; the Alloc QP's send queue is the alloc chain's). Host engine: its Alloc QP
+    /// chain QPs: the Alloc QP's send queue is the alloc chain's). Host engine: its Alloc QP
     /// (binds are posted on the Free and access QPs they bind to; the Alloc QP carries only
     /// replies, to the same CN).
     pub fn message_qp(&self, cn: CnId) -> Option<Qpn> {

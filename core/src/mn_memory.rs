@@ -37,45 +37,52 @@ pub const MN_SCRATCH_LEN: u64 = 64;
 
 /// Offsets inside the alloc chain's scratch area.
 pub mod alloc_scratch {
+    use crate::mwtable::ENTRY_OFF_OWNER;
     /// Result of the FAA on the queue head: the popped slot's address. Cleared when a lap
     /// commits, so after a failure non-zero means "this lap took a ticket".
     pub const SLOT_ADDR: u64 = 0;
-    /// Eight zero bytes, written over the popped slot.
-    pub const ZERO: u64 = 8;
-    /// The CN's id (u32), written into the entry's owner field.
-    pub const OWNER: u64 = 16;
-    /// Landing place for the request header (magic, version, kind, token).
-    pub const REQ_HDR: u64 = 24;
+    /// Landing place for the request header (magic, version, kind, token). Next to
+    /// `SLOT_ADDR`: the commit clears both with one WRITE.
+    pub const REQ_HDR: u64 = 8;
+    /// Sixteen zero bytes: what the commit's clears (markers, request header, the reply WQE's
+    /// address and rkey) and the reply image's lkey are overwritten with.
+    pub const ZEROS16: u64 = 16;
     /// The reply image, 56 B: header, entry address, entry.
     pub const REPLY: u64 = 32;
     /// The popped entry's address; cleared when a lap commits (the reply was delivered), so
     /// after a failure non-zero means "this lap popped a group the CN never got".
     pub const REPLY_ENTRY_ADDR: u64 = REPLY + 8;
     pub const REPLY_ENTRY: u64 = REPLY + 16;
+    /// The CN's id (u32): the reply image's owner field itself. The MN writes it when the CN
+    /// connects; the chain's entry READ stops short of it, so the image — and the entry
+    /// written back from it — always name the requester.
+    pub const OWNER: u64 = REPLY_ENTRY + ENTRY_OFF_OWNER;
     /// Destination of fetch-and-add results nobody reads (lap re-arm bumps).
-    pub const JUNK: u64 = 96;
-    /// Sixteen zero bytes: a committed lap clears the reply WQE's address and rkey with them,
-    /// so a later request too short to supply its own cannot replay the previous one.
-    pub const ZEROS16: u64 = 104;
-    pub const END: u64 = 120;
+    pub const JUNK: u64 = 88;
+    pub const END: u64 = 96;
 }
 
 /// Offsets inside the free chain's scratch area.
 pub mod free_scratch {
     pub const REQ_HDR: u64 = 0;
-    /// Entry address from the request; cleared when a lap commits (the push landed).
+    /// Entry address from the request (copied out of the entry READ the RECV patched); cleared
+    /// when a lap commits (the push landed).
     pub const ENTRY_ADDR: u64 = 8;
-    pub const ENTRY: u64 = 16;
-    pub const PUSH_SLOT: u64 = 56;
-    pub const ZERO: u64 = 64;
-    pub const JUNK: u64 = 72;
     /// Set (to the entry address) by the first step of the second half — which runs only once
     /// MW[0] was invalidated on the requester's own Free QP — and cleared at commit: after a
     /// failure, non-zero means "this lap proved ownership", whatever the MWTable says. The MN's
     /// repair decides from this lap's own markers alone, never from state another lap (e.g. a
     /// victim's alloc lap half-way through the same entry) may be changing.
-    pub const PASSED: u64 = 80;
-    pub const END: u64 = 88;
+    pub const PASSED: u64 = 16;
+    /// Result of the FAA on the queue tail: the slot this lap pushes into.
+    pub const PUSH_SLOT: u64 = 24;
+    /// Request header and markers are adjacent: the commit clears them with one WRITE.
+    pub const MARKERS_LEN: u32 = 32;
+    pub const ENTRY: u64 = 32;
+    /// [`MARKERS_LEN`] zero bytes.
+    pub const ZERO: u64 = 72;
+    pub const JUNK: u64 = 104;
+    pub const END: u64 = 112;
 }
 
 const _: () = assert!(alloc_scratch::END <= FREE_SCRATCH_OFF);

@@ -10,7 +10,8 @@ use omw_core::wqe::{Opcode, Wqe, WqeField, WqeFlags};
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::NicConfig;
 
-/// The alloc chain with the WAIT that gates the pop READ's patched remote address removed.
+/// The alloc chain with the gate before the pop READ (whose remote address a copy patches)
+/// removed: the pop is enabled together with the phase that produces its address.
 fn ungated(layout: &ChainLayout) -> ChainLayout {
     let mut c = layout.clone();
     // the READ of the popped slot: 8 bytes into scratch from an address a copy patches in
@@ -23,8 +24,30 @@ fn ungated(layout: &ChainLayout) -> ChainLayout {
                 && c.is_patched(i, WqeField::RemoteAddr)
         })
         .expect("pop READ");
-    let wait = (0..pop).rev().find(|i| c.steps[*i].wqe.opcode == Opcode::Wait).unwrap();
-    c.steps[wait].wqe = Wqe::nop().with_flags(WqeFlags::empty()).with_wr_id(c.steps[wait].wqe.wr_id);
+    let loop_qpn = c.qpns[0];
+    let gate = (0..pop)
+        .rev()
+        .find(|i| {
+            let w = &c.steps[*i].wqe;
+            w.opcode == Opcode::Wait || (w.opcode == Opcode::Enable && w.qpn == loop_qpn && w.operand1 == 0)
+        })
+        .unwrap();
+    if c.steps[gate].wqe.opcode == Opcode::Wait {
+        c.steps[gate].wqe = Wqe::nop().with_flags(WqeFlags::empty()).with_wr_id(c.steps[gate].wqe.wr_id);
+    } else {
+        // the phase this ENABLE released is enabled with the one before (first lap: the arm's
+        // initial enable; later laps: the lap-closing ENABLE)
+        let n = std::mem::take(&mut c.steps[gate].wqe.operand0);
+        c.initial_enable[0] += n as u16;
+        let closing = (0..c.steps.len())
+            .rev()
+            .find(|i| {
+                let w = &c.steps[*i].wqe;
+                w.opcode == Opcode::Enable && w.qpn == loop_qpn && w.operand1 == 0
+            })
+            .unwrap();
+        c.steps[closing].wqe.operand0 += n;
+    }
     c
 }
 
