@@ -218,3 +218,22 @@ fn pinned_pop_push_and_forged_free_races() {
         }
     }
 }
+
+/// Found at 1000 cases (and by the `mn_events` fuzz target): a garbage alloc request (its lap
+/// runs with the previous request's QP numbers and its reply fails), the CN's honest free of a
+/// group, and a forged free, in one batch. The failed alloc lap's repair must not push a group
+/// the CN's free already pushed.
+#[test]
+fn pinned_garbage_alloc_free_and_forge_push_nothing_twice() {
+    for mode in [Mode::Offloaded, Mode::HostEngine, Mode::Rxe] {
+        for (seed, pm) in [(0u64, 20u16), (1, 300), (7, 800)] {
+            run(
+                mode,
+                vec![
+                    (seed, pm, vec![Act::Alloc(2), Act::Alloc(1), Act::Alloc(0)]),
+                    (seed, pm, vec![Act::Garbage(2, true, vec![]), Act::Free(2, 0), Act::Forge(2, 3)]),
+                ],
+            );
+        }
+    }
+}
