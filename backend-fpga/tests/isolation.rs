@@ -440,17 +440,15 @@ fn stale_rkeys_after_a_free_are_refused() {
     s.d.check_invariants().unwrap();
 }
 
-/// Found while writing the tests above (the chains and the repair are the core's; reported to
-/// the lead). A refused request on a CN's Alloc QP puts the MN end in error, which flushes the
-/// receive the alloc chain posted there; the Loop ring's first WAIT counts that receive queue's
-/// completions, so the flush starts a lap with no request: it pops the queue's head group,
-/// binds its windows to the QPs the CN's *previous* request named (the scattered QPNs stay in
-/// the ring) and writes the CN in as owner; only the reply (on the errored QP) never runs. The
-/// CN now owns a group it never asked for until the MN CPU's next poll — and if it frees that
-/// group first (the ownership check passes: MW[0] is bound to its Free QP), the MN's repair
-/// of the stalled lap reclaims and pushes the group a second time (DuplicateInQueue).
+/// Found while writing the tests above. A refused request on a CN's Alloc QP puts the MN end
+/// in error, which flushes the receive the alloc chain posted there; the Loop ring's first WAIT
+/// counts that receive queue's completions, so the flush starts a lap with no request. That lap
+/// must give the CN nothing: its binds and its reply are posted on the errored Alloc QP (the
+/// chains since the four-phase redesign) and are flushed, so no window of the popped group is
+/// ever bound — the table may name the CN as owner until the MN's repair (the owner is written
+/// before the binds), which reclaims it; and the CN's free of that group cannot pass the
+/// ownership check (MW[0] is not bound to it), so nothing is pushed twice.
 #[test]
-#[ignore = "core bug: the alloc chain runs a lap on a flushed receive (see the doc comment); run with --ignored once fixed"]
 fn a_refused_request_on_the_alloc_qp_runs_no_lap() {
     let mut s = cluster(2);
     let own = s.alloc(ATTACKER, TOKEN);
@@ -464,14 +462,24 @@ fn a_refused_request_on_the_alloc_qp_runs_no_lap() {
     c.h.be.reset_qp(q).unwrap();
     s.f.run(5_000);
     let attacker = s.cns[ATTACKER].id.get();
-    let stolen: Vec<u64> = (0..CHUNKS)
+    let named: Vec<u64> = (0..CHUNKS)
         .map(|g| s.map.entry_addr(GroupId(g)).unwrap())
         .filter(|at| s.entry(*at).owner() == attacker)
         .collect();
-    for (t, at) in stolen.iter().enumerate() {
+    // no window of any group it did not ask for is bound anywhere
+    for at in &named {
+        let e = s.entry(*at);
+        for k in 0..G as usize {
+            assert_eq!(s.bound_to(e.rkey(k)), None, "window {k} of {at:#x} bound for a CN that sent no request");
+        }
+    }
+    // its frees of them fail the ownership check; the MN's repair takes them back, once
+    for (t, at) in named.iter().enumerate() {
         s.send_free(ATTACKER, *at, TOKEN + 0x10 + t as u32);
     }
     s.mn_poll();
     s.d.check_invariants().unwrap();
-    assert!(stolen.is_empty(), "groups bound to a CN that sent no request: {stolen:#x?}");
+    for at in &named {
+        assert_eq!(s.entry(*at).owner(), 0, "the repair did not take {at:#x} back");
+    }
 }
