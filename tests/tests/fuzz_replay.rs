@@ -2,7 +2,9 @@
 //! every input that once crashed a target (`fuzz/regressions/<target>/`), through the same
 //! function the cargo-fuzz target calls (`omw_fuzz_harness::<target>::run`). A failing input is
 //! named in the panic message; reproduce it with
-//! `cargo +nightly fuzz run <target> <file>` in `fuzz/`.
+//! `cargo +nightly fuzz run <target> <file>` in `fuzz/`. Regressions saved before a target's
+//! input format changed sit in `fuzz/regressions/<target>/v1/` and are replayed in that format
+//! (`omw_fuzz_harness::TARGETS_V1`), so they keep meaning what they meant.
 
 use std::path::{Path, PathBuf};
 
@@ -11,10 +13,13 @@ fn fuzz_dir() -> PathBuf {
 }
 
 fn inputs(target: &str) -> Vec<PathBuf> {
+    files_in(&["corpus", "regressions"].map(|k| fuzz_dir().join(k).join(target)))
+}
+
+fn files_in(dirs: &[PathBuf]) -> Vec<PathBuf> {
     let mut v = Vec::new();
-    for kind in ["corpus", "regressions"] {
-        let dir = fuzz_dir().join(kind).join(target);
-        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+    for dir in dirs {
+        let Ok(rd) = std::fs::read_dir(dir) else { continue };
         for e in rd.flatten() {
             if e.file_type().map(|t| t.is_file()).unwrap_or(false) && !e.file_name().to_string_lossy().starts_with('.')
             {
@@ -30,7 +35,19 @@ fn replay(target: &str) {
     let run = omw_fuzz_harness::TARGETS.iter().find(|(n, _)| *n == target).expect("known target").1;
     let files = inputs(target);
     assert!(!files.is_empty(), "no saved inputs for fuzz target {target} (fuzz/corpus/{target}/)");
-    for f in &files {
+    replay_files(target, run, &files);
+}
+
+/// The regressions of a target's first input format.
+fn replay_v1(target: &str) {
+    let run = omw_fuzz_harness::TARGETS_V1.iter().find(|(n, _)| *n == target).expect("a target with a v1 format").1;
+    let files = files_in(&[fuzz_dir().join("regressions").join(target).join("v1")]);
+    assert!(!files.is_empty(), "no v1 regressions for {target}");
+    replay_files(target, run, &files);
+}
+
+fn replay_files(target: &str, run: omw_fuzz_harness::Target, files: &[PathBuf]) {
+    for f in files {
         let data = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         let r = std::panic::catch_unwind(|| run(&data));
         if let Err(p) = r {
@@ -89,6 +106,16 @@ fn replay_mn_events() {
 #[test]
 fn replay_malicious_cn() {
     replay("malicious_cn");
+}
+
+#[test]
+fn replay_mn_events_v1() {
+    replay_v1("mn_events");
+}
+
+#[test]
+fn replay_malicious_cn_v1() {
+    replay_v1("malicious_cn");
 }
 
 // ---- bugs the fuzz targets found, as plain scenarios ------------------------------------------
