@@ -293,3 +293,78 @@ fn failed_alloc_laps_settle_tickets() {
     c.check_invariants().unwrap();
     assert_eq!(c.free_groups() + c.driver.mn.tickets().len() as u32, 2);
 }
+
+/// The malicious_cn attacker, scripted: it allocates, learns its windows' rkeys from its
+/// reply, guesses its way round them (its own windows work — the only place a guess may work;
+/// neighbouring indexes and the MN's MR indexes are walked and refused), times a batch against
+/// the honest CNs under an interleaving, then stops posting receives: the lease evicts it and
+/// the honest CNs go on. Every oracle of the target runs after every step, in each mode.
+#[test]
+fn malicious_cn_scripted_guessing_timing_and_silence() {
+    use omw_fuzz_harness::attacker::Predict;
+    use omw_fuzz_harness::malicious_cn::{check, AddrSel, Guess, IndexSel, Input, Knobs, Op, Step, Timed, Verb, Via};
+    use omw_fuzz_harness::sim::{Schedule, Setup};
+    let guess =
+        |index, addr, predict, verb, via, tries| Step::Guess(Guess { index, addr, predict, verb, via, len: 8, tries });
+    for (host_engine, rxe) in [(false, false), (true, false), (true, true)] {
+        for silence in [Step::Stall, Step::Vanish] {
+            let setup = Setup { host_engine, rxe, prefetch: 0, small_chunks: true, chunks: 4, quota: 3, group_size: 1 };
+            let ops = vec![
+                Step::Op(Op::Alloc(false)),
+                Step::Op(Op::EvilAlloc),
+                guess(
+                    IndexSel::NearOwn { which: 0, delta: 0 },
+                    AddrSel::OfIndex(0),
+                    Predict::Counter,
+                    Verb::Read,
+                    Via::Matching,
+                    1,
+                ),
+                guess(
+                    IndexSel::NearOwn { which: 1, delta: 0 },
+                    AddrSel::OfIndex(8),
+                    Predict::Counter,
+                    Verb::Write,
+                    Via::Matching,
+                    1,
+                ),
+                guess(
+                    IndexSel::NearOwn { which: 0, delta: 1 },
+                    AddrSel::OfIndex(0),
+                    Predict::Counter,
+                    Verb::Read,
+                    Via::Access(0),
+                    15,
+                ),
+                guess(IndexSel::MnMr(0), AddrSel::OfIndex(64), Predict::Counter, Verb::Write, Via::Access(0), 15),
+                guess(IndexSel::MnMr(1), AddrSel::OfIndex(0), Predict::Walk, Verb::FetchAdd, Via::Alloc, 15),
+                guess(
+                    IndexSel::HonestWindow { which: 0, q: 1 },
+                    AddrSel::HonestChunk { which: 0, off: 0 },
+                    Predict::Counter,
+                    Verb::Read,
+                    Via::Access(0),
+                    15,
+                ),
+                Step::Batch {
+                    schedule: Some(Schedule { seed: 7, per_mille: 500 }),
+                    items: vec![
+                        Timed::HonestAlloc(true),
+                        Timed::ForgedFree(omw_fuzz_harness::malicious_cn::EntrySel::Honest(0, 0)),
+                        Timed::NicSteps(5),
+                        Timed::HonestFree(false, 0),
+                        Timed::EvilAlloc,
+                    ],
+                },
+                silence,
+                Step::Op(Op::Alloc(true)),
+                Step::Advance(4),
+            ];
+            let knobs = Knobs { key_seed: Some(42), schedule: Some(Schedule { seed: 3, per_mille: 200 }) };
+            let r = check(&Input { setup, knobs, ops });
+            assert!(r.hits >= 2, "{setup:?}: the attacker's own keys worked ({r:?})");
+            assert!(r.guesses > r.hits + 40, "{setup:?}: the refused guesses ran ({r:?})");
+            assert!(r.silent && r.evicted, "{setup:?}: the silent attacker was evicted ({r:?})");
+        }
+    }
+}

@@ -85,7 +85,7 @@ pub struct Guess {
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum IndexSel {
-    /// Near an index the attacker knows a key of (its own windows, earlier hits).
+    /// Within ±4 of an index the attacker knows a key of (its own windows, earlier hits).
     NearOwn {
         which: u8,
         delta: i8,
@@ -130,6 +130,8 @@ pub enum Verb {
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum Via {
+    /// The QP its own window of that index is bound to, if it is one (else access QP 0).
+    Matching,
     Access(u8),
     Alloc,
     Free,
@@ -322,7 +324,18 @@ fn cluster_err(what: &dyn std::fmt::Debug, e: impl std::fmt::Display) -> ! {
 /// After this many lease-long advances a silent CN must no longer be served.
 const EVICTION_PROBES: u32 = 14;
 
-pub fn check(input: &Input) {
+/// What a run did (for tests that script an attack and check it got somewhere).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Key guesses tried, and how many worked (only ever inside the attacker's own chunks).
+    pub guesses: u64,
+    pub hits: u64,
+    /// The attacker went silent, and the MN evicted it.
+    pub silent: bool,
+    pub evicted: bool,
+}
+
+pub fn check(input: &Input) -> Report {
     let mut cfg = input.setup.config(CNS);
     if let Some(seed) = input.knobs.key_seed {
         cfg.nic = cfg.nic.with_seed(seed);
@@ -343,17 +356,6 @@ pub fn check(input: &Input) {
         step(&mut w, op);
         after_step(&mut w, op);
     }
-    if std::env::var_os("OMW_FUZZ_DEBUG").is_some() {
-        eprintln!(
-            "DEBUG tries {} hits {} refused {} silent {:?} evicted {} served {}",
-            w.guess.tries,
-            w.guess.hits,
-            w.guess.refused,
-            w.silent,
-            w.c.driver.mn.stats().cns_evicted,
-            served(&w.c, EVIL)
-        );
-    }
     // a silent attacker: time passes until the lease evicts it; the others never notice
     if w.silent.is_some() {
         let lease = w.c.driver.mn.config().lease_ns.max(1);
@@ -372,6 +374,12 @@ pub fn check(input: &Input) {
             honest_alloc(&mut w, i, &"after eviction");
         }
         after_step(&mut w, &"after eviction");
+    }
+    Report {
+        guesses: w.guess.tries,
+        hits: w.guess.hits,
+        silent: w.silent.is_some(),
+        evicted: w.c.driver.mn.stats().cns_evicted > 0,
     }
 }
 
@@ -493,7 +501,8 @@ fn guess(w: &mut World, g: Guess) {
     let index = match g.index {
         // with nothing known yet, the small indexes (where a device starts counting)
         IndexSel::NearOwn { which, delta } => match known.get(which as usize % known.len().max(1)) {
-            Some(i) => i.wrapping_add(delta as i32 as u32) & Rkey::MAX_INDEX,
+            // its own windows and their neighbours (the group's other windows, the next groups')
+            Some(i) => i.wrapping_add((delta as i32 % 5) as u32) & Rkey::MAX_INDEX,
             None => delta.unsigned_abs() as u32,
         },
         IndexSel::MnMr(k) => match mrs.get(k as usize % mrs.len().max(1)) {
@@ -543,6 +552,18 @@ fn guess(w: &mut World, g: Guess) {
     };
     let addr = if atomic { addr & !7 } else { addr };
     let via = match g.via {
+        // the QP the attacker's own window of that index is for (MW[0]: the Free QP)
+        Via::Matching => w
+            .evil
+            .iter()
+            .find_map(|a| {
+                if a.owner_rkey.index() == index {
+                    Some(CnQp::Free)
+                } else {
+                    a.rkeys.iter().position(|r| r.index() == index).map(CnQp::Access)
+                }
+            })
+            .unwrap_or(CnQp::Access(0)),
         Via::Access(k) => CnQp::Access(k as usize % w.c.cns[EVIL].access_qps.len()),
         Via::Alloc => CnQp::Alloc,
         Via::Free => CnQp::Free,

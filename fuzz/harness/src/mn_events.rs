@@ -311,6 +311,14 @@ fn batch(w: &mut World, schedule: Option<Schedule>, items: &[Timed], what: &Step
                 h.cn,
                 h.a.base
             );
+            // its client forgot the chunk when it sent the free: it frees again by address
+            let r = w.c.free_raw(h.cn, h.a.entry_addr);
+            assert!(
+                !owned_by(&w.c, h.cn, &h.a) || !active(w, h.cn),
+                "cn{} could not free {:#x} again ({r:?}), after {what:?}",
+                h.cn,
+                h.a.base
+            );
         }
     }
     for (i, t) in tokens {
