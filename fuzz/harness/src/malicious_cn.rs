@@ -534,7 +534,7 @@ fn guess(w: &mut World, g: Guess) {
                 let bound = w.c.fabric.borrow().mw_binding(w.c.mn_host, index).map(|i| i.state);
                 match bound {
                     Some(MwState::Bound(b)) => b.addr + off as u64 % b.len.max(1),
-                    _ => geo.chunk_base(GroupId(0)).unwrap_or(0) + off as u64 % geo.chunk_size(),
+                    _ => pool_addr(0, off as u16),
                 }
             }
         }
@@ -590,10 +590,7 @@ fn guess(w: &mut World, g: Guess) {
                 describe_mn_addr(&w.c, addr, len)
             );
         }
-        if !matches!(st, WcStatus::Success) {
-            // refused: move on (the QP was reset, the attacker reconnected)
-            continue;
-        }
+        // refused: the QP was reset (the attacker reconnected); the next try moves on
     }
 }
 
