@@ -10,6 +10,7 @@
 //! `fuzz_target!`, so both callers see exactly the same input for the same file.
 #![forbid(unsafe_code)]
 
+pub mod attacker;
 pub mod chain;
 pub mod fabric;
 pub mod malicious_cn;
@@ -31,6 +32,11 @@ pub const TARGETS: [(&str, Target); 6] = [
     ("malicious_cn", malicious_cn::run),
 ];
 
+/// Targets whose input format changed, with the body that runs the first format: the
+/// regressions saved before the change live in `fuzz/regressions/<target>/v1/` and keep
+/// meaning exactly what they meant (with the new properties checked on them too).
+pub const TARGETS_V1: [(&str, Target); 2] = [("mn_events", mn_events::run_v1), ("malicious_cn", malicious_cn::run_v1)];
+
 /// The structured input `data` decodes to for `target` (`None` for byte-level targets).
 pub fn describe(target: &str, data: &[u8]) -> Option<String> {
     use arbitrary::{Arbitrary, Unstructured};
@@ -45,6 +51,8 @@ pub fn describe(target: &str, data: &[u8]) -> Option<String> {
         "fabric" => show::<fabric::Input>(data),
         "mn_events" => show::<mn_events::Input>(data),
         "malicious_cn" => show::<malicious_cn::Input>(data),
+        "mn_events/v1" => show::<mn_events::InputV1>(data),
+        "malicious_cn/v1" => show::<malicious_cn::InputV1>(data),
         _ => return None,
     })
 }

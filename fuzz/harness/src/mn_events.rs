@@ -4,8 +4,13 @@
 //! taking freed slots, corrupted requests, MN RNIC resets, ticks and counter samples. After
 //! every step: the core's and the model's invariants, and every chunk the MN records as owned
 //! reads back, through every access QP of its owner, exactly what the owner wrote.
+//!
+//! Everything may run under a fuzzer-chosen interleaving (`Cluster::set_interleaving`): the
+//! MN CPU acts between any two NIC steps and NIC steps pre-empt the MN's own accesses, so MN
+//! events (repairs, the tail watch, departures, ticks) land in the middle of laps; batches post
+//! several CNs' requests together (with NIC steps between them) so laps also overlap each other.
 
-use crate::sim::{invariants, owned_by, rkey_is_current, touches_foreign, Setup, Shadow};
+use crate::sim::{conservation, invariants, owned_by, rkey_is_current, touches_foreign, Held, Schedule, Setup, Shadow};
 use arbitrary::{Arbitrary, Unstructured};
 use omw_core::backend::WcStatus;
 use omw_core::chain::ChainKind;
@@ -16,12 +21,54 @@ use omw_loopback::cluster::{Cluster, CnOpError};
 
 const MAX_OPS: usize = 40;
 const MAX_CONNECTS: usize = 3;
+/// Requests one batch posts at most.
+const MAX_BATCH: usize = 12;
 
 #[derive(Arbitrary, Debug)]
 pub struct Input {
     pub setup: Setup,
     pub cns: u8,
+    /// The run's schedule (none: the MN acts only when the NIC is idle).
+    pub schedule: Option<Schedule>,
+    pub ops: Vec<Step>,
+}
+
+/// The first input format (`regressions/mn_events/v1/`): no schedule, no batches.
+#[derive(Arbitrary, Debug)]
+pub struct InputV1 {
+    pub setup: Setup,
+    pub cns: u8,
     pub ops: Vec<Op>,
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+pub enum Step {
+    Op(Op),
+    /// Requests of several CNs posted together, then run under `schedule` (else the run's).
+    Batch {
+        schedule: Option<Schedule>,
+        items: Vec<Timed>,
+    },
+    /// From now on run under this schedule (none: the idle-NIC schedule).
+    Reschedule(Option<Schedule>),
+}
+
+/// One request of a batch.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum Timed {
+    Alloc(u8),
+    Free(u8, u8),
+    ForgedFree {
+        cn: u8,
+        entry: Entry,
+    },
+    Raw {
+        cn: u8,
+        free_qp: bool,
+        bytes: Vec<u8>,
+    },
+    /// Let the NIC run this many steps (the MN does not act) before the next request.
+    NicSteps(u8),
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -99,12 +146,19 @@ pub fn run(data: &[u8]) -> bool {
     true
 }
 
+pub fn run_v1(data: &[u8]) -> bool {
+    let Ok(v) = InputV1::arbitrary_take_rest(Unstructured::new(data)) else { return false };
+    check(&Input { setup: v.setup, cns: v.cns, schedule: None, ops: v.ops.into_iter().map(Step::Op).collect() });
+    true
+}
+
 struct World {
     c: Cluster,
     shadow: Shadow,
     connects: usize,
     /// CNs that sent raw or corrupted requests (see `sim::invariants`).
     forgers: Vec<usize>,
+    schedule: Option<Schedule>,
 }
 
 impl World {
@@ -134,19 +188,148 @@ impl World {
     }
 }
 
-fn cluster_err(what: &Op, e: impl std::fmt::Display) -> ! {
+fn cluster_err(what: &dyn std::fmt::Debug, e: impl std::fmt::Display) -> ! {
     panic!("cluster operation failed on {what:?}: {e}")
 }
 
 pub fn check(input: &Input) {
     let cns = 1 + input.cns as usize % 3;
-    let mut w = World { c: input.setup.cluster(cns), shadow: Shadow::default(), connects: 0, forgers: Vec::new() };
+    let mut w = World {
+        c: input.setup.cluster(cns),
+        shadow: Shadow::default(),
+        connects: 0,
+        forgers: Vec::new(),
+        schedule: input.schedule,
+    };
+    if let Some(s) = w.schedule {
+        s.apply(&mut w.c);
+    }
     invariants(&mut w.c, &"setup", &[]);
-    for op in input.ops.iter().take(MAX_OPS) {
-        step(&mut w, op);
-        invariants(&mut w.c, op, &w.forgers);
+    for s in input.ops.iter().take(MAX_OPS) {
+        match s {
+            Step::Op(op) => step(&mut w, op),
+            Step::Batch { schedule, items } => batch(&mut w, *schedule, items, s),
+            Step::Reschedule(sch) => {
+                w.schedule = *sch;
+                Schedule::restore(w.schedule, &mut w.c);
+            }
+        }
+        invariants(&mut w.c, s, &w.forgers);
+        conservation(&w.c, s);
         w.shadow.sync(&w.c);
-        w.shadow.verify_all(&mut w.c, op);
+        w.shadow.verify_all(&mut w.c, s);
+    }
+}
+
+/// Several CNs' requests posted together, run to completion under the batch's schedule. A CN
+/// that broke its own management QP in the batch (raw bytes or a forged free on it) may have
+/// had its honest free flushed with it: the chunk is then still its own — never anyone
+/// else's. Every other free lands; every allocation that succeeds is the CN's own.
+fn batch(w: &mut World, schedule: Option<Schedule>, items: &[Timed], what: &Step) {
+    if let Some(s) = schedule {
+        s.apply(&mut w.c);
+    }
+    let mut tokens: Vec<(usize, u32)> = Vec::new();
+    let mut freed: Vec<Held> = Vec::new();
+    let mut broke_own: Vec<usize> = Vec::new();
+    let items = &items[..items.len().min(MAX_BATCH)];
+    // a CN that allocates in this batch may be given the very group it names in a "forged"
+    // free, which is then its own, legitimately freed: such CNs forge nothing here
+    let allocating: Vec<usize> =
+        items.iter().filter_map(|t| if let Timed::Alloc(i) = t { Some(w.cn(*i)) } else { None }).collect();
+    for it in items {
+        match it.clone() {
+            Timed::Alloc(i) => {
+                let i = w.cn(i);
+                if w.alive(i) && tokens.iter().all(|(j, _)| *j != i) {
+                    if let Ok(t) = w.c.alloc_begin(i) {
+                        tokens.push((i, t));
+                    }
+                }
+            }
+            Timed::Free(i, which) => {
+                let i = w.cn(i);
+                let mine: Vec<Held> = w
+                    .shadow
+                    .of(i)
+                    .into_iter()
+                    .filter(|h| owned_by(&w.c, i, &h.a) && !freed.iter().any(|f| f.a.entry_addr == h.a.entry_addr))
+                    .collect();
+                if !w.alive(i) || mine.is_empty() {
+                    continue;
+                }
+                let h = mine[which as usize % mine.len()].clone();
+                if w.c.free_begin(i, &h.a).is_ok() {
+                    freed.push(h);
+                }
+            }
+            Timed::ForgedFree { cn, entry } => {
+                let i = w.cn(cn);
+                let addr = w.entry_addr(entry);
+                // a forged free never names the forger's own chunk (that would be a free)
+                let own = w.c.cns[i].client.live().iter().any(|a| a.entry_addr == addr) || allocating.contains(&i);
+                if w.alive(i) && !own {
+                    w.forgers.push(i);
+                    broke_own.push(i);
+                    let _ = w.c.free_raw_begin(i, addr);
+                }
+            }
+            Timed::Raw { cn, free_qp, bytes } => {
+                let i = w.cn(cn);
+                if w.alive(i) {
+                    let kind = if free_qp { ChainKind::Free } else { ChainKind::Alloc };
+                    let b: Vec<u8> = bytes.into_iter().take(96).collect();
+                    w.forgers.push(i);
+                    broke_own.push(i);
+                    let _ = w.c.send_raw_begin(i, kind, &b);
+                }
+            }
+            Timed::NicSteps(n) => {
+                let mut f = w.c.fabric.borrow_mut();
+                for _ in 0..n % 48 {
+                    if f.step().is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if let Err(e) = w.c.pump() {
+        cluster_err(&Op::Tick, format!("{e} (in {what:?})"));
+    }
+    Schedule::restore(w.schedule, &mut w.c);
+    let active =
+        |w: &World, i: usize| w.c.driver.mn.cn(w.c.cns[i].id).map(|r| r.status) == Some(omw_core::mn::CnStatus::Active);
+    for h in freed {
+        let g = w.c.group_of(&h.a);
+        let still = g.and_then(|g| w.c.driver.entry(g)).map(|e| (e.owner(), e.rkey(0)))
+            == Some((w.c.cns[h.cn].id.get(), h.a.owner_rkey));
+        if still && active(w, h.cn) && w.alive(h.cn) {
+            assert!(
+                broke_own.contains(&h.cn),
+                "cn{}'s free of {:#x} did not land and it broke nothing, in {what:?}",
+                h.cn,
+                h.a.base
+            );
+            // its client forgot the chunk when it sent the free: it frees again by address
+            let r = w.c.free_raw(h.cn, h.a.entry_addr);
+            assert!(
+                !owned_by(&w.c, h.cn, &h.a) || !active(w, h.cn),
+                "cn{} could not free {:#x} again ({r:?}), after {what:?}",
+                h.cn,
+                h.a.base
+            );
+        }
+    }
+    for (i, t) in tokens {
+        if let Ok(a) = w.c.alloc_take(i, t) {
+            let host_engine = w.c.mode == omw_core::backend::ExecutionMode::HostEngine;
+            assert!(
+                owned_by(&w.c, i, &a) || (host_engine && !active(w, i)),
+                "cn{i} got a chunk the MN does not record as its own, in {what:?}"
+            );
+            w.shadow.adopt(i, a);
+        }
     }
 }
 

@@ -257,3 +257,187 @@ pub fn rkey_is_current(c: &Cluster, rkey: Rkey) -> bool {
         .filter_map(|i| c.driver.entry(GroupId(i)))
         .any(|e| (0..g.group_size()).any(|k| e.rkey(k) == rkey))
 }
+
+/// A fuzzer-chosen interleaving (see [`Cluster::set_interleaving`]): the MN CPU may act between
+/// any two NIC steps, and NIC steps pre-empt the MN's own accesses.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub struct Schedule {
+    pub seed: u64,
+    pub per_mille: u16,
+}
+
+impl Schedule {
+    pub fn apply(&self, c: &mut Cluster) {
+        c.set_interleaving(self.seed, self.per_mille % 1001);
+    }
+    /// Back to `base` (or to a schedule in which the MN acts only when the NIC is idle).
+    pub fn restore(base: Option<Schedule>, c: &mut Cluster) {
+        match base {
+            Some(s) => s.apply(c),
+            None => c.set_interleaving(0, 0),
+        }
+    }
+}
+
+/// Conservation, counted by the harness from the MN's memory: every group is exactly one of
+/// free (a live queue slot, or a ticket slot a push filled), owned, or being reclaimed — so
+/// free + held = all, and no group is counted twice.
+pub fn conservation(c: &Cluster, what: &dyn std::fmt::Debug) {
+    let map = *c.driver.mn.map();
+    let n = map.geometry.chunk_count();
+    let mut seen = vec![0u8; n as usize];
+    let f = c.fabric.borrow();
+    let q = map.queue;
+    let head = f.read_u64(c.mn_host, q.head).unwrap_or(0);
+    let tail = f.read_u64(c.mn_host, q.tail).unwrap_or(0);
+    let live = q.live_len(head, tail, map.max_cns);
+    let mut slot = head;
+    let mut slots: Vec<u64> = Vec::new();
+    for _ in 0..live {
+        slots.push(slot);
+        slot = omw_core::wqe::masked_add(slot, omw_core::free_queue::SLOT_SIZE as u64, q.counter_boundary());
+    }
+    for t in c.driver.mn.tickets() {
+        if !slots.contains(t) {
+            slots.push(*t);
+        }
+    }
+    let mut free = 0u32;
+    for s in slots {
+        let v = f.read_u64(c.mn_host, s).unwrap_or(0);
+        if let Some(g) = map.group_of_entry(v) {
+            seen[g.0 as usize] += 1;
+            free += 1;
+        }
+    }
+    drop(f);
+    let mut held = 0u32;
+    for i in 0..n {
+        let Some(e) = c.driver.entry(GroupId(i)) else { continue };
+        if e.owner() != 0 || e.reserved.get() == omw_core::mn::ENTRY_RECLAIMING {
+            seen[i as usize] += 1;
+            held += 1;
+        }
+    }
+    for (g, k) in seen.iter().enumerate() {
+        assert_eq!(
+            *k, 1,
+            "conservation after {what:?}: group {g} is counted {k} times (free {free} + held {held} of {n})"
+        );
+    }
+}
+
+/// Keys of every MN memory region: none of them may ever reach a CN.
+pub fn mn_mr_keys(c: &Cluster) -> Vec<u32> {
+    c.fabric.borrow().mrs_of(c.mn_host).map(|v| v.iter().map(|m| m.key).collect()).unwrap_or_default()
+}
+
+/// No MN key in any message to CN `cn` except the rkeys of that CN's own windows: every alloc
+/// reply names a group stamped with the receiver's id, carries no MR key in its lkey and
+/// reserved words (the chain clears the lkey) and exactly that group's window indexes; an
+/// error carries none in its detail; a message that does not decode, none in any aligned word.
+/// (Not a scan of every word of what decodes: a chunk length or a QPN may equal a key.) Checks what
+/// arrived since `*seen` and moves it on.
+pub fn no_key_in_messages(c: &Cluster, cn: usize, seen: &mut usize, what: &dyn std::fmt::Debug) {
+    use omw_core::wire::{AllocReply, MnMessage, ALLOC_REPLY_LEN};
+    let keys = mn_mr_keys(c);
+    let n = &c.cns[cn];
+    let g = c.driver.mn.map().geometry.group_size();
+    let word_scan = |b: &[u8]| {
+        for w in b.chunks_exact(4) {
+            let v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            if v != 0 && keys.contains(&v) {
+                panic!("cn{cn} received the MN MR key {v:#x} (bytes {b:02x?}) by {what:?}");
+            }
+        }
+    };
+    for b in n.received.iter().skip(*seen) {
+        if b.len() == ALLOC_REPLY_LEN {
+            if let Ok(r) = AllocReply::decode(b) {
+                assert_eq!(
+                    r.entry.owner(),
+                    n.id.get(),
+                    "cn{cn} got an alloc reply for cn id {} by {what:?}",
+                    r.entry.owner()
+                );
+                let grp = c.driver.mn.map().group_of_entry(r.entry_addr);
+                let table = grp.and_then(|gid| c.driver.entry(gid));
+                for k in 0..g {
+                    let want = table.map(|e| e.rkey(k).index());
+                    assert_eq!(
+                        Some(r.entry.rkey(k).index()),
+                        want,
+                        "cn{cn}'s alloc reply names window index {:#x} for group {grp:?} (table: {want:?}) by {what:?}",
+                        r.entry.rkey(k).index()
+                    );
+                }
+                // by field: the words that are not keys (base, length, owner) may equal one
+                let (lkey, reserved) = (r.entry.lkey.get(), r.entry.reserved.get());
+                assert!(!keys.contains(&lkey), "cn{cn}'s alloc reply carries the MN MR key {lkey:#x} by {what:?}");
+                assert!(
+                    !keys.contains(&reserved),
+                    "cn{cn}'s alloc reply carries the MN MR key {reserved:#x} by {what:?}"
+                );
+                continue;
+            }
+        }
+        match MnMessage::decode(b) {
+            Ok(MnMessage::Error(e)) => {
+                assert!(!keys.contains(&e.detail), "cn{cn} got the MN key {:#x} in an error by {what:?}", e.detail)
+            }
+            Ok(_) => {}
+            Err(_) => word_scan(b),
+        }
+    }
+    *seen = n.received.len();
+}
+
+/// Every chunk a CN receives reads as zeros, whoever held it before (when the MN scrubs).
+pub fn reads_zero(c: &mut Cluster, cn: usize, a: &Allocation, what: &dyn std::fmt::Debug) {
+    if !c.cfg.scrub {
+        return;
+    }
+    let (st, got) = c.read(cn, a, 0, 0, a.length as usize);
+    assert_eq!(st, WcStatus::Success, "cn{cn} cannot read the chunk {:#x} it was just given, by {what:?}", a.base);
+    if let Some(i) = got.iter().position(|b| *b != 0) {
+        panic!("residue: cn{cn}'s new chunk {:#x} byte {i} is {:#04x}, by {what:?}", a.base, got[i]);
+    }
+}
+
+/// Whether `[addr, addr+len)` lies inside one chunk that CN `cn` owns now (the MN's table).
+pub fn inside_own_chunk(c: &Cluster, cn: usize, addr: u64, len: u64) -> bool {
+    let me = c.cns[cn].id.get();
+    owned_ranges(c)
+        .into_iter()
+        .any(|(b, l, owner)| owner == me && addr >= b && addr.saturating_add(len.max(1)) <= b.saturating_add(l))
+}
+
+/// What MN memory `[addr, addr+len)` is, for a finding's message.
+pub fn describe_mn_addr(c: &Cluster, addr: u64, len: u64) -> String {
+    let mut parts = Vec::new();
+    if let Some(o) = touches_foreign_any(c, addr, len) {
+        parts.push(format!("the chunk of cn id {o}"));
+    }
+    if let Ok(mrs) = c.fabric.borrow().mrs_of(c.mn_host) {
+        for m in mrs {
+            if addr < m.addr + m.len && m.addr < addr + len.max(1) {
+                parts.push(format!("MN MR {:#x} [{:#x}, +{:#x}) pd {:?} {:?}", m.key, m.addr, m.len, m.pd, m.access));
+            }
+        }
+    }
+    let map = c.driver.mn.map();
+    if addr < map.meta_base + map.meta_len && map.meta_base < addr + len.max(1) {
+        parts.push("the MN metadata (queue, MWTable, scratch)".into());
+    }
+    if parts.is_empty() {
+        "unowned MN memory".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn touches_foreign_any(c: &Cluster, addr: u64, len: u64) -> Option<u32> {
+    owned_ranges(c)
+        .into_iter()
+        .find_map(|(b, l, owner)| (addr < b.saturating_add(l) && b < addr.saturating_add(len.max(1))).then_some(owner))
+}
