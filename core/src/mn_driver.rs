@@ -93,6 +93,26 @@ pub struct PollReport {
 /// Host-engine laps in flight at once (one per CN and kind at most).
 pub const MAX_LAPS_IN_FLIGHT: usize = 16;
 
+/// The requester's QPs a host-engine lap's software checks compare against.
+struct LapQps {
+    access: heapless::Vec<Qpn, { crate::geometry::MAX_GROUP_SIZE - 1 }>,
+    free: Qpn,
+}
+
+impl LapQps {
+    fn context<'a>(&'a self, mn: &MemoryNode, cn: CnId) -> LapContext<'a> {
+        LapContext {
+            requester: cn,
+            scratch: mn.scratch_of(cn).unwrap_or(0),
+            access_qpns: &self.access,
+            free_qpn: self.free,
+            software_ownership_check: mn.config().software_ownership_check,
+            max_polls: 100_000,
+            geometry: mn.config().geometry,
+        }
+    }
+}
+
 /// A host-engine lap waiting for one of its device steps.
 #[derive(Debug)]
 struct InFlight {
@@ -672,26 +692,23 @@ impl<B: RdmaBackend> MnDriver<B> {
 
     /// Run a lap's CPU steps up to its next device step. `Some` outcome when it ended.
     fn advance_lap(&mut self, f: &mut InFlight) -> Result<Option<LapOutcome>, DriverError<B::Error>> {
-        let Some(env) = self.mn.chain_env(f.cn, f.kind) else {
+        let Some((layout, who)) = self.lap_setting(f.cn, f.kind)? else {
             // its CN was evicted or left meanwhile: the repair saw to its markers
             return Ok(Some(f.lap.timed_out()));
         };
-        let layout = build(f.kind, &env).map_err(DriverError::Chain)?;
-        let r = self.mn.cn(f.cn).ok_or(DriverError::Mn("unknown CN"))?;
-        let access = r.qps.access.clone();
-        let ctx = LapContext {
-            requester: f.cn,
-            scratch: self.mn.scratch_of(f.cn).unwrap_or(0),
-            access_qpns: &access,
-            free_qpn: r.qps.free,
-            software_ownership_check: self.mn.config().software_ownership_check,
-            max_polls: 100_000,
-            geometry: self.mn.config().geometry,
-        };
+        let ctx = who.context(&self.mn, f.cn);
         match f.lap.advance(&mut self.backend, &layout, &self.regions, &ctx).map_err(DriverError::HostEngine)? {
             Progress::Done(o) => Ok(Some(o)),
             Progress::Waiting(_) => Ok(None),
         }
+    }
+
+    /// The layout a CN's lap runs and the QPs its software checks compare against (None: the
+    /// CN is not connected).
+    fn lap_setting(&self, cn: CnId, kind: ChainKind) -> Result<Option<(ChainLayout, LapQps)>, DriverError<B::Error>> {
+        let (Some(env), Some(r)) = (self.mn.chain_env(cn, kind), self.mn.cn(cn)) else { return Ok(None) };
+        let layout = build(kind, &env).map_err(DriverError::Chain)?;
+        Ok(Some((layout, LapQps { access: r.qps.access.clone(), free: r.qps.free })))
     }
 
     /// Drain `cn`'s send CQ of `qp` (offloaded mode's message QP: no lap waits there); true
@@ -755,19 +772,8 @@ impl<B: RdmaBackend> MnDriver<B> {
         }
         let entry = (kind == ChainKind::Free && n >= 16)
             .then(|| u64::from_le_bytes([req[8], req[9], req[10], req[11], req[12], req[13], req[14], req[15]]));
-        let env = self.mn.chain_env(cn, kind).ok_or(DriverError::Mn("unknown CN"))?;
-        let layout = build(kind, &env).map_err(DriverError::Chain)?;
-        let r = self.mn.cn(cn).ok_or(DriverError::Mn("unknown CN"))?;
-        let access = r.qps.access.clone();
-        let ctx = LapContext {
-            requester: cn,
-            scratch: self.mn.scratch_of(cn).unwrap_or(0),
-            access_qpns: &access,
-            free_qpn: r.qps.free,
-            software_ownership_check: self.mn.config().software_ownership_check,
-            max_polls: 100_000,
-            geometry: self.mn.config().geometry,
-        };
+        let (layout, who) = self.lap_setting(cn, kind)?.ok_or(DriverError::Mn("unknown CN"))?;
+        let ctx = who.context(&self.mn, cn);
         // a request longer than the receive buffer was truncated by the device (LocLenErr)
         let outcome = if len as usize > req.len() {
             LapOutcome::Failed { step: None, failure: LapFailure::RequestTooLong, device_ops: 0, cpu_steps: 0 }

@@ -1,2 +1,39 @@
 //! Conformance scenarios shared by the backends' test suites live in `tests/`; this library
 //! holds helpers they share.
+
+use omw_core::backend::ExecutionMode;
+use omw_loopback::cluster::{Cluster, ClusterConfig};
+use omw_loopback::{Conformance, NicConfig};
+
+/// The three ways the loopback cluster runs the MN: chains in the modelled NIC, the host engine
+/// on a strict NIC, and the host engine on an rxe-compatible NIC (soft-RoCE's deviations).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    Offloaded,
+    HostEngine,
+    Rxe,
+}
+
+pub const MODES: [Mode; 3] = [Mode::Offloaded, Mode::HostEngine, Mode::Rxe];
+
+/// A cluster of `cns` CNs on `chunks` chunks of 512 B (group size 3, quota = the pool) in `mode`.
+pub fn cluster(mode: Mode, cns: usize, chunks: u32, scrub: bool) -> Cluster {
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = cns;
+    cfg.chunks = chunks;
+    cfg.chunk_size = 512;
+    cfg.quota = chunks;
+    cfg.scrub = scrub;
+    match mode {
+        Mode::Offloaded => cfg.mode = Some(ExecutionMode::Offloaded),
+        Mode::HostEngine => {
+            cfg.mode = Some(ExecutionMode::HostEngine);
+            cfg.nic = NicConfig::strict().with_offload(false).with_prefetch(8);
+        }
+        Mode::Rxe => {
+            cfg.mode = Some(ExecutionMode::HostEngine);
+            cfg.nic = NicConfig::strict().with_offload(false).with_conformance(Conformance::RxeCompatible);
+        }
+    }
+    Cluster::new(cfg).expect("cluster")
+}

@@ -11,12 +11,12 @@
 //! no group held twice), and every honest CN still owns and can use every chunk it was given.
 //! Runs in offloaded, host-engine and rxe-compatible modes.
 
-use omw_core::backend::{ExecutionMode, WcStatus};
+use omw_core::backend::WcStatus;
 use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
 use omw_core::ids::GroupId;
-use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
-use omw_loopback::{Conformance, NicConfig};
+use omw_loopback::cluster::{Cluster, CnOpError};
+use omw_tests::Mode;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use std::collections::HashSet;
@@ -33,31 +33,8 @@ enum Act {
     Garbage(usize, bool, Vec<u8>),
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Mode {
-    Offloaded,
-    HostEngine,
-    Rxe,
-}
-
 fn cluster(mode: Mode) -> Cluster {
-    let mut cfg = ClusterConfig::paper_like();
-    cfg.cns = CNS;
-    cfg.chunks = CHUNKS;
-    cfg.chunk_size = 512;
-    cfg.quota = CHUNKS;
-    match mode {
-        Mode::Offloaded => cfg.mode = Some(ExecutionMode::Offloaded),
-        Mode::HostEngine => {
-            cfg.mode = Some(ExecutionMode::HostEngine);
-            cfg.nic = NicConfig::strict().with_offload(false).with_prefetch(8);
-        }
-        Mode::Rxe => {
-            cfg.mode = Some(ExecutionMode::HostEngine);
-            cfg.nic = NicConfig::strict().with_offload(false).with_conformance(Conformance::RxeCompatible);
-        }
-    }
-    Cluster::new(cfg).unwrap()
+    omw_tests::cluster(mode, CNS, CHUNKS, true)
 }
 
 fn act() -> impl Strategy<Value = Act> {

@@ -15,36 +15,11 @@ use omw_core::ids::{GroupId, Rkey};
 use omw_core::wire::{AllocReply, MnMessage};
 use omw_core::wqe::Wqe;
 use omw_loopback::cluster::{Cluster, ClusterConfig, CnQp};
-use omw_loopback::{Conformance, MrInfo, NicConfig};
-
-#[derive(Clone, Copy, Debug)]
-enum Mode {
-    Offloaded,
-    HostEngine,
-    Rxe,
-}
-
-const MODES: [Mode; 3] = [Mode::Offloaded, Mode::HostEngine, Mode::Rxe];
+use omw_loopback::MrInfo;
+use omw_tests::{Mode, MODES};
 
 fn cluster(mode: Mode, chunks: u32, scrub: bool) -> Cluster {
-    let mut cfg = ClusterConfig::paper_like();
-    cfg.cns = 3;
-    cfg.chunks = chunks;
-    cfg.chunk_size = 512;
-    cfg.quota = chunks;
-    cfg.scrub = scrub;
-    match mode {
-        Mode::Offloaded => cfg.mode = Some(ExecutionMode::Offloaded),
-        Mode::HostEngine => {
-            cfg.mode = Some(ExecutionMode::HostEngine);
-            cfg.nic = NicConfig::strict().with_offload(false).with_prefetch(8);
-        }
-        Mode::Rxe => {
-            cfg.mode = Some(ExecutionMode::HostEngine);
-            cfg.nic = NicConfig::strict().with_offload(false).with_conformance(Conformance::RxeCompatible);
-        }
-    }
-    Cluster::new(cfg).unwrap()
+    omw_tests::cluster(mode, 3, chunks, scrub)
 }
 
 fn mn_mrs(c: &Cluster) -> Vec<MrInfo> {

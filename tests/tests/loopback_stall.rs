@@ -5,38 +5,14 @@
 //! evicted and everything it held reclaimed, while the others keep allocating and freeing
 //! without seeing an error. A host that vanishes without a disconnect is found by the lease.
 
-use omw_core::backend::{ExecutionMode, WcStatus};
-use omw_loopback::cluster::{Cluster, ClusterConfig};
-use omw_loopback::{Conformance, NicConfig};
+use omw_core::backend::WcStatus;
+use omw_loopback::cluster::Cluster;
+use omw_tests::{Mode, MODES};
 
-#[derive(Clone, Copy, Debug)]
-enum Mode {
-    Offloaded,
-    HostEngine,
-    Rxe,
-}
-
-const MODES: [Mode; 3] = [Mode::Offloaded, Mode::HostEngine, Mode::Rxe];
 const CHUNKS: u32 = 16;
 
 fn cluster(mode: Mode) -> Cluster {
-    let mut cfg = ClusterConfig::paper_like();
-    cfg.cns = 3;
-    cfg.chunks = CHUNKS;
-    cfg.chunk_size = 512;
-    cfg.quota = CHUNKS;
-    match mode {
-        Mode::Offloaded => cfg.mode = Some(ExecutionMode::Offloaded),
-        Mode::HostEngine => {
-            cfg.mode = Some(ExecutionMode::HostEngine);
-            cfg.nic = NicConfig::strict().with_offload(false).with_prefetch(8);
-        }
-        Mode::Rxe => {
-            cfg.mode = Some(ExecutionMode::HostEngine);
-            cfg.nic = NicConfig::strict().with_offload(false).with_conformance(Conformance::RxeCompatible);
-        }
-    }
-    Cluster::new(cfg).unwrap()
+    omw_tests::cluster(mode, 3, CHUNKS, true)
 }
 
 /// The honest CNs' round: allocate, use, free — every step must succeed.
