@@ -300,6 +300,19 @@ mod tests {
         assert!(size("3X").is_err());
     }
 
+    /// `omw mn` arguments as the command line gives them (a small pool, no statistics).
+    fn mn_args(extra: &[&str]) -> MnArgs {
+        use clap::Parser;
+        #[derive(clap::Parser, Debug)]
+        struct Mn {
+            #[command(flatten)]
+            a: MnArgs,
+        }
+        let mut v = vec!["mn", "--listen", "127.0.0.1:7471", "--pool-size", "1M", "--max-cns", "4", "--stats-ms", "0"];
+        v.extend_from_slice(extra);
+        Mn::try_parse_from(v).unwrap().a
+    }
+
     #[test]
     fn operations_flags_parse() {
         use clap::Parser;
@@ -342,25 +355,7 @@ mod tests {
             eprintln!("skipped: this machine has an RDMA device");
             return;
         }
-        let e = run_mn(MnArgs {
-            device: None,
-            listen: "127.0.0.1:7471".parse().unwrap(),
-            pool_size: 1 << 20,
-            chunk_size: 4096,
-            group_size: 3,
-            max_cns: 4,
-            quota: 0,
-            insecure: false,
-            stats_ms: 0,
-            no_scrub: false,
-            offload: None,
-            gid_index: None,
-            metrics: None,
-            stats_json: false,
-            lease_ms: 2000,
-            serial_engine: false,
-        })
-        .unwrap_err();
+        let e = run_mn(mn_args(&[])).unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::NoDevice { .. }), "{e}");
         assert!(e.to_string().contains("no RDMA device"), "{e}");
         let e = run_cn(CnArgs {
@@ -381,24 +376,7 @@ mod tests {
         .unwrap_err();
         assert!(matches!(e, CnError::Verbs(omw_verbs::VerbsError::NoDevice { .. })), "{e}");
         // and the handlers `omw mn` / `omw cn` / `omw probe` run turn that into a failure exit
-        let mn_args = MnArgs {
-            device: None,
-            listen: "127.0.0.1:7471".parse().unwrap(),
-            pool_size: 1 << 20,
-            chunk_size: 4096,
-            group_size: 3,
-            max_cns: 4,
-            quota: 0,
-            insecure: false,
-            stats_ms: 0,
-            no_scrub: false,
-            offload: None,
-            gid_index: None,
-            metrics: None,
-            stats_json: false,
-            lease_ms: 2000,
-            serial_engine: false,
-        };
+        let mn_args = mn_args(&[]);
         assert_eq!(mn(mn_args), ExitCode::FAILURE);
         let cn_args =
             CnArgs { connect: "127.0.0.1:7471".parse().unwrap(), device: None, timeout: 1, cmd: CnCmd::Script };
@@ -410,25 +388,7 @@ mod tests {
     /// mlx5 device, or a build without the `devx` feature).
     #[test]
     fn offload_mlx5_refuses_with_a_reason() {
-        let e = run_mn(MnArgs {
-            device: None,
-            listen: "127.0.0.1:7471".parse().unwrap(),
-            pool_size: 1 << 20,
-            chunk_size: 4096,
-            group_size: 3,
-            max_cns: 4,
-            quota: 0,
-            insecure: false,
-            stats_ms: 0,
-            no_scrub: false,
-            offload: Some(Offload::Mlx5),
-            gid_index: None,
-            metrics: None,
-            stats_json: false,
-            lease_ms: 2000,
-            serial_engine: false,
-        })
-        .unwrap_err();
+        let e = run_mn(mn_args(&["--offload", "mlx5"])).unwrap_err();
         assert!(matches!(e, omw_verbs::VerbsError::Devx(_)), "{e}");
         let s = e.to_string();
         assert!(s.starts_with("--offload mlx5: "), "{s}");
