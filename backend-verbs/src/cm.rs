@@ -101,7 +101,16 @@ pub struct CmEvent {
     /// The remote QP number rdma_cm negotiated (`param.conn.qp_num`): the requester's QP on a
     /// connect request, the responder's on the active side's ESTABLISHED; None otherwise.
     pub remote_qpn: Option<Qpn>,
+    /// On a connect request: the RNR retry count the requester asked the *responder* (us) to use
+    /// for its sends to it (the CM REQ field; the passive side's QP takes it as `rnr_retry`).
+    /// 7 means "retry forever".
+    pub rnr_retry_count: u8,
 }
+
+/// RNR retry count the CN asks the MN's QP to use for sends to it: finite (7 is infinite), so a
+/// CN that stops posting receives makes the MN's send fail instead of retrying forever. The MN
+/// refuses a CN that asks for 7.
+pub const CN_REQUESTED_RNR_RETRY: u8 = 6;
 
 /// A connection the CN side set up ([`VerbsBackend::connect`]).
 #[derive(Clone, Debug)]
@@ -253,7 +262,8 @@ impl VerbsBackend {
                 }
                 _ => None,
             };
-            let out = CmEvent { kind, id: CmId(e.id), status: e.status, private_data, remote_qpn };
+            let rnr_retry_count = if kind == CmEventKind::ConnectRequest { conn.rnr_retry_count } else { 0 };
+            let out = CmEvent { kind, id: CmId(e.id), status: e.status, private_data, remote_qpn, rnr_retry_count };
             rdma_ack_cm_event(ev);
             Ok(Some(out))
         }
@@ -423,7 +433,7 @@ impl VerbsBackend {
             p.responder_resources = rd;
             p.initiator_depth = rd;
             p.retry_count = 7;
-            p.rnr_retry_count = 7;
+            p.rnr_retry_count = CN_REQUESTED_RNR_RETRY;
             rdma_connect(id, &mut p)
         };
         if rc != 0 {

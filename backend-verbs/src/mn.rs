@@ -440,6 +440,17 @@ impl MemoryNodeDaemon {
                     self.driver.backend.reject(ev.id);
                     return Ok(());
                 };
+                // The CM request sets how often *our* QP retries a send the CN answers with RNR:
+                // 7 is forever. A CN-facing QP must have a finite count (the MN's own step budget
+                // and lease bound it anyway; this keeps stuck sends from outliving the CN).
+                if ev.rnr_retry_count >= 7 {
+                    log(format!(
+                        "rejected {:?} of session {:#x}: it asked the MN to retry RNR forever (rnr_retry_count 7)",
+                        hello.role, hello.nonce
+                    ));
+                    self.driver.backend.reject(ev.id);
+                    return Ok(());
+                }
                 let g = self.opts.group_size;
                 let ok_role = match hello.role {
                     Role::Access(i) => (i as usize) < g as usize - 1,
