@@ -109,7 +109,20 @@ pub fn run(addr: SocketAddr, opts: &CnOptions, cmd: CnCommand) -> Result<()> {
             );
         }
         CnCommand::Bench { iters } => bench(&mut c, iters)?,
-        CnCommand::Script => run_script(&mut c, std::io::stdin().lock(), std::io::stdout())?,
+        CnCommand::Script => {
+            // stdin is read on a thread of its own, so that the CN keeps serving its queues
+            // (reposting the receives the MN's lease probes use) while no command comes
+            let (tx, rx) = std::sync::mpsc::channel::<String>();
+            std::thread::spawn(move || {
+                for line in std::io::stdin().lock().lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            run_script(&mut c, rx, std::io::stdout())?
+        }
     }
     Ok(())
 }
@@ -173,14 +186,25 @@ fn parse_u64(s: &str) -> Result<u64> {
 /// flood <n>                          -> ok sent <k>   (n alloc requests whose answers are never read)
 /// quit
 /// ```
-pub fn run_script(c: &mut CnClient, input: impl BufRead, mut out: impl Write) -> Result<()> {
+///
+/// While no command arrives the CN keeps pumping its queues every 50 ms: an idle CN must keep
+/// answering the MN's lease probes (each uses up one posted receive) or it is evicted.
+pub fn run_script(c: &mut CnClient, input: std::sync::mpsc::Receiver<String>, mut out: impl Write) -> Result<()> {
     let mut allocs: Vec<Allocation> = Vec::new();
     let get = |allocs: &Vec<Allocation>, s: &str| -> Result<Allocation> {
         let i = parse_u64(s)? as usize;
         allocs.get(i).cloned().ok_or_else(|| VerbsError::Config(format!("no allocation {i}")))
     };
-    for line in input.lines() {
-        let line = line.map_err(|e| VerbsError::Config(format!("stdin: {e}")))?;
+    loop {
+        let line = match input.recv_timeout(Duration::from_millis(50)) {
+            Ok(l) => l,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                // idle: serve the queues (a failure here shows in the next command's answer)
+                let _ = c.pump();
+                continue;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         let w: Vec<&str> = line.split_whitespace().collect();
         let reply = (|| -> Result<String> {
             Ok(match w.as_slice() {
