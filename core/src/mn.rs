@@ -668,8 +668,21 @@ impl MemoryNode {
                     rec.bad_requests += 1;
                 }
                 self.send(port, cn, &ErrorReply { token, code, detail: status as u32 }.encode())?;
-                self.stats.chains_rearmed += 1;
-                self.arm(port, cn, ChainKind::Alloc)?;
+                // A CN parked on its ticket stays parked: re-arming it here (e.g. after a
+                // flushed request buffer, or a bad request while parked) would let its next
+                // request pop again and take a second ticket — more than the ring has room
+                // for (capacity = groups + one ticket per CN + 1). Offloaded, a parked chain is
+                // not armed; host engine, its request buffer is posted and requests are
+                // answered "empty" until "available".
+                if r.alloc_parked {
+                    if self.cfg.mode == ExecutionMode::HostEngine {
+                        self.arm(port, cn, ChainKind::Alloc)?;
+                        self.park(cn);
+                    }
+                } else {
+                    self.stats.chains_rearmed += 1;
+                    self.arm(port, cn, ChainKind::Alloc)?;
+                }
                 // the repair pushed a group: a ticket slot a free filled meanwhile must be
                 // settled before the ring's head and tail can come round to it again
                 self.settle(port)

@@ -369,17 +369,17 @@ fn malicious_cn_scripted_guessing_timing_and_silence() {
     }
 }
 
-/// OPEN BUG, not fixed (found by mn_events with the batch schedule; input
-/// `fuzz/regressions/open/mn_events/offloaded-forged-free-of-queued-group-with-alloc-garbage-pushes-it-twice`,
-/// replayed by `replay_open_regressions`): in offloaded mode a CN that owns a group posts, in one
+/// Fixed (by the alloc repair leaving a group alone once it moved on, e321a79, and the four-phase
+/// chains; found by mn_events with the batch schedule; input
+/// `fuzz/regressions/mn_events/offloaded-forged-free-of-queued-group-with-alloc-garbage-pushes-it-twice`):
+/// in offloaded mode a CN that owns a group posts, in one
 /// go, (1) the free of its own group, (2) a free naming a group that is *free* (in the queue),
 /// and (3) two garbage bytes on its Alloc QP. After they run the free group is in the queue
 /// twice (`DuplicateInQueue`), and the next allocations hand the same chunk out twice (here to
 /// one CN twice; to two CNs alike): two owners of one chunk. Each pair of the three alone is
 /// harmless, and host-engine mode is not affected. No interleaving is needed (the default
-/// schedule shows it). `cargo test -p omw-tests --test fuzz_replay -- --ignored` shows it.
+/// schedule shows it).
 #[test]
-#[ignore = "open bug: offloaded forged free of a queued group + alloc-QP garbage pushes it twice"]
 fn offloaded_forged_free_of_a_queued_group_never_pushes_it_twice() {
     use omw_core::backend::ExecutionMode;
     use omw_core::chain::ChainKind;
@@ -426,8 +426,8 @@ fn replay_open_regressions() {
     assert!(failed.is_empty(), "open bugs still reproduce: {failed:#?}");
 }
 
-/// OPEN BUG, not fixed (found by malicious_cn going silent; input
-/// `fuzz/regressions/open/malicious_cn/offloaded-evicting-stalled-cn-pushes-its-group-twice`):
+/// Fixed (same repair fix; found by malicious_cn going silent; input
+/// `fuzz/regressions/malicious_cn/offloaded-evicting-stalled-cn-pushes-its-group-twice`):
 /// offloaded mode, a CN that stopped posting receives sends (1) a truncated alloc request (23
 /// bytes of one, then 7 garbage bytes) and (2) an alloc request whose reply rkey is wrong and
 /// whose first access QPN is another CN's Alloc QP. After (2) a group is the CN's with MW[1]
@@ -436,7 +436,6 @@ fn replay_open_regressions() {
 /// group is pushed a second time (`DuplicateInQueue`) — one chunk for two owners next. Without
 /// (1), without (2) or without the stall nothing breaks.
 #[test]
-#[ignore = "open bug: offloaded eviction of a stalled CN pushes an audited group twice"]
 fn offloaded_evicting_a_stalled_cn_never_pushes_a_group_twice() {
     use omw_core::backend::ExecutionMode;
     use omw_core::chain::ChainKind;
