@@ -560,7 +560,13 @@ impl ChainLayout {
                 }
             }
             if s.wqe.opcode == Opcode::Wait {
-                let awaited = self.awaited(i).map(|p| hb.gates[p]).unwrap_or(Gates::ZERO);
+                // A WAIT must be satisfiable even when nothing follows it on its ring; and the
+                // step it awaits must come earlier in the order, or its gates are not known yet.
+                self.wait_guarantee(i, &hb.done, recv_done)?;
+                let awaited = match self.awaited(i) {
+                    Some(p) => *hb.gates.get(p).ok_or(ChainError::WaitNeverSatisfied { step: i as u8 })?,
+                    None => Gates::ZERO,
+                };
                 gates = gates.max(awaited).add(true);
             }
             let mut e = g;
@@ -1181,6 +1187,36 @@ mod tests {
         c.meta = (u64::MAX - 8, u64::MAX);
         c.recv.push(RecvTarget { loc: Loc::Mem(u64::MAX - 4), len: 8 }).ok();
         assert!(c.validate().is_err());
+    }
+
+    /// A WAIT for a completion later in the order (on the other ring) is an error, not an
+    /// index past the gates computed so far (found by the `chain` fuzz target:
+    /// `fuzz/regressions/chain/wait-awaits-later-step`).
+    #[test]
+    fn wait_for_a_later_step_is_an_error() {
+        for c in [alloc(), build_free_chain(&test_env(4096, 16, 3)).unwrap()] {
+            let mut tried = 0;
+            for i in (0..c.steps.len()).filter(|&i| c.steps[i].wqe.opcode == Opcode::Wait) {
+                let other = if c.steps[i].ring == Ring::Loop { Ring::Mgmt } else { Ring::Loop };
+                // 1-based count of the first signaled step of the other ring after the WAIT
+                let signaled: std::vec::Vec<usize> = (0..c.steps.len())
+                    .filter(|&j| c.steps[j].ring == other && c.steps[j].wqe.flags.contains(WqeFlags::SIGNALED))
+                    .collect();
+                let Some(k) = signaled.iter().position(|&j| j > i) else { continue };
+                let mut d = c.clone();
+                d.steps[i].wqe.qpn = d.qpns[other as usize];
+                d.steps[i].wqe.operand0 = k as u64 + 1;
+                d.steps[i].wqe.operand1 = 0; // the send queue's completions
+                assert!(
+                    matches!(d.happens_before(), Err(ChainError::WaitNeverSatisfied { .. })),
+                    "{:?} step {i}",
+                    c.kind
+                );
+                assert!(d.validate().is_err());
+                tried += 1;
+            }
+            assert!(tried > 0, "{:?}: no WAIT to redirect", c.kind);
+        }
     }
 
     #[test]
