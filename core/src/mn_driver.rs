@@ -474,7 +474,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             // means the CN stopped answering or its host vanished: evict it
             // (host-engine mode sends them on the Alloc QP, drained with its device ops below)
             if let Some(mq) = self.mn.message_qp(*cn).filter(|q| *q != qps.alloc) {
-                if self.drain_sends(*cn, mq)? {
+                if self.dispatch_sends(*cn, mq)? {
                     report.events += 1;
                     self.handle(now, Event::CnUnresponsive { cn: *cn })?;
                     continue;
@@ -597,7 +597,7 @@ impl<B: RdmaBackend> MnDriver<B> {
     }
 
     /// Poll `qp`'s send CQ and route what it holds: a completion an in-flight lap waits for
-    /// goes to that lap; one of the MN's messages to `cn` renews its lease (or, when the
+    /// goes to that lap (none do on offloaded mode's message QP); one of the MN's messages to `cn` renews its lease (or, when the
     /// transport gave up on it, says the CN is unreachable: returns true); anything else was
     /// already accounted for and is dropped.
     fn dispatch_sends(&mut self, cn: CnId, qp: Qpn) -> Result<bool, DriverError<B::Error>> {
@@ -709,25 +709,6 @@ impl<B: RdmaBackend> MnDriver<B> {
         let (Some(env), Some(r)) = (self.mn.chain_env(cn, kind), self.mn.cn(cn)) else { return Ok(None) };
         let layout = build(kind, &env).map_err(DriverError::Chain)?;
         Ok(Some((layout, LapQps { access: r.qps.access.clone(), free: r.qps.free })))
-    }
-
-    /// Drain `cn`'s send CQ of `qp` (offloaded mode's message QP: no lap waits there); true
-    /// when a send failed because the transport could not
-    /// reach the CN. A send that completed renews the CN's lease.
-    fn drain_sends(&mut self, cn: CnId, qp: Qpn) -> Result<bool, DriverError<B::Error>> {
-        let mut buf = [Completion::EMPTY; 16];
-        let mut unreachable = false;
-        loop {
-            let n = self.backend.poll_cq(qp, QueueSel::Send, &mut buf).map_err(DriverError::Backend)?;
-            if n == 0 {
-                return Ok(unreachable);
-            }
-            unreachable |=
-                buf[..n].iter().any(|c| matches!(c.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr));
-            if buf[..n].iter().any(|c| c.status.is_ok()) {
-                self.mn.cn_answered(cn);
-            }
-        }
     }
 
     /// When the driver next needs [`MnDriver::handle`] with [`Event::Tick`] (the MN's lease
