@@ -186,11 +186,7 @@ impl MnBackend {
             let n = il.borrow_mut().nic_steps();
             if n > 0 {
                 if let Ok(mut f) = self.fabric.try_borrow_mut() {
-                    for _ in 0..n {
-                        if f.step().is_none() {
-                            break;
-                        }
-                    }
+                    f.run_until_idle(u64::from(n));
                 }
             }
         }

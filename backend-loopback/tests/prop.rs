@@ -157,11 +157,7 @@ impl World {
                 let _ = self.e.f.enable(q, sel, *n as u64);
             }
             Op::Step(n) => {
-                for _ in 0..*n {
-                    if self.e.f.step().is_none() {
-                        break;
-                    }
-                }
+                self.e.f.run_until_idle(u64::from(*n));
             }
             Op::RunIdle => {
                 self.e.f.run_until_idle(2000);

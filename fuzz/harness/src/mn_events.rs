@@ -285,12 +285,7 @@ fn batch(w: &mut World, schedule: Option<Schedule>, items: &[Timed], what: &Step
                 }
             }
             Timed::NicSteps(n) => {
-                let mut f = w.c.fabric.borrow_mut();
-                for _ in 0..n % 48 {
-                    if f.step().is_none() {
-                        break;
-                    }
-                }
+                w.c.fabric.borrow_mut().run_until_idle(u64::from(n % 48));
             }
         }
     }
