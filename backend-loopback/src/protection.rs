@@ -74,6 +74,19 @@ struct Mr {
     bound_windows: u32,
 }
 
+impl Mr {
+    fn info(&self) -> MrInfo {
+        MrInfo {
+            key: self.key,
+            pd: PdId(self.pd),
+            addr: self.addr,
+            len: self.len,
+            access: self.access,
+            bound_windows: self.bound_windows,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Mw {
     pd: u32,
@@ -310,27 +323,12 @@ impl Protection {
     }
 
     pub fn mr_info(&self, key: u32) -> Option<MrInfo> {
-        let m = &self.mrs[self.mr_index(key)? as usize];
-        Some(MrInfo {
-            key: m.key,
-            pd: PdId(m.pd),
-            addr: m.addr,
-            len: m.len,
-            access: m.access,
-            bound_windows: m.bound_windows,
-        })
+        Some(self.mrs[self.mr_index(key)? as usize].info())
     }
 
     /// Every registered (valid) MR.
     pub fn mrs(&self) -> impl Iterator<Item = MrInfo> + '_ {
-        self.mrs.iter().filter(|m| m.valid).map(|m| MrInfo {
-            key: m.key,
-            pd: PdId(m.pd),
-            addr: m.addr,
-            len: m.len,
-            access: m.access,
-            bound_windows: m.bound_windows,
-        })
+        self.mrs.iter().filter(|m| m.valid).map(Mr::info)
     }
 
     /// The window whose rkey index is `index`, whatever its current key.
