@@ -262,16 +262,7 @@ impl Rig {
     fn new() -> Rig {
         let geo = PoolGeometry::new(POOL, 4096, CHUNKS, G).expect("geometry");
         let map = MnMemoryMap::new(geo, 8, META).expect("map");
-        let keys = MnKeys {
-            meta_lkey: 1,
-            meta_rkey: 2,
-            table_rkey: 3,
-            ring_lkey: 4,
-            ring_rkey: 5,
-            cn_meta_lkey: 1,
-            cn_ring_lkey: 4,
-            ..MnKeys::default()
-        };
+        let keys = keys();
         let cfg = MnConfig {
             geometry: geo,
             max_cns: 8,
@@ -364,6 +355,20 @@ fn bind_wqe() -> Wqe {
     Wqe::bind_mw(0x1234_5601, 0x1_0000_0000, 4096, 77, 0x0102, AccessFlags::DATA_WINDOW).with_wr_id(42)
 }
 
+/// The MN's keys in both set-ups (the CN-facing names equal the MN-private ones: one PD).
+fn keys() -> MnKeys {
+    MnKeys {
+        meta_lkey: 1,
+        meta_rkey: 2,
+        table_rkey: 3,
+        ring_lkey: 4,
+        ring_rkey: 5,
+        cn_meta_lkey: 1,
+        cn_ring_lkey: 4,
+        ..MnKeys::default()
+    }
+}
+
 fn chain_env() -> ChainEnv {
     let geo = PoolGeometry::new(POOL, 4096, 64, 3).expect("geometry");
     let map = MnMemoryMap::new(geo, 8, META).expect("map");
@@ -374,16 +379,7 @@ fn chain_env() -> ChainEnv {
         loop_qpn: 1,
         mgmt_qpn: 2,
         free_qpn: 3,
-        keys: MnKeys {
-            meta_lkey: 1,
-            meta_rkey: 2,
-            table_rkey: 3,
-            ring_lkey: 4,
-            ring_rkey: 5,
-            cn_meta_lkey: 1,
-            cn_ring_lkey: 4,
-            ..MnKeys::default()
-        },
+        keys: keys(),
         queue_depth: 128,
         window_access: AccessFlags::DATA_WINDOW,
         owner_window_access: AccessFlags::REMOTE_READ,
