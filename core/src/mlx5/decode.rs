@@ -214,16 +214,9 @@ fn decode_umr(b: &[u8], ds: u8, imm: u32) -> Result<Mlx5Op, Mlx5Error> {
     let m: MkeyContextSeg = seg(b, CTRL_SEG_SIZE + 48)?;
     let flags = UmrFlags::from_bits(u.flags).ok_or(Mlx5Error::UnsupportedUmr)?;
     let mask = MkeyMask::from_bits(u.mkey_mask.get()).ok_or(Mlx5Error::UnsupportedUmr)?;
-    let base = UmrFlags::TRNSLATION_OFFSET | UmrFlags::INLINE;
-    let inv = MkeyMask::FREE | MkeyMask::MKEY;
-    let bind = inv
-        | MkeyMask::QPN
-        | MkeyMask::LEN
-        | MkeyMask::START_ADDR
-        | MkeyMask::ACCESS_LOCAL_WRITE
-        | MkeyMask::ACCESS_REMOTE_READ
-        | MkeyMask::ACCESS_REMOTE_WRITE
-        | MkeyMask::ACCESS_ATOMIC;
+    let base = UmrFlags::WINDOW_BASE;
+    let inv = MkeyMask::WINDOW_KEY;
+    let bind = MkeyMask::TYPE2_BIND;
     match (ds, flags, mask, m.free) {
         (12, f, k, 0) if f == base | UmrFlags::CHECK_FREE && k == bind && u.klm_octowords.get() == 4 => {
             let klm: KlmSeg = seg(b, CTRL_SEG_SIZE + 48 + 64)?;

@@ -168,21 +168,32 @@ pub struct Umr {
     pub klm: Option<KlmSeg>,
 }
 
+impl MkeyMask {
+    /// The mkey-context fields every UMR of a window writes (its free bit and key).
+    pub const WINDOW_KEY: Self = Self::FREE.union(Self::MKEY);
+    /// What a type-2 bind writes: the key, the QP it binds to, the range and the rights.
+    pub const TYPE2_BIND: Self = Self::WINDOW_KEY
+        .union(Self::QPN)
+        .union(Self::LEN)
+        .union(Self::START_ADDR)
+        .union(Self::ACCESS_LOCAL_WRITE)
+        .union(Self::ACCESS_REMOTE_READ)
+        .union(Self::ACCESS_REMOTE_WRITE)
+        .union(Self::ACCESS_ATOMIC);
+}
+
+impl UmrFlags {
+    /// Set on every window UMR: inline mkey context, the translation offset taken from it.
+    pub const WINDOW_BASE: Self = Self::TRNSLATION_OFFSET.union(Self::INLINE);
+}
+
 impl Umr {
     /// Type-2 bind of `[addr, addr+len)` of the MR `lkey` to QP `qpn`, new key byte `key`, as
     /// `set_bind_wr(qp, IBV_MW_TYPE_2, rkey, bind_info, qpn, …)` with `bind_info->length != 0`.
     pub fn bind_type2(key: u8, addr: u64, len: u32, lkey: u32, qpn: u32, access: AccessFlags) -> Self {
-        let mask = MkeyMask::FREE
-            | MkeyMask::MKEY
-            | MkeyMask::QPN
-            | MkeyMask::LEN
-            | MkeyMask::START_ADDR
-            | MkeyMask::ACCESS_LOCAL_WRITE
-            | MkeyMask::ACCESS_REMOTE_READ
-            | MkeyMask::ACCESS_REMOTE_WRITE
-            | MkeyMask::ACCESS_ATOMIC;
+        let mask = MkeyMask::TYPE2_BIND;
         let ctrl = UmrCtrlSeg {
-            flags: (UmrFlags::TRNSLATION_OFFSET | UmrFlags::INLINE | UmrFlags::CHECK_FREE).bits(),
+            flags: (UmrFlags::WINDOW_BASE | UmrFlags::CHECK_FREE).bits(),
             klm_octowords: U16::new(4),
             mkey_mask: U64::new(mask.bits()),
             ..Default::default()
@@ -206,8 +217,8 @@ impl Umr {
     /// (and without QPN in the mask) — a form rdma-core never emits; whether firmware accepts it
     /// is a hardware question (docs/MLX5.md).
     pub fn invalidate(check_qpn: bool) -> Self {
-        let mut mask = MkeyMask::FREE | MkeyMask::MKEY;
-        let mut flags = UmrFlags::TRNSLATION_OFFSET | UmrFlags::INLINE;
+        let mut mask = MkeyMask::WINDOW_KEY;
+        let mut flags = UmrFlags::WINDOW_BASE;
         if check_qpn {
             mask |= MkeyMask::QPN;
             flags |= UmrFlags::CHECK_QPN;
