@@ -247,6 +247,16 @@ impl RdmaBackend for MnBackend {
     fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
         self.fabric.borrow().ring_keys_in(self.host, self.pd(d))
     }
+    fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, LoopbackError> {
+        self.fabric.borrow_mut().alloc(self.host, len, align)
+    }
+    fn create_loopback_qp(&mut self, d: Domain, managed: Option<u32>) -> Result<Qpn, LoopbackError> {
+        let pd = self.pd(d);
+        Ok(self.fabric.borrow_mut().create_loopback_qp(self.host, pd, managed)?.qpn)
+    }
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        self.fabric.borrow().outstanding(self.qa(qp), queue)
+    }
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         RdmaBackend::mw_binding(&self.fabric.borrow_mut().view(self.host), rkey)
     }

@@ -739,6 +739,28 @@ impl Fabric {
         &self.counters
     }
 
+    /// A connected pair on one host, both ends in `pd`; returns the requester end. With
+    /// `managed_send_depth` its queues are managed (WAIT/ENABLE) and its send ring has exactly
+    /// that many entries (an offloaded chain's loop QP).
+    pub fn create_loopback_qp(&mut self, h: HostId, pd: PdId, managed_send_depth: Option<u32>) -> Result<QpAddr> {
+        let resp = QpConfig::default().with_pd(pd);
+        let req = match managed_send_depth {
+            Some(d) => QpConfig::managed(d, 1).with_pd(pd),
+            None => resp,
+        };
+        Ok(self.create_connected_pair(h, req, h, resp)?.0)
+    }
+
+    /// Work requests posted on a queue and not yet consumed (the `RdmaBackend::outstanding`
+    /// of every view of the model).
+    pub fn outstanding(&self, qp: QpAddr, queue: QueueSel) -> Option<u64> {
+        let s = self.qp_stats(qp).ok()?;
+        Some(match queue {
+            QueueSel::Send => s.send_producer.saturating_sub(s.send_consumer),
+            QueueSel::Recv => s.recv_producer.saturating_sub(s.recv_consumer),
+        })
+    }
+
     pub fn qp_stats(&self, qp: QpAddr) -> Result<QpStats> {
         let q = &self.qps[self.gq(qp)? as usize];
         Ok(QpStats {

@@ -374,6 +374,12 @@ mod tests {
                 Domain::MnPrivate => Ok(MrKeys { lkey: 0x66, rkey: 0x66 }),
             }
         }
+        fn alloc_memory(&mut self, _: u64, _: u64) -> Result<u64, Self::Error> {
+            Err("unused")
+        }
+        fn create_loopback_qp(&mut self, _: Domain, _: Option<u32>) -> Result<Qpn, Self::Error> {
+            Err("unused")
+        }
     }
 
     fn map() -> MnMemoryMap {
