@@ -34,7 +34,7 @@ use std::fmt;
 use std::rc::Rc;
 
 /// Most live allocations one modelled CN tracks.
-pub const CN_MAX_LIVE: usize = 4096;
+pub const CN_MAX_LIVE: usize = 1024;
 
 #[derive(Clone, Copy, Debug)]
 pub struct ClusterConfig {
