@@ -117,6 +117,9 @@ pub struct CnClient {
     /// The MN's QPs at the other end of Alloc, Free, access 0.. (as rdma_cm negotiated them).
     mn_qpns: Vec<Option<Qpn>>,
     in_flight: HashMap<u64, InFlight>,
+    /// A receive failure or bad message seen while waiting for an access: reported by the
+    /// next [`CnClient::pump`].
+    deferred: Option<VerbsError>,
 }
 
 impl std::fmt::Debug for CnClient {
@@ -205,6 +208,7 @@ impl CnClient {
             next_op: 1,
             mn_qpns: Vec::new(),
             in_flight: HashMap::new(),
+            deferred: None,
         };
         let deadline = Instant::now() + opts.timeout;
         while c.d.client().info().is_none() {
@@ -249,8 +253,19 @@ impl CnClient {
         &self.mn_qpns
     }
 
-    /// Process what arrived (messages, replies, completions). Returns how many events.
+    /// Process what arrived (messages, replies, completions). Returns how many events. A
+    /// failed receive (the QP pair is gone) is an error here, also when an access noticed it
+    /// first.
     pub fn pump(&mut self) -> Result<usize> {
+        let n = self.absorb()?;
+        match self.deferred.take() {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+
+    /// Take what arrived into the client's queues; a receive failure is kept for `pump`.
+    fn absorb(&mut self) -> Result<usize> {
         let now = self.now();
         self.d.poll(now).map_err(cn_err)?;
         self.d.handle_timeout(now);
@@ -272,12 +287,16 @@ impl CnClient {
                 CnEvent::Empty => self.notices.push_back(Notice::Empty),
                 CnEvent::Available => self.notices.push_back(Notice::Available),
                 CnEvent::Revoked => self.notices.push_back(Notice::Revoked),
-                CnEvent::ReceiveFailed { status: WcStatus::WrFlushErr, .. } => return Err(VerbsError::Disconnected),
+                CnEvent::ReceiveFailed { status: WcStatus::WrFlushErr, .. } => {
+                    self.deferred.get_or_insert(VerbsError::Disconnected);
+                }
                 CnEvent::ReceiveFailed { qp, status } => {
-                    return Err(VerbsError::Completion { what: format!("receive on QP {qp}"), status })
+                    self.deferred.get_or_insert(VerbsError::Completion { what: format!("receive on QP {qp}"), status });
                 }
                 CnEvent::SendFailed { token, status, .. } => self.send_failures.push_back((token, status)),
-                CnEvent::Undecodable(e) => return Err(VerbsError::Client(e)),
+                CnEvent::Undecodable(e) => {
+                    self.deferred.get_or_insert(VerbsError::Client(e));
+                }
                 // the lease probe: receiving it was the point; a timed-out reply is seen by
                 // the caller waiting for it
                 _ => {}
@@ -297,8 +316,25 @@ impl CnClient {
     /// CN find none, and the MN must evict it without delaying anyone else.
     pub fn send_alloc_unread(&mut self) -> Result<()> {
         let now = self.now();
-        self.d.alloc(now).map_err(cn_err)?;
+        let token = self.d.alloc(now).map_err(cn_err)?;
         self.d.client_mut().abandon_pending();
+        // wait for the SEND itself (the MN takes one request at a time: the transport retries
+        // the rest), never for the answer
+        let t0 = Instant::now();
+        while self.d.sends_in_flight() > 0 {
+            self.d.poll_sends_only().map_err(cn_err)?;
+            while let Some(ev) = self.d.next_event() {
+                if let CnEvent::SendFailed { token: Some(t), status, .. } = ev {
+                    if t == token {
+                        return Err(VerbsError::Completion { what: "SEND to the MN".into(), status });
+                    }
+                }
+            }
+            if t0.elapsed() > self.timeout {
+                return Err(VerbsError::Timeout { what: "a SEND completion".into() });
+            }
+            std::hint::spin_loop();
+        }
         Ok(())
     }
 
@@ -454,7 +490,7 @@ impl CnClient {
     fn wait_op(&mut self, op: omw_core::cn_driver::OpId, out: &mut [u8]) -> Result<WcStatus> {
         let t0 = Instant::now();
         loop {
-            self.pump()?;
+            self.absorb()?;
             if let Some(d) = self.d.access_done(op, out).map_err(cn_err)? {
                 return Ok(d.status);
             }
@@ -515,7 +551,7 @@ impl CnClient {
     /// Collect the asynchronous operations that completed (in posting order within one QP).
     /// Does not wait. A failed operation leaves its QP pair in ERR, as a blocking one does.
     pub fn poll_ops(&mut self) -> Result<Vec<OpDone>> {
-        self.pump()?;
+        self.absorb()?;
         let mut ids: Vec<u64> = self.in_flight.keys().copied().collect();
         ids.sort_unstable();
         let mut out = Vec::new();

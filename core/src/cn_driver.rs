@@ -392,6 +392,26 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         self.refill()
     }
 
+    /// Only the send side: completions of requests and accesses, no receive taken or posted
+    /// again — what a CN that stopped serving its receive queues still does.
+    pub fn poll_sends_only(&mut self) -> Result<(), CnError<B::Error>> {
+        let mut all: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
+        for qp in [self.qps.alloc, self.qps.free].into_iter().chain(self.qps.access.iter().copied()) {
+            if !all.contains(&qp) {
+                let _ = all.push(qp);
+            }
+        }
+        for qp in all {
+            self.poll_sends(qp)?;
+        }
+        Ok(())
+    }
+
+    /// Requests whose SEND has not completed yet.
+    pub fn sends_in_flight(&self) -> usize {
+        self.sends.iter().flatten().count()
+    }
+
     /// True when the CQ was drained.
     fn poll_messages(&mut self, now: u64, k: usize, qp: Qpn) -> Result<bool, CnError<B::Error>> {
         loop {
