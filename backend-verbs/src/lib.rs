@@ -25,7 +25,6 @@ pub mod mn;
 pub mod port;
 pub mod probe;
 pub mod signals;
-pub mod tool;
 
 pub use backend::VerbsBackend;
 pub use error::VerbsError;
