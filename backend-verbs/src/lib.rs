@@ -14,6 +14,7 @@
 
 pub mod backend;
 pub mod cm;
+mod cm_event;
 pub mod cn;
 pub mod device;
 pub mod devx;
