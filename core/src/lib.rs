@@ -33,6 +33,8 @@ pub mod mn_plan;
 pub mod mw_rules;
 pub mod mwtable;
 pub mod object_alloc;
+#[cfg(any(test, feature = "test-nic"))]
+pub mod test_nic;
 pub mod wire;
 pub mod wqe;
 
