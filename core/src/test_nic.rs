@@ -382,8 +382,8 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
     }
 
     /// Device-state corruption for tests: re-point the window with `rkey`'s index at QP number
-    /// `qpn` (which need not exist), keeping its span, or — for an unbound window — bind it over
-    /// `span` of the MR `mr_lkey`. Returns whether the window exists.
+    /// `qpn` (which need not exist), keeping its span and key, or — for an unbound window — bind
+    /// it as `rkey` over `span = (addr, len, lkey of the MR)`. Returns whether it took effect.
     pub fn force_binding(&mut self, n: NodeId, rkey: Rkey, qpn: u32, span: Option<(u64, u64, u32)>) -> bool {
         let mr = span.and_then(|(_, _, k)| match self.lookup(n.0, k) {
             KeyTarget::Mr(m) => Some(m),
@@ -393,6 +393,7 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
         match (&mut w.binding, span, mr) {
             (Some(b), _, _) => b.qp = qpn,
             (None, Some((addr, len, _)), Some(mr)) => {
+                w.rkey = rkey.0;
                 w.binding = Some(Binding { qp: qpn, addr, len, access: AccessFlags::DATA_WINDOW, mr })
             }
             _ => return false,
