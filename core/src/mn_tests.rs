@@ -6,13 +6,11 @@
 use crate::access::AccessFlags;
 use crate::backend::*;
 use crate::cn::Client;
-use crate::geometry::PoolGeometry;
-use crate::host_engine::HostRegions;
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
-use crate::mn::{CnQps, Event, MemoryNode, MnConfig};
+use crate::mn::{CnQps, Event};
 use crate::mn_driver::MnDriver;
-use crate::mn_memory::{MnMemoryMap, ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF};
-use crate::mn_plan::{MnOptions, MnPlan, MnRegions};
+use crate::mn_memory::{ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF};
+use crate::mn_plan::{MnOptions, MnPlan, PoolSpec};
 use crate::test_nic::{Node, NodeId, TestNic};
 use crate::wire::{ErrorCode, FreeRequest, MnMessage, Notice};
 use crate::wqe::{QueueSel, RecvWqe, Sge, Wqe};
@@ -119,36 +117,16 @@ impl Rig {
     fn with_mode(mode: crate::mw_rules::Mode, chunks: u32, g: u8, quota: u32) -> Rig {
         let nic: &'static RefCell<Nic> = Box::leak(Box::new(RefCell::new(TestNic::new(mode))));
         let mn = nic.borrow_mut().add_node(leak_mem(256 << 10)).unwrap();
-        let mut b = Node::new(nic, mn);
-        let probe = PoolGeometry::new(4096, 4096, chunks, g).unwrap();
-        let pool = b.alloc_memory(probe.pool_len(), 4096).unwrap();
-        let geo = PoolGeometry::new(pool, 4096, chunks, g).unwrap();
-        let meta = b.alloc_memory(MnMemoryMap::len_for(&geo, 8), MnMemoryMap::required_alignment(&geo, 8)).unwrap();
-        let map = MnMemoryMap::new(geo, 8, meta).unwrap();
-        // a previous tenant's bytes, which scrubbing must clear
-        b.write_local(pool, &std::vec![0xAB; geo.pool_len() as usize]).unwrap();
+        let b = Node::new(nic, mn);
+        // a previous tenant's bytes, which scrubbing must clear (provisioning zeroes the pool's
+        // memory as it hands it out: the first chunk-sized allocation is the pool)
         let plan = MnPlan::decide(b.capabilities(), MnOptions::default()).unwrap();
         assert_eq!(plan.mode, ExecutionMode::HostEngine);
-        let keys = plan.register_metadata(&mut b, &MnRegions { map, zero_source: None }).unwrap();
-        let mut lkeys = std::vec![0u32; chunks as usize];
-        let mut whole = 0;
-        plan.register_pool(&mut b, &geo, |gid, k| match gid {
-            Some(gid) => lkeys[gid.0 as usize] = k,
-            None => whole = k,
-        })
-        .unwrap();
-        let rkeys: Vec<Rkey> = (0..chunks * g as u32).map(|_| plan.initial_table_key(b.alloc_mw().unwrap())).collect();
-        let mut cfg = MnConfig::from_plan(&plan, geo, 8, quota);
-        cfg.lease_ns = 0;
-        let regions = HostRegions::new(&map, &keys);
-        let node = MemoryNode::new(cfg, map, keys).unwrap();
-        let admin = b.create_loopback_qp(plan.cn_facing_domain(), None).unwrap();
-        let mut d = MnDriver::new(b, node, regions, admin);
-        d.format(
-            |gid, i| rkeys[(gid.0 * g as u32) as usize + i],
-            |gid| if whole != 0 { whole } else { lkeys[gid.0 as usize] },
-        )
-        .unwrap();
+        let spec =
+            PoolSpec { chunk_size: 4096, chunks, group_size: g, max_cns: 8, quota, lease_ns: 0, queue_depth: None };
+        let mut d = plan.provision(b, &spec).unwrap();
+        let geo = d.mn.config().geometry;
+        d.backend.write_local(geo.base(), &std::vec![0xAB; geo.pool_len() as usize]).unwrap();
         Rig { d, cns: Vec::new(), sides: Vec::new(), nic, mn, now: 0 }
     }
     fn connect(&mut self) -> usize {

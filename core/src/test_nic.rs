@@ -895,15 +895,6 @@ impl<'a, 'm, const N: usize, const Q: usize, const K: usize> Node<'a, 'm, N, Q, 
     pub fn connect_to(&self, mine: Domain, to: NodeId, theirs: Domain) -> Result<(Qpn, Qpn)> {
         self.with(|n, id| n.connect(id, mine, to, theirs))
     }
-    pub fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64> {
-        self.with(|n, id| n.alloc_memory(id, len, align))
-    }
-    pub fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn> {
-        self.with(|n, id| n.create_loopback_qp(id, domain, managed_send_depth))
-    }
-    pub fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
-        self.peek(|n, id| n.outstanding(id, qp, queue)).ok()
-    }
 }
 
 impl<const N: usize, const Q: usize, const K: usize> RdmaBackend for Node<'_, '_, N, Q, K> {
@@ -955,6 +946,15 @@ impl<const N: usize, const Q: usize, const K: usize> RdmaBackend for Node<'_, '_
             Domain::CnFacing => Ok(MrKeys { lkey: 0, rkey: 0 }),
             Domain::MnPrivate => Err(NicError::Unsupported("WQE rings in memory (no chain offload)")),
         }
+    }
+    fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64> {
+        self.with(|n, id| n.alloc_memory(id, len, align))
+    }
+    fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn> {
+        self.with(|n, id| n.create_loopback_qp(id, domain, managed_send_depth))
+    }
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        self.peek(|n, id| n.outstanding(id, qp, queue)).ok()
     }
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         self.peek(|n, id| Ok(n.mw_binding(id, rkey))).ok().flatten()
