@@ -20,6 +20,8 @@ pub mod chain;
 pub mod chain_builder;
 pub mod cn;
 pub mod cn_driver;
+#[cfg(any(test, feature = "test-nic"))]
+pub mod fault;
 pub mod free_chain;
 pub mod free_queue;
 pub mod geometry;
@@ -36,6 +38,8 @@ pub mod mwtable;
 pub mod object_alloc;
 #[cfg(any(test, feature = "test-nic"))]
 pub mod test_nic;
+#[cfg(any(test, feature = "test-nic"))]
+pub mod trace;
 pub mod wire;
 pub mod wqe;
 
