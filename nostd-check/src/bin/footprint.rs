@@ -11,11 +11,14 @@ fn len(chunks: u32, cns: u32) -> u64 {
 }
 
 fn main() {
-    // the free-queue ring is rounded to a power of two: measure over a range that is one
-    let per_chunk = (len(2048, 1) - len(1024, 1)) as f64 / 1024.0;
-    let per_cn = len(1024, 2) - len(1024, 1);
-    println!("mn_meta_per_chunk {per_chunk}");
+    // one more chunk under the same (power-of-two) ring: the MWTable entry alone
+    let table = len(1000, 1) - len(999, 1);
+    let g = PoolGeometry::new(1 << 32, 4096, 1000, 2).expect("geometry");
+    let slot = MnMemoryMap::required_alignment(&g, 1) / MnMemoryMap::ring_capacity(&g, 1) as u64;
+    let per_cn = len(1000, 2) - len(1000, 1);
+    println!("mn_table_per_chunk {table}");
+    println!("mn_slot {slot}");
     println!("mn_meta_per_cn {per_cn}");
-    println!("mn_meta_fixed_1024x1 {}", len(1024, 1));
+    println!("mn_meta_1024x8 {}", len(1024, 8));
     println!("max_cns {}", omw_core::mn::MAX_CNS);
 }
