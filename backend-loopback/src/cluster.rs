@@ -34,7 +34,7 @@ use std::fmt;
 use std::rc::Rc;
 
 /// Most live allocations one modelled CN tracks.
-pub const CN_MAX_LIVE: usize = 4096;
+pub const CN_MAX_LIVE: usize = 1024;
 
 #[derive(Clone, Copy, Debug)]
 pub struct ClusterConfig {
@@ -487,7 +487,7 @@ impl Cluster {
             CnMemory::REPLY_LEN,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         )?;
-        let local_len = CnMemory::local_len_for(self.cfg.chunk_size.max(4096));
+        let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, self.cfg.chunk_size.max(4096));
         let local = backend.alloc_memory(local_len, 64)?;
         let lk = backend.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE)?;
         let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
@@ -595,11 +595,11 @@ impl Cluster {
         }
         // resumed laps count as movement (they posted their next device step)
         events += report.laps_advanced.min(1);
-        // the empty state: the MN watches the tail until every ticket is settled
-        if !self.driver.mn.tickets().is_empty() {
-            self.driver.handle(now, Event::WatchTail)?;
-            self.count_event(1);
-            act.cpu_events += 1;
+        // the MN's timers: the tail watch while tickets are outstanding, the lease
+        if self.driver.poll_timeout().is_some_and(|t| t <= now) {
+            let n = self.driver.handle_timeout(now)?;
+            self.count_event(n as u64);
+            act.cpu_events += n as u64;
         }
         Ok(events)
     }
