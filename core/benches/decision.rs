@@ -113,7 +113,7 @@ impl Rig {
         let reply = c.alloc_memory(CnMemory::REPLY_LEN, 64).expect("reply");
         let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         let rk = c.reg_mr(Domain::CnFacing, reply, CnMemory::REPLY_LEN, rights).expect("reply mr");
-        let local_len = CnMemory::local_len_for(4096);
+        let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, 4096);
         let local = c.alloc_memory(local_len, 64).expect("local");
         let lk = c.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE).expect("local mr");
         let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };

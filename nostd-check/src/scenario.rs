@@ -52,7 +52,7 @@ fn cn<'a, 'm>(nic: &'a RefCell<Nic<'m>>, at: NodeId, mn: NodeId) -> Result<(Cn<'
     let reply = c.alloc_memory(CnMemory::REPLY_LEN, 64).map_err(|_| Step::CnSetup)?;
     let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let rk = c.reg_mr(Domain::CnFacing, reply, CnMemory::REPLY_LEN, rights).map_err(|_| Step::CnSetup)?;
-    let local_len = CnMemory::local_len_for(CHUNK);
+    let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, CHUNK);
     let local = c.alloc_memory(local_len, 64).map_err(|_| Step::CnSetup)?;
     let lk = c.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE).map_err(|_| Step::CnSetup)?;
     let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
