@@ -44,8 +44,7 @@ use crate::access::AccessFlags;
 use crate::backend::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
 use crate::ids::{Qpn, Rkey};
 use crate::mw_rules::{
-    self, BindRequest, Binding, InvalidateFail, Invalidator, KeyTarget, LocalSge, Mode, Mr, Nak, QpRef, RemoteAccess,
-    Window,
+    self, BindRequest, Binding, Invalidator, KeyTarget, LocalSge, Mode, Mr, Nak, QpRef, RemoteAccess, Window,
 };
 use crate::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
 
@@ -486,7 +485,7 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
             return Ok(());
         }
         let _ = q.sq.push_back(*w);
-        self.progress();
+        self.progress(s);
         Ok(())
     }
 
@@ -502,12 +501,15 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
         }
         let _ = q.rq.push_back(w.clone());
         // a sender waiting for this receive (RNR) may go on
-        self.progress();
+        let p = q.peer;
+        self.progress(p);
         Ok(())
     }
 
     pub fn poll_cq(&mut self, n: NodeId, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize> {
         let s = self.slot(n, qp)?;
+        // the RNR retry: a head waiting on a peer that has since failed ends now
+        self.progress(s);
         let q = &mut self.qps[s];
         let cq = match queue {
             QueueSel::Send => &mut q.scq,
@@ -565,20 +567,11 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
         }
     }
 
-    /// Run every send queue as far as it can go (heads blocked on RNR stay), in slot order
-    /// until nothing moves: deterministic.
-    fn progress(&mut self) {
-        loop {
-            let mut moved = false;
-            for s in 0..self.qps.len() {
-                while self.step(s) {
-                    moved = true;
-                }
-            }
-            if !moved {
-                return;
-            }
-        }
+    /// Run QP `s`'s send queue as far as it goes (a head waiting for a receive stays). A post on
+    /// `s` or a receive posted at its peer lets it move; so does its peer failing, which the
+    /// next poll of `s` notices (the RNR retry). Deterministic.
+    fn progress(&mut self, s: usize) {
+        while self.step(s) {}
     }
 
     fn step(&mut self, s: usize) -> bool {
@@ -829,12 +822,8 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
                         }
                         done(WcStatus::Success)
                     }
-                    // rxe reports a refused invalidation as a QP operation error
-                    Err(InvalidateFail::NotAWindow | InvalidateFail::StaleKey | InvalidateFail::NotBound)
-                        if self.mode == Mode::Rxe =>
-                    {
-                        done(WcStatus::LocQpOpErr)
-                    }
+                    // rxe reports a refused invalidation as a QP operation error (mw_rules)
+                    Err(_) if self.mode == Mode::Rxe => done(WcStatus::LocQpOpErr),
                     Err(_) => done(WcStatus::MwBindErr),
                 }
             }

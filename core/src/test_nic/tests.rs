@@ -382,6 +382,24 @@ fn destroy_and_reset() {
 }
 
 #[test]
+fn a_send_waiting_for_a_receive_fails_when_the_peer_does() {
+    with_fx(Mode::Strict, AccessFlags::DATA_WINDOW, |fx| {
+        fx.a.post_send(fx.qa, &Wqe::send(fx.buf, fx.buf_key, 4).with_wr_id(1)).unwrap();
+        fx.a.post_send(fx.qa, &Wqe::nop().with_wr_id(2)).unwrap();
+        assert!(comps(&mut fx.a, fx.qa, QueueSel::Send).is_empty());
+        // the responder's QP fails on its own (a bad bind)
+        fx.b.post_send(fx.qb, &Wqe::bind_mw(fx.mw.0, fx.pool, 8, fx.pool_key, fx.qb.get(), AccessFlags::DATA_WINDOW))
+            .unwrap();
+        assert_eq!(one(&mut fx.b, fx.qb, QueueSel::Send).status, WcStatus::MwBindErr);
+        let c = comps(&mut fx.a, fx.qa, QueueSel::Send);
+        assert_eq!(
+            c.iter().map(|c| (c.wr_id, c.status)).collect::<StdVec<_>>(),
+            [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+        );
+    });
+}
+
+#[test]
 fn private_loopback_memory_is_out_of_reach_of_cn_facing_qps() {
     with_fx(Mode::Strict, AccessFlags::DATA_WINDOW, |fx| {
         let lq = fx.b.create_loopback_qp(Domain::MnPrivate, None).unwrap();
