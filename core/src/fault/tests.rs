@@ -1,6 +1,7 @@
 //! Each fault produces exactly its specified visible effect, on the test NIC.
 
 use super::*;
+use crate::cn_driver::CnEvent;
 use crate::mw_rules::Mode;
 use crate::test_nic::{Node, TestNic};
 use crate::wqe::Sge;
@@ -193,4 +194,98 @@ fn chance_is_deterministic_for_a_seed() {
     assert_ne!(x, z);
     let fails = x.iter().filter(|ok| !**ok).count();
     assert!((16..=48).contains(&fails), "about half fail: {fails}");
+}
+
+/// An MN provisioned on a `FaultInjector` (its first bind on the CN's Free QP fails, as a device
+/// refusing it would) and a `CnDriver`, after one refused request: `then` gets both.
+fn after_a_failed_bind(
+    then: impl FnOnce(
+        &mut crate::mn_driver::MnDriver<FaultInjector<Node<'_, '_, 2, 12, 24>>>,
+        &mut crate::cn_driver::CnDriver<Node<'_, '_, 2, 12, 24>, 4>,
+    ),
+) {
+    use crate::cn_driver::{CnDriver, CnEvent, CnMemory, CnQpSet, IO_SLOTS};
+    use crate::mn::CnQps;
+    use crate::mn_plan::{MnOptions, MnPlan, PoolSpec};
+    use crate::wire::ErrorCode;
+
+    let (mut mm, mut mc) = (std::vec![0u8; 64 << 10], std::vec![0u8; 64 << 10]);
+    let mut nic: TestNic<'_, 2, 12, 24> = TestNic::new(Mode::Strict);
+    let mn_at = nic.add_node(&mut mm).unwrap();
+    let cn_at = nic.add_node(&mut mc).unwrap();
+    let nic = RefCell::new(nic);
+    let dev = FaultInjector::new(Node::new(&nic, mn_at), 7);
+    let plan = MnPlan::decide(dev.capabilities(), MnOptions::default()).unwrap();
+    let spec =
+        PoolSpec { chunk_size: 4096, chunks: 2, group_size: 2, max_cns: 1, quota: 0, lease_ns: 0, queue_depth: None };
+    let mut mn = plan.provision(dev, &spec).unwrap();
+
+    let mut c = Node::new(&nic, cn_at);
+    let pair = |c: &Node<'_, '_, 2, 12, 24>| c.connect_to(Domain::CnFacing, mn_at, Domain::CnFacing).unwrap();
+    let ((alloc, mn_alloc), (free, mn_free), (access, mn_access)) = (pair(&c), pair(&c), pair(&c));
+    let reply = c.alloc_memory(CnMemory::REPLY_LEN, 64).unwrap();
+    let rk = c.reg_mr(Domain::CnFacing, reply, 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let local_len = CnMemory::local_len_for(IO_SLOTS, 4096);
+    let local = c.alloc_memory(local_len, 64).unwrap();
+    let lk = c.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE).unwrap();
+    let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
+    let qps = CnQpSet { alloc, free, access: [access].into_iter().collect() };
+    let mut cn: CnDriver<_, 4> = CnDriver::new(c, qps, mem).unwrap();
+    let mn_qps = CnQps {
+        alloc: mn_alloc,
+        free: mn_free,
+        access: [mn_access].into_iter().collect(),
+        alloc_loop: None,
+        free_loop: None,
+    };
+    mn.connect(mn_qps).unwrap();
+    cn.poll(0).unwrap();
+    assert!(matches!(cn.next_event(), Some(CnEvent::Connected(_))));
+
+    // MW[0] is bound by a bind posted on the MN's end of the Free QP: fail the first one
+    let rule = Rule { fault: Fault::FailSend(WcStatus::MwBindErr), qp: Some(mn_free), trigger: Trigger::Nth(1) };
+    mn.backend.arm(rule).unwrap();
+    let pump = |mn: &mut crate::mn_driver::MnDriver<_>, cn: &mut CnDriver<_, 4>| {
+        for _ in 0..4 {
+            mn.poll(0).unwrap();
+            cn.poll(0).unwrap();
+        }
+    };
+    let tok = cn.alloc(0).unwrap();
+    pump(&mut mn, &mut cn);
+    let ev = cn.next_event();
+    assert!(
+        matches!(ev, Some(CnEvent::Refused { token, code: ErrorCode::AllocFailed, ours: true }) if token == tok),
+        "{ev:?}"
+    );
+    assert_eq!(mn.backend.stats.injected, 1);
+    assert_eq!(mn.stats.laps_failed, 1);
+    mn.check_invariants().unwrap();
+    then(&mut mn, &mut cn);
+}
+
+/// The wrapper composes with the drivers: the failed bind is a failed lap, repaired — the CN is
+/// refused, the popped group goes back, the invariants hold.
+#[test]
+fn an_mn_on_the_injector_repairs_a_lap_whose_bind_failed() {
+    after_a_failed_bind(|mn, _| assert_eq!(mn.mn.stats().groups_reclaimed, 1));
+}
+
+/// Found with the injector: in host-engine mode the alloc lap's binds are posted on the CN's Free
+/// and access QPs, but the repair resets only the chain's management QP (the Alloc QP,
+/// `MemoryNode` chain-failure handling in mn.rs): the Free QP stays in ERR and every later
+/// request of that CN fails. Un-ignore when the repair resets the QP the failed step ran on.
+#[test]
+#[ignore = "open: host-engine repair leaves the QP of a failed bind in ERR (mn.rs)"]
+fn after_a_failed_bind_the_next_request_is_served() {
+    after_a_failed_bind(|mn, cn| {
+        let tok = cn.alloc(0).unwrap();
+        for _ in 0..4 {
+            mn.poll(0).unwrap();
+            cn.poll(0).unwrap();
+        }
+        let ev = cn.next_event();
+        assert!(matches!(ev, Some(CnEvent::Allocated { token, result: Ok(_) }) if token == tok), "{ev:?}");
+        mn.check_invariants().unwrap();
+    });
 }
