@@ -19,13 +19,13 @@ for t in thumbv7em-none-eabihf aarch64-unknown-none; do
 done
 sect() { "$size_tool" -A "$1" | awk -v s="$2" '$1 == s { print $2 }'; }
 sym() { local h; h=$(nm -S --defined-only "$1" | awk -v s="$2" '$4 == s { print $2 }'); echo $((16#$h)); }
-echo "| target | .text | .rodata | code (.text+.rodata) | MnDriver | MemoryNode | CnDriver<_,16> | Client<16> | TestNic (scenario) |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| target | .text | .rodata | code (.text+.rodata) | MnDriver | MemoryNode | host-engine Lap | CnDriver<_,16> | Client<16> | TestNic (scenario) |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for t in "${targets[@]}"; do
   b=${bin[$t]}
   tx=$(sect "$b" .text); ro=$(sect "$b" .rodata); ro=${ro:-0}
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$t" "$tx" "$ro" $((tx + ro)) \
-    "$(sym "$b" OMW_FOOTPRINT_MN_DRIVER)" "$(sym "$b" OMW_FOOTPRINT_MEMORY_NODE)" \
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$t" "$tx" "$ro" $((tx + ro)) \
+    "$(sym "$b" OMW_FOOTPRINT_MN_DRIVER)" "$(sym "$b" OMW_FOOTPRINT_MEMORY_NODE)" "$(sym "$b" OMW_FOOTPRINT_LAP)" \
     "$(sym "$b" OMW_FOOTPRINT_CN_DRIVER)" "$(sym "$b" OMW_FOOTPRINT_CLIENT)" "$(sym "$b" OMW_FOOTPRINT_TEST_NIC)"
 done
 echo
