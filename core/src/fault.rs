@@ -57,13 +57,15 @@ pub enum Fault {
     /// The QP enters ERR before a `post_send`: it and everything the device still completes
     /// on that QP are flushed.
     ErrorQp,
-    /// Completions polled from the QP are held for this many further polls of their queue.
+    /// Armed by the matching `post_send`: from then on every completion the device reports on
+    /// that QP (both queues) is held for this many further polls of its queue.
     Delay(u32),
     FailRegMr,
     FailAllocMw,
 }
 
-/// When a rule fires, counted over the calls it matches.
+/// When a rule fires, counted over the calls it matches (`post_send` for the send faults and
+/// `Delay`, `post_recv` for `FailRecv`, `reg_mr` / `alloc_mw` for theirs).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Trigger {
     /// The n-th matching call (1-based), once.
