@@ -272,11 +272,10 @@ fn an_mn_on_the_injector_repairs_a_lap_whose_bind_failed() {
 }
 
 /// Found with the injector: in host-engine mode the alloc lap's binds are posted on the CN's Free
-/// and access QPs, but the repair resets only the chain's management QP (the Alloc QP,
-/// `MemoryNode` chain-failure handling in mn.rs): the Free QP stays in ERR and every later
-/// request of that CN fails. Un-ignore when the repair resets the QP the failed step ran on.
+/// and access QPs, but the repair reset only the chain's management QP (the Alloc QP): the Free
+/// QP stayed in ERR and every later request of that CN failed. The driver now brings back every
+/// QP of the CN a failed lap left in ERR (`MnDriver::recover_errored_qps`).
 #[test]
-#[ignore = "open: host-engine repair leaves the QP of a failed bind in ERR (mn.rs)"]
 fn after_a_failed_bind_the_next_request_is_served() {
     after_a_failed_bind(|mn, cn| {
         let tok = cn.alloc(0).unwrap();
