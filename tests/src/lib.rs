@@ -1,5 +1,14 @@
-//! Conformance scenarios shared by the backends' test suites live in `tests/`; this library
-//! holds helpers they share.
+//! The conformance library (docs/CONFORMANCE.md): the [`testbed::Testbed`] trait a backend
+//! implements, the scenario list ([`scenarios::all`]), the oracles ([`oracle`]) and the runner
+//! ([`runner::conform`]) that runs every scenario a testbed can run and skips the others
+//! visibly. Each backend runs the list from a small file of its own; the loopback testbed is
+//! here ([`loopback`]), the FPGA double's and verbs' beside their crates' tests.
+
+pub mod loopback;
+pub mod oracle;
+pub mod runner;
+pub mod scenarios;
+pub mod testbed;
 
 use omw_core::backend::ExecutionMode;
 use omw_loopback::cluster::{Cluster, ClusterConfig};

@@ -1,0 +1,95 @@
+//! Running the scenario list on one backend: every scenario whose needs the backend meets runs
+//! (a panic or an `Err` is its failure); every other one is reported `SKIP <name> (needs X)` —
+//! printed, counted in the summary, never silent.
+
+use crate::testbed::{Caps, Factory};
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Why a scenario failed (any displayable error converts with `?`).
+#[derive(Debug)]
+pub struct Failure(pub String);
+
+impl<E: fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Failure {
+        Failure(e.to_string())
+    }
+}
+
+pub type Outcome = Result<(), Failure>;
+
+/// One scenario: what it is called, what it needs of a testbed, and its body (which starts
+/// the testbeds it needs from the factory).
+#[derive(Clone, Copy)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub needs: Caps,
+    pub run: fn(&dyn Factory) -> Outcome,
+}
+
+/// What a run did.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub passed: Vec<&'static str>,
+    pub skipped: Vec<(&'static str, Caps)>,
+    pub failed: Vec<(&'static str, String)>,
+}
+
+/// Run `list` on `factory` (scenarios whose name contains `OMW_SCENARIO`, if set); print each
+/// outcome and the summary.
+pub fn run_list(factory: &dyn Factory, list: &[Scenario]) -> Summary {
+    let filter = std::env::var("OMW_SCENARIO").ok();
+    let have = factory.caps();
+    let mut s = Summary::default();
+    let name = factory.name();
+    println!("conformance on {name} (capabilities: {have})");
+    for sc in list {
+        if filter.as_deref().is_some_and(|f| !sc.name.contains(f)) {
+            continue;
+        }
+        let missing = sc.needs.missing(have);
+        if !missing.is_empty() {
+            println!("SKIP {} (needs {missing})", sc.name);
+            s.skipped.push((sc.name, missing));
+            continue;
+        }
+        match catch_unwind(AssertUnwindSafe(|| (sc.run)(factory))) {
+            Ok(Ok(())) => {
+                println!("ok   {}", sc.name);
+                s.passed.push(sc.name);
+            }
+            Ok(Err(f)) => {
+                println!("FAIL {}: {}", sc.name, f.0);
+                s.failed.push((sc.name, f.0));
+            }
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "panic".into());
+                println!("FAIL {}: {msg}", sc.name);
+                s.failed.push((sc.name, msg));
+            }
+        }
+    }
+    println!("{name}: {} passed, {} skipped, {} failed", s.passed.len(), s.skipped.len(), s.failed.len());
+    for (n, c) in &s.skipped {
+        println!("  skipped {n}: needs {c}");
+    }
+    s
+}
+
+/// [`run_list`] over the whole suite; panics (fails the test) if any scenario failed.
+pub fn conform(factory: &dyn Factory) -> Summary {
+    let s = run_list(factory, &crate::scenarios::all());
+    assert!(
+        s.failed.is_empty(),
+        "{}: {} scenario(s) failed: {:?}",
+        factory.name(),
+        s.failed.len(),
+        s.failed.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+    );
+    assert!(!s.passed.is_empty() || std::env::var_os("OMW_SCENARIO").is_some(), "no scenario ran");
+    s
+}
