@@ -161,7 +161,7 @@ impl Testbed for LoopbackBed {
     fn alloc_unread(&mut self, cn: usize) {
         if self.c.alloc_begin(cn).is_ok() {
             // it never reads the reply: let it ask again
-            self.c.cns[cn].client.abandon_pending();
+            self.c.cns[cn].client_mut().abandon_pending();
         }
     }
     fn is_served(&mut self, cn: usize) -> bool {
@@ -256,7 +256,7 @@ impl Testbed for LoopbackBed {
                 len: m.len,
                 key: m.key,
                 remote: m.access.intersects(remote),
-                private: m.pd == private,
+                private: Some(m.pd) == private,
             })
             .collect()
     }

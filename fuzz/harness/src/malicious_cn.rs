@@ -617,7 +617,7 @@ fn batch(w: &mut World, schedule: Option<Schedule>, items: &[Timed], what: &Step
                 if tokens.iter().any(|(j, ..)| *j == i) || held_by(&w.c, i) >= quota {
                     continue;
                 }
-                let backing_off = w.c.cns[i].client.is_backing_off(w.c.now());
+                let backing_off = w.c.cns[i].client().is_backing_off(w.c.now());
                 if let Ok(t) = w.c.alloc_begin(i) {
                     tokens.push((i, t, backing_off));
                     pops += 1;
@@ -936,7 +936,7 @@ fn honest_alloc(w: &mut World, i: usize, op: &dyn std::fmt::Debug) {
         return; // an honest client keeps to the quota its connect info told it
     }
     let free = c.free_groups();
-    let backing_off = c.cns[i].client.is_backing_off(c.now());
+    let backing_off = c.cns[i].client().is_backing_off(c.now());
     let empty_state = c.driver.mn.is_empty_state();
     match w.c.alloc(i) {
         Ok(a) => {
