@@ -35,7 +35,8 @@ const COMMON: Caps = Caps::TIME_CONTROL
     .union(Caps::MN_ACTIVITY)
     .union(Caps::NAMED_QPS)
     .union(Caps::CONTENTION)
-    .union(Caps::RAW_REQUESTS);
+    .union(Caps::RAW_REQUESTS)
+    .union(Caps::WINDOW_SPANS);
 
 impl Loopback {
     pub fn config(&self, spec: MnSpec) -> ClusterConfig {

@@ -74,6 +74,9 @@ caps! {
     CONTENTION = 19;
     /// `send_raw`: any bytes as a request on a CN's Alloc or Free QP.
     RAW_REQUESTS = 20;
+    /// The backend tells the MN a bound window's span (`RdmaBackend::mw_span`): the offloaded
+    /// audit's defence against a corrupted table entry.
+    WINDOW_SPANS = 21;
 }
 
 impl Caps {

@@ -64,7 +64,16 @@ pub const LIST: &[Scenario] = &[
     },
     Scenario { name: "isolation::chunks_revoked_for_quota_read_as_zeros", needs: Caps::OFFLOAD, run: scrub_quota },
     Scenario { name: "isolation::scrubbing_off_is_explicit_and_leaves_residue", needs: Caps::NONE, run: scrub_off },
-    Scenario { name: "isolation::a_corrupted_entry_span_is_never_served", needs: Caps::MN_MEMORY, run: corrupted_span },
+    Scenario {
+        name: "isolation::a_corrupted_entry_span_is_never_bound_by_the_host_engine",
+        needs: Caps::MN_MEMORY.union(Caps::HOST_ENGINE),
+        run: corrupted_span,
+    },
+    Scenario {
+        name: "isolation::a_corrupted_entry_span_is_reclaimed_by_the_audit",
+        needs: Caps::MN_MEMORY.union(Caps::OFFLOAD).union(Caps::WINDOW_SPANS),
+        run: corrupted_span,
+    },
 ];
 
 /// From loopback_security.rs, rxe_cluster.rs and the state machine's cross access.
@@ -564,7 +573,7 @@ fn scrub_off(f: &dyn Factory) -> Outcome {
     Ok(())
 }
 
-/// From loopback_isolation.rs (issue 10 §7): MN memory corrupted so an MWTable entry spans more
+/// From loopback_isolation.rs (issue 10 §7), one scenario per mode: MN memory corrupted so an MWTable entry spans more
 /// than its chunk. The host engine refuses to bind it; offloaded, the audit reclaims the group.
 fn corrupted_span(f: &dyn Factory) -> Outcome {
     use zerocopy::IntoBytes;

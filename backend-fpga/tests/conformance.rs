@@ -1,0 +1,10 @@
+//! The conformance suite (docs/CONFORMANCE.md) on the FPGA extension double: an offloaded MN
+//! provisioned through the core's `MnPlan` and CNs on the core's `CnDriver` (`support::mn`).
+//! `OMW_SCENARIO=name` runs only matching scenarios; `-- --nocapture` shows every skip.
+
+mod support;
+
+#[test]
+fn extension_double() {
+    omw_tests::runner::conform(&support::mn::Double);
+}
