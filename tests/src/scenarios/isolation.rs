@@ -409,6 +409,10 @@ fn mn_private_memory(f: &dyn Factory) -> Outcome {
     }
     // nothing of the MN's changed: the victim's entry, its data, the metadata; everyone works
     assert_eq!(t.entry(g).unwrap(), entry_before, "the victim's MWTable entry changed");
+    for k in 0..t.spec().chunks {
+        let owner = if GroupId(k) == g { t.cn_id(0).get() } else { 0 };
+        assert_eq!(t.entry(GroupId(k)).unwrap().owner(), owner, "group {k}'s owner");
+    }
     let (st, got) = t.read(0, &victim, 0, 0, 8);
     assert_eq!((st, got.as_slice()), (WcStatus::Success, &b"victim's"[..]));
     let meta = t.mn_read(map.meta_base, map.meta_len as usize);
