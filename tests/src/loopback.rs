@@ -36,7 +36,8 @@ const COMMON: Caps = Caps::TIME_CONTROL
     .union(Caps::NAMED_QPS)
     .union(Caps::CONTENTION)
     .union(Caps::RAW_REQUESTS)
-    .union(Caps::WINDOW_SPANS);
+    .union(Caps::WINDOW_SPANS)
+    .union(Caps::REVIVE);
 
 impl Loopback {
     pub fn config(&self, spec: MnSpec) -> ClusterConfig {

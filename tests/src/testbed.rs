@@ -77,6 +77,10 @@ caps! {
     /// The backend tells the MN a bound window's span (`RdmaBackend::mw_span`): the offloaded
     /// audit's defence against a corrupted table entry.
     WINDOW_SPANS = 21;
+    /// A CN's QP pair comes back after a refused access (the testbed reconnects it, as a CN
+    /// would), so one CN can be refused many times; without it (rdma_cm QPs cannot be reset) a
+    /// refused access leaves that QP dead and only the first refusal on it is a `REM_ACCESS_ERR`.
+    REVIVE = 22;
 }
 
 impl Caps {

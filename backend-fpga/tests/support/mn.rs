@@ -273,7 +273,8 @@ const CAPS: Caps = Caps::OFFLOAD
     .union(Caps::RAW_REQUESTS)
     .union(Caps::NAMED_QPS)
     .union(Caps::CONTENTION)
-    .union(Caps::MN_ACTIVITY);
+    .union(Caps::MN_ACTIVITY)
+    .union(Caps::REVIVE);
 
 /// Starts MNs on the extension double.
 pub struct Double;

@@ -3,7 +3,7 @@
 //! connect info and its alloc replies — and, to be stronger than any real attacker, the *exact*
 //! current key of every MR the MN registered. A scenario passes when the attack is denied.
 
-use super::{invariants, reread, soil};
+use super::{denied, invariants, reread, soil};
 use crate::runner::{Outcome, Scenario};
 use crate::testbed::{Caps, CnQp, Factory, MnSpec, Refusal, Testbed};
 use omw_core::backend::{ExecutionMode, MwBinding, WcStatus};
@@ -22,7 +22,7 @@ pub const LIST: &[Scenario] = &[
     },
     Scenario { name: "isolation::stale_rkey_after_free_is_denied", needs: Caps::NONE, run: stale_rkey },
     Scenario { name: "isolation::stale_rkeys_every_key_byte_every_qp", needs: Caps::HOSTILE_QPS, run: stale_rkey_walk },
-    Scenario { name: "isolation::walking_all_256_keys_never_grants_access", needs: Caps::NONE, run: walk_256 },
+    Scenario { name: "isolation::walking_all_256_keys_never_grants_access", needs: Caps::REVIVE, run: walk_256 },
     Scenario {
         name: "isolation::windows_bound_to_a_foreign_qp_are_reclaimed_by_the_audit",
         needs: Caps::NAMED_QPS,
@@ -84,15 +84,19 @@ fn cross_cn(f: &dyn Factory) -> Outcome {
     // B uses A's rkey and address through each of B's own access QPs
     for q in 0..2 {
         let rk = a.rkey(q).unwrap();
-        assert_eq!(t.write_raw(1, q, a.base, rk, b"overwrite!!"), WcStatus::RemAccessErr);
-        assert_eq!(t.read_raw(1, q, a.base, rk, 11).0, WcStatus::RemAccessErr);
+        let st = t.write_raw(1, q, a.base, rk, b"overwrite!!");
+        assert_eq!(st, WcStatus::RemAccessErr, "B writes with A's rkey {q}");
+        let st = t.read_raw(1, q, a.base, rk, 11).0;
+        denied(&*t, st, "B reads with A's rkey");
     }
-    // B with its own rkey but an address outside its own chunk
-    let b = t.alloc(1)?;
-    let rk = b.rkey(0).unwrap();
-    assert_eq!(t.write_raw(1, 0, a.base, rk, b"overwrite!!"), WcStatus::RemAccessErr);
-    assert_eq!(t.read_raw(1, 1, a.base, b.rkey(1).unwrap(), 8).0, WcStatus::RemAccessErr);
-    assert_eq!(t.read_raw(1, 0, b.base + b.length, rk, 8).0, WcStatus::RemAccessErr);
+    // C with its own rkey but an address outside its own chunk (A's, and past its own)
+    let c = t.alloc(2)?;
+    let st = t.write_raw(2, 0, a.base, c.rkey(0).unwrap(), b"overwrite!!");
+    assert_eq!(st, WcStatus::RemAccessErr, "C's own rkey at A's chunk");
+    let st = t.read_raw(2, 1, a.base, c.rkey(1).unwrap(), 8).0;
+    assert_eq!(st, WcStatus::RemAccessErr, "C's own rkey 1 at A's chunk");
+    let st = t.read_raw(2, 0, c.base + c.length, c.rkey(0).unwrap(), 8).0;
+    denied(&*t, st, "C past its chunk");
     // A's bytes unchanged, A still has access through both QPs
     for q in 0..2 {
         let (st, got) = t.read(0, &a, q, 0, 11);
@@ -189,7 +193,8 @@ fn stale_rkey(f: &dyn Factory) -> Outcome {
     let a = t.alloc(0)?;
     t.free(0, &a)?;
     for q in 0..2 {
-        assert_eq!(t.read_raw(0, q, a.base, a.rkey(q).unwrap(), 8).0, WcStatus::RemAccessErr);
+        let st = t.read_raw(0, q, a.base, a.rkey(q).unwrap(), 8).0;
+        assert_eq!(st, WcStatus::RemAccessErr, "stale rkey {q}");
     }
     // the same chunk reallocated (to B) has a new key; A's old one still fails
     let mut again = None;
@@ -206,7 +211,8 @@ fn stale_rkey(f: &dyn Factory) -> Outcome {
     let e = t.entry(g).unwrap();
     assert_eq!(b.rkey(0), Some(a.rkey(0).unwrap().next_key()), "rebound with the next key");
     assert_eq!(e.rkey(1), b.rkey(0).unwrap());
-    assert_eq!(t.write_raw(0, 0, a.base, a.rkey(0).unwrap(), b"stale"), WcStatus::RemAccessErr);
+    let st = t.write_raw(0, 0, a.base, a.rkey(0).unwrap(), b"stale");
+    denied(&*t, st, "A's stale rkey on B's chunk");
     assert_eq!(t.write(1, &b, 0, 0, b"fresh"), WcStatus::Success);
     invariants(&mut *t, "after");
     Ok(())

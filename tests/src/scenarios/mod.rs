@@ -67,6 +67,17 @@ pub fn honest_round(t: &mut dyn Testbed, cns: std::ops::Range<usize>, round: usi
     }
 }
 
+/// A hostile access was refused: `REM_ACCESS_ERR` — or, on a testbed without `REVIVE`, any
+/// failure (a QP an earlier refusal killed refuses everything).
+#[track_caller]
+pub fn denied(t: &dyn Testbed, st: WcStatus, what: &str) {
+    if t.caps().contains(crate::testbed::Caps::REVIVE) {
+        assert_eq!(st, WcStatus::RemAccessErr, "{what}");
+    } else {
+        assert_ne!(st, WcStatus::Success, "{what}");
+    }
+}
+
 /// Invariants, with the context in the panic.
 #[track_caller]
 pub fn invariants(t: &mut dyn Testbed, what: &str) {

@@ -1,7 +1,8 @@
 //! A reference model of the pool — who holds how many chunks, how many are free, which rkeys are
 //! dead — against the real MN and CNs, over seeded random sequences of allocations, frees,
 //! reads, writes, forged frees, cross-CN and stale accesses, garbage requests, crashes and MN
-//! RNIC resets (each where the testbed has it). After every step: the MN's invariants, the
+//! RNIC resets (each where the testbed has it: garbage needs `RAW_REQUESTS`, crashes `CRASH`, resets
+//! `RNIC_RESET`, cross and stale accesses `REVIVE`). After every step: the MN's invariants, the
 //! model's, and the shadow of every CN's bytes.
 //!
 //! Moved from tests/tests/loopback_state_machine.rs (proptest-state-machine); the sequences are
@@ -76,6 +77,8 @@ fn gen(r: &mut Rng, caps: Caps) -> Op {
             Op::Garbage(..) => caps.contains(Caps::RAW_REQUESTS),
             Op::Crash(_) => caps.contains(Caps::CRASH),
             Op::RnicReset => caps.contains(Caps::RNIC_RESET),
+            // the attacker and the stale CN keep using their QPs afterwards
+            Op::CrossAccess(..) | Op::Stale(_) => caps.contains(Caps::REVIVE),
             _ => true,
         };
         if ok {
