@@ -33,7 +33,15 @@ fn empty_then_available(f: &dyn Factory) -> Outcome {
     }
     let again = t.alloc(0)?;
     assert_eq!(again.base, a.base, "the only free group");
-    assert_eq!(again.rkey(0), Some(a.rkey(0).unwrap().next_key()), "rebound with a new key");
+    let (old, new) = (a.rkey(0).unwrap(), again.rkey(0).unwrap());
+    assert_ne!(new, old, "rebound with a new key");
+    assert_eq!(
+        new,
+        old.next_key(),
+        "rebound with the next key ({old:?} → {new:?}, owner {:?} → {:?})",
+        a.owner_rkey,
+        again.owner_rkey
+    );
     invariants(&mut *t, "again");
     // nothing lost: free everything, the queue holds all four
     t.free(0, &again)?;
