@@ -34,7 +34,7 @@ use std::fmt;
 use std::rc::Rc;
 
 /// Most live allocations one modelled CN tracks.
-pub const CN_MAX_LIVE: usize = 4096;
+pub const CN_MAX_LIVE: usize = 1024;
 
 #[derive(Clone, Copy, Debug)]
 pub struct ClusterConfig {
@@ -487,7 +487,7 @@ impl Cluster {
             CnMemory::REPLY_LEN,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         )?;
-        let local_len = CnMemory::local_len_for(self.cfg.chunk_size.max(4096));
+        let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, self.cfg.chunk_size.max(4096));
         let local = backend.alloc_memory(local_len, 64)?;
         let lk = backend.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE)?;
         let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };

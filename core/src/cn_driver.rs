@@ -29,7 +29,7 @@ pub const MSG_SLOT: u64 = 64;
 pub const RECVS_PER_QP: usize = 8;
 /// Requests that may be in flight at once.
 pub const SEND_SLOTS: usize = 16;
-/// One-sided accesses that may be in flight at once.
+/// One-sided accesses that may be in flight at once, unless the driver's `S` says otherwise.
 pub const IO_SLOTS: usize = 8;
 /// Events buffered between [`CnDriver::poll`] and [`CnDriver::next_event`].
 pub const EVENT_CAPACITY: usize = 32;
@@ -74,11 +74,36 @@ impl CnQpSet {
     }
 }
 
+/// The two queues MN messages arrive on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum MessageQueue {
+    /// The Alloc QP: host-engine MNs' messages, and every alloc reply's immediate.
+    Alloc = 0,
+    /// Access QP 0: an offloading MN's messages.
+    Access0 = 1,
+}
+
+/// Post every receive slot of one message queue before the QP is connected — with rdma_cm
+/// the MN may send as soon as the connection is up — for a driver built afterwards with
+/// [`CnDriver::with_primed_receives`].
+pub fn prime_receives<B: RdmaBackend>(b: &mut B, mem: &CnMemory, q: MessageQueue, qp: Qpn) -> Result<(), B::Error> {
+    for i in 0..RECVS_PER_QP {
+        b.post_recv(qp, &recv_wqe(mem, q as usize, i))?;
+    }
+    Ok(())
+}
+
+fn recv_wqe(mem: &CnMemory, k: usize, i: usize) -> RecvWqe {
+    let mut w = RecvWqe { wr_id: (TAG_RECV << TAG_SHIFT) | ((k as u64) << 8) | i as u64, sges: heapless::Vec::new() };
+    let _ = w.sges.push(Sge { addr: mem.msg_slot(k, i), length: MSG_SLOT as u32, lkey: mem.lkey });
+    w
+}
+
 /// The CN's registered memory.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct CnMemory {
     /// A LOCAL_WRITE-only registration of `local_len` bytes at `local`: receive slots, send
-    /// slots, then [`IO_SLOTS`] I/O slots of equal size.
+    /// slots, then the driver's `S` I/O slots of equal size.
     pub local: u64,
     pub local_len: u64,
     pub lkey: u32,
@@ -91,14 +116,14 @@ pub struct CnMemory {
 impl CnMemory {
     pub const REPLY_LEN: u64 = 64;
 
-    /// The local region's size for I/O slots of `io_slot_len` bytes each (the largest single
-    /// READ or WRITE the CN makes: a chunk).
-    pub const fn local_len_for(io_slot_len: u64) -> u64 {
-        MSG_AREA + SEND_AREA + IO_SLOTS as u64 * io_slot_len
+    /// The local region's size for `slots` I/O slots of `io_slot_len` bytes each (the
+    /// largest single READ or WRITE the CN makes).
+    pub const fn local_len_for(slots: usize, io_slot_len: u64) -> u64 {
+        MSG_AREA + SEND_AREA + slots as u64 * io_slot_len
     }
 
-    fn io_slot_len(&self) -> u64 {
-        self.local_len.saturating_sub(MSG_AREA + SEND_AREA) / IO_SLOTS as u64
+    fn io_slot_len(&self, slots: usize) -> u64 {
+        self.local_len.saturating_sub(MSG_AREA + SEND_AREA) / slots.max(1) as u64
     }
     fn msg_slot(&self, q: usize, i: usize) -> u64 {
         self.local + ((q * RECVS_PER_QP + i) as u64) * MSG_SLOT
@@ -106,8 +131,8 @@ impl CnMemory {
     fn send_slot(&self, i: usize) -> u64 {
         self.local + MSG_AREA + i as u64 * MSG_SLOT
     }
-    fn io_slot(&self, i: usize) -> u64 {
-        self.local + MSG_AREA + SEND_AREA + i as u64 * self.io_slot_len()
+    fn io_slot(&self, slots: usize, i: usize) -> u64 {
+        self.local + MSG_AREA + SEND_AREA + i as u64 * self.io_slot_len(slots)
     }
 }
 
@@ -189,6 +214,8 @@ pub enum CnError<E> {
         max: usize,
     },
     UnknownOp(OpId),
+    /// The driver's I/O slot count `S` must be 1..=256 (slot numbers travel in a wr_id byte).
+    BadSlotCount(usize),
     /// The layout does not fit the registered region.
     MemoryTooSmall {
         need: u64,
@@ -205,6 +232,7 @@ impl<E: fmt::Display> fmt::Display for CnError<E> {
             CnError::SlotsBusy => f.write_str("every staging slot is in flight; poll for completions first"),
             CnError::TooLong { len, max } => write!(f, "access of {len} bytes exceeds the I/O slot ({max} bytes)"),
             CnError::UnknownOp(o) => write!(f, "no access {o:?} in flight"),
+            CnError::BadSlotCount(s) => write!(f, "{s} I/O slots: a CN driver takes 1 to 256"),
             CnError::MemoryTooSmall { need, have } => {
                 write!(f, "the CN's local region needs {need} bytes, {have} registered")
             }
@@ -233,8 +261,8 @@ struct IoSlot {
     done: Option<WcStatus>,
 }
 
-/// The CN. `N`: live allocations tracked by its [`Client`].
-pub struct CnDriver<B: RdmaBackend, const N: usize> {
+/// The CN. `N`: live allocations tracked by its [`Client`]; `S`: accesses in flight.
+pub struct CnDriver<B: RdmaBackend, const N: usize, const S: usize = IO_SLOTS> {
     pub backend: B,
     client: Client<N>,
     qps: CnQpSet,
@@ -243,7 +271,7 @@ pub struct CnDriver<B: RdmaBackend, const N: usize> {
     posted: [u16; 2],
     sends: [Option<SendSlot>; SEND_SLOTS],
     next_send: usize,
-    io: [Option<IoSlot>; IO_SLOTS],
+    io: [Option<IoSlot>; S],
     io_seq: u32,
     /// Frees in flight whose refusal this CN would want to hear about (no success reply
     /// exists: the oldest is forgotten when the ring wraps).
@@ -258,24 +286,40 @@ pub struct CnDriver<B: RdmaBackend, const N: usize> {
     forged_token: u32,
 }
 
-impl<B: RdmaBackend, const N: usize> fmt::Debug for CnDriver<B, N> {
+impl<B: RdmaBackend, const N: usize, const S: usize> fmt::Debug for CnDriver<B, N, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CnDriver").field("cn", &self.client.id()).field("qps", &self.qps).finish()
     }
 }
 
-impl<B: RdmaBackend, const N: usize> CnDriver<B, N> {
+impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// Take over a CN whose QPs are connected and whose memory is registered, and post its
     /// receives (the MN's connect info arrives on them).
     pub fn new(backend: B, qps: CnQpSet, mem: CnMemory) -> Result<Self, CnError<B::Error>> {
+        let mut d = Self::build(backend, qps, mem)?;
+        d.refill()?;
+        Ok(d)
+    }
+
+    /// A driver whose message queues were primed with [`prime_receives`] while connecting.
+    pub fn with_primed_receives(backend: B, qps: CnQpSet, mem: CnMemory) -> Result<Self, CnError<B::Error>> {
+        let mut d = Self::build(backend, qps, mem)?;
+        d.posted = [(1 << RECVS_PER_QP) - 1; 2];
+        Ok(d)
+    }
+
+    fn build(backend: B, qps: CnQpSet, mem: CnMemory) -> Result<Self, CnError<B::Error>> {
+        if S == 0 || S > 256 {
+            return Err(CnError::BadSlotCount(S));
+        }
         if qps.access.is_empty() {
             return Err(CnError::NoSuchQp(CnQp::Access(0)));
         }
-        let need = CnMemory::local_len_for(1);
+        let need = CnMemory::local_len_for(S, 1);
         if mem.local_len < need {
             return Err(CnError::MemoryTooSmall { need, have: mem.local_len });
         }
-        let mut d = CnDriver {
+        Ok(CnDriver {
             backend,
             client: Client::new(),
             qps,
@@ -283,7 +327,7 @@ impl<B: RdmaBackend, const N: usize> CnDriver<B, N> {
             posted: [0; 2],
             sends: [None; SEND_SLOTS],
             next_send: 0,
-            io: [None; IO_SLOTS],
+            io: [None; S],
             io_seq: 0,
             free_tokens: [0; SEND_SLOTS],
             free_next: 0,
@@ -292,9 +336,7 @@ impl<B: RdmaBackend, const N: usize> CnDriver<B, N> {
             reply_timeout: 0,
             pending_deadline: None,
             forged_token: 0xF0F0_0000,
-        };
-        d.refill()?;
-        Ok(d)
+        })
     }
 
     /// Report every byte string the MN delivers as [`CnEvent::Delivered`].
@@ -321,7 +363,7 @@ impl<B: RdmaBackend, const N: usize> CnDriver<B, N> {
     }
     /// Largest single access.
     pub fn io_slot_len(&self) -> usize {
-        self.mem.io_slot_len() as usize
+        self.mem.io_slot_len(S) as usize
     }
 
     // ------------------------------------------------------------------ receiving
@@ -348,6 +390,26 @@ impl<B: RdmaBackend, const N: usize> CnDriver<B, N> {
             self.resync();
         }
         self.refill()
+    }
+
+    /// Only the send side: completions of requests and accesses, no receive taken or posted
+    /// again — what a CN that stopped serving its receive queues still does.
+    pub fn poll_sends_only(&mut self) -> Result<(), CnError<B::Error>> {
+        let mut all: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
+        for qp in [self.qps.alloc, self.qps.free].into_iter().chain(self.qps.access.iter().copied()) {
+            if !all.contains(&qp) {
+                let _ = all.push(qp);
+            }
+        }
+        for qp in all {
+            self.poll_sends(qp)?;
+        }
+        Ok(())
+    }
+
+    /// Requests whose SEND has not completed yet.
+    pub fn sends_in_flight(&self) -> usize {
+        self.sends.iter().flatten().count()
     }
 
     /// True when the CQ was drained.
@@ -523,13 +585,7 @@ impl<B: RdmaBackend, const N: usize> CnDriver<B, N> {
                 if self.posted[k] & (1 << i) != 0 {
                     continue;
                 }
-                let mut w = RecvWqe {
-                    wr_id: (TAG_RECV << TAG_SHIFT) | ((k as u64) << 8) | i as u64,
-                    sges: heapless::Vec::new(),
-                };
-                let _ =
-                    w.sges.push(Sge { addr: self.mem.msg_slot(k, i), length: MSG_SLOT as u32, lkey: self.mem.lkey });
-                self.backend.post_recv(qp, &w).map_err(CnError::Device)?;
+                self.backend.post_recv(qp, &recv_wqe(&self.mem, k, i)).map_err(CnError::Device)?;
                 self.posted[k] |= 1 << i;
             }
         }
@@ -661,7 +717,7 @@ impl<B: RdmaBackend, const N: usize> CnDriver<B, N> {
             return Err(CnError::TooLong { len, max });
         }
         let i = self.io.iter().position(Option::is_none).ok_or(CnError::SlotsBusy)?;
-        Ok((i, self.mem.io_slot(i)))
+        Ok((i, self.mem.io_slot(S, i)))
     }
 
     fn post_io(&mut self, slot: usize, qp: CnQp, w: Wqe, result_len: usize) -> Result<OpId, CnError<B::Error>> {
@@ -688,7 +744,7 @@ impl<B: RdmaBackend, const N: usize> CnDriver<B, N> {
         let mut len = 0;
         if status.is_ok() {
             len = s.result_len.min(out.len());
-            self.backend.read_local(self.mem.io_slot(slot), &mut out[..len]).map_err(CnError::Device)?;
+            self.backend.read_local(self.mem.io_slot(S, slot), &mut out[..len]).map_err(CnError::Device)?;
         }
         self.io[slot] = None;
         Ok(Some(AccessDone { status, len }))
