@@ -1,8 +1,10 @@
 //! The loopback cluster as a [`Testbed`], in each of its three modes.
 
+use crate::mw::{MwDevice, MwFactory, Side, BUF_LEN, POOL_LEN};
 use crate::testbed::{Activity, Caps, CnQp, Factory, Heard, MnMr, MnSpec, Refusal, Testbed};
 use crate::Mode;
 use omw_core::access::AccessFlags;
+use omw_core::backend::{Completion, QpState, RdmaBackend};
 use omw_core::backend::{ExecutionMode, MwBinding, WcStatus};
 use omw_core::chain::ChainKind;
 use omw_core::cn::{Allocation, ClientEvent};
@@ -11,9 +13,10 @@ use omw_core::mn::MnStats;
 use omw_core::mn_memory::MnMemoryMap;
 use omw_core::mwtable::MwTableEntry;
 use omw_core::wqe::Wqe;
+use omw_core::wqe::{QueueSel, RecvWqe};
 use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
 use omw_loopback::fault::MessageFilter;
-use omw_loopback::{Conformance, NicConfig, QpAddr};
+use omw_loopback::{Conformance, Fabric, HostId, NicConfig, PdId, QpAddr, QpConfig};
 
 /// Starts loopback clusters in one [`Mode`].
 pub struct Loopback(pub Mode);
@@ -284,5 +287,119 @@ impl Testbed for LoopbackBed {
             }
         }
         Activity { cpu_events: self.c.mn_cpu_events, cpu_accesses: cpu, nic_wqes: nic }
+    }
+}
+
+/// The loopback model as an [`MwDevice`]: an MN host with the pool, a CN host with the
+/// requester's buffer, a fresh connected pair per [`MwDevice::pair`].
+pub struct LoopbackMw(pub Conformance);
+
+impl MwFactory for LoopbackMw {
+    fn name(&self) -> String {
+        format!("loopback NIC {:?}", self.0)
+    }
+    fn caps(&self) -> Caps {
+        match self.0 {
+            Conformance::Strict => Caps::STRICT_MW,
+            Conformance::RxeCompatible => Caps::RXE_MW,
+        }
+    }
+    fn start(&self) -> Box<dyn MwDevice> {
+        let mut f = Fabric::new(NicConfig::strict().with_conformance(self.0));
+        let mn = f.add_host("mn").expect("host");
+        let cn = f.add_host("cn").expect("host");
+        let (pool, pk) =
+            f.alloc_mr(mn, PdId(0), POOL_LEN, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).expect("pool");
+        let (buf, bk) = f.alloc_mr(cn, PdId(0), BUF_LEN, 64, AccessFlags::LOCAL_WRITE).expect("buffer");
+        f.write(mn, pool, &vec![b'o'; POOL_LEN as usize]).expect("fill");
+        Box::new(LoopMw { f, mn, cn, pool: (pool, pk.lkey, pk.rkey), buf: (buf, bk.lkey), caps: self.caps() })
+    }
+}
+
+struct LoopMw {
+    f: Fabric,
+    mn: HostId,
+    cn: HostId,
+    pool: (u64, u32, u32),
+    buf: (u64, u32),
+    caps: Caps,
+}
+
+impl LoopMw {
+    fn at(&self, side: Side, qp: Qpn) -> QpAddr {
+        QpAddr::new(if side == Side::Mn { self.mn } else { self.cn }, qp)
+    }
+    fn host(&self, side: Side) -> HostId {
+        if side == Side::Mn {
+            self.mn
+        } else {
+            self.cn
+        }
+    }
+    fn wait(&mut self, q: QpAddr, sel: QueueSel, wr_id: Option<u64>) -> Option<Completion> {
+        let mut out = [Completion::EMPTY; 8];
+        for _ in 0..64 {
+            let n = self.f.poll_cq(q, sel, &mut out).ok()?;
+            if let Some(c) = out[..n].iter().find(|c| wr_id.is_none_or(|w| c.wr_id == w)) {
+                return Some(*c);
+            }
+            if n == 0 {
+                // a pending timer (retry, RNR) fires only when modelled time passes
+                let t = self.f.now() + 1_000_000;
+                self.f.advance_to(t);
+            }
+        }
+        None
+    }
+}
+
+impl MwDevice for LoopMw {
+    fn caps(&self) -> Caps {
+        self.caps
+    }
+    fn pair(&mut self) -> (Qpn, Qpn) {
+        let (c, m) =
+            self.f.create_connected_pair(self.cn, QpConfig::default(), self.mn, QpConfig::default()).expect("pair");
+        (m.qpn, c.qpn)
+    }
+    fn alloc_mw(&mut self) -> Rkey {
+        self.f.alloc_mw(self.mn, PdId(0)).expect("alloc_mw")
+    }
+    fn pool(&self) -> (u64, u32, u32) {
+        self.pool
+    }
+    fn buf(&self) -> (u64, u32) {
+        self.buf
+    }
+    fn post(&mut self, side: Side, qp: Qpn, w: &Wqe) -> Option<Completion> {
+        let q = self.at(side, qp);
+        let w = w.with_flags(w.flags | omw_core::wqe::WqeFlags::SIGNALED);
+        self.f.post_send(q, &w).ok()?;
+        self.wait(q, QueueSel::Send, Some(w.wr_id))
+    }
+    fn post_recv(&mut self, side: Side, qp: Qpn, r: &RecvWqe) {
+        let q = self.at(side, qp);
+        self.f.post_recv(q, r).expect("post_recv");
+    }
+    fn wait_recv(&mut self, side: Side, qp: Qpn) -> Option<Completion> {
+        let q = self.at(side, qp);
+        self.wait(q, QueueSel::Recv, None)
+    }
+    fn state(&mut self, side: Side, qp: Qpn) -> QpState {
+        let q = self.at(side, qp);
+        self.f.qp_state(q).expect("qp_state")
+    }
+    fn read_local(&mut self, side: Side, addr: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        self.f.read(self.host(side), addr, &mut b).expect("read");
+        b
+    }
+    fn write_local(&mut self, side: Side, addr: u64, data: &[u8]) {
+        let h = self.host(side);
+        self.f.write(h, addr, data).expect("write");
+    }
+    fn binding(&mut self, rkey: Rkey) -> Option<MwBinding> {
+        let mn = self.mn;
+        self.f.view(mn).mw_binding(rkey)
     }
 }

@@ -38,29 +38,39 @@ pub struct Summary {
 /// Run `list` on `factory` (scenarios whose name contains `OMW_SCENARIO`, if set); print each
 /// outcome and the summary.
 pub fn run_list(factory: &dyn Factory, list: &[Scenario]) -> Summary {
+    run_items(&factory.name(), factory.caps(), list, |sc| (sc.name, sc.needs), |sc| (sc.run)(factory))
+}
+
+/// The runner for any list: `meta` names an item and what it needs, `run` runs it.
+pub fn run_items<T>(
+    name: &str,
+    have: Caps,
+    list: &[T],
+    meta: impl Fn(&T) -> (&'static str, Caps),
+    run: impl Fn(&T) -> Outcome,
+) -> Summary {
     let filter = std::env::var("OMW_SCENARIO").ok();
-    let have = factory.caps();
     let mut s = Summary::default();
-    let name = factory.name();
     println!("conformance on {name} (capabilities: {have})");
-    for sc in list {
-        if filter.as_deref().is_some_and(|f| !sc.name.contains(f)) {
+    for item in list {
+        let (sc, needs) = meta(item);
+        if filter.as_deref().is_some_and(|f| !sc.contains(f)) {
             continue;
         }
-        let missing = sc.needs.missing(have);
+        let missing = needs.missing(have);
         if !missing.is_empty() {
-            println!("SKIP {} (needs {missing})", sc.name);
-            s.skipped.push((sc.name, missing));
+            println!("SKIP {sc} (needs {missing})");
+            s.skipped.push((sc, missing));
             continue;
         }
-        match catch_unwind(AssertUnwindSafe(|| (sc.run)(factory))) {
+        match catch_unwind(AssertUnwindSafe(|| run(item))) {
             Ok(Ok(())) => {
-                println!("ok   {}", sc.name);
-                s.passed.push(sc.name);
+                println!("ok   {sc}");
+                s.passed.push(sc);
             }
             Ok(Err(f)) => {
-                println!("FAIL {}: {}", sc.name, f.0);
-                s.failed.push((sc.name, f.0));
+                println!("FAIL {sc}: {}", f.0);
+                s.failed.push((sc, f.0));
             }
             Err(p) => {
                 let msg = p
@@ -68,8 +78,8 @@ pub fn run_list(factory: &dyn Factory, list: &[Scenario]) -> Summary {
                     .cloned()
                     .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_else(|| "panic".into());
-                println!("FAIL {}: {msg}", sc.name);
-                s.failed.push((sc.name, msg));
+                println!("FAIL {sc}: {msg}");
+                s.failed.push((sc, msg));
             }
         }
     }

@@ -98,7 +98,7 @@ impl Cluster {
         let chunk = self.spec.chunk_size.unwrap_or(4096).max(4096);
         let reply = base + 0x1000;
         let local = base + 0x10000;
-        let local_len = CnMemory::local_len_for(chunk);
+        let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, chunk);
         assert!(local + local_len <= base + ARENA_OFF, "CN memory overlaps its ring arena");
         let rk = h
             .be
