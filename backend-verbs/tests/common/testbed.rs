@@ -4,19 +4,22 @@
 //! never raced. Real time runs: no time control, no RNIC reset, no faults; the MN is the host
 //! engine on rxe's semantics (per-chunk MRs, software ownership check). A refused access leaves
 //! an rdma_cm QP dead (no `REVIVE`). Crashing a CN drops its client (the kernel disconnects it,
-//! as for a killed process).
+//! as for a killed process). [`RxeMw`] is the device itself for the memory-window scenarios.
 
-use omw_core::backend::{ExecutionMode, MwBinding, RdmaBackend, WcStatus};
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Completion, Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::cn::Allocation;
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::{Event, MnStats};
 use omw_core::mn_memory::MnMemoryMap;
 use omw_core::mwtable::MwTableEntry;
 use omw_core::wire::ErrorCode;
+use omw_core::wqe::{RecvWqe, Wqe};
+use omw_tests::mw::{MwDevice, MwFactory, Side, BUF_LEN, POOL_LEN};
 use omw_tests::testbed::{Caps, Factory, Heard, MnSpec, Refusal, Testbed};
 use omw_verbs::cn::{CnClient, CnOptions, Notice};
 use omw_verbs::mn::{MemoryNodeDaemon, MnOptions};
-use omw_verbs::VerbsError;
+use omw_verbs::{VerbsBackend, VerbsError};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::mpsc::{channel, Sender};
@@ -347,5 +350,76 @@ impl Testbed for RxeBed {
     }
     fn mn_map(&mut self) -> MnMemoryMap {
         self.mn.with(|d, _| *d.driver.mn.map())
+    }
+}
+
+/// The device itself as a memory-window device for the suite's MW scenarios
+/// (`omw_tests::mw`): one `VerbsBackend`, its pool and buffer, a fresh loopback pair per
+/// `pair()` (both sides are this device).
+pub struct RxeMw;
+
+impl MwFactory for RxeMw {
+    fn name(&self) -> String {
+        format!("verbs device {}", super::device())
+    }
+    fn caps(&self) -> Caps {
+        Caps::RXE_MW
+    }
+    fn start(&self) -> Box<dyn MwDevice> {
+        let mut b = VerbsBackend::open(Some(&super::device())).expect("open the RDMA device");
+        let pool = b.alloc_region(POOL_LEN, 4096).expect("pool region");
+        let buf = b.alloc_region(BUF_LEN, 4096).expect("buffer region");
+        let pk = b.reg_mr(Domain::CnFacing, pool, POOL_LEN, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
+        let bk = b.reg_mr(Domain::CnFacing, buf, BUF_LEN, AccessFlags::LOCAL_WRITE).unwrap();
+        b.write_local(pool, &vec![b'o'; POOL_LEN as usize]).unwrap();
+        Box::new(VerbsMw { b, pool: (pool, pk.lkey, pk.rkey), buf: (buf, bk.lkey) })
+    }
+}
+
+struct VerbsMw {
+    b: VerbsBackend,
+    pool: (u64, u32, u32),
+    buf: (u64, u32),
+}
+
+/// How long a completion may take before the scenario records "none".
+const MW_PATIENCE: Duration = Duration::from_secs(5);
+
+impl MwDevice for VerbsMw {
+    fn caps(&self) -> Caps {
+        Caps::RXE_MW
+    }
+    fn pair(&mut self) -> (Qpn, Qpn) {
+        self.b.create_loopback_pair().expect("loopback pair")
+    }
+    fn alloc_mw(&mut self) -> Rkey {
+        self.b.alloc_mw().expect("alloc_mw")
+    }
+    fn pool(&self) -> (u64, u32, u32) {
+        self.pool
+    }
+    fn buf(&self) -> (u64, u32) {
+        self.buf
+    }
+    fn post(&mut self, _side: Side, qp: Qpn, w: &Wqe) -> Option<Completion> {
+        self.b.post_wait(qp, w, MW_PATIENCE).ok()
+    }
+    fn post_recv(&mut self, _side: Side, qp: Qpn, r: &RecvWqe) {
+        self.b.post_recv(qp, r).expect("post_recv");
+    }
+    fn wait_recv(&mut self, _side: Side, qp: Qpn) -> Option<Completion> {
+        self.b.wait_recv(qp, MW_PATIENCE).ok()
+    }
+    fn state(&mut self, _side: Side, qp: Qpn) -> QpState {
+        self.b.qp_state(qp).expect("qp_state")
+    }
+    fn read_local(&mut self, _side: Side, addr: u64, len: usize) -> Vec<u8> {
+        self.b.slice(addr, len).expect("local bytes").to_vec()
+    }
+    fn write_local(&mut self, _side: Side, addr: u64, data: &[u8]) {
+        self.b.write_local(addr, data).expect("write_local");
+    }
+    fn binding(&mut self, rkey: Rkey) -> Option<MwBinding> {
+        self.b.mw_binding(rkey)
     }
 }
