@@ -36,6 +36,8 @@ pub struct Cn {
     pub mn_id: CnId,
     pub heard: Vec<Heard>,
     pub received: Vec<Vec<u8>>,
+    /// Its node was paused and the MN told it is gone (`Testbed::crash`).
+    pub crashed: bool,
     /// Answers to this CN's requests, by token.
     pub answers: Vec<(u32, Result<Allocation, Refusal>)>,
 }
@@ -62,7 +64,7 @@ impl Cluster {
             group_size: spec.group_size,
             max_cns: spec.cns as u32,
             quota: spec.quota,
-            lease_ns: 0,
+            lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
             queue_depth: None,
         };
         let mn_id = mn.id;
@@ -117,6 +119,7 @@ impl Cluster {
             mn_id: CnId::UNASSIGNED,
             heard: Vec::new(),
             received: Vec::new(),
+            crashed: false,
             answers: Vec::new(),
         });
         let qps = CnQps {
@@ -140,7 +143,7 @@ impl Cluster {
             let before = self.d.mn.stats().events;
             self.d.poll(self.now).unwrap();
             let mut moved = self.d.mn.stats().events != before;
-            for c in &mut self.cns {
+            for c in self.cns.iter_mut().filter(|c| !c.crashed) {
                 moved |= service(c, self.now);
                 moved |= reconnect(c, &mut self.d.backend);
             }
@@ -274,7 +277,10 @@ const CAPS: Caps = Caps::OFFLOAD
     .union(Caps::NAMED_QPS)
     .union(Caps::CONTENTION)
     .union(Caps::MN_ACTIVITY)
-    .union(Caps::REVIVE);
+    .union(Caps::REVIVE)
+    .union(Caps::CRASH)
+    .union(Caps::NIC_STEPS)
+    .union(Caps::TIME_CONTROL);
 
 /// Starts MNs on the extension double.
 pub struct Double;
@@ -368,6 +374,28 @@ impl Testbed for Cluster {
     }
     fn alloc_finish(&mut self, cn: usize, token: u32) -> Result<Allocation, Refusal> {
         self.alloc_wait(cn, token)
+    }
+    /// The CN's node stops (its link is down) and the MN is told it is gone, as a connection
+    /// manager would tell it.
+    fn crash(&mut self, cn: usize) {
+        self.f.set_paused(self.cns[cn].id, true);
+        self.cns[cn].crashed = true;
+        self.now += 1_000;
+        let id = self.cns[cn].mn_id;
+        self.d.handle(self.now, Event::CnGone { cn: id }).unwrap();
+        self.pump();
+    }
+    fn nic_steps(&mut self, n: u64) {
+        for _ in 0..n {
+            self.f.tick();
+        }
+    }
+    fn advance(&mut self, ns: u64) {
+        self.now += ns;
+        self.tick();
+    }
+    fn now(&self) -> u64 {
+        self.now
     }
     fn is_served(&mut self, cn: usize) -> bool {
         self.d.mn.cn(self.cns[cn].mn_id).is_some()
