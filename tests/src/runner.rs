@@ -51,10 +51,12 @@ pub fn run_items<T>(
 ) -> Summary {
     let filter = std::env::var("OMW_SCENARIO").ok();
     let mut s = Summary::default();
+    let mut filtered = 0;
     println!("conformance on {name} (capabilities: {have})");
     for item in list {
         let (sc, needs) = meta(item);
         if filter.as_deref().is_some_and(|f| !sc.contains(f)) {
+            filtered += 1;
             continue;
         }
         let missing = needs.missing(have);
@@ -84,6 +86,9 @@ pub fn run_items<T>(
         }
     }
     println!("{name}: {} passed, {} skipped, {} failed", s.passed.len(), s.skipped.len(), s.failed.len());
+    if filtered > 0 {
+        println!("  ({filtered} not run: their names do not contain OMW_SCENARIO)");
+    }
     for (n, c) in &s.skipped {
         println!("  skipped {n}: needs {c}");
     }
