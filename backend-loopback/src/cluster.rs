@@ -595,11 +595,11 @@ impl Cluster {
         }
         // resumed laps count as movement (they posted their next device step)
         events += report.laps_advanced.min(1);
-        // the empty state: the MN watches the tail until every ticket is settled
-        if !self.driver.mn.tickets().is_empty() {
-            self.driver.handle(now, Event::WatchTail)?;
-            self.count_event(1);
-            act.cpu_events += 1;
+        // the MN's timers: the tail watch while tickets are outstanding, the lease
+        if self.driver.poll_timeout().is_some_and(|t| t <= now) {
+            let n = self.driver.handle_timeout(now)?;
+            self.count_event(n as u64);
+            act.cpu_events += n as u64;
         }
         Ok(events)
     }
@@ -783,7 +783,12 @@ impl Cluster {
             }
             let n = self.live_cn(i)?;
             let now = n.driver.backend.fabric.borrow().now();
-            n.driver.poll(now)?;
+            // a stalled CN still sees its own sends complete, but takes and posts no receive
+            if n.stalled {
+                n.driver.poll_sends_only()?;
+            } else {
+                n.driver.poll(now)?;
+            }
             if let Some(done) = n.driver.access_done(op, out)? {
                 return Ok(done);
             }

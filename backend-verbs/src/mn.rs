@@ -300,7 +300,12 @@ impl MemoryNodeDaemon {
         let timer_due = self.driver.poll_timeout().is_some_and(|t| now >= t);
         if stats_due || timer_due {
             let t = Instant::now();
-            if let Err(e) = self.driver.handle(now, Event::Tick) {
+            let r = match timer_due {
+                true => self.driver.handle_timeout(now).map(|_| ()),
+                // statistics are sampled on a tick of their own
+                false => self.driver.handle(now, Event::Tick),
+            };
+            if let Err(e) = r {
                 log(format!("MN driver (tick): {e} (serving on)"));
             }
             if t.elapsed() > Duration::from_millis(200) {

@@ -743,11 +743,31 @@ impl<B: RdmaBackend> MnDriver<B> {
         Ok(Some((layout, LapQps { access: r.qps.access.clone(), free: r.qps.free })))
     }
 
-    /// When the driver next needs [`MnDriver::handle`] with [`Event::Tick`] (the MN's lease
-    /// probes), if ever: a deployment sleeps until then or until a completion arrives
-    /// (quinn-proto's `poll_timeout`).
+    /// When the driver next needs [`MnDriver::handle_timeout`], if ever: the MN's lease
+    /// probes, and — while empty pops hold tickets — at once, so the tail is watched until a
+    /// push settles them. A deployment sleeps until then or until a completion arrives
+    /// (quinn-proto's `poll_timeout`), and decides no protocol timing itself.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.mn.poll_timeout()
+        let watch = (!self.mn.tickets().is_empty()).then_some(self.now);
+        match (self.mn.poll_timeout(), watch) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Run the timers that are due at `now` (the tail watch, the lease tick). Returns how
+    /// many MN events that was.
+    pub fn handle_timeout(&mut self, now: u64) -> Result<u32, DriverError<B::Error>> {
+        let mut events = 0;
+        if !self.mn.tickets().is_empty() {
+            self.handle(now, Event::WatchTail)?;
+            events += 1;
+        }
+        if self.mn.poll_timeout().is_some_and(|t| t <= now) {
+            self.handle(now, Event::Tick)?;
+            events += 1;
+        }
+        Ok(events)
     }
 
     /// The token of the request in the CN's request buffer (None: too short to carry one).
