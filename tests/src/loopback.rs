@@ -226,6 +226,9 @@ impl Testbed for LoopbackBed {
     fn group_of(&mut self, a: &Allocation) -> Option<GroupId> {
         self.c.group_of(a)
     }
+    fn forged_frees_of(&mut self, cn: usize) -> u64 {
+        self.c.driver.mn.cn(self.c.cns[cn].id).map_or(0, |r| r.forged_frees as u64)
+    }
     fn cn_id(&self, cn: usize) -> CnId {
         self.c.cns[cn].id
     }

@@ -342,6 +342,8 @@ pub trait Testbed {
     /// The MWTable entry of group `g`.
     fn entry(&mut self, g: GroupId) -> Option<MwTableEntry>;
     fn group_of(&mut self, a: &Allocation) -> Option<GroupId>;
+    /// Forged frees the MN counted for CN `cn` (its record; 0 once it is gone).
+    fn forged_frees_of(&mut self, cn: usize) -> u64;
     /// The CN id the MN gave CN `cn`.
     fn cn_id(&self, cn: usize) -> CnId;
     /// Whether the MN is in its "queue empty" state.

@@ -430,6 +430,9 @@ impl Testbed for Cluster {
     fn group_of(&mut self, a: &Allocation) -> Option<GroupId> {
         self.d.mn.map().group_of_entry(a.entry_addr)
     }
+    fn forged_frees_of(&mut self, cn: usize) -> u64 {
+        self.d.mn.cn(self.cns[cn].mn_id).map_or(0, |r| r.forged_frees as u64)
+    }
     fn cn_id(&self, cn: usize) -> CnId {
         self.cns[cn].mn_id
     }

@@ -324,6 +324,10 @@ impl Testbed for RxeBed {
         let e = a.entry_addr;
         self.mn.with(move |d, _| d.driver.mn.map().group_of_entry(e))
     }
+    fn forged_frees_of(&mut self, cn: usize) -> u64 {
+        let id = self.ids[cn];
+        self.mn.with(move |d, _| d.driver.mn.cn(id).map_or(0, |r| r.forged_frees as u64))
+    }
     fn cn_id(&self, cn: usize) -> CnId {
         self.ids[cn]
     }

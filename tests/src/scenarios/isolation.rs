@@ -41,7 +41,7 @@ pub const LIST: &[Scenario] = &[
     Scenario { name: "isolation::rxe_compatible_device_uses_per_chunk_mrs", needs: Caps::RXE_MW, run: per_chunk_mrs },
     Scenario {
         name: "isolation::mn_private_memory_is_out_of_reach_with_every_mn_key",
-        needs: Caps::MN_KEYS.union(Caps::HOSTILE_QPS).union(Caps::MN_MEMORY),
+        needs: Caps::MN_KEYS.union(Caps::HOSTILE_QPS).union(Caps::MN_MEMORY).union(Caps::WINDOW_STATE),
         run: mn_private_memory,
     },
     Scenario {
@@ -127,6 +127,7 @@ fn forged_free(f: &dyn Factory) -> Outcome {
     let b = t.alloc(1)?;
     t.free(1, &b)?;
     assert!(t.stats().forged_frees >= 1);
+    assert!(t.forged_frees_of(1) >= 1, "counted against the forger");
     invariants(&mut *t, "after");
     Ok(())
 }
@@ -381,6 +382,10 @@ fn mn_private_memory(f: &dyn Factory) -> Outcome {
     let map = t.mn_map();
     let mrs = t.mn_mrs();
     assert!(mrs.len() >= 4, "the MN registers metadata, table, rings, pool");
+    let windows = |t: &mut dyn Testbed| [victim.owner_rkey, victim.rkeys[0], victim.rkeys[1]].map(|k| t.mw_binding(k));
+    let windows_before = windows(&mut *t);
+    let pool = (map.geometry.base(), map.geometry.chunk_size() as usize * t.spec().chunks as usize);
+    let pool_before = t.mn_read(pool.0, pool.1);
     // control: the attacker's verbs work on what is its own
     let own = t.alloc(1)?;
     let rk = own.rkey(0).unwrap().0;
@@ -421,9 +426,13 @@ fn mn_private_memory(f: &dyn Factory) -> Outcome {
     }
     let (st, got) = t.read(0, &victim, 0, 0, 8);
     assert_eq!((st, got.as_slice()), (WcStatus::Success, &b"victim's"[..]));
-    let meta = t.mn_read(map.meta_base, map.meta_len as usize);
     let mark = 0xDEAD_BEEF_0BAD_F00Du64.to_le_bytes();
-    assert!(!meta.windows(4).any(|w| w == &mark[..4] || w == &mark[4..]), "the mark landed in MN metadata");
+    for mr in &mrs {
+        let bytes = t.mn_read(mr.addr, mr.len as usize);
+        assert!(!bytes.windows(4).any(|w| w == &mark[..4] || w == &mark[4..]), "the mark landed in {mr:?}");
+    }
+    assert_eq!(windows(&mut *t), windows_before, "the victim's windows changed");
+    assert!(t.mn_read(pool.0, pool.1) == pool_before, "the pool changed");
     invariants(&mut *t, "after the attacks");
     let b = t.alloc(1).unwrap_or_else(|e| panic!("the attacker's own service broke: {e}"));
     t.free(1, &b)?;
