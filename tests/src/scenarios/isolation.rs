@@ -408,16 +408,27 @@ fn mn_private_memory(f: &dyn Factory) -> Outcome {
             }
         }
     }
-    // a guessing attacker: every key byte of every MN MR index, from an access QP
+    // a guessing attacker: every key byte of every MN MR index, with every verb, through every
+    // CN QP (FPGA isolation.rs's walk)
+    let mut tried = 0;
     for mr in &mrs {
         let idx = mr.key >> 8;
         for key in 0..=255u32 {
             let rk = (idx << 8) | key;
-            for w in [Wqe::read(0, 0, 8, mr.addr, rk), Wqe::write(0, 0, 8, mr.addr, rk)] {
-                assert_ne!(t.cn_post(1, CnQp::Access(0), w), WcStatus::Success, "key {rk:#x} of {mr:?}");
+            for qp in [CnQp::Alloc, CnQp::Free, CnQp::Access(0), CnQp::Access(1)] {
+                for w in attacks(mr.addr, rk) {
+                    assert_ne!(
+                        t.cn_post(1, qp, w),
+                        WcStatus::Success,
+                        "{:?} through {qp:?} with key {rk:#x} of {mr:?}",
+                        w.opcode
+                    );
+                    tried += 1;
+                }
             }
         }
     }
+    assert_eq!(tried, mrs.len() * 256 * 4 * 5);
     // nothing of the MN's changed: the victim's entry, its data, the metadata; everyone works
     assert_eq!(t.entry(g).unwrap(), entry_before, "the victim's MWTable entry changed");
     for k in 0..t.spec().chunks {
