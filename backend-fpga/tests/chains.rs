@@ -1,177 +1,141 @@
-//! The core's alloc and free chains, offloaded into the modelled engine's extension block.
-//!
-//! The MN side is the core's own control plane (`omw_core::mn_driver::MnDriver` over this
-//! crate's `RdmaBackend`), provisioned through the core's `MnPlan` as the loopback cluster is
-//! (`support::mn`: two protection domains, private loop QPs, NIC scrubbing). It formats the
-//! pool (free queue, MWTable), initialises each CN's scratch and arms the chains with
-//! `omw_core::arm::arm`. From then on the MN CPU is off the path: a CN's SEND of an
-//! `AllocRequest` triggers the chain inside the engine, and the reply arrives by
-//! WRITE_WITH_IMM.
+//! What only the double shows of the offloaded MN (the protocol scenarios are the conformance
+//! suite's, `conformance.rs`): how `MnPlan::provision` laid the MN out in the block's two
+//! protection domains, which QP a forged free stops and that the MN re-arms it, what the free
+//! chain does to the keys, the rights a bind gives, and a refused request on the Alloc QP.
+//! The cluster is `support::mn`.
 
 mod support;
 
 use omw_core::access::AccessFlags;
 use omw_core::backend::{QpState, RdmaBackend, WcStatus};
-use omw_core::mwtable::MwTableEntry;
-use omw_core::wire::{AllocRequest, MnMessage};
-use omw_core::wqe::{QueueSel, RecvWqe, Wqe};
-use support::mn::*;
-use support::*;
+use omw_core::ids::{GroupId, Rkey};
+use omw_core::mn_plan::ScrubPath;
+use omw_core::wqe::Wqe;
+use omw_fpga::Domain;
+use omw_tests::testbed::{CnQp, MnSpec, Refusal, Testbed};
+use support::mn::Cluster;
 
-/// The table entry as the CN sees it: the reply clears the MN's MR key (DESIGN.md §9).
-fn without_lkey(mut e: MwTableEntry) -> MwTableEntry {
-    e.lkey = 0.into();
-    e
+const REMOTE: AccessFlags = AccessFlags::REMOTE_READ.union(AccessFlags::REMOTE_WRITE).union(AccessFlags::REMOTE_ATOMIC);
+
+fn ctid(q: omw_core::ids::Qpn) -> u8 {
+    (q.get() & 0x3F) as u8
 }
 
 #[test]
-fn alloc_chain_runs_offloaded_and_binds_windows_to_the_requested_qps() {
-    let mut s = cluster(1);
-    let executed_before = s.f.stats(s.mn_id).wqes_executed;
-    let r = s.alloc(0, 0x1111);
-    let e = r.entry;
-    let cn = &s.cns[0];
-    assert_eq!(e.owner(), cn.id.get());
-    assert_eq!(e.length.get() as u64, CHUNK);
-    assert!(e.base.get() >= POOL && e.base.get() < POOL + CHUNK * CHUNKS as u64);
-    assert_eq!(e.lkey.get(), 0, "the reply carries no MN key");
-    assert_eq!(without_lkey(s.entry(r.entry_addr)), e, "the MWTable entry was written back");
-    // MW[0] on the CN's Free QP, MW[1..] on the access QPs the request named
-    let (free_mn, a0, a1) = (cn.mq[1].get(), cn.mq[2].get(), cn.mq[3].get());
-    assert_eq!(s.bound_to(e.rkey(0)), Some(free_mn));
-    assert_eq!(s.bound_to(e.rkey(1)), Some(a0));
-    assert_eq!(s.bound_to(e.rkey(2)), Some(a1));
-    let w = s.f.mw(s.mn_id, e.rkey(1).0).unwrap().bound.unwrap();
-    assert_eq!((w.addr, w.len as u64, w.access), (e.base.get(), CHUNK, AccessFlags::DATA_WINDOW));
-    // the engine ran the chain; the MN CPU did not (it has not even polled yet)
-    assert!(s.f.stats(s.mn_id).wqes_executed > executed_before + 20);
-    assert_eq!(s.d.stats.laps, 0);
-
-    // the CN writes and reads its chunk through its windows
-    let base = e.base.get();
-    assert_eq!(s.access(0, 0, Some(b"hello, chunk"), base + 64, e.rkey(1), 0), WcStatus::Success);
-    assert_eq!(s.access(0, 1, None, base + 64, e.rkey(2), 12), WcStatus::Success);
-    assert_eq!(s.read_back(0, 12), b"hello, chunk");
-    // the window is the chunk: one byte past it is refused
-    assert_eq!(s.access(0, 0, None, base + CHUNK - 4, e.rkey(1), 8), WcStatus::RemAccessErr);
-    s.reset_access(0, 0);
-    // MW[0] is for the ownership proof, not for data: not reachable from an access QP
-    assert_eq!(s.access(0, 0, None, base, e.rkey(0), 8), WcStatus::RemAccessErr);
-    s.reset_access(0, 0);
-    // a window is usable only through the QP it is bound to
-    assert_eq!(s.access(0, 1, None, base, e.rkey(1), 8), WcStatus::RemAccessErr);
-    s.reset_access(0, 1);
-
-    // the chain re-armed itself: a second allocation, no MN CPU involvement
-    let r2 = s.alloc(0, 0x2222);
-    assert_ne!(r2.entry_addr, r.entry_addr);
-    assert_eq!(r2.entry.owner(), s.cns[0].id.get());
-    s.mn_poll();
-    assert_eq!(s.d.stats.chain_failures, 0);
-    s.d.check_invariants().unwrap();
-}
-
-#[test]
-fn free_chain_checks_ownership_and_stale_rkeys_die() {
-    let mut s = cluster(2);
-    let mine = s.alloc(0, 0xA);
-    let theirs = s.alloc(1, 0xB);
-    assert_ne!(mine.entry_addr, theirs.entry_addr);
-    let (e, base) = (mine.entry, mine.entry.base.get());
-    assert_eq!(s.access(0, 0, Some(b"owner's data"), base, e.rkey(1), 0), WcStatus::Success);
-
-    // CN 1 forges a free of CN 0's chunk: the invalidate of MW[0] on CN 1's own Free QP fails
-    s.send_free(1, mine.entry_addr, 0xF0F0);
-    let free_mn_1 = s.cns[1].mq[1];
-    assert_eq!(s.d.backend.qp_state(free_mn_1).unwrap(), QpState::Err, "the ownership check stopped the chain");
-    // nothing of the owner's changed: windows bound, entry owned, data intact
-    assert_eq!(s.bound_to(e.rkey(0)), Some(s.cns[0].mq[1].get()));
-    assert_eq!(s.bound_to(e.rkey(1)), Some(s.cns[0].mq[2].get()));
-    assert_eq!(without_lkey(s.entry(mine.entry_addr)), e);
-    assert_eq!(s.access(0, 1, None, base, e.rkey(2), 12), WcStatus::Success);
-    assert_eq!(s.read_back(0, 12), b"owner's data");
-    // the MN CPU sees the failed step, counts a forged free and re-arms the free chain
-    s.mn_poll();
-    assert_eq!(s.d.mn.stats().forged_frees, 1);
-    assert_eq!(s.d.backend.qp_state(free_mn_1).unwrap(), QpState::Rts);
-    s.d.check_invariants().unwrap();
-
-    // the owner frees: windows unbound, keys bumped, owner cleared, group back in the queue
-    s.send_free(0, mine.entry_addr, 0xF1);
-    assert_eq!(s.bound_to(e.rkey(0)), None);
-    assert_eq!(s.bound_to(e.rkey(1)), None);
-    let after = s.entry(mine.entry_addr);
-    assert_eq!(after.owner(), 0);
-    for k in 0..G as usize {
-        assert_eq!(after.rkey(k), e.rkey(k).next_key());
-    }
-    // the stale rkey is dead
-    assert_eq!(s.access(0, 0, None, base, e.rkey(1), 8), WcStatus::RemAccessErr);
-    s.reset_access(0, 0);
-    s.mn_poll();
-    assert_eq!(s.d.stats.chain_failures, 1, "only the forged free failed");
-    s.d.check_invariants().unwrap();
-
-    // the legitimate free chain re-armed itself and CN 1's was re-armed by the MN: both work
-    s.send_free(1, theirs.entry_addr, 0xF2);
-    assert_eq!(s.entry(theirs.entry_addr).owner(), 0);
-    assert_eq!(s.bound_to(theirs.entry.rkey(1)), None);
-    s.mn_poll();
-    s.d.check_invariants().unwrap();
-}
-
-#[test]
-fn empty_queue_stops_the_chain_and_the_mn_recovers() {
-    let mut s = cluster(1);
-    let mut got = Vec::new();
-    for t in 0..CHUNKS {
-        got.push(s.alloc(0, 0x100 + t));
-    }
-    // the 17th request: the popped slot is 0, the READ of entry 0 faults, no reply comes
-    let c = &mut s.cns[0];
-    let base = c.h.mem_base;
-    c.h.be.post_recv(c.q[0], &RecvWqe { wr_id: 0xA110C, sges: heapless::Vec::new() }).unwrap();
-    let req = AllocRequest {
-        token: 0xE,
-        reply_addr: base + REPLY,
-        reply_rkey: c.rkey,
-        access_qpns: [c.mq[2], c.mq[3]].into_iter().collect(),
-    };
-    let mut b = [0u8; 64];
-    let n = req.encode(&mut b).unwrap();
-    put(&mut c.h.be, base + REQ, &b[..n]);
-    c.h.be.post_send(c.q[0], &Wqe::send(base + REQ, c.lkey, n as u32).with_wr_id(0xE)).unwrap();
-    assert_eq!(wait1(&mut c.h.be, c.q[0], QueueSel::Send).status, WcStatus::Success);
-    s.f.run(2_000);
-    let c = &mut s.cns[0];
-    assert!(drain(&mut c.h.be, c.q[0], QueueSel::Recv, 50).is_empty(), "no reply from an empty pool");
-    // the MN CPU learns it from the failed step and tells the CN
-    s.mn_poll();
-    assert!(s.d.mn.is_empty_state());
-    match MnMessage::decode(&s.next_message(0)).unwrap() {
-        MnMessage::Error(e) => assert_eq!((e.token, e.code), (0xE, omw_core::wire::ErrorCode::Empty)),
-        MnMessage::Notice(n) => assert_eq!(n, omw_core::wire::Notice::Empty),
-        m => panic!("expected an empty-pool message, got {m:?}"),
-    }
-    s.d.check_invariants().unwrap();
-
-    // a free makes a group available again; the MN re-arms the alloc chain and the CN retries
-    s.send_free(0, got[3].entry_addr, 0xF3);
-    // the MN CPU watches the tail on its timer
-    s.now += 1;
-    s.d.handle(s.now, omw_core::mn::Event::Tick).unwrap();
-    assert!(!s.d.mn.is_empty_state());
-    let mut seen = Vec::new();
-    loop {
-        let m = MnMessage::decode(&s.next_message(0)).unwrap();
-        seen.push(m.clone());
-        if matches!(m, MnMessage::Notice(omw_core::wire::Notice::Available { .. })) {
-            break;
+fn the_mn_is_provisioned_in_two_domains_through_the_plan() {
+    let mut s = Cluster::new(MnSpec::new(1, 16));
+    assert_eq!(s.plan.scrub, ScrubPath::Nic);
+    let be = &s.d.backend;
+    let (cn_pd, private) = (be.pd(Domain::CnFacing).unwrap(), be.pd(Domain::MnPrivate).unwrap());
+    assert_ne!(cn_pd, private);
+    // loop QPs (both ends: the responder is the next ctid down) private; CN-facing QPs CN-facing
+    let (al, fl) = s.cns[0].loops.expect("offloaded: loop QPs");
+    for q in [al, fl] {
+        for c in [ctid(q), ctid(q) - 1] {
+            assert_eq!(s.f.qp_pd(s.mn_id, c), Some(private), "loop ctid {c}");
         }
-        assert!(seen.len() < 4, "{seen:?}");
     }
-    let again = s.alloc(0, 0x0A0A);
-    assert_eq!(again.entry_addr, got[3].entry_addr, "the only free group");
-    assert_eq!(again.entry.rkey(1), got[3].entry.rkey(1).next_key(), "rebound with a new key");
-    s.d.check_invariants().unwrap();
+    for q in s.cns[0].mq {
+        assert_eq!(s.f.qp_pd(s.mn_id, ctid(q)), Some(cn_pd), "MN end {q}");
+    }
+    // remote rights exist only in the private domain; the pool's CN-facing MR grants none
+    let map = *s.d.mn.map();
+    let pool_base = map.geometry.base();
+    let mrs = s.f.mrs(s.mn_id);
+    for mr in &mrs {
+        assert!(!mr.access.intersects(REMOTE) || mr.pd == private, "{mr:?}");
+    }
+    let pool: Vec<_> = mrs.iter().filter(|m| m.addr == pool_base).collect();
+    assert_eq!(pool.len(), 2, "the pool: CN-facing for binds, private for the scrub");
+    assert!(pool.iter().any(|m| m.pd == cn_pd && m.access == AccessFlags::MW_BIND | AccessFlags::LOCAL_WRITE));
+    assert!(pool.iter().any(|m| m.pd == private && m.access.contains(AccessFlags::REMOTE_WRITE)));
+    let keys = s.d.mn.keys();
+    let zero = mrs.iter().find(|m| m.addr == keys.zero_addr).expect("the zero source is registered");
+    assert_eq!((zero.pd, zero.len, zero.access, zero.key), (private, 4096, AccessFlags::empty(), keys.zero_lkey));
+    // metadata: a local-only CN-facing registration beside the private one
+    let at: Vec<_> = mrs.iter().filter(|m| m.addr == map.meta_base).collect();
+    assert!(at.iter().any(|m| m.pd == cn_pd && m.access == AccessFlags::LOCAL_WRITE), "{at:?}");
+    assert!(at.iter().any(|m| m.pd == private && m.access.contains(REMOTE)), "{at:?}");
+    // the table's first keys are the keys of the windows' next binds, not the allocations'
+    let e = s.entry(GroupId(0)).unwrap();
+    for k in 0..3 {
+        let w = s.f.mw(s.mn_id, e.rkey(k).0).expect("a window of the pool");
+        assert_eq!((w.bound, Rkey(w.rkey).next_key()), (None, e.rkey(k)), "the table key is the next bind's");
+    }
+}
+
+#[test]
+fn a_bind_gives_the_data_window_rights_over_exactly_the_chunk() {
+    let mut s = Cluster::new(MnSpec::new(1, 16));
+    let a = s.alloc(0).unwrap();
+    let w = s.f.mw(s.mn_id, a.rkeys[0].0).unwrap().bound.unwrap();
+    assert_eq!((w.addr, w.len as u64, w.access), (a.base, a.length, AccessFlags::DATA_WINDOW));
+    assert_eq!(s.d.stats.chain_failures, 0);
+}
+
+#[test]
+fn a_forged_free_stops_the_forgers_free_chain_and_the_mn_rearms_it() {
+    let mut s = Cluster::new(MnSpec::new(2, 16));
+    let mine = s.alloc(0).unwrap();
+    let theirs = s.alloc(1).unwrap();
+    let free_mn_1 = s.cns[1].mq[1];
+    assert_eq!(s.free_entry(1, mine.entry_addr), Err(Refusal::Mn(omw_core::wire::ErrorCode::NotOwner)));
+    // the LOCAL_INV of MW[0] on the forger's own Free QP failed; the MN re-armed that chain
+    assert_eq!(s.d.stats.chain_failures, 1, "only the forged free failed");
+    assert_eq!(s.d.backend.qp_state(free_mn_1).unwrap(), QpState::Rts, "re-armed");
+    // the owner frees: windows unbound, every key advanced, owner cleared
+    let g = s.group_of(&mine).unwrap();
+    let before = s.entry(g).unwrap();
+    s.free(0, &mine).unwrap();
+    let after = s.entry(g).unwrap();
+    assert_eq!(after.owner(), 0);
+    for k in 0..3 {
+        assert_eq!(after.rkey(k), before.rkey(k).next_key());
+        assert!(s.f.mw(s.mn_id, before.rkey(k).0).unwrap().bound.is_none());
+    }
+    s.free(1, &theirs).unwrap();
+    assert_eq!(s.d.stats.chain_failures, 1);
+    let zero = s.d.mn.keys().zero_addr;
+    assert!(s.mn_read(zero, 4096).iter().all(|b| *b == 0), "the NIC scrub's zero source stays zero");
+    s.check_invariants().unwrap();
+}
+
+/// Found while writing the isolation tests. A refused request on a CN's Alloc QP puts the MN
+/// end in error, which flushes the receive the alloc chain posted there; the Loop ring's first
+/// WAIT counts that receive queue's completions, so the flush starts a lap with no request. That
+/// lap must give the CN nothing: its binds and its reply are posted on the errored Alloc QP and
+/// are flushed, so no window of the popped group is ever bound — the table may name the CN as
+/// owner until the MN's repair, which reclaims it; and the CN's free of that group cannot pass
+/// the ownership check (MW[0] is not bound to it), so nothing is pushed twice.
+#[test]
+fn a_refused_request_on_the_alloc_qp_runs_no_lap() {
+    let mut s = Cluster::new(MnSpec::new(2, 16));
+    let own = s.alloc(1).unwrap();
+    s.free(1, &own).unwrap();
+    let mr = s.f.mrs(s.mn_id)[0];
+    assert_eq!(s.cn_post(1, CnQp::Alloc, Wqe::read(0, 0, 8, mr.addr, mr.key)), WcStatus::RemAccessErr);
+    let attacker = s.cns[1].mn_id.get();
+    let map = *s.d.mn.map();
+    let named: Vec<u64> = (0..16)
+        .map(|g| map.entry_addr(GroupId(g)).unwrap())
+        .filter(|at| s.entry(map.group_of_entry(*at).unwrap()).unwrap().owner() == attacker)
+        .collect();
+    for at in &named {
+        let e = s.entry(map.group_of_entry(*at).unwrap()).unwrap();
+        for k in 0..3 {
+            assert!(s.f.mw(s.mn_id, e.rkey(k).0).and_then(|w| w.bound).is_none(), "window {k} of {at:#x} bound");
+        }
+    }
+    for at in &named {
+        assert!(s.free_entry(1, *at).is_err(), "its free of {at:#x} cannot pass the ownership check");
+    }
+    s.tick();
+    s.check_invariants().unwrap();
+    for at in &named {
+        assert_eq!(
+            s.entry(map.group_of_entry(*at).unwrap()).unwrap().owner(),
+            0,
+            "the repair did not take {at:#x} back"
+        );
+    }
 }

@@ -1,9 +1,17 @@
-//! Conformance scenarios shared by the backends' test suites live in `tests/`; this library
-//! holds helpers they share.
+//! The conformance library (docs/CONFORMANCE.md): the [`testbed::Testbed`] trait a backend
+//! implements, the scenario list ([`scenarios::all`]), the oracles ([`oracle`]) and the runner
+//! ([`runner::conform`]) that runs every scenario a testbed can run and skips the others
+//! visibly. Each backend runs the list from a small file of its own; the loopback testbed is
+//! here ([`loopback`]), the FPGA double's and verbs' beside their crates' tests.
 
-use omw_core::backend::ExecutionMode;
-use omw_loopback::cluster::{Cluster, ClusterConfig};
-use omw_loopback::{Conformance, NicConfig};
+pub mod loopback;
+pub mod mw;
+pub mod oracle;
+pub mod runner;
+pub mod scenarios;
+pub mod testbed;
+
+use omw_loopback::cluster::Cluster;
 
 /// The three ways the loopback cluster runs the MN: chains in the modelled NIC, the host engine
 /// on a strict NIC, and the host engine on an rxe-compatible NIC (soft-RoCE's deviations).
@@ -16,24 +24,10 @@ pub enum Mode {
 
 pub const MODES: [Mode; 3] = [Mode::Offloaded, Mode::HostEngine, Mode::Rxe];
 
-/// A cluster of `cns` CNs on `chunks` chunks of 512 B (group size 3, quota = the pool) in `mode`.
+/// A cluster of `cns` CNs on `chunks` chunks of 512 B (group size 3, quota = the pool) in `mode`
+/// — the loopback testbed's configuration ([`loopback::Loopback::config`]), for tests that need
+/// the cluster itself (the interleaving schedule).
 pub fn cluster(mode: Mode, cns: usize, chunks: u32, scrub: bool) -> Cluster {
-    let mut cfg = ClusterConfig::paper_like();
-    cfg.cns = cns;
-    cfg.chunks = chunks;
-    cfg.chunk_size = 512;
-    cfg.quota = chunks;
-    cfg.scrub = scrub;
-    match mode {
-        Mode::Offloaded => cfg.mode = Some(ExecutionMode::Offloaded),
-        Mode::HostEngine => {
-            cfg.mode = Some(ExecutionMode::HostEngine);
-            cfg.nic = NicConfig::strict().with_offload(false).with_prefetch(8);
-        }
-        Mode::Rxe => {
-            cfg.mode = Some(ExecutionMode::HostEngine);
-            cfg.nic = NicConfig::strict().with_offload(false).with_conformance(Conformance::RxeCompatible);
-        }
-    }
-    Cluster::new(cfg).expect("cluster")
+    let spec = testbed::MnSpec::new(cns, chunks).chunk_size(512).scrub(scrub);
+    Cluster::new(loopback::Loopback(mode).config(spec)).expect("cluster")
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod mn;
+pub mod mw;
 
 use omw_core::backend::{Completion, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::Qpn;

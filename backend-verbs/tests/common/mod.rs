@@ -1,6 +1,8 @@
 #![allow(dead_code)]
 //! Shared by the device tests: the gate, the device name, and MN / CN processes driven over
-//! their script interface.
+//! their script interface; the conformance testbed (`testbed`).
+
+pub mod testbed;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

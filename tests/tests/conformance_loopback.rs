@@ -1,0 +1,36 @@
+//! The conformance suite (docs/CONFORMANCE.md) on the loopback model, in each of its modes:
+//! chains offloaded into the modelled NIC, the host engine on a strict NIC, and the host engine
+//! on an rxe-compatible NIC (soft-RoCE's deviations); and the memory-window scenarios on the
+//! model's NIC, strict and rxe-compatible. `OMW_SCENARIO=name` runs only matching
+//! scenarios; `-- --nocapture` shows each outcome and every skip.
+
+use omw_loopback::Conformance;
+use omw_tests::loopback::{Loopback, LoopbackMw};
+use omw_tests::mw::conform_mw;
+use omw_tests::runner::conform;
+use omw_tests::Mode;
+
+#[test]
+fn offloaded() {
+    conform(&Loopback(Mode::Offloaded));
+}
+
+#[test]
+fn host_engine() {
+    conform(&Loopback(Mode::HostEngine));
+}
+
+#[test]
+fn rxe_compatible() {
+    conform(&Loopback(Mode::Rxe));
+}
+
+#[test]
+fn memory_windows_strict() {
+    conform_mw(&LoopbackMw(Conformance::Strict));
+}
+
+#[test]
+fn memory_windows_rxe_compatible() {
+    conform_mw(&LoopbackMw(Conformance::RxeCompatible));
+}
