@@ -48,6 +48,17 @@ struct MrEntry {
     mr: *mut ibv_mr,
     addr: u64,
     len: u64,
+    keys: MrKeys,
+    access: AccessFlags,
+}
+
+/// A registration as the backend made it (for audits: which MN memory carries which rights).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MrRecord {
+    pub addr: u64,
+    pub len: u64,
+    pub keys: MrKeys,
+    pub access: AccessFlags,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -261,6 +272,11 @@ impl VerbsBackend {
     }
 
     /// A slice view of owned memory (for the CN's buffers and tests).
+    /// Every memory region registered through this backend, with the rights it was given.
+    pub fn mrs(&self) -> Vec<MrRecord> {
+        self.mrs.values().map(|m| MrRecord { addr: m.addr, len: m.len, keys: m.keys, access: m.access }).collect()
+    }
+
     pub fn slice(&self, addr: u64, len: usize) -> Result<&[u8]> {
         self.owned(addr, len as u64)?;
         // SAFETY: the range lies inside a live mapping owned by self (checked above); the NIC
@@ -1338,7 +1354,7 @@ impl RdmaBackend for VerbsBackend {
         }
         // SAFETY: mr is a live MR just returned.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-        self.mrs.insert(lkey, MrEntry { mr, addr, len });
+        self.mrs.insert(lkey, MrEntry { mr, addr, len, keys: MrKeys { lkey, rkey }, access });
         Ok(MrKeys { lkey, rkey })
     }
 

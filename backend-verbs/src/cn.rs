@@ -366,34 +366,71 @@ impl CnClient {
                 }
                 Err(e) => return Err(cn_err(e)),
             };
-            loop {
-                if let Some(r) = self.replies.remove(&token) {
-                    return r.map_err(VerbsError::Client);
-                }
-                if let Some(status) = self.send_failed(Some(token)) {
-                    return Err(VerbsError::Completion { what: "SEND to the MN".into(), status });
-                }
-                if let Some(pos) =
-                    self.notices.iter().position(|n| matches!(n, Notice::Failed { token: t, .. } if *t == token))
-                {
-                    let Some(Notice::Failed { code, .. }) = self.notices.remove(pos) else { continue };
-                    if code == ErrorCode::Empty {
-                        if !wait {
-                            return Err(VerbsError::PoolEmpty);
-                        }
-                        break; // back off, wait for "available", retry
-                    }
-                    if code == ErrorCode::QuotaExceeded {
-                        return Err(VerbsError::QuotaExceeded);
-                    }
-                    return Err(VerbsError::Refused(format!("allocation refused: {code:?}")));
-                }
-                if Instant::now() > deadline || self.d.client().pending_token() != Some(token) {
-                    self.d.client_mut().abandon_pending();
-                    return Err(VerbsError::Timeout { what: "the allocation reply".into() });
-                }
-                self.pump()?;
+            match self.alloc_answer(token, deadline) {
+                // back off, wait for "available", retry
+                Err(VerbsError::PoolEmpty) if wait => continue,
+                r => return r,
             }
+        }
+    }
+
+    /// Send an allocation request without waiting for its answer (several CNs' requests can
+    /// then contend); collect it with [`Self::alloc_finish`].
+    pub fn alloc_begin(&mut self) -> Result<u32> {
+        self.pump()?;
+        let now = self.now();
+        match self.d.alloc(now) {
+            Err(CnError::Client(ClientError::Backoff { .. })) => Err(VerbsError::PoolEmpty),
+            r => r.map_err(cn_err),
+        }
+    }
+
+    /// The answer to the allocation request `token` (waits up to the client's timeout).
+    pub fn alloc_finish(&mut self, token: u32) -> Result<Allocation> {
+        let deadline = Instant::now() + self.timeout;
+        self.alloc_answer(token, deadline)
+    }
+
+    /// Allocate, but name `access_qpns` (MN ends) for the access windows instead of this CN's
+    /// own — what a confused or hostile CN can send; the MN must refuse it or bind the windows
+    /// where they hurt nobody but the caller.
+    pub fn alloc_naming(&mut self, access_qpns: &[Qpn]) -> Result<Allocation> {
+        self.pump()?;
+        let now = self.now();
+        let token = self.d.alloc_naming(now, Some(access_qpns)).map_err(cn_err)?;
+        self.alloc_finish(token)
+    }
+
+    /// Any bytes on this CN's Alloc or Free QP (a broken or hostile CN).
+    pub fn send_raw(&mut self, qp: CnQp, bytes: &[u8]) -> Result<()> {
+        self.d.send_raw(qp, bytes).map_err(cn_err)
+    }
+
+    fn alloc_answer(&mut self, token: u32, deadline: Instant) -> Result<Allocation> {
+        loop {
+            if let Some(r) = self.replies.remove(&token) {
+                return r.map_err(VerbsError::Client);
+            }
+            if let Some(status) = self.send_failed(Some(token)) {
+                return Err(VerbsError::Completion { what: "SEND to the MN".into(), status });
+            }
+            if let Some(pos) =
+                self.notices.iter().position(|n| matches!(n, Notice::Failed { token: t, .. } if *t == token))
+            {
+                let Some(Notice::Failed { code, .. }) = self.notices.remove(pos) else { continue };
+                return Err(match code {
+                    ErrorCode::Empty => VerbsError::PoolEmpty,
+                    ErrorCode::QuotaExceeded => VerbsError::QuotaExceeded,
+                    code => VerbsError::Refused(code),
+                });
+            }
+            if Instant::now() > deadline || self.d.client().pending_token() != Some(token) {
+                if self.d.client().pending_token() == Some(token) {
+                    self.d.client_mut().abandon_pending();
+                }
+                return Err(VerbsError::Timeout { what: "the allocation reply".into() });
+            }
+            self.pump()?;
         }
     }
 

@@ -53,8 +53,8 @@ pub enum VerbsError {
     NotBound(u32),
     /// The MN answered something that is not the protocol.
     Protocol(String),
-    /// The MN refused the request.
-    Refused(String),
+    /// The MN refused the request, with the protocol's reason.
+    Refused(omw_core::wire::ErrorCode),
     /// The device lacks a check isolation depends on, and `--insecure` was not given.
     Insecure(String),
     /// Invalid configuration (pool geometry, arguments).
@@ -166,7 +166,7 @@ impl fmt::Display for VerbsError {
             ),
             VerbsError::NotBound(r) => write!(f, "memory window {r:#010x} is not bound"),
             VerbsError::Protocol(s) => write!(f, "protocol error: {s}"),
-            VerbsError::Refused(s) => write!(f, "refused by the memory node: {s}"),
+            VerbsError::Refused(c) => write!(f, "refused by the memory node: {c:?}"),
             VerbsError::Insecure(s) => f.write_str(s),
             VerbsError::Config(s) => f.write_str(s),
             VerbsError::Client(e) => write!(f, "from the MN: {e}"),

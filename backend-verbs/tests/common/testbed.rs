@@ -16,7 +16,7 @@ use omw_core::mwtable::MwTableEntry;
 use omw_core::wire::ErrorCode;
 use omw_core::wqe::{RecvWqe, Wqe};
 use omw_tests::mw::{MwDevice, MwFactory, Side, BUF_LEN, POOL_LEN};
-use omw_tests::testbed::{Caps, Factory, Heard, MnSpec, Refusal, Testbed};
+use omw_tests::testbed::{Caps, Factory, Heard, MnMr, MnSpec, Refusal, Testbed};
 use omw_verbs::cn::{CnClient, CnOptions, Notice};
 use omw_verbs::mn::{MemoryNodeDaemon, MnOptions};
 use omw_verbs::{VerbsBackend, VerbsError};
@@ -124,7 +124,10 @@ const CAPS: Caps = Caps::HOST_ENGINE
     .union(Caps::CRASH)
     .union(Caps::WINDOW_STATE)
     .union(Caps::MN_MEMORY)
-    .union(Caps::WINDOW_SPANS);
+    .union(Caps::WINDOW_SPANS)
+    .union(Caps::NAMED_QPS)
+    .union(Caps::MN_KEYS)
+    .union(Caps::CONTENTION);
 
 impl Factory for Rxe {
     fn name(&self) -> String {
@@ -160,12 +163,10 @@ fn refusal(e: VerbsError) -> Refusal {
     match e {
         VerbsError::PoolEmpty => Refusal::Mn(ErrorCode::Empty),
         VerbsError::QuotaExceeded => Refusal::Mn(ErrorCode::QuotaExceeded),
-        VerbsError::Refused(s) => {
-            let codes = [ErrorCode::AllocFailed, ErrorCode::NotOwner, ErrorCode::BadRequest];
-            codes.into_iter().find(|c| s.contains(&format!("{c:?}"))).map(Refusal::Mn).unwrap_or(Refusal::Client(s))
-        }
+        VerbsError::Refused(code) => Refusal::Mn(code),
         VerbsError::Timeout { .. } => Refusal::NoReply,
         VerbsError::Protocol(s) => Refusal::Client(s),
+        VerbsError::Client(e) => Refusal::Client(e.to_string()),
         e => Refusal::Transport(e.to_string()),
     }
 }
@@ -268,6 +269,19 @@ impl Testbed for RxeBed {
             Err(e) => (status(Err(e)), Vec::new()),
         }
     }
+    fn alloc_naming(&mut self, cn: usize, qpns: &[Qpn]) -> Result<Allocation, Refusal> {
+        let r = self.cn(cn).alloc_naming(qpns).map_err(refusal);
+        self.collect(cn, false);
+        r
+    }
+    fn alloc_begin(&mut self, cn: usize) -> Result<u32, Refusal> {
+        self.cn(cn).alloc_begin().map_err(refusal)
+    }
+    fn alloc_finish(&mut self, cn: usize, token: u32) -> Result<Allocation, Refusal> {
+        let r = self.cn(cn).alloc_finish(token).map_err(refusal);
+        self.collect(cn, false);
+        r
+    }
     fn access_qpns(&self, cn: usize) -> Vec<Qpn> {
         let c = self.cns[cn].as_ref().unwrap();
         c.mn_qpns()[2..].iter().map(|q| q.expect("negotiated")).collect()
@@ -351,6 +365,24 @@ impl Testbed for RxeBed {
     fn mn_write(&mut self, addr: u64, data: &[u8]) {
         let data = data.to_vec();
         self.mn.with(move |d, _| d.driver.backend.write_local(addr, &data).expect("MN memory"))
+    }
+    /// The daemon's registrations as libibverbs made them (one PD: nothing is MN-private).
+    fn mn_mrs(&mut self) -> Vec<MnMr> {
+        let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        self.mn.with(move |d, _| {
+            d.driver
+                .backend
+                .mrs()
+                .into_iter()
+                .map(|m| MnMr {
+                    addr: m.addr,
+                    len: m.len,
+                    key: m.keys.lkey,
+                    remote: m.access.intersects(remote),
+                    private: false,
+                })
+                .collect()
+        })
     }
     fn mn_map(&mut self) -> MnMemoryMap {
         self.mn.with(|d, _| *d.driver.mn.map())
