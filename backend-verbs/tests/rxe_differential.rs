@@ -87,23 +87,18 @@ const KNOWN: &[Known] = &[];
 
 // ------------------------------------------------------------------------------------ RNG
 
-/// xorshift64*: small, deterministic, good enough to pick operations.
-struct Rng(u64);
+/// The core's seeded generator, with the draws the schedule needs.
+struct Rng(omw_core::rng::SeededRng);
 
 impl Rng {
     fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        Rng(omw_core::rng::SeededRng::new(seed))
     }
     fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.0.next_u64()
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.below(n)
     }
     fn u8(&mut self) -> u8 {
         self.next() as u8

@@ -36,6 +36,7 @@ pub mod mn_plan;
 pub mod mw_rules;
 pub mod mwtable;
 pub mod object_alloc;
+pub mod rng;
 #[cfg(any(test, feature = "test-nic"))]
 pub mod test_nic;
 #[cfg(any(test, feature = "test-nic"))]

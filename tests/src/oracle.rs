@@ -96,24 +96,19 @@ impl Shadow {
     }
 }
 
-/// xorshift64*: a deterministic sequence from a seed.
+/// The oracle's choices: the core's seeded generator, plus byte strings.
 #[derive(Clone, Debug)]
-pub struct Rng(pub u64);
+pub struct Rng(omw_core::rng::SeededRng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        Rng(omw_core::rng::SeededRng::new(seed))
     }
     pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.0.next_u64()
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
+        self.0.below(n)
     }
     pub fn bytes(&mut self, max: usize) -> Vec<u8> {
         let n = self.below(max as u64) as usize;
