@@ -35,6 +35,7 @@ pub mod mwtable;
 pub mod object_alloc;
 pub mod wire;
 pub mod wqe;
+pub mod wqe_format;
 
 #[cfg(test)]
 mod mn_tests;
