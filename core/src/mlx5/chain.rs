@@ -152,6 +152,8 @@ struct Sg {
     lkey: u32,
 }
 
+// no heap in the core: the scatter list is inline
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, PartialEq, Eq, Debug)]
 enum Kind {
     /// A canonical WQE encoded as is; `remote` replaces its remote address (a clear of fields).
@@ -800,9 +802,9 @@ impl Mlx5Chain {
                             return Err(Mlx5ChainError::RecvNeedsTwoTargets { step, field: f });
                         }
                         let (m, a) = d[0];
-                        for v in 0..f.width() {
+                        for (v, dst) in a.iter().enumerate().take(f.width()) {
                             if v < m {
-                                add(resolve(a[v]), layout.ring_lkey)?;
+                                add(resolve(*dst), layout.ring_lkey)?;
                             } else {
                                 add(junk + v as u64, layout.meta_lkey)?;
                             }
@@ -960,6 +962,7 @@ impl Mlx5Chain {
                 return Err(bad(Inconsistency::Completions { ring }));
             }
         }
+        self.check_bumps()?;
         for s in self.recv.iter() {
             if let Some((rr, off)) = self.ring_at(s.addr) {
                 writes.push((Role::Step(u8::MAX), rr, off, s.length as usize)).map_err(|_| Mlx5ChainError::Capacity)?;
@@ -1044,6 +1047,74 @@ impl Mlx5Chain {
                         return Err(bad(Inconsistency::TargetWidth { step: t as u8, field: f }));
                     }
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// The shadow counters advance by the device's per-lap amounts, and their bumps run where
+    /// they cannot race: after the WQE they rewrite executed this lap, before the closing
+    /// FENCEd ENABLE releases the next lap (the closing ENABLE's own bump right after it), each
+    /// block's fetch-and-adds before its first copy, which is FENCEd.
+    fn check_bumps(&self) -> Result<(), Mlx5ChainError> {
+        let c = &self.canonical;
+        if c.rearm != Rearm::SelfEnabling {
+            return Ok(());
+        }
+        let bad = |step| Mlx5ChainError::Inconsistent(Inconsistency::QueueField { step });
+        for sh in self.shadows.iter() {
+            let w = &c.steps[sh.step as usize].wqe;
+            let want = match (w.opcode, w.queue_sel()) {
+                (Opcode::Wait, _) => c
+                    .steps
+                    .iter()
+                    .find(|b| b.remote == Some(Loc::Field { step: sh.step, field: WqeField::Operand0 }))
+                    .map(|b| b.wqe.operand0),
+                (_, QueueSel::Recv) => Some(1),
+                _ if w.qpn == self.qpns[0] => Some(self.ring_wqebbs(Ring::Loop) as u64),
+                _ => Some(self.ring_wqebbs(Ring::Mgmt) as u64),
+            };
+            if want != Some(sh.increment) {
+                return Err(bad(sh.step));
+            }
+        }
+        let closing = (0..c.steps.len()).rev().find(|&j| {
+            let s = &c.steps[j];
+            s.ring == Ring::Loop
+                && s.wqe.opcode == Opcode::Enable
+                && s.wqe.qpn == self.qpns[0]
+                && s.wqe.flags.contains(WqeFlags::FENCE)
+        });
+        let closing = closing.ok_or(bad(0))? as u8;
+        let close_pi = self.main_placed(closing).ok_or(bad(closing))?.pi;
+        let mut blocks: [(bool, bool); 2] = [(false, false); 2]; // (a copy seen, fetch-and-add after it)
+        for p in self.placed[0].iter() {
+            let Role::Bump(j) = p.role else { continue };
+            let after = p.pi > close_pi;
+            if (j == closing) != after {
+                return Err(bad(j));
+            }
+            if c.steps[j as usize].ring == Ring::Loop && j != closing {
+                let own = self.main_placed(j).ok_or(bad(j))?.pi;
+                if p.pi < own {
+                    return Err(bad(j));
+                }
+            }
+            let d = self.decode_at(Ring::Loop, p.pi).map_err(|_| bad(j))?;
+            let b = &mut blocks[after as usize];
+            match d.op {
+                Mlx5Op::MaskedFetchAdd { .. } if b.0 => b.1 = true,
+                Mlx5Op::MaskedFetchAdd { .. } => {}
+                _ if !b.0 => {
+                    if !d.fm_ce_se.contains(FmCeSe::FENCE) {
+                        return Err(bad(j));
+                    }
+                    b.0 = true;
+                }
+                _ => {}
+            }
+            if b.1 {
+                return Err(bad(j));
             }
         }
         Ok(())
