@@ -1433,9 +1433,12 @@ How the chains keep short (the mechanisms are checked by `ChainLayout::validate`
   the next request overwrites is still in use when its RECV is enabled.
 - **What only hardware can settle.** That an mlx5 SEND_EN WQE with the fence bit waits like
   any fenced WQE (the lap-closing ENABLE relied on it before); that the small fence after a UMR
-  holds the next WQE until the UMR completed. In the mlx5 form a ring read copies a big-endian
-  field (the free's entry address), so the markers and queue slots it feeds are big-endian too,
-  as docs/MLX5.md already requires of values copied into WQEs.
+  holds the next WQE until the UMR completed.
+- **The same chains in mlx5 form** (`omw_core::mlx5::chain`, docs/MLX5.md): every step keeps
+  its place, FENCE and completion; a copy between little-endian MN memory and a big-endian
+  WQE field becomes a byte-reversing scatter READ, the RECV reverses the request's fields, and
+  every WAIT and ENABLE (absolute on mlx5) advances per lap through a little-endian shadow
+  counter. docs/MLX5.md gives the WQEs and WQEBBs per lap of that form.
 
 "#;
 

@@ -463,3 +463,51 @@ proptest! {
         run_free(g, scrub, &frees);
     }
 }
+
+/// The per-lap costs in docs/MLX5.md, between its `lap-cost` markers, are generated here; this
+/// fails when they are stale. Regenerate with `OMW_BLESS=1 cargo test -p omw-core mlx5_lap_doc`.
+#[test]
+fn mlx5_lap_doc_is_current() {
+    use core::fmt::Write;
+    let mut t = std::string::String::new();
+    t.push_str(
+        "| chain | G | form | Loop WQEs | Loop WQEBBs | Mgmt WQEs | Mgmt WQEBBs | padding NOPs | lap re-arm WQEs |\n",
+    );
+    t.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    for g in 2..=4u8 {
+        // docs/CHAINS.md's pool (4 KiB chunks, 16 of them, NIC scrubbing), G from 2 to 4
+        let mut env = test_env(4096, 16, g);
+        env.keys.zero_lkey = 0x18;
+        env.keys.pool_scrub_rkey = 0x19;
+        env.keys.zero_addr = 1 << 40;
+        for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
+            for f in [WqeFormat::Canonical, WqeFormat::Mlx5] {
+                let c = lap_cost(&l, &env, f).unwrap();
+                writeln!(
+                    t,
+                    "| {:?} | {g} | {} | {} | {} | {} | {} | {} | {} |",
+                    l.kind,
+                    f.name(),
+                    c.wqes[0],
+                    c.wqebbs[0],
+                    c.wqes[1],
+                    c.wqebbs[1],
+                    c.padding[0] + c.padding[1],
+                    c.bumps[0] + c.bumps[1]
+                )
+                .unwrap();
+            }
+        }
+    }
+    let (begin, end) = ("<!-- lap-cost:begin -->\n", "<!-- lap-cost:end -->");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/MLX5.md");
+    let doc = std::fs::read_to_string(path).unwrap_or_default();
+    let (Some(a), Some(b)) = (doc.find(begin), doc.find(end)) else {
+        panic!("docs/MLX5.md lacks the lap-cost markers")
+    };
+    let fresh = std::format!("{}{begin}{t}{}", &doc[..a], &doc[b..]);
+    if std::env::var("OMW_BLESS").is_ok() {
+        std::fs::write(path, &fresh).unwrap();
+    }
+    assert!(fresh == doc, "docs/MLX5.md lap costs are stale: run OMW_BLESS=1 cargo test -p omw-core mlx5_lap_doc");
+}
