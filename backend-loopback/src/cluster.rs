@@ -57,6 +57,11 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// The chains' rings in `f` (the NIC's [`NicConfig::wqe_format`]; their depths follow).
+    pub fn with_wqe_format(mut self, f: omw_core::wqe_format::WqeFormat) -> Self {
+        self.nic.wqe_format = f;
+        self
+    }
     /// 1 MN + 6 CNs, 64 chunks of 4 KiB, G = 3, strict NIC with prefetching.
     pub fn paper_like() -> Self {
         ClusterConfig {
@@ -253,6 +258,21 @@ impl RdmaBackend for MnBackend {
     fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
         RdmaBackend::mw_span(&self.fabric.borrow_mut().view(self.host), rkey)
     }
+    // ---- the mlx5 form (issue 13): forwarded to the MN host's view
+    fn wqe_format(&self) -> omw_core::wqe_format::WqeFormat {
+        self.fabric.borrow().config().wqe_format
+    }
+    fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
+        RdmaBackend::cq_numbers(&self.fabric.borrow_mut().view(self.host), loop_qp, mgmt_qp)
+    }
+    fn arm_mlx5(
+        &mut self,
+        chain: &omw_core::mlx5::chain::Mlx5Chain,
+        recv_copies: u32,
+    ) -> Option<Result<(), LoopbackError>> {
+        self.preempt();
+        RdmaBackend::arm_mlx5(&mut self.fabric.borrow_mut().view(self.host), chain, recv_copies)
+    }
 }
 
 /// One modelled compute node.
@@ -377,6 +397,14 @@ impl Cluster {
         let mcfg = MnConfig::from_plan(&plan, geo, max_cns, cfg.quota);
         let node = MemoryNode::new(mcfg, map, keys).map_err(|e| ClusterError::Config(format!("{e:?}")))?;
         let d = node.chain_ring_depths().map_err(|e| ClusterError::Config(e.to_string()))?;
+        // the mlx5 form's rings are its laps in WQEBBs
+        let d = if cfg.nic.wqe_format == omw_core::wqe_format::WqeFormat::Mlx5 {
+            let [a, f] = node.chain_sizing_layouts().map_err(|e| ClusterError::Config(e.to_string()))?;
+            let w = |l| omw_core::mlx5::chain::ring_wqebbs(l).map_err(|e| ClusterError::Config(e.to_string()));
+            [w(&a)?, w(&f)?]
+        } else {
+            d
+        };
         let ring_depths = [[d[0][0] as u32, d[0][1] as u32], [d[1][0] as u32, d[1][1] as u32]];
         let regions = HostRegions::new(&map, &keys);
         let mut driver = MnDriver::new(backend, node, regions, admin.qpn);

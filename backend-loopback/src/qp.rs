@@ -178,6 +178,16 @@ pub(crate) struct Qp {
     pub in_active: bool,
     /// (global QP index, queue) of the CQ this QP is parked on (a blocked WAIT).
     pub parked_on: Option<(u32, QueueSel)>,
+    /// The rings hold mlx5 WQEs (`crate::mlx5_fetch`): send indices count WQEBBs.
+    pub mlx5: bool,
+    /// mlx5 keeps no wr_id in a WQE: per send WQEBB / receive slot, the one its completion
+    /// reports (a driver's wrid array).
+    pub sq_wr_ids: Vec<u64>,
+    pub rq_wr_ids: Vec<u64>,
+    /// WQEBBs of the WQE being executed (1 in canonical form).
+    pub head_wqebbs: u64,
+    /// The local buffers of the scatter READ being executed (mlx5 form).
+    pub scatter: Vec<omw_core::wqe::Sge>,
 }
 
 impl Qp {

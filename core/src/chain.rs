@@ -103,6 +103,20 @@ pub struct ChainLayout {
     /// The step the chain exists for — the reply WRITE (alloc), the push onto the free queue
     /// (free): [`ChainLayout::critical_path`] counts the gates before it.
     pub critical_end: Option<u8>,
+    /// What the mlx5 form adds in MN memory and with which keys (unused by the canonical form).
+    pub mlx5: Mlx5Scratch,
+}
+
+/// The scratch and the loop-domain keys the mlx5 form of a chain uses besides the canonical
+/// steps' own (`crate::mlx5::chain`): its little-endian lap counters and a junk word for bytes
+/// a byte-reversing copy or a fetch-and-add must put somewhere.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Mlx5Scratch {
+    pub shadows: u64,
+    pub junk: u64,
+    pub meta_lkey: u32,
+    pub meta_rkey: u32,
+    pub ring_lkey: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

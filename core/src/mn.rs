@@ -380,6 +380,13 @@ impl MemoryNode {
     /// (each ring is exactly one lap deep so it wraps onto its own bytes). Their management
     /// QPs' receive queues are one entry deep. Independent of QP numbers and of the CN.
     pub fn chain_ring_depths(&self) -> Result<[[u16; 2]; 2], crate::chain::ChainError> {
+        let [a, f] = self.chain_sizing_layouts()?;
+        Ok([a.ring_depth, f.ring_depth])
+    }
+
+    /// The alloc and free chains as built for sizing (slot 0, placeholder QP numbers): their
+    /// shapes — ring depths in either WQE format — are those of every CN's chains.
+    pub fn chain_sizing_layouts(&self) -> Result<[crate::chain::ChainLayout; 2], crate::chain::ChainError> {
         let env = ChainEnv {
             map: self.map,
             slot: 0,
@@ -394,7 +401,7 @@ impl MemoryNode {
         };
         let a = crate::alloc_chain::build_alloc_chain(&env)?;
         let f = crate::free_chain::build_free_chain(&env)?;
-        Ok([a.ring_depth, f.ring_depth])
+        Ok([a, f])
     }
 
     pub fn scratch_of(&self, cn: CnId) -> Option<u64> {

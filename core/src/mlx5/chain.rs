@@ -21,7 +21,7 @@
 //! (issue 13; docs/MLX5.md lists these as assumptions). Canonical ENABLE counts are relative
 //! and need no per-lap bump; here every WAIT *and* every ENABLE moves on each lap. A big-endian
 //! field cannot be fetch-and-added with little-endian atomics, so each such field has a
-//! little-endian **shadow counter** in the CN's scratch ([`MLX5_SHADOW_OFF`]): per lap a masked
+//! little-endian **shadow counter** in the CN's scratch ([`crate::mn_memory::MLX5_SHADOW_OFF`]): per lap a masked
 //! fetch-and-add advances the shadow (wrapping at the field's 24 or 16 bits) and a FENCEd
 //! byte-reversing READ copies it into the field. The bumps run after the field's WQE executed
 //! in this lap and before the lap-closing FENCEd ENABLE (the closing ENABLE's own bump right
@@ -42,8 +42,7 @@ use super::encode::{
 use super::wqebb::{wqebbs, CqIndex, WqeIndex, MAX_SCATTER_SGES, WQEBB};
 use super::Mlx5Error;
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Rearm, Ring};
-use crate::chain_builder::ChainEnv;
-use crate::mn_memory::{MLX5_SHADOW_LEN, MLX5_SHADOW_OFF};
+use crate::mn_memory::MLX5_SHADOW_LEN;
 use crate::wqe::{Opcode, QueueSel, Wqe, WqeField, WqeFlags, WQE_SIZE};
 use crate::wqe_format::WqeFormat;
 use core::fmt;
@@ -290,7 +289,6 @@ type Moves = heapless::Vec<heapless::Vec<Addr, 2>, 40>;
 
 struct Build<'a> {
     layout: &'a ChainLayout,
-    env: &'a ChainEnv,
     items: [heapless::Vec<Item, MAX_ITEMS>; 2],
     junk: u64,
 }
@@ -350,7 +348,7 @@ impl Build<'_> {
             for i in lo..=hi {
                 let (d, k) = match dst(i) {
                     Some(d) => (d, lkey),
-                    None => (Addr::Mem(self.junk + (i % 8) as u64), self.env.keys.meta_lkey),
+                    None => (Addr::Mem(self.junk + (i % 8) as u64), self.layout.mlx5.meta_lkey),
                 };
                 let merged = match sges.last_mut() {
                     Some(s) if s.lkey == k && next_of(s.dst, s.len) == Some(d) => {
@@ -528,21 +526,11 @@ impl QueueResolver for Const {
 }
 
 impl Mlx5Chain {
-    /// Lay a validated canonical chain out in mlx5 form for the CN `env` describes.
-    pub fn build(layout: &ChainLayout, env: &ChainEnv, queues: Mlx5Queues) -> Result<Self, Mlx5ChainError> {
+    /// Lay a validated canonical chain out in mlx5 form on the device queues `queues`.
+    pub fn build(layout: &ChainLayout, queues: Mlx5Queues) -> Result<Self, Mlx5ChainError> {
         layout.validate().map_err(Mlx5ChainError::Invalid)?;
-        let kind_ix = match layout.kind {
-            ChainKind::Alloc => 0,
-            ChainKind::Free => 1,
-        };
-        let scratch = env.scratch();
-        let junk = scratch
-            + match layout.kind {
-                ChainKind::Alloc => crate::mn_memory::ALLOC_SCRATCH_OFF + crate::mn_memory::alloc_scratch::JUNK,
-                ChainKind::Free => crate::mn_memory::FREE_SCRATCH_OFF + crate::mn_memory::free_scratch::JUNK,
-            };
-        let shadow_base = scratch + MLX5_SHADOW_OFF[kind_ix];
-        let mut b = Build { layout, env, items: [heapless::Vec::new(), heapless::Vec::new()], junk };
+        let (junk, shadow_base) = (layout.mlx5.junk, layout.mlx5.shadows);
+        let mut b = Build { layout, items: [heapless::Vec::new(), heapless::Vec::new()], junk };
         let n = layout.steps.len();
 
         // which steps need a shadow, and their per-lap increments (ENABLE: known after layout)
@@ -756,7 +744,7 @@ impl Mlx5Chain {
                     }
                     Kind::Bump { shadow } => {
                         let sh = shadows.get(*shadow as usize).ok_or(Mlx5ChainError::Capacity)?;
-                        let k = env.keys;
+                        let k = layout.mlx5;
                         let w = Wqe::masked_fetch_add(
                             junk,
                             k.meta_lkey,
@@ -829,6 +817,17 @@ impl Mlx5Chain {
         };
         chain.validate()?;
         Ok(chain)
+    }
+
+    /// The wr_id a completion of the WQE at `placed[ring][k]` reports: its canonical step's
+    /// (mlx5 keeps no wr_id in the WQE; a driver maps the WQE index back), the fed step's for
+    /// a lap-counter bump, the last step's for padding.
+    pub fn wr_id_of(&self, ring: Ring, k: usize) -> u64 {
+        let step = match self.placed[ring as usize].get(k).map(|p| p.role) {
+            Some(Role::Step(s)) | Some(Role::Bump(s)) => s as usize,
+            _ => self.canonical.steps.len().saturating_sub(1),
+        };
+        self.canonical.steps.get(step).map_or(0, |s| s.wqe.wr_id)
     }
 
     /// The canonical layout this form was built from.
@@ -1185,16 +1184,23 @@ impl Build<'_> {
             }
             k_of += 1;
             let src = Addr::Mem(shadow_base + 8 * *k as u64);
-            let (rkey, lkey) = (self.env.keys.meta_rkey, self.env.keys.ring_lkey);
+            let (rkey, lkey) = (self.layout.mlx5.meta_rkey, self.layout.mlx5.ring_lkey);
             self.emit_copy(Ring::Loop, Role::Bump(*j), flags, src, rkey, lkey, &moves)?;
         }
         Ok(())
     }
 }
 
+/// Send-queue depths (WQEBBs) the mlx5 form of `layout` needs, [Loop, Mgmt]: a chain's QPs are
+/// created with exactly these (each ring is one lap). Independent of the device numbers.
+pub fn ring_wqebbs(layout: &ChainLayout) -> Result<[u16; 2], Mlx5ChainError> {
+    let c = lap_cost(layout, WqeFormat::Mlx5)?;
+    Ok([c.wqebbs[0] as u16, c.wqebbs[1] as u16])
+}
+
 /// WQEs and WQEBBs per lap of a chain in `format` (the canonical form: one 64-byte WQE per
 /// entry, as docs/CHAINS.md counts them).
-pub fn lap_cost(layout: &ChainLayout, env: &ChainEnv, format: WqeFormat) -> Result<LapCost, Mlx5ChainError> {
+pub fn lap_cost(layout: &ChainLayout, format: WqeFormat) -> Result<LapCost, Mlx5ChainError> {
     match format {
         WqeFormat::Canonical => {
             let mut c = LapCost::default();
@@ -1215,7 +1221,7 @@ pub fn lap_cost(layout: &ChainLayout, env: &ChainEnv, format: WqeFormat) -> Resu
         }
         WqeFormat::Mlx5 => {
             let q = Mlx5Queues { cqns: [0x11, 0x12, 0x13], ring_bases: [1 << 40, (1 << 40) + (1 << 20)] };
-            Ok(Mlx5Chain::build(layout, env, q)?.lap_cost())
+            Ok(Mlx5Chain::build(layout, q)?.lap_cost())
         }
     }
 }

@@ -136,7 +136,7 @@ struct Pair {
 
 impl Pair {
     fn new(layout: ChainLayout, env: &ChainEnv) -> Self {
-        let chain = Mlx5Chain::build(&layout, env, queues()).unwrap();
+        let chain = Mlx5Chain::build(&layout, queues()).unwrap();
         let mut canon = mn_memory(env);
         let mut mlx5 = canon.clone();
         let r = arm::resolve(&layout, CANON_BASES);
@@ -373,7 +373,7 @@ fn free_laps_agree_with_the_canonical_form() {
 fn shadow_counters_wrap_in_device_units() {
     let env = test_env(4096, 16, 3);
     for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
-        let c = Mlx5Chain::build(&l, &env, queues()).unwrap();
+        let c = Mlx5Chain::build(&l, queues()).unwrap();
         for sh in c.shadows.iter() {
             let b = 1u64 << (sh.bits - 1);
             let mut v = sh.initial;
@@ -398,14 +398,14 @@ fn every_form_validates_and_reports_its_lap() {
         for scrub in [false, true] {
             let env = scrubbing_env(g, scrub);
             for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
-                let c = Mlx5Chain::build(&l, &env, queues()).unwrap();
+                let c = Mlx5Chain::build(&l, queues()).unwrap();
                 c.validate().unwrap();
                 let cost = c.lap_cost();
                 for r in 0..2 {
                     assert!(cost.wqebbs[r].is_power_of_two());
                     assert!(cost.wqes[r] <= cost.wqebbs[r]);
                 }
-                assert_eq!(lap_cost(&l, &env, WqeFormat::Mlx5).unwrap(), cost);
+                assert_eq!(lap_cost(&l, WqeFormat::Mlx5).unwrap(), cost);
             }
         }
     }
@@ -416,7 +416,7 @@ fn every_form_validates_and_reports_its_lap() {
 fn validator_refuses_tampered_bytes() {
     let env = test_env(4096, 16, 3);
     let l = build_alloc_chain(&env).unwrap();
-    let c = Mlx5Chain::build(&l, &env, queues()).unwrap();
+    let c = Mlx5Chain::build(&l, queues()).unwrap();
     // a scatter entry aimed one byte off: outside its target, or the target short a byte
     let (k, p) = c.placed[0]
         .iter()
@@ -482,7 +482,7 @@ fn mlx5_lap_doc_is_current() {
         env.keys.zero_addr = 1 << 40;
         for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
             for f in [WqeFormat::Canonical, WqeFormat::Mlx5] {
-                let c = lap_cost(&l, &env, f).unwrap();
+                let c = lap_cost(&l, f).unwrap();
                 writeln!(
                     t,
                     "| {:?} | {g} | {} | {} | {} | {} | {} | {} | {} |",
