@@ -1,16 +1,25 @@
 //! The security properties and fault handling of OneSidedMW on the loopback model. Each runs
-//! in offloaded mode (chains in the modelled NIC) and in host-engine mode where it applies.
+//! in offloaded mode (chains in the modelled NIC) — with the chains in canonical form and in
+//! mlx5 form (the model fetching ConnectX WQEBBs) — and in host-engine mode where it applies.
 
 use omw_core::backend::{ExecutionMode, MwBinding, WcStatus};
 use omw_core::chain::ChainKind;
 use omw_core::cn::ClientEvent;
 use omw_core::ids::Rkey;
 use omw_core::wire::ErrorCode;
+use omw_core::wqe_format::WqeFormat;
 use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
 use omw_loopback::NicConfig;
+use std::cell::Cell;
+
+thread_local! {
+    /// The form `cluster_with` lays offloaded chains out in; [`both`] runs each offloaded
+    /// scenario in both.
+    static FORMAT: Cell<WqeFormat> = const { Cell::new(WqeFormat::Canonical) };
+}
 
 fn cluster_with(mode: ExecutionMode, chunks: u32, quota: u32) -> Cluster {
-    let mut cfg = ClusterConfig::paper_like();
+    let mut cfg = ClusterConfig::paper_like().with_wqe_format(FORMAT.with(Cell::get));
     cfg.mode = Some(mode);
     cfg.chunks = chunks;
     cfg.quota = quota;
@@ -23,6 +32,9 @@ fn cluster_with(mode: ExecutionMode, chunks: u32, quota: u32) -> Cluster {
 
 fn both(f: impl Fn(ExecutionMode)) {
     f(ExecutionMode::Offloaded);
+    FORMAT.with(|c| c.set(WqeFormat::Mlx5));
+    f(ExecutionMode::Offloaded);
+    FORMAT.with(|c| c.set(WqeFormat::Canonical));
     f(ExecutionMode::HostEngine);
 }
 
