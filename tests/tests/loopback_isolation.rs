@@ -16,9 +16,27 @@ use omw_core::wire::{AllocReply, MnMessage};
 use omw_core::wqe::Wqe;
 use omw_loopback::cluster::{Cluster, ClusterConfig, CnQp};
 use omw_loopback::MrInfo;
+use omw_core::wqe_format::WqeFormat;
 use omw_tests::{Mode, MODES};
 
+thread_local! {
+    /// The form `cluster` lays offloaded chains out in (set per iteration of [`forms`]).
+    static FORMAT: std::cell::Cell<WqeFormat> = const { std::cell::Cell::new(WqeFormat::Canonical) };
+}
+
+/// Every mode, and offloaded once more with the chains in mlx5 form.
+fn forms() -> impl Iterator<Item = (Mode, WqeFormat)> {
+    MODES.into_iter().map(|m| (m, WqeFormat::Canonical)).chain([(Mode::Offloaded, WqeFormat::Mlx5)])
+}
+
 fn cluster(mode: Mode, chunks: u32, scrub: bool) -> Cluster {
+    if mode == Mode::Offloaded && FORMAT.with(|f| f.get()) == WqeFormat::Mlx5 {
+        // `omw_tests::cluster`'s offloaded set-up, the chains in mlx5 form
+        let mut cfg = ClusterConfig::paper_like().with_wqe_format(WqeFormat::Mlx5);
+        (cfg.cns, cfg.chunks, cfg.chunk_size, cfg.quota, cfg.scrub) = (3, chunks, 512, chunks, scrub);
+        cfg.mode = Some(ExecutionMode::Offloaded);
+        return Cluster::new(cfg).expect("cluster");
+    }
     omw_tests::cluster(mode, 3, chunks, scrub)
 }
 
@@ -44,7 +62,8 @@ fn attacks(addr: u64, rkey: u32) -> [Wqe; 4] {
 
 #[test]
 fn mn_private_memory_is_out_of_reach_with_every_mn_key() {
-    for mode in MODES {
+    for (mode, form) in forms() {
+        FORMAT.with(|f| f.set(form));
         let mut c = cluster(mode, 4, true);
         let victim = c.alloc(0).unwrap();
         assert_eq!(c.write(0, &victim, 0, 0, b"victim's"), WcStatus::Success);
@@ -138,7 +157,8 @@ fn host_engine_registers_no_remote_rights_on_mn_memory() {
 
 #[test]
 fn no_mn_key_reaches_a_cn() {
-    for mode in MODES {
+    for (mode, form) in forms() {
+        FORMAT.with(|f| f.set(form));
         let mut c = cluster(mode, 3, true);
         let keys: Vec<u32> = mn_mrs(&c).iter().map(|m| m.key).collect();
         // every kind of message: connect info, replies, empty and available notices, errors
@@ -206,7 +226,8 @@ fn reread(c: &mut Cluster, i: usize, g: GroupId, why: &str) {
 
 #[test]
 fn every_chunk_reads_as_zeros_whatever_path_returned_it() {
-    for mode in MODES {
+    for (mode, form) in forms() {
+        FORMAT.with(|f| f.set(form));
         // free (offloaded: by the NIC; host engine: by the MN CPU)
         let mut c = cluster(mode, 2, true);
         let a = c.alloc(0).unwrap();
@@ -269,7 +290,8 @@ fn scrubbing_off_is_explicit_and_leaves_residue() {
 fn stale_window_keys_are_not_mr_keys() {
     // a CN that learns its window rkeys cannot turn them into MN MR keys: every index it sees
     // is a window's, never an MR's
-    for mode in MODES {
+    for (mode, form) in forms() {
+        FORMAT.with(|f| f.set(form));
         let mut c = cluster(mode, 2, true);
         let a = c.alloc(0).unwrap();
         let mrs: Vec<u32> = mn_mrs(&c).iter().map(|m| m.key >> 8).collect();
@@ -286,7 +308,8 @@ fn stale_window_keys_are_not_mr_keys() {
 fn a_corrupted_entry_span_is_never_served() {
     use omw_core::mwtable::MwTableEntry;
     use zerocopy::IntoBytes;
-    for mode in MODES {
+    for (mode, form) in forms() {
+        FORMAT.with(|f| f.set(form));
         let mut c = cluster(mode, 4, true);
         // corrupt every entry: twice the chunk, reaching into the next one
         let map = *c.driver.mn.map();
