@@ -14,9 +14,9 @@ use omw_core::backend::{ExecutionMode, WcStatus};
 use omw_core::ids::{GroupId, Rkey};
 use omw_core::wire::{AllocReply, MnMessage};
 use omw_core::wqe::Wqe;
+use omw_core::wqe_format::WqeFormat;
 use omw_loopback::cluster::{Cluster, ClusterConfig, CnQp};
 use omw_loopback::MrInfo;
-use omw_core::wqe_format::WqeFormat;
 use omw_tests::{Mode, MODES};
 
 thread_local! {
