@@ -201,3 +201,17 @@ mod differential {
         }
     }
 }
+
+/// Enough laps that the chains' 16-bit WQE indices wrap (an alloc lap is 128 WQEBBs here, so
+/// 2^16 WQEBBs are 512 laps): SEND_EN's absolute indices and the shadow counters keep working
+/// across the wrap.
+#[test]
+fn wqe_indices_wrap_at_16_bits() {
+    let mut c = cluster(WqeFormat::Mlx5, 1, 4);
+    for lap in 0..600 {
+        let a = c.alloc(0).unwrap_or_else(|e| panic!("lap {lap}: {e}"));
+        assert_eq!(c.write(0, &a, 0, 0, b"w"), WcStatus::Success, "lap {lap}");
+        c.free(0, &a).unwrap_or_else(|e| panic!("lap {lap}: {e}"));
+    }
+    c.check_invariants().unwrap();
+}
