@@ -162,8 +162,11 @@ impl Fabric {
     #[inline]
     fn consume(&mut self, g: u32) {
         let q = &mut self.qps[g as usize];
-        q.sq.consumer += std::mem::replace(&mut q.head_wqebbs, 1);
-        q.pf.pop();
+        let n = std::mem::replace(&mut q.head_wqebbs, 1);
+        q.sq.consumer += n;
+        for _ in 0..n {
+            q.pf.pop();
+        }
         q.rnr_since = None;
         q.executed += 1;
         let h = q.host as usize;

@@ -384,8 +384,9 @@ impl Fabric {
         let cq_cap = self.cfg.cq_capacity as usize;
         let mlx5 =
             self.cfg.wqe_format == omw_core::wqe_format::WqeFormat::Mlx5 && (cfg.managed_send || cfg.managed_recv);
-        // prefetching of the mlx5 form is not modelled: its WQEs are fetched when they execute
-        let pf_cap = if self.cfg.prefetch && !mlx5 { self.cfg.prefetch_depth.max(1) as usize } else { 0 };
+        // mlx5 form: the cache holds WQEBBs, room for at least the largest WQE
+        let pf_min = if mlx5 { omw_core::mlx5::wqebb::MAX_WQEBBS as u32 } else { 1 };
+        let pf_cap = if self.cfg.prefetch { self.cfg.prefetch_depth.max(pf_min) as usize } else { 0 };
         let rstride = if mlx5 { crate::mlx5_fetch::RQ_STRIDE } else { RECV_WQE_SIZE as u32 };
         let gq = self.qps.len() as u32;
         let host = self.host_mut(h)?;
@@ -434,6 +435,7 @@ impl Fabric {
             rq_wr_ids: if mlx5 { vec![0; cfg.recv_depth as usize] } else { Vec::new() },
             head_wqebbs: 1,
             scatter: Vec::new(),
+            pf_wait: None,
         });
         Ok(Qpn::new(qpn).unwrap_or_default())
     }

@@ -17,8 +17,11 @@
 //!   (rdma-core `mlx5_post_recv`);
 //! - mlx5 keeps no wr_id in a WQE: completions report the wr_id armed for the WQE's index.
 //!
-//! Not modelled for the mlx5 form: prefetching (its WQEs are fetched when they execute), the
-//! CQE format (completions are the model's own).
+//! - prefetching (`NicConfig::prefetch`) caches whole WQEs' WQEBBs up to the enable limit,
+//!   stopping after a WAIT not yet satisfied, as for the canonical form; a WQE runs from the
+//!   bytes cached, so a patch landing after the fetch is missed, as on a NIC.
+//!
+//! Not modelled for the mlx5 form: the CQE format (completions are the model's own).
 
 use crate::error::LoopbackError;
 use crate::fabric::{Fabric, QpAddr};
@@ -144,8 +147,16 @@ impl Fabric {
         let addr = q.sq.slot_addr(q.sq.consumer);
         // a WQE never crosses the ring's end (wrap padding): read at most to the end
         let room = (q.sq.depth as usize - slot).min(MAX_WQEBBS) * WQEBB;
-        let mem = &self.hosts[q.host as usize].mem;
-        let bytes = mem.slice(addr, room as u64).unwrap_or(&[]);
+        let mut cached = Vec::new();
+        let bytes = if q.pf.len > 0 {
+            // prefetched: the bytes as they were when fetched
+            for i in 0..q.pf.len.min(MAX_WQEBBS) {
+                cached.extend_from_slice(q.pf.get(i).map_or(&[0u8; WQEBB][..], |b| &b[..]));
+            }
+            &cached[..]
+        } else {
+            self.hosts[q.host as usize].mem.slice(addr, room as u64).unwrap_or(&[])
+        };
         let width = bytes.get(7).map_or(1, |ds| wqebbs(ds & 0x3F).max(1) as u64);
         let bad = Fetched { wqe: None, wqebbs: width, scatter: Vec::new() };
         let Ok(d) = decode(bytes) else { return bad };
@@ -218,6 +229,55 @@ impl Fabric {
         };
         let w = w.with_flags(flags | (w.flags & WqeFlags::UNBIND)).with_wr_id(wr_id);
         Fetched { wqe: Some(w), wqebbs: width, scatter }
+    }
+
+    /// Prefetch for mlx5 QP `g`: whole WQEs from the one after the cached ones, up to the enable
+    /// limit and the cache's room, not past a WAIT whose CQ count has not been reached.
+    pub(crate) fn mlx5_refill(&mut self, g: u32) {
+        loop {
+            let q = &self.qps[g as usize];
+            if q.pf.len > 0 {
+                if let Some((t, sel, count)) = q.pf_wait {
+                    if !self.qps[t as usize].cq(sel).reached(count, self.now) {
+                        return;
+                    }
+                }
+            }
+            let end = q.sq.end().min(q.sq.consumer + q.sq.depth as u64);
+            let next = q.sq.consumer + q.pf.len as u64;
+            if next >= end {
+                return;
+            }
+            let slot = (next % q.sq.depth as u64) as usize;
+            let room = (q.sq.depth as usize - slot).min(MAX_WQEBBS) * WQEBB;
+            let addr = q.sq.slot_addr(next);
+            let mem = &self.hosts[q.host as usize].mem;
+            let Some(bytes) = mem.slice(addr, room as u64) else { return };
+            let width = bytes.get(7).map_or(1, |ds| wqebbs(ds & 0x3F).max(1));
+            if next + width as u64 > end || q.pf.len + width > q.pf.cap() || width * WQEBB > bytes.len() {
+                return;
+            }
+            let wait = match decode(bytes).map(|d| d.op) {
+                Ok(Mlx5Op::Wait { cqn, pi }) => {
+                    let (qpn, sel) = (cqn >> 1, if cqn & 1 == 1 { QueueSel::Recv } else { QueueSel::Send });
+                    self.resolve(q.host, qpn).map(|t| {
+                        let count = self.qps[t as usize].cq(sel).count;
+                        let d = (pi.get().wrapping_sub(count as u32) & CqIndex::MASK) as u64;
+                        (t, sel, if d < 1 << 23 { count + d } else { count.saturating_sub((1 << 24) - d) })
+                    })
+                }
+                _ => None,
+            };
+            let mut blocks = [[0u8; WQEBB]; MAX_WQEBBS];
+            for (k, b) in blocks.iter_mut().enumerate().take(width) {
+                b.copy_from_slice(&bytes[k * WQEBB..(k + 1) * WQEBB]);
+            }
+            let q = &mut self.qps[g as usize];
+            for b in blocks.iter().take(width) {
+                *q.pf.push_slot() = *b;
+            }
+            q.pf_wait = wait;
+        }
     }
 
     /// Consume the next receive WQE of mlx5 QP `p`. `Err(wr_id)` if its bytes do not decode.

@@ -138,6 +138,11 @@ impl Prefetch {
         self.len += 1;
         &mut self.buf[i]
     }
+    /// The `i`-th entry from the front.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<&[u8; WQE_SIZE]> {
+        (i < self.len).then(|| &self.buf[(self.head + i) % self.buf.len()])
+    }
     #[inline]
     pub fn pop(&mut self) {
         if self.len > 0 {
@@ -188,6 +193,8 @@ pub(crate) struct Qp {
     pub head_wqebbs: u64,
     /// The local buffers of the scatter READ being executed (mlx5 form).
     pub scatter: Vec<omw_core::wqe::Sge>,
+    /// mlx5 form: the last prefetched WQE, if it is a WAIT — (CQ owner, queue, count).
+    pub pf_wait: Option<(u32, QueueSel, u64)>,
 }
 
 impl Qp {

@@ -296,6 +296,9 @@ impl Fabric {
         if q.state != QpState::Rts || !q.alive {
             return;
         }
+        if q.mlx5 {
+            return self.mlx5_refill(g);
+        }
         let end = q.sq.end().min(q.sq.consumer + q.sq.depth as u64);
         let mut next = q.sq.consumer + q.pf.len as u64;
         let cap = q.pf.cap();

@@ -85,14 +85,19 @@ pub fn arm<B: RdmaBackend>(backend: &mut B, layout: &ChainLayout, recv_copies: u
     layout.validate().map_err(ArmError::Invalid)?;
     match backend.wqe_format() {
         WqeFormat::Canonical => arm_unchecked(backend, layout, recv_copies),
-        WqeFormat::Mlx5 => arm_mlx5(backend, layout, recv_copies),
+        WqeFormat::Mlx5 => arm_mlx5(backend, layout, recv_copies, true),
     }
 }
 
 /// [`arm`] for a device that fetches the mlx5 form: the chain laid out in WQEBBs
 /// ([`Mlx5Chain::build`]), its ring images and lap counters written into MN memory here, the
 /// rest (wr_id map, RECVs, first enables) by the backend.
-fn arm_mlx5<B: RdmaBackend>(backend: &mut B, layout: &ChainLayout, recv_copies: u32) -> Result<(), ArmError<B::Error>> {
+fn arm_mlx5<B: RdmaBackend>(
+    backend: &mut B,
+    layout: &ChainLayout,
+    recv_copies: u32,
+    checked: bool,
+) -> Result<(), ArmError<B::Error>> {
     let q = |v: u32| Qpn::new(v).map_err(|_| ArmError::BadQpn(v));
     let qpns = [q(layout.qpns[0])?, q(layout.qpns[1])?];
     let ring_bases = [
@@ -100,7 +105,9 @@ fn arm_mlx5<B: RdmaBackend>(backend: &mut B, layout: &ChainLayout, recv_copies: 
         backend.ring_base(qpns[1], QueueSel::Send).map_err(ArmError::Backend)?,
     ];
     let cqns = backend.cq_numbers(qpns[0], qpns[1]).ok_or(ArmError::NoMlx5Arming)?;
-    let chain = Mlx5Chain::build(layout, Mlx5Queues { cqns, ring_bases }).map_err(ArmError::Mlx5)?;
+    let queues = Mlx5Queues { cqns, ring_bases };
+    let chain = if checked { Mlx5Chain::build(layout, queues) } else { Mlx5Chain::build_unchecked(layout, queues) };
+    let chain = chain.map_err(ArmError::Mlx5)?;
     for (base, ring) in ring_bases.iter().zip(chain.rings.iter()) {
         backend.write_local(*base, ring).map_err(ArmError::Backend)?;
     }
@@ -117,6 +124,9 @@ pub fn arm_unchecked<B: RdmaBackend>(
     layout: &ChainLayout,
     recv_copies: u32,
 ) -> Result<(), ArmError<B::Error>> {
+    if backend.wqe_format() == WqeFormat::Mlx5 {
+        return arm_mlx5(backend, layout, recv_copies, false);
+    }
     let q = |v: u32| Qpn::new(v).map_err(|_| ArmError::BadQpn(v));
     let qpns = [q(layout.qpns[0])?, q(layout.qpns[1])?];
     let bases = [

@@ -529,6 +529,15 @@ impl Mlx5Chain {
     /// Lay a validated canonical chain out in mlx5 form on the device queues `queues`.
     pub fn build(layout: &ChainLayout, queues: Mlx5Queues) -> Result<Self, Mlx5ChainError> {
         layout.validate().map_err(Mlx5ChainError::Invalid)?;
+        let chain = Self::build_unchecked(layout, queues)?;
+        chain.validate()?;
+        Ok(chain)
+    }
+
+    /// [`Mlx5Chain::build`] without the canonical layout's validation or this form's: only for
+    /// showing what an invalid chain does on a device model (e.g. an ungated patch under
+    /// prefetching). Never for a real chain.
+    pub fn build_unchecked(layout: &ChainLayout, queues: Mlx5Queues) -> Result<Self, Mlx5ChainError> {
         let (junk, shadow_base) = (layout.mlx5.junk, layout.mlx5.shadows);
         let mut b = Build { layout, items: [heapless::Vec::new(), heapless::Vec::new()], junk };
         let n = layout.steps.len();
@@ -815,7 +824,6 @@ impl Mlx5Chain {
             initial_index,
             canonical: layout.clone(),
         };
-        chain.validate()?;
         Ok(chain)
     }
 
