@@ -245,6 +245,8 @@ pub struct FpgaConfig {
     pub threads: u8,
     /// Host process id passed to `IOCTL_REGISTER_CTID`.
     pub hpid: u32,
+    /// Engine-visible memory `alloc_memory` hands out (pool, metadata, buffers), bump-allocated.
+    pub node_memory: Option<(u64, u64)>,
 }
 
 impl FpgaConfig {
@@ -258,7 +260,12 @@ impl FpgaConfig {
             pmtu: DEFAULT_PMTU,
             threads: 0,
             hpid: std::process::id(),
+            node_memory: None,
         }
+    }
+    pub fn with_node_memory(mut self, base: u64, len: u64) -> Self {
+        self.node_memory = Some((base, len));
+        self
     }
     pub fn with_ring_arena(mut self, base: u64, len: u64) -> Self {
         self.ring_arena = Some((base, len));
@@ -377,6 +384,8 @@ pub struct FpgaBackend<M: Mmio + CoyoteDriver, H: HostMemory> {
     qps: Vec<QpShim>,
     ctids: [bool; N_CTID_MAX],
     arena_next: u64,
+    /// Next free byte of `FpgaConfig::node_memory`.
+    memory_next: u64,
     /// The ring arena in the MN-private domain, with remote rights.
     ring_keys: Option<MrKeys>,
     /// The ring arena in the CN-facing domain, local access only.
@@ -442,6 +451,7 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
             qps: vec![QpShim::default(); N_CTID_MAX],
             ctids: [false; N_CTID_MAX],
             arena_next: cfg.ring_arena.map(|a| a.0).unwrap_or(0),
+            memory_next: cfg.node_memory.map(|a| a.0).unwrap_or(0),
             ring_keys: None,
             ring_keys_local: None,
             seq: 0,
@@ -1169,6 +1179,50 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
 
     fn ring_keys(&self, d: Domain) -> Result<MrKeys, Error> {
         self.ring_keys_in(d)
+    }
+    fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, Error> {
+        let (base, size) = self.cfg.node_memory.ok_or(Error::Unsupported {
+            what: "allocating node memory",
+            why: "no engine-visible memory was configured (FpgaConfig::with_node_memory)",
+        })?;
+        if !align.is_power_of_two() {
+            return Err(Error::Unsupported {
+                what: "an alignment that is not a power of two",
+                why: "addresses are masked",
+            });
+        }
+        let start = self.memory_next.checked_next_multiple_of(align).ok_or(Error::ArenaExhausted { need: len })?;
+        let end = start.checked_add(len).ok_or(Error::ArenaExhausted { need: len })?;
+        if end > base + size {
+            return Err(Error::ArenaExhausted { need: end - (base + size) });
+        }
+        self.mem.write(start, &vec![0u8; len as usize])?;
+        self.memory_next = end;
+        Ok(start)
+    }
+
+    /// Two registered Coyote threads that have no rings yet become a connected pair through
+    /// the extension block's internal loopback.
+    fn create_loopback_qp(&mut self, d: Domain, managed: Option<u32>) -> Result<Qpn, Error> {
+        let mut free = (0..N_CTID_MAX as u8).rev().filter(|c| {
+            self.ctids[*c as usize] && self.qps[*c as usize].rings.is_none() && self.qps[*c as usize].conn.is_none()
+        });
+        let (Some(a), Some(b)) = (free.next(), free.next()) else {
+            return Err(Error::Unsupported {
+                what: "another loopback QP pair",
+                why: "every registered Coyote thread already has a QP (FpgaConfig::with_threads)",
+            });
+        };
+        let req = match managed {
+            Some(depth) => QpSetup::managed(depth, 0),
+            None => QpSetup::plain(16, 0),
+        };
+        let qa = self.create_qp(a, req.in_domain(d))?;
+        let qb = self.create_qp(b, QpSetup::plain(0, 0).in_domain(d))?;
+        let ip = self.cfg.local_ip;
+        self.connect_qp(a, &QpConnect { remote_qpn: qb.get(), remote_ip: ip, ..QpConnect::default() })?;
+        self.connect_qp(b, &QpConnect { remote_qpn: qa.get(), remote_ip: ip, ..QpConnect::default() })?;
+        Ok(qa)
     }
 
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {

@@ -17,30 +17,24 @@ use crate::protection::PdId;
 use crate::qp::QpConfig;
 use omw_core::access::AccessFlags;
 use omw_core::backend::{
-    Capabilities, Completion, Domain, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
+    Capabilities, Completion, Domain, ExecutionMode, ModeError, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode,
+    WcStatus,
 };
 use omw_core::chain::ChainKind;
 use omw_core::cn::{Allocation, Client, ClientError, ClientEvent};
-use omw_core::geometry::PoolGeometry;
-use omw_core::host_engine::HostRegions;
+use omw_core::cn_driver::{AccessDone, CnDriver, CnError, CnEvent, CnMemory, CnQpSet, OpId};
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
-use omw_core::mn::{CnQps, Event, MemoryNode, MnConfig};
+use omw_core::mn::{CnQps, Event};
 use omw_core::mn_driver::{DriverError, MnDriver};
-use omw_core::mn_memory::MnMemoryMap;
-use omw_core::mn_plan::{MnOptions, MnPlan, MnRegions, Region};
-use omw_core::wire::{ErrorCode, FreeRequest};
-use omw_core::wqe::{QueueSel, RecvWqe, Sge, Wqe};
-use std::cell::RefCell;
+use omw_core::mn_plan::{MnOptions, MnPlan, PoolSpec, ProvisionError, Region};
+use omw_core::wire::ErrorCode;
+use omw_core::wqe::{QueueSel, RecvWqe, Wqe};
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::rc::Rc;
 
 /// Most live allocations one modelled CN tracks.
-pub const CN_MAX_LIVE: usize = 4096;
-/// Receive WQEs each CN keeps posted on its Alloc QP (replies) and first access QP (messages).
-const CN_RECVS: u64 = 8;
-const MSG_BUF: u64 = 64;
-/// Send buffers each CN rotates through (requests outstanding at once).
-const CN_SEND_SLOTS: u64 = 16;
+pub const CN_MAX_LIVE: usize = 1024;
 
 #[derive(Clone, Copy, Debug)]
 pub struct ClusterConfig {
@@ -81,41 +75,56 @@ impl ClusterConfig {
 #[non_exhaustive]
 pub enum ClusterError {
     Model(LoopbackError),
-    Driver(String),
-    Config(String),
+    /// The MN plan refused the configuration (e.g. offload demanded on a NIC without it).
+    Mode(ModeError),
+    Provision(ProvisionError<LoopbackError>),
+    Driver(DriverError<LoopbackError>),
+    /// A CN's driver failed (its own device calls).
+    Cn {
+        cn: usize,
+        error: CnError<LoopbackError>,
+    },
+    /// A new CN never received its connect info.
+    NoConnectInfo {
+        cn: usize,
+    },
 }
 
 impl fmt::Display for ClusterError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ClusterError::Model(e) => write!(f, "model: {e}"),
+            ClusterError::Mode(e) => write!(f, "MN plan: {e}"),
+            ClusterError::Provision(e) => write!(f, "provisioning the MN: {e}"),
             ClusterError::Driver(e) => write!(f, "MN driver: {e}"),
-            ClusterError::Config(e) => write!(f, "configuration: {e}"),
+            ClusterError::Cn { cn, error } => write!(f, "cn{cn}: {error}"),
+            ClusterError::NoConnectInfo { cn } => write!(f, "cn{cn} never received its connect info"),
         }
     }
 }
-impl std::error::Error for ClusterError {}
+impl std::error::Error for ClusterError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ClusterError::Model(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 impl From<LoopbackError> for ClusterError {
     fn from(e: LoopbackError) -> Self {
         ClusterError::Model(e)
     }
 }
-impl<E: fmt::Display> From<DriverError<E>> for ClusterError {
-    fn from(e: DriverError<E>) -> Self {
-        ClusterError::Driver(e.to_string())
+impl From<DriverError<LoopbackError>> for ClusterError {
+    fn from(e: DriverError<LoopbackError>) -> Self {
+        ClusterError::Driver(e)
     }
 }
 
-/// One of a CN's own QPs.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum CnQp {
-    Alloc,
-    Free,
-    Access(usize),
-}
+pub use omw_core::cn_driver::CnQp;
 
 /// Why a CN operation did not succeed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum CnOpError {
     /// The MN refused (empty queue, not the owner, bad request, …).
@@ -123,9 +132,39 @@ pub enum CnOpError {
     Client(ClientError),
     /// The CN's own work request failed.
     Device(WcStatus),
+    /// The CN's driver refused or its device call failed.
+    Cn(CnError<LoopbackError>),
     /// Nothing came back (the CN's management QP is gone, e.g. after a quota disconnect).
     NoReply,
     Crashed,
+    NoSuchCn(usize),
+    /// Running the cluster failed while the operation waited.
+    Cluster(Rc<ClusterError>),
+}
+
+impl PartialEq for CnOpError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (CnOpError::Mn(a), CnOpError::Mn(b)) => a == b,
+            (CnOpError::Client(a), CnOpError::Client(b)) => a == b,
+            (CnOpError::Device(a), CnOpError::Device(b)) => a == b,
+            (CnOpError::Cn(a), CnOpError::Cn(b)) => a == b,
+            (CnOpError::NoReply, CnOpError::NoReply) | (CnOpError::Crashed, CnOpError::Crashed) => true,
+            (CnOpError::NoSuchCn(a), CnOpError::NoSuchCn(b)) => a == b,
+            (CnOpError::Cluster(a), CnOpError::Cluster(b)) => Rc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+impl Eq for CnOpError {}
+
+impl From<CnError<LoopbackError>> for CnOpError {
+    fn from(e: CnError<LoopbackError>) -> Self {
+        match e {
+            CnError::Client(c) => CnOpError::Client(c),
+            e => CnOpError::Cn(e),
+        }
+    }
 }
 
 impl fmt::Display for CnOpError {
@@ -134,11 +173,16 @@ impl fmt::Display for CnOpError {
             CnOpError::Mn(c) => write!(f, "MN refused: {c:?}"),
             CnOpError::Client(e) => write!(f, "{e}"),
             CnOpError::Device(s) => write!(f, "work request failed: {s}"),
+            CnOpError::Cn(e) => write!(f, "CN driver: {e}"),
             CnOpError::NoReply => f.write_str("no reply from the MN"),
             CnOpError::Crashed => f.write_str("this CN has crashed"),
+            CnOpError::NoSuchCn(i) => write!(f, "no CN {i}"),
+            CnOpError::Cluster(e) => write!(f, "{e}"),
         }
     }
 }
+
+impl std::error::Error for CnOpError {}
 
 /// A seeded schedule of who runs next (see [`Cluster::set_interleaving`]).
 #[derive(Debug)]
@@ -170,18 +214,31 @@ impl Interleave {
     }
 }
 
-/// The MN's [`RdmaBackend`]: its host on the shared fabric. [`Domain::CnFacing`] is the
-/// host's PD 0, [`Domain::MnPrivate`] a PD of its own that only the MN's loopback QPs are in.
+/// A node's [`RdmaBackend`]: its host on the shared fabric. [`Domain::CnFacing`] is the
+/// host's PD 0; [`Domain::MnPrivate`] a PD of its own that only the MN's loopback QPs are in
+/// (a CN has none and is refused it).
 #[derive(Clone, Debug)]
-pub struct MnBackend {
+pub struct NodeBackend {
     pub fabric: Rc<RefCell<Fabric>>,
     pub host: HostId,
-    pub private_pd: PdId,
-    /// When set, NIC steps may run between the MN's own accesses.
+    pub private_pd: Option<PdId>,
+    /// When set, NIC steps may run between the node's own accesses.
     pub interleave: Option<Rc<RefCell<Interleave>>>,
+    /// The MN's polls, like a CPU spinning on its CQ, run the NIC first; a CN's only take what
+    /// is there (the harness decides when the fabric runs).
+    spin_on_poll: bool,
+    /// Modelled time of the last alloc reply (WRITE_WITH_IMM) a poll returned.
+    pub last_reply_at: Cell<u64>,
 }
 
-impl MnBackend {
+/// The MN's backend.
+pub type MnBackend = NodeBackend;
+
+impl NodeBackend {
+    fn new(fabric: Rc<RefCell<Fabric>>, host: HostId, private_pd: Option<PdId>) -> Self {
+        let spin_on_poll = private_pd.is_some();
+        NodeBackend { fabric, host, private_pd, interleave: None, spin_on_poll, last_reply_at: Cell::new(0) }
+    }
     fn qa(&self, q: Qpn) -> QpAddr {
         QpAddr::new(self.host, q)
     }
@@ -196,15 +253,15 @@ impl MnBackend {
             }
         }
     }
-    pub fn pd(&self, d: Domain) -> PdId {
+    pub fn pd(&self, d: Domain) -> Result<PdId, LoopbackError> {
         match d {
-            Domain::CnFacing => PdId(0),
-            Domain::MnPrivate => self.private_pd,
+            Domain::CnFacing => Ok(PdId(0)),
+            Domain::MnPrivate => self.private_pd.ok_or(LoopbackError::NoSuchPd { host: self.host, pd: u32::MAX }),
         }
     }
 }
 
-impl RdmaBackend for MnBackend {
+impl RdmaBackend for NodeBackend {
     type Error = LoopbackError;
     fn capabilities(&self) -> Capabilities {
         self.fabric.borrow().capabilities()
@@ -217,7 +274,18 @@ impl RdmaBackend for MnBackend {
         self.fabric.borrow_mut().post_recv(self.qa(qp), wqe)
     }
     fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize, LoopbackError> {
-        self.fabric.borrow_mut().poll_cq(self.qa(qp), queue, out)
+        let mut f = self.fabric.borrow_mut();
+        if self.spin_on_poll {
+            return f.poll_cq(self.qa(qp), queue, out);
+        }
+        let mut at = vec![0u64; out.len()];
+        let n = f.poll_at(self.qa(qp), queue, out, &mut at)?;
+        for (c, t) in out[..n].iter().zip(&at) {
+            if c.opcode == WcOpcode::RecvRdmaWithImm {
+                self.last_reply_at.set(*t);
+            }
+        }
+        Ok(n)
     }
     fn enable(&mut self, qp: Qpn, queue: QueueSel, count: u64) -> Result<(), LoopbackError> {
         self.fabric.borrow_mut().enable(self.qa(qp), queue, count)
@@ -232,7 +300,7 @@ impl RdmaBackend for MnBackend {
         self.fabric.borrow().qp_state(self.qa(qp))
     }
     fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
-        let pd = self.pd(d);
+        let pd = self.pd(d)?;
         self.fabric.borrow_mut().reg_mr(self.host, pd, addr, len, access)
     }
     fn alloc_mw(&mut self) -> Result<Rkey, LoopbackError> {
@@ -250,7 +318,17 @@ impl RdmaBackend for MnBackend {
         self.fabric.borrow().ring_base(self.qa(qp), queue)
     }
     fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
-        self.fabric.borrow().ring_keys_in(self.host, self.pd(d))
+        self.fabric.borrow().ring_keys_in(self.host, self.pd(d)?)
+    }
+    fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, LoopbackError> {
+        self.fabric.borrow_mut().alloc(self.host, len, align)
+    }
+    fn create_loopback_qp(&mut self, d: Domain, managed: Option<u32>) -> Result<Qpn, LoopbackError> {
+        let pd = self.pd(d)?;
+        Ok(self.fabric.borrow_mut().create_loopback_qp(self.host, pd, managed)?.qpn)
+    }
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        self.fabric.borrow().outstanding(self.qa(qp), queue)
     }
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         RdmaBackend::mw_binding(&self.fabric.borrow_mut().view(self.host), rkey)
@@ -275,28 +353,18 @@ impl RdmaBackend for MnBackend {
     }
 }
 
-/// One modelled compute node.
+/// One modelled compute node: its host and QPs, driven by the core's [`CnDriver`].
 #[derive(Debug)]
 pub struct CnNode {
     pub host: HostId,
     pub id: CnId,
-    pub client: Client<CN_MAX_LIVE>,
+    pub driver: CnDriver<NodeBackend, CN_MAX_LIVE>,
     /// CN ends of the Alloc, Free and access QPs.
     pub alloc_qp: QpAddr,
     pub free_qp: QpAddr,
     pub access_qps: Vec<QpAddr>,
     /// MN ends (what the MN knows).
     pub mn_qps: CnQps,
-    reply_buf: u64,
-    reply_keys: MrKeys,
-    io_buf: u64,
-    io_keys: MrKeys,
-    msg_bufs: u64,
-    msg_lkey: u32,
-    msg_seq: u64,
-    send_bufs: u64,
-    send_lkey: u32,
-    send_seq: u64,
     pub crashed: bool,
     /// The CN stopped posting receives (and polling): it still sends what the test makes it
     /// send, but nothing the MN sends it can land once its posted receives are used up.
@@ -312,8 +380,17 @@ pub struct CnNode {
     /// completion timestamp of its WRITE_WITH_IMM), for latency measurements.
     pub last_reply_at: u64,
     replies: Vec<(u32, Result<Allocation, CnOpError>)>,
-    /// Tokens of free requests in flight (an error may come back for them).
-    free_tokens: Vec<u32>,
+    /// What the last raw work request brought back into its I/O slot.
+    last_io: Vec<u8>,
+}
+
+impl CnNode {
+    pub fn client(&self) -> &Client<CN_MAX_LIVE> {
+        self.driver.client()
+    }
+    pub fn client_mut(&mut self) -> &mut Client<CN_MAX_LIVE> {
+        self.driver.client_mut()
+    }
 }
 
 /// What a pump round saw on the MN side.
@@ -352,11 +429,8 @@ impl Cluster {
             cfg.nic.capabilities(),
             MnOptions { mode: cfg.mode, allow_insecure: false, scrub: cfg.scrub },
         )
-        .map_err(|e| ClusterError::Config(e.to_string()))?;
+        .map_err(ClusterError::Mode)?;
         let mode = plan.mode;
-        let geo = PoolGeometry::new(1 << 30, cfg.chunk_size, cfg.chunks, cfg.group_size)
-            .map_err(|e| ClusterError::Config(e.to_string()))?;
-        let max_cns = cfg.cns.clamp(1, omw_core::mn::MAX_CNS) as u32;
         let mut f = Fabric::new(cfg.nic);
         let mn = f.add_host("mn")?;
         let private_pd = f.alloc_pd(mn)?;
@@ -364,59 +438,26 @@ impl Cluster {
         for r in plan.registrations().iter().filter(|r| r.region == Region::Rings && r.domain == Domain::MnPrivate) {
             f.register_ring_arena(mn, private_pd, r.access)?;
         }
-        let pool = f.alloc(mn, geo.pool_len(), geo.chunk_size())?;
-        let geo = PoolGeometry::new(pool, cfg.chunk_size, cfg.chunks, cfg.group_size)
-            .map_err(|e| ClusterError::Config(e.to_string()))?;
-        // metadata: queue, MWTable, scratch
-        let align = MnMemoryMap::required_alignment(&geo, max_cns);
-        let len = MnMemoryMap::len_for(&geo, max_cns);
-        let meta = f.alloc(mn, len, align.max(64))?;
-        let map = MnMemoryMap::new(geo, max_cns, meta).ok_or(ClusterError::Config("metadata map".into()))?;
-        let zero_source = if plan.needs_zero_source() { Some(f.alloc(mn, geo.chunk_size(), 64)?) } else { None };
         let fabric = Rc::new(RefCell::new(f));
-        let mut backend = MnBackend { fabric: fabric.clone(), host: mn, private_pd, interleave: None };
-        let keys = plan.register_metadata(&mut backend, &MnRegions { map, zero_source }).map_err(plan_err)?;
-        let mut lkeys = Vec::new();
-        plan.register_pool(&mut backend, &geo, |_, k| lkeys.push(k)).map_err(plan_err)?;
-        let per_chunk_mrs = plan.per_chunk_mrs;
-        let mut rkeys = Vec::new();
-        for _ in 0..(geo.chunk_count() as usize * geo.group_size()) {
-            rkeys.push(backend.alloc_mw()?);
-        }
-        let mut f = fabric.borrow_mut();
-        let (admin, _) = f.create_connected_pair(mn, QpConfig::default(), mn, QpConfig::default())?;
-        // the MN CPU's queue atomics go through the NIC, on a pair of the private domain
-        let atomic = match plan.loop_domain() {
-            Some(_) => {
-                let c = QpConfig::default().with_pd(private_pd);
-                Some(f.create_connected_pair(mn, c, mn, c)?.0.qpn)
-            }
-            None => None,
+        let backend = NodeBackend::new(fabric.clone(), mn, Some(private_pd));
+        let spec = PoolSpec {
+            chunk_size: cfg.chunk_size,
+            chunks: cfg.chunks,
+            group_size: cfg.group_size,
+            max_cns: cfg.cns.clamp(1, omw_core::mn::MAX_CNS) as u32,
+            quota: cfg.quota,
+            lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
+            queue_depth: None,
         };
-        drop(f);
-        let mcfg = MnConfig::from_plan(&plan, geo, max_cns, cfg.quota);
-        let node = MemoryNode::new(mcfg, map, keys).map_err(|e| ClusterError::Config(format!("{e:?}")))?;
-        let d = node.chain_ring_depths().map_err(|e| ClusterError::Config(e.to_string()))?;
-        // the mlx5 form's rings are its laps in WQEBBs
-        let d = if cfg.nic.wqe_format == omw_core::wqe_format::WqeFormat::Mlx5 {
-            let [a, f] = node.chain_sizing_layouts().map_err(|e| ClusterError::Config(e.to_string()))?;
-            let w = |l| omw_core::mlx5::chain::ring_wqebbs(l).map_err(|e| ClusterError::Config(e.to_string()));
-            [w(&a)?, w(&f)?]
-        } else {
-            d
-        };
+        let mut driver = plan.provision(backend, &spec).map_err(ClusterError::Provision)?;
+        // the chains' rings (and so their depths) in the NIC's WQE format
+        driver.mn.set_wqe_format(cfg.nic.wqe_format);
+        let d = driver
+            .mn
+            .chain_ring_depths()
+            .map_err(|e| ClusterError::Provision(ProvisionError::Driver(DriverError::Chain(e))))?;
         let ring_depths = [[d[0][0] as u32, d[0][1] as u32], [d[1][0] as u32, d[1][1] as u32]];
-        let regions = HostRegions::new(&map, &keys);
-        let mut driver = MnDriver::new(backend, node, regions, admin.qpn);
-        if let Some(q) = atomic {
-            driver = driver.with_atomic_qp(q);
-        }
-        let g = geo.group_size();
-        let per_chunk = per_chunk_mrs;
-        driver.format(
-            |gid, i| rkeys[gid.0 as usize * g + i],
-            |gid| if per_chunk { lkeys[gid.0 as usize] } else { lkeys[0] },
-        )?;
+        let per_chunk_mrs = plan.per_chunk_mrs;
         let mut c = Cluster {
             fabric,
             mn_host: mn,
@@ -441,19 +482,17 @@ impl Cluster {
         let g = self.cfg.group_size as usize;
         let offload = self.mode == ExecutionMode::Offloaded;
         let d = self.ring_depths;
-        let chain_cfg = |kind: usize, ring: usize| {
-            if offload {
-                QpConfig::managed(d[kind][ring], 1)
-            } else {
-                QpConfig::default()
-            }
+        let mgmt_cfg = |kind: usize| if offload { QpConfig::managed(d[kind][1], 1) } else { QpConfig::default() };
+        let (alloc_loop, free_loop) = match self.driver.create_loop_qps()? {
+            Some((a, f)) => (Some(a), Some(f)),
+            None => (None, None),
         };
         let mut f = self.fabric.borrow_mut();
         let host = f.add_host(&format!("cn{idx}"))?;
         let mn = self.mn_host;
-        let cn_cfg = QpConfig::default().with_depths(64, CN_RECVS as u32 * 2);
-        let (alloc_qp, mn_alloc) = f.create_connected_pair(host, cn_cfg, mn, chain_cfg(0, 1))?;
-        let (free_qp, mn_free) = f.create_connected_pair(host, cn_cfg, mn, chain_cfg(1, 1))?;
+        let cn_cfg = QpConfig::default().with_depths(64, 2 * omw_core::cn_driver::RECVS_PER_QP as u32);
+        let (alloc_qp, mn_alloc) = f.create_connected_pair(host, cn_cfg, mn, mgmt_cfg(0))?;
+        let (free_qp, mn_free) = f.create_connected_pair(host, cn_cfg, mn, mgmt_cfg(1))?;
         let mut access_qps = Vec::new();
         let mut mn_access = heapless::Vec::new();
         for _ in 1..g {
@@ -461,44 +500,32 @@ impl Cluster {
             access_qps.push(c);
             let _ = mn_access.push(m.qpn);
         }
-        let (alloc_loop, free_loop) = if offload {
-            // both ends in the MN's private PD: the only QPs through which MN memory is
-            // remotely reachable, and no CN has one
-            let pd = self.driver.backend.private_pd;
-            let resp = QpConfig::default().with_pd(pd);
-            let (a, _) = f.create_connected_pair(mn, chain_cfg(0, 0).with_pd(pd), mn, resp)?;
-            let (b, _) = f.create_connected_pair(mn, chain_cfg(1, 0).with_pd(pd), mn, resp)?;
-            (Some(a.qpn), Some(b.qpn))
-        } else {
-            (None, None)
-        };
-        let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-        let (reply_buf, reply_keys) = f.alloc_mr(host, PdId(0), 64, 64, rw)?;
-        let io_len = self.cfg.chunk_size.max(4096);
-        let (io_buf, io_keys) = f.alloc_mr(host, PdId(0), io_len, 64, AccessFlags::LOCAL_WRITE)?;
-        let (msg_bufs, msg_keys) = f.alloc_mr(host, PdId(0), MSG_BUF * CN_RECVS * 4, 64, AccessFlags::LOCAL_WRITE)?;
-        let (send_bufs, send_keys) =
-            f.alloc_mr(host, PdId(0), MSG_BUF * CN_SEND_SLOTS, 64, AccessFlags::LOCAL_WRITE)?;
         drop(f);
+        let mut backend = NodeBackend::new(self.fabric.clone(), host, None);
+        let reply = backend.alloc_memory(CnMemory::REPLY_LEN, 64)?;
+        let rk = backend.reg_mr(
+            Domain::CnFacing,
+            reply,
+            CnMemory::REPLY_LEN,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )?;
+        let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, self.cfg.chunk_size.max(4096));
+        let local = backend.alloc_memory(local_len, 64)?;
+        let lk = backend.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE)?;
+        let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
+        let qps =
+            CnQpSet { alloc: alloc_qp.qpn, free: free_qp.qpn, access: access_qps.iter().map(|q| q.qpn).collect() };
+        let mut driver = CnDriver::new(backend, qps, mem).map_err(|error| ClusterError::Cn { cn: idx, error })?;
+        driver.record_deliveries(true);
         let mn_qps = CnQps { alloc: mn_alloc.qpn, free: mn_free.qpn, access: mn_access, alloc_loop, free_loop };
-        let mut node = CnNode {
+        let node = CnNode {
             host,
-            id: CnId::new(u32::MAX).map_err(|e| ClusterError::Config(e.to_string()))?,
-            client: Client::new(),
+            id: CnId::UNASSIGNED,
+            driver,
             alloc_qp,
             free_qp,
             access_qps,
             mn_qps: mn_qps.clone(),
-            reply_buf,
-            reply_keys,
-            io_buf,
-            io_keys,
-            msg_bufs,
-            msg_lkey: msg_keys.lkey,
-            msg_seq: 0,
-            send_bufs,
-            send_lkey: send_keys.lkey,
-            send_seq: 0,
             crashed: false,
             stalled: false,
             silent: false,
@@ -506,54 +533,21 @@ impl Cluster {
             received: Vec::new(),
             last_reply_at: 0,
             replies: Vec::new(),
-            free_tokens: Vec::new(),
+            last_io: Vec::new(),
         };
-        Self::top_up(&mut self.fabric.borrow_mut(), &mut node)?;
         self.cns.push(node);
         self.counter_base.push((0, 0));
         let id = self.driver.connect(mn_qps)?;
         self.cns[idx].id = id;
         self.pump()?;
-        if self.cns[idx].client.id() != Some(id) {
-            return Err(ClusterError::Driver(format!("cn{idx} never received its connect info")));
+        if self.cns[idx].client().id() != Some(id) {
+            return Err(ClusterError::NoConnectInfo { cn: idx });
         }
         Ok(idx)
     }
 
     pub fn now(&self) -> u64 {
         self.fabric.borrow().now()
-    }
-
-    /// Keep receives posted on the CN's Alloc QP (reply immediates) and first access QP
-    /// (MN messages), e.g. after the MN reset the pair.
-    fn top_up(f: &mut Fabric, n: &mut CnNode) -> Result<(), ClusterError> {
-        if n.crashed || n.stalled {
-            return Ok(());
-        }
-        // both carry buffers: MN messages arrive on the Alloc QP (host engine) or on the first
-        // access QP (offloaded); replies (WRITE_WITH_IMM) need no buffer
-        for (qp, with_buf) in [(n.alloc_qp, true), (n.access_qps[0], true)] {
-            if f.qp_state(qp)? != QpState::Rts {
-                continue;
-            }
-            let st = f.qp_stats(qp)?;
-            let mut outstanding = st.recv_producer.saturating_sub(st.recv_consumer);
-            while outstanding < CN_RECVS {
-                let mut w = RecvWqe { wr_id: n.msg_seq, sges: heapless::Vec::new() };
-                if with_buf {
-                    let slot = n.msg_seq % (CN_RECVS * 4);
-                    let _ = w.sges.push(Sge {
-                        addr: n.msg_bufs + slot * MSG_BUF,
-                        length: MSG_BUF as u32,
-                        lkey: n.msg_lkey,
-                    });
-                }
-                n.msg_seq += 1;
-                f.post_recv(qp, &w)?;
-                outstanding += 1;
-            }
-        }
-        Ok(())
     }
 
     /// Run the model, the MN and the CNs until nothing moves.
@@ -623,11 +617,11 @@ impl Cluster {
         }
         // resumed laps count as movement (they posted their next device step)
         events += report.laps_advanced.min(1);
-        // the empty state: the MN watches the tail until every ticket is settled
-        if !self.driver.mn.tickets().is_empty() {
-            self.driver.handle(now, Event::WatchTail)?;
-            self.count_event(1);
-            act.cpu_events += 1;
+        // the MN's timers: the tail watch while tickets are outstanding, the lease
+        if self.driver.poll_timeout().is_some_and(|t| t <= now) {
+            let n = self.driver.handle_timeout(now)?;
+            self.count_event(n as u64);
+            act.cpu_events += n as u64;
         }
         Ok(events)
     }
@@ -662,76 +656,49 @@ impl Cluster {
         Ok(())
     }
 
-    /// Feed arrived completions to the CN clients; returns whether anything arrived.
+    /// Let every CN that is still running take what reached it; returns whether anything
+    /// arrived.
     fn service_cns(&mut self) -> Result<bool, ClusterError> {
         let mut moved = false;
-        let mut buf = [Completion::EMPTY; 16];
-        let mut f = self.fabric.borrow_mut();
-        let now = f.now();
-        for n in self.cns.iter_mut().filter(|n| !n.crashed && !n.stalled) {
-            // alloc replies (WRITE_WITH_IMM on the Alloc QP) and messages (SENDs on the Alloc QP
-            // or the first access QP, depending on where the MN sends them)
-            for qp in [n.alloc_qp, n.access_qps[0]] {
-                for tc in f.poll_timed(qp, QueueSel::Recv)? {
-                    moved = true;
-                    let c = tc.completion;
-                    if !c.status.is_ok() {
-                        continue;
+        let now = self.now();
+        for (idx, n) in self.cns.iter_mut().enumerate().filter(|(_, n)| !n.crashed && !n.stalled) {
+            n.driver.poll(now).map_err(|error| ClusterError::Cn { cn: idx, error })?;
+            while let Some(ev) = n.driver.next_event() {
+                moved = true;
+                match ev {
+                    CnEvent::Delivered { bytes, .. } => n.received.push(bytes.to_vec()),
+                    CnEvent::Allocated { token, result } => {
+                        n.last_reply_at = n.driver.backend.last_reply_at.get();
+                        n.replies.push((token, result.map_err(CnOpError::Client)));
                     }
-                    if c.opcode == WcOpcode::RecvRdmaWithImm {
-                        let imm = c.imm.unwrap_or(0);
-                        let mut b = [0u8; omw_core::wire::ALLOC_REPLY_LEN];
-                        f.read(n.host, n.reply_buf, &mut b)?;
-                        n.received.push(b.to_vec());
-                        let r = n.client.on_alloc_reply(imm, &b).map_err(CnOpError::Client);
-                        n.replies.push((imm, r));
-                        n.last_reply_at = tc.at;
-                        continue;
-                    }
-                    let slot = c.wr_id % (CN_RECVS * 4);
-                    let mut b = vec![0u8; (c.byte_len as usize).min(MSG_BUF as usize)];
-                    f.read(n.host, n.msg_bufs + slot * MSG_BUF, &mut b)?;
-                    n.received.push(b.clone());
-                    let pending = n.client.pending_token();
-                    match n.client.on_message(now, &b) {
-                        Ok(ClientEvent::Failed { token, code }) => {
-                            // only answers to requests this CN is waiting for count; an error
-                            // about bytes it never meant to send is just recorded
-                            if Some(token) == pending || n.free_tokens.contains(&token) {
-                                n.replies.push((token, Err(CnOpError::Mn(code))));
-                            }
-                            n.events.push(ClientEvent::Failed { token, code });
+                    CnEvent::Refused { token, code, ours } => {
+                        // only answers to requests this CN is waiting for count; an error
+                        // about bytes it never meant to send is just recorded
+                        if ours {
+                            n.replies.push((token, Err(CnOpError::Mn(code))));
                         }
-                        Ok(ClientEvent::Probed) => {}
-                        Ok(ev) => n.events.push(ev),
-                        Err(_) => {}
+                        n.events.push(ClientEvent::Failed { token, code });
                     }
+                    CnEvent::Connected(id) => n.events.push(ClientEvent::Connected(id)),
+                    CnEvent::Empty => n.events.push(ClientEvent::Empty),
+                    CnEvent::Available => n.events.push(ClientEvent::Available),
+                    CnEvent::Revoked => n.events.push(ClientEvent::Revoked),
+                    // a send or receive the model failed surfaces in the op that waits for it
+                    _ => {}
                 }
             }
-            // drain send completions of SENDs (their errors surface in the op that posted them)
-            for qp in [n.alloc_qp, n.free_qp] {
-                while f.poll(qp, QueueSel::Send, &mut buf)? > 0 {}
-            }
-            Self::top_up(&mut f, n)?;
         }
         Ok(moved)
     }
 
     // ------------------------------------------------------------------ CN operations
 
-    fn cn_send(&mut self, i: usize, qp: QpAddr, bytes: &[u8]) -> Result<(), CnOpError> {
-        let n = &mut self.cns[i];
-        if n.crashed {
-            return Err(CnOpError::Crashed);
+    fn live_cn(&mut self, i: usize) -> Result<&mut CnNode, CnOpError> {
+        match self.cns.get_mut(i) {
+            Some(n) if !n.crashed => Ok(n),
+            Some(_) => Err(CnOpError::Crashed),
+            None => Err(CnOpError::NoSuchCn(i)),
         }
-        // a ring of send buffers: several requests may be outstanding at once (one pump runs
-        // them all), and a SEND reads its buffer only when the NIC executes it
-        let slot = n.send_seq % CN_SEND_SLOTS;
-        n.send_seq += 1;
-        let mut f = self.fabric.borrow_mut();
-        let (buf, lkey) = (n.send_bufs + slot * MSG_BUF, n.send_lkey);
-        f.write(n.host, buf, bytes).map_err(|_| CnOpError::Device(WcStatus::LocProtErr))?;
-        f.post_send(qp, &Wqe::send(buf, lkey, bytes.len() as u32)).map_err(|_| CnOpError::Device(WcStatus::LocQpOpErr))
     }
 
     /// Allocate a chunk for CN `i`.
@@ -744,60 +711,36 @@ impl Cluster {
     /// test can interleave faults with the chain).
     pub fn alloc_begin(&mut self, i: usize) -> Result<u32, CnOpError> {
         let now = self.now();
-        let n = &mut self.cns[i];
-        if n.crashed {
-            return Err(CnOpError::Crashed);
-        }
-        let mut req = [0u8; 64];
-        let (token, len) =
-            n.client.alloc_request(now, n.reply_buf, n.reply_keys.rkey, &mut req).map_err(CnOpError::Client)?;
-        let qp = n.alloc_qp;
-        self.cn_send(i, qp, &req[..len])?;
-        Ok(token)
+        self.live_cn(i)?.driver.alloc(now).map_err(CnOpError::from)
     }
 
     /// CN `i` allocates but names `access_qpns` (MN ends) for its access windows instead of its
     /// own — a malicious or confused CN.
     pub fn alloc_naming(&mut self, i: usize, access_qpns: &[Qpn]) -> Result<Allocation, CnOpError> {
         let now = self.now();
-        let n = &mut self.cns[i];
-        if n.crashed {
-            return Err(CnOpError::Crashed);
-        }
-        let mut req = [0u8; 64];
-        let (token, len) =
-            n.client.alloc_request(now, n.reply_buf, n.reply_keys.rkey, &mut req).map_err(CnOpError::Client)?;
-        let g = self.cfg.group_size as usize - 1;
-        let mut r = omw_core::wire::AllocRequest::decode(&req[..len], g).map_err(|e| CnOpError::Client(e.into()))?;
-        r.access_qpns = access_qpns.iter().copied().take(g).collect();
-        let len = r.encode(&mut req).map_err(|e| CnOpError::Client(e.into()))?;
-        let qp = self.cns[i].alloc_qp;
-        self.cn_send(i, qp, &req[..len])?;
+        let token = self.live_cn(i)?.driver.alloc_naming(now, Some(access_qpns))?;
         self.alloc_finish(i, token)
     }
 
     /// Run everything and collect the answer to the alloc request `token`.
     pub fn alloc_finish(&mut self, i: usize, token: u32) -> Result<Allocation, CnOpError> {
-        self.pump().map_err(|e| CnOpError::Client(ClientError::Wire(wire_err(e))))?;
-        if self.cns[i].crashed {
-            return Err(CnOpError::Crashed);
-        }
+        self.pump().map_err(|e| CnOpError::Cluster(Rc::new(e)))?;
+        self.live_cn(i)?;
         self.take_reply(i, token)
     }
 
     fn take_reply(&mut self, i: usize, token: u32) -> Result<Allocation, CnOpError> {
-        let n = &mut self.cns[i];
+        let n = self.live_cn(i)?;
         if let Some(pos) = n.replies.iter().position(|(t, _)| *t == token) {
             return n.replies.remove(pos).1;
         }
-        n.client.abandon_pending();
+        n.client_mut().abandon_pending();
         Err(CnOpError::NoReply)
     }
 
     /// Send arbitrary bytes on CN `i`'s Alloc or Free QP (a malicious or broken CN).
     pub fn send_raw(&mut self, i: usize, kind: ChainKind, bytes: &[u8]) -> Result<(), ClusterError> {
-        let qp = if kind == ChainKind::Alloc { self.cns[i].alloc_qp } else { self.cns[i].free_qp };
-        let _ = self.cn_send(i, qp, bytes);
+        let _ = self.send_raw_begin(i, kind, bytes);
         self.pump()?;
         Ok(())
     }
@@ -805,30 +748,29 @@ impl Cluster {
     /// Free one of CN `i`'s allocations. Frees are not acknowledged on success; an error
     /// notice with the request's token comes back on failure.
     pub fn free(&mut self, i: usize, a: &Allocation) -> Result<(), CnOpError> {
-        let bytes = self.cns[i].client.free_request(a.entry_addr).map_err(CnOpError::Client)?;
-        self.free_bytes(i, &bytes)
+        let token = self.live_cn(i)?.driver.free(a)?;
+        self.free_finish(i, token)
     }
 
     /// Post CN `i`'s free request without running anything (the free counterpart of
     /// [`Cluster::alloc_begin`]: several CNs' frees can then contend in one [`Cluster::pump`]).
     pub fn free_begin(&mut self, i: usize, a: &Allocation) -> Result<(), CnOpError> {
-        let bytes = self.cns[i].client.free_request(a.entry_addr).map_err(CnOpError::Client)?;
-        let qp = self.cns[i].free_qp;
-        self.cn_send(i, qp, &bytes)
+        self.live_cn(i)?.driver.free(a)?;
+        Ok(())
     }
 
     /// Post a free request for any entry address without running anything (a forger timing
     /// its request against other CNs' laps).
     pub fn free_raw_begin(&mut self, i: usize, entry_addr: u64) -> Result<(), CnOpError> {
-        let bytes = FreeRequest { token: 0xF0F0_0000 | i as u32, entry_addr }.encode();
-        let qp = self.cns[i].free_qp;
-        self.cn_send(i, qp, &bytes)
+        self.live_cn(i)?.driver.free_entry(entry_addr)?;
+        Ok(())
     }
 
     /// Post arbitrary bytes on CN `i`'s Alloc or Free QP without running anything.
     pub fn send_raw_begin(&mut self, i: usize, kind: ChainKind, bytes: &[u8]) -> Result<(), CnOpError> {
-        let qp = if kind == ChainKind::Alloc { self.cns[i].alloc_qp } else { self.cns[i].free_qp };
-        self.cn_send(i, qp, bytes)
+        let qp = if kind == ChainKind::Alloc { CnQp::Alloc } else { CnQp::Free };
+        self.live_cn(i)?.driver.send_raw(qp, bytes)?;
+        Ok(())
     }
 
     /// The answer to alloc request `token` if it has arrived (after a [`Cluster::pump`]).
@@ -838,74 +780,83 @@ impl Cluster {
 
     /// Send a free request for any entry address (forged frees).
     pub fn free_raw(&mut self, i: usize, entry_addr: u64) -> Result<(), CnOpError> {
-        let bytes = FreeRequest { token: 0xF0F0_0000 | i as u32, entry_addr }.encode();
-        self.free_bytes(i, &bytes)
+        let token = self.live_cn(i)?.driver.free_entry(entry_addr)?;
+        self.free_finish(i, token)
     }
 
-    fn free_bytes(&mut self, i: usize, bytes: &[u8]) -> Result<(), CnOpError> {
-        let token = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-        let qp = self.cns[i].free_qp;
-        self.cns[i].free_tokens.push(token);
-        self.cn_send(i, qp, bytes)?;
-        self.pump().map_err(|e| CnOpError::Client(ClientError::Wire(wire_err(e))))?;
-        let n = &mut self.cns[i];
-        n.free_tokens.retain(|t| *t != token);
+    fn free_finish(&mut self, i: usize, token: u32) -> Result<(), CnOpError> {
+        self.pump().map_err(|e| CnOpError::Cluster(Rc::new(e)))?;
+        let n = self.live_cn(i)?;
         if let Some(pos) = n.replies.iter().position(|(t, _)| *t == token) {
             n.replies.remove(pos).1?;
         }
         Ok(())
     }
 
-    /// CN `i` posts any work request on one of its own QPs — what a hostile CN can do. The
-    /// WQE's local buffer, if it names none, is the CN's I/O buffer. Runs the fabric, returns
-    /// the completion status, and brings the pair back after an error (the CN reconnecting).
-    pub fn cn_post(&mut self, i: usize, qp: CnQp, mut w: Wqe) -> WcStatus {
-        let n = &self.cns[i];
-        if n.crashed {
-            return WcStatus::LocQpOpErr;
-        }
-        let qp = match qp {
-            CnQp::Alloc => n.alloc_qp,
-            CnQp::Free => n.free_qp,
-            CnQp::Access(k) => match n.access_qps.get(k) {
-                Some(q) => *q,
-                None => return WcStatus::LocQpOpErr,
-            },
-        };
-        if w.lkey == 0 {
-            w.local_addr = n.io_buf;
-            w.lkey = n.io_keys.lkey;
-        }
-        let w = w.with_wr_id(0xA77A_0000 + i as u64).with_flags(w.flags | omw_core::wqe::WqeFlags::SIGNALED);
-        let mut f = self.fabric.borrow_mut();
-        if f.post_send(qp, &w).is_err() {
-            return WcStatus::LocQpOpErr;
-        }
-        let mut out = [Completion::EMPTY; 8];
-        let mut status = WcStatus::GeneralErr;
-        'poll: for _ in 0..4 {
-            if let Ok(k) = f.poll_cq(qp, QueueSel::Send, &mut out) {
-                for c in &out[..k] {
-                    if c.wr_id == w.wr_id {
-                        status = c.status;
-                        break 'poll;
-                    }
-                }
+    /// Run the fabric until the access `op` of CN `i` completed; its status and result bytes.
+    fn finish_access(&mut self, i: usize, op: OpId, out: &mut [u8]) -> Result<AccessDone, CnOpError> {
+        let qp = self.cns.get(i).and_then(|n| Some(QpAddr::new(n.host, n.driver.op_qpn(op)?)));
+        for _ in 0..4 {
+            if let Some(q) = qp {
+                self.fabric
+                    .borrow_mut()
+                    .spin_on(q, QueueSel::Send)
+                    .map_err(|e| CnOpError::Cluster(Rc::new(e.into())))?;
+            }
+            let n = self.live_cn(i)?;
+            let now = n.driver.backend.fabric.borrow().now();
+            // a stalled CN still sees its own sends complete, but takes and posts no receive
+            if n.stalled {
+                n.driver.poll_sends_only()?;
+            } else {
+                n.driver.poll(now)?;
+            }
+            if let Some(done) = n.driver.access_done(op, out)? {
+                return Ok(done);
             }
         }
-        if !status.is_ok() {
-            let _ = f.reset_qp(qp);
+        Err(CnOpError::NoReply)
+    }
+
+    /// Bring a CN's QP back after one of its own requests failed (the pair went to ERR): the
+    /// CN reconnecting, in the model a reset of the pair.
+    fn reconnect(&mut self, i: usize, qp: CnQp) {
+        if let Some(q) = self.cns.get(i).and_then(|n| n.driver.qps().get(qp)) {
+            let h = self.cns[i].host;
+            let _ = self.fabric.borrow_mut().reset_qp(QpAddr::new(h, q));
         }
-        drop(f);
+    }
+
+    /// CN `i` posts any work request on one of its own QPs — what a hostile CN can do. The
+    /// WQE's local buffer, if it names none, is one of the CN's I/O slots. Runs the fabric,
+    /// returns the completion status, and brings the pair back after an error (the CN
+    /// reconnecting). What the device wrote into the slot is then in [`Cluster::cn_io`].
+    pub fn cn_post(&mut self, i: usize, qp: CnQp, w: Wqe) -> WcStatus {
+        let op = match self.live_cn(i).map(|n| n.driver.post_wqe(qp, w)) {
+            Ok(Ok(op)) => op,
+            _ => return WcStatus::LocQpOpErr,
+        };
+        let mut out = vec![0u8; self.cns[i].driver.io_slot_len()];
+        let status = match self.finish_access(i, op, &mut out) {
+            Ok(d) => {
+                out.truncate(d.len);
+                d.status
+            }
+            Err(_) => WcStatus::GeneralErr,
+        };
+        self.cns[i].last_io = out;
+        if !status.is_ok() {
+            self.reconnect(i, qp);
+        }
         let _ = self.pump();
         status
     }
 
-    /// The bytes of CN `i`'s I/O buffer (what its last READ or atomic brought back).
+    /// What CN `i`'s last [`Cluster::cn_post`] brought back (a READ's data, an atomic's old
+    /// value), up to `len` bytes.
     pub fn cn_io(&self, i: usize, len: usize) -> Vec<u8> {
-        let n = &self.cns[i];
-        let mut b = vec![0u8; len];
-        let _ = self.fabric.borrow().read(n.host, n.io_buf, &mut b);
+        let mut b = self.cns[i].last_io.clone();
+        b.resize(len, 0);
         b
     }
 
@@ -928,53 +879,22 @@ impl Cluster {
         data: Option<&[u8]>,
         len: usize,
     ) -> (WcStatus, Vec<u8>) {
-        let n = &self.cns[i];
-        if n.crashed || q >= n.access_qps.len() {
-            return (WcStatus::LocQpOpErr, Vec::new());
-        }
-        let qp = n.access_qps[q];
-        let (buf, lkey, host) = (n.io_buf, n.io_keys.lkey, n.host);
-        let mut f = self.fabric.borrow_mut();
-        let len = len.min(self.cfg.chunk_size.max(4096) as usize);
-        let w = match data {
-            Some(d) => {
-                if f.write(host, buf, d).is_err() {
-                    return (WcStatus::LocProtErr, Vec::new());
-                }
-                Wqe::write(buf, lkey, len as u32, addr, rkey.0)
-            }
-            None => Wqe::read(buf, lkey, len as u32, addr, rkey.0),
+        let Ok(n) = self.live_cn(i) else { return (WcStatus::LocQpOpErr, Vec::new()) };
+        let len = len.min(n.driver.io_slot_len());
+        let posted = match data {
+            Some(d) => n.driver.post_write(q, addr, rkey, &d[..len]),
+            None => n.driver.post_read(q, addr, rkey, len),
         };
-        let w = w.with_wr_id(0xACC0_0000 + i as u64);
-        if f.post_send(qp, &w).is_err() {
-            return (WcStatus::LocQpOpErr, Vec::new());
-        }
-        let mut out = [Completion::EMPTY; 4];
-        let mut status = WcStatus::GeneralErr;
-        for _ in 0..4 {
-            match f.poll_cq(qp, QueueSel::Send, &mut out) {
-                Ok(k) if k > 0 => {
-                    if let Some(c) = out[..k].iter().find(|c| c.wr_id == w.wr_id) {
-                        status = c.status;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
+        let Ok(op) = posted else { return (WcStatus::LocQpOpErr, Vec::new()) };
         let mut got = vec![0u8; len];
-        if data.is_none() && status.is_ok() && f.read(host, buf, &mut got).is_err() {
-            status = WcStatus::LocProtErr;
-        }
-        drop(f);
+        let status = self.finish_access(i, op, &mut got).map(|d| d.status).unwrap_or(WcStatus::GeneralErr);
         // the MN sees nothing of one-sided traffic; a failed access left the pair in ERR:
         // bring it back the way a CN would reconnect
         if !status.is_ok() {
-            let mut f = self.fabric.borrow_mut();
-            let _ = f.reset_qp(qp);
+            self.reconnect(i, CnQp::Access(q));
         }
         let _ = self.service_cns();
-        (status, if data.is_none() { got } else { Vec::new() })
+        (status, if data.is_none() && status.is_ok() { got } else { Vec::new() })
     }
 
     /// Write `data` at `offset` of an allocation through access QP `q` with its own rkey.
@@ -1108,12 +1028,4 @@ impl Cluster {
         let t = f.read_u64(self.mn_host, q.tail).unwrap_or(0);
         q.live_len(h, t, self.driver.mn.map().max_cns)
     }
-}
-
-fn plan_err<E: fmt::Display>(e: omw_core::mn_plan::PlanError<E>) -> ClusterError {
-    ClusterError::Config(e.to_string())
-}
-
-fn wire_err(_: ClusterError) -> omw_core::wire::WireError {
-    omw_core::wire::WireError::InconsistentReply
 }

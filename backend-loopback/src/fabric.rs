@@ -678,12 +678,20 @@ impl Fabric {
 
     /// Drain visible completions (time ≤ now) into `out` without running the fabric.
     pub fn poll(&mut self, qp: QpAddr, queue: QueueSel, out: &mut [Completion]) -> Result<usize> {
+        self.poll_at(qp, queue, out, &mut [])
+    }
+
+    /// [`Fabric::poll`], with each completion's modelled time in `at` (as far as it reaches).
+    pub fn poll_at(&mut self, qp: QpAddr, queue: QueueSel, out: &mut [Completion], at: &mut [u64]) -> Result<usize> {
         let g = self.gq(qp)?;
         let now = self.now;
         let mut i = 0;
         let n = self.qps[g as usize].cq_mut(queue).poll(now, |c| {
             if i < out.len() {
                 out[i] = c.completion;
+                if let Some(t) = at.get_mut(i) {
+                    *t = c.at;
+                }
                 i += 1;
                 true
             } else {
@@ -709,6 +717,13 @@ impl Fabric {
     /// `NicConfig::poll_max_steps` steps); if the CQ then has only completions in the future,
     /// advance the clock to the first one; drain visible completions into `out`.
     pub fn poll_cq(&mut self, qp: QpAddr, queue: QueueSel, out: &mut [Completion]) -> Result<usize> {
+        self.spin_on(qp, queue)?;
+        self.poll(qp, queue, out)
+    }
+
+    /// Wait as a CPU spinning on one CQ waits: run the fabric until idle (at most
+    /// `NicConfig::poll_max_steps` steps), then let the clock reach the CQ's first completion.
+    pub fn spin_on(&mut self, qp: QpAddr, queue: QueueSel) -> Result<()> {
         let g = self.gq(qp)?;
         self.run_until_idle(self.cfg.poll_max_steps);
         if let Some(t) = self.qps[g as usize].cq(queue).next_time() {
@@ -716,7 +731,7 @@ impl Fabric {
                 self.now = t;
             }
         }
-        self.poll(qp, queue, out)
+        Ok(())
     }
 
     /// CQEs generated on a CQ since the QP's last reset (what a WAIT compares against).
@@ -761,6 +776,29 @@ impl Fabric {
 
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// A connected pair on one host, both ends in `pd`; returns the requester end. With
+    /// `managed_send_depth` its queues are managed (WAIT/ENABLE) and its send ring has exactly
+    /// that many entries (an offloaded chain's loop QP).
+    pub fn create_loopback_qp(&mut self, h: HostId, pd: PdId, managed_send_depth: Option<u32>) -> Result<QpAddr> {
+        let resp = QpConfig::default().with_pd(pd);
+        let req = match managed_send_depth {
+            Some(d) => QpConfig::managed(d, 1).with_pd(pd),
+            None => resp,
+        };
+        Ok(self.create_connected_pair(h, req, h, resp)?.0)
+    }
+
+    /// Signaled work requests posted on a queue whose completions were not yet polled (the
+    /// `RdmaBackend::outstanding` of every view of the model).
+    pub fn outstanding(&self, qp: QpAddr, queue: QueueSel) -> Option<u64> {
+        let s = self.qp_stats(qp).ok()?;
+        // posted and not yet polled: still queued, or executed with its completion waiting
+        Some(match queue {
+            QueueSel::Send => s.send_producer.saturating_sub(s.send_consumer) + s.send_cq_queued as u64,
+            QueueSel::Recv => s.recv_producer.saturating_sub(s.recv_consumer) + s.recv_cq_queued as u64,
+        })
     }
 
     pub fn qp_stats(&self, qp: QpAddr) -> Result<QpStats> {

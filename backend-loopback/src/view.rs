@@ -94,6 +94,16 @@ impl RdmaBackend for HostView<'_> {
     fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
         self.fabric.ring_keys_in(self.host, self.pd(d)?)
     }
+    fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, LoopbackError> {
+        self.fabric.alloc(self.host, len, align)
+    }
+    fn create_loopback_qp(&mut self, d: Domain, managed: Option<u32>) -> Result<Qpn, LoopbackError> {
+        let pd = self.pd(d)?;
+        Ok(self.fabric.create_loopback_qp(self.host, pd, managed)?.qpn)
+    }
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        self.fabric.outstanding(self.qp(qp), queue)
+    }
     fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
         let info = self.fabric.mw_binding(self.host, rkey.index())?;
         match info.state {

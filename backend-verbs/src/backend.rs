@@ -1406,6 +1406,21 @@ impl RdmaBackend for VerbsBackend {
             }
         }
     }
+
+    fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64> {
+        self.alloc_region(len, align)
+    }
+
+    /// libibverbs has neither a private domain nor managed queues here (no chain offload).
+    fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn> {
+        if domain == Domain::MnPrivate {
+            return Err(VerbsError::Unsupported("an MN-private protection domain (only chain offload needs one)"));
+        }
+        if managed_send_depth.is_some() {
+            return Err(VerbsError::Unsupported("managed (WAIT/ENABLE) send queues: upstream libibverbs has none"));
+        }
+        Ok(self.create_loopback_pair()?.0)
+    }
 }
 
 impl Drop for VerbsBackend {

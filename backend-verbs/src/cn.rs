@@ -1,8 +1,9 @@
 //! The compute-node client on libibverbs: connect to an MN over rdma_cm, allocate and free
 //! chunks, and read/write them with one-sided RDMA through the access QPs.
 //!
-//! The protocol state (tokens, live allocations, notices, reply checks) is the core's
-//! [`omw_core::cn::Client`]; this file moves its bytes.
+//! The CN side is the core's [`CnDriver`] (receive slots, reply/notice/token matching,
+//! staging, one-sided accesses) over the verbs backend; this file adds rdma_cm connection
+//! set-up and blocking calls with deadlines.
 //!
 //! Each allocation carries one rkey per access QP (window `i` works only through access QP
 //! `i`); pick the QP per traffic class. Blocking calls ([`CnClient::write`],
@@ -39,30 +40,27 @@
 //! ```
 
 use crate::backend::VerbsBackend;
-use crate::cm::{parse_welcome, Hello, Role, MGMT_RECVS};
+use crate::cm::{parse_welcome, Hello, Role};
 use crate::error::{Result, VerbsError};
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Completion, Domain, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::backend::{Domain, RdmaBackend, WcStatus};
 pub use omw_core::cn::Allocation;
-use omw_core::cn::{Client, ClientError, ClientEvent};
+use omw_core::cn::ClientError;
+use omw_core::cn_driver::{prime_receives, CnDriver, CnError, CnEvent, CnMemory, CnQp, CnQpSet, MessageQueue};
 use omw_core::ids::{CnId, Qpn, Rkey};
-use omw_core::wire::{ConnectInfo, ErrorCode, FreeRequest, ALLOC_REPLY_LEN};
-use omw_core::wqe::{QueueSel, RecvWqe, Sge, Wqe};
+use omw_core::wire::{ConnectInfo, ErrorCode};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// Largest single READ/WRITE the client stages.
-pub const STAGING: u64 = 4 << 20;
-const SLOT: u64 = 64;
-const SEND_OFF: u64 = 2 * MGMT_RECVS as u64 * SLOT;
-const STAGE_OFF: u64 = 8192;
 /// One-sided operations [`CnClient::post_write`] / [`CnClient::post_read`] may have in flight.
 pub const ASYNC_SLOTS: usize = 32;
 /// Largest asynchronous READ/WRITE (each in flight has a staging slot of this size).
-pub const ASYNC_SLOT: u64 = 32 << 10;
-const ASYNC_OFF: u64 = STAGE_OFF + STAGING;
-const LOCAL_LEN: u64 = ASYNC_OFF + ASYNC_SLOTS as u64 * ASYNC_SLOT;
+pub const ASYNC_SLOT: u64 = 128 << 10;
+/// Largest single blocking READ/WRITE ([`CnClient::read`], [`CnClient::write`]: staged in
+/// slot-sized pieces).
+pub const STAGING: u64 = 4 << 20;
+const LOCAL_LEN: u64 = CnMemory::local_len_for(ASYNC_SLOTS, ASYNC_SLOT);
 
 /// An asynchronous one-sided operation ([`CnClient::post_write`], [`CnClient::post_read`]).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
@@ -78,8 +76,7 @@ pub struct OpDone {
 
 #[derive(Clone, Copy, Debug)]
 struct InFlight {
-    qp: Qpn,
-    slot: usize,
+    op: omw_core::cn_driver::OpId,
     /// READ: how many bytes come back.
     read_len: Option<usize>,
 }
@@ -107,40 +104,43 @@ pub enum Notice {
 }
 
 pub struct CnClient {
-    b: VerbsBackend,
-    client: Client<256>,
+    d: CnDriver<VerbsBackend, 256, ASYNC_SLOTS>,
     pub cn: CnId,
     pub info: ConnectInfo,
-    alloc_qp: Qpn,
-    free_qp: Qpn,
-    access: Vec<Qpn>,
-    local: u64,
-    local_lkey: u32,
-    reply: u64,
-    reply_rkey: u32,
-    replies: VecDeque<u32>,
+    replies: HashMap<u32, std::result::Result<Allocation, ClientError>>,
+    /// Requests whose SEND failed (token, status).
+    send_failures: VecDeque<(Option<u32>, WcStatus)>,
     pub notices: VecDeque<Notice>,
     timeout: Duration,
     t0: Instant,
-    wr: u64,
+    next_op: u64,
     /// The MN's QPs at the other end of Alloc, Free, access 0.. (as rdma_cm negotiated them).
     mn_qpns: Vec<Option<Qpn>>,
-    /// Send completions reaped and not yet claimed, by wr_id (blocking and asynchronous
-    /// operations share the CQs, so nobody may drop another's completion).
-    done: HashMap<u64, Completion>,
     in_flight: HashMap<u64, InFlight>,
-    free_slots: Vec<usize>,
+    /// A receive failure or bad message seen while waiting for an access: reported by the
+    /// next [`CnClient::pump`].
+    deferred: Option<VerbsError>,
 }
 
 impl std::fmt::Debug for CnClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CnClient").field("cn", &self.cn).field("access_qps", &self.access.len()).finish()
+        f.debug_struct("CnClient").field("cn", &self.cn).field("access_qps", &self.d.qps().access.len()).finish()
     }
 }
 
 fn nonce() -> u64 {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     (t as u64) ^ ((std::process::id() as u64) << 40) ^ 0x9E37_79B9_7F4A_7C15
+}
+
+/// The driver's own refusals keep their meaning; device errors stay the verbs errors they were.
+fn cn_err(e: CnError<VerbsError>) -> VerbsError {
+    match e {
+        CnError::Device(e) => e,
+        CnError::SlotsBusy => VerbsError::TooManyInFlight { max: ASYNC_SLOTS },
+        CnError::TooLong { max, .. } => VerbsError::Config(format!("at most {max} bytes per asynchronous READ/WRITE")),
+        e => VerbsError::Cn(Box::new(e)),
+    }
 }
 
 impl CnClient {
@@ -153,84 +153,71 @@ impl CnClient {
         };
         crate::memlock::ensure_memlock(crate::memlock::MemlockNeed::cn(LOCAL_LEN + 4096))?;
         let mut b = VerbsBackend::open_cn(Some(&device))?;
-        let local = b.alloc_region(LOCAL_LEN, 4096)?;
+        let local = b.alloc_memory(LOCAL_LEN, 4096)?;
         let lk = b.reg_mr(Domain::CnFacing, local, LOCAL_LEN, AccessFlags::LOCAL_WRITE)?;
-        let reply = b.alloc_region(4096, 4096)?;
+        let reply = b.alloc_memory(4096, 4096)?;
         // the MN's alloc reply is a WRITE_WITH_IMM into this buffer: the only remote right
         let rk = b.reg_mr(Domain::CnFacing, reply, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+        let mem = CnMemory { local, local_len: LOCAL_LEN, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
         let n = nonce();
-        let recvs = |b: &mut VerbsBackend, q: Qpn| -> Result<()> {
-            for i in 0..MGMT_RECVS as u64 {
-                post_slot(b, q, local, lk.lkey, i)?;
-            }
-            Ok(())
-        };
-        let alloc = b.connect(addr, &Hello { role: Role::Alloc, nonce: n }, opts.timeout, recvs)?;
-        let alloc_qp = alloc.qp;
+        // MN → CN messages (connect info, notices, error replies, lease probes) arrive on the
+        // Alloc QP (host-engine MN) or on access QP 0 (offloading MN) — never on a queue the
+        // MN posts binds on; allocation replies (WRITE_WITH_IMM) consume receives of the Alloc
+        // QP. Both get their receives before they connect: the MN may send at once.
+        let alloc = b.connect(addr, &Hello { role: Role::Alloc, nonce: n }, opts.timeout, |b, q| {
+            prime_receives(b, &mem, MessageQueue::Alloc, q)
+        })?;
         let g = parse_welcome(&alloc.private_data)
             .ok_or_else(|| VerbsError::Protocol("the MN's accept carried no group size".into()))?;
         if !(2..=4).contains(&g) {
             return Err(VerbsError::Protocol(format!("group size {g} from the MN")));
         }
         let free = b.connect(addr, &Hello { role: Role::Free, nonce: n }, opts.timeout, |_, _| Ok(()))?;
-        let free_qp = free.qp;
         let mut mn_qpns = vec![alloc.remote_qpn, free.remote_qpn];
-        // MN → CN messages (connect info, notices, error replies, lease probes) arrive on the
-        // Alloc QP (host-engine MN) or on access QP 0 (offloading MN) — never on a queue the
-        // MN posts binds on; allocation replies (WRITE_WITH_IMM) consume receives of the Alloc
-        // QP. Both QPs keep buffered receives posted and are pumped.
-        let mut access = Vec::new();
+        let mut access = heapless::Vec::new();
         for i in 0..g - 1 {
-            let msgs = |b: &mut VerbsBackend, q: Qpn| -> Result<()> {
-                if i == 0 {
-                    for s in MGMT_RECVS as u64..2 * MGMT_RECVS as u64 {
-                        post_slot(b, q, local, lk.lkey, s)?;
-                    }
-                }
-                Ok(())
-            };
-            let c = b.connect(addr, &Hello { role: Role::Access(i), nonce: n }, opts.timeout, msgs)?;
-            access.push(c.qp);
+            let c = b.connect(addr, &Hello { role: Role::Access(i), nonce: n }, opts.timeout, |b, q| match i {
+                0 => prime_receives(b, &mem, MessageQueue::Access0, q),
+                _ => Ok(()),
+            })?;
+            let _ = access.push(c.qp);
             mn_qpns.push(c.remote_qpn);
         }
+        let qps = CnQpSet { alloc: alloc.qp, free: free.qp, access };
+        let mut d = CnDriver::with_primed_receives(b, qps, mem).map_err(cn_err)?;
+        let timeout_ns = opts.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        d.reply_timeout = timeout_ns;
+        let placeholder = ConnectInfo {
+            cn: CnId::UNASSIGNED,
+            group_size: g,
+            chunk_size: 0,
+            alloc_qpn: Qpn::default(),
+            free_qpn: Qpn::default(),
+            access_qpns: heapless::Vec::new(),
+            quota: 0,
+        };
         let mut c = CnClient {
-            b,
-            client: Client::new(),
-            cn: CnId::new(1).map_err(|_| VerbsError::Protocol("cn id".into()))?,
-            info: ConnectInfo {
-                cn: CnId::new(1).map_err(|_| VerbsError::Protocol("cn id".into()))?,
-                group_size: g,
-                chunk_size: 0,
-                alloc_qpn: Qpn::default(),
-                free_qpn: Qpn::default(),
-                access_qpns: heapless::Vec::new(),
-                quota: 0,
-            },
-            alloc_qp,
-            free_qp,
-            access,
-            local,
-            local_lkey: lk.lkey,
-            reply,
-            reply_rkey: rk.rkey,
-            replies: VecDeque::new(),
+            d,
+            cn: CnId::UNASSIGNED,
+            info: placeholder,
+            replies: HashMap::new(),
+            send_failures: VecDeque::new(),
             notices: VecDeque::new(),
             timeout: opts.timeout,
             t0: Instant::now(),
-            wr: 1,
+            next_op: 1,
             mn_qpns: Vec::new(),
-            done: HashMap::new(),
             in_flight: HashMap::new(),
-            free_slots: (0..ASYNC_SLOTS).rev().collect(),
+            deferred: None,
         };
         let deadline = Instant::now() + opts.timeout;
-        while c.client.info().is_none() {
+        while c.d.client().info().is_none() {
             if Instant::now() > deadline {
                 return Err(VerbsError::Timeout { what: "the MN's connect info".into() });
             }
             c.pump()?;
         }
-        if let Some(i) = c.client.info() {
+        if let Some(i) = c.d.client().info() {
             c.info = i.clone();
             c.cn = i.cn;
         }
@@ -257,7 +244,7 @@ impl CnClient {
 
     /// Access QPs (CN ends), index i carries window MW[i+1].
     pub fn access_qps(&self) -> &[Qpn] {
-        &self.access
+        &self.d.qps().access
     }
 
     /// The MN's QP numbers for Alloc, Free and each access QP, as rdma_cm negotiated them
@@ -266,90 +253,93 @@ impl CnClient {
         &self.mn_qpns
     }
 
-    /// Process what arrived on the Alloc QP. Returns how many messages were handled.
+    /// Process what arrived (messages, replies, completions). Returns how many events. A
+    /// failed receive (the QP pair is gone) is an error here, also when an access noticed it
+    /// first.
     pub fn pump(&mut self) -> Result<usize> {
-        let mut total = 0;
-        for q in [self.alloc_qp, self.access[0]] {
-            total += self.pump_qp(q)?;
+        let n = self.absorb()?;
+        match self.deferred.take() {
+            Some(e) => Err(e),
+            None => Ok(n),
         }
-        Ok(total)
     }
 
-    fn pump_qp(&mut self, q: Qpn) -> Result<usize> {
-        let mut buf = [Completion::EMPTY; 8];
-        let n = self.b.poll_cq(q, QueueSel::Recv, &mut buf)?;
-        for c in &buf[..n] {
-            if !c.status.is_ok() {
-                if c.status == WcStatus::WrFlushErr {
-                    return Err(VerbsError::Disconnected);
+    /// Take what arrived into the client's queues; a receive failure is kept for `pump`.
+    fn absorb(&mut self) -> Result<usize> {
+        let now = self.now();
+        self.d.poll(now).map_err(cn_err)?;
+        self.d.handle_timeout(now);
+        let mut n = 0;
+        while let Some(ev) = self.d.next_event() {
+            n += 1;
+            match ev {
+                CnEvent::Allocated { token, result } => {
+                    self.replies.insert(token, result);
                 }
-                return Err(VerbsError::Completion { what: format!("receive on QP {q}"), status: c.status });
-            }
-            let slot = c.wr_id;
-            if c.opcode == WcOpcode::RecvRdmaWithImm {
-                self.replies.push_back(c.imm.unwrap_or(0));
-            } else {
-                let bytes = self.b.slice(self.local + slot * SLOT, (c.byte_len as usize).min(SLOT as usize))?.to_vec();
-                let now = self.now();
-                if let Ok(omw_core::wire::MnMessage::Error(e)) = omw_core::wire::MnMessage::decode(&bytes) {
+                CnEvent::Refused { token, code, .. } => {
                     if crate::log::enabled("omw_verbs::cn", crate::log::Level::Debug)
                         || std::env::var_os("OMW_DEBUG").is_some()
                     {
-                        eprintln!(
-                            "omw cn: error reply token {} {:?} detail {} ({})",
-                            e.token,
-                            e.code,
-                            e.detail,
-                            WcStatus::from_u32(e.detail)
-                        );
+                        eprintln!("omw cn: error reply token {token} {code:?}");
                     }
+                    self.notices.push_back(Notice::Failed { token, code });
                 }
-                match self.client.on_message(now, &bytes) {
-                    Ok(ClientEvent::Connected(_)) => {}
-                    Ok(ClientEvent::Empty) => self.notices.push_back(Notice::Empty),
-                    Ok(ClientEvent::Available) => self.notices.push_back(Notice::Available),
-                    Ok(ClientEvent::Failed { token, code }) => self.notices.push_back(Notice::Failed { token, code }),
-                    Ok(ClientEvent::Revoked) => self.notices.push_back(Notice::Revoked),
-                    // the MN's lease probe: receiving it was the point
-                    Ok(ClientEvent::Probed) => {}
-                    Err(e) => return Err(VerbsError::Protocol(format!("message from the MN: {e}"))),
+                CnEvent::Empty => self.notices.push_back(Notice::Empty),
+                CnEvent::Available => self.notices.push_back(Notice::Available),
+                CnEvent::Revoked => self.notices.push_back(Notice::Revoked),
+                CnEvent::ReceiveFailed { status: WcStatus::WrFlushErr, .. } => {
+                    self.deferred.get_or_insert(VerbsError::Disconnected);
                 }
+                CnEvent::ReceiveFailed { qp, status } => {
+                    self.deferred.get_or_insert(VerbsError::Completion { what: format!("receive on QP {qp}"), status });
+                }
+                CnEvent::SendFailed { token, status, .. } => self.send_failures.push_back((token, status)),
+                CnEvent::Undecodable(e) => {
+                    self.deferred.get_or_insert(VerbsError::Client(e));
+                }
+                // the lease probe: receiving it was the point; a timed-out reply is seen by
+                // the caller waiting for it
+                _ => {}
             }
-            post_slot(&mut self.b, q, self.local, self.local_lkey, slot)?;
         }
         Ok(n)
     }
 
-    fn send(&mut self, qp: Qpn, bytes: &[u8]) -> Result<()> {
-        let at = self.local + SEND_OFF;
-        self.b.write_local(at, bytes)?;
-        self.wr += 1;
-        let w = Wqe::send(at, self.local_lkey, bytes.len() as u32).with_wr_id(self.wr);
-        let c = self.post_and_wait(qp, &w)?;
-        if !c.status.is_ok() {
-            return Err(VerbsError::Completion { what: "SEND to the MN".into(), status: c.status });
+    fn send_failed(&mut self, token: Option<u32>) -> Option<WcStatus> {
+        let pos = self.send_failures.iter().position(|(t, _)| *t == token)?;
+        self.send_failures.remove(pos).map(|(_, s)| s)
+    }
+
+    /// A hostile or hung CN, for tests of the MN: send an allocation request and never look
+    /// at the answer (no polling, no receive reposted for it). Each answer the MN delivers
+    /// uses up one of the receives posted earlier; once they are gone the MN's sends to this
+    /// CN find none, and the MN must evict it without delaying anyone else.
+    pub fn send_alloc_unread(&mut self) -> Result<()> {
+        let now = self.now();
+        let token = self.d.alloc(now).map_err(cn_err)?;
+        self.d.client_mut().abandon_pending();
+        // wait for the SEND itself (the MN takes one request at a time: the transport retries
+        // the rest), never for the answer
+        let t0 = Instant::now();
+        while self.d.sends_in_flight() > 0 {
+            self.d.poll_sends_only().map_err(cn_err)?;
+            while let Some(ev) = self.d.next_event() {
+                if let CnEvent::SendFailed { token: Some(t), status, .. } = ev {
+                    if t == token {
+                        return Err(VerbsError::Completion { what: "SEND to the MN".into(), status });
+                    }
+                }
+            }
+            if t0.elapsed() > self.timeout {
+                return Err(VerbsError::Timeout { what: "a SEND completion".into() });
+            }
+            std::hint::spin_loop();
         }
         Ok(())
     }
 
     /// Allocate one chunk (waits for "available" if the MN said the queue is empty, until the
     /// timeout; then [`VerbsError::PoolEmpty`]).
-    /// A hostile or hung CN, for tests of the MN: send an allocation request and never look
-    /// at the answer (no polling, no receive reposted for it). Each answer the MN delivers
-    /// uses up one of the receives posted earlier; once they are gone the MN's sends to this
-    /// CN find none, and the MN must evict it without delaying anyone else.
-    pub fn send_alloc_unread(&mut self) -> Result<()> {
-        let mut req = [0u8; 64];
-        let now = self.now();
-        let (_, n) = self
-            .client
-            .alloc_request(now, self.reply, self.reply_rkey, &mut req)
-            .map_err(|e| VerbsError::Protocol(e.to_string()))?;
-        self.client.abandon_pending();
-        let alloc_qp = self.alloc_qp;
-        self.send(alloc_qp, &req[..n])
-    }
-
     pub fn alloc(&mut self) -> Result<Allocation> {
         self.alloc_inner(true)
     }
@@ -364,29 +354,24 @@ impl CnClient {
         let deadline = Instant::now() + self.timeout;
         self.pump()?;
         loop {
-            let mut req = [0u8; 64];
             let now = self.now();
-            let (token, n) = match self.client.alloc_request(now, self.reply, self.reply_rkey, &mut req) {
-                Ok(x) => x,
-                Err(ClientError::Backoff { .. }) => {
+            let token = match self.d.alloc(now) {
+                Ok(t) => t,
+                Err(CnError::Client(ClientError::Backoff { .. })) => {
                     if !wait || Instant::now() > deadline {
                         return Err(VerbsError::PoolEmpty);
                     }
                     self.pump()?;
                     continue;
                 }
-                Err(e) => return Err(VerbsError::Protocol(e.to_string())),
+                Err(e) => return Err(cn_err(e)),
             };
-            let alloc_qp = self.alloc_qp;
-            self.send(alloc_qp, &req[..n])?;
             loop {
-                if let Some(pos) = self.replies.iter().position(|t| *t == token) {
-                    self.replies.remove(pos);
-                    let bytes = self.b.slice(self.reply, ALLOC_REPLY_LEN)?.to_vec();
-                    return self
-                        .client
-                        .on_alloc_reply(token, &bytes)
-                        .map_err(|e| VerbsError::Protocol(format!("allocation reply: {e}")));
+                if let Some(r) = self.replies.remove(&token) {
+                    return r.map_err(VerbsError::Client);
+                }
+                if let Some(status) = self.send_failed(Some(token)) {
+                    return Err(VerbsError::Completion { what: "SEND to the MN".into(), status });
                 }
                 if let Some(pos) =
                     self.notices.iter().position(|n| matches!(n, Notice::Failed { token: t, .. } if *t == token))
@@ -403,8 +388,8 @@ impl CnClient {
                     }
                     return Err(VerbsError::Refused(format!("allocation refused: {code:?}")));
                 }
-                if Instant::now() > deadline {
-                    self.client.abandon_pending();
+                if Instant::now() > deadline || self.d.client().pending_token() != Some(token) {
+                    self.d.client_mut().abandon_pending();
                     return Err(VerbsError::Timeout { what: "the allocation reply".into() });
                 }
                 self.pump()?;
@@ -414,20 +399,14 @@ impl CnClient {
 
     /// Free a chunk this client holds. The MN does not confirm a free; it reports a refusal.
     pub fn free(&mut self, a: &Allocation) -> Result<u32> {
-        let bytes = self.client.free_request(a.entry_addr).map_err(|e| VerbsError::Protocol(format!("free: {e}")))?;
-        let token = FreeRequest::decode(&bytes).map(|f| f.token).unwrap_or(0);
-        let q = self.free_qp;
-        self.send(q, &bytes)?;
+        let token = self.d.free(a).map_err(cn_err)?;
         Ok(token)
     }
 
     /// Send a free request for any entry address (even one this client does not hold), then
     /// wait up to `wait` for a refusal. `Ok(None)`: none arrived.
     pub fn free_entry(&mut self, entry_addr: u64, wait: Duration) -> Result<Option<ErrorCode>> {
-        let token = 0x00F0_0000 | (self.wr as u32 & 0xFFFF);
-        let bytes = FreeRequest { token, entry_addr }.encode();
-        let q = self.free_qp;
-        self.send(q, &bytes)?;
+        let token = self.d.free_entry(entry_addr).map_err(cn_err)?;
         self.wait_failure(token, wait)
     }
 
@@ -436,6 +415,9 @@ impl CnClient {
         let deadline = Instant::now() + wait;
         while Instant::now() < deadline {
             self.pump()?;
+            if let Some(status) = self.send_failed(Some(token)) {
+                return Err(VerbsError::Completion { what: "SEND to the MN".into(), status });
+            }
             if let Some(pos) =
                 self.notices.iter().position(|n| matches!(n, Notice::Failed { token: t, .. } if *t == token))
             {
@@ -448,13 +430,13 @@ impl CnClient {
         Ok(None)
     }
 
-    fn qp(&self, window: usize) -> Result<Qpn> {
-        self.access.get(window).copied().ok_or_else(|| VerbsError::Config(format!("no access QP {window}")))
+    fn window_rkey(a: &Allocation, window: usize) -> Result<Rkey> {
+        a.rkey(window).ok_or_else(|| VerbsError::Config(format!("no window {window}")))
     }
 
     /// One-sided WRITE of `data` at `offset` of the chunk through access QP `window`.
     pub fn write(&mut self, a: &Allocation, window: usize, offset: u64, data: &[u8]) -> Result<()> {
-        let rkey = a.rkey(window).ok_or_else(|| VerbsError::Config(format!("no window {window}")))?;
+        let rkey = Self::window_rkey(a, window)?;
         let st = self.write_raw(window, a.base + offset, rkey, data)?;
         if !st.is_ok() {
             return Err(VerbsError::Completion { what: "RDMA WRITE".into(), status: st });
@@ -464,7 +446,7 @@ impl CnClient {
 
     /// One-sided READ of `len` bytes at `offset` of the chunk through access QP `window`.
     pub fn read(&mut self, a: &Allocation, window: usize, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let rkey = a.rkey(window).ok_or_else(|| VerbsError::Config(format!("no window {window}")))?;
+        let rkey = Self::window_rkey(a, window)?;
         let (st, v) = self.read_raw(window, a.base + offset, rkey, len)?;
         if !st.is_ok() {
             return Err(VerbsError::Completion { what: "RDMA READ".into(), status: st });
@@ -478,12 +460,14 @@ impl CnClient {
         if data.len() as u64 > STAGING {
             return Err(VerbsError::Config(format!("at most {STAGING} bytes per WRITE")));
         }
-        let q = self.qp(window)?;
-        self.b.write_local(self.local + STAGE_OFF, data)?;
-        self.wr += 1;
-        let w =
-            Wqe::write(self.local + STAGE_OFF, self.local_lkey, data.len() as u32, addr, rkey.0).with_wr_id(self.wr);
-        Ok(self.post_and_wait(q, &w)?.status)
+        for (k, piece) in data.chunks(ASYNC_SLOT as usize).enumerate() {
+            let op = self.d.post_write(window, addr + (k as u64 * ASYNC_SLOT), rkey, piece).map_err(cn_err)?;
+            let done = self.wait_op(op, &mut [])?;
+            if !done.is_ok() {
+                return Ok(done);
+            }
+        }
+        Ok(WcStatus::Success)
     }
 
     /// READ any address/rkey through access QP `window`.
@@ -491,26 +475,42 @@ impl CnClient {
         if len as u64 > STAGING {
             return Err(VerbsError::Config(format!("at most {STAGING} bytes per READ")));
         }
-        let q = self.qp(window)?;
-        self.wr += 1;
-        let w = Wqe::read(self.local + STAGE_OFF, self.local_lkey, len as u32, addr, rkey.0).with_wr_id(self.wr);
-        let st = self.post_and_wait(q, &w)?.status;
-        let v = if st.is_ok() { self.b.slice(self.local + STAGE_OFF, len)?.to_vec() } else { Vec::new() };
-        Ok((st, v))
+        let mut v = vec![0u8; len];
+        for (k, piece) in v.chunks_mut(ASYNC_SLOT as usize).enumerate() {
+            let op = self.d.post_read(window, addr + (k as u64 * ASYNC_SLOT), rkey, piece.len()).map_err(cn_err)?;
+            let st = self.wait_op(op, piece)?;
+            if !st.is_ok() {
+                return Ok((st, Vec::new()));
+            }
+        }
+        Ok((WcStatus::Success, v))
+    }
+
+    /// Wait (bounded by the client's timeout) for one access, keeping everything else.
+    fn wait_op(&mut self, op: omw_core::cn_driver::OpId, out: &mut [u8]) -> Result<WcStatus> {
+        let t0 = Instant::now();
+        loop {
+            self.absorb()?;
+            if let Some(d) = self.d.access_done(op, out).map_err(cn_err)? {
+                return Ok(d.status);
+            }
+            if t0.elapsed() > self.timeout {
+                return Err(VerbsError::Timeout { what: "a one-sided access's completion".into() });
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// A request on the Alloc QP the MN cannot parse: answered with an error reply by the MN
     /// loop (what `omw cn bench` uses as the round-trip baseline on the same QPs).
     pub fn bad_request_round_trip(&mut self) -> Result<Option<ErrorCode>> {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(omw_core::wire::Header::new(omw_core::wire::Kind::AllocRequest, 0x00E0_0001).as_bytes_le());
-        let q = self.alloc_qp;
-        self.send(q, &b)?;
+        let h = omw_core::wire::Header::new(omw_core::wire::Kind::AllocRequest, 0x00E0_0001);
+        self.d.send_raw(CnQp::Alloc, zerocopy::IntoBytes::as_bytes(&h)).map_err(cn_err)?;
         self.wait_failure(0x00E0_0001, self.timeout)
     }
 
     pub fn backend(&mut self) -> &mut VerbsBackend {
-        &mut self.b
+        &mut self.d.backend
     }
 
     /// Every notice received so far (call [`Self::pump`] first to read what arrived).
@@ -518,84 +518,29 @@ impl CnClient {
         self.notices.drain(..).collect()
     }
 
-    // ------------------------------------------------------- completions, async operations
+    // ------------------------------------------------------- asynchronous operations
 
-    /// Poll `q`'s send CQ and keep every completion for whoever claims its wr_id.
-    fn reap(&mut self, q: Qpn) -> Result<usize> {
-        let mut buf = [Completion::EMPTY; 16];
-        let n = self.b.poll_cq(q, QueueSel::Send, &mut buf)?;
-        for c in &buf[..n] {
-            self.done.insert(c.wr_id, *c);
-        }
-        Ok(n)
-    }
-
-    /// Post `w` signaled on `q` and wait (bounded by the client's timeout) for its completion,
-    /// keeping the completions of operations in flight.
-    fn post_and_wait(&mut self, q: Qpn, w: &Wqe) -> Result<Completion> {
-        let w = w.with_flags(w.flags | omw_core::wqe::WqeFlags::SIGNALED);
-        self.b.post_send(q, &w)?;
-        let t0 = Instant::now();
-        loop {
-            if let Some(c) = self.done.remove(&w.wr_id) {
-                return Ok(c);
-            }
-            if self.reap(q)? == 0 {
-                if t0.elapsed() > self.timeout {
-                    return Err(VerbsError::Timeout { what: format!("a send completion on QP {q}") });
-                }
-                std::hint::spin_loop();
-            }
-        }
-    }
-
-    fn post_async(&mut self, window: usize, w: Wqe, slot: usize, read_len: Option<usize>) -> Result<OpId> {
-        let q = match self.qp(window) {
-            Ok(q) => q,
-            Err(e) => {
-                self.free_slots.push(slot);
-                return Err(e);
-            }
-        };
-        let w = w.with_flags(w.flags | omw_core::wqe::WqeFlags::SIGNALED);
-        if let Err(e) = self.b.post_send(q, &w) {
-            self.free_slots.push(slot);
-            return Err(e);
-        }
-        self.in_flight.insert(w.wr_id, InFlight { qp: q, slot, read_len });
-        Ok(OpId(w.wr_id))
-    }
-
-    fn take_slot(&mut self, len: u64) -> Result<(usize, u64)> {
-        if len > ASYNC_SLOT {
-            return Err(VerbsError::Config(format!("at most {ASYNC_SLOT} bytes per asynchronous READ/WRITE")));
-        }
-        let slot = self.free_slots.pop().ok_or(VerbsError::TooManyInFlight { max: ASYNC_SLOTS })?;
-        Ok((slot, self.local + ASYNC_OFF + slot as u64 * ASYNC_SLOT))
+    fn track(&mut self, op: omw_core::cn_driver::OpId, read_len: Option<usize>) -> OpId {
+        let id = self.next_op;
+        self.next_op += 1;
+        self.in_flight.insert(id, InFlight { op, read_len });
+        OpId(id)
     }
 
     /// Post a one-sided WRITE of `data` at `offset` of the chunk through access QP `window`;
     /// returns at once. Collect it with [`Self::poll_ops`] / [`Self::wait_ops`].
     pub fn post_write(&mut self, a: &Allocation, window: usize, offset: u64, data: &[u8]) -> Result<OpId> {
-        let rkey = a.rkey(window).ok_or_else(|| VerbsError::Config(format!("no window {window}")))?;
-        let (slot, at) = self.take_slot(data.len() as u64)?;
-        if let Err(e) = self.b.write_local(at, data) {
-            self.free_slots.push(slot);
-            return Err(e);
-        }
-        self.wr += 1;
-        let w = Wqe::write(at, self.local_lkey, data.len() as u32, a.base + offset, rkey.0).with_wr_id(self.wr);
-        self.post_async(window, w, slot, None)
+        let rkey = Self::window_rkey(a, window)?;
+        let op = self.d.post_write(window, a.base + offset, rkey, data).map_err(cn_err)?;
+        Ok(self.track(op, None))
     }
 
     /// Post a one-sided READ of `len` bytes at `offset` of the chunk through access QP
     /// `window`; the bytes come with its [`OpDone`].
     pub fn post_read(&mut self, a: &Allocation, window: usize, offset: u64, len: usize) -> Result<OpId> {
-        let rkey = a.rkey(window).ok_or_else(|| VerbsError::Config(format!("no window {window}")))?;
-        let (slot, at) = self.take_slot(len as u64)?;
-        self.wr += 1;
-        let w = Wqe::read(at, self.local_lkey, len as u32, a.base + offset, rkey.0).with_wr_id(self.wr);
-        self.post_async(window, w, slot, Some(len))
+        let rkey = Self::window_rkey(a, window)?;
+        let op = self.d.post_read(window, a.base + offset, rkey, len).map_err(cn_err)?;
+        Ok(self.track(op, Some(len)))
     }
 
     /// Asynchronous operations posted and not yet collected.
@@ -603,28 +548,21 @@ impl CnClient {
         self.in_flight.len()
     }
 
-    /// Collect the asynchronous operations that completed (in no particular order across QPs;
-    /// in posting order within one QP). Does not wait. A failed operation leaves its QP pair in
-    /// ERR, as a blocking one does.
+    /// Collect the asynchronous operations that completed (in posting order within one QP).
+    /// Does not wait. A failed operation leaves its QP pair in ERR, as a blocking one does.
     pub fn poll_ops(&mut self) -> Result<Vec<OpDone>> {
-        let mut qps: Vec<Qpn> = self.in_flight.values().map(|f| f.qp).collect();
-        qps.sort_unstable();
-        qps.dedup();
-        for q in qps {
-            self.reap(q)?;
-        }
-        let mut ids: Vec<u64> = self.in_flight.keys().filter(|id| self.done.contains_key(id)).copied().collect();
+        self.absorb()?;
+        let mut ids: Vec<u64> = self.in_flight.keys().copied().collect();
         ids.sort_unstable();
-        let mut out = Vec::with_capacity(ids.len());
+        let mut out = Vec::new();
         for id in ids {
-            let (Some(f), Some(c)) = (self.in_flight.remove(&id), self.done.remove(&id)) else { continue };
-            let at = self.local + ASYNC_OFF + f.slot as u64 * ASYNC_SLOT;
-            let data = match f.read_len {
-                Some(n) if c.status.is_ok() => self.b.slice(at, n)?.to_vec(),
-                _ => Vec::new(),
-            };
-            self.free_slots.push(f.slot);
-            out.push(OpDone { id: OpId(id), status: c.status, data });
+            let f = self.in_flight[&id];
+            let mut data = vec![0u8; f.read_len.unwrap_or(0)];
+            if let Some(d) = self.d.access_done(f.op, &mut data).map_err(cn_err)? {
+                self.in_flight.remove(&id);
+                data.truncate(d.len);
+                out.push(OpDone { id: OpId(id), status: d.status, data });
+            }
         }
         Ok(out)
     }
@@ -647,19 +585,4 @@ impl CnClient {
         }
         Ok(out)
     }
-}
-
-trait HeaderBytes {
-    fn as_bytes_le(&self) -> &[u8];
-}
-impl HeaderBytes for omw_core::wire::Header {
-    fn as_bytes_le(&self) -> &[u8] {
-        zerocopy::IntoBytes::as_bytes(self)
-    }
-}
-
-fn post_slot(b: &mut VerbsBackend, q: Qpn, local: u64, lkey: u32, slot: u64) -> Result<()> {
-    let mut r = RecvWqe { wr_id: slot, sges: heapless::Vec::new() };
-    let _ = r.sges.push(Sge { addr: local + slot * SLOT, length: SLOT as u32, lkey });
-    b.post_recv(q, &r)
 }

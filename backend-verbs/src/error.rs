@@ -58,6 +58,14 @@ pub enum VerbsError {
     Insecure(String),
     /// Invalid configuration (pool geometry, arguments).
     Config(String),
+    /// The CN's protocol state machine refused a reply or message (not for us, malformed…).
+    Client(omw_core::cn::ClientError),
+    /// The CN driver refused (its slots, its memory layout).
+    Cn(Box<omw_core::cn_driver::CnError<VerbsError>>),
+    /// The MN driver failed handling an event.
+    Driver(Box<omw_core::mn_driver::DriverError<VerbsError>>),
+    /// The MN could not be brought up on the device (which step, and the device's error).
+    Provision(Box<omw_core::mn_plan::ProvisionError<VerbsError>>),
     /// `--offload mlx5` cannot run (DEVX, capability or command failure, with what to do).
     Devx(crate::devx::DevxError),
 }
@@ -160,6 +168,10 @@ impl fmt::Display for VerbsError {
             VerbsError::Refused(s) => write!(f, "refused by the memory node: {s}"),
             VerbsError::Insecure(s) => f.write_str(s),
             VerbsError::Config(s) => f.write_str(s),
+            VerbsError::Client(e) => write!(f, "from the MN: {e}"),
+            VerbsError::Cn(e) => write!(f, "CN driver: {e}"),
+            VerbsError::Provision(e) => write!(f, "bringing the MN up: {e}"),
+            VerbsError::Driver(e) => write!(f, "MN driver: {e}"),
             VerbsError::Devx(e) => write!(f, "--offload mlx5: {e}"),
         }
     }

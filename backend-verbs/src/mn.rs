@@ -15,12 +15,11 @@ use crate::metrics::{MetricsServer, MnCounters};
 use crate::probe::{self, ProbeReport};
 use omw_core::backend::{ExecutionMode, RdmaBackend};
 use omw_core::geometry::PoolGeometry;
-use omw_core::host_engine::HostRegions;
-use omw_core::ids::{CnId, Qpn, Rkey};
-use omw_core::mn::{CnQps, Event, MemoryNode, MnConfig, MnStats};
+use omw_core::ids::{CnId, Qpn};
+use omw_core::mn::{CnQps, Event, MnStats};
 use omw_core::mn_driver::MnDriver;
 use omw_core::mn_memory::MnMemoryMap;
-use omw_core::mn_plan::{MnOptions as PlanOptions, MnPlan, MnRegions};
+use omw_core::mn_plan::{MnOptions as PlanOptions, MnPlan, PoolSpec};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,10 +115,13 @@ impl std::fmt::Debug for MemoryNodeDaemon {
     }
 }
 
-fn plan_err(e: omw_core::mn_plan::PlanError<VerbsError>) -> VerbsError {
+/// A device error during set-up stays the device error it was (memlock, a failed verb…);
+/// anything else names the provisioning step.
+fn provision_err(e: omw_core::mn_plan::ProvisionError<VerbsError>) -> VerbsError {
     match e {
-        omw_core::mn_plan::PlanError::Backend(e) => e,
-        other => VerbsError::Config(other.to_string()),
+        omw_core::mn_plan::ProvisionError::Backend(e) => e,
+        omw_core::mn_plan::ProvisionError::Register(omw_core::mn_plan::PlanError::Backend(e)) => e,
+        other => VerbsError::Provision(Box::new(other)),
     }
 }
 const TARGET: &str = "omw_verbs::mn";
@@ -187,44 +189,24 @@ impl MemoryNodeDaemon {
         let protection = if plan.per_chunk_mrs { Protection::MrPerChunk } else { Protection::WindowBounds };
         let software_ownership_check = plan.software_ownership_check;
 
-        // ---- memory
+        // ---- memory, registrations, windows, the pool's table: the core's provisioning
         let mut b = VerbsBackend::open_choice(&DeviceChoice { device: Some(report.device.clone()), ..choice })?;
         b.set_probed(caps);
-        let pool = b.alloc_region(opts.pool_size, opts.chunk_size)?;
-        let geometry = PoolGeometry::new(pool, opts.chunk_size, chunks as u32, opts.group_size)
-            .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
-        let meta_len = MnMemoryMap::len_for(&geometry, max_cns);
-        let meta = b.alloc_region(meta_len, MnMemoryMap::required_alignment(&geometry, max_cns))?;
-        let map = MnMemoryMap::new(geometry, max_cns, meta)
-            .ok_or_else(|| VerbsError::Config("metadata region misaligned".into()))?;
-        // host engine: the MN's tables are reached by its CPU only — the plan registers no
-        // remote rights on them; the pool is MW_BIND only
-        let keys = plan.register_metadata(&mut b, &MnRegions { map, zero_source: None }).map_err(plan_err)?;
-        let t = Instant::now();
-        let mut lkeys: Vec<u32> = Vec::new();
-        plan.register_pool(&mut b, &geometry, |_, k| lkeys.push(k)).map_err(plan_err)?;
-        let reg_time = t.elapsed();
         let g = opts.group_size as usize;
-        let mut rkeys: Vec<Rkey> = Vec::with_capacity(chunks as usize * g);
-        for _ in 0..chunks as usize * g {
-            rkeys.push(plan.initial_table_key(b.alloc_mw()?));
-        }
-        let (admin, _admin_peer) = b.create_loopback_pair()?;
-        let regions = HostRegions::new(&map, &keys);
-        let mut cfg =
-            MnConfig::from_plan(&plan, geometry, max_cns, if opts.quota == 0 { chunks as u32 } else { opts.quota });
-        cfg.queue_depth = SEND_DEPTH as u16;
-        cfg.lease_ns = opts.lease.as_nanos().min(u64::MAX as u128) as u64;
-        let mn = MemoryNode::new(cfg, map, keys).map_err(|e| VerbsError::Config(format!("MN configuration: {e}")))?;
-        let mut driver = MnDriver::new(b, mn, regions, admin);
+        let spec = PoolSpec {
+            chunk_size: opts.chunk_size,
+            chunks: chunks as u32,
+            group_size: opts.group_size,
+            max_cns,
+            quota: opts.quota,
+            lease_ns: opts.lease.as_nanos().min(u64::MAX as u128) as u64,
+            queue_depth: Some(SEND_DEPTH as u16),
+        };
+        let t = Instant::now();
+        let mut driver = plan.provision(b, &spec).map_err(provision_err)?;
+        let reg_time = t.elapsed();
         driver.concurrent_laps = !opts.serial_engine;
-        let per_chunk = matches!(protection, Protection::MrPerChunk);
-        driver
-            .format(
-                |gid, i| rkeys[gid.0 as usize * g + i],
-                |gid| if per_chunk { lkeys[gid.0 as usize] } else { lkeys[0] },
-            )
-            .map_err(|e| VerbsError::Config(format!("formatting the pool: {e}")))?;
+        let mrs = if plan.per_chunk_mrs { chunks } else { 1 };
         driver.backend.listen(opts.listen, 64)?;
         log(format!(
             "device {} | pool {} in {} chunks of {} | group size {} | {} windows | memlock {}",
@@ -233,10 +215,10 @@ impl MemoryNodeDaemon {
             chunks,
             human(opts.chunk_size),
             g,
-            rkeys.len(),
+            chunks as usize * g,
             memlock_limit()
         ));
-        log(format!("protection: {protection} ({} MR(s) registered in {:?})", lkeys.len(), reg_time));
+        log(format!("protection: {protection} ({mrs} pool MR(s); MN set up in {reg_time:?})"));
         log(format!(
             "execution: {mode}; free ownership check: {}",
             if software_ownership_check {
@@ -318,7 +300,12 @@ impl MemoryNodeDaemon {
         let timer_due = self.driver.poll_timeout().is_some_and(|t| now >= t);
         if stats_due || timer_due {
             let t = Instant::now();
-            if let Err(e) = self.driver.handle(now, Event::Tick) {
+            let r = match timer_due {
+                true => self.driver.handle_timeout(now).map(|_| ()),
+                // statistics are sampled on a tick of their own
+                false => self.driver.handle(now, Event::Tick),
+            };
+            if let Err(e) = r {
                 log(format!("MN driver (tick): {e} (serving on)"));
             }
             if t.elapsed() > Duration::from_millis(200) {
@@ -541,9 +528,7 @@ impl MemoryNodeDaemon {
                     }
                     let before = self.driver.mn.stats().groups_reclaimed;
                     let now = self.now();
-                    self.driver
-                        .handle(now, Event::CnGone { cn })
-                        .map_err(|e| VerbsError::Protocol(format!("MN driver: {e}")))?;
+                    self.driver.handle(now, Event::CnGone { cn }).map_err(|e| VerbsError::Driver(Box::new(e)))?;
                     let n = self.driver.mn.stats().groups_reclaimed - before;
                     log(format!("{cn} disconnected: reclaimed {n} chunk(s)"));
                 }

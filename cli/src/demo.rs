@@ -327,7 +327,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoReport, String> {
             break;
         }
         if c.alloc_begin(evil).is_ok() {
-            c.cns[evil].client.abandon_pending();
+            c.cns[evil].client_mut().abandon_pending();
         }
         let i = round % honest;
         match c.alloc(i) {

@@ -239,6 +239,12 @@ impl RdmaBackend for MiniNic {
     fn ring_keys(&self, _: Domain) -> Result<MrKeys, NicErr> {
         Err(NicErr("no offload"))
     }
+    fn alloc_memory(&mut self, _: u64, _: u64) -> Result<u64, Self::Error> {
+        Err(NicErr("set up by the bench"))
+    }
+    fn create_loopback_qp(&mut self, _: Domain, _: Option<u32>) -> Result<Qpn, Self::Error> {
+        Err(NicErr("set up by the bench"))
+    }
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         self.mws.get(rkey.index() as usize).map(|(r, b)| match b {
             Some(q) => MwBinding::Bound { rkey: *r, qpn: *q },

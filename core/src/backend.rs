@@ -289,6 +289,25 @@ pub trait RdmaBackend {
     fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, Self::Error>;
     fn ring_keys(&self, domain: Domain) -> Result<MrKeys, Self::Error>;
 
+    /// `len` zeroed bytes of this node's memory, aligned to `align` (a power of two), for the
+    /// node to register: the MN's pool, metadata and zero source, a CN's buffers. Provisioning
+    /// asks for memory through the trait so that one set-up ([`crate::mn_plan::MnPlan::provision`])
+    /// serves every backend.
+    fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, Self::Error>;
+
+    /// A connected pair of RC QPs on this node, both ends in `domain`; returns the end the node
+    /// posts on (its peer only responds). The MN's admin and atomic queues are such pairs, and
+    /// in offloaded mode each chain's loop QP, whose send queue is managed (WAIT/ENABLE) with
+    /// exactly `managed_send_depth` entries so a lap wraps onto the same bytes.
+    fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn, Self::Error>;
+
+    /// Work requests posted on `qp`'s `queue` and not yet completed, if the device can tell.
+    /// A CN re-posts its receives from this after its QP was reset under it (the peer
+    /// reconnected); `None`: the caller counts for itself.
+    fn outstanding(&self, _qp: Qpn, _queue: QueueSel) -> Option<u64> {
+        None
+    }
+
     /// Where the window with this index is bound, if the backend can tell (the model and the
     /// FPGA extension block can; verbs tracks the binds it posted). `None`: unknown.
     fn mw_binding(&self, _rkey: Rkey) -> Option<MwBinding> {

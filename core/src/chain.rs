@@ -193,6 +193,8 @@ pub enum ChainError {
         field: WqeField,
     },
     TooManySteps,
+    /// The chain has no mlx5 form within that form's fixed capacities (`crate::mlx5::chain`).
+    NoMlx5Form,
 }
 
 /// Who wrote a byte: a step, or the trigger RECV.
@@ -246,6 +248,7 @@ impl fmt::Display for ChainError {
                 write!(f, "{field:?} of step {step} comes from the request but is not cleared for the next lap")
             }
             Self::TooManySteps => write!(f, "chain exceeds {MAX_STEPS} steps"),
+            Self::NoMlx5Form => f.write_str("chain has no mlx5 form within its fixed capacities"),
         }
     }
 }

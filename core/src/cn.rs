@@ -149,6 +149,17 @@ impl<const N: usize> Client<N> {
     pub fn is_backing_off(&self, now: u64) -> bool {
         self.empty && now < self.backoff_until
     }
+    /// When the "empty" back-off ends, while one is in force.
+    pub fn backoff_until(&self) -> Option<u64> {
+        (self.empty && self.backoff_until > 0).then_some(self.backoff_until)
+    }
+    /// The back-off ran out without an "available": allocations may go out again.
+    pub fn expire_backoff(&mut self, now: u64) {
+        if self.empty && now >= self.backoff_until {
+            self.empty = false;
+            self.backoff_until = 0;
+        }
+    }
     pub fn pending_token(&self) -> Option<u32> {
         self.pending.map(|p| p.token)
     }

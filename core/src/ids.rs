@@ -80,6 +80,9 @@ impl fmt::Display for Qpn {
 pub struct CnId(u32);
 
 impl CnId {
+    /// No MN hands this id out (ids fit the MWTable's 24-bit owner field): a placeholder
+    /// for a CN not yet told who it is.
+    pub const UNASSIGNED: CnId = CnId(u32::MAX);
     pub const fn new(v: u32) -> Result<Self, IdError> {
         if v == 0 {
             Err(IdError::ZeroCnId)

@@ -19,6 +19,7 @@ pub mod backend;
 pub mod chain;
 pub mod chain_builder;
 pub mod cn;
+pub mod cn_driver;
 pub mod free_chain;
 pub mod free_queue;
 pub mod geometry;

@@ -177,6 +177,20 @@ pub enum MnError<E> {
     },
 }
 
+impl<E> MnError<E> {
+    /// The port's own error, or the control plane's reason without a port error in it.
+    pub fn split(self) -> Result<MnError<core::convert::Infallible>, E> {
+        Ok(match self {
+            MnError::Port(e) => return Err(e),
+            MnError::TooManyCns => MnError::TooManyCns,
+            MnError::UnknownCn(c) => MnError::UnknownCn(c),
+            MnError::BadConfig => MnError::BadConfig,
+            MnError::MissingLoopQps => MnError::MissingLoopQps,
+            MnError::WrongAccessQpCount { expected, got } => MnError::WrongAccessQpCount { expected, got },
+        })
+    }
+}
+
 impl<E: fmt::Display> fmt::Display for MnError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -256,6 +270,8 @@ pub struct MemoryNode {
     empty: bool,
     stats: MnStats,
     now: u64,
+    /// The form the device fetches the chains in: it sizes their rings.
+    wqe_format: crate::wqe_format::WqeFormat,
 }
 
 type R<E> = Result<(), MnError<E>>;
@@ -297,7 +313,14 @@ impl MemoryNode {
             empty: false,
             stats: MnStats::default(),
             now: 0,
+            wqe_format: crate::wqe_format::WqeFormat::Canonical,
         })
+    }
+
+    /// The chains' rings are in `f` on this MN's device (`RdmaBackend::wqe_format`): their
+    /// depths ([`MemoryNode::chain_ring_depths`]) follow.
+    pub fn set_wqe_format(&mut self, f: crate::wqe_format::WqeFormat) {
+        self.wqe_format = f;
     }
 
     pub fn config(&self) -> &MnConfig {
@@ -379,9 +402,21 @@ impl MemoryNode {
     /// Send-queue depths the chain QPs must be created with, `[alloc, free] × [Loop, Mgmt]`
     /// (each ring is exactly one lap deep so it wraps onto its own bytes). Their management
     /// QPs' receive queues are one entry deep. Independent of QP numbers and of the CN.
+    /// In mlx5 form the depths are WQEBBs ([`crate::mlx5::chain::ring_wqebbs`]).
     pub fn chain_ring_depths(&self) -> Result<[[u16; 2]; 2], crate::chain::ChainError> {
         let [a, f] = self.chain_sizing_layouts()?;
-        Ok([a.ring_depth, f.ring_depth])
+        match self.wqe_format {
+            crate::wqe_format::WqeFormat::Canonical => Ok([a.ring_depth, f.ring_depth]),
+            crate::wqe_format::WqeFormat::Mlx5 => {
+                let w = |l: &crate::chain::ChainLayout| {
+                    crate::mlx5::chain::ring_wqebbs(l).map_err(|e| match e {
+                        crate::mlx5::chain::Mlx5ChainError::Invalid(e) => e,
+                        _ => crate::chain::ChainError::NoMlx5Form,
+                    })
+                };
+                Ok([w(&a)?, w(&f)?])
+            }
+        }
     }
 
     /// The alloc and free chains as built for sizing (slot 0, placeholder QP numbers): their
@@ -418,6 +453,19 @@ impl MemoryNode {
         rkey: impl Fn(GroupId, usize) -> Rkey,
         lkey: impl Fn(GroupId) -> u32,
     ) -> R<P::Error> {
+        self.format_begin(port)?;
+        let g = self.cfg.geometry;
+        for i in 0..g.chunk_count() {
+            let gid = GroupId(i);
+            let rkeys: heapless::Vec<Rkey, MAX_GROUP_SIZE> = (0..g.group_size()).map(|k| rkey(gid, k)).collect();
+            self.format_group(port, gid, lkey(gid), &rkeys)?;
+        }
+        self.format_end(port)
+    }
+
+    /// Formatting in steps, so a provisioner can register each chunk and allocate its windows
+    /// as it goes (no table of keys held anywhere): zero the metadata first…
+    pub fn format_begin<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
         let zero = [0u8; 256];
         let mut off = 0;
         while off < self.map.meta_len {
@@ -425,15 +473,25 @@ impl MemoryNode {
             port.write(self.map.meta_base + off, &zero[..n]).map_err(MnError::Port)?;
             off += n as u64;
         }
+        Ok(())
+    }
+
+    /// …then write each group's entry (free, owner 0) and its queue slot…
+    pub fn format_group<P: MnPort>(&mut self, port: &mut P, gid: GroupId, lkey: u32, rkeys: &[Rkey]) -> R<P::Error> {
         let g = self.cfg.geometry;
-        for i in 0..g.chunk_count() {
-            let gid = GroupId(i);
-            let rkeys: heapless::Vec<Rkey, MAX_GROUP_SIZE> = (0..g.group_size()).map(|k| rkey(gid, k)).collect();
-            let base = g.chunk_base(gid).unwrap_or(0);
-            let e = MwTableEntry::new(base, g.chunk_size() as u32, lkey(gid), &rkeys);
-            write_entry(port, self.map.entry_addr(gid).unwrap_or(0), &e)?;
-            wr(port, self.map.queue.slot_addr(i), self.map.entry_addr(gid).unwrap_or(0))?;
+        let entry = self.map.entry_addr(gid).ok_or(MnError::BadConfig)?;
+        let base = g.chunk_base(gid).ok_or(MnError::BadConfig)?;
+        if rkeys.len() != g.group_size() {
+            return Err(MnError::BadConfig);
         }
+        let e = MwTableEntry::new(base, g.chunk_size() as u32, lkey, rkeys);
+        write_entry(port, entry, &e)?;
+        wr(port, self.map.queue.slot_addr(gid.0), entry)
+    }
+
+    /// …and last the queue's head and tail: every group free.
+    pub fn format_end<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
+        let g = self.cfg.geometry;
         wr(port, self.map.queue.head, self.map.queue.ring)?;
         wr(port, self.map.queue.tail, self.map.queue.slot_addr(g.chunk_count()))?;
         self.empty = false;

@@ -7,7 +7,7 @@
 //! verbs daemon) adds connection management and calls [`MnDriver::poll`].
 
 use crate::arm::{arm, ArmError};
-use crate::backend::{Completion, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
+use crate::backend::{Completion, Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
 use crate::chain::{ChainError, ChainKind, ChainLayout};
 use crate::chain_builder::{parse_chain_wr_id, ChainEnv};
 use crate::host_engine::{run_lap, HostEngineError, HostRegions, Lap, LapContext, LapFailure, LapOutcome, Progress};
@@ -33,7 +33,10 @@ pub enum DriverError<E> {
     Arm(ArmError<E>),
     HostEngine(HostEngineError<E>),
     UnknownSlot(u32),
-    Mn(&'static str),
+    /// The control plane refused (no free CN slot, unknown CN, inconsistent configuration…).
+    Node(MnError<core::convert::Infallible>),
+    /// The CN has no scratch area in the memory map (its slot is beyond the map).
+    NoScratch(CnId),
     /// The MN's own queue atomic through its private loopback QP failed (status) or never
     /// completed (None).
     MnAtomic(Option<WcStatus>),
@@ -47,7 +50,8 @@ impl<E: fmt::Display> fmt::Display for DriverError<E> {
             DriverError::Arm(e) => write!(f, "{e}"),
             DriverError::HostEngine(e) => write!(f, "{e}"),
             DriverError::UnknownSlot(s) => write!(f, "no CN in slot {s}"),
-            DriverError::Mn(m) => write!(f, "MN: {m}"),
+            DriverError::Node(e) => write!(f, "MN: {e}"),
+            DriverError::NoScratch(cn) => write!(f, "CN {cn} has no scratch area in the MN's memory map"),
             DriverError::MnAtomic(Some(s)) => write!(f, "MN queue atomic on its private loopback QP failed: {s}"),
             DriverError::MnAtomic(None) => f.write_str("MN queue atomic on its private loopback QP never completed"),
         }
@@ -56,13 +60,9 @@ impl<E: fmt::Display> fmt::Display for DriverError<E> {
 
 impl<E: fmt::Display> From<MnError<DriverError<E>>> for DriverError<E> {
     fn from(e: MnError<DriverError<E>>) -> Self {
-        match e {
-            MnError::Port(p) => p,
-            MnError::TooManyCns => DriverError::Mn("too many CNs"),
-            MnError::UnknownCn(_) => DriverError::Mn("unknown CN"),
-            MnError::MissingLoopQps => DriverError::Mn("offloaded mode needs loopback QPs"),
-            MnError::WrongAccessQpCount { .. } => DriverError::Mn("wrong number of access QPs"),
-            _ => DriverError::Mn("bad configuration"),
+        match e.split() {
+            Ok(reason) => DriverError::Node(reason),
+            Err(port) => port,
         }
     }
 }
@@ -375,6 +375,38 @@ impl<B: RdmaBackend> MnDriver<B> {
         mn.format(&mut port, rkey, lkey).map_err(DriverError::from)
     }
 
+    /// [`MemoryNode::format_begin`] through the driver's port.
+    pub fn format_begin(&mut self) -> Result<(), DriverError<B::Error>> {
+        let (mn, mut port) = self.port();
+        mn.format_begin(&mut port).map_err(DriverError::from)
+    }
+
+    /// [`MemoryNode::format_group`] through the driver's port.
+    pub fn format_group(&mut self, g: GroupId, lkey: u32, rkeys: &[Rkey]) -> Result<(), DriverError<B::Error>> {
+        let (mn, mut port) = self.port();
+        mn.format_group(&mut port, g, lkey, rkeys).map_err(DriverError::from)
+    }
+
+    /// [`MemoryNode::format_end`] through the driver's port.
+    pub fn format_end(&mut self) -> Result<(), DriverError<B::Error>> {
+        let (mn, mut port) = self.port();
+        mn.format_end(&mut port).map_err(DriverError::from)
+    }
+
+    /// A CN's two chain loop QPs (offloaded mode; `None` for the host engine): managed send
+    /// queues of exactly their rings' depths, both ends in the plan's loop domain.
+    pub fn create_loop_qps(&mut self) -> Result<Option<(Qpn, Qpn)>, DriverError<B::Error>> {
+        if self.mn.mode() != ExecutionMode::Offloaded {
+            return Ok(None);
+        }
+        let d = self.mn.chain_ring_depths().map_err(DriverError::Chain)?;
+        let a =
+            self.backend.create_loopback_qp(Domain::MnPrivate, Some(d[0][0] as u32)).map_err(DriverError::Backend)?;
+        let f =
+            self.backend.create_loopback_qp(Domain::MnPrivate, Some(d[1][0] as u32)).map_err(DriverError::Backend)?;
+        Ok(Some((a, f)))
+    }
+
     /// A CN connected (its QPs already up): register it, arm or post, tell it who it is.
     pub fn connect(&mut self, qps: CnQps) -> Result<CnId, DriverError<B::Error>> {
         let (mn, mut port) = self.port();
@@ -449,7 +481,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             return Ok(());
         }
         let qp = if kind == ChainKind::Alloc { r.qps.alloc } else { r.qps.free };
-        let addr = self.request_buf(cn, kind).ok_or(DriverError::Mn("no scratch"))?;
+        let addr = self.request_buf(cn, kind).ok_or(DriverError::NoScratch(cn))?;
         let mut w =
             RecvWqe { wr_id: WR_ID_REQUEST | ((kind as u64) << 32) | cn.get() as u64, sges: heapless::Vec::new() };
         let _ = w.sges.push(Sge { addr, length: REQUEST_BUF_LEN, lkey: self.regions.cn_meta_lkey });
@@ -711,11 +743,31 @@ impl<B: RdmaBackend> MnDriver<B> {
         Ok(Some((layout, LapQps { access: r.qps.access.clone(), free: r.qps.free })))
     }
 
-    /// When the driver next needs [`MnDriver::handle`] with [`Event::Tick`] (the MN's lease
-    /// probes), if ever: a deployment sleeps until then or until a completion arrives
-    /// (quinn-proto's `poll_timeout`).
+    /// When the driver next needs [`MnDriver::handle_timeout`], if ever: the MN's lease
+    /// probes, and — while empty pops hold tickets — at once, so the tail is watched until a
+    /// push settles them. A deployment sleeps until then or until a completion arrives
+    /// (quinn-proto's `poll_timeout`), and decides no protocol timing itself.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.mn.poll_timeout()
+        let watch = (!self.mn.tickets().is_empty()).then_some(self.now);
+        match (self.mn.poll_timeout(), watch) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Run the timers that are due at `now` (the tail watch, the lease tick). Returns how
+    /// many MN events that was.
+    pub fn handle_timeout(&mut self, now: u64) -> Result<u32, DriverError<B::Error>> {
+        let mut events = 0;
+        if !self.mn.tickets().is_empty() {
+            self.handle(now, Event::WatchTail)?;
+            events += 1;
+        }
+        if self.mn.poll_timeout().is_some_and(|t| t <= now) {
+            self.handle(now, Event::Tick)?;
+            events += 1;
+        }
+        Ok(events)
     }
 
     /// The token of the request in the CN's request buffer (None: too short to carry one).
@@ -723,7 +775,7 @@ impl<B: RdmaBackend> MnDriver<B> {
         if len < 8 {
             return Ok(None);
         }
-        let addr = self.request_buf(cn, kind).ok_or(DriverError::Mn("no scratch"))?;
+        let addr = self.request_buf(cn, kind).ok_or(DriverError::NoScratch(cn))?;
         let mut t = [0u8; 4];
         self.backend.read_local(addr + 4, &mut t).map_err(DriverError::Backend)?;
         Ok(Some(u32::from_le_bytes(t)))
@@ -732,7 +784,7 @@ impl<B: RdmaBackend> MnDriver<B> {
     /// Host-engine mode: start (or, with `concurrent_laps` off, run) a lap for a request that
     /// arrived in the CN's request buffer. True when it committed right away.
     fn serve_request(&mut self, cn: CnId, kind: ChainKind, len: u32) -> Result<bool, DriverError<B::Error>> {
-        let addr = self.request_buf(cn, kind).ok_or(DriverError::Mn("no scratch"))?;
+        let addr = self.request_buf(cn, kind).ok_or(DriverError::NoScratch(cn))?;
         let mut req = [0u8; REQUEST_BUF_LEN as usize];
         let n = (len as usize).min(req.len());
         self.backend.read_local(addr, &mut req[..n]).map_err(DriverError::Backend)?;
@@ -753,7 +805,7 @@ impl<B: RdmaBackend> MnDriver<B> {
         }
         let entry = (kind == ChainKind::Free && n >= 16)
             .then(|| u64::from_le_bytes([req[8], req[9], req[10], req[11], req[12], req[13], req[14], req[15]]));
-        let (layout, who) = self.lap_setting(cn, kind)?.ok_or(DriverError::Mn("unknown CN"))?;
+        let (layout, who) = self.lap_setting(cn, kind)?.ok_or(DriverError::Node(MnError::UnknownCn(cn)))?;
         let ctx = who.context(&self.mn, cn);
         // a request longer than the receive buffer was truncated by the device (LocLenErr)
         let outcome = if len as usize > req.len() {

@@ -144,7 +144,7 @@ fn host_engine_registers_no_remote_rights_on_mn_memory() {
     }
     // offloaded: remote rights exist only in the private PD, which no CN-facing QP is in
     let c = cluster(Mode::Offloaded, 4, true);
-    let private = c.driver.backend.private_pd;
+    let private = c.driver.backend.private_pd.expect("offloaded: the MN has a private PD");
     for mr in mn_mrs(&c) {
         let remote = mr.access.intersects(
             omw_core::access::AccessFlags::REMOTE_READ

@@ -36,7 +36,7 @@ fn a_cn_that_never_posts_receives_is_evicted_and_delays_no_one() {
             // the stalled CN keeps asking; its replies land only while receives it posted earlier last
             if c.alloc_begin(2).is_ok() {
                 // it never reads the reply: let it ask again
-                c.cns[2].client.abandon_pending();
+                c.cns[2].client_mut().abandon_pending();
             }
             honest_round(&mut c, mode, round);
         }

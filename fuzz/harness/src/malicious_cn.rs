@@ -23,6 +23,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use omw_core::backend::WcStatus;
 use omw_core::chain::ChainKind;
 use omw_core::cn::{ClientError, ClientEvent};
+use omw_core::cn_driver::CnError;
 use omw_core::ids::{GroupId, Qpn, Rkey};
 use omw_core::mn::CnStatus;
 use omw_core::wire::{AllocRequest, ErrorCode, FreeRequest, Header, Kind};
@@ -617,7 +618,7 @@ fn batch(w: &mut World, schedule: Option<Schedule>, items: &[Timed], what: &Step
                 if tokens.iter().any(|(j, ..)| *j == i) || held_by(&w.c, i) >= quota {
                     continue;
                 }
-                let backing_off = w.c.cns[i].client.is_backing_off(w.c.now());
+                let backing_off = w.c.cns[i].client().is_backing_off(w.c.now());
                 if let Ok(t) = w.c.alloc_begin(i) {
                     tokens.push((i, t, backing_off));
                     pops += 1;
@@ -703,6 +704,7 @@ fn batch(w: &mut World, schedule: Option<Schedule>, items: &[Timed], what: &Step
             Err(CnOpError::Mn(ErrorCode::Empty | ErrorCode::AllocFailed))
             | Err(CnOpError::Client(ClientError::Backoff { .. }))
             | Err(CnOpError::NoReply)
+            | Err(CnOpError::Cn(CnError::SlotsBusy))
                 if free0 <= pops || empty0 || backing_off => {}
             Err(e) => panic!(
                 "honest cn{i} could not allocate ({e}) with {free0} free groups for {pops} requests, in {what:?}"
@@ -936,7 +938,7 @@ fn honest_alloc(w: &mut World, i: usize, op: &dyn std::fmt::Debug) {
         return; // an honest client keeps to the quota its connect info told it
     }
     let free = c.free_groups();
-    let backing_off = c.cns[i].client.is_backing_off(c.now());
+    let backing_off = c.cns[i].client().is_backing_off(c.now());
     let empty_state = c.driver.mn.is_empty_state();
     match w.c.alloc(i) {
         Ok(a) => {
@@ -945,9 +947,12 @@ fn honest_alloc(w: &mut World, i: usize, op: &dyn std::fmt::Debug) {
             w.shadow.adopt(i, a);
         }
         // an empty pool parks the alloc chain (offloaded: the request finds no receive)
+        // …and the requests it sends meanwhile queue behind the parked one, until the CN
+        // driver's send slots are all in flight
         Err(CnOpError::Mn(ErrorCode::Empty))
         | Err(CnOpError::Client(ClientError::Backoff { .. }))
         | Err(CnOpError::NoReply)
+        | Err(CnOpError::Cn(CnError::SlotsBusy))
             if free == 0 || empty_state || backing_off => {}
         Err(e) => panic!(
             "honest cn{i} could not allocate ({e}) with {free} free groups, {held}/{quota} held, empty={empty_state}, after {op:?}"

@@ -267,7 +267,7 @@ fn batch(w: &mut World, schedule: Option<Schedule>, items: &[Timed], what: &Step
                 let i = w.cn(cn);
                 let addr = w.entry_addr(entry);
                 // a forged free never names the forger's own chunk (that would be a free)
-                let own = w.c.cns[i].client.live().iter().any(|a| a.entry_addr == addr) || allocating.contains(&i);
+                let own = w.c.cns[i].client().live().iter().any(|a| a.entry_addr == addr) || allocating.contains(&i);
                 if w.alive(i) && !own {
                     w.forgers.push(i);
                     broke_own.push(i);
@@ -347,7 +347,7 @@ fn step(w: &mut World, op: &Op) {
         Op::ForgedFree { cn, entry } => {
             let i = w.cn(cn);
             let addr = w.entry_addr(entry);
-            let mine: Vec<_> = w.c.cns[i].client.live().iter().map(|a| a.entry_addr).collect();
+            let mine: Vec<_> = w.c.cns[i].client().live().iter().map(|a| a.entry_addr).collect();
             let victims: Vec<_> =
                 w.shadow.held.values().filter(|h| h.cn != i && h.a.entry_addr == addr).cloned().collect();
             w.forgers.push(i);
@@ -530,7 +530,7 @@ fn alloc(w: &mut World, i: usize, op: &Op) {
     let held = crate::sim::held_by(c, i);
     let host_engine = c.mode == omw_core::backend::ExecutionMode::HostEngine;
     let quota = c.cfg.quota;
-    let backing_off = c.cns[i].client.is_backing_off(c.now());
+    let backing_off = c.cns[i].client().is_backing_off(c.now());
     let empty_state = c.driver.mn.is_empty_state();
     // a corruption rule still waiting for this CN's next SEND makes the request garbage
     let faults_pending = !c.fabric.borrow().faults().is_empty();
