@@ -1,7 +1,7 @@
 //! What the model counts: executed and flushed WQEs, completions by status, MN CPU events,
 //! and a deterministic digest (plus optional full trace) of every completion.
 
-use crate::fabric::{HostId, QpAddr};
+use crate::addr::{HostId, QpAddr};
 use omw_core::backend::{Completion, WcOpcode, WcStatus};
 use omw_core::wqe::Opcode;
 

@@ -2,7 +2,7 @@
 //! Errors of *work* (a bad rkey in a READ, a bind of a bound window) are not Rust errors: they
 //! are completions with a [`omw_core::backend::WcStatus`], exactly as on hardware.
 
-use crate::fabric::HostId;
+use crate::addr::HostId;
 use omw_core::backend::QpState;
 use omw_core::mw_rules::{DeallocFail, RegMrFail};
 use omw_core::wqe::QueueSel;

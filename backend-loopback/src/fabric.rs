@@ -5,6 +5,7 @@
 //! Work itself runs in `sched` (which QP goes next, when; see [`Fabric::step`]) and `exec` (what
 //! a WQE does).
 
+pub use crate::addr::{HostId, QpAddr};
 use crate::config::NicConfig;
 use crate::counters::{Counters, HostStats, QpStats, TraceEvent};
 use crate::cq::{Cq, TimedCompletion};
@@ -14,7 +15,6 @@ use crate::memory::{host_base, Memory};
 use crate::nic::Nic;
 use crate::protection::{KeyDraw, MrInfo, MwInfo, MwState, PdId, Protection, WindowBinding};
 use crate::qp::{Prefetch, Qp, QpConfig, Queue};
-use crate::view::HostView;
 use omw_core::access::AccessFlags;
 use omw_core::backend::{Capabilities, Completion, MrKeys, QpState};
 use omw_core::ids::{Qpn, Rkey};
@@ -22,35 +22,6 @@ use omw_core::wqe::{QueueSel, RecvWqe, Wqe, RECV_WQE_SIZE, WQE_SIZE};
 use std::fmt;
 
 type Result<T> = core::result::Result<T, LoopbackError>;
-
-/// A host of the fabric (index into [`Fabric`]'s hosts).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, Default)]
-pub struct HostId(pub u32);
-
-impl fmt::Display for HostId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "host{}", self.0)
-    }
-}
-
-/// A QP, fabric-wide: its host and its QP number there.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
-pub struct QpAddr {
-    pub host: HostId,
-    pub qpn: Qpn,
-}
-
-impl QpAddr {
-    pub const fn new(host: HostId, qpn: Qpn) -> Self {
-        QpAddr { host, qpn }
-    }
-}
-
-impl fmt::Display for QpAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/qp{}", self.host, self.qpn)
-    }
-}
 
 /// Most hosts a fabric holds (QP numbers carry `host + 1` in bits 16..24).
 pub const MAX_HOSTS: u32 = 255;
@@ -218,11 +189,6 @@ impl Fabric {
         Ok(host)
     }
 
-    /// A view of one host implementing [`omw_core::backend::RdmaBackend`].
-    pub fn view(&mut self, h: HostId) -> HostView<'_> {
-        HostView::new(self, h)
-    }
-
     // ---- memory --------------------------------------------------------------------------------
 
     /// Allocate `len` zeroed bytes of host memory aligned to `align` (a power of two).
@@ -387,7 +353,7 @@ impl Fabric {
         // mlx5 form: the cache holds WQEBBs, room for at least the largest WQE
         let pf_min = if mlx5 { omw_core::mlx5::wqebb::MAX_WQEBBS as u32 } else { 1 };
         let pf_cap = if self.cfg.prefetch { self.cfg.prefetch_depth.max(pf_min) as usize } else { 0 };
-        let rstride = if mlx5 { crate::mlx5_fetch::RQ_STRIDE } else { RECV_WQE_SIZE as u32 };
+        let rstride = if mlx5 { crate::qp::MLX5_RQ_STRIDE } else { RECV_WQE_SIZE as u32 };
         let gq = self.qps.len() as u32;
         let host = self.host_mut(h)?;
         if !host.prot.pd_exists(cfg.pd) {

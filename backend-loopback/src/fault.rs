@@ -13,7 +13,7 @@
 //! Host-level faults (crash, RNIC reset) are operations on [`crate::Fabric`]; a test can post
 //! arbitrary bytes with [`crate::Fabric::post_send_raw`] / [`crate::Fabric::post_recv_raw`].
 
-use crate::fabric::{HostId, QpAddr};
+use crate::addr::{HostId, QpAddr};
 use omw_core::wqe::Opcode;
 use std::cell::RefCell;
 use std::fmt;

@@ -62,6 +62,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod addr;
 pub mod cluster;
 pub mod config;
 pub mod counters;

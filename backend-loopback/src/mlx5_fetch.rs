@@ -32,10 +32,7 @@ use omw_core::wqe::{QueueSel, Sge, Wqe, WqeFlags};
 
 type Result<T> = core::result::Result<T, LoopbackError>;
 
-/// Data segments per receive WQE.
-pub const RQ_SGES: usize = 32;
-/// Bytes per receive WQE.
-pub const RQ_STRIDE: u32 = (RQ_SGES * 16) as u32;
+pub use crate::qp::{MLX5_RQ_SGES as RQ_SGES, MLX5_RQ_STRIDE as RQ_STRIDE};
 /// `MLX5_INVALID_LKEY` (rdma-core providers/mlx5/mlx5.h): ends a receive WQE's scatter list.
 const INVALID_LKEY: u32 = 0x100;
 

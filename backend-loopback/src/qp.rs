@@ -11,6 +11,11 @@ use crate::cq::Cq;
 use omw_core::backend::QpState;
 use omw_core::wqe::{QueueSel, WQE_SIZE};
 
+/// Data segments per receive WQE of a ring in mlx5 form (`crate::mlx5_fetch`).
+pub const MLX5_RQ_SGES: usize = 32;
+/// Bytes per receive WQE of a ring in mlx5 form: its data segments.
+pub const MLX5_RQ_STRIDE: u32 = (MLX5_RQ_SGES * 16) as u32;
+
 /// How a QP is created.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub struct QpConfig {

@@ -1,7 +1,8 @@
 //! [`HostView`]: one host of the fabric seen through the core's backend contract.
 
+use crate::addr::{HostId, QpAddr};
 use crate::error::LoopbackError;
-use crate::fabric::{Fabric, HostId, QpAddr};
+use crate::fabric::Fabric;
 use crate::protection::MwState;
 use crate::protection::PdId;
 use omw_core::access::AccessFlags;
@@ -18,6 +19,14 @@ pub struct HostView<'a> {
     fabric: &'a mut Fabric,
     host: HostId,
     private_pd: Option<PdId>,
+}
+
+impl Fabric {
+    /// A view of one host implementing [`omw_core::backend::RdmaBackend`]. Here, not in fabric.rs,
+    /// so that the fabric does not depend on its own view (scripts/import-cycles).
+    pub fn view(&mut self, h: HostId) -> HostView<'_> {
+        HostView::new(self, h)
+    }
 }
 
 impl<'a> HostView<'a> {

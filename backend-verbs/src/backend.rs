@@ -127,7 +127,7 @@ pub struct VerbsBackend {
     /// Connection requests reported by `poll_cm` and not yet accepted or rejected.
     pub(crate) cm_requests: Vec<*mut rdma_cm_id>,
     /// rdma_cm events read while waiting for another id's event: `poll_cm` returns them first.
-    pub(crate) cm_backlog: VecDeque<crate::cm::CmEvent>,
+    pub(crate) cm_backlog: VecDeque<crate::cm_event::CmEvent>,
     /// Windows given up at teardown (deallocated because they could not be invalidated).
     lost_windows: Vec<Rkey>,
     /// Tests only: act as if every teardown invalidation failed.
@@ -1460,7 +1460,7 @@ impl Drop for VerbsBackend {
         // SAFETY: ids without QPs and the channel are ours; events were acked as they came.
         unsafe {
             for id in self.cm_requests.drain(..) {
-                crate::cm::reject_raw(id);
+                crate::cm_event::reject_raw(id);
             }
             for id in self.cm_ids.drain(..) {
                 rdma_destroy_id(id);

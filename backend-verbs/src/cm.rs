@@ -6,6 +6,8 @@
 //! group size, which tells the CN how many access QPs to open.
 
 use crate::backend::{VerbsBackend, RECV_DEPTH};
+use crate::cm_event::reject_raw;
+pub use crate::cm_event::{CmEvent, CmEventKind, CmId};
 use crate::error::{Result, VerbsError};
 use omw_core::ids::Qpn;
 use rdma_sys::*;
@@ -71,40 +73,6 @@ pub fn welcome(group_size: u8) -> [u8; 8] {
 }
 pub fn parse_welcome(b: &[u8]) -> Option<u8> {
     (b.len() >= 8 && b[..4] == HELLO_MAGIC.to_le_bytes() && b[4] == 1).then_some(b[5])
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum CmEventKind {
-    AddrResolved,
-    RouteResolved,
-    ConnectRequest,
-    Established,
-    Disconnected,
-    Rejected,
-    Error(u32),
-    Other(u32),
-}
-
-/// The rdma_cm id an event is about: a handle, compared by identity. Only the backend turns
-/// it back into a pointer, and only while it knows the id to be live (a connection request
-/// not yet accepted or rejected, or the id of one of its QPs).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct CmId(*mut rdma_cm_id);
-
-/// An rdma_cm event, copied out and already acknowledged.
-#[derive(Clone, Debug)]
-pub struct CmEvent {
-    pub kind: CmEventKind,
-    pub id: CmId,
-    pub status: i32,
-    pub private_data: Vec<u8>,
-    /// The remote QP number rdma_cm negotiated (`param.conn.qp_num`): the requester's QP on a
-    /// connect request, the responder's on the active side's ESTABLISHED; None otherwise.
-    pub remote_qpn: Option<Qpn>,
-    /// On a connect request: the RNR retry count the requester asked the *responder* (us) to use
-    /// for its sends to it (the CM REQ field; the passive side's QP takes it as `rnr_retry`).
-    /// 7 means "retry forever".
-    pub rnr_retry_count: u8,
 }
 
 /// RNR retry count the CN asks the MN's QP to use for sends to it: finite (7 is infinite), so a
@@ -460,16 +428,6 @@ impl VerbsBackend {
     /// The QP created for an rdma_cm id, if any.
     pub fn qp_of_id(&self, id: CmId) -> Option<Qpn> {
         self.qpns().into_iter().find(|q| self.cm_id_of(*q) == Some(id.0))
-    }
-}
-
-/// Reject and destroy a connection request id that was taken out of the pending table.
-pub(crate) fn reject_raw(id: *mut rdma_cm_id) {
-    // SAFETY: id is a live connection-request id owned by the caller (taken out of the
-    // backend's pending table, so nothing else uses or destroys it).
-    unsafe {
-        rdma_reject(id, ptr::null(), 0);
-        rdma_destroy_id(id);
     }
 }
 

@@ -1,6 +1,7 @@
 //! Typed errors. Each says what is missing and, where there is one, how to fix it: an operator
 //! meets these on the command line, so "ENOSYS from ibv_get_device_list" is not enough.
 
+pub(crate) use crate::memlock::human;
 use omw_core::backend::WcStatus;
 use std::fmt;
 
@@ -201,19 +202,9 @@ pub(crate) fn approx(b: u64) -> String {
     }
 }
 
-pub(crate) fn human(b: u64) -> String {
-    if b == u64::MAX || b == libc::RLIM_INFINITY {
-        return "unlimited".into();
-    }
-    const K: u64 = 1024;
-    if b >= K * K * K && b.is_multiple_of(K * K * K) {
-        format!("{} GiB", b / (K * K * K))
-    } else if b >= K * K && b.is_multiple_of(K * K) {
-        format!("{} MiB", b / (K * K))
-    } else if b >= K && b.is_multiple_of(K) {
-        format!("{} KiB", b / K)
-    } else {
-        format!("{b} B")
+impl From<crate::memlock::TooLow> for VerbsError {
+    fn from(t: crate::memlock::TooLow) -> Self {
+        VerbsError::MemlockTooLow { limit: t.limit, need: t.need, cap_ipc_lock: t.cap_ipc_lock }
     }
 }
 

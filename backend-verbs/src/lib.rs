@@ -14,6 +14,7 @@
 
 pub mod backend;
 pub mod cm;
+mod cm_event;
 pub mod cn;
 pub mod device;
 pub mod devx;
@@ -25,7 +26,6 @@ pub mod mn;
 pub mod port;
 pub mod probe;
 pub mod signals;
-pub mod tool;
 
 pub use backend::VerbsBackend;
 pub use error::VerbsError;

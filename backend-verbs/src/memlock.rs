@@ -4,8 +4,6 @@
 //! set — which root in a container often lacks, so the check reads the capability, not the
 //! uid. Registered memory is not all: providers pin each QP's and CQ's buffers too.
 
-use crate::error::{human, Result, VerbsError};
-
 /// Bytes a provider pins per RC QP for its queues and their CQs, against RLIMIT_MEMLOCK: mlx5
 /// allocates the send queue (256 WQEs of up to 4 basic blocks of 64 B = 64 KiB), the receive
 /// queue (64 × 16 B × 8 scatter entries = 8 KiB), two CQs (320 CQEs × 64 B ≈ 20 KiB) and
@@ -99,10 +97,21 @@ fn rlimit() -> Option<(u64, u64)> {
     }
 }
 
+/// Why [`ensure_memlock`] refused; it becomes [`VerbsError::MemlockTooLow`](crate::VerbsError)
+/// (`From`), whose message says what the configuration pins and how to allow it. Its own type so
+/// that this module does not depend on the crate's error module, which names [`MemlockNeed`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TooLow {
+    /// The soft RLIMIT_MEMLOCK, bytes.
+    pub limit: u64,
+    pub need: MemlockNeed,
+    /// Whether the process has CAP_IPC_LOCK in its effective set (None: cannot tell).
+    pub cap_ipc_lock: Option<bool>,
+}
+
 /// Make sure `need` can be pinned: nothing to do with CAP_IPC_LOCK or a high enough soft
-/// limit; the soft limit raised to the hard one if that suffices; else a
-/// [`VerbsError::MemlockTooLow`] that says what the configuration pins and how to allow it.
-pub fn ensure_memlock(need: MemlockNeed) -> Result<()> {
+/// limit; the soft limit raised to the hard one if that suffices; else [`TooLow`].
+pub fn ensure_memlock(need: MemlockNeed) -> Result<(), TooLow> {
     let Some((cur, max)) = rlimit() else { return Ok(()) }; // cannot tell: registration reports
     let cap = cap_ipc_lock();
     match verdict(cap == Some(true), cur, max, need.total()) {
@@ -113,16 +122,33 @@ pub fn ensure_memlock(need: MemlockNeed) -> Result<()> {
             if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &want) } == 0 {
                 Ok(())
             } else {
-                Err(VerbsError::MemlockTooLow { limit: cur, need, cap_ipc_lock: cap })
+                Err(TooLow { limit: cur, need, cap_ipc_lock: cap })
             }
         }
-        Verdict::TooLow => Err(VerbsError::MemlockTooLow { limit: cur, need, cap_ipc_lock: cap }),
+        Verdict::TooLow => Err(TooLow { limit: cur, need, cap_ipc_lock: cap }),
     }
 }
 
 /// The current soft memlock limit, for reports.
 pub fn memlock_limit() -> String {
     rlimit().map_or_else(|| "unknown".into(), |(cur, _)| human(cur))
+}
+
+/// Bytes for a message: exact binary units where they divide, "unlimited" for RLIM_INFINITY.
+pub(crate) fn human(b: u64) -> String {
+    if b == u64::MAX || b == libc::RLIM_INFINITY {
+        return "unlimited".into();
+    }
+    const K: u64 = 1024;
+    if b >= K * K * K && b.is_multiple_of(K * K * K) {
+        format!("{} GiB", b / (K * K * K))
+    } else if b >= K * K && b.is_multiple_of(K * K) {
+        format!("{} MiB", b / (K * K))
+    } else if b >= K && b.is_multiple_of(K) {
+        format!("{} KiB", b / K)
+    } else {
+        format!("{b} B")
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ impl Mn {
         let log = std::path::Path::new(&dir).join(format!("client-mn-{port}.log"));
         let ip = std::env::var("OMW_SELF_IP").unwrap_or_else(|_| "192.0.2.1".into());
         let addr: std::net::SocketAddr = format!("{ip}:{port}").parse().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_omw-verbs-node"))
+        let child = Command::new(node())
             .args(["mn", "--listen", &addr.to_string(), "--pool-size", "65536", "--chunk-size", "4096"])
             .args(["--group-size", "3", "--stats-ms", "0"])
             .stderr(std::fs::File::create(&log).unwrap())

@@ -6,9 +6,8 @@
 //! By default the test starts its own MN in the same VM. Two hosts (scripts/verbs-ci): with
 //! `OMW_MN_ADDR=IP:PORT` it uses an MN already running elsewhere instead (64 KiB pool of 4 KiB
 //! chunks, group size 3, every chunk free) whose log it reads from `OMW_MN_LOG` (a shared file);
-//! whoever started that MN stops it. `OMW_NODE_BIN` names the program run as `… cn --connect
-//! ADDR --timeout S script` (default: this crate's omw-verbs-node; `omw` takes the same
-//! arguments).
+//! whoever started that MN stops it. The MN and CN processes are the `omw` binary
+//! (`common::node`: `OMW_NODE_BIN`, else the one cargo built beside this test).
 
 mod common;
 use common::*;

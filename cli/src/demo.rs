@@ -9,6 +9,7 @@
 //! checked; the command exits 0 only if every check passed.
 
 use clap::{Args, ValueEnum};
+use omw_bench::Rng;
 use omw_core::backend::{ExecutionMode, WcStatus};
 use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
@@ -43,28 +44,6 @@ pub struct DemoArgs {
     /// Print every check, not only the summary.
     #[arg(long, short)]
     pub verbose: bool,
-}
-
-/// xorshift64*: the demo's only randomness, seeded.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() >> 32) * n) >> 32
-    }
 }
 
 /// What the demo saw; `failures` must stay empty.

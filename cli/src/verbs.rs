@@ -1,12 +1,12 @@
 //! `omw mn`, `omw cn`, `omw probe`: the verbs-backed programs (libibverbs + rdma_cm).
 //! Argument structs and thin handlers; the work is in the omw-verbs crate.
 
+use crate::cn::CnCommand;
 use omw_kv::exercise::{exercise, ExerciseError};
 use omw_kv::verbs::VerbsCn;
 use omw_kv::KvStore;
 use omw_verbs::cn::CnOptions;
 use omw_verbs::mn::MnOptions;
-use omw_verbs::tool::CnCommand;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -238,7 +238,7 @@ fn run_cn(a: CnArgs) -> Result<(), CnError> {
         CnCmd::Script => CnCommand::Script,
         CnCmd::Kv { keys } => return run_kv(a.connect, &o, keys),
     };
-    Ok(omw_verbs::tool::run(a.connect, &o, cmd)?)
+    Ok(crate::cn::run(a.connect, &o, cmd)?)
 }
 
 /// `omw cn kv`: the omw-kv store against the MN, checked (omw_kv::exercise).

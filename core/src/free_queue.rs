@@ -13,6 +13,8 @@
 //! tail:  u64  address of the next slot to push
 //! ```
 
+use crate::wqe::masked_add;
+
 pub const SLOT_SIZE: usize = 8;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -63,6 +65,38 @@ impl FreeQueueLayout {
         let t = (tail.wrapping_sub(self.ring) / 8) % cap;
         ((t + cap - h) % cap) as u32
     }
+    /// The counter value one slot on from `counter`: the same masked add the NIC's fetch-and-adds
+    /// make, so the CPU's walks wrap exactly where the chains' counters do.
+    pub const fn next(&self, counter: u64) -> u64 {
+        masked_add(counter, SLOT_SIZE as u64, self.counter_boundary())
+    }
+    /// `n` consecutive slot addresses from counter `from` on, wrapping (a live window is
+    /// `walk(head, len)`, the rest of the ring `walk(tail, capacity - len)`).
+    pub fn walk(&self, from: u64, n: u32) -> impl Iterator<Item = u64> {
+        let q = *self;
+        (0..n).scan(from, move |at, _| {
+            let slot = *at;
+            *at = q.next(slot);
+            Some(slot)
+        })
+    }
+    /// `(address, addend, boundary)` of the fetch-and-add that takes the tail slot for a push —
+    /// the MN CPU's own pushes issue it as a NIC atomic, as the free chain's does.
+    pub const fn push_fetch_add(&self) -> (u64, u64, u64) {
+        (self.tail, SLOT_SIZE as u64, self.counter_boundary())
+    }
+    /// Every slot address, in ring order.
+    pub fn slots(&self) -> impl Iterator<Item = u64> {
+        let q = *self;
+        (0..q.capacity).map(move |i| q.slot_addr(i))
+    }
+    /// The `(address, value)` stores that make a full queue of `count` groups over a ring whose
+    /// other slots are already zero: slot `i` holds `entry(i)`, the head is slot 0 and the tail
+    /// the slot after the last group.
+    pub fn fill(&self, count: u32, entry: impl Fn(u32) -> u64) -> impl Iterator<Item = (u64, u64)> {
+        let q = *self;
+        (0..count).map(move |i| (q.slot_addr(i), entry(i))).chain([(q.head, q.ring), (q.tail, q.slot_addr(count))])
+    }
 }
 
 #[cfg(test)]
@@ -89,5 +123,26 @@ mod tests {
         // head two past the tail (two tickets): empty, not "capacity − 2"
         assert_eq!(q.live_len(q.slot_addr(4), q.slot_addr(2), 3), 0);
         assert_eq!(q.live_len(q.slot_addr(2), q.slot_addr(4), 3), 2);
+    }
+
+    #[test]
+    fn walks_pushes_and_fills_wrap_with_the_counters() {
+        let q = FreeQueueLayout { ring: 0x1_0000, capacity: 4, head: 0x2_0000, tail: 0x2_0008 };
+        assert_eq!(q.next(q.slot_addr(3)), q.ring);
+        let w: heapless::Vec<u64, 4> = q.walk(q.slot_addr(2), 3).collect();
+        assert_eq!(&w[..], &[q.slot_addr(2), q.slot_addr(3), q.slot_addr(0)]);
+        assert_eq!(q.walk(q.ring, 0).count(), 0);
+        assert_eq!(q.push_fetch_add(), (q.tail, 8, q.counter_boundary()));
+        let s: heapless::Vec<u64, 4> = q.slots().collect();
+        assert_eq!(&s[..], &[q.ring, q.ring + 8, q.ring + 16, q.ring + 24]);
+        let f: heapless::Vec<(u64, u64), 8> = q.fill(3, |i| 0x100 * (i as u64 + 1)).collect();
+        assert_eq!(
+            &f[..],
+            &[(q.ring, 0x100), (q.ring + 8, 0x200), (q.ring + 16, 0x300), (q.head, q.ring), (q.tail, q.slot_addr(3))]
+        );
+        // a full ring: the tail wraps onto the head
+        let last = q.fill(4, |_| 1).last();
+        assert_eq!(last, Some((q.tail, q.ring)));
+        assert_eq!(q.len(q.ring, q.ring), 0);
     }
 }

@@ -5,12 +5,10 @@
 //! handled an event).
 
 use crate::backend::MwBinding;
-use crate::free_queue::SLOT_SIZE;
 use crate::geometry::MAX_GROUP_SIZE;
 use crate::ids::{GroupId, Rkey};
 use crate::mn::{MemoryNode, MnPort, ENTRY_RECLAIMING};
 use crate::mwtable::{MwTableEntry, ENTRY_SIZE};
-use crate::wqe::masked_add;
 use core::fmt;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -71,20 +69,15 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
     let head = rd(port, q.head)?;
     let tail = rd(port, q.tail)?;
     let live = q.live_len(head, tail, map.max_cns);
-    let mut at = head;
-    let mut live_slots = 0u32;
-    while live_slots < live {
+    for at in q.walk(head, live) {
         let v = rd(port, at)?;
         let g = map.group_of_entry(v).ok_or(InvariantViolation::BadQueueSlot { slot: at, value: v })?;
         if mark(g) {
             return Err(InvariantViolation::DuplicateInQueue(g));
         }
-        at = masked_add(at, SLOT_SIZE as u64, q.counter_boundary());
-        live_slots += 1;
     }
     // slots outside [head, tail): zero, except unsettled tickets that a push already filled
-    let mut slot = tail;
-    for _ in 0..(q.capacity - live) {
+    for slot in q.walk(tail, q.capacity - live) {
         let v = rd(port, slot)?;
         if v != 0 {
             if !mn.tickets().contains(&slot) {
@@ -95,7 +88,6 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
                 return Err(InvariantViolation::DuplicateInQueue(g));
             }
         }
-        slot = masked_add(slot, SLOT_SIZE as u64, q.counter_boundary());
     }
     // every group: exactly one of free-in-queue, owned, reclaiming
     let mut held = [0u32; crate::mn::MAX_CNS + 1];

@@ -15,7 +15,6 @@ use crate::access::AccessFlags;
 use crate::backend::{ExecutionMode, MwBinding, WcStatus};
 use crate::chain::ChainKind;
 use crate::chain_builder::ChainEnv;
-use crate::free_queue::SLOT_SIZE;
 use crate::geometry::{PoolGeometry, MAX_GROUP_SIZE};
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
 use crate::mn_memory::{alloc_scratch, free_scratch, MnMemoryMap, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF, SCRATCH_PER_CN};
@@ -943,8 +942,8 @@ impl MemoryNode {
     /// take the slot and find it empty; it then holds a ticket that settles when this write
     /// lands (the pop's clear is conditional, so it never erases it).
     fn push<P: MnPort>(&mut self, port: &mut P, entry_addr: u64) -> R<P::Error> {
-        let q = self.map.queue;
-        let slot = port.fetch_add(q.tail, SLOT_SIZE as u64, q.counter_boundary()).map_err(MnError::Port)?;
+        let (tail, add, boundary) = self.map.queue.push_fetch_add();
+        let slot = port.fetch_add(tail, add, boundary).map_err(MnError::Port)?;
         wr(port, slot, entry_addr)
     }
 
@@ -954,12 +953,10 @@ impl MemoryNode {
         let q = self.map.queue;
         let head = rd(port, q.head)?;
         let tail = rd(port, q.tail)?;
-        let mut at = head;
-        for _ in 0..q.len(head, tail) {
+        for at in q.walk(head, q.len(head, tail)) {
             if rd(port, at)? == entry {
                 return Ok(true);
             }
-            at = masked_add(at, SLOT_SIZE as u64, q.counter_boundary());
         }
         for t in self.tickets.clone().iter() {
             if rd(port, *t)? == entry {
@@ -1232,14 +1229,12 @@ impl MemoryNode {
             e.reserved = 0.into();
             write_entry(port, addr, &e)?;
         }
-        for i in 0..self.map.queue.capacity {
-            wr(port, self.map.queue.slot_addr(i), 0)?;
+        for slot in self.map.queue.slots() {
+            wr(port, slot, 0)?;
         }
-        for i in 0..g.chunk_count() {
-            wr(port, self.map.queue.slot_addr(i), self.map.entry_addr(GroupId(i)).unwrap_or(0))?;
+        for (addr, v) in self.map.queue.fill(g.chunk_count(), |i| self.map.entry_addr(GroupId(i)).unwrap_or(0)) {
+            wr(port, addr, v)?;
         }
-        wr(port, self.map.queue.head, self.map.queue.ring)?;
-        wr(port, self.map.queue.tail, self.map.queue.slot_addr(g.chunk_count()))?;
         self.tickets.clear();
         self.empty = false;
         for r in cns.iter() {

@@ -3,8 +3,8 @@
 //! chunks come back as keys die. Skipped unless OMW_RXE is set (scripts/verbs-ci runs it in
 //! the VM).
 //!
-//! By default it starts its own MN (`OMW_NODE_BIN`, else `omw-verbs-node` or `omw` next to
-//! this test's directory) with 16 chunks of 4 KiB. Two hosts: `OMW_MN_ADDR=IP:PORT` names an
+//! By default it starts its own MN (`OMW_NODE_BIN`, else the `omw` cargo built beside this
+//! test; scripts/rxe-test builds it) with 16 chunks of 4 KiB. Two hosts: `OMW_MN_ADDR=IP:PORT` names an
 //! MN elsewhere with that pool, every chunk free, and `OMW_MN_METRICS=IP:PORT` its
 //! `--metrics` address.
 
@@ -26,9 +26,9 @@ fn node() -> PathBuf {
     }
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
-    ["omw-verbs-node", "omw"].iter().map(|n| dir.join(n)).find(|p| p.exists()).unwrap_or_else(|| {
-        panic!("no omw-verbs-node or omw in {} (build omw-verbs' binaries or set OMW_NODE_BIN)", dir.display())
-    })
+    let omw = dir.join("omw");
+    assert!(omw.exists(), "no omw in {} (cargo build -p omw, or set OMW_NODE_BIN)", dir.display());
+    omw
 }
 
 struct Mn {

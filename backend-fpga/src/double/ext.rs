@@ -888,9 +888,9 @@ fn nak_status(f: rules::RemoteFail) -> WcStatus {
 fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
     let peer = w.peer(n, c);
     if let Some((rn, rc)) = peer {
-        if let Err(why) = super::stock::wire_check(w, n, c, rn, rc) {
+        if let Err(why) = super::wire::wire_check(w, n, c, rn, rc) {
             if !std::mem::replace(&mut xq(w, n, c).wire_dropped, true) {
-                super::stock::count_drop(&mut w.nodes[n].stats, why);
+                super::wire::count_drop(&mut w.nodes[n].stats, why);
             }
             return Out::Blocked;
         }
@@ -899,9 +899,9 @@ fn remote_op(w: &mut World, n: usize, c: u8, wqe: &Wqe) -> Out {
     if let (Out::Done(_), Some((rn, rc))) = (&out, peer) {
         let npkts = match wqe.opcode {
             Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => 1,
-            _ => super::stock::packets(wqe.length, w.nodes[n].cfg.pmtu),
+            _ => super::wire::packets(wqe.length, w.nodes[n].cfg.pmtu),
         };
-        super::stock::wire_advance(w, n, c, rn, rc, npkts);
+        super::wire::wire_advance(w, n, c, rn, rc, npkts);
         xq(w, n, c).wire_dropped = false;
     }
     out

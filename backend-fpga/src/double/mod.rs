@@ -25,6 +25,7 @@
 
 pub mod ext;
 pub mod stock;
+mod wire;
 
 use crate::driver::{CoyoteDriver, DriverError, ShellConfig, N_CTID_MAX};
 use crate::encoding::{split_qpn, OpcodeEncoding, DEFAULT_PMTU};

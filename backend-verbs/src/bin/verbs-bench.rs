@@ -12,7 +12,7 @@
 //!
 //! Part 2 (`alloc`): an MN daemon (host engine: libibverbs has no WAIT/ENABLE) on a thread of
 //! this process and a CN client on the main thread, over rdma_cm on `--listen`; then the
-//! measurement of `omw cn bench` (`omw_verbs::tool::bench`, repeated here to print every ratio):
+//! measurement of `omw cn bench` (`bench` in cli/src/cn.rs, repeated here to print every ratio):
 //! host-engine allocation latency (request SEND, MN CPU runs the alloc chain, WRITE_WITH_IMM
 //! reply) against a SEND/RECV round trip through the MN loop on the same Alloc QP (a request
 //! the MN rejects at once), and against part 1's ping-pong. `--alloc-iters` (default 100) is
@@ -330,7 +330,7 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
     r.and(joined)
 }
 
-/// `omw_verbs::tool::bench`'s loop (alloc, free, rejected request; same warm-up), with the
+/// `omw cn bench`'s loop (cli/src/cn.rs) (alloc, free, rejected request; same warm-up), with the
 /// ratios printed.
 fn alloc_bench(c: &mut CnClient, iters: usize, floor: Option<Duration>) -> Result<()> {
     let rejected = |c: &mut CnClient| -> Result<()> {

@@ -26,9 +26,17 @@ pub fn stamp() -> String {
     format!("{:04}.{:03}", t.as_secs() % 10_000, t.subsec_millis())
 }
 
-/// The program CNs (and a local MN) run.
-pub fn node() -> String {
-    std::env::var("OMW_NODE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_omw-verbs-node").into())
+/// The program CNs (and a local MN) run: the `omw` binary — `OMW_NODE_BIN`, else the one cargo
+/// built beside this test (another package's binary, so cargo does not build it for these tests:
+/// scripts/rxe-test does, and sets `OMW_NODE_BIN`).
+pub fn node() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("OMW_NODE_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let omw = exe.parent().and_then(|d| d.parent()).unwrap().join("omw");
+    assert!(omw.exists(), "no {} (cargo build -p omw, or set OMW_NODE_BIN)", omw.display());
+    omw
 }
 
 pub struct Mn {

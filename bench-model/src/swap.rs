@@ -10,7 +10,7 @@
 //! the lower half. Local memory holds half the working set (CLOCK replacement).
 
 use super::schemes::Op;
-use crate::demo::Rng;
+use crate::rng::Rng;
 
 pub const HIT: u8 = 0;
 pub const FAULT: u8 = 1;

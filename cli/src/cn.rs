@@ -1,10 +1,10 @@
-//! What `omw cn` does, shared by the `omw` command and the test driver binary: the
-//! subcommands (allocate, round trip, load, bench) and a line-based script mode that tests
-//! and operators can drive interactively.
+//! What `omw cn` does over omw-verbs' `CnClient`: the subcommands (allocate, round trip, load,
+//! bench) and a line-based script mode that the multi-process tests (backend-verbs/tests, kv's
+//! rxe_kv) and operators drive interactively. Tooling, so it lives with the binary, not the backend.
 
-use crate::cn::{Allocation, CnClient, CnOptions};
-use crate::error::{Result, VerbsError};
 use omw_core::ids::Rkey;
+use omw_verbs::cn::{Allocation, CnClient, CnOptions};
+use omw_verbs::error::{Result, VerbsError};
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! `omw bench`: every memory-management scheme × workload on the same modelled cluster (1 MN,
+//! The model behind `omw bench`: every memory-management scheme × workload on the same modelled cluster (1 MN,
 //! 6 CNs, the loopback model's `CostModel::CX6`), in one run, in **modelled** time.
 //!
 //! * OneSidedMW runs its real alloc/free chains on the loopback model; the allocation
@@ -13,50 +13,51 @@
 //!
 //! docs/COST-MODEL.md explains the inputs and where the model and the paper disagree.
 
-mod alloc;
-mod inputs;
+//!
+//! The API is [`run`] (options in, [`Results`] out, progress through a callback) and the
+//! [`report`] renderings of the results (text, JSON, CSV/SVG files); the `omw` binary only parses
+//! arguments and prints.
+
+pub mod alloc;
+pub mod inputs;
 mod kv;
-mod report;
-mod schemes;
+pub mod report;
+mod rng;
+pub mod schemes;
 mod sim;
 mod swap;
-mod sweep;
+pub mod sweep;
 
-use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+pub use rng::Rng;
+
 use inputs::{Inputs, Measured};
 use schemes::{compile, Op, Scheme, ALL};
 use sim::Res;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Instant;
 
-#[derive(Args, Debug, Clone)]
-pub struct BenchArgs {
+/// What one run measures; `omw bench`'s flags, without the output format.
+#[derive(Debug, Clone)]
+pub struct Options {
     /// Small sizes (CI smoke run, a few seconds).
-    #[arg(long)]
     pub quick: bool,
     /// Directory for the CSV files and the SVG plot.
-    #[arg(long, default_value = "target/omw-bench")]
     pub out: PathBuf,
-    /// Print one JSON document on stdout instead of the tables.
-    #[arg(long)]
-    pub json: bool,
     /// MN CPU cores serving RPC-MW requests (the paper used one).
-    #[arg(long, default_value_t = 1)]
     pub mn_cores: usize,
     /// NIC processing units of the main run, in the loopback model and the simulator alike
-    /// (default: `CostModel::CX6`'s; the sweep covers 1–16 whatever this is).
-    #[arg(long, default_value_t = omw_loopback::CostModel::CX6.nic_units as usize)]
+    /// (the sweep covers 1–16 whatever this is).
     pub mn_nic_units: usize,
     /// Application threads per CN in the KV and swap workloads.
-    #[arg(long, default_value_t = 8)]
     pub threads: usize,
     /// Compute nodes in the "at scale" runs.
-    #[arg(long, default_value_t = 6)]
     pub cns: usize,
-    #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+impl Options {
+    /// NIC processing units when none are asked for: `CostModel::CX6`'s.
+    pub const DEFAULT_NIC_UNITS: usize = omw_loopback::CostModel::CX6.nic_units as usize;
 }
 
 /// Sizes of one run.
@@ -135,7 +136,7 @@ pub struct Results {
     pub sensitivity: Vec<sweep::Sensitivity>,
     pub validation: Vec<report::Validation>,
     pub wall_s: f64,
-    pub args: BenchArgs,
+    pub args: Options,
 }
 
 fn odrp_ops(ops: &[Op], pages_per_chunk: u64) -> Vec<Op> {
@@ -278,7 +279,12 @@ fn swap_rows(
     rows
 }
 
-pub fn run(args: &BenchArgs, tick: &mut dyn FnMut(&str)) -> Result<Results, String> {
+/// How many times [`run`] calls `tick` on a full-size run, for a progress bar: inputs, 4
+/// geometries, 2 × 6 micro rows, 7 curve points, 4 KV configurations × (traces + 5 schemes), swap
+/// (traces + 5 schemes), the comparison.
+pub const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 6 + 4 + 1;
+
+pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String> {
     let t0 = Instant::now();
     let sizes = Sizes::of(args.quick);
     let threads = if args.quick { args.threads.min(4) } else { args.threads }.max(1);
@@ -365,36 +371,4 @@ pub fn run(args: &BenchArgs, tick: &mut dyn FnMut(&str)) -> Result<Results, Stri
         wall_s: t0.elapsed().as_secs_f64(),
         args: args.clone(),
     })
-}
-
-pub fn bench(args: BenchArgs) -> ExitCode {
-    // the steps `run` reports: inputs, 4 geometries, 2 × 6 micro rows, 7 curve points,
-    // 4 KV configurations × (traces + 5 schemes), swap (traces + 5 schemes), the comparison
-    const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 6 + 4 + 1;
-    let pb = if args.quick || args.json { ProgressBar::hidden() } else { ProgressBar::new(STEPS) };
-    pb.set_style(
-        ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let mut tick = |msg: &str| {
-        pb.inc(1);
-        pb.set_message(msg.to_string());
-    };
-    let res = run(&args, &mut tick);
-    pb.finish_and_clear();
-    let res = match res {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("omw bench: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Err(e) = report::write_files(&res) {
-        eprintln!("omw bench: writing {}: {e}", args.out.display());
-        return ExitCode::FAILURE;
-    }
-    let out = if args.json { report::json(&res) + "\n" } else { report::text(&res) };
-    // a closed pipe (`omw bench | head`) is not an error worth a panic
-    let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
-    ExitCode::SUCCESS
 }

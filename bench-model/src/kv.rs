@@ -10,7 +10,7 @@
 //! holds its peak for the whole run).
 
 use super::schemes::Op;
-use crate::demo::Rng;
+use crate::rng::Rng;
 use omw_core::object_alloc::{ObjectAllocator, ObjectRef};
 
 pub const GET: u8 = 0;
@@ -70,7 +70,7 @@ fn page_bytes(cv: &Carver) -> u64 {
 
 /// Place an object of class `ci`; true when that took a new chunk from the MN.
 fn carve(cv: &mut Carver, ci: usize) -> (ObjectRef, bool) {
-    cv.alloc_with(ci, || Ok::<(), ()>(())).expect("the workload fits the allocator (sizes in bench/mod.rs)")
+    cv.alloc_with(ci, || Ok::<(), ()>(())).expect("the workload fits the allocator (sizes in lib.rs)")
 }
 
 /// Free an object; true when its chunk went back to the MN.
