@@ -437,6 +437,19 @@ fn validator_refuses_tampered_bytes() {
     let mut t = c.clone();
     t.rings[1][2] ^= 1;
     assert!(matches!(t.validate(), Err(Mlx5ChainError::Inconsistent(Inconsistency::Undecodable { .. }))));
+    // the lap counters' first copy without its FENCE (it could read a shadow before its
+    // fetch-and-add landed)
+    let mut t = c.clone();
+    let first_copy = t.placed[0]
+        .iter()
+        .find(|p| {
+            matches!(p.role, Role::Bump(_))
+                && !matches!(t.decode_at(Ring::Loop, p.pi).unwrap().op, Mlx5Op::MaskedFetchAdd { .. })
+        })
+        .unwrap()
+        .pi as usize;
+    t.rings[0][first_copy * 64 + 11] &= !FmCeSe::FENCE.bits();
+    assert!(matches!(t.validate(), Err(Mlx5ChainError::Inconsistent(Inconsistency::QueueField { .. }))));
     // an ENABLE index other than lap 0's
     let mut t = c.clone();
     let e = t.placed[0]
