@@ -1,6 +1,6 @@
 //! Wall-clock cost of the core's decisions: the CN client building an alloc request and
 //! decoding the reply, building a free request; the MN (driver + host engine + control plane)
-//! serving one alloc and one free on a minimal in-memory device; WQE encode/decode; building
+//! serving one alloc and one free to a `CnDriver` on the core's test NIC (`test-nic` feature); WQE encode/decode; building
 //! and statically validating the alloc chain.
 //!
 //! `cargo bench -p omw-core --bench decision`. Divan prints its table; then a summary measures
@@ -10,21 +10,23 @@
 
 use divan::Bencher;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{
-    Capabilities, Completion, Domain, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
-};
+use omw_core::backend::{Domain, RdmaBackend};
 use omw_core::chain::ChainLayout;
 use omw_core::chain_builder::ChainEnv;
-use omw_core::cn::Client;
+use omw_core::cn::{Allocation, Client};
+use omw_core::cn_driver::{CnDriver, CnEvent, CnMemory, CnQpSet};
 use omw_core::geometry::PoolGeometry;
-use omw_core::host_engine::HostRegions;
 use omw_core::ids::{CnId, Qpn, Rkey};
-use omw_core::mn::{CnQps, MemoryNode, MnConfig, MnKeys};
+use omw_core::mn::{CnQps, MnKeys};
 use omw_core::mn_driver::MnDriver;
 use omw_core::mn_memory::MnMemoryMap;
+use omw_core::mn_plan::{MnOptions, MnPlan, PoolSpec};
+use omw_core::mw_rules::Mode;
+use omw_core::test_nic::{Node, TestNic};
 use omw_core::wire::{AllocReply, ConnectInfo};
-use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
+use omw_core::wqe::Wqe;
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::RefCell;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -58,275 +60,93 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-// ------------------------------------------------------------------ a minimal device
+// ------------------------------------------------------------------ the test NIC
 
 const META: u64 = 64 << 20;
 const POOL: u64 = 1 << 32;
 const CHUNKS: u32 = 1024;
 const G: u8 = 2;
 
-#[derive(Debug)]
-struct NicErr(&'static str);
-impl core::fmt::Display for NicErr {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.0)
-    }
-}
-
-/// Just enough of a NIC for the host engine, in fixed-size storage (no allocation after
-/// set-up): MN memory (metadata and the pool, which the MN scrubs on every host-engine free),
-/// windows with bind/invalidate checks, completions, one reply buffer.
-struct MiniNic {
-    meta: Vec<u8>,
-    pool: Vec<u8>,
-    mws: Vec<(Rkey, Option<Qpn>)>,
-    cqes: heapless::Vec<(u32, bool, Completion), 64>,
-    recvs: heapless::Vec<(u32, RecvWqe), 64>,
-    reply: [u8; 64],
-    reply_len: usize,
-    reply_imm: Option<u32>,
-}
-
-impl MiniNic {
-    /// Host memory at `addr`: the pool or the metadata.
-    fn mem(&mut self, addr: u64, len: usize) -> Result<&mut [u8], NicErr> {
-        if let Some(off) = addr.checked_sub(POOL).filter(|o| *o < self.pool.len() as u64) {
-            let off = off as usize;
-            return self.pool.get_mut(off..off + len).ok_or(NicErr("beyond the pool"));
-        }
-        let rng = self.range(addr, len)?;
-        Ok(&mut self.meta[rng])
-    }
-    fn range(&self, addr: u64, len: usize) -> Result<core::ops::Range<usize>, NicErr> {
-        let off = addr.checked_sub(META).ok_or(NicErr("below metadata"))? as usize;
-        if off + len > self.meta.len() {
-            return Err(NicErr("beyond metadata"));
-        }
-        Ok(off..off + len)
-    }
-    fn push(&mut self, qp: u32, recv: bool, c: Completion) {
-        let _ = self.cqes.push((qp, recv, c));
-    }
-    /// A CN's SEND arrives on MN QP `qp`.
-    fn deliver(&mut self, qp: Qpn, bytes: &[u8]) {
-        let Some(i) = self.recvs.iter().position(|(q, _)| *q == qp.get()) else { return };
-        let (_, r) = self.recvs.swap_remove(i);
-        let sge = r.sges[0];
-        let n = bytes.len().min(sge.length as usize);
-        if let Ok(rng) = self.range(sge.addr, n) {
-            self.meta[rng].copy_from_slice(&bytes[..n]);
-        }
-        let c = Completion {
-            wr_id: r.wr_id,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Recv,
-            qpn: qp,
-            byte_len: bytes.len() as u32,
-            imm: None,
-            invalidated: None,
-        };
-        self.push(qp.get(), true, c);
-    }
-}
-
-impl RdmaBackend for MiniNic {
-    type Error = NicErr;
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::SECURE_MINIMUM | Capabilities::ATOMICS
-    }
-    fn post_send(&mut self, qp: Qpn, w: &Wqe) -> Result<(), NicErr> {
-        let idx = (w.imm >> 8) as usize;
-        let status = match w.opcode {
-            Opcode::BindMw if w.flags.contains(WqeFlags::UNBIND) => match self.mws.get_mut(idx) {
-                Some((r, b @ Some(_))) if r.0 == w.imm => {
-                    *b = None;
-                    WcStatus::Success
-                }
-                _ => WcStatus::MwBindErr,
-            },
-            Opcode::BindMw => match self.mws.get_mut(idx) {
-                Some((r, b @ None)) if w.length > 0 => {
-                    *r = Rkey(w.imm);
-                    *b = Qpn::new(w.qpn).ok();
-                    WcStatus::Success
-                }
-                _ => WcStatus::MwBindErr,
-            },
-            Opcode::LocalInv => match self.mws.get_mut(idx) {
-                Some((r, b @ Some(_))) if r.0 == w.imm && *b == Some(qp) => {
-                    *b = None;
-                    WcStatus::Success
-                }
-                _ => WcStatus::MwBindErr,
-            },
-            Opcode::WriteWithImm | Opcode::Send => {
-                let rng = self.range(w.local_addr, w.length as usize)?;
-                let n = rng.len().min(64);
-                self.reply[..n].copy_from_slice(&self.meta[rng.start..rng.start + n]);
-                self.reply_len = n;
-                self.reply_imm = (w.opcode == Opcode::WriteWithImm).then_some(w.imm);
-                WcStatus::Success
-            }
-            _ => return Err(NicErr("unexpected opcode")),
-        };
-        let c = Completion {
-            wr_id: w.wr_id,
-            status,
-            opcode: WcOpcode::Send(w.opcode),
-            qpn: qp,
-            byte_len: w.length,
-            imm: None,
-            invalidated: None,
-        };
-        self.push(qp.get(), false, c);
-        Ok(())
-    }
-    fn post_recv(&mut self, qp: Qpn, w: &RecvWqe) -> Result<(), NicErr> {
-        self.recvs.push((qp.get(), w.clone())).map_err(|_| NicErr("too many receives"))
-    }
-    fn poll_cq(&mut self, qp: Qpn, q: QueueSel, out: &mut [Completion]) -> Result<usize, NicErr> {
-        let recv = q == QueueSel::Recv;
-        let mut n = 0;
-        let mut i = 0;
-        while i < self.cqes.len() && n < out.len() {
-            if self.cqes[i].0 == qp.get() && self.cqes[i].1 == recv {
-                out[n] = self.cqes.remove(i).2;
-                n += 1;
-            } else {
-                i += 1;
-            }
-        }
-        Ok(n)
-    }
-    fn enable(&mut self, _: Qpn, _: QueueSel, _: u64) -> Result<(), NicErr> {
-        Err(NicErr("no WAIT/ENABLE"))
-    }
-    fn reset_qp(&mut self, _: Qpn) -> Result<(), NicErr> {
-        Ok(())
-    }
-    fn destroy_qp(&mut self, _: Qpn) -> Result<(), NicErr> {
-        Ok(())
-    }
-    fn qp_state(&self, _: Qpn) -> Result<QpState, NicErr> {
-        Ok(QpState::Rts)
-    }
-    fn reg_mr(&mut self, _: Domain, _: u64, _: u64, _: AccessFlags) -> Result<MrKeys, NicErr> {
-        Err(NicErr("not needed"))
-    }
-    fn alloc_mw(&mut self) -> Result<Rkey, NicErr> {
-        let i = self.mws.len() as u32;
-        let r = Rkey::new(i, 0).map_err(|_| NicErr("rkey"))?;
-        self.mws.push((r, None));
-        Ok(r)
-    }
-    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), NicErr> {
-        if let Some(off) = addr.checked_sub(POOL).filter(|o| *o < self.pool.len() as u64) {
-            let off = off as usize;
-            buf.copy_from_slice(self.pool.get(off..off + buf.len()).ok_or(NicErr("beyond the pool"))?);
-            return Ok(());
-        }
-        let rng = self.range(addr, buf.len())?;
-        buf.copy_from_slice(&self.meta[rng]);
-        Ok(())
-    }
-    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), NicErr> {
-        self.mem(addr, data.len())?.copy_from_slice(data);
-        Ok(())
-    }
-    fn ring_base(&self, _: Qpn, _: QueueSel) -> Result<u64, NicErr> {
-        Err(NicErr("no offload"))
-    }
-    fn ring_keys(&self, _: Domain) -> Result<MrKeys, NicErr> {
-        Err(NicErr("no offload"))
-    }
-    fn alloc_memory(&mut self, _: u64, _: u64) -> Result<u64, Self::Error> {
-        Err(NicErr("set up by the bench"))
-    }
-    fn create_loopback_qp(&mut self, _: Domain, _: Option<u32>) -> Result<Qpn, Self::Error> {
-        Err(NicErr("set up by the bench"))
-    }
-    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
-        self.mws.get(rkey.index() as usize).map(|(r, b)| match b {
-            Some(q) => MwBinding::Bound { rkey: *r, qpn: *q },
-            None => MwBinding::Unbound,
-        })
-    }
-}
+/// Nodes, QPs, keys (every window of the pool, its MRs and the CN's).
+type Nic = TestNic<'static, 2, 16, { (CHUNKS * G as u32) as usize + 16 }>;
+type View = Node<'static, 'static, 2, 16, { (CHUNKS * G as u32) as usize + 16 }>;
 
 fn qpn(v: u32) -> Qpn {
     Qpn::new(v).expect("qpn")
 }
 
-/// An MN in host-engine mode on the minimal device, with one connected CN.
+fn leak_mem(len: usize) -> &'static mut [u8] {
+    Box::leak(vec![0u8; len].into_boxed_slice())
+}
+
+/// An MN in host-engine mode on the test NIC, provisioned by its plan, with one CN driven by
+/// `CnDriver` over real QP pairs (set-up allocates; serving does not).
 struct Rig {
-    d: MnDriver<MiniNic>,
-    qps: CnQps,
-    client: Client<1024>,
+    d: MnDriver<View>,
+    cn: CnDriver<View, 1024>,
 }
 
 impl Rig {
     fn new() -> Rig {
-        let geo = PoolGeometry::new(POOL, 4096, CHUNKS, G).expect("geometry");
-        let map = MnMemoryMap::new(geo, 8, META).expect("map");
-        let keys = keys();
-        let cfg = MnConfig {
-            geometry: geo,
+        let nic: &'static RefCell<Nic> = Box::leak(Box::new(RefCell::new(TestNic::new(Mode::Strict))));
+        let (mn, cn) = {
+            let mut n = nic.borrow_mut();
+            (n.add_node(leak_mem(5 << 20)).expect("mn"), n.add_node(leak_mem(64 << 10)).expect("cn"))
+        };
+        let b = Node::new(nic, mn);
+        let plan = MnPlan::decide(b.capabilities(), MnOptions::default()).expect("plan");
+        let spec = PoolSpec {
+            chunk_size: 4096,
+            chunks: CHUNKS,
+            group_size: G,
             max_cns: 8,
-            quota: CHUNKS,
-            mode: ExecutionMode::HostEngine,
-            software_ownership_check: true,
-            queue_depth: 128,
-            window_access: AccessFlags::DATA_WINDOW,
-            scrub: omw_core::mn_plan::ScrubPath::Cpu,
+            quota: 0,
             lease_ns: 0,
+            queue_depth: None,
         };
-        let mut nic = MiniNic {
-            meta: vec![0; map.meta_len as usize],
-            pool: vec![0; geo.pool_len() as usize],
-            mws: Vec::with_capacity((CHUNKS * G as u32 + 1) as usize),
-            cqes: heapless::Vec::new(),
-            recvs: heapless::Vec::new(),
-            reply: [0; 64],
-            reply_len: 0,
-            reply_imm: None,
-        };
-        let _ = nic.alloc_mw(); // index 0 unused
-        let rkeys: Vec<Rkey> = (0..CHUNKS * G as u32).map(|_| nic.alloc_mw().expect("mw")).collect();
-        let regions = HostRegions::new(&map, &keys);
-        let mn = MemoryNode::new(cfg, map, keys).expect("mn");
-        let mut d = MnDriver::new(nic, mn, regions, qpn(1));
-        d.format(|gid, i| rkeys[(gid.0 * G as u32) as usize + i], |_| 77).expect("format");
-        let qps = CnQps {
-            alloc: qpn(100),
-            free: qpn(101),
-            access: (0..G - 1).map(|i| qpn(102 + i as u32)).collect(),
+        let mut d = plan.provision(b, &spec).expect("provision");
+        let mut c = Node::new(nic, cn);
+        let pair = || c.connect_to(Domain::CnFacing, mn, Domain::CnFacing).expect("qp");
+        let (alloc, mn_alloc) = pair();
+        let (free, mn_free) = pair();
+        let (access, mn_access) = pair();
+        let reply = c.alloc_memory(CnMemory::REPLY_LEN, 64).expect("reply");
+        let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let rk = c.reg_mr(Domain::CnFacing, reply, CnMemory::REPLY_LEN, rights).expect("reply mr");
+        let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, 4096);
+        let local = c.alloc_memory(local_len, 64).expect("local");
+        let lk = c.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE).expect("local mr");
+        let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
+        let qps = CnQpSet { alloc, free, access: [access].into_iter().collect() };
+        let mut cn = CnDriver::new(c, qps, mem).expect("cn driver");
+        let mn_qps = CnQps {
+            alloc: mn_alloc,
+            free: mn_free,
+            access: [mn_access].into_iter().collect(),
             alloc_loop: None,
             free_loop: None,
         };
-        d.connect(qps.clone()).expect("connect");
-        let mut client = Client::new();
-        let n = d.backend.reply_len;
-        let info = d.backend.reply;
-        client.on_message(0, &info[..n]).expect("connect info");
-        Rig { d, qps, client }
+        d.connect(mn_qps).expect("connect");
+        cn.poll(0).expect("cn poll");
+        assert!(matches!(cn.next_event(), Some(CnEvent::Connected(_))));
+        Rig { d, cn }
     }
 
-    /// One allocation served by the MN: request, host-engine lap, reply decoded by the CN.
-    fn alloc(&mut self) -> u64 {
-        let mut buf = [0u8; 64];
-        let (tok, n) = self.client.alloc_request(0, 0xC0DE_0000, 9, &mut buf).expect("request");
-        self.d.backend.deliver(self.qps.alloc, &buf[..n]);
+    /// One allocation: the CN's request, the MN's host-engine lap, the reply adopted by the CN.
+    fn alloc(&mut self) -> Allocation {
+        let tok = self.cn.alloc(0).expect("request");
         self.d.poll(0).expect("poll");
-        let len = self.d.backend.reply_len;
-        let reply = self.d.backend.reply;
-        let a = self.client.on_alloc_reply(tok, &reply[..len]).expect("reply");
-        a.entry_addr
+        self.cn.poll(0).expect("cn poll");
+        match self.cn.next_event() {
+            Some(CnEvent::Allocated { token, result: Ok(a) }) if token == tok => a,
+            e => panic!("no allocation: {e:?}"),
+        }
     }
 
-    fn free(&mut self, entry: u64) {
-        let f = self.client.free_request(entry).expect("free request");
-        self.d.backend.deliver(self.qps.free, &f);
+    fn free(&mut self, a: &Allocation) {
+        self.cn.free(a).expect("free request");
         self.d.poll(0).expect("poll");
+        self.cn.poll(0).expect("cn poll");
     }
 }
 
@@ -432,8 +252,8 @@ fn cn_free_request(b: Bencher) {
 fn mn_host_engine_alloc_then_free(b: Bencher) {
     let mut rig = Rig::new();
     b.bench_local(|| {
-        let e = rig.alloc();
-        rig.free(e);
+        let a = rig.alloc();
+        rig.free(&a);
     });
 }
 
@@ -516,14 +336,14 @@ fn summary(quick: bool) {
         let a0 = ALLOCS.load(Ordering::Relaxed);
         let t = Instant::now();
         for _ in 0..batch {
-            let e = rig.alloc();
-            entries.push(e); // capacity reserved: no allocation
+            let a = rig.alloc();
+            entries.push(a); // capacity reserved: no allocation
         }
         let da = t.elapsed().as_nanos() as f64 / batch as f64;
         let a1 = ALLOCS.load(Ordering::Relaxed);
         let t = Instant::now();
-        for e in entries.drain(..) {
-            rig.free(e);
+        for a in entries.drain(..) {
+            rig.free(&a);
         }
         let df = t.elapsed().as_nanos() as f64 / batch as f64;
         let a2 = ALLOCS.load(Ordering::Relaxed);
@@ -536,13 +356,10 @@ fn summary(quick: bool) {
         }
     }
     rows.push((
-        "MN host engine: serve one alloc (lap + control plane)",
+        "MN host engine + CnDriver: one alloc on the test NIC",
         (best_a, aa as f64 / (k * batch as u64) as f64),
     ));
-    rows.push((
-        "MN host engine: serve one free (lap + control plane)",
-        (best_f, af as f64 / (k * batch as u64) as f64),
-    ));
+    rows.push(("MN host engine + CnDriver: one free on the test NIC", (best_f, af as f64 / (k * batch as u64) as f64)));
     let w = bind_wqe();
     rows.push((
         "WQE encode (BIND_MW)",

@@ -20,6 +20,8 @@ pub mod chain;
 pub mod chain_builder;
 pub mod cn;
 pub mod cn_driver;
+#[cfg(any(test, feature = "test-nic"))]
+pub mod fault;
 pub mod free_chain;
 pub mod free_queue;
 pub mod geometry;
@@ -34,6 +36,10 @@ pub mod mn_plan;
 pub mod mw_rules;
 pub mod mwtable;
 pub mod object_alloc;
+#[cfg(any(test, feature = "test-nic"))]
+pub mod test_nic;
+#[cfg(any(test, feature = "test-nic"))]
+pub mod trace;
 pub mod wire;
 pub mod wqe;
 pub mod wqe_format;

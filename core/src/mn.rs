@@ -18,7 +18,6 @@ use crate::chain_builder::ChainEnv;
 use crate::geometry::{PoolGeometry, MAX_GROUP_SIZE};
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
 use crate::mn_memory::{alloc_scratch, free_scratch, MnMemoryMap, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF, SCRATCH_PER_CN};
-use crate::mn_plan::{MnPlan, ScrubPath};
 use crate::mwtable::{MwTableEntry, ENTRY_SIZE};
 use crate::wire::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice};
 use crate::wqe::masked_add;
@@ -53,22 +52,16 @@ pub struct MnConfig {
 /// this long plus the transport's retry budget.
 pub const DEFAULT_LEASE_NS: u64 = 2_000_000_000;
 
-impl MnConfig {
-    /// The configuration an [`MnPlan`] implies for a pool (queue depth 128, data windows
-    /// read/write).
-    pub fn from_plan(plan: &MnPlan, geometry: PoolGeometry, max_cns: u32, quota: u32) -> Self {
-        MnConfig {
-            geometry,
-            max_cns,
-            quota,
-            mode: plan.mode,
-            software_ownership_check: plan.software_ownership_check,
-            queue_depth: 128,
-            window_access: AccessFlags::DATA_WINDOW,
-            scrub: plan.scrub,
-            lease_ns: DEFAULT_LEASE_NS,
-        }
-    }
+/// Who clears a chunk between two owners.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum ScrubPath {
+    /// The offloaded free chain writes zeros over the chunk from the private domain (the MN
+    /// CPU still zeroes every chunk it handles itself: reclaims, repairs, resets).
+    Nic,
+    /// The MN CPU zeroes the chunk (host-engine frees and every reclaim).
+    Cpu,
+    /// Nobody: the operator turned scrubbing off.
+    Off,
 }
 
 pub use crate::mn_memory::MnKeys;

@@ -873,12 +873,46 @@ impl<B: RdmaBackend> MnDriver<B> {
                 };
                 if self.mn.cn(cn).is_some() {
                     self.handle(now, Event::ChainFailed { cn, kind, step, status })?;
+                    self.recover_errored_qps(cn)?;
                 }
                 false
             }
         };
         self.post_request_buffer(cn, kind)?;
         Ok(committed)
+    }
+
+    /// A host-engine step fails on the QP it was posted on — a bind on the CN's Free or an
+    /// access QP, not only the management QP the repair resets — and an errored QP refuses
+    /// everything after it. Bring back every QP of the CN that the failure left in ERR, and
+    /// only those (a healthy pair keeps the CN's work in flight).
+    fn recover_errored_qps(&mut self, cn: CnId) -> Result<(), DriverError<B::Error>> {
+        let Some(r) = self.mn.cn(cn) else { return Ok(()) };
+        // another lap of this CN still in flight fails on the errored QP by itself (its
+        // flushed steps complete) and recovers then; resetting now would discard those
+        // completions and leave it waiting out its budget
+        if self.mn.mode() != ExecutionMode::HostEngine || self.laps.iter().any(|l| l.cn == cn) {
+            return Ok(());
+        }
+        let mut qps: heapless::Vec<Qpn, { 2 + crate::wire::MAX_ACCESS_QPS }> = heapless::Vec::new();
+        let _ = qps.push(r.qps.alloc);
+        let _ = qps.push(r.qps.free);
+        for q in &r.qps.access {
+            let _ = qps.push(*q);
+        }
+        let mut reset: heapless::Vec<Qpn, { 2 + crate::wire::MAX_ACCESS_QPS }> = heapless::Vec::new();
+        for q in qps {
+            if self.backend.qp_state(q).map_err(DriverError::Backend)? == QpState::Err {
+                self.backend.reset_qp(q).map_err(DriverError::Backend)?;
+                let _ = reset.push(q);
+            }
+        }
+        // a reset discards posted receives without completions: the request buffers go again
+        self.forget_receives(&reset);
+        for kind in [ChainKind::Alloc, ChainKind::Free] {
+            self.post_request_buffer(cn, kind)?;
+        }
+        Ok(())
     }
 
     /// The MWTable entry of a group (for tests and tools).

@@ -26,7 +26,8 @@ use crate::backend::{Capabilities, Domain, ExecutionMode, ModeError, MrKeys, Rdm
 use crate::geometry::{GeometryError, PoolGeometry, MAX_GROUP_SIZE};
 use crate::host_engine::HostRegions;
 use crate::ids::{GroupId, Rkey};
-use crate::mn::{MemoryNode, MnConfig, MnError, MnKeys};
+pub use crate::mn::ScrubPath;
+use crate::mn::{MemoryNode, MnConfig, MnError, MnKeys, DEFAULT_LEASE_NS};
 use crate::mn_driver::{DriverError, MnDriver};
 use crate::mn_memory::MnMemoryMap;
 
@@ -46,18 +47,6 @@ impl Default for MnOptions {
     fn default() -> Self {
         MnOptions { mode: None, allow_insecure: false, scrub: true }
     }
-}
-
-/// Who clears a chunk between two owners.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
-pub enum ScrubPath {
-    /// The offloaded free chain writes zeros over the chunk from the private domain (the MN
-    /// CPU still zeroes every chunk it handles itself: reclaims, repairs, resets).
-    Nic,
-    /// The MN CPU zeroes the chunk (host-engine frees and every reclaim).
-    Cpu,
-    /// Nobody: the operator turned scrubbing off.
-    Off,
 }
 
 /// The decisions. Cheap to copy; see the module doc for the rules.
@@ -434,6 +423,24 @@ impl MnPlan {
             record(None, k.lkey);
         }
         Ok(())
+    }
+}
+
+impl MnConfig {
+    /// The configuration an [`MnPlan`] implies for a pool (queue depth 128, data windows
+    /// read/write).
+    pub fn from_plan(plan: &MnPlan, geometry: PoolGeometry, max_cns: u32, quota: u32) -> Self {
+        MnConfig {
+            geometry,
+            max_cns,
+            quota,
+            mode: plan.mode,
+            software_ownership_check: plan.software_ownership_check,
+            queue_depth: 128,
+            window_access: AccessFlags::DATA_WINDOW,
+            scrub: plan.scrub,
+            lease_ns: DEFAULT_LEASE_NS,
+        }
     }
 }
 

@@ -1,297 +1,203 @@
-//! Scripted tests of the MN control plane, the host engine and the driver, on a minimal
-//! test device (just enough of a NIC: windows, bind/invalidate checks, completions). The full
-//! RNIC model with offloaded chains is omw-loopback; these pin the control plane's transitions.
+//! Scripted tests of the MN control plane, the host engine and the driver, on the test NIC
+//! (`crate::test_nic`): an MN node and one node per CN, wired by RC QP pairs, the MN set up
+//! through [`MnPlan`] with every registration real. The full RNIC model with offloaded chains is
+//! omw-loopback; these pin the control plane's transitions.
 
 use crate::access::AccessFlags;
 use crate::backend::*;
 use crate::cn::Client;
-use crate::geometry::PoolGeometry;
-use crate::host_engine::HostRegions;
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
-use crate::mn::{CnQps, Event, MemoryNode, MnConfig, MnKeys};
+use crate::mn::{CnQps, Event};
 use crate::mn_driver::MnDriver;
-use crate::mn_memory::{MnMemoryMap, ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF};
+use crate::mn_memory::{ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF};
+use crate::mn_plan::{MnOptions, MnPlan, PoolSpec};
+use crate::test_nic::{Node, NodeId, TestNic};
 use crate::wire::{ErrorCode, FreeRequest, MnMessage, Notice};
-use crate::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
-use std::collections::{HashMap, VecDeque};
+use crate::wqe::{QueueSel, RecvWqe, Sge, Wqe};
+use core::cell::RefCell;
+use std::boxed::Box;
 use std::vec::Vec;
 
-const META: u64 = 64 << 20;
-const POOL: u64 = 1 << 32;
+type Nic = TestNic<'static, 4, 40, 64>;
+type View = Node<'static, 'static, 4, 40, 64>;
 
-#[derive(Default)]
-struct Qp {
-    state: Option<QpState>,
-    send_cq: VecDeque<Completion>,
-    recv_cq: VecDeque<Completion>,
-    recvs: VecDeque<RecvWqe>,
+const CN_MEM: usize = 16 << 10;
+/// Receive slots a CN keeps posted on its Alloc QP (host-engine MNs send messages there).
+const CN_RECVS: u64 = 8;
+const SLOT: u64 = 64;
+
+fn leak_mem(len: usize) -> &'static mut [u8] {
+    Box::leak(std::vec![0u8; len].into_boxed_slice())
 }
 
-#[derive(Default)]
-struct TestNic {
-    meta: Vec<u8>,
-    /// The pool's bytes (the MN scrubs chunks through its port).
-    pool: Vec<u8>,
-    qps: HashMap<u32, Qp>,
-    mws: HashMap<u32, (Rkey, Option<Qpn>)>,
-    next_mw: u32,
-    strict_invalidate: bool,
-    /// What the CNs received: (MN-side QP it came from, bytes, imm)
-    inbox: Vec<(Qpn, Vec<u8>, Option<u32>)>,
+/// The CN side of one connection: its node, its ends of the QP pairs, its buffers.
+struct CnSide {
+    node: View,
+    alloc: Qpn,
+    free: Qpn,
+    /// Its ends of the access pairs, in the MN's order.
+    access: Vec<Qpn>,
+    /// One registration over everything below (LOCAL_WRITE | REMOTE_WRITE: replies land here).
+    key: u32,
+    recv_base: u64,
+    reply: u64,
+    send_buf: u64,
+    /// Receive slots posted (a bit each).
+    posted: u64,
+    /// What the CN received: (bytes, immediate).
+    inbox: Vec<(Vec<u8>, Option<u32>)>,
 }
 
-#[derive(Debug)]
-struct NicErr(&'static str);
-impl core::fmt::Display for NicErr {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.0)
+impl CnSide {
+    fn post_slot(&mut self, slot: u64) {
+        let mut r = RecvWqe { wr_id: slot, sges: heapless::Vec::new() };
+        r.sges.push(Sge { addr: self.recv_base + slot * SLOT, length: SLOT as u32, lkey: self.key }).unwrap();
+        self.node.post_recv(self.alloc, &r).unwrap();
+        self.posted |= 1 << slot;
     }
-}
-
-impl TestNic {
-    fn complete(&mut self, qp: Qpn, w: &Wqe, status: WcStatus) {
-        let q = self.qps.entry(qp.get()).or_default();
-        if !status.is_ok() {
-            q.state = Some(QpState::Err);
-        }
-        q.send_cq.push_back(Completion {
-            wr_id: w.wr_id,
-            status,
-            opcode: WcOpcode::Send(w.opcode),
-            qpn: qp,
-            byte_len: w.length,
-            imm: None,
-            invalidated: None,
-        });
-    }
-    fn meta_slice(&self, addr: u64, len: usize) -> Result<core::ops::Range<usize>, NicErr> {
-        let off = addr.checked_sub(META).ok_or(NicErr("address below metadata"))? as usize;
-        if off + len > self.meta.len() {
-            return Err(NicErr("address beyond metadata"));
-        }
-        Ok(off..off + len)
-    }
-    /// A CN's SEND arriving on MN QP `qp` (lands in its posted receive buffer).
-    fn deliver(&mut self, qp: Qpn, bytes: &[u8]) {
-        let r = self.qps.entry(qp.get()).or_default().recvs.pop_front().expect("no receive posted");
-        let sge = r.sges[0];
-        let n = bytes.len().min(sge.length as usize);
-        let rng = self.meta_slice(sge.addr, n).unwrap();
-        self.meta[rng].copy_from_slice(&bytes[..n]);
-        let status = if bytes.len() > sge.length as usize { WcStatus::LocLenErr } else { WcStatus::Success };
-        self.qps.get_mut(&qp.get()).unwrap().recv_cq.push_back(Completion {
-            wr_id: r.wr_id,
-            status,
-            opcode: WcOpcode::Recv,
-            qpn: qp,
-            byte_len: bytes.len() as u32,
-            imm: None,
-            invalidated: None,
-        });
-    }
-}
-
-impl RdmaBackend for TestNic {
-    type Error = NicErr;
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::SECURE_MINIMUM | Capabilities::ATOMICS
-    }
-    fn post_send(&mut self, qp: Qpn, w: &Wqe) -> Result<(), NicErr> {
-        let status = match w.opcode {
-            Opcode::BindMw if w.flags.contains(WqeFlags::UNBIND) => match self.mws.get_mut(&(w.imm >> 8)) {
-                Some((r, b @ Some(_))) if r.0 == w.imm => {
-                    *b = None;
-                    WcStatus::Success
-                }
-                _ => WcStatus::MwBindErr,
-            },
-            Opcode::BindMw => match self.mws.get_mut(&(w.imm >> 8)) {
-                Some((r, b @ None)) if w.length > 0 => {
-                    *r = Rkey(w.imm);
-                    *b = Some(Qpn::new(w.qpn).unwrap());
-                    WcStatus::Success
-                }
-                _ => WcStatus::MwBindErr,
-            },
-            Opcode::LocalInv => {
-                let strict = self.strict_invalidate;
-                match self.mws.get_mut(&(w.imm >> 8)) {
-                    Some((r, b @ Some(_))) if r.0 == w.imm && (!strict || *b == Some(qp)) => {
-                        *b = None;
-                        WcStatus::Success
-                    }
-                    _ => WcStatus::MwBindErr,
-                }
-            }
-            Opcode::WriteWithImm | Opcode::Send => {
-                let rng = self.meta_slice(w.local_addr, w.length as usize)?;
-                let bytes = self.meta[rng].to_vec();
-                let imm = (w.opcode == Opcode::WriteWithImm).then_some(w.imm);
-                self.inbox.push((qp, bytes, imm));
-                WcStatus::Success
-            }
-            _ => return Err(NicErr("unexpected opcode")),
-        };
-        self.complete(qp, w, status);
-        Ok(())
-    }
-    fn post_recv(&mut self, qp: Qpn, w: &RecvWqe) -> Result<(), NicErr> {
-        self.qps.entry(qp.get()).or_default().recvs.push_back(w.clone());
-        Ok(())
-    }
-    fn poll_cq(&mut self, qp: Qpn, q: QueueSel, out: &mut [Completion]) -> Result<usize, NicErr> {
-        let e = self.qps.entry(qp.get()).or_default();
-        let cq = if q == QueueSel::Send { &mut e.send_cq } else { &mut e.recv_cq };
-        let mut n = 0;
-        while n < out.len() {
-            match cq.pop_front() {
-                Some(c) => {
-                    out[n] = c;
-                    n += 1;
-                }
-                None => break,
+    /// Take what arrived on the Alloc QP (messages; replies, whose bytes are in the reply buffer).
+    fn pump(&mut self) {
+        let mut out = [Completion::EMPTY; 16];
+        // the MN reset the pair (its end had failed): the CN reconnects, its receives are gone
+        if self.node.outstanding(self.alloc, QueueSel::Recv) == Some(0) && self.posted != 0 {
+            self.posted = 0;
+            for s in 0..CN_RECVS {
+                self.post_slot(s);
             }
         }
-        Ok(n)
-    }
-    fn enable(&mut self, _: Qpn, _: QueueSel, _: u64) -> Result<(), NicErr> {
-        Err(NicErr("no WAIT/ENABLE"))
-    }
-    fn reset_qp(&mut self, qp: Qpn) -> Result<(), NicErr> {
-        let e = self.qps.entry(qp.get()).or_default();
-        *e = Qp { state: Some(QpState::Rts), ..Default::default() };
-        Ok(())
-    }
-    fn destroy_qp(&mut self, qp: Qpn) -> Result<(), NicErr> {
-        self.qps.entry(qp.get()).or_default().state = Some(QpState::Err);
-        Ok(())
-    }
-    fn qp_state(&self, qp: Qpn) -> Result<QpState, NicErr> {
-        Ok(self.qps.get(&qp.get()).and_then(|q| q.state).unwrap_or(QpState::Rts))
-    }
-    fn reg_mr(&mut self, _: Domain, _: u64, _: u64, _: AccessFlags) -> Result<MrKeys, NicErr> {
-        Err(NicErr("not needed"))
-    }
-    fn alloc_mw(&mut self) -> Result<Rkey, NicErr> {
-        self.next_mw += 1;
-        let r = Rkey::new(self.next_mw, 0).unwrap();
-        self.mws.insert(self.next_mw, (r, None));
-        Ok(r)
-    }
-    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), NicErr> {
-        if addr >= POOL {
-            let o = (addr - POOL) as usize;
-            let src = self.pool.get(o..o + buf.len()).ok_or(NicErr("beyond the pool"))?;
-            buf.copy_from_slice(src);
-            return Ok(());
+        loop {
+            let n = self.node.poll_cq(self.alloc, QueueSel::Recv, &mut out).unwrap();
+            if n == 0 {
+                break;
+            }
+            for c in &out[..n] {
+                self.posted &= !(1 << c.wr_id);
+                if !c.status.is_ok() {
+                    continue;
+                }
+                let (addr, len) = match c.opcode {
+                    WcOpcode::RecvRdmaWithImm => (self.reply, crate::wire::ALLOC_REPLY_LEN),
+                    _ => (self.recv_base + c.wr_id * SLOT, c.byte_len as usize),
+                };
+                let mut b = std::vec![0u8; len];
+                self.node.read_local(addr, &mut b).unwrap();
+                self.inbox.push((b, c.imm));
+                self.post_slot(c.wr_id);
+            }
         }
-        let rng = self.meta_slice(addr, buf.len())?;
-        buf.copy_from_slice(&self.meta[rng]);
-        Ok(())
-    }
-    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), NicErr> {
-        if addr >= POOL {
-            let o = (addr - POOL) as usize;
-            self.pool.get_mut(o..o + data.len()).ok_or(NicErr("beyond the pool"))?.copy_from_slice(data);
-            return Ok(());
+        for qp in [self.alloc, self.free] {
+            while self.node.poll_cq(qp, QueueSel::Send, &mut out).unwrap() > 0 {}
         }
-        let rng = self.meta_slice(addr, data.len())?;
-        self.meta[rng].copy_from_slice(data);
-        Ok(())
     }
-    fn ring_base(&self, _: Qpn, _: QueueSel) -> Result<u64, NicErr> {
-        Err(NicErr("no offload"))
-    }
-    fn ring_keys(&self, _: Domain) -> Result<MrKeys, NicErr> {
-        Err(NicErr("no offload"))
-    }
-    fn alloc_memory(&mut self, _: u64, _: u64) -> Result<u64, Self::Error> {
-        Err(NicErr("set up by the test"))
-    }
-    fn create_loopback_qp(&mut self, _: Domain, _: Option<u32>) -> Result<Qpn, Self::Error> {
-        Err(NicErr("set up by the test"))
-    }
-    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
-        self.mws.get(&rkey.index()).map(|(r, b)| match b {
-            Some(q) => MwBinding::Bound { rkey: *r, qpn: *q },
-            None => MwBinding::Unbound,
-        })
+    fn send(&mut self, qp: Qpn, bytes: &[u8]) {
+        let mut out = [Completion::EMPTY; 16];
+        while self.node.poll_cq(qp, QueueSel::Send, &mut out).unwrap() > 0 {}
+        if self.node.qp_state(qp) == Ok(QpState::Err) {
+            // an earlier request failed on this pair and the MN has not reset it yet
+            self.node.reset_qp(qp).unwrap();
+        }
+        self.node.write_local(self.send_buf, bytes).unwrap();
+        self.node.post_send(qp, &Wqe::send(self.send_buf, self.key, bytes.len() as u32)).unwrap();
     }
 }
 
 struct Rig {
-    d: MnDriver<TestNic>,
+    d: MnDriver<View>,
     cns: Vec<(CnId, CnQps, Client<16>)>,
+    sides: Vec<CnSide>,
+    nic: &'static RefCell<Nic>,
+    mn: NodeId,
     now: u64,
-}
-
-fn qpn(v: u32) -> Qpn {
-    Qpn::new(v).unwrap()
 }
 
 impl Rig {
     fn new(chunks: u32, g: u8, quota: u32) -> Rig {
-        let geo = PoolGeometry::new(POOL, 4096, chunks, g).unwrap();
-        let map = MnMemoryMap::new(geo, 8, META).unwrap();
-        let keys = MnKeys {
-            meta_lkey: 1,
-            meta_rkey: 2,
-            table_rkey: 3,
-            ring_lkey: 4,
-            ring_rkey: 5,
-            cn_meta_lkey: 1,
-            cn_ring_lkey: 4,
-            ..MnKeys::default()
-        };
-        let cfg = MnConfig {
-            geometry: geo,
-            max_cns: 8,
-            quota,
-            mode: ExecutionMode::HostEngine,
-            software_ownership_check: true,
-            queue_depth: 128,
-            window_access: AccessFlags::DATA_WINDOW,
-            scrub: crate::mn_plan::ScrubPath::Cpu,
-            lease_ns: 0,
-        };
-        let mut nic = TestNic {
-            meta: std::vec![0; map.meta_len as usize],
-            pool: std::vec![0xAB; geo.pool_len() as usize],
-            ..Default::default()
-        };
-        let rkeys: Vec<Rkey> = (0..chunks * g as u32).map(|_| nic.alloc_mw().unwrap()).collect();
-        let regions = HostRegions::new(&map, &keys);
-        let mn = MemoryNode::new(cfg, map, keys).unwrap();
-        let mut d = MnDriver::new(nic, mn, regions, qpn(1));
-        d.format(|gid, i| rkeys[(gid.0 * g as u32) as usize + i], |_| 77).unwrap();
-        Rig { d, cns: Vec::new(), now: 0 }
+        Self::with_mode(crate::mw_rules::Mode::Strict, chunks, g, quota)
+    }
+    fn with_mode(mode: crate::mw_rules::Mode, chunks: u32, g: u8, quota: u32) -> Rig {
+        let nic: &'static RefCell<Nic> = Box::leak(Box::new(RefCell::new(TestNic::new(mode))));
+        let mn = nic.borrow_mut().add_node(leak_mem(256 << 10)).unwrap();
+        let b = Node::new(nic, mn);
+        // a previous tenant's bytes, which scrubbing must clear (provisioning zeroes the pool's
+        // memory as it hands it out: the first chunk-sized allocation is the pool)
+        let plan = MnPlan::decide(b.capabilities(), MnOptions::default()).unwrap();
+        assert_eq!(plan.mode, ExecutionMode::HostEngine);
+        let spec =
+            PoolSpec { chunk_size: 4096, chunks, group_size: g, max_cns: 8, quota, lease_ns: 0, queue_depth: None };
+        let mut d = plan.provision(b, &spec).unwrap();
+        let geo = d.mn.config().geometry;
+        d.backend.write_local(geo.base(), &std::vec![0xAB; geo.pool_len() as usize]).unwrap();
+        Rig { d, cns: Vec::new(), sides: Vec::new(), nic, mn, now: 0 }
     }
     fn connect(&mut self) -> usize {
-        let base = 100 + 10 * self.cns.len() as u32;
         let g = self.d.mn.config().geometry.group_size();
-        let qps = CnQps {
-            alloc: qpn(base),
-            free: qpn(base + 1),
-            access: (0..g - 1).map(|i| qpn(base + 2 + i as u32)).collect(),
-            alloc_loop: None,
-            free_loop: None,
+        let cn_node = self.nic.borrow_mut().add_node(leak_mem(CN_MEM)).unwrap();
+        let mn = self.d.backend.id();
+        let mut node = Node::new(self.nic, cn_node);
+        let pair = || node.connect_to(Domain::CnFacing, mn, Domain::CnFacing).unwrap();
+        let (alloc_cn, alloc) = pair();
+        let (free_cn, free) = pair();
+        let pairs: Vec<(Qpn, Qpn)> = (0..g - 1).map(|_| pair()).collect();
+        let access = pairs.iter().map(|p| p.1).collect();
+        let base = node.alloc_memory(CN_MEM as u64, 64).unwrap();
+        let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let key = node.reg_mr(Domain::CnFacing, base, CN_MEM as u64, rights).unwrap().lkey;
+        let mut side = CnSide {
+            node,
+            alloc: alloc_cn,
+            free: free_cn,
+            access: pairs.iter().map(|p| p.0).collect(),
+            key,
+            recv_base: base,
+            reply: base + CN_RECVS * SLOT,
+            send_buf: base + CN_RECVS * SLOT + SLOT,
+            posted: 0,
+            inbox: Vec::new(),
         };
+        for s in 0..CN_RECVS {
+            side.post_slot(s);
+        }
+        let qps = CnQps { alloc, free, access, alloc_loop: None, free_loop: None };
         let cn = self.d.connect(qps.clone()).unwrap();
+        self.sides.push(side);
         let mut c = Client::new();
         self.deliver_messages_to(&mut c, &qps);
         assert_eq!(c.id(), Some(cn));
         self.cns.push((cn, qps, c));
         self.cns.len() - 1
     }
+    fn side_of(&self, mn_qp: Qpn) -> usize {
+        let i = self.cns.iter().position(|(_, q, _)| q.alloc == mn_qp || q.free == mn_qp);
+        // a CN being connected is not in `cns` yet: it is the last side
+        i.unwrap_or(self.sides.len() - 1)
+    }
+    fn pump(&mut self) {
+        for s in self.sides.iter_mut() {
+            s.pump();
+        }
+    }
+    /// CN `i`'s inbox, taken.
+    fn take_inbox(&mut self, i: usize) -> Vec<(Vec<u8>, Option<u32>)> {
+        self.pump();
+        std::mem::take(&mut self.sides[i].inbox)
+    }
+    /// The CN whose MN-side QP is `mn_qp` SENDs `bytes` on its end of it.
+    fn deliver(&mut self, mn_qp: Qpn, bytes: &[u8]) {
+        let i = self.side_of(mn_qp);
+        let qps = if i < self.cns.len() { self.cns[i].1.clone() } else { return };
+        let s = &mut self.sides[i];
+        let qp = if mn_qp == qps.alloc { s.alloc } else { s.free };
+        s.send(qp, bytes);
+    }
     fn deliver_messages_to(&mut self, c: &mut Client<16>, qps: &CnQps) -> Vec<crate::cn::ClientEvent> {
+        let i = self.side_of(qps.alloc);
         let mut evs = Vec::new();
-        let inbox = std::mem::take(&mut self.d.backend.inbox);
-        for (qp, bytes, imm) in inbox {
+        for (bytes, imm) in self.take_inbox(i) {
             // host-engine MN: messages travel on the Alloc QP (SENDs: no immediate)
-            if qp == qps.alloc && imm.is_none() {
+            if imm.is_none() {
                 evs.push(c.on_message(self.now, &bytes).unwrap());
             } else {
-                self.d.backend.inbox.push((qp, bytes, imm));
+                self.sides[i].inbox.push((bytes, imm));
             }
         }
         evs
@@ -299,27 +205,27 @@ impl Rig {
     /// CN i allocates; returns the allocation or the error code the MN answered.
     fn alloc(&mut self, i: usize) -> Result<crate::cn::Allocation, ErrorCode> {
         let mut buf = [0u8; 64];
+        let (reply, key) = (self.sides[i].reply, self.sides[i].key);
         let (_, qps, c) = &mut self.cns[i];
-        let (tok, n) = c.alloc_request(self.now, 0xC0DE_0000, 9, &mut buf).unwrap();
+        let (tok, n) = c.alloc_request(self.now, reply, key, &mut buf).unwrap();
         let alloc_qp = qps.alloc;
-        self.d.backend.deliver(alloc_qp, &buf[..n]);
+        self.deliver(alloc_qp, &buf[..n]);
         self.d.poll(self.now).unwrap();
         self.d.check_invariants().unwrap();
         // reply WRITE_IMM on the Alloc QP, or an error on the notice QP
-        let inbox = std::mem::take(&mut self.d.backend.inbox);
         let mut result = None;
-        for (qp, bytes, imm) in inbox {
-            let (_, qps, c) = &mut self.cns[i];
-            if qp == qps.alloc && imm == Some(tok) {
+        for (bytes, imm) in self.take_inbox(i) {
+            let (_, _, c) = &mut self.cns[i];
+            if imm == Some(tok) {
                 result = Some(Ok(c.on_alloc_reply(tok, &bytes).unwrap()));
-            } else if qp == qps.alloc && imm.is_none() {
+            } else if imm.is_none() {
                 if let crate::cn::ClientEvent::Failed { token, code } = c.on_message(self.now, &bytes).unwrap() {
                     if token == tok {
                         result = Some(Err(code));
                     }
                 }
             } else {
-                self.d.backend.inbox.push((qp, bytes, imm));
+                self.sides[i].inbox.push((bytes, imm));
             }
         }
         result.expect("no answer to an alloc request")
@@ -327,21 +233,14 @@ impl Rig {
     fn free_raw(&mut self, i: usize, entry_addr: u64) -> Option<ErrorCode> {
         let f = FreeRequest { token: 4242, entry_addr }.encode();
         let free_qp = self.cns[i].1.free;
-        self.d.backend.deliver(free_qp, &f);
+        self.deliver(free_qp, &f);
         self.d.poll(self.now).unwrap();
         self.d.check_invariants().unwrap();
-        let inbox = std::mem::take(&mut self.d.backend.inbox);
         let mut code = None;
-        for (qp, bytes, imm) in inbox {
-            if qp == self.cns[i].1.alloc
-                && imm.is_none()
-                && matches!(MnMessage::decode(&bytes), Ok(MnMessage::Error(_)))
-            {
-                if let Ok(MnMessage::Error(e)) = MnMessage::decode(&bytes) {
-                    code = Some(e.code);
-                }
-            } else {
-                self.d.backend.inbox.push((qp, bytes, imm));
+        for (bytes, imm) in self.take_inbox(i) {
+            match MnMessage::decode(&bytes) {
+                Ok(MnMessage::Error(e)) if imm.is_none() => code = Some(e.code),
+                _ => self.sides[i].inbox.push((bytes, imm)),
             }
         }
         code
@@ -350,6 +249,46 @@ impl Rig {
         self.cns[i].2.free_request(a.entry_addr).unwrap();
         self.free_raw(i, a.entry_addr)
     }
+    /// The chunk's bytes, as the MN's memory holds them.
+    fn chunk(&self, base: u64) -> Vec<u8> {
+        let mut b = std::vec![0u8; 4096];
+        self.d.backend.read_local(base, &mut b).unwrap();
+        b
+    }
+    /// CN `i` READs `len` bytes of its allocation through its first access QP; the status.
+    fn cn_read(&mut self, i: usize, a: &crate::cn::Allocation, rkey: Rkey) -> WcStatus {
+        let s = &mut self.sides[i];
+        let cn_end = s.access[0];
+        s.node.post_send(cn_end, &Wqe::read(s.send_buf, s.key, 8, a.base, rkey.0).with_wr_id(77)).unwrap();
+        let mut out = [Completion::EMPTY; 4];
+        let n = s.node.poll_cq(cn_end, QueueSel::Send, &mut out).unwrap();
+        assert_eq!(n, 1);
+        out[0].status
+    }
+}
+
+/// The whole path over real QPs: the CN reads its chunk through the window the MN bound;
+/// after the free its old key is refused.
+#[test]
+fn a_cn_reads_through_its_window_and_the_stale_key_is_refused() {
+    let mut r = Rig::new(4, 2, 8);
+    let a = r.connect();
+    let x = r.alloc(a).unwrap();
+    assert_eq!(r.cn_read(a, &x, x.rkeys[0]), WcStatus::Success);
+    assert_eq!(r.free(a, &x), None);
+    assert_eq!(r.cn_read(a, &x, x.rkeys[0]), WcStatus::RemAccessErr);
+}
+
+/// rxe semantics: per-chunk MRs and the software ownership check, decided by the plan.
+#[test]
+fn rxe_mode_gets_per_chunk_mrs_and_the_software_check() {
+    let mut r = Rig::with_mode(crate::mw_rules::Mode::Rxe, 4, 2, 8);
+    assert!(r.d.mn.config().software_ownership_check);
+    let a = r.connect();
+    let b = r.connect();
+    let x = r.alloc(a).unwrap();
+    assert_eq!(r.free_raw(b, x.entry_addr), Some(ErrorCode::NotOwner));
+    assert_eq!(r.free(a, &x), None);
 }
 
 #[test]
@@ -441,7 +380,8 @@ fn forged_free_is_refused_and_owner_keeps_chunk() {
     assert!(matches!(r.d.backend.mw_binding(x.rkeys[0]), Some(MwBinding::Bound { .. })));
     assert_eq!(r.d.mn.cn(r.cns[b].0).unwrap().forged_frees, 1);
     // a forged entry address outside the table faults on the table MR
-    assert_eq!(r.free_raw(b, META + 8), Some(ErrorCode::BadRequest));
+    let meta = r.d.mn.map().meta_base;
+    assert_eq!(r.free_raw(b, meta + 8), Some(ErrorCode::BadRequest));
     // A can still free it
     assert_eq!(r.free(a, &x), None);
 }
@@ -492,9 +432,7 @@ fn rnic_reset_revokes_and_rebuilds() {
     let a = r.connect();
     let x = r.alloc(a).unwrap();
     // the device lost every binding
-    for v in r.d.backend.mws.values_mut() {
-        v.1 = None;
-    }
+    r.nic.borrow_mut().lose_bindings(r.mn);
     r.d.handle(5, Event::RnicReset).unwrap();
     r.d.check_invariants().unwrap();
     let g = r.d.mn.map().group_of_entry(x.entry_addr).unwrap();
@@ -515,7 +453,7 @@ fn bad_requests_are_typed_errors() {
     let b = r.connect();
     // too long for the receive buffer
     let q = r.cns[a].1.alloc;
-    r.d.backend.deliver(q, &[0u8; 80]);
+    r.deliver(q, &[0u8; 80]);
     r.d.poll(0).unwrap();
     r.d.check_invariants().unwrap();
     // asking for windows on someone else's QPs: refused, nothing leaks
@@ -525,18 +463,17 @@ fn bad_requests_are_typed_errors() {
     let mut req = crate::wire::AllocRequest::decode(&buf[..n], 2).unwrap();
     req.access_qpns = other;
     let n = req.encode(&mut buf).unwrap();
-    r.d.backend.deliver(q, &buf[..n]);
+    r.deliver(q, &buf[..n]);
     r.d.poll(0).unwrap();
     r.d.check_invariants().unwrap();
-    let errs: Vec<_> =
-        r.d.backend
-            .inbox
-            .iter()
-            .filter_map(|(_, b, _)| match MnMessage::decode(b) {
-                Ok(MnMessage::Error(e)) => Some((e.token, e.code)),
-                _ => None,
-            })
-            .collect();
+    let errs: Vec<_> = r
+        .take_inbox(a)
+        .iter()
+        .filter_map(|(b, _)| match MnMessage::decode(b) {
+            Ok(MnMessage::Error(e)) => Some((e.token, e.code)),
+            _ => None,
+        })
+        .collect();
     assert!(errs.contains(&(tok, ErrorCode::AllocFailed)), "{errs:?}");
     assert!(errs.iter().any(|(_, c)| *c == ErrorCode::BadRequest));
     assert_eq!(r.d.mn.stats().groups_reclaimed, 1, "the popped group went back");
@@ -593,7 +530,8 @@ mod invariant_violations {
         // a free group with a bound window
         let mut r = Rig::new(4, 2, 8);
         let (_, e) = entry(&r, 2);
-        r.d.backend.mws.get_mut(&e.rkey(1).index()).unwrap().1 = Some(qpn(999));
+        let span = Some((e.base.get(), 4096, e.lkey.get()));
+        assert!(r.nic.borrow_mut().force_binding(r.mn, e.rkey(1), 999, span));
         assert_eq!(r.d.check_invariants(), Err(V::FreeGroupBound { group: GroupId(2), mw: 1 }));
 
         // an allocated group whose window is bound to a QP that is not its owner's
@@ -601,7 +539,7 @@ mod invariant_violations {
         let a = r.connect();
         let x = r.alloc(a).unwrap();
         let g = r.d.mn.map().group_of_entry(x.entry_addr).unwrap();
-        r.d.backend.mws.get_mut(&x.rkeys[1].index()).unwrap().1 = Some(qpn(999));
+        assert!(r.nic.borrow_mut().force_binding(r.mn, x.rkeys[1], 999, None));
         assert_eq!(r.d.check_invariants(), Err(V::WindowMisbound { group: g, mw: 2 }));
 
         // two groups sharing a window index
@@ -652,7 +590,8 @@ mod invariant_violations {
         // its windows are unbound, so the first complaint may be the binding; make them bound
         for k in 0..2 {
             let target = if k == 0 { r.cns[a].1.free } else { r.cns[a].1.access[0] };
-            r.d.backend.mws.get_mut(&e.rkey(k).index()).unwrap().1 = Some(target);
+            let span = Some((e.base.get(), 4096, e.lkey.get()));
+            assert!(r.nic.borrow_mut().force_binding(r.mn, e.rkey(k), target.get(), span));
         }
         assert!(matches!(r.d.check_invariants(), Err(V::OverQuota { held: 2, .. })));
     }
@@ -672,11 +611,11 @@ fn failed_requests_do_not_leak_receive_slots() {
     }
     let alloc_qp = r.cns[b].1.alloc;
     for _ in 0..50 {
-        r.d.backend.deliver(alloc_qp, &[0u8; 3]);
+        r.deliver(alloc_qp, &[0u8; 3]);
         r.d.poll(0).unwrap();
     }
-    assert_eq!(r.d.backend.qps[&free_qp.get()].recvs.len(), 1);
-    assert_eq!(r.d.backend.qps[&alloc_qp.get()].recvs.len(), 1);
+    assert_eq!(r.d.backend.outstanding(free_qp, QueueSel::Recv), Some(1));
+    assert_eq!(r.d.backend.outstanding(alloc_qp, QueueSel::Recv), Some(1));
     r.d.check_invariants().unwrap();
 }
 
@@ -687,15 +626,13 @@ fn freed_and_reclaimed_chunks_are_scrubbed() {
     let mut r = Rig::new(2, 2, 8);
     let a = r.connect();
     let x = r.alloc(a).unwrap();
-    let off = (x.base - POOL) as usize;
-    assert!(r.d.backend.pool[off..off + 4096].iter().all(|b| *b == 0xAB), "a previous tenant's bytes");
+    assert!(r.chunk(x.base).iter().all(|b| *b == 0xAB), "a previous tenant's bytes");
     assert_eq!(r.free(a, &x), None);
-    assert!(r.d.backend.pool[off..off + 4096].iter().all(|b| *b == 0), "scrubbed on free");
+    assert!(r.chunk(x.base).iter().all(|b| *b == 0), "scrubbed on free");
     let y = r.alloc(a).unwrap();
-    let off = (y.base - POOL) as usize;
-    r.d.backend.pool[off..off + 16].copy_from_slice(b"secret of cn one");
+    r.d.backend.write_local(y.base, b"secret of cn one").unwrap();
     let cn = r.cns[a].0;
     r.d.handle(1, Event::CnGone { cn }).unwrap();
-    assert!(r.d.backend.pool[off..off + 4096].iter().all(|b| *b == 0), "scrubbed on reclaim");
+    assert!(r.chunk(y.base).iter().all(|b| *b == 0), "scrubbed on reclaim");
     assert!(r.d.mn.stats().chunks_scrubbed >= 2);
 }
