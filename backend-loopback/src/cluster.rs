@@ -51,6 +51,11 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// The chains' rings in `f` (the NIC's [`NicConfig::wqe_format`]; their depths follow).
+    pub fn with_wqe_format(mut self, f: omw_core::wqe_format::WqeFormat) -> Self {
+        self.nic.wqe_format = f;
+        self
+    }
     /// 1 MN + 6 CNs, 64 chunks of 4 KiB, G = 3, strict NIC with prefetching.
     pub fn paper_like() -> Self {
         ClusterConfig {
@@ -331,6 +336,21 @@ impl RdmaBackend for NodeBackend {
     fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
         RdmaBackend::mw_span(&self.fabric.borrow_mut().view(self.host), rkey)
     }
+    // ---- the mlx5 form (issue 13): forwarded to the MN host's view
+    fn wqe_format(&self) -> omw_core::wqe_format::WqeFormat {
+        self.fabric.borrow().config().wqe_format
+    }
+    fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
+        RdmaBackend::cq_numbers(&self.fabric.borrow_mut().view(self.host), loop_qp, mgmt_qp)
+    }
+    fn arm_mlx5(
+        &mut self,
+        chain: &omw_core::mlx5::chain::Mlx5Chain,
+        recv_copies: u32,
+    ) -> Option<Result<(), LoopbackError>> {
+        self.preempt();
+        RdmaBackend::arm_mlx5(&mut self.fabric.borrow_mut().view(self.host), chain, recv_copies)
+    }
 }
 
 /// One modelled compute node: its host and QPs, driven by the core's [`CnDriver`].
@@ -429,7 +449,9 @@ impl Cluster {
             lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
             queue_depth: None,
         };
-        let driver = plan.provision(backend, &spec).map_err(ClusterError::Provision)?;
+        let mut driver = plan.provision(backend, &spec).map_err(ClusterError::Provision)?;
+        // the chains' rings (and so their depths) in the NIC's WQE format
+        driver.mn.set_wqe_format(cfg.nic.wqe_format);
         let d = driver
             .mn
             .chain_ring_depths()

@@ -43,6 +43,10 @@ pub struct NicConfig {
     pub trace: bool,
     /// Seed of the only pseudo-random source (fault-injection corruption patterns).
     pub seed: u64,
+    /// The form the NIC fetches **managed** queues (the chains' rings) in: canonical 64-byte
+    /// WQEs, or ConnectX WQEBBs decoded by `omw_core::mlx5::decode` (`crate::mlx5_fetch`).
+    /// Unmanaged queues, which CPUs post to, stay canonical either way.
+    pub wqe_format: omw_core::wqe_format::WqeFormat,
 }
 
 impl Default for NicConfig {
@@ -66,6 +70,7 @@ impl NicConfig {
             poll_max_steps: 10_000_000,
             trace: false,
             seed: 0x5EED_0F0E_5EED,
+            wqe_format: omw_core::wqe_format::WqeFormat::Canonical,
         }
     }
     /// Soft-RoCE semantics (§3 deviations), offload on.
@@ -79,6 +84,11 @@ impl NicConfig {
         let mut c = Self::strict();
         c.offload = false;
         c
+    }
+    /// Managed queues in `f` ([`NicConfig::wqe_format`]).
+    pub const fn with_wqe_format(mut self, f: omw_core::wqe_format::WqeFormat) -> Self {
+        self.wqe_format = f;
+        self
     }
     pub const fn with_prefetch(mut self, depth: u32) -> Self {
         self.prefetch = true;

@@ -25,6 +25,7 @@
 use crate::counters::{digest, StepKind, TraceEvent};
 use crate::fabric::{Fabric, HostId};
 use crate::fault::{Message, Verdict};
+use crate::mlx5_fetch::Recv;
 use crate::protection::{BindTarget, MwOpFail};
 use crate::sched::needs_recv;
 use omw_core::access::AccessFlags;
@@ -72,8 +73,13 @@ impl Fabric {
         if self.qps[g as usize].state == QpState::Err {
             return self.flush_one(g);
         }
-        let mut raw = [0u8; 64];
-        raw.copy_from_slice(self.head_slice(g));
+        let mut raw = self.head_slice(g);
+        if self.qps[g as usize].mlx5 {
+            let f = self.mlx5_head(g);
+            let q = &mut self.qps[g as usize];
+            q.head_wqebbs = f.wqebbs;
+            q.scatter = f.scatter;
+        }
         let now = self.now;
         let cost = self.cfg.cost;
         let wqe = match Wqe::decode(&raw) {
@@ -156,8 +162,11 @@ impl Fabric {
     #[inline]
     fn consume(&mut self, g: u32) {
         let q = &mut self.qps[g as usize];
-        q.sq.consumer += 1;
-        q.pf.pop();
+        let n = std::mem::replace(&mut q.head_wqebbs, 1);
+        q.sq.consumer += n;
+        for _ in 0..n {
+            q.pf.pop();
+        }
         q.rnr_since = None;
         q.executed += 1;
         let h = q.host as usize;
@@ -244,10 +253,15 @@ impl Fabric {
                 break;
             }
             let addr = q.rq.slot_addr(q.rq.consumer);
-            let wr_id = self.hosts[q.host as usize]
-                .mem
-                .slice(addr + 8, 8)
-                .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or_default()));
+            let wr_id = if q.mlx5 {
+                self.mlx5_recv_wr_id(g)
+            } else {
+                self.hosts[q.host as usize]
+                    .mem
+                    .slice(addr + 8, 8)
+                    .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or_default()))
+            };
+            let q = &self.qps[g as usize];
             let c = Completion {
                 wr_id,
                 status: WcStatus::WrFlushErr,
@@ -268,11 +282,22 @@ impl Fabric {
         let q = &self.qps[g as usize];
         let addr = q.sq.slot_addr(q.sq.consumer);
         let h = q.host as usize;
-        let (op, wr_id) = self.hosts[h].mem.slice(addr, 16).map_or((Opcode::Nop, 0), |s| {
-            (Opcode::from_u8(s[0]).unwrap_or(Opcode::Nop), u64::from_le_bytes(s[8..16].try_into().unwrap_or_default()))
-        });
+        let (op, wr_id, width) = if q.mlx5 {
+            let f = self.mlx5_head(g);
+            let slot = (q.sq.consumer % q.sq.depth as u64) as usize;
+            let wr_id = q.sq_wr_ids.get(slot).copied().unwrap_or(0);
+            (f.wqe.map_or(Opcode::Nop, |w| w.opcode), wr_id, f.wqebbs)
+        } else {
+            let (op, wr_id) = self.hosts[h].mem.slice(addr, 16).map_or((Opcode::Nop, 0), |s| {
+                (
+                    Opcode::from_u8(s[0]).unwrap_or(Opcode::Nop),
+                    u64::from_le_bytes(s[8..16].try_into().unwrap_or_default()),
+                )
+            });
+            (op, wr_id, 1)
+        };
         let q = &mut self.qps[g as usize];
-        q.sq.consumer += 1;
+        q.sq.consumer += width;
         q.flushed += 1;
         self.counters.wqes_flushed += 1;
         let now = self.now;
@@ -543,7 +568,10 @@ impl Fabric {
 
     /// Consume the responder's next receive WQE. `Err(wr_id)` if its bytes do not decode
     /// (the entry is consumed all the same).
-    fn take_recv(&mut self, p: u32) -> Result<RecvWqe, u64> {
+    fn take_recv(&mut self, p: u32) -> Result<Recv, u64> {
+        if self.qps[p as usize].mlx5 {
+            return self.mlx5_take_recv(p);
+        }
         let q = &mut self.qps[p as usize];
         let addr = q.rq.slot_addr(q.rq.consumer);
         q.rq.consumer += 1;
@@ -551,7 +579,9 @@ impl Fabric {
         let Some(b) = mem.slice(addr, RECV_WQE_SIZE as u64) else {
             return Err(0);
         };
-        RecvWqe::decode(b).map_err(|_| u64::from_le_bytes(b[8..16].try_into().unwrap_or_default()))
+        RecvWqe::decode(b)
+            .map(|r| Recv { wr_id: r.wr_id, sges: r.sges.to_vec() })
+            .map_err(|_| u64::from_le_bytes(b[8..16].try_into().unwrap_or_default()))
     }
 
     /// A receive completes in error (the responder QP then goes to Err).
@@ -578,7 +608,21 @@ impl Fabric {
     fn exec_read(&mut self, g: u32, w: &Wqe) {
         let cost = self.cfg.cost;
         let len = w.length as usize;
-        let Some((start, h, p)) = self.begin_remote(g, w, len as u64, true) else { return };
+        // an mlx5 scatter READ: every data segment is a local SGE the result lands in
+        let sg = std::mem::take(&mut self.qps[g as usize].scatter);
+        if !sg.is_empty() {
+            let (h, pd) = (self.qps[g as usize].host, self.qps[g as usize].pd);
+            if sg
+                .iter()
+                .any(|s| self.hosts[h as usize].prot.check_local(pd, s.lkey, s.addr, s.length as u64, true).is_err())
+            {
+                let start = self.now;
+                self.local_done(g, start, cost.wqe_ns);
+                return self.complete(g, w, WcStatus::LocProtErr, start + cost.wqe_ns, 0);
+            }
+        }
+        let checked = if sg.is_empty() { len as u64 } else { 0 };
+        let Some((start, h, p)) = self.begin_remote(g, w, checked, true) else { return };
         let delay = match self.deliver(g, p, w, 0, start) {
             Delivery::Arrived { delay } => delay,
             Delivery::Dropped => return self.dropped(g, p, w, start),
@@ -606,7 +650,15 @@ impl Fabric {
                 Err(e) => return self.remote_fail(g, p, w, nak_status(e), ack),
             };
             self.gather(ph, eff, len);
-            self.scatter(h, w.local_addr, 0, len);
+            if sg.is_empty() {
+                self.scatter(h, w.local_addr, 0, len);
+            } else {
+                let mut at = 0usize;
+                for s in sg.iter() {
+                    self.scatter(h, s.addr, at, s.length as usize);
+                    at += s.length as usize;
+                }
+            }
         }
         self.complete(g, w, WcStatus::Success, ack, w.length);
     }

@@ -348,7 +348,12 @@ impl Fabric {
             return Err(LoopbackError::BadArgument("queue depth must be at least 1"));
         }
         let cq_cap = self.cfg.cq_capacity as usize;
-        let pf_cap = if self.cfg.prefetch { self.cfg.prefetch_depth.max(1) as usize } else { 0 };
+        let mlx5 =
+            self.cfg.wqe_format == omw_core::wqe_format::WqeFormat::Mlx5 && (cfg.managed_send || cfg.managed_recv);
+        // mlx5 form: the cache holds WQEBBs, room for at least the largest WQE
+        let pf_min = if mlx5 { omw_core::mlx5::wqebb::MAX_WQEBBS as u32 } else { 1 };
+        let pf_cap = if self.cfg.prefetch { self.cfg.prefetch_depth.max(pf_min) as usize } else { 0 };
+        let rstride = if mlx5 { crate::qp::MLX5_RQ_STRIDE } else { RECV_WQE_SIZE as u32 };
         let gq = self.qps.len() as u32;
         let host = self.host_mut(h)?;
         if !host.prot.pd_exists(cfg.pd) {
@@ -359,7 +364,7 @@ impl Fabric {
             return Err(LoopbackError::BadArgument("too many QPs on this host"));
         }
         let sbytes = cfg.send_depth as u64 * WQE_SIZE as u64;
-        let rbytes = cfg.recv_depth as u64 * RECV_WQE_SIZE as u64;
+        let rbytes = cfg.recv_depth as u64 * rstride as u64;
         let s_off = host.ring_brk.next_multiple_of(64);
         let r_off = (s_off + sbytes).next_multiple_of(64);
         let end = r_off + rbytes;
@@ -369,7 +374,7 @@ impl Fabric {
         host.ring_brk = end;
         let qpn = qpn_of(h.0, local);
         let sq = Queue::new(host.ring_base + s_off, cfg.send_depth, WQE_SIZE as u32, cfg.managed_send);
-        let rq = Queue::new(host.ring_base + r_off, cfg.recv_depth, RECV_WQE_SIZE as u32, cfg.managed_recv);
+        let rq = Queue::new(host.ring_base + r_off, cfg.recv_depth, rstride, cfg.managed_recv);
         host.qps.push(gq);
         self.qps.push(Qp {
             host: h.0,
@@ -391,6 +396,12 @@ impl Fabric {
             cqes_total: 0,
             in_active: false,
             parked_on: None,
+            mlx5,
+            sq_wr_ids: if mlx5 { vec![0; cfg.send_depth as usize] } else { Vec::new() },
+            rq_wr_ids: if mlx5 { vec![0; cfg.recv_depth as usize] } else { Vec::new() },
+            head_wqebbs: 1,
+            scatter: Vec::new(),
+            pf_wait: None,
         });
         Ok(Qpn::new(qpn).unwrap_or_default())
     }
@@ -522,6 +533,11 @@ impl Fabric {
     pub fn post_send_raw(&mut self, qp: QpAddr, bytes: &[u8; WQE_SIZE]) -> Result<()> {
         let g = self.gq(qp)?;
         let q = &mut self.qps[g as usize];
+        if q.mlx5 {
+            return Err(LoopbackError::BadArgument(
+                "an mlx5-form ring takes whole chains (arm_mlx5), not canonical WQEs",
+            ));
+        }
         if !q.sq.has_room() {
             return Err(LoopbackError::RingFull { host: qp.host, qpn: qp.qpn.get(), queue: QueueSel::Send });
         }
@@ -536,6 +552,14 @@ impl Fabric {
     }
 
     pub fn post_recv(&mut self, qp: QpAddr, wqe: &RecvWqe) -> Result<()> {
+        if self.qps[self.gq(qp)? as usize].mlx5 {
+            let sges: Vec<omw_core::mlx5::chain::RecvSge> = wqe
+                .sges
+                .iter()
+                .map(|s| omw_core::mlx5::chain::RecvSge { addr: s.addr, length: s.length, lkey: s.lkey })
+                .collect();
+            return self.post_recv_mlx5(qp, wqe.wr_id, &sges);
+        }
         self.post_recv_raw(qp, &wqe.encode())
     }
 

@@ -72,6 +72,7 @@ mod exec;
 pub mod fabric;
 pub mod fault;
 mod memory;
+pub mod mlx5_fetch;
 mod nic;
 pub mod protection;
 pub mod qp;

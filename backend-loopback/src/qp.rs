@@ -11,6 +11,11 @@ use crate::cq::Cq;
 use omw_core::backend::QpState;
 use omw_core::wqe::{QueueSel, WQE_SIZE};
 
+/// Data segments per receive WQE of a ring in mlx5 form (`crate::mlx5_fetch`).
+pub const MLX5_RQ_SGES: usize = 32;
+/// Bytes per receive WQE of a ring in mlx5 form: its data segments.
+pub const MLX5_RQ_STRIDE: u32 = (MLX5_RQ_SGES * 16) as u32;
+
 /// How a QP is created.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub struct QpConfig {
@@ -138,6 +143,11 @@ impl Prefetch {
         self.len += 1;
         &mut self.buf[i]
     }
+    /// The `i`-th entry from the front.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<&[u8; WQE_SIZE]> {
+        (i < self.len).then(|| &self.buf[(self.head + i) % self.buf.len()])
+    }
     #[inline]
     pub fn pop(&mut self) {
         if self.len > 0 {
@@ -178,6 +188,18 @@ pub(crate) struct Qp {
     pub in_active: bool,
     /// (global QP index, queue) of the CQ this QP is parked on (a blocked WAIT).
     pub parked_on: Option<(u32, QueueSel)>,
+    /// The rings hold mlx5 WQEs (`crate::mlx5_fetch`): send indices count WQEBBs.
+    pub mlx5: bool,
+    /// mlx5 keeps no wr_id in a WQE: per send WQEBB / receive slot, the one its completion
+    /// reports (a driver's wrid array).
+    pub sq_wr_ids: Vec<u64>,
+    pub rq_wr_ids: Vec<u64>,
+    /// WQEBBs of the WQE being executed (1 in canonical form).
+    pub head_wqebbs: u64,
+    /// The local buffers of the scatter READ being executed (mlx5 form).
+    pub scatter: Vec<omw_core::wqe::Sge>,
+    /// mlx5 form: the last prefetched WQE, if it is a WAIT — (CQ owner, queue, count).
+    pub pf_wait: Option<(u32, QueueSel, u64)>,
 }
 
 impl Qp {

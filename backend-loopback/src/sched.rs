@@ -89,14 +89,23 @@ impl Fabric {
 
     /// The head entry's bytes as the NIC sees them: the prefetch cache if it holds the head,
     /// otherwise the ring in memory.
+    /// A ring in mlx5 form is fetched and translated (`crate::mlx5_fetch`); bytes that do not
+    /// decode read as an unknown canonical opcode, so they fail the way malformed WQEs do.
     #[inline]
-    pub(crate) fn head_slice(&self, g: u32) -> &[u8] {
+    pub(crate) fn head_slice(&self, g: u32) -> [u8; WQE_SIZE] {
         let q = &self.qps[g as usize];
+        if q.mlx5 {
+            return self.mlx5_head(g).wqe.map_or([0xFF; WQE_SIZE], |w| w.encode());
+        }
         if let Some(b) = q.pf.front() {
-            return b;
+            return *b;
         }
         let addr = q.sq.slot_addr(q.sq.consumer);
-        self.hosts[q.host as usize].mem.slice(addr, WQE_SIZE as u64).unwrap_or(&[0u8; WQE_SIZE])
+        let mut out = [0u8; WQE_SIZE];
+        if let Some(s) = self.hosts[q.host as usize].mem.slice(addr, WQE_SIZE as u64) {
+            out.copy_from_slice(s);
+        }
+        out
     }
 
     /// The WAIT in `p` (posted on host `h`): its target CQ, if it names an existing QP.
@@ -139,7 +148,7 @@ impl Fabric {
             return Readiness::Idle;
         }
         let mut t = host.nic.send_free(host.nic.unit_of(q.qpn & 0xFFFF)).max(q.order_until);
-        let p = Peek::of(self.head_slice(g));
+        let p = Peek::of(&self.head_slice(g));
         if p.flags & WqeFlags::FENCE.bits() != 0 {
             t = t.max(q.rd_done);
         }
@@ -286,6 +295,9 @@ impl Fabric {
         let q = &self.qps[g as usize];
         if q.state != QpState::Rts || !q.alive {
             return;
+        }
+        if q.mlx5 {
+            return self.mlx5_refill(g);
         }
         let end = q.sq.end().min(q.sq.consumer + q.sq.depth as u64);
         let mut next = q.sq.consumer + q.pf.len as u64;

@@ -120,6 +120,29 @@ impl RdmaBackend for HostView<'_> {
             _ => None,
         }
     }
+    fn wqe_format(&self) -> omw_core::wqe_format::WqeFormat {
+        self.fabric.config().wqe_format
+    }
+    fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
+        let f = &self.fabric;
+        Some([
+            f.cq_number(self.qp(loop_qp), QueueSel::Send).ok()?,
+            f.cq_number(self.qp(mgmt_qp), QueueSel::Send).ok()?,
+            f.cq_number(self.qp(mgmt_qp), QueueSel::Recv).ok()?,
+        ])
+    }
+    fn arm_mlx5(
+        &mut self,
+        chain: &omw_core::mlx5::chain::Mlx5Chain,
+        recv_copies: u32,
+    ) -> Option<Result<(), LoopbackError>> {
+        let q = |v: u32| Qpn::new(v).map(|q| self.qp(q)).map_err(|_| LoopbackError::BadArgument("chain QP number"));
+        let qps = match (q(chain.qpns[0]), q(chain.qpns[1])) {
+            (Ok(a), Ok(b)) => [a, b],
+            (Err(e), _) | (_, Err(e)) => return Some(Err(e)),
+        };
+        Some(self.fabric.arm_mlx5(qps, chain, recv_copies))
+    }
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         let info = self.fabric.mw_binding(self.host, rkey.index())?;
         Some(match info.state {

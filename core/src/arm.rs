@@ -8,7 +8,9 @@ use crate::backend::RdmaBackend;
 use crate::chain::{ChainLayout, Loc, Ring};
 use crate::chain_builder::chain_wr_id;
 use crate::ids::Qpn;
+use crate::mlx5::chain::{Mlx5Chain, Mlx5Queues};
 use crate::wqe::{QueueSel, RecvWqe, Sge, Wqe, WQE_SIZE};
+use crate::wqe_format::WqeFormat;
 use core::fmt;
 
 #[derive(Debug)]
@@ -18,6 +20,10 @@ pub enum ArmError<E> {
     BadQpn(u32),
     /// The layout failed validation.
     Invalid(crate::chain::ChainError),
+    /// The device fetches the mlx5 form and the chain has none, or the backend cannot arm it.
+    Mlx5(crate::mlx5::chain::Mlx5ChainError),
+    /// The device fetches the mlx5 form but the backend offers no mlx5 arming.
+    NoMlx5Arming,
 }
 
 impl<E: fmt::Display> fmt::Display for ArmError<E> {
@@ -26,6 +32,10 @@ impl<E: fmt::Display> fmt::Display for ArmError<E> {
             ArmError::Backend(e) => write!(f, "backend refused while arming a chain: {e}"),
             ArmError::BadQpn(q) => write!(f, "chain names invalid QP number {q:#x}"),
             ArmError::Invalid(e) => write!(f, "chain layout invalid: {e}"),
+            ArmError::Mlx5(e) => write!(f, "chain has no mlx5 form: {e}"),
+            ArmError::NoMlx5Arming => {
+                f.write_str("the device fetches mlx5 WQEs but its backend cannot arm mlx5 chains")
+            }
         }
     }
 }
@@ -73,7 +83,38 @@ pub fn resolve(layout: &ChainLayout, bases: [u64; 2]) -> ResolvedChain {
 /// identical RECVs fill the management QP's receive ring (its depth).
 pub fn arm<B: RdmaBackend>(backend: &mut B, layout: &ChainLayout, recv_copies: u32) -> Result<(), ArmError<B::Error>> {
     layout.validate().map_err(ArmError::Invalid)?;
-    arm_unchecked(backend, layout, recv_copies)
+    match backend.wqe_format() {
+        WqeFormat::Canonical => arm_unchecked(backend, layout, recv_copies),
+        WqeFormat::Mlx5 => arm_mlx5(backend, layout, recv_copies, true),
+    }
+}
+
+/// [`arm`] for a device that fetches the mlx5 form: the chain laid out in WQEBBs
+/// ([`Mlx5Chain::build`]), its ring images and lap counters written into MN memory here, the
+/// rest (wr_id map, RECVs, first enables) by the backend.
+fn arm_mlx5<B: RdmaBackend>(
+    backend: &mut B,
+    layout: &ChainLayout,
+    recv_copies: u32,
+    checked: bool,
+) -> Result<(), ArmError<B::Error>> {
+    let q = |v: u32| Qpn::new(v).map_err(|_| ArmError::BadQpn(v));
+    let qpns = [q(layout.qpns[0])?, q(layout.qpns[1])?];
+    let ring_bases = [
+        backend.ring_base(qpns[0], QueueSel::Send).map_err(ArmError::Backend)?,
+        backend.ring_base(qpns[1], QueueSel::Send).map_err(ArmError::Backend)?,
+    ];
+    let cqns = backend.cq_numbers(qpns[0], qpns[1]).ok_or(ArmError::NoMlx5Arming)?;
+    let queues = Mlx5Queues { cqns, ring_bases };
+    let chain = if checked { Mlx5Chain::build(layout, queues) } else { Mlx5Chain::build_unchecked(layout, queues) };
+    let chain = chain.map_err(ArmError::Mlx5)?;
+    for (base, ring) in ring_bases.iter().zip(chain.rings.iter()) {
+        backend.write_local(*base, ring).map_err(ArmError::Backend)?;
+    }
+    for sh in chain.shadows.iter() {
+        backend.write_local(sh.addr, &sh.initial.to_le_bytes()).map_err(ArmError::Backend)?;
+    }
+    backend.arm_mlx5(&chain, recv_copies.max(1)).ok_or(ArmError::NoMlx5Arming)?.map_err(ArmError::Backend)
 }
 
 /// [`arm`] without validation: only for demonstrating what an invalid chain does on a device
@@ -83,6 +124,9 @@ pub fn arm_unchecked<B: RdmaBackend>(
     layout: &ChainLayout,
     recv_copies: u32,
 ) -> Result<(), ArmError<B::Error>> {
+    if backend.wqe_format() == WqeFormat::Mlx5 {
+        return arm_mlx5(backend, layout, recv_copies, false);
+    }
     let q = |v: u32| Qpn::new(v).map_err(|_| ArmError::BadQpn(v));
     let qpns = [q(layout.qpns[0])?, q(layout.qpns[1])?];
     let bases = [

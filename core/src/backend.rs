@@ -320,6 +320,27 @@ pub trait RdmaBackend {
     fn mw_span(&self, _rkey: Rkey) -> Option<(u64, u64)> {
         None
     }
+
+    /// The form the device fetches WQEs in ([`crate::arm::arm`] lays chains out in it).
+    fn wqe_format(&self) -> crate::wqe_format::WqeFormat {
+        crate::wqe_format::WqeFormat::Canonical
+    }
+    /// mlx5 form: the CQ numbers counting the chain QPs' completions, [`loop_qp` send,
+    /// `mgmt_qp` send, `mgmt_qp` receive] — what the chain's WAITs name.
+    fn cq_numbers(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> Option<[u32; 3]> {
+        None
+    }
+    /// mlx5 form: after the core wrote the chain's ring images and lap counters into MN memory,
+    /// take the rings as posted (their WQE-index → wr_id map, as a driver keeps one), post
+    /// `recv_copies` RECVs with the chain's scatter list and ring the first enables — the
+    /// device-side half of arming. `None`: the backend has no mlx5 form.
+    fn arm_mlx5(
+        &mut self,
+        _chain: &crate::mlx5::chain::Mlx5Chain,
+        _recv_copies: u32,
+    ) -> Option<Result<(), Self::Error>> {
+        None
+    }
 }
 
 /// A window's state as the device sees it.

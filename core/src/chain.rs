@@ -103,6 +103,20 @@ pub struct ChainLayout {
     /// The step the chain exists for — the reply WRITE (alloc), the push onto the free queue
     /// (free): [`ChainLayout::critical_path`] counts the gates before it.
     pub critical_end: Option<u8>,
+    /// What the mlx5 form adds in MN memory and with which keys (unused by the canonical form).
+    pub mlx5: Mlx5Scratch,
+}
+
+/// The scratch and the loop-domain keys the mlx5 form of a chain uses besides the canonical
+/// steps' own (`crate::mlx5::chain`): its little-endian lap counters and a junk word for bytes
+/// a byte-reversing copy or a fetch-and-add must put somewhere.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Mlx5Scratch {
+    pub shadows: u64,
+    pub junk: u64,
+    pub meta_lkey: u32,
+    pub meta_rkey: u32,
+    pub ring_lkey: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -179,6 +193,8 @@ pub enum ChainError {
         field: WqeField,
     },
     TooManySteps,
+    /// The chain has no mlx5 form within that form's fixed capacities (`crate::mlx5::chain`).
+    NoMlx5Form,
 }
 
 /// Who wrote a byte: a step, or the trigger RECV.
@@ -232,6 +248,7 @@ impl fmt::Display for ChainError {
                 write!(f, "{field:?} of step {step} comes from the request but is not cleared for the next lap")
             }
             Self::TooManySteps => write!(f, "chain exceeds {MAX_STEPS} steps"),
+            Self::NoMlx5Form => f.write_str("chain has no mlx5 form within its fixed capacities"),
         }
     }
 }
@@ -1433,9 +1450,12 @@ How the chains keep short (the mechanisms are checked by `ChainLayout::validate`
   the next request overwrites is still in use when its RECV is enabled.
 - **What only hardware can settle.** That an mlx5 SEND_EN WQE with the fence bit waits like
   any fenced WQE (the lap-closing ENABLE relied on it before); that the small fence after a UMR
-  holds the next WQE until the UMR completed. In the mlx5 form a ring read copies a big-endian
-  field (the free's entry address), so the markers and queue slots it feeds are big-endian too,
-  as docs/MLX5.md already requires of values copied into WQEs.
+  holds the next WQE until the UMR completed.
+- **The same chains in mlx5 form** (`omw_core::mlx5::chain`, docs/MLX5.md): every step keeps
+  its place, FENCE and completion; a copy between little-endian MN memory and a big-endian
+  WQE field becomes a byte-reversing scatter READ, the RECV reverses the request's fields, and
+  every WAIT and ENABLE (absolute on mlx5) advances per lap through a little-endian shadow
+  counter. docs/MLX5.md gives the WQEs and WQEBBs per lap of that form.
 
 "#;
 

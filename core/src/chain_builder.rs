@@ -106,6 +106,20 @@ impl Builder {
                 empty_probe: None,
                 ownership_check: None,
                 critical_end: None,
+                mlx5: {
+                    let (k, s) = (kind as usize, env.scratch());
+                    let junk = match kind {
+                        ChainKind::Alloc => crate::mn_memory::ALLOC_SCRATCH_OFF + crate::mn_memory::alloc_scratch::JUNK,
+                        ChainKind::Free => crate::mn_memory::FREE_SCRATCH_OFF + crate::mn_memory::free_scratch::JUNK,
+                    };
+                    crate::chain::Mlx5Scratch {
+                        shadows: s + crate::mn_memory::MLX5_SHADOW_OFF[k],
+                        junk: s + junk,
+                        meta_lkey: env.keys.meta_lkey,
+                        meta_rkey: env.keys.meta_rkey,
+                        ring_lkey: env.keys.ring_lkey,
+                    }
+                },
             },
             slot: env.slot,
             closing: 0,

@@ -43,6 +43,7 @@ pub mod test_nic;
 pub mod trace;
 pub mod wire;
 pub mod wqe;
+pub mod wqe_format;
 
 #[cfg(test)]
 mod mn_tests;

@@ -262,6 +262,8 @@ pub struct MemoryNode {
     empty: bool,
     stats: MnStats,
     now: u64,
+    /// The form the device fetches the chains in: it sizes their rings.
+    wqe_format: crate::wqe_format::WqeFormat,
 }
 
 type R<E> = Result<(), MnError<E>>;
@@ -303,7 +305,14 @@ impl MemoryNode {
             empty: false,
             stats: MnStats::default(),
             now: 0,
+            wqe_format: crate::wqe_format::WqeFormat::Canonical,
         })
+    }
+
+    /// The chains' rings are in `f` on this MN's device (`RdmaBackend::wqe_format`): their
+    /// depths ([`MemoryNode::chain_ring_depths`]) follow.
+    pub fn set_wqe_format(&mut self, f: crate::wqe_format::WqeFormat) {
+        self.wqe_format = f;
     }
 
     pub fn config(&self) -> &MnConfig {
@@ -385,7 +394,26 @@ impl MemoryNode {
     /// Send-queue depths the chain QPs must be created with, `[alloc, free] × [Loop, Mgmt]`
     /// (each ring is exactly one lap deep so it wraps onto its own bytes). Their management
     /// QPs' receive queues are one entry deep. Independent of QP numbers and of the CN.
+    /// In mlx5 form the depths are WQEBBs ([`crate::mlx5::chain::ring_wqebbs`]).
     pub fn chain_ring_depths(&self) -> Result<[[u16; 2]; 2], crate::chain::ChainError> {
+        let [a, f] = self.chain_sizing_layouts()?;
+        match self.wqe_format {
+            crate::wqe_format::WqeFormat::Canonical => Ok([a.ring_depth, f.ring_depth]),
+            crate::wqe_format::WqeFormat::Mlx5 => {
+                let w = |l: &crate::chain::ChainLayout| {
+                    crate::mlx5::chain::ring_wqebbs(l).map_err(|e| match e {
+                        crate::mlx5::chain::Mlx5ChainError::Invalid(e) => e,
+                        _ => crate::chain::ChainError::NoMlx5Form,
+                    })
+                };
+                Ok([w(&a)?, w(&f)?])
+            }
+        }
+    }
+
+    /// The alloc and free chains as built for sizing (slot 0, placeholder QP numbers): their
+    /// shapes — ring depths in either WQE format — are those of every CN's chains.
+    pub fn chain_sizing_layouts(&self) -> Result<[crate::chain::ChainLayout; 2], crate::chain::ChainError> {
         let env = ChainEnv {
             map: self.map,
             slot: 0,
@@ -400,7 +428,7 @@ impl MemoryNode {
         };
         let a = crate::alloc_chain::build_alloc_chain(&env)?;
         let f = crate::free_chain::build_free_chain(&env)?;
-        Ok([a.ring_depth, f.ring_depth])
+        Ok([a, f])
     }
 
     pub fn scratch_of(&self, cn: CnId) -> Option<u64> {

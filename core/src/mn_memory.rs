@@ -28,6 +28,11 @@ pub const REQUEST_BUF_LEN: u32 = 64;
 /// Messages the MN sends the CN (notices, errors, connect info): a ring of 8 × 64 B, so a
 /// buffer is reused only after seven later messages.
 pub const SEND_BUF_OFF: u64 = 512;
+/// Per chain, the little-endian lap counters of the mlx5 form (`mlx5::chain`): one 8-byte word
+/// per WAIT and ENABLE, advanced by a fetch-and-add each lap and copied, byte-reversed, into
+/// the big-endian WQE field. Alloc chain first, then the free chain.
+pub const MLX5_SHADOW_OFF: [u64; 2] = [384, 448];
+pub const MLX5_SHADOW_LEN: u64 = 64;
 pub const SEND_BUF_COUNT: u64 = 8;
 pub const SEND_BUF_LEN: u64 = 64;
 /// The MN CPU's own scratch (after every CN's): where the results of the atomics it issues
@@ -88,6 +93,9 @@ pub mod free_scratch {
 const _: () = assert!(alloc_scratch::END <= FREE_SCRATCH_OFF);
 const _: () = assert!(FREE_SCRATCH_OFF + free_scratch::END <= ALLOC_REQUEST_BUF_OFF);
 const _: () = assert!(FREE_REQUEST_BUF_OFF + REQUEST_BUF_LEN as u64 <= SEND_BUF_OFF);
+const _: () = assert!(FREE_REQUEST_BUF_OFF + REQUEST_BUF_LEN as u64 <= MLX5_SHADOW_OFF[0]);
+const _: () = assert!(MLX5_SHADOW_OFF[0] + MLX5_SHADOW_LEN <= MLX5_SHADOW_OFF[1]);
+const _: () = assert!(MLX5_SHADOW_OFF[1] + MLX5_SHADOW_LEN <= SEND_BUF_OFF);
 const _: () = assert!(SEND_BUF_OFF + SEND_BUF_COUNT * SEND_BUF_LEN <= SCRATCH_PER_CN);
 
 /// Keys of the MN's own registrations ([`crate::mn_plan::MnPlan::register_metadata`] makes

@@ -340,17 +340,19 @@ fn query_hca_cap_by_hand() {
         hca_cap::QUERY_HCA_CAP_OUT_LEN,
         &[(72, &[30]), (83, &[0x02]), (85, &[0x08]), (86, &[0x40]), (87, &[0x01])],
     );
-    // atomic caps: endianness mode (0x40, 2 bits → out byte 24 top bits) 0, operations
+    // atomic caps: endianness mode (0x40, 2 bits → out byte 24 top bits) 1 = host, operations
     // (0x90 → bytes 34..36) = CS | FA | masked CS | masked FA, size_qp (0xb0 → 38..40) = 8 | 4
-    let mut atomic = expect(hca_cap::QUERY_HCA_CAP_OUT_LEN, &[(34, &[0x00, 0x0f]), (38, &[0x00, 0x0c])]);
+    let mut atomic = expect(hca_cap::QUERY_HCA_CAP_OUT_LEN, &[(24, &[0x40]), (34, &[0x00, 0x0f]), (38, &[0x00, 0x0c])]);
     let c = HcaCaps::parse(&general, Some(&atomic)).unwrap();
     assert!(c.cd && c.imaicl && c.rc && c.atomic && c.masked_fetch_add_8b());
     assert_eq!((c.atomic_operations, c.atomic_size_qp, c.log_max_msg), (0x0f, 0x0c, 30));
     assert_eq!(c.missing_for_offload(), None);
-    // little-endian 8-byte atomics (mode 1 → byte 24 = 0x40) break the chains' BE patches
-    atomic[24] = 0x40;
-    let c = HcaCaps::parse(&general, Some(&atomic)).unwrap();
     assert_eq!(c.atomic_8b_endianness_mode, 1);
+    // big-endian 8-byte atomics (mode 0) would read the chains' little-endian counters
+    // byte-swapped
+    atomic[24] = 0;
+    let c = HcaCaps::parse(&general, Some(&atomic)).unwrap();
+    assert_eq!(c.atomic_8b_endianness_mode, 0);
     assert_eq!(c.missing_for_offload(), Some(MissingCap::MaskedFetchAdd));
     general[85] = 0;
     let c = HcaCaps::parse(&general, Some(&atomic)).unwrap();

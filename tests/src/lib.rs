@@ -18,6 +18,9 @@ use omw_loopback::cluster::Cluster;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Mode {
     Offloaded,
+    /// Offloaded, with the chains in the ConnectX (mlx5) WQE format the model executes from
+    /// its bytes (docs/MLX5.md).
+    OffloadedMlx5,
     HostEngine,
     Rxe,
 }

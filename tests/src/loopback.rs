@@ -1,4 +1,4 @@
-//! The loopback cluster as a [`Testbed`], in each of its three modes.
+//! The loopback cluster as a [`Testbed`], in each of its modes.
 
 use crate::mw::{MwDevice, MwFactory, Side, BUF_LEN, POOL_LEN};
 use crate::testbed::{Activity, Caps, CnQp, Factory, Heard, MnMr, MnSpec, Refusal, Testbed};
@@ -53,6 +53,10 @@ impl Loopback {
         cfg.scrub = spec.scrub;
         match self.0 {
             Mode::Offloaded => cfg.mode = Some(ExecutionMode::Offloaded),
+            Mode::OffloadedMlx5 => {
+                cfg = cfg.with_wqe_format(omw_core::wqe_format::WqeFormat::Mlx5);
+                cfg.mode = Some(ExecutionMode::Offloaded);
+            }
             Mode::HostEngine => {
                 cfg.mode = Some(ExecutionMode::HostEngine);
                 cfg.nic = NicConfig::strict().with_offload(false).with_prefetch(8);
@@ -73,7 +77,7 @@ impl Factory for Loopback {
     fn caps(&self) -> Caps {
         COMMON
             | match self.0 {
-                Mode::Offloaded => Caps::OFFLOAD | Caps::STRICT_MW,
+                Mode::Offloaded | Mode::OffloadedMlx5 => Caps::OFFLOAD | Caps::STRICT_MW,
                 Mode::HostEngine => Caps::HOST_ENGINE | Caps::STRICT_MW,
                 Mode::Rxe => Caps::HOST_ENGINE | Caps::RXE_MW,
             }

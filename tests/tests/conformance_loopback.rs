@@ -1,5 +1,5 @@
 //! The conformance suite (docs/CONFORMANCE.md) on the loopback model, in each of its modes:
-//! chains offloaded into the modelled NIC, the host engine on a strict NIC, and the host engine
+//! chains offloaded into the modelled NIC (in the canonical and in the mlx5 WQE format), the host engine on a strict NIC, and the host engine
 //! on an rxe-compatible NIC (soft-RoCE's deviations); and the memory-window scenarios on the
 //! model's NIC, strict and rxe-compatible. `OMW_SCENARIO=name` runs only matching
 //! scenarios; `-- --nocapture` shows each outcome and every skip.
@@ -13,6 +13,11 @@ use omw_tests::Mode;
 #[test]
 fn offloaded() {
     conform(&Loopback(Mode::Offloaded));
+}
+
+#[test]
+fn offloaded_mlx5_form() {
+    conform(&Loopback(Mode::OffloadedMlx5));
 }
 
 #[test]

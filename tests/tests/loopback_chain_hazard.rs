@@ -7,6 +7,7 @@ use omw_core::backend::{ExecutionMode, RdmaBackend};
 use omw_core::chain::{ChainError, ChainKind, ChainLayout};
 use omw_core::mn_driver::build;
 use omw_core::wqe::{Opcode, Wqe, WqeField, WqeFlags};
+use omw_core::wqe_format::WqeFormat;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::NicConfig;
 
@@ -52,10 +53,15 @@ fn ungated(layout: &ChainLayout) -> ChainLayout {
 }
 
 fn run(prefetch: bool) -> (Result<(), ChainError>, bool, Cluster) {
+    run_in(prefetch, WqeFormat::Canonical)
+}
+
+fn run_in(prefetch: bool, format: WqeFormat) -> (Result<(), ChainError>, bool, Cluster) {
     let mut cfg = ClusterConfig::paper_like();
     cfg.mode = Some(ExecutionMode::Offloaded);
     cfg.cns = 2;
     cfg.nic = if prefetch { NicConfig::strict().with_prefetch(8) } else { NicConfig::strict() };
+    cfg = cfg.with_wqe_format(format);
     let mut c = Cluster::new(cfg).unwrap();
     let cn = c.cns[0].id;
     let env = c.driver.mn.chain_env(cn, ChainKind::Alloc).unwrap();
@@ -80,6 +86,20 @@ fn ungated_patch_rejected_by_validator_and_broken_under_prefetch() {
     let (_, ok_prefetch, mut c2) = run(true);
     assert!(!ok_prefetch, "with prefetching the pop READ runs with its stale template address");
     // the MN repaired the failed lap: nothing lost, the chain re-armed (correctly) works
+    c2.check_invariants().unwrap();
+    assert_eq!(c2.free_groups(), 64);
+    assert!(c2.alloc(0).is_ok());
+}
+
+/// The same in mlx5 form: the model prefetches mlx5 WQEBBs, and the missing gate breaks the
+/// chain there too.
+#[test]
+fn ungated_patch_broken_under_prefetch_in_mlx5_form() {
+    let (_, ok_late_fetch, mut c1) = run_in(false, WqeFormat::Mlx5);
+    assert!(ok_late_fetch, "fetching at execution time hides the missing gate");
+    c1.check_invariants().unwrap();
+    let (_, ok_prefetch, mut c2) = run_in(true, WqeFormat::Mlx5);
+    assert!(!ok_prefetch, "with prefetching the pop READ runs with its stale template address");
     c2.check_invariants().unwrap();
     assert_eq!(c2.free_groups(), 64);
     assert!(c2.alloc(0).is_ok());

@@ -9,13 +9,16 @@
 //!
 //! After every batch: the core's invariant checker, conservation (free + held = all groups,
 //! no group held twice), and every honest CN still owns and can use every chunk it was given.
-//! Runs in offloaded, host-engine and rxe-compatible modes.
+//! Runs in offloaded (chains in canonical and in mlx5 form), host-engine and rxe-compatible
+//! modes.
 
+use omw_core::backend::ExecutionMode;
 use omw_core::backend::WcStatus;
 use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
 use omw_core::ids::GroupId;
-use omw_loopback::cluster::{Cluster, CnOpError};
+use omw_core::wqe_format::WqeFormat;
+use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
 use omw_tests::Mode;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -33,8 +36,24 @@ enum Act {
     Garbage(usize, bool, Vec<u8>),
 }
 
-fn cluster(mode: Mode) -> Cluster {
-    omw_tests::cluster(mode, CNS, CHUNKS, true)
+/// How a run's MN is set up: a shared mode, or offloaded with the chains in mlx5 form.
+#[derive(Clone, Copy, Debug)]
+enum Setup {
+    Mode(Mode),
+    Mlx5,
+}
+
+fn cluster(setup: Setup) -> Cluster {
+    match setup {
+        Setup::Mode(mode) => omw_tests::cluster(mode, CNS, CHUNKS, true),
+        // `omw_tests::cluster`'s offloaded set-up, the chains in mlx5 form
+        Setup::Mlx5 => {
+            let mut cfg = ClusterConfig::paper_like().with_wqe_format(WqeFormat::Mlx5);
+            (cfg.cns, cfg.chunks, cfg.chunk_size, cfg.quota, cfg.scrub) = (CNS, CHUNKS, 512, CHUNKS, true);
+            cfg.mode = Some(ExecutionMode::Offloaded);
+            Cluster::new(cfg).expect("cluster")
+        }
+    }
 }
 
 fn act() -> impl Strategy<Value = Act> {
@@ -55,6 +74,10 @@ fn owner_keeps(c: &mut Cluster, i: usize, a: &Allocation, tag: &[u8]) {
 }
 
 fn run(mode: Mode, batches: Vec<(u64, u16, Vec<Act>)>) {
+    run_in(Setup::Mode(mode), batches)
+}
+
+fn run_in(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) {
     let mut c = cluster(mode);
     // what each honest CN holds, with the tag it wrote
     let mut live: Vec<Vec<(Allocation, Vec<u8>)>> = vec![Vec::new(); CNS];
@@ -165,6 +188,8 @@ proptest! {
     #[test]
     fn offloaded_laps_race_free(b in batches()) { run(Mode::Offloaded, b) }
     #[test]
+    fn mlx5_form_laps_race_free(b in batches()) { run_in(Setup::Mlx5, b) }
+    #[test]
     fn host_engine_laps_race_free(b in batches()) { run(Mode::HostEngine, b) }
     #[test]
     fn rxe_compatible_laps_race_free(b in batches()) { run(Mode::Rxe, b) }
@@ -174,7 +199,7 @@ proptest! {
 /// its clear, and a forged free of an entry a victim is popping right now.
 #[test]
 fn pinned_pop_push_and_forged_free_races() {
-    for mode in [Mode::Offloaded, Mode::HostEngine, Mode::Rxe] {
+    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5, Setup::Mode(Mode::HostEngine), Setup::Mode(Mode::Rxe)] {
         for seed in 0..64u64 {
             let mut b = Vec::new();
             // fill the pool
@@ -191,7 +216,7 @@ fn pinned_pop_push_and_forged_free_races() {
                 800,
                 (0..CHUNKS).map(|g| Act::Forge(0, g)).chain([Act::Free(1, 0), Act::Alloc(1), Act::Alloc(2)]).collect(),
             ));
-            run(mode, b);
+            run_in(mode, b);
         }
     }
 }
@@ -202,9 +227,9 @@ fn pinned_pop_push_and_forged_free_races() {
 /// the CN's free already pushed.
 #[test]
 fn pinned_garbage_alloc_free_and_forge_push_nothing_twice() {
-    for mode in [Mode::Offloaded, Mode::HostEngine, Mode::Rxe] {
+    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5, Setup::Mode(Mode::HostEngine), Setup::Mode(Mode::Rxe)] {
         for (seed, pm) in [(0u64, 20u16), (1, 300), (7, 800)] {
-            run(
+            run_in(
                 mode,
                 vec![
                     (seed, pm, vec![Act::Alloc(2), Act::Alloc(1), Act::Alloc(0)]),

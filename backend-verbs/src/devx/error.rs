@@ -32,7 +32,7 @@ pub enum DevxError {
     MemTooSmall { what: &'static str, need: usize, got: usize },
     /// A command could not be built (a value does not fit its PRM field).
     Encode(Mlx5Error),
-    /// Every capability is there, but this build cannot arm mlx5-form chains yet.
+    /// Every capability is there, but this build cannot arm the mlx5-form chains on DEVX QPs yet.
     ArmingNotImplemented,
 }
 
@@ -97,7 +97,7 @@ impl fmt::Display for DevxError {
             }
             DevxError::Encode(e) => write!(f, "cannot build the PRM command: {e}"),
             DevxError::ArmingNotImplemented => f.write_str(
-                "the device reports every capability offload needs (DEVX, cd, imaicl, masked fetch-and-add), but this build cannot yet arm the chains in mlx5 form on DEVX QPs (issue 13, parts 2–3): run `omw mn` without --offload; docs/MLX5.md has the bring-up steps",
+                "the device reports every capability offload needs (DEVX, cd, imaicl, masked fetch-and-add), but this build cannot yet arm the chains on DEVX QPs (their mlx5 form exists and runs on the loopback model, not on a device): run `omw mn` without --offload; docs/MLX5.md has the bring-up steps",
             ),
         }
     }

@@ -35,7 +35,7 @@ impl fmt::Display for DevxProbe {
             c.atomic_size_qp,
             c.atomic_8b_endianness_mode
         )?;
-        writeln!(f, "  masked fetch-add, 8 B, BE   {}", yes(c.masked_fetch_add_8b()))?;
+        writeln!(f, "  masked fetch-add, 8 B, host {}", yes(c.masked_fetch_add_8b()))?;
         writeln!(f, "  log_max_qp_sz / cq_sz / mkey {} / {} / {}", c.log_max_qp_sz, c.log_max_cq_sz, c.log_max_mkey)?;
         write!(f, "  omw mn --offload mlx5       refused: {}", verdict(c))?;
         f.write_str("\n  (capabilities as reported by the firmware; no chain has run on this device)")
@@ -89,6 +89,7 @@ mod tests {
             atomic: true,
             atomic_operations: 0xf,
             atomic_size_qp: 0x8,
+            atomic_8b_endianness_mode: 1,
             ..Default::default()
         }
     }
@@ -101,7 +102,7 @@ mod tests {
         assert!(s.contains("cmd_hca_cap.cd") && s.contains("without --offload"), "{s}");
         let e = verdict(&HcaCaps { imaicl: false, ..full() });
         assert!(e.to_string().contains("cmd_hca_cap.imaicl"));
-        let e = verdict(&HcaCaps { atomic_8b_endianness_mode: 1, ..full() });
+        let e = verdict(&HcaCaps { atomic_8b_endianness_mode: 0, ..full() });
         assert!(e.to_string().contains("atomic_req_8B_endianness_mode"));
         let e = verdict(&full());
         assert!(matches!(e, DevxError::ArmingNotImplemented));

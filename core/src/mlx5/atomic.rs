@@ -22,9 +22,10 @@
 //!   8  8  field_boundary  BE64 (a set bit marks the most significant bit of a field)
 //! ```
 //!
-//! The device's 8-byte atomic endianness mode (atomic caps `atomic_req_8B_endianness_mode`,
-//! see [`crate::mlx5::prm::hca_cap`]) must be 0 (big-endian) for these bytes to mean what the
-//! chains expect.
+//! The operands in the segment are big-endian on the wire; how the responder reads the 8-byte
+//! word in memory is the device's atomic endianness mode (atomic caps
+//! `atomic_req_8B_endianness_mode`, see [`crate::mlx5::prm::hca_cap`]): the chains keep MN
+//! memory little-endian and need mode 1, host endianness, on a little-endian MN.
 
 use zerocopy::big_endian::U64;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};

@@ -25,6 +25,27 @@ pub struct Local {
     pub lkey: u32,
 }
 
+/// The local buffers of a scatter READ, in order (a fixed array: a decoded op stays `Copy`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Sges {
+    list: [Local; super::wqebb::MAX_SCATTER_SGES],
+    len: u8,
+}
+
+impl Sges {
+    pub fn as_slice(&self) -> &[Local] {
+        &self.list[..self.len as usize]
+    }
+    fn push(&mut self, l: Local) -> Result<(), ()> {
+        let slot = self.list.get_mut(self.len as usize).ok_or(())?;
+        *slot = l;
+        self.len += 1;
+        Ok(())
+    }
+}
+
+// a decoded op is a plain value (no heap in the core): the scatter list is inline
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Mlx5Op {
     Nop,
@@ -46,6 +67,12 @@ pub enum Mlx5Op {
         remote: u64,
         rkey: u32,
         local: Option<Local>,
+    },
+    /// A READ scattered over several local buffers, in order (the chains' byte-order copies).
+    ScatterRead {
+        remote: u64,
+        rkey: u32,
+        sges: Sges,
     },
     FetchAdd {
         remote: u64,
@@ -152,6 +179,16 @@ pub fn decode(b: &[u8]) -> Result<Decoded, Mlx5Error> {
         (opcode::SEND_INVAL, 0) => {
             want_ds(1, 2)?;
             Mlx5Op::SendInv { local: data(C)?, rkey: imm }
+        }
+        (opcode::RDMA_READ, 0) if ds > 3 => {
+            want_ds(4, super::encode::scatter_read_ds(super::wqebb::MAX_SCATTER_SGES))?;
+            let r: RaddrSeg = seg(b, C)?;
+            let mut sges = Sges::default();
+            for k in 0..(ds as usize - 2) {
+                let l = data(C + 16 + 16 * k)?.ok_or(bad)?;
+                sges.push(l).map_err(|_| bad)?;
+            }
+            Mlx5Op::ScatterRead { remote: r.raddr.get(), rkey: r.rkey.get(), sges }
         }
         (opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM | opcode::RDMA_READ, 0) => {
             want_ds(2, 3)?;
@@ -353,6 +390,36 @@ mod tests {
         fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode(&b);
         }
+    }
+
+    #[test]
+    fn scatter_reads_round_trip() {
+        use crate::mlx5::data::DataSeg;
+        use crate::mlx5::encode::encode_scatter_read;
+        let sges: std::vec::Vec<DataSeg> = (0..16u64).map(|i| DataSeg::new(1, 7, 0x1000 + 15 - i)).collect();
+        for n in 1..=16 {
+            let e = encode_scatter_read(0x2000, 9, &sges[..n], WqeIndex::new(3), 0x42, FmCeSe::FENCE).unwrap();
+            assert_eq!(e.ds() as usize, 2 + n);
+            let d = decode(e.bytes()).unwrap();
+            let got: std::vec::Vec<Local> = match d.op {
+                Mlx5Op::ScatterRead { remote: 0x2000, rkey: 9, sges } => sges.as_slice().to_vec(),
+                Mlx5Op::Read { remote: 0x2000, rkey: 9, local: Some(l) } if n == 1 => std::vec![l],
+                other => panic!("{other:?}"),
+            };
+            let want: std::vec::Vec<Local> =
+                sges[..n].iter().map(|s| Local { addr: s.addr.get(), length: 1, lkey: 7 }).collect();
+            assert_eq!(got, want);
+            assert!(d.fm_ce_se.contains(FmCeSe::FENCE));
+        }
+        assert_eq!(
+            encode_scatter_read(0, 0, &[], WqeIndex::new(0), 1, FmCeSe::empty()),
+            Err(Mlx5Error::TooManySges(0))
+        );
+        let many = std::vec![DataSeg::new(1, 1, 1); 17];
+        assert_eq!(
+            encode_scatter_read(0, 0, &many, WqeIndex::new(0), 1, FmCeSe::empty()),
+            Err(Mlx5Error::TooManySges(17))
+        );
     }
 
     #[test]

@@ -72,7 +72,7 @@ impl Builder {
     }
 }
 
-fn fm_ce_se(flags: WqeFlags) -> FmCeSe {
+pub(crate) fn fm_ce_se(flags: WqeFlags) -> FmCeSe {
     let mut f = FmCeSe::empty();
     f.set(FmCeSe::CQ_UPDATE, flags.contains(WqeFlags::SIGNALED));
     f.set(FmCeSe::FENCE, flags.contains(WqeFlags::FENCE));
@@ -203,6 +203,35 @@ pub fn encode(
             b.finish(ctrl(op, 0, 0))
         }
     })
+}
+
+/// A READ of `remote` scattered over several local buffers — the form the mlx5 chains use to
+/// turn a little-endian value in MN memory into a big-endian WQE field and back (one one-byte
+/// data segment per byte, in reverse order; ODRP's technique), and to land one value in the
+/// two places a bind keeps it. The total length is the sum of the segments.
+pub fn encode_scatter_read(
+    remote: u64,
+    rkey: u32,
+    sges: &[DataSeg],
+    pi: WqeIndex,
+    sq_qpn: u32,
+    f: FmCeSe,
+) -> Result<Mlx5Wqe, Mlx5Error> {
+    let sq_qpn = check_qpn(sq_qpn)?;
+    if sges.is_empty() || sges.len() > super::wqebb::MAX_SCATTER_SGES {
+        return Err(Mlx5Error::TooManySges(sges.len()));
+    }
+    let mut b = Builder::new();
+    b.put(RaddrSeg::new(remote, rkey).as_bytes());
+    for s in sges {
+        b.put(s.as_bytes());
+    }
+    Ok(b.finish(|ds| CtrlSeg::new(pi.get(), opcode::RDMA_READ, 0, sq_qpn, f, ds, 0)))
+}
+
+/// `ds` of a scatter READ with `sges` data segments.
+pub const fn scatter_read_ds(sges: usize) -> u8 {
+    2 + sges as u8
 }
 
 fn umr_wqe(mut b: Builder, u: Umr, ctrl: impl FnOnce(u8) -> CtrlSeg) -> Mlx5Wqe {

@@ -32,6 +32,9 @@ pub enum Mlx5Error {
     /// A UMR whose flags / mkey mask are neither the bind nor the invalidate form, or a bind
     /// whose key byte and control `imm` disagree.
     UnsupportedUmr,
+    /// A scatter READ with no data segment or more than
+    /// [`super::wqebb::MAX_SCATTER_SGES`].
+    TooManySges(usize),
     /// A PRM field value wider than the field.
     FieldOverflow { field: &'static str, value: u64 },
     /// A PRM field outside the command buffer.
@@ -65,6 +68,9 @@ impl fmt::Display for Mlx5Error {
             }
             Self::BadDs { opcode, ds } => write!(f, "mlx5 opcode {opcode:#04x} with ds {ds} is malformed"),
             Self::UnsupportedUmr => f.write_str("UMR WQE is neither omw's type-2 bind nor its invalidate form"),
+            Self::TooManySges(n) => {
+                write!(f, "scatter READ with {n} data segments (1..={} allowed)", super::wqebb::MAX_SCATTER_SGES)
+            }
             Self::FieldOverflow { field, value } => write!(f, "value {value:#x} does not fit PRM field {field}"),
             Self::FieldOutOfRange { field } => write!(f, "PRM field {field} lies outside the command buffer"),
             Self::CommandFailed { opcode, status, syndrome } => {

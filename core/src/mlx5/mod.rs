@@ -13,10 +13,13 @@
 //! - [`encode`]: one canonical [`crate::wqe::Wqe`] as an mlx5 WQE;
 //! - [`layout`]: a sequence of canonical WQEs laid out on an mlx5 ring with wrap padding, and
 //!   the map from canonical field offsets to mlx5 byte positions a chain patcher needs;
+//! - [`chain`]: the alloc and free chains in mlx5 form — byte-order conversions, shadow lap
+//!   counters, device units — and their static checks from the bytes;
 //! - [`prm`]: the `DEVX_SET`/`DEVX_GET` bit-field writer and the PRM commands (QUERY_HCA_CAP,
 //!   CREATE_CQ, CREATE_QP with the CORE-Direct bits, the QP state transitions).
 
 pub mod atomic;
+pub mod chain;
 pub mod cqe;
 pub mod ctrl;
 pub mod data;

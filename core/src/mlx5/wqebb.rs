@@ -10,8 +10,13 @@ pub const WQEBB: usize = 64;
 pub const WQEBB_SHIFT: u32 = 6;
 /// 16-byte units per WQEBB.
 pub const DS_PER_WQEBB: u8 = 4;
-/// A WQE's `ds` is 6 bits in the hardware's view; the largest WQE this module builds is 3 WQEBBs.
-pub const MAX_WQEBBS: usize = 3;
+/// A WQE's `ds` is 6 bits in the hardware's view; the largest WQE this module builds is a
+/// scatter READ of [`MAX_SCATTER_SGES`] data segments (ds 18, 5 WQEBBs); a bind takes 3.
+pub const MAX_WQEBBS: usize = 5;
+/// Data segments of one scatter READ: the chains' byte-order conversions (docs/MLX5.md) need
+/// at most 16 (a 16-byte span, one byte each). ConnectX reports `max_send_sge` ≥ 16 (30 on
+/// CX-5 with rdma-core's defaults) — an assumption the DEVX backend must check.
+pub const MAX_SCATTER_SGES: usize = 16;
 
 /// WQEBBs a WQE of `ds` 16-byte units occupies.
 pub const fn wqebbs(ds: u8) -> usize {

@@ -7,8 +7,12 @@
 //! mlx5_prm.h and in Linux include/linux/mlx5/mlx5_ifc.h. Meanings: the kernel's mlx5_ib
 //! (drivers/infiniband/hw/mlx5/main.c, `mlx5_ib_query_device`) advertises
 //! `IB_DEVICE_MEM_WINDOW_TYPE_2B` exactly when `imaicl` is set; the atomic operation bits are
-//! UCX src/uct/ib/mlx5/dv/ib_mlx5_ifc.h `UCT_IB_MLX5_ATOMIC_OPS_*`, and UCX uses 8-byte
-//! big-endian atomics only when `atomic_req_8B_endianness_mode` is 0.
+//! UCX src/uct/ib/mlx5/dv/ib_mlx5_ifc.h `UCT_IB_MLX5_ATOMIC_OPS_*`. The 8-byte atomic
+//! endianness mode is 0 (big-endian) or 1 (host endianness); Linux mlx5_core switches a device
+//! that supports it to host endianness at start-up (commit f91e6d8941bf, "net/mlx5_core: Add
+//! setting ATOMIC endian mode") and mlx5_ib advertises `IB_ATOMIC_HCA` only then (da7525d2a9ae).
+//! The mlx5-form chains keep MN memory little-endian and need host-endian atomics
+//! (`crate::mlx5::chain`).
 
 use super::{bits, check_status, op, Field, IN_OPCODE, IN_OP_MOD};
 use crate::mlx5::Mlx5Error;
@@ -45,6 +49,8 @@ pub mod general {
 pub mod atomic {
     use super::Field;
     pub const REQ_8B_ENDIANNESS_MODE: Field = Field::new("atomic_req_8B_endianness_mode", 0x40, 0x2);
+    /// Linux include/linux/mlx5/device.h `MLX5_ATOMIC_REQ_MODE_HOST_ENDIANNESS`.
+    pub const REQ_MODE_HOST_ENDIANNESS: u8 = 1;
     pub const OPERATIONS: Field = Field::new("atomic_operations", 0x90, 0x10);
     pub const SIZE_QP: Field = Field::new("atomic_size_qp", 0xb0, 0x10);
     /// `atomic_operations` bits.
@@ -116,13 +122,14 @@ impl HcaCaps {
         }
         Ok(c)
     }
-    /// 8-byte masked fetch-and-add, big-endian: what the chains' ring-index and key-byte
-    /// updates use.
+    /// 8-byte masked fetch-and-add in host endianness: what the chains' queue-counter,
+    /// key-byte and lap-counter updates on little-endian MN memory use. (That the extended,
+    /// masked atomics follow the mode like the standard ones is for hardware to confirm.)
     pub fn masked_fetch_add_8b(&self) -> bool {
         self.atomic
             && self.atomic_operations as u64 & atomic::OPS_MASKED_FETCH_ADD != 0
             && self.atomic_size_qp as u64 & atomic::SIZE_8_BYTES != 0
-            && self.atomic_8b_endianness_mode == 0
+            && self.atomic_8b_endianness_mode == atomic::REQ_MODE_HOST_ENDIANNESS
     }
     /// The first capability offload lacks, if any.
     pub fn missing_for_offload(&self) -> Option<MissingCap> {
@@ -157,7 +164,7 @@ impl MissingCap {
             MissingCap::CoreDirect => "cmd_hca_cap.cd",
             MissingCap::Type2Windows => "cmd_hca_cap.imaicl",
             MissingCap::MaskedFetchAdd => {
-                "atomic_caps.atomic_operations bit 3 (masked fetch-add), atomic_size_qp 8 B, atomic_req_8B_endianness_mode 0"
+                "atomic_caps.atomic_operations bit 3 (masked fetch-add), atomic_size_qp 8 B, atomic_req_8B_endianness_mode 1 (host endianness)"
             }
         }
     }

@@ -1,0 +1,309 @@
+//! The NIC fetching the mlx5 form: managed rings whose bytes are ConnectX WQEBBs
+//! ([`crate::NicConfig::wqe_format`]), decoded with `omw_core::mlx5::decode` and translated
+//! into the model's own operations — the executor is the canonical one, only fetching differs.
+//!
+//! What the translation carries over in the device's terms:
+//! - send indices count WQEBBs; a WQE of *n* WQEBBs advances the consumer by *n*;
+//! - WAIT names a CQ number and a 24-bit producer index: the model's CQ numbers are
+//!   `qpn << 1 | queue` (24 bits), and the index is unwrapped against the CQ's count (a WAIT is
+//!   satisfied once the count has reached it modulo 2^24, looking at most 2^23 ahead);
+//! - SEND_EN / RECV_EN name an absolute 16-bit index: the target queue's limit moves up to it
+//!   (forward, modulo 2^16);
+//! - a scatter READ lands its bytes over its data segments in order, each checked like a local
+//!   SGE;
+//! - UMR binds and invalidations become the model's BIND_MW (to the UMR's QPN) and LOCAL_INV
+//!   (`CHECK_QPN`: the bound-QP check) or the management unbind (no check);
+//! - a receive WQE is up to [`RQ_SGES`] data segments, ended by one with the invalid lkey
+//!   (rdma-core `mlx5_post_recv`);
+//! - mlx5 keeps no wr_id in a WQE: completions report the wr_id armed for the WQE's index.
+//!
+//! - prefetching (`NicConfig::prefetch`) caches whole WQEs' WQEBBs up to the enable limit,
+//!   stopping after a WAIT not yet satisfied, as for the canonical form; a WQE runs from the
+//!   bytes cached, so a patch landing after the fetch is missed, as on a NIC.
+//!
+//! Not modelled for the mlx5 form: the CQE format (completions are the model's own).
+
+use crate::error::LoopbackError;
+use crate::fabric::{Fabric, QpAddr};
+use omw_core::mlx5::chain::{Mlx5Chain, RecvSge};
+use omw_core::mlx5::decode::{decode, Mlx5Op};
+use omw_core::mlx5::wqebb::{wqebbs, CqIndex, MAX_WQEBBS, WQEBB};
+use omw_core::wqe::{QueueSel, Sge, Wqe, WqeFlags};
+
+type Result<T> = core::result::Result<T, LoopbackError>;
+
+pub use crate::qp::{MLX5_RQ_SGES as RQ_SGES, MLX5_RQ_STRIDE as RQ_STRIDE};
+/// `MLX5_INVALID_LKEY` (rdma-core providers/mlx5/mlx5.h): ends a receive WQE's scatter list.
+const INVALID_LKEY: u32 = 0x100;
+
+/// A WQE as fetched: the model's operation, its width, and a scatter READ's buffers.
+pub(crate) struct Fetched {
+    pub wqe: Option<Wqe>,
+    pub wqebbs: u64,
+    pub scatter: Vec<Sge>,
+}
+
+/// A consumed receive WQE.
+pub(crate) struct Recv {
+    pub wr_id: u64,
+    pub sges: Vec<Sge>,
+}
+
+impl Recv {
+    pub fn total_len(&self) -> u64 {
+        self.sges.iter().map(|s| s.length as u64).sum()
+    }
+}
+
+/// `struct mlx5_wqe_data_seg` (`omw_core::mlx5::data`): BE32 byte_count, BE32 lkey, BE64 addr.
+fn data_seg(out: &mut [u8], len: u32, lkey: u32, addr: u64) {
+    out[0..4].copy_from_slice(&len.to_be_bytes());
+    out[4..8].copy_from_slice(&lkey.to_be_bytes());
+    out[8..16].copy_from_slice(&addr.to_be_bytes());
+}
+
+impl Fabric {
+    /// The CQ number of a QP's queue as an mlx5 WAIT names it.
+    pub fn cq_number(&self, qp: QpAddr, queue: QueueSel) -> Result<u32> {
+        let g = self.gq(qp)?;
+        Ok(((self.qps[g as usize].qpn << 1) | queue as u32) & CqIndex::MASK)
+    }
+
+    /// Take an armed mlx5 chain's rings as posted: their bytes are in the ring arena already
+    /// (the core writes them); record each WQEBB's wr_id, let each ring run to the chain's
+    /// first enable index, post `recv_copies` RECVs and enable one.
+    pub fn arm_mlx5(&mut self, qps: [QpAddr; 2], chain: &Mlx5Chain, recv_copies: u32) -> Result<()> {
+        for (r, ring) in [omw_core::chain::Ring::Loop, omw_core::chain::Ring::Mgmt].into_iter().enumerate() {
+            let g = self.gq(qps[r])?;
+            let q = &mut self.qps[g as usize];
+            let want = chain.ring_wqebbs(ring);
+            if !q.mlx5 || !q.sq.managed || q.sq.depth as usize != want {
+                return Err(LoopbackError::BadArgument("mlx5 chain QPs need managed mlx5 rings of the chain's WQEBBs"));
+            }
+            for (k, p) in chain.placed[r].iter().enumerate() {
+                for j in 0..p.wqebbs as usize {
+                    if let Some(w) = q.sq_wr_ids.get_mut(p.pi as usize + j) {
+                        *w = chain.wr_id_of(ring, k);
+                    }
+                }
+            }
+            q.sq.producer = q.sq.depth as u64;
+            q.sq.limit = chain.initial_index[r] as u64;
+            self.activate(g);
+        }
+        let wr_id = omw_core::chain_builder::chain_wr_id(chain.kind, 0, 0xFF);
+        for _ in 0..recv_copies.max(1) {
+            self.post_recv_mlx5(qps[1], wr_id, &chain.recv)?;
+        }
+        self.enable(qps[1], QueueSel::Recv, 1)
+    }
+
+    /// Post a receive WQE in mlx5 form (data segments, then the invalid-lkey terminator).
+    pub fn post_recv_mlx5(&mut self, qp: QpAddr, wr_id: u64, sges: &[RecvSge]) -> Result<()> {
+        if sges.len() > RQ_SGES {
+            return Err(LoopbackError::BadArgument("more scatter entries than an mlx5 receive WQE holds"));
+        }
+        let g = self.gq(qp)?;
+        let q = &mut self.qps[g as usize];
+        if !q.mlx5 {
+            return Err(LoopbackError::BadArgument("not an mlx5-form queue"));
+        }
+        if !q.rq.has_room() {
+            return Err(LoopbackError::RingFull { host: qp.host, qpn: qp.qpn.get(), queue: QueueSel::Recv });
+        }
+        q.rq.producer = q.rq.producer.max(q.rq.consumer);
+        let slot = (q.rq.producer % q.rq.depth as u64) as usize;
+        let addr = q.rq.slot_addr(q.rq.producer);
+        q.rq.producer += 1;
+        if let Some(w) = q.rq_wr_ids.get_mut(slot) {
+            *w = wr_id;
+        }
+        let mut bytes = vec![0u8; RQ_STRIDE as usize];
+        for (k, s) in sges.iter().enumerate() {
+            data_seg(&mut bytes[16 * k..16 * k + 16], s.length, s.lkey, s.addr);
+        }
+        if sges.len() < RQ_SGES {
+            let k = sges.len();
+            data_seg(&mut bytes[16 * k..16 * k + 16], 0, INVALID_LKEY, 0);
+        }
+        let err = q.state == omw_core::backend::QpState::Err;
+        let h = q.host as usize;
+        self.hosts[h].mem.write(addr, &bytes);
+        if err {
+            self.flush_recvs(g);
+        }
+        Ok(())
+    }
+
+    /// The head WQE of mlx5 QP `g`, fetched from its ring and translated (`wqe: None`: the bytes
+    /// do not decode).
+    pub(crate) fn mlx5_head(&self, g: u32) -> Fetched {
+        let q = &self.qps[g as usize];
+        let slot = (q.sq.consumer % q.sq.depth as u64) as usize;
+        let wr_id = q.sq_wr_ids.get(slot).copied().unwrap_or(0);
+        let addr = q.sq.slot_addr(q.sq.consumer);
+        // a WQE never crosses the ring's end (wrap padding): read at most to the end
+        let room = (q.sq.depth as usize - slot).min(MAX_WQEBBS) * WQEBB;
+        let mut cached = Vec::new();
+        let bytes = if q.pf.len > 0 {
+            // prefetched: the bytes as they were when fetched
+            for i in 0..q.pf.len.min(MAX_WQEBBS) {
+                cached.extend_from_slice(q.pf.get(i).map_or(&[0u8; WQEBB][..], |b| &b[..]));
+            }
+            &cached[..]
+        } else {
+            self.hosts[q.host as usize].mem.slice(addr, room as u64).unwrap_or(&[])
+        };
+        let width = bytes.get(7).map_or(1, |ds| wqebbs(ds & 0x3F).max(1) as u64);
+        let bad = Fetched { wqe: None, wqebbs: width, scatter: Vec::new() };
+        let Ok(d) = decode(bytes) else { return bad };
+        let mut flags = WqeFlags::empty();
+        use omw_core::mlx5::ctrl::FmCeSe;
+        flags.set(WqeFlags::SIGNALED, d.fm_ce_se.contains(FmCeSe::CQ_UPDATE));
+        flags.set(WqeFlags::FENCE, d.fm_ce_se.contains(FmCeSe::FENCE));
+        flags.set(WqeFlags::SOLICITED, d.fm_ce_se.contains(FmCeSe::SOLICITED));
+        let mut scatter = Vec::new();
+        let local = |l: Option<omw_core::mlx5::decode::Local>| l.unwrap_or_default();
+        let w = match d.op {
+            Mlx5Op::Nop => Wqe::nop(),
+            Mlx5Op::Send { local: l, imm } => {
+                let l = local(l);
+                let mut w = Wqe::send(l.addr, l.lkey, l.length);
+                if let Some(i) = imm {
+                    w.opcode = omw_core::wqe::Opcode::SendWithImm;
+                    w.imm = i;
+                }
+                w
+            }
+            Mlx5Op::SendInv { local: l, rkey } => {
+                let l = local(l);
+                Wqe::send_with_inv(l.addr, l.lkey, l.length, rkey)
+            }
+            Mlx5Op::Write { remote, rkey, local: l, imm } => {
+                let l = local(l);
+                match imm {
+                    Some(i) => Wqe::write_imm(l.addr, l.lkey, l.length, remote, rkey, i),
+                    None => Wqe::write(l.addr, l.lkey, l.length, remote, rkey),
+                }
+            }
+            Mlx5Op::Read { remote, rkey, local: l } => {
+                let l = local(l);
+                Wqe::read(l.addr, l.lkey, l.length, remote, rkey)
+            }
+            Mlx5Op::ScatterRead { remote, rkey, sges } => {
+                scatter =
+                    sges.as_slice().iter().map(|l| Sge { addr: l.addr, length: l.length, lkey: l.lkey }).collect();
+                let total: u32 = scatter.iter().map(|s| s.length).sum();
+                let first = scatter.first().copied().unwrap_or_default();
+                Wqe::read(first.addr, first.lkey, total, remote, rkey)
+            }
+            Mlx5Op::FetchAdd { remote, rkey, local: l, add } => Wqe::fetch_add(l.addr, l.lkey, remote, rkey, add),
+            Mlx5Op::MaskedFetchAdd { remote, rkey, local: l, add, boundary } => {
+                Wqe::masked_fetch_add(l.addr, l.lkey, remote, rkey, add, boundary)
+            }
+            Mlx5Op::CompareSwap { remote, rkey, local: l, compare, swap } => {
+                Wqe::compare_swap(l.addr, l.lkey, remote, rkey, compare, swap)
+            }
+            Mlx5Op::Bind { mkey, addr, length, lkey, qpn, access } => {
+                Wqe::bind_mw(mkey, addr, length, lkey, qpn, access)
+            }
+            Mlx5Op::Invalidate { mkey, check_qpn: true } => Wqe::local_inv(mkey),
+            Mlx5Op::Invalidate { mkey, check_qpn: false } => Wqe::unbind_mw(mkey),
+            Mlx5Op::Wait { cqn, pi } => {
+                let (qpn, sel) = (cqn >> 1, if cqn & 1 == 1 { QueueSel::Recv } else { QueueSel::Send });
+                let count = self.resolve(q.host, qpn).map_or(0, |t| self.qps[t as usize].cq(sel).count);
+                // the count at which the CQ reaches `pi`, at most 2^23 ahead
+                let d = (pi.get().wrapping_sub(count as u32) & CqIndex::MASK) as u64;
+                let target = if d < 1 << 23 { count + d } else { count.saturating_sub((1 << 24) - d) };
+                Wqe::wait(qpn, sel, target)
+            }
+            Mlx5Op::SendEn { qpn, max_index } | Mlx5Op::RecvEn { qpn, max_index } => {
+                let sel = if matches!(d.op, Mlx5Op::SendEn { .. }) { QueueSel::Send } else { QueueSel::Recv };
+                let limit = self.resolve(q.host, qpn).map_or(0, |t| self.qps[t as usize].queue(sel).limit);
+                let delta = max_index.get().wrapping_sub(limit as u16) as u64;
+                Wqe::enable(qpn, sel, delta)
+            }
+        };
+        let w = w.with_flags(flags | (w.flags & WqeFlags::UNBIND)).with_wr_id(wr_id);
+        Fetched { wqe: Some(w), wqebbs: width, scatter }
+    }
+
+    /// Prefetch for mlx5 QP `g`: whole WQEs from the one after the cached ones, up to the enable
+    /// limit and the cache's room, not past a WAIT whose CQ count has not been reached.
+    pub(crate) fn mlx5_refill(&mut self, g: u32) {
+        loop {
+            let q = &self.qps[g as usize];
+            if q.pf.len > 0 {
+                if let Some((t, sel, count)) = q.pf_wait {
+                    if !self.qps[t as usize].cq(sel).reached(count, self.now) {
+                        return;
+                    }
+                }
+            }
+            let end = q.sq.end().min(q.sq.consumer + q.sq.depth as u64);
+            let next = q.sq.consumer + q.pf.len as u64;
+            if next >= end {
+                return;
+            }
+            let slot = (next % q.sq.depth as u64) as usize;
+            let room = (q.sq.depth as usize - slot).min(MAX_WQEBBS) * WQEBB;
+            let addr = q.sq.slot_addr(next);
+            let mem = &self.hosts[q.host as usize].mem;
+            let Some(bytes) = mem.slice(addr, room as u64) else { return };
+            let width = bytes.get(7).map_or(1, |ds| wqebbs(ds & 0x3F).max(1));
+            if next + width as u64 > end || q.pf.len + width > q.pf.cap() || width * WQEBB > bytes.len() {
+                return;
+            }
+            let wait = match decode(bytes).map(|d| d.op) {
+                Ok(Mlx5Op::Wait { cqn, pi }) => {
+                    let (qpn, sel) = (cqn >> 1, if cqn & 1 == 1 { QueueSel::Recv } else { QueueSel::Send });
+                    self.resolve(q.host, qpn).map(|t| {
+                        let count = self.qps[t as usize].cq(sel).count;
+                        let d = (pi.get().wrapping_sub(count as u32) & CqIndex::MASK) as u64;
+                        (t, sel, if d < 1 << 23 { count + d } else { count.saturating_sub((1 << 24) - d) })
+                    })
+                }
+                _ => None,
+            };
+            let mut blocks = [[0u8; WQEBB]; MAX_WQEBBS];
+            for (k, b) in blocks.iter_mut().enumerate().take(width) {
+                b.copy_from_slice(&bytes[k * WQEBB..(k + 1) * WQEBB]);
+            }
+            let q = &mut self.qps[g as usize];
+            for b in blocks.iter().take(width) {
+                *q.pf.push_slot() = *b;
+            }
+            q.pf_wait = wait;
+        }
+    }
+
+    /// Consume the next receive WQE of mlx5 QP `p`. `Err(wr_id)` if its bytes do not decode.
+    pub(crate) fn mlx5_take_recv(&mut self, p: u32) -> core::result::Result<Recv, u64> {
+        let q = &mut self.qps[p as usize];
+        let slot = (q.rq.consumer % q.rq.depth as u64) as usize;
+        let wr_id = q.rq_wr_ids.get(slot).copied().unwrap_or(0);
+        let addr = q.rq.slot_addr(q.rq.consumer);
+        q.rq.consumer += 1;
+        let Some(b) = self.hosts[q.host as usize].mem.slice(addr, RQ_STRIDE as u64) else {
+            return Err(wr_id);
+        };
+        let mut sges = Vec::new();
+        for k in 0..RQ_SGES {
+            let d = &b[16 * k..16 * k + 16];
+            let be32 = |o: usize| u32::from_be_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]]);
+            let lkey = be32(4);
+            if lkey == INVALID_LKEY {
+                break;
+            }
+            let addr = (be32(8) as u64) << 32 | be32(12) as u64;
+            sges.push(Sge { addr, length: be32(0), lkey });
+        }
+        Ok(Recv { wr_id, sges })
+    }
+
+    /// The wr_id the head receive WQE of mlx5 QP `g` was posted with (for flushing).
+    pub(crate) fn mlx5_recv_wr_id(&self, g: u32) -> u64 {
+        let q = &self.qps[g as usize];
+        q.rq_wr_ids.get((q.rq.consumer % q.rq.depth as u64) as usize).copied().unwrap_or(0)
+    }
+}
