@@ -1237,4 +1237,19 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         }
         Some(MwBinding::Bound { rkey: Rkey(state as u32), qpn: Qpn::new((state >> 40) as u32).ok()? })
     }
+
+    /// The span the extension block reports for a bound window (`MW_BASE`, `MW_LEN_ACCESS`
+    /// after QUERY_MW), so the MN's audit can check it against the window's chunk.
+    fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
+        self.ext?;
+        self.key_command(map::key_cmd::QUERY_MW, &[(map::KEY_ARG, rkey.0 as u64)]).ok()?;
+        let state = self.csr.read_csr(self.ext_reg(map::MW_STATE)).ok()?;
+        let bound = state & (1 << 32) != 0 && state & (1 << 33) != 0;
+        if !bound || state as u32 != rkey.0 {
+            return None;
+        }
+        let base = self.csr.read_csr(self.ext_reg(map::MW_BASE)).ok()?;
+        let len = self.csr.read_csr(self.ext_reg(map::MW_LEN_ACCESS)).ok()? & 0xFFFF_FFFF;
+        Some((base, len))
+    }
 }

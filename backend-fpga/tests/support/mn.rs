@@ -280,7 +280,8 @@ const CAPS: Caps = Caps::OFFLOAD
     .union(Caps::REVIVE)
     .union(Caps::CRASH)
     .union(Caps::NIC_STEPS)
-    .union(Caps::TIME_CONTROL);
+    .union(Caps::TIME_CONTROL)
+    .union(Caps::WINDOW_SPANS);
 
 /// Starts MNs on the extension double.
 pub struct Double;
