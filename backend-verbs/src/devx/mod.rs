@@ -12,6 +12,7 @@
 //! ConnectX: docs/MLX5.md lists what only hardware can settle and the bring-up steps.
 
 pub mod api;
+pub mod arm;
 pub mod caps;
 pub mod cm;
 pub mod doorbell;
@@ -24,6 +25,8 @@ pub mod offload;
 pub mod queue;
 #[cfg(test)]
 mod sequence_tests;
+#[cfg(test)]
+mod arm_tests;
 
 pub use api::DevxApi;
 pub use error::DevxError;
