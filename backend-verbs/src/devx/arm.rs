@@ -194,9 +194,9 @@ fn check(chain: &Mlx5Chain, q: &ChainQps, copies: u32) -> Result<[Option<[u8; 16
     };
     for (r, (ring, name)) in RINGS.iter().enumerate() {
         for p in chain.placed[r].iter() {
-            let d = chain.decode_at(*ring, p.pi).map_err(|e| {
-                DevxError::ChainInvalid(omw_core::mlx5::chain::Mlx5ChainError::Encode(e))
-            })?;
+            let d = chain
+                .decode_at(*ring, p.pi)
+                .map_err(|e| DevxError::ChainInvalid(omw_core::mlx5::chain::Mlx5ChainError::Encode(e)))?;
             match d.op {
                 Mlx5Op::Wait { cqn, .. } => {
                     need[r] |= CdRole::MASTER;

@@ -466,9 +466,10 @@ impl DevxApi for RealDevx {
         Ok(eqn)
     }
     fn write_mem(&mut self, addr: usize, bytes: &[u8]) -> Result<(), DevxError> {
-        let inside = self.umem_ranges.iter().any(|r| {
-            addr >= r.addr && addr.checked_add(bytes.len()).is_some_and(|end| end <= r.addr + r.len)
-        });
+        let inside = self
+            .umem_ranges
+            .iter()
+            .any(|r| addr >= r.addr && addr.checked_add(bytes.len()).is_some_and(|end| end <= r.addr + r.len));
         if !inside {
             return Err(DevxError::OutsideUmem { addr, len: bytes.len() });
         }

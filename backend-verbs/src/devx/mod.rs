@@ -13,6 +13,8 @@
 
 pub mod api;
 pub mod arm;
+#[cfg(test)]
+mod arm_tests;
 pub mod caps;
 pub mod cm;
 pub mod doorbell;
@@ -25,8 +27,6 @@ pub mod offload;
 pub mod queue;
 #[cfg(test)]
 mod sequence_tests;
-#[cfg(test)]
-mod arm_tests;
 
 pub use api::DevxApi;
 pub use error::DevxError;
