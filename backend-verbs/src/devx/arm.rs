@@ -4,25 +4,30 @@
 //! The chain (`omw_core::mlx5::chain::Mlx5Chain::build`) runs on two DEVX QPs in the roles
 //! docs/MLX5.md describes: the **loop QP** is `cd_master` (it posts the WAITs and SEND_EN /
 //! RECV_EN), the **management QP**'s send queue is `cd_slave_send` and its receive queue
-//! `cd_slave_receive` (the loop ring enables them); a ring that a SEND_EN names is a slave too
-//! (the loop ring's lap-closing self-enable makes the loop QP `cd_slave_send` as well), and a
-//! ring holding WAIT / SEND_EN / RECV_EN must be `cd_master` — both read from the chain's
-//! bytes. The three CQs [loop send, management send, management receive] are the ones the
-//! QPs were created with ([`cq_numbers`]): the WAITs name them.
+//! `cd_slave_receive` (the loop ring enables them). The chain's bytes add roles, and arming
+//! reads them from there: a ring holding a WAIT, SEND_EN or RECV_EN must be `cd_master`, a
+//! queue a SEND_EN / RECV_EN names must be `cd_slave_send` / `cd_slave_receive`. For the
+//! alloc and free chains that makes the loop QP `cd_master | cd_slave_send` (its lap-closing
+//! self-enable) and the management QP all three (its ring WAITs on its own send CQ and
+//! SEND_ENs the loop ring). The three CQs [loop send, management send, management receive]
+//! are the ones the QPs were created with ([`cq_numbers`]): the WAITs name them.
 //!
 //! [`arm_chain`] checks everything first — the chain validates, QP numbers, ring addresses
 //! (the chain's patches aim at the umem send rings), ring sizes, roles, CQs, the receive WQE
 //! width and count — and only then touches the device, in the order the hardware needs: all
 //! umem stores (both send-ring images, the receive WQEs), then the doorbells — receive queue
 //! first, then the management send queue, then the loop send queue, so nothing the master
-//! can enable is missing when it starts — each send doorbell being the doorbell-record write,
-//! the barrier, then the 8-byte UAR write ([`super::doorbell::ring_sq`], rdma-core
+//! can enable is missing when it starts; a ring whose first enable index is 0 (the
+//! management ring: the loop ring enables it) gets no doorbell. Each send doorbell is the
+//! doorbell-record write, the barrier, then the 8-byte UAR write of the first 8 bytes of the
+//! last enabled WQE's control segment ([`super::doorbell::ring_sq`], rdma-core
 //! providers/mlx5/qp.c v44.0 `mlx5_post_send`).
 //!
-//! Indices start at 0: the QPs are fresh or were reset (rdma-core's `mlx5_modify_qp` to
-//! RESET calls `mlx5_init_qp_indices` and zeroes both doorbell-record words, providers/mlx5/
-//! verbs.c v44.0), and a lap-0 chain names absolute indices from 0. [`write_ring`] and
-//! [`write_recvs`] take a start index and wrap at the ring's end, for re-posting later.
+//! Indices start at 0: the QPs are freshly created (as rdma-core starts a QP,
+//! providers/mlx5/verbs.c v44.0 `create_qp`: `mlx5_init_qp_indices`, both doorbell-record
+//! words 0), and a lap-0 chain names absolute indices from 0; a backend re-arming after a
+//! reset must restart at 0 likewise. [`write_ring`] and [`write_recvs`] take a start index and
+//! wrap at the ring's end, for re-posting later.
 //!
 //! Not here: the lap counters ("shadows") live in the CN's scratch in MN memory, not in a
 //! umem; `omw_core::arm` writes them (and the ring images, through `write_local`) before it

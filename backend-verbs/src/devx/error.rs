@@ -37,7 +37,7 @@ pub enum DevxError {
     /// Every capability is there, but this build has no DEVX `RdmaBackend` to run the
     /// mlx5-form chains with (`arm::arm_chain` exists and is mock-tested; nothing provisions the
     /// MN's pool, windows and CN QPs on DEVX objects and drives it).
-    ArmingNotImplemented,
+    NoDevxBackend,
     /// [`super::DevxApi::write_mem`] outside every registered umem.
     OutsideUmem { addr: usize, len: usize },
     /// Arming: the chain fails [`omw_core::mlx5::chain::Mlx5Chain::validate`].
@@ -125,8 +125,8 @@ impl fmt::Display for DevxError {
                 write!(f, "{what} needs {need} bytes of ring memory, got {got}")
             }
             DevxError::Encode(e) => write!(f, "cannot build the PRM command: {e}"),
-            DevxError::ArmingNotImplemented => f.write_str(
-                "the device reports every capability offload needs (DEVX, cd, imaicl, masked fetch-and-add), but this build has no DEVX backend for the MN: arming mlx5-form chains on DEVX QPs exists (tested against a recording mock, never on a ConnectX) and CN QPs can be connected through rdma_cm external-QP mode, but nothing yet provisions the pool, the windows and the chain QPs on DEVX objects or drives the chains (no DEVX RdmaBackend): run `omw mn` without --offload; docs/MLX5.md has the bring-up steps",
+            DevxError::NoDevxBackend => f.write_str(
+                "the device reports every capability offload needs (DEVX, cd, imaicl, masked fetch-and-add), but this build has no DEVX backend for the MN. What exists (tested against a recording mock, never run on a ConnectX): CQ/QP creation with the cd roles, arming the mlx5-form chains on DEVX QPs (ring images, receive WQEs, doorbells), connecting CN-facing DEVX QPs through rdma_cm external-QP mode. What is missing: a DEVX RdmaBackend that registers the pool, metadata and rings, binds the windows, creates and connects each CN's chain QPs and CQs, arms through it and polls the CQs (mlx5 CQEs, CQ overrun). Run `omw mn` without --offload; docs/MLX5.md has the bring-up steps",
             ),
             DevxError::OutsideUmem { addr, len } => {
                 write!(f, "refused to store {len} bytes at {addr:#x}: not inside a registered umem")
