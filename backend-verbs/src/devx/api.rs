@@ -59,6 +59,11 @@ pub trait DevxApi {
     fn alloc_uar(&mut self) -> Result<UarHandle, DevxError>;
     /// `mlx5dv_devx_query_eqn`: the EQ a CQ reports to.
     fn query_eqn(&mut self, vector: u32) -> Result<u32, DevxError>;
+    /// Store `bytes` at `addr`, inside a registered umem (send-ring WQEBBs, receive WQEs): plain
+    /// stores, made visible to the device by the barrier [`DevxApi::write_dbr`] issues before
+    /// the doorbell record (rdma-core's `udma_to_device_barrier`). A range outside every umem
+    /// this context registered is refused ([`DevxError::OutsideUmem`]).
+    fn write_mem(&mut self, addr: usize, bytes: &[u8]) -> Result<(), DevxError>;
     /// Store a big-endian 32-bit doorbell-record word at `addr` (inside a umem), ordered after
     /// every earlier store to WQE memory.
     fn write_dbr(&mut self, addr: usize, value_be: [u8; 4]);

@@ -2,7 +2,9 @@
 //! command failed (with the firmware's status and syndrome), or which capability is missing,
 //! and what to do.
 
+use omw_core::mlx5::chain::Mlx5ChainError;
 use omw_core::mlx5::prm::hca_cap::MissingCap;
+use omw_core::mlx5::prm::qp::CdRole;
 use omw_core::mlx5::Mlx5Error;
 use std::fmt;
 
@@ -32,8 +34,35 @@ pub enum DevxError {
     MemTooSmall { what: &'static str, need: usize, got: usize },
     /// A command could not be built (a value does not fit its PRM field).
     Encode(Mlx5Error),
-    /// Every capability is there, but this build cannot arm the mlx5-form chains on DEVX QPs yet.
-    ArmingNotImplemented,
+    /// Every capability is there, but this build has no DEVX `RdmaBackend` to run the
+    /// mlx5-form chains with (`arm::arm_chain` exists and is mock-tested; nothing provisions the
+    /// MN's pool, windows and CN QPs on DEVX objects and drives it).
+    NoDevxBackend,
+    /// [`super::DevxApi::write_mem`] outside every registered umem.
+    OutsideUmem { addr: usize, len: usize },
+    /// Arming: the chain fails [`omw_core::mlx5::chain::Mlx5Chain::validate`].
+    ChainInvalid(Mlx5ChainError),
+    /// Arming: the chain needs more than the queue has (`what` names the queue and the unit).
+    ChainDoesNotFit { what: &'static str, need: usize, got: usize },
+    /// Arming: the send ring is larger than the chain's lap. Lap *k* of a chain runs the same
+    /// bytes at WQE indices *k* × (lap size), so the ring must be exactly one lap.
+    RingNotOneLap { ring: &'static str, chain_wqebbs: usize, qp_wqebbs: usize },
+    /// Arming: a QP lacks a CORE-Direct role the chain needs (`cd_master` to post WAIT /
+    /// SEND_EN / RECV_EN, `cd_slave_send` / `cd_slave_receive` to be enabled by one).
+    WrongRole { qp: &'static str, qpn: u32, need: CdRole, has: CdRole },
+    /// Arming: a CQ number the chain names (or a CQ handed in for `queue`) is not the CQ the
+    /// DEVX QP's queue reports to.
+    WrongCq { queue: &'static str, expected: u32, got: u32 },
+    /// Arming: two of the chain's queues report to one CQ; a WAIT's producer index must count
+    /// one queue's completions only.
+    SharedCq { cqn: u32 },
+    /// Arming: the chain was built for other QP numbers (its control segments and SEND_ENs
+    /// name them).
+    WrongQp { ring: &'static str, chain_qpn: u32, devx_qpn: u32 },
+    /// Arming: the chain's patches aim at ring addresses other than the QP's umem send ring.
+    RingBaseMismatch { ring: &'static str, chain_base: u64, umem_addr: usize },
+    /// Arming: a first enable index is not the end of a WQE (no control segment to ring with).
+    EnableNotAtWqeEnd { ring: &'static str, index: u16 },
 }
 
 fn strerror(e: i32) -> String {
@@ -96,9 +125,42 @@ impl fmt::Display for DevxError {
                 write!(f, "{what} needs {need} bytes of ring memory, got {got}")
             }
             DevxError::Encode(e) => write!(f, "cannot build the PRM command: {e}"),
-            DevxError::ArmingNotImplemented => f.write_str(
-                "the device reports every capability offload needs (DEVX, cd, imaicl, masked fetch-and-add), but this build cannot yet arm the chains on DEVX QPs (their mlx5 form exists and runs on the loopback model, not on a device): run `omw mn` without --offload; docs/MLX5.md has the bring-up steps",
+            DevxError::NoDevxBackend => f.write_str(
+                "the device reports every capability offload needs (DEVX, cd, imaicl, masked fetch-and-add), but this build has no DEVX backend for the MN. What exists (tested against a recording mock, never run on a ConnectX): CQ/QP creation with the cd roles, arming the mlx5-form chains on DEVX QPs (ring images, receive WQEs, doorbells), connecting CN-facing DEVX QPs through rdma_cm external-QP mode. What is missing: a DEVX RdmaBackend that registers the pool, metadata and rings, binds the windows, creates and connects each CN's chain QPs and CQs, arms through it and polls the CQs (mlx5 CQEs, CQ overrun). Run `omw mn` without --offload; docs/MLX5.md has the bring-up steps",
             ),
+            DevxError::OutsideUmem { addr, len } => {
+                write!(f, "refused to store {len} bytes at {addr:#x}: not inside a registered umem")
+            }
+            DevxError::ChainInvalid(e) => write!(f, "the mlx5-form chain does not validate: {e}"),
+            DevxError::ChainDoesNotFit { what, need, got } => {
+                write!(f, "the chain does not fit: {what} needs {need}, the DEVX queue has {got}")
+            }
+            DevxError::RingNotOneLap { ring, chain_wqebbs, qp_wqebbs } => write!(
+                f,
+                "the {ring} send ring has {qp_wqebbs} WQEBBs but the chain's lap {chain_wqebbs}: a self-re-arming chain needs a ring of exactly one lap"
+            ),
+            DevxError::WrongRole { qp, qpn, need, has } => write!(
+                f,
+                "the {qp} QP {qpn:#x} was created with CORE-Direct roles {has:?} but the chain needs {need:?}"
+            ),
+            DevxError::WrongCq { queue, expected, got } => write!(
+                f,
+                "CQ number {got:#x} given for the {queue} queue, which reports to CQ {expected:#x}"
+            ),
+            DevxError::SharedCq { cqn } => {
+                write!(f, "two of the chain's queues report to CQ {cqn:#x}: each WAIT needs a CQ of its own queue")
+            }
+            DevxError::WrongQp { ring, chain_qpn, devx_qpn } => write!(
+                f,
+                "the chain's {ring} ring names QP {chain_qpn:#x}, the DEVX QP is {devx_qpn:#x}"
+            ),
+            DevxError::RingBaseMismatch { ring, chain_base, umem_addr } => write!(
+                f,
+                "the chain's {ring} ring patches aim at {chain_base:#x}, the DEVX send ring is at {umem_addr:#x}"
+            ),
+            DevxError::EnableNotAtWqeEnd { ring, index } => {
+                write!(f, "the {ring} ring's first enable index {index} is not the end of a WQE")
+            }
         }
     }
 }

@@ -197,6 +197,9 @@ pub struct RealDevx {
     pdn: u32,
     objs: Vec<*mut Mlx5dvDevxObj>,
     umems: Vec<*mut Mlx5dvDevxUmem>,
+    /// The memory each umem slot covers (`len` 0 once deregistered): `write_mem` stores only
+    /// inside these.
+    umem_ranges: Vec<MemRange>,
     uars: Vec<*mut Mlx5dvDevxUar>,
 }
 
@@ -260,6 +263,7 @@ impl RealDevx {
             pdn: 0,
             objs: Vec::new(),
             umems: Vec::new(),
+            umem_ranges: Vec::new(),
             uars: Vec::new(),
         };
         // SAFETY: `ctx` is an open context.
@@ -420,6 +424,7 @@ impl DevxApi for RealDevx {
             return Err(DevxError::Call { call: "mlx5dv_devx_umem_reg", errno: errno() });
         }
         self.umems.push(u);
+        self.umem_ranges.push(mem);
         // SAFETY: `u` points to the umem just registered.
         let umem_id = unsafe { (*u).umem_id };
         Ok(UmemHandle { slot: self.umems.len() - 1, umem_id })
@@ -429,6 +434,9 @@ impl DevxApi for RealDevx {
         let u = std::mem::replace(slot, ptr::null_mut());
         if u.is_null() {
             return Ok(());
+        }
+        if let Some(r) = self.umem_ranges.get_mut(umem.slot) {
+            r.len = 0;
         }
         // SAFETY: `u` is live and deregistered exactly once.
         let rc = unsafe { mlx5dv_devx_umem_dereg(u) };
@@ -456,6 +464,20 @@ impl DevxApi for RealDevx {
             return Err(DevxError::Call { call: "mlx5dv_devx_query_eqn", errno: rc_errno(rc) });
         }
         Ok(eqn)
+    }
+    fn write_mem(&mut self, addr: usize, bytes: &[u8]) -> Result<(), DevxError> {
+        let inside = self
+            .umem_ranges
+            .iter()
+            .any(|r| addr >= r.addr && addr.checked_add(bytes.len()).is_some_and(|end| end <= r.addr + r.len));
+        if !inside {
+            return Err(DevxError::OutsideUmem { addr, len: bytes.len() });
+        }
+        // SAFETY: `[addr, addr + len)` lies inside a umem this context registered and has not
+        // deregistered: memory this process owns and keeps alive while it is registered
+        // (umem_reg's contract); `bytes` is a distinct Rust slice, so they do not overlap.
+        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+        Ok(())
     }
     fn write_dbr(&mut self, addr: usize, value_be: [u8; 4]) {
         // WQE stores must be visible to the device before the doorbell record (rdma-core's

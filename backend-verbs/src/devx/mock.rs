@@ -15,6 +15,7 @@ pub enum Call {
     UmemDereg(UmemHandle),
     AllocUar(UarHandle),
     QueryEqn(u32),
+    WriteMem { addr: usize, bytes: Vec<u8> },
     WriteDbr { addr: usize, value: [u8; 4] },
     WriteUar { uar: UarHandle, value: [u8; 8] },
 }
@@ -119,6 +120,10 @@ impl DevxApi for RecordingDevx {
     fn query_eqn(&mut self, vector: u32) -> Result<u32, DevxError> {
         self.calls.push(Call::QueryEqn(vector));
         Ok(7)
+    }
+    fn write_mem(&mut self, addr: usize, bytes: &[u8]) -> Result<(), DevxError> {
+        self.calls.push(Call::WriteMem { addr, bytes: bytes.to_vec() });
+        Ok(())
     }
     fn write_dbr(&mut self, addr: usize, value_be: [u8; 4]) {
         self.calls.push(Call::WriteDbr { addr, value: value_be });

@@ -12,6 +12,9 @@
 //! ConnectX: docs/MLX5.md lists what only hardware can settle and the bring-up steps.
 
 pub mod api;
+pub mod arm;
+#[cfg(test)]
+mod arm_tests;
 pub mod caps;
 pub mod cm;
 pub mod doorbell;

@@ -46,7 +46,7 @@ impl fmt::Display for DevxProbe {
 pub fn verdict(c: &HcaCaps) -> DevxError {
     match c.missing_for_offload() {
         Some(m) => DevxError::MissingCapability(m),
-        None => DevxError::ArmingNotImplemented,
+        None => DevxError::NoDevxBackend,
     }
 }
 
@@ -67,8 +67,10 @@ fn query_device(_device: Option<&str>) -> Result<HcaCaps, DevxError> {
 }
 
 /// Why `omw mn --offload mlx5` cannot run: the DEVX open or capability query that failed, the
-/// capability that is missing, or — on a device that has them all — that this build cannot
-/// arm mlx5-form chains yet.
+/// capability that is missing, or — on a device that has them all — that this build has no
+/// DEVX `RdmaBackend` ([`DevxError::NoDevxBackend`]): arming (`arm.rs`) and external-QP
+/// connection (`ffi::accept_external`) exist, but nothing provisions and drives an MN on
+/// DEVX objects, so offload still refuses rather than half-run.
 pub fn refuse_offload(device: Option<&str>) -> DevxError {
     match query_device(device) {
         Err(e) => e,
@@ -105,8 +107,12 @@ mod tests {
         let e = verdict(&HcaCaps { atomic_8b_endianness_mode: 0, ..full() });
         assert!(e.to_string().contains("atomic_req_8B_endianness_mode"));
         let e = verdict(&full());
-        assert!(matches!(e, DevxError::ArmingNotImplemented));
-        assert!(e.to_string().contains("without --offload"));
+        assert!(matches!(e, DevxError::NoDevxBackend));
+        let s = e.to_string();
+        assert!(s.contains("without --offload") && s.contains("no DEVX backend"), "{s}");
+        // says what exists (arming, external QPs), that it never ran on a ConnectX, and what is missing
+        assert!(s.contains("arming the mlx5-form chains") && s.contains("external-QP"), "{s}");
+        assert!(s.contains("never run on a ConnectX") && s.contains("What is missing: a DEVX RdmaBackend"), "{s}");
     }
 
     #[test]

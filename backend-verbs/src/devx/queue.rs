@@ -78,6 +78,12 @@ pub struct DevxQp {
     pub umem: UmemHandle,
     pub uar: UarHandle,
     pub cd: CdRole,
+    /// The CQs the send and receive queues report to (CREATE_QP's `cqn_snd` / `cqn_rcv`):
+    /// arming checks that a chain's WAITs name exactly these.
+    pub cqn_snd: u32,
+    pub cqn_rcv: u32,
+    /// Receive stride = 16 << `log_rq_stride` bytes (data segments per receive WQE = stride / 16).
+    pub log_rq_stride: u8,
     pub rq: MemRange,
     pub sq: MemRange,
     pub dbr_addr: usize,
@@ -188,6 +194,9 @@ pub fn create_qp<A: DevxApi>(api: &mut A, caps: &HcaCaps, uar: UarHandle, spec: 
             umem,
             uar,
             cd: spec.cd,
+            cqn_snd: spec.cqn_snd,
+            cqn_rcv: spec.cqn_rcv,
+            log_rq_stride: spec.log_rq_stride,
             rq: MemRange { addr: spec.mem.addr, len: rq_len },
             sq: MemRange { addr: spec.mem.addr + rq_len, len: sq_len },
             dbr_addr: spec.mem.addr + dbr_off,

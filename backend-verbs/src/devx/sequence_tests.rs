@@ -27,7 +27,7 @@ fn caps_out(general: &[(usize, u8)], atomic: &[(usize, u8)]) -> (Vec<u8>, Vec<u8
 /// core/tests/mlx5_golden.rs): atomic 83/0x02, cd 85/0x08, imaicl 86/0x40, rc 87/0x01;
 /// log_max_qp_sz (0x88) byte 16+17, log_max_cq_sz (0xc8) byte 16+25; atomic caps: host-endian
 /// 8-byte atomics (mode 1) 24/0x40, operations 35/0x0f, size_qp 39/0x08.
-fn capable() -> RecordingDevx {
+pub(super) fn capable() -> RecordingDevx {
     let mut d = RecordingDevx::new(0x77);
     let (g, a) = caps_out(
         &[(83, 0x02), (85, 0x08), (86, 0x40), (87, 0x01), (33, 15), (41, 22)],
