@@ -212,30 +212,39 @@ impl Builder {
     }
 }
 
-/// An environment for tests and examples: a pool at 4 GiB, metadata at 64 MiB.
+impl ChainEnv {
+    /// A self-consistent environment for tests, examples and tools that need a chain without an
+    /// MN: a pool at 4 GiB, metadata for 8 CN slots at 64 MiB, CN slot 1 (id 2), the given QP
+    /// numbers, placeholder MN keys. `None` if the geometry is invalid.
+    pub fn example(chunk_size: u64, chunks: u32, g: u8, qpns: [u32; 3]) -> Option<ChainEnv> {
+        let geo = PoolGeometry::new(1 << 32, chunk_size, chunks, g).ok()?;
+        let map = MnMemoryMap::new(geo, 8, 64 << 20)?;
+        Some(ChainEnv {
+            map,
+            slot: 1,
+            cn: CnId::new(2).ok()?,
+            loop_qpn: qpns[0],
+            mgmt_qpn: qpns[1],
+            free_qpn: qpns[2],
+            keys: MnKeys {
+                meta_lkey: 0x11,
+                meta_rkey: 0x12,
+                table_rkey: 0x13,
+                ring_lkey: 0x14,
+                ring_rkey: 0x15,
+                cn_meta_lkey: 0x16,
+                cn_ring_lkey: 0x17,
+                ..MnKeys::default()
+            },
+            queue_depth: 128,
+            window_access: AccessFlags::DATA_WINDOW,
+            owner_window_access: AccessFlags::REMOTE_READ,
+        })
+    }
+}
+
+/// [`ChainEnv::example`] with QPs 0x100..=0x102.
 #[cfg(test)]
 pub(crate) fn test_env(chunk_size: u64, chunks: u32, g: u8) -> ChainEnv {
-    let geo = PoolGeometry::new(1 << 32, chunk_size, chunks, g).unwrap();
-    let map = MnMemoryMap::new(geo, 8, 64 << 20).unwrap();
-    ChainEnv {
-        map,
-        slot: 1,
-        cn: CnId::new(2).unwrap(),
-        loop_qpn: 0x100,
-        mgmt_qpn: 0x101,
-        free_qpn: 0x102,
-        keys: MnKeys {
-            meta_lkey: 0x11,
-            meta_rkey: 0x12,
-            table_rkey: 0x13,
-            ring_lkey: 0x14,
-            ring_rkey: 0x15,
-            cn_meta_lkey: 0x16,
-            cn_ring_lkey: 0x17,
-            ..MnKeys::default()
-        },
-        queue_depth: 128,
-        window_access: AccessFlags::DATA_WINDOW,
-        owner_window_access: AccessFlags::REMOTE_READ,
-    }
+    ChainEnv::example(chunk_size, chunks, g, [0x100, 0x101, 0x102]).expect("a valid example geometry")
 }

@@ -8,19 +8,14 @@ use super::mock::{Call, RecordingDevx};
 use super::queue::{self, CqSpec, DevxCq, DevxQp, QpSpec};
 use super::sequence_tests::capable;
 use super::{caps, DevxError};
-use omw_core::access::AccessFlags;
 use omw_core::alloc_chain::build_alloc_chain;
 use omw_core::chain::{ChainLayout, Ring};
 use omw_core::chain_builder::ChainEnv;
 use omw_core::free_chain::build_free_chain;
-use omw_core::geometry::PoolGeometry;
-use omw_core::ids::CnId;
 use omw_core::mlx5::chain::{self as mchain, Mlx5Chain, Mlx5Queues};
 use omw_core::mlx5::decode::{decode, Mlx5Op};
 use omw_core::mlx5::prm::qp::CdRole;
 use omw_core::mlx5::wqebb::WqeIndex;
-use omw_core::mn::MnKeys;
-use omw_core::mn_memory::MnMemoryMap;
 
 const LOOP_QPN: u32 = 0x1001;
 const MGMT_QPN: u32 = 0x1002;
@@ -30,29 +25,7 @@ const LOG_RQ_STRIDE: u8 = 5;
 const LOG_RQ: u8 = 2;
 
 fn env(g: u8) -> ChainEnv {
-    let geo = PoolGeometry::new(1 << 32, 4096, 16, g).unwrap();
-    let map = MnMemoryMap::new(geo, 8, 64 << 20).unwrap();
-    ChainEnv {
-        map,
-        slot: 1,
-        cn: CnId::new(2).unwrap(),
-        loop_qpn: LOOP_QPN,
-        mgmt_qpn: MGMT_QPN,
-        free_qpn: 0x1003,
-        keys: MnKeys {
-            meta_lkey: 0x11,
-            meta_rkey: 0x12,
-            table_rkey: 0x13,
-            ring_lkey: 0x14,
-            ring_rkey: 0x15,
-            cn_meta_lkey: 0x16,
-            cn_ring_lkey: 0x17,
-            ..MnKeys::default()
-        },
-        queue_depth: 128,
-        window_access: AccessFlags::DATA_WINDOW,
-        owner_window_access: AccessFlags::REMOTE_READ,
-    }
+    ChainEnv::example(4096, 16, g, [LOOP_QPN, MGMT_QPN, 0x1003]).expect("valid geometry")
 }
 
 fn cqn_out(n: u32) -> Vec<u8> {
