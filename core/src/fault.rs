@@ -62,10 +62,13 @@ pub enum Fault {
     Delay(u32),
     FailRegMr,
     FailAllocMw,
+    /// `reset_qp` refuses, as libibverbs does for an rdma_cm-connected QP (its peer must
+    /// reconnect instead).
+    FailReset,
 }
 
 /// When a rule fires, counted over the calls it matches (`post_send` for the send faults and
-/// `Delay`, `post_recv` for `FailRecv`, `reg_mr` / `alloc_mw` for theirs).
+/// `Delay`, `post_recv` for `FailRecv`, `reg_mr` / `alloc_mw` / `reset_qp` for theirs).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Trigger {
     /// The n-th matching call (1-based), once.
@@ -88,6 +91,7 @@ pub struct Rule {
 pub enum FaultOp {
     RegMr,
     AllocMw,
+    ResetQp,
 }
 
 /// A call's failure: the device's own, or the injector's.
@@ -368,6 +372,10 @@ impl<B: RdmaBackend> RdmaBackend for FaultInjector<B> {
     /// The device's reset, and the injector forgets the QP: not in ERR, nothing held (a reset
     /// empties the CQs).
     fn reset_qp(&mut self, qp: Qpn) -> Result<(), Self::Error> {
+        if self.fire(Some(qp), |f| f == Fault::FailReset).is_some() {
+            self.stats.injected += 1;
+            return Err(FaultError::Injected(FaultOp::ResetQp));
+        }
         if let Some(i) = self.find(qp) {
             self.tracks.swap_remove(i);
         }

@@ -78,6 +78,9 @@ pub struct DriverStats {
     pub messages_sent: u64,
     /// Messages a CN's QP refused to take (its connection was already gone).
     pub messages_dropped: u64,
+    /// QPs a failed lap left in ERR that the device would not reset (an rdma_cm-connected QP:
+    /// its CN must reconnect); only that CN's later requests fail.
+    pub qps_left_in_error: u64,
 }
 
 /// What one [`MnDriver::poll`] saw.
@@ -902,9 +905,16 @@ impl<B: RdmaBackend> MnDriver<B> {
         }
         let mut reset: heapless::Vec<Qpn, { 2 + crate::wire::MAX_ACCESS_QPS }> = heapless::Vec::new();
         for q in qps {
-            if self.backend.qp_state(q).map_err(DriverError::Backend)? == QpState::Err {
-                self.backend.reset_qp(q).map_err(DriverError::Backend)?;
-                let _ = reset.push(q);
+            if self.backend.qp_state(q).map_err(DriverError::Backend)? != QpState::Err {
+                continue;
+            }
+            // best effort: a device that cannot reset this QP leaves it to the CN to reconnect,
+            // and must not turn one CN's broken connection into an error of the whole poll
+            match self.backend.reset_qp(q) {
+                Ok(()) => {
+                    let _ = reset.push(q);
+                }
+                Err(_) => self.stats.qps_left_in_error += 1,
             }
         }
         // a reset discards posted receives without completions: the request buffers go again

@@ -204,6 +204,17 @@ fn after_a_failed_bind(
         &mut crate::cn_driver::CnDriver<Node<'_, '_, 2, 12, 24>, 4>,
     ),
 ) {
+    after_a_failed_bind_with(false, then)
+}
+
+/// With `no_reset`, the device also refuses to reset the QP the bind failed on.
+fn after_a_failed_bind_with(
+    no_reset: bool,
+    then: impl FnOnce(
+        &mut crate::mn_driver::MnDriver<FaultInjector<Node<'_, '_, 2, 12, 24>>>,
+        &mut crate::cn_driver::CnDriver<Node<'_, '_, 2, 12, 24>, 4>,
+    ),
+) {
     use crate::cn_driver::{CnDriver, CnEvent, CnMemory, CnQpSet, IO_SLOTS};
     use crate::mn::CnQps;
     use crate::mn_plan::{MnOptions, MnPlan, PoolSpec};
@@ -245,6 +256,10 @@ fn after_a_failed_bind(
     // MW[0] is bound by a bind posted on the MN's end of the Free QP: fail the first one
     let rule = Rule { fault: Fault::FailSend(WcStatus::MwBindErr), qp: Some(mn_free), trigger: Trigger::Nth(1) };
     mn.backend.arm(rule).unwrap();
+    if no_reset {
+        let refuse = Rule { fault: Fault::FailReset, qp: Some(mn_free), trigger: Trigger::Chance { per_65536: 65536 } };
+        mn.backend.arm(refuse).unwrap();
+    }
     let pump = |mn: &mut crate::mn_driver::MnDriver<_>, cn: &mut CnDriver<_, 4>| {
         for _ in 0..4 {
             mn.poll(0).unwrap();
@@ -258,7 +273,7 @@ fn after_a_failed_bind(
         matches!(ev, Some(CnEvent::Refused { token, code: ErrorCode::AllocFailed, ours: true }) if token == tok),
         "{ev:?}"
     );
-    assert_eq!(mn.backend.stats.injected, 1);
+    assert_eq!(mn.backend.stats.injected, 1 + no_reset as u32);
     assert_eq!(mn.stats.laps_failed, 1);
     mn.check_invariants().unwrap();
     then(&mut mn, &mut cn);
@@ -285,6 +300,17 @@ fn after_a_failed_bind_the_next_request_is_served() {
         }
         let ev = cn.next_event();
         assert!(matches!(ev, Some(CnEvent::Allocated { token, result: Ok(_) }) if token == tok), "{ev:?}");
+        mn.check_invariants().unwrap();
+    });
+}
+
+/// A device that cannot reset the QP a failed lap left in ERR (libibverbs refuses to reset an
+/// rdma_cm-connected QP): the recovery is best effort — counted, the poll goes on, the lap's
+/// refusal still reaches the CN and the invariants hold.
+#[test]
+fn a_qp_the_device_cannot_reset_is_left_to_the_cn() {
+    after_a_failed_bind_with(true, |mn, _| {
+        assert_eq!(mn.stats.qps_left_in_error, 1, "{:?}", mn.stats);
         mn.check_invariants().unwrap();
     });
 }
