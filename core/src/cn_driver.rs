@@ -377,15 +377,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
             let Some(qp) = q else { continue };
             drained &= self.poll_messages(now, k, qp)?;
         }
-        let mut all: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
-        for qp in [self.qps.alloc, self.qps.free].into_iter().chain(self.qps.access.iter().copied()) {
-            if !all.contains(&qp) {
-                let _ = all.push(qp);
-            }
-        }
-        for qp in all {
-            drained &= self.poll_sends(qp)?;
-        }
+        drained &= self.poll_every_send_queue()?;
         if drained {
             self.resync();
         }
@@ -395,16 +387,22 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// Only the send side: completions of requests and accesses, no receive taken or posted
     /// again — what a CN that stopped serving its receive queues still does.
     pub fn poll_sends_only(&mut self) -> Result<(), CnError<B::Error>> {
+        self.poll_every_send_queue().map(|_| ())
+    }
+
+    /// Every distinct QP's send CQ; true when all were drained.
+    fn poll_every_send_queue(&mut self) -> Result<bool, CnError<B::Error>> {
         let mut all: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
         for qp in [self.qps.alloc, self.qps.free].into_iter().chain(self.qps.access.iter().copied()) {
             if !all.contains(&qp) {
                 let _ = all.push(qp);
             }
         }
+        let mut drained = true;
         for qp in all {
-            self.poll_sends(qp)?;
+            drained &= self.poll_sends(qp)?;
         }
-        Ok(())
+        Ok(drained)
     }
 
     /// Requests whose SEND has not completed yet.

@@ -260,17 +260,8 @@ impl Testbed for LoopbackBed {
     }
     fn mn_mrs(&mut self) -> Vec<MnMr> {
         let private = self.c.driver.backend.private_pd;
-        let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
         let mrs = self.c.fabric.borrow().mrs_of(self.c.mn_host).expect("MN MRs");
-        mrs.iter()
-            .map(|m| MnMr {
-                addr: m.addr,
-                len: m.len,
-                key: m.key,
-                remote: m.access.intersects(remote),
-                private: Some(m.pd) == private,
-            })
-            .collect()
+        mrs.iter().map(|m| MnMr::new(m.addr, m.len, m.key, m.access, Some(m.pd) == private)).collect()
     }
     fn mn_read(&mut self, addr: u64, len: usize) -> Vec<u8> {
         let mut b = vec![0u8; len];

@@ -8,6 +8,7 @@
 //! capability's name (the runner never calls one: a scenario lists what it needs, and a testbed
 //! without it is skipped visibly). Each method documents the capability it needs, if any.
 
+use omw_core::access::AccessFlags;
 use omw_core::backend::{ExecutionMode, MwBinding, WcStatus};
 use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
@@ -205,6 +206,14 @@ pub struct MnMr {
     pub remote: bool,
     /// In the MN-private protection domain (no CN-facing QP is in it).
     pub private: bool,
+}
+
+impl MnMr {
+    /// An MR as a testbed lists it: `remote` is any remote right in `access`.
+    pub fn new(addr: u64, len: u64, key: u32, access: AccessFlags, private: bool) -> MnMr {
+        let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        MnMr { addr, len, key, remote: access.intersects(remote), private }
+    }
 }
 
 /// MN CPU events and the WQEs the MN NIC executed, so far.

@@ -451,17 +451,10 @@ impl Testbed for Cluster {
     }
     fn mn_mrs(&mut self) -> Vec<MnMr> {
         let private = self.d.backend.pd(Domain::MnPrivate).ok();
-        let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
         self.f
             .mrs(self.mn_id)
             .iter()
-            .map(|m| MnMr {
-                addr: m.addr,
-                len: m.len,
-                key: m.key,
-                remote: m.access.intersects(remote),
-                private: Some(m.pd) == private,
-            })
+            .map(|m| MnMr::new(m.addr, m.len, m.key, m.access, Some(m.pd) == private))
             .collect()
     }
     fn mn_read(&mut self, addr: u64, len: usize) -> Vec<u8> {

@@ -368,20 +368,8 @@ impl Testbed for RxeBed {
     }
     /// The daemon's registrations as libibverbs made them (one PD: nothing is MN-private).
     fn mn_mrs(&mut self) -> Vec<MnMr> {
-        let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
         self.mn.with(move |d, _| {
-            d.driver
-                .backend
-                .mrs()
-                .into_iter()
-                .map(|m| MnMr {
-                    addr: m.addr,
-                    len: m.len,
-                    key: m.keys.lkey,
-                    remote: m.access.intersects(remote),
-                    private: false,
-                })
-                .collect()
+            d.driver.backend.mrs().into_iter().map(|m| MnMr::new(m.addr, m.len, m.keys.lkey, m.access, false)).collect()
         })
     }
     fn mn_map(&mut self) -> MnMemoryMap {
