@@ -105,7 +105,7 @@ fn arm_mlx5<B: RdmaBackend>(
         backend.ring_base(qpns[1], QueueSel::Send).map_err(ArmError::Backend)?,
     ];
     let cqns = backend.cq_numbers(qpns[0], qpns[1]).ok_or(ArmError::NoMlx5Arming)?;
-    let queues = Mlx5Queues { cqns, ring_bases };
+    let queues = Mlx5Queues { cqns, ring_bases, cq_base: backend.cq_producer_indices(qpns[0], qpns[1]) };
     let chain = if checked { Mlx5Chain::build(layout, queues) } else { Mlx5Chain::build_unchecked(layout, queues) };
     let chain = chain.map_err(ArmError::Mlx5)?;
     for (base, ring) in ring_bases.iter().zip(chain.rings.iter()) {

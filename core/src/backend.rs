@@ -330,6 +330,13 @@ pub trait RdmaBackend {
     fn cq_numbers(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> Option<[u32; 3]> {
         None
     }
+    /// mlx5 form: the producer indices of those three CQs now — completions ever written to
+    /// them. A WAIT compares a CQ's absolute producer index and an mlx5 CQ keeps counting
+    /// across a reset of its QP, so a chain re-armed after a reset starts its WAITs from here.
+    /// Zero (the default) for a device whose reset starts its CQ counts over.
+    fn cq_producer_indices(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> [u32; 3] {
+        [0; 3]
+    }
     /// mlx5 form: after the core wrote the chain's ring images and lap counters into MN memory,
     /// take the rings as posted (their WQE-index → wr_id map, as a driver keeps one), post
     /// `recv_copies` RECVs with the chain's scatter list and ring the first enables — the

@@ -116,13 +116,11 @@ fn setup_with(layout: ChainLayout, o: Opts) -> Setup {
             mem: MemRange { addr: 0, len: 0 },
         },
     );
-    let queues = Mlx5Queues {
-        cqns: arm::cq_numbers(&loop_qp, &mgmt_qp),
-        ring_bases: [loop_qp.sq.addr as u64, mgmt_qp.sq.addr as u64],
-    };
+    let queues =
+        Mlx5Queues::new(arm::cq_numbers(&loop_qp, &mgmt_qp), [loop_qp.sq.addr as u64, mgmt_qp.sq.addr as u64]);
     let chain = Mlx5Chain::build(&layout, queues).unwrap_or_else(|_| {
         // a chain for the default queues (when the options make the DEVX numbers unusable)
-        let q = Mlx5Queues { cqns: CQNS, ring_bases: queues.ring_bases };
+        let q = Mlx5Queues::new(CQNS, queues.ring_bases);
         Mlx5Chain::build(&layout, q).unwrap()
     });
     d.calls.clear();
@@ -381,7 +379,7 @@ fn refusals_come_before_any_device_call() {
         alloc3(),
         d,
         |s| {
-            let q = Mlx5Queues { cqns: [0x31, 0x33, 0x32], ring_bases: s.chain.queues.ring_bases };
+            let q = Mlx5Queues::new([0x31, 0x33, 0x32], s.chain.queues.ring_bases);
             s.chain = Mlx5Chain::build(&s.layout, q).unwrap();
         },
         1,
@@ -392,7 +390,7 @@ fn refusals_come_before_any_device_call() {
         Opts { mgmt_cqn_rcv: CQNS[1], ..d },
         |s| {
             s.cqs[2] = s.cqs[1];
-            let q = Mlx5Queues { cqns: [0x31, 0x32, 0x32], ring_bases: s.chain.queues.ring_bases };
+            let q = Mlx5Queues::new([0x31, 0x32, 0x32], s.chain.queues.ring_bases);
             if let Ok(c) = Mlx5Chain::build(&s.layout, q) {
                 s.chain = c;
             }
@@ -405,7 +403,7 @@ fn refusals_come_before_any_device_call() {
         alloc3(),
         d,
         |s| {
-            let q = Mlx5Queues { cqns: CQNS, ring_bases: [0x999_0000, s.chain.queues.ring_bases[1]] };
+            let q = Mlx5Queues::new(CQNS, [0x999_0000, s.chain.queues.ring_bases[1]]);
             s.chain = Mlx5Chain::build(&s.layout, q).unwrap();
         },
         1,

@@ -65,6 +65,36 @@ pub struct Mlx5Queues {
     pub cqns: [u32; 3],
     /// MN addresses of the send-ring images [Loop, Mgmt] (the WQE fields the chain patches).
     pub ring_bases: [u64; 2],
+    /// Producer indices of the three CQs when the chain is armed (completions ever written to
+    /// them). A WAIT compares a CQ's absolute producer index, and on mlx5 a CQ outlives the
+    /// reset of its QP (only destroying it starts it over), so a chain re-armed after a reset
+    /// waits for `base + canonical count`. Zero on freshly created CQs and on a model whose
+    /// reset zeroes CQ counts.
+    pub cq_base: [u32; 3],
+}
+
+/// Which of [`Mlx5Queues::cqns`] counts the completions of the queue a WAIT names:
+/// [Loop send, Mgmt send, Mgmt receive]; `None` for a queue outside the chain.
+fn cq_slot(qpns: [u32; 2], w: &Wqe) -> Option<usize> {
+    match (w.qpn == qpns[0], w.qpn == qpns[1], w.queue_sel()) {
+        (true, _, QueueSel::Send) => Some(0),
+        (_, true, QueueSel::Send) => Some(1),
+        (_, true, QueueSel::Recv) => Some(2),
+        _ => None,
+    }
+}
+
+/// A WAIT's lap-0 producer index on the device: its canonical count past the CQ's base.
+fn wait_target(qpns: [u32; 2], queues: &Mlx5Queues, w: &Wqe) -> u64 {
+    let base = cq_slot(qpns, w).map_or(0, |i| queues.cq_base[i]);
+    u64::from(base) + w.operand0
+}
+
+impl Mlx5Queues {
+    /// Queues on fresh CQs (producer indices 0).
+    pub const fn new(cqns: [u32; 3], ring_bases: [u64; 2]) -> Self {
+        Mlx5Queues { cqns, ring_bases, cq_base: [0; 3] }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -650,7 +680,7 @@ impl Mlx5Chain {
         for (j, s) in layout.steps.iter().enumerate() {
             let w = &s.wqe;
             let v = match w.opcode {
-                Opcode::Wait => CqIndex::from_count(w.operand0).get() as u64,
+                Opcode::Wait => CqIndex::from_count(wait_target(layout.qpns, &queues, w)).get() as u64,
                 Opcode::Enable if w.queue_sel() == QueueSel::Recv => {
                     recv_limit += w.operand0;
                     recv_limit & 0xFFFF
@@ -715,14 +745,7 @@ impl Mlx5Chain {
                 }
             }
         };
-        let cqn_of = |w: &Wqe| -> Option<u32> {
-            match (w.qpn == layout.qpns[0], w.qpn == layout.qpns[1], w.queue_sel()) {
-                (true, _, QueueSel::Send) => Some(queues.cqns[0]),
-                (_, true, QueueSel::Send) => Some(queues.cqns[1]),
-                (_, true, QueueSel::Recv) => Some(queues.cqns[2]),
-                _ => None,
-            }
-        };
+        let cqn_of = |w: &Wqe| -> Option<u32> { cq_slot(layout.qpns, w).map(|i| queues.cqns[i]) };
         for ring in [Ring::Loop, Ring::Mgmt] {
             let r = ring as usize;
             let mut pi = WqeIndex::new(0);
@@ -733,6 +756,9 @@ impl Mlx5Chain {
                 let e = match &it.kind {
                     Kind::Wqe { wqe, remote } => {
                         let mut w = *wqe;
+                        if w.opcode == Opcode::Wait {
+                            w.operand0 = wait_target(layout.qpns, &queues, &w);
+                        }
                         if let Some(a) = remote {
                             w.remote_addr = resolve(*a);
                         }
@@ -941,12 +967,9 @@ impl Mlx5Chain {
                     Mlx5Op::Wait { cqn, pi: c } => {
                         let Role::Step(s) = p.role else { return Err(bad(Inconsistency::QueueField { step: 0 })) };
                         let w = &self.canonical.steps[s as usize].wqe;
-                        let want = match (w.qpn == self.qpns[0], w.queue_sel()) {
-                            (true, _) => self.queues.cqns[0],
-                            (false, QueueSel::Send) => self.queues.cqns[1],
-                            (false, QueueSel::Recv) => self.queues.cqns[2],
-                        };
-                        if *cqn != want || *c != CqIndex::from_count(w.operand0) || !self.has_shadow(s) {
+                        let want = cq_slot(self.qpns, w).map(|i| self.queues.cqns[i]);
+                        let target = CqIndex::from_count(wait_target(self.qpns, &self.queues, w));
+                        if Some(*cqn) != want || *c != target || !self.has_shadow(s) {
                             return Err(bad(Inconsistency::QueueField { step: s }));
                         }
                     }
@@ -1228,7 +1251,7 @@ pub fn lap_cost(layout: &ChainLayout, format: WqeFormat) -> Result<LapCost, Mlx5
             Ok(c)
         }
         WqeFormat::Mlx5 => {
-            let q = Mlx5Queues { cqns: [0x11, 0x12, 0x13], ring_bases: [1 << 40, (1 << 40) + (1 << 20)] };
+            let q = Mlx5Queues::new([0x11, 0x12, 0x13], [1 << 40, (1 << 40) + (1 << 20)]);
             Ok(Mlx5Chain::build(layout, q)?.lap_cost())
         }
     }

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::vec::Vec;
 
 fn queues() -> Mlx5Queues {
-    Mlx5Queues { cqns: [0x21, 0x22, 0x23], ring_bases: [0x5_0000_0000, 0x5_0010_0000] }
+    Mlx5Queues::new([0x21, 0x22, 0x23], [0x5_0000_0000, 0x5_0010_0000])
 }
 const CANON_BASES: [u64; 2] = [0x6_0000_0000, 0x6_0010_0000];
 const CN_BUF: u64 = 0x9_0000_0000;
@@ -408,6 +408,48 @@ fn every_form_validates_and_reports_its_lap() {
                 assert_eq!(lap_cost(&l, WqeFormat::Mlx5).unwrap(), cost);
             }
         }
+    }
+}
+
+/// A chain re-armed on CQs that already counted completions (an mlx5 CQ outlives its QP's
+/// reset) waits for base + canonical count on each CQ, modulo 2^24, and its lap counters start
+/// there; the bytes of every other WQE are those of the chain on fresh CQs.
+#[test]
+fn wait_indices_start_at_the_cq_bases() {
+    let env = test_env(4096, 16, 3);
+    for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
+        let fresh = Mlx5Chain::build(&l, queues()).unwrap();
+        let base = [0x00FF_FFF0, 7, 0x1234];
+        let q = Mlx5Queues { cq_base: base, ..queues() };
+        let c = Mlx5Chain::build(&l, q).unwrap();
+        c.validate().unwrap();
+        let mut waits = 0;
+        for r in [Ring::Loop, Ring::Mgmt] {
+            for (pf, pc) in fresh.placed[r as usize].iter().zip(c.placed[r as usize].iter()) {
+                let (f, d) = (fresh.decode_at(r, pf.pi).unwrap(), c.decode_at(r, pc.pi).unwrap());
+                match (&f.op, &d.op) {
+                    (Mlx5Op::Wait { cqn: fc, pi: fp }, Mlx5Op::Wait { cqn, pi }) => {
+                        waits += 1;
+                        let k = queues().cqns.iter().position(|x| x == cqn).unwrap();
+                        assert_eq!(fc, cqn);
+                        assert_eq!(pi.get(), (fp.get() + base[k]) & 0x00FF_FFFF, "WAIT on CQ {cqn:#x}");
+                    }
+                    _ => assert_eq!(f.op, d.op),
+                }
+            }
+        }
+        assert!(waits > 0);
+        for (sf, sc) in fresh.shadows.iter().zip(c.shadows.iter()) {
+            if sc.bits == 24 {
+                assert_ne!(sf.initial, sc.initial);
+            } else {
+                assert_eq!(sf.initial, sc.initial);
+            }
+        }
+        // the validator holds the chain to its bases: the same bytes claimed for fresh CQs fail
+        let mut t = c.clone();
+        t.queues.cq_base = [0; 3];
+        assert!(matches!(t.validate(), Err(Mlx5ChainError::Inconsistent(Inconsistency::QueueField { .. }))));
     }
 }
 
