@@ -427,6 +427,10 @@ fn create_qp_by_hand() {
 #[test]
 fn qp_transitions_by_hand() {
     let qpn = 0xA_BCDE;
+    // 2RST (0x50a): 16 bytes, the opcode and qpn (0x48 → bytes 9..12) only (DPDK mlx5_prm.h
+    // `mlx5_ifc_2rst_qp_in_bits`)
+    assert_eq!(qp::qp_2rst_in(qpn).unwrap().to_vec(), expect(16, &[(0, &[0x05, 0x0a]), (9, &[0x0a, 0xbc, 0xde])]));
+    assert!(qp::qp_2rst_in(1 << 24).is_err());
     // RST2INIT (0x502): qpn (0x48) → 9..12; pm_state → byte 26; vhca_port_num (0x2a8) → byte
     // 85; dword 42: atomic_mode (0x54c, 4 bits) 3 << 16 | rre 1 << 15 | rwe 1 << 14 | rae 1 << 13
     let b = qp::rst2init_in(&qp::Rst2Init {

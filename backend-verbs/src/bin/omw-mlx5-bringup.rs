@@ -56,12 +56,12 @@ fn new_cq(d: &mut RealDevx, c: &HcaCaps, uar: UarHandle) -> Result<(DevxCq, Ring
     Ok((cq, mem))
 }
 
-fn qp_spec(cd: CdRole, cqn: u32, mem: MemRange) -> QpSpec {
-    QpSpec { log_sq_wqebbs: 6, log_rq: None, log_rq_stride: 0, cd, cqn_snd: cqn, cqn_rcv: cqn, mem }
+fn qp_spec(cd: CdRole, cqn: u32, pd: u32, mem: MemRange) -> QpSpec {
+    QpSpec { log_sq_wqebbs: 6, log_rq: None, log_rq_stride: 0, cd, cqn_snd: cqn, cqn_rcv: cqn, pd, mem }
 }
 
 fn qp_mem_len(cd: CdRole) -> usize {
-    qp_spec(cd, 0, MemRange { addr: 0, len: 0 }).mem_needed()
+    qp_spec(cd, 0, 0, MemRange { addr: 0, len: 0 }).mem_needed()
 }
 
 fn cd_roles(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
@@ -76,7 +76,7 @@ fn cd_roles(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
         ("cd_master + cd_slave_send", CdRole::MASTER | CdRole::SLAVE_SEND),
     ] {
         let mem = RingMemory::new(qp_mem_len(role))?;
-        match queue::create_qp(d, c, uar, &qp_spec(role, cq.cqn, mem.range())) {
+        match queue::create_qp(d, c, uar, &qp_spec(role, cq.cqn, d.pdn(), mem.range())) {
             Ok(q) => {
                 println!("  CREATE_QP with {name:<26} ok (qpn {:#x})", q.qpn);
                 queue::destroy_qp(d, q)?;
@@ -173,8 +173,8 @@ fn pair_with(d: &mut RealDevx, c: &HcaCaps, gid_index: u8, role_a: CdRole, role_
     let (cq, cq_mem) = new_cq(d, c, uar)?;
     let mem_a = RingMemory::new(qp_mem_len(role_a))?;
     let mem_b = RingMemory::new(qp_mem_len(role_b))?;
-    let a = queue::create_qp(d, c, uar, &qp_spec(role_a, cq.cqn, mem_a.range()))?;
-    let b = queue::create_qp(d, c, uar, &qp_spec(role_b, cq.cqn, mem_b.range()))?;
+    let a = queue::create_qp(d, c, uar, &qp_spec(role_a, cq.cqn, d.pdn(), mem_a.range()))?;
+    let b = queue::create_qp(d, c, uar, &qp_spec(role_b, cq.cqn, d.pdn(), mem_b.range()))?;
     println!("  CQ {:#x}, QPs A {:#x} ({role_a:?}) and B {:#x} ({role_b:?}) created", cq.cqn, a.qpn, b.qpn);
     connect_to(d, c, &a, b.qpn, raw, gid_index, rmac)?;
     connect_to(d, c, &b, a.qpn, raw, gid_index, rmac)?;

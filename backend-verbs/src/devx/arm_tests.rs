@@ -20,6 +20,8 @@ use omw_core::mlx5::wqebb::WqeIndex;
 const LOOP_QPN: u32 = 0x1001;
 const MGMT_QPN: u32 = 0x1002;
 const CQNS: [u32; 3] = [0x31, 0x32, 0x33];
+/// The protection domain the chain QPs are created in (the mock does not check it).
+const PDN: u32 = 0x77;
 /// Receive stride 16 << 5 = 512 bytes: 32 data segments (the chains' RECV has up to 25).
 const LOG_RQ_STRIDE: u8 = 5;
 const LOG_RQ: u8 = 2;
@@ -100,6 +102,7 @@ fn setup_with(layout: ChainLayout, o: Opts) -> Setup {
             cd: o.loop_cd,
             cqn_snd: CQNS[0],
             cqn_rcv: CQNS[0],
+            pd: PDN,
             mem: MemRange { addr: 0, len: 0 },
         },
     );
@@ -113,6 +116,7 @@ fn setup_with(layout: ChainLayout, o: Opts) -> Setup {
             cd: o.mgmt_cd,
             cqn_snd: CQNS[1],
             cqn_rcv: o.mgmt_cqn_rcv,
+            pd: PDN,
             mem: MemRange { addr: 0, len: 0 },
         },
     );

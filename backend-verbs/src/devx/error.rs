@@ -63,6 +63,28 @@ pub enum DevxError {
     RingBaseMismatch { ring: &'static str, chain_base: u64, umem_addr: usize },
     /// Arming: a first enable index is not the end of a WQE (no control segment to ring with).
     EnableNotAtWqeEnd { ring: &'static str, index: u16 },
+    /// The ring arena has no room for another queue (`DevxConfig::ring_arena_bytes`).
+    ArenaFull { need: usize, left: usize },
+    /// No QP / CQ with this number was created by this backend.
+    UnknownQp(u32),
+    UnknownCq(u32),
+    /// [`super::backend::DevxBackend::connect_cn_qp`] on a loopback QP.
+    NotCnFacing(u32),
+    /// A CN-facing QP reset before it was ever connected.
+    NotConnected(u32),
+    /// A work request or host ENABLE for a queue a chain owns (its ring is the chain's lap).
+    ManagedQueue(u32),
+    /// The send ring has no room: the device has not completed enough of what was posted
+    /// (post signaled work requests, and poll).
+    SendQueueFull { qpn: u32, need: usize, free: usize },
+    ReceiveQueueFull { qpn: u32, entries: usize },
+    NoReceiveQueue(u32),
+    /// Memory this backend did not allocate (`alloc_memory`).
+    OutsideMemory { addr: usize, len: usize },
+    /// A ring size that must be a power of two.
+    NotPowerOfTwo { what: &'static str, value: u32 },
+    /// Arming a chain on a QP that is not freshly reset and in RTS (its indices are not 0).
+    NotFresh { qpn: u32, state: omw_core::backend::QpState },
 }
 
 fn strerror(e: i32) -> String {
@@ -161,6 +183,34 @@ impl fmt::Display for DevxError {
             DevxError::EnableNotAtWqeEnd { ring, index } => {
                 write!(f, "the {ring} ring's first enable index {index} is not the end of a WQE")
             }
+            DevxError::ArenaFull { need, left } => write!(
+                f,
+                "the DEVX ring arena is full: a queue needs {need} bytes, {left} are left (raise DevxConfig::ring_arena_bytes, or serve fewer CNs)"
+            ),
+            DevxError::UnknownQp(q) => write!(f, "no DEVX QP {q:#x} on this MN"),
+            DevxError::UnknownCq(c) => write!(f, "no DEVX CQ {c:#x} on this MN"),
+            DevxError::NotCnFacing(q) => write!(f, "QP {q:#x} is one end of an MN loopback pair, not a CN-facing QP"),
+            DevxError::NotConnected(q) => write!(f, "CN-facing QP {q:#x} was never connected: nothing to reconnect it with"),
+            DevxError::ManagedQueue(q) => write!(
+                f,
+                "QP {q:#x}'s queue belongs to a chain (its ring is one lap, enabled by the chain): the host posts nothing there"
+            ),
+            DevxError::SendQueueFull { qpn, need, free } => write!(
+                f,
+                "send queue of QP {qpn:#x} is full: {need} WQEBBs needed, {free} free until the device completes more"
+            ),
+            DevxError::ReceiveQueueFull { qpn, entries } => {
+                write!(f, "receive queue of QP {qpn:#x} is full ({entries} entries posted)")
+            }
+            DevxError::NoReceiveQueue(q) => write!(f, "QP {q:#x} has no receive queue"),
+            DevxError::OutsideMemory { addr, len } => {
+                write!(f, "{len} bytes at {addr:#x} are not memory this DEVX backend allocated")
+            }
+            DevxError::NotPowerOfTwo { what, value } => write!(f, "{what} of {value} is not a power of two"),
+            DevxError::NotFresh { qpn, state } => write!(
+                f,
+                "QP {qpn:#x} is not freshly reset (state {state:?}, work already posted): a chain is armed from index 0"
+            ),
         }
     }
 }

@@ -2,8 +2,11 @@
 //! firmware answers. The command-sequence tests (`sequence_tests.rs`) compare recordings.
 
 use super::api::{DevxApi, MemRange, ObjHandle, UarHandle, UmemHandle};
+use super::device::{DevxDevice, LocalPath};
 use super::DevxError;
-use std::collections::HashMap;
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Domain, MrKeys};
+use std::collections::{BTreeMap, HashMap};
 
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Call {
@@ -18,6 +21,8 @@ pub enum Call {
     WriteMem { addr: usize, bytes: Vec<u8> },
     WriteDbr { addr: usize, value: [u8; 4] },
     WriteUar { uar: UarHandle, value: [u8; 8] },
+    RegMr { domain: Domain, mem: MemRange, access: AccessFlags, keys: MrKeys },
+    AllocMw(u32),
 }
 
 #[derive(Default, Debug)]
@@ -29,12 +34,60 @@ pub struct RecordingDevx {
     /// Commands the "firmware" refuses: (status, syndrome), as DEVX reports it (call fails,
     /// `out` holds the status).
     pub refuse: HashMap<&'static str, (u8, u32)>,
+    /// CREATE_CQ / CREATE_QP without a scripted output answer fresh numbers (CQs from
+    /// 0x400, QPs from 0x1100) instead of zeros.
+    pub number_objects: bool,
+    /// Memory from `alloc_mem`, by start address: stores land here (the backend tests read
+    /// the rings back and plant CQEs in the CQ rings).
+    pub memory: BTreeMap<usize, Vec<u8>>,
     next: usize,
+    next_addr: usize,
+    numbered: u32,
 }
+
+/// The MN-private PD's number in the mock: the CN-facing one (`pdn`) + 1.
+pub const PRIVATE_PDN_OFFSET: u32 = 1;
+
+/// The mock port's path to itself.
+pub const MOCK_PATH: LocalPath = LocalPath {
+    port: 1,
+    gid_index: 3,
+    gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 1],
+    mac: [0x02, 0, 0, 0, 0, 0x01],
+    mtu: 3,
+};
 
 impl RecordingDevx {
     pub fn new(pdn: u32) -> Self {
         RecordingDevx { pdn, ..Default::default() }
+    }
+    /// A mock whose objects get distinct numbers (the backend's tests).
+    pub fn numbered(pdn: u32) -> Self {
+        RecordingDevx { pdn, number_objects: true, next_addr: 0x7000_0000_0000, ..Default::default() }
+    }
+    fn region(&self, addr: usize, len: usize) -> Option<(usize, usize)> {
+        let (start, v) = self.memory.range(..=addr).next_back()?;
+        let off = addr - start;
+        (off.checked_add(len)? <= v.len()).then_some((*start, off))
+    }
+    /// Bytes of mock memory (panics outside it: a test bug).
+    pub fn bytes(&self, addr: usize, len: usize) -> Vec<u8> {
+        let (s, off) = self.region(addr, len).expect("inside mock memory");
+        self.memory[&s][off..off + len].to_vec()
+    }
+    /// Store into mock memory as the device would (a CQE, a doorbell record).
+    pub fn device_write(&mut self, addr: usize, bytes: &[u8]) {
+        let (s, off) = self.region(addr, bytes.len()).expect("inside mock memory");
+        self.memory.get_mut(&s).unwrap()[off..off + bytes.len()].copy_from_slice(bytes);
+    }
+    fn store_if_inside(&mut self, addr: usize, bytes: &[u8]) -> bool {
+        match self.region(addr, bytes.len()) {
+            Some((s, off)) => {
+                self.memory.get_mut(&s).unwrap()[off..off + bytes.len()].copy_from_slice(bytes);
+                true
+            }
+            None => false,
+        }
     }
     fn id(&mut self) -> usize {
         self.next += 1;
@@ -48,6 +101,10 @@ impl RecordingDevx {
         if let Some(o) = self.outputs.get(command) {
             let n = o.len().min(out.len());
             out[..n].copy_from_slice(&o[..n]);
+        } else if self.number_objects && matches!(command, "CREATE_CQ" | "CREATE_QP") && out.len() >= 12 {
+            self.numbered += 1;
+            let n = if command == "CREATE_CQ" { 0x400 } else { 0x1100 } + self.numbered;
+            out[9..12].copy_from_slice(&n.to_be_bytes()[1..]);
         }
         Ok(())
     }
@@ -123,12 +180,56 @@ impl DevxApi for RecordingDevx {
     }
     fn write_mem(&mut self, addr: usize, bytes: &[u8]) -> Result<(), DevxError> {
         self.calls.push(Call::WriteMem { addr, bytes: bytes.to_vec() });
+        self.store_if_inside(addr, bytes);
         Ok(())
     }
     fn write_dbr(&mut self, addr: usize, value_be: [u8; 4]) {
         self.calls.push(Call::WriteDbr { addr, value: value_be });
+        self.store_if_inside(addr, &value_be);
     }
     fn write_uar(&mut self, uar: UarHandle, value: [u8; 8]) {
         self.calls.push(Call::WriteUar { uar, value });
+    }
+}
+
+impl DevxDevice for RecordingDevx {
+    fn domain_pdn(&self, domain: Domain) -> u32 {
+        match domain {
+            Domain::CnFacing => self.pdn,
+            Domain::MnPrivate => self.pdn + PRIVATE_PDN_OFFSET,
+        }
+    }
+    fn reg_mr(&mut self, domain: Domain, mem: MemRange, access: AccessFlags) -> Result<MrKeys, DevxError> {
+        let n = self.id() as u32;
+        let keys = MrKeys { lkey: 0x10_0000 + n, rkey: 0x20_0000 + n };
+        self.calls.push(Call::RegMr { domain, mem, access, keys });
+        Ok(keys)
+    }
+    fn alloc_mw(&mut self) -> Result<u32, DevxError> {
+        let rkey = (0x1000 + self.id() as u32) << 8;
+        self.calls.push(Call::AllocMw(rkey));
+        Ok(rkey)
+    }
+    fn alloc_mem(&mut self, len: usize, align: usize) -> Result<MemRange, DevxError> {
+        let align = align.max(4096);
+        let addr = self.next_addr.max(0x7000_0000_0000).div_ceil(align) * align;
+        self.next_addr = addr + len.max(1) + 4096;
+        self.memory.insert(addr, vec![0u8; len]);
+        Ok(MemRange { addr, len })
+    }
+    fn read_mem(&self, addr: usize, out: &mut [u8]) -> Result<(), DevxError> {
+        let (s, off) = self.region(addr, out.len()).ok_or(DevxError::OutsideMemory { addr, len: out.len() })?;
+        out.copy_from_slice(&self.memory[&s][off..off + out.len()]);
+        Ok(())
+    }
+    fn store(&mut self, addr: usize, bytes: &[u8]) -> Result<(), DevxError> {
+        if self.store_if_inside(addr, bytes) {
+            Ok(())
+        } else {
+            Err(DevxError::OutsideMemory { addr, len: bytes.len() })
+        }
+    }
+    fn local_path(&mut self) -> Result<LocalPath, DevxError> {
+        Ok(MOCK_PATH)
     }
 }

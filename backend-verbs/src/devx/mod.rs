@@ -13,10 +13,12 @@
 
 pub mod api;
 pub mod arm;
+pub mod backend;
 #[cfg(test)]
 mod arm_tests;
 pub mod caps;
 pub mod cm;
+pub mod device;
 pub mod doorbell;
 pub mod error;
 #[cfg(feature = "devx")]

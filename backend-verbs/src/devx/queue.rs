@@ -56,6 +56,8 @@ pub struct QpSpec {
     pub cd: CdRole,
     pub cqn_snd: u32,
     pub cqn_rcv: u32,
+    /// The protection domain's number (`qpc.pd`): the CN-facing PD or the MN-private one.
+    pub pd: u32,
     pub mem: MemRange,
 }
 
@@ -161,7 +163,7 @@ pub fn create_qp<A: DevxApi>(api: &mut A, caps: &HcaCaps, uar: UarHandle, spec: 
     let dbr_off = rq_len + sq_len;
     let umem = api.umem_reg(spec.mem, UMEM_ACCESS_LOCAL_WRITE)?;
     let input = qp::create_qp_in(&CreateQp {
-        pd: api.pdn(),
+        pd: spec.pd,
         uar_page: uar.page_id,
         cqn_snd: spec.cqn_snd,
         cqn_rcv: spec.cqn_rcv,

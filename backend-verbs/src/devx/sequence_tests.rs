@@ -86,6 +86,7 @@ fn qp_spec(cqn: u32) -> QpSpec {
         cd: qp::CdRole::MASTER | qp::CdRole::SLAVE_RECEIVE,
         cqn_snd: cqn,
         cqn_rcv: cqn,
+        pd: 0x77,
         mem: MemRange { addr: 0x20_0000, len: 0 },
     };
     s.mem.len = s.mem_needed();

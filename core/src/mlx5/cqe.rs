@@ -89,7 +89,16 @@ pub fn poll(ring: &[u8], log_cqes: u8, ci: u32) -> Option<Cqe> {
     let n = 1u64 << log_cqes;
     let slot = (ci as u64 & (n - 1)) as usize;
     let start = slot.checked_mul(CQE_SIZE)?;
-    let c = ring.get(start..start.checked_add(CQE_SIZE)?)?;
+    let c: &[u8; CQE_SIZE] = ring.get(start..start.checked_add(CQE_SIZE)?)?.try_into().ok()?;
+    parse(c, log_cqes, ci)
+}
+
+/// The CQE `c`, read from the slot of consumer index `ci` on a ring of `2^log_cqes` entries,
+/// if software owns it (a driver reading one slot at a time, as rdma-core's `get_sw_cqe`).
+pub fn parse(c: &[u8; CQE_SIZE], log_cqes: u8, ci: u32) -> Option<Cqe> {
+    if log_cqes >= 32 {
+        return None;
+    }
     let op_own = c[OP_OWN_OFFSET];
     let op = op_own >> 4;
     let owner = op_own & 1;

@@ -18,6 +18,11 @@ pub const CREATE_QP_IN_LEN: usize = 272;
 pub const CREATE_QP_OUT_LEN: usize = 16;
 pub const MODIFY_QP_IN_LEN: usize = 272;
 pub const MODIFY_QP_OUT_LEN: usize = 16;
+/// `2RST_QP` / `2ERR_QP` input: the header and `qpn` at 0x48 only, 0x80 bits (DPDK main
+/// `38f72e500b3b`, drivers/common/mlx5/mlx5_prm.h `struct mlx5_ifc_2rst_qp_in_bits`; its
+/// field named `reserved_at_80` lies at bit 0x40 by the struct's own widths). rdma-core's
+/// mlx5_ifc.h defines the opcodes but not the struct.
+pub const QP_2RST_IN_LEN: usize = 16;
 /// Where the QP context lies in CREATE_QP and the modify commands.
 pub const QPC_BASE: u32 = 0xc0;
 
@@ -239,6 +244,14 @@ pub struct Rtr2Rts {
 fn modify_header(b: &mut [u8], opcode: u16, qpn: u32) -> Result<(), Mlx5Error> {
     bits::set(b, IN_OPCODE, opcode as u64)?;
     bits::set(b, MODIFY_QPN, qpn as u64)
+}
+
+/// Any state → RESET: the QP's queues are emptied and its WQE counters start over at 0; its CQs
+/// keep their producer indices (they are separate objects).
+pub fn qp_2rst_in(qpn: u32) -> Result<[u8; QP_2RST_IN_LEN], Mlx5Error> {
+    let mut b = [0u8; QP_2RST_IN_LEN];
+    modify_header(&mut b, op::TO_RST_QP, qpn)?;
+    Ok(b)
 }
 
 pub fn rst2init_in(p: &Rst2Init) -> Result<[u8; MODIFY_QP_IN_LEN], Mlx5Error> {

@@ -1,0 +1,45 @@
+//! What a DEVX MN backend needs from its device besides the DEVX calls of [`DevxApi`]: two
+//! protection domains, memory registrations and type-2 windows in them, memory the NIC can
+//! reach, and the port's path to itself (for the MN's loopback QP pairs).
+//!
+//! The real implementation is `ffi::RealDevx` (feature `devx`): `ibv_alloc_pd`, `ibv_reg_mr`,
+//! `ibv_alloc_mw` on the DEVX-enabled context, page-aligned process memory. The recording
+//! mock (`mock.rs`) keeps memory as bytes so the backend's tests can read the rings it wrote
+//! and plant the CQEs a device would write.
+
+use super::api::{DevxApi, MemRange};
+use super::DevxError;
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Domain, MrKeys};
+
+/// The port's RoCE path to itself: a loopback QP pair is two QPs on this port, each naming the
+/// other's QP number at this port's GID and MAC.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LocalPath {
+    pub port: u8,
+    pub gid_index: u8,
+    pub gid: [u8; 16],
+    /// The MAC the port answers to (an address handle to its own GID resolves it).
+    pub mac: [u8; 6],
+    /// `IBV_MTU_*` of the port's active MTU.
+    pub mtu: u8,
+}
+
+pub trait DevxDevice: DevxApi {
+    /// The PD number of `domain`'s protection domain ([`DevxApi::pdn`] is the CN-facing one).
+    fn domain_pdn(&self, domain: Domain) -> u32;
+    /// `ibv_reg_mr` in `domain`'s PD; `access` bits are `IBV_ACCESS_*`.
+    fn reg_mr(&mut self, domain: Domain, mem: MemRange, access: AccessFlags) -> Result<MrKeys, DevxError>;
+    /// `ibv_alloc_mw(IBV_MW_TYPE_2)` in the CN-facing PD; its initial rkey.
+    fn alloc_mw(&mut self) -> Result<u32, DevxError>;
+    /// `len` zeroed bytes aligned to `align` (a power of two, at least 4096 for umems), owned
+    /// by the device object until it is dropped.
+    fn alloc_mem(&mut self, len: usize, align: usize) -> Result<MemRange, DevxError>;
+    /// Copy bytes out of memory from [`DevxDevice::alloc_mem`] (the NIC may be writing it:
+    /// volatile reads, then a barrier). Outside that memory: [`DevxError::OutsideMemory`].
+    fn read_mem(&self, addr: usize, out: &mut [u8]) -> Result<(), DevxError>;
+    /// Store bytes into memory from [`DevxDevice::alloc_mem`].
+    fn store(&mut self, addr: usize, bytes: &[u8]) -> Result<(), DevxError>;
+    /// The path a loopback pair's QPs connect over.
+    fn local_path(&mut self) -> Result<LocalPath, DevxError>;
+}
