@@ -219,7 +219,10 @@ impl MnPlan {
             Err(never) => match never {},
         })?;
         let regions = HostRegions::new(&map, &keys);
+        let format = backend.wqe_format();
         let mut driver = MnDriver::new(backend, node, regions, admin);
+        // the chains' ring sizes and bytes follow the form the device fetches
+        driver.mn.set_wqe_format(format);
         if let Some(q) = atomic {
             driver = driver.with_atomic_qp(q);
         }

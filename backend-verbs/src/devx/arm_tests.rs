@@ -120,8 +120,7 @@ fn setup_with(layout: ChainLayout, o: Opts) -> Setup {
             mem: MemRange { addr: 0, len: 0 },
         },
     );
-    let queues =
-        Mlx5Queues::new(arm::cq_numbers(&loop_qp, &mgmt_qp), [loop_qp.sq.addr as u64, mgmt_qp.sq.addr as u64]);
+    let queues = Mlx5Queues::new(arm::cq_numbers(&loop_qp, &mgmt_qp), [loop_qp.sq.addr as u64, mgmt_qp.sq.addr as u64]);
     let chain = Mlx5Chain::build(&layout, queues).unwrap_or_else(|_| {
         // a chain for the default queues (when the options make the DEVX numbers unusable)
         let q = Mlx5Queues::new(CQNS, queues.ring_bases);

@@ -473,7 +473,9 @@ impl<D: DevxDevice> DevxBackend<D> {
     /// otherwise an access QP. Both have a receive queue.
     pub fn create_cn_qp(&mut self, managed_send_depth: Option<u32>) -> Result<Qpn, DevxError> {
         let (log_sq, cd) = match managed_send_depth {
-            Some(d) => (log2_exact("management send ring", d)?, CdRole::MASTER | CdRole::SLAVE_SEND | CdRole::SLAVE_RECEIVE),
+            Some(d) => {
+                (log2_exact("management send ring", d)?, CdRole::MASTER | CdRole::SLAVE_SEND | CdRole::SLAVE_RECEIVE)
+            }
             None => (self.cfg.log_sq_wqebbs, CdRole::empty()),
         };
         let q = self.create_qp(Domain::CnFacing, log_sq, Some(self.cfg.log_rq), cd, Link::Cn { attr: None })?;
@@ -877,7 +879,8 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
 impl<D: DevxDevice> DevxBackend<D> {
     fn arm_chain(&mut self, chain: &Mlx5Chain) -> Result<(), DevxError> {
         let [lq, mq] = chain.qpns;
-        let (l, m) = (self.qps.get(&lq).ok_or(DevxError::UnknownQp(lq))?, self.qps.get(&mq).ok_or(DevxError::UnknownQp(mq))?);
+        let (l, m) =
+            (self.qps.get(&lq).ok_or(DevxError::UnknownQp(lq))?, self.qps.get(&mq).ok_or(DevxError::UnknownQp(mq))?);
         for q in [l, m] {
             if q.used || q.state != QpState::Rts {
                 return Err(DevxError::NotFresh { qpn: q.devx.qpn, state: q.state });

@@ -14,24 +14,50 @@ pub enum DevxError {
     /// This binary was built without the `devx` feature.
     NotBuilt,
     /// libibverbs lists no RDMA device (or the kernel has no RDMA support).
-    NoDevice { errno: i32 },
+    NoDevice {
+        errno: i32,
+    },
     /// The device is not an mlx5 device (DEVX exists only for mlx5_ib).
-    NotMlx5 { device: String },
+    NotMlx5 {
+        device: String,
+    },
     /// No device given and none of the listed devices is an mlx5 device.
-    NoMlx5 { devices: Vec<String> },
+    NoMlx5 {
+        devices: Vec<String>,
+    },
     /// `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)` failed.
-    Open { device: String, errno: i32 },
+    Open {
+        device: String,
+        errno: i32,
+    },
     /// A DEVX call other than a PRM command failed (umem registration, UAR, EQN, PD).
-    Call { call: &'static str, errno: i32 },
+    Call {
+        call: &'static str,
+        errno: i32,
+    },
     /// A PRM command failed; `status` / `syndrome` are the firmware's answer (0 if the kernel
     /// refused the command before the firmware saw it).
-    Command { command: &'static str, opcode: u16, status: u8, syndrome: u32, errno: i32 },
+    Command {
+        command: &'static str,
+        opcode: u16,
+        status: u8,
+        syndrome: u32,
+        errno: i32,
+    },
     /// The device lacks a capability offload needs.
     MissingCapability(MissingCap),
     /// A requested size exceeds what the device reports.
-    TooLarge { what: &'static str, log2: u8, device_max_log2: u8 },
+    TooLarge {
+        what: &'static str,
+        log2: u8,
+        device_max_log2: u8,
+    },
     /// The memory handed in for a queue is smaller than its rings and doorbell record.
-    MemTooSmall { what: &'static str, need: usize, got: usize },
+    MemTooSmall {
+        what: &'static str,
+        need: usize,
+        got: usize,
+    },
     /// A command could not be built (a value does not fit its PRM field).
     Encode(Mlx5Error),
     /// Every capability is there, but this build has no DEVX `RdmaBackend` to run the
@@ -39,32 +65,68 @@ pub enum DevxError {
     /// MN's pool, windows and CN QPs on DEVX objects and drives it).
     NoDevxBackend,
     /// [`super::DevxApi::write_mem`] outside every registered umem.
-    OutsideUmem { addr: usize, len: usize },
+    OutsideUmem {
+        addr: usize,
+        len: usize,
+    },
     /// Arming: the chain fails [`omw_core::mlx5::chain::Mlx5Chain::validate`].
     ChainInvalid(Mlx5ChainError),
     /// Arming: the chain needs more than the queue has (`what` names the queue and the unit).
-    ChainDoesNotFit { what: &'static str, need: usize, got: usize },
+    ChainDoesNotFit {
+        what: &'static str,
+        need: usize,
+        got: usize,
+    },
     /// Arming: the send ring is larger than the chain's lap. Lap *k* of a chain runs the same
     /// bytes at WQE indices *k* × (lap size), so the ring must be exactly one lap.
-    RingNotOneLap { ring: &'static str, chain_wqebbs: usize, qp_wqebbs: usize },
+    RingNotOneLap {
+        ring: &'static str,
+        chain_wqebbs: usize,
+        qp_wqebbs: usize,
+    },
     /// Arming: a QP lacks a CORE-Direct role the chain needs (`cd_master` to post WAIT /
     /// SEND_EN / RECV_EN, `cd_slave_send` / `cd_slave_receive` to be enabled by one).
-    WrongRole { qp: &'static str, qpn: u32, need: CdRole, has: CdRole },
+    WrongRole {
+        qp: &'static str,
+        qpn: u32,
+        need: CdRole,
+        has: CdRole,
+    },
     /// Arming: a CQ number the chain names (or a CQ handed in for `queue`) is not the CQ the
     /// DEVX QP's queue reports to.
-    WrongCq { queue: &'static str, expected: u32, got: u32 },
+    WrongCq {
+        queue: &'static str,
+        expected: u32,
+        got: u32,
+    },
     /// Arming: two of the chain's queues report to one CQ; a WAIT's producer index must count
     /// one queue's completions only.
-    SharedCq { cqn: u32 },
+    SharedCq {
+        cqn: u32,
+    },
     /// Arming: the chain was built for other QP numbers (its control segments and SEND_ENs
     /// name them).
-    WrongQp { ring: &'static str, chain_qpn: u32, devx_qpn: u32 },
+    WrongQp {
+        ring: &'static str,
+        chain_qpn: u32,
+        devx_qpn: u32,
+    },
     /// Arming: the chain's patches aim at ring addresses other than the QP's umem send ring.
-    RingBaseMismatch { ring: &'static str, chain_base: u64, umem_addr: usize },
+    RingBaseMismatch {
+        ring: &'static str,
+        chain_base: u64,
+        umem_addr: usize,
+    },
     /// Arming: a first enable index is not the end of a WQE (no control segment to ring with).
-    EnableNotAtWqeEnd { ring: &'static str, index: u16 },
+    EnableNotAtWqeEnd {
+        ring: &'static str,
+        index: u16,
+    },
     /// The ring arena has no room for another queue (`DevxConfig::ring_arena_bytes`).
-    ArenaFull { need: usize, left: usize },
+    ArenaFull {
+        need: usize,
+        left: usize,
+    },
     /// No QP / CQ with this number was created by this backend.
     UnknownQp(u32),
     UnknownCq(u32),
@@ -76,15 +138,31 @@ pub enum DevxError {
     ManagedQueue(u32),
     /// The send ring has no room: the device has not completed enough of what was posted
     /// (post signaled work requests, and poll).
-    SendQueueFull { qpn: u32, need: usize, free: usize },
-    ReceiveQueueFull { qpn: u32, entries: usize },
+    SendQueueFull {
+        qpn: u32,
+        need: usize,
+        free: usize,
+    },
+    ReceiveQueueFull {
+        qpn: u32,
+        entries: usize,
+    },
     NoReceiveQueue(u32),
     /// Memory this backend did not allocate (`alloc_memory`).
-    OutsideMemory { addr: usize, len: usize },
+    OutsideMemory {
+        addr: usize,
+        len: usize,
+    },
     /// A ring size that must be a power of two.
-    NotPowerOfTwo { what: &'static str, value: u32 },
+    NotPowerOfTwo {
+        what: &'static str,
+        value: u32,
+    },
     /// Arming a chain on a QP that is not freshly reset and in RTS (its indices are not 0).
-    NotFresh { qpn: u32, state: omw_core::backend::QpState },
+    NotFresh {
+        qpn: u32,
+        state: omw_core::backend::QpState,
+    },
 }
 
 fn strerror(e: i32) -> String {

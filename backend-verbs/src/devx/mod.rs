@@ -13,9 +13,9 @@
 
 pub mod api;
 pub mod arm;
-pub mod backend;
 #[cfg(test)]
 mod arm_tests;
+pub mod backend;
 pub mod caps;
 pub mod cm;
 pub mod device;
