@@ -7,6 +7,9 @@
 
 use super::api::{DevxApi, MemRange, ObjHandle, UarHandle, UmemHandle};
 use super::cm::{self, CmQpAttr};
+use super::device::{DevxDevice, LocalPath};
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Domain, MrKeys};
 use super::queue::{self, DevxQp};
 use super::DevxError;
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
@@ -188,7 +191,7 @@ impl Drop for RingMemory {
     }
 }
 
-/// An open DEVX context with one PD.
+/// An open DEVX context with its two PDs (CN-facing, MN-private).
 #[derive(Debug)]
 pub struct RealDevx {
     device: String,
@@ -201,6 +204,16 @@ pub struct RealDevx {
     /// inside these.
     umem_ranges: Vec<MemRange>,
     uars: Vec<*mut Mlx5dvDevxUar>,
+    /// The MN-private PD (`DevxDevice`: the chains' loop QPs and remote rights on MN memory),
+    /// allocated on first use.
+    private_pd: *mut ibv_pd,
+    private_pdn: u32,
+    mrs: Vec<*mut ibv_mr>,
+    mws: Vec<*mut ibv_mw>,
+    /// Memory from `alloc_mem`: reads and stores are checked against these.
+    regions: Vec<MemRange>,
+    /// The GID index loopback pairs connect over (a RoCE v2 address: `show_gids`).
+    gid_index: u8,
 }
 
 fn device_name(d: *mut ibv_device) -> String {
@@ -265,23 +278,47 @@ impl RealDevx {
             umems: Vec::new(),
             umem_ranges: Vec::new(),
             uars: Vec::new(),
+            private_pd: ptr::null_mut(),
+            private_pdn: 0,
+            mrs: Vec::new(),
+            mws: Vec::new(),
+            regions: Vec::new(),
+            gid_index: 0,
         };
         // SAFETY: `ctx` is an open context.
         me.pd = unsafe { ibv_alloc_pd(ctx) };
         if me.pd.is_null() {
             return Err(DevxError::Call { call: "ibv_alloc_pd", errno: errno() });
         }
-        let mut dv_pd = Mlx5dvPd { pdn: 0, comp_mask: 0 };
-        let mut obj = Mlx5dvObj::empty();
-        obj.pd = InOut { input: me.pd as *mut c_void, out: &mut dv_pd as *mut Mlx5dvPd as *mut c_void };
-        // SAFETY: `obj.pd` names our PD and a valid output struct; the other pairs are null and
-        // not selected by the type mask.
-        let rc = unsafe { mlx5dv_init_obj(&mut obj, MLX5DV_OBJ_PD) };
-        if rc != 0 {
-            return Err(DevxError::Call { call: "mlx5dv_init_obj(PD)", errno: rc_errno(rc) });
-        }
-        me.pdn = dv_pd.pdn;
+        me.pdn = pdn_of(me.pd)?;
+        me.pd_of(Domain::MnPrivate)?;
         Ok(me)
+    }
+
+    /// The GID index loopback QP pairs use (`DevxDevice::local_path`); 0 by default.
+    pub fn with_gid_index(mut self, gid_index: u8) -> Self {
+        self.gid_index = gid_index;
+        self
+    }
+
+    fn pd_of(&mut self, domain: Domain) -> Result<*mut ibv_pd, DevxError> {
+        if domain == Domain::CnFacing {
+            return Ok(self.pd);
+        }
+        if self.private_pd.is_null() {
+            // SAFETY: `ctx` is an open context.
+            let pd = unsafe { ibv_alloc_pd(self.ctx) };
+            if pd.is_null() {
+                return Err(DevxError::Call { call: "ibv_alloc_pd (MN-private)", errno: errno() });
+            }
+            self.private_pd = pd;
+            self.private_pdn = pdn_of(pd)?;
+        }
+        Ok(self.private_pd)
+    }
+
+    fn inside(&self, addr: usize, len: usize) -> bool {
+        self.regions.iter().any(|r| addr >= r.addr && addr.checked_add(len).is_some_and(|e| e <= r.addr + r.len))
     }
 
     pub fn device(&self) -> &str {
@@ -328,6 +365,119 @@ impl Mlx5dvObj {
     fn empty() -> Self {
         let z = || InOut { input: ptr::null_mut(), out: ptr::null_mut() };
         Mlx5dvObj { qp: z(), cq: z(), srq: z(), rwq: z(), dm: z(), ah: z(), pd: z() }
+    }
+}
+
+/// The PD number DEVX commands name (`mlx5dv_init_obj(MLX5DV_OBJ_PD)`).
+fn pdn_of(pd: *mut ibv_pd) -> Result<u32, DevxError> {
+    let mut dv_pd = Mlx5dvPd { pdn: 0, comp_mask: 0 };
+    let mut obj = Mlx5dvObj::empty();
+    obj.pd = InOut { input: pd as *mut c_void, out: &mut dv_pd as *mut Mlx5dvPd as *mut c_void };
+    // SAFETY: `obj.pd` names a live PD of ours and a valid output struct; the other pairs are
+    // null and not selected by the type mask.
+    let rc = unsafe { mlx5dv_init_obj(&mut obj, MLX5DV_OBJ_PD) };
+    if rc != 0 {
+        return Err(DevxError::Call { call: "mlx5dv_init_obj(PD)", errno: rc_errno(rc) });
+    }
+    Ok(dv_pd.pdn)
+}
+
+impl DevxDevice for RealDevx {
+    fn domain_pdn(&self, domain: Domain) -> u32 {
+        match domain {
+            Domain::CnFacing => self.pdn,
+            // allocated in `open`
+            Domain::MnPrivate => self.private_pdn,
+        }
+    }
+    fn reg_mr(&mut self, domain: Domain, mem: MemRange, access: AccessFlags) -> Result<MrKeys, DevxError> {
+        if !self.inside(mem.addr, mem.len) {
+            return Err(DevxError::OutsideMemory { addr: mem.addr, len: mem.len });
+        }
+        let pd = self.pd_of(domain)?;
+        // SAFETY: `pd` is live; the range lies in memory this value allocated and keeps until
+        // drop, after every MR is deregistered. AccessFlags' bits are IBV_ACCESS_* values.
+        let mr = unsafe { ibv_reg_mr(pd, mem.addr as *mut c_void, mem.len, access.bits() as i32) };
+        if mr.is_null() {
+            return Err(DevxError::Call { call: "ibv_reg_mr", errno: errno() });
+        }
+        self.mrs.push(mr);
+        // SAFETY: `mr` was just registered.
+        Ok(unsafe { MrKeys { lkey: (*mr).lkey, rkey: (*mr).rkey } })
+    }
+    fn alloc_mw(&mut self) -> Result<u32, DevxError> {
+        // SAFETY: `pd` is live; None if the provider lacks the verb.
+        match unsafe { ibv_alloc_mw(self.pd, ibv_mw_type::IBV_MW_TYPE_2) } {
+            Some(mw) if !mw.is_null() => {
+                self.mws.push(mw);
+                // SAFETY: `mw` was just allocated.
+                Ok(unsafe { (*mw).rkey })
+            }
+            Some(_) => Err(DevxError::Call { call: "ibv_alloc_mw(TYPE_2)", errno: errno() }),
+            None => Err(DevxError::Call { call: "ibv_alloc_mw (not provided)", errno: libc::EOPNOTSUPP }),
+        }
+    }
+    fn alloc_mem(&mut self, len: usize, align: usize) -> Result<MemRange, DevxError> {
+        let mut p: *mut c_void = ptr::null_mut();
+        let align = align.max(4096).next_power_of_two();
+        // SAFETY: posix_memalign writes a pointer to `len` bytes aligned to `align` (a power
+        // of two and a multiple of the pointer size) into `p`, or returns an error code.
+        let rc = unsafe { libc::posix_memalign(&mut p, align, len.max(1)) };
+        if rc != 0 {
+            return Err(DevxError::Call { call: "posix_memalign", errno: rc });
+        }
+        // SAFETY: `p` points to at least `len` writable bytes just allocated.
+        unsafe { ptr::write_bytes(p as *mut u8, 0, len) };
+        let r = MemRange { addr: p as usize, len };
+        self.regions.push(r);
+        Ok(r)
+    }
+    fn read_mem(&self, addr: usize, out: &mut [u8]) -> Result<(), DevxError> {
+        if !self.inside(addr, out.len()) {
+            return Err(DevxError::OutsideMemory { addr, len: out.len() });
+        }
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: in bounds (checked above) of memory this value owns; the device may be
+            // writing it, hence volatile.
+            *b = unsafe { ptr::read_volatile((addr + i) as *const u8) };
+        }
+        fence(Ordering::SeqCst);
+        Ok(())
+    }
+    fn store(&mut self, addr: usize, bytes: &[u8]) -> Result<(), DevxError> {
+        if !self.inside(addr, bytes.len()) {
+            return Err(DevxError::OutsideMemory { addr, len: bytes.len() });
+        }
+        // SAFETY: in bounds of memory this value owns; `bytes` is a distinct Rust slice.
+        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+        Ok(())
+    }
+    fn local_path(&mut self) -> Result<LocalPath, DevxError> {
+        // SAFETY: ibv_gid is 16 plain bytes; ibv_query_gid fills it for a valid port/index.
+        let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; `gid` is a valid output.
+        let rc = unsafe { ibv_query_gid(self.ctx, 1, self.gid_index as i32, &mut gid) };
+        if rc != 0 {
+            return Err(DevxError::Call { call: "ibv_query_gid", errno: rc_errno(rc) });
+        }
+        // SAFETY: ibv_port_attr is plain data the call fills.
+        let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; `pa` is a valid output.
+        let rc = unsafe { ___ibv_query_port(self.ctx, 1, &mut pa) };
+        if rc != 0 {
+            return Err(DevxError::Call { call: "ibv_query_port", errno: rc_errno(rc) });
+        }
+        // SAFETY: ibv_ah_attr is plain C data; all-zero is valid.
+        let mut ah: ibv_ah_attr = unsafe { std::mem::zeroed() };
+        ah.is_global = 1;
+        ah.port_num = 1;
+        ah.grh.dgid = gid;
+        ah.grh.sgid_index = self.gid_index;
+        ah.grh.hop_limit = 64;
+        let mac = self.rmac(&mut ah)?;
+        // SAFETY: both members of ibv_gid are 16 plain bytes.
+        let raw = unsafe { gid.raw };
+        Ok(LocalPath { port: 1, gid_index: self.gid_index, gid: raw, mac, mtu: pa.active_mtu as u8 })
     }
 }
 
@@ -507,6 +657,18 @@ impl Drop for RealDevx {
             // SAFETY: live umem, deregistered once after every object using it.
             unsafe { mlx5dv_devx_umem_dereg(u) };
         }
+        for w in self.mws.drain(..) {
+            // SAFETY: live window, deallocated once; the QPs it could be bound to are gone.
+            unsafe { ibv_dealloc_mw(w) };
+        }
+        for m in self.mrs.drain(..) {
+            // SAFETY: live MR, deregistered once, after the windows bound through it.
+            unsafe { ibv_dereg_mr(m) };
+        }
+        if !self.private_pd.is_null() {
+            // SAFETY: our PD, no longer used by any object.
+            unsafe { ibv_dealloc_pd(self.private_pd) };
+        }
         for u in self.uars.drain(..).rev() {
             // SAFETY: live UAR, freed once.
             unsafe { mlx5dv_devx_free_uar(u) };
@@ -517,6 +679,11 @@ impl Drop for RealDevx {
         }
         // SAFETY: the context opened in `open`, closed once.
         unsafe { ibv_close_device(self.ctx) };
+        for r in self.regions.drain(..) {
+            // SAFETY: from posix_memalign in alloc_mem, freed once, after every umem and MR
+            // over it is gone.
+            unsafe { libc::free(r.addr as *mut c_void) };
+        }
     }
 }
 
