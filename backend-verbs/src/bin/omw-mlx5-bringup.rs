@@ -9,6 +9,7 @@
 //! omw-mlx5-bringup bind      [--device mlx5_0] [--gid-index 3] [--imm-current]
 //! omw-mlx5-bringup masked-fa [--device mlx5_0] [--gid-index 3]
 //! omw-mlx5-bringup send-en   [--device mlx5_0] [--gid-index 3]
+//! omw-mlx5-bringup offload   [--device mlx5_0] [--gid-index 3]
 //! ```
 //! `cd-roles`: CREATE_QP with each CORE-Direct role as the calling user (question 1).
 //! `loopback`: two DEVX QPs connected to each other over RoCE, an encoded NOP then an encoded
@@ -21,6 +22,11 @@
 //! `masked-fa`: an encoded 8-byte masked fetch-and-add with two 32-bit fields (question 6).
 //! `send-en`: a `cd_master` QP enabling a `cd_slave_send` QP's three WRITEs with SEND_EN up to
 //! index 1, then 3, printing which ran (question 2).
+//! `offload`: the whole thing on one port — an offloaded MN on `DevxBackend` (provisioned by
+//! `MnPlan::provision`, chains armed by `MnDriver::connect`), a CN on a second DEVX context
+//! (`CnDriver` over another `DevxBackend`), its QPs connected to the MN's over the port's own
+//! GID; then alloc, write and read through the window, free. Run it only after every other
+//! step passed (checklist step 7).
 
 use omw_core::mlx5::cqe;
 use omw_core::mlx5::ctrl::FmCeSe;
@@ -430,6 +436,140 @@ fn send_en(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxErr
     Ok(ok)
 }
 
+/// The offloaded MN and one CN on this port (see the module doc).
+fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, DevxError> {
+    use omw_core::access::AccessFlags;
+    use omw_core::backend::{Capabilities, Domain, RdmaBackend, WcStatus};
+    use omw_core::cn_driver::{CnDriver, CnEvent, CnMemory, CnQpSet, IO_SLOTS};
+    use omw_core::mn::CnQps;
+    use omw_core::mn_plan::{MnOptions, MnPlan, PoolSpec};
+    use omw_verbs::devx::backend::{DevxBackend, DevxConfig};
+    use omw_verbs::devx::device::DevxDevice;
+    const CHUNK: u64 = 4096;
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        println!("  {what}: {e}");
+        DevxError::Call { call: "offload step", errno: 0 }
+    };
+    // what the MN's plan sees: the offload set; the MW semantics are the spec's (the MW probe
+    // of `omw probe` checks them on this device first)
+    let cfg = DevxConfig::new(Capabilities::OFFLOAD | Capabilities::MW_BOUNDS_ENFORCED);
+    let mn_dev = RealDevx::open(device)?.with_gid_index(gid_index);
+    let cn_dev = RealDevx::open(device)?.with_gid_index(gid_index);
+    let mb = DevxBackend::new(mn_dev, c, cfg)?;
+    let mut cb = DevxBackend::new(cn_dev, c, cfg)?;
+    let plan = MnPlan::decide(mb.capabilities(), MnOptions::default()).map_err(|e| fail("plan", &e))?;
+    let spec =
+        PoolSpec { chunk_size: CHUNK, chunks: 16, group_size: 2, max_cns: 2, quota: 0, lease_ns: 0, queue_depth: None };
+    let mut mn = plan.provision(mb, &spec).map_err(|e| fail("provision", &e))?;
+    println!("  MN provisioned on DEVX ({:?})", plan.mode);
+    let (alloc_loop, free_loop) =
+        mn.create_loop_qps().map_err(|e| fail("loop QPs", &e))?.ok_or_else(|| fail("loop QPs", &"host engine"))?;
+    let depth = mn.mn.chain_ring_depths().map_err(|e| fail("ring depths", &e))?;
+    let path = cb.device_mut().local_path()?;
+    let attr = |dest: u32| cm::CmQpAttr {
+        port_num: 1,
+        qp_access_flags: 0xE,
+        dest_qp_num: dest,
+        path_mtu: path.mtu as u32,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: 12,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        ah_is_global: true,
+        ah_port_num: 1,
+        dgid: path.gid,
+        sgid_index: gid_index,
+        hop_limit: 64,
+        ..Default::default()
+    };
+    let mut pair = |mn: &mut omw_core::mn_driver::MnDriver<DevxBackend<RealDevx>>, managed: Option<u16>| {
+        let m = mn.backend.create_cn_qp(managed.map(u32::from))?;
+        let q = cb.create_cn_qp(None)?;
+        mn.backend.connect_cn_qp(m, &attr(q.get()), path.mac)?;
+        cb.connect_cn_qp(q, &attr(m.get()), path.mac)?;
+        Ok::<_, DevxError>((q, m))
+    };
+    let (alloc, mn_alloc) = pair(&mut mn, Some(depth[0][1]))?;
+    let (free, mn_free) = pair(&mut mn, Some(depth[1][1]))?;
+    let (access, mn_access) = pair(&mut mn, None)?;
+    let reply = cb.alloc_memory(CnMemory::REPLY_LEN, 64)?;
+    let rk =
+        cb.reg_mr(Domain::CnFacing, reply, CnMemory::REPLY_LEN, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    let local_len = CnMemory::local_len_for(IO_SLOTS, CHUNK);
+    let local = cb.alloc_memory(local_len, 64)?;
+    let lk = cb.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE)?;
+    let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
+    let mut acc = heapless::Vec::new();
+    let _ = acc.push(access);
+    let mut cn: CnDriver<_, 16> =
+        CnDriver::new(cb, CnQpSet { alloc, free, access: acc }, mem).map_err(|e| fail("CN driver", &e))?;
+    let mut mn_acc = heapless::Vec::new();
+    let _ = mn_acc.push(mn_access);
+    let qps = CnQps {
+        alloc: mn_alloc,
+        free: mn_free,
+        access: mn_acc,
+        alloc_loop: Some(alloc_loop),
+        free_loop: Some(free_loop),
+    };
+    mn.connect(qps).map_err(|e| fail("connect (arms both chains)", &e))?;
+    println!("  CN connected, chains armed");
+    let t0 = Instant::now();
+    let pump =
+        |mn: &mut omw_core::mn_driver::MnDriver<_>, cn: &mut CnDriver<_, 16>| -> Result<Option<CnEvent>, DevxError> {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                let now = t0.elapsed().as_nanos() as u64;
+                mn.poll(now).map_err(|e| fail("MN poll", &e))?;
+                cn.poll(now).map_err(|e| fail("CN poll", &e))?;
+                if let Some(e) = cn.next_event() {
+                    return Ok(Some(e));
+                }
+            }
+            Ok(None)
+        };
+    println!("  first event: {:?}", pump(&mut mn, &mut cn)?);
+    let token = cn.alloc(0).map_err(|e| fail("alloc request", &e))?;
+    let a = match pump(&mut mn, &mut cn)? {
+        Some(CnEvent::Allocated { token: t, result: Ok(a) }) if t == token => a,
+        other => {
+            println!("  alloc: no allocation from the NIC's chain: {other:?} (MN stats {:?})", mn.stats);
+            return Ok(false);
+        }
+    };
+    println!("  allocated {:#x} with {} window(s), MN CPU laps {}", a.base, a.rkeys.len(), mn.stats.laps);
+    let key = a.rkeys[0];
+    let msg = *b"omw offload on a ConnectX";
+    let op = cn.post_write(0, a.base, key, &msg).map_err(|e| fail("write", &e))?;
+    let mut back = [0u8; 25];
+    let mut done = None;
+    for _ in 0..100_000 {
+        let _ = mn.poll(t0.elapsed().as_nanos() as u64);
+        let _ = cn.poll(t0.elapsed().as_nanos() as u64);
+        if let Some(d) = cn.access_done(op, &mut back).map_err(|e| fail("write", &e))? {
+            done = Some(d.status);
+            break;
+        }
+    }
+    println!("  WRITE through the window: {done:?}");
+    let op = cn.post_read(0, a.base, key, msg.len()).map_err(|e| fail("read", &e))?;
+    let mut read = None;
+    for _ in 0..100_000 {
+        let _ = mn.poll(t0.elapsed().as_nanos() as u64);
+        let _ = cn.poll(t0.elapsed().as_nanos() as u64);
+        if let Some(d) = cn.access_done(op, &mut back).map_err(|e| fail("read", &e))? {
+            read = Some(d.status);
+            break;
+        }
+    }
+    println!("  READ back: {read:?}, bytes match: {}", back == msg);
+    cn.free(&a).map_err(|e| fail("free", &e))?;
+    println!("  free: {:?}", pump(&mut mn, &mut cn)?);
+    Ok(done == Some(WcStatus::Success) && read == Some(WcStatus::Success) && back == msg)
+}
+
 fn run() -> Result<bool, DevxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
@@ -445,9 +585,13 @@ fn run() -> Result<bool, DevxError> {
         Some("masked-fa") => masked_fa(&mut d, &c, gid_index),
         Some("send-en") => send_en(&mut d, &c, gid_index),
         Some("bind") => bind(&mut d, &c, gid_index, args.iter().any(|a| a == "--imm-current")),
+        Some("offload") => {
+            drop(d);
+            offload(device.as_deref(), gid_index, c)
+        }
         _ => {
             eprintln!(
-                "usage: omw-mlx5-bringup caps|cd-roles|loopback|bind|masked-fa|send-en [--device NAME] [--gid-index N] [--imm-current]"
+                "usage: omw-mlx5-bringup caps|cd-roles|loopback|bind|masked-fa|send-en|offload [--device NAME] [--gid-index N] [--imm-current]"
             );
             Ok(false)
         }

@@ -549,7 +549,7 @@ impl<D: DevxDevice> DevxBackend<D> {
     }
 
     /// 2RST one QP, drain it, zero its software state.
-    fn to_reset(&mut self, qpn: u32) -> Result<(), DevxError> {
+    fn reset_one(&mut self, qpn: u32) -> Result<(), DevxError> {
         let q = self.qps.get(&qpn).ok_or(DevxError::UnknownQp(qpn))?;
         let (obj, devx) = (q.devx.obj, q.devx);
         let input = prm_qp::qp_2rst_in(qpn)?;
@@ -623,7 +623,7 @@ impl<D: DevxDevice> DevxBackend<D> {
         }
         // unsignaled WQEs before the one completed finished with it
         let pos = q.posted.iter().position(|p| p.index == counter)?;
-        let p = q.posted.drain(..=pos).last()?;
+        let p = q.posted.drain(..=pos).next_back()?;
         q.sq_ci = WqeIndex::new(p.index).add(p.wqebbs);
         Some((p.wr_id, p.opcode))
     }
@@ -760,13 +760,13 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
         }
         match q.link {
             Link::Loopback { peer, .. } => {
-                self.to_reset(qp.get())?;
-                self.to_reset(peer)?;
+                self.reset_one(qp.get())?;
+                self.reset_one(peer)?;
                 self.connect_loopback(qp.get(), peer)?;
                 self.connect_loopback(peer, qp.get())
             }
             Link::Cn { .. } => {
-                self.to_reset(qp.get())?;
+                self.reset_one(qp.get())?;
                 self.connect_cn(qp.get())
             }
         }

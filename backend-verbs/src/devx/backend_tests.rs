@@ -102,7 +102,7 @@ fn dev(m: &Mn) -> &RecordingDevx {
     m.driver.backend.device()
 }
 
-fn slot<'a>(m: &'a Mn, q: Qpn) -> &'a QpSlot {
+fn slot(m: &Mn, q: Qpn) -> &QpSlot {
     m.driver.backend.qps.get(&q.get()).unwrap()
 }
 

@@ -8,10 +8,10 @@
 use super::api::{DevxApi, MemRange, ObjHandle, UarHandle, UmemHandle};
 use super::cm::{self, CmQpAttr};
 use super::device::{DevxDevice, LocalPath};
-use omw_core::access::AccessFlags;
-use omw_core::backend::{Domain, MrKeys};
 use super::queue::{self, DevxQp};
 use super::DevxError;
+use omw_core::access::AccessFlags;
+use omw_core::backend::{Domain, MrKeys};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
 use rdma_sys::*;
 use std::ffi::{c_int, c_void, CStr};

@@ -67,10 +67,11 @@ fn query_device(_device: Option<&str>) -> Result<HcaCaps, DevxError> {
 }
 
 /// Why `omw mn --offload mlx5` cannot run: the DEVX open or capability query that failed, the
-/// capability that is missing, or — on a device that has them all — that this build has no
-/// DEVX `RdmaBackend` ([`DevxError::NoDevxBackend`]): arming (`arm.rs`) and external-QP
-/// connection (`ffi::accept_external`) exist, but nothing provisions and drives an MN on
-/// DEVX objects, so offload still refuses rather than half-run.
+/// capability that is missing, or — on a device that has them all — that the daemon cannot
+/// serve remote CNs on DEVX yet ([`DevxError::NoDevxBackend`]): the backend (`backend.rs`),
+/// arming (`arm.rs`) and external-QP translation (`cm.rs`, `ffi::accept_external`) exist, but
+/// the daemon's rdma_cm accept path does not create DEVX QPs, so offload refuses rather than
+/// half-run; `omw-mlx5-bringup offload` runs MN and CN on one host.
 pub fn refuse_offload(device: Option<&str>) -> DevxError {
     match query_device(device) {
         Err(e) => e,
@@ -109,10 +110,15 @@ mod tests {
         let e = verdict(&full());
         assert!(matches!(e, DevxError::NoDevxBackend));
         let s = e.to_string();
-        assert!(s.contains("without --offload") && s.contains("no DEVX backend"), "{s}");
-        // says what exists (arming, external QPs), that it never ran on a ConnectX, and what is missing
-        assert!(s.contains("arming the mlx5-form chains") && s.contains("external-QP"), "{s}");
-        assert!(s.contains("never run on a ConnectX") && s.contains("What is missing: a DEVX RdmaBackend"), "{s}");
+        assert!(s.contains("without --offload") && s.contains("cannot serve remote CNs on DEVX"), "{s}");
+        // says what exists (the backend, arming, external QPs), that it never ran on a
+        // ConnectX, what is missing, and how to try offload on one host
+        assert!(
+            s.contains("DevxBackend") && s.contains("arming the mlx5-form chains") && s.contains("external-QP"),
+            "{s}"
+        );
+        assert!(s.contains("never run on a ConnectX") && s.contains("What is missing: the daemon accepting"), "{s}");
+        assert!(s.contains("omw-mlx5-bringup offload"), "{s}");
     }
 
     #[test]
