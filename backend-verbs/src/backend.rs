@@ -131,14 +131,8 @@ pub struct VerbsBackend {
     mws: HashMap<u32, MwEntry>,
     qps: HashMap<u32, QpEntry>,
     next_wr: u64,
-    /// rdma_cm event channel owned by this backend (destroyed after the ids).
-    pub(crate) cm_channel: *mut rdma_event_channel,
-    /// rdma_cm ids without a QP (listener, ids being set up).
-    pub(crate) cm_ids: Vec<*mut rdma_cm_id>,
-    /// Connection requests reported by `poll_cm` and not yet accepted or rejected.
-    pub(crate) cm_requests: Vec<*mut rdma_cm_id>,
-    /// rdma_cm events read while waiting for another id's event: `poll_cm` returns them first.
-    pub(crate) cm_backlog: VecDeque<crate::cm_event::CmEvent>,
+    /// rdma_cm: the event channel, its ids and pending requests (closed in Drop after the QPs).
+    pub(crate) cm: crate::cm_event::CmChannel,
     /// Windows given up at teardown (deallocated because they could not be invalidated).
     lost_windows: Vec<Rkey>,
     /// Tests only: act as if every teardown invalidation failed.
@@ -190,10 +184,7 @@ impl VerbsBackend {
             mws: HashMap::new(),
             qps: HashMap::new(),
             next_wr: 1,
-            cm_channel: ptr::null_mut(),
-            cm_ids: Vec::new(),
-            cm_requests: Vec::new(),
-            cm_backlog: VecDeque::new(),
+            cm: crate::cm_event::CmChannel::default(),
             lost_windows: Vec::new(),
             fail_teardown_invalidation: false,
         })
@@ -1473,19 +1464,7 @@ impl Drop for VerbsBackend {
                 Self::destroy_cqs(e.send_cq, e.recv_cq);
             }
         }
-        // SAFETY: ids without QPs and the channel are ours; events were acked as they came.
-        unsafe {
-            for id in self.cm_requests.drain(..) {
-                crate::cm_event::reject_raw(id);
-            }
-            for id in self.cm_ids.drain(..) {
-                rdma_destroy_id(id);
-            }
-            if !self.cm_channel.is_null() {
-                rdma_destroy_event_channel(self.cm_channel);
-                self.cm_channel = ptr::null_mut();
-            }
-        }
+        self.cm.close();
         // 3. MRs, PD, memory (the context closes when `ctx` drops after this)
         for (_, m) in std::mem::take(&mut self.mrs) {
             let _ = (m.addr, m.len);

@@ -6,12 +6,12 @@
 //! group size, which tells the CN how many access QPs to open.
 
 use crate::backend::{VerbsBackend, RECV_DEPTH};
-use crate::cm_event::reject_raw;
+use crate::cm_event::{reject_raw, sockaddr};
 pub use crate::cm_event::{CmEvent, CmEventKind, CmId};
 use crate::error::{Result, VerbsError};
 use omw_core::ids::Qpn;
 use rdma_sys::*;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::ptr;
 use std::time::{Duration, Instant};
 
@@ -91,67 +91,10 @@ pub struct Connected {
     pub private_data: Vec<u8>,
 }
 
-fn sockaddr(addr: SocketAddr) -> Result<libc::sockaddr_in> {
-    let v4: SocketAddrV4 = match addr {
-        SocketAddr::V4(a) => a,
-        SocketAddr::V6(_) => return Err(VerbsError::Config("only IPv4 addresses are supported".into())),
-    };
-    // SAFETY: sockaddr_in is plain data.
-    let mut s: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    s.sin_family = libc::AF_INET as u16;
-    s.sin_port = v4.port().to_be();
-    s.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
-    Ok(s)
-}
-
 impl VerbsBackend {
-    fn channel(&mut self) -> Result<*mut rdma_event_channel> {
-        if self.cm_channel.is_null() {
-            // SAFETY: creates a channel owned by the backend (destroyed in Drop).
-            let ch = unsafe { rdma_create_event_channel() };
-            if ch.is_null() {
-                return Err(VerbsError::last("rdma_create_event_channel"));
-            }
-            // SAFETY: ch->fd is the channel's open file descriptor.
-            unsafe {
-                let fd = (*ch).fd;
-                let fl = libc::fcntl(fd, libc::F_GETFL);
-                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-            }
-            self.cm_channel = ch;
-        }
-        Ok(self.cm_channel)
-    }
-
-    fn new_id(&mut self) -> Result<*mut rdma_cm_id> {
-        let ch = self.channel()?;
-        let mut id: *mut rdma_cm_id = ptr::null_mut();
-        // SAFETY: ch is live; id receives the new cm id.
-        let rc = unsafe { rdma_create_id(ch, &mut id, ptr::null_mut(), rdma_port_space::RDMA_PS_TCP) };
-        if rc != 0 {
-            return Err(VerbsError::rc("rdma_create_id", rc));
-        }
-        self.cm_ids.push(id);
-        Ok(id)
-    }
-
-    fn forget_id(&mut self, id: *mut rdma_cm_id) {
-        self.cm_ids.retain(|x| *x != id);
-    }
-
     /// Listen for CNs on `addr` (an address of this backend's device).
     pub fn listen(&mut self, addr: SocketAddr, backlog: i32) -> Result<()> {
-        let id = self.new_id()?;
-        let mut sa = sockaddr(addr)?;
-        // SAFETY: id is live; sa is a valid sockaddr_in for the call's duration.
-        let rc = unsafe { rdma_bind_addr(id, &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
-                Some(libc::EADDRINUSE) => VerbsError::AddressInUse { addr: addr.to_string() },
-                _ => VerbsError::AddressNotRdma { addr: addr.to_string(), detail: format!("rdma_bind_addr: {e}") },
-            });
-        }
+        let id = self.cm.bind(addr)?;
         // SAFETY: id is bound; verbs is set when the address belongs to an RDMA device.
         let verbs = unsafe { (*id).verbs };
         if !verbs.is_null() && verbs != self.raw_context() {
@@ -160,87 +103,13 @@ impl VerbsBackend {
                 self.device_name()
             )));
         }
-        // SAFETY: id is bound.
-        let rc = unsafe { rdma_listen(id, backlog) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
-                Some(libc::EADDRINUSE) => VerbsError::AddressInUse { addr: addr.to_string() },
-                _ => VerbsError::rc("rdma_listen", rc),
-            });
-        }
-        Ok(())
+        self.cm.listen(id, addr, backlog)
     }
 
     /// Next rdma_cm event, waiting at most `timeout` (zero: do not wait). Events read earlier
     /// while a connect waited for its own come first, in the order they arrived.
     pub fn poll_cm(&mut self, timeout: Duration) -> Result<Option<CmEvent>> {
-        if let Some(ev) = self.cm_backlog.pop_front() {
-            return Ok(Some(ev));
-        }
-        self.read_cm_event(timeout)
-    }
-
-    /// Read one event from the channel (not the backlog).
-    fn read_cm_event(&mut self, timeout: Duration) -> Result<Option<CmEvent>> {
-        let ch = self.channel()?;
-        // SAFETY: ch is live; pollfd is plain data.
-        unsafe {
-            let mut p = libc::pollfd { fd: (*ch).fd, events: libc::POLLIN, revents: 0 };
-            let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-            if libc::poll(&mut p, 1, ms) <= 0 {
-                return Ok(None);
-            }
-            let mut ev: *mut rdma_cm_event = ptr::null_mut();
-            if rdma_get_cm_event(ch, &mut ev) != 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EAGAIN) {
-                    return Ok(None);
-                }
-                return Err(VerbsError::last("rdma_get_cm_event"));
-            }
-            let e = &*ev;
-            let kind = match e.event {
-                rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
-                rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
-                rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST => CmEventKind::ConnectRequest,
-                rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED => CmEventKind::Established,
-                rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED => CmEventKind::Disconnected,
-                rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => CmEventKind::Rejected,
-                rdma_cm_event_type::RDMA_CM_EVENT_ADDR_ERROR
-                | rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_ERROR
-                | rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_ERROR
-                | rdma_cm_event_type::RDMA_CM_EVENT_UNREACHABLE
-                | rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL => CmEventKind::Error(e.event),
-                other => CmEventKind::Other(other),
-            };
-            let conn = &e.param.conn;
-            let private_data = if conn.private_data.is_null() || conn.private_data_len == 0 {
-                Vec::new()
-            } else {
-                std::slice::from_raw_parts(conn.private_data as *const u8, conn.private_data_len as usize).to_vec()
-            };
-            if kind == CmEventKind::ConnectRequest {
-                // a new id, ours until accepted (then its QP owns it) or rejected
-                self.cm_requests.push(e.id);
-            }
-            let remote_qpn = match kind {
-                CmEventKind::ConnectRequest | CmEventKind::Established => {
-                    Qpn::new(conn.qp_num).ok().filter(|q| q.get() != 0)
-                }
-                _ => None,
-            };
-            let rnr_retry_count = if kind == CmEventKind::ConnectRequest { conn.rnr_retry_count } else { 0 };
-            let out = CmEvent { kind, id: CmId(e.id), status: e.status, private_data, remote_qpn, rnr_retry_count };
-            rdma_ack_cm_event(ev);
-            Ok(Some(out))
-        }
-    }
-
-    /// Take a pending connection request out of the table (None: not one).
-    fn take_request(&mut self, id: CmId) -> Option<*mut rdma_cm_id> {
-        let i = self.cm_requests.iter().position(|x| *x == id.0)?;
-        Some(self.cm_requests.swap_remove(i))
+        self.cm.poll(timeout)
     }
 
     /// MN side: create the QP of a connection request, post receives (through `prepare`),
@@ -253,6 +122,7 @@ impl VerbsBackend {
         prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
     ) -> Result<Qpn> {
         let id = self
+            .cm
             .take_request(id)
             .ok_or_else(|| VerbsError::Config("accept: not a pending connection request".into()))?;
         let q = match self.create_cm_qp(id) {
@@ -289,55 +159,13 @@ impl VerbsBackend {
 
     /// MN side: refuse a pending connection request (ignored if `id` is not one).
     pub fn reject(&mut self, id: CmId) {
-        if let Some(raw) = self.take_request(id) {
-            reject_raw(raw);
-        }
-    }
-
-    fn wait_event_for(
-        &mut self,
-        id: *mut rdma_cm_id,
-        want: CmEventKind,
-        peer: &str,
-        deadline: Instant,
-    ) -> Result<CmEvent> {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(VerbsError::PeerUnreachable {
-                    addr: peer.into(),
-                    detail: format!("timed out waiting for {want:?}"),
-                });
-            }
-            let ev = match self.cm_backlog.iter().position(|e| e.id.0 == id) {
-                Some(i) => self.cm_backlog.remove(i),
-                None => self.read_cm_event(left.min(Duration::from_millis(100)))?,
-            };
-            let Some(ev) = ev else { continue };
-            if ev.id.0 != id {
-                // another id's event (a connection request, another connect): keep it for
-                // poll_cm instead of dropping it
-                self.cm_backlog.push_back(ev);
-                continue;
-            }
-            if ev.kind == want {
-                return Ok(ev);
-            }
-            let detail = match ev.kind {
-                CmEventKind::Rejected => {
-                    "connection rejected (is an omw MN listening on that port, and is the CN limit reached?)"
-                        .to_string()
-                }
-                k => format!("{k:?} (status {})", ev.status),
-            };
-            return Err(VerbsError::PeerUnreachable { addr: peer.into(), detail });
-        }
+        self.cm.reject(id)
     }
 
     /// CN side, step 1: resolve the MN's address and route with a fresh id; returns the id
     /// and the name of the local device the route uses.
     pub(crate) fn resolve(ch_owner: &mut Self, addr: SocketAddr, deadline: Instant) -> Result<*mut rdma_cm_id> {
-        let id = ch_owner.new_id()?;
+        let id = ch_owner.cm.new_id()?;
         let mut sa = sockaddr(addr)?;
         let peer = addr.to_string();
         let left = deadline.saturating_duration_since(Instant::now()).as_millis().clamp(100, 10_000) as i32;
@@ -351,7 +179,7 @@ impl VerbsBackend {
                 detail: format!("rdma_resolve_addr: {}", std::io::Error::last_os_error()),
             });
         }
-        ch_owner.wait_event_for(id, CmEventKind::AddrResolved, &peer, deadline)?;
+        ch_owner.cm.wait_event_for(id, CmEventKind::AddrResolved, &peer, deadline)?;
         // SAFETY: the address is resolved.
         let rc = unsafe { rdma_resolve_route(id, left) };
         if rc != 0 {
@@ -360,7 +188,7 @@ impl VerbsBackend {
                 detail: format!("rdma_resolve_route: {}", std::io::Error::last_os_error()),
             });
         }
-        ch_owner.wait_event_for(id, CmEventKind::RouteResolved, &peer, deadline)?;
+        ch_owner.cm.wait_event_for(id, CmEventKind::RouteResolved, &peer, deadline)?;
         Ok(id)
     }
 
@@ -389,7 +217,7 @@ impl VerbsBackend {
         let deadline = Instant::now() + timeout;
         let id = Self::resolve(self, addr, deadline)?;
         let q = self.create_cm_qp(id)?;
-        self.forget_id(id); // owned by the QP entry from now on
+        self.cm.forget_id(id); // owned by the QP entry from now on
         prepare(self, q)?;
         let private = hello.encode();
         let rd = (self.device_info().max_qp_rd_atom.clamp(1, 16)) as u8;
@@ -410,7 +238,7 @@ impl VerbsBackend {
                 detail: format!("rdma_connect: {}", std::io::Error::last_os_error()),
             });
         }
-        let ev = self.wait_event_for(id, CmEventKind::Established, &addr.to_string(), deadline)?;
+        let ev = self.cm.wait_event_for(id, CmEventKind::Established, &addr.to_string(), deadline)?;
         // the QP's own attributes say the same where the event did not carry it
         let remote_qpn = ev.remote_qpn.or_else(|| self.dest_qpn(q));
         self.short_rnr_timer(q);

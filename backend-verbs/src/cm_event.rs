@@ -3,9 +3,13 @@
 //! backend with the connection set-up, so that backend.rs does not depend on cm.rs
 //! (scripts/import-cycles).
 
+use crate::error::{Result, VerbsError};
 use omw_core::ids::Qpn;
 use rdma_sys::*;
+use std::collections::VecDeque;
+use std::net::{SocketAddr, SocketAddrV4};
 use std::ptr;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum CmEventKind {
@@ -48,5 +52,243 @@ pub(crate) fn reject_raw(id: *mut rdma_cm_id) {
     unsafe {
         rdma_reject(id, ptr::null(), 0);
         rdma_destroy_id(id);
+    }
+}
+
+pub(crate) fn sockaddr(addr: SocketAddr) -> Result<libc::sockaddr_in> {
+    let v4: SocketAddrV4 = match addr {
+        SocketAddr::V4(a) => a,
+        SocketAddr::V6(_) => return Err(VerbsError::Config("only IPv4 addresses are supported".into())),
+    };
+    // SAFETY: sockaddr_in is plain data.
+    let mut s: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    s.sin_family = libc::AF_INET as u16;
+    s.sin_port = v4.port().to_be();
+    s.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
+    Ok(s)
+}
+
+/// One rdma_cm event channel and the ids on it: the ids this side created and still owns, the
+/// connection requests not yet accepted or rejected, and events read while waiting for
+/// another id's (handed out by [`CmChannel::poll`] first, in order). The verbs backend holds
+/// one; the DEVX MN holds its own (its QPs are not rdma_cm's).
+#[derive(Debug)]
+pub struct CmChannel {
+    channel: *mut rdma_event_channel,
+    ids: Vec<*mut rdma_cm_id>,
+    requests: Vec<*mut rdma_cm_id>,
+    backlog: VecDeque<CmEvent>,
+}
+
+impl Default for CmChannel {
+    fn default() -> Self {
+        CmChannel { channel: ptr::null_mut(), ids: Vec::new(), requests: Vec::new(), backlog: VecDeque::new() }
+    }
+}
+
+impl CmChannel {
+    pub(crate) fn channel_ptr(&mut self) -> Result<*mut rdma_event_channel> {
+        if self.channel.is_null() {
+            // SAFETY: creates a channel owned by the backend (destroyed in Drop).
+            let ch = unsafe { rdma_create_event_channel() };
+            if ch.is_null() {
+                return Err(VerbsError::last("rdma_create_event_channel"));
+            }
+            // SAFETY: ch->fd is the channel's open file descriptor.
+            unsafe {
+                let fd = (*ch).fd;
+                let fl = libc::fcntl(fd, libc::F_GETFL);
+                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            }
+            self.channel = ch;
+        }
+        Ok(self.channel)
+    }
+
+    pub(crate) fn new_id(&mut self) -> Result<*mut rdma_cm_id> {
+        let ch = self.channel_ptr()?;
+        let mut id: *mut rdma_cm_id = ptr::null_mut();
+        // SAFETY: ch is live; id receives the new cm id.
+        let rc = unsafe { rdma_create_id(ch, &mut id, ptr::null_mut(), rdma_port_space::RDMA_PS_TCP) };
+        if rc != 0 {
+            return Err(VerbsError::rc("rdma_create_id", rc));
+        }
+        self.ids.push(id);
+        Ok(id)
+    }
+
+    pub(crate) fn forget_id(&mut self, id: *mut rdma_cm_id) {
+        self.ids.retain(|x| *x != id);
+    }
+
+    /// A fresh id bound to `addr` (before [`CmChannel::listen`]: the caller checks which
+    /// device it belongs to).
+    pub fn bind(&mut self, addr: SocketAddr) -> Result<*mut rdma_cm_id> {
+        let id = self.new_id()?;
+        let mut sa = sockaddr(addr)?;
+        // SAFETY: id is live; sa is a valid sockaddr_in for the call's duration.
+        let rc = unsafe { rdma_bind_addr(id, &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EADDRINUSE) => VerbsError::AddressInUse { addr: addr.to_string() },
+                _ => VerbsError::AddressNotRdma { addr: addr.to_string(), detail: format!("rdma_bind_addr: {e}") },
+            });
+        }
+        Ok(id)
+    }
+
+    /// Listen on an id from [`CmChannel::bind`].
+    pub fn listen(&mut self, id: *mut rdma_cm_id, addr: SocketAddr, backlog: i32) -> Result<()> {
+        // SAFETY: id is a bound id of this channel.
+        let rc = unsafe { rdma_listen(id, backlog) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EADDRINUSE) => VerbsError::AddressInUse { addr: addr.to_string() },
+                _ => VerbsError::rc("rdma_listen", rc),
+            });
+        }
+        Ok(())
+    }
+
+    /// Next event, waiting at most `timeout` (zero: do not wait); the backlog first.
+    pub fn poll(&mut self, timeout: Duration) -> Result<Option<CmEvent>> {
+        if let Some(ev) = self.backlog.pop_front() {
+            return Ok(Some(ev));
+        }
+        self.read_event(timeout)
+    }
+
+    /// Read one event from the channel (not the backlog).
+    fn read_event(&mut self, timeout: Duration) -> Result<Option<CmEvent>> {
+        let ch = self.channel_ptr()?;
+        // SAFETY: ch is live; pollfd is plain data.
+        unsafe {
+            let mut p = libc::pollfd { fd: (*ch).fd, events: libc::POLLIN, revents: 0 };
+            let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+            if libc::poll(&mut p, 1, ms) <= 0 {
+                return Ok(None);
+            }
+            let mut ev: *mut rdma_cm_event = ptr::null_mut();
+            if rdma_get_cm_event(ch, &mut ev) != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EAGAIN) {
+                    return Ok(None);
+                }
+                return Err(VerbsError::last("rdma_get_cm_event"));
+            }
+            let e = &*ev;
+            let kind = match e.event {
+                rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
+                rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
+                rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST => CmEventKind::ConnectRequest,
+                rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED => CmEventKind::Established,
+                rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED => CmEventKind::Disconnected,
+                rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => CmEventKind::Rejected,
+                rdma_cm_event_type::RDMA_CM_EVENT_ADDR_ERROR
+                | rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_ERROR
+                | rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_ERROR
+                | rdma_cm_event_type::RDMA_CM_EVENT_UNREACHABLE
+                | rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL => CmEventKind::Error(e.event),
+                other => CmEventKind::Other(other),
+            };
+            let conn = &e.param.conn;
+            let private_data = if conn.private_data.is_null() || conn.private_data_len == 0 {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(conn.private_data as *const u8, conn.private_data_len as usize).to_vec()
+            };
+            if kind == CmEventKind::ConnectRequest {
+                // a new id, ours until accepted (then its QP owns it) or rejected
+                self.requests.push(e.id);
+            }
+            let remote_qpn = match kind {
+                CmEventKind::ConnectRequest | CmEventKind::Established => {
+                    Qpn::new(conn.qp_num).ok().filter(|q| q.get() != 0)
+                }
+                _ => None,
+            };
+            let rnr_retry_count = if kind == CmEventKind::ConnectRequest { conn.rnr_retry_count } else { 0 };
+            let out = CmEvent { kind, id: CmId(e.id), status: e.status, private_data, remote_qpn, rnr_retry_count };
+            rdma_ack_cm_event(ev);
+            Ok(Some(out))
+        }
+    }
+
+    /// Take a pending connection request out of the table (None: not one).
+    pub(crate) fn take_request(&mut self, id: CmId) -> Option<*mut rdma_cm_id> {
+        let i = self.requests.iter().position(|x| *x == id.0)?;
+        Some(self.requests.swap_remove(i))
+    }
+
+    /// Refuse a pending connection request (ignored if `id` is not one).
+    pub fn reject(&mut self, id: CmId) {
+        if let Some(raw) = self.take_request(id) {
+            reject_raw(raw);
+        }
+    }
+
+    pub(crate) fn wait_event_for(
+        &mut self,
+        id: *mut rdma_cm_id,
+        want: CmEventKind,
+        peer: &str,
+        deadline: Instant,
+    ) -> Result<CmEvent> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(VerbsError::PeerUnreachable {
+                    addr: peer.into(),
+                    detail: format!("timed out waiting for {want:?}"),
+                });
+            }
+            let ev = match self.backlog.iter().position(|e| e.id.0 == id) {
+                Some(i) => self.backlog.remove(i),
+                None => self.read_event(left.min(Duration::from_millis(100)))?,
+            };
+            let Some(ev) = ev else { continue };
+            if ev.id.0 != id {
+                // another id's event (a connection request, another connect): keep it for
+                // poll_cm instead of dropping it
+                self.backlog.push_back(ev);
+                continue;
+            }
+            if ev.kind == want {
+                return Ok(ev);
+            }
+            let detail = match ev.kind {
+                CmEventKind::Rejected => {
+                    "connection rejected (is an omw MN listening on that port, and is the CN limit reached?)"
+                        .to_string()
+                }
+                k => format!("{k:?} (status {})", ev.status),
+            };
+            return Err(VerbsError::PeerUnreachable { addr: peer.into(), detail });
+        }
+    }
+
+    /// Reject what is pending, destroy the ids, close the channel (before the device goes).
+    pub fn close(&mut self) {
+        // SAFETY: ids without QPs and the channel are ours; events were acked as they came.
+        unsafe {
+            for id in self.requests.drain(..) {
+                reject_raw(id);
+            }
+            for id in self.ids.drain(..) {
+                rdma_destroy_id(id);
+            }
+            if !self.channel.is_null() {
+                rdma_destroy_event_channel(self.channel);
+                self.channel = ptr::null_mut();
+            }
+        }
+    }
+}
+
+impl Drop for CmChannel {
+    fn drop(&mut self) {
+        self.close();
     }
 }
