@@ -6,7 +6,7 @@
 //! - [`probe`] measures a device's real memory-window semantics on fresh QP pairs and maps
 //!   them onto `Capabilities`.
 //! - [`cm`] sets up RC connections through rdma_cm (the MN listens, CNs connect).
-//! - [`mn`] is the memory-node daemon, [`cn`] the compute-node client.
+//! - [`mn`] is the memory-node daemon ([`sessions`]: grouping a CN's connections), [`cn`] the compute-node client.
 //! - [`devx`] is the mlx5 direct path (DEVX PRM commands; the libmlx5 calls with feature `devx`).
 //!
 //! `unsafe` lives only in this crate, and every block says why it is sound.
@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod mn;
 pub mod port;
 pub mod probe;
+pub mod sessions;
 pub mod signals;
 
 pub use backend::VerbsBackend;

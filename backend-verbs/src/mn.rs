@@ -6,21 +6,20 @@
 //! `Event::CnGone`, and logs.
 
 use crate::backend::{VerbsBackend, SEND_DEPTH};
-use crate::cm::{welcome, CmEvent, CmEventKind, CmId, Hello, Role};
+use crate::cm::{CmEvent, CmEventKind};
 use crate::device::DeviceChoice;
 use crate::error::{human, Result, VerbsError};
 use crate::log::Level;
 use crate::memlock::{ensure_memlock, memlock_limit, MemlockNeed};
 use crate::metrics::{MetricsServer, MnCounters};
 use crate::probe::{self, ProbeReport};
+use crate::sessions::{Admission, Sessions};
 use omw_core::backend::{ExecutionMode, RdmaBackend};
 use omw_core::geometry::PoolGeometry;
-use omw_core::ids::{CnId, Qpn};
-use omw_core::mn::{CnQps, Event, MnStats};
+use omw_core::mn::{Event, MnStats};
 use omw_core::mn_driver::MnDriver;
 use omw_core::mn_memory::MnMemoryMap;
 use omw_core::mn_plan::{MnOptions as PlanOptions, MnPlan, PoolSpec};
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -77,17 +76,6 @@ impl std::fmt::Display for Protection {
     }
 }
 
-#[derive(Default)]
-struct Session {
-    alloc: Option<Qpn>,
-    free: Option<Qpn>,
-    access: Vec<Option<Qpn>>,
-    established: Vec<Qpn>,
-    ids: Vec<CmId>,
-    cn: Option<CnId>,
-    opened: Option<Instant>,
-}
-
 /// The running daemon.
 pub struct MemoryNodeDaemon {
     pub driver: MnDriver<VerbsBackend>,
@@ -96,8 +84,7 @@ pub struct MemoryNodeDaemon {
     pub mode: ExecutionMode,
     pub software_ownership_check: bool,
     opts: MnOptions,
-    sessions: HashMap<u64, Session>,
-    by_id: HashMap<CmId, u64>,
+    sessions: Sessions,
     t0: Instant,
     last_stats: Instant,
     last_heartbeat: Instant,
@@ -134,27 +121,33 @@ fn debug_enabled() -> bool {
     crate::log::enabled(TARGET, Level::Debug) || std::env::var_os("OMW_DEBUG").is_some()
 }
 
+/// The options' pool, checked, and whether this host can pin it and `extra_pinned` bytes
+/// more (the DEVX ring arena): (chunks, CNs served). Before any probe pins anything; a
+/// missing device is the more basic error.
+pub(crate) fn checked_sizing(opts: &MnOptions, extra_pinned: impl Fn(u32) -> u64) -> Result<(u32, u32)> {
+    if opts.group_size < 2 || opts.group_size > 4 {
+        return Err(VerbsError::Config(format!("--group-size {} outside 2..=4", opts.group_size)));
+    }
+    if opts.chunk_size == 0 || opts.pool_size < opts.chunk_size {
+        return Err(VerbsError::Config("--pool-size must hold at least one chunk".into()));
+    }
+    let chunks = opts.pool_size / opts.chunk_size;
+    let chunks = u32::try_from(chunks).map_err(|_| VerbsError::Config("too many chunks".into()))?;
+    crate::device::device_names()?;
+    let max_cns = opts.max_cns.clamp(1, omw_core::mn::MAX_CNS as u32);
+    let sizing = PoolGeometry::new(opts.chunk_size, opts.chunk_size, chunks, opts.group_size)
+        .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
+    let meta_need = MnMemoryMap::len_for(&sizing, max_cns);
+    let mut need = MemlockNeed::mn(opts.pool_size, meta_need, max_cns, opts.group_size);
+    need.registered += extra_pinned(max_cns);
+    ensure_memlock(need)?;
+    Ok((chunks, max_cns))
+}
+
 impl MemoryNodeDaemon {
     /// Probe, lay out, register, listen. Prints what protection is in force.
     pub fn start(opts: MnOptions) -> Result<Self> {
-        if opts.group_size < 2 || opts.group_size > 4 {
-            return Err(VerbsError::Config(format!("--group-size {} outside 2..=4", opts.group_size)));
-        }
-        if opts.chunk_size == 0 || opts.pool_size < opts.chunk_size {
-            return Err(VerbsError::Config("--pool-size must hold at least one chunk".into()));
-        }
-        let chunks = opts.pool_size / opts.chunk_size;
-        if chunks > u32::MAX as u64 {
-            return Err(VerbsError::Config("too many chunks".into()));
-        }
-        // ---- can this configuration pin what it needs? (before the probe pins anything; a
-        // missing device is the more basic error)
-        crate::device::device_names()?;
-        let max_cns = opts.max_cns.clamp(1, omw_core::mn::MAX_CNS as u32);
-        let sizing = PoolGeometry::new(opts.chunk_size, opts.chunk_size, chunks as u32, opts.group_size)
-            .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
-        let meta_need = MnMemoryMap::len_for(&sizing, max_cns);
-        ensure_memlock(MemlockNeed::mn(opts.pool_size, meta_need, max_cns, opts.group_size))?;
+        let (chunks, max_cns) = checked_sizing(&opts, |_| 0)?;
         // ---- what does the device really do?
         let choice = DeviceChoice { device: opts.device.clone(), gid_index: opts.gid_index };
         let report = probe::run_choice(&choice)?;
@@ -195,7 +188,7 @@ impl MemoryNodeDaemon {
         let g = opts.group_size as usize;
         let spec = PoolSpec {
             chunk_size: opts.chunk_size,
-            chunks: chunks as u32,
+            chunks,
             group_size: opts.group_size,
             max_cns,
             quota: opts.quota,
@@ -243,9 +236,8 @@ impl MemoryNodeDaemon {
             protection,
             mode,
             software_ownership_check,
+            sessions: Sessions::new(opts.group_size, max_cns as usize),
             opts,
-            sessions: HashMap::new(),
-            by_id: HashMap::new(),
             t0: now,
             last_stats: now,
             last_heartbeat: now,
@@ -351,7 +343,7 @@ impl MemoryNodeDaemon {
     /// lease): their connections go; what they held was reclaimed by the MN already.
     fn drop_evicted(&mut self) {
         for cn in self.driver.mn.take_evicted() {
-            let nonce = self.sessions.iter().find(|(_, s)| s.cn == Some(cn)).map(|(n, _)| *n);
+            let nonce = self.sessions.nonce_of_cn(cn);
             log(format!("{cn} evicted: it stopped answering (no receive posted, or its host is gone); its chunks were reclaimed"));
             if let Some(nonce) = nonce {
                 self.drop_session(nonce);
@@ -421,106 +413,49 @@ impl MemoryNodeDaemon {
 
     fn on_cm(&mut self, ev: CmEvent) -> Result<()> {
         match ev.kind {
-            CmEventKind::ConnectRequest => {
-                let Some(hello) = Hello::decode(&ev.private_data) else {
-                    log("rejected a connection without an omw hello");
+            CmEventKind::ConnectRequest => match self.sessions.admit(&ev) {
+                Admission::Reject(why) => {
+                    log(format!("rejected {why}"));
                     self.driver.backend.reject(ev.id);
-                    return Ok(());
-                };
-                // The CM request sets how often *our* QP retries a send the CN answers with RNR:
-                // 7 is forever. A CN-facing QP must have a finite count (the MN's own step budget
-                // and lease bound it anyway; this keeps stuck sends from outliving the CN).
-                if ev.rnr_retry_count >= 7 {
-                    log(format!(
-                        "rejected {:?} of session {:#x}: it asked the MN to retry RNR forever (rnr_retry_count 7)",
-                        hello.role, hello.nonce
-                    ));
-                    self.driver.backend.reject(ev.id);
-                    return Ok(());
                 }
-                let g = self.opts.group_size;
-                let ok_role = match hello.role {
-                    Role::Access(i) => (i as usize) < g as usize - 1,
-                    _ => true,
-                };
-                let full = !self.sessions.contains_key(&hello.nonce)
-                    && self.sessions.len() >= self.driver.mn.config().max_cns as usize;
-                if !ok_role || full {
-                    log(format!("rejected {:?} of session {:#x}", hello.role, hello.nonce));
-                    self.driver.backend.reject(ev.id);
-                    return Ok(());
-                }
-                let private = if hello.role == Role::Alloc { welcome(g).to_vec() } else { Vec::new() };
-                match self.driver.backend.accept(ev.id, &private, |_, _| Ok(())) {
-                    Ok(q) => {
-                        let s = self.sessions.entry(hello.nonce).or_default();
-                        s.opened.get_or_insert_with(Instant::now);
-                        if s.access.len() < g as usize - 1 {
-                            s.access.resize(g as usize - 1, None);
-                        }
-                        match hello.role {
-                            Role::Alloc => s.alloc = Some(q),
-                            Role::Free => s.free = Some(q),
-                            Role::Access(i) => s.access[i as usize] = Some(q),
-                        }
-                        s.ids.push(ev.id);
-                        self.by_id.insert(ev.id, hello.nonce);
-                    }
-                    Err(e) => {
-                        log(format!("accept failed: {e}"));
+                Admission::Accept { hello, private } => {
+                    match self.driver.backend.accept(ev.id, &private, |_, _| Ok(())) {
+                        Ok(q) => self.sessions.accepted(ev.id, hello, q),
+                        Err(e) => log(format!("accept failed: {e}")),
                     }
                 }
-            }
+            },
             CmEventKind::Established => {
-                let Some(nonce) = self.by_id.get(&ev.id).copied() else { return Ok(()) };
                 let Some(q) = self.driver.backend.qp_of_id(ev.id) else { return Ok(()) };
-                let Some(s) = self.sessions.get_mut(&nonce) else { return Ok(()) };
-                if !s.established.contains(&q) {
-                    s.established.push(q);
-                }
-                let complete = s.cn.is_none()
-                    && s.alloc.is_some_and(|q| s.established.contains(&q))
-                    && s.free.is_some_and(|q| s.established.contains(&q))
-                    && s.access.iter().all(|a| a.is_some_and(|q| s.established.contains(&q)));
-                if complete {
-                    let qps = CnQps {
-                        alloc: s.alloc.unwrap_or_default(),
-                        free: s.free.unwrap_or_default(),
-                        access: s.access.iter().flatten().copied().collect(),
-                        alloc_loop: None,
-                        free_loop: None,
-                    };
-                    match self.driver.connect(qps) {
-                        Ok(cn) => {
-                            if let Some(s) = self.sessions.get_mut(&nonce) {
-                                s.cn = Some(cn);
-                            }
-                            log(format!("{cn} connected (session {nonce:#x}, {} QPs)", 2 + self.opts.group_size - 1));
-                            if debug_enabled() {
-                                let aq = self.sessions.get(&nonce).and_then(|s| s.alloc).unwrap_or_default();
-                                let mut buf = [omw_core::backend::Completion::EMPTY; 4];
-                                let t = Instant::now();
-                                while t.elapsed() < Duration::from_millis(500) {
-                                    let n = self.driver.backend.poll_cq(aq, omw_core::wqe::QueueSel::Send, &mut buf)?;
-                                    for c in &buf[..n] {
-                                        log(format!(
-                                            "debug: send completion {c:?} state {:?}",
-                                            self.driver.backend.qp_state(aq)
-                                        ));
-                                    }
+                let Some((nonce, qps)) = self.sessions.established(ev.id, q) else { return Ok(()) };
+                match self.driver.connect(qps) {
+                    Ok(cn) => {
+                        self.sessions.set_cn(nonce, cn);
+                        log(format!("{cn} connected (session {nonce:#x}, {} QPs)", 2 + self.opts.group_size - 1));
+                        if debug_enabled() {
+                            let aq = self.sessions.get(nonce).and_then(|s| s.alloc).unwrap_or_default();
+                            let mut buf = [omw_core::backend::Completion::EMPTY; 4];
+                            let t = Instant::now();
+                            while t.elapsed() < Duration::from_millis(500) {
+                                let n = self.driver.backend.poll_cq(aq, omw_core::wqe::QueueSel::Send, &mut buf)?;
+                                for c in &buf[..n] {
+                                    log(format!(
+                                        "debug: send completion {c:?} state {:?}",
+                                        self.driver.backend.qp_state(aq)
+                                    ));
                                 }
                             }
                         }
-                        Err(e) => {
-                            log(format!("could not admit session {nonce:#x}: {e}"));
-                            self.drop_session(nonce);
-                        }
+                    }
+                    Err(e) => {
+                        log(format!("could not admit session {nonce:#x}: {e}"));
+                        self.drop_session(nonce);
                     }
                 }
             }
             CmEventKind::Disconnected | CmEventKind::Error(_) | CmEventKind::Rejected => {
-                let Some(nonce) = self.by_id.get(&ev.id).copied() else { return Ok(()) };
-                let cn = self.sessions.get(&nonce).and_then(|s| s.cn);
+                let Some(nonce) = self.sessions.nonce_of(ev.id) else { return Ok(()) };
+                let cn = self.sessions.get(nonce).and_then(|s| s.cn);
                 if let Some(cn) = cn {
                     if let Some(r) = self.driver.mn.cn(cn) {
                         self.departed.0 += r.allocs;
@@ -540,12 +475,8 @@ impl MemoryNodeDaemon {
     }
 
     fn drop_session(&mut self, nonce: u64) {
-        let Some(s) = self.sessions.remove(&nonce) else { return };
-        for id in &s.ids {
-            self.by_id.remove(id);
-        }
-        let qps = [s.alloc, s.free].into_iter().flatten().chain(s.access.iter().flatten().copied());
-        for q in qps {
+        let Some(s) = self.sessions.remove(nonce) else { return };
+        for q in s.qps() {
             let _ = self.driver.backend.destroy_qp(q);
         }
     }

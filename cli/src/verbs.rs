@@ -70,8 +70,9 @@ pub struct MnArgs {
     /// different CNs ran side by side) — for measurements only.
     #[arg(long)]
     pub serial_engine: bool,
-    /// Offload the chains to the NIC: `mlx5` = ConnectX through DEVX (refuses, saying why,
-    /// where the device, kernel or this build cannot). Default: the host engine.
+    /// Offload the chains to the NIC: `mlx5` = ConnectX through DEVX (needs a build with
+    /// `--features devx`; refuses, saying why, where the device, kernel or build cannot; never
+    /// run on a ConnectX — docs/MLX5.md). Default: the host engine.
     #[arg(long, value_enum)]
     pub offload: Option<Offload>,
     /// Source GID index of the MN's raw QPs (probe, admin pair), as perftest's -x (default: the
@@ -165,10 +166,8 @@ pub fn mn(a: MnArgs) -> ExitCode {
 }
 
 fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
-    if a.offload == Some(Offload::Mlx5) {
-        return Err(omw_verbs::VerbsError::Devx(omw_verbs::devx::refuse_offload(a.device.as_deref())));
-    }
-    omw_verbs::mn::serve(MnOptions {
+    let offload = a.offload;
+    let opts = MnOptions {
         device: a.device,
         listen: a.listen,
         pool_size: a.pool_size,
@@ -184,7 +183,26 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         stats_json: a.stats_json,
         lease: Duration::from_millis(a.lease_ms),
         serial_engine: a.serial_engine,
-    })
+    };
+    match offload {
+        // the chains in a ConnectX: the DEVX gate first, so a device or build that cannot
+        // says why before anything is probed or pinned
+        Some(Offload::Mlx5) => {
+            omw_verbs::devx::ready(opts.device.as_deref()).map_err(omw_verbs::VerbsError::Devx)?;
+            serve_devx(opts)
+        }
+        None => omw_verbs::mn::serve(opts),
+    }
+}
+
+#[cfg(feature = "devx")]
+fn serve_devx(opts: MnOptions) -> Result<(), omw_verbs::VerbsError> {
+    omw_verbs::devx::mn::serve(opts)
+}
+
+#[cfg(not(feature = "devx"))]
+fn serve_devx(_opts: MnOptions) -> Result<(), omw_verbs::VerbsError> {
+    Err(omw_verbs::VerbsError::Devx(omw_verbs::devx::DevxError::NotBuilt))
 }
 
 pub fn cn(a: CnArgs) -> ExitCode {

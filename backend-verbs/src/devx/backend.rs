@@ -90,6 +90,33 @@ impl DevxConfig {
     }
 }
 
+impl DevxConfig {
+    /// Ring-arena bytes for an MN serving `max_cns` CNs with groups of `group_size`: per CN two
+    /// loop pairs (their send CQs, a one-lap loop ring of at most [`MAX_CHAIN_RING_WQEBBS`],
+    /// a one-WQEBB responder ring), two management QPs (two CQs each, a one-lap ring, a
+    /// receive queue) and `group_size − 1` access QPs (two CQs, an unmanaged ring, a receive
+    /// queue); the MN's admin and atomic pairs once. Every piece rounded up to pages.
+    pub fn arena_for(max_cns: u32, group_size: u8, cfg: &DevxConfig) -> usize {
+        let pages = |b: usize| b.div_ceil(PAGE) * PAGE;
+        let cq = pages(CqSpec::mem_needed(cfg.log_cqes));
+        let rq = (16usize << cfg.log_rq_stride) << cfg.log_rq;
+        let dbr = queue::DBR_SIZE;
+        let unmanaged = pages((WQEBB << cfg.log_sq_wqebbs) + dbr);
+        let responder = pages(WQEBB + dbr);
+        let loop_qp = pages(MAX_CHAIN_RING_WQEBBS * WQEBB + dbr);
+        let mgmt = pages(MAX_CHAIN_RING_WQEBBS * WQEBB + rq + dbr);
+        let access = pages((WQEBB << cfg.log_sq_wqebbs) + rq + dbr);
+        let per_cn =
+            2 * (loop_qp + responder + 2 * cq) + 2 * (mgmt + 2 * cq) + (group_size as usize - 1) * (access + 2 * cq);
+        let mn = 2 * (unmanaged + responder + 2 * cq);
+        max_cns as usize * per_cn + mn
+    }
+}
+
+/// The largest one-lap chain ring (the alloc chain's loop ring at G = 2..4 is 128 WQEBBs:
+/// docs/MLX5.md's lap table).
+pub const MAX_CHAIN_RING_WQEBBS: usize = 256;
+
 const PAGE: usize = 4096;
 /// Outstanding RDMA READs / atomics a QP initiates and accepts (`log_sra_max` / `log_rra_max`
 /// = 4): what rdma_cm asks for by default on mlx5.

@@ -125,6 +125,25 @@ pub fn rtr2rts(qpn: u32, a: &CmQpAttr) -> Rtr2Rts {
     }
 }
 
+/// One attribute set from `rdma_init_qp_attr`'s three answers: each state's answer is
+/// authoritative for the fields its transition sets (INIT: port, P_Key index, access flags;
+/// RTR: the remote QP, path, MTU, receive PSN, responder resources, RNR timer; RTS: the send
+/// PSN, timeouts, retries, initiator depth), which is what `rst2init` / `init2rtr` / `rtr2rts`
+/// read.
+pub fn merge_states(init: &CmQpAttr, rtr: &CmQpAttr, rts: &CmQpAttr) -> CmQpAttr {
+    CmQpAttr {
+        port_num: init.port_num,
+        pkey_index: init.pkey_index,
+        qp_access_flags: init.qp_access_flags,
+        sq_psn: rts.sq_psn,
+        max_rd_atomic: rts.max_rd_atomic,
+        timeout: rts.timeout,
+        retry_cnt: rts.retry_cnt,
+        rnr_retry: rts.rnr_retry,
+        ..*rtr
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +189,30 @@ mod tests {
             [ceil_log2(0), ceil_log2(1), ceil_log2(2), ceil_log2(3), ceil_log2(16), ceil_log2(255)],
             [0, 0, 1, 2, 4, 8]
         );
+    }
+
+    #[test]
+    fn each_state_answers_for_its_own_fields() {
+        let init =
+            CmQpAttr { port_num: 2, pkey_index: 5, qp_access_flags: REMOTE_WRITE, sq_psn: 99, ..Default::default() };
+        let rtr = CmQpAttr { dest_qp_num: 0x77, path_mtu: 5, rq_psn: 0x10, min_rnr_timer: 12, port_num: 9, ..attr() };
+        let rts = CmQpAttr {
+            sq_psn: 0x20,
+            timeout: 18,
+            retry_cnt: 6,
+            rnr_retry: 5,
+            max_rd_atomic: 8,
+            dest_qp_num: 1,
+            ..Default::default()
+        };
+        let m = merge_states(&init, &rtr, &rts);
+        assert_eq!((m.port_num, m.pkey_index, m.qp_access_flags), (2, 5, REMOTE_WRITE));
+        assert_eq!((m.dest_qp_num, m.path_mtu, m.rq_psn, m.min_rnr_timer, m.dgid), (0x77, 5, 0x10, 12, rtr.dgid));
+        assert_eq!((m.sq_psn, m.timeout, m.retry_cnt, m.rnr_retry, m.max_rd_atomic), (0x20, 18, 6, 5, 8));
+        // the modifies read exactly those
+        let t = rtr2rts(1, &m);
+        assert_eq!((t.next_send_psn, t.ack_timeout), (0x20, 18));
+        assert_eq!(init2rtr(1, &m, 30, [0; 6]).remote_qpn, 0x77);
     }
 
     #[test]

@@ -60,10 +60,6 @@ pub enum DevxError {
     },
     /// A command could not be built (a value does not fit its PRM field).
     Encode(Mlx5Error),
-    /// Every capability is there, but the MN daemon cannot accept CN connections into DEVX
-    /// QPs yet (the backend exists, `devx::backend`; the rdma_cm external-QP wiring of the
-    /// daemon does not).
-    NoDevxBackend,
     /// [`super::DevxApi::write_mem`] outside every registered umem.
     OutsideUmem {
         addr: usize,
@@ -225,9 +221,6 @@ impl fmt::Display for DevxError {
                 write!(f, "{what} needs {need} bytes of ring memory, got {got}")
             }
             DevxError::Encode(e) => write!(f, "cannot build the PRM command: {e}"),
-            DevxError::NoDevxBackend => f.write_str(
-                "the device reports every capability offload needs (DEVX, cd, imaicl, masked fetch-and-add), but `omw mn` cannot serve remote CNs on DEVX yet. What exists (tested against a recording mock, never run on a ConnectX): the DEVX MN backend (devx::backend::DevxBackend: provisioning, loop and CN-facing DEVX QPs, arming the mlx5-form chains, mlx5 CQE polling, reset and re-arm) and the rdma_cm external-QP translation. What is missing: the daemon accepting CN connections into DEVX QPs (rdma_cm external-QP mode) and running its driver on that backend. To try offload on this host, run `omw-mlx5-bringup offload` (docs/MLX5.md, checklist step 7); to serve CNs now, run `omw mn` without --offload",
-            ),
             DevxError::OutsideUmem { addr, len } => {
                 write!(f, "refused to store {len} bytes at {addr:#x}: not inside a registered umem")
             }

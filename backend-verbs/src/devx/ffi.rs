@@ -8,11 +8,9 @@
 use super::api::{DevxApi, MemRange, ObjHandle, UarHandle, UmemHandle};
 use super::cm::{self, CmQpAttr};
 use super::device::{DevxDevice, LocalPath};
-use super::queue::{self, DevxQp};
 use super::DevxError;
 use omw_core::access::AccessFlags;
 use omw_core::backend::{Domain, MrKeys};
-use omw_core::mlx5::prm::hca_cap::HcaCaps;
 use rdma_sys::*;
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
@@ -735,19 +733,19 @@ pub unsafe fn init_qp_attr(
     Ok((a, attr.ah_attr))
 }
 
-/// The MN side of an external-QP connection: move the DEVX QP `qp` through INIT, RTR and RTS
-/// with the attributes rdma_cm computed for `id`, then accept with `conn_param.qp_num` set to
-/// the DEVX QP's number.
+/// MN side of rdma_cm's external-QP mode: connect the DEVX QP `qp` of `backend` with the
+/// attributes rdma_cm gives for INIT, RTR and RTS (`rdma_init_qp_attr`), the next hop's MAC
+/// from an address handle (`RealDevx::rmac`), then `rdma_accept` naming `qp` in
+/// `conn_param.qp_num`, with `private` as the reply's private data.
 ///
 /// # Safety
 /// `id` must be a live `rdma_cm_id` for a connection request not yet accepted, on the device
-/// `dev` was opened on.
+/// `backend` was opened on.
 pub unsafe fn accept_external(
     id: *mut rdma_cm_id,
-    dev: &mut RealDevx,
-    caps: &HcaCaps,
-    qp: &DevxQp,
-    atomic_mode: u8,
+    backend: &mut super::backend::DevxBackend<RealDevx>,
+    qp: omw_core::ids::Qpn,
+    private: &[u8],
 ) -> Result<(), DevxError> {
     // SAFETY: forwarded contract.
     let (init, _) = unsafe { init_qp_attr(id, ibv_qp_state::IBV_QPS_INIT) }?;
@@ -755,22 +753,21 @@ pub unsafe fn accept_external(
     let (rtr, mut ah) = unsafe { init_qp_attr(id, ibv_qp_state::IBV_QPS_RTR) }?;
     // SAFETY: forwarded contract.
     let (rts, _) = unsafe { init_qp_attr(id, ibv_qp_state::IBV_QPS_RTS) }?;
-    let rmac = if rtr.ah_is_global { dev.rmac(&mut ah)? } else { [0; 6] };
-    queue::connect(
-        dev,
-        qp,
-        cm::rst2init(qp.qpn, &init, atomic_mode),
-        cm::init2rtr(qp.qpn, &rtr, caps.log_max_msg, rmac),
-        cm::rtr2rts(qp.qpn, &rts),
-    )?;
+    let rmac = if rtr.ah_is_global { backend.device_mut().rmac(&mut ah)? } else { [0; 6] };
+    let attr = cm::merge_states(&init, &rtr, &rts);
+    backend.connect_cn_qp(qp, &attr, rmac)?;
+    let len = u8::try_from(private.len())
+        .map_err(|_| DevxError::Call { call: "rdma_accept (private data > 255 B)", errno: libc::EINVAL })?;
     // SAFETY: rdma_conn_param is plain C data; all-zero is valid.
     let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
-    p.qp_num = qp.qpn;
+    p.qp_num = qp.get();
+    p.private_data = private.as_ptr() as *const c_void;
+    p.private_data_len = len;
     p.responder_resources = rtr.max_dest_rd_atomic;
     p.initiator_depth = rts.max_rd_atomic;
     p.retry_count = rts.retry_cnt;
     p.rnr_retry_count = rts.rnr_retry;
-    // SAFETY: `id` is live per the contract; `p` is valid for the call.
+    // SAFETY: `id` is live per the contract; `p` and `private` are valid for the call.
     let rc = unsafe { rdma_accept(id, &mut p) };
     if rc != 0 {
         return Err(DevxError::Call { call: "rdma_accept", errno: rc_errno(rc) });

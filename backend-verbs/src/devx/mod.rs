@@ -23,6 +23,8 @@ pub mod doorbell;
 pub mod error;
 #[cfg(feature = "devx")]
 pub mod ffi;
+#[cfg(feature = "devx")]
+pub mod mn;
 #[cfg(test)]
 pub(crate) mod mock;
 pub mod offload;
@@ -32,4 +34,4 @@ mod sequence_tests;
 
 pub use api::DevxApi;
 pub use error::DevxError;
-pub use offload::{probe, refuse_offload, DevxProbe};
+pub use offload::{probe, ready, DevxProbe};

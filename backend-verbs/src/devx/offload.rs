@@ -37,17 +37,19 @@ impl fmt::Display for DevxProbe {
         )?;
         writeln!(f, "  masked fetch-add, 8 B, host {}", yes(c.masked_fetch_add_8b()))?;
         writeln!(f, "  log_max_qp_sz / cq_sz / mkey {} / {} / {}", c.log_max_qp_sz, c.log_max_cq_sz, c.log_max_mkey)?;
-        write!(f, "  omw mn --offload mlx5       refused: {}", verdict(c))?;
+        match verdict(c) {
+            Some(e) => write!(f, "  omw mn --offload mlx5       refused: {e}")?,
+            None => f.write_str(
+                "  omw mn --offload mlx5       runs the DEVX MN (chains in the NIC); never run on a ConnectX, try `omw-mlx5-bringup offload` first (docs/MLX5.md)",
+            )?,
+        }
         f.write_str("\n  (capabilities as reported by the firmware; no chain has run on this device)")
     }
 }
 
-/// Why offload cannot run on a device with capabilities `c` in this build.
-pub fn verdict(c: &HcaCaps) -> DevxError {
-    match c.missing_for_offload() {
-        Some(m) => DevxError::MissingCapability(m),
-        None => DevxError::NoDevxBackend,
-    }
+/// Why offload cannot run on a device with capabilities `c`; `None`: it can.
+pub fn verdict(c: &HcaCaps) -> Option<DevxError> {
+    c.missing_for_offload().map(DevxError::MissingCapability)
 }
 
 /// Read the DEVX capabilities of `device` (or the first device).
@@ -66,16 +68,14 @@ fn query_device(_device: Option<&str>) -> Result<HcaCaps, DevxError> {
     Err(DevxError::NotBuilt)
 }
 
-/// Why `omw mn --offload mlx5` cannot run: the DEVX open or capability query that failed, the
-/// capability that is missing, or — on a device that has them all — that the daemon cannot
-/// serve remote CNs on DEVX yet ([`DevxError::NoDevxBackend`]): the backend (`backend.rs`),
-/// arming (`arm.rs`) and external-QP translation (`cm.rs`, `ffi::accept_external`) exist, but
-/// the daemon's rdma_cm accept path does not create DEVX QPs, so offload refuses rather than
-/// half-run; `omw-mlx5-bringup offload` runs MN and CN on one host.
-pub fn refuse_offload(device: Option<&str>) -> DevxError {
-    match query_device(device) {
-        Err(e) => e,
-        Ok(c) => verdict(&c),
+/// Whether `omw mn --offload mlx5` can run on `device`: its DEVX capabilities, or why not —
+/// the DEVX open or capability query that failed (no mlx5 device, no DEVX, a build without
+/// the `devx` feature), or the capability that is missing.
+pub fn ready(device: Option<&str>) -> Result<HcaCaps, DevxError> {
+    let c = query_device(device)?;
+    match verdict(&c) {
+        Some(e) => Err(e),
+        None => Ok(c),
     }
 }
 
@@ -99,26 +99,15 @@ mod tests {
 
     #[test]
     fn refusals_name_the_capability_and_the_way_out() {
-        let e = verdict(&HcaCaps { cd: false, ..full() });
+        let e = verdict(&HcaCaps { cd: false, ..full() }).unwrap();
         assert!(matches!(e, DevxError::MissingCapability(MissingCap::CoreDirect)));
         let s = e.to_string();
         assert!(s.contains("cmd_hca_cap.cd") && s.contains("without --offload"), "{s}");
-        let e = verdict(&HcaCaps { imaicl: false, ..full() });
+        let e = verdict(&HcaCaps { imaicl: false, ..full() }).unwrap();
         assert!(e.to_string().contains("cmd_hca_cap.imaicl"));
-        let e = verdict(&HcaCaps { atomic_8b_endianness_mode: 0, ..full() });
+        let e = verdict(&HcaCaps { atomic_8b_endianness_mode: 0, ..full() }).unwrap();
         assert!(e.to_string().contains("atomic_req_8B_endianness_mode"));
-        let e = verdict(&full());
-        assert!(matches!(e, DevxError::NoDevxBackend));
-        let s = e.to_string();
-        assert!(s.contains("without --offload") && s.contains("cannot serve remote CNs on DEVX"), "{s}");
-        // says what exists (the backend, arming, external QPs), that it never ran on a
-        // ConnectX, what is missing, and how to try offload on one host
-        assert!(
-            s.contains("DevxBackend") && s.contains("arming the mlx5-form chains") && s.contains("external-QP"),
-            "{s}"
-        );
-        assert!(s.contains("never run on a ConnectX") && s.contains("What is missing: the daemon accepting"), "{s}");
-        assert!(s.contains("omw-mlx5-bringup offload"), "{s}");
+        assert!(verdict(&full()).is_none(), "a device with every capability runs");
     }
 
     #[test]
@@ -134,6 +123,6 @@ mod tests {
     #[cfg(not(feature = "devx"))]
     #[test]
     fn without_the_feature_offload_refuses_with_the_rebuild_hint() {
-        assert!(matches!(refuse_offload(None), DevxError::NotBuilt));
+        assert!(matches!(ready(None), Err(DevxError::NotBuilt)));
     }
 }
