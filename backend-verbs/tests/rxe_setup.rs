@@ -146,3 +146,24 @@ fn cm_events_of_other_ids_are_kept_and_remote_qpns_match() {
     assert_eq!(c1.remote_qpn.map(|q| q.get()), Some(seen[0].0), "CN knows the MN's QP");
     assert_eq!(c2.remote_qpn.map(|q| q.get()), Some(seen[1].0));
 }
+
+/// `omw mn --offload mlx5` on soft-RoCE: the DEVX gate refuses before anything is probed or
+/// pinned, with the reason (a build with `devx`: rxe0 is not an mlx5 device, through the real
+/// `ibv_get_device_list` / `mlx5dv_is_supported`; without it: rebuild with the feature), and
+/// the process exits 1 — no silent fallback to the host engine.
+#[test]
+fn offload_mlx5_refuses_on_a_device_that_is_not_a_connectx() {
+    if !rxe() {
+        return;
+    }
+    let out = std::process::Command::new(node())
+        .args(["mn", "--device", &device(), "--listen", "192.0.2.1:7499", "--pool-size", "65536"])
+        .args(["--chunk-size", "4096", "--offload", "mlx5"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("omw mn: error: --offload mlx5: "), "{err}");
+    assert!(err.contains("not an mlx5") || err.contains("--features devx"), "{err}");
+    assert!(!err.contains("listening on"), "{err}");
+}
