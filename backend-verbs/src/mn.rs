@@ -55,6 +55,21 @@ pub struct MnOptions {
     pub serial_engine: bool,
 }
 
+impl MnOptions {
+    /// The pool the options ask for, as the core's provisioning takes it.
+    pub fn pool_spec(&self, chunks: u32, max_cns: u32, queue_depth: Option<u16>) -> PoolSpec {
+        PoolSpec {
+            chunk_size: self.chunk_size,
+            chunks,
+            group_size: self.group_size,
+            max_cns,
+            quota: self.quota,
+            lease_ns: self.lease.as_nanos().min(u64::MAX as u128) as u64,
+            queue_depth,
+        }
+    }
+}
+
 /// How chunks are kept apart on this device.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Protection {
@@ -186,15 +201,7 @@ impl MemoryNodeDaemon {
         let mut b = VerbsBackend::open_choice(&DeviceChoice { device: Some(report.device.clone()), ..choice })?;
         b.set_probed(caps);
         let g = opts.group_size as usize;
-        let spec = PoolSpec {
-            chunk_size: opts.chunk_size,
-            chunks,
-            group_size: opts.group_size,
-            max_cns,
-            quota: opts.quota,
-            lease_ns: opts.lease.as_nanos().min(u64::MAX as u128) as u64,
-            queue_depth: Some(SEND_DEPTH as u16),
-        };
+        let spec = opts.pool_spec(chunks, max_cns, Some(SEND_DEPTH as u16));
         let t = Instant::now();
         let mut driver = plan.provision(b, &spec).map_err(provision_err)?;
         let reg_time = t.elapsed();

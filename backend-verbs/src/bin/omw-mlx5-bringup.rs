@@ -30,7 +30,7 @@
 
 use omw_core::mlx5::cqe;
 use omw_core::mlx5::ctrl::FmCeSe;
-use omw_core::mlx5::encode::{encode, QueueResolver};
+use omw_core::mlx5::encode::{encode, QueueResolver, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
 use omw_core::mlx5::prm::qp::{self, AddressPath, CdRole, Init2Rtr, Rst2Init, Rtr2Rts};
 use omw_core::mlx5::wqebb::WqeIndex;
@@ -42,16 +42,6 @@ use omw_verbs::devx::{caps, cm, doorbell, DevxError};
 use rdma_sys::*;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-
-struct NoQueues;
-impl QueueResolver for NoQueues {
-    fn cqn(&self, _: u32, _: QueueSel) -> Option<u32> {
-        None
-    }
-    fn enable_index(&mut self, _: u32, _: QueueSel, _: u64) -> Option<WqeIndex> {
-        None
-    }
-}
 
 const LOG_CQES: u8 = 6;
 
@@ -242,7 +232,7 @@ impl Pair {
 
     /// Post a signaled `w` and wait for the next CQE.
     fn run(&mut self, d: &mut RealDevx, on_a: bool, w: &Wqe, imm: Option<u32>) -> Result<cqe::Cqe, DevxError> {
-        self.post(d, on_a, w, imm, &mut NoQueues)?;
+        self.post(d, on_a, w, imm, &mut Unmanaged)?;
         self.next_cqe(d, Duration::from_secs(2))
             .ok_or(DevxError::Call { call: "CQ poll (no CQE within 2 s)", errno: libc::ETIMEDOUT })
     }
@@ -406,7 +396,7 @@ fn send_en(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxErr
     buf.bytes_mut()[4096..4096 + 512].fill(0);
     for i in 0..3u64 {
         let w = Wqe::write(src + 8 * i, lkey, 8, src + 4096 + 128 * i, rkey);
-        p.post(d, false, &w, None, &mut NoQueues)?;
+        p.post(d, false, &w, None, &mut Unmanaged)?;
     }
     let landed = |buf: &RingMemory| {
         (0..3)
@@ -466,24 +456,7 @@ fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, Devx
         mn.create_loop_qps().map_err(|e| fail("loop QPs", &e))?.ok_or_else(|| fail("loop QPs", &"host engine"))?;
     let depth = mn.mn.chain_ring_depths().map_err(|e| fail("ring depths", &e))?;
     let path = cb.device_mut().local_path()?;
-    let attr = |dest: u32| cm::CmQpAttr {
-        port_num: 1,
-        qp_access_flags: 0xE,
-        dest_qp_num: dest,
-        path_mtu: path.mtu as u32,
-        max_rd_atomic: 16,
-        max_dest_rd_atomic: 16,
-        min_rnr_timer: 12,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        ah_is_global: true,
-        ah_port_num: 1,
-        dgid: path.gid,
-        sgid_index: gid_index,
-        hop_limit: 64,
-        ..Default::default()
-    };
+    let attr = |dest: u32| cm::CmQpAttr::to_self(&path, dest);
     let mut pair = |mn: &mut omw_core::mn_driver::MnDriver<DevxBackend<RealDevx>>, managed: Option<u16>| {
         let m = mn.backend.create_cn_qp(managed.map(u32::from))?;
         let q = cb.create_cn_qp(None)?;
@@ -542,28 +515,22 @@ fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, Devx
     println!("  allocated {:#x} with {} window(s), MN CPU laps {}", a.base, a.rkeys.len(), mn.stats.laps);
     let key = a.rkeys[0];
     let msg = *b"omw offload on a ConnectX";
-    let op = cn.post_write(0, a.base, key, &msg).map_err(|e| fail("write", &e))?;
     let mut back = [0u8; 25];
-    let mut done = None;
-    for _ in 0..100_000 {
-        let _ = mn.poll(t0.elapsed().as_nanos() as u64);
-        let _ = cn.poll(t0.elapsed().as_nanos() as u64);
-        if let Some(d) = cn.access_done(op, &mut back).map_err(|e| fail("write", &e))? {
-            done = Some(d.status);
-            break;
+    let wait = |mn: &mut omw_core::mn_driver::MnDriver<_>, cn: &mut CnDriver<_, 16>, op, back: &mut [u8]| {
+        for _ in 0..100_000 {
+            let _ = mn.poll(t0.elapsed().as_nanos() as u64);
+            let _ = cn.poll(t0.elapsed().as_nanos() as u64);
+            if let Some(d) = cn.access_done(op, back).map_err(|e| fail("access", &e))? {
+                return Ok::<_, DevxError>(Some(d.status));
+            }
         }
-    }
+        Ok(None)
+    };
+    let op = cn.post_write(0, a.base, key, &msg).map_err(|e| fail("write", &e))?;
+    let done = wait(&mut mn, &mut cn, op, &mut back)?;
     println!("  WRITE through the window: {done:?}");
     let op = cn.post_read(0, a.base, key, msg.len()).map_err(|e| fail("read", &e))?;
-    let mut read = None;
-    for _ in 0..100_000 {
-        let _ = mn.poll(t0.elapsed().as_nanos() as u64);
-        let _ = cn.poll(t0.elapsed().as_nanos() as u64);
-        if let Some(d) = cn.access_done(op, &mut back).map_err(|e| fail("read", &e))? {
-            read = Some(d.status);
-            break;
-        }
-    }
+    let read = wait(&mut mn, &mut cn, op, &mut back)?;
     println!("  READ back: {read:?}, bytes match: {}", back == msg);
     cn.free(&a).map_err(|e| fail("free", &e))?;
     println!("  free: {:?}", pump(&mut mn, &mut cn)?);

@@ -48,9 +48,9 @@ use omw_core::mlx5::cqe::{self, opcode as cqe_op, syndrome, Cqe};
 use omw_core::mlx5::ctrl::FmCeSe;
 use omw_core::mlx5::data::DATA_SEG_SIZE;
 use omw_core::mlx5::decode::Mlx5Op;
-use omw_core::mlx5::encode::{self, QueueResolver};
+use omw_core::mlx5::encode::{self, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
-use omw_core::mlx5::prm::qp::{self as prm_qp, AddressPath, CdRole, Init2Rtr, Rst2Init, Rtr2Rts};
+use omw_core::mlx5::prm::qp::{self as prm_qp, CdRole};
 use omw_core::mlx5::wqebb::{WqeIndex, WQEBB};
 use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
 use std::collections::{BTreeMap, VecDeque};
@@ -118,14 +118,6 @@ impl DevxConfig {
 pub const MAX_CHAIN_RING_WQEBBS: usize = 256;
 
 const PAGE: usize = 4096;
-/// Outstanding RDMA READs / atomics a QP initiates and accepts (`log_sra_max` / `log_rra_max`
-/// = 4): what rdma_cm asks for by default on mlx5.
-const LOG_RD_ATOMIC: u8 = 4;
-/// Loopback pairs: RNR and transport retries (7 = the largest 3-bit value) and ack timeout
-/// 14 (4.096 µs × 2^14 ≈ 67 ms), as `ibv_rc_pingpong` sets them.
-const LOOP_RETRY: u8 = 7;
-const LOOP_ACK_TIMEOUT: u8 = 14;
-const LOOP_MIN_RNR: u8 = 12;
 
 /// One page-aligned region carved into queue memory; freed blocks are reused first-fit.
 #[derive(Debug)]
@@ -265,17 +257,6 @@ fn opcode_of(op: &Mlx5Op) -> Opcode {
         Mlx5Op::Invalidate { .. } => Opcode::LocalInv,
         Mlx5Op::Wait { .. } => Opcode::Wait,
         Mlx5Op::SendEn { .. } | Mlx5Op::RecvEn { .. } => Opcode::Enable,
-    }
-}
-
-/// Unmanaged queues post no WAIT or ENABLE: nothing resolves, and encoding one is refused.
-struct NoQueues;
-impl QueueResolver for NoQueues {
-    fn cqn(&self, _qpn: u32, _queue: QueueSel) -> Option<u32> {
-        None
-    }
-    fn enable_index(&mut self, _qpn: u32, _queue: QueueSel, _count: u64) -> Option<WqeIndex> {
-        None
     }
 }
 
@@ -449,45 +430,15 @@ impl<D: DevxDevice> DevxBackend<D> {
 
     /// RST → INIT → RTR → RTS to the other end of a loopback pair on this port.
     fn connect_loopback(&mut self, qpn: u32, peer: u32) -> Result<(), DevxError> {
-        let p = self.path;
-        let devx = self.qp(Qpn::new(qpn).map_err(|_| DevxError::UnknownQp(qpn))?)?.devx;
-        let init = Rst2Init {
-            qpn,
-            port: p.port,
-            pkey_index: 0,
-            remote_read: true,
-            remote_write: true,
-            remote_atomic: true,
-            atomic_mode: prm_qp::ATOMIC_MODE_8B as u8,
-        };
-        let rtr = Init2Rtr {
-            qpn,
-            remote_qpn: peer,
-            mtu: p.mtu,
-            log_msg_max: self.caps.log_max_msg,
-            next_rcv_psn: 0,
-            log_rra_max: LOG_RD_ATOMIC,
-            min_rnr_nak: LOOP_MIN_RNR,
-            path: AddressPath {
-                port: p.port,
-                grh: true,
-                sgid_index: p.gid_index,
-                hop_limit: 64,
-                rgid: p.gid,
-                rmac: p.mac,
-                udp_sport: cm::udp_sport(0, qpn, peer),
-                ..AddressPath::default()
-            },
-        };
-        let rts = Rtr2Rts {
-            qpn,
-            next_send_psn: 0,
-            ack_timeout: LOOP_ACK_TIMEOUT,
-            retry_count: LOOP_RETRY,
-            rnr_retry: LOOP_RETRY,
-            log_sra_max: LOG_RD_ATOMIC,
-        };
-        queue::connect(&mut self.dev, &devx, init, rtr, rts)?;
+        let devx = self.qps.get(&qpn).ok_or(DevxError::UnknownQp(qpn))?.devx;
+        let a = CmQpAttr::to_self(&self.path, peer);
+        queue::connect(
+            &mut self.dev,
+            &devx,
+            cm::rst2init(qpn, &a, prm_qp::ATOMIC_MODE_8B as u8),
+            cm::init2rtr(qpn, &a, self.caps.log_max_msg, self.path.mac),
+            cm::rtr2rts(qpn, &a),
+        )?;
         if let Some(q) = self.qps.get_mut(&qpn) {
             q.state = QpState::Rts;
         }
@@ -609,7 +560,7 @@ impl<D: DevxDevice> DevxBackend<D> {
         }
         let ring = q.devx.sq.len / WQEBB;
         let pi = q.sq_pi;
-        let e = encode::encode(w, pi, qpn, FmCeSe::empty(), &mut NoQueues)?;
+        let e = encode::encode(w, pi, qpn, FmCeSe::empty(), &mut Unmanaged)?;
         let n = e.wqebbs();
         let slot = pi.slot(ring);
         let pad = if slot + n > ring { ring - slot } else { 0 };
@@ -623,11 +574,11 @@ impl<D: DevxDevice> DevxBackend<D> {
         for _ in 0..pad {
             let mut nop = Wqe::nop();
             nop.flags = WqeFlags::empty();
-            let b = encode::encode(&nop, at, qpn, FmCeSe::empty(), &mut NoQueues)?;
+            let b = encode::encode(&nop, at, qpn, FmCeSe::empty(), &mut Unmanaged)?;
             self.dev.write_mem(sq.addr + at.slot(ring) * WQEBB, b.bytes())?;
             at = at.add(1);
         }
-        let e = if pad > 0 { encode::encode(w, at, qpn, FmCeSe::empty(), &mut NoQueues)? } else { e };
+        let e = if pad > 0 { encode::encode(w, at, qpn, FmCeSe::empty(), &mut Unmanaged)? } else { e };
         self.dev.write_mem(sq.addr + at.slot(ring) * WQEBB, e.bytes())?;
         let next = at.add(n as u16);
         let mut ctrl = [0u8; 16];

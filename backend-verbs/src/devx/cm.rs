@@ -10,6 +10,7 @@
 //! `ffi.rs` obtains it as UCX does — create an address handle from `ah_attr` and read
 //! `rmac` from its mlx5 address vector (`mlx5dv_init_obj(MLX5DV_OBJ_AH)`).
 
+use super::device::LocalPath;
 use omw_core::mlx5::prm::qp::{AddressPath, Init2Rtr, Rst2Init, Rtr2Rts};
 
 /// The fields of `ibv_qp_attr` (and its `ah_attr`) the modifies need, copied out of the C
@@ -122,6 +123,33 @@ pub fn rtr2rts(qpn: u32, a: &CmQpAttr) -> Rtr2Rts {
         retry_count: a.retry_cnt & 0x7,
         rnr_retry: a.rnr_retry & 0x7,
         log_sra_max: ceil_log2(a.max_rd_atomic),
+    }
+}
+
+impl CmQpAttr {
+    /// The attributes of a QP connected to QP `dest` on the same port (an MN loopback pair,
+    /// the bring-up tool's pairs): this port's GID and MTU, PSNs 0, remote read / write /
+    /// atomic, 16 outstanding reads and atomics each way, RNR and transport retries 7 and ack
+    /// timeout 14 (4.096 µs × 2^14 ≈ 67 ms), as `ibv_rc_pingpong` sets them.
+    pub fn to_self(path: &LocalPath, dest: u32) -> CmQpAttr {
+        CmQpAttr {
+            port_num: path.port,
+            qp_access_flags: REMOTE_READ | REMOTE_WRITE | REMOTE_ATOMIC,
+            dest_qp_num: dest,
+            path_mtu: path.mtu as u32,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 12,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            ah_is_global: true,
+            ah_port_num: path.port,
+            dgid: path.gid,
+            sgid_index: path.gid_index,
+            hop_limit: 64,
+            ..Default::default()
+        }
     }
 }
 

@@ -30,7 +30,7 @@ use omw_core::backend::{Capabilities, ExecutionMode, RdmaBackend};
 use omw_core::ids::Qpn;
 use omw_core::mn::Event;
 use omw_core::mn_driver::MnDriver;
-use omw_core::mn_plan::{MnOptions as PlanOptions, MnPlan, PoolSpec};
+use omw_core::mn_plan::{MnOptions as PlanOptions, MnPlan};
 use rdma_sys::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -97,15 +97,7 @@ impl DevxMnDaemon {
         let mut cfg = DevxConfig::new(capabilities);
         cfg.ring_arena_bytes = DevxConfig::arena_for(max_cns, opts.group_size, &cfg);
         let b = DevxBackend::new(dev, hca, cfg).map_err(devx)?;
-        let spec = PoolSpec {
-            chunk_size: opts.chunk_size,
-            chunks,
-            group_size: opts.group_size,
-            max_cns,
-            quota: opts.quota,
-            lease_ns: opts.lease.as_nanos().min(u64::MAX as u128) as u64,
-            queue_depth: None,
-        };
+        let spec = opts.pool_spec(chunks, max_cns, None);
         let driver =
             plan.provision(b, &spec).map_err(|e| VerbsError::Config(format!("bringing the MN up on DEVX: {e}")))?;
         let mut cm = CmChannel::default();

@@ -32,6 +32,20 @@ pub trait QueueResolver {
 }
 
 /// An encoded mlx5 WQE: `wqebbs()` basic blocks of `bytes()`.
+/// The resolver of a queue that posts no WAIT or ENABLE (an unmanaged queue): nothing
+/// resolves, so encoding a WAIT or ENABLE with it is refused.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Unmanaged;
+
+impl QueueResolver for Unmanaged {
+    fn cqn(&self, _qpn: u32, _queue: QueueSel) -> Option<u32> {
+        None
+    }
+    fn enable_index(&mut self, _qpn: u32, _queue: QueueSel, _count: u64) -> Option<WqeIndex> {
+        None
+    }
+}
+
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Mlx5Wqe {
     buf: [u8; MAX_WQEBBS * WQEBB],
@@ -479,18 +493,9 @@ mod tests {
             encode(&Wqe::nop(), WqeIndex::new(0), 1 << 24, FmCeSe::empty(), &mut r),
             Err(Mlx5Error::QpnOverflow(1 << 24))
         );
-        struct None_;
-        impl QueueResolver for None_ {
-            fn cqn(&self, _: u32, _: QueueSel) -> Option<u32> {
-                None
-            }
-            fn enable_index(&mut self, _: u32, _: QueueSel, _: u64) -> Option<WqeIndex> {
-                None
-            }
-        }
         let w = Wqe::wait(7, QueueSel::Recv, 1);
         assert_eq!(
-            encode(&w, WqeIndex::new(0), 1, FmCeSe::empty(), &mut None_),
+            encode(&w, WqeIndex::new(0), 1, FmCeSe::empty(), &mut Unmanaged),
             Err(Mlx5Error::Unresolved { qpn: 7, recv: true })
         );
     }
