@@ -13,7 +13,7 @@ use crate::log::Level;
 use crate::memlock::{ensure_memlock, memlock_limit, MemlockNeed};
 use crate::metrics::{MetricsServer, MnCounters};
 use crate::probe::{self, ProbeReport};
-use crate::sessions::{Admission, Sessions};
+use crate::sessions::{Admission, Sessions, SESSION_PATIENCE};
 use omw_core::backend::{ExecutionMode, RdmaBackend};
 use omw_core::geometry::PoolGeometry;
 use omw_core::mn::{Event, MnStats};
@@ -312,6 +312,10 @@ impl MemoryNodeDaemon {
             }
         }
         self.drop_evicted();
+        for nonce in self.sessions.incomplete_since(Instant::now(), SESSION_PATIENCE) {
+            log(format!("session {nonce:#x} dropped: not all its connections arrived within {SESSION_PATIENCE:?}"));
+            self.drop_session(nonce);
+        }
         if debug_enabled() && self.last_heartbeat.elapsed() >= Duration::from_secs(1) {
             self.last_heartbeat = Instant::now();
             let st = self.driver.mn.stats();

@@ -11,6 +11,10 @@ use omw_core::mn::CnQps;
 use std::collections::HashMap;
 use std::time::Instant;
 
+/// How long a CN may take to open all its connections (it opens them one after another, each
+/// within its connect timeout) before its half-open session is dropped.
+pub const SESSION_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[derive(Default, Debug)]
 pub struct Session {
     pub alloc: Option<Qpn>,
@@ -74,6 +78,21 @@ impl Sessions {
         if !ok_role || full {
             return Admission::Reject(format!("{:?} of session {:#x}", hello.role, hello.nonce));
         }
+        // one connection per role: a second one would replace (and leak) the first QP, so a
+        // CN repeating a role could pin MN memory without end
+        if let Some(s) = self.sessions.get(&hello.nonce) {
+            let taken = match hello.role {
+                Role::Alloc => s.alloc.is_some(),
+                Role::Free => s.free.is_some(),
+                Role::Access(i) => s.access.get(i as usize).is_some_and(|q| q.is_some()),
+            };
+            if taken || s.cn.is_some() {
+                return Admission::Reject(format!(
+                    "{:?} of session {:#x}: that connection exists already",
+                    hello.role, hello.nonce
+                ));
+            }
+        }
         let private = if hello.role == Role::Alloc { welcome(self.group_size).to_vec() } else { Vec::new() };
         Admission::Accept { hello, private }
     }
@@ -116,6 +135,16 @@ impl Sessions {
             };
             (nonce, qps)
         })
+    }
+
+    /// Sessions still incomplete `patience` after their first connection: a CN that opened
+    /// some of its connections and never the rest holds a CN slot (and QPs) until dropped.
+    pub fn incomplete_since(&self, now: Instant, patience: std::time::Duration) -> Vec<u64> {
+        self.sessions
+            .iter()
+            .filter(|(_, s)| s.cn.is_none() && s.opened.is_some_and(|t| now.duration_since(t) >= patience))
+            .map(|(n, _)| *n)
+            .collect()
     }
 
     pub fn set_cn(&mut self, nonce: u64, cn: CnId) {
@@ -185,6 +214,27 @@ mod tests {
         assert_eq!(s.nonce_of_cn(CnId::new(1).unwrap()), Some(7));
         assert_eq!(s.remove(7).unwrap().qps().count(), 4);
         assert!(s.nonce_of(CmId(0x10 as *mut _)).is_none());
+    }
+
+    #[test]
+    fn a_role_is_accepted_once_and_a_half_open_session_goes_stale() {
+        let mut s = Sessions::new(3, 4);
+        let ev = req(1, Role::Alloc, 9, 6);
+        let Admission::Accept { hello, .. } = s.admit(&ev) else { panic!() };
+        s.accepted(ev.id, hello, q(0x10));
+        assert!(matches!(s.admit(&req(2, Role::Alloc, 9, 6)), Admission::Reject(r) if r.contains("exists already")));
+        assert!(matches!(s.admit(&req(3, Role::Free, 9, 6)), Admission::Accept { .. }));
+        let t = s.get(9).unwrap().opened.unwrap();
+        let d = std::time::Duration::from_secs(10);
+        assert!(s.incomplete_since(t, d).is_empty());
+        assert_eq!(s.incomplete_since(t + d, d), vec![9]);
+        // a complete one never is
+        s.set_cn(9, CnId::new(1).unwrap());
+        assert!(s.incomplete_since(t + d, d).is_empty());
+        assert!(
+            matches!(s.admit(&req(4, Role::Free, 9, 6)), Admission::Reject(_)),
+            "no new connection once registered"
+        );
     }
 
     #[test]

@@ -171,3 +171,24 @@ fn offload_mlx5_refuses_on_a_device_that_is_not_a_connectx() {
     );
     assert!(!err.contains("listening on"), "{err}");
 }
+
+/// A CN repeating a role within its session: the MN daemon rejects the second connection
+/// (accepting it would replace, and leak, the first QP — a CN repeating it could pin MN
+/// memory without end); the session's other roles are still accepted.
+#[test]
+fn the_mn_accepts_each_role_of_a_session_once() {
+    if !rxe() {
+        return;
+    }
+    let (mn, a) = Mn::start_local(7482, &[]);
+    mn.wait_log("listening on");
+    let a: SocketAddr = a.parse().unwrap();
+    let mut c = VerbsBackend::open(Some(&device())).unwrap();
+    let h = Hello { role: Role::Alloc, nonce: 0x5e55 };
+    c.connect(a, &h, Duration::from_secs(20), |_, _| Ok(())).unwrap();
+    let again = c.connect(a, &h, Duration::from_secs(20), |_, _| Ok(()));
+    assert!(matches!(again, Err(VerbsError::PeerUnreachable { .. })), "{again:?}");
+    c.connect(a, &Hello { role: Role::Free, nonce: 0x5e55 }, Duration::from_secs(20), |_, _| Ok(())).unwrap();
+    mn.wait_log("that connection exists already");
+    mn.stop();
+}

@@ -25,7 +25,7 @@ use crate::error::{human, Result, VerbsError};
 use crate::log::Level;
 use crate::mn::{checked_sizing, MnOptions};
 use crate::probe;
-use crate::sessions::{Admission, Sessions};
+use crate::sessions::{Admission, Sessions, SESSION_PATIENCE};
 use omw_core::backend::{Capabilities, ExecutionMode, RdmaBackend};
 use omw_core::ids::Qpn;
 use omw_core::mn::Event;
@@ -173,6 +173,10 @@ impl DevxMnDaemon {
             if let Some(n) = self.sessions.nonce_of_cn(cn) {
                 self.drop_session(n);
             }
+        }
+        for nonce in self.sessions.incomplete_since(Instant::now(), SESSION_PATIENCE) {
+            log(format!("session {nonce:#x} dropped: not all its connections arrived within {SESSION_PATIENCE:?}"));
+            self.drop_session(nonce);
         }
         Ok(busy)
     }
