@@ -75,7 +75,10 @@ struct Mn {
 
 /// An offloaded MN on DEVX with one CN connected (G = 3) and both chains armed.
 fn mn_with_cn() -> Mn {
-    let b = backend();
+    mn_on(backend())
+}
+
+fn mn_on(b: DevxBackend<RecordingDevx>) -> Mn {
     let plan = MnPlan::decide(b.capabilities(), MnOptions::default()).unwrap();
     assert_eq!(plan.mode, ExecutionMode::Offloaded);
     let spec =
@@ -410,4 +413,146 @@ fn missing_capabilities_refuse_before_any_device_call() {
     c.cd = false;
     let e = DevxBackend::new(RecordingDevx::numbered(PDN), c, DevxConfig::new(Capabilities::OFFLOAD)).unwrap_err();
     assert!(matches!(e, DevxError::MissingCapability(_)), "{e}");
+}
+
+/// A device for one unmanaged send queue, over the mock's memory: it fetches the WQEs the
+/// doorbell record released from the ring bytes (decoding each at its own index, as a NIC
+/// would), executes up to `budget` of them, and writes a CQE for each signaled one — only while
+/// the CQ has room by the consumer index the backend wrote to the CQ doorbell record (a full
+/// CQ would overrun). It returns the opcodes it fetched.
+struct SqDevice {
+    /// Next WQE index to fetch, and the CQ producer index.
+    fetch: u16,
+    cq_pi: u32,
+    /// Fetched but not yet completed (their CQEs waiting for CQ room).
+    pending_cqes: std::collections::VecDeque<u16>,
+}
+
+impl SqDevice {
+    fn run(&mut self, m: &mut Mn, q: Qpn, budget: usize) -> Vec<Mlx5Op> {
+        let s = slot(m, q);
+        let (sq, dbr, cqn) = (s.devx.sq, s.devx.dbr_addr, s.cq_snd);
+        let ring = sq.len / WQEBB;
+        let pi = dbr_word(m, dbr + 4) as u16;
+        let mut ops = Vec::new();
+        while ops.len() < budget && self.fetch != pi {
+            let at = sq.addr + (self.fetch as usize % ring) * WQEBB;
+            let n = (ring - self.fetch as usize % ring).min(5) * WQEBB;
+            let d = decode::decode(&dev(m).bytes(at, n)).expect("every WQE the backend rang decodes");
+            assert_eq!((d.index.get(), d.qpn), (self.fetch, q.get()), "a WQE names its own index and QP");
+            if d.fm_ce_se.contains(FmCeSe::CQ_UPDATE) {
+                self.pending_cqes.push_back(self.fetch);
+            }
+            self.fetch = self.fetch.wrapping_add(omw_core::mlx5::wqebb::wqebbs(d.ds) as u16);
+            ops.push(d.op);
+        }
+        let c = m.driver.backend.cqs[&cqn].devx;
+        let ci = dbr_word(m, c.dbr_addr);
+        while let Some(&counter) = self.pending_cqes.front() {
+            if self.cq_pi.wrapping_sub(ci) >= 1 << c.log_cqes {
+                break; // no room: the CQE waits
+            }
+            plant_cqe(m, cqn, self.cq_pi, cqe_op::REQ, q.get(), counter, None);
+            self.cq_pi += 1;
+            self.pending_cqes.pop_front();
+        }
+        ops
+    }
+}
+
+#[derive(Clone, Debug)]
+enum SqStep {
+    /// A SEND (1 WQEBB) or a type-2 bind (3 WQEBBs), signaled or not.
+    Post { bind: bool, signaled: bool },
+    /// The device executes up to this many WQEs.
+    Device(usize),
+    /// The MN polls up to this many completions.
+    Poll(usize),
+}
+
+fn sq_step() -> impl proptest::strategy::Strategy<Value = SqStep> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (any::<bool>(), proptest::bool::weighted(0.6)).prop_map(|(bind, signaled)| SqStep::Post { bind, signaled }),
+        2 => (0usize..6).prop_map(SqStep::Device),
+        2 => (1usize..4).prop_map(SqStep::Poll),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    /// Against a device that executes what was rung from the ring's bytes: every signaled
+    /// work request completes once, in order, with its wr_id and opcode; the unsignaled ones
+    /// before it complete with it (`outstanding` drops by both); a post is refused exactly when
+    /// the ring has no room for it and its padding; across many wraps of a 16-WQEBB ring, of the
+    /// 16-bit index and of a 4-entry CQ (owner phase), with CQEs held back while the CQ is full.
+    #[test]
+    fn sends_against_an_executing_device(steps in proptest::collection::vec(sq_step(), 1..400)) {
+        let mut cfg = DevxConfig::new(Capabilities::OFFLOAD | Capabilities::MW_BOUNDS_ENFORCED);
+        cfg.ring_arena_bytes = 16 << 20;
+        cfg.log_cqes = 2;
+        cfg.log_sq_wqebbs = 4;
+        let b = DevxBackend::new(RecordingDevx::numbered(PDN), caps(), cfg).unwrap();
+        let mut m = mn_on(b);
+        let q = m.qps.access[1];
+        let ring = slot(&m, q).devx.sq.len / WQEBB;
+        let mem = m.driver.backend.alloc_memory(4096, 4096).unwrap();
+        let keys = m.driver.backend.reg_mr(Domain::CnFacing, mem, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut device = SqDevice { fetch: 0, cq_pi: 0, pending_cqes: Default::default() };
+        // the model: posted (wr_id, opcode, signaled, first index, WQEBBs incl. padding before it)
+        let mut posted: std::collections::VecDeque<(u64, Opcode, bool)> = Default::default();
+        let (mut pi, mut done_to) = (0usize, 0usize); // WQEBBs rung / completed (unwrapped)
+        let mut index_of: std::collections::VecDeque<(usize, usize)> = Default::default(); // (start, end) per post
+        let mut next_id = 1u64;
+        let mut out = [Completion::EMPTY; 4];
+        for st in steps {
+            match st {
+                SqStep::Post { bind, signaled } => {
+                    let mut w = if bind {
+                        Wqe::bind_mw(0x12ab, mem, 4096, keys.lkey, q.get(), AccessFlags::DATA_WINDOW)
+                    } else {
+                        Wqe::send(mem, keys.lkey, 8)
+                    }
+                    .with_wr_id(next_id);
+                    if !signaled {
+                        w.flags = WqeFlags::empty();
+                    }
+                    let n = if bind { 3 } else { 1 };
+                    let pad = if pi % ring + n > ring { ring - pi % ring } else { 0 };
+                    let fits = pi - done_to + pad + n <= ring;
+                    match m.driver.backend.post_send(q, &w) {
+                        Ok(()) => {
+                            proptest::prop_assert!(fits, "accepted without room");
+                            posted.push_back((next_id, w.opcode, signaled));
+                            index_of.push_back((pi + pad, pi + pad + n));
+                            pi += pad + n;
+                            next_id += 1;
+                        }
+                        Err(DevxError::SendQueueFull { .. }) => proptest::prop_assert!(!fits, "refused with room"),
+                        Err(e) => proptest::prop_assert!(false, "{e}"),
+                    }
+                }
+                SqStep::Device(k) => {
+                    for op in device.run(&mut m, q, k) {
+                        proptest::prop_assert!(matches!(op, Mlx5Op::Send { .. } | Mlx5Op::Bind { .. } | Mlx5Op::Nop), "{op:?}");
+                    }
+                }
+                SqStep::Poll(k) => {
+                    let n = m.driver.backend.poll_cq(q, QueueSel::Send, &mut out[..k]).unwrap();
+                    for c in &out[..n] {
+                        // the oldest signaled post, the unsignaled before it completed with it
+                        while let Some((_, _, false)) = posted.front() {
+                            posted.pop_front();
+                            index_of.pop_front();
+                        }
+                        let (id, op, _) = posted.pop_front().expect("a completion for something posted");
+                        let (_, end) = index_of.pop_front().unwrap();
+                        done_to = end;
+                        proptest::prop_assert_eq!((c.wr_id, c.status, c.opcode), (id, WcStatus::Success, WcOpcode::Send(op)));
+                    }
+                    proptest::prop_assert_eq!(m.driver.backend.outstanding(q, QueueSel::Send), Some(posted.len() as u64));
+                }
+            }
+        }
+    }
 }
