@@ -9,6 +9,8 @@
 //! omw-mlx5-bringup bind      [--device mlx5_0] [--gid-index 3] [--imm-current]
 //! omw-mlx5-bringup masked-fa [--device mlx5_0] [--gid-index 3]
 //! omw-mlx5-bringup send-en   [--device mlx5_0] [--gid-index 3]
+//! omw-mlx5-bringup wait      [--device mlx5_0] [--gid-index 3]
+//! omw-mlx5-bringup prefetch  [--device mlx5_0] [--gid-index 3]
 //! omw-mlx5-bringup offload   [--device mlx5_0] [--gid-index 3]
 //! ```
 //! `cd-roles`: CREATE_QP with each CORE-Direct role as the calling user (question 1).
@@ -22,6 +24,9 @@
 //! `masked-fa`: an encoded 8-byte masked fetch-and-add with two 32-bit fields (question 6).
 //! `send-en`: a `cd_master` QP enabling a `cd_slave_send` QP's three WRITEs with SEND_EN up to
 //! index 1, then 3, printing which ran (question 2).
+//! `wait`: a WAIT on a CQ producer index holds the WQE behind it until the index is reached
+//! (questions 3, 14). `prefetch`: a WQE behind a closed gate, rewritten while gated — which
+//! version the NIC runs (question 4).
 //! `offload`: the whole thing on one port — an offloaded MN on `DevxBackend` (provisioned by
 //! `MnPlan::provision`, chains armed by `MnDriver::connect`), a CN on a second DEVX context
 //! (`CnDriver` over another `DevxBackend`), its QPs connected to the MN's over the port's own
@@ -32,10 +37,11 @@ use omw_core::mlx5::cqe;
 use omw_core::mlx5::ctrl::FmCeSe;
 use omw_core::mlx5::encode::{encode, QueueResolver, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
-use omw_core::mlx5::prm::qp::{self, AddressPath, CdRole, Init2Rtr, Rst2Init, Rtr2Rts};
+use omw_core::mlx5::prm::qp::{self, CdRole};
 use omw_core::mlx5::wqebb::WqeIndex;
 use omw_core::wqe::{QueueSel, Wqe};
 use omw_verbs::devx::api::{DevxApi, MemRange, UarHandle};
+use omw_verbs::devx::device::LocalPath;
 use omw_verbs::devx::ffi::{RealDevx, RingMemory};
 use omw_verbs::devx::queue::{self, CqSpec, DevxCq, DevxQp, QpSpec};
 use omw_verbs::devx::{caps, cm, doorbell, DevxError};
@@ -96,36 +102,16 @@ fn connect_to(
     gid_index: u8,
     rmac: [u8; 6],
 ) -> Result<(), DevxError> {
-    let init = Rst2Init {
-        qpn: q.qpn,
-        port: 1,
-        pkey_index: 0,
-        remote_read: true,
-        remote_write: true,
-        remote_atomic: true,
-        atomic_mode: qp::ATOMIC_MODE_8B as u8,
-    };
-    let rtr = Init2Rtr {
-        qpn: q.qpn,
-        remote_qpn: peer,
-        mtu: 3,
-        log_msg_max: c.log_max_msg,
-        next_rcv_psn: 0,
-        log_rra_max: 4,
-        min_rnr_nak: 12,
-        path: AddressPath {
-            port: 1,
-            grh: true,
-            sgid_index: gid_index,
-            hop_limit: 64,
-            rgid: gid,
-            rmac,
-            udp_sport: cm::udp_sport(0, q.qpn, peer),
-            ..Default::default()
-        },
-    };
-    let rts = Rtr2Rts { qpn: q.qpn, next_send_psn: 0, ack_timeout: 14, retry_count: 7, rnr_retry: 7, log_sra_max: 4 };
-    queue::connect(d, q, init, rtr, rts)
+    let path = LocalPath { port: 1, gid_index, gid, mac: rmac, mtu: 3 };
+    let a = cm::CmQpAttr::to_self(&path, peer);
+    let atomic = qp::ATOMIC_MODE_8B as u8;
+    queue::connect(
+        d,
+        q,
+        cm::rst2init(q.qpn, &a, atomic),
+        cm::init2rtr(q.qpn, &a, c.log_max_msg, rmac),
+        cm::rtr2rts(q.qpn, &a),
+    )
 }
 
 /// Two DEVX QPs A and B on one CQ, connected to each other over RoCE port 1.
@@ -426,6 +412,102 @@ fn send_en(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxErr
     Ok(ok)
 }
 
+/// Every WAIT names this CQ.
+struct WaitOn(u32);
+impl QueueResolver for WaitOn {
+    fn cqn(&self, _: u32, _: QueueSel) -> Option<u32> {
+        Some(self.0)
+    }
+    fn enable_index(&mut self, _: u32, _: QueueSel, _: u64) -> Option<WqeIndex> {
+        None
+    }
+}
+
+/// Whether the 8 bytes at `off` of `buf` are no longer zero.
+fn landed(buf: &RingMemory, off: usize) -> bool {
+    let mut b = [0u8; 8];
+    buf.read_volatile(off, &mut b);
+    b != [0; 8]
+}
+
+/// WAIT semantics (questions 3 and 14): A (`cd_master`) posts a WAIT for the shared CQ's
+/// producer index to reach (what it holds now) + 2, then a signaled 8-byte WRITE. B completes
+/// one signaled NOP, then another; the WRITE must land after the second only. Prints what the
+/// CQ shows at each step.
+fn wait(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
+    let mut p = pair_with(d, c, gid_index, CdRole::MASTER, CdRole::empty())?;
+    let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)?;
+    // SAFETY: `mr` is the live MR just registered.
+    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+    let src = buf.range().addr as u64;
+    buf.bytes_mut()[4096..4104].fill(0);
+    let base = p.ci; // every CQE so far was consumed: the producer index
+    let cqn = p.cq.cqn;
+    p.post(d, true, &Wqe::wait(p.b.qpn, QueueSel::Send, u64::from(base) + 2), None, &mut WaitOn(cqn))?;
+    p.post(d, true, &Wqe::write(src, lkey, 8, src + 4096, rkey), None, &mut Unmanaged)?;
+    std::thread::sleep(Duration::from_millis(200));
+    let mut seen = vec![landed(&buf, 4096)];
+    println!("  WAIT(PI {}) and a WRITE posted on A; CQ PI {base}: WRITE landed {}", base + 2, seen[0]);
+    for k in 1..=2 {
+        let e = p.run(d, false, &Wqe::nop(), None)?;
+        std::thread::sleep(Duration::from_millis(200));
+        seen.push(landed(&buf, 4096));
+        println!(
+            "  NOP {k} on B completed (CQE qpn {:#x}); CQ PI {}: WRITE landed {}",
+            e.qpn,
+            base + k,
+            seen[k as usize]
+        );
+    }
+    while let Some(e) = p.next_cqe(d, Duration::from_millis(500)) {
+        println!("  CQE qpn {:#x} wqe_counter {} error {:?}", e.qpn, e.wqe_counter.get(), e.error);
+    }
+    // SAFETY: no WQE references the MR any more.
+    unsafe { ibv_dereg_mr(mr) };
+    p.destroy(d)?;
+    let ok = seen == [false, false, true];
+    println!("  WAIT held until PI >= its index: {}", if ok { "yes" } else { "NO (see above)" });
+    Ok(ok)
+}
+
+/// Prefetch of a gated WQE (question 4): A (`cd_master`) posts a WAIT on the shared CQ, then
+/// a WRITE to address X. While the WAIT holds, the host rewrites that WRITE's `raddr` in A's
+/// ring to Y (as a chain's READ patch would land); then B completes a NOP and opens the gate.
+/// A NIC that fetched the WRITE before its gate opened writes X; one that fetches after the
+/// gate writes Y — the chains assume Y (the canonical validator's fetch-after-gate rule).
+fn prefetch(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
+    let mut p = pair_with(d, c, gid_index, CdRole::MASTER, CdRole::empty())?;
+    let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)?;
+    // SAFETY: `mr` is the live MR just registered.
+    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+    let src = buf.range().addr as u64;
+    let (x, y) = (4096usize, 4096 + 256);
+    buf.bytes_mut()[x..x + 8].fill(0);
+    buf.bytes_mut()[y..y + 8].fill(0);
+    let base = p.ci;
+    let cqn = p.cq.cqn;
+    p.post(d, true, &Wqe::wait(p.b.qpn, QueueSel::Send, u64::from(base) + 1), None, &mut WaitOn(cqn))?;
+    let write_at = p.pi_a;
+    p.post(d, true, &Wqe::write(src, lkey, 8, src + x as u64, rkey), None, &mut Unmanaged)?;
+    std::thread::sleep(Duration::from_millis(100));
+    // the WRITE's raddr segment follows its 16-byte control segment
+    let off = p.a.sq.addr - p.mem_a.range().addr + write_at.slot(64) * 64 + 16;
+    p.mem_a.bytes_mut()[off..off + 8].copy_from_slice(&(src + y as u64).to_be_bytes());
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    println!("  WAIT(PI {}) and WRITE(X) posted on A; WRITE's raddr rewritten to Y while gated", base + 1);
+    let _ = p.run(d, false, &Wqe::nop(), None)?;
+    std::thread::sleep(Duration::from_millis(200));
+    let (at_x, at_y) = (landed(&buf, x), landed(&buf, y));
+    println!("  gate opened: landed at X (prefetched before the gate) {at_x}, at Y (fetched after it) {at_y}");
+    while let Some(e) = p.next_cqe(d, Duration::from_millis(500)) {
+        println!("  CQE qpn {:#x} wqe_counter {} error {:?}", e.qpn, e.wqe_counter.get(), e.error);
+    }
+    // SAFETY: no WQE references the MR any more.
+    unsafe { ibv_dereg_mr(mr) };
+    p.destroy(d)?;
+    Ok(at_y && !at_x)
+}
+
 /// The offloaded MN and one CN on this port (see the module doc).
 fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, DevxError> {
     use omw_core::access::AccessFlags;
@@ -551,6 +633,8 @@ fn run() -> Result<bool, DevxError> {
         Some("loopback") => loopback(&mut d, &c, gid_index),
         Some("masked-fa") => masked_fa(&mut d, &c, gid_index),
         Some("send-en") => send_en(&mut d, &c, gid_index),
+        Some("wait") => wait(&mut d, &c, gid_index),
+        Some("prefetch") => prefetch(&mut d, &c, gid_index),
         Some("bind") => bind(&mut d, &c, gid_index, args.iter().any(|a| a == "--imm-current")),
         Some("offload") => {
             drop(d);
@@ -558,7 +642,7 @@ fn run() -> Result<bool, DevxError> {
         }
         _ => {
             eprintln!(
-                "usage: omw-mlx5-bringup caps|cd-roles|loopback|bind|masked-fa|send-en|offload [--device NAME] [--gid-index N] [--imm-current]"
+                "usage: omw-mlx5-bringup caps|cd-roles|loopback|bind|masked-fa|send-en|wait|prefetch|offload [--device NAME] [--gid-index N] [--imm-current]"
             );
             Ok(false)
         }
