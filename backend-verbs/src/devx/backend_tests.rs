@@ -44,28 +44,11 @@ fn backend() -> DevxBackend<RecordingDevx> {
 }
 
 fn cm_attr(dest: u32) -> CmQpAttr {
-    let mut dgid = [0u8; 16];
-    dgid[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 9]);
-    CmQpAttr {
-        port_num: 1,
-        qp_access_flags: 0x6,
-        dest_qp_num: dest,
-        path_mtu: 3,
-        rq_psn: 0x11,
-        sq_psn: 0x22,
-        max_rd_atomic: 16,
-        max_dest_rd_atomic: 16,
-        min_rnr_timer: 12,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 3,
-        ah_is_global: true,
-        ah_port_num: 1,
-        dgid,
-        sgid_index: 3,
-        hop_limit: 64,
-        ..Default::default()
-    }
+    let mut gid = [0u8; 16];
+    gid[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 9]);
+    let path = crate::devx::device::LocalPath { port: 1, gid_index: 3, gid, mac: [2, 0, 0, 0, 0, 9], mtu: 3 };
+    // a CN's connection as rdma_cm describes it: its PSNs, no atomics, a finite RNR retry
+    CmQpAttr { qp_access_flags: 0x6, rq_psn: 0x11, sq_psn: 0x22, rnr_retry: 3, ..CmQpAttr::to_self(&path, dest) }
 }
 
 struct Mn {

@@ -177,28 +177,14 @@ mod tests {
     use super::*;
 
     fn attr() -> CmQpAttr {
-        let mut dgid = [0u8; 16];
-        dgid[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 2]);
+        let mut gid = [0u8; 16];
+        gid[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 2]);
+        let path = LocalPath { port: 1, gid_index: 3, gid, mac: [0; 6], mtu: 3 };
         CmQpAttr {
-            port_num: 1,
-            pkey_index: 0,
             qp_access_flags: REMOTE_READ | REMOTE_WRITE,
-            dest_qp_num: 0x321,
-            path_mtu: 3,
             rq_psn: 0xaaaa,
             sq_psn: 0xbbbb,
-            max_rd_atomic: 16,
-            max_dest_rd_atomic: 16,
-            min_rnr_timer: 12,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            ah_is_global: true,
-            ah_port_num: 1,
-            dgid,
-            sgid_index: 3,
-            hop_limit: 64,
-            ..Default::default()
+            ..CmQpAttr::to_self(&path, 0x321)
         }
     }
 
