@@ -77,6 +77,18 @@ pub struct CnQps {
     pub free_loop: Option<Qpn>,
 }
 
+/// What an interrupted alloc lap left, as its repair found it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum AllocRepair {
+    /// Undone: nothing popped, or the popped group reclaimed (or it had moved on).
+    Undone,
+    /// The lap's ticket slot was empty: the queue was empty, the MN keeps the ticket.
+    TookTicket,
+    /// The lap found its slot empty and a push filled it before the repair: the group went to
+    /// the tail. Not the CN's fault (an empty queue and a free racing); it may retry at once.
+    FilledAfterEmptyProbe,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum CnStatus {
     Active,
@@ -705,8 +717,8 @@ impl MemoryNode {
             ChainKind::Alloc => {
                 let a = s + ALLOC_SCRATCH_OFF;
                 let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
-                let took_ticket = self.repair_alloc(port, cn, a)?;
-                if took_ticket {
+                let repair = self.repair_alloc(port, cn, a)?;
+                if repair == AllocRepair::TookTicket {
                     // the queue was empty: park this chain until frees refill it
                     self.park(cn);
                     self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
@@ -721,8 +733,11 @@ impl MemoryNode {
                 } else {
                     ErrorCode::AllocFailed
                 };
-                if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
-                    rec.bad_requests += 1;
+                // a lap that raced a push on an empty queue did nothing wrong: it only retries
+                if repair != AllocRepair::FilledAfterEmptyProbe {
+                    if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
+                        rec.bad_requests += 1;
+                    }
                 }
                 self.send(port, cn, &ErrorReply { token, code, detail: status as u32 }.encode())?;
                 // A CN parked on its ticket stays parked: re-arming it here (e.g. after a
@@ -775,9 +790,8 @@ impl MemoryNode {
         Ok(u32::from_le_bytes(t))
     }
 
-    /// Undo an uncommitted alloc lap of `cn`. Returns true when the lap took a ticket (empty
-    /// queue).
-    fn repair_alloc<P: MnPort>(&mut self, port: &mut P, cn: CnId, a: u64) -> Result<bool, MnError<P::Error>> {
+    /// Undo an uncommitted alloc lap of `cn`: what the lap left behind.
+    fn repair_alloc<P: MnPort>(&mut self, port: &mut P, cn: CnId, a: u64) -> Result<AllocRepair, MnError<P::Error>> {
         let slot = rd(port, a + alloc_scratch::SLOT_ADDR)?;
         let entry = rd(port, a + alloc_scratch::REPLY_ENTRY_ADDR)?;
         wr(port, a + alloc_scratch::SLOT_ADDR, 0)?;
@@ -810,25 +824,30 @@ impl MemoryNode {
                     self.reclaim(port, g)?;
                 }
             }
-            return Ok(false);
+            return Ok(AllocRepair::Undone);
         }
         if slot != 0 && self.map.queue.contains_slot(slot) {
-            // The lap's FAA took this slot's ticket. If the group is there, the pop itself
-            // failed (a broken chain, a fault): move the group to the tail, nothing is lost.
-            // If the slot is empty the queue was empty: the MN holds the ticket until a push
-            // fills the slot.
+            // The lap's FAA took this slot's ticket. If the group is there, either the pop
+            // itself failed (a broken chain, a fault), or the lap found the slot empty — its
+            // empty probe failed, as designed on an empty queue — and a push (a free, a
+            // reclaim) filled the slot before this repair ran (the MN CPU runs after the NIC).
+            // Either way: move the group to the tail, nothing is lost, the CN may retry at
+            // once. If the slot is empty the queue is empty: the MN holds the ticket until a
+            // push fills the slot.
             let v = rd(port, slot)?;
             if v != 0 {
                 wr(port, slot, 0)?;
                 self.push(port, v)?;
-                return Ok(false);
+                // no entry recorded: the lap stopped at its slot — found empty, or its read of
+                // the slot failed; neither is a bad request
+                return Ok(AllocRepair::FilledAfterEmptyProbe);
             }
             if !self.tickets.contains(&slot) {
                 let _ = self.tickets.push(slot);
             }
-            return Ok(true);
+            return Ok(AllocRepair::TookTicket);
         }
-        Ok(false)
+        Ok(AllocRepair::Undone)
     }
 
     /// Finish or discard a half-done free, from this lap's own markers. Returns true when the
@@ -1184,7 +1203,7 @@ impl MemoryNode {
         }
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
         // in-flight laps first (a pop the CN never saw, a half-done free), then what it owns
-        if self.repair_alloc(port, cn, s + ALLOC_SCRATCH_OFF)? {
+        if self.repair_alloc(port, cn, s + ALLOC_SCRATCH_OFF)? == AllocRepair::TookTicket {
             // its ticket stays with the MN; settle() will place the group when it arrives
         }
         self.repair_free(port, cn, s + FREE_SCRATCH_OFF)?;

@@ -954,6 +954,11 @@ fn honest_alloc(w: &mut World, i: usize, op: &dyn std::fmt::Debug) {
         | Err(CnOpError::NoReply)
         | Err(CnOpError::Cn(CnError::SlotsBusy))
             if free == 0 || empty_state || backing_off => {}
+        // on an empty queue the lap's empty probe fails as designed; a push (the MN reclaiming
+        // a vanished CN's group, a free) that fills the lap's ticket slot before the MN repairs
+        // it makes the repair move that group to the tail and answer "failed, retry" — the
+        // group must then be in the queue
+        Err(CnOpError::Mn(ErrorCode::AllocFailed)) if free == 0 && w.c.free_groups() > 0 => {}
         Err(e) => panic!(
             "honest cn{i} could not allocate ({e}) with {free} free groups, {held}/{quota} held, empty={empty_state}, after {op:?}"
         ),
