@@ -940,6 +940,8 @@ fn honest_alloc(w: &mut World, i: usize, op: &dyn std::fmt::Debug) {
     let free = c.free_groups();
     let backing_off = c.cns[i].client().is_backing_off(c.now());
     let empty_state = c.driver.mn.is_empty_state();
+    let bad = |c: &omw_loopback::cluster::Cluster| c.driver.mn.cn(c.cns[i].id).map_or(0, |r| r.bad_requests);
+    let bad_before = bad(c);
     match w.c.alloc(i) {
         Ok(a) => {
             assert!(owned_by(&w.c, i, &a), "honest cn{i} got a chunk the MN does not record as its own");
@@ -958,7 +960,9 @@ fn honest_alloc(w: &mut World, i: usize, op: &dyn std::fmt::Debug) {
         // a vanished CN's group, a free) that fills the lap's ticket slot before the MN repairs
         // it makes the repair move that group to the tail and answer "failed, retry" — the
         // group must then be in the queue
-        Err(CnOpError::Mn(ErrorCode::AllocFailed)) if free == 0 && w.c.free_groups() > 0 => {}
+        Err(CnOpError::Mn(ErrorCode::AllocFailed)) if free == 0 && w.c.free_groups() > 0 => {
+            assert_eq!(bad(&w.c), bad_before, "honest cn{i}'s raced empty probe counted as a bad request");
+        }
         Err(e) => panic!(
             "honest cn{i} could not allocate ({e}) with {free} free groups, {held}/{quota} held, empty={empty_state}, after {op:?}"
         ),
