@@ -84,9 +84,10 @@ enum AllocRepair {
     Undone,
     /// The lap's ticket slot was empty: the queue was empty, the MN keeps the ticket.
     TookTicket,
-    /// The lap found its slot empty and a push filled it before the repair: the group went to
-    /// the tail. Not the CN's fault (an empty queue and a free racing); it may retry at once.
-    FilledAfterEmptyProbe,
+    /// The lap's ticket slot holds a group it did not take — it found the slot empty and a push
+    /// filled it before the repair, or its read of the slot failed: the group went to the
+    /// tail. Not the CN's fault; it may retry at once.
+    Requeued,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -734,7 +735,7 @@ impl MemoryNode {
                     ErrorCode::AllocFailed
                 };
                 // a lap that raced a push on an empty queue did nothing wrong: it only retries
-                if repair != AllocRepair::FilledAfterEmptyProbe {
+                if repair != AllocRepair::Requeued {
                     if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
                         rec.bad_requests += 1;
                     }
@@ -840,7 +841,7 @@ impl MemoryNode {
                 self.push(port, v)?;
                 // no entry recorded: the lap stopped at its slot — found empty, or its read of
                 // the slot failed; neither is a bad request
-                return Ok(AllocRepair::FilledAfterEmptyProbe);
+                return Ok(AllocRepair::Requeued);
             }
             if !self.tickets.contains(&slot) {
                 let _ = self.tickets.push(slot);

@@ -37,7 +37,7 @@ use omw_core::mlx5::cqe;
 use omw_core::mlx5::ctrl::FmCeSe;
 use omw_core::mlx5::encode::{encode, QueueResolver, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
-use omw_core::mlx5::prm::qp::{self, CdRole};
+use omw_core::mlx5::prm::qp::CdRole;
 use omw_core::mlx5::wqebb::WqeIndex;
 use omw_core::wqe::{QueueSel, Wqe};
 use omw_verbs::devx::api::{DevxApi, MemRange, UarHandle};
@@ -103,15 +103,7 @@ fn connect_to(
     rmac: [u8; 6],
 ) -> Result<(), DevxError> {
     let path = LocalPath { port: 1, gid_index, gid, mac: rmac, mtu: 3 };
-    let a = cm::CmQpAttr::to_self(&path, peer);
-    let atomic = qp::ATOMIC_MODE_8B as u8;
-    queue::connect(
-        d,
-        q,
-        cm::rst2init(q.qpn, &a, atomic),
-        cm::init2rtr(q.qpn, &a, c.log_max_msg, rmac),
-        cm::rtr2rts(q.qpn, &a),
-    )
+    cm::connect(d, q, &cm::CmQpAttr::to_self(&path, peer), c.log_max_msg, rmac)
 }
 
 /// Two DEVX QPs A and B on one CQ, connected to each other over RoCE port 1.

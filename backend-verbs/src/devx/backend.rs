@@ -33,7 +33,7 @@
 //! MN driver against the recording mock (docs/MLX5.md).
 
 use super::api::{MemRange, UarHandle};
-use super::arm::{self, ChainQps, INVALID_LKEY};
+use super::arm::{self, ChainQps};
 use super::cm::{self, CmQpAttr};
 use super::device::{DevxDevice, LocalPath};
 use super::doorbell;
@@ -46,7 +46,6 @@ use omw_core::ids::{Qpn, Rkey};
 use omw_core::mlx5::chain::Mlx5Chain;
 use omw_core::mlx5::cqe::{self, opcode as cqe_op, syndrome, Cqe};
 use omw_core::mlx5::ctrl::FmCeSe;
-use omw_core::mlx5::data::DATA_SEG_SIZE;
 use omw_core::mlx5::decode::Mlx5Op;
 use omw_core::mlx5::encode::{self, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
@@ -428,21 +427,20 @@ impl<D: DevxDevice> DevxBackend<D> {
         Ok(())
     }
 
-    /// RST → INIT → RTR → RTS to the other end of a loopback pair on this port.
-    fn connect_loopback(&mut self, qpn: u32, peer: u32) -> Result<(), DevxError> {
+    /// RST → INIT → RTR → RTS with the attributes `a` and the next hop's MAC.
+    fn connect_with(&mut self, qpn: u32, a: &CmQpAttr, rmac: [u8; 6]) -> Result<(), DevxError> {
         let devx = self.qps.get(&qpn).ok_or(DevxError::UnknownQp(qpn))?.devx;
-        let a = CmQpAttr::to_self(&self.path, peer);
-        queue::connect(
-            &mut self.dev,
-            &devx,
-            cm::rst2init(qpn, &a, prm_qp::ATOMIC_MODE_8B as u8),
-            cm::init2rtr(qpn, &a, self.caps.log_max_msg, self.path.mac),
-            cm::rtr2rts(qpn, &a),
-        )?;
+        cm::connect(&mut self.dev, &devx, a, self.caps.log_max_msg, rmac)?;
         if let Some(q) = self.qps.get_mut(&qpn) {
             q.state = QpState::Rts;
         }
         Ok(())
+    }
+
+    /// To the other end of a loopback pair on this port.
+    fn connect_loopback(&mut self, qpn: u32, peer: u32) -> Result<(), DevxError> {
+        let (a, mac) = (CmQpAttr::to_self(&self.path, peer), self.path.mac);
+        self.connect_with(qpn, &a, mac)
     }
 
     /// A CN-facing QP in the CN-facing domain, to be connected by [`Self::connect_cn_qp`]:
@@ -475,19 +473,7 @@ impl<D: DevxDevice> DevxBackend<D> {
     fn connect_cn(&mut self, qpn: u32) -> Result<(), DevxError> {
         let s = self.qps.get(&qpn).ok_or(DevxError::UnknownQp(qpn))?;
         let Link::Cn { attr: Some((a, rmac)) } = s.link else { return Err(DevxError::NotConnected(qpn)) };
-        let devx = s.devx;
-        let atomic = prm_qp::ATOMIC_MODE_8B as u8;
-        queue::connect(
-            &mut self.dev,
-            &devx,
-            cm::rst2init(qpn, &a, atomic),
-            cm::init2rtr(qpn, &a, self.caps.log_max_msg, rmac),
-            cm::rtr2rts(qpn, &a),
-        )?;
-        if let Some(q) = self.qps.get_mut(&qpn) {
-            q.state = QpState::Rts;
-        }
-        Ok(())
+        self.connect_with(qpn, &a, rmac)
     }
 
     /// Poll the CQ `cqn` once; `None` when empty.
@@ -560,8 +546,7 @@ impl<D: DevxDevice> DevxBackend<D> {
         }
         let ring = q.devx.sq.len / WQEBB;
         let pi = q.sq_pi;
-        let e = encode::encode(w, pi, qpn, FmCeSe::empty(), &mut Unmanaged)?;
-        let n = e.wqebbs();
+        let n = omw_core::mlx5::wqebb::wqebbs(encode::ds_of(w));
         let slot = pi.slot(ring);
         let pad = if slot + n > ring { ring - slot } else { 0 };
         let used = q.sq_pi.since(q.sq_ci) as usize;
@@ -569,6 +554,7 @@ impl<D: DevxDevice> DevxBackend<D> {
             return Err(DevxError::SendQueueFull { qpn, need: pad + n, free: ring - used });
         }
         let (sq, devx) = (q.devx.sq, q.devx);
+        let e = encode::encode(w, pi.add(pad as u16), qpn, FmCeSe::empty(), &mut Unmanaged)?;
         // NOPs to the ring's end: a WQE's segments stay contiguous (docs/MLX5.md)
         let mut at = pi;
         for _ in 0..pad {
@@ -578,7 +564,6 @@ impl<D: DevxDevice> DevxBackend<D> {
             self.dev.write_mem(sq.addr + at.slot(ring) * WQEBB, b.bytes())?;
             at = at.add(1);
         }
-        let e = if pad > 0 { encode::encode(w, at, qpn, FmCeSe::empty(), &mut Unmanaged)? } else { e };
         self.dev.write_mem(sq.addr + at.slot(ring) * WQEBB, e.bytes())?;
         let next = at.add(n as u16);
         let mut ctrl = [0u8; 16];
@@ -638,20 +623,13 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
         if q.rq_wr_ids.len() >= entries {
             return Err(DevxError::ReceiveQueueFull { qpn: qp.get(), entries });
         }
-        if wqe.sges.len() * DATA_SEG_SIZE > stride {
-            return Err(DevxError::ChainDoesNotFit {
-                what: "receive WQE (data segments)",
-                need: wqe.sges.len(),
-                got: stride / DATA_SEG_SIZE,
-            });
-        }
+        // write_recvs refuses a scatter list wider than the stride
         let sges: Vec<omw_core::mlx5::chain::RecvSge> = wqe
             .sges
             .iter()
             .map(|s| omw_core::mlx5::chain::RecvSge { addr: s.addr, length: s.length, lkey: s.lkey })
             .collect();
         let (devx, head) = (q.devx, q.rq_head);
-        debug_assert_ne!(INVALID_LKEY, 0);
         let head = arm::write_recvs(&mut self.dev, &devx, head, 1, &sges)?;
         doorbell::ring_rq(&mut self.dev, &devx, head);
         let q = self.qp_mut(qp)?;

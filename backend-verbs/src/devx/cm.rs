@@ -153,6 +153,20 @@ impl CmQpAttr {
     }
 }
 
+/// RST → INIT → RTR → RTS of `qp` with the attributes `a` (8-byte atomics in the responder's
+/// `atomic_mode`), the device's `log_msg_max` and the next hop's MAC.
+pub fn connect<A: super::DevxApi>(
+    api: &mut A,
+    qp: &super::queue::DevxQp,
+    a: &CmQpAttr,
+    log_msg_max: u8,
+    rmac: [u8; 6],
+) -> Result<(), super::DevxError> {
+    let atomic = omw_core::mlx5::prm::qp::ATOMIC_MODE_8B as u8;
+    let q = qp.qpn;
+    super::queue::connect(api, qp, rst2init(q, a, atomic), init2rtr(q, a, log_msg_max, rmac), rtr2rts(q, a))
+}
+
 /// One attribute set from `rdma_init_qp_attr`'s three answers: each state's answer is
 /// authoritative for the fields its transition sets (INIT: port, P_Key index, access flags;
 /// RTR: the remote QP, path, MTU, receive PSN, responder resources, RNR timer; RTS: the send

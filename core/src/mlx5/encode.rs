@@ -31,7 +31,6 @@ pub trait QueueResolver {
     fn enable_index(&mut self, qpn: u32, queue: QueueSel, count: u64) -> Option<WqeIndex>;
 }
 
-/// An encoded mlx5 WQE: `wqebbs()` basic blocks of `bytes()`.
 /// The resolver of a queue that posts no WAIT or ENABLE (an unmanaged queue): nothing
 /// resolves, so encoding a WAIT or ENABLE with it is refused.
 #[derive(Clone, Copy, Debug, Default)]
@@ -46,6 +45,7 @@ impl QueueResolver for Unmanaged {
     }
 }
 
+/// An encoded mlx5 WQE: `wqebbs()` basic blocks of `bytes()`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Mlx5Wqe {
     buf: [u8; MAX_WQEBBS * WQEBB],

@@ -23,8 +23,7 @@ pub mod op {
     pub const RST2INIT_QP: u16 = 0x502;
     pub const INIT2RTR_QP: u16 = 0x503;
     pub const RTR2RTS_QP: u16 = 0x504;
-    /// `MLX5_CMD_OP_2ERR_QP` / `MLX5_CMD_OP_2RST_QP` (rdma-core v44.0 providers/mlx5/mlx5_ifc.h).
-    pub const TO_ERR_QP: u16 = 0x507;
+    /// `MLX5_CMD_OP_2RST_QP` (rdma-core v44.0 providers/mlx5/mlx5_ifc.h).
     pub const TO_RST_QP: u16 = 0x50a;
 }
 

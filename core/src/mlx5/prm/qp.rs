@@ -18,7 +18,7 @@ pub const CREATE_QP_IN_LEN: usize = 272;
 pub const CREATE_QP_OUT_LEN: usize = 16;
 pub const MODIFY_QP_IN_LEN: usize = 272;
 pub const MODIFY_QP_OUT_LEN: usize = 16;
-/// `2RST_QP` / `2ERR_QP` input: the header and `qpn` at 0x48 only, 0x80 bits (DPDK main
+/// `2RST_QP` input: the header and `qpn` at 0x48 only, 0x80 bits (DPDK main
 /// `38f72e500b3b`, drivers/common/mlx5/mlx5_prm.h `struct mlx5_ifc_2rst_qp_in_bits`; its
 /// field named `reserved_at_80` lies at bit 0x40 by the struct's own widths). rdma-core's
 /// mlx5_ifc.h defines the opcodes but not the struct.
