@@ -55,6 +55,9 @@ pub struct DevxMnDaemon {
     sessions: Sessions,
     /// rdma_cm id → the DEVX QP accepted for it (rdma_cm does not know our QPs).
     qp_of: HashMap<crate::cm::CmId, Qpn>,
+    /// The management QPs' send-ring WQEBBs [Alloc, Free]: one lap of each chain, the same for
+    /// every CN (`MemoryNode::chain_ring_depths`).
+    mgmt_depths: [u32; 2],
     t0: Instant,
 }
 
@@ -100,6 +103,11 @@ impl DevxMnDaemon {
         let spec = opts.pool_spec(chunks, max_cns, None);
         let driver =
             plan.provision(b, &spec).map_err(|e| VerbsError::Config(format!("bringing the MN up on DEVX: {e}")))?;
+        let d = driver
+            .mn
+            .chain_ring_depths()
+            .map_err(|e| VerbsError::Config(format!("the chains' mlx5 ring sizes: {e}")))?;
+        let mgmt_depths = [u32::from(d[0][1]), u32::from(d[1][1])];
         let mut cm = CmChannel::default();
         let id = cm.bind(opts.listen)?;
         match crate::backend::VerbsBackend::id_device(id) {
@@ -128,6 +136,7 @@ impl DevxMnDaemon {
             cm,
             sessions: Sessions::new(opts.group_size, max_cns as usize),
             qp_of: HashMap::new(),
+            mgmt_depths,
             t0: Instant::now(),
         })
     }
@@ -182,17 +191,15 @@ impl DevxMnDaemon {
     }
 
     fn accept(&mut self, ev: &CmEvent, role: Role, private: &[u8]) -> std::result::Result<Qpn, DevxError> {
-        let depth = self
-            .driver
-            .mn
-            .chain_ring_depths()
-            .map_err(|_| DevxError::NotPowerOfTwo { what: "chain ring", value: 0 })?;
         let managed = match role {
-            Role::Alloc => Some(depth[0][1] as u32),
-            Role::Free => Some(depth[1][1] as u32),
+            Role::Alloc => Some(self.mgmt_depths[0]),
+            Role::Free => Some(self.mgmt_depths[1]),
             Role::Access(_) => None,
         };
-        let raw = self.cm.take_request(ev.id).ok_or(DevxError::NotConnected(0))?;
+        let raw = self
+            .cm
+            .take_request(ev.id)
+            .ok_or(DevxError::Call { call: "rdma_accept (not a pending connection request)", errno: libc::EINVAL })?;
         let q = match self.driver.backend.create_cn_qp(managed) {
             Ok(q) => q,
             Err(e) => {
