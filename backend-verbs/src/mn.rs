@@ -104,7 +104,6 @@ pub struct MemoryNodeDaemon {
     last_stats: Instant,
     last_heartbeat: Instant,
     last_counts: (u64, u64, MnStats),
-    idle: u32,
     /// Allocations and frees of CNs that left (so the exported counters stay monotonic).
     departed: (u64, u64),
     metrics: Option<MetricsServer>,
@@ -157,6 +156,23 @@ pub(crate) fn checked_sizing(opts: &MnOptions, extra_pinned: impl Fn(u32) -> u64
     need.registered += extra_pinned(max_cns);
     ensure_memlock(need)?;
     Ok((chunks, max_cns))
+}
+
+/// Turn `step` until `stop` is set; after 2000 idle turns in a row, sleep 200 µs between
+/// turns (a busy MN never sleeps; an idle one does not spin a core).
+pub(crate) fn run_until(stop: &AtomicBool, mut step: impl FnMut() -> Result<bool>) -> Result<()> {
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        if step()? {
+            idle = 0;
+        } else {
+            idle = idle.saturating_add(1);
+            if idle > 2000 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl MemoryNodeDaemon {
@@ -249,7 +265,6 @@ impl MemoryNodeDaemon {
             last_stats: now,
             last_heartbeat: now,
             last_counts: (0, 0, MnStats::default()),
-            idle: 0,
             departed: (0, 0),
             metrics,
             last_publish: now,
@@ -262,17 +277,7 @@ impl MemoryNodeDaemon {
 
     /// Run until `stop` is set (SIGINT/SIGTERM), then tear everything down cleanly.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<()> {
-        while !stop.load(Ordering::Relaxed) {
-            let busy = self.step()?;
-            if busy {
-                self.idle = 0;
-            } else {
-                self.idle = self.idle.saturating_add(1);
-                if self.idle > 2000 {
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            }
-        }
+        run_until(stop, || self.step())?;
         log("shutting down: invalidating and deallocating every window before the QPs");
         Ok(())
     }

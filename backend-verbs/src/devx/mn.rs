@@ -33,7 +33,7 @@ use omw_core::mn_driver::MnDriver;
 use omw_core::mn_plan::{MnOptions as PlanOptions, MnPlan};
 use rdma_sys::*;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 const TARGET: &str = "omw_verbs::devx::mn";
@@ -146,18 +146,7 @@ impl DevxMnDaemon {
     }
 
     pub fn run(&mut self, stop: &AtomicBool) -> Result<()> {
-        let mut idle = 0u32;
-        while !stop.load(Ordering::Relaxed) {
-            if self.step()? {
-                idle = 0;
-            } else {
-                idle = idle.saturating_add(1);
-                if idle > 2000 {
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            }
-        }
-        Ok(())
+        crate::mn::run_until(stop, || self.step())
     }
 
     /// One turn: connection events, the driver (which drains the chain CQs), timers.
