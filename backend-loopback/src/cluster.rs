@@ -203,6 +203,10 @@ impl Interleave {
     fn mn_acts_now(&mut self) -> bool {
         self.next() % 1000 < self.per_mille as u64
     }
+    /// How many NIC steps run while the MN spins once on a CQ (1 to 8).
+    fn spin_steps(&mut self) -> u64 {
+        1 + self.next() % 8
+    }
     /// How many NIC steps pre-empt the MN's next access (0 most of the time).
     fn nic_steps(&mut self) -> u32 {
         let r = self.next();
@@ -274,10 +278,16 @@ impl RdmaBackend for NodeBackend {
         self.fabric.borrow_mut().post_recv(self.qa(qp), wqe)
     }
     fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize, LoopbackError> {
-        let mut f = self.fabric.borrow_mut();
         if self.spin_on_poll {
-            return f.poll_cq(self.qa(qp), queue, out);
+            // exploring interleavings: the MN's spin lets only a few NIC steps run per poll, so
+            // its waits are sequences of NIC steps other laps interleave with (not a run to idle)
+            if let Some(il) = &self.interleave {
+                let steps = il.borrow_mut().spin_steps();
+                return self.fabric.borrow_mut().poll_cq_after(self.qa(qp), queue, out, steps);
+            }
+            return self.fabric.borrow_mut().poll_cq(self.qa(qp), queue, out);
         }
+        let mut f = self.fabric.borrow_mut();
         let mut at = vec![0u64; out.len()];
         let n = f.poll_at(self.qa(qp), queue, out, &mut at)?;
         for (c, t) in out[..n].iter().zip(&at) {
@@ -1020,12 +1030,16 @@ impl Cluster {
         self.driver.backend.mw_binding(rkey)
     }
 
-    /// Free groups in the queue right now.
+    /// Free groups in the queue right now: distinct groups counted by scanning the queue, so a
+    /// corrupt queue (duplicates, holes) does not read as a plausible number — see
+    /// [`Cluster::free_count`].
     pub fn free_groups(&self) -> u32 {
-        let q = self.driver.mn.map().queue;
+        self.free_count().map_or(0, |c| c.groups)
+    }
+
+    /// The free queue scanned: distinct groups, duplicate slots, holes.
+    pub fn free_count(&self) -> Option<omw_core::mn::FreeCount> {
         let f = self.fabric.borrow();
-        let h = f.read_u64(self.mn_host, q.head).unwrap_or(0);
-        let t = f.read_u64(self.mn_host, q.tail).unwrap_or(0);
-        q.live_len(h, t, self.driver.mn.map().max_cns)
+        omw_core::mn::scan_free(self.driver.mn.map(), self.driver.mn.tickets(), |a| f.read_u64(self.mn_host, a).ok())
     }
 }

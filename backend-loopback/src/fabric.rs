@@ -700,6 +700,21 @@ impl Fabric {
         Ok(())
     }
 
+    /// [`Fabric::poll_cq`] for a CPU that the schedule lets in after only `steps` NIC steps
+    /// (instead of after the fabric ran idle): the MN's own waits — an unbind, a reset, a push's
+    /// fetch-and-add — then interleave with every other chain the NIC runs meanwhile. The clock
+    /// moves to the CQ's first completion only once it is there.
+    pub fn poll_cq_after(&mut self, qp: QpAddr, queue: QueueSel, out: &mut [Completion], steps: u64) -> Result<usize> {
+        let g = self.gq(qp)?;
+        self.run_until_idle(steps.max(1));
+        if let Some(t) = self.qps[g as usize].cq(queue).next_time() {
+            if t > self.now {
+                self.now = t;
+            }
+        }
+        self.poll(qp, queue, out)
+    }
+
     /// CQEs generated on a CQ since the QP's last reset (what a WAIT compares against).
     pub fn cq_count(&self, qp: QpAddr, queue: QueueSel) -> Result<u64> {
         Ok(self.qps[self.gq(qp)? as usize].cq(queue).count)

@@ -38,6 +38,16 @@ pub enum ChainKind {
     Free,
 }
 
+impl ChainKind {
+    /// The CN's other chain.
+    pub const fn other(self) -> ChainKind {
+        match self {
+            ChainKind::Alloc => ChainKind::Free,
+            ChainKind::Free => ChainKind::Alloc,
+        }
+    }
+}
+
 /// Where bytes go or come from, resolved when the chain is armed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Loc {

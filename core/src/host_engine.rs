@@ -16,8 +16,8 @@
 use crate::backend::{Completion, RdmaBackend, WcStatus};
 use crate::chain::{ChainKind, ChainLayout, Loc, Ring, MAX_STEPS};
 use crate::ids::{CnId, Qpn};
-use crate::mn_memory::{free_scratch, FREE_SCRATCH_OFF};
-use crate::mwtable::ENTRY_OFF_OWNER;
+use crate::mn_memory::{alloc_scratch, free_scratch, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF};
+use crate::mwtable::{ENTRY_OFF_OWNER, ENTRY_SIZE};
 use crate::wqe::{masked_add, Opcode, QueueSel, Wqe, WqeField, WqeFlags, WQE_SIZE};
 use core::fmt;
 
@@ -57,6 +57,9 @@ pub struct LapContext<'a> {
     /// The pool: a bind must cover exactly one chunk of it (defence in depth against a
     /// corrupted MWTable entry; the NIC would bind whatever span the entry says).
     pub geometry: crate::geometry::PoolGeometry,
+    /// Where the MWTable starts: the lap's popped entry address names its group, and with it
+    /// the one chunk that group's windows may cover.
+    pub table_base: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -72,7 +75,8 @@ pub enum LapFailure {
     NotOwner,
     /// The request asked for a window on a QP that is not the requester's.
     ForeignQpn(u32),
-    /// A bind's span (from the MWTable entry) is not exactly one chunk of the pool.
+    /// A bind's span (from the MWTable entry) is not exactly the chunk of the group the lap
+    /// popped.
     BadSpan,
     /// A posted step did not complete within the lap's budget: the CN on the other end is not
     /// answering (the MN evicts it; the lap never blocks the MN for longer than the budget).
@@ -392,9 +396,22 @@ impl Lap {
                         Ok(q) if ctx.access_qpns.contains(&q) || q == ctx.free_qpn => q,
                         _ => return fail(Some(si), LapFailure::ForeignQpn(w.qpn), device_ops, cpu_steps),
                     };
+                    // The span must be exactly the chunk of the group this lap popped (the
+                    // geometry pairs entry i with chunk i), not merely some chunk: a corrupted
+                    // or forged entry naming another group's chunk would hand it out twice.
                     let g = &ctx.geometry;
-                    let chunk = g.group_of(w.local_addr).and_then(|id| g.chunk_base(id));
-                    if chunk != Some(w.local_addr) || w.length as u64 != g.chunk_size() {
+                    let popped = {
+                        let mut b = [0u8; 8];
+                        let at = ctx.scratch + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR;
+                        backend.read_local(at, &mut b).map_err(HostEngineError::Backend)?;
+                        u64::from_le_bytes(b)
+                    };
+                    let own_chunk = popped
+                        .checked_sub(ctx.table_base)
+                        .filter(|off| off % ENTRY_SIZE as u64 == 0)
+                        .and_then(|off| u32::try_from(off / ENTRY_SIZE as u64).ok())
+                        .and_then(|i| g.chunk_base(crate::ids::GroupId(i)));
+                    if own_chunk != Some(w.local_addr) || w.length as u64 != g.chunk_size() {
                         return fail(Some(si), LapFailure::BadSpan, device_ops, cpu_steps);
                     }
                     q

@@ -24,6 +24,9 @@ use crate::wqe::masked_add;
 use core::fmt;
 use zerocopy::IntoBytes;
 
+mod quiesce;
+pub use quiesce::{scan_free, Chains, FreeCount, PushRefused, Quiesced, Whereabouts};
+
 /// Most CNs one MN serves (fixed so the control plane needs no heap).
 pub const MAX_CNS: usize = 32;
 /// `reserved` value of an MWTable entry whose group the MN is reclaiming.
@@ -137,6 +140,10 @@ pub enum Action {
     DisconnectMgmt { alloc: Qpn, free: Qpn },
     /// Destroy all QPs of a CN that left (its windows are already invalidated).
     ReleaseCn { qps: CnQps },
+    /// Host-engine mode's quiesce: end the MN CPU's in-flight laps of `cn` (of the chains
+    /// named), each once the device step it posted has completed or been flushed — so nothing
+    /// of them lands after the MN decided. Offloaded mode stops chains with [`Action::ResetQp`].
+    StopLaps { cn: CnId, alloc: bool, free: bool },
 }
 
 /// Exceptions and timers the MN reacts to.
@@ -259,6 +266,13 @@ pub struct MnStats {
     pub spans_refused: u64,
     /// Alloc repairs that found the popped group already moved on (freed, or held by another).
     pub stale_repairs: u64,
+    /// Chains stopped before the MN decided about their groups ("quiesce, decide, push").
+    pub quiesces: u64,
+    /// The MN's own pushes refused by the check (already queued, popped in flight, a window
+    /// still bound): each one a push that would have corrupted the queue.
+    pub pushes_refused: u64,
+    /// Groups left out of the queue because a window of theirs stayed bound.
+    pub groups_quarantined: u64,
 }
 
 #[derive(Debug)]
@@ -277,6 +291,8 @@ pub struct MemoryNode {
     now: u64,
     /// The form the device fetches the chains in: it sizes their rings.
     wqe_format: crate::wqe_format::WqeFormat,
+    /// Why the last refused push was refused (tests and logs).
+    last_push_refused: Option<PushRefused>,
 }
 
 type R<E> = Result<(), MnError<E>>;
@@ -319,6 +335,7 @@ impl MemoryNode {
             stats: MnStats::default(),
             now: 0,
             wqe_format: crate::wqe_format::WqeFormat::Canonical,
+            last_push_refused: None,
         })
     }
 
@@ -342,6 +359,10 @@ impl MemoryNode {
     }
     pub fn stats(&self) -> MnStats {
         self.stats
+    }
+    /// Why the MN's last refused push was refused, if one was.
+    pub fn last_push_refused(&self) -> Option<PushRefused> {
+        self.last_push_refused
     }
     pub fn is_empty_state(&self) -> bool {
         self.empty
@@ -704,21 +725,22 @@ impl MemoryNode {
         if matches!(status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr) {
             return self.evict(port, cn);
         }
-        // Quiesce the chain before reading what it left behind.
-        let (mgmt, lp) = match kind {
-            ChainKind::Alloc => (r.qps.alloc, r.qps.alloc_loop),
-            ChainKind::Free => (r.qps.free, r.qps.free_loop),
-        };
-        if let Some(lp) = lp {
-            port.apply(Action::ResetQp(lp)).map_err(MnError::Port)?;
-        }
-        port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+        // Quiesce the failed chain before reading what it left behind. A failed alloc lap that
+        // popped a group may have bound MW[0] to this CN's Free QP: the CN (knowing the
+        // layouts) can then free it through its own free chain while the repair reclaims it —
+        // so its free chain stops too, before anything is decided.
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+        let mut q = self.quiesce(port, cn, Chains::only(kind))?;
+        if kind == ChainKind::Alloc && rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)? != 0 {
+            q = self.quiesce(port, cn, Chains::BOTH)?;
+            self.repair_interrupted(port, &q, ChainKind::Free)?;
+        }
+        let other_stopped = q.chains().has(kind.other());
         match kind {
             ChainKind::Alloc => {
                 let a = s + ALLOC_SCRATCH_OFF;
                 let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
-                let repair = self.repair_alloc(port, cn, a)?;
+                let repair = self.repair_alloc(port, &q, a)?;
                 if repair == AllocRepair::TookTicket {
                     // the queue was empty: park this chain until frees refill it
                     self.park(cn);
@@ -726,6 +748,9 @@ impl MemoryNode {
                     if !self.empty {
                         self.empty = true;
                         self.broadcast(port, Notice::Empty)?;
+                    }
+                    if other_stopped {
+                        self.arm(port, cn, ChainKind::Free)?;
                     }
                     return self.settle(port);
                 }
@@ -756,6 +781,10 @@ impl MemoryNode {
                     self.stats.chains_rearmed += 1;
                     self.arm(port, cn, ChainKind::Alloc)?;
                 }
+                if other_stopped {
+                    self.stats.chains_rearmed += 1;
+                    self.arm(port, cn, ChainKind::Free)?;
+                }
                 // the repair pushed a group: a ticket slot a free filled meanwhile must be
                 // settled before the ring's head and tail can come round to it again
                 self.settle(port)
@@ -763,7 +792,7 @@ impl MemoryNode {
             ChainKind::Free => {
                 let f = s + FREE_SCRATCH_OFF;
                 let token = self.token_at(port, f + free_scratch::REQ_HDR)?;
-                let finished = self.repair_free(port, cn, f)?;
+                let finished = self.repair_free(port, &q, f)?;
                 if !finished {
                     let code = if status == WcStatus::MwBindErr { ErrorCode::NotOwner } else { ErrorCode::BadRequest };
                     if code == ErrorCode::NotOwner {
@@ -791,8 +820,48 @@ impl MemoryNode {
         Ok(u32::from_le_bytes(t))
     }
 
+    /// Repair the lap of a chain that the MN stopped although it did not fail (another path
+    /// quiesced the CN): finish or undo it from its markers, and tell the CN about a request
+    /// that got no answer — an alloc is `AllocFailed` (nothing was allocated; retry), a free
+    /// that the repair could not finish gets no reply (its group stays the CN's).
+    fn repair_interrupted<P: MnPort>(&mut self, port: &mut P, q: &Quiesced, kind: ChainKind) -> R<P::Error> {
+        let cn = q.cn();
+        let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
+        let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+        match kind {
+            ChainKind::Alloc => {
+                let a = s + ALLOC_SCRATCH_OFF;
+                let hdr = rd(port, a + alloc_scratch::REQ_HDR)?;
+                let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
+                let repair = self.repair_alloc(port, q, a)?;
+                wr(port, a + alloc_scratch::REQ_HDR, 0)?;
+                if repair == AllocRepair::TookTicket {
+                    self.park(cn);
+                    if r.status == CnStatus::Active && hdr != 0 {
+                        self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
+                    }
+                } else if hdr != 0 && r.status == CnStatus::Active {
+                    self.send(port, cn, &ErrorReply { token, code: ErrorCode::AllocFailed, detail: 0 }.encode())?;
+                }
+            }
+            ChainKind::Free => {
+                let f = s + FREE_SCRATCH_OFF;
+                self.repair_free(port, q, f)?;
+                wr(port, f + free_scratch::REQ_HDR, 0)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Undo an uncommitted alloc lap of `cn`: what the lap left behind.
-    fn repair_alloc<P: MnPort>(&mut self, port: &mut P, cn: CnId, a: u64) -> Result<AllocRepair, MnError<P::Error>> {
+    fn repair_alloc<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        q: &Quiesced,
+        a: u64,
+    ) -> Result<AllocRepair, MnError<P::Error>> {
+        debug_assert!(q.chains().alloc);
+        let cn = q.cn();
         let slot = rd(port, a + alloc_scratch::SLOT_ADDR)?;
         let entry = rd(port, a + alloc_scratch::REPLY_ENTRY_ADDR)?;
         wr(port, a + alloc_scratch::SLOT_ADDR, 0)?;
@@ -822,7 +891,7 @@ impl MemoryNode {
                 if moved_on {
                     self.stats.stale_repairs += 1;
                 } else {
-                    self.reclaim(port, g)?;
+                    self.reclaim(port, q, g)?;
                 }
             }
             return Ok(AllocRepair::Undone);
@@ -838,7 +907,7 @@ impl MemoryNode {
             let v = rd(port, slot)?;
             if v != 0 {
                 wr(port, slot, 0)?;
-                self.push(port, v)?;
+                self.push_group(port, v)?;
                 // no entry recorded: the lap stopped at its slot — found empty, or its read of
                 // the slot failed; neither is a bad request
                 return Ok(AllocRepair::Requeued);
@@ -859,7 +928,9 @@ impl MemoryNode {
     /// between that invalidation and the marker — the MWTable naming the requester as owner
     /// *and* MW[0] no longer bound. Anything else (an entry another lap is popping, a free
     /// entry, a foreign one) is left exactly as it is.
-    fn repair_free<P: MnPort>(&mut self, port: &mut P, cn: CnId, f: u64) -> Result<bool, MnError<P::Error>> {
+    fn repair_free<P: MnPort>(&mut self, port: &mut P, q: &Quiesced, f: u64) -> Result<bool, MnError<P::Error>> {
+        let cn = q.cn();
+        let free_qp = self.cn(cn).map(|r| r.qps.free);
         let entry = rd(port, f + free_scratch::ENTRY_ADDR)?;
         let passed = rd(port, f + free_scratch::PASSED)?;
         let push_slot = rd(port, f + free_scratch::PUSH_SLOT)?;
@@ -868,9 +939,18 @@ impl MemoryNode {
         }
         let Some(g) = self.map.group_of_entry(entry) else { return Ok(false) };
         if passed != entry {
+            // No PASSED marker. The request named `entry`; the CN owns it if the MWTable says
+            // so and MW[0] is either already invalidated (the lap failed after its proof) or
+            // still bound to this CN's own Free QP (the lap was stopped before its proof: the
+            // device's binding is the same proof the chain would have made).
             let e = read_entry(port, entry)?;
-            if e.owner() == cn.get() && self.mw0_unbound(port, &e)? {
-                self.reclaim(port, g)?;
+            let proof = match port.mw_binding(e.rkey(0)) {
+                Some(MwBinding::Unbound) => true,
+                Some(MwBinding::Bound { qpn, .. }) => Some(qpn) == free_qp && e.reserved.get() == 0,
+                None => false,
+            };
+            if e.owner() == cn.get() && proof {
+                self.reclaim(port, q, g)?;
                 return Ok(true);
             }
             return Ok(false);
@@ -878,23 +958,17 @@ impl MemoryNode {
         // Ownership proven; every window was invalidated before the second half started.
         if self.map.queue.contains_slot(push_slot) {
             // the tail's fetch-and-add ran, so the write-back did too (in order): the slot is
-            // this lap's, fill it if the push WRITE did not
-            if rd(port, push_slot)? != entry {
-                wr(port, push_slot, entry)?;
-            }
+            // this lap's; fill it if the push WRITE did not land — unless the group is
+            // elsewhere already (the push landed and a pop took it since)
+            self.fill_push_slot(port, q, push_slot, entry)?;
             return Ok(true);
         }
-        self.reclaim(port, g)?;
+        self.reclaim(port, q, g)?;
         Ok(true)
     }
 
-    fn mw0_unbound<P: MnPort>(&mut self, port: &mut P, e: &MwTableEntry) -> Result<bool, MnError<P::Error>> {
-        // Ports that cannot tell report None: then nothing is assumed to have changed.
-        Ok(port.mw_binding(e.rkey(0)) == Some(MwBinding::Unbound))
-    }
-
     /// Take a group back from wherever it is: invalidate its windows, then return it.
-    fn reclaim<P: MnPort>(&mut self, port: &mut P, g: GroupId) -> R<P::Error> {
+    fn reclaim<P: MnPort>(&mut self, port: &mut P, q: &Quiesced, g: GroupId) -> R<P::Error> {
         let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
         let mut e = read_entry(port, addr)?;
         e.reserved = ENTRY_RECLAIMING.into();
@@ -904,8 +978,9 @@ impl MemoryNode {
         }
         // no window reaches the chunk any more: clear what its holder left before it moves on
         self.scrub(port, g)?;
-        self.return_group(port, g, true)?;
-        self.stats.groups_reclaimed += 1;
+        if self.return_group(port, q, g, true)? {
+            self.stats.groups_reclaimed += 1;
+        }
         Ok(())
     }
 
@@ -937,20 +1012,8 @@ impl MemoryNode {
         }
     }
 
-    /// Owner 0, keys advanced (if the windows were used), pushed at the queue tail.
-    fn return_group<P: MnPort>(&mut self, port: &mut P, g: GroupId, bump: bool) -> R<P::Error> {
-        let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
-        let mut e = read_entry(port, addr)?;
-        if bump {
-            e.bump_keys();
-        }
-        e.owner = 0.into();
-        e.reserved = 0.into();
-        write_entry(port, addr, &e)?;
-        self.push(port, addr)
-    }
-
-    /// Push at the tail: take a slot with a fetch-and-add that is atomic with respect to the
+    /// The raw push (only [`MemoryNode::push_group`] and `return_group` call it, after their
+    /// checks). Push at the tail: take a slot with a fetch-and-add that is atomic with respect to the
     /// chains' own ([`MnPort::fetch_add`]), then fill it. Between the two a concurrent pop may
     /// take the slot and find it empty; it then holds a ticket that settles when this write
     /// lands (the pop's clear is conditional, so it never erases it).
@@ -1002,7 +1065,7 @@ impl MemoryNode {
             let v = rd(port, slot)?;
             if v != 0 {
                 wr(port, slot, 0)?;
-                self.push(port, v)?;
+                self.push_group(port, v)?;
                 self.tickets.swap_remove(i);
                 self.stats.tickets_settled += 1;
             } else {
@@ -1010,8 +1073,7 @@ impl MemoryNode {
             }
         }
         if self.empty && self.tickets.is_empty() {
-            let q = self.map.queue;
-            let n = q.live_len(rd(port, q.head)?, rd(port, q.tail)?, self.map.max_cns);
+            let n = self.free_count(port)?.groups;
             if n > 0 {
                 self.empty = false;
                 self.broadcast(port, Notice::Available { free_groups: n as u64 })?;
@@ -1043,14 +1105,15 @@ impl MemoryNode {
         Ok(out)
     }
 
-    fn reclaim_all_of<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
+    fn reclaim_all_of<P: MnPort>(&mut self, port: &mut P, q: &Quiesced) -> R<P::Error> {
+        debug_assert!(q.chains() == Chains::BOTH);
         loop {
-            let batch = self.owned_groups(port, cn)?;
+            let batch = self.owned_groups(port, q.cn())?;
             if batch.is_empty() {
                 return Ok(());
             }
             for g in batch {
-                self.reclaim(port, g)?;
+                self.reclaim(port, q, g)?;
             }
         }
     }
@@ -1101,14 +1164,17 @@ impl MemoryNode {
         }
         self.stats.quota_disconnects += 1;
         self.send(port, cn, &ErrorReply { token: 0, code: ErrorCode::QuotaExceeded, detail: self.cfg.quota }.encode())?;
+        // quiesce (loop and management QPs, so no half-run free pushes after this), decide
+        // from the stopped laps' markers, then take everything back
+        let q = self.quiesce(port, cn, Chains::BOTH)?;
         if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
             rec.status = CnStatus::MgmtDisconnected;
         }
         port.apply(Action::DisconnectMgmt { alloc: r.qps.alloc, free: r.qps.free }).map_err(MnError::Port)?;
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
-        self.repair_alloc(port, cn, s + ALLOC_SCRATCH_OFF)?;
-        self.repair_free(port, cn, s + FREE_SCRATCH_OFF)?;
-        self.reclaim_all_of(port, cn)?;
+        self.repair_alloc(port, &q, s + ALLOC_SCRATCH_OFF)?;
+        self.repair_free(port, &q, s + FREE_SCRATCH_OFF)?;
+        self.reclaim_all_of(port, &q)?;
         self.settle(port)
     }
 
@@ -1117,30 +1183,39 @@ impl MemoryNode {
     /// group whose access window ended up bound outside its owner's access QPs is reclaimed —
     /// the owner loses it, nobody else gains it. Then every CN's holdings against its quota.
     fn audit<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
-        let g = self.cfg.geometry.group_size();
+        // First find whose groups look wrong, touching nothing: the owner's chains are still
+        // running (its free may be pushing the very group).
+        let mut suspects: heapless::Vec<CnId, MAX_CNS> = heapless::Vec::new();
         for i in 0..self.cfg.geometry.chunk_count() {
-            let gid = GroupId(i);
-            let e = read_entry(port, self.map.entry_addr(gid).unwrap_or(0))?;
-            if e.owner() == 0 {
-                continue;
+            let Some((owner, misbound, outside)) = self.audit_group(port, GroupId(i))? else { continue };
+            if (misbound || outside) && !suspects.contains(&owner) {
+                let pushed = suspects.push(owner);
+                debug_assert!(pushed.is_ok(), "one suspect per CN record: MAX_CNS bounds them");
             }
-            let Some(rec) = self.cns().find(|r| r.cn.get() == e.owner() && r.status == CnStatus::Active) else {
-                continue;
-            };
-            let access = rec.qps.access.clone();
-            let misbound = (1..g).any(
-                |k| matches!(port.mw_binding(e.rkey(k)), Some(MwBinding::Bound { qpn, .. }) if !access.contains(&qpn)),
-            );
-            // defence in depth: every bound window of the group must lie inside its own chunk
-            let (base, size) = (self.cfg.geometry.chunk_base(gid).unwrap_or(0), self.cfg.geometry.chunk_size());
-            let outside = (0..g)
-                .any(|k| port.mw_span(e.rkey(k)).is_some_and(|(a, l)| a < base || a.saturating_add(l) > base + size));
-            if outside {
-                self.stats.spans_refused += 1;
+        }
+        // Then, per suspect: quiesce, decide again from what can no longer move, push.
+        for cn in suspects {
+            let q = self.quiesce(port, cn, Chains::BOTH)?;
+            self.repair_interrupted(port, &q, ChainKind::Alloc)?;
+            self.repair_interrupted(port, &q, ChainKind::Free)?;
+            for i in 0..self.cfg.geometry.chunk_count() {
+                let gid = GroupId(i);
+                let Some((owner, misbound, outside)) = self.audit_group(port, gid)? else { continue };
+                if owner != cn || !(misbound || outside) {
+                    continue;
+                }
+                if outside {
+                    self.stats.spans_refused += 1;
+                }
+                self.reclaim(port, &q, gid)?;
             }
-            if misbound || outside {
-                self.reclaim(port, gid)?;
+            self.stats.chains_rearmed += 1;
+            self.arm(port, cn, ChainKind::Free)?;
+            if !self.cn(cn).is_some_and(|r| r.alloc_parked) {
+                self.stats.chains_rearmed += 1;
+                self.arm(port, cn, ChainKind::Alloc)?;
             }
+            self.settle(port)?;
         }
         let active: heapless::Vec<CnId, MAX_CNS> =
             self.cns().filter(|r| r.status == CnStatus::Active).map(|r| r.cn).collect();
@@ -1148,6 +1223,32 @@ impl MemoryNode {
             self.enforce_quota(port, cn)?;
         }
         Ok(())
+    }
+
+    /// One group as the audit sees it: its active owner, whether an access window is bound
+    /// outside the owner's access QPs, whether a window reaches outside its own chunk.
+    fn audit_group<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        gid: GroupId,
+    ) -> Result<Option<(CnId, bool, bool)>, MnError<P::Error>> {
+        let g = self.cfg.geometry.group_size();
+        let e = read_entry(port, self.map.entry_addr(gid).unwrap_or(0))?;
+        if e.owner() == 0 {
+            return Ok(None);
+        }
+        let Some(rec) = self.cns().find(|r| r.cn.get() == e.owner() && r.status == CnStatus::Active) else {
+            return Ok(None);
+        };
+        let (cn, access) = (rec.cn, rec.qps.access.clone());
+        let misbound = (1..g).any(
+            |k| matches!(port.mw_binding(e.rkey(k)), Some(MwBinding::Bound { qpn, .. }) if !access.contains(&qpn)),
+        );
+        // defence in depth: every bound window of the group must lie inside its own chunk
+        let (base, size) = (self.cfg.geometry.chunk_base(gid).unwrap_or(0), self.cfg.geometry.chunk_size());
+        let outside =
+            (0..g).any(|k| port.mw_span(e.rkey(k)).is_some_and(|(a, l)| a < base || a.saturating_add(l) > base + size));
+        Ok(Some((cn, misbound, outside)))
     }
 
     /// Evict an unresponsive CN: what a departure does, plus the record for the deployment.
@@ -1199,16 +1300,15 @@ impl MemoryNode {
 
     fn on_cn_gone<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
         let r = self.cn(cn).ok_or(MnError::UnknownCn(cn))?.clone();
-        for q in [r.qps.alloc_loop, r.qps.free_loop].into_iter().flatten() {
-            port.apply(Action::ResetQp(q)).map_err(MnError::Port)?;
-        }
+        // every chain of it stops (its management QPs too: a crash mid-alloc must not leave
+        // binds running after the reclaim unbound the group)
+        let q = self.quiesce(port, cn, Chains::BOTH)?;
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
-        // in-flight laps first (a pop the CN never saw, a half-done free), then what it owns
-        if self.repair_alloc(port, cn, s + ALLOC_SCRATCH_OFF)? == AllocRepair::TookTicket {
-            // its ticket stays with the MN; settle() will place the group when it arrives
-        }
-        self.repair_free(port, cn, s + FREE_SCRATCH_OFF)?;
-        self.reclaim_all_of(port, cn)?;
+        // in-flight laps first (a pop the CN never saw, a half-done free), then what it owns;
+        // a ticket its lap took stays with the MN (settle() places the group when it arrives)
+        self.repair_alloc(port, &q, s + ALLOC_SCRATCH_OFF)?;
+        self.repair_free(port, &q, s + FREE_SCRATCH_OFF)?;
+        self.reclaim_all_of(port, &q)?;
         port.apply(Action::ReleaseCn { qps: r.qps.clone() }).map_err(MnError::Port)?;
         self.cns[r.slot as usize] = None;
         self.settle(port)
@@ -1220,11 +1320,9 @@ impl MemoryNode {
     fn on_rnic_reset<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
         let cns: heapless::Vec<CnRecord, MAX_CNS> = self.cns().cloned().collect();
         for r in cns.iter() {
-            // a CN over its quota has no management QPs any more (destroyed at the disconnect)
-            let mgmt = if r.status == CnStatus::Active { [Some(r.qps.alloc), Some(r.qps.free)] } else { [None, None] };
-            for q in mgmt.into_iter().chain([r.qps.alloc_loop, r.qps.free_loop]).flatten() {
-                port.apply(Action::ResetQp(q)).map_err(MnError::Port)?;
-            }
+            // every chain stopped before the table is rebuilt ("quiesce, decide, push": the
+            // decision is every group free, the push the queue's refill below)
+            self.quiesce(port, r.cn, Chains::BOTH)?;
             for q in r.qps.access.iter() {
                 port.apply(Action::ResetQp(*q)).map_err(MnError::Port)?;
             }

@@ -81,6 +81,8 @@ pub struct DriverStats {
     /// QPs a failed lap left in ERR that the device would not reset (an rdma_cm-connected QP:
     /// its CN must reconnect); only that CN's later requests fail.
     pub qps_left_in_error: u64,
+    /// Host-engine laps ended by a quiesce ([`Action::StopLaps`]) after their device step landed.
+    pub laps_stopped: u64,
 }
 
 /// What one [`MnDriver::poll`] saw.
@@ -112,6 +114,7 @@ impl LapQps {
             software_ownership_check: mn.config().software_ownership_check,
             max_polls: 100_000,
             geometry: mn.config().geometry,
+            table_base: mn.map().table_base,
         }
     }
 }
@@ -177,6 +180,8 @@ struct Port<'a, B: RdmaBackend> {
     repost: heapless::Vec<Qpn, 64>,
     /// QPs this reaction really reset (their posted receives are gone).
     resets: heapless::Vec<Qpn, 64>,
+    /// Host-engine laps in flight ([`Action::StopLaps`] ends some).
+    laps: &'a mut heapless::Vec<InFlight, MAX_LAPS_IN_FLIGHT>,
 }
 
 impl<B: RdmaBackend> MnPort for Port<'_, B> {
@@ -294,6 +299,36 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
                 let _ = b.destroy_qp(free);
                 Ok(())
             }
+            Action::StopLaps { cn, alloc, free } => {
+                let stop = |k: ChainKind| match k {
+                    ChainKind::Alloc => alloc,
+                    ChainKind::Free => free,
+                };
+                let mut i = 0;
+                while i < self.laps.len() {
+                    let l = &self.laps[i];
+                    if l.cn != cn || !stop(l.kind) {
+                        i += 1;
+                        continue;
+                    }
+                    let (waiting, done) = (l.lap.waiting(), l.done.is_some());
+                    // The lap's posted device step (a bind, an invalidation, a READ) must land
+                    // or be flushed before the MN decides: wait for its completion; a device
+                    // that never completes it gets the QP reset (which flushes it).
+                    if let Some(w) = waiting {
+                        let landed = done || matches!(crate::host_engine::wait_for(b, w.qp, w.wr_id, 10_000), Ok(_));
+                        if !landed {
+                            b.reset_qp(w.qp).map_err(DriverError::Backend)?;
+                            if !self.resets.contains(&w.qp) {
+                                let _ = self.resets.push(w.qp);
+                            }
+                        }
+                    }
+                    self.laps.swap_remove(i);
+                    self.stats.laps_stopped += 1;
+                }
+                Ok(())
+            }
             Action::ReleaseCn { qps } => {
                 for q in [Some(qps.alloc), Some(qps.free), qps.alloc_loop, qps.free_loop].into_iter().flatten() {
                     let _ = b.destroy_qp(q);
@@ -364,6 +399,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             stats: &mut self.stats,
             repost: heapless::Vec::new(),
             resets: heapless::Vec::new(),
+            laps: &mut self.laps,
         };
         (&mut self.mn, port)
     }

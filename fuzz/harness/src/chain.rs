@@ -469,6 +469,7 @@ fn run_on_host_engine(c: &mut Cluster, layout: &ChainLayout, rec: &omw_core::mn:
         software_ownership_check: c.driver.mn.config().software_ownership_check,
         max_polls: 10_000,
         geometry: c.driver.mn.config().geometry,
+        table_base: c.driver.mn.map().table_base,
     };
     let regions = c.driver.regions;
     for req in requests {

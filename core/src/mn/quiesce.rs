@@ -1,0 +1,348 @@
+//! Quiesce, decide, push: the one way the MN CPU hands a group back to the free queue.
+//!
+//! On real hardware the MN CPU runs *while* the NIC executes chains (DESIGN.md §9). Every MN
+//! path that returns groups — the audit, lazy quota enforcement, crash and vanish reclaim,
+//! lease eviction, RNIC-reset recovery, a failed lap's repair — races the chains of the CN
+//! whose groups it returns: that CN's free chain can still push the same group (the queue then
+//! holds it twice, and a later owner loses its chunk), the second half of a free that already
+//! took a tail slot can still fill it (or never does: a hole in the live queue), and its alloc
+//! chain can still bind the group it popped (a free group with a bound window). So each such
+//! path does three things, in this order:
+//!
+//! 1. **Quiesce** ([`MemoryNode::quiesce`]): stop every chain of that CN that could still touch
+//!    the group — offloaded, its loop *and* management QPs leave RTS (a reset drops their
+//!    posted WQEs; the device finishes or flushes what it started); host engine, the MN
+//!    driver's in-flight laps of that CN end once their posted device step has completed. The
+//!    result is a [`Quiesced`] proof; nothing else makes one.
+//! 2. **Decide** from data that can no longer move: the MWTable, the stopped laps' own markers
+//!    (`repair_alloc` / `repair_free` in `mn.rs`), and where the group is now
+//!    ([`MemoryNode::whereabouts`]: in the queue, popped by another CN's lap in flight, owned).
+//! 3. **Push** through [`MemoryNode::push_group`], which refuses — and counts — a push of a group
+//!    that is already in the queue, that another lap has popped, or that has a bound window.
+//!    A group is in the free queue at most once, and never while any of its windows is bound;
+//!    the invariant checker verifies the same after every step in every test.
+//!
+//! Pushes that only *move* a group already in the queue structure (a ticket slot a push filled,
+//! moved to the tail) go through the same checked push.
+
+use super::{rd, read_entry, wr, MemoryNode, MnError, MnPort};
+use crate::backend::{ExecutionMode, MwBinding};
+use crate::chain::ChainKind;
+use crate::ids::{CnId, GroupId};
+use crate::mn::{Action, CnStatus, ENTRY_RECLAIMING};
+use crate::mn_memory::{alloc_scratch, ALLOC_SCRATCH_OFF};
+
+/// Which of a CN's chains a quiesce stopped.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Chains {
+    pub alloc: bool,
+    pub free: bool,
+}
+
+impl Chains {
+    pub const BOTH: Chains = Chains { alloc: true, free: true };
+    pub const fn only(kind: ChainKind) -> Chains {
+        match kind {
+            ChainKind::Alloc => Chains { alloc: true, free: false },
+            ChainKind::Free => Chains { alloc: false, free: true },
+        }
+    }
+    pub const fn has(&self, kind: ChainKind) -> bool {
+        match kind {
+            ChainKind::Alloc => self.alloc,
+            ChainKind::Free => self.free,
+        }
+    }
+}
+
+/// Proof that some of one CN's chains are stopped. Only [`MemoryNode::quiesce`] builds one, and
+/// every MN path that returns a group of that CN takes it.
+#[derive(Debug)]
+pub struct Quiesced {
+    cn: CnId,
+    chains: Chains,
+}
+
+impl Quiesced {
+    pub fn cn(&self) -> CnId {
+        self.cn
+    }
+    pub fn chains(&self) -> Chains {
+        self.chains
+    }
+}
+
+/// Where a group is, read from MN memory while the chains that could move it are stopped.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Whereabouts {
+    /// Its entry address is in the queue's live window or in a ticket slot.
+    pub in_queue: bool,
+    /// An alloc lap still in flight (of a CN that is not stopped) has popped it.
+    pub popped_by: Option<CnId>,
+    /// The MWTable's owner field (0: none).
+    pub owner: u32,
+    /// One of its windows is bound, as far as the device can tell.
+    pub bound_window: bool,
+}
+
+/// Why [`MemoryNode::push_group`] refused a push.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum PushRefused {
+    /// The address is not an MWTable entry.
+    NotAnEntry,
+    /// The queue (or a ticket slot) already holds it.
+    AlreadyQueued,
+    /// Another CN's lap in flight popped it: it is about to be owned.
+    PoppedInFlight,
+    /// One of its windows is still bound: the group is quarantined (left `RECLAIMING`).
+    WindowBound,
+}
+
+/// The free queue's live contents, counted by scanning: right even when the queue is corrupt.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct FreeCount {
+    /// Distinct groups in the live window and in filled ticket slots.
+    pub groups: u32,
+    /// Slots of the live window that hold a group already counted.
+    pub duplicates: u32,
+    /// Slots of the live window that hold nothing (0) or no entry address.
+    pub holes: u32,
+}
+
+impl FreeCount {
+    pub fn corrupt(&self) -> bool {
+        self.duplicates != 0 || self.holes != 0
+    }
+}
+
+impl MemoryNode {
+    /// Step 1 of "quiesce, decide, push": stop `chains` of `cn` so that nothing of theirs can
+    /// still touch a group the MN is about to decide about. A CN that is not connected has
+    /// nothing running.
+    pub fn quiesce<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        cn: CnId,
+        chains: Chains,
+    ) -> Result<Quiesced, MnError<P::Error>> {
+        let Some(r) = self.cn(cn).cloned() else {
+            return Ok(Quiesced { cn, chains });
+        };
+        match self.cfg.mode {
+            ExecutionMode::Offloaded => {
+                // A loop ring ENABLEs its management ring and the management ring ENABLEs the
+                // loop ring's second half; a reset queue is empty, so an ENABLE that reaches it
+                // between the two resets releases nothing.
+                for kind in [ChainKind::Alloc, ChainKind::Free] {
+                    if !chains.has(kind) {
+                        continue;
+                    }
+                    let (mgmt, lp) = match kind {
+                        ChainKind::Alloc => (r.qps.alloc, r.qps.alloc_loop),
+                        ChainKind::Free => (r.qps.free, r.qps.free_loop),
+                    };
+                    if let Some(lp) = lp {
+                        port.apply(Action::ResetQp(lp)).map_err(MnError::Port)?;
+                    }
+                    // a CN over its quota has no management QPs any more
+                    if r.status == CnStatus::Active {
+                        port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+                    }
+                }
+            }
+            ExecutionMode::HostEngine => {
+                port.apply(Action::StopLaps { cn, alloc: chains.alloc, free: chains.free }).map_err(MnError::Port)?;
+            }
+        }
+        self.stats.quiesces += 1;
+        Ok(Quiesced { cn, chains })
+    }
+
+    /// Where the group with MWTable entry `entry` is now (step 2's facts).
+    pub fn whereabouts<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<Whereabouts, MnError<P::Error>> {
+        let mut w = Whereabouts { in_queue: self.queue_holds(port, entry)?, ..Whereabouts::default() };
+        let slots: heapless::Vec<(u32, CnId), { super::MAX_CNS }> = self.cns().map(|r| (r.slot, r.cn)).collect();
+        for (slot, cn) in slots {
+            let Some(s) = self.map.scratch(slot) else { continue };
+            if rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)? == entry {
+                w.popped_by = Some(cn);
+                break;
+            }
+        }
+        let e = read_entry(port, entry)?;
+        w.owner = e.owner();
+        w.bound_window = (0..self.cfg.geometry.group_size())
+            .any(|k| matches!(port.mw_binding(e.rkey(k)), Some(MwBinding::Bound { .. })));
+        Ok(w)
+    }
+
+    /// Step 3: the MN's own push, checked. Refuses (and counts in `pushes_refused`) a group
+    /// that is already queued, popped by a lap in flight, or has a bound window; returns
+    /// whether it pushed.
+    pub(super) fn push_group<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<bool, MnError<P::Error>> {
+        match self.check_push(port, entry)? {
+            None => {
+                self.push(port, entry)?;
+                Ok(true)
+            }
+            Some(why) => {
+                self.stats.pushes_refused += 1;
+                self.last_push_refused = Some(why);
+                Ok(false)
+            }
+        }
+    }
+
+    fn check_push<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<Option<PushRefused>, MnError<P::Error>> {
+        if self.map.group_of_entry(entry).is_none() {
+            return Ok(Some(PushRefused::NotAnEntry));
+        }
+        let w = self.whereabouts(port, entry)?;
+        Ok(if w.in_queue {
+            Some(PushRefused::AlreadyQueued)
+        } else if w.popped_by.is_some() {
+            Some(PushRefused::PoppedInFlight)
+        } else if w.bound_window {
+            Some(PushRefused::WindowBound)
+        } else {
+            None
+        })
+    }
+
+    /// Return group `g` of the quiesced CN: owner 0, keys advanced (if its windows were used),
+    /// pushed at the tail — unless the checked push refuses it. A group refused because a
+    /// window is still bound stays `RECLAIMING` (quarantined, counted), never free.
+    pub(super) fn return_group<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        q: &Quiesced,
+        g: GroupId,
+        bump: bool,
+    ) -> Result<bool, MnError<P::Error>> {
+        debug_assert!(q.chains.free, "a group is returned only while its holder's free chain is stopped");
+        let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
+        let mut e = read_entry(port, addr)?;
+        match self.check_push(port, addr)? {
+            None => {}
+            Some(PushRefused::AlreadyQueued) => {
+                // the chain's own push landed before it stopped: the group is free already
+                self.stats.pushes_refused += 1;
+                self.last_push_refused = Some(PushRefused::AlreadyQueued);
+                return Ok(false);
+            }
+            Some(why) => {
+                self.stats.pushes_refused += 1;
+                self.last_push_refused = Some(why);
+                if why == PushRefused::WindowBound {
+                    e.owner = 0.into();
+                    e.reserved = ENTRY_RECLAIMING.into();
+                    super::write_entry(port, addr, &e)?;
+                    self.stats.groups_quarantined += 1;
+                }
+                return Ok(false);
+            }
+        }
+        if bump {
+            e.bump_keys();
+        }
+        e.owner = 0.into();
+        e.reserved = 0.into();
+        super::write_entry(port, addr, &e)?;
+        self.push(port, addr)?;
+        Ok(true)
+    }
+
+    /// Fill a stopped free lap's tail slot with its entry if the push WRITE did not land —
+    /// only where the group is nowhere else (its push may have landed and been popped since).
+    pub(super) fn fill_push_slot<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        q: &Quiesced,
+        slot: u64,
+        entry: u64,
+    ) -> Result<bool, MnError<P::Error>> {
+        debug_assert!(q.chains.free);
+        if rd(port, slot)? == entry {
+            return Ok(true);
+        }
+        let w = self.whereabouts(port, entry)?;
+        if w.in_queue || w.popped_by.is_some() || w.owner != 0 {
+            self.stats.stale_repairs += 1;
+            return Ok(false);
+        }
+        if w.bound_window {
+            self.stats.pushes_refused += 1;
+            self.last_push_refused = Some(PushRefused::WindowBound);
+            return Ok(false);
+        }
+        wr(port, slot, entry)?;
+        Ok(true)
+    }
+
+    /// The free queue's live contents by scanning (live window and filled ticket slots):
+    /// distinct groups, duplicates and holes. Used for every free count the MN reports, so a
+    /// corrupt queue is flagged instead of read as a number.
+    pub fn free_count<P: MnPort>(&mut self, port: &mut P) -> Result<FreeCount, MnError<P::Error>> {
+        let mut err = None;
+        let count = scan_free(&self.map, &self.tickets, |a| {
+            let mut b = [0u8; 8];
+            match port.read(a, &mut b) {
+                Ok(()) => Some(u64::from_le_bytes(b)),
+                Err(e) => {
+                    err.get_or_insert(e);
+                    None
+                }
+            }
+        });
+        match (count, err) {
+            (Some(c), None) => Ok(c),
+            (_, Some(e)) => Err(MnError::Port(e)),
+            (None, None) => Err(MnError::BadConfig),
+        }
+    }
+}
+
+/// [`MemoryNode::free_count`] over any reader of MN memory (a harness reads the model's memory
+/// directly). `None` when a read fails.
+pub fn scan_free(
+    map: &crate::mn_memory::MnMemoryMap,
+    tickets: &[u64],
+    mut read: impl FnMut(u64) -> Option<u64>,
+) -> Option<FreeCount> {
+    let q = map.queue;
+    let head = read(q.head)?;
+    let tail = read(q.tail)?;
+    let live = q.len(head, tail);
+    const WORDS: usize = (crate::geometry::MAX_CHUNKS as usize) / 64;
+    let mut seen = [0u64; WORDS];
+    let mut out = FreeCount::default();
+    let mut count = |v: u64, out: &mut FreeCount, hole_if_bad: bool| match map.group_of_entry(v) {
+        Some(g) => {
+            let (w, b) = (g.0 as usize / 64, g.0 % 64);
+            if seen[w] & (1 << b) != 0 {
+                out.duplicates += 1;
+            } else {
+                seen[w] |= 1 << b;
+                out.groups += 1;
+            }
+        }
+        None if hole_if_bad => out.holes += 1,
+        None => {}
+    };
+    // a live length the chains' "ahead" rule reads as 0 is an empty queue whose head ran past
+    // its tail by the tickets of pops that found it empty
+    let ahead = q.live_len(head, tail, map.max_cns) == 0 && live != 0;
+    if !ahead {
+        for at in q.walk(head, live) {
+            count(read(at)?, &mut out, true);
+        }
+    }
+    for t in tickets {
+        let v = read(*t)?;
+        if v != 0 {
+            count(v, &mut out, false);
+        }
+    }
+    Some(out)
+}
