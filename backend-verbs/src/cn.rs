@@ -100,11 +100,18 @@ impl Default for CnOptions {
 pub enum Notice {
     Empty,
     Available,
-    Failed { token: u32, code: ErrorCode },
+    Failed {
+        token: u32,
+        code: ErrorCode,
+    },
     Revoked,
     /// The MN bound window MW[`mw`] of the allocation at `entry_addr` again under `rkey`
     /// (someone else's SEND_WITH_INV had revoked it); [`CnClient::live`] holds the new key.
-    Rekeyed { entry_addr: u64, mw: u8, rkey: Rkey },
+    Rekeyed {
+        entry_addr: u64,
+        mw: u8,
+        rkey: Rkey,
+    },
 }
 
 pub struct CnClient {

@@ -291,6 +291,9 @@ struct PendingRestore {
     rkey: Rkey,
 }
 
+/// A window of the MWTable: its group, its index in the group, the group's owner (0: free).
+type WindowHit = (GroupId, usize, u32);
+
 /// What restoring one window came to.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Restore {
@@ -1362,11 +1365,7 @@ impl MemoryNode {
     }
 
     /// The group, window index and owner of the MWTable window whose current rkey is `rkey`.
-    fn window_of<P: MnPort>(
-        &mut self,
-        port: &mut P,
-        rkey: Rkey,
-    ) -> Result<Option<(GroupId, usize, u32)>, MnError<P::Error>> {
+    fn window_of<P: MnPort>(&mut self, port: &mut P, rkey: Rkey) -> Result<Option<WindowHit>, MnError<P::Error>> {
         for i in 0..self.cfg.geometry.chunk_count() {
             let g = GroupId(i);
             let e = read_entry(port, self.map.entry_addr(g).ok_or(MnError::BadConfig)?)?;

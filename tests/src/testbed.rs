@@ -199,7 +199,11 @@ pub enum Heard {
     Failed(ErrorCode),
     Revoked,
     /// Window MW[`mw`] of the allocation at `entry_addr` was bound again under `rkey`.
-    Rekeyed { entry_addr: u64, mw: u8, rkey: Rkey },
+    Rekeyed {
+        entry_addr: u64,
+        mw: u8,
+        rkey: Rkey,
+    },
 }
 
 /// One registration of MN memory, as the device holds it.

@@ -7,8 +7,8 @@ use super::{denied, invariants, reread, soil};
 use crate::runner::{Outcome, Scenario};
 use crate::testbed::{Caps, CnQp, Factory, Heard, MnSpec, Refusal, Testbed};
 use omw_core::backend::{ExecutionMode, MwBinding, WcStatus};
-use omw_core::cn::Allocation;
 use omw_core::chain::ChainKind;
+use omw_core::cn::Allocation;
 use omw_core::ids::{GroupId, Rkey};
 use omw_core::wire::{AllocReply, ErrorCode, MnMessage, Notice};
 use omw_core::wqe::Wqe;
@@ -646,13 +646,10 @@ fn corrupted_span(f: &dyn Factory) -> Outcome {
 
 /// The new key CN `cn` was told for window `mw` of `a` (the last one, if several).
 fn rekeyed(t: &mut dyn Testbed, cn: usize, a: &Allocation, mw: u8) -> Option<Rkey> {
-    t.heard(cn)
-        .iter()
-        .filter_map(|h| match h {
-            Heard::Rekeyed { entry_addr, mw: m, rkey } if *entry_addr == a.entry_addr && *m == mw => Some(*rkey),
-            _ => None,
-        })
-        .last()
+    t.heard(cn).iter().rev().find_map(|h| match h {
+        Heard::Rekeyed { entry_addr, mw: m, rkey } if *entry_addr == a.entry_addr && *m == mw => Some(*rkey),
+        _ => None,
+    })
 }
 
 /// CN `cn`'s client's current copy of `a` (its keys as the client would use them now).
@@ -703,7 +700,10 @@ fn foreign_invalidation(f: &dyn Factory) -> Outcome {
     let new = rekeyed(&mut *t, 0, &victim, 1).expect("the victim was told its window's new key");
     assert_eq!(new, rk.next_key(), "the next key of the same window (ibv_inc_rkey)");
     let now = current(&mut *t, 0, &victim);
-    assert_eq!((now.base, now.length, now.rkey(0), now.rkey(1)), (victim.base, victim.length, Some(new), victim.rkey(1)));
+    assert_eq!(
+        (now.base, now.length, now.rkey(0), now.rkey(1)),
+        (victim.base, victim.length, Some(new), victim.rkey(1))
+    );
     if t.caps().contains(Caps::WINDOW_STATE) {
         let qpn = t.access_qpns(0)[0];
         assert_eq!(t.mw_binding(new), Some(MwBinding::Bound { rkey: new, qpn }), "bound to the victim's QP again");
