@@ -693,6 +693,10 @@ impl Cluster {
                     CnEvent::Empty => n.events.push(ClientEvent::Empty),
                     CnEvent::Available => n.events.push(ClientEvent::Available),
                     CnEvent::Revoked => n.events.push(ClientEvent::Revoked),
+                    // the client already holds the window's new key
+                    CnEvent::Rekeyed { entry_addr, mw, rkey } => {
+                        n.events.push(ClientEvent::Rekeyed { entry_addr, mw, rkey })
+                    }
                     // a send or receive the model failed surfaces in the op that waits for it
                     _ => {}
                 }

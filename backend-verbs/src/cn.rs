@@ -49,6 +49,7 @@ use omw_core::cn::ClientError;
 use omw_core::cn_driver::{prime_receives, CnDriver, CnError, CnEvent, CnMemory, CnQp, CnQpSet, MessageQueue};
 use omw_core::ids::{CnId, Qpn, Rkey};
 use omw_core::wire::{ConnectInfo, ErrorCode};
+use omw_core::wqe::Wqe;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -99,8 +100,18 @@ impl Default for CnOptions {
 pub enum Notice {
     Empty,
     Available,
-    Failed { token: u32, code: ErrorCode },
+    Failed {
+        token: u32,
+        code: ErrorCode,
+    },
     Revoked,
+    /// The MN bound window MW[`mw`] of the allocation at `entry_addr` again under `rkey`
+    /// (someone else's SEND_WITH_INV had revoked it); [`CnClient::live`] holds the new key.
+    Rekeyed {
+        entry_addr: u64,
+        mw: u8,
+        rkey: Rkey,
+    },
 }
 
 pub struct CnClient {
@@ -287,6 +298,9 @@ impl CnClient {
                 CnEvent::Empty => self.notices.push_back(Notice::Empty),
                 CnEvent::Available => self.notices.push_back(Notice::Available),
                 CnEvent::Revoked => self.notices.push_back(Notice::Revoked),
+                CnEvent::Rekeyed { entry_addr, mw, rkey } => {
+                    self.notices.push_back(Notice::Rekeyed { entry_addr, mw, rkey })
+                }
                 CnEvent::ReceiveFailed { status: WcStatus::WrFlushErr, .. } => {
                     self.deferred.get_or_insert(VerbsError::Disconnected);
                 }
@@ -399,6 +413,20 @@ impl CnClient {
         let now = self.now();
         let token = self.d.alloc_naming(now, Some(access_qpns)).map_err(cn_err)?;
         self.alloc_finish(token)
+    }
+
+    /// The allocations this client holds, with the keys it uses now (a window the MN bound
+    /// again after a remote invalidation carries its new key: retry an access with these).
+    pub fn live(&self) -> &[Allocation] {
+        self.d.client().live()
+    }
+
+    /// A hostile CN, for tests of the MN: a SEND_WITH_INV of 8 bytes naming `rkey` on this
+    /// CN's own QP `qp`; returns its completion status. Name only a **bound** window's rkey:
+    /// on soft-RoCE a free window's last key panics the MN's kernel (docs/VERBS.md).
+    pub fn send_with_inv(&mut self, qp: CnQp, rkey: Rkey) -> Result<WcStatus> {
+        let op = self.d.post_wqe(qp, Wqe::send_with_inv(0, 0, 8, rkey.0)).map_err(cn_err)?;
+        self.wait_op(op, &mut [])
     }
 
     /// Any bytes on this CN's Alloc or Free QP (a broken or hostile CN).

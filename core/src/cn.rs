@@ -98,6 +98,14 @@ pub enum ClientEvent {
     Revoked,
     /// The MN's lease probe arrived (nothing to do: receiving it renewed the lease).
     Probed,
+    /// The MN bound window MW[`mw`] of the allocation at `entry_addr` again under `rkey`
+    /// (someone invalidated it, see [`crate::wire::Rebound`]); the live allocation now holds
+    /// the new key, so an access retried through [`Client::live`] succeeds.
+    Rekeyed {
+        entry_addr: u64,
+        mw: u8,
+        rkey: Rkey,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -183,6 +191,7 @@ impl<const N: usize> Client<N> {
                 Ok(ClientEvent::Available)
             }
             MnMessage::Notice(Notice::Probe { .. }) => Ok(ClientEvent::Probed),
+            MnMessage::Rebound(r) => self.on_rebound(r),
             MnMessage::Error(e) => {
                 if e.code == ErrorCode::Revoked {
                     // the MN rebuilt its pool: nothing we held is valid, and the queue is full
@@ -202,6 +211,26 @@ impl<const N: usize> Client<N> {
                 Ok(ClientEvent::Failed { token: e.token, code: e.code })
             }
         }
+    }
+
+    /// Adopt a window's new key. Only for an allocation this client holds, a window its group
+    /// has, and the same window index (a rebind changes the key byte, never the window):
+    /// anything else is refused and changes nothing.
+    fn on_rebound(&mut self, r: crate::wire::Rebound) -> Result<ClientEvent, ClientError> {
+        let a = self
+            .live
+            .iter_mut()
+            .find(|a| a.entry_addr == r.entry_addr)
+            .ok_or(ClientError::NotMine { entry_addr: r.entry_addr })?;
+        let slot = match r.mw {
+            0 => &mut a.owner_rkey,
+            i => a.rkeys.get_mut(i as usize - 1).ok_or(ClientError::Wire(WireError::BadRebound))?,
+        };
+        if slot.index() != r.rkey.index() {
+            return Err(ClientError::Wire(WireError::BadRebound));
+        }
+        *slot = r.rkey;
+        Ok(ClientEvent::Rekeyed { entry_addr: r.entry_addr, mw: r.mw, rkey: r.rkey })
     }
 
     /// The QP index (into the access QPs) for a traffic class.
@@ -296,6 +325,37 @@ mod tests {
             access_qpns: [Qpn::new(12).unwrap(), Qpn::new(13).unwrap()].into_iter().collect(),
             quota: 4,
         }
+    }
+
+    #[test]
+    fn rebound_updates_only_the_named_window_of_a_live_allocation() {
+        use crate::wire::Rebound;
+        let mut c: Client<4> = Client::new();
+        let mut buf = [0u8; 64];
+        c.on_message(0, &info().encode()).unwrap();
+        let (tok, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(0x100), Rkey(0x200), Rkey(0x300)]);
+        e.owner = 3.into();
+        c.on_alloc_reply(tok, &AllocReply { entry_addr: 0x5000, entry: e }.encode()).unwrap();
+        let r = Rebound { entry_addr: 0x5000, mw: 2, rkey: Rkey(0x301) };
+        assert_eq!(
+            c.on_message(1, &r.encode()),
+            Ok(ClientEvent::Rekeyed { entry_addr: 0x5000, mw: 2, rkey: Rkey(0x301) })
+        );
+        assert_eq!(c.live()[0].rkey(1), Some(Rkey(0x301)));
+        assert_eq!(c.live()[0].rkey(0), Some(Rkey(0x200)));
+        let r0 = Rebound { entry_addr: 0x5000, mw: 0, rkey: Rkey(0x101) };
+        assert!(c.on_message(1, &r0.encode()).is_ok());
+        assert_eq!(c.live()[0].owner_rkey, Rkey(0x101));
+        // another window index, a window the group lacks, an entry we do not hold: refused
+        let before = c.live()[0].clone();
+        let bad = Rebound { entry_addr: 0x5000, mw: 1, rkey: Rkey(0x301) };
+        assert_eq!(c.on_message(1, &bad.encode()), Err(ClientError::Wire(WireError::BadRebound)));
+        let bad = Rebound { entry_addr: 0x5000, mw: 3, rkey: Rkey(0x401) };
+        assert_eq!(c.on_message(1, &bad.encode()), Err(ClientError::Wire(WireError::BadRebound)));
+        let bad = Rebound { entry_addr: 0x6000, mw: 1, rkey: Rkey(0x201) };
+        assert_eq!(c.on_message(1, &bad.encode()), Err(ClientError::NotMine { entry_addr: 0x6000 }));
+        assert_eq!(c.live()[0], before);
     }
 
     #[test]

@@ -173,6 +173,14 @@ pub enum CnEvent {
     Revoked,
     /// The MN's lease probe (receiving it renewed the lease).
     Probed,
+    /// The MN bound window MW[`mw`] of the allocation at `entry_addr` again under `rkey`
+    /// (it was invalidated behind this CN's back); the client's live allocation was updated,
+    /// so an access retried with [`Client::live`]'s keys succeeds.
+    Rekeyed {
+        entry_addr: u64,
+        mw: u8,
+        rkey: Rkey,
+    },
     /// A message that is not the protocol (dropped; its receive is posted again).
     Undecodable(ClientError),
     /// A request could not be sent (the QP's peer is gone, the transport gave up).
@@ -466,6 +474,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
                 CnEvent::Revoked
             }
             Ok(ClientEvent::Probed) => CnEvent::Probed,
+            Ok(ClientEvent::Rekeyed { entry_addr, mw, rkey }) => CnEvent::Rekeyed { entry_addr, mw, rkey },
             Ok(ClientEvent::Failed { token, code }) => {
                 let ours = Some(token) == pending || self.free_tokens.contains(&token);
                 if Some(token) == pending {

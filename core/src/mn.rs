@@ -19,7 +19,7 @@ use crate::geometry::{PoolGeometry, MAX_GROUP_SIZE};
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
 use crate::mn_memory::{alloc_scratch, free_scratch, MnMemoryMap, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF, SCRATCH_PER_CN};
 use crate::mwtable::{MwTableEntry, ENTRY_SIZE};
-use crate::wire::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice};
+use crate::wire::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice, Rebound};
 use crate::wqe::masked_add;
 use core::fmt;
 use zerocopy::IntoBytes;
@@ -144,6 +144,10 @@ pub enum Action {
     /// named), each once the device step it posted has completed or been flushed — so nothing
     /// of them lands after the MN decided. Offloaded mode stops chains with [`Action::ResetQp`].
     StopLaps { cn: CnId, alloc: bool, free: bool },
+    /// Bind the (unbound) window `rkey.index()` again under `rkey`, over `[addr, addr+len)` of
+    /// the MR `lkey`, to QP `qp` (a window someone else invalidated, restored for its owner).
+    /// The port reports the outcome through [`MnPort::mw_binding`] where it can tell.
+    Rebind { rkey: Rkey, qp: Qpn, addr: u64, len: u32, lkey: u32, access: AccessFlags },
 }
 
 /// Exceptions and timers the MN reacts to.
@@ -167,6 +171,12 @@ pub enum Event {
     RnicReset,
     /// The periodic timer: audit, settle tickets.
     Tick,
+    /// A receive on the MN end of `qp` completed with "invalidated `rkey`" (IBV_WC_WITH_INV:
+    /// the sender's SEND_WITH_INV revoked a window). On soft-RoCE any QP may do that to any
+    /// window (`rxe_invalidate_mw` checks no QP); the MN checks the window against the
+    /// sender's own, restores it for its owner and evicts a sender that revoked someone
+    /// else's ([`MemoryNode::on_remote_invalidation`]).
+    RemoteInvalidation { qp: Qpn, rkey: Rkey },
     /// While pops of an empty queue hold tickets, the MN watches the tail (DESIGN.md §2) and
     /// settles each ticket as soon as a push fills its slot — before the tail can come round
     /// the ring to it again.
@@ -273,6 +283,41 @@ pub struct MnStats {
     pub pushes_refused: u64,
     /// Groups left out of the queue because a window of theirs stayed bound.
     pub groups_quarantined: u64,
+    /// Receives that reported a remote invalidation (SEND_WITH_INV), and of those the ones
+    /// whose window was not the sender's own (another CN's, or no CN's): the sender is evicted.
+    pub remote_invalidations: u64,
+    pub foreign_invalidations: u64,
+    /// Windows bound again for their owner after a remote invalidation (the owner was told
+    /// the new key), and restores that failed (the group was reclaimed instead).
+    pub windows_restored: u64,
+    pub restores_failed: u64,
+}
+
+/// A window invalidated behind its owner's back, waiting to be bound again while a lap of that
+/// owner on the same group is still uncommitted.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct PendingRestore {
+    owner: CnId,
+    group: GroupId,
+    mw: u8,
+    /// The key the invalidation named (a port that cannot tell bindings restores only while
+    /// the table still holds it).
+    rkey: Rkey,
+}
+
+/// A window of the MWTable: its group, its index in the group, the group's owner (0: free).
+type WindowHit = (GroupId, usize, u32);
+
+/// What restoring one window came to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Restore {
+    /// Bound again under the next key; the owner was told.
+    Done,
+    /// A lap of the owner on this group is uncommitted: try again after the next event.
+    Deferred,
+    /// Nothing to restore (the group moved on, its owner left, the window is bound), or the
+    /// bind failed and the group was reclaimed.
+    Settled,
 }
 
 #[derive(Debug)]
@@ -293,6 +338,8 @@ pub struct MemoryNode {
     wqe_format: crate::wqe_format::WqeFormat,
     /// Why the last refused push was refused (tests and logs).
     last_push_refused: Option<PushRefused>,
+    /// Remotely invalidated windows whose restore waits for their owner's lap to end.
+    restores: heapless::Vec<PendingRestore, { 2 * MAX_CNS }>,
 }
 
 type R<E> = Result<(), MnError<E>>;
@@ -336,6 +383,7 @@ impl MemoryNode {
             now: 0,
             wqe_format: crate::wqe_format::WqeFormat::Canonical,
             last_push_refused: None,
+            restores: heapless::Vec::new(),
         })
     }
 
@@ -388,6 +436,13 @@ impl MemoryNode {
             }
         })
     }
+    /// The CN one of whose QPs (MN ends: management, access, chain loopback) is `qp`.
+    pub fn cn_of_qp(&self, qp: Qpn) -> Option<CnId> {
+        self.cn_of_chain_qp(qp)
+            .map(|(cn, _)| cn)
+            .or_else(|| self.cns().find(|r| r.qps.access.contains(&qp)).map(|r| r.cn))
+    }
+
     /// The CN one of whose chain QPs (MN ends, incl. loopback) is `qp`.
     pub fn cn_of_chain_qp(&self, qp: Qpn) -> Option<(CnId, ChainKind)> {
         self.cn_of_mgmt_qp(qp).or_else(|| {
@@ -704,7 +759,9 @@ impl MemoryNode {
                 self.settle(port)
             }
             Event::WatchTail => self.settle(port),
-        }
+            Event::RemoteInvalidation { qp, rkey } => self.on_remote_invalidation(port, qp, rkey),
+        }?;
+        self.retry_restores(port)
     }
 
     fn on_chain_failed<P: MnPort>(
@@ -1178,6 +1235,35 @@ impl MemoryNode {
         self.settle(port)
     }
 
+    /// Take one group back from a CN that stays connected: quiesce its chains, repair what
+    /// their laps were doing, reclaim the group if it is still the CN's, re-arm the chains.
+    fn take_back<P: MnPort>(&mut self, port: &mut P, cn: CnId, g: GroupId) -> R<P::Error> {
+        let q = self.quiesce(port, cn, Chains::BOTH)?;
+        self.repair_interrupted(port, &q, ChainKind::Alloc)?;
+        self.repair_interrupted(port, &q, ChainKind::Free)?;
+        let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
+        if read_entry(port, addr)?.owner() == cn.get() {
+            self.reclaim(port, &q, g)?;
+        }
+        self.resume(port, &q)?;
+        self.settle(port)
+    }
+
+    /// Re-arm the chains a quiesce stopped, for a CN that is still active (a parked alloc
+    /// chain stays parked).
+    fn resume<P: MnPort>(&mut self, port: &mut P, q: &Quiesced) -> R<P::Error> {
+        let cn = q.cn();
+        if q.chains().free {
+            self.stats.chains_rearmed += 1;
+            self.arm(port, cn, ChainKind::Free)?;
+        }
+        if q.chains().alloc && !self.cn(cn).is_some_and(|r| r.alloc_parked) {
+            self.stats.chains_rearmed += 1;
+            self.arm(port, cn, ChainKind::Alloc)?;
+        }
+        Ok(())
+    }
+
     /// The MN's periodic audit (on every tick): offloaded chains bind access windows to
     /// whatever QPs a request names (DESIGN.md §2: "a bad qpn only hurts the caller"), so a
     /// group whose access window ended up bound outside its owner's access QPs is reclaimed —
@@ -1209,12 +1295,7 @@ impl MemoryNode {
                 }
                 self.reclaim(port, &q, gid)?;
             }
-            self.stats.chains_rearmed += 1;
-            self.arm(port, cn, ChainKind::Free)?;
-            if !self.cn(cn).is_some_and(|r| r.alloc_parked) {
-                self.stats.chains_rearmed += 1;
-                self.arm(port, cn, ChainKind::Alloc)?;
-            }
+            self.resume(port, &q)?;
             self.settle(port)?;
         }
         let active: heapless::Vec<CnId, MAX_CNS> =
@@ -1359,6 +1440,136 @@ impl MemoryNode {
             self.send(port, r.cn, &ErrorReply { token: 0, code: ErrorCode::Revoked, detail: 0 }.encode())?;
             self.arm(port, r.cn, ChainKind::Free)?;
             self.arm(port, r.cn, ChainKind::Alloc)?;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ remote invalidation
+
+    /// A receive on the MN end of `qp` reported that its SEND_WITH_INV invalidated `rkey`.
+    ///
+    /// The window is looked up in the MWTable (exact rkey). If it belongs to a group the
+    /// sender holds, the sender revoked its own window: a bad request, counted against it; the
+    /// window is bound again (so the group stays consistent and its own free still proves
+    /// ownership) and the sender told the new key. Otherwise — another CN's window, a free
+    /// group's, or no window of the table — the sender is **evicted**, and a window another CN
+    /// holds is restored for that CN: bound again to the same QP over the same chunk under the
+    /// next key, the table updated, the owner sent a [`Rebound`] notice. The owner keeps its
+    /// chunk and its bytes. Restores happen in host-engine mode only: offloading needs a device
+    /// that checks the bound QP on invalidation, where only a window's own QP can revoke it.
+    pub fn on_remote_invalidation<P: MnPort>(&mut self, port: &mut P, qp: Qpn, rkey: Rkey) -> R<P::Error> {
+        self.stats.remote_invalidations += 1;
+        let Some(sender) = self.cn_of_qp(qp) else { return Ok(()) };
+        let hit = self.window_of(port, rkey)?;
+        let owner = hit.and_then(|(g, _, o)| CnId::new(o).ok().map(|o| (g, o)));
+        let own = owner.is_some_and(|(_, o)| o == sender);
+        if own {
+            if let Some(rec) = self.cns.iter_mut().flatten().find(|r| r.cn == sender) {
+                rec.bad_requests += 1;
+            }
+        } else {
+            self.stats.foreign_invalidations += 1;
+        }
+        if let (Some((g, k, _)), Some((_, o))) = (hit, owner) {
+            if self.cfg.mode == ExecutionMode::HostEngine {
+                let p = PendingRestore { owner: o, group: g, mw: k as u8, rkey };
+                if self.restore_window(port, p)? == Restore::Deferred && self.restores.push(p).is_err() {
+                    // more deferred restores than CNs can cause: give the group up safely
+                    self.stats.restores_failed += 1;
+                    self.take_back(port, o, g)?;
+                }
+            }
+        }
+        if !own {
+            self.evict(port, sender)?;
+        }
+        Ok(())
+    }
+
+    /// The group, window index and owner of the MWTable window whose current rkey is `rkey`.
+    fn window_of<P: MnPort>(&mut self, port: &mut P, rkey: Rkey) -> Result<Option<WindowHit>, MnError<P::Error>> {
+        for i in 0..self.cfg.geometry.chunk_count() {
+            let g = GroupId(i);
+            let e = read_entry(port, self.map.entry_addr(g).ok_or(MnError::BadConfig)?)?;
+            if let Some(k) = (0..self.cfg.geometry.group_size()).find(|k| e.rkey(*k) == rkey) {
+                return Ok(Some((g, k, e.owner())));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Bind a remotely invalidated window again for its owner, unless the group moved on.
+    fn restore_window<P: MnPort>(&mut self, port: &mut P, p: PendingRestore) -> Result<Restore, MnError<P::Error>> {
+        let addr = self.map.entry_addr(p.group).ok_or(MnError::BadConfig)?;
+        let mut e = read_entry(port, addr)?;
+        let k = p.mw as usize;
+        let Some(rec) = self.cn(p.owner).cloned() else { return Ok(Restore::Settled) };
+        if e.owner() != p.owner.get() || e.reserved.get() != 0 || rec.status != CnStatus::Active {
+            return Ok(Restore::Settled);
+        }
+        // a lap of the owner on this very group is uncommitted (it popped it and is binding,
+        // or it is freeing it): its commit or its repair decides first
+        let s = self.map.scratch(rec.slot).ok_or(MnError::BadConfig)?;
+        if rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)? == addr
+            || rd(port, s + FREE_SCRATCH_OFF + free_scratch::ENTRY_ADDR)? == addr
+        {
+            return Ok(Restore::Deferred);
+        }
+        let old = e.rkey(k);
+        match port.mw_binding(old) {
+            Some(MwBinding::Bound { .. }) => return Ok(Restore::Settled),
+            None if old != p.rkey => return Ok(Restore::Settled),
+            _ => {}
+        }
+        let qp = match k {
+            0 => rec.qps.free,
+            _ => match rec.qps.access.get(k - 1) {
+                Some(q) => *q,
+                None => return Ok(Restore::Settled),
+            },
+        };
+        let access = if k == 0 { AccessFlags::REMOTE_READ } else { self.cfg.window_access };
+        let geo = self.cfg.geometry;
+        let base = geo.chunk_base(p.group).ok_or(MnError::BadConfig)?;
+        let new = old.next_key();
+        port.apply(Action::Rebind {
+            rkey: new,
+            qp,
+            addr: base,
+            len: geo.chunk_size() as u32,
+            lkey: e.lkey.get(),
+            access,
+        })
+        .map_err(MnError::Port)?;
+        if let Some(r) = e.rkeys.get_mut(k) {
+            *r = new.0.into();
+        }
+        write_entry(port, addr, &e)?;
+        match port.mw_binding(new) {
+            None => {}
+            Some(MwBinding::Bound { rkey, qpn }) if rkey == new && qpn == qp => {}
+            Some(_) => {
+                // the owner's QP is gone or in error: its window cannot come back there
+                self.stats.restores_failed += 1;
+                self.take_back(port, p.owner, p.group)?;
+                return Ok(Restore::Settled);
+            }
+        }
+        self.stats.windows_restored += 1;
+        self.send(port, p.owner, &Rebound { entry_addr: addr, mw: p.mw, rkey: new }.encode())?;
+        Ok(Restore::Done)
+    }
+
+    /// Restores deferred behind a lap of their owner: retried after every event.
+    fn retry_restores<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
+        let mut i = 0;
+        while i < self.restores.len() {
+            let p = self.restores[i];
+            if self.restore_window(port, p)? == Restore::Deferred {
+                i += 1;
+            } else {
+                self.restores.swap_remove(i);
+            }
         }
         Ok(())
     }

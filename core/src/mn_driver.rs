@@ -24,6 +24,7 @@ pub const WR_ID_SEND: u64 = 0x4F4D_0300_0000_0000;
 pub const WR_ID_UNBIND: u64 = 0x4F4D_0400_0000_0000;
 pub const WR_ID_REQUEST: u64 = 0x4F4D_0500_0000_0000;
 pub const WR_ID_ATOMIC: u64 = 0x4F4D_0600_0000_0000;
+pub const WR_ID_REBIND: u64 = 0x4F4D_0700_0000_0000;
 
 #[derive(Debug)]
 #[non_exhaustive]
@@ -182,6 +183,9 @@ struct Port<'a, B: RdmaBackend> {
     resets: heapless::Vec<Qpn, 64>,
     /// Host-engine laps in flight ([`Action::StopLaps`] ends some).
     laps: &'a mut heapless::Vec<InFlight, MAX_LAPS_IN_FLIGHT>,
+    /// Send completions a rebind's wait took off a CN's QP that were not its own (a lap's
+    /// step): the driver hands them to their laps once the reaction is over.
+    stray: heapless::Vec<(Qpn, u64, WcStatus), 32>,
 }
 
 impl<B: RdmaBackend> MnPort for Port<'_, B> {
@@ -329,6 +333,44 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
                 }
                 Ok(())
             }
+            Action::Rebind { rkey, qp, addr, len, lkey, access } => {
+                // rxe binds a type-2 window only through a BIND_MW posted on the QP it is to
+                // be associated with; a device that binds to another QP takes it on the admin QP
+                let on = if b.capabilities().contains(crate::backend::Capabilities::BIND_TO_OTHER_QP)
+                    && self.mn_mode == ExecutionMode::Offloaded
+                {
+                    self.admin_qp
+                } else {
+                    qp
+                };
+                // best effort: a QP in error cannot take the bind; the MN sees the window
+                // unbound afterwards and gives the group up
+                if b.qp_state(on).map_err(DriverError::Backend)? == QpState::Err && b.reset_qp(on).is_err() {
+                    return Ok(());
+                }
+                let w = Wqe::bind_mw(rkey.0, addr, len, lkey, qp.get(), access)
+                    .with_flags(crate::wqe::WqeFlags::SIGNALED)
+                    .with_wr_id(WR_ID_REBIND | rkey.0 as u64);
+                if b.post_send(on, &w).is_err() {
+                    return Ok(());
+                }
+                let mut buf = [Completion::EMPTY; 8];
+                for _ in 0..10_000 {
+                    let n = b.poll_cq(on, QueueSel::Send, &mut buf).map_err(DriverError::Backend)?;
+                    let mut mine = false;
+                    for c in &buf[..n] {
+                        if c.wr_id == w.wr_id {
+                            mine = true;
+                        } else {
+                            let _ = self.stray.push((on, c.wr_id, c.status));
+                        }
+                    }
+                    if mine {
+                        break;
+                    }
+                }
+                Ok(())
+            }
             Action::ReleaseCn { qps } => {
                 for q in [Some(qps.alloc), Some(qps.free), qps.alloc_loop, qps.free_loop].into_iter().flatten() {
                     let _ = b.destroy_qp(q);
@@ -400,6 +442,7 @@ impl<B: RdmaBackend> MnDriver<B> {
             repost: heapless::Vec::new(),
             resets: heapless::Vec::new(),
             laps: &mut self.laps,
+            stray: heapless::Vec::new(),
         };
         (&mut self.mn, port)
     }
@@ -467,7 +510,16 @@ impl<B: RdmaBackend> MnDriver<B> {
         let r = mn.handle(now, event, &mut port).map_err(DriverError::from);
         let repost = core::mem::take(&mut port.repost);
         let resets = core::mem::take(&mut port.resets);
+        let stray = core::mem::take(&mut port.stray);
         self.forget_receives(&resets);
+        // completions a rebind's wait took off a QP a lap waits on belong to that lap
+        for (qp, wr_id, status) in stray {
+            if let Some(l) =
+                self.laps.iter_mut().find(|l| l.lap.waiting().is_some_and(|w| w.qp == qp && w.wr_id == wr_id))
+            {
+                l.done = Some(status);
+            }
+        }
         // A reset discards posted work without completions: a lap waiting on such a QP has
         // lost its step (as a flush would report). A lap whose CN is gone ends.
         for l in self.laps.iter_mut() {
@@ -564,6 +616,7 @@ impl<B: RdmaBackend> MnDriver<B> {
                 match self.mn.mode() {
                     ExecutionMode::Offloaded => {
                         let mut failure: Option<(Option<u8>, WcStatus)> = None;
+                        let mut invalidated: heapless::Vec<Rkey, 16> = heapless::Vec::new();
                         let queues = [(lp, QueueSel::Send), (Some(mgmt), QueueSel::Send), (Some(mgmt), QueueSel::Recv)];
                         for (q, sel) in queues {
                             let Some(q) = q else { continue };
@@ -574,6 +627,10 @@ impl<B: RdmaBackend> MnDriver<B> {
                                 }
                                 for c in &buf[..n] {
                                     if c.status.is_ok() {
+                                        // a chain RECV a SEND_WITH_INV completed
+                                        if let Some(r) = c.invalidated.filter(|_| sel == QueueSel::Recv) {
+                                            let _ = invalidated.push(r);
+                                        }
                                         continue;
                                     }
                                     let step = parse_chain_wr_id(c.wr_id).map(|(_, _, s)| s).filter(|s| *s != 0xFF);
@@ -596,6 +653,10 @@ impl<B: RdmaBackend> MnDriver<B> {
                             self.stats.chain_failures += 1;
                             report.events += 1;
                             self.handle(now, Event::ChainFailed { cn: *cn, kind, step, status })?;
+                        }
+                        for rkey in invalidated {
+                            report.events += 1;
+                            self.handle(now, Event::RemoteInvalidation { qp: mgmt, rkey })?;
                         }
                     }
                     ExecutionMode::HostEngine => {
@@ -620,6 +681,13 @@ impl<B: RdmaBackend> MnDriver<B> {
                         }
                         // that receive is consumed, whatever its status
                         self.set_request_posted(*cn, kind, false);
+                        // A SEND_WITH_INV: no request of an honest CN. It is not served; the MN
+                        // checks whose window it revoked (and may evict the sender).
+                        if let Some(rkey) = c.invalidated.filter(|_| c.status.is_ok()) {
+                            self.handle(now, Event::RemoteInvalidation { qp: mgmt, rkey })?;
+                            self.post_request_buffer(*cn, kind)?;
+                            continue;
+                        }
                         if !c.status.is_ok() {
                             // a flushed request buffer: the management QP is in error (the
                             // CN's side failed); the MN resets it and posts a buffer again

@@ -39,6 +39,9 @@ pub enum Kind {
     /// CN's host is alive and the CN keeps receives posted; a probe that fails (retry or RNR
     /// budget exhausted) gets the CN reclaimed.
     Probe = 8,
+    /// One of the CN's windows was invalidated by someone else (soft-RoCE: a SEND_WITH_INV
+    /// from any QP) and the MN bound it again under a new key ([`Rebound`]).
+    Rebound = 9,
 }
 
 impl Kind {
@@ -52,6 +55,7 @@ impl Kind {
             6 => Kind::Error,
             7 => Kind::ConnectInfo,
             8 => Kind::Probe,
+            9 => Kind::Rebound,
             _ => return None,
         })
     }
@@ -96,6 +100,9 @@ pub enum WireError {
     /// A reply whose entry is inconsistent (zero length, an owner that is not us, …).
     InconsistentReply,
     UnknownErrorCode(u32),
+    /// A rebound notice naming a window index past the largest group, no entry, or with
+    /// its reserved bytes set.
+    BadRebound,
 }
 
 impl fmt::Display for WireError {
@@ -118,6 +125,7 @@ impl fmt::Display for WireError {
             Self::BadGroupSize(g) => write!(f, "MW group size {g} is not supported"),
             Self::InconsistentReply => f.write_str("allocation reply is internally inconsistent"),
             Self::UnknownErrorCode(c) => write!(f, "unknown error code {c}"),
+            Self::BadRebound => f.write_str("rebound notice names no window"),
         }
     }
 }
@@ -298,6 +306,48 @@ impl Notice {
     }
 }
 
+/// MN → CN: window MW[`mw`] of the allocation whose MWTable entry is at `entry_addr` was
+/// invalidated behind the CN's back (on soft-RoCE any QP's SEND_WITH_INV revokes a window) and
+/// the MN bound it again, over the same chunk and to the same QP, under `rkey` (the same window
+/// index, the next key byte). The CN's chunk and bytes are untouched; an access that failed
+/// with the old key may be retried with this one.
+///
+/// ```text
+///   0  8 hdr (token 0)
+///   8  8 entry address
+///  16  4 new rkey of the window
+///  20  1 window index in the group (0: MW[0] on the Free QP; i ≥ 1: access QP i − 1)
+///  21  3 reserved, zero
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Rebound {
+    pub entry_addr: u64,
+    pub mw: u8,
+    pub rkey: Rkey,
+}
+pub const REBOUND_LEN: usize = 24;
+
+impl Rebound {
+    pub fn encode(&self) -> [u8; REBOUND_LEN] {
+        let mut out = [0u8; REBOUND_LEN];
+        out[..8].copy_from_slice(Header::new(Kind::Rebound, 0).as_bytes());
+        out[8..16].copy_from_slice(&self.entry_addr.to_le_bytes());
+        out[16..20].copy_from_slice(&self.rkey.0.to_le_bytes());
+        out[20] = self.mw;
+        out
+    }
+    /// Hostile input: exact length, a window index inside the largest group, an entry
+    /// address, zero reserved bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        expect(bytes, Kind::Rebound, REBOUND_LEN)?;
+        let r = Rebound { entry_addr: le64(bytes, 8), rkey: Rkey(le32(bytes, 16)), mw: bytes[20] };
+        if r.entry_addr == 0 || r.mw as usize >= crate::geometry::MAX_GROUP_SIZE || bytes[21..24] != [0; 3] {
+            return Err(WireError::BadRebound);
+        }
+        Ok(r)
+    }
+}
+
 /// Why the MN refused a request (`hdr | code u32 | detail u32`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[repr(u32)]
@@ -425,6 +475,7 @@ pub enum MnMessage {
     Notice(Notice),
     Error(ErrorReply),
     ConnectInfo(ConnectInfo),
+    Rebound(Rebound),
 }
 
 impl MnMessage {
@@ -446,6 +497,7 @@ impl MnMessage {
                 Ok(MnMessage::Error(ErrorReply { token, code, detail: le32(bytes, 12) }))
             }
             Kind::ConnectInfo => Ok(MnMessage::ConnectInfo(ConnectInfo::decode(bytes)?)),
+            Kind::Rebound => Ok(MnMessage::Rebound(Rebound::decode(bytes)?)),
             other => Err(WireError::UnexpectedKind { expected: Kind::Empty, got: other }),
         }
     }
@@ -539,6 +591,35 @@ mod tests {
         assert_eq!(ConnectInfo::decode(&b), Err(WireError::BadCnId));
     }
 
+    #[test]
+    fn rebound_round_trip_offsets_and_hostile_input() {
+        let r = Rebound { entry_addr: 0x2028, mw: 2, rkey: Rkey(0x0000_0305) };
+        let b = r.encode();
+        assert_eq!(b.len(), REBOUND_LEN);
+        assert_eq!(b[3], Kind::Rebound as u8);
+        assert_eq!(&b[8..16], &0x2028u64.to_le_bytes());
+        assert_eq!(&b[16..20], &0x0305u32.to_le_bytes());
+        assert_eq!(b[20], 2);
+        assert_eq!(MnMessage::decode(&b), Ok(MnMessage::Rebound(r)));
+        assert_eq!(Rebound::decode(&b[..23]), Err(WireError::Truncated { need: 24, got: 23 }));
+        let mut long = [0u8; 25];
+        long[..24].copy_from_slice(&b);
+        assert_eq!(Rebound::decode(&long), Err(WireError::TrailingBytes { expected: 24, got: 25 }));
+        let mut bad = b;
+        bad[20] = crate::geometry::MAX_GROUP_SIZE as u8;
+        assert_eq!(Rebound::decode(&bad), Err(WireError::BadRebound));
+        let mut bad = b;
+        bad[22] = 1;
+        assert_eq!(Rebound::decode(&bad), Err(WireError::BadRebound));
+        let mut bad = b;
+        bad[8..16].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(MnMessage::decode(&bad), Err(WireError::BadRebound));
+        assert_eq!(
+            Rebound::decode(&Notice::Empty.encode()),
+            Err(WireError::UnexpectedKind { expected: Kind::Rebound, got: Kind::Empty })
+        );
+    }
+
     proptest! {
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..80), g in 0usize..6) {
@@ -546,6 +627,7 @@ mod tests {
             let _ = FreeRequest::decode(&bytes);
             let _ = AllocReply::decode(&bytes);
             let _ = MnMessage::decode(&bytes);
+            let _ = Rebound::decode(&bytes);
             let _ = parse_header(&bytes);
         }
 

@@ -40,7 +40,8 @@ const COMMON: Caps = Caps::TIME_CONTROL
     .union(Caps::CONTENTION)
     .union(Caps::RAW_REQUESTS)
     .union(Caps::WINDOW_SPANS)
-    .union(Caps::REVIVE);
+    .union(Caps::REVIVE)
+    .union(Caps::SEND_WITH_INV);
 
 impl Loopback {
     pub fn config(&self, spec: MnSpec) -> ClusterConfig {
@@ -139,6 +140,9 @@ impl Testbed for LoopbackBed {
             CnQp::Access(k) => omw_loopback::cluster::CnQp::Access(k),
         };
         self.c.cn_post(cn, qp, w)
+    }
+    fn live(&mut self, cn: usize) -> Vec<Allocation> {
+        self.c.cns[cn].client().live().to_vec()
     }
     fn send_raw(&mut self, cn: usize, kind: ChainKind, bytes: &[u8]) {
         self.c.send_raw(cn, kind, bytes).expect("the cluster runs");
@@ -248,6 +252,9 @@ impl Testbed for LoopbackBed {
                 ClientEvent::Available => Some(Heard::Available),
                 ClientEvent::Failed { code, .. } => Some(Heard::Failed(*code)),
                 ClientEvent::Revoked => Some(Heard::Revoked),
+                ClientEvent::Rekeyed { entry_addr, mw, rkey } => {
+                    Some(Heard::Rekeyed { entry_addr: *entry_addr, mw: *mw, rkey: *rkey })
+                }
                 _ => None,
             })
             .collect()

@@ -82,6 +82,10 @@ caps! {
     /// would), so one CN can be refused many times; without it (rdma_cm QPs cannot be reset) a
     /// refused access leaves that QP dead and only the first refusal on it is a `REM_ACCESS_ERR`.
     REVIVE = 22;
+    /// `send_with_inv`: a SEND_WITH_INV naming any rkey on one of a CN's own QPs (a remote
+    /// invalidation, DESIGN.md §9). Only bound windows are ever named: on soft-RoCE a free
+    /// window's last key panics the kernel (docs/VERBS.md).
+    SEND_WITH_INV = 23;
 }
 
 impl Caps {
@@ -194,6 +198,12 @@ pub enum Heard {
     Available,
     Failed(ErrorCode),
     Revoked,
+    /// Window MW[`mw`] of the allocation at `entry_addr` was bound again under `rkey`.
+    Rekeyed {
+        entry_addr: u64,
+        mw: u8,
+        rkey: Rkey,
+    },
 }
 
 /// One registration of MN memory, as the device holds it.
@@ -259,6 +269,18 @@ pub trait Testbed {
     fn cn_post(&mut self, cn: usize, _qp: CnQp, _w: Wqe) -> WcStatus {
         needs(cn, Caps::HOSTILE_QPS)
     }
+    /// `SEND_WITH_INV`: CN `cn` sends 8 bytes with SEND_WITH_INV naming `rkey` on its own QP
+    /// `qp`; returns the SEND's completion status once everything ran (a pair left in error is
+    /// brought back where the testbed can).
+    fn send_with_inv(&mut self, cn: usize, qp: CnQp, rkey: Rkey) -> WcStatus {
+        if !self.caps().contains(Caps::SEND_WITH_INV) {
+            needs(cn, Caps::SEND_WITH_INV)
+        }
+        self.cn_post(cn, qp, Wqe::send_with_inv(0, 0, 8, rkey.0))
+    }
+    /// The allocations CN `cn`'s client holds now, with the keys it would use (a rekeyed
+    /// window's new one).
+    fn live(&mut self, cn: usize) -> Vec<Allocation>;
     /// `RAW_REQUESTS`: any bytes on the CN's Alloc or Free QP, then everything runs.
     fn send_raw(&mut self, cn: usize, _kind: ChainKind, _bytes: &[u8]) {
         needs(cn, Caps::RAW_REQUESTS)

@@ -259,6 +259,7 @@ fn service(c: &mut Cn, now: u64) -> bool {
             CnEvent::Empty => c.heard.push(Heard::Empty),
             CnEvent::Available => c.heard.push(Heard::Available),
             CnEvent::Revoked => c.heard.push(Heard::Revoked),
+            CnEvent::Rekeyed { entry_addr, mw, rkey } => c.heard.push(Heard::Rekeyed { entry_addr, mw, rkey }),
             _ => {}
         }
     }
@@ -281,7 +282,8 @@ const CAPS: Caps = Caps::OFFLOAD
     .union(Caps::CRASH)
     .union(Caps::NIC_STEPS)
     .union(Caps::TIME_CONTROL)
-    .union(Caps::WINDOW_SPANS);
+    .union(Caps::WINDOW_SPANS)
+    .union(Caps::SEND_WITH_INV);
 
 /// Starts MNs on the extension double.
 pub struct Double;
@@ -349,6 +351,9 @@ impl Testbed for Cluster {
             Ok(op) => self.wait_op(cn, op, qp, 8).0,
             Err(_) => WcStatus::LocQpOpErr,
         }
+    }
+    fn live(&mut self, cn: usize) -> Vec<Allocation> {
+        self.cns[cn].driver.client().live().to_vec()
     }
     fn send_raw(&mut self, cn: usize, kind: ChainKind, bytes: &[u8]) {
         let qp = if kind == ChainKind::Alloc { DQp::Alloc } else { DQp::Free };

@@ -682,6 +682,11 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
                             done.imm = Some(c.imm);
                         }
                         cqe_op::RESP_SEND_IMM => done.imm = Some(c.imm),
+                        // a SEND_WITH_INV's responder CQE carries the invalidated rkey in
+                        // imm_inval_pkey, big-endian (rdma-core providers/mlx5/cq.c
+                        // handle_responder: `wc->invalidated_rkey = be32toh(cqe->imm_inval_pkey)`,
+                        // as also in SPDK's mlx5 copy of it); `c.imm` is already in host order.
+                        // The MN checks it against the sender's windows (Event::RemoteInvalidation).
                         cqe_op::RESP_SEND_INV => done.invalidated = Some(Rkey(c.imm)),
                         _ => {}
                     }

@@ -16,7 +16,7 @@ use omw_core::mwtable::MwTableEntry;
 use omw_core::wire::ErrorCode;
 use omw_core::wqe::{RecvWqe, Wqe};
 use omw_tests::mw::{MwDevice, MwFactory, Side, BUF_LEN, POOL_LEN};
-use omw_tests::testbed::{Caps, Factory, Heard, MnMr, MnSpec, Refusal, Testbed};
+use omw_tests::testbed::{Caps, CnQp, Factory, Heard, MnMr, MnSpec, Refusal, Testbed};
 use omw_verbs::cn::{CnClient, CnOptions, Notice};
 use omw_verbs::mn::{MemoryNodeDaemon, MnOptions};
 use omw_verbs::{VerbsBackend, VerbsError};
@@ -127,7 +127,8 @@ const CAPS: Caps = Caps::HOST_ENGINE
     .union(Caps::WINDOW_SPANS)
     .union(Caps::NAMED_QPS)
     .union(Caps::MN_KEYS)
-    .union(Caps::CONTENTION);
+    .union(Caps::CONTENTION)
+    .union(Caps::SEND_WITH_INV);
 
 impl Factory for Rxe {
     fn name(&self) -> String {
@@ -201,6 +202,7 @@ impl RxeBed {
                 Notice::Available => Heard::Available,
                 Notice::Failed { code, .. } => Heard::Failed(code),
                 Notice::Revoked => Heard::Revoked,
+                Notice::Rekeyed { entry_addr, mw, rkey } => Heard::Rekeyed { entry_addr, mw, rkey },
             });
         }
     }
@@ -268,6 +270,29 @@ impl Testbed for RxeBed {
             Ok(r) => r,
             Err(e) => (status(Err(e)), Vec::new()),
         }
+    }
+    /// The SEND's status, returned once the MN handled the invalidation its receive reported.
+    fn send_with_inv(&mut self, cn: usize, qp: CnQp, rkey: Rkey) -> WcStatus {
+        let qp = match qp {
+            CnQp::Alloc => omw_core::cn_driver::CnQp::Alloc,
+            CnQp::Free => omw_core::cn_driver::CnQp::Free,
+            CnQp::Access(k) => omw_core::cn_driver::CnQp::Access(k),
+        };
+        let seen = |bed: &Self| bed.mn.with(|d, _| d.driver.mn.stats().remote_invalidations);
+        let before = seen(self);
+        let st = status(self.cn(cn).send_with_inv(qp, rkey));
+        // the MN reacts once it polled the receive (rxe reports the invalidation there): wait
+        // for that, bounded (a device that refused the invalidation reports nothing)
+        let t = Instant::now();
+        while seen(self) == before && t.elapsed() < Duration::from_secs(2) {
+            std::thread::yield_now();
+        }
+        st
+    }
+    fn live(&mut self, cn: usize) -> Vec<Allocation> {
+        let c = self.cn(cn);
+        let _ = c.pump();
+        c.live().to_vec()
     }
     fn alloc_naming(&mut self, cn: usize, qpns: &[Qpn]) -> Result<Allocation, Refusal> {
         let r = self.cn(cn).alloc_naming(qpns).map_err(refusal);

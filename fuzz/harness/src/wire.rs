@@ -73,6 +73,7 @@ fn mn_message(data: &[u8]) {
         MnMessage::Notice(n) => MnMessage::decode(&n.encode()),
         MnMessage::Error(e) => MnMessage::decode(&e.encode()),
         MnMessage::ConnectInfo(c) => MnMessage::decode(&c.encode()),
+        MnMessage::Rebound(r) => MnMessage::decode(&r.encode()),
     };
     assert_eq!(again, Ok(m), "MnMessage does not round-trip");
 }

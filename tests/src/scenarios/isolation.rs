@@ -5,9 +5,10 @@
 
 use super::{denied, invariants, reread, soil};
 use crate::runner::{Outcome, Scenario};
-use crate::testbed::{Caps, CnQp, Factory, MnSpec, Refusal, Testbed};
+use crate::testbed::{Caps, CnQp, Factory, Heard, MnSpec, Refusal, Testbed};
 use omw_core::backend::{ExecutionMode, MwBinding, WcStatus};
 use omw_core::chain::ChainKind;
+use omw_core::cn::Allocation;
 use omw_core::ids::{GroupId, Rkey};
 use omw_core::wire::{AllocReply, ErrorCode, MnMessage, Notice};
 use omw_core::wqe::Wqe;
@@ -73,6 +74,16 @@ pub const LIST: &[Scenario] = &[
         name: "isolation::a_corrupted_entry_span_is_reclaimed_by_the_audit",
         needs: Caps::MN_MEMORY.union(Caps::OFFLOAD).union(Caps::WINDOW_SPANS),
         run: corrupted_span,
+    },
+    Scenario {
+        name: "isolation::send_with_inv_of_another_cns_window_evicts_the_sender_and_restores_the_window",
+        needs: Caps::SEND_WITH_INV,
+        run: foreign_invalidation,
+    },
+    Scenario {
+        name: "isolation::send_with_inv_of_a_cns_own_window_is_its_own_bad_request",
+        needs: Caps::SEND_WITH_INV,
+        run: own_invalidation,
     },
 ];
 
@@ -630,5 +641,136 @@ fn corrupted_span(f: &dyn Factory) -> Outcome {
     } else {
         assert!(r.is_err(), "the host engine bound a span that is not one chunk");
     }
+    Ok(())
+}
+
+/// The new key CN `cn` was told for window `mw` of `a` (the last one, if several).
+fn rekeyed(t: &mut dyn Testbed, cn: usize, a: &Allocation, mw: u8) -> Option<Rkey> {
+    t.heard(cn).iter().rev().find_map(|h| match h {
+        Heard::Rekeyed { entry_addr, mw: m, rkey } if *entry_addr == a.entry_addr && *m == mw => Some(*rkey),
+        _ => None,
+    })
+}
+
+/// CN `cn`'s client's current copy of `a` (its keys as the client would use them now).
+fn current(t: &mut dyn Testbed, cn: usize, a: &Allocation) -> Allocation {
+    t.live(cn).into_iter().find(|l| l.entry_addr == a.entry_addr).expect("the CN still holds the allocation")
+}
+
+/// Issue 20 item 5, soft-RoCE's `rxe_invalidate_mw` checks no QP: an attacker's SEND_WITH_INV
+/// naming a victim's window on the attacker's own Alloc QP revokes it. The attacker is given
+/// the exact rkeys (the defence must not rest on key secrecy; a real one guesses the key byte
+/// in ~128 tries) and only bound windows are named (a free window's key panics rxe's kernel).
+/// rxe: the receive completion reports the invalidation; the MN evicts the attacker and binds
+/// the window again for the victim under the next key, telling it; the victim's retried access
+/// returns its bytes, its other window never changed, its free still proves ownership (MW[0]
+/// restored too). Strict devices refuse the invalidation (not the window's QP): nothing changes.
+fn foreign_invalidation(f: &dyn Factory) -> Outcome {
+    let mut t = f.start(MnSpec::new(3, 8));
+    let victim = t.alloc(0)?;
+    let pattern: Vec<u8> = (0..64u8).map(|i| i ^ 0xA5).collect();
+    assert_eq!(t.write(0, &victim, 0, 0, &pattern), WcStatus::Success);
+    assert_eq!(t.write(0, &victim, 1, 256, &pattern), WcStatus::Success);
+    let before = t.stats();
+    let rk = victim.rkey(0).unwrap();
+    let st = t.send_with_inv(1, CnQp::Alloc, rk);
+    if !t.caps().contains(Caps::RXE_MW) {
+        // the spec: only the bound QP invalidates; the responder's receive fails (class J)
+        assert_ne!(st, WcStatus::GeneralErr, "the SEND was posted");
+        if t.caps().contains(Caps::WINDOW_STATE) {
+            assert!(matches!(t.mw_binding(rk), Some(MwBinding::Bound { rkey, .. }) if rkey == rk), "still bound");
+        }
+        assert_eq!(t.stats().remote_invalidations, before.remote_invalidations, "nothing was invalidated");
+        let (st, got) = t.read(0, &victim, 0, 0, 64);
+        assert_eq!((st, got), (WcStatus::Success, pattern.clone()), "the victim's window is untouched");
+        invariants(&mut *t, "strict: refused");
+        t.free(0, &victim)?;
+        invariants(&mut *t, "strict: after");
+        return Ok(());
+    }
+    // rxe: the requester's SEND succeeds, the window was revoked, and the MN saw it
+    assert_eq!(st, WcStatus::Success, "rxe accepts a SEND_WITH_INV naming any window");
+    let s = t.stats();
+    assert_eq!(s.remote_invalidations, before.remote_invalidations + 1, "the MN saw the invalidation");
+    assert_eq!(s.foreign_invalidations, before.foreign_invalidations + 1, "and found it foreign");
+    assert_eq!(s.windows_restored, before.windows_restored + 1, "the victim's window was bound again");
+    assert_eq!(s.cns_evicted, before.cns_evicted + 1, "the attacker was evicted");
+    assert!(!t.is_served(1), "the attacker is no longer served");
+    assert!(t.is_served(0), "the victim is still served");
+    let new = rekeyed(&mut *t, 0, &victim, 1).expect("the victim was told its window's new key");
+    assert_eq!(new, rk.next_key(), "the next key of the same window (ibv_inc_rkey)");
+    let now = current(&mut *t, 0, &victim);
+    assert_eq!(
+        (now.base, now.length, now.rkey(0), now.rkey(1)),
+        (victim.base, victim.length, Some(new), victim.rkey(1))
+    );
+    if t.caps().contains(Caps::WINDOW_STATE) {
+        let qpn = t.access_qpns(0)[0];
+        assert_eq!(t.mw_binding(new), Some(MwBinding::Bound { rkey: new, qpn }), "bound to the victim's QP again");
+    }
+    // the victim's retried accesses: its bytes, through the restored window and the other one
+    let (st, got) = t.read(0, &now, 0, 0, 64);
+    assert_eq!((st, got), (WcStatus::Success, pattern.clone()), "the retried READ returns the victim's bytes");
+    let (st, got) = t.read(0, &now, 1, 256, 64);
+    assert_eq!((st, got), (WcStatus::Success, pattern.clone()), "the other window never changed");
+    assert_eq!(t.write(0, &now, 0, 128, b"after"), WcStatus::Success);
+    invariants(&mut *t, "rxe: access window restored");
+    // a second attacker revokes the victim's MW[0] (its ownership proof, on the Free QP)
+    let before = t.stats();
+    assert_eq!(t.send_with_inv(2, CnQp::Alloc, victim.owner_rkey), WcStatus::Success);
+    assert_eq!(t.stats().windows_restored, before.windows_restored + 1);
+    assert!(!t.is_served(2), "the second attacker is evicted too");
+    let new0 = rekeyed(&mut *t, 0, &victim, 0).expect("told MW[0]'s new key");
+    assert_eq!(new0, victim.owner_rkey.next_key());
+    let now = current(&mut *t, 0, &victim);
+    assert_eq!(now.owner_rkey, new0);
+    invariants(&mut *t, "rxe: MW[0] restored");
+    // the attackers held nothing; the victim still owns its chunk and frees it normally
+    let free_before = t.free_groups();
+    t.free(0, &now)?;
+    assert_eq!(t.free_groups(), free_before + 1, "the victim's free proved ownership");
+    invariants(&mut *t, "rxe: after the victim's free");
+    let again = t.alloc(0)?;
+    assert_eq!(t.read(0, &again, 0, 0, 8).0, WcStatus::Success);
+    Ok(())
+}
+
+/// The same attack on the sender's own window (rxe: it is revoked; strict: it is the bound
+/// QP only for MW[0] on the Free QP, so the access window is refused). A CN revoking its own
+/// window is not evicted — the request is a bad one, counted against it, and not served — and
+/// the MN binds the window again (the table and the device agree again, its free still works),
+/// telling the CN the new key.
+fn own_invalidation(f: &dyn Factory) -> Outcome {
+    let mut t = f.start(MnSpec::new(2, 8));
+    let a = t.alloc(0)?;
+    assert_eq!(t.write(0, &a, 0, 0, b"own bytes"), WcStatus::Success);
+    let before = t.stats();
+    let rk = a.rkey(1).unwrap();
+    let st = t.send_with_inv(0, CnQp::Alloc, rk);
+    let s = t.stats();
+    assert!(t.is_served(0), "a CN revoking its own window is not evicted");
+    assert_eq!(s.foreign_invalidations, before.foreign_invalidations);
+    assert_eq!(s.cns_evicted, before.cns_evicted);
+    let now = if t.caps().contains(Caps::RXE_MW) {
+        assert_eq!(st, WcStatus::Success);
+        assert_eq!(s.remote_invalidations, before.remote_invalidations + 1);
+        assert_eq!(s.windows_restored, before.windows_restored + 1);
+        let new = rekeyed(&mut *t, 0, &a, 2).expect("told its window's new key");
+        assert_eq!(new, rk.next_key());
+        let now = current(&mut *t, 0, &a);
+        assert_eq!((now.rkey(0), now.rkey(1)), (a.rkey(0), Some(new)));
+        now
+    } else {
+        assert_eq!(s.remote_invalidations, before.remote_invalidations, "refused: not the window's QP");
+        a.clone()
+    };
+    let (st, got) = t.read(0, &now, 1, 0, 9);
+    assert_eq!((st, got.as_slice()), (WcStatus::Success, &b"own bytes"[..]), "its chunk and bytes kept");
+    invariants(&mut *t, "after its own invalidation");
+    // its management QPs serve it as before
+    let b = t.alloc(0)?;
+    t.free(0, &b)?;
+    t.free(0, &now)?;
+    invariants(&mut *t, "after");
     Ok(())
 }
