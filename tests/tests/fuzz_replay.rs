@@ -108,6 +108,36 @@ fn replay_malicious_cn() {
     replay("malicious_cn");
 }
 
+/// One saved input of `target`, by its file name under `fuzz/regressions/<target>/` (the
+/// finds whose fix is pending or just landed, so a failure names them).
+fn replay_regression(target: &str, name: &str) {
+    let run = omw_fuzz_harness::TARGETS.iter().find(|(n, _)| *n == target).expect("known target").1;
+    let f = fuzz_dir().join("regressions").join(target).join(name);
+    assert!(f.is_file(), "{} is missing", f.display());
+    replay_files(target, run, &[f]);
+}
+
+/// Found by the CI smoke run on another machine (issue 20; libFuzzer had read the corpus in
+/// that filesystem's order). Offloaded, the MN acting after every NIC step: a CN crashing 19
+/// NIC steps into its alloc lap leaves a group in the free queue whose MW[0] is still bound
+/// (`FreeGroupBound { group: GroupId(0), mw: 0 }`): the crash reclaim races the lap. Fails
+/// until the MN's group-returning paths quiesce a lap before deciding (the core's quiesce work).
+#[test]
+fn regression_mn_events_crash_mid_alloc_leaves_no_free_group_bound() {
+    replay_regression("mn_events", "offloaded-interleaved-crash-mid-alloc-leaves-free-group-mw0-bound");
+}
+
+/// Found by the CI smoke run on another machine (issue 20): honest cn2's alloc requests,
+/// waiting on the Alloc QP while its allocation was parked on an empty pool, held every send
+/// slot of its `CnDriver`, and its free was refused `SlotsBusy`. Fixed in the driver (the
+/// Alloc QP's requests hold at most `ALLOC_SEND_SLOTS`); see
+/// `alloc_requests_waiting_on_an_empty_pool_leave_send_slots_for_frees` in
+/// `backend-loopback/tests/cn_driver.rs`.
+#[test]
+fn regression_malicious_cn_waiting_alloc_requests_leave_a_slot_for_the_free() {
+    replay_regression("malicious_cn", "offloaded-parked-alloc-requests-take-every-send-slot-honest-free-refused");
+}
+
 #[test]
 fn replay_mn_events_v1() {
     replay_v1("mn_events");
