@@ -127,7 +127,7 @@ fn raw_work_requests_on_any_queue_report_their_status() {
     assert_eq!(c.write(0, &a, 0, 0, b"still fine"), WcStatus::Success);
 }
 
-/// Found by malicious_cn (`fuzz/regressions/malicious_cn/offloaded-parked-alloc-requests-take-every-send-slot-honest-free-refused`),
+/// Found by malicious_cn (`fuzz/regressions/malicious_cn/v2/offloaded-parked-alloc-requests-take-every-send-slot-honest-free-refused`),
 /// but no attacker is needed: another CN holds the pool's last group, this CN's allocation is
 /// told "empty" (its chain parks on a ticket), and once its back-off ends it asks again and
 /// again. The MN takes no request from a parked CN until the pool refills, so each request's
