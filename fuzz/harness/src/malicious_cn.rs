@@ -367,6 +367,8 @@ struct World {
     silent: Option<(u64, u32)>,
     /// Messages each CN received that the key check has seen.
     seen: [usize; CNS],
+    /// Offloaded MN ticks (each runs the audit).
+    audits: u64,
 }
 
 fn honest(second: bool) -> usize {
@@ -393,6 +395,10 @@ pub struct Report {
     /// The attacker went silent, and the MN evicted it.
     pub silent: bool,
     pub evicted: bool,
+    /// MN timer runs in offloaded mode, each of which runs the MN's audit.
+    pub audits: u64,
+    /// The MN's counters at the end (quota disconnects, groups reclaimed, evictions…).
+    pub mn: omw_core::mn::MnStats,
 }
 
 pub fn check(input: &Input) -> Report {
@@ -409,6 +415,7 @@ pub fn check(input: &Input) -> Report {
         knobs: input.knobs,
         silent: None,
         seen: [0; CNS],
+        audits: 0,
     };
     Schedule::restore(w.knobs.schedule, &mut w.c);
     invariants(&mut w.c, &"setup", &[]);
@@ -440,6 +447,8 @@ pub fn check(input: &Input) -> Report {
         hits: w.guess.hits,
         silent: w.silent.is_some(),
         evicted: w.c.driver.mn.stats().cns_evicted > 0,
+        audits: w.audits,
+        mn: w.c.driver.mn.stats(),
     }
 }
 
@@ -497,10 +506,16 @@ fn after_step(w: &mut World, op: &dyn std::fmt::Debug) {
     }
 }
 
+/// An offloaded MN tick runs the audit.
+fn count_audit(w: &mut World) {
+    w.audits += u64::from(w.c.mode == omw_core::backend::ExecutionMode::Offloaded);
+}
+
 fn advance(w: &mut World, ns: u64, what: &dyn std::fmt::Debug) {
     if let Err(e) = w.c.advance(ns) {
         cluster_err(what, e);
     }
+    count_audit(w);
     let lease = w.c.driver.mn.config().lease_ns.max(1);
     if let Some((_, probes)) = &mut w.silent {
         if ns >= lease / 2 {
@@ -925,6 +940,7 @@ fn classic(w: &mut World, op: &Op) {
             if let Err(e) = w.c.tick() {
                 cluster_err(op, e);
             }
+            count_audit(w);
         }
         Op::SampleCounters => {
             if let Err(e) = w.c.sample_counters() {
@@ -1090,6 +1106,7 @@ fn lap(w: &mut World, l: Lap, what: &Step) {
             if let Err(e) = w.c.tick() {
                 cluster_err(what, e);
             }
+            count_audit(w);
             if let Some(h) = freed {
                 honest_free_lands(w, &h, what);
             }
@@ -1111,6 +1128,7 @@ fn lap(w: &mut World, l: Lap, what: &Step) {
             assert_eq!(w.c.free_begin(i, &h.a), Ok(()), "honest cn{i} could not post its free");
             nic_steps(w, steps);
             let t = w.c.tick();
+            count_audit(w);
             Schedule::restore(w.knobs.schedule, &mut w.c);
             if let Err(e) = t.and_then(|_| w.c.pump().map(|_| ())) {
                 cluster_err(what, e);
