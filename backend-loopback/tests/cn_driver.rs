@@ -126,3 +126,46 @@ fn raw_work_requests_on_any_queue_report_their_status() {
     let a = c.alloc(0).unwrap();
     assert_eq!(c.write(0, &a, 0, 0, b"still fine"), WcStatus::Success);
 }
+
+/// Found by malicious_cn (`fuzz/regressions/malicious_cn/v2/offloaded-parked-alloc-requests-take-every-send-slot-honest-free-refused`),
+/// but no attacker is needed: another CN holds the pool's last group, this CN's allocation is
+/// told "empty" (its chain parks on a ticket), and once its back-off ends it asks again and
+/// again. The MN takes no request from a parked CN until the pool refills, so each request's
+/// SEND waits on the Alloc QP and holds a send slot. They used to take every slot, and the
+/// CN's own free — the one that would refill the pool — was refused `SlotsBusy`.
+#[test]
+fn alloc_requests_waiting_on_an_empty_pool_leave_send_slots_for_frees() {
+    use omw_core::cn_driver::{ALLOC_SEND_SLOTS, SEND_SLOTS};
+    use omw_loopback::cluster::CnOpError;
+    for mode in [ExecutionMode::Offloaded, ExecutionMode::HostEngine] {
+        let mut c = cluster(mode, 2);
+        let _other = c.alloc(0).unwrap();
+        let mine = c.alloc(1).unwrap();
+        assert_eq!(c.alloc(1), Err(CnOpError::Mn(ErrorCode::Empty)), "{mode:?}");
+        let until = c.cns[1].driver.poll_timeout().expect("backing off");
+        c.advance(until - c.now()).unwrap();
+        let (mut busy, mut most) = (0, 0);
+        for _ in 0..SEND_SLOTS + 4 {
+            match c.alloc(1) {
+                Err(CnOpError::NoReply | CnOpError::Mn(ErrorCode::Empty)) => {}
+                Err(CnOpError::Client(omw_core::cn::ClientError::Backoff { .. })) => {
+                    let until = c.cns[1].driver.poll_timeout().expect("backing off");
+                    c.advance(until - c.now()).unwrap();
+                }
+                Err(CnOpError::Cn(CnError::SlotsBusy)) => busy += 1,
+                other => panic!("{mode:?}: allocation from an empty pool: {other:?}"),
+            }
+            most = most.max(c.cns[1].driver.sends_in_flight());
+        }
+        assert_eq!(c.free(1, &mine), Ok(()), "{mode:?}: the free that refills the pool");
+        assert!(most <= ALLOC_SEND_SLOTS, "{mode:?}: {most} requests in flight on the Alloc QP");
+        if mode == ExecutionMode::Offloaded {
+            assert!(busy > 0 && most == ALLOC_SEND_SLOTS, "the parked chain held the requests (every Alloc-QP slot)");
+        }
+        assert_eq!(c.free_groups(), 1, "{mode:?}");
+        c.check_invariants().unwrap();
+        let again = c.alloc(1).expect("served once the pool refilled");
+        assert_eq!(c.write(1, &again, 0, 0, b"again"), WcStatus::Success);
+        assert_eq!(c.cns[1].driver.sends_in_flight(), 0, "{mode:?}: every waiting request was taken or flushed");
+    }
+}

@@ -29,6 +29,11 @@ pub const MSG_SLOT: u64 = 64;
 pub const RECVS_PER_QP: usize = 8;
 /// Requests that may be in flight at once.
 pub const SEND_SLOTS: usize = 16;
+/// Of those, the ones requests on the Alloc QP may hold; the others are for the Free QP (and
+/// raw sends on any other QP). A request on the Alloc QP can wait there indefinitely — the
+/// MN takes no request from a CN whose allocation is parked on an empty pool until the pool
+/// refills — and must never leave the CN without a slot for the free that would refill it.
+pub const ALLOC_SEND_SLOTS: usize = SEND_SLOTS / 2;
 /// One-sided accesses that may be in flight at once, unless the driver's `S` says otherwise.
 pub const IO_SLOTS: usize = 8;
 /// Events buffered between [`CnDriver::poll`] and [`CnDriver::next_event`].
@@ -610,7 +615,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// An allocation request naming `access_qpns` (MN ends) for the access windows instead of
     /// the CN's own — what a confused or hostile CN can send.
     pub fn alloc_naming(&mut self, now: u64, access_qpns: Option<&[Qpn]>) -> Result<u32, CnError<B::Error>> {
-        let slot = self.free_send_slot()?;
+        let slot = self.free_send_slot(self.qps.alloc)?;
         let mut req = [0u8; MSG_SLOT as usize];
         let (token, mut len) = self.client.alloc_request(now, self.mem.reply, self.mem.reply_rkey, &mut req)?;
         if let Some(q) = access_qpns {
@@ -631,7 +636,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
 
     /// Free one of the CN's allocations (the MN answers only a refusal).
     pub fn free(&mut self, a: &Allocation) -> Result<u32, CnError<B::Error>> {
-        let slot = self.free_send_slot()?;
+        let slot = self.free_send_slot(self.qps.free)?;
         let bytes = self.client.free_request(a.entry_addr)?;
         let token = FreeRequest::decode(&bytes).map(|f| f.token).unwrap_or(0);
         self.remember_free(token);
@@ -641,7 +646,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
 
     /// A free request for any entry address, held or not (a forged free).
     pub fn free_entry(&mut self, entry_addr: u64) -> Result<u32, CnError<B::Error>> {
-        let slot = self.free_send_slot()?;
+        let slot = self.free_send_slot(self.qps.free)?;
         self.forged_token = self.forged_token.wrapping_add(1) | 0xF0F0_0000;
         let token = self.forged_token;
         self.remember_free(token);
@@ -652,7 +657,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// Any bytes on any of the CN's QPs (a broken or hostile CN).
     pub fn send_raw(&mut self, qp: CnQp, bytes: &[u8]) -> Result<(), CnError<B::Error>> {
         let q = self.qps.get(qp).ok_or(CnError::NoSuchQp(qp))?;
-        let slot = self.free_send_slot()?;
+        let slot = self.free_send_slot(q)?;
         let len = bytes.len().min(MSG_SLOT as usize);
         self.send_in(slot, q, None, &bytes[..len])
     }
@@ -662,9 +667,17 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         self.free_next = (self.free_next + 1) % SEND_SLOTS;
     }
 
-    fn free_send_slot(&mut self) -> Result<usize, CnError<B::Error>> {
-        for k in 0..SEND_SLOTS {
-            let i = (self.next_send + k) % SEND_SLOTS;
+    /// A free send slot for a request on `qp`: slots `0..ALLOC_SEND_SLOTS` carry the Alloc
+    /// QP's requests, the rest everything else, so requests waiting on one management QP
+    /// never take the other's slots.
+    fn free_send_slot(&mut self, qp: Qpn) -> Result<usize, CnError<B::Error>> {
+        let (lo, n) = if qp == self.qps.alloc {
+            (0, ALLOC_SEND_SLOTS)
+        } else {
+            (ALLOC_SEND_SLOTS, SEND_SLOTS - ALLOC_SEND_SLOTS)
+        };
+        for k in 0..n {
+            let i = lo + (self.next_send + k) % n;
             if self.sends[i].is_none() {
                 return Ok(i);
             }

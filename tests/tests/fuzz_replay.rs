@@ -4,7 +4,8 @@
 //! named in the panic message; reproduce it with
 //! `cargo +nightly fuzz run <target> <file>` in `fuzz/`. Regressions saved before a target's
 //! input format changed sit in `fuzz/regressions/<target>/v1/` and are replayed in that format
-//! (`omw_fuzz_harness::TARGETS_V1`), so they keep meaning what they meant.
+//! (`omw_fuzz_harness::TARGETS_V1`), so they keep meaning what they meant; those of the second
+//! format (before the mid-lap actions, `Step::Lap`) sit in `v2/` (`TARGETS_V2`).
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +36,14 @@ fn replay(target: &str) {
     let run = omw_fuzz_harness::TARGETS.iter().find(|(n, _)| *n == target).expect("known target").1;
     let files = inputs(target);
     assert!(!files.is_empty(), "no saved inputs for fuzz target {target} (fuzz/corpus/{target}/)");
+    replay_files(target, run, &files);
+}
+
+/// The regressions of a target's second input format (before `Step::Lap`).
+fn replay_v2(target: &str) {
+    let run = omw_fuzz_harness::TARGETS_V2.iter().find(|(n, _)| *n == target).expect("a target with a v2 format").1;
+    let files = files_in(&[fuzz_dir().join("regressions").join(target).join("v2")]);
+    assert!(!files.is_empty(), "no v2 regressions for {target}");
     replay_files(target, run, &files);
 }
 
@@ -106,6 +115,46 @@ fn replay_mn_events() {
 #[test]
 fn replay_malicious_cn() {
     replay("malicious_cn");
+}
+
+/// One saved input of `target`, by its file name under `fuzz/regressions/<target>/v2/` (the
+/// finds whose fix is pending or just landed, so a failure names them).
+fn replay_regression(target: &str, name: &str) {
+    let run = omw_fuzz_harness::TARGETS_V2.iter().find(|(n, _)| *n == target).expect("a target with a v2 format").1;
+    let f = fuzz_dir().join("regressions").join(target).join("v2").join(name);
+    assert!(f.is_file(), "{} is missing", f.display());
+    replay_files(target, run, &[f]);
+}
+
+/// Found by the CI smoke run on another machine (issue 20; libFuzzer had read the corpus in
+/// that filesystem's order). Offloaded, the MN acting after every NIC step: a CN crashing 19
+/// NIC steps into its alloc lap leaves a group in the free queue whose MW[0] is still bound
+/// (`FreeGroupBound { group: GroupId(0), mw: 0 }`): the crash reclaim races the lap. Fails
+/// until the MN's group-returning paths quiesce a lap before deciding (the core's quiesce work).
+#[test]
+fn regression_mn_events_crash_mid_alloc_leaves_no_free_group_bound() {
+    replay_regression("mn_events", "offloaded-interleaved-crash-mid-alloc-leaves-free-group-mw0-bound");
+}
+
+/// Found by the CI smoke run on another machine (issue 20): honest cn2's alloc requests,
+/// waiting on the Alloc QP while its allocation was parked on an empty pool, held every send
+/// slot of its `CnDriver`, and its free was refused `SlotsBusy`. Fixed in the driver (the
+/// Alloc QP's requests hold at most `ALLOC_SEND_SLOTS`); see
+/// `alloc_requests_waiting_on_an_empty_pool_leave_send_slots_for_frees` in
+/// `backend-loopback/tests/cn_driver.rs`.
+#[test]
+fn regression_malicious_cn_waiting_alloc_requests_leave_a_slot_for_the_free() {
+    replay_regression("malicious_cn", "offloaded-parked-alloc-requests-take-every-send-slot-honest-free-refused");
+}
+
+#[test]
+fn replay_mn_events_v2() {
+    replay_v2("mn_events");
+}
+
+#[test]
+fn replay_malicious_cn_v2() {
+    replay_v2("malicious_cn");
 }
 
 #[test]
@@ -371,7 +420,7 @@ fn malicious_cn_scripted_guessing_timing_and_silence() {
 
 /// Fixed (by the alloc repair leaving a group alone once it moved on, e321a79, and the four-phase
 /// chains; found by mn_events with the batch schedule; input
-/// `fuzz/regressions/mn_events/offloaded-forged-free-of-queued-group-with-alloc-garbage-pushes-it-twice`):
+/// `fuzz/regressions/mn_events/v2/offloaded-forged-free-of-queued-group-with-alloc-garbage-pushes-it-twice`):
 /// in offloaded mode a CN that owns a group posts, in one
 /// go, (1) the free of its own group, (2) a free naming a group that is *free* (in the queue),
 /// and (3) two garbage bytes on its Alloc QP. After they run the free group is in the queue
@@ -427,7 +476,7 @@ fn replay_open_regressions() {
 }
 
 /// Fixed (same repair fix; found by malicious_cn going silent; input
-/// `fuzz/regressions/malicious_cn/offloaded-evicting-stalled-cn-pushes-its-group-twice`):
+/// `fuzz/regressions/malicious_cn/v2/offloaded-evicting-stalled-cn-pushes-its-group-twice`):
 /// offloaded mode, a CN that stopped posting receives sends (1) a truncated alloc request (23
 /// bytes of one, then 7 garbage bytes) and (2) an alloc request whose reply rkey is wrong and
 /// whose first access QPN is another CN's Alloc QP. After (2) a group is the CN's with MW[1]

@@ -37,6 +37,9 @@ pub const TARGETS: [(&str, Target); 6] = [
 /// meaning exactly what they meant (with the new properties checked on them too).
 pub const TARGETS_V1: [(&str, Target); 2] = [("mn_events", mn_events::run_v1), ("malicious_cn", malicious_cn::run_v1)];
 
+/// The second input format of the same targets (before `Step::Lap`): `regressions/<target>/v2/`.
+pub const TARGETS_V2: [(&str, Target); 2] = [("mn_events", mn_events::run_v2), ("malicious_cn", malicious_cn::run_v2)];
+
 /// The structured input `data` decodes to for `target` (`None` for byte-level targets).
 pub fn describe(target: &str, data: &[u8]) -> Option<String> {
     use arbitrary::{Arbitrary, Unstructured};
@@ -53,6 +56,8 @@ pub fn describe(target: &str, data: &[u8]) -> Option<String> {
         "malicious_cn" => show::<malicious_cn::Input>(data),
         "mn_events/v1" => show::<mn_events::InputV1>(data),
         "malicious_cn/v1" => show::<malicious_cn::InputV1>(data),
+        "mn_events/v2" => show::<mn_events::InputV2>(data),
+        "malicious_cn/v2" => show::<malicious_cn::InputV2>(data),
         _ => return None,
     })
 }

@@ -70,6 +70,65 @@ pub enum Step {
     Vanish,
     /// Modelled time passes (1 µs … 3 leases, 1–4 times), the MN's timer runs.
     Advance(u8),
+    /// MN events in the middle of laps: what reaches the MN's group-returning paths (the
+    /// tick's audit, quota enforcement, reclaim, the lease's eviction).
+    Lap(Lap),
+}
+
+/// The attacker's moves against the MN's group-returning paths (`steps`: NIC steps run, the MN
+/// not acting, between the requests going out and the MN event).
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum Lap {
+    /// The attacker allocates through its driver naming `qpn` (an honest CN's QP, a loop QP…)
+    /// for its own access window `slot`.
+    Misbind { slot: u8, qpn: QpnSel },
+    /// The attacker asks for `1 + extra % 4` groups beyond its quota; the counters are sampled.
+    OverQuota(u8),
+    /// The attacker's alloc request (and an honest CN's free, if any) go out and the MN's
+    /// tick — the audit — runs mid-lap.
+    AuditMidLap { steps: u8, honest_free: Option<(bool, u8)> },
+    /// An honest CN frees while the MN CPU acts between NIC steps (`schedule`) and its tick
+    /// (the audit) runs, right after the attacker's request (misbinding if `misbind`).
+    FreeDuringAudit { second: bool, which: u8, steps: u8, schedule: Schedule, misbind: Option<(u8, QpnSel)> },
+    /// The attacker's host vanishes in the middle of its alloc lap.
+    VanishMidLap { steps: u8 },
+}
+
+/// The second input format (`regressions/malicious_cn/v2/`): the steps before `Step::Lap`.
+#[derive(Arbitrary, Debug)]
+pub struct InputV2 {
+    pub setup: Setup,
+    pub knobs: Knobs,
+    pub ops: Vec<StepV2>,
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+pub enum StepV2 {
+    Op(Op),
+    Guess(Guess),
+    Batch { schedule: Option<Schedule>, items: Vec<Timed> },
+    Stall,
+    Vanish,
+    Advance(u8),
+}
+
+impl From<StepV2> for Step {
+    fn from(s: StepV2) -> Self {
+        match s {
+            StepV2::Op(o) => Step::Op(o),
+            StepV2::Guess(g) => Step::Guess(g),
+            StepV2::Batch { schedule, items } => Step::Batch { schedule, items },
+            StepV2::Stall => Step::Stall,
+            StepV2::Vanish => Step::Vanish,
+            StepV2::Advance(v) => Step::Advance(v),
+        }
+    }
+}
+
+pub fn run_v2(data: &[u8]) -> bool {
+    let Ok(v) = InputV2::arbitrary_take_rest(Unstructured::new(data)) else { return false };
+    check(&Input { setup: v.setup, knobs: v.knobs, ops: v.ops.into_iter().map(Step::from).collect() });
+    true
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -308,6 +367,8 @@ struct World {
     silent: Option<(u64, u32)>,
     /// Messages each CN received that the key check has seen.
     seen: [usize; CNS],
+    /// Offloaded MN ticks (each runs the audit).
+    audits: u64,
 }
 
 fn honest(second: bool) -> usize {
@@ -334,6 +395,10 @@ pub struct Report {
     /// The attacker went silent, and the MN evicted it.
     pub silent: bool,
     pub evicted: bool,
+    /// MN timer runs in offloaded mode, each of which runs the MN's audit.
+    pub audits: u64,
+    /// The MN's counters at the end (quota disconnects, groups reclaimed, evictions…).
+    pub mn: omw_core::mn::MnStats,
 }
 
 pub fn check(input: &Input) -> Report {
@@ -350,6 +415,7 @@ pub fn check(input: &Input) -> Report {
         knobs: input.knobs,
         silent: None,
         seen: [0; CNS],
+        audits: 0,
     };
     Schedule::restore(w.knobs.schedule, &mut w.c);
     invariants(&mut w.c, &"setup", &[]);
@@ -381,6 +447,8 @@ pub fn check(input: &Input) -> Report {
         hits: w.guess.hits,
         silent: w.silent.is_some(),
         evicted: w.c.driver.mn.stats().cns_evicted > 0,
+        audits: w.audits,
+        mn: w.c.driver.mn.stats(),
     }
 }
 
@@ -438,10 +506,16 @@ fn after_step(w: &mut World, op: &dyn std::fmt::Debug) {
     }
 }
 
+/// An offloaded MN tick runs the audit.
+fn count_audit(w: &mut World) {
+    w.audits += u64::from(w.c.mode == omw_core::backend::ExecutionMode::Offloaded);
+}
+
 fn advance(w: &mut World, ns: u64, what: &dyn std::fmt::Debug) {
     if let Err(e) = w.c.advance(ns) {
         cluster_err(what, e);
     }
+    count_audit(w);
     let lease = w.c.driver.mn.config().lease_ns.max(1);
     if let Some((_, probes)) = &mut w.silent {
         if ns >= lease / 2 {
@@ -452,6 +526,7 @@ fn advance(w: &mut World, ns: u64, what: &dyn std::fmt::Debug) {
 
 fn step(w: &mut World, s: &Step) {
     match s {
+        Step::Lap(l) => lap(w, *l, s),
         Step::Op(op) => classic(w, op),
         Step::Guess(g) => guess(w, *g),
         Step::Batch { schedule, items } => batch(w, *schedule, items, s),
@@ -865,6 +940,7 @@ fn classic(w: &mut World, op: &Op) {
             if let Err(e) = w.c.tick() {
                 cluster_err(op, e);
             }
+            count_audit(w);
         }
         Op::SampleCounters => {
             if let Err(e) = w.c.sample_counters() {
@@ -966,5 +1042,114 @@ fn honest_alloc(w: &mut World, i: usize, op: &dyn std::fmt::Debug) {
         Err(e) => panic!(
             "honest cn{i} could not allocate ({e}) with {free} free groups, {held}/{quota} held, empty={empty_state}, after {op:?}"
         ),
+    }
+}
+
+fn nic_steps(w: &mut World, steps: u8) {
+    for _ in 0..steps % 64 {
+        if w.c.fabric.borrow_mut().step().is_none() {
+            break;
+        }
+    }
+}
+
+/// The attacker's own access QPNs (MN ends) with window `slot`'s replaced by `sel`'s.
+fn misbound_qpns(w: &World, slot: u8, sel: QpnSel) -> Vec<Qpn> {
+    let mut q: Vec<Qpn> = w.c.cns[EVIL].mn_qps.access.iter().copied().collect();
+    let k = slot as usize % q.len();
+    q[k] = Qpn::new(qpn(w, sel) & Qpn::MAX).unwrap_or_default();
+    q
+}
+
+/// An honest CN frees one of its chunks; the free must land, whatever ran around it.
+fn honest_free_lands(w: &mut World, h: &Held, what: &dyn std::fmt::Debug) {
+    assert!(!owned_by(&w.c, h.cn, &h.a), "honest cn{}'s free of {:#x} did not land, in {what:?}", h.cn, h.a.base);
+    w.shadow.forget(h);
+}
+
+fn lap(w: &mut World, l: Lap, what: &Step) {
+    let evil_live = !w.c.cns[EVIL].crashed;
+    match l {
+        Lap::Misbind { slot, qpn: sel } => {
+            if evil_live {
+                let q = misbound_qpns(w, slot, sel);
+                // offloaded: bound to whatever it named (the audit reclaims it, or the
+                // attacker frees it: `sim::invariants`); host engine: refused (`ForeignQpn`)
+                let _ = w.c.alloc_naming(EVIL, &q);
+            }
+        }
+        Lap::OverQuota(extra) => {
+            if !evil_live || !served(&w.c, EVIL) {
+                return;
+            }
+            let quota = w.c.cfg.quota;
+            for _ in 0..quota.saturating_sub(held_by(&w.c, EVIL)) + 1 + extra as u32 % 4 {
+                if let Ok(a) = w.c.alloc(EVIL) {
+                    adopt_evil(w, a, what);
+                }
+            }
+            if let Err(e) = w.c.sample_counters() {
+                cluster_err(what, e);
+            }
+            let held = held_by(&w.c, EVIL);
+            assert!(held <= quota || !served(&w.c, EVIL), "the attacker holds {held} > {quota} groups and is served");
+        }
+        Lap::AuditMidLap { steps, honest_free } => {
+            let token = if evil_live { w.c.alloc_begin(EVIL).ok() } else { None };
+            let freed = honest_free.and_then(|(second, which)| {
+                let i = honest(second);
+                let h = w.shadow.pick(i, which)?;
+                assert_eq!(w.c.free_begin(i, &h.a), Ok(()), "honest cn{i} could not post its free");
+                Some(h)
+            });
+            nic_steps(w, steps);
+            if let Err(e) = w.c.tick() {
+                cluster_err(what, e);
+            }
+            count_audit(w);
+            if let Some(h) = freed {
+                honest_free_lands(w, &h, what);
+            }
+            if let Some(t) = token {
+                if let Ok(a) = w.c.alloc_take(EVIL, t) {
+                    adopt_evil(w, a, what);
+                }
+            }
+        }
+        Lap::FreeDuringAudit { second, which, steps, schedule, misbind } => {
+            let i = honest(second);
+            let Some(h) = w.shadow.pick(i, which) else { return };
+            schedule.apply(&mut w.c);
+            if let (true, Some((slot, sel))) = (evil_live, misbind) {
+                let q = misbound_qpns(w, slot, sel);
+                let now = w.c.now();
+                let _ = w.c.cns[EVIL].driver.alloc_naming(now, Some(&q));
+            }
+            assert_eq!(w.c.free_begin(i, &h.a), Ok(()), "honest cn{i} could not post its free");
+            nic_steps(w, steps);
+            let t = w.c.tick();
+            count_audit(w);
+            Schedule::restore(w.knobs.schedule, &mut w.c);
+            if let Err(e) = t.and_then(|_| w.c.pump().map(|_| ())) {
+                cluster_err(what, e);
+            }
+            honest_free_lands(w, &h, what);
+        }
+        Lap::VanishMidLap { steps } => {
+            if !evil_live || w.c.alloc_begin(EVIL).is_err() {
+                return;
+            }
+            nic_steps(w, steps);
+            if let Err(e) = w.c.vanish_cn(EVIL) {
+                cluster_err(what, e);
+            }
+            // the rest of the lap runs against a host that is gone
+            if let Err(e) = w.c.pump() {
+                cluster_err(what, e);
+            }
+            if w.silent.is_none() {
+                w.silent = Some((w.c.now(), 0));
+            }
+        }
     }
 }

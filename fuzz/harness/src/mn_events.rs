@@ -51,6 +51,53 @@ pub enum Step {
     },
     /// From now on run under this schedule (none: the idle-NIC schedule).
     Reschedule(Option<Schedule>),
+    /// MN events landing in the middle of a lap: what reaches the MN's group-returning paths
+    /// (reclaim, repair, the tick's audit, quota enforcement, crash reclaim).
+    Lap(Lap),
+}
+
+/// The second input format (`regressions/mn_events/v2/`): the steps before `Step::Lap`.
+#[derive(Arbitrary, Debug)]
+pub struct InputV2 {
+    pub setup: Setup,
+    pub cns: u8,
+    pub schedule: Option<Schedule>,
+    pub ops: Vec<StepV2>,
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+pub enum StepV2 {
+    Op(Op),
+    Batch { schedule: Option<Schedule>, items: Vec<Timed> },
+    Reschedule(Option<Schedule>),
+}
+
+impl From<StepV2> for Step {
+    fn from(s: StepV2) -> Self {
+        match s {
+            StepV2::Op(o) => Step::Op(o),
+            StepV2::Batch { schedule, items } => Step::Batch { schedule, items },
+            StepV2::Reschedule(s) => Step::Reschedule(s),
+        }
+    }
+}
+
+/// An MN event in the middle of a CN's lap (`steps`: the NIC steps run after the request went
+/// out, with the MN not acting, before the event).
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum Lap {
+    /// `cn` allocates naming `victim`'s access QP (MN end) for its own access window `slot`.
+    Misbind { cn: u8, victim: u8, slot: u8 },
+    /// `cn` asks for `1 + extra % 4` groups beyond its quota, then the counters are sampled.
+    OverQuota { cn: u8, extra: u8 },
+    /// `cn`'s alloc request goes out and the MN's tick (audit, probes, settling) runs mid-lap.
+    AuditMidLap { cn: u8, steps: u8 },
+    /// `cn` frees while the MN CPU acts between NIC steps (`schedule`) and its tick runs.
+    FreeDuringAudit { cn: u8, which: u8, steps: u8, schedule: Schedule },
+    /// `cn`'s host vanishes mid-alloc-lap; time passes until the lease evicts it.
+    VanishMidLap { cn: u8, steps: u8 },
+    /// The MN's RNIC resets in the middle of `cn`'s alloc (or free) lap.
+    ResetMidLap { cn: u8, steps: u8, free: bool },
 }
 
 /// One request of a batch.
@@ -146,6 +193,17 @@ pub fn run(data: &[u8]) -> bool {
     true
 }
 
+pub fn run_v2(data: &[u8]) -> bool {
+    let Ok(v) = InputV2::arbitrary_take_rest(Unstructured::new(data)) else { return false };
+    check(&Input {
+        setup: v.setup,
+        cns: v.cns,
+        schedule: v.schedule,
+        ops: v.ops.into_iter().map(Step::from).collect(),
+    });
+    true
+}
+
 pub fn run_v1(data: &[u8]) -> bool {
     let Ok(v) = InputV1::arbitrary_take_rest(Unstructured::new(data)) else { return false };
     check(&Input { setup: v.setup, cns: v.cns, schedule: None, ops: v.ops.into_iter().map(Step::Op).collect() });
@@ -213,6 +271,7 @@ pub fn check(input: &Input) {
                 w.schedule = *sch;
                 Schedule::restore(w.schedule, &mut w.c);
             }
+            Step::Lap(l) => lap(&mut w, *l, s),
         }
         invariants(&mut w.c, s, &w.forgers);
         conservation(&w.c, s);
@@ -565,6 +624,149 @@ fn alloc(w: &mut World, i: usize, op: &Op) {
             let benign = matches!(e, CnOpError::Mn(ErrorCode::Empty) | CnOpError::Client(ClientError::Backoff { .. }));
             if expected && !benign {
                 panic!("cn{i} could not allocate ({e}) with {free} free groups, {held}/{quota} held, after {op:?}");
+            }
+        }
+    }
+}
+
+fn nic_steps(w: &mut World, steps: u8) {
+    for _ in 0..steps % 64 {
+        if w.c.fabric.borrow_mut().step().is_none() {
+            break;
+        }
+    }
+}
+
+fn active(w: &World, i: usize) -> bool {
+    w.c.driver.mn.cn(w.c.cns[i].id).map(|r| r.status) == Some(omw_core::mn::CnStatus::Active)
+}
+
+/// Take the answer to `token` after a mid-lap event: a chunk is adopted only if the MN records
+/// it as the CN's own.
+fn take(w: &mut World, i: usize, token: u32) {
+    if let Ok(a) = w.c.alloc_take(i, token) {
+        if w.alive(i) && owned_by(&w.c, i, &a) {
+            w.shadow.adopt(i, a);
+        }
+    }
+}
+
+fn lap(w: &mut World, l: Lap, what: &Step) {
+    match l {
+        Lap::Misbind { cn, victim, slot } => {
+            let (i, v) = (w.cn(cn), w.cn(victim));
+            if i == v || !w.alive(i) || !w.alive(v) {
+                return;
+            }
+            let mut qpns = w.c.cns[i].mn_qps.access.clone();
+            let k = slot as usize % qpns.len();
+            qpns[k] = w.c.cns[v].mn_qps.access[slot as usize % w.c.cns[v].mn_qps.access.len()];
+            w.forgers.push(i);
+            // offloaded: bound to the victim's QP (the audit reclaims it; `sim::invariants` has
+            // the forger free it); host engine: refused. Never adopted: its window is not the
+            // CN's to use. The victim's chunks stay its own (checked after every step).
+            let _ = w.c.alloc_naming(i, &qpns);
+        }
+        Lap::OverQuota { cn, extra } => {
+            let i = w.cn(cn);
+            if !w.alive(i) || !active(w, i) {
+                return;
+            }
+            let quota = w.c.cfg.quota;
+            let want = quota.saturating_sub(crate::sim::held_by(&w.c, i)) + 1 + extra as u32 % 4;
+            for _ in 0..want {
+                match w.c.alloc(i) {
+                    Ok(a) if owned_by(&w.c, i, &a) => w.shadow.adopt(i, a),
+                    _ => {}
+                }
+            }
+            if let Err(e) = w.c.sample_counters() {
+                cluster_err(what, e);
+            }
+            let held = crate::sim::held_by(&w.c, i);
+            assert!(
+                held <= quota || !active(w, i),
+                "cn{i} holds {held} groups over its quota {quota} and is still served, after {what:?}"
+            );
+        }
+        Lap::AuditMidLap { cn, steps } => {
+            let i = w.cn(cn);
+            if !w.alive(i) {
+                return;
+            }
+            let Ok(t) = w.c.alloc_begin(i) else { return };
+            nic_steps(w, steps);
+            if let Err(e) = w.c.tick() {
+                cluster_err(what, e);
+            }
+            take(w, i, t);
+        }
+        Lap::FreeDuringAudit { cn, which, steps, schedule } => {
+            let i = w.cn(cn);
+            let Some(h) = w.shadow.pick(i, which) else { return };
+            if !w.alive(i) || !owned_by(&w.c, i, &h.a) {
+                return;
+            }
+            let must_land = active(w, i) && !w.forgers.contains(&i);
+            schedule.apply(&mut w.c);
+            let r = w.c.free_begin(i, &h.a);
+            nic_steps(w, steps);
+            let t = w.c.tick();
+            Schedule::restore(w.schedule, &mut w.c);
+            if let Err(e) = t.and_then(|_| w.c.pump().map(|_| ())) {
+                cluster_err(what, e);
+            }
+            if must_land && r.is_ok() && w.alive(i) && active(w, i) {
+                assert!(!owned_by(&w.c, i, &h.a), "cn{i}'s free of {:#x} during the audit did not land", h.a.base);
+            }
+        }
+        Lap::VanishMidLap { cn, steps } => {
+            let i = w.cn(cn);
+            if !w.alive(i) || w.c.alloc_begin(i).is_err() {
+                return;
+            }
+            nic_steps(w, steps);
+            if let Err(e) = w.c.vanish_cn(i) {
+                cluster_err(what, e);
+            }
+            let lease = w.c.driver.mn.config().lease_ns.max(1);
+            for _ in 0..20 {
+                if !active(w, i) {
+                    break;
+                }
+                if let Err(e) = w.c.advance(lease) {
+                    cluster_err(what, e);
+                }
+                invariants(&mut w.c, what, &w.forgers);
+            }
+            assert!(!active(w, i), "cn{i} vanished mid-lap and is still served after 20 leases");
+            assert_eq!(crate::sim::held_by(&w.c, i), 0, "cn{i} vanished mid-lap and still holds chunks");
+        }
+        Lap::ResetMidLap { cn, steps, free } => {
+            let i = w.cn(cn);
+            if !w.alive(i) {
+                return;
+            }
+            let token = if free {
+                match w.shadow.pick(i, steps) {
+                    Some(h) if owned_by(&w.c, i, &h.a) => {
+                        let _ = w.c.free_begin(i, &h.a);
+                    }
+                    _ => return,
+                }
+                None
+            } else {
+                w.c.alloc_begin(i).ok()
+            };
+            nic_steps(w, steps);
+            if let Err(e) = w.c.reset_mn_rnic() {
+                cluster_err(what, e);
+            }
+            if let Some(t) = token {
+                let _ = w.c.alloc_take(i, t);
+            }
+            for j in 0..w.c.cns.len() {
+                assert_eq!(crate::sim::held_by(&w.c, j), 0, "an RNIC reset mid-lap left cn{j} holding chunks");
             }
         }
     }

@@ -8,7 +8,7 @@ use omw_core::ids::{GroupId, Rkey};
 use omw_core::invariants::InvariantViolation;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::NicConfig;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 /// Bytes of each chunk the shadow tracks (accesses may go further; they are checked by status).
 pub const SHADOW: usize = 256;
@@ -165,9 +165,11 @@ pub fn owned_ranges(c: &Cluster) -> Vec<(u64, u64, u32)> {
 }
 
 /// The shadow of every allocation the harness saw succeed, keyed by (cn, entry, owner rkey).
+/// Ordered (not hashed): whatever iterates it runs in the same order in every process, so a
+/// fuzz run with a fixed seed explores the same way everywhere.
 #[derive(Default, Debug)]
 pub struct Shadow {
-    pub held: HashMap<(usize, u64, u32), Held>,
+    pub held: BTreeMap<(usize, u64, u32), Held>,
     /// Allocations that were freed, revoked or reclaimed: their rkeys must never work again.
     pub dead: Vec<(usize, Allocation)>,
 }
