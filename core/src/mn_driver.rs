@@ -236,10 +236,21 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
                 {
                     return Ok(());
                 }
-                if !self.resets.contains(&q) {
-                    let _ = self.resets.push(q);
+                if self.mn_mode == ExecutionMode::HostEngine {
+                    // best effort: a QP the device cannot reset (libibverbs refuses for
+                    // rdma_cm QPs) is left to its CN, as for a failed lap's errored QPs (the
+                    // driver's recovery counted it in `qps_left_in_error` already)
+                    if b.reset_qp(q).is_err() {
+                        return Ok(());
+                    }
+                } else {
+                    b.reset_qp(q).map_err(DriverError::Backend)?;
                 }
-                b.reset_qp(q).map_err(DriverError::Backend)
+                if !self.resets.contains(&q) {
+                    let pushed = self.resets.push(q);
+                    debug_assert!(pushed.is_ok(), "resets hold one reaction's QPs (64 > 4 per CN x MAX_CNS / 2)");
+                }
+                Ok(())
             }
             Action::ArmChain { kind, env } => {
                 let layout = build(kind, &env).map_err(DriverError::Chain)?;
@@ -322,9 +333,15 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
                     if let Some(w) = waiting {
                         let landed = done || matches!(crate::host_engine::wait_for(b, w.qp, w.wr_id, 10_000), Ok(_));
                         if !landed {
-                            b.reset_qp(w.qp).map_err(DriverError::Backend)?;
-                            if !self.resets.contains(&w.qp) {
-                                let _ = self.resets.push(w.qp);
+                            // best effort, as for a failed lap's errored QPs: a QP the device
+                            // cannot reset is left to its CN (nothing of the lap runs on it)
+                            if b.reset_qp(w.qp).is_ok() {
+                                if !self.resets.contains(&w.qp) {
+                                    let pushed = self.resets.push(w.qp);
+                                    debug_assert!(pushed.is_ok(), "resets hold a reaction's QPs: 64 > 4 per CN × 16 laps");
+                                }
+                            } else {
+                                self.stats.qps_left_in_error += 1;
                             }
                         }
                     }

@@ -474,8 +474,8 @@ fn bad_requests_are_typed_errors() {
             _ => None,
         })
         .collect();
-    assert!(errs.contains(&(tok, ErrorCode::AllocFailed)), "{errs:?}");
-    assert!(errs.iter().any(|(_, c)| *c == ErrorCode::BadRequest));
+    assert!(errs.contains(&(tok, ErrorCode::AllocFailed)), "{errs:?} {:?}", r.d.mn.stats());
+    assert!(errs.iter().any(|(_, c)| *c == ErrorCode::BadRequest), "{errs:?}");
     assert_eq!(r.d.mn.stats().groups_reclaimed, 1, "the popped group went back");
     let _ = (ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF, Notice::Empty, GroupId(0));
 }

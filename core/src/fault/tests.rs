@@ -273,7 +273,13 @@ fn after_a_failed_bind_with(
         matches!(ev, Some(CnEvent::Refused { token, code: ErrorCode::AllocFailed, ours: true }) if token == tok),
         "{ev:?}"
     );
-    assert_eq!(mn.backend.stats.injected, 1 + no_reset as u32);
+    // the failed bind, and — where the device refuses resets — every reset attempt of the
+    // errored Free QP (the repair's recovery and the quiesced free chain's re-arm)
+    if no_reset {
+        assert!(mn.backend.stats.injected >= 2, "{}", mn.backend.stats.injected);
+    } else {
+        assert_eq!(mn.backend.stats.injected, 1);
+    }
     assert_eq!(mn.stats.laps_failed, 1);
     mn.check_invariants().unwrap();
     then(&mut mn, &mut cn);

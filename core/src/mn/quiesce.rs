@@ -153,6 +153,14 @@ impl MemoryNode {
             }
             ExecutionMode::HostEngine => {
                 port.apply(Action::StopLaps { cn, alloc: chains.alloc, free: chains.free }).map_err(MnError::Port)?;
+                // a management QP a failed request left in ERR comes back before the MN
+                // answers on it (a healthy one keeps its state and the CN its receives)
+                for kind in [ChainKind::Alloc, ChainKind::Free] {
+                    if chains.has(kind) && r.status == CnStatus::Active {
+                        let mgmt = if kind == ChainKind::Alloc { r.qps.alloc } else { r.qps.free };
+                        port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+                    }
+                }
             }
         }
         self.stats.quiesces += 1;
