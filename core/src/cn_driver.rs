@@ -33,7 +33,10 @@ pub const SEND_SLOTS: usize = 16;
 /// raw sends on any other QP). A request on the Alloc QP can wait there indefinitely — the
 /// MN takes no request from a CN whose allocation is parked on an empty pool until the pool
 /// refills — and must never leave the CN without a slot for the free that would refill it.
-pub const ALLOC_SEND_SLOTS: usize = SEND_SLOTS / 2;
+/// More than [`RECVS_PER_QP`], so a CN that stops reading its replies still overruns its own
+/// receives (and the MN evicts it) instead of being throttled below them.
+pub const ALLOC_SEND_SLOTS: usize = SEND_SLOTS - 4;
+const _: () = assert!(ALLOC_SEND_SLOTS > RECVS_PER_QP && ALLOC_SEND_SLOTS < SEND_SLOTS);
 /// One-sided accesses that may be in flight at once, unless the driver's `S` says otherwise.
 pub const IO_SLOTS: usize = 8;
 /// Events buffered between [`CnDriver::poll`] and [`CnDriver::next_event`].

@@ -159,6 +159,9 @@ impl Testbed for LoopbackBed {
     fn alloc_begin(&mut self, cn: usize) -> Result<u32, Refusal> {
         self.c.alloc_begin(cn).map_err(refusal)
     }
+    fn free_begin(&mut self, cn: usize, a: &Allocation) -> Result<(), Refusal> {
+        self.c.free_begin(cn, a).map_err(refusal)
+    }
     fn alloc_finish(&mut self, cn: usize, token: u32) -> Result<Allocation, Refusal> {
         self.c.alloc_finish(cn, token).map_err(refusal)
     }

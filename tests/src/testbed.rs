@@ -298,6 +298,11 @@ pub trait Testbed {
     fn alloc_begin(&mut self, cn: usize) -> Result<u32, Refusal> {
         needs(cn, Caps::CONTENTION)
     }
+    /// Post CN `cn`'s free of `a` without running anything (so NIC steps, the MN's tick or a
+    /// crash can land mid-lap).
+    fn free_begin(&mut self, cn: usize, _a: &Allocation) -> Result<(), Refusal> {
+        needs(cn, Caps::CONTENTION)
+    }
     fn alloc_finish(&mut self, cn: usize, _token: u32) -> Result<Allocation, Refusal> {
         needs(cn, Caps::CONTENTION)
     }

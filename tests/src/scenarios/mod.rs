@@ -8,6 +8,7 @@ use omw_core::cn::Allocation;
 use omw_core::ids::GroupId;
 
 pub mod alloc;
+pub mod control_plane;
 pub mod crash_reclaim;
 pub mod empty_available;
 pub mod faults;
@@ -27,6 +28,7 @@ pub fn all() -> Vec<Scenario> {
         faults::LIST,
         stall::LIST,
         reference::LIST,
+        control_plane::LIST,
     ]
     .concat()
 }
