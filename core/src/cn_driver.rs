@@ -29,8 +29,9 @@ pub const MSG_SLOT: u64 = 64;
 pub const RECVS_PER_QP: usize = 8;
 /// Requests that may be in flight at once.
 pub const SEND_SLOTS: usize = 16;
-/// Of those, the ones requests on the Alloc QP may hold; the others are for the Free QP (and
-/// raw sends on any other QP). A request on the Alloc QP can wait there indefinitely — the
+/// Of those, how many requests on the Alloc QP may hold at once; the rest are always left to
+/// the Free QP (and raw sends on any other QP), which may also use any slot the Alloc QP does
+/// not hold. A request on the Alloc QP can wait there indefinitely — the
 /// MN takes no request from a CN whose allocation is parked on an empty pool until the pool
 /// refills — and must never leave the CN without a slot for the free that would refill it.
 /// More than [`RECVS_PER_QP`], so a CN that stops reading its replies still overruns its own
@@ -670,17 +671,19 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         self.free_next = (self.free_next + 1) % SEND_SLOTS;
     }
 
-    /// A free send slot for a request on `qp`: slots `0..ALLOC_SEND_SLOTS` carry the Alloc
-    /// QP's requests, the rest everything else, so requests waiting on one management QP
-    /// never take the other's slots.
+    /// A free send slot for a request on `qp`. Requests on the Alloc QP may hold at most
+    /// [`ALLOC_SEND_SLOTS`] of the slots (they can wait there indefinitely while the pool is
+    /// empty), so a free — the request that refills the pool — always finds one; every other
+    /// request may take any free slot.
     fn free_send_slot(&mut self, qp: Qpn) -> Result<usize, CnError<B::Error>> {
-        let (lo, n) = if qp == self.qps.alloc {
-            (0, ALLOC_SEND_SLOTS)
-        } else {
-            (ALLOC_SEND_SLOTS, SEND_SLOTS - ALLOC_SEND_SLOTS)
-        };
-        for k in 0..n {
-            let i = lo + (self.next_send + k) % n;
+        if qp == self.qps.alloc {
+            let held = self.sends.iter().flatten().filter(|s| s.qp == qp).count();
+            if held >= ALLOC_SEND_SLOTS {
+                return Err(CnError::SlotsBusy);
+            }
+        }
+        for k in 0..SEND_SLOTS {
+            let i = (self.next_send + k) % SEND_SLOTS;
             if self.sends[i].is_none() {
                 return Ok(i);
             }

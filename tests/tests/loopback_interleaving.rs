@@ -17,6 +17,7 @@ use omw_core::backend::WcStatus;
 use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
 use omw_core::ids::GroupId;
+use omw_core::mn::Event;
 use omw_core::wqe_format::WqeFormat;
 use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
 use omw_tests::Mode;
@@ -34,6 +35,12 @@ enum Act {
     /// forger, group: a free request naming any group's entry
     Forge(usize, u32),
     Garbage(usize, bool, Vec<u8>),
+    /// The MN's periodic work (audit, quota, lease) right now, after this many NIC steps —
+    /// while this batch's laps are under way (the MN CPU acting between NIC steps).
+    Tick(u8),
+    /// A hostile CN allocates naming the next CN's access QP for its first access window (the
+    /// audit reclaims such a group), then frees that group in this batch — racing any `Tick`.
+    MisbindFree(usize),
 }
 
 /// How a run's MN is set up: a shared mode, or offloaded with the chains in mlx5 form.
@@ -62,7 +69,9 @@ fn act() -> impl Strategy<Value = Act> {
         4 => cn.clone().prop_map(Act::Alloc),
         3 => (cn.clone(), 0..8usize).prop_map(|(c, k)| Act::Free(c, k)),
         2 => (cn.clone(), 0..CHUNKS).prop_map(|(c, g)| Act::Forge(c, g)),
-        1 => (cn, any::<bool>(), proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(c, a, b)| Act::Garbage(c, a, b)),
+        1 => (cn.clone(), any::<bool>(), proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(c, a, b)| Act::Garbage(c, a, b)),
+        2 => (0u8..48).prop_map(Act::Tick),
+        1 => cn.prop_map(Act::MisbindFree),
     ]
 }
 
@@ -120,6 +129,25 @@ fn run_in(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) {
                     let kind = if *alloc { ChainKind::Alloc } else { ChainKind::Free };
                     let _ = c.send_raw_begin(*i, kind, bytes);
                 }
+                Act::Tick(steps) => {
+                    for _ in 0..*steps {
+                        c.fabric.borrow_mut().step();
+                    }
+                    let now = c.now();
+                    c.driver.handle(now, Event::Tick).unwrap_or_else(|e| panic!("{mode:?}: tick: {e}"));
+                }
+                Act::MisbindFree(i) => {
+                    // (not while this CN has a request of its own in flight: one at a time)
+                    if tokens.iter().all(|(j, _)| j != i) && freed.iter().all(|(j, _, _)| j != i) {
+                        let victim = c.cns[(i + 1) % CNS].mn_qps.access[0];
+                        let mut qpns: Vec<_> = c.cns[*i].mn_qps.access.iter().copied().collect();
+                        qpns[0] = victim;
+                        // the host engine refuses the request outright
+                        if let Ok(a) = c.alloc_naming(*i, &qpns) {
+                            let _ = c.free_begin(*i, &a);
+                        }
+                    }
+                }
             }
         }
         c.pump().unwrap();
@@ -129,7 +157,9 @@ fn run_in(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) {
         let self_inflicted: HashSet<usize> = acts
             .iter()
             .filter_map(|a| match a {
-                Act::Forge(i, _) | Act::Garbage(i, ..) => Some(*i),
+                Act::Forge(i, _) | Act::Garbage(i, ..) | Act::MisbindFree(i) => Some(*i),
+                // a tick may revoke a misbinding CN's groups mid-batch, stopping its chains
+                Act::Tick(_) => None,
                 _ => None,
             })
             .collect();
