@@ -338,7 +338,10 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
                             if b.reset_qp(w.qp).is_ok() {
                                 if !self.resets.contains(&w.qp) {
                                     let pushed = self.resets.push(w.qp);
-                                    debug_assert!(pushed.is_ok(), "resets hold a reaction's QPs: 64 > 4 per CN × 16 laps");
+                                    debug_assert!(
+                                        pushed.is_ok(),
+                                        "resets hold a reaction's QPs: 64 > 4 per CN × 16 laps"
+                                    );
                                 }
                             } else {
                                 self.stats.qps_left_in_error += 1;

@@ -32,7 +32,7 @@ pub const LIST: &[Scenario] = &[
 ];
 
 /// NIC steps before the MN acts: every point of a lap (a free lap is ~40 WQEs on the model).
-const STEPS: [u64; 14] = [0, 1, 2, 3, 5, 8, 11, 14, 18, 22, 27, 33, 40, 60];
+const STEPS: core::ops::RangeInclusive<u64> = 0..=48;
 
 /// After the race: the pool adds up, and honest CN `cn` gets every chunk that is free — each one
 /// writable and read back — then gives them back.
@@ -64,15 +64,28 @@ fn honest_takes_everything(t: &mut dyn Testbed, cn: usize, held_elsewhere: u32, 
 /// group) and frees that group while the audit runs — the audit's reclaim and the free chain's
 /// push must not both land.
 fn audit_vs_free(f: &dyn Factory) -> Outcome {
-    for steps in STEPS {
-        let mut t = f.start(MnSpec::new(2, 4).quota(8));
-        let victim = t.access_qpns(1);
-        let own = t.access_qpns(0);
-        let a = t.alloc_naming(0, &[victim[0], own[1]])?;
-        t.free_begin(0, &a)?;
-        t.nic_steps(steps);
-        t.audit();
-        honest_takes_everything(&mut *t, 1, 0, &format!("audit after {steps} NIC steps of the free"));
+    // schedule 0: the MN acts only where the test says; others: NIC steps also pre-empt the
+    // MN's own accesses and waits during the audit (where the testbed can interleave)
+    let schedules: &[u64] = if f.caps().contains(Caps::INTERLEAVING) { &[0, 1, 2, 3, 4, 5, 6, 7, 8] } else { &[0] };
+    for &seed in schedules {
+        for steps in STEPS {
+            let mut t = f.start(MnSpec::new(2, 4).quota(8));
+            let victim = t.access_qpns(1);
+            let own = t.access_qpns(0);
+            let a = t.alloc_naming(0, &[victim[0], own[1]])?;
+            if seed != 0 {
+                t.set_interleaving(seed, 500);
+            }
+            t.free_begin(0, &a)?;
+            t.nic_steps(steps);
+            // the MN's tick right now (its audit), not after the NIC ran idle
+            t.tick();
+            if seed != 0 {
+                t.set_interleaving(seed, 0);
+            }
+            let why = format!("audit after {steps} NIC steps of the free, schedule {seed}");
+            honest_takes_everything(&mut *t, 1, 0, &why);
+        }
     }
     Ok(())
 }
@@ -95,7 +108,8 @@ fn quota_vs_free(f: &dyn Factory) -> Outcome {
         let enforced = t.stats().quota_disconnects > 0;
         enforced_mid_free += u32::from(enforced && steps > 0);
         let held = if enforced { 0 } else { 2 };
-        let why = format!("quota audit after {steps} NIC steps of the free (enforced {enforced}, third alloc {over:?})");
+        let why =
+            format!("quota audit after {steps} NIC steps of the free (enforced {enforced}, third alloc {over:?})");
         honest_takes_everything(&mut *t, 1, held, &why);
     }
     assert!(enforced_mid_free > 0, "no run enforced the quota while the free was under way");
@@ -106,7 +120,7 @@ fn quota_vs_free(f: &dyn Factory) -> Outcome {
 /// fuzz find `mn_events`: a crash reclaim racing the lap's binds left a free group bound).
 fn crash_mid_alloc_interleaved(f: &dyn Factory) -> Outcome {
     for seed in 1..=12u64 {
-        for steps in [3u64, 9, 19, 30] {
+        for steps in [3u64, 9, 14, 19, 24, 30] {
             let mut t = f.start(MnSpec::new(2, 4).quota(8));
             let _held = t.alloc(0)?;
             t.set_interleaving(seed, 400);
