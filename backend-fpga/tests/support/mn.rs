@@ -381,6 +381,9 @@ impl Testbed for Cluster {
     fn alloc_finish(&mut self, cn: usize, token: u32) -> Result<Allocation, Refusal> {
         self.alloc_wait(cn, token)
     }
+    fn free_begin(&mut self, cn: usize, a: &Allocation) -> Result<(), Refusal> {
+        self.cns[cn].driver.free(a).map(|_| ()).map_err(refusal)
+    }
     /// The CN's node stops (its link is down) and the MN is told it is gone, as a connection
     /// manager would tell it.
     fn crash(&mut self, cn: usize) {
