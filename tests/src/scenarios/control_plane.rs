@@ -16,12 +16,16 @@ use omw_core::cn::Allocation;
 pub const LIST: &[Scenario] = &[
     Scenario {
         name: "control_plane::audit_reclaim_races_the_owners_free",
-        needs: Caps::OFFLOAD.union(Caps::NAMED_QPS).union(Caps::NIC_STEPS).union(Caps::CONTENTION),
+        needs: Caps::OFFLOAD
+            .union(Caps::NAMED_QPS)
+            .union(Caps::NIC_STEPS)
+            .union(Caps::CONTENTION)
+            .union(Caps::INTERLEAVING),
         run: audit_vs_free,
     },
     Scenario {
         name: "control_plane::quota_enforcement_races_the_over_quota_cns_free",
-        needs: Caps::OFFLOAD.union(Caps::NIC_STEPS).union(Caps::CONTENTION),
+        needs: Caps::OFFLOAD.union(Caps::NIC_STEPS).union(Caps::CONTENTION).union(Caps::INTERLEAVING),
         run: quota_vs_free,
     },
     Scenario {
@@ -66,8 +70,7 @@ fn honest_takes_everything(t: &mut dyn Testbed, cn: usize, held_elsewhere: u32, 
 fn audit_vs_free(f: &dyn Factory) -> Outcome {
     // schedule 0: the MN acts only where the test says; others: NIC steps also pre-empt the
     // MN's own accesses and waits during the audit (where the testbed can interleave)
-    let schedules: &[u64] = if f.caps().contains(Caps::INTERLEAVING) { &[0, 1, 2, 3, 4, 5, 6, 7, 8] } else { &[0] };
-    for &seed in schedules {
+    for seed in 0..=8u64 {
         for steps in STEPS {
             let mut t = f.start(MnSpec::new(2, 4).quota(8));
             let victim = t.access_qpns(1);
