@@ -305,6 +305,10 @@ struct PendingRestore {
     rkey: Rkey,
 }
 
+/// What the audit found of one owned group: its active owner, an access window bound outside
+/// the owner's access QPs, a window reaching outside the group's own chunk.
+type AuditFinding = (CnId, bool, bool);
+
 /// A window of the MWTable: its group, its index in the group, the group's owner (0: free).
 type WindowHit = (GroupId, usize, u32);
 
@@ -1312,7 +1316,7 @@ impl MemoryNode {
         &mut self,
         port: &mut P,
         gid: GroupId,
-    ) -> Result<Option<(CnId, bool, bool)>, MnError<P::Error>> {
+    ) -> Result<Option<AuditFinding>, MnError<P::Error>> {
         let g = self.cfg.geometry.group_size();
         let e = read_entry(port, self.map.entry_addr(gid).unwrap_or(0))?;
         if e.owner() == 0 {

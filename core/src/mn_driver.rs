@@ -331,7 +331,7 @@ impl<B: RdmaBackend> MnPort for Port<'_, B> {
                     // or be flushed before the MN decides: wait for its completion; a device
                     // that never completes it gets the QP reset (which flushes it).
                     if let Some(w) = waiting {
-                        let landed = done || matches!(crate::host_engine::wait_for(b, w.qp, w.wr_id, 10_000), Ok(_));
+                        let landed = done || crate::host_engine::wait_for(b, w.qp, w.wr_id, 10_000).is_ok();
                         if !landed {
                             // best effort, as for a failed lap's errored QPs: a QP the device
                             // cannot reset is left to its CN (nothing of the lap runs on it)
