@@ -65,6 +65,7 @@ impl MnThread {
             stats_json: false,
             lease: Duration::from_secs(60),
             serial_engine: false,
+            tenants: None,
         };
         let (jobs, rx) = channel::<Job>();
         let (ready, up) = channel::<Result<(), String>>();
@@ -138,7 +139,7 @@ impl Factory for Rxe {
     }
     fn start(&self, spec: MnSpec) -> Box<dyn Testbed> {
         let mn = MnThread::start(spec);
-        let opts = CnOptions { device: std::env::var("OMW_RXE_DEVICE").ok(), timeout: PATIENCE };
+        let opts = CnOptions { device: std::env::var("OMW_RXE_DEVICE").ok(), timeout: PATIENCE, credential: None };
         let mut cns = Vec::new();
         for _ in 0..spec.cns {
             cns.push(Some(CnClient::connect(mn.addr, &opts).expect("CN connects")));
