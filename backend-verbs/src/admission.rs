@@ -212,7 +212,7 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
@@ -275,7 +275,7 @@ pub fn parse_tenants(text: &str, chunk_size: u64) -> Result<Vec<Tenant>, ConfigE
         if quota_bytes == 0 {
             return Err(ConfigError::ZeroLimit { line, field: "quota" });
         }
-        if chunk_size == 0 || quota_bytes % chunk_size != 0 {
+        if chunk_size == 0 || !quota_bytes.is_multiple_of(chunk_size) {
             return Err(ConfigError::QuotaNotChunks { line, quota: quota_bytes, chunk_size });
         }
         let max_cns = cns.unwrap_or(DEFAULT_TENANT_CNS);

@@ -222,15 +222,21 @@ impl VerbsBackend {
 
     /// CN side, step 1: resolve the MN's address and route with a fresh id; returns the id
     /// and the name of the local device the route uses.
-    pub(crate) fn resolve(ch_owner: &mut Self, addr: SocketAddr, deadline: Instant) -> Result<*mut rdma_cm_id> {
+    pub(crate) fn resolve(
+        ch_owner: &mut Self,
+        src: Option<std::net::Ipv4Addr>,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> Result<*mut rdma_cm_id> {
         let id = ch_owner.cm.new_id()?;
         let mut sa = sockaddr(addr)?;
+        let mut src_sa = src.map(|ip| sockaddr(SocketAddr::new(ip.into(), 0))).transpose()?;
+        let src_ptr = src_sa.as_mut().map_or(ptr::null_mut(), |s| s as *mut libc::sockaddr_in as *mut libc::sockaddr);
         let peer = addr.to_string();
         let left = deadline.saturating_duration_since(Instant::now()).as_millis().clamp(100, 10_000) as i32;
-        // SAFETY: id live; sa valid for the call.
-        let rc = unsafe {
-            rdma_resolve_addr(id, ptr::null_mut(), &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr, left)
-        };
+        // SAFETY: id live; sa and src_sa (if any) valid for the call.
+        let rc =
+            unsafe { rdma_resolve_addr(id, src_ptr, &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr, left) };
         if rc != 0 {
             return Err(VerbsError::PeerUnreachable {
                 addr: peer,
@@ -272,8 +278,21 @@ impl VerbsBackend {
         timeout: Duration,
         prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
     ) -> Result<Connected> {
+        self.connect_from(None, addr, hello, timeout, prepare)
+    }
+
+    /// [`Self::connect`] from source address `src` (None: the route's) — a host with several
+    /// addresses, or a test playing several hosts on one device.
+    pub fn connect_from(
+        &mut self,
+        src: Option<std::net::Ipv4Addr>,
+        addr: SocketAddr,
+        hello: &Hello,
+        timeout: Duration,
+        prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
+    ) -> Result<Connected> {
         let deadline = Instant::now() + timeout;
-        let id = Self::resolve(self, addr, deadline)?;
+        let id = Self::resolve(self, src, addr, deadline)?;
         let q = self.create_cm_qp(id)?;
         self.cm.forget_id(id); // owned by the QP entry from now on
         prepare(self, q)?;

@@ -89,11 +89,13 @@ pub struct CnOptions {
     /// The tenant credential the hellos carry (an MN with a tenants file admits no CN
     /// without one; an open MN ignores it).
     pub credential: Option<crate::admission::Credential>,
+    /// Source address of the connections (None: the route's).
+    pub source: Option<std::net::Ipv4Addr>,
 }
 
 impl Default for CnOptions {
     fn default() -> Self {
-        CnOptions { device: None, timeout: Duration::from_secs(20), credential: None }
+        CnOptions { device: None, timeout: Duration::from_secs(20), credential: None, source: None }
     }
 }
 
@@ -172,7 +174,7 @@ impl CnClient {
         // Alloc QP (host-engine MN) or on access QP 0 (offloading MN) — never on a queue the
         // MN posts binds on; allocation replies (WRITE_WITH_IMM) consume receives of the Alloc
         // QP. Both get their receives before they connect: the MN may send at once.
-        let alloc = b.connect(addr, &hello(opts, Role::Alloc, n), opts.timeout, |b, q| {
+        let alloc = b.connect_from(opts.source, addr, &hello(opts, Role::Alloc, n), opts.timeout, |b, q| {
             prime_receives(b, &mem, MessageQueue::Alloc, q)
         })?;
         let g = parse_welcome(&alloc.private_data)
@@ -180,14 +182,15 @@ impl CnClient {
         if !(2..=4).contains(&g) {
             return Err(VerbsError::Protocol(format!("group size {g} from the MN")));
         }
-        let free = b.connect(addr, &hello(opts, Role::Free, n), opts.timeout, |_, _| Ok(()))?;
+        let free = b.connect_from(opts.source, addr, &hello(opts, Role::Free, n), opts.timeout, |_, _| Ok(()))?;
         let mut mn_qpns = vec![alloc.remote_qpn, free.remote_qpn];
         let mut access = heapless::Vec::new();
         for i in 0..g - 1 {
-            let c = b.connect(addr, &hello(opts, Role::Access(i), n), opts.timeout, |b, q| match i {
-                0 => prime_receives(b, &mem, MessageQueue::Access0, q),
-                _ => Ok(()),
-            })?;
+            let c =
+                b.connect_from(opts.source, addr, &hello(opts, Role::Access(i), n), opts.timeout, |b, q| match i {
+                    0 => prime_receives(b, &mem, MessageQueue::Access0, q),
+                    _ => Ok(()),
+                })?;
             let _ = access.push(c.qp);
             mn_qpns.push(c.remote_qpn);
         }

@@ -498,7 +498,7 @@ mod tests {
         open(&mut s, &good).unwrap();
         // the captured hello, replayed from the same or another host
         let mut again = good.clone();
-        again.id = CmId(4 as *mut _);
+        again.id = CmId(0x40 as *mut rdma_sys::rdma_cm_id);
         assert_eq!(open(&mut s, &again), Err(Rejection::Credential(CredentialError::Replayed(alice.id))));
         again.peer = Some(IpAddr::from([192, 0, 2, 9]));
         assert_eq!(open(&mut s, &again), Err(Rejection::Credential(CredentialError::Replayed(alice.id))));

@@ -266,7 +266,7 @@ fn run_cn(a: CnArgs) -> Result<(), CnError> {
         ),
         _ => None,
     };
-    let o = CnOptions { device: a.device, timeout: Duration::from_secs(a.timeout), credential };
+    let o = CnOptions { device: a.device, timeout: Duration::from_secs(a.timeout), credential, source: None };
     let cmd = match a.cmd {
         CnCmd::Alloc { count } => CnCommand::Alloc { count },
         CnCmd::Roundtrip { bytes } => CnCommand::Roundtrip { bytes },

@@ -321,7 +321,10 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
     let mode = started.map_err(|e| VerbsError::Config(format!("MN did not start: {e}")))?;
     println!("part 2 — host-engine allocation vs SEND/RECV round trip (MN on {}: {mode})", a.listen);
     let r = (|| -> Result<()> {
-        let mut c = CnClient::connect(a.listen, &CnOptions { device: a.device.clone(), timeout: T, credential: None })?;
+        let mut c = CnClient::connect(
+            a.listen,
+            &CnOptions { device: a.device.clone(), timeout: T, credential: None, source: None },
+        )?;
         alloc_bench(&mut c, a.alloc_iters, floor)
     })();
     // the CN has disconnected (dropped); let the MN see it, then stop it

@@ -139,7 +139,12 @@ impl Factory for Rxe {
     }
     fn start(&self, spec: MnSpec) -> Box<dyn Testbed> {
         let mn = MnThread::start(spec);
-        let opts = CnOptions { device: std::env::var("OMW_RXE_DEVICE").ok(), timeout: PATIENCE, credential: None };
+        let opts = CnOptions {
+            device: std::env::var("OMW_RXE_DEVICE").ok(),
+            timeout: PATIENCE,
+            credential: None,
+            source: None,
+        };
         let mut cns = Vec::new();
         for _ in 0..spec.cns {
             cns.push(Some(CnClient::connect(mn.addr, &opts).expect("CN connects")));
