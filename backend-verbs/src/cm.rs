@@ -16,7 +16,11 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 pub const HELLO_MAGIC: u32 = 0x434D_574F; // "OWMC"
+/// A hello without a credential (an MN running open).
 pub const HELLO_LEN: usize = 16;
+/// A hello with a credential: tenant u32, timestamp u64 (Unix seconds), tag (20 bytes) after
+/// the 16 bytes of the plain one — 48 of rdma_cm RC's 56 bytes of private data.
+pub const AUTH_HELLO_LEN: usize = HELLO_LEN + 4 + 8 + crate::admission::TAG_LEN;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Role {
@@ -25,30 +29,55 @@ pub enum Role {
     Access(u8),
 }
 
+impl Role {
+    /// The role as the hello encodes (and the credential tags) it: kind, access index.
+    pub fn wire(self) -> [u8; 2] {
+        match self {
+            Role::Alloc => [0, 0],
+            Role::Free => [1, 0],
+            Role::Access(i) => [2, i],
+        }
+    }
+}
+
+/// A hello's credential ([`crate::admission`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct HelloAuth {
+    pub tenant: omw_core::tenant::TenantId,
+    pub timestamp: u64,
+    pub tag: [u8; crate::admission::TAG_LEN],
+}
+
 /// CN → MN private data of a connect request.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Hello {
     pub role: Role,
     pub nonce: u64,
+    pub auth: Option<HelloAuth>,
 }
 
 impl Hello {
-    pub fn encode(&self) -> [u8; HELLO_LEN] {
-        let mut b = [0u8; HELLO_LEN];
+    /// A hello signed with `cred` at Unix time `timestamp`.
+    pub fn signed(role: Role, nonce: u64, cred: &crate::admission::Credential, timestamp: u64) -> Hello {
+        let tag = cred.tag(nonce, role.wire(), timestamp);
+        Hello { role, nonce, auth: Some(HelloAuth { tenant: cred.id, timestamp, tag }) }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; if self.auth.is_some() { AUTH_HELLO_LEN } else { HELLO_LEN }];
         b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-        b[4] = 1;
-        let (r, i) = match self.role {
-            Role::Alloc => (0, 0),
-            Role::Free => (1, 0),
-            Role::Access(i) => (2, i),
-        };
-        b[5] = r;
-        b[6] = i;
+        b[4] = if self.auth.is_some() { 2 } else { 1 };
+        b[5..7].copy_from_slice(&self.role.wire());
         b[8..16].copy_from_slice(&self.nonce.to_le_bytes());
+        if let Some(a) = &self.auth {
+            b[16..20].copy_from_slice(&a.tenant.0.to_le_bytes());
+            b[20..28].copy_from_slice(&a.timestamp.to_le_bytes());
+            b[28..].copy_from_slice(&a.tag);
+        }
         b
     }
     pub fn decode(b: &[u8]) -> Option<Hello> {
-        if b.len() < HELLO_LEN || b[..4] != HELLO_MAGIC.to_le_bytes() || b[4] != 1 {
+        if b.len() < HELLO_LEN || b[..4] != HELLO_MAGIC.to_le_bytes() {
             return None;
         }
         let role = match b[5] {
@@ -57,9 +86,18 @@ impl Hello {
             2 => Role::Access(b[6]),
             _ => return None,
         };
-        let mut n = [0u8; 8];
-        n.copy_from_slice(&b[8..16]);
-        Some(Hello { role, nonce: u64::from_le_bytes(n) })
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        let auth = match b[4] {
+            1 => None,
+            2 if b.len() >= AUTH_HELLO_LEN => {
+                let mut tag = [0u8; crate::admission::TAG_LEN];
+                tag.copy_from_slice(&b[28..AUTH_HELLO_LEN]);
+                let tenant = omw_core::tenant::TenantId(u32::from_le_bytes([b[16], b[17], b[18], b[19]]));
+                Some(HelloAuth { tenant, timestamp: u64_at(20), tag })
+            }
+            _ => return None,
+        };
+        Some(Hello { role, nonce: u64_at(8), auth })
     }
 }
 
@@ -81,6 +119,26 @@ pub fn parse_welcome(b: &[u8]) -> Option<u8> {
 pub const CN_REQUESTED_RNR_RETRY: u8 = 6;
 
 /// A connection the CN side set up ([`VerbsBackend::connect`]).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hellos_round_trip_and_fit_rdma_cm() {
+        let cred = crate::admission::Credential::new("alice", vec![7; 16]).unwrap();
+        for h in
+            [Hello { role: Role::Access(1), nonce: 0xdead_beef, auth: None }, Hello::signed(Role::Free, 9, &cred, 1234)]
+        {
+            let b = h.encode();
+            assert!(b.len() <= 56);
+            assert_eq!(Hello::decode(&b), Some(h));
+        }
+        let b = Hello::signed(Role::Alloc, 9, &cred, 1234).encode();
+        assert_eq!(Hello::decode(&b[..HELLO_LEN + 4]), None, "a cut credential is no hello");
+        assert_eq!(Hello::decode(&[0; 16]), None);
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Connected {
     /// The local QP.
@@ -164,15 +222,21 @@ impl VerbsBackend {
 
     /// CN side, step 1: resolve the MN's address and route with a fresh id; returns the id
     /// and the name of the local device the route uses.
-    pub(crate) fn resolve(ch_owner: &mut Self, addr: SocketAddr, deadline: Instant) -> Result<*mut rdma_cm_id> {
+    pub(crate) fn resolve(
+        ch_owner: &mut Self,
+        src: Option<std::net::Ipv4Addr>,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> Result<*mut rdma_cm_id> {
         let id = ch_owner.cm.new_id()?;
         let mut sa = sockaddr(addr)?;
+        let mut src_sa = src.map(|ip| sockaddr(SocketAddr::new(ip.into(), 0))).transpose()?;
+        let src_ptr = src_sa.as_mut().map_or(ptr::null_mut(), |s| s as *mut libc::sockaddr_in as *mut libc::sockaddr);
         let peer = addr.to_string();
         let left = deadline.saturating_duration_since(Instant::now()).as_millis().clamp(100, 10_000) as i32;
-        // SAFETY: id live; sa valid for the call.
-        let rc = unsafe {
-            rdma_resolve_addr(id, ptr::null_mut(), &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr, left)
-        };
+        // SAFETY: id live; sa and src_sa (if any) valid for the call.
+        let rc =
+            unsafe { rdma_resolve_addr(id, src_ptr, &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr, left) };
         if rc != 0 {
             return Err(VerbsError::PeerUnreachable {
                 addr: peer,
@@ -214,12 +278,26 @@ impl VerbsBackend {
         timeout: Duration,
         prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
     ) -> Result<Connected> {
+        self.connect_from(None, addr, hello, timeout, prepare)
+    }
+
+    /// [`Self::connect`] from source address `src` (None: the route's) — a host with several
+    /// addresses, or a test playing several hosts on one device.
+    pub fn connect_from(
+        &mut self,
+        src: Option<std::net::Ipv4Addr>,
+        addr: SocketAddr,
+        hello: &Hello,
+        timeout: Duration,
+        prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
+    ) -> Result<Connected> {
         let deadline = Instant::now() + timeout;
-        let id = Self::resolve(self, addr, deadline)?;
+        let id = Self::resolve(self, src, addr, deadline)?;
         let q = self.create_cm_qp(id)?;
         self.cm.forget_id(id); // owned by the QP entry from now on
         prepare(self, q)?;
         let private = hello.encode();
+        debug_assert!(private.len() <= 56, "rdma_cm RC private data is at most 56 bytes");
         let rd = (self.device_info().max_qp_rd_atom.clamp(1, 16)) as u8;
         // SAFETY: conn param is plain data; private outlives the call.
         let rc = unsafe {

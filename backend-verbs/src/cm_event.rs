@@ -43,6 +43,9 @@ pub struct CmEvent {
     /// for its sends to it (the CM REQ field; the passive side's QP takes it as `rnr_retry`).
     /// 7 means "retry forever".
     pub rnr_retry_count: u8,
+    /// On a connect request: the requester's IP address (a session is joined only from the
+    /// address that opened it).
+    pub peer: Option<std::net::IpAddr>,
 }
 
 /// Reject and destroy a connection request id that was taken out of the pending table.
@@ -52,6 +55,26 @@ pub(crate) fn reject_raw(id: *mut rdma_cm_id) {
     unsafe {
         rdma_reject(id, ptr::null(), 0);
         rdma_destroy_id(id);
+    }
+}
+
+/// The peer address of a connect request's id (IPv4, or IPv6 for an IPv4-mapped peer).
+fn peer_ip(id: &rdma_cm_id) -> Option<std::net::IpAddr> {
+    // SAFETY: a connect request's id has its route's destination address set; the sockaddr is
+    // read by family, within the union's storage.
+    unsafe {
+        let sa = rdma_get_peer_addr(id) as *const libc::sockaddr;
+        match (*sa).sa_family as i32 {
+            libc::AF_INET => {
+                let v4 = &*(sa as *const libc::sockaddr_in);
+                Some(std::net::IpAddr::from(u32::from_be(v4.sin_addr.s_addr).to_be_bytes()))
+            }
+            libc::AF_INET6 => {
+                let v6 = &*(sa as *const libc::sockaddr_in6);
+                Some(std::net::IpAddr::from(v6.sin6_addr.s6_addr))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -210,7 +233,9 @@ impl CmChannel {
                 _ => None,
             };
             let rnr_retry_count = if kind == CmEventKind::ConnectRequest { conn.rnr_retry_count } else { 0 };
-            let out = CmEvent { kind, id: CmId(e.id), status: e.status, private_data, remote_qpn, rnr_retry_count };
+            let peer = if kind == CmEventKind::ConnectRequest { peer_ip(&*e.id) } else { None };
+            let out =
+                CmEvent { kind, id: CmId(e.id), status: e.status, private_data, remote_qpn, rnr_retry_count, peer };
             rdma_ack_cm_event(ev);
             Ok(Some(out))
         }

@@ -87,11 +87,16 @@ pub struct CnOptions {
     pub device: Option<String>,
     /// How long any one operation may take.
     pub timeout: Duration,
+    /// The tenant credential the hellos carry (an MN with a tenants file admits no CN
+    /// without one; an open MN ignores it).
+    pub credential: Option<crate::admission::Credential>,
+    /// Source address of the connections (None: the route's).
+    pub source: Option<std::net::Ipv4Addr>,
 }
 
 impl Default for CnOptions {
     fn default() -> Self {
-        CnOptions { device: None, timeout: Duration::from_secs(20) }
+        CnOptions { device: None, timeout: Duration::from_secs(20), credential: None, source: None }
     }
 }
 
@@ -139,9 +144,12 @@ impl std::fmt::Debug for CnClient {
     }
 }
 
-fn nonce() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    (t as u64) ^ ((std::process::id() as u64) << 40) ^ 0x9E37_79B9_7F4A_7C15
+/// The hello of one of a CN's connections: signed when the CN has a credential.
+fn hello(opts: &CnOptions, role: Role, nonce: u64) -> Hello {
+    match &opts.credential {
+        Some(c) => Hello::signed(role, nonce, c, crate::admission::unix_now()),
+        None => Hello { role, nonce, auth: None },
+    }
 }
 
 /// The driver's own refusals keep their meaning; device errors stay the verbs errors they were.
@@ -170,12 +178,14 @@ impl CnClient {
         // the MN's alloc reply is a WRITE_WITH_IMM into this buffer: the only remote right
         let rk = b.reg_mr(Domain::CnFacing, reply, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
         let mem = CnMemory { local, local_len: LOCAL_LEN, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
-        let n = nonce();
+        // unguessable: a half-open session is joined by its nonce
+        let n = crate::admission::random_nonce()
+            .map_err(|e| VerbsError::Config(format!("the OS's random source failed: {e}")))?;
         // MN → CN messages (connect info, notices, error replies, lease probes) arrive on the
         // Alloc QP (host-engine MN) or on access QP 0 (offloading MN) — never on a queue the
         // MN posts binds on; allocation replies (WRITE_WITH_IMM) consume receives of the Alloc
         // QP. Both get their receives before they connect: the MN may send at once.
-        let alloc = b.connect(addr, &Hello { role: Role::Alloc, nonce: n }, opts.timeout, |b, q| {
+        let alloc = b.connect_from(opts.source, addr, &hello(opts, Role::Alloc, n), opts.timeout, |b, q| {
             prime_receives(b, &mem, MessageQueue::Alloc, q)
         })?;
         let g = parse_welcome(&alloc.private_data)
@@ -183,14 +193,15 @@ impl CnClient {
         if !(2..=4).contains(&g) {
             return Err(VerbsError::Protocol(format!("group size {g} from the MN")));
         }
-        let free = b.connect(addr, &Hello { role: Role::Free, nonce: n }, opts.timeout, |_, _| Ok(()))?;
+        let free = b.connect_from(opts.source, addr, &hello(opts, Role::Free, n), opts.timeout, |_, _| Ok(()))?;
         let mut mn_qpns = vec![alloc.remote_qpn, free.remote_qpn];
         let mut access = heapless::Vec::new();
         for i in 0..g - 1 {
-            let c = b.connect(addr, &Hello { role: Role::Access(i), nonce: n }, opts.timeout, |b, q| match i {
-                0 => prime_receives(b, &mem, MessageQueue::Access0, q),
-                _ => Ok(()),
-            })?;
+            let c =
+                b.connect_from(opts.source, addr, &hello(opts, Role::Access(i), n), opts.timeout, |b, q| match i {
+                    0 => prime_receives(b, &mem, MessageQueue::Access0, q),
+                    _ => Ok(()),
+                })?;
             let _ = access.push(c.qp);
             mn_qpns.push(c.remote_qpn);
         }

@@ -12,6 +12,7 @@
 //! `unsafe` lives only in this crate, and every block says why it is sound.
 #![warn(missing_debug_implementations)]
 
+pub mod admission;
 pub mod backend;
 pub mod cm;
 mod cm_event;

@@ -31,9 +31,15 @@ pub struct MnCounters {
     pub laps_failed: u64,
     /// Gauge: windows deallocated because they could not be invalidated.
     pub lost_windows: u64,
+    /// Connection requests refused for their credential (none, wrong, stale, replayed).
+    pub rejected_credential: u64,
+    /// … for a limit (CN slots, half-open sessions per address or tenant).
+    pub rejected_limit: u64,
+    /// … for anything else (no hello, a bad role, a join from another address).
+    pub rejected_session: u64,
 }
 
-const FIELDS: [(&str, &str, &str); 15] = [
+const FIELDS: [(&str, &str, &str); 18] = [
     ("uptime_ms", "gauge", "milliseconds since the MN started"),
     ("cns", "gauge", "compute nodes connected"),
     ("free_chunks", "gauge", "chunks in the free queue"),
@@ -49,10 +55,17 @@ const FIELDS: [(&str, &str, &str); 15] = [
     ("laps", "counter", "host-engine laps run"),
     ("laps_failed", "counter", "host-engine laps that failed"),
     ("lost_windows", "gauge", "memory windows deallocated because they could not be invalidated"),
+    (
+        "rejected_credential",
+        "counter",
+        "connection requests refused for their credential (none, wrong, stale, replayed)",
+    ),
+    ("rejected_limit", "counter", "connection requests refused for a CN-slot or half-open-session limit"),
+    ("rejected_session", "counter", "connection requests refused otherwise (no hello, bad role, join from elsewhere)"),
 ];
 
 impl MnCounters {
-    fn values(&self) -> [u64; 15] {
+    fn values(&self) -> [u64; 18] {
         [
             self.uptime_ms,
             self.cns,
@@ -69,6 +82,9 @@ impl MnCounters {
             self.laps,
             self.laps_failed,
             self.lost_windows,
+            self.rejected_credential,
+            self.rejected_limit,
+            self.rejected_session,
         ]
     }
 
@@ -175,7 +191,7 @@ mod tests {
         let p = sample().prometheus();
         assert!(p.contains("# TYPE omw_mn_allocs_total counter\nomw_mn_allocs_total 5\n"), "{p}");
         assert!(p.contains("# TYPE omw_mn_free_chunks gauge\nomw_mn_free_chunks 14\n"), "{p}");
-        assert_eq!(p.lines().filter(|l| !l.starts_with('#')).count(), 15);
+        assert_eq!(p.lines().filter(|l| !l.starts_with('#')).count(), 18);
         let j = sample().json();
         assert!(j.starts_with("{\"uptime_ms\":0,\"cns\":2,\"free_chunks\":14,\"chunks\":16,\"allocs\":5,"), "{j}");
         assert!(!j.contains('\n'));

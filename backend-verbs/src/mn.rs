@@ -13,7 +13,7 @@ use crate::log::Level;
 use crate::memlock::{ensure_memlock, memlock_limit, MemlockNeed};
 use crate::metrics::{MetricsServer, MnCounters};
 use crate::probe::{self, ProbeReport};
-use crate::sessions::{Admission, Sessions, SESSION_PATIENCE};
+use crate::sessions::{Admission, Rejections, Sessions, SESSION_PATIENCE};
 use omw_core::backend::{ExecutionMode, RdmaBackend};
 use omw_core::geometry::PoolGeometry;
 use omw_core::mn::{Event, MnStats};
@@ -53,6 +53,10 @@ pub struct MnOptions {
     /// Run host-engine laps one at a time, busy-waiting each step (the engine before laps of
     /// different CNs ran side by side) — for measurements.
     pub serial_engine: bool,
+    /// The tenants file (crate::admission): only its tenants are admitted, each within its
+    /// quota and CN slots over all its sessions. None: the MN runs open (any hello admitted,
+    /// quotas per CN) and says so at start-up.
+    pub tenants: Option<std::path::PathBuf>,
 }
 
 impl MnOptions {
@@ -158,6 +162,42 @@ pub(crate) fn checked_sizing(opts: &MnOptions, extra_pinned: impl Fn(u32) -> u64
     Ok((chunks, max_cns))
 }
 
+/// The admission the options ask for: the tenants file's tenants registered with the core (their
+/// quotas and CN slots), and the sessions' bookkeeping that checks their credentials — or, without
+/// a file, an open MN, logged as such. Both daemons use it.
+pub(crate) fn admission(
+    opts: &MnOptions,
+    max_cns: u32,
+    mn: &mut omw_core::mn::MemoryNode,
+    log: impl Fn(String),
+) -> Result<Sessions> {
+    let sessions = Sessions::new(opts.group_size, max_cns as usize);
+    let Some(path) = &opts.tenants else {
+        log("admission: OPEN — no --tenants file: any peer that reaches the port may connect, quotas are per CN".into());
+        return Ok(sessions);
+    };
+    let (tenants, warn) = crate::admission::load_tenants(path, opts.chunk_size)
+        .map_err(|e| VerbsError::Config(format!("--tenants {}: {e}", path.display())))?;
+    if let Some(w) = warn {
+        log(format!("warning: {w}"));
+    }
+    for t in &tenants {
+        mn.add_tenant(t.credential.id, t.limits(opts.chunk_size))
+            .map_err(|e| VerbsError::Config(format!("--tenants {}: {}: {e}", path.display(), t.credential.name)))?;
+    }
+    log(format!(
+        "admission: {} tenant(s) from {} ({}); credentials checked within ±{} s, half-open sessions at most {} per address and {} per tenant, {:?} to complete",
+        tenants.len(),
+        path.display(),
+        tenants.iter().map(|t| format!("{} {} in {} CN(s)", t.credential.name, human(t.quota_bytes), t.max_cns)).collect::<Vec<_>>().join(", "),
+        crate::admission::REPLAY_WINDOW_S,
+        crate::sessions::HALF_OPEN_PER_SOURCE,
+        crate::sessions::HALF_OPEN_PER_TENANT,
+        SESSION_PATIENCE,
+    ));
+    Ok(sessions.with_tenants(crate::admission::Authenticator::new(tenants)))
+}
+
 /// Turn `step` until `stop` is set; after 2000 idle turns in a row, sleep 200 µs between
 /// turns (a busy MN never sleeps; an idle one does not spin a core).
 pub(crate) fn run_until(stop: &AtomicBool, mut step: impl FnMut() -> Result<bool>) -> Result<()> {
@@ -244,6 +284,7 @@ impl MemoryNodeDaemon {
             }
         ));
         log(format!("listening on {} (rdma_cm)", opts.listen));
+        let sessions = admission(&opts, max_cns, &mut driver.mn, log)?;
         let metrics = match opts.metrics {
             Some(a) => {
                 let m = MetricsServer::start(a).map_err(|e| VerbsError::Config(format!("--metrics {a}: {e}")))?;
@@ -259,7 +300,7 @@ impl MemoryNodeDaemon {
             protection,
             mode,
             software_ownership_check,
-            sessions: Sessions::new(opts.group_size, max_cns as usize),
+            sessions,
             opts,
             t0: now,
             last_stats: now,
@@ -289,7 +330,7 @@ impl MemoryNodeDaemon {
         let mut busy = false;
         while let Some(ev) = self.driver.backend.poll_cm(Duration::ZERO)? {
             busy = true;
-            self.on_cm(ev)?;
+            self.on_cm(ev);
         }
         let now = self.now();
         match self.driver.poll(now) {
@@ -377,7 +418,11 @@ impl MemoryNodeDaemon {
             self.driver.backend.read_local(addr, &mut b).map(|_| u64::from_le_bytes(b)).unwrap_or(0)
         };
         let s = self.driver.mn.stats();
+        let Rejections { credential, limit, session } = self.sessions.rejections();
         MnCounters {
+            rejected_credential: credential,
+            rejected_limit: limit,
+            rejected_session: session,
             uptime_ms: self.t0.elapsed().as_millis() as u64,
             cns: self.driver.mn.cns().count() as u64,
             free_chunks: q.live_len(word(q.head), word(q.tail), map.max_cns) as u64,
@@ -427,24 +472,26 @@ impl MemoryNodeDaemon {
         self.last_counts = (allocs, frees, s);
     }
 
-    fn on_cm(&mut self, ev: CmEvent) -> Result<()> {
+    /// One connection event. Nothing here ends the daemon: whatever one CN's connection does
+    /// or fails with is logged, and the MN serves on.
+    fn on_cm(&mut self, ev: CmEvent) {
         match ev.kind {
             CmEventKind::ConnectRequest => match self.sessions.admit(&ev) {
                 Admission::Reject(why) => {
                     log(format!("rejected {why}"));
                     self.driver.backend.reject(ev.id);
                 }
-                Admission::Accept { hello, private } => {
+                Admission::Accept { hello, private, source } => {
                     match self.driver.backend.accept(ev.id, &private, |_, _| Ok(())) {
-                        Ok(q) => self.sessions.accepted(ev.id, hello, q),
+                        Ok(q) => self.sessions.accepted(ev.id, hello, source, q),
                         Err(e) => log(format!("accept failed: {e}")),
                     }
                 }
             },
             CmEventKind::Established => {
-                let Some(q) = self.driver.backend.qp_of_id(ev.id) else { return Ok(()) };
-                let Some((nonce, qps)) = self.sessions.established(ev.id, q) else { return Ok(()) };
-                match self.driver.connect(qps) {
+                let Some(q) = self.driver.backend.qp_of_id(ev.id) else { return };
+                let Some((nonce, qps, tenant)) = self.sessions.established(ev.id, q) else { return };
+                match self.driver.connect_as(qps, tenant) {
                     Ok(cn) => {
                         self.sessions.set_cn(nonce, cn);
                         log(format!("{cn} connected (session {nonce:#x}, {} QPs)", 2 + self.opts.group_size - 1));
@@ -453,7 +500,10 @@ impl MemoryNodeDaemon {
                             let mut buf = [omw_core::backend::Completion::EMPTY; 4];
                             let t = Instant::now();
                             while t.elapsed() < Duration::from_millis(500) {
-                                let n = self.driver.backend.poll_cq(aq, omw_core::wqe::QueueSel::Send, &mut buf)?;
+                                let Ok(n) = self.driver.backend.poll_cq(aq, omw_core::wqe::QueueSel::Send, &mut buf)
+                                else {
+                                    break;
+                                };
                                 for c in &buf[..n] {
                                     log(format!(
                                         "debug: send completion {c:?} state {:?}",
@@ -470,7 +520,7 @@ impl MemoryNodeDaemon {
                 }
             }
             CmEventKind::Disconnected | CmEventKind::Error(_) | CmEventKind::Rejected => {
-                let Some(nonce) = self.sessions.nonce_of(ev.id) else { return Ok(()) };
+                let Some(nonce) = self.sessions.nonce_of(ev.id) else { return };
                 let cn = self.sessions.get(nonce).and_then(|s| s.cn);
                 if let Some(cn) = cn {
                     if let Some(r) = self.driver.mn.cn(cn) {
@@ -479,15 +529,18 @@ impl MemoryNodeDaemon {
                     }
                     let before = self.driver.mn.stats().groups_reclaimed;
                     let now = self.now();
-                    self.driver.handle(now, Event::CnGone { cn }).map_err(|e| VerbsError::Driver(Box::new(e)))?;
-                    let n = self.driver.mn.stats().groups_reclaimed - before;
-                    log(format!("{cn} disconnected: reclaimed {n} chunk(s)"));
+                    match self.driver.handle(now, Event::CnGone { cn }) {
+                        Ok(()) => {
+                            let n = self.driver.mn.stats().groups_reclaimed - before;
+                            log(format!("{cn} disconnected: reclaimed {n} chunk(s)"));
+                        }
+                        Err(e) => log(format!("{cn} disconnected; reclaiming what it held: {e} (serving on)")),
+                    }
                 }
                 self.drop_session(nonce);
             }
             _ => {}
         }
-        Ok(())
     }
 
     fn drop_session(&mut self, nonce: u64) {

@@ -5,15 +5,25 @@
 //! daemons use it — the verbs one (`mn.rs`) and the DEVX one (`devx/mn.rs`) — and neither
 //! decides anything else: the CN's QPs go to the core's `MnDriver::connect`.
 
+use crate::admission::{unix_now, Authenticator, CredentialError};
 use crate::cm::{welcome, CmEvent, CmId, Hello, Role};
 use omw_core::ids::{CnId, Qpn};
 use omw_core::mn::CnQps;
+use omw_core::tenant::TenantId;
 use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
 use std::time::Instant;
 
-/// How long a CN may take to open all its connections (it opens them one after another, each
-/// within its connect timeout) before its half-open session is dropped.
-pub const SESSION_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a CN may take to open all its connections before its half-open session is
+/// dropped. A CN opens its G + 1 connections back to back (each takes milliseconds, well under
+/// a second on soft-RoCE under load); a longer patience only lets a peer hold slots longer.
+pub const SESSION_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Half-open sessions one source address may have at once (a host starting two CNs at once
+/// is served; one opening sessions it never completes holds at most this many).
+pub const HALF_OPEN_PER_SOURCE: usize = 2;
+/// Half-open sessions one tenant may have at once, from any address.
+pub const HALF_OPEN_PER_TENANT: usize = 2;
 
 #[derive(Default, Debug)]
 pub struct Session {
@@ -24,6 +34,10 @@ pub struct Session {
     ids: Vec<CmId>,
     pub cn: Option<CnId>,
     pub opened: Option<Instant>,
+    /// The address that opened it: the only one that may join it.
+    pub source: Option<IpAddr>,
+    /// The tenant it authenticated as (None: an MN running open).
+    pub tenant: Option<TenantId>,
 }
 
 impl Session {
@@ -31,15 +45,115 @@ impl Session {
     pub fn qps(&self) -> impl Iterator<Item = Qpn> + '_ {
         [self.alloc, self.free].into_iter().flatten().chain(self.access.iter().flatten().copied())
     }
+    fn half_open(&self) -> bool {
+        self.cn.is_none()
+    }
+}
+
+/// Why a connection request was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// No omw hello in the private data.
+    NoHello,
+    /// It asked the MN to retry RNR forever (rnr_retry_count 7).
+    RnrForever {
+        role: Role,
+        nonce: u64,
+    },
+    /// An access index outside the pool's group.
+    BadRole {
+        role: Role,
+        nonce: u64,
+    },
+    Credential(CredentialError),
+    /// Every CN slot of the MN is taken (complete and half-open sessions).
+    Full {
+        max: usize,
+    },
+    /// The tenant has its CN slots taken (complete and half-open sessions).
+    TenantSlots {
+        tenant: TenantId,
+        max: u32,
+    },
+    HalfOpenPerSource {
+        source: Option<IpAddr>,
+        max: usize,
+    },
+    HalfOpenPerTenant {
+        tenant: TenantId,
+        max: usize,
+    },
+    /// A join of a session from another address than the one that opened it.
+    OtherSource {
+        nonce: u64,
+        source: Option<IpAddr>,
+    },
+    /// A join of a session opened by another tenant.
+    OtherTenant {
+        nonce: u64,
+    },
+    /// That role of the session is connected already (a second QP would leak the first).
+    RoleTaken {
+        role: Role,
+        nonce: u64,
+    },
+    /// The session is complete: no new connection joins it.
+    Registered {
+        nonce: u64,
+    },
+}
+
+/// What the rejection counters count ([`Sessions::rejections`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rejections {
+    /// No, a wrong, stale or replayed credential.
+    pub credential: u64,
+    /// A limit: CN slots, half-open caps.
+    pub limit: u64,
+    /// Anything else: no hello, a bad role, a join from elsewhere, a role twice.
+    pub session: u64,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::NoHello => f.write_str("a connection without an omw hello"),
+            Rejection::RnrForever { role, nonce } => {
+                write!(f, "{role:?} of session {nonce:#x}: it asked the MN to retry RNR forever (rnr_retry_count 7)")
+            }
+            Rejection::BadRole { role, nonce } => {
+                write!(f, "{role:?} of session {nonce:#x}: no such role in this pool")
+            }
+            Rejection::Credential(e) => write!(f, "credential: {e}"),
+            Rejection::Full { max } => write!(f, "a new session: all {max} CN slots are taken"),
+            Rejection::TenantSlots { tenant, max } => {
+                write!(f, "a new session: {tenant} has its {max} CN slot(s) taken")
+            }
+            Rejection::HalfOpenPerSource { source, max } => {
+                write!(f, "a new session: {source:?} has {max} half-open session(s) already")
+            }
+            Rejection::HalfOpenPerTenant { tenant, max } => {
+                write!(f, "a new session: {tenant} has {max} half-open session(s) already")
+            }
+            Rejection::OtherSource { nonce, source } => {
+                write!(f, "a join of session {nonce:#x} from {source:?}, not the address that opened it")
+            }
+            Rejection::OtherTenant { nonce } => write!(f, "a join of session {nonce:#x} as another tenant"),
+            Rejection::RoleTaken { role, nonce } => {
+                write!(f, "{role:?} of session {nonce:#x}: that connection exists already")
+            }
+            Rejection::Registered { nonce } => write!(f, "a join of session {nonce:#x}, which is complete"),
+        }
+    }
 }
 
 /// Whether to accept a connection request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Admission {
     /// Accept with this private data (the welcome on the Alloc connection).
-    Accept { hello: Hello, private: Vec<u8> },
+    Accept { hello: Hello, private: Vec<u8>, source: Option<IpAddr> },
     /// Reject; the reason, for the log.
-    Reject(String),
+    Reject(Rejection),
 }
 
 #[derive(Debug)]
@@ -48,59 +162,131 @@ pub struct Sessions {
     max_cns: usize,
     sessions: HashMap<u64, Session>,
     by_id: HashMap<CmId, u64>,
+    /// The tenants' credentials (None: the MN runs open — any hello is admitted).
+    auth: Option<Authenticator>,
+    rejected: Rejections,
 }
 
 impl Sessions {
     pub fn new(group_size: u8, max_cns: usize) -> Self {
-        Sessions { group_size, max_cns, sessions: HashMap::new(), by_id: HashMap::new() }
+        Sessions {
+            group_size,
+            max_cns,
+            sessions: HashMap::new(),
+            by_id: HashMap::new(),
+            auth: None,
+            rejected: Rejections::default(),
+        }
     }
 
-    /// An omw hello, a finite RNR retry count for our sends, a role the group size has, and
-    /// room for a new session.
-    pub fn admit(&self, ev: &CmEvent) -> Admission {
-        let Some(hello) = Hello::decode(&ev.private_data) else {
-            return Admission::Reject("a connection without an omw hello".into());
-        };
+    /// Admit only the authenticator's tenants, each within its CN slots.
+    pub fn with_tenants(mut self, auth: Authenticator) -> Self {
+        self.auth = Some(auth);
+        self
+    }
+
+    pub fn rejections(&self) -> Rejections {
+        self.rejected
+    }
+
+    /// [`Sessions::admit_at`] at the MN's clock.
+    pub fn admit(&mut self, ev: &CmEvent) -> Admission {
+        self.admit_at(ev, unix_now())
+    }
+
+    /// An omw hello, a finite RNR retry count for our sends, a role the group size has, a
+    /// credential of a configured tenant (with tenants), and room for a new session — or a
+    /// join of a half-open session from its address and tenant. `now`: Unix seconds.
+    pub fn admit_at(&mut self, ev: &CmEvent, now: u64) -> Admission {
+        let r = self.decide(ev, now);
+        if let Err(why) = &r {
+            let c = match why {
+                Rejection::Credential(_) => &mut self.rejected.credential,
+                Rejection::Full { .. }
+                | Rejection::TenantSlots { .. }
+                | Rejection::HalfOpenPerSource { .. }
+                | Rejection::HalfOpenPerTenant { .. } => &mut self.rejected.limit,
+                _ => &mut self.rejected.session,
+            };
+            *c += 1;
+        }
+        match r {
+            Ok((hello, private)) => Admission::Accept { hello, private, source: ev.peer },
+            Err(why) => Admission::Reject(why),
+        }
+    }
+
+    fn decide(&mut self, ev: &CmEvent, now: u64) -> Result<(Hello, Vec<u8>), Rejection> {
+        let hello = Hello::decode(&ev.private_data).ok_or(Rejection::NoHello)?;
+        let (role, nonce) = (hello.role, hello.nonce);
         // The CM request sets how often *our* QP retries a send the CN answers with RNR: 7 is
         // forever. A CN-facing QP must have a finite count (the MN's own step budget and lease
         // bound it anyway; this keeps stuck sends from outliving the CN).
         if ev.rnr_retry_count >= 7 {
-            return Admission::Reject(format!(
-                "{:?} of session {:#x}: it asked the MN to retry RNR forever (rnr_retry_count 7)",
-                hello.role, hello.nonce
-            ));
+            return Err(Rejection::RnrForever { role, nonce });
         }
-        let ok_role = match hello.role {
-            Role::Access(i) => (i as usize) < self.group_size as usize - 1,
-            _ => true,
+        if let Role::Access(i) = role {
+            if i as usize >= self.group_size as usize - 1 {
+                return Err(Rejection::BadRole { role, nonce });
+            }
+        }
+        let tenant = match (&mut self.auth, &hello.auth) {
+            (None, _) => None,
+            (Some(_), None) => return Err(Rejection::Credential(CredentialError::Missing)),
+            (Some(a), Some(h)) => {
+                a.check(h.tenant, nonce, role.wire(), h.timestamp, &h.tag, now).map_err(Rejection::Credential)?;
+                Some(h.tenant)
+            }
         };
-        let full = !self.sessions.contains_key(&hello.nonce) && self.sessions.len() >= self.max_cns;
-        if !ok_role || full {
-            return Admission::Reject(format!("{:?} of session {:#x}", hello.role, hello.nonce));
-        }
-        // one connection per role: a second one would replace (and leak) the first QP, so a
-        // CN repeating a role could pin MN memory without end
-        if let Some(s) = self.sessions.get(&hello.nonce) {
-            let taken = match hello.role {
+        if let Some(s) = self.sessions.get(&nonce) {
+            // a join: from the address and as the tenant that opened the session
+            if s.source != ev.peer {
+                return Err(Rejection::OtherSource { nonce, source: ev.peer });
+            }
+            if s.tenant != tenant {
+                return Err(Rejection::OtherTenant { nonce });
+            }
+            if s.cn.is_some() {
+                return Err(Rejection::Registered { nonce });
+            }
+            // one connection per role: a second one would replace (and leak) the first QP, so a
+            // CN repeating a role could pin MN memory without end
+            let taken = match role {
                 Role::Alloc => s.alloc.is_some(),
                 Role::Free => s.free.is_some(),
                 Role::Access(i) => s.access.get(i as usize).is_some_and(|q| q.is_some()),
             };
-            if taken || s.cn.is_some() {
-                return Admission::Reject(format!(
-                    "{:?} of session {:#x}: that connection exists already",
-                    hello.role, hello.nonce
-                ));
+            if taken {
+                return Err(Rejection::RoleTaken { role, nonce });
+            }
+        } else {
+            if self.sessions.len() >= self.max_cns {
+                return Err(Rejection::Full { max: self.max_cns });
+            }
+            let half_open_from = self.sessions.values().filter(|s| s.half_open() && s.source == ev.peer).count();
+            if half_open_from >= HALF_OPEN_PER_SOURCE {
+                return Err(Rejection::HalfOpenPerSource { source: ev.peer, max: HALF_OPEN_PER_SOURCE });
+            }
+            if let (Some(t), Some(a)) = (tenant, &self.auth) {
+                let of_t = || self.sessions.values().filter(move |s| s.tenant == Some(t));
+                if of_t().filter(|s| s.half_open()).count() >= HALF_OPEN_PER_TENANT {
+                    return Err(Rejection::HalfOpenPerTenant { tenant: t, max: HALF_OPEN_PER_TENANT });
+                }
+                let max = a.tenant(t).map_or(0, |x| x.max_cns);
+                if of_t().count() >= max as usize {
+                    return Err(Rejection::TenantSlots { tenant: t, max });
+                }
             }
         }
-        let private = if hello.role == Role::Alloc { welcome(self.group_size).to_vec() } else { Vec::new() };
-        Admission::Accept { hello, private }
+        let private = if role == Role::Alloc { welcome(self.group_size).to_vec() } else { Vec::new() };
+        Ok((hello, private))
     }
 
-    /// Connection `id` of `hello`'s session was accepted with QP `q`.
-    pub fn accepted(&mut self, id: CmId, hello: Hello, q: Qpn) {
+    /// Connection `id` of `hello`'s session, from `source`, was accepted with QP `q`.
+    pub fn accepted(&mut self, id: CmId, hello: Hello, source: Option<IpAddr>, q: Qpn) {
         let g = self.group_size as usize;
-        let s = self.sessions.entry(hello.nonce).or_default();
+        let tenant = if self.auth.is_some() { hello.auth.map(|a| a.tenant) } else { None };
+        let s = self.sessions.entry(hello.nonce).or_insert_with(|| Session { source, tenant, ..Session::default() });
         s.opened.get_or_insert_with(Instant::now);
         if s.access.len() < g - 1 {
             s.access.resize(g - 1, None);
@@ -115,9 +301,9 @@ impl Sessions {
     }
 
     /// Connection `id` (QP `q`) is established. When that completes its session — every
-    /// connection established and no CN registered yet — the session's nonce and the CN's
-    /// QPs (without loop QPs: the MN adds its own).
-    pub fn established(&mut self, id: CmId, q: Qpn) -> Option<(u64, CnQps)> {
+    /// connection established and no CN registered yet — the session's nonce, the CN's QPs
+    /// (without loop QPs: the MN adds its own) and its tenant.
+    pub fn established(&mut self, id: CmId, q: Qpn) -> Option<(u64, CnQps, Option<TenantId>)> {
         let nonce = *self.by_id.get(&id)?;
         let s = self.sessions.get_mut(&nonce)?;
         if !s.established.contains(&q) {
@@ -133,7 +319,7 @@ impl Sessions {
                 alloc_loop: None,
                 free_loop: None,
             };
-            (nonce, qps)
+            (nonce, qps, s.tenant)
         })
     }
 
@@ -174,20 +360,38 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::{parse_tenants, Credential};
     use crate::cm::CmEventKind;
 
-    fn req(id: usize, role: Role, nonce: u64, rnr: u8) -> CmEvent {
+    const HOST: [u8; 4] = [192, 0, 2, 2];
+    const NOW: u64 = 1_800_000_000;
+
+    fn ev(id: usize, hello: Hello, rnr: u8, peer: [u8; 4]) -> CmEvent {
         CmEvent {
             kind: CmEventKind::ConnectRequest,
             id: CmId(id as *mut rdma_sys::rdma_cm_id),
             status: 0,
-            private_data: Hello { role, nonce }.encode().to_vec(),
+            private_data: hello.encode(),
             remote_qpn: None,
             rnr_retry_count: rnr,
+            peer: Some(IpAddr::from(peer)),
         }
+    }
+    fn req(id: usize, role: Role, nonce: u64, rnr: u8) -> CmEvent {
+        ev(id, Hello { role, nonce, auth: None }, rnr, HOST)
     }
     fn q(n: u32) -> Qpn {
         Qpn::new(n).unwrap()
+    }
+    /// Admit and accept (QP id + 0x100); the rejection otherwise.
+    fn open(s: &mut Sessions, e: &CmEvent) -> Result<(), Rejection> {
+        match s.admit_at(e, NOW) {
+            Admission::Accept { hello, source, .. } => {
+                s.accepted(e.id, hello, source, q(0x100 + e.id.0 as u32));
+                Ok(())
+            }
+            Admission::Reject(r) => Err(r),
+        }
     }
 
     #[test]
@@ -196,17 +400,17 @@ mod tests {
         let roles = [Role::Alloc, Role::Free, Role::Access(0), Role::Access(1)];
         for (k, r) in roles.iter().enumerate() {
             let ev = req(0x10 + k, *r, 7, 6);
-            let Admission::Accept { hello, private } = s.admit(&ev) else { panic!("{r:?} refused") };
+            let Admission::Accept { hello, private, source } = s.admit_at(&ev, NOW) else { panic!("{r:?} refused") };
             assert_eq!(private.is_empty(), *r != Role::Alloc, "only the Alloc connection carries the welcome");
-            s.accepted(ev.id, hello, q(0x100 + k as u32));
+            s.accepted(ev.id, hello, source, q(0x100 + k as u32));
         }
         for k in 0..3 {
             assert!(s.established(CmId((0x10 + k) as *mut _), q(0x100 + k as u32)).is_none());
         }
-        let (nonce, qps) = s.established(CmId(0x13 as *mut _), q(0x103)).unwrap();
+        let (nonce, qps, tenant) = s.established(CmId(0x13 as *mut _), q(0x103)).unwrap();
         assert_eq!(
-            (nonce, qps.alloc, qps.free, qps.access.as_slice()),
-            (7, q(0x100), q(0x101), &[q(0x102), q(0x103)][..])
+            (nonce, qps.alloc, qps.free, qps.access.as_slice(), tenant),
+            (7, q(0x100), q(0x101), &[q(0x102), q(0x103)][..], None)
         );
         s.set_cn(7, CnId::new(1).unwrap());
         // registered: a repeated ESTABLISHED does not complete it again
@@ -219,35 +423,130 @@ mod tests {
     #[test]
     fn a_role_is_accepted_once_and_a_half_open_session_goes_stale() {
         let mut s = Sessions::new(3, 4);
-        let ev = req(1, Role::Alloc, 9, 6);
-        let Admission::Accept { hello, .. } = s.admit(&ev) else { panic!() };
-        s.accepted(ev.id, hello, q(0x10));
-        assert!(matches!(s.admit(&req(2, Role::Alloc, 9, 6)), Admission::Reject(r) if r.contains("exists already")));
-        assert!(matches!(s.admit(&req(3, Role::Free, 9, 6)), Admission::Accept { .. }));
+        open(&mut s, &req(1, Role::Alloc, 9, 6)).unwrap();
+        assert_eq!(open(&mut s, &req(2, Role::Alloc, 9, 6)), Err(Rejection::RoleTaken { role: Role::Alloc, nonce: 9 }));
+        assert!(matches!(s.admit_at(&req(3, Role::Free, 9, 6), NOW), Admission::Accept { .. }));
         let t = s.get(9).unwrap().opened.unwrap();
-        let d = std::time::Duration::from_secs(10);
-        assert!(s.incomplete_since(t, d).is_empty());
-        assert_eq!(s.incomplete_since(t + d, d), vec![9]);
+        assert!(s.incomplete_since(t, SESSION_PATIENCE - std::time::Duration::from_millis(1)).is_empty());
+        assert_eq!(s.incomplete_since(t + SESSION_PATIENCE, SESSION_PATIENCE), vec![9]);
         // a complete one never is
         s.set_cn(9, CnId::new(1).unwrap());
-        assert!(s.incomplete_since(t + d, d).is_empty());
-        assert!(
-            matches!(s.admit(&req(4, Role::Free, 9, 6)), Admission::Reject(_)),
-            "no new connection once registered"
-        );
+        assert!(s.incomplete_since(t + SESSION_PATIENCE, SESSION_PATIENCE).is_empty());
+        assert_eq!(open(&mut s, &req(4, Role::Free, 9, 6)), Err(Rejection::Registered { nonce: 9 }));
     }
 
     #[test]
     fn requests_are_refused_for_a_reason() {
-        let s = Sessions::new(3, 0);
+        let mut s = Sessions::new(3, 0);
         let mut bad = req(1, Role::Alloc, 1, 6);
         bad.private_data = vec![1, 2, 3];
-        assert!(matches!(s.admit(&bad), Admission::Reject(r) if r.contains("hello")));
-        assert!(matches!(s.admit(&req(1, Role::Alloc, 1, 7)), Admission::Reject(r) if r.contains("forever")));
+        assert_eq!(open(&mut s, &bad), Err(Rejection::NoHello));
+        assert!(matches!(open(&mut s, &req(1, Role::Alloc, 1, 7)), Err(Rejection::RnrForever { .. })));
         // no room (max 0 CNs); an access index outside the group
-        assert!(matches!(s.admit(&req(1, Role::Alloc, 1, 6)), Admission::Reject(_)));
-        let s = Sessions::new(3, 4);
-        assert!(matches!(s.admit(&req(1, Role::Access(2), 1, 6)), Admission::Reject(_)));
-        assert!(matches!(s.admit(&req(1, Role::Access(1), 1, 6)), Admission::Accept { .. }));
+        assert_eq!(open(&mut s, &req(1, Role::Alloc, 1, 6)), Err(Rejection::Full { max: 0 }));
+        let mut s = Sessions::new(3, 4);
+        assert!(matches!(open(&mut s, &req(1, Role::Access(2), 1, 6)), Err(Rejection::BadRole { .. })));
+        assert!(matches!(s.admit_at(&req(1, Role::Access(1), 1, 6), NOW), Admission::Accept { .. }));
+        assert_eq!(s.rejections(), Rejections { credential: 0, limit: 0, session: 1 });
+    }
+
+    /// The issue-20 lock-out: one peer opening sessions it never completes. It holds at most
+    /// HALF_OPEN_PER_SOURCE of them; an honest CN elsewhere still gets a slot.
+    #[test]
+    fn half_open_sessions_are_capped_per_source_and_joined_only_from_their_source() {
+        let mut s = Sessions::new(3, 16);
+        for n in 0..HALF_OPEN_PER_SOURCE as u64 {
+            open(&mut s, &req(10 + n as usize, Role::Alloc, 100 + n, 6)).unwrap();
+        }
+        assert!(matches!(
+            open(&mut s, &req(20, Role::Alloc, 200, 6)),
+            Err(Rejection::HalfOpenPerSource { max: 2, .. })
+        ));
+        // a join of the attacker's session from another host is refused, whatever the nonce
+        let other = [192, 0, 2, 3];
+        let join = ev(21, Hello { role: Role::Free, nonce: 100, auth: None }, 6, other);
+        assert!(matches!(open(&mut s, &join), Err(Rejection::OtherSource { nonce: 100, .. })));
+        // an honest CN on another host opens its session
+        open(&mut s, &ev(22, Hello { role: Role::Alloc, nonce: 300, auth: None }, 6, other)).unwrap();
+        // completing a session frees a half-open place of its source
+        s.set_cn(100, CnId::new(1).unwrap());
+        open(&mut s, &req(23, Role::Alloc, 400, 6)).unwrap();
+        assert_eq!(s.rejections().limit, 1);
+    }
+
+    fn tenants() -> (Sessions, Credential, Credential) {
+        let text = "alice secret=00112233445566778899aabbccddeeff quota=16K cns=1\n\
+                    mallory secret=ffeeddccbbaa99887766554433221100 quota=16K cns=3\n";
+        let t = parse_tenants(text, 4096).unwrap();
+        let (a, m) = (t[0].credential.clone(), t[1].credential.clone());
+        (Sessions::new(3, 16).with_tenants(Authenticator::new(t)), a, m)
+    }
+    fn signed(id: usize, role: Role, nonce: u64, c: &Credential, peer: [u8; 4]) -> CmEvent {
+        ev(id, Hello::signed(role, nonce, c, NOW), 6, peer)
+    }
+
+    #[test]
+    fn with_tenants_only_a_valid_fresh_credential_is_admitted() {
+        let (mut s, alice, _) = tenants();
+        assert_eq!(open(&mut s, &req(1, Role::Alloc, 1, 6)), Err(Rejection::Credential(CredentialError::Missing)));
+        let wrong = Credential::new("alice", vec![9; 16]).unwrap();
+        assert_eq!(
+            open(&mut s, &signed(2, Role::Alloc, 2, &wrong, HOST)),
+            Err(Rejection::Credential(CredentialError::BadTag(alice.id)))
+        );
+        let good = signed(3, Role::Alloc, 3, &alice, HOST);
+        open(&mut s, &good).unwrap();
+        // the captured hello, replayed from the same or another host
+        let mut again = good.clone();
+        again.id = CmId(0x40 as *mut rdma_sys::rdma_cm_id);
+        assert_eq!(open(&mut s, &again), Err(Rejection::Credential(CredentialError::Replayed(alice.id))));
+        again.peer = Some(IpAddr::from([192, 0, 2, 9]));
+        assert_eq!(open(&mut s, &again), Err(Rejection::Credential(CredentialError::Replayed(alice.id))));
+        let stale = ev(5, Hello::signed(Role::Alloc, 5, &alice, NOW - 3600), 6, HOST);
+        assert!(matches!(open(&mut s, &stale), Err(Rejection::Credential(CredentialError::Stale { .. }))));
+        // the session's other roles, signed: joined
+        open(&mut s, &signed(6, Role::Free, 3, &alice, HOST)).unwrap();
+        assert_eq!(s.get(3).unwrap().tenant, Some(alice.id));
+        assert_eq!(s.rejections().credential, 5);
+    }
+
+    /// Sybil: more sessions of one tenant gain nothing — its CN slots count all of them, and its
+    /// half-open sessions are capped across every address it uses.
+    #[test]
+    fn a_tenants_sessions_are_limited_across_addresses() {
+        let (mut s, alice, mallory) = tenants();
+        for n in 0..HALF_OPEN_PER_TENANT {
+            open(&mut s, &signed(10 + n, Role::Alloc, 10 + n as u64, &mallory, [10, 0, 0, n as u8])).unwrap();
+        }
+        assert!(matches!(
+            open(&mut s, &signed(20, Role::Alloc, 20, &mallory, [10, 0, 1, 0])),
+            Err(Rejection::HalfOpenPerTenant { max: 2, .. })
+        ));
+        // complete both; the third slot is its last
+        s.set_cn(10, CnId::new(1).unwrap());
+        s.set_cn(11, CnId::new(2).unwrap());
+        open(&mut s, &signed(21, Role::Alloc, 21, &mallory, [10, 0, 2, 0])).unwrap();
+        s.set_cn(21, CnId::new(3).unwrap());
+        assert!(matches!(
+            open(&mut s, &signed(22, Role::Alloc, 22, &mallory, [10, 0, 3, 0])),
+            Err(Rejection::TenantSlots { max: 3, .. })
+        ));
+        // a session of one tenant is not joined as another
+        assert_eq!(
+            open(&mut s, &signed(23, Role::Free, 21, &alice, [10, 0, 2, 0])),
+            Err(Rejection::OtherTenant { nonce: 21 })
+        );
+        // alice is unaffected
+        open(&mut s, &signed(24, Role::Alloc, 24, &alice, HOST)).unwrap();
+        let (_, _, t) = {
+            for (k, r) in [Role::Free, Role::Access(0), Role::Access(1)].iter().enumerate() {
+                open(&mut s, &signed(30 + k, *r, 24, &alice, HOST)).unwrap();
+            }
+            for id in [24usize, 30, 31] {
+                assert!(s.established(CmId(id as *mut _), q(0x100 + id as u32)).is_none());
+            }
+            s.established(CmId(32 as *mut _), q(0x100 + 32)).unwrap()
+        };
+        assert_eq!(t, Some(alice.id));
     }
 }

@@ -49,7 +49,11 @@ fn batched_one_sided_operations() {
         return;
     }
     let (_mn, addr) = Mn::start(7483);
-    let mut c = CnClient::connect(addr, &CnOptions { device: None, timeout: Duration::from_secs(20) }).unwrap();
+    let mut c = CnClient::connect(
+        addr,
+        &CnOptions { device: None, timeout: Duration::from_secs(20), credential: None, source: None },
+    )
+    .unwrap();
     let a = c.alloc().unwrap();
     let t = Duration::from_secs(10);
     // 16 WRITEs through both access QPs, collected together

@@ -85,6 +85,11 @@ pub struct MnArgs {
     /// Print the counters as JSON lines on stdout at every statistics interval.
     #[arg(long)]
     pub stats_json: bool,
+    /// Tenants file (one `NAME secret=HEX quota=SIZE [cns=N]` per line; docs/VERBS.md
+    /// "Admission"): only its tenants connect, each within its quota and CN slots over all its
+    /// sessions. Without it the MN runs open.
+    #[arg(long)]
+    pub tenants: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +108,12 @@ pub struct CnArgs {
     /// Seconds any one operation may take.
     #[arg(long, default_value_t = 30)]
     pub timeout: u64,
+    /// The tenant this CN connects as (an MN with a tenants file admits only its tenants).
+    #[arg(long, requires = "secret_file")]
+    pub tenant: Option<String>,
+    /// File holding the tenant's secret in hex (keep it readable only by its owner).
+    #[arg(long, requires = "tenant")]
+    pub secret_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub cmd: CnCmd,
 }
@@ -183,6 +194,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         stats_json: a.stats_json,
         lease: Duration::from_millis(a.lease_ms),
         serial_engine: a.serial_engine,
+        tenants: a.tenants,
     };
     match offload {
         // the chains in a ConnectX: the DEVX gate first, so a device or build that cannot
@@ -247,7 +259,14 @@ impl From<omw_verbs::VerbsError> for CnError {
 }
 
 fn run_cn(a: CnArgs) -> Result<(), CnError> {
-    let o = CnOptions { device: a.device, timeout: Duration::from_secs(a.timeout) };
+    let credential = match (&a.tenant, &a.secret_file) {
+        (Some(t), Some(f)) => Some(
+            omw_verbs::admission::Credential::load(t, f)
+                .map_err(|e| omw_verbs::VerbsError::Config(format!("--secret-file {}: {e}", f.display())))?,
+        ),
+        _ => None,
+    };
+    let o = CnOptions { device: a.device, timeout: Duration::from_secs(a.timeout), credential, source: None };
     let cmd = match a.cmd {
         CnCmd::Alloc { count } => CnCommand::Alloc { count },
         CnCmd::Roundtrip { bytes } => CnCommand::Roundtrip { bytes },
@@ -380,6 +399,8 @@ mod tests {
             connect: "127.0.0.1:7471".parse().unwrap(),
             device: None,
             timeout: 1,
+            tenant: None,
+            secret_file: None,
             cmd: CnCmd::Alloc { count: 1 },
         })
         .unwrap_err();
@@ -389,6 +410,8 @@ mod tests {
             connect: "127.0.0.1:7471".parse().unwrap(),
             device: None,
             timeout: 1,
+            tenant: None,
+            secret_file: None,
             cmd: CnCmd::Kv { keys: 4 },
         })
         .unwrap_err();
@@ -396,8 +419,14 @@ mod tests {
         // and the handlers `omw mn` / `omw cn` / `omw probe` run turn that into a failure exit
         let mn_args = mn_args(&[]);
         assert_eq!(mn(mn_args), ExitCode::FAILURE);
-        let cn_args =
-            CnArgs { connect: "127.0.0.1:7471".parse().unwrap(), device: None, timeout: 1, cmd: CnCmd::Script };
+        let cn_args = CnArgs {
+            connect: "127.0.0.1:7471".parse().unwrap(),
+            device: None,
+            timeout: 1,
+            tenant: None,
+            secret_file: None,
+            cmd: CnCmd::Script,
+        };
         assert_eq!(cn(cn_args), ExitCode::FAILURE);
         assert_eq!(probe(ProbeArgs { device: None, gid_index: None }), ExitCode::FAILURE);
     }

@@ -138,8 +138,11 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
         }
     }
     for r in mn.cns() {
-        if held[r.slot as usize] > mn.config().quota {
-            return Err(InvariantViolation::OverQuota { owner: r.cn.get(), held: held[r.slot as usize] });
+        // a tenant's CNs share one quota: what they hold together
+        let charged = crate::tenant::charged_with(mn.cns(), r.cn);
+        let total: u32 = mn.cns().filter(|c| charged.contains(&c.cn.get())).map(|c| held[c.slot as usize]).sum();
+        if total > mn.quota_of(r.cn) {
+            return Err(InvariantViolation::OverQuota { owner: r.cn.get(), held: total });
         }
     }
     check_rkeys_distinct(&map, port)

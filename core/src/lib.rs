@@ -37,6 +37,7 @@ pub mod mw_rules;
 pub mod mwtable;
 pub mod object_alloc;
 pub mod rng;
+pub mod tenant;
 #[cfg(any(test, feature = "test-nic"))]
 pub mod test_nic;
 #[cfg(any(test, feature = "test-nic"))]

@@ -19,6 +19,7 @@ use crate::geometry::{PoolGeometry, MAX_GROUP_SIZE};
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
 use crate::mn_memory::{alloc_scratch, free_scratch, MnMemoryMap, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF, SCRATCH_PER_CN};
 use crate::mwtable::{MwTableEntry, ENTRY_SIZE};
+use crate::tenant::{TenantError, TenantId, TenantLimits, TenantTable};
 use crate::wire::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice, Rebound};
 use crate::wqe::masked_add;
 use core::fmt;
@@ -119,6 +120,9 @@ pub struct CnRecord {
     /// A probe went out and the CN has not answered since (no send to it completed, no
     /// request from it arrived). Still set at the next probe time: the CN is evicted.
     pub probe_outstanding: bool,
+    /// The tenant it was admitted as ([`MemoryNode::connect_as`]): its quota and CN slots are
+    /// the tenant's, shared with the tenant's other CNs. None: the per-CN quota.
+    pub tenant: Option<TenantId>,
 }
 
 /// What the MN asks its port to do. Each completes before `apply` returns.
@@ -197,6 +201,8 @@ pub enum MnError<E> {
         expected: usize,
         got: usize,
     },
+    /// A connect as a tenant the MN does not know, or one whose CN slots are taken.
+    Tenant(TenantError),
 }
 
 impl<E> MnError<E> {
@@ -209,6 +215,7 @@ impl<E> MnError<E> {
             MnError::BadConfig => MnError::BadConfig,
             MnError::MissingLoopQps => MnError::MissingLoopQps,
             MnError::WrongAccessQpCount { expected, got } => MnError::WrongAccessQpCount { expected, got },
+            MnError::Tenant(e) => MnError::Tenant(e),
         })
     }
 }
@@ -224,6 +231,7 @@ impl<E: fmt::Display> fmt::Display for MnError<E> {
             MnError::WrongAccessQpCount { expected, got } => {
                 write!(f, "CN offered {got} access QPs, the pool's group size needs {expected}")
             }
+            MnError::Tenant(e) => write!(f, "{e}"),
         }
     }
 }
@@ -344,6 +352,8 @@ pub struct MemoryNode {
     last_push_refused: Option<PushRefused>,
     /// Remotely invalidated windows whose restore waits for their owner's lap to end.
     restores: heapless::Vec<PendingRestore, { 2 * MAX_CNS }>,
+    /// Tenants CNs may be admitted as ([`MemoryNode::connect_as`]).
+    tenants: TenantTable,
 }
 
 type R<E> = Result<(), MnError<E>>;
@@ -388,6 +398,7 @@ impl MemoryNode {
             wqe_format: crate::wqe_format::WqeFormat::Canonical,
             last_push_refused: None,
             restores: heapless::Vec::new(),
+            tenants: TenantTable::new(),
         })
     }
 
@@ -589,6 +600,30 @@ impl MemoryNode {
     /// A CN connected with these MN-side QPs: assign it an id and a slot, prepare its scratch,
     /// arm its chains (or post request buffers), and tell it who it is.
     pub fn connect<P: MnPort>(&mut self, port: &mut P, qps: CnQps) -> Result<CnId, MnError<P::Error>> {
+        self.connect_as(port, qps, None)
+    }
+
+    /// A tenant the deployment authenticates CNs as: its limits hold over all its CNs.
+    pub fn add_tenant(&mut self, id: TenantId, limits: TenantLimits) -> Result<(), TenantError> {
+        self.tenants.add(id, limits)
+    }
+    pub fn tenants(&self) -> &TenantTable {
+        &self.tenants
+    }
+
+    /// [`MemoryNode::connect`] for a CN the deployment authenticated as `tenant` (None: as
+    /// `connect`). Refused — before anything is set up — for an unknown tenant or one whose CN
+    /// slots are all taken.
+    pub fn connect_as<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        qps: CnQps,
+        tenant: Option<TenantId>,
+    ) -> Result<CnId, MnError<P::Error>> {
+        if let Some(t) = tenant {
+            let connected = self.cns().filter(|r| r.tenant == Some(t)).count();
+            self.tenants.admit(t, connected).map_err(MnError::Tenant)?;
+        }
         let need = self.cfg.geometry.access_windows();
         if qps.access.len() != need {
             return Err(MnError::WrongAccessQpCount { expected: need, got: qps.access.len() });
@@ -613,6 +648,7 @@ impl MemoryNode {
             probed_at: self.now,
             probes: 0,
             probe_outstanding: false,
+            tenant,
         };
         self.cns[slot as usize] = Some(rec);
         self.init_scratch(port, slot, cn)?;
@@ -623,7 +659,7 @@ impl MemoryNode {
             alloc_qpn: qps.alloc,
             free_qpn: qps.free,
             access_qpns: qps.access.clone(),
-            quota: self.cfg.quota,
+            quota: self.quota_of(cn),
         };
         self.send(port, cn, &info.encode())?;
         self.arm(port, cn, ChainKind::Free)?;
@@ -1179,16 +1215,24 @@ impl MemoryNode {
         }
     }
 
-    /// Groups `cn` holds according to the MWTable — the source of truth: management-QP
-    /// counters can be inflated by laps that failed part-way, the table cannot.
+    /// Groups counted against `cn`'s quota according to the MWTable — the source of truth:
+    /// management-QP counters can be inflated by laps that failed part-way, the table cannot.
+    /// A CN of a tenant is charged what all the tenant's CNs hold.
     fn held_by<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> Result<u32, MnError<P::Error>> {
+        let charged = crate::tenant::charged_with(self.cns(), cn);
         let mut n = 0;
         for i in 0..self.cfg.geometry.chunk_count() {
-            if read_entry(port, self.map.entry_addr(GroupId(i)).unwrap_or(0))?.owner() == cn.get() {
+            if charged.contains(&read_entry(port, self.map.entry_addr(GroupId(i)).unwrap_or(0))?.owner()) {
                 n += 1;
             }
         }
         Ok(n)
+    }
+
+    /// The quota `cn` is held to: its tenant's (shared), or the per-CN one.
+    pub fn quota_of(&self, cn: CnId) -> u32 {
+        let t = self.cn(cn).and_then(|r| r.tenant).and_then(|t| self.tenants.get(t));
+        t.map_or(self.cfg.quota, |l| l.quota)
     }
 
     /// Host-engine mode's exact quota: refuse an allocation that would exceed it (the CN is
@@ -1199,10 +1243,11 @@ impl MemoryNode {
         cn: CnId,
         token: u32,
     ) -> Result<bool, MnError<P::Error>> {
-        if self.held_by(port, cn)? < self.cfg.quota {
+        let quota = self.quota_of(cn);
+        if self.held_by(port, cn)? < quota {
             return Ok(false);
         }
-        self.send(port, cn, &ErrorReply { token, code: ErrorCode::QuotaExceeded, detail: self.cfg.quota }.encode())?;
+        self.send(port, cn, &ErrorReply { token, code: ErrorCode::QuotaExceeded, detail: quota }.encode())?;
         Ok(true)
     }
 
@@ -1220,11 +1265,12 @@ impl MemoryNode {
     /// rkey it had is dead. Other CNs are unaffected.
     fn enforce_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
         let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
-        if r.status != CnStatus::Active || self.held_by(port, cn)? <= self.cfg.quota {
+        let quota = self.quota_of(cn);
+        if r.status != CnStatus::Active || self.held_by(port, cn)? <= quota {
             return Ok(());
         }
         self.stats.quota_disconnects += 1;
-        self.send(port, cn, &ErrorReply { token: 0, code: ErrorCode::QuotaExceeded, detail: self.cfg.quota }.encode())?;
+        self.send(port, cn, &ErrorReply { token: 0, code: ErrorCode::QuotaExceeded, detail: quota }.encode())?;
         // quiesce (loop and management QPs, so no half-run free pushes after this), decide
         // from the stopped laps' markers, then take everything back
         let q = self.quiesce(port, cn, Chains::BOTH)?;

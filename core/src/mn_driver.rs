@@ -511,8 +511,17 @@ impl<B: RdmaBackend> MnDriver<B> {
 
     /// A CN connected (its QPs already up): register it, arm or post, tell it who it is.
     pub fn connect(&mut self, qps: CnQps) -> Result<CnId, DriverError<B::Error>> {
+        self.connect_as(qps, None)
+    }
+
+    /// [`MnDriver::connect`] for a CN authenticated as `tenant` ([`MemoryNode::connect_as`]).
+    pub fn connect_as(
+        &mut self,
+        qps: CnQps,
+        tenant: Option<crate::tenant::TenantId>,
+    ) -> Result<CnId, DriverError<B::Error>> {
         let (mn, mut port) = self.port();
-        let cn = mn.connect(&mut port, qps.clone()).map_err(DriverError::from)?;
+        let cn = mn.connect_as(&mut port, qps.clone(), tenant).map_err(DriverError::from)?;
         let repost = core::mem::take(&mut port.repost);
         let resets = core::mem::take(&mut port.resets);
         // the slot may have served a CN that left: none of the new CN's QPs has a buffer yet

@@ -130,6 +130,12 @@ impl Rig {
         Rig { d, cns: Vec::new(), sides: Vec::new(), nic, mn, now: 0 }
     }
     fn connect(&mut self) -> usize {
+        self.connect_as(None).unwrap()
+    }
+    fn connect_as(
+        &mut self,
+        tenant: Option<crate::tenant::TenantId>,
+    ) -> Result<usize, crate::mn_driver::DriverError<crate::test_nic::NicError>> {
         let g = self.d.mn.config().geometry.group_size();
         let cn_node = self.nic.borrow_mut().add_node(leak_mem(CN_MEM)).unwrap();
         let mn = self.d.backend.id();
@@ -158,13 +164,13 @@ impl Rig {
             side.post_slot(s);
         }
         let qps = CnQps { alloc, free, access, alloc_loop: None, free_loop: None };
-        let cn = self.d.connect(qps.clone()).unwrap();
+        let cn = self.d.connect_as(qps.clone(), tenant)?;
         self.sides.push(side);
         let mut c = Client::new();
         self.deliver_messages_to(&mut c, &qps);
         assert_eq!(c.id(), Some(cn));
         self.cns.push((cn, qps, c));
-        self.cns.len() - 1
+        Ok(self.cns.len() - 1)
     }
     fn side_of(&self, mn_qp: Qpn) -> usize {
         let i = self.cns.iter().position(|(_, q, _)| q.alloc == mn_qp || q.free == mn_qp);
@@ -424,6 +430,57 @@ fn quota_is_exact_in_host_engine_mode() {
     // B unaffected
     assert!(matches!(r.d.backend.mw_binding(keep.rkeys[0]), Some(MwBinding::Bound { .. })));
     assert!(r.alloc(b).is_ok());
+}
+
+/// A tenant's CNs share its quota: a second session of the same tenant gains nothing; a CN
+/// without a tenant keeps the per-CN quota.
+#[test]
+fn a_tenants_quota_holds_over_all_its_cns() {
+    use crate::tenant::{TenantId, TenantLimits};
+    let mut r = Rig::new(8, 2, 2);
+    let t = TenantId(0x51);
+    r.d.mn.add_tenant(t, TenantLimits { quota: 3, max_cns: 2 }).unwrap();
+    let a = r.connect_as(Some(t)).unwrap();
+    let b = r.connect_as(Some(t)).unwrap();
+    let open = r.connect();
+    assert_eq!(r.d.mn.quota_of(r.cns[a].0), 3);
+    assert_eq!(r.d.mn.quota_of(r.cns[open].0), 2);
+    let x = r.alloc(a).unwrap();
+    let _y = r.alloc(b).unwrap();
+    let _z = r.alloc(a).unwrap();
+    // three held by the tenant together: both its CNs are refused
+    assert_eq!(r.alloc(b), Err(ErrorCode::QuotaExceeded));
+    assert_eq!(r.alloc(a), Err(ErrorCode::QuotaExceeded));
+    r.d.check_invariants().unwrap();
+    // the open CN is held to its own quota only
+    assert!(r.alloc(open).is_ok());
+    assert!(r.alloc(open).is_ok());
+    assert_eq!(r.alloc(open), Err(ErrorCode::QuotaExceeded));
+    // a free by one of the tenant's CNs makes room for the other
+    assert_eq!(r.free(a, &x), None);
+    assert!(r.alloc(b).is_ok());
+    assert_eq!(r.d.mn.stats().quota_disconnects, 0);
+    r.d.check_invariants().unwrap();
+}
+
+/// A tenant's CN slots are counted over its CNs, and an unknown tenant is refused, before
+/// anything is set up for the CN.
+#[test]
+fn a_tenants_cn_slots_and_unknown_tenants_are_refused() {
+    use crate::mn::MnError;
+    use crate::mn_driver::DriverError;
+    use crate::tenant::{TenantError, TenantId, TenantLimits};
+    let mut r = Rig::new(8, 2, 8);
+    let t = TenantId(0x51);
+    r.d.mn.add_tenant(t, TenantLimits { quota: 3, max_cns: 1 }).unwrap();
+    let a = r.connect_as(Some(t)).unwrap();
+    let second = r.connect_as(Some(t)).unwrap_err();
+    assert!(matches!(second, DriverError::Node(MnError::Tenant(TenantError::SlotsFull { max: 1, .. }))), "{second:?}");
+    let unknown = r.connect_as(Some(TenantId(9))).unwrap_err();
+    assert!(matches!(unknown, DriverError::Node(MnError::Tenant(TenantError::Unknown(_)))), "{unknown:?}");
+    assert_eq!(r.d.mn.cns().count(), 1);
+    assert!(r.alloc(a).is_ok());
+    r.d.check_invariants().unwrap();
 }
 
 #[test]

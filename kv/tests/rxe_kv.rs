@@ -130,7 +130,11 @@ fn kv_store_against_a_real_mn() {
         return;
     }
     let (mn, addr) = Mn::start(7482);
-    let mut client = CnClient::connect(addr, &CnOptions { device: None, timeout: Duration::from_secs(20) }).unwrap();
+    let mut client = CnClient::connect(
+        addr,
+        &CnOptions { device: None, timeout: Duration::from_secs(20), credential: None, source: None },
+    )
+    .unwrap();
     assert_eq!(client.info.chunk_size, 4096);
     assert!(client.mn_qpns().iter().all(|q| q.is_some()), "rdma_cm told us every MN QP: {:?}", client.mn_qpns());
     mn.wait_metric("omw_mn_free_chunks", CHUNKS);

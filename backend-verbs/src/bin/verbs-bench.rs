@@ -299,6 +299,7 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
         stats_json: false,
         lease: Duration::from_secs(2),
         serial_engine: false,
+        tenants: None,
     };
     let (tx, rx) = mpsc::channel::<std::result::Result<String, String>>();
     let mn = std::thread::spawn(move || {
@@ -320,7 +321,10 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
     let mode = started.map_err(|e| VerbsError::Config(format!("MN did not start: {e}")))?;
     println!("part 2 — host-engine allocation vs SEND/RECV round trip (MN on {}: {mode})", a.listen);
     let r = (|| -> Result<()> {
-        let mut c = CnClient::connect(a.listen, &CnOptions { device: a.device.clone(), timeout: T })?;
+        let mut c = CnClient::connect(
+            a.listen,
+            &CnOptions { device: a.device.clone(), timeout: T, credential: None, source: None },
+        )?;
         alloc_bench(&mut c, a.alloc_iters, floor)
     })();
     // the CN has disconnected (dropped); let the MN see it, then stop it

@@ -101,13 +101,14 @@ impl DevxMnDaemon {
         cfg.ring_arena_bytes = DevxConfig::arena_for(max_cns, opts.group_size, &cfg);
         let b = DevxBackend::new(dev, hca, cfg).map_err(devx)?;
         let spec = opts.pool_spec(chunks, max_cns, None);
-        let driver =
+        let mut driver =
             plan.provision(b, &spec).map_err(|e| VerbsError::Config(format!("bringing the MN up on DEVX: {e}")))?;
         let d = driver
             .mn
             .chain_ring_depths()
             .map_err(|e| VerbsError::Config(format!("the chains' mlx5 ring sizes: {e}")))?;
         let mgmt_depths = [u32::from(d[0][1]), u32::from(d[1][1])];
+        let sessions = crate::mn::admission(&opts, max_cns, &mut driver.mn, log)?;
         let mut cm = CmChannel::default();
         let id = cm.bind(opts.listen)?;
         match crate::backend::VerbsBackend::id_device(id) {
@@ -131,14 +132,7 @@ impl DevxMnDaemon {
             human(cfg.ring_arena_bytes as u64),
         ));
         log(format!("listening on {} (rdma_cm, external DEVX QPs)", opts.listen));
-        Ok(DevxMnDaemon {
-            driver,
-            cm,
-            sessions: Sessions::new(opts.group_size, max_cns as usize),
-            qp_of: HashMap::new(),
-            mgmt_depths,
-            t0: Instant::now(),
-        })
+        Ok(DevxMnDaemon { driver, cm, sessions, qp_of: HashMap::new(), mgmt_depths, t0: Instant::now() })
     }
 
     fn now(&self) -> u64 {
@@ -215,20 +209,20 @@ impl DevxMnDaemon {
                     log(format!("rejected {why}"));
                     self.cm.reject(ev.id);
                 }
-                Admission::Accept { hello, private } => match self.accept(&ev, hello.role, &private) {
-                    Ok(q) => self.sessions.accepted(ev.id, hello, q),
+                Admission::Accept { hello, private, source } => match self.accept(&ev, hello.role, &private) {
+                    Ok(q) => self.sessions.accepted(ev.id, hello, source, q),
                     Err(e) => log(format!("accept of {:?} failed: {e}", hello.role)),
                 },
             },
             CmEventKind::Established => {
                 let Some(q) = self.qp_of.get(&ev.id).copied() else { return };
-                let Some((nonce, mut qps)) = self.sessions.established(ev.id, q) else { return };
+                let Some((nonce, mut qps, tenant)) = self.sessions.established(ev.id, q) else { return };
                 let r = self.driver.create_loop_qps().and_then(|l| {
                     if let Some((a, f)) = l {
                         qps.alloc_loop = Some(a);
                         qps.free_loop = Some(f);
                     }
-                    self.driver.connect(qps)
+                    self.driver.connect_as(qps, tenant)
                 });
                 match r {
                     Ok(cn) => {

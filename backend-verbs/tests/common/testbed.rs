@@ -65,6 +65,7 @@ impl MnThread {
             stats_json: false,
             lease: Duration::from_secs(60),
             serial_engine: false,
+            tenants: None,
         };
         let (jobs, rx) = channel::<Job>();
         let (ready, up) = channel::<Result<(), String>>();
@@ -139,7 +140,12 @@ impl Factory for Rxe {
     }
     fn start(&self, spec: MnSpec) -> Box<dyn Testbed> {
         let mn = MnThread::start(spec);
-        let opts = CnOptions { device: std::env::var("OMW_RXE_DEVICE").ok(), timeout: PATIENCE };
+        let opts = CnOptions {
+            device: std::env::var("OMW_RXE_DEVICE").ok(),
+            timeout: PATIENCE,
+            credential: None,
+            source: None,
+        };
         let mut cns = Vec::new();
         for _ in 0..spec.cns {
             cns.push(Some(CnClient::connect(mn.addr, &opts).expect("CN connects")));
