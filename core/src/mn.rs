@@ -980,11 +980,15 @@ impl MemoryNode {
                 // (the image is this group's only if the lap's entry READ ran)
                 let image_is_ours = self.cfg.geometry.chunk_base(g) == Some(image.base.get());
                 let freed_since = image_is_ours && e.rkeys != image.rkeys;
-                let moved_on = freed_since
-                    || match e.owner() {
-                        0 => self.queue_holds(port, entry)?,
-                        o => o != cn.get(),
-                    };
+                // where the group is now decides (the CN's chains are stopped): in the queue,
+                // popped by another lap in flight, held by another CN, or held by this CN
+                // through a later lap (its keys moved) — it moved on; nowhere at all (a free
+                // advanced its keys but never pushed it) or stamped by this lap — reclaim it
+                let w = self.whereabouts(port, entry)?;
+                let moved_on = w.in_queue
+                    || w.popped_by.is_some()
+                    || (w.owner != 0 && w.owner != cn.get())
+                    || (w.owner == cn.get() && freed_since);
                 if moved_on {
                     self.stats.stale_repairs += 1;
                 } else {

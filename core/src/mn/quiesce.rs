@@ -275,13 +275,19 @@ impl MemoryNode {
             return Ok(true);
         }
         let w = self.whereabouts(port, entry)?;
-        if w.in_queue || w.popped_by.is_some() || w.owner != 0 {
-            self.stats.stale_repairs += 1;
-            return Ok(false);
-        }
-        if w.bound_window {
+        let why = if w.in_queue || w.owner != 0 {
+            // the push landed and the group moved on (queued, or popped and owned since)
+            Some(PushRefused::AlreadyQueued)
+        } else if w.popped_by.is_some() {
+            Some(PushRefused::PoppedInFlight)
+        } else if w.bound_window {
+            Some(PushRefused::WindowBound)
+        } else {
+            None
+        };
+        if let Some(why) = why {
             self.stats.pushes_refused += 1;
-            self.last_push_refused = Some(PushRefused::WindowBound);
+            self.last_push_refused = Some(why);
             return Ok(false);
         }
         wr(port, slot, entry)?;
