@@ -194,16 +194,20 @@ fn run_in(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) {
         // garbage may be there (an error for its garbage naming its own alloc's token made it
         // give up on a lap that then succeeded — it hurt only itself); it frees the group by
         // its entry. Anyone else holding an unknown group is a leak.
-        for i in 0..CNS {
+        let mut unknown = Vec::new();
+        for (i, held) in live.iter().enumerate() {
             let id = c.cns[i].id.get();
             for g in 0..CHUNKS {
                 let owned = c.driver.entry(GroupId(g)).is_some_and(|e| e.owner() == id);
                 let entry = c.driver.mn.map().entry_addr(GroupId(g)).unwrap();
-                if owned && !live[i].iter().any(|(a, _)| a.entry_addr == entry) {
+                if owned && !held.iter().any(|(a, _)| a.entry_addr == entry) {
                     assert!(self_inflicted.contains(&i), "{mode:?}: cn{i} holds group {g} it was never given");
-                    c.free_raw(i, entry).unwrap_or_else(|e| panic!("{mode:?}: cn{i} frees its unknown group: {e}"));
+                    unknown.push((i, entry));
                 }
             }
+        }
+        for (i, entry) in unknown {
+            c.free_raw(i, entry).unwrap_or_else(|e| panic!("{mode:?}: cn{i} frees its unknown group: {e}"));
         }
         // invariants, conservation, no double ownership, owners keep their chunks
         c.check_invariants().unwrap_or_else(|e| {
