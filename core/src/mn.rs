@@ -828,9 +828,19 @@ impl MemoryNode {
         // so its free chain stops too, before anything is decided.
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
         let mut q = self.quiesce(port, cn, Chains::only(kind))?;
-        if kind == ChainKind::Alloc && rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)? != 0 {
+        let popped = rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)?;
+        if kind == ChainKind::Alloc && popped != 0 {
             q = self.quiesce(port, cn, Chains::BOTH)?;
             self.repair_interrupted(port, &q, ChainKind::Free)?;
+        }
+        // ... and a failed free of the very group this CN's own alloc lap is still binding
+        // (a hostile CN that guessed the entry before its reply) stops that alloc lap first
+        if kind == ChainKind::Free
+            && popped != 0
+            && rd(port, s + FREE_SCRATCH_OFF + free_scratch::ENTRY_ADDR)? == popped
+        {
+            q = self.quiesce(port, cn, Chains::BOTH)?;
+            self.repair_interrupted(port, &q, ChainKind::Alloc)?;
         }
         let other_stopped = q.chains().has(kind.other());
         match kind {
@@ -906,6 +916,10 @@ impl MemoryNode {
                 }
                 self.stats.chains_rearmed += 1;
                 self.arm(port, cn, ChainKind::Free)?;
+                if other_stopped && !self.cn(cn).is_some_and(|r| r.alloc_parked) {
+                    self.stats.chains_rearmed += 1;
+                    self.arm(port, cn, ChainKind::Alloc)?;
+                }
                 self.settle(port)
             }
         }
@@ -1075,8 +1089,21 @@ impl MemoryNode {
         e.reserved = ENTRY_RECLAIMING.into();
         write_entry(port, addr, &e)?;
         for i in 0..self.cfg.geometry.group_size() {
-            port.apply(Action::Unbind { rkey: e.rkey(i) }).map_err(MnError::Port)?;
+            // The device's own key decides: a stopped lap may have bound the window under a
+            // key the table does not hold yet (its write-back never ran). Invalidate that key,
+            // and let the table continue from it, so no key the window ever had validates again.
+            let rkey = match port.mw_binding(e.rkey(i)) {
+                Some(MwBinding::Bound { rkey, .. }) if rkey != e.rkey(i) && rkey.index() == e.rkey(i).index() => {
+                    if let Some(r) = e.rkeys.get_mut(i) {
+                        *r = rkey.0.into();
+                    }
+                    rkey
+                }
+                _ => e.rkey(i),
+            };
+            port.apply(Action::Unbind { rkey }).map_err(MnError::Port)?;
         }
+        write_entry(port, addr, &e)?;
         // no window reaches the chunk any more: clear what its holder left before it moves on
         self.scrub(port, g)?;
         if self.return_group(port, q, g, true)? {

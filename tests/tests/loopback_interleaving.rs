@@ -211,7 +211,22 @@ fn run_in(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) {
         }
         // invariants, conservation, no double ownership, owners keep their chunks
         c.check_invariants().unwrap_or_else(|e| {
-            panic!("{mode:?}: invariant broken: {e}; {:?} {:?}", c.driver.mn.stats(), c.driver.mn.last_push_refused())
+            let windows: Vec<_> = (0..CHUNKS)
+                .filter_map(|g| c.driver.entry(GroupId(g)))
+                .map(|e| {
+                    (
+                        e.owner(),
+                        e.reserved.get(),
+                        (0..3).map(|k| (e.rkey(k), c.mw_binding(e.rkey(k)))).collect::<Vec<_>>(),
+                    )
+                })
+                .collect();
+            panic!(
+                "{mode:?}: invariant broken: {e}; {:?} {:?}; {windows:?}; qps {:?}",
+                c.driver.mn.stats(),
+                c.driver.mn.last_push_refused(),
+                c.cns.iter().map(|n| n.mn_qps.clone()).collect::<Vec<_>>()
+            )
         });
         let held: usize = live.iter().map(Vec::len).sum();
         let groups: HashSet<u64> = live.iter().flatten().map(|(a, _)| a.entry_addr).collect();
@@ -313,4 +328,20 @@ fn pinned_misbind_free_then_garbage_alloc_and_free() {
 #[test]
 fn pinned_garbage_free_and_alloc_of_one_cn() {
     run_in(Setup::Mode(Mode::Rxe), vec![(0, 20, vec![Act::Garbage(0, false, vec![0, 0, 0, 0, 1]), Act::Alloc(0)])]);
+}
+
+/// Found by the proptest with `MisbindFree`: a forged free of group 1, a garbage alloc and a
+/// misbound group freed, in one interleaved batch.
+#[test]
+fn pinned_forge_garbage_and_misbind_free() {
+    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5] {
+        run_in(
+            mode,
+            vec![(
+                18279821445486084542,
+                323,
+                vec![Act::Forge(0, 1), Act::Garbage(1, true, vec![]), Act::MisbindFree(0)],
+            )],
+        );
+    }
 }

@@ -170,15 +170,25 @@ impl MemoryNode {
     /// Where the group with MWTable entry `entry` is now (step 2's facts).
     pub fn whereabouts<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<Whereabouts, MnError<P::Error>> {
         let mut w = Whereabouts { in_queue: self.queue_holds(port, entry)?, ..Whereabouts::default() };
+        let e = read_entry(port, entry)?;
+        let chunk = self.map.group_of_entry(entry).and_then(|g| self.cfg.geometry.chunk_base(g));
         let slots: heapless::Vec<(u32, CnId), { super::MAX_CNS }> = self.cns().map(|r| (r.slot, r.cn)).collect();
         for (slot, cn) in slots {
             let Some(s) = self.map.scratch(slot) else { continue };
-            if rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)? == entry {
+            let a = s + ALLOC_SCRATCH_OFF;
+            if rd(port, a + alloc_scratch::REPLY_ENTRY_ADDR)? != entry {
+                continue;
+            }
+            // The marker stays set from the pop until the lap's commit, after its reply: a
+            // group the CN got and already freed again (a free advances the keys) is no longer
+            // that lap's. Its image of the entry (read at the pop) tells.
+            let image = read_entry(port, a + alloc_scratch::REPLY_ENTRY)?;
+            let freed_since = chunk == Some(image.base.get()) && image.rkeys != e.rkeys;
+            if !freed_since {
                 w.popped_by = Some(cn);
                 break;
             }
         }
-        let e = read_entry(port, entry)?;
         w.owner = e.owner();
         w.bound_window = (0..self.cfg.geometry.group_size())
             .any(|k| matches!(port.mw_binding(e.rkey(k)), Some(MwBinding::Bound { .. })));
