@@ -139,7 +139,7 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
     }
     for r in mn.cns() {
         // a tenant's CNs share one quota: what they hold together
-        let charged = crate::tenant::charged_with(mn.cns(), r.cn);
+        let charged = crate::tenant::charged_with(mn.cns().map(|r| (r.cn, r.tenant)), r.cn);
         let total: u32 = mn.cns().filter(|c| charged.contains(&c.cn.get())).map(|c| held[c.slot as usize]).sum();
         if total > mn.quota_of(r.cn) {
             return Err(InvariantViolation::OverQuota { owner: r.cn.get(), held: total });

@@ -30,6 +30,7 @@ pub use quiesce::{scan_free, Chains, FreeCount, PushRefused, Quiesced, Whereabou
 
 /// Most CNs one MN serves (fixed so the control plane needs no heap).
 pub const MAX_CNS: usize = 32;
+const _: () = assert!(crate::tenant::MAX_TENANTS == MAX_CNS);
 /// `reserved` value of an MWTable entry whose group the MN is reclaiming.
 pub const ENTRY_RECLAIMING: u32 = 1;
 
@@ -1250,7 +1251,7 @@ impl MemoryNode {
     /// management-QP counters can be inflated by laps that failed part-way, the table cannot.
     /// A CN of a tenant is charged what all the tenant's CNs hold.
     fn held_by<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> Result<u32, MnError<P::Error>> {
-        let charged = crate::tenant::charged_with(self.cns(), cn);
+        let charged = crate::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
         let mut n = 0;
         for i in 0..self.cfg.geometry.chunk_count() {
             if charged.contains(&read_entry(port, self.map.entry_addr(GroupId(i)).unwrap_or(0))?.owner()) {

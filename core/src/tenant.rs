@@ -12,11 +12,11 @@
 //! tenant is added, so a bad table is refused at start-up, not found at the first connect.
 
 use crate::ids::CnId;
-use crate::mn::{CnRecord, MAX_CNS};
 use core::fmt;
 
-/// Most tenants one MN knows: one per CN slot is enough (a tenant without a CN holds nothing).
-pub const MAX_TENANTS: usize = MAX_CNS;
+/// Most tenants one MN knows: one per CN slot is enough (a tenant without a CN holds nothing);
+/// `mn.rs` checks it equals `MAX_CNS` (this module sits below the MN and does not import it).
+pub const MAX_TENANTS: usize = 32;
 
 /// A tenant as the MN's configuration and the connect hello name it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
@@ -111,17 +111,20 @@ impl TenantTable {
 
 /// The CN ids whose holdings count against `cn`'s quota: the CNs of its tenant, or `cn` alone
 /// (a CN without a tenant, or one not connected).
-pub fn charged_with<'a>(cns: impl Iterator<Item = &'a CnRecord>, cn: CnId) -> heapless::Vec<u32, MAX_CNS> {
+pub fn charged_with(cns: impl Iterator<Item = (CnId, Option<TenantId>)>, cn: CnId) -> heapless::Vec<u32, MAX_TENANTS> {
     let mut out = heapless::Vec::new();
-    let recs: heapless::Vec<&CnRecord, MAX_CNS> = cns.collect();
-    match recs.iter().find(|r| r.cn == cn).and_then(|r| r.tenant) {
+    // at most one record per CN slot (MAX_CNS == MAX_TENANTS, asserted in mn.rs)
+    let recs: heapless::Vec<(CnId, Option<TenantId>), MAX_TENANTS> = cns.take(MAX_TENANTS).collect();
+    match recs.iter().find(|r| r.0 == cn).and_then(|r| r.1) {
         Some(t) => {
-            for r in recs.iter().filter(|r| r.tenant == Some(t)) {
-                let _ = out.push(r.cn.get());
+            for r in recs.iter().filter(|r| r.1 == Some(t)) {
+                let pushed = out.push(r.0.get());
+                debug_assert!(pushed.is_ok(), "no more CNs than records");
             }
         }
         None => {
-            let _ = out.push(cn.get());
+            let pushed = out.push(cn.get());
+            debug_assert!(pushed.is_ok(), "an empty vector has room");
         }
     }
     out
