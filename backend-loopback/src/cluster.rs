@@ -995,7 +995,9 @@ impl Cluster {
     }
 
     /// Offloaded mode's lazy quota enforcement: sample each CN's management-QP counters and
-    /// hand them to the MN (which disconnects a CN over budget).
+    /// hand them to the MN (which disconnects a CN over budget). The counters are the MN's
+    /// own QPs', so a CN whose host vanished is sampled too: the alloc lap it left running
+    /// still binds, and a silent CN over its quota is enforced now, not only at eviction.
     pub fn sample_counters(&mut self) -> Result<(), ClusterError> {
         if self.mode != ExecutionMode::Offloaded {
             return Ok(());
@@ -1003,7 +1005,7 @@ impl Cluster {
         let now = self.now();
         let mut samples = Vec::new();
         for (i, n) in self.cns.iter().enumerate() {
-            if n.crashed || self.driver.mn.cn(n.id).is_none() {
+            if self.driver.mn.cn(n.id).is_none() {
                 continue;
             }
             let (a, fr) = self.mgmt_counters(i);

@@ -194,6 +194,33 @@ fn rnic_reset_after_quota_disconnect() {
     c.check_invariants().unwrap();
 }
 
+/// malicious_cn (CI smoke run, issue 20): the attacker's host vanished with an alloc lap in
+/// flight; the lap finished against the gone host and left it over its quota, and the counter
+/// sample skipped crashed CNs — but the counters are the MN's own QPs', so the lazy quota
+/// check never ran for a CN that was silent, only at its eviction a lease later. The sample now
+/// covers every CN the MN still serves. Input: `fuzz/regressions/malicious_cn/
+/// offloaded-vanished-cn-over-quota-never-sampled`.
+#[test]
+fn vanished_cn_over_quota_is_sampled_and_disconnected() {
+    use omw_core::backend::ExecutionMode;
+    use omw_loopback::cluster::{Cluster, ClusterConfig};
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 2;
+    cfg.chunks = 4;
+    cfg.quota = 1;
+    cfg.mode = Some(ExecutionMode::Offloaded);
+    let mut c = Cluster::new(cfg).unwrap();
+    c.alloc(0).unwrap();
+    c.alloc(0).unwrap(); // over quota: offloaded enforcement is lazy
+    c.vanish_cn(0).unwrap();
+    c.sample_counters().unwrap();
+    assert_eq!(c.driver.mn.stats().quota_disconnects, 1);
+    c.check_invariants().unwrap();
+    assert_eq!(c.free_groups(), 4);
+    c.alloc(1).unwrap();
+    c.check_invariants().unwrap();
+}
+
 /// mn_events: in host-engine mode a CN whose allocation found the queue empty (its alloc chain
 /// parked, its ticket outstanding) could still have requests served: each one popped again,
 /// taking a second ticket the free-queue ring has no room for, and the queue broke
