@@ -28,11 +28,11 @@ use crate::mmio::{self, Mmio, MmioError};
 use crate::regs;
 use crate::secure::{secure_protocol_mode, SecureProtocolError};
 use omw_core::access::AccessFlags;
-use omw_core::backend::{
+use omw_core::device::{
     Capabilities, Completion, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
 };
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeError, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
+use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeError, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
 use std::cell::Cell;
 use std::collections::VecDeque;
 
@@ -41,7 +41,7 @@ pub const MAX_POLLS: u32 = 100_000;
 
 /// Which protection domain an object of the extension block lives in (the two the MN needs,
 /// DESIGN.md §9): the core's.
-pub use omw_core::backend::Domain;
+pub use omw_core::device::Domain;
 use std::fmt;
 
 /// Which limit stopped a request before anything was written to the engine.

@@ -7,7 +7,7 @@
 //!   a function of the index), bounds, rights, PD and the bound QP checked on every incoming
 //!   READ / WRITE / atomic;
 //! * a **chain sequencer**: per-QP send and receive rings of the core's canonical WQEs
-//!   ([`omw_core::wqe`]) in engine-visible memory, managed queues (WAIT / ENABLE), completion
+//!   ([`omw_core::wire::wqe`]) in engine-visible memory, managed queues (WAIT / ENABLE), completion
 //!   rings with WR ids and `ibv_wc_status` codes, atomics incl. masked fetch-and-add,
 //!   BIND_MW / UNBIND / LOCAL_INV, WRITE_WITH_IMM, SEND / RECV scatter.
 //!
@@ -87,7 +87,7 @@ pub mod qp {
     pub const SQ_BASE: usize = 0;
     /// RW: log2 of the send ring depth (the ring exists when its base is non-zero).
     pub const SQ_LOG_DEPTH: usize = 1;
-    /// RW: receive ring base ([`omw_core::wqe::RECV_WQE_SIZE`]-byte entries).
+    /// RW: receive ring base ([`omw_core::wire::wqe::RECV_WQE_SIZE`]-byte entries).
     pub const RQ_BASE: usize = 2;
     pub const RQ_LOG_DEPTH: usize = 3;
     /// RW: completion ring of the send queue ([`super::CQE_SIZE`]-byte entries).

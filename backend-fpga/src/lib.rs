@@ -9,7 +9,7 @@
 //! * [`encoding`] and [`regs`]: the stock engine's words and registers, as data.
 //! * [`ext`]: the extension block's register map (in the vFPGA's user CSR region), completion
 //!   format, capability bits and opcode encoding.
-//! * [`backend::FpgaBackend`]: [`omw_core::backend::RdmaBackend`] on top — a thin translation
+//! * [`backend::FpgaBackend`]: [`omw_core::device::RdmaBackend`] on top — a thin translation
 //!   of the core's canonical WQEs into engine commands (stock) or ring entries (extension).
 //! * [`secure`]: whether the memory node may run the secure protocol on a device.
 //!

@@ -3,7 +3,7 @@
 //! The decision is the core's ([`ExecutionMode::choose`]); this module only explains a
 //! refusal in the FPGA's terms.
 
-use omw_core::backend::{Capabilities, ExecutionMode, ModeError};
+use omw_core::device::{Capabilities, ExecutionMode, ModeError};
 use std::fmt;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -7,10 +7,10 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{QpState, RdmaBackend, WcStatus};
+use omw_core::device::{QpState, RdmaBackend, WcStatus};
 use omw_core::ids::{GroupId, Rkey};
-use omw_core::mn_plan::ScrubPath;
-use omw_core::wqe::Wqe;
+use omw_core::mn::plan::ScrubPath;
+use omw_core::wire::wqe::Wqe;
 use omw_fpga::Domain;
 use omw_tests::testbed::{CnQp, MnSpec, Refusal, Testbed};
 use support::mn::Cluster;
@@ -79,7 +79,7 @@ fn a_forged_free_stops_the_forgers_free_chain_and_the_mn_rearms_it() {
     let mine = s.alloc(0).unwrap();
     let theirs = s.alloc(1).unwrap();
     let free_mn_1 = s.cns[1].mq[1];
-    assert_eq!(s.free_entry(1, mine.entry_addr), Err(Refusal::Mn(omw_core::wire::ErrorCode::NotOwner)));
+    assert_eq!(s.free_entry(1, mine.entry_addr), Err(Refusal::Mn(omw_core::wire::message::ErrorCode::NotOwner)));
     // the LOCAL_INV of MW[0] on the forger's own Free QP failed; the MN re-armed that chain
     assert_eq!(s.d.stats.chain_failures, 1, "only the forged free failed");
     assert_eq!(s.d.backend.qp_state(free_mn_1).unwrap(), QpState::Rts, "re-armed");

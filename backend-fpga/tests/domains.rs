@@ -6,9 +6,9 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{RdmaBackend, WcStatus};
+use omw_core::device::{RdmaBackend, WcStatus};
 use omw_core::ids::Rkey;
-use omw_core::wqe::{QueueSel, Wqe};
+use omw_core::wire::wqe::{QueueSel, Wqe};
 use omw_fpga::double::{Fabric, NodeConfig};
 use omw_fpga::encoding::OpcodeEncoding;
 use omw_fpga::ext::{self, key_cmd};
@@ -46,7 +46,7 @@ fn world() -> World {
     let rights = A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE | A::REMOTE_ATOMIC;
     let meta = mn.be.reg_mr_in(Domain::MnPrivate, META, 0x1000, rights).unwrap();
     let pool = mn.be.reg_mr_in(Domain::CnFacing, POOL, 0x10000, rights | A::MW_BIND).unwrap();
-    let cn_lkey = cn.be.reg_mr(omw_core::backend::Domain::CnFacing, CN, 0x10000, A::LOCAL_WRITE).unwrap().lkey;
+    let cn_lkey = cn.be.reg_mr(omw_core::device::Domain::CnFacing, CN, 0x10000, A::LOCAL_WRITE).unwrap().lkey;
     assert_ne!(mn.be.pd(Domain::CnFacing).unwrap(), mn.be.pd(Domain::MnPrivate).unwrap());
     World { f, cn, mn, cn_lkey, meta_rkey: meta.rkey, pool_lkey: pool.lkey }
 }
@@ -97,7 +97,7 @@ fn no_cn_facing_qp_reaches_mn_private_memory_with_any_key() {
     }
     assert_eq!(w.mn.be.read_local_vec(META, 17), b"MN-private table!");
     // the rings: registered in the MN-private domain only
-    let ring = w.mn.be.ring_keys(omw_core::backend::Domain::MnPrivate).unwrap();
+    let ring = w.mn.be.ring_keys(omw_core::device::Domain::MnPrivate).unwrap();
     let ring_base = w.mn.be.ring_base(w.mn.be.qpn(3).unwrap(), QueueSel::Send).unwrap();
     assert_eq!(w.cn_op(Wqe::write(CN, w.cn_lkey, 8, ring_base, ring.rkey)), WcStatus::RemAccessErr);
     // the CN-facing registration of the rings is local-only: its key reaches nothing remotely
@@ -156,7 +156,7 @@ fn keys(seed: u64) -> Vec<u32> {
     let mut k = Vec::new();
     for i in 0..8 {
         k.push(
-            be.reg_mr(omw_core::backend::Domain::CnFacing, MN + i * 0x100, 0x100, AccessFlags::LOCAL_WRITE)
+            be.reg_mr(omw_core::device::Domain::CnFacing, MN + i * 0x100, 0x100, AccessFlags::LOCAL_WRITE)
                 .unwrap()
                 .rkey,
         );
@@ -236,11 +236,11 @@ fn a_block_without_protection_domains_has_no_private_domain() {
     assert!(be.ring_keys_in(Domain::CnFacing).is_ok());
     assert!(f.mrs(id).iter().all(|m| !m.access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)));
     // so offloaded provisioning through the MN plan fails instead of running unseparated
-    use omw_core::mn_plan::{MnOptions, MnPlan, MnRegions, PlanError};
+    use omw_core::mn::plan::{MnOptions, MnPlan, MnRegions, PlanError};
     let plan = MnPlan::decide(be.capabilities(), MnOptions::default()).unwrap();
-    assert_eq!(plan.mode, omw_core::backend::ExecutionMode::Offloaded);
+    assert_eq!(plan.mode, omw_core::device::ExecutionMode::Offloaded);
     let geo = omw_core::geometry::PoolGeometry::new(MN + (1 << 20), 4096, 4, 3).unwrap();
-    let map = omw_core::mn_memory::MnMemoryMap::new(geo, 1, MN + (2 << 20)).unwrap();
+    let map = omw_core::wire::memory_map::MnMemoryMap::new(geo, 1, MN + (2 << 20)).unwrap();
     let r = plan.register_metadata(&mut be, &MnRegions { map, zero_source: Some(MN + 0x8000) });
     assert!(matches!(r, Err(PlanError::Backend(Error::NoSuchDomain(Domain::MnPrivate)))), "{r:?}");
 }

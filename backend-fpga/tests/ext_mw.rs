@@ -5,9 +5,9 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::device::{Capabilities, Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::Rkey;
-use omw_core::wqe::{QueueSel, RecvWqe, Sge, Wqe};
+use omw_core::wire::wqe::{QueueSel, RecvWqe, Sge, Wqe};
 use omw_fpga::double::Fabric;
 use omw_fpga::encoding::OpcodeEncoding;
 use omw_fpga::{QpConnect, QpSetup};
@@ -207,7 +207,7 @@ fn extension_bad_inputs_refused_before_the_ring() {
     assert!(matches!(w.cn.be.create_qp(9, QpSetup::plain(3, 0)), Err(omw_fpga::Error::Unsupported { .. })));
     let mut bad = Wqe::nop();
     bad.operand1 = 0;
-    bad.flags = omw_core::wqe::WqeFlags::UNBIND;
+    bad.flags = omw_core::wire::wqe::WqeFlags::UNBIND;
     assert!(matches!(w.cn.be.post_send(qa, &bad), Err(omw_fpga::Error::Wqe(_))));
     // a full ring refuses the next entry (the QP has 16 send entries; stall its engine)
     w.f.set_paused(w.cn.id, true);

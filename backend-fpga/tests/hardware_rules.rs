@@ -7,8 +7,8 @@
 
 mod support;
 
-use omw_core::backend::RdmaBackend;
-use omw_core::wqe::{QueueSel, Wqe};
+use omw_core::device::RdmaBackend;
+use omw_core::wire::wqe::{QueueSel, Wqe};
 use omw_fpga::double::{Fabric, NodeConfig};
 use omw_fpga::driver::{CoyoteDriver, DriverError, ShellConfig};
 use omw_fpga::encoding::{Command, ConnContext, OpcodeEncoding, QpContext, RdmaOp, RdmaRequest, DEFAULT_PMTU};
@@ -276,11 +276,11 @@ fn sequencer_requests_obey_the_same_psn_rule() {
     setup(&mut b, 1, omw_fpga::QpSetup::plain(16, 0));
     let (qa, qb) = (a.be.qpn(1).unwrap(), b.be.qpn(1).unwrap());
     let lkey =
-        a.be.reg_mr(omw_core::backend::Domain::CnFacing, A, 0x1000, omw_core::access::AccessFlags::LOCAL_WRITE)
+        a.be.reg_mr(omw_core::device::Domain::CnFacing, A, 0x1000, omw_core::access::AccessFlags::LOCAL_WRITE)
             .unwrap()
             .lkey;
     let rights = omw_core::access::AccessFlags::LOCAL_WRITE | omw_core::access::AccessFlags::REMOTE_WRITE;
-    let rkey = b.be.reg_mr(omw_core::backend::Domain::CnFacing, B, 0x1000, rights).unwrap().rkey;
+    let rkey = b.be.reg_mr(omw_core::device::Domain::CnFacing, B, 0x1000, rights).unwrap().rkey;
     a.be.connect_qp(
         1,
         &QpConnect { remote_qpn: qb.get(), remote_ip: IP_B, local_psn: 7, remote_psn: 9, ..QpConnect::default() },
@@ -299,6 +299,6 @@ fn sequencer_requests_obey_the_same_psn_rule() {
         &QpConnect { remote_qpn: qa.get(), remote_ip: IP_A, local_psn: 9, remote_psn: 7, ..QpConnect::default() },
     )
     .unwrap();
-    assert_eq!(wait1(&mut a.be, qa, QueueSel::Send).status, omw_core::backend::WcStatus::Success);
+    assert_eq!(wait1(&mut a.be, qa, QueueSel::Send).status, omw_core::device::WcStatus::Success);
     assert_eq!((f.psns(a.id, 1).0, f.psns(b.id, 1).1), (8, 8));
 }

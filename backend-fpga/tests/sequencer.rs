@@ -4,8 +4,8 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Domain, RdmaBackend, WcStatus};
-use omw_core::wqe::{masked_add, QueueSel, Wqe, WqeField};
+use omw_core::device::{Domain, RdmaBackend, WcStatus};
+use omw_core::wire::wqe::{masked_add, QueueSel, Wqe, WqeField};
 use omw_fpga::double::Fabric;
 use omw_fpga::encoding::OpcodeEncoding;
 use omw_fpga::QpSetup;

@@ -5,8 +5,8 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, Domain, RdmaBackend, WcOpcode, WcStatus};
-use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
+use omw_core::device::{Capabilities, Domain, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
 use omw_fpga::backend::Backpressure;
 use omw_fpga::device::{DevMmio, DeviceConfig, DeviceError};
 use omw_fpga::double::Fabric;

@@ -6,7 +6,7 @@
 use divan::counter::ItemsCount;
 use divan::Bencher;
 use omw_core::access::AccessFlags;
-use omw_core::wqe::{QueueSel, Wqe, WqeFlags};
+use omw_core::wire::wqe::{QueueSel, Wqe, WqeFlags};
 use omw_loopback::{Fabric, NicConfig, PdId, QpAddr, QpConfig};
 
 const DEPTH: u32 = 64;

@@ -16,19 +16,19 @@ use crate::fabric::{Fabric, HostId, QpAddr};
 use crate::protection::PdId;
 use crate::qp::QpConfig;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{
+use omw_core::chain::ChainKind;
+use omw_core::cn::driver::{AccessDone, CnDriver, CnError, CnEvent, CnMemory, CnQpSet, OpId};
+use omw_core::cn::{Allocation, Client, ClientError, ClientEvent};
+use omw_core::device::{
     Capabilities, Completion, Domain, ExecutionMode, ModeError, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode,
     WcStatus,
 };
-use omw_core::chain::ChainKind;
-use omw_core::cn::{Allocation, Client, ClientError, ClientEvent};
-use omw_core::cn_driver::{AccessDone, CnDriver, CnError, CnEvent, CnMemory, CnQpSet, OpId};
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
+use omw_core::mn::driver::{DriverError, MnDriver};
+use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec, ProvisionError, Region};
 use omw_core::mn::{CnQps, Event};
-use omw_core::mn_driver::{DriverError, MnDriver};
-use omw_core::mn_plan::{MnOptions, MnPlan, PoolSpec, ProvisionError, Region};
-use omw_core::wire::ErrorCode;
-use omw_core::wqe::{QueueSel, RecvWqe, Wqe};
+use omw_core::wire::message::ErrorCode;
+use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe};
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::rc::Rc;
@@ -52,7 +52,7 @@ pub struct ClusterConfig {
 
 impl ClusterConfig {
     /// The chains' rings in `f` (the NIC's [`NicConfig::wqe_format`]; their depths follow).
-    pub fn with_wqe_format(mut self, f: omw_core::wqe_format::WqeFormat) -> Self {
+    pub fn with_wqe_format(mut self, f: omw_core::wire::wqe_format::WqeFormat) -> Self {
         self.nic.wqe_format = f;
         self
     }
@@ -121,7 +121,7 @@ impl From<DriverError<LoopbackError>> for ClusterError {
     }
 }
 
-pub use omw_core::cn_driver::CnQp;
+pub use omw_core::cn::driver::CnQp;
 
 /// Why a CN operation did not succeed.
 #[derive(Clone, Debug)]
@@ -347,7 +347,7 @@ impl RdmaBackend for NodeBackend {
         RdmaBackend::mw_span(&self.fabric.borrow_mut().view(self.host), rkey)
     }
     // ---- the mlx5 form (issue 13): forwarded to the MN host's view
-    fn wqe_format(&self) -> omw_core::wqe_format::WqeFormat {
+    fn wqe_format(&self) -> omw_core::wire::wqe_format::WqeFormat {
         self.fabric.borrow().config().wqe_format
     }
     fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
@@ -355,7 +355,7 @@ impl RdmaBackend for NodeBackend {
     }
     fn arm_mlx5(
         &mut self,
-        chain: &omw_core::mlx5::chain::Mlx5Chain,
+        chain: &omw_core::chain::mlx5::Mlx5Chain,
         recv_copies: u32,
     ) -> Option<Result<(), LoopbackError>> {
         self.preempt();
@@ -500,7 +500,7 @@ impl Cluster {
         let mut f = self.fabric.borrow_mut();
         let host = f.add_host(&format!("cn{idx}"))?;
         let mn = self.mn_host;
-        let cn_cfg = QpConfig::default().with_depths(64, 2 * omw_core::cn_driver::RECVS_PER_QP as u32);
+        let cn_cfg = QpConfig::default().with_depths(64, 2 * omw_core::cn::driver::RECVS_PER_QP as u32);
         let (alloc_qp, mn_alloc) = f.create_connected_pair(host, cn_cfg, mn, mgmt_cfg(0))?;
         let (free_qp, mn_free) = f.create_connected_pair(host, cn_cfg, mn, mgmt_cfg(1))?;
         let mut access_qps = Vec::new();
@@ -519,7 +519,7 @@ impl Cluster {
             CnMemory::REPLY_LEN,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         )?;
-        let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, self.cfg.chunk_size.max(4096));
+        let local_len = CnMemory::local_len_for(omw_core::cn::driver::IO_SLOTS, self.cfg.chunk_size.max(4096));
         let local = backend.alloc_memory(local_len, 64)?;
         let lk = backend.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE)?;
         let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };

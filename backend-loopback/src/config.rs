@@ -1,7 +1,7 @@
 //! What kind of NIC the model is: conformance mode, prefetching, offload switch, and the
 //! [`CostModel`] that turns executed WQEs into *modelled* time.
 
-use omw_core::backend::Capabilities;
+use omw_core::device::Capabilities;
 
 /// Which memory-window semantics the model follows (DESIGN.md §3).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
@@ -46,7 +46,7 @@ pub struct NicConfig {
     /// The form the NIC fetches **managed** queues (the chains' rings) in: canonical 64-byte
     /// WQEs, or ConnectX WQEBBs decoded by `omw_core::mlx5::decode` (`crate::mlx5_fetch`).
     /// Unmanaged queues, which CPUs post to, stay canonical either way.
-    pub wqe_format: omw_core::wqe_format::WqeFormat,
+    pub wqe_format: omw_core::wire::wqe_format::WqeFormat,
 }
 
 impl Default for NicConfig {
@@ -70,7 +70,7 @@ impl NicConfig {
             poll_max_steps: 10_000_000,
             trace: false,
             seed: 0x5EED_0F0E_5EED,
-            wqe_format: omw_core::wqe_format::WqeFormat::Canonical,
+            wqe_format: omw_core::wire::wqe_format::WqeFormat::Canonical,
         }
     }
     /// Soft-RoCE semantics (§3 deviations), offload on.
@@ -86,7 +86,7 @@ impl NicConfig {
         c
     }
     /// Managed queues in `f` ([`NicConfig::wqe_format`]).
-    pub const fn with_wqe_format(mut self, f: omw_core::wqe_format::WqeFormat) -> Self {
+    pub const fn with_wqe_format(mut self, f: omw_core::wire::wqe_format::WqeFormat) -> Self {
         self.wqe_format = f;
         self
     }

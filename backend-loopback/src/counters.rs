@@ -2,8 +2,8 @@
 //! and a deterministic digest (plus optional full trace) of every completion.
 
 use crate::addr::{HostId, QpAddr};
-use omw_core::backend::{Completion, WcOpcode, WcStatus};
-use omw_core::wqe::Opcode;
+use omw_core::device::{Completion, WcOpcode, WcStatus};
+use omw_core::wire::wqe::Opcode;
 
 /// Fabric-wide counters. Never reset (QP resets do not touch them).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]

@@ -6,7 +6,7 @@
 //! Timestamps are non-decreasing per CQ (RC completes a queue's work in order); a CQE is
 //! visible to polls and WAITs only once the clock has reached its time.
 
-use omw_core::backend::Completion;
+use omw_core::device::Completion;
 use std::collections::VecDeque;
 
 /// A completion and the modelled time (ns) at which it was generated.
@@ -132,9 +132,9 @@ impl Cq {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use omw_core::backend::{WcOpcode, WcStatus};
+    use omw_core::device::{WcOpcode, WcStatus};
     use omw_core::ids::Qpn;
-    use omw_core::wqe::Opcode;
+    use omw_core::wire::wqe::Opcode;
 
     fn c(id: u64) -> Completion {
         Completion {

@@ -1,11 +1,11 @@
 //! Errors of the model's *control* operations (creating objects, posting, host memory access).
 //! Errors of *work* (a bad rkey in a READ, a bind of a bound window) are not Rust errors: they
-//! are completions with a [`omw_core::backend::WcStatus`], exactly as on hardware.
+//! are completions with a [`omw_core::device::WcStatus`], exactly as on hardware.
 
 use crate::addr::HostId;
-use omw_core::backend::QpState;
-use omw_core::mw_rules::{DeallocFail, RegMrFail};
-use omw_core::wqe::QueueSel;
+use omw_core::device::mw_rules::{DeallocFail, RegMrFail};
+use omw_core::device::QpState;
+use omw_core::wire::wqe::QueueSel;
 use std::fmt;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -27,7 +27,7 @@ pub enum LoopbackError {
         host: HostId,
         key: u32,
     },
-    /// `reg_mr` refused by the registration rules (`omw_core::mw_rules::check_reg_mr`).
+    /// `reg_mr` refused by the registration rules (`omw_core::device::mw_rules::check_reg_mr`).
     RegMr {
         host: HostId,
         reason: RegMrFail,

@@ -29,10 +29,10 @@ use crate::mlx5_fetch::Recv;
 use crate::protection::{BindTarget, MwOpFail};
 use crate::sched::needs_recv;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Completion, QpState, WcOpcode, WcStatus};
+use omw_core::device::mw_rules::{Invalidator, Mode, Nak, QpRef, RemoteFail};
+use omw_core::device::{Completion, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::mw_rules::{Invalidator, Mode, Nak, QpRef, RemoteFail};
-use omw_core::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeError, WqeFlags, RECV_WQE_SIZE};
+use omw_core::wire::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeError, WqeFlags, RECV_WQE_SIZE};
 
 /// The requester's status for a refused remote access: the NAK class the rule names.
 #[inline]
@@ -58,7 +58,7 @@ impl Fabric {
         self.cfg.conformance == crate::config::Conformance::Strict
     }
 
-    /// The rule variant of [`omw_core::mw_rules`] this NIC follows.
+    /// The rule variant of [`omw_core::device::mw_rules`] this NIC follows.
     #[inline]
     fn mode(&self) -> Mode {
         if self.strict() {

@@ -16,9 +16,9 @@ use crate::nic::Nic;
 use crate::protection::{KeyDraw, MrInfo, MwInfo, MwState, PdId, Protection, WindowBinding};
 use crate::qp::{Prefetch, Qp, QpConfig, Queue};
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, Completion, MrKeys, QpState};
+use omw_core::device::{Capabilities, Completion, MrKeys, QpState};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::wqe::{QueueSel, RecvWqe, Wqe, RECV_WQE_SIZE, WQE_SIZE};
+use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe, RECV_WQE_SIZE, WQE_SIZE};
 use std::fmt;
 
 type Result<T> = core::result::Result<T, LoopbackError>;
@@ -246,7 +246,8 @@ impl Fabric {
         if host.mem.range(addr, len).is_none() {
             return Err(LoopbackError::BadAddress { host: h, addr, len });
         }
-        omw_core::mw_rules::check_reg_mr(access.bits()).map_err(|reason| LoopbackError::RegMr { host: h, reason })?;
+        omw_core::device::mw_rules::check_reg_mr(access.bits())
+            .map_err(|reason| LoopbackError::RegMr { host: h, reason })?;
         let key = host.prot.reg_mr(pd, addr, len, access).ok_or(LoopbackError::BadArgument("key space exhausted"))?;
         Ok(MrKeys { lkey: key, rkey: key })
     }
@@ -348,8 +349,8 @@ impl Fabric {
             return Err(LoopbackError::BadArgument("queue depth must be at least 1"));
         }
         let cq_cap = self.cfg.cq_capacity as usize;
-        let mlx5 =
-            self.cfg.wqe_format == omw_core::wqe_format::WqeFormat::Mlx5 && (cfg.managed_send || cfg.managed_recv);
+        let mlx5 = self.cfg.wqe_format == omw_core::wire::wqe_format::WqeFormat::Mlx5
+            && (cfg.managed_send || cfg.managed_recv);
         // mlx5 form: the cache holds WQEBBs, room for at least the largest WQE
         let pf_min = if mlx5 { omw_core::mlx5::wqebb::MAX_WQEBBS as u32 } else { 1 };
         let pf_cap = if self.cfg.prefetch { self.cfg.prefetch_depth.max(pf_min) as usize } else { 0 };
@@ -553,10 +554,10 @@ impl Fabric {
 
     pub fn post_recv(&mut self, qp: QpAddr, wqe: &RecvWqe) -> Result<()> {
         if self.qps[self.gq(qp)? as usize].mlx5 {
-            let sges: Vec<omw_core::mlx5::chain::RecvSge> = wqe
+            let sges: Vec<omw_core::chain::mlx5::RecvSge> = wqe
                 .sges
                 .iter()
-                .map(|s| omw_core::mlx5::chain::RecvSge { addr: s.addr, length: s.length, lkey: s.lkey })
+                .map(|s| omw_core::chain::mlx5::RecvSge { addr: s.addr, length: s.length, lkey: s.lkey })
                 .collect();
             return self.post_recv_mlx5(qp, wqe.wr_id, &sges);
         }

@@ -14,7 +14,7 @@
 //! arbitrary bytes with [`crate::Fabric::post_send_raw`] / [`crate::Fabric::post_recv_raw`].
 
 use crate::addr::{HostId, QpAddr};
-use omw_core::wqe::Opcode;
+use omw_core::wire::wqe::Opcode;
 use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;

@@ -18,10 +18,10 @@
 //! * `exec` — what each opcode does and when (the cost model), the §3 checks' outcomes, error
 //!   states, flushes;
 //! * `nic` — a NIC's processing units (send and responder clocks), link, atomic serialiser;
-//! * [`protection`] — PDs, MRs, type-2 MWs; the checks themselves are `omw_core::mw_rules`;
+//! * [`protection`] — PDs, MRs, type-2 MWs; the checks themselves are `omw_core::device::mw_rules`;
 //! * [`qp`], [`cq`] — rings, managed queues, prefetch cache; CQs with counts and timestamps;
 //! * [`fault`] — the fault plan and middlewares every request message passes through;
-//! * [`view`] — [`HostView`], the `omw_core::backend::RdmaBackend` implementation;
+//! * [`view`] — [`HostView`], the `omw_core::device::RdmaBackend` implementation;
 //! * [`counters`] — counters, statistics, trace and digest.
 //!
 //! See `README.md` in the crate for the model's semantics, the cost model's calibration, and
@@ -30,7 +30,7 @@
 //! ```
 //! use omw_loopback::{Fabric, NicConfig, QpConfig, PdId};
 //! use omw_core::access::AccessFlags;
-//! use omw_core::wqe::{Wqe, QueueSel};
+//! use omw_core::wire::wqe::{Wqe, QueueSel};
 //!
 //! let mut f = Fabric::new(NicConfig::strict());
 //! let mn = f.add_host("mn").unwrap();
@@ -43,10 +43,10 @@
 //!     .create_connected_pair(cn, QpConfig::default(), mn, QpConfig::default())
 //!     .unwrap();
 //! f.post_send(c, &Wqe::read(buf, buf_keys.lkey, 5, pool, pool_keys.rkey)).unwrap();
-//! let mut out = [omw_core::backend::Completion {
+//! let mut out = [omw_core::device::Completion {
 //!     wr_id: 0,
-//!     status: omw_core::backend::WcStatus::GeneralErr,
-//!     opcode: omw_core::backend::WcOpcode::Recv,
+//!     status: omw_core::device::WcStatus::GeneralErr,
+//!     opcode: omw_core::device::WcOpcode::Recv,
 //!     qpn: Default::default(),
 //!     byte_len: 0,
 //!     imm: None,

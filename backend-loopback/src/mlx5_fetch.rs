@@ -25,10 +25,10 @@
 
 use crate::error::LoopbackError;
 use crate::fabric::{Fabric, QpAddr};
-use omw_core::mlx5::chain::{Mlx5Chain, RecvSge};
+use omw_core::chain::mlx5::{Mlx5Chain, RecvSge};
 use omw_core::mlx5::decode::{decode, Mlx5Op};
 use omw_core::mlx5::wqebb::{wqebbs, CqIndex, MAX_WQEBBS, WQEBB};
-use omw_core::wqe::{QueueSel, Sge, Wqe, WqeFlags};
+use omw_core::wire::wqe::{QueueSel, Sge, Wqe, WqeFlags};
 
 type Result<T> = core::result::Result<T, LoopbackError>;
 
@@ -91,7 +91,7 @@ impl Fabric {
             q.sq.limit = chain.initial_index[r] as u64;
             self.activate(g);
         }
-        let wr_id = omw_core::chain_builder::chain_wr_id(chain.kind, 0, 0xFF);
+        let wr_id = omw_core::chain::builder::chain_wr_id(chain.kind, 0, 0xFF);
         for _ in 0..recv_copies.max(1) {
             self.post_recv_mlx5(qps[1], wr_id, &chain.recv)?;
         }
@@ -126,7 +126,7 @@ impl Fabric {
             let k = sges.len();
             data_seg(&mut bytes[16 * k..16 * k + 16], 0, INVALID_LKEY, 0);
         }
-        let err = q.state == omw_core::backend::QpState::Err;
+        let err = q.state == omw_core::device::QpState::Err;
         let h = q.host as usize;
         self.hosts[h].mem.write(addr, &bytes);
         if err {
@@ -170,7 +170,7 @@ impl Fabric {
                 let l = local(l);
                 let mut w = Wqe::send(l.addr, l.lkey, l.length);
                 if let Some(i) = imm {
-                    w.opcode = omw_core::wqe::Opcode::SendWithImm;
+                    w.opcode = omw_core::wire::wqe::Opcode::SendWithImm;
                     w.imm = i;
                 }
                 w

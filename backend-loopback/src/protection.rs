@@ -7,11 +7,11 @@
 //! stale key never validates.
 
 use omw_core::access::AccessFlags;
-use omw_core::ids::{Qpn, Rkey};
-use omw_core::mw_rules::{
+use omw_core::device::mw_rules::{
     self, BindFail, BindRequest, DeallocFail, InvalidateFail, Invalidator, KeyTarget, LocalFail, LocalSge, Mode, QpRef,
     RemoteAccess, RemoteFail,
 };
+use omw_core::ids::{Qpn, Rkey};
 
 /// A protection domain of one host. PD 0 exists on every host (the ring arena is in it).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, Default)]
@@ -100,7 +100,7 @@ struct Mw {
 
 /// Why a BIND_MW / UNBIND / LOCAL_INV / remote invalidation failed (all complete with
 /// `MwBindErr`, `LocQpOpErr` (rxe LOCAL_INV) or fail the responder (SEND_WITH_INV); the
-/// reason is for traces). The rules are [`omw_core::mw_rules`].
+/// reason is for traces). The rules are [`omw_core::device::mw_rules`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[non_exhaustive]
 pub enum MwOpFail {

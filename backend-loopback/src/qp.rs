@@ -8,8 +8,8 @@
 //! whose ring is exactly as deep as the chain re-executes the same slots lap after lap.
 
 use crate::cq::Cq;
-use omw_core::backend::QpState;
-use omw_core::wqe::{QueueSel, WQE_SIZE};
+use omw_core::device::QpState;
+use omw_core::wire::wqe::{QueueSel, WQE_SIZE};
 
 /// Data segments per receive WQE of a ring in mlx5 form (`crate::mlx5_fetch`).
 pub const MLX5_RQ_SGES: usize = 32;
@@ -197,7 +197,7 @@ pub(crate) struct Qp {
     /// WQEBBs of the WQE being executed (1 in canonical form).
     pub head_wqebbs: u64,
     /// The local buffers of the scatter READ being executed (mlx5 form).
-    pub scatter: Vec<omw_core::wqe::Sge>,
+    pub scatter: Vec<omw_core::wire::wqe::Sge>,
     /// mlx5 form: the last prefetched WQE, if it is a WAIT — (CQ owner, queue, count).
     pub pf_wait: Option<(u32, QueueSel, u64)>,
 }

@@ -14,8 +14,8 @@
 
 use crate::counters::StepInfo;
 use crate::fabric::Fabric;
-use omw_core::backend::QpState;
-use omw_core::wqe::{Opcode, QueueSel, WqeFlags, WQE_SIZE};
+use omw_core::device::QpState;
+use omw_core::wire::wqe::{Opcode, QueueSel, WqeFlags, WQE_SIZE};
 
 /// A QP (global index) and the time it can run.
 pub(crate) type Pick = (u32, u64);

@@ -6,9 +6,9 @@ use crate::fabric::Fabric;
 use crate::protection::MwState;
 use crate::protection::PdId;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend};
+use omw_core::device::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::wqe::{QueueSel, RecvWqe, Wqe};
+use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe};
 
 /// A `&mut Fabric` plus the host it speaks for. [`Domain::CnFacing`] registrations and every
 /// window go to PD 0; [`Domain::MnPrivate`] ones to the PD given with
@@ -22,7 +22,7 @@ pub struct HostView<'a> {
 }
 
 impl Fabric {
-    /// A view of one host implementing [`omw_core::backend::RdmaBackend`]. Here, not in fabric.rs,
+    /// A view of one host implementing [`omw_core::device::RdmaBackend`]. Here, not in fabric.rs,
     /// so that the fabric does not depend on its own view (scripts/import-cycles).
     pub fn view(&mut self, h: HostId) -> HostView<'_> {
         HostView::new(self, h)
@@ -120,7 +120,7 @@ impl RdmaBackend for HostView<'_> {
             _ => None,
         }
     }
-    fn wqe_format(&self) -> omw_core::wqe_format::WqeFormat {
+    fn wqe_format(&self) -> omw_core::wire::wqe_format::WqeFormat {
         self.fabric.config().wqe_format
     }
     fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
@@ -133,7 +133,7 @@ impl RdmaBackend for HostView<'_> {
     }
     fn arm_mlx5(
         &mut self,
-        chain: &omw_core::mlx5::chain::Mlx5Chain,
+        chain: &omw_core::chain::mlx5::Mlx5Chain,
         recv_copies: u32,
     ) -> Option<Result<(), LoopbackError>> {
         let q = |v: u32| Qpn::new(v).map(|q| self.qp(q)).map_err(|_| LoopbackError::BadArgument("chain QP number"));

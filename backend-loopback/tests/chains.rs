@@ -3,8 +3,8 @@
 
 mod common;
 use common::*;
-use omw_core::backend::{QpState, WcStatus};
-use omw_core::wqe::{QueueSel, Wqe, WqeField, WqeFlags, WQE_SIZE};
+use omw_core::device::{QpState, WcStatus};
+use omw_core::wire::wqe::{QueueSel, Wqe, WqeField, WqeFlags, WQE_SIZE};
 use omw_loopback::{Fabric, NicConfig, PdId, QpAddr, QpConfig};
 
 const QUIET: WqeFlags = WqeFlags::empty();

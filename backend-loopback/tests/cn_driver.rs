@@ -1,11 +1,11 @@
 //! The core's `CnDriver` on the model, where the cluster harness does not reach: its timers,
 //! its slot limits, a reset under it, bad arguments.
 
-use omw_core::backend::{ExecutionMode, WcStatus};
-use omw_core::cn_driver::{CnError, CnEvent, CnQp, IO_SLOTS};
+use omw_core::cn::driver::{CnError, CnEvent, CnQp, IO_SLOTS};
+use omw_core::device::{ExecutionMode, WcStatus};
 use omw_core::ids::Rkey;
-use omw_core::wire::ErrorCode;
-use omw_core::wqe::Wqe;
+use omw_core::wire::message::ErrorCode;
+use omw_core::wire::wqe::Wqe;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 
 fn cluster(mode: ExecutionMode, chunks: u32) -> Cluster {
@@ -135,7 +135,7 @@ fn raw_work_requests_on_any_queue_report_their_status() {
 /// CN's own free — the one that would refill the pool — was refused `SlotsBusy`.
 #[test]
 fn alloc_requests_waiting_on_an_empty_pool_leave_send_slots_for_frees() {
-    use omw_core::cn_driver::{ALLOC_SEND_SLOTS, SEND_SLOTS};
+    use omw_core::cn::driver::{ALLOC_SEND_SLOTS, SEND_SLOTS};
     use omw_loopback::cluster::CnOpError;
     for mode in [ExecutionMode::Offloaded, ExecutionMode::HostEngine] {
         let mut c = cluster(mode, 2);

@@ -3,8 +3,8 @@
 
 mod common;
 use common::*;
-use omw_core::backend::{QpState, WcStatus};
-use omw_core::wqe::{Opcode, QueueSel, Wqe};
+use omw_core::device::{QpState, WcStatus};
+use omw_core::wire::wqe::{Opcode, QueueSel, Wqe};
 use omw_loopback::{LoopbackError, MessageFilter, Middleware, NicConfig, PdId, Recorder, Verdict};
 
 #[test]

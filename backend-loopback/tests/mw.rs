@@ -6,10 +6,10 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{MwBinding, QpState, RdmaBackend, WcStatus};
+use omw_core::device::mw_rules::{DeallocFail, RegMrFail};
+use omw_core::device::{MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::ids::Rkey;
-use omw_core::mw_rules::{DeallocFail, RegMrFail};
-use omw_core::wqe::{QueueSel, Wqe};
+use omw_core::wire::wqe::{QueueSel, Wqe};
 use omw_loopback::{LoopbackError, MwState, NicConfig, PdId, QpAddr, QpConfig};
 
 const RW: AccessFlags = AccessFlags::DATA_WINDOW;
@@ -158,7 +158,7 @@ fn bind_errors() {
 fn the_invalidation_qp_check_is_declared_as_a_capability() {
     for (cfg, checks) in [(NicConfig::strict(), true), (NicConfig::rxe_compatible(), false)] {
         let t = mw_env(cfg);
-        assert_eq!(t.e.f.capabilities().contains(omw_core::backend::Capabilities::MW_QP_CHECK_ON_INVALIDATE), checks);
+        assert_eq!(t.e.f.capabilities().contains(omw_core::device::Capabilities::MW_QP_CHECK_ON_INVALIDATE), checks);
     }
 }
 

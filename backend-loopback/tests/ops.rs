@@ -4,8 +4,8 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{QpState, WcOpcode, WcStatus};
-use omw_core::wqe::{masked_add, Opcode, QueueSel, Wqe, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
+use omw_core::device::{QpState, WcOpcode, WcStatus};
+use omw_core::wire::wqe::{masked_add, Opcode, QueueSel, Wqe, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
 use omw_loopback::{NicConfig, PdId, QpConfig, StepKind};
 
 #[test]

@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
+use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
 use omw_loopback::{Conformance, MessageFilter, NicConfig, PdId, QpAddr, QpConfig};
 use proptest::prelude::*;
 

@@ -5,8 +5,8 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::WcStatus;
-use omw_core::wqe::{Opcode, QueueSel, Wqe, WqeFlags};
+use omw_core::device::WcStatus;
+use omw_core::wire::wqe::{Opcode, QueueSel, Wqe, WqeFlags};
 use omw_loopback::{CostModel, Fabric, MessageFilter, NicConfig, PdId, QpAddr, QpConfig, TimedCompletion};
 
 fn times(f: &mut Fabric, q: QpAddr) -> Vec<u64> {
@@ -258,7 +258,7 @@ fn clock_is_monotonic_and_cq_times_non_decreasing() {
     // per CQ (host, qpn, send/recv), completion times never go backwards
     let mut last = std::collections::HashMap::new();
     for ev in trace {
-        let key = (ev.host, ev.completion.qpn, matches!(ev.completion.opcode, omw_core::backend::WcOpcode::Send(_)));
+        let key = (ev.host, ev.completion.qpn, matches!(ev.completion.opcode, omw_core::device::WcOpcode::Send(_)));
         let prev = last.insert(key, ev.at).unwrap_or(0);
         assert!(ev.at >= prev, "{ev:?}");
     }

@@ -3,9 +3,9 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, Domain, MwBinding, QpState, RdmaBackend, WcStatus};
+use omw_core::device::{Capabilities, Domain, MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::ids::Qpn;
-use omw_core::wqe::{QueueSel, Wqe, WQE_SIZE};
+use omw_core::wire::wqe::{QueueSel, Wqe, WQE_SIZE};
 use omw_loopback::{NicConfig, QpConfig};
 
 /// Generic MN-side code: register memory, bind a window on a loop QP through the ring, poll.
@@ -79,15 +79,15 @@ fn capabilities_are_what_the_config_enables() {
     let h = f.add_host("mn").unwrap();
     let caps = f.view(h).capabilities();
     assert_eq!(
-        omw_core::backend::ExecutionMode::choose(caps, None, false).unwrap(),
-        omw_core::backend::ExecutionMode::HostEngine
+        omw_core::device::ExecutionMode::choose(caps, None, false).unwrap(),
+        omw_core::device::ExecutionMode::HostEngine
     );
     let mut f = omw_loopback::Fabric::new(NicConfig::strict());
     let h = f.add_host("mn").unwrap();
     let caps = f.view(h).capabilities();
     assert_eq!(
-        omw_core::backend::ExecutionMode::choose(caps, None, false).unwrap(),
-        omw_core::backend::ExecutionMode::Offloaded
+        omw_core::device::ExecutionMode::choose(caps, None, false).unwrap(),
+        omw_core::device::ExecutionMode::Offloaded
     );
     let mut f = omw_loopback::Fabric::new(NicConfig::rxe_compatible());
     let h = f.add_host("mn").unwrap();

@@ -8,7 +8,7 @@
 //! the tenant, the session nonce, the role and the timestamp. The MN accepts a timestamp within
 //! [`REPLAY_WINDOW`] of its clock and each (tenant, nonce, role) once within that window, so a
 //! captured hello cannot be replayed. Quotas and CN slots are then the tenant's, over all its
-//! sessions (`omw_core::tenant`).
+//! sessions (`omw_core::mn::tenant`).
 //!
 //! The tenants file has one tenant per line, `#` comments and blank lines ignored:
 //!
@@ -20,7 +20,7 @@
 //! `cns` is optional ([`DEFAULT_TENANT_CNS`]).
 
 use hmac::{Hmac, Mac};
-use omw_core::tenant::{TenantId, TenantLimits};
+use omw_core::mn::tenant::{TenantId, TenantLimits};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt;
@@ -289,8 +289,8 @@ pub fn parse_tenants(text: &str, chunk_size: u64) -> Result<Vec<Tenant>, ConfigE
         if let Some(o) = out.iter().find(|t| t.credential.id == credential.id) {
             return Err(ConfigError::IdCollision { line, name: name.into(), other: o.credential.name.clone() });
         }
-        if out.len() >= omw_core::tenant::MAX_TENANTS {
-            return Err(ConfigError::TooMany { line, max: omw_core::tenant::MAX_TENANTS });
+        if out.len() >= omw_core::mn::tenant::MAX_TENANTS {
+            return Err(ConfigError::TooMany { line, max: omw_core::mn::tenant::MAX_TENANTS });
         }
         out.push(Tenant { credential, quota_bytes, max_cns });
     }

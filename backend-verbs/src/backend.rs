@@ -15,11 +15,9 @@ use crate::device::{Context, DeviceChoice};
 use crate::error::{Result, VerbsError};
 use crate::port::{self, Addressing, GidEntry, Peer, PortAttr};
 use omw_core::access::AccessFlags;
-use omw_core::backend::{
-    Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
-};
+use omw_core::device::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, MAX_RECV_SGES};
+use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, MAX_RECV_SGES};
 use rdma_sys::*;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ptr;

@@ -43,7 +43,7 @@ impl Role {
 /// A hello's credential ([`crate::admission`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct HelloAuth {
-    pub tenant: omw_core::tenant::TenantId,
+    pub tenant: omw_core::mn::tenant::TenantId,
     pub timestamp: u64,
     pub tag: [u8; crate::admission::TAG_LEN],
 }
@@ -92,7 +92,7 @@ impl Hello {
             2 if b.len() >= AUTH_HELLO_LEN => {
                 let mut tag = [0u8; crate::admission::TAG_LEN];
                 tag.copy_from_slice(&b[28..AUTH_HELLO_LEN]);
-                let tenant = omw_core::tenant::TenantId(u32::from_le_bytes([b[16], b[17], b[18], b[19]]));
+                let tenant = omw_core::mn::tenant::TenantId(u32::from_le_bytes([b[16], b[17], b[18], b[19]]));
                 Some(HelloAuth { tenant, timestamp: u64_at(20), tag })
             }
             _ => return None,
@@ -191,7 +191,7 @@ impl VerbsBackend {
             }
         };
         if let Err(e) = prepare(self, q) {
-            let _ = omw_core::backend::RdmaBackend::destroy_qp(self, q);
+            let _ = omw_core::device::RdmaBackend::destroy_qp(self, q);
             return Err(e);
         }
         let rd = (self.device_info().max_qp_rd_atom.clamp(1, 16)) as u8;
@@ -208,7 +208,7 @@ impl VerbsBackend {
         };
         if rc != 0 {
             let e = VerbsError::rc("rdma_accept", rc);
-            let _ = omw_core::backend::RdmaBackend::destroy_qp(self, q);
+            let _ = omw_core::device::RdmaBackend::destroy_qp(self, q);
             return Err(e);
         }
         self.short_rnr_timer(q);

@@ -43,13 +43,13 @@ use crate::backend::VerbsBackend;
 use crate::cm::{parse_welcome, Hello, Role};
 use crate::error::{Result, VerbsError};
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Domain, RdmaBackend, WcStatus};
+use omw_core::cn::driver::{prime_receives, CnDriver, CnError, CnEvent, CnMemory, CnQp, CnQpSet, MessageQueue};
 pub use omw_core::cn::Allocation;
 use omw_core::cn::ClientError;
-use omw_core::cn_driver::{prime_receives, CnDriver, CnError, CnEvent, CnMemory, CnQp, CnQpSet, MessageQueue};
+use omw_core::device::{Domain, RdmaBackend, WcStatus};
 use omw_core::ids::{CnId, Qpn, Rkey};
-use omw_core::wire::{ConnectInfo, ErrorCode};
-use omw_core::wqe::Wqe;
+use omw_core::wire::message::{ConnectInfo, ErrorCode};
+use omw_core::wire::wqe::Wqe;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -77,7 +77,7 @@ pub struct OpDone {
 
 #[derive(Clone, Copy, Debug)]
 struct InFlight {
-    op: omw_core::cn_driver::OpId,
+    op: omw_core::cn::driver::OpId,
     /// READ: how many bytes come back.
     read_len: Option<usize>,
 }
@@ -563,7 +563,7 @@ impl CnClient {
     }
 
     /// Wait (bounded by the client's timeout) for one access, keeping everything else.
-    fn wait_op(&mut self, op: omw_core::cn_driver::OpId, out: &mut [u8]) -> Result<WcStatus> {
+    fn wait_op(&mut self, op: omw_core::cn::driver::OpId, out: &mut [u8]) -> Result<WcStatus> {
         let t0 = Instant::now();
         loop {
             self.absorb()?;
@@ -580,7 +580,7 @@ impl CnClient {
     /// A request on the Alloc QP the MN cannot parse: answered with an error reply by the MN
     /// loop (what `omw cn bench` uses as the round-trip baseline on the same QPs).
     pub fn bad_request_round_trip(&mut self) -> Result<Option<ErrorCode>> {
-        let h = omw_core::wire::Header::new(omw_core::wire::Kind::AllocRequest, 0x00E0_0001);
+        let h = omw_core::wire::message::Header::new(omw_core::wire::message::Kind::AllocRequest, 0x00E0_0001);
         self.d.send_raw(CnQp::Alloc, zerocopy::IntoBytes::as_bytes(&h)).map_err(cn_err)?;
         self.wait_failure(0x00E0_0001, self.timeout)
     }
@@ -596,7 +596,7 @@ impl CnClient {
 
     // ------------------------------------------------------- asynchronous operations
 
-    fn track(&mut self, op: omw_core::cn_driver::OpId, read_len: Option<usize>) -> OpId {
+    fn track(&mut self, op: omw_core::cn::driver::OpId, read_len: Option<usize>) -> OpId {
         let id = self.next_op;
         self.next_op += 1;
         self.in_flight.insert(id, InFlight { op, read_len });

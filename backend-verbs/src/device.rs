@@ -6,7 +6,7 @@
 
 use crate::error::{Result, VerbsError};
 use crate::port::{choose_gid, pick_device, Candidate, GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortState};
-use omw_core::backend::Capabilities;
+use omw_core::device::Capabilities;
 use rdma_sys::*;
 use std::ffi::CStr;
 use std::ptr;

@@ -2,7 +2,7 @@
 //! meets these on the command line, so "ENOSYS from ibv_get_device_list" is not enough.
 
 pub(crate) use crate::memlock::human;
-use omw_core::backend::WcStatus;
+use omw_core::device::WcStatus;
 use std::fmt;
 
 #[derive(Debug)]
@@ -54,7 +54,7 @@ pub enum VerbsError {
     /// The MN answered something that is not the protocol.
     Protocol(String),
     /// The MN refused the request, with the protocol's reason.
-    Refused(omw_core::wire::ErrorCode),
+    Refused(omw_core::wire::message::ErrorCode),
     /// The device lacks a check isolation depends on, and `--insecure` was not given.
     Insecure(String),
     /// Invalid configuration (pool geometry, arguments).
@@ -62,11 +62,11 @@ pub enum VerbsError {
     /// The CN's protocol state machine refused a reply or message (not for us, malformed…).
     Client(omw_core::cn::ClientError),
     /// The CN driver refused (its slots, its memory layout).
-    Cn(Box<omw_core::cn_driver::CnError<VerbsError>>),
+    Cn(Box<omw_core::cn::driver::CnError<VerbsError>>),
     /// The MN driver failed handling an event.
-    Driver(Box<omw_core::mn_driver::DriverError<VerbsError>>),
+    Driver(Box<omw_core::mn::driver::DriverError<VerbsError>>),
     /// The MN could not be brought up on the device (which step, and the device's error).
-    Provision(Box<omw_core::mn_plan::ProvisionError<VerbsError>>),
+    Provision(Box<omw_core::mn::plan::ProvisionError<VerbsError>>),
     /// `--offload mlx5` cannot run (DEVX, capability or command failure, with what to do).
     Devx(crate::devx::DevxError),
 }

@@ -14,12 +14,12 @@ use crate::memlock::{ensure_memlock, memlock_limit, MemlockNeed};
 use crate::metrics::{MetricsServer, MnCounters};
 use crate::probe::{self, ProbeReport};
 use crate::sessions::{Admission, Rejections, Sessions, SESSION_PATIENCE};
-use omw_core::backend::{ExecutionMode, RdmaBackend};
+use omw_core::device::{ExecutionMode, RdmaBackend};
 use omw_core::geometry::PoolGeometry;
+use omw_core::mn::driver::MnDriver;
+use omw_core::mn::plan::{MnOptions as PlanOptions, MnPlan, PoolSpec};
 use omw_core::mn::{Event, MnStats};
-use omw_core::mn_driver::MnDriver;
-use omw_core::mn_memory::MnMemoryMap;
-use omw_core::mn_plan::{MnOptions as PlanOptions, MnPlan, PoolSpec};
+use omw_core::wire::memory_map::MnMemoryMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -122,10 +122,10 @@ impl std::fmt::Debug for MemoryNodeDaemon {
 
 /// A device error during set-up stays the device error it was (memlock, a failed verb…);
 /// anything else names the provisioning step.
-fn provision_err(e: omw_core::mn_plan::ProvisionError<VerbsError>) -> VerbsError {
+fn provision_err(e: omw_core::mn::plan::ProvisionError<VerbsError>) -> VerbsError {
     match e {
-        omw_core::mn_plan::ProvisionError::Backend(e) => e,
-        omw_core::mn_plan::ProvisionError::Register(omw_core::mn_plan::PlanError::Backend(e)) => e,
+        omw_core::mn::plan::ProvisionError::Backend(e) => e,
+        omw_core::mn::plan::ProvisionError::Register(omw_core::mn::plan::PlanError::Backend(e)) => e,
         other => VerbsError::Provision(Box::new(other)),
     }
 }
@@ -497,10 +497,11 @@ impl MemoryNodeDaemon {
                         log(format!("{cn} connected (session {nonce:#x}, {} QPs)", 2 + self.opts.group_size - 1));
                         if debug_enabled() {
                             let aq = self.sessions.get(nonce).and_then(|s| s.alloc).unwrap_or_default();
-                            let mut buf = [omw_core::backend::Completion::EMPTY; 4];
+                            let mut buf = [omw_core::device::Completion::EMPTY; 4];
                             let t = Instant::now();
                             while t.elapsed() < Duration::from_millis(500) {
-                                let Ok(n) = self.driver.backend.poll_cq(aq, omw_core::wqe::QueueSel::Send, &mut buf)
+                                let Ok(n) =
+                                    self.driver.backend.poll_cq(aq, omw_core::wire::wqe::QueueSel::Send, &mut buf)
                                 else {
                                     break;
                                 };

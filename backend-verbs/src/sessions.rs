@@ -8,8 +8,8 @@
 use crate::admission::{unix_now, Authenticator, CredentialError};
 use crate::cm::{welcome, CmEvent, CmId, Hello, Role};
 use omw_core::ids::{CnId, Qpn};
+use omw_core::mn::tenant::TenantId;
 use omw_core::mn::CnQps;
-use omw_core::tenant::TenantId;
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;

@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use omw_core::backend::WcStatus;
+use omw_core::device::WcStatus;
 use omw_core::ids::Rkey;
 use omw_verbs::cn::{CnClient, CnOptions, OpId, ASYNC_SLOT, ASYNC_SLOTS};
 use omw_verbs::VerbsError;

@@ -39,9 +39,9 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Completion, Domain, MwBinding, QpState, RdmaBackend, WcStatus};
+use omw_core::device::{Completion, Domain, MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::wqe::{QueueSel, RecvWqe, Sge, Wqe, WqeFlags};
+use omw_core::wire::wqe::{QueueSel, RecvWqe, Sge, Wqe, WqeFlags};
 use omw_loopback::{Fabric, HostId, HostView, NicConfig, QpConfig};
 use omw_verbs::VerbsBackend;
 use std::collections::BTreeMap;

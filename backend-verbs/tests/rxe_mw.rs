@@ -7,9 +7,9 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, Domain, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::device::{Capabilities, Domain, QpState, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::wqe::{RecvWqe, Sge, Wqe};
+use omw_core::wire::wqe::{RecvWqe, Sge, Wqe};
 use omw_verbs::{VerbsBackend, VerbsError};
 use std::time::{Duration, Instant};
 
@@ -113,7 +113,7 @@ fn unbind_goes_to_the_bound_qp_and_unbound_windows_are_never_invalidated() {
     assert!(matches!(f.b.post_send(other.0, &Wqe::local_inv(0xABCD_EF00)), Err(VerbsError::UnknownMw(_))));
     // and what the device cannot do is refused, not faked
     assert!(matches!(f.b.post_send(other.0, &Wqe::nop()), Err(VerbsError::Unsupported(_))));
-    assert!(matches!(f.b.enable(other.0, omw_core::wqe::QueueSel::Send, 1), Err(VerbsError::Unsupported(_))));
+    assert!(matches!(f.b.enable(other.0, omw_core::wire::wqe::QueueSel::Send, 1), Err(VerbsError::Unsupported(_))));
     assert!(matches!(
         f.b.post_send(other.0, &Wqe::masked_fetch_add(f.req, f.req_lkey, 0, 0, 1, 1)),
         Err(VerbsError::Unsupported(_))

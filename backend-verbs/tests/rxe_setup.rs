@@ -6,8 +6,8 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::RdmaBackend;
-use omw_core::wqe::Wqe;
+use omw_core::device::RdmaBackend;
+use omw_core::wire::wqe::Wqe;
 use omw_verbs::cm::{CmEventKind, Hello, Role};
 use omw_verbs::device::DeviceChoice;
 use omw_verbs::port::{GidType, LinkLayer, PortError};
@@ -57,7 +57,7 @@ fn teardown_falls_back_to_dealloc() {
     let mut b = VerbsBackend::open(Some(&device())).unwrap();
     let own = b.alloc_region(1 << 16, 4096).unwrap();
     let k = b
-        .reg_mr(omw_core::backend::Domain::CnFacing, own, 1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+        .reg_mr(omw_core::device::Domain::CnFacing, own, 1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
         .unwrap();
     let mw = b.alloc_mw().unwrap();
     let (q1, _q2) = b.create_loopback_pair().unwrap();

@@ -8,7 +8,7 @@
 use super::inputs::{Inputs, Measured};
 use super::schemes::{compile, Op, Scheme, ALL};
 use super::sim::{self, Res};
-use omw_core::backend::ExecutionMode;
+use omw_core::device::ExecutionMode;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::NicConfig;
 

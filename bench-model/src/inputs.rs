@@ -6,14 +6,14 @@
 //! how many CPU steps a request needs), or a measurement of the model running the real code.
 //! Nothing is fitted to the outputs the bench compares with the paper.
 
-use omw_core::backend::ExecutionMode;
+use omw_core::device::ExecutionMode;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::{CostModel, NicConfig};
 
 /// Request bytes on the wire (alloc request, free request) and the alloc reply.
 pub const ALLOC_REQ_BYTES: u64 = 28;
 pub const FREE_REQ_BYTES: u64 = 16;
-pub const ALLOC_REPLY_BYTES: u64 = omw_core::wire::ALLOC_REPLY_LEN as u64;
+pub const ALLOC_REPLY_BYTES: u64 = omw_core::wire::message::ALLOC_REPLY_LEN as u64;
 
 /// ODRP's translation: gated NIC-internal phases before each data transfer (DESIGN §5: read
 /// the translation-table entry, then turn its big-endian address into the little-endian WQE

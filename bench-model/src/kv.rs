@@ -11,7 +11,7 @@
 
 use super::schemes::Op;
 use crate::rng::Rng;
-use omw_core::object_alloc::{ObjectAllocator, ObjectRef};
+use omw_core::cn::object_alloc::{ObjectAllocator, ObjectRef};
 
 pub const GET: u8 = 0;
 pub const INSERT: u8 = 1;

@@ -10,12 +10,12 @@
 
 use clap::{Args, ValueEnum};
 use omw_bench::Rng;
-use omw_core::backend::{ExecutionMode, WcStatus};
 use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
+use omw_core::device::{ExecutionMode, WcStatus};
 use omw_core::ids::Rkey;
-use omw_core::wire::ErrorCode;
-use omw_core::wqe::Wqe;
+use omw_core::wire::message::ErrorCode;
+use omw_core::wire::wqe::Wqe;
 use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError, CnQp};
 use omw_loopback::NicConfig;
 use std::fmt::Write as _;
@@ -285,7 +285,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoReport, String> {
     let leaked = c.cns[evil]
         .received
         .iter()
-        .filter_map(|b| omw_core::wire::AllocReply::decode(b).ok())
+        .filter_map(|b| omw_core::wire::message::AllocReply::decode(b).ok())
         .any(|r| r.entry.lkey.get() != 0 || keys.contains(&r.entry.lkey.get()));
     rep.attack("learn an MN key from its alloc replies", !leaked);
     // residue: what it wrote before freeing is gone from the chunk

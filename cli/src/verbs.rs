@@ -307,9 +307,9 @@ pub fn probe(a: ProbeArgs) -> ExitCode {
     match omw_verbs::probe::run_choice(&choice) {
         Ok(r) => {
             println!("{r}");
-            let mn = if r.basic_failed || !r.has(omw_core::backend::Capabilities::MW_QP_BINDING_ENFORCED) {
+            let mn = if r.basic_failed || !r.has(omw_core::device::Capabilities::MW_QP_BINDING_ENFORCED) {
                 "an MN on this device refuses to start (unless --insecure)"
-            } else if r.has(omw_core::backend::Capabilities::MW_BOUNDS_ENFORCED) {
+            } else if r.has(omw_core::device::Capabilities::MW_BOUNDS_ENFORCED) {
                 "an MN on this device protects chunks by window bounds (one pool MR)"
             } else {
                 "an MN on this device registers one MR per chunk (window bounds are not enforced)"

@@ -10,21 +10,21 @@
 
 use divan::Bencher;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Domain, RdmaBackend};
+use omw_core::chain::builder::ChainEnv;
 use omw_core::chain::ChainLayout;
-use omw_core::chain_builder::ChainEnv;
+use omw_core::cn::driver::{CnDriver, CnEvent, CnMemory, CnQpSet};
 use omw_core::cn::{Allocation, Client};
-use omw_core::cn_driver::{CnDriver, CnEvent, CnMemory, CnQpSet};
+use omw_core::device::mw_rules::Mode;
+use omw_core::device::{Domain, RdmaBackend};
 use omw_core::geometry::PoolGeometry;
 use omw_core::ids::{CnId, Qpn, Rkey};
+use omw_core::mn::driver::MnDriver;
+use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
 use omw_core::mn::{CnQps, MnKeys};
-use omw_core::mn_driver::MnDriver;
-use omw_core::mn_memory::MnMemoryMap;
-use omw_core::mn_plan::{MnOptions, MnPlan, PoolSpec};
-use omw_core::mw_rules::Mode;
-use omw_core::test_nic::{Node, TestNic};
-use omw_core::wire::{AllocReply, ConnectInfo};
-use omw_core::wqe::Wqe;
+use omw_core::testing::test_nic::{Node, TestNic};
+use omw_core::wire::memory_map::MnMemoryMap;
+use omw_core::wire::message::{AllocReply, ConnectInfo};
+use omw_core::wire::wqe::Wqe;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -113,7 +113,7 @@ impl Rig {
         let reply = c.alloc_memory(CnMemory::REPLY_LEN, 64).expect("reply");
         let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         let rk = c.reg_mr(Domain::CnFacing, reply, CnMemory::REPLY_LEN, rights).expect("reply mr");
-        let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, 4096);
+        let local_len = CnMemory::local_len_for(omw_core::cn::driver::IO_SLOTS, 4096);
         let local = c.alloc_memory(local_len, 64).expect("local");
         let lk = c.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE).expect("local mr");
         let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
@@ -152,7 +152,7 @@ impl Rig {
 
 // ------------------------------------------------------------------ fixtures
 
-fn connect_info() -> [u8; omw_core::wire::CONNECT_INFO_LEN] {
+fn connect_info() -> [u8; omw_core::wire::message::CONNECT_INFO_LEN] {
     ConnectInfo {
         cn: CnId::new(3).expect("cn"),
         group_size: 3,
@@ -165,8 +165,8 @@ fn connect_info() -> [u8; omw_core::wire::CONNECT_INFO_LEN] {
     .encode()
 }
 
-fn reply_bytes() -> [u8; omw_core::wire::ALLOC_REPLY_LEN] {
-    let mut e = omw_core::mwtable::MwTableEntry::new(0x10000, 4096, 1, &[Rkey(0x100), Rkey(0x200), Rkey(0x300)]);
+fn reply_bytes() -> [u8; omw_core::wire::message::ALLOC_REPLY_LEN] {
+    let mut e = omw_core::wire::mwtable::MwTableEntry::new(0x10000, 4096, 1, &[Rkey(0x100), Rkey(0x200), Rkey(0x300)]);
     e.owner = 3.into();
     AllocReply { entry_addr: 0x5000, entry: e }.encode()
 }
@@ -272,12 +272,12 @@ fn wqe_decode(b: Bencher) {
 #[divan::bench]
 fn alloc_chain_build(b: Bencher) {
     let env = chain_env();
-    b.bench_local(|| black_box(omw_core::alloc_chain::build_alloc_chain(black_box(&env)).expect("build")));
+    b.bench_local(|| black_box(omw_core::chain::alloc::build_alloc_chain(black_box(&env)).expect("build")));
 }
 
 #[divan::bench]
 fn alloc_chain_validate(b: Bencher) {
-    let layout: ChainLayout = omw_core::alloc_chain::build_alloc_chain(&chain_env()).expect("build");
+    let layout: ChainLayout = omw_core::chain::alloc::build_alloc_chain(&chain_env()).expect("build");
     b.bench_local(|| black_box(black_box(&layout).validate()));
 }
 
@@ -378,10 +378,10 @@ fn summary(quick: bool) {
     rows.push((
         "alloc chain: build (G=3)",
         measure(20_000 / q, 5, || {
-            black_box(omw_core::alloc_chain::build_alloc_chain(black_box(&env)).expect("build"));
+            black_box(omw_core::chain::alloc::build_alloc_chain(black_box(&env)).expect("build"));
         }),
     ));
-    let layout = omw_core::alloc_chain::build_alloc_chain(&env).expect("build");
+    let layout = omw_core::chain::alloc::build_alloc_chain(&env).expect("build");
     rows.push((
         "alloc chain: static validation",
         measure(20_000 / q, 5, || {
@@ -399,8 +399,8 @@ fn summary(quick: bool) {
         println!("  {name:<56} {ns:>10.1} {:>12.1} {allocs:>12.3}", ns / base.max(1e-3));
     }
     println!(
-        "  MN metadata per chunk: {} bytes (omw_core::mwtable::METADATA_BYTES_PER_CHUNK)",
-        omw_core::mwtable::METADATA_BYTES_PER_CHUNK
+        "  MN metadata per chunk: {} bytes (omw_core::wire::mwtable::METADATA_BYTES_PER_CHUNK)",
+        omw_core::wire::mwtable::METADATA_BYTES_PER_CHUNK
     );
 }
 

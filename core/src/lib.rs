@@ -13,38 +13,21 @@
 extern crate std;
 
 pub mod access;
-pub mod alloc_chain;
-pub mod arm;
-pub mod backend;
-pub mod chain;
-pub mod chain_builder;
-pub mod cn;
-pub mod cn_driver;
-#[cfg(any(test, feature = "test-nic"))]
-pub mod fault;
-pub mod free_chain;
-pub mod free_queue;
 pub mod geometry;
-pub mod host_engine;
 pub mod ids;
-pub mod invariants;
-pub mod mlx5;
-pub mod mn;
-pub mod mn_driver;
-pub mod mn_memory;
-pub mod mn_plan;
-pub mod mw_rules;
-pub mod mwtable;
-pub mod object_alloc;
 pub mod rng;
-pub mod tenant;
-#[cfg(any(test, feature = "test-nic"))]
-pub mod test_nic;
-#[cfg(any(test, feature = "test-nic"))]
-pub mod trace;
-pub mod wire;
-pub mod wqe;
-pub mod wqe_format;
 
-#[cfg(test)]
-mod mn_tests;
+pub mod wire;
+
+pub mod mlx5;
+
+pub mod device;
+
+pub mod chain;
+
+pub mod mn;
+
+pub mod cn;
+
+#[cfg(any(test, feature = "test-nic"))]
+pub mod testing;

@@ -22,7 +22,7 @@ use omw_core::mlx5::prm::{cq, qp};
 use omw_core::mlx5::umr::{self, MkeyAccess, MkeyMask, UmrFlags};
 use omw_core::mlx5::wqebb::WqeIndex;
 use omw_core::mlx5::{ctrl, data, opcode, raddr, Mlx5Error};
-use omw_core::wqe::{QueueSel, Wqe};
+use omw_core::wire::wqe::{QueueSel, Wqe};
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
@@ -268,7 +268,7 @@ fn whole_wqes_match_rdma_core() {
         ("wqe_compare_swap", Wqe::compare_swap(0x100, 1, 0x200, 2, 7, 9), 11),
         ("wqe_bind_mw", Wqe::bind_mw(0x0012_3405, 0x7000_0000, 4096, 0x77, 0x00AB_CDEF, AccessFlags::DATA_WINDOW), 12),
         ("wqe_local_inv", Wqe::local_inv(0x0012_3405), 13),
-        ("wqe_nop", Wqe::nop().with_flags(omw_core::wqe::WqeFlags::empty()), 0xFFFF),
+        ("wqe_nop", Wqe::nop().with_flags(omw_core::wire::wqe::WqeFlags::empty()), 0xFFFF),
     ];
     for (name, w, pi) in cases {
         assert_eq!(enc(&w, pi), g.b(name), "{name}");

@@ -29,7 +29,7 @@ pub mod loopback;
 pub mod record;
 pub mod verbs;
 
-use omw_core::object_alloc::{
+use omw_core::cn::object_alloc::{
     AllocWithError, ChunkIndex, ClassConfigError, ObjectAllocError, ObjectAllocator, ObjectRef,
 };
 use record::{RecordError, RecordHeader, HEADER_LEN};

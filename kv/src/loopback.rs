@@ -3,7 +3,7 @@
 
 use crate::CnMemory;
 use omw_core::cn::{Allocation, ClientError};
-use omw_core::wire::ErrorCode;
+use omw_core::wire::message::ErrorCode;
 use omw_loopback::cluster::{Cluster, CnOpError};
 use std::fmt;
 

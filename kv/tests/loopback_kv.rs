@@ -2,8 +2,8 @@
 //! delete, shrink, with every value read back and checked, and the MN's free queue watched to
 //! see chunks go back as keys die.
 
-use omw_core::backend::ExecutionMode;
-use omw_core::wire::ErrorCode;
+use omw_core::device::ExecutionMode;
+use omw_core::wire::message::ErrorCode;
 use omw_kv::loopback::{LoopbackCn, LoopbackError};
 use omw_kv::{KvError, KvStore};
 use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};

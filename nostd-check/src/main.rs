@@ -40,7 +40,7 @@ macro_rules! footprint {
 footprint! {
     OMW_FOOTPRINT_MN_DRIVER = scenario::Mn<'static, 'static>;
     OMW_FOOTPRINT_MEMORY_NODE = omw_core::mn::MemoryNode;
-    OMW_FOOTPRINT_LAP = omw_core::host_engine::Lap;
+    OMW_FOOTPRINT_LAP = omw_core::mn::host_engine::Lap;
     OMW_FOOTPRINT_CN_DRIVER = scenario::Cn<'static, 'static>;
     OMW_FOOTPRINT_CLIENT = omw_core::cn::Client<{ scenario::CN_LIVE }>;
     OMW_FOOTPRINT_TEST_NIC = scenario::Nic<'static>;

@@ -4,13 +4,13 @@
 
 use core::cell::RefCell;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Domain, RdmaBackend, WcStatus};
-use omw_core::cn_driver::{CnDriver, CnEvent, CnMemory, CnQpSet};
+use omw_core::device::{Domain, RdmaBackend, WcStatus};
+use omw_core::cn::driver::{CnDriver, CnEvent, CnMemory, CnQpSet};
 use omw_core::mn::CnQps;
-use omw_core::mn_driver::MnDriver;
-use omw_core::mn_plan::{MnOptions, MnPlan, PoolSpec};
-use omw_core::mw_rules::Mode;
-use omw_core::test_nic::{Node, NodeId, TestNic};
+use omw_core::mn::driver::MnDriver;
+use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
+use omw_core::device::mw_rules::Mode;
+use omw_core::testing::test_nic::{Node, NodeId, TestNic};
 
 pub const CHUNK: u64 = 4096;
 pub const CHUNKS: u32 = 4;
@@ -52,7 +52,7 @@ fn cn<'a, 'm>(nic: &'a RefCell<Nic<'m>>, at: NodeId, mn: NodeId) -> Result<(Cn<'
     let reply = c.alloc_memory(CnMemory::REPLY_LEN, 64).map_err(|_| Step::CnSetup)?;
     let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let rk = c.reg_mr(Domain::CnFacing, reply, CnMemory::REPLY_LEN, rights).map_err(|_| Step::CnSetup)?;
-    let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, CHUNK);
+    let local_len = CnMemory::local_len_for(omw_core::cn::driver::IO_SLOTS, CHUNK);
     let local = c.alloc_memory(local_len, 64).map_err(|_| Step::CnSetup)?;
     let lk = c.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE).map_err(|_| Step::CnSetup)?;
     let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };

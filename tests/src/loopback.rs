@@ -4,16 +4,16 @@ use crate::mw::{MwDevice, MwFactory, Side, BUF_LEN, POOL_LEN};
 use crate::testbed::{Activity, Caps, CnQp, Factory, Heard, MnMr, MnSpec, Refusal, Testbed};
 use crate::Mode;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Completion, QpState, RdmaBackend};
-use omw_core::backend::{ExecutionMode, MwBinding, WcStatus};
 use omw_core::chain::ChainKind;
 use omw_core::cn::{Allocation, ClientEvent};
+use omw_core::device::{Completion, QpState, RdmaBackend};
+use omw_core::device::{ExecutionMode, MwBinding, WcStatus};
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::MnStats;
-use omw_core::mn_memory::MnMemoryMap;
-use omw_core::mwtable::MwTableEntry;
-use omw_core::wqe::Wqe;
-use omw_core::wqe::{QueueSel, RecvWqe};
+use omw_core::wire::memory_map::MnMemoryMap;
+use omw_core::wire::mwtable::MwTableEntry;
+use omw_core::wire::wqe::Wqe;
+use omw_core::wire::wqe::{QueueSel, RecvWqe};
 use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
 use omw_loopback::fault::MessageFilter;
 use omw_loopback::{Conformance, Fabric, HostId, NicConfig, PdId, QpAddr, QpConfig};
@@ -55,7 +55,7 @@ impl Loopback {
         match self.0 {
             Mode::Offloaded => cfg.mode = Some(ExecutionMode::Offloaded),
             Mode::OffloadedMlx5 => {
-                cfg = cfg.with_wqe_format(omw_core::wqe_format::WqeFormat::Mlx5);
+                cfg = cfg.with_wqe_format(omw_core::wire::wqe_format::WqeFormat::Mlx5);
                 cfg.mode = Some(ExecutionMode::Offloaded);
             }
             Mode::HostEngine => {
@@ -381,7 +381,7 @@ impl MwDevice for LoopMw {
     }
     fn post(&mut self, side: Side, qp: Qpn, w: &Wqe) -> Option<Completion> {
         let q = self.at(side, qp);
-        let w = w.with_flags(w.flags | omw_core::wqe::WqeFlags::SIGNALED);
+        let w = w.with_flags(w.flags | omw_core::wire::wqe::WqeFlags::SIGNALED);
         self.f.post_send(q, &w).ok()?;
         self.wait(q, QueueSel::Send, Some(w.wr_id))
     }

@@ -11,9 +11,9 @@
 use crate::runner::{run_items, Failure, Outcome, Summary};
 use crate::testbed::Caps;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Completion, MwBinding, QpState, WcOpcode, WcStatus};
+use omw_core::device::{Completion, MwBinding, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::wqe::{RecvWqe, Sge, Wqe};
+use omw_core::wire::wqe::{RecvWqe, Sge, Wqe};
 
 /// Bytes of the pool an [`MwDevice`] registers (filled with `b'o'`).
 pub const POOL_LEN: u64 = 64 << 10;

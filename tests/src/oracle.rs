@@ -3,8 +3,8 @@
 //! died, whose rkeys must never work again), and a seeded generator for reproducible sequences.
 
 use crate::testbed::Testbed;
-use omw_core::backend::WcStatus;
 use omw_core::cn::Allocation;
+use omw_core::device::WcStatus;
 
 /// Bytes of each chunk the shadow tracks.
 pub const SHADOW: usize = 256;

@@ -9,14 +9,14 @@
 //! without it is skipped visibly). Each method documents the capability it needs, if any.
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{ExecutionMode, MwBinding, WcStatus};
 use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
+use omw_core::device::{ExecutionMode, MwBinding, WcStatus};
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::MnStats;
-use omw_core::mwtable::MwTableEntry;
-use omw_core::wire::ErrorCode;
-use omw_core::wqe::Wqe;
+use omw_core::wire::message::ErrorCode;
+use omw_core::wire::mwtable::MwTableEntry;
+use omw_core::wire::wqe::Wqe;
 use std::fmt;
 
 /// A set of testbed capabilities.
@@ -407,7 +407,7 @@ pub trait Testbed {
         needs(0, Caps::MN_MEMORY)
     }
     /// The MN memory map (where the table, queue and scratch are).
-    fn mn_map(&mut self) -> omw_core::mn_memory::MnMemoryMap;
+    fn mn_map(&mut self) -> omw_core::wire::memory_map::MnMemoryMap;
     /// `MN_ACTIVITY`.
     fn activity(&mut self) -> Activity {
         needs(0, Caps::MN_ACTIVITY)

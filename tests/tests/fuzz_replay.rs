@@ -174,7 +174,7 @@ fn replay_malicious_cn_v1() {
 /// disconnect had destroyed, and aborted half-way through rebuilding the pool.
 #[test]
 fn rnic_reset_after_quota_disconnect() {
-    use omw_core::backend::{ExecutionMode, WcStatus};
+    use omw_core::device::{ExecutionMode, WcStatus};
     use omw_loopback::cluster::{Cluster, ClusterConfig};
     let mut cfg = ClusterConfig::paper_like();
     cfg.cns = 2;
@@ -202,7 +202,7 @@ fn rnic_reset_after_quota_disconnect() {
 /// offloaded-vanished-cn-over-quota-never-sampled`.
 #[test]
 fn vanished_cn_over_quota_is_sampled_and_disconnected() {
-    use omw_core::backend::ExecutionMode;
+    use omw_core::device::ExecutionMode;
     use omw_loopback::cluster::{Cluster, ClusterConfig};
     let mut cfg = ClusterConfig::paper_like();
     cfg.cns = 2;
@@ -228,9 +228,9 @@ fn vanished_cn_over_quota_is_sampled_and_disconnected() {
 /// triggered it with any bytes on its Alloc QP.
 #[test]
 fn host_engine_parked_cn_takes_no_second_ticket() {
-    use omw_core::backend::ExecutionMode;
     use omw_core::chain::ChainKind;
-    use omw_core::wire::ErrorCode;
+    use omw_core::device::ExecutionMode;
+    use omw_core::wire::message::ErrorCode;
     use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
     use omw_loopback::NicConfig;
     let mut cfg = ClusterConfig::paper_like();
@@ -260,7 +260,7 @@ fn host_engine_parked_cn_takes_no_second_ticket() {
 /// API hid it (`Cluster::alloc` maps a failed pump to a wire error); raw requests showed it.
 #[test]
 fn host_engine_quota_disconnect_mid_poll() {
-    use omw_core::backend::{ExecutionMode, WcStatus};
+    use omw_core::device::{ExecutionMode, WcStatus};
     use omw_loopback::cluster::{Cluster, ClusterConfig};
     use omw_loopback::NicConfig;
     let mut cfg = ClusterConfig::paper_like();
@@ -291,7 +291,7 @@ fn host_engine_quota_disconnect_mid_poll() {
 /// Fixed: the MN counts holdings in the MWTable (not from management-QP counters).
 #[test]
 fn offloaded_quota_not_evaded_by_failed_forged_frees() {
-    use omw_core::backend::ExecutionMode;
+    use omw_core::device::ExecutionMode;
     use omw_core::ids::GroupId;
     use omw_loopback::cluster::{Cluster, ClusterConfig};
     let mut cfg = ClusterConfig::paper_like();
@@ -316,7 +316,7 @@ fn offloaded_quota_not_evaded_by_failed_forged_frees() {
 /// (479bc7c) still held the departed CN's — so none of its requests were ever served.
 #[test]
 fn host_engine_new_cn_in_a_freed_slot_is_served() {
-    use omw_core::backend::{ExecutionMode, WcStatus};
+    use omw_core::device::{ExecutionMode, WcStatus};
     use omw_loopback::cluster::{Cluster, ClusterConfig};
     use omw_loopback::NicConfig;
     let mut cfg = ClusterConfig::paper_like();
@@ -343,9 +343,9 @@ fn host_engine_new_cn_in_a_freed_slot_is_served() {
 /// for good (`LostGroup`), or the queue's live window over an empty slot (`BadQueueSlot`).
 #[test]
 fn failed_alloc_laps_settle_tickets() {
-    use omw_core::backend::ExecutionMode;
     use omw_core::chain::ChainKind;
-    use omw_core::wire::{AllocRequest, ErrorCode};
+    use omw_core::device::ExecutionMode;
+    use omw_core::wire::message::{AllocRequest, ErrorCode};
     use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
     let mut cfg = ClusterConfig::paper_like();
     cfg.cns = 3;
@@ -457,8 +457,8 @@ fn malicious_cn_scripted_guessing_timing_and_silence() {
 /// schedule shows it).
 #[test]
 fn offloaded_forged_free_of_a_queued_group_never_pushes_it_twice() {
-    use omw_core::backend::ExecutionMode;
     use omw_core::chain::ChainKind;
+    use omw_core::device::ExecutionMode;
     use omw_core::ids::GroupId;
     use omw_loopback::cluster::{Cluster, ClusterConfig};
     let mut cfg = ClusterConfig::paper_like();
@@ -513,9 +513,9 @@ fn replay_open_regressions() {
 /// (1), without (2) or without the stall nothing breaks.
 #[test]
 fn offloaded_evicting_a_stalled_cn_never_pushes_a_group_twice() {
-    use omw_core::backend::ExecutionMode;
     use omw_core::chain::ChainKind;
-    use omw_core::wire::AllocRequest;
+    use omw_core::device::ExecutionMode;
+    use omw_core::wire::message::AllocRequest;
     use omw_loopback::cluster::{Cluster, ClusterConfig};
     let mut cfg = ClusterConfig::paper_like();
     cfg.cns = 3;

@@ -2,12 +2,12 @@
 //! gated works by luck on a NIC that fetches WQEs late, and breaks on one that prefetches —
 //! as it would on hardware. The validator rejects it statically.
 
-use omw_core::arm::arm_unchecked;
-use omw_core::backend::{ExecutionMode, RdmaBackend};
+use omw_core::chain::arm::arm_unchecked;
 use omw_core::chain::{ChainError, ChainKind, ChainLayout};
-use omw_core::mn_driver::build;
-use omw_core::wqe::{Opcode, Wqe, WqeField, WqeFlags};
-use omw_core::wqe_format::WqeFormat;
+use omw_core::device::{ExecutionMode, RdmaBackend};
+use omw_core::mn::driver::build;
+use omw_core::wire::wqe::{Opcode, Wqe, WqeField, WqeFlags};
+use omw_core::wire::wqe_format::WqeFormat;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::NicConfig;
 

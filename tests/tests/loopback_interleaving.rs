@@ -12,13 +12,13 @@
 //! Runs in offloaded (chains in canonical and in mlx5 form), host-engine and rxe-compatible
 //! modes.
 
-use omw_core::backend::ExecutionMode;
-use omw_core::backend::WcStatus;
 use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
+use omw_core::device::ExecutionMode;
+use omw_core::device::WcStatus;
 use omw_core::ids::GroupId;
 use omw_core::mn::Event;
-use omw_core::wqe_format::WqeFormat;
+use omw_core::wire::wqe_format::WqeFormat;
 use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
 use omw_tests::Mode;
 use proptest::prelude::*;

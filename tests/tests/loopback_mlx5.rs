@@ -2,8 +2,8 @@
 //! (`omw_loopback::mlx5_fetch`): the same scenarios as the canonical form, and a differential
 //! run of both forms.
 
-use omw_core::backend::{ExecutionMode, WcStatus};
-use omw_core::wqe_format::WqeFormat;
+use omw_core::device::{ExecutionMode, WcStatus};
+use omw_core::wire::wqe_format::WqeFormat;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 
 fn cluster(format: WqeFormat, cns: usize, chunks: u32) -> Cluster {

@@ -1,10 +1,10 @@
 //! Reference model of the omw extension block (docs/FPGA.md): the responder-side key table
 //! with protection domains and the chain sequencer. It executes the core's canonical WQEs
-//! ([`omw_core::wqe`]) from rings in the node's memory, with the semantics the core defines;
+//! ([`omw_core::wire::wqe`]) from rings in the node's memory, with the semantics the core defines;
 //! nothing here knows what a chain is for.
 //!
 //! Every protection decision — local SGEs, remote READ / WRITE / atomics, binds,
-//! invalidations, registrations — is the core's shared rule set [`omw_core::mw_rules`] in its
+//! invalidations, registrations — is the core's shared rule set [`omw_core::device::mw_rules`] in its
 //! strict (InfiniBand spec) variant: this model only looks the named objects up and applies
 //! the effect a rule allows (the `rules` functions below are that adapter, nothing more).
 
@@ -13,9 +13,9 @@ use crate::encoding::{MAX_LEN_FIELD, MAX_VADDR};
 use crate::ext as map;
 use crate::ext::{qp as q, Cqe};
 use omw_core::access::AccessFlags;
-use omw_core::backend::WcStatus;
-use omw_core::mw_rules::{self as rules, KeyTarget, Mode, QpRef};
-use omw_core::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
+use omw_core::device::mw_rules::{self as rules, KeyTarget, Mode, QpRef};
+use omw_core::device::WcStatus;
+use omw_core::wire::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
 use std::collections::{BTreeMap, VecDeque};
 
 /// The variant of the shared rules the proposed hardware implements.

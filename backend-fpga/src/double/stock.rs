@@ -440,7 +440,7 @@ fn deliver(w: &mut World, n: usize, q: &Queued) -> Delivery {
                 Ok(at) => remote_addr = at,
                 Err(_) => {
                     if let Some(e) = w.nodes[rn].ext.as_mut() {
-                        e.event(resp_qpn, omw_core::backend::WcStatus::RemAccessErr, 0);
+                        e.event(resp_qpn, omw_core::device::WcStatus::RemAccessErr, 0);
                     }
                     return Delivery::Refused;
                 }

@@ -7,17 +7,17 @@
 
 use super::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::chain::ChainKind;
+use omw_core::cn::driver::{CnDriver, CnEvent, CnMemory, CnQp as DQp, CnQpSet, OpId, RECVS_PER_QP};
 use omw_core::cn::Allocation;
-use omw_core::cn_driver::{CnDriver, CnEvent, CnMemory, CnQp as DQp, CnQpSet, OpId, RECVS_PER_QP};
+use omw_core::device::{Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
+use omw_core::mn::driver::MnDriver;
+use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
 use omw_core::mn::{CnQps, Event, MnStats};
-use omw_core::mn_driver::MnDriver;
-use omw_core::mn_memory::MnMemoryMap;
-use omw_core::mn_plan::{MnOptions, MnPlan, PoolSpec};
-use omw_core::mwtable::MwTableEntry;
-use omw_core::wqe::Wqe;
+use omw_core::wire::memory_map::MnMemoryMap;
+use omw_core::wire::mwtable::MwTableEntry;
+use omw_core::wire::wqe::Wqe;
 use omw_fpga::double::{Fabric, NodeId};
 use omw_fpga::encoding::OpcodeEncoding;
 use omw_fpga::QpSetup;
@@ -100,7 +100,7 @@ impl Cluster {
         let chunk = self.spec.chunk_size.unwrap_or(4096).max(4096);
         let reply = base + 0x1000;
         let local = base + 0x10000;
-        let local_len = CnMemory::local_len_for(omw_core::cn_driver::IO_SLOTS, chunk);
+        let local_len = CnMemory::local_len_for(omw_core::cn::driver::IO_SLOTS, chunk);
         assert!(local + local_len <= base + ARENA_OFF, "CN memory overlaps its ring arena");
         let rk = h
             .be
@@ -374,7 +374,7 @@ impl Testbed for Cluster {
     fn alloc_begin(&mut self, cn: usize) -> Result<u32, Refusal> {
         let now = self.now;
         self.cns[cn].driver.alloc(now).map_err(|e| match e {
-            omw_core::cn_driver::CnError::Client(c) => Refusal::Client(c.to_string()),
+            omw_core::cn::driver::CnError::Client(c) => Refusal::Client(c.to_string()),
             e => refusal(e),
         })
     }

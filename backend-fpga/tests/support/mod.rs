@@ -4,9 +4,9 @@
 pub mod mn;
 pub mod mw;
 
-use omw_core::backend::{Completion, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::device::{Completion, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::Qpn;
-use omw_core::wqe::QueueSel;
+use omw_core::wire::wqe::QueueSel;
 use omw_fpga::double::{Fabric, NodeConfig, NodeId, SimMemory, SimMmio};
 use omw_fpga::encoding::OpcodeEncoding;
 use omw_fpga::{FpgaBackend, FpgaConfig, QpConnect, QpSetup};

@@ -4,9 +4,9 @@
 
 use super::*;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Completion, Domain, MwBinding, QpState, RdmaBackend};
+use omw_core::device::{Completion, Domain, MwBinding, QpState, RdmaBackend};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::wqe::{QueueSel, RecvWqe, Wqe, WqeFlags};
+use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe, WqeFlags};
 use omw_fpga::double::Fabric;
 use omw_fpga::encoding::OpcodeEncoding;
 use omw_fpga::QpSetup;

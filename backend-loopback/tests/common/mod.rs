@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Completion, MrKeys, WcOpcode, WcStatus};
-use omw_core::wqe::{QueueSel, RecvWqe, Sge};
+use omw_core::device::{Completion, MrKeys, WcOpcode, WcStatus};
+use omw_core::wire::wqe::{QueueSel, RecvWqe, Sge};
 use omw_loopback::{Fabric, HostId, NicConfig, PdId, QpAddr, QpConfig};
 
 pub const ALL_REMOTE: AccessFlags = AccessFlags::LOCAL_WRITE

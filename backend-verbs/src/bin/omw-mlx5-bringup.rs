@@ -39,7 +39,7 @@ use omw_core::mlx5::encode::{encode, QueueResolver, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
 use omw_core::mlx5::prm::qp::CdRole;
 use omw_core::mlx5::wqebb::WqeIndex;
-use omw_core::wqe::{QueueSel, Wqe};
+use omw_core::wire::wqe::{QueueSel, Wqe};
 use omw_verbs::devx::api::{DevxApi, MemRange, UarHandle};
 use omw_verbs::devx::device::LocalPath;
 use omw_verbs::devx::ffi::{RealDevx, RingMemory};
@@ -342,7 +342,7 @@ fn masked_fa(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxE
     buf.read_volatile(0, &mut now);
     buf.read_volatile(4096, &mut ret);
     let (now, ret) = (u64::from_be_bytes(now), u64::from_be_bytes(ret));
-    let want = omw_core::wqe::masked_add(old, add, boundary);
+    let want = omw_core::wire::wqe::masked_add(old, add, boundary);
     println!(
         "  memory {now:#018x} (masked: {want:#018x}, plain add: {:#018x}); returned {ret:#018x} (old {old:#018x})",
         old.wrapping_add(add)
@@ -389,7 +389,7 @@ fn send_en(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxErr
     println!("  3 WRITEs posted on slave B, doorbell rung, none enabled: landed {:?}", landed(&buf));
     let mut ok = true;
     for k in [1u16, 3] {
-        let w = Wqe::enable(p.b.qpn, QueueSel::Send, 0).with_flags(omw_core::wqe::WqeFlags::SIGNALED);
+        let w = Wqe::enable(p.b.qpn, QueueSel::Send, 0).with_flags(omw_core::wire::wqe::WqeFlags::SIGNALED);
         p.post(d, true, &w, None, &mut EnableAt(k))?;
         let mut cqes = Vec::new();
         while let Some(e) = p.next_cqe(d, Duration::from_millis(500)) {
@@ -503,10 +503,10 @@ fn prefetch(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxEr
 /// The offloaded MN and one CN on this port (see the module doc).
 fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, DevxError> {
     use omw_core::access::AccessFlags;
-    use omw_core::backend::{Capabilities, Domain, RdmaBackend, WcStatus};
-    use omw_core::cn_driver::{CnDriver, CnEvent, CnMemory, CnQpSet, IO_SLOTS};
+    use omw_core::cn::driver::{CnDriver, CnEvent, CnMemory, CnQpSet, IO_SLOTS};
+    use omw_core::device::{Capabilities, Domain, RdmaBackend, WcStatus};
+    use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
     use omw_core::mn::CnQps;
-    use omw_core::mn_plan::{MnOptions, MnPlan, PoolSpec};
     use omw_verbs::devx::backend::{DevxBackend, DevxConfig};
     use omw_verbs::devx::device::DevxDevice;
     const CHUNK: u64 = 4096;
@@ -531,7 +531,7 @@ fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, Devx
     let depth = mn.mn.chain_ring_depths().map_err(|e| fail("ring depths", &e))?;
     let path = cb.device_mut().local_path()?;
     let attr = |dest: u32| cm::CmQpAttr::to_self(&path, dest);
-    let mut pair = |mn: &mut omw_core::mn_driver::MnDriver<DevxBackend<RealDevx>>, managed: Option<u16>| {
+    let mut pair = |mn: &mut omw_core::mn::driver::MnDriver<DevxBackend<RealDevx>>, managed: Option<u16>| {
         let m = mn.backend.create_cn_qp(managed.map(u32::from))?;
         let q = cb.create_cn_qp(None)?;
         mn.backend.connect_cn_qp(m, &attr(q.get()), path.mac)?;
@@ -565,7 +565,7 @@ fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, Devx
     println!("  CN connected, chains armed");
     let t0 = Instant::now();
     let pump =
-        |mn: &mut omw_core::mn_driver::MnDriver<_>, cn: &mut CnDriver<_, 16>| -> Result<Option<CnEvent>, DevxError> {
+        |mn: &mut omw_core::mn::driver::MnDriver<_>, cn: &mut CnDriver<_, 16>| -> Result<Option<CnEvent>, DevxError> {
             let deadline = Instant::now() + Duration::from_secs(2);
             while Instant::now() < deadline {
                 let now = t0.elapsed().as_nanos() as u64;
@@ -590,7 +590,7 @@ fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, Devx
     let key = a.rkeys[0];
     let msg = *b"omw offload on a ConnectX";
     let mut back = [0u8; 25];
-    let wait = |mn: &mut omw_core::mn_driver::MnDriver<_>, cn: &mut CnDriver<_, 16>, op, back: &mut [u8]| {
+    let wait = |mn: &mut omw_core::mn::driver::MnDriver<_>, cn: &mut CnDriver<_, 16>, op, back: &mut [u8]| {
         for _ in 0..100_000 {
             let _ = mn.poll(t0.elapsed().as_nanos() as u64);
             let _ = cn.poll(t0.elapsed().as_nanos() as u64);

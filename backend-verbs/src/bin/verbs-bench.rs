@@ -25,9 +25,9 @@
 //! Typical run: `cargo build --release -p omw-verbs --bins && scripts/rxe-vm -- target/release/verbs-bench`.
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Domain, RdmaBackend, WcStatus};
+use omw_core::device::{Domain, RdmaBackend, WcStatus};
 use omw_core::ids::Qpn;
-use omw_core::wqe::{RecvWqe, Sge, Wqe, WqeFlags};
+use omw_core::wire::wqe::{RecvWqe, Sge, Wqe, WqeFlags};
 use omw_verbs::cn::{CnClient, CnOptions};
 use omw_verbs::mn::{MemoryNodeDaemon, MnOptions};
 use omw_verbs::{VerbsBackend, VerbsError};
@@ -133,7 +133,7 @@ fn us(d: Duration) -> String {
     format!("{:.1} µs", d.as_secs_f64() * 1e6)
 }
 
-fn ok(c: omw_core::backend::Completion, what: &str) -> Result<()> {
+fn ok(c: omw_core::device::Completion, what: &str) -> Result<()> {
     if c.status == WcStatus::Success {
         Ok(())
     } else {

@@ -1,7 +1,7 @@
 //! Arming an mlx5-form chain on DEVX queues: the device-side half of
 //! `RdmaBackend::arm_mlx5` for a DEVX backend (issue 13 part 4).
 //!
-//! The chain (`omw_core::mlx5::chain::Mlx5Chain::build`) runs on two DEVX QPs in the roles
+//! The chain (`omw_core::chain::mlx5::Mlx5Chain::build`) runs on two DEVX QPs in the roles
 //! docs/MLX5.md describes: the **loop QP** is `cd_master` (it posts the WAITs and SEND_EN /
 //! RECV_EN), the **management QP**'s send queue is `cd_slave_send` and its receive queue
 //! `cd_slave_receive` (the loop ring enables them). The chain's bytes add roles, and arming
@@ -30,7 +30,7 @@
 //! wrap at the ring's end, for re-posting later.
 //!
 //! Not here: the lap counters ("shadows") live in the CN's scratch in MN memory, not in a
-//! umem; `omw_core::arm` writes them (and the ring images, through `write_local`) before it
+//! umem; `omw_core::chain::arm` writes them (and the ring images, through `write_local`) before it
 //! calls `arm_mlx5`. Writing the ring images again here keeps this sequence complete on its
 //! own; the bytes are the same. Nothing here has run on a ConnectX (docs/MLX5.md).
 
@@ -38,8 +38,8 @@ use super::api::DevxApi;
 use super::doorbell;
 use super::queue::{DevxCq, DevxQp};
 use super::DevxError;
+use omw_core::chain::mlx5::Mlx5Chain;
 use omw_core::chain::Ring;
-use omw_core::mlx5::chain::Mlx5Chain;
 use omw_core::mlx5::data::DATA_SEG_SIZE;
 use omw_core::mlx5::decode::Mlx5Op;
 use omw_core::mlx5::prm::qp::CdRole;
@@ -108,7 +108,7 @@ pub fn write_ring<A: DevxApi>(api: &mut A, qp: &DevxQp, start: WqeIndex, bytes: 
 /// One mlx5 receive WQE: a data segment (`struct mlx5_wqe_data_seg`, mlx5dv.h v44.0: BE32
 /// byte_count, BE32 lkey, BE64 addr) per scatter entry, then the invalid-lkey terminator if
 /// the stride has room; the rest zero.
-pub fn recv_wqe(stride: usize, sges: &[omw_core::mlx5::chain::RecvSge]) -> Vec<u8> {
+pub fn recv_wqe(stride: usize, sges: &[omw_core::chain::mlx5::RecvSge]) -> Vec<u8> {
     let mut b = vec![0u8; stride];
     let seg = |b: &mut [u8], len: u32, lkey: u32, addr: u64| {
         b[0..4].copy_from_slice(&len.to_be_bytes());
@@ -132,7 +132,7 @@ pub fn write_recvs<A: DevxApi>(
     qp: &DevxQp,
     head: u32,
     copies: u32,
-    sges: &[omw_core::mlx5::chain::RecvSge],
+    sges: &[omw_core::chain::mlx5::RecvSge],
 ) -> Result<u32, DevxError> {
     let (stride, entries) = (rq_stride(qp), rq_entries(qp));
     if entries == 0 || copies as usize > entries {
@@ -201,7 +201,7 @@ fn check(chain: &Mlx5Chain, q: &ChainQps, copies: u32) -> Result<[Option<[u8; 16
         for p in chain.placed[r].iter() {
             let d = chain
                 .decode_at(*ring, p.pi)
-                .map_err(|e| DevxError::ChainInvalid(omw_core::mlx5::chain::Mlx5ChainError::Encode(e)))?;
+                .map_err(|e| DevxError::ChainInvalid(omw_core::chain::mlx5::Mlx5ChainError::Encode(e)))?;
             match d.op {
                 Mlx5Op::Wait { cqn, .. } => {
                     need[r] |= CdRole::MASTER;

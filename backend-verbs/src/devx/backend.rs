@@ -40,10 +40,10 @@ use super::doorbell;
 use super::queue::{self, CqSpec, DevxCq, DevxQp, QpSpec, CQE_SIZE};
 use super::DevxError;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Capabilities, Completion, Domain, MrKeys, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::chain::mlx5::Mlx5Chain;
 use omw_core::chain::Ring;
+use omw_core::device::{Capabilities, Completion, Domain, MrKeys, QpState, RdmaBackend, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
-use omw_core::mlx5::chain::Mlx5Chain;
 use omw_core::mlx5::cqe::{self, opcode as cqe_op, syndrome, Cqe};
 use omw_core::mlx5::ctrl::FmCeSe;
 use omw_core::mlx5::decode::Mlx5Op;
@@ -51,7 +51,7 @@ use omw_core::mlx5::encode::{self, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
 use omw_core::mlx5::prm::qp::{self as prm_qp, CdRole};
 use omw_core::mlx5::wqebb::{WqeIndex, WQEBB};
-use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
+use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Sizes of the queues the backend creates. Defaults fit an MN serving tens of CNs; every
@@ -624,10 +624,10 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
             return Err(DevxError::ReceiveQueueFull { qpn: qp.get(), entries });
         }
         // write_recvs refuses a scatter list wider than the stride
-        let sges: Vec<omw_core::mlx5::chain::RecvSge> = wqe
+        let sges: Vec<omw_core::chain::mlx5::RecvSge> = wqe
             .sges
             .iter()
-            .map(|s| omw_core::mlx5::chain::RecvSge { addr: s.addr, length: s.length, lkey: s.lkey })
+            .map(|s| omw_core::chain::mlx5::RecvSge { addr: s.addr, length: s.length, lkey: s.lkey })
             .collect();
         let (devx, head) = (q.devx, q.rq_head);
         let head = arm::write_recvs(&mut self.dev, &devx, head, 1, &sges)?;
@@ -819,8 +819,8 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
         })
     }
 
-    fn wqe_format(&self) -> omw_core::wqe_format::WqeFormat {
-        omw_core::wqe_format::WqeFormat::Mlx5
+    fn wqe_format(&self) -> omw_core::wire::wqe_format::WqeFormat {
+        omw_core::wire::wqe_format::WqeFormat::Mlx5
     }
 
     fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
@@ -874,7 +874,7 @@ impl<D: DevxDevice> DevxBackend<D> {
         }
         if let Some(q) = self.qps.get_mut(&mq) {
             q.rq_head = armed.rq_head;
-            q.chain_recv = Some(omw_core::chain_builder::chain_wr_id(chain.kind, 0, 0xFF));
+            q.chain_recv = Some(omw_core::chain::builder::chain_wr_id(chain.kind, 0, 0xFF));
         }
         Ok(())
     }

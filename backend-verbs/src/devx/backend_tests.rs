@@ -6,16 +6,16 @@
 
 use super::*;
 use crate::devx::mock::{Call, RecordingDevx, PRIVATE_PDN_OFFSET};
-use omw_core::backend::ExecutionMode;
+use omw_core::chain::builder::chain_wr_id;
 use omw_core::chain::ChainKind;
-use omw_core::chain_builder::chain_wr_id;
+use omw_core::device::ExecutionMode;
 use omw_core::mlx5::cqe::{OP_OWN_OFFSET, SOP_DROP_QPN_OFFSET, SYNDROME_OFFSET, WQE_COUNTER_OFFSET};
 use omw_core::mlx5::decode::{self, Decoded};
 use omw_core::mlx5::prm::hca_cap::atomic;
 use omw_core::mlx5::prm::{bits, qp as pq};
+use omw_core::mn::driver::MnDriver;
+use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
 use omw_core::mn::CnQps;
-use omw_core::mn_driver::MnDriver;
-use omw_core::mn_plan::{MnOptions, MnPlan, PoolSpec};
 
 const PDN: u32 = 0x51;
 

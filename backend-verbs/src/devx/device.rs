@@ -10,7 +10,7 @@
 use super::api::{DevxApi, MemRange};
 use super::DevxError;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Domain, MrKeys};
+use omw_core::device::{Domain, MrKeys};
 
 /// The port's RoCE path to itself: a loopback QP pair is two QPs on this port, each naming the
 /// other's QP number at this port's GID and MAC.

@@ -2,7 +2,7 @@
 //! command failed (with the firmware's status and syndrome), or which capability is missing,
 //! and what to do.
 
-use omw_core::mlx5::chain::Mlx5ChainError;
+use omw_core::chain::mlx5::Mlx5ChainError;
 use omw_core::mlx5::prm::hca_cap::MissingCap;
 use omw_core::mlx5::prm::qp::CdRole;
 use omw_core::mlx5::Mlx5Error;
@@ -65,7 +65,7 @@ pub enum DevxError {
         addr: usize,
         len: usize,
     },
-    /// Arming: the chain fails [`omw_core::mlx5::chain::Mlx5Chain::validate`].
+    /// Arming: the chain fails [`omw_core::chain::mlx5::Mlx5Chain::validate`].
     ChainInvalid(Mlx5ChainError),
     /// Arming: the chain needs more than the queue has (`what` names the queue and the unit).
     ChainDoesNotFit {
@@ -157,7 +157,7 @@ pub enum DevxError {
     /// Arming a chain on a QP that is not freshly reset and in RTS (its indices are not 0).
     NotFresh {
         qpn: u32,
-        state: omw_core::backend::QpState,
+        state: omw_core::device::QpState,
     },
 }
 

@@ -10,7 +10,7 @@ use super::cm::{self, CmQpAttr};
 use super::device::{DevxDevice, LocalPath};
 use super::DevxError;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Domain, MrKeys};
+use omw_core::device::{Domain, MrKeys};
 use rdma_sys::*;
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;

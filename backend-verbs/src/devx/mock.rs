@@ -5,7 +5,7 @@ use super::api::{DevxApi, MemRange, ObjHandle, UarHandle, UmemHandle};
 use super::device::{DevxDevice, LocalPath};
 use super::DevxError;
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Domain, MrKeys};
+use omw_core::device::{Domain, MrKeys};
 use std::collections::{BTreeMap, HashMap};
 
 #[derive(Clone, PartialEq, Eq, Debug)]

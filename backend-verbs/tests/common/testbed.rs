@@ -7,14 +7,14 @@
 //! as for a killed process). [`RxeMw`] is the device itself for the memory-window scenarios.
 
 use omw_core::access::AccessFlags;
-use omw_core::backend::{Completion, Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::cn::Allocation;
+use omw_core::device::{Completion, Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::{Event, MnStats};
-use omw_core::mn_memory::MnMemoryMap;
-use omw_core::mwtable::MwTableEntry;
-use omw_core::wire::ErrorCode;
-use omw_core::wqe::{RecvWqe, Wqe};
+use omw_core::wire::memory_map::MnMemoryMap;
+use omw_core::wire::message::ErrorCode;
+use omw_core::wire::mwtable::MwTableEntry;
+use omw_core::wire::wqe::{RecvWqe, Wqe};
 use omw_tests::mw::{MwDevice, MwFactory, Side, BUF_LEN, POOL_LEN};
 use omw_tests::testbed::{Caps, CnQp, Factory, Heard, MnMr, MnSpec, Refusal, Testbed};
 use omw_verbs::cn::{CnClient, CnOptions, Notice};
@@ -280,9 +280,9 @@ impl Testbed for RxeBed {
     /// The SEND's status, returned once the MN handled the invalidation its receive reported.
     fn send_with_inv(&mut self, cn: usize, qp: CnQp, rkey: Rkey) -> WcStatus {
         let qp = match qp {
-            CnQp::Alloc => omw_core::cn_driver::CnQp::Alloc,
-            CnQp::Free => omw_core::cn_driver::CnQp::Free,
-            CnQp::Access(k) => omw_core::cn_driver::CnQp::Access(k),
+            CnQp::Alloc => omw_core::cn::driver::CnQp::Alloc,
+            CnQp::Free => omw_core::cn::driver::CnQp::Free,
+            CnQp::Access(k) => omw_core::cn::driver::CnQp::Access(k),
         };
         let seen = |bed: &Self| bed.mn.with(|d, _| d.driver.mn.stats().remote_invalidations);
         let before = seen(self);

@@ -3,7 +3,7 @@
 //!
 //! The result is an [`Mlx5Op`] in the device's own terms — WAIT names a CQ number and a 24-bit
 //! producer index, SEND_EN / RECV_EN an absolute 16-bit WQE index — not a canonical
-//! [`crate::wqe::Wqe`], because those two are not the canonical counts. Only the forms
+//! [`crate::wire::wqe::Wqe`], because those two are not the canonical counts. Only the forms
 //! `encode` produces are accepted; anything else is a typed error (bad input never panics).
 
 use super::atomic::{AtomicSeg, MaskedFetchAdd64Seg};
@@ -282,7 +282,7 @@ fn decode_umr(b: &[u8], ds: u8, imm: u32) -> Result<Mlx5Op, Mlx5Error> {
 mod tests {
     use super::*;
     use crate::mlx5::encode::{encode, QueueResolver};
-    use crate::wqe::{Opcode, QueueSel, Wqe, WqeFlags};
+    use crate::wire::wqe::{Opcode, QueueSel, Wqe, WqeFlags};
     use proptest::prelude::*;
 
     struct Fixed;

@@ -19,7 +19,7 @@ use super::wait::{self, QueueSeg};
 use super::wqebb::{wqebbs, CqIndex, WqeIndex, MAX_WQEBBS, WQEBB};
 use super::{opcode, Mlx5Error};
 use crate::access::AccessFlags;
-use crate::wqe::{Opcode, QueueSel, Wqe, WqeField, WqeFlags};
+use crate::wire::wqe::{Opcode, QueueSel, Wqe, WqeField, WqeFlags};
 use zerocopy::IntoBytes;
 
 /// Device numbers the canonical form leaves symbolic.
@@ -463,7 +463,7 @@ mod tests {
             k in proptest::prelude::any::<u32>(), q in proptest::prelude::any::<u32>(),
             o0 in proptest::prelude::any::<u64>(), o1 in 0u64..4, pi in proptest::prelude::any::<u16>(),
         ) {
-            let mut w = Wqe::blank(crate::wqe::Opcode::ALL[op]);
+            let mut w = Wqe::blank(crate::wire::wqe::Opcode::ALL[op]);
             w.flags = WqeFlags::from_bits_truncate(flags);
             (w.imm, w.local_addr, w.length, w.lkey, w.remote_addr, w.rkey, w.qpn, w.operand0, w.operand1) =
                 (imm, a, len, k, a ^ o0, k ^ imm, q, o0, o1);

@@ -10,23 +10,19 @@
 //! - segments: [`ctrl`], [`raddr`], [`data`], [`atomic`], [`umr`] (UMR control + mkey
 //!   context: type-2 bind, local invalidate), [`wait`] (WAIT, SEND_EN, RECV_EN), [`nop`];
 //! - units: [`wqebb`] (64-byte basic blocks, 16-bit WQE index, 24-bit CQ index);
-//! - [`encode`]: one canonical [`crate::wqe::Wqe`] as an mlx5 WQE;
-//! - [`layout`]: a sequence of canonical WQEs laid out on an mlx5 ring with wrap padding, and
-//!   the map from canonical field offsets to mlx5 byte positions a chain patcher needs;
-//! - [`chain`]: the alloc and free chains in mlx5 form — byte-order conversions, shadow lap
-//!   counters, device units — and their static checks from the bytes;
+//! - [`encode`]: one canonical [`crate::wire::wqe::Wqe`] as an mlx5 WQE;
+//! - [`decode`]: mlx5 WQE bytes back to what they do (the static checks of
+//!   [`crate::chain::mlx5`], which lays the alloc and free chains out in this form, read them);
 //! - [`prm`]: the `DEVX_SET`/`DEVX_GET` bit-field writer and the PRM commands (QUERY_HCA_CAP,
 //!   CREATE_CQ, CREATE_QP with the CORE-Direct bits, the QP state transitions).
 
 pub mod atomic;
-pub mod chain;
 pub mod cqe;
 pub mod ctrl;
 pub mod data;
 pub mod decode;
 pub mod encode;
 pub mod error;
-pub mod layout;
 pub mod nop;
 pub mod opcode;
 pub mod prm;

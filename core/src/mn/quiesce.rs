@@ -15,7 +15,7 @@
 //!    driver's in-flight laps of that CN end once their posted device step has completed. The
 //!    result is a [`Quiesced`] proof; nothing else makes one.
 //! 2. **Decide** from data that can no longer move: the MWTable, the stopped laps' own markers
-//!    (`repair_alloc` / `repair_free` in `mn.rs`), and where the group is now
+//!    (`repair_alloc` / `repair_free` in `mn/mod.rs`), and where the group is now
 //!    ([`MemoryNode::whereabouts`]: in the queue, popped by another CN's lap in flight, owned).
 //! 3. **Push** through [`MemoryNode::push_group`], which refuses — and counts — a push of a group
 //!    that is already in the queue, that another lap has popped, or that has a bound window.
@@ -26,11 +26,11 @@
 //! moved to the tail) go through the same checked push.
 
 use super::{rd, read_entry, wr, MemoryNode, MnError, MnPort};
-use crate::backend::{ExecutionMode, MwBinding};
 use crate::chain::ChainKind;
+use crate::device::{ExecutionMode, MwBinding};
 use crate::ids::{CnId, GroupId};
 use crate::mn::{Action, CnStatus, ENTRY_RECLAIMING};
-use crate::mn_memory::{alloc_scratch, ALLOC_SCRATCH_OFF};
+use crate::wire::memory_map::{alloc_scratch, ALLOC_SCRATCH_OFF};
 
 /// Which of a CN's chains a quiesce stopped.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -330,7 +330,7 @@ impl MemoryNode {
 /// [`MemoryNode::free_count`] over any reader of MN memory (a harness reads the model's memory
 /// directly). `None` when a read fails.
 pub fn scan_free(
-    map: &crate::mn_memory::MnMemoryMap,
+    map: &crate::wire::memory_map::MnMemoryMap,
     tickets: &[u64],
     mut read: impl FnMut(u64) -> Option<u64>,
 ) -> Option<FreeCount> {

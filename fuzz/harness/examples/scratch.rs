@@ -1,5 +1,5 @@
-use omw_core::backend::ExecutionMode;
 use omw_core::chain::ChainKind;
+use omw_core::device::ExecutionMode;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::NicConfig;
 fn main() {

@@ -8,7 +8,7 @@
 
 use arbitrary::Arbitrary;
 use omw_core::ids::Rkey;
-use omw_core::wire::AllocReply;
+use omw_core::wire::message::AllocReply;
 use std::collections::BTreeMap;
 
 /// Where the attacker starts for an index it has not broken yet.

@@ -4,21 +4,21 @@
 //! empty) and goes through arbitrary structural edits: fields, flags, opcodes, rings, patch
 //! targets, the RECV scatter, enables, steps removed, duplicated, inserted or swapped.
 //! `validate()` must never panic. A layout it accepts is then *executed*: offloaded, armed with
-//! `omw_core::arm::arm` into the CN's (reset) chain QPs on the loopback NIC, a few requests
+//! `omw_core::chain::arm::arm` into the CN's (reset) chain QPs on the loopback NIC, a few requests
 //! sent by the CN and the fabric run (bounded); or on the host engine with `run_lap`. Neither
 //! may panic, and the model's own invariants (`Fabric::check_invariants`) must hold after.
 //! The protocol invariants are *not* checked: an accepted layout is gated correctly, not
 //! necessarily a correct allocator.
 
 use arbitrary::{Arbitrary, Unstructured};
-use omw_core::arm::arm;
-use omw_core::backend::ExecutionMode;
+use omw_core::chain::arm::arm;
 use omw_core::chain::{ChainKind, ChainLayout, Loc, Rearm, RecvTarget, Ring, Step};
-use omw_core::host_engine::{run_lap, LapContext};
+use omw_core::device::ExecutionMode;
 use omw_core::ids::Qpn;
-use omw_core::mn_driver::build;
-use omw_core::wire::{AllocRequest, FreeRequest};
-use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeField, WqeFlags};
+use omw_core::mn::driver::build;
+use omw_core::mn::host_engine::{run_lap, LapContext};
+use omw_core::wire::message::{AllocRequest, FreeRequest};
+use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeField, WqeFlags};
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::{NicConfig, PdId};
 
@@ -155,7 +155,7 @@ impl Ctx {
     fn addr(&self, a: Addr) -> u64 {
         match a {
             Addr::Meta(o) => self.meta.0 + (o as u64 % self.meta.1.max(1)),
-            Addr::Scratch(o) => self.scratch + (o as u64 % omw_core::mn_memory::SCRATCH_PER_CN),
+            Addr::Scratch(o) => self.scratch + (o as u64 % omw_core::wire::memory_map::SCRATCH_PER_CN),
             Addr::Raw(v) => v,
         }
     }
@@ -419,7 +419,7 @@ fn run_on_nic(c: &mut Cluster, layout: &ChainLayout, kind: ChainKind, requests: 
         (node.host, if kind == ChainKind::Alloc { node.alloc_qp } else { node.free_qp }, node.alloc_qp);
     let mut backend = c.driver.backend.clone();
     {
-        use omw_core::backend::RdmaBackend;
+        use omw_core::device::RdmaBackend;
         for q in layout.qpns {
             if let Ok(q) = Qpn::new(q) {
                 let _ = backend.reset_qp(q);
@@ -482,11 +482,11 @@ fn run_on_host_engine(c: &mut Cluster, layout: &ChainLayout, rec: &omw_core::mn:
     }
 }
 
-fn blank() -> omw_core::backend::Completion {
-    omw_core::backend::Completion {
+fn blank() -> omw_core::device::Completion {
+    omw_core::device::Completion {
         wr_id: 0,
-        status: omw_core::backend::WcStatus::GeneralErr,
-        opcode: omw_core::backend::WcOpcode::Recv,
+        status: omw_core::device::WcStatus::GeneralErr,
+        opcode: omw_core::device::WcOpcode::Recv,
         qpn: Qpn::default(),
         byte_len: 0,
         imm: None,

@@ -8,9 +8,9 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use omw_core::access::AccessFlags;
-use omw_core::backend::Completion;
+use omw_core::device::Completion;
 use omw_core::ids::Rkey;
-use omw_core::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
+use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
 use omw_loopback::{Fabric, HostId, NicConfig, PdId, QpAddr, QpConfig};
 
 const MAX_OPS: usize = 48;
@@ -245,8 +245,8 @@ pub fn check(input: &Input) {
 fn blank() -> Completion {
     Completion {
         wr_id: 0,
-        status: omw_core::backend::WcStatus::GeneralErr,
-        opcode: omw_core::backend::WcOpcode::Recv,
+        status: omw_core::device::WcStatus::GeneralErr,
+        opcode: omw_core::device::WcOpcode::Recv,
         qpn: Default::default(),
         byte_len: 0,
         imm: None,

@@ -20,14 +20,14 @@ use crate::sim::{
     Held, Schedule, Setup, Shadow,
 };
 use arbitrary::{Arbitrary, Unstructured};
-use omw_core::backend::WcStatus;
 use omw_core::chain::ChainKind;
+use omw_core::cn::driver::CnError;
 use omw_core::cn::{ClientError, ClientEvent};
-use omw_core::cn_driver::CnError;
+use omw_core::device::WcStatus;
 use omw_core::ids::{GroupId, Qpn, Rkey};
 use omw_core::mn::CnStatus;
-use omw_core::wire::{AllocRequest, ErrorCode, FreeRequest, Header, Kind};
-use omw_core::wqe::Wqe;
+use omw_core::wire::message::{AllocRequest, ErrorCode, FreeRequest, Header, Kind};
+use omw_core::wire::wqe::Wqe;
 use omw_loopback::cluster::{Cluster, CnOpError, CnQp};
 use omw_loopback::{host_base, MwState};
 
@@ -508,7 +508,7 @@ fn after_step(w: &mut World, op: &dyn std::fmt::Debug) {
 
 /// An offloaded MN tick runs the audit.
 fn count_audit(w: &mut World) {
-    w.audits += u64::from(w.c.mode == omw_core::backend::ExecutionMode::Offloaded);
+    w.audits += u64::from(w.c.mode == omw_core::device::ExecutionMode::Offloaded);
 }
 
 fn advance(w: &mut World, ns: u64, what: &dyn std::fmt::Debug) {

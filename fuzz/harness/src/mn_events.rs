@@ -12,11 +12,11 @@
 
 use crate::sim::{conservation, invariants, owned_by, rkey_is_current, touches_foreign, Held, Schedule, Setup, Shadow};
 use arbitrary::{Arbitrary, Unstructured};
-use omw_core::backend::WcStatus;
 use omw_core::chain::ChainKind;
 use omw_core::cn::ClientError;
+use omw_core::device::WcStatus;
 use omw_core::ids::{GroupId, Rkey};
-use omw_core::wire::ErrorCode;
+use omw_core::wire::message::ErrorCode;
 use omw_loopback::cluster::{Cluster, CnOpError};
 
 const MAX_OPS: usize = 40;
@@ -377,7 +377,7 @@ fn batch(w: &mut World, schedule: Option<Schedule>, items: &[Timed], what: &Step
     }
     for (i, t) in tokens {
         if let Ok(a) = w.c.alloc_take(i, t) {
-            let host_engine = w.c.mode == omw_core::backend::ExecutionMode::HostEngine;
+            let host_engine = w.c.mode == omw_core::device::ExecutionMode::HostEngine;
             assert!(
                 owned_by(&w.c, i, &a) || (host_engine && !active(w, i)),
                 "cn{i} got a chunk the MN does not record as its own, in {what:?}"
@@ -587,7 +587,7 @@ fn alloc(w: &mut World, i: usize, op: &Op) {
     let rec = c.driver.mn.cn(c.cns[i].id).cloned();
     let free = c.free_groups();
     let held = crate::sim::held_by(c, i);
-    let host_engine = c.mode == omw_core::backend::ExecutionMode::HostEngine;
+    let host_engine = c.mode == omw_core::device::ExecutionMode::HostEngine;
     let quota = c.cfg.quota;
     let backing_off = c.cns[i].client().is_backing_off(c.now());
     let empty_state = c.driver.mn.is_empty_state();

@@ -2,10 +2,10 @@
 //! truth about who owns what, and a shadow of the bytes each CN wrote into its chunks.
 
 use arbitrary::Arbitrary;
-use omw_core::backend::{ExecutionMode, WcStatus};
 use omw_core::cn::Allocation;
+use omw_core::device::{ExecutionMode, WcStatus};
 use omw_core::ids::{GroupId, Rkey};
-use omw_core::invariants::InvariantViolation;
+use omw_core::mn::invariants::InvariantViolation;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::NicConfig;
 use std::collections::BTreeMap;
@@ -297,7 +297,8 @@ pub fn conservation(c: &Cluster, what: &dyn std::fmt::Debug) {
     let mut slots: Vec<u64> = Vec::new();
     for _ in 0..live {
         slots.push(slot);
-        slot = omw_core::wqe::masked_add(slot, omw_core::free_queue::SLOT_SIZE as u64, q.counter_boundary());
+        slot =
+            omw_core::wire::wqe::masked_add(slot, omw_core::wire::free_queue::SLOT_SIZE as u64, q.counter_boundary());
     }
     for t in c.driver.mn.tickets() {
         if !slots.contains(t) {
@@ -341,7 +342,7 @@ pub fn mn_mr_keys(c: &Cluster) -> Vec<u32> {
 /// (Not a scan of every word of what decodes: a chunk length or a QPN may equal a key.) Checks what
 /// arrived since `*seen` and moves it on.
 pub fn no_key_in_messages(c: &Cluster, cn: usize, seen: &mut usize, what: &dyn std::fmt::Debug) {
-    use omw_core::wire::{AllocReply, MnMessage, ALLOC_REPLY_LEN};
+    use omw_core::wire::message::{AllocReply, MnMessage, ALLOC_REPLY_LEN};
     let keys = mn_mr_keys(c);
     let n = &c.cns[cn];
     let g = c.driver.mn.map().geometry.group_size();

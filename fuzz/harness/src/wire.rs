@@ -3,11 +3,11 @@
 
 use omw_core::cn::{Client, ClientError};
 use omw_core::ids::{CnId, Qpn};
-use omw_core::mwtable::MwTableEntry;
-use omw_core::wire::{
+use omw_core::wire::message::{
     parse_header, AllocReply, AllocRequest, ConnectInfo, FreeRequest, Kind, MnMessage, WireError, ALLOC_REPLY_LEN,
     CONNECT_INFO_LEN, HEADER_LEN, MAX_ACCESS_QPS,
 };
+use omw_core::wire::mwtable::MwTableEntry;
 
 pub fn run(data: &[u8]) -> bool {
     header(data);
@@ -27,8 +27,8 @@ fn header(data: &[u8]) {
     match parse_header(data) {
         Ok((kind, token)) => {
             assert!(data.len() >= HEADER_LEN);
-            assert_eq!(u16::from_le_bytes([data[0], data[1]]), omw_core::wire::MAGIC);
-            assert_eq!(data[2], omw_core::wire::VERSION);
+            assert_eq!(u16::from_le_bytes([data[0], data[1]]), omw_core::wire::message::MAGIC);
+            assert_eq!(data[2], omw_core::wire::message::VERSION);
             assert_eq!(kind as u8, data[3]);
             assert_eq!(token, u32::from_le_bytes([data[4], data[5], data[6], data[7]]));
         }

@@ -3,7 +3,7 @@
 //! decoder promises (the NIC models rely on them); a RECV re-encodes to its used prefix.
 
 use omw_core::access::AccessFlags;
-use omw_core::wqe::{masked_add, Opcode, RecvWqe, Wqe, WqeError, WqeField, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
+use omw_core::wire::wqe::{masked_add, Opcode, RecvWqe, Wqe, WqeError, WqeField, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
 
 const FIELDS: [WqeField; 10] = WqeField::ALL;
 

@@ -3,7 +3,7 @@
 //! `MnMemoryMap::len_for`) — printed as `key value` lines for `footprint.sh`.
 
 use omw_core::geometry::PoolGeometry;
-use omw_core::mn_memory::MnMemoryMap;
+use omw_core::wire::memory_map::MnMemoryMap;
 
 fn len(chunks: u32, cns: u32) -> u64 {
     let g = PoolGeometry::new(1 << 32, 4096, chunks, 2).expect("geometry");

@@ -3,7 +3,7 @@
 use super::invariants;
 use crate::runner::{Outcome, Scenario};
 use crate::testbed::{Caps, Factory, MnSpec};
-use omw_core::backend::{ExecutionMode, MwBinding, WcStatus};
+use omw_core::device::{ExecutionMode, MwBinding, WcStatus};
 
 pub const LIST: &[Scenario] = &[
     Scenario { name: "alloc::six_cns_allocate_access_free_reuse", needs: Caps::NONE, run: six_cns },

@@ -10,8 +10,8 @@
 use super::invariants;
 use crate::runner::{Outcome, Scenario};
 use crate::testbed::{Caps, Factory, MnSpec, Testbed};
-use omw_core::backend::WcStatus;
 use omw_core::cn::Allocation;
+use omw_core::device::WcStatus;
 
 pub const LIST: &[Scenario] = &[
     Scenario {

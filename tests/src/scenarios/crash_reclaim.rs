@@ -3,7 +3,7 @@
 use super::invariants;
 use crate::runner::{Outcome, Scenario};
 use crate::testbed::{Caps, Factory, Heard, MnSpec};
-use omw_core::backend::{MwBinding, WcStatus};
+use omw_core::device::{MwBinding, WcStatus};
 
 pub const LIST: &[Scenario] = &[
     Scenario { name: "crash::crash_after_allocations_reclaims_everything", needs: Caps::CRASH, run: crash_holding },

@@ -4,7 +4,7 @@
 use super::invariants;
 use crate::runner::{Outcome, Scenario};
 use crate::testbed::{Caps, Factory, Heard, MnSpec, Refusal};
-use omw_core::wire::ErrorCode;
+use omw_core::wire::message::ErrorCode;
 
 pub const LIST: &[Scenario] =
     &[Scenario { name: "empty::empty_queue_then_available", needs: Caps::NONE, run: empty_then_available }];

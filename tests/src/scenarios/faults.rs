@@ -3,7 +3,7 @@
 use super::invariants;
 use crate::runner::{Outcome, Scenario};
 use crate::testbed::{Caps, Factory, MnSpec};
-use omw_core::backend::WcStatus;
+use omw_core::device::WcStatus;
 
 pub const LIST: &[Scenario] = &[Scenario {
     name: "faults::lost_and_delayed_messages",

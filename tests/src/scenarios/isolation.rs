@@ -6,12 +6,12 @@
 use super::{denied, invariants, reread, soil};
 use crate::runner::{Outcome, Scenario};
 use crate::testbed::{Caps, CnQp, Factory, Heard, MnSpec, Refusal, Testbed};
-use omw_core::backend::{ExecutionMode, MwBinding, WcStatus};
 use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
+use omw_core::device::{ExecutionMode, MwBinding, WcStatus};
 use omw_core::ids::{GroupId, Rkey};
-use omw_core::wire::{AllocReply, ErrorCode, MnMessage, Notice};
-use omw_core::wqe::Wqe;
+use omw_core::wire::message::{AllocReply, ErrorCode, MnMessage, Notice};
+use omw_core::wire::wqe::Wqe;
 
 pub const LIST: &[Scenario] = &[
     Scenario { name: "isolation::other_cn_cannot_touch_a_chunk_with_its_rkey", needs: Caps::NONE, run: cross_cn },

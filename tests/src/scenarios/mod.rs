@@ -3,8 +3,8 @@
 
 use crate::runner::Scenario;
 use crate::testbed::Testbed;
-use omw_core::backend::WcStatus;
 use omw_core::cn::Allocation;
+use omw_core::device::WcStatus;
 use omw_core::ids::GroupId;
 
 pub mod alloc;

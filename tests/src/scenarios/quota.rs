@@ -5,8 +5,8 @@
 use super::invariants;
 use crate::runner::{Outcome, Scenario};
 use crate::testbed::{Caps, Factory, Heard, MnSpec, Refusal};
-use omw_core::backend::{ExecutionMode, WcStatus};
-use omw_core::wire::ErrorCode;
+use omw_core::device::{ExecutionMode, WcStatus};
+use omw_core::wire::message::ErrorCode;
 
 pub const LIST: &[Scenario] = &[Scenario { name: "quota::quota_enforcement", needs: Caps::NONE, run: quota }];
 

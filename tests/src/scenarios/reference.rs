@@ -12,8 +12,8 @@
 use crate::oracle::{Rng, Shadow};
 use crate::runner::{Outcome, Scenario};
 use crate::testbed::{Caps, Factory, MnSpec, Refusal, Testbed};
-use omw_core::backend::WcStatus;
 use omw_core::chain::ChainKind;
+use omw_core::device::WcStatus;
 
 pub const LIST: &[Scenario] = &[Scenario {
     name: "reference::pool_against_reference_model",

@@ -12,7 +12,7 @@
 //! that supports it to host endianness at start-up (commit f91e6d8941bf, "net/mlx5_core: Add
 //! setting ATOMIC endian mode") and mlx5_ib advertises `IB_ATOMIC_HCA` only then (da7525d2a9ae).
 //! The mlx5-form chains keep MN memory little-endian and need host-endian atomics
-//! (`crate::mlx5::chain`).
+//! (`crate::chain::mlx5`).
 
 use super::{bits, check_status, op, Field, IN_OPCODE, IN_OP_MOD};
 use crate::mlx5::Mlx5Error;

@@ -1,0 +1,155 @@
+//! Arming: turning a validated [`ChainLayout`] into WQE bytes in a backend's rings.
+//!
+//! Symbolic locations become addresses here, because only now are the ring addresses known:
+//! a field of step *i* lives at `ring_base + position(i) × 64 + offset(field)`. The same code
+//! arms the chain on every offload-capable backend (loopback model, FPGA extension block).
+
+use crate::chain::builder::chain_wr_id;
+use crate::chain::mlx5::{Mlx5Chain, Mlx5Queues};
+use crate::chain::{ChainLayout, Loc, Ring};
+use crate::device::RdmaBackend;
+use crate::ids::Qpn;
+use crate::wire::wqe::{QueueSel, RecvWqe, Sge, Wqe, WQE_SIZE};
+use crate::wire::wqe_format::WqeFormat;
+use core::fmt;
+
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ArmError<E> {
+    Backend(E),
+    BadQpn(u32),
+    /// The layout failed validation.
+    Invalid(crate::chain::ChainError),
+    /// The device fetches the mlx5 form and the chain has none, or the backend cannot arm it.
+    Mlx5(crate::chain::mlx5::Mlx5ChainError),
+    /// The device fetches the mlx5 form but the backend offers no mlx5 arming.
+    NoMlx5Arming,
+}
+
+impl<E: fmt::Display> fmt::Display for ArmError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArmError::Backend(e) => write!(f, "backend refused while arming a chain: {e}"),
+            ArmError::BadQpn(q) => write!(f, "chain names invalid QP number {q:#x}"),
+            ArmError::Invalid(e) => write!(f, "chain layout invalid: {e}"),
+            ArmError::Mlx5(e) => write!(f, "chain has no mlx5 form: {e}"),
+            ArmError::NoMlx5Arming => {
+                f.write_str("the device fetches mlx5 WQEs but its backend cannot arm mlx5 chains")
+            }
+        }
+    }
+}
+
+/// Concrete WQEs and RECV of one chain, ready to be posted.
+#[derive(Clone, Debug)]
+pub struct ResolvedChain {
+    pub wqes: heapless::Vec<Wqe, { crate::chain::MAX_STEPS }>,
+    pub recv: RecvWqe,
+}
+
+/// Address of a WQE field of step `step` given the send-ring bases [Loop, Mgmt].
+pub fn field_addr(layout: &ChainLayout, bases: [u64; 2], step: u8, field: crate::wire::wqe::WqeField) -> u64 {
+    let i = step as usize;
+    let ring = layout.steps.get(i).map(|s| s.ring).unwrap_or(Ring::Loop);
+    bases[ring as usize] + (layout.position(i) * WQE_SIZE) as u64 + field.offset() as u64
+}
+
+pub fn resolve(layout: &ChainLayout, bases: [u64; 2]) -> ResolvedChain {
+    let mut wqes = heapless::Vec::new();
+    for s in layout.steps.iter() {
+        let mut w = s.wqe;
+        if let Some(Loc::Field { step, field }) = s.local {
+            w.local_addr = field_addr(layout, bases, step, field);
+        }
+        if let Some(Loc::Field { step, field }) = s.remote {
+            w.remote_addr = field_addr(layout, bases, step, field);
+        }
+        let _ = wqes.push(w);
+    }
+    let mut recv = RecvWqe { wr_id: chain_wr_id(layout.kind, 0, 0xFF), sges: heapless::Vec::new() };
+    for r in layout.recv.iter() {
+        let sge = match r.loc {
+            Loc::Mem(a) => Sge { addr: a, length: r.len, lkey: layout.meta_lkey },
+            Loc::Field { step, field } => {
+                Sge { addr: field_addr(layout, bases, step, field), length: r.len, lkey: layout.ring_lkey }
+            }
+        };
+        let _ = recv.sges.push(sge);
+    }
+    ResolvedChain { wqes, recv }
+}
+
+/// Post a chain into freshly reset managed queues and enable its first lap. `recv_copies`
+/// identical RECVs fill the management QP's receive ring (its depth).
+pub fn arm<B: RdmaBackend>(backend: &mut B, layout: &ChainLayout, recv_copies: u32) -> Result<(), ArmError<B::Error>> {
+    layout.validate().map_err(ArmError::Invalid)?;
+    match backend.wqe_format() {
+        WqeFormat::Canonical => arm_unchecked(backend, layout, recv_copies),
+        WqeFormat::Mlx5 => arm_mlx5(backend, layout, recv_copies, true),
+    }
+}
+
+/// [`arm`] for a device that fetches the mlx5 form: the chain laid out in WQEBBs
+/// ([`Mlx5Chain::build`]), its ring images and lap counters written into MN memory here, the
+/// rest (wr_id map, RECVs, first enables) by the backend.
+fn arm_mlx5<B: RdmaBackend>(
+    backend: &mut B,
+    layout: &ChainLayout,
+    recv_copies: u32,
+    checked: bool,
+) -> Result<(), ArmError<B::Error>> {
+    let q = |v: u32| Qpn::new(v).map_err(|_| ArmError::BadQpn(v));
+    let qpns = [q(layout.qpns[0])?, q(layout.qpns[1])?];
+    let ring_bases = [
+        backend.ring_base(qpns[0], QueueSel::Send).map_err(ArmError::Backend)?,
+        backend.ring_base(qpns[1], QueueSel::Send).map_err(ArmError::Backend)?,
+    ];
+    let cqns = backend.cq_numbers(qpns[0], qpns[1]).ok_or(ArmError::NoMlx5Arming)?;
+    let queues = Mlx5Queues { cqns, ring_bases, cq_base: backend.cq_producer_indices(qpns[0], qpns[1]) };
+    let chain = if checked { Mlx5Chain::build(layout, queues) } else { Mlx5Chain::build_unchecked(layout, queues) };
+    let chain = chain.map_err(ArmError::Mlx5)?;
+    for (base, ring) in ring_bases.iter().zip(chain.rings.iter()) {
+        backend.write_local(*base, ring).map_err(ArmError::Backend)?;
+    }
+    for sh in chain.shadows.iter() {
+        backend.write_local(sh.addr, &sh.initial.to_le_bytes()).map_err(ArmError::Backend)?;
+    }
+    backend.arm_mlx5(&chain, recv_copies.max(1)).ok_or(ArmError::NoMlx5Arming)?.map_err(ArmError::Backend)
+}
+
+/// [`arm`] without validation: only for demonstrating what an invalid chain does on a device
+/// (e.g. an ungated patch under prefetching). Never use it for a real chain.
+pub fn arm_unchecked<B: RdmaBackend>(
+    backend: &mut B,
+    layout: &ChainLayout,
+    recv_copies: u32,
+) -> Result<(), ArmError<B::Error>> {
+    if backend.wqe_format() == WqeFormat::Mlx5 {
+        return arm_mlx5(backend, layout, recv_copies, false);
+    }
+    let q = |v: u32| Qpn::new(v).map_err(|_| ArmError::BadQpn(v));
+    let qpns = [q(layout.qpns[0])?, q(layout.qpns[1])?];
+    let bases = [
+        backend.ring_base(qpns[0], QueueSel::Send).map_err(ArmError::Backend)?,
+        backend.ring_base(qpns[1], QueueSel::Send).map_err(ArmError::Backend)?,
+    ];
+    let resolved = resolve(layout, bases);
+    for ring in [Ring::Loop, Ring::Mgmt] {
+        for (s, w) in layout.steps.iter().zip(resolved.wqes.iter()) {
+            if s.ring == ring {
+                backend.post_send(qpns[ring as usize], w).map_err(ArmError::Backend)?;
+            }
+        }
+    }
+    for _ in 0..recv_copies.max(1) {
+        backend.post_recv(qpns[1], &resolved.recv).map_err(ArmError::Backend)?;
+    }
+    for ring in [Ring::Loop, Ring::Mgmt] {
+        let n = layout.initial_enable[ring as usize] as u64;
+        if n > 0 {
+            backend.enable(qpns[ring as usize], QueueSel::Send, n).map_err(ArmError::Backend)?;
+        }
+    }
+    backend.enable(qpns[1], QueueSel::Recv, 1).map_err(ArmError::Backend)?;
+    Ok(())
+}

@@ -1,0 +1,568 @@
+//! The mlx5 form against the canonical form: both run the same laps of the same requests on a
+//! byte-level memory (copies, writes, atomics — the only operations that move bytes), and must
+//! leave the same MN memory and CN reply bytes, and every WQE the chain does not rewrite into
+//! a different shape must be, byte for byte, the mlx5 encoding of the patched canonical WQE.
+
+use super::*;
+use crate::chain::alloc::build_alloc_chain;
+use crate::chain::arm;
+use crate::chain::builder::{test_env, ChainEnv};
+use crate::chain::free::build_free_chain;
+use crate::mlx5::encode::is_umr;
+use crate::wire::memory_map::{alloc_scratch, free_scratch, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF};
+use crate::wire::message::{alloc_request, free_request};
+use crate::wire::mwtable::{MwTableEntry, ENTRY_SIZE};
+use crate::wire::wqe::masked_add;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::vec::Vec;
+
+fn queues() -> Mlx5Queues {
+    Mlx5Queues::new([0x21, 0x22, 0x23], [0x5_0000_0000, 0x5_0010_0000])
+}
+const CANON_BASES: [u64; 2] = [0x6_0000_0000, 0x6_0010_0000];
+const CN_BUF: u64 = 0x9_0000_0000;
+
+#[derive(Clone, Default)]
+struct Mem(BTreeMap<u64, u8>);
+
+impl Mem {
+    fn rd(&self, a: u64, n: u32) -> Vec<u8> {
+        (0..n as u64).map(|k| self.0.get(&(a + k)).copied().unwrap_or(0)).collect()
+    }
+    fn wr(&mut self, a: u64, b: &[u8]) {
+        for (k, x) in b.iter().enumerate() {
+            self.0.insert(a + k as u64, *x);
+        }
+    }
+    fn u64(&self, a: u64) -> u64 {
+        u64::from_le_bytes(self.rd(a, 8).try_into().unwrap())
+    }
+    fn atomic(&mut self, remote: u64, local: u64, new: impl Fn(u64) -> u64) {
+        let old = self.u64(remote);
+        self.wr(local, &old.to_le_bytes());
+        self.wr(remote, &new(old).to_le_bytes());
+    }
+}
+
+fn exec_canonical(m: &mut Mem, w: &Wqe) {
+    match w.opcode {
+        Opcode::Read => {
+            let b = m.rd(w.remote_addr, w.length);
+            m.wr(w.local_addr, &b)
+        }
+        Opcode::Write | Opcode::WriteWithImm => {
+            let b = m.rd(w.local_addr, w.length);
+            m.wr(w.remote_addr, &b)
+        }
+        Opcode::FetchAdd => m.atomic(w.remote_addr, w.local_addr, |o| o.wrapping_add(w.operand0)),
+        Opcode::MaskedFetchAdd => m.atomic(w.remote_addr, w.local_addr, |o| masked_add(o, w.operand0, w.operand1)),
+        Opcode::CompareSwap => m.atomic(w.remote_addr, w.local_addr, |o| if o == w.operand0 { w.operand1 } else { o }),
+        _ => {}
+    }
+}
+
+fn exec_mlx5(m: &mut Mem, op: &Mlx5Op) {
+    match op {
+        Mlx5Op::Read { remote, local: Some(l), .. } => {
+            let b = m.rd(*remote, l.length);
+            m.wr(l.addr, &b)
+        }
+        Mlx5Op::ScatterRead { remote, sges, .. } => {
+            let mut at = *remote;
+            for l in sges.as_slice() {
+                let b = m.rd(at, l.length);
+                m.wr(l.addr, &b);
+                at += l.length as u64;
+            }
+        }
+        Mlx5Op::Write { remote, local: Some(l), .. } => {
+            let b = m.rd(l.addr, l.length);
+            m.wr(*remote, &b)
+        }
+        Mlx5Op::FetchAdd { remote, local, add, .. } => m.atomic(*remote, local.addr, |o| o.wrapping_add(*add)),
+        Mlx5Op::MaskedFetchAdd { remote, local, add, boundary, .. } => {
+            m.atomic(*remote, local.addr, |o| masked_add(o, *add, *boundary))
+        }
+        Mlx5Op::CompareSwap { remote, local, compare, swap, .. } => {
+            m.atomic(*remote, local.addr, |o| if o == *compare { *swap } else { o })
+        }
+        _ => {}
+    }
+}
+
+/// An MN with a full free queue: head at slot 0, every group's entry queued.
+fn mn_memory(env: &ChainEnv) -> Mem {
+    let mut m = Mem::default();
+    let q = env.map.queue;
+    let n = env.geometry().chunk_count();
+    m.wr(q.head, &q.slot_addr(0).to_le_bytes());
+    m.wr(q.tail, &q.slot_addr(n).to_le_bytes());
+    for i in 0..n {
+        let e = env.map.table_base + i as u64 * ENTRY_SIZE as u64;
+        m.wr(q.slot_addr(i), &e.to_le_bytes());
+        let rkeys: Vec<crate::ids::Rkey> =
+            (0..env.geometry().group_size()).map(|k| crate::ids::Rkey(((i * 4 + k as u32 + 1) << 8) | 0xFE)).collect();
+        let base = env.geometry().base() + i as u64 * env.geometry().chunk_size();
+        let entry = MwTableEntry::new(base, env.geometry().chunk_size() as u32, 0x77, &rkeys);
+        m.wr(e, zerocopy::IntoBytes::as_bytes(&entry));
+    }
+    // the reply image's owner field, written when the CN connected
+    let s = env.scratch() + ALLOC_SCRATCH_OFF;
+    m.wr(s + alloc_scratch::OWNER, &env.cn.get().to_le_bytes());
+    m
+}
+
+/// The canonical closing ENABLE (the last FENCEd self-ENABLE of the Loop ring).
+fn closing(l: &ChainLayout) -> usize {
+    (0..l.steps.len())
+        .rev()
+        .find(|&j| {
+            let s = &l.steps[j];
+            s.ring == Ring::Loop
+                && s.wqe.opcode == Opcode::Enable
+                && s.wqe.qpn == l.qpns[0]
+                && s.wqe.flags.contains(WqeFlags::FENCE)
+        })
+        .unwrap()
+}
+
+struct Pair {
+    layout: ChainLayout,
+    chain: Mlx5Chain,
+    canon: Mem,
+    mlx5: Mem,
+}
+
+impl Pair {
+    fn new(layout: ChainLayout, env: &ChainEnv) -> Self {
+        let chain = Mlx5Chain::build(&layout, queues()).unwrap();
+        let mut canon = mn_memory(env);
+        let mut mlx5 = canon.clone();
+        let r = arm::resolve(&layout, CANON_BASES);
+        for (i, (s, w)) in layout.steps.iter().zip(r.wqes.iter()).enumerate() {
+            canon.wr(CANON_BASES[s.ring as usize] + (layout.position(i) * WQE_SIZE) as u64, &w.encode());
+        }
+        for ring in [Ring::Loop, Ring::Mgmt] {
+            mlx5.wr(queues().ring_bases[ring as usize], &chain.rings[ring as usize]);
+        }
+        for sh in chain.shadows.iter() {
+            mlx5.wr(sh.addr, &sh.initial.to_le_bytes());
+        }
+        Pair { layout, chain, canon, mlx5 }
+    }
+
+    /// One lap of `request`, sequentially in the canonical order on both forms.
+    fn lap(&mut self, request: &[u8]) {
+        let r = arm::resolve(&self.layout, CANON_BASES);
+        let mut at = 0usize;
+        for s in r.recv.sges.iter() {
+            let n = (s.length as usize).min(request.len().saturating_sub(at));
+            self.canon.wr(s.addr, &request[at..at + n]);
+            at += n;
+        }
+        for (i, s) in self.layout.steps.iter().enumerate() {
+            let a = CANON_BASES[s.ring as usize] + (self.layout.position(i) * WQE_SIZE) as u64;
+            let w = Wqe::decode(&self.canon.rd(a, 64)).unwrap();
+            exec_canonical(&mut self.canon, &w);
+        }
+        let mut at = 0usize;
+        for s in self.chain.recv.iter() {
+            let n = (s.length as usize).min(request.len().saturating_sub(at));
+            self.mlx5.wr(s.addr, &request[at..at + n]);
+            at += n;
+        }
+        let c = closing(&self.layout);
+        let closing_pi = self.chain.placed[0].iter().find(|p| p.role == Role::Step(c as u8)).unwrap().pi;
+        let mut order: Vec<((usize, u8, u16), Ring, u16)> = Vec::new();
+        for ring in [Ring::Loop, Ring::Mgmt] {
+            for p in self.chain.placed[ring as usize].iter() {
+                let key = match p.role {
+                    Role::Step(i) => (i as usize, 1, p.pi),
+                    Role::Bump(_) => (c, if p.pi < closing_pi { 0 } else { 2 }, p.pi),
+                    Role::Pad => continue,
+                };
+                order.push((key, ring, p.pi));
+            }
+        }
+        order.sort_by_key(|x| x.0);
+        for (_, ring, pi) in order {
+            let a = queues().ring_bases[ring as usize] + pi as u64 * WQEBB as u64;
+            let d = decode(&self.mlx5.rd(a, (MAX_SCATTER_SGES as u32 + 2) * 16)).unwrap();
+            exec_mlx5(&mut self.mlx5, &d.op);
+        }
+    }
+
+    /// Same MN memory (but the mlx5 form's own shadows and junk), same bytes at the CN.
+    fn same_observable(&self, env: &ChainEnv, ignore: &[(u64, u64)]) {
+        let (lo, len) = (env.map.meta_base, env.map.meta_len);
+        for a in (lo..lo + len).chain(CN_BUF..CN_BUF + 256) {
+            if ignore.iter().any(|(x, n)| a >= *x && a < x + n) {
+                continue;
+            }
+            let (c, m) = (self.canon.rd(a, 1)[0], self.mlx5.rd(a, 1)[0]);
+            assert_eq!(c, m, "{:?}: byte {a:#x} differs (canonical {c:#x}, mlx5 {m:#x})", self.layout.kind);
+        }
+    }
+
+    /// Every WQE the mlx5 form keeps whole is the mlx5 encoding of the patched canonical one;
+    /// WAITs and ENABLEs carry the lap's device values.
+    fn same_wqes(&self, lap: u64) {
+        let l = &self.layout;
+        for ring in [Ring::Loop, Ring::Mgmt] {
+            let placed = &self.chain.placed[ring as usize];
+            for (k, p) in placed.iter().enumerate() {
+                let Role::Step(t) = p.role else { continue };
+                let s = &l.steps[t as usize];
+                let reshaped = matches!(
+                    (s.wqe.opcode, s.local, s.remote),
+                    (Opcode::Read, Some(Loc::Field { .. }), _)
+                        | (Opcode::Read, _, Some(Loc::Field { .. }))
+                        | (Opcode::Write, _, Some(Loc::Field { .. }))
+                );
+                if reshaped {
+                    continue;
+                }
+                let a = CANON_BASES[ring as usize] + (l.position(t as usize) * WQE_SIZE) as u64;
+                let mut w = Wqe::decode(&self.canon.rd(a, 64)).unwrap();
+                let mut index = WqeIndex::new(0);
+                if matches!(w.opcode, Opcode::Wait | Opcode::Enable) {
+                    let sh = self.chain.shadows.iter().find(|x| x.step == t).unwrap();
+                    // independent of the shadow: a lap advances an ENABLE by its target ring's
+                    // size (RECV_EN: one receive WQE), a WAIT by the canonical bump
+                    let per_lap = match (w.opcode, w.queue_sel(), w.qpn == l.qpns[0]) {
+                        (Opcode::Enable, QueueSel::Recv, _) => 1,
+                        (Opcode::Enable, _, true) => self.chain.ring_wqebbs(Ring::Loop) as u64,
+                        (Opcode::Enable, _, false) => self.chain.ring_wqebbs(Ring::Mgmt) as u64,
+                        _ => sh.increment,
+                    };
+                    let v = (sh.initial + lap * per_lap) & ((1 << sh.bits) - 1);
+                    if w.opcode == Opcode::Wait {
+                        assert_eq!(CqIndex::from_count(w.operand0).get() as u64, v, "WAIT {t} lap {lap}");
+                    }
+                    index = WqeIndex::new(v as u16);
+                }
+                let prev_umr = k > 0 && matches!(placed[k - 1].role, Role::Step(u) if is_umr(&l.steps[u as usize].wqe));
+                let extra = if prev_umr { FmCeSe::INITIATOR_SMALL_FENCE } else { FmCeSe::empty() };
+                let cqn = match (w.qpn == l.qpns[0], w.queue_sel()) {
+                    (true, _) => 0x21,
+                    (false, QueueSel::Send) => 0x22,
+                    (false, QueueSel::Recv) => 0x23,
+                };
+                w.wr_id = 0;
+                let want = encode(&w, WqeIndex::new(p.pi), l.qpns[ring as usize], extra, &mut Const(Some(cqn), index))
+                    .unwrap();
+                let got =
+                    self.mlx5.rd(queues().ring_bases[ring as usize] + p.pi as u64 * 64, want.bytes().len() as u32);
+                assert_eq!(got, want.bytes(), "{:?} step {t} ({}) lap {lap}", l.kind, w.opcode.name());
+            }
+        }
+    }
+}
+
+fn alloc_request(token: u32, reply: u64, rkey: u32, qpns: &[u32]) -> Vec<u8> {
+    let mut b = std::vec![0u8; alloc_request::len(qpns.len())];
+    b[0..2].copy_from_slice(&crate::wire::message::MAGIC.to_le_bytes());
+    b[alloc_request::TOKEN..alloc_request::TOKEN + 4].copy_from_slice(&token.to_le_bytes());
+    b[alloc_request::REPLY_ADDR..alloc_request::REPLY_ADDR + 8].copy_from_slice(&reply.to_le_bytes());
+    b[alloc_request::REPLY_RKEY..alloc_request::REPLY_RKEY + 4].copy_from_slice(&rkey.to_le_bytes());
+    for (i, q) in qpns.iter().enumerate() {
+        b[alloc_request::QPNS + 4 * i..alloc_request::QPNS + 4 * i + 4].copy_from_slice(&q.to_le_bytes());
+    }
+    b
+}
+
+fn ignore(env: &ChainEnv) -> [(u64, u64); 3] {
+    let s = env.scratch();
+    [
+        (s + crate::wire::memory_map::MLX5_SHADOW_OFF[0], 2 * crate::wire::memory_map::MLX5_SHADOW_LEN),
+        (s + ALLOC_SCRATCH_OFF + alloc_scratch::JUNK, 8),
+        (s + FREE_SCRATCH_OFF + free_scratch::JUNK, 8),
+    ]
+}
+
+fn scrubbing_env(g: u8, scrub: bool) -> ChainEnv {
+    let mut env = test_env(512, 16, g);
+    if scrub {
+        env.keys.zero_lkey = 0x31;
+        env.keys.pool_scrub_rkey = 0x32;
+        env.keys.zero_addr = 0x8_0000_0000;
+    }
+    env
+}
+
+fn run_alloc(g: u8, laps: &[(u32, u64, u32, [u32; 3])]) {
+    let env = scrubbing_env(g, false);
+    let mut p = Pair::new(build_alloc_chain(&env).unwrap(), &env);
+    for (lap, (token, off, rkey, qpns)) in laps.iter().enumerate() {
+        let req = alloc_request(*token, CN_BUF + off, *rkey, &qpns[..g as usize - 1]);
+        p.lap(&req);
+        p.same_observable(&env, &ignore(&env));
+        p.same_wqes(lap as u64 + 1);
+        // the reply reached the CN: entry address and the popped group's entry, owner set
+        let reply = p.mlx5.rd(CN_BUF + off, crate::wire::message::ALLOC_REPLY_LEN as u32);
+        let entry = env.map.table_base + lap as u64 * ENTRY_SIZE as u64;
+        assert_eq!(u64::from_le_bytes(reply[8..16].try_into().unwrap()), entry);
+        let e = MwTableEntry::read(&reply[16..]).unwrap();
+        assert_eq!((e.owner(), e.lkey.get()), (env.cn.get(), 0), "owner recorded, MN key cleared");
+        // the binds carry the entry and the request's QPs (decoded from the mlx5 bytes)
+        let table = MwTableEntry::read(&p.mlx5.rd(entry, ENTRY_SIZE as u32)).unwrap();
+        let binds: Vec<Mlx5Op> = p.chain.placed[1]
+            .iter()
+            .map(|x| p.mlx5.rd(queues().ring_bases[1] + x.pi as u64 * 64, 192))
+            .filter_map(|b| decode(&b).ok().map(|d| d.op))
+            .filter(|o| matches!(o, Mlx5Op::Bind { .. }))
+            .collect();
+        assert_eq!(binds.len(), g as usize);
+        for (k, b) in binds.iter().enumerate() {
+            let Mlx5Op::Bind { mkey, addr, length, lkey, qpn, .. } = *b else { unreachable!() };
+            let want_qpn = if k == 0 { env.free_qpn } else { qpns[k - 1] };
+            assert_eq!(
+                (mkey, addr, length, lkey, qpn),
+                (table.rkey(k).0, table.base.get(), table.length.get(), 0x77, want_qpn)
+            );
+        }
+    }
+}
+
+fn run_free(g: u8, scrub: bool, entries: &[u32]) {
+    let env = scrubbing_env(g, scrub);
+    let mut p = Pair::new(build_free_chain(&env).unwrap(), &env);
+    for (lap, i) in entries.iter().enumerate() {
+        let entry = env.map.table_base + (*i % 16) as u64 * ENTRY_SIZE as u64;
+        let mut req = std::vec![0u8; free_request::LEN];
+        req[0..2].copy_from_slice(&crate::wire::message::MAGIC.to_le_bytes());
+        req[free_request::TOKEN..free_request::TOKEN + 4].copy_from_slice(&(lap as u32 + 7).to_le_bytes());
+        req[free_request::ENTRY_ADDR..].copy_from_slice(&entry.to_le_bytes());
+        p.lap(&req);
+        p.same_observable(&env, &ignore(&env));
+        p.same_wqes(lap as u64 + 1);
+        // the entry was pushed at the tail and its keys advanced, in MN memory both forms share
+        let q = env.map.queue;
+        let pushed = q.slot_addr(16 + lap as u32);
+        assert_eq!(p.mlx5.u64(pushed), entry);
+    }
+}
+
+#[test]
+fn alloc_laps_agree_with_the_canonical_form() {
+    for g in 2..=4 {
+        run_alloc(
+            g,
+            &[
+                (0x1111, 0, 0xAB_CD01, [0x300, 0x301, 0x302]),
+                (0x2222, 64, 0x12_3402, [0x400, 0x401, 0x402]),
+                (3, 128, 7, [1, 2, 3]),
+            ],
+        );
+    }
+}
+
+#[test]
+fn free_laps_agree_with_the_canonical_form() {
+    for g in 2..=4 {
+        for scrub in [false, true] {
+            run_free(g, scrub, &[3, 0, 15, 3]);
+        }
+    }
+}
+
+/// Lap counters in device units: after k laps a WAIT's PI and an ENABLE's index are the lap-0
+/// value plus k increments, wrapping at 24 and 16 bits.
+#[test]
+fn shadow_counters_wrap_in_device_units() {
+    let env = test_env(4096, 16, 3);
+    for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
+        let c = Mlx5Chain::build(&l, queues()).unwrap();
+        for sh in c.shadows.iter() {
+            let b = 1u64 << (sh.bits - 1);
+            let mut v = sh.initial;
+            let laps = (1u64 << sh.bits) / sh.increment.max(1) + 3;
+            for _ in 0..laps.min(70_000) {
+                v = masked_add(v, sh.increment, b);
+                assert!(v < 1 << sh.bits);
+            }
+            let k = laps.min(70_000);
+            assert_eq!(v, (sh.initial + k * sh.increment) % (1 << sh.bits), "step {}", sh.step);
+        }
+        // a WAIT near the 24-bit wrap
+        let mut v = 0xFF_FFFEu64;
+        v = masked_add(v, 4, 1 << 23);
+        assert_eq!(CqIndex::from_count(v).get(), 2);
+    }
+}
+
+#[test]
+fn every_form_validates_and_reports_its_lap() {
+    for g in 2..=4 {
+        for scrub in [false, true] {
+            let env = scrubbing_env(g, scrub);
+            for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
+                let c = Mlx5Chain::build(&l, queues()).unwrap();
+                c.validate().unwrap();
+                let cost = c.lap_cost();
+                for r in 0..2 {
+                    assert!(cost.wqebbs[r].is_power_of_two());
+                    assert!(cost.wqes[r] <= cost.wqebbs[r]);
+                }
+                assert_eq!(lap_cost(&l, WqeFormat::Mlx5).unwrap(), cost);
+            }
+        }
+    }
+}
+
+/// A chain re-armed on CQs that already counted completions (an mlx5 CQ outlives its QP's
+/// reset) waits for base + canonical count on each CQ, modulo 2^24, and its lap counters start
+/// there; the bytes of every other WQE are those of the chain on fresh CQs.
+#[test]
+fn wait_indices_start_at_the_cq_bases() {
+    let env = test_env(4096, 16, 3);
+    for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
+        let fresh = Mlx5Chain::build(&l, queues()).unwrap();
+        let base = [0x00FF_FFF0, 7, 0x1234];
+        let q = Mlx5Queues { cq_base: base, ..queues() };
+        let c = Mlx5Chain::build(&l, q).unwrap();
+        c.validate().unwrap();
+        let mut waits = 0;
+        for r in [Ring::Loop, Ring::Mgmt] {
+            for (pf, pc) in fresh.placed[r as usize].iter().zip(c.placed[r as usize].iter()) {
+                let (f, d) = (fresh.decode_at(r, pf.pi).unwrap(), c.decode_at(r, pc.pi).unwrap());
+                match (&f.op, &d.op) {
+                    (Mlx5Op::Wait { cqn: fc, pi: fp }, Mlx5Op::Wait { cqn, pi }) => {
+                        waits += 1;
+                        let k = queues().cqns.iter().position(|x| x == cqn).unwrap();
+                        assert_eq!(fc, cqn);
+                        assert_eq!(pi.get(), (fp.get() + base[k]) & 0x00FF_FFFF, "WAIT on CQ {cqn:#x}");
+                    }
+                    _ => assert_eq!(f.op, d.op),
+                }
+            }
+        }
+        assert!(waits > 0);
+        for (sf, sc) in fresh.shadows.iter().zip(c.shadows.iter()) {
+            if sc.bits == 24 {
+                assert_ne!(sf.initial, sc.initial);
+            } else {
+                assert_eq!(sf.initial, sc.initial);
+            }
+        }
+        // the validator holds the chain to its bases: the same bytes claimed for fresh CQs fail
+        let mut t = c.clone();
+        t.queues.cq_base = [0; 3];
+        assert!(matches!(t.validate(), Err(Mlx5ChainError::Inconsistent(Inconsistency::QueueField { .. }))));
+    }
+}
+
+/// The validator reads the bytes: a corrupted form is refused.
+#[test]
+fn validator_refuses_tampered_bytes() {
+    let env = test_env(4096, 16, 3);
+    let l = build_alloc_chain(&env).unwrap();
+    let c = Mlx5Chain::build(&l, queues()).unwrap();
+    // a scatter entry aimed one byte off: outside its target, or the target short a byte
+    let (k, p) = c.placed[0]
+        .iter()
+        .enumerate()
+        .find(|(_, p)| matches!(c.decode_at(Ring::Loop, p.pi).unwrap().op, Mlx5Op::ScatterRead { .. }))
+        .unwrap();
+    let mut t = c.clone();
+    let off = p.pi as usize * 64 + 32 + 8; // first data segment's address
+    let a = u64::from_be_bytes(t.rings[0][off..off + 8].try_into().unwrap()) + 1;
+    t.rings[0][off..off + 8].copy_from_slice(&a.to_be_bytes());
+    assert!(matches!(t.validate(), Err(Mlx5ChainError::Inconsistent(_))), "placement {k}");
+    // a signaled NOP more: the CQ count per lap changes
+    let mut t = c.clone();
+    let pad = t.placed[0].iter().rfind(|p| p.role == Role::Pad).unwrap().pi as usize * 64;
+    t.rings[0][pad + 11] |= FmCeSe::CQ_UPDATE.bits();
+    assert_eq!(t.validate(), Err(Mlx5ChainError::Inconsistent(Inconsistency::Completions { ring: Ring::Loop })));
+    // a WQE index that is not its position
+    let mut t = c.clone();
+    t.rings[1][2] ^= 1;
+    assert!(matches!(t.validate(), Err(Mlx5ChainError::Inconsistent(Inconsistency::Undecodable { .. }))));
+    // the lap counters' first copy without its FENCE (it could read a shadow before its
+    // fetch-and-add landed)
+    let mut t = c.clone();
+    let first_copy = t.placed[0]
+        .iter()
+        .find(|p| {
+            matches!(p.role, Role::Bump(_))
+                && !matches!(t.decode_at(Ring::Loop, p.pi).unwrap().op, Mlx5Op::MaskedFetchAdd { .. })
+        })
+        .unwrap()
+        .pi as usize;
+    t.rings[0][first_copy * 64 + 11] &= !FmCeSe::FENCE.bits();
+    assert!(matches!(t.validate(), Err(Mlx5ChainError::Inconsistent(Inconsistency::QueueField { .. }))));
+    // an ENABLE index other than lap 0's
+    let mut t = c.clone();
+    let e = t.placed[0]
+        .iter()
+        .find(|p| matches!(t.decode_at(Ring::Loop, p.pi).unwrap().op, Mlx5Op::SendEn { .. }))
+        .unwrap();
+    let off = e.pi as usize * 64 + 16 + 11;
+    t.rings[0][off] ^= 1;
+    assert!(matches!(t.validate(), Err(Mlx5ChainError::Inconsistent(Inconsistency::QueueField { .. }))));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Random requests, laps and group sizes: the two forms stay indistinguishable.
+    #[test]
+    fn random_laps_agree(
+        g in 2u8..=4,
+        laps in proptest::collection::vec((any::<u32>(), 0u64..8, any::<u32>(), proptest::array::uniform3(1u32..(1 << 24))), 1..5),
+        frees in proptest::collection::vec(0u32..16, 1..5),
+        scrub in any::<bool>(),
+    ) {
+        let laps: Vec<_> = laps.into_iter().map(|(t, o, r, q)| (t, o * 32, r, q)).collect();
+        run_alloc(g, &laps);
+        run_free(g, scrub, &frees);
+    }
+}
+
+/// The per-lap costs in docs/MLX5.md, between its `lap-cost` markers, are generated here; this
+/// fails when they are stale. Regenerate with `OMW_BLESS=1 cargo test -p omw-core mlx5_lap_doc`.
+#[test]
+fn mlx5_lap_doc_is_current() {
+    use core::fmt::Write;
+    let mut t = std::string::String::new();
+    t.push_str(
+        "| chain | G | form | Loop WQEs | Loop WQEBBs | Mgmt WQEs | Mgmt WQEBBs | padding NOPs | lap re-arm WQEs |\n",
+    );
+    t.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    for g in 2..=4u8 {
+        // docs/CHAINS.md's pool (4 KiB chunks, 16 of them, NIC scrubbing), G from 2 to 4
+        let mut env = test_env(4096, 16, g);
+        env.keys.zero_lkey = 0x18;
+        env.keys.pool_scrub_rkey = 0x19;
+        env.keys.zero_addr = 1 << 40;
+        for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
+            for f in [WqeFormat::Canonical, WqeFormat::Mlx5] {
+                let c = lap_cost(&l, f).unwrap();
+                writeln!(
+                    t,
+                    "| {:?} | {g} | {} | {} | {} | {} | {} | {} | {} |",
+                    l.kind,
+                    f.name(),
+                    c.wqes[0],
+                    c.wqebbs[0],
+                    c.wqes[1],
+                    c.wqebbs[1],
+                    c.padding[0] + c.padding[1],
+                    c.bumps[0] + c.bumps[1]
+                )
+                .unwrap();
+            }
+        }
+    }
+    let (begin, end) = ("<!-- lap-cost:begin -->\n", "<!-- lap-cost:end -->");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/MLX5.md");
+    let doc = std::fs::read_to_string(path).unwrap_or_default();
+    let (Some(a), Some(b)) = (doc.find(begin), doc.find(end)) else {
+        panic!("docs/MLX5.md lacks the lap-cost markers")
+    };
+    let fresh = std::format!("{}{begin}{t}{}", &doc[..a], &doc[b..]);
+    if std::env::var("OMW_BLESS").is_ok() {
+        std::fs::write(path, &fresh).unwrap();
+    }
+    assert!(fresh == doc, "docs/MLX5.md lap costs are stale: run OMW_BLESS=1 cargo test -p omw-core mlx5_lap_doc");
+}

@@ -1,0 +1,820 @@
+//! `CnDriver`: the CN side of every backend, over the same [`RdmaBackend`] trait the MN uses.
+//!
+//! [`Client`] decides what bytes mean; this moves them. It keeps buffered receives posted on
+//! the two queues MN messages can arrive on (the Alloc QP — host-engine MNs send there, and
+//! alloc replies, WRITE_WITH_IMM, consume its receives — and access QP 0, where an offloading
+//! MN sends because no bind is ever posted on it), stages outgoing requests in a ring of send
+//! slots, matches replies, notices and refusals to tokens, and runs one-sided accesses through
+//! a set of I/O staging slots. Nothing here allocates; every capacity is fixed.
+//!
+//! The driver never blocks and never reads a clock: `now` is an argument, and
+//! [`CnDriver::poll_timeout`] says when it next needs [`CnDriver::handle_timeout`] (the
+//! end of an "empty" back-off, or the deadline of an unanswered allocation), so a deployment
+//! loop sleeps until then and decides no protocol timing itself.
+//!
+//! The CN's memory is two registrations, laid out by [`CnMemory`]: a local-only region
+//! (receive slots, send slots, I/O slots) — nothing the MN or another CN can reach — and the
+//! reply buffer, the only thing the CN exposes remotely (REMOTE_WRITE, for the MN's reply).
+
+use crate::cn::{Allocation, Client, ClientError, ClientEvent};
+use crate::device::{Completion, QpState, RdmaBackend, WcOpcode, WcStatus};
+use crate::ids::{CnId, Qpn, Rkey};
+use crate::wire::message::{AllocRequest, ErrorCode, FreeRequest, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
+use crate::wire::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe};
+use core::fmt;
+
+/// Bytes per message receive slot and per send slot (every MN message and CN request fits).
+pub const MSG_SLOT: u64 = 64;
+/// Receives kept posted on each of the two message queues.
+pub const RECVS_PER_QP: usize = 8;
+/// Requests that may be in flight at once.
+pub const SEND_SLOTS: usize = 16;
+/// Of those, how many requests on the Alloc QP may hold at once; the rest are always left to
+/// the Free QP (and raw sends on any other QP), which may also use any slot the Alloc QP does
+/// not hold. A request on the Alloc QP can wait there indefinitely — the
+/// MN takes no request from a CN whose allocation is parked on an empty pool until the pool
+/// refills — and must never leave the CN without a slot for the free that would refill it.
+/// More than [`RECVS_PER_QP`], so a CN that stops reading its replies still overruns its own
+/// receives (and the MN evicts it) instead of being throttled below them.
+pub const ALLOC_SEND_SLOTS: usize = SEND_SLOTS - 4;
+const _: () = assert!(ALLOC_SEND_SLOTS > RECVS_PER_QP && ALLOC_SEND_SLOTS < SEND_SLOTS);
+/// One-sided accesses that may be in flight at once, unless the driver's `S` says otherwise.
+pub const IO_SLOTS: usize = 8;
+/// Events buffered between [`CnDriver::poll`] and [`CnDriver::next_event`].
+pub const EVENT_CAPACITY: usize = 32;
+
+const MSG_AREA: u64 = 2 * RECVS_PER_QP as u64 * MSG_SLOT;
+const SEND_AREA: u64 = SEND_SLOTS as u64 * MSG_SLOT;
+
+// wr_id tags: a CN's completions are told apart by these, never by position
+const TAG_SHIFT: u32 = 48;
+const TAG_RECV: u64 = 0x4352; // "CR"
+const TAG_SEND: u64 = 0x4353; // "CS"
+const TAG_IO: u64 = 0x4349; // "CI"
+
+/// One of the CN's own QPs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum CnQp {
+    Alloc,
+    Free,
+    Access(usize),
+}
+
+/// The CN ends of its QPs to the MN, in the order the MN's connect info names the MN's ends.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct CnQpSet {
+    pub alloc: Qpn,
+    pub free: Qpn,
+    /// Access QP i carries window MW[i+1]; at least one.
+    pub access: heapless::Vec<Qpn, MAX_ACCESS_QPS>,
+}
+
+impl CnQpSet {
+    pub fn get(&self, q: CnQp) -> Option<Qpn> {
+        match q {
+            CnQp::Alloc => Some(self.alloc),
+            CnQp::Free => Some(self.free),
+            CnQp::Access(i) => self.access.get(i).copied(),
+        }
+    }
+    /// The queues MN messages arrive on.
+    fn message_qps(&self) -> [Option<Qpn>; 2] {
+        [Some(self.alloc), self.access.first().copied()]
+    }
+}
+
+/// The two queues MN messages arrive on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum MessageQueue {
+    /// The Alloc QP: host-engine MNs' messages, and every alloc reply's immediate.
+    Alloc = 0,
+    /// Access QP 0: an offloading MN's messages.
+    Access0 = 1,
+}
+
+/// Post every receive slot of one message queue before the QP is connected — with rdma_cm
+/// the MN may send as soon as the connection is up — for a driver built afterwards with
+/// [`CnDriver::with_primed_receives`].
+pub fn prime_receives<B: RdmaBackend>(b: &mut B, mem: &CnMemory, q: MessageQueue, qp: Qpn) -> Result<(), B::Error> {
+    for i in 0..RECVS_PER_QP {
+        b.post_recv(qp, &recv_wqe(mem, q as usize, i))?;
+    }
+    Ok(())
+}
+
+fn recv_wqe(mem: &CnMemory, k: usize, i: usize) -> RecvWqe {
+    let mut w = RecvWqe { wr_id: (TAG_RECV << TAG_SHIFT) | ((k as u64) << 8) | i as u64, sges: heapless::Vec::new() };
+    let _ = w.sges.push(Sge { addr: mem.msg_slot(k, i), length: MSG_SLOT as u32, lkey: mem.lkey });
+    w
+}
+
+/// The CN's registered memory.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CnMemory {
+    /// A LOCAL_WRITE-only registration of `local_len` bytes at `local`: receive slots, send
+    /// slots, then the driver's `S` I/O slots of equal size.
+    pub local: u64,
+    pub local_len: u64,
+    pub lkey: u32,
+    /// The alloc reply buffer (at least [`CnMemory::REPLY_LEN`] bytes, REMOTE_WRITE): the only
+    /// memory of the CN the MN can reach.
+    pub reply: u64,
+    pub reply_rkey: u32,
+}
+
+impl CnMemory {
+    pub const REPLY_LEN: u64 = 64;
+
+    /// The local region's size for `slots` I/O slots of `io_slot_len` bytes each (the
+    /// largest single READ or WRITE the CN makes).
+    pub const fn local_len_for(slots: usize, io_slot_len: u64) -> u64 {
+        MSG_AREA + SEND_AREA + slots as u64 * io_slot_len
+    }
+
+    fn io_slot_len(&self, slots: usize) -> u64 {
+        self.local_len.saturating_sub(MSG_AREA + SEND_AREA) / slots.max(1) as u64
+    }
+    fn msg_slot(&self, q: usize, i: usize) -> u64 {
+        self.local + ((q * RECVS_PER_QP + i) as u64) * MSG_SLOT
+    }
+    fn send_slot(&self, i: usize) -> u64 {
+        self.local + MSG_AREA + i as u64 * MSG_SLOT
+    }
+    fn io_slot(&self, slots: usize, i: usize) -> u64 {
+        self.local + MSG_AREA + SEND_AREA + i as u64 * self.io_slot_len(slots)
+    }
+}
+
+/// Names a one-sided access (or raw work request) in flight.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct OpId(u32);
+
+/// A finished access: its completion status and, for a READ or atomic, how many bytes of the
+/// result were copied out.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AccessDone {
+    pub status: WcStatus,
+    pub len: usize,
+}
+
+/// What happened on the CN's queues.
+#[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum CnEvent {
+    Connected(CnId),
+    /// An allocation reply landed (`result`: the client's verdict on it — a reply naming
+    /// another owner or the wrong size is refused, never adopted).
+    Allocated {
+        token: u32,
+        result: Result<Allocation, ClientError>,
+    },
+    /// The MN refused a request. `ours`: this driver sent that token and was waiting for it
+    /// (the pending allocation, or a free in flight); an error about bytes the CN never
+    /// meant to send is still reported, with `ours` false.
+    Refused {
+        token: u32,
+        code: ErrorCode,
+        ours: bool,
+    },
+    Empty,
+    Available,
+    /// Every allocation was revoked (MN RNIC reset); the client forgot them.
+    Revoked,
+    /// The MN's lease probe (receiving it renewed the lease).
+    Probed,
+    /// The MN bound window MW[`mw`] of the allocation at `entry_addr` again under `rkey`
+    /// (it was invalidated behind this CN's back); the client's live allocation was updated,
+    /// so an access retried with [`Client::live`]'s keys succeeds.
+    Rekeyed {
+        entry_addr: u64,
+        mw: u8,
+        rkey: Rkey,
+    },
+    /// A message that is not the protocol (dropped; its receive is posted again).
+    Undecodable(ClientError),
+    /// A request could not be sent (the QP's peer is gone, the transport gave up).
+    SendFailed {
+        qp: Qpn,
+        token: Option<u32>,
+        status: WcStatus,
+    },
+    /// A receive failed; a flush means the QP left RTS.
+    ReceiveFailed {
+        qp: Qpn,
+        status: WcStatus,
+    },
+    /// No answer to an allocation before its deadline: the client gave up on it.
+    ReplyTimedOut {
+        token: u32,
+    },
+    /// With [`CnDriver::record_deliveries`]: every byte string the MN delivered (reply images
+    /// and messages), for tests that check what a CN learns.
+    Delivered {
+        qp: Qpn,
+        bytes: heapless::Vec<u8, 64>,
+    },
+}
+
+/// Why a driver call failed. Device errors are kept as they came.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CnError<E> {
+    Device(E),
+    Client(ClientError),
+    /// No such QP of this CN.
+    NoSuchQp(CnQp),
+    /// Every send (or I/O) slot is in flight: poll first.
+    SlotsBusy,
+    /// The access is larger than an I/O slot.
+    TooLong {
+        len: usize,
+        max: usize,
+    },
+    UnknownOp(OpId),
+    /// The driver's I/O slot count `S` must be 1..=256 (slot numbers travel in a wr_id byte).
+    BadSlotCount(usize),
+    /// The layout does not fit the registered region.
+    MemoryTooSmall {
+        need: u64,
+        have: u64,
+    },
+}
+
+impl<E: fmt::Display> fmt::Display for CnError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CnError::Device(e) => write!(f, "device: {e}"),
+            CnError::Client(e) => write!(f, "{e}"),
+            CnError::NoSuchQp(q) => write!(f, "this CN has no QP {q:?}"),
+            CnError::SlotsBusy => f.write_str("every staging slot is in flight; poll for completions first"),
+            CnError::TooLong { len, max } => write!(f, "access of {len} bytes exceeds the I/O slot ({max} bytes)"),
+            CnError::UnknownOp(o) => write!(f, "no access {o:?} in flight"),
+            CnError::BadSlotCount(s) => write!(f, "{s} I/O slots: a CN driver takes 1 to 256"),
+            CnError::MemoryTooSmall { need, have } => {
+                write!(f, "the CN's local region needs {need} bytes, {have} registered")
+            }
+        }
+    }
+}
+
+impl<E> From<ClientError> for CnError<E> {
+    fn from(e: ClientError) -> Self {
+        CnError::Client(e)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct SendSlot {
+    qp: Qpn,
+    token: Option<u32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct IoSlot {
+    qp: Qpn,
+    seq: u32,
+    /// Bytes the device writes into the slot (READ, atomic), to copy out when done.
+    result_len: usize,
+    done: Option<WcStatus>,
+}
+
+/// The CN. `N`: live allocations tracked by its [`Client`]; `S`: accesses in flight.
+pub struct CnDriver<B: RdmaBackend, const N: usize, const S: usize = IO_SLOTS> {
+    pub backend: B,
+    client: Client<N>,
+    qps: CnQpSet,
+    mem: CnMemory,
+    /// Posted receive slots per message queue (bit i: slot i posted).
+    posted: [u16; 2],
+    sends: [Option<SendSlot>; SEND_SLOTS],
+    next_send: usize,
+    io: [Option<IoSlot>; S],
+    io_seq: u32,
+    /// Frees in flight whose refusal this CN would want to hear about (no success reply
+    /// exists: the oldest is forgotten when the ring wraps).
+    free_tokens: [u32; SEND_SLOTS],
+    free_next: usize,
+    events: heapless::Deque<CnEvent, EVENT_CAPACITY>,
+    record: bool,
+    /// How long an allocation may go unanswered (ns of the caller's clock; 0: forever).
+    pub reply_timeout: u64,
+    pending_deadline: Option<(u32, u64)>,
+    /// Token of a raw request's free slot: a forged free still expects a refusal.
+    forged_token: u32,
+}
+
+impl<B: RdmaBackend, const N: usize, const S: usize> fmt::Debug for CnDriver<B, N, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CnDriver").field("cn", &self.client.id()).field("qps", &self.qps).finish()
+    }
+}
+
+impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
+    /// Take over a CN whose QPs are connected and whose memory is registered, and post its
+    /// receives (the MN's connect info arrives on them).
+    pub fn new(backend: B, qps: CnQpSet, mem: CnMemory) -> Result<Self, CnError<B::Error>> {
+        let mut d = Self::build(backend, qps, mem)?;
+        d.refill()?;
+        Ok(d)
+    }
+
+    /// A driver whose message queues were primed with [`prime_receives`] while connecting.
+    pub fn with_primed_receives(backend: B, qps: CnQpSet, mem: CnMemory) -> Result<Self, CnError<B::Error>> {
+        let mut d = Self::build(backend, qps, mem)?;
+        d.posted = [(1 << RECVS_PER_QP) - 1; 2];
+        Ok(d)
+    }
+
+    fn build(backend: B, qps: CnQpSet, mem: CnMemory) -> Result<Self, CnError<B::Error>> {
+        if S == 0 || S > 256 {
+            return Err(CnError::BadSlotCount(S));
+        }
+        if qps.access.is_empty() {
+            return Err(CnError::NoSuchQp(CnQp::Access(0)));
+        }
+        let need = CnMemory::local_len_for(S, 1);
+        if mem.local_len < need {
+            return Err(CnError::MemoryTooSmall { need, have: mem.local_len });
+        }
+        Ok(CnDriver {
+            backend,
+            client: Client::new(),
+            qps,
+            mem,
+            posted: [0; 2],
+            sends: [None; SEND_SLOTS],
+            next_send: 0,
+            io: [None; S],
+            io_seq: 0,
+            free_tokens: [0; SEND_SLOTS],
+            free_next: 0,
+            events: heapless::Deque::new(),
+            record: false,
+            reply_timeout: 0,
+            pending_deadline: None,
+            forged_token: 0xF0F0_0000,
+        })
+    }
+
+    /// Report every byte string the MN delivers as [`CnEvent::Delivered`].
+    pub fn record_deliveries(&mut self, on: bool) {
+        self.record = on;
+    }
+    pub fn client(&self) -> &Client<N> {
+        &self.client
+    }
+    pub fn client_mut(&mut self) -> &mut Client<N> {
+        &mut self.client
+    }
+    pub fn qps(&self) -> &CnQpSet {
+        &self.qps
+    }
+    pub fn memory(&self) -> &CnMemory {
+        &self.mem
+    }
+    pub fn id(&self) -> Option<CnId> {
+        self.client.id()
+    }
+    pub fn next_event(&mut self) -> Option<CnEvent> {
+        self.events.pop_front()
+    }
+    /// Largest single access.
+    pub fn io_slot_len(&self) -> usize {
+        self.mem.io_slot_len(S) as usize
+    }
+
+    // ------------------------------------------------------------------ receiving
+
+    /// Harvest what arrived: messages and replies into events (as much as the event queue
+    /// has room for — nothing is dropped, the rest waits in the CQ), send and access
+    /// completions into their slots; then keep the receives posted.
+    pub fn poll(&mut self, now: u64) -> Result<(), CnError<B::Error>> {
+        let mut drained = true;
+        for (k, q) in self.qps.message_qps().into_iter().enumerate() {
+            let Some(qp) = q else { continue };
+            drained &= self.poll_messages(now, k, qp)?;
+        }
+        drained &= self.poll_every_send_queue()?;
+        if drained {
+            self.resync();
+        }
+        self.refill()
+    }
+
+    /// Only the send side: completions of requests and accesses, no receive taken or posted
+    /// again — what a CN that stopped serving its receive queues still does.
+    pub fn poll_sends_only(&mut self) -> Result<(), CnError<B::Error>> {
+        self.poll_every_send_queue().map(|_| ())
+    }
+
+    /// Every distinct QP's send CQ; true when all were drained.
+    fn poll_every_send_queue(&mut self) -> Result<bool, CnError<B::Error>> {
+        let mut all: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
+        for qp in [self.qps.alloc, self.qps.free].into_iter().chain(self.qps.access.iter().copied()) {
+            if !all.contains(&qp) {
+                let _ = all.push(qp);
+            }
+        }
+        let mut drained = true;
+        for qp in all {
+            drained &= self.poll_sends(qp)?;
+        }
+        Ok(drained)
+    }
+
+    /// Requests whose SEND has not completed yet.
+    pub fn sends_in_flight(&self) -> usize {
+        self.sends.iter().flatten().count()
+    }
+
+    /// True when the CQ was drained.
+    fn poll_messages(&mut self, now: u64, k: usize, qp: Qpn) -> Result<bool, CnError<B::Error>> {
+        loop {
+            // each completion may yield two events (the delivery record and its meaning)
+            let room = (EVENT_CAPACITY - self.events.len()) / 2;
+            if room == 0 {
+                return Ok(false);
+            }
+            let mut buf = [Completion::EMPTY; 8];
+            let want = room.min(buf.len());
+            let n = self.backend.poll_cq(qp, QueueSel::Recv, &mut buf[..want]).map_err(CnError::Device)?;
+            for c in &buf[..n] {
+                self.on_receive(now, k, qp, c)?;
+            }
+            if n < want {
+                return Ok(true);
+            }
+        }
+    }
+
+    fn on_receive(&mut self, now: u64, k: usize, qp: Qpn, c: &Completion) -> Result<(), CnError<B::Error>> {
+        let (tag, q, slot) = (c.wr_id >> TAG_SHIFT, ((c.wr_id >> 8) & 0xFF) as usize, (c.wr_id & 0xFF) as usize);
+        if tag != TAG_RECV || q != k || slot >= RECVS_PER_QP {
+            return Ok(()); // not one of ours
+        }
+        self.posted[k] &= !(1 << slot);
+        if !c.status.is_ok() {
+            self.push(CnEvent::ReceiveFailed { qp, status: c.status });
+            return Ok(());
+        }
+        if c.opcode == WcOpcode::RecvRdmaWithImm {
+            let imm = c.imm.unwrap_or(0);
+            let mut b = [0u8; ALLOC_REPLY_LEN];
+            self.backend.read_local(self.mem.reply, &mut b).map_err(CnError::Device)?;
+            self.deliver(qp, &b);
+            if self.pending_deadline.is_some_and(|(t, _)| t == imm) {
+                self.pending_deadline = None;
+            }
+            let result = self.client.on_alloc_reply(imm, &b);
+            self.push(CnEvent::Allocated { token: imm, result });
+            return Ok(());
+        }
+        let mut b = [0u8; MSG_SLOT as usize];
+        let len = (c.byte_len as usize).min(b.len());
+        self.backend.read_local(self.mem.msg_slot(k, slot), &mut b[..len]).map_err(CnError::Device)?;
+        self.deliver(qp, &b[..len]);
+        let pending = self.client.pending_token();
+        let ev = match self.client.on_message(now, &b[..len]) {
+            Ok(ClientEvent::Connected(id)) => CnEvent::Connected(id),
+            Ok(ClientEvent::Empty) => CnEvent::Empty,
+            Ok(ClientEvent::Available) => CnEvent::Available,
+            Ok(ClientEvent::Revoked) => {
+                self.pending_deadline = None;
+                CnEvent::Revoked
+            }
+            Ok(ClientEvent::Probed) => CnEvent::Probed,
+            Ok(ClientEvent::Rekeyed { entry_addr, mw, rkey }) => CnEvent::Rekeyed { entry_addr, mw, rkey },
+            Ok(ClientEvent::Failed { token, code }) => {
+                let ours = Some(token) == pending || self.free_tokens.contains(&token);
+                if Some(token) == pending {
+                    self.pending_deadline = None;
+                }
+                CnEvent::Refused { token, code, ours }
+            }
+            Err(e) => CnEvent::Undecodable(e),
+        };
+        self.push(ev);
+        Ok(())
+    }
+
+    fn deliver(&mut self, qp: Qpn, bytes: &[u8]) {
+        if self.record {
+            let bytes = bytes.iter().copied().take(64).collect();
+            self.push(CnEvent::Delivered { qp, bytes });
+        }
+    }
+
+    fn push(&mut self, e: CnEvent) {
+        // room was reserved before the completion was taken off the CQ
+        let _ = self.events.push_back(e);
+    }
+
+    fn poll_sends(&mut self, qp: Qpn) -> Result<bool, CnError<B::Error>> {
+        loop {
+            let room = EVENT_CAPACITY - self.events.len();
+            if room == 0 {
+                return Ok(false);
+            }
+            let mut buf = [Completion::EMPTY; 8];
+            let want = room.min(buf.len());
+            let n = self.backend.poll_cq(qp, QueueSel::Send, &mut buf[..want]).map_err(CnError::Device)?;
+            for c in &buf[..n] {
+                let (tag, idx) = (c.wr_id >> TAG_SHIFT, (c.wr_id & 0xFF) as usize);
+                match tag {
+                    TAG_SEND => {
+                        if let Some(s) = self.sends.get_mut(idx).and_then(Option::take) {
+                            if !c.status.is_ok() {
+                                if s.token.is_some() && s.token == self.client.pending_token() {
+                                    self.client.abandon_pending();
+                                    self.pending_deadline = None;
+                                }
+                                self.push(CnEvent::SendFailed { qp, token: s.token, status: c.status });
+                            }
+                        }
+                    }
+                    TAG_IO => {
+                        let seq = ((c.wr_id >> 8) & 0xFFFF_FFFF) as u32;
+                        if let Some(Some(s)) = self.io.get_mut(idx) {
+                            if s.seq == seq {
+                                s.done = Some(c.status);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if n < want {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// A QP reset under the CN (its peer reconnected the pair) discards posted work without
+    /// completions. With every CQ drained, anything the device no longer holds is gone:
+    /// receive slots are posted again, send slots freed, accesses reported flushed.
+    fn resync(&mut self) {
+        for (k, q) in self.qps.message_qps().into_iter().enumerate() {
+            let Some(qp) = q else { continue };
+            if let Some(n) = self.backend.outstanding(qp, QueueSel::Recv) {
+                if n < self.posted[k].count_ones() as u64 {
+                    self.posted[k] = 0;
+                }
+            }
+        }
+        let mut qps: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
+        for s in self.sends.iter().flatten() {
+            if !qps.contains(&s.qp) {
+                let _ = qps.push(s.qp);
+            }
+        }
+        for s in self.io.iter().flatten().filter(|s| s.done.is_none()) {
+            if !qps.contains(&s.qp) {
+                let _ = qps.push(s.qp);
+            }
+        }
+        for qp in qps {
+            let Some(n) = self.backend.outstanding(qp, QueueSel::Send) else { continue };
+            let held = self.sends.iter().flatten().filter(|s| s.qp == qp).count()
+                + self.io.iter().flatten().filter(|s| s.qp == qp && s.done.is_none()).count();
+            if n < held as u64 {
+                for s in self.sends.iter_mut().filter(|s| s.is_some_and(|s| s.qp == qp)) {
+                    *s = None;
+                }
+                for s in self.io.iter_mut().flatten().filter(|s| s.qp == qp && s.done.is_none()) {
+                    s.done = Some(WcStatus::WrFlushErr);
+                }
+            }
+        }
+    }
+
+    /// Keep every receive slot of both message queues posted (while the QP is in RTS).
+    fn refill(&mut self) -> Result<(), CnError<B::Error>> {
+        for (k, q) in self.qps.message_qps().into_iter().enumerate() {
+            let Some(qp) = q else { continue };
+            if self.posted[k] == (1 << RECVS_PER_QP) - 1 {
+                continue;
+            }
+            if self.backend.qp_state(qp).map_err(CnError::Device)? != QpState::Rts {
+                continue;
+            }
+            for i in 0..RECVS_PER_QP {
+                if self.posted[k] & (1 << i) != 0 {
+                    continue;
+                }
+                self.backend.post_recv(qp, &recv_wqe(&self.mem, k, i)).map_err(CnError::Device)?;
+                self.posted[k] |= 1 << i;
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ requests
+
+    /// Send an allocation request; its answer comes as [`CnEvent::Allocated`] or
+    /// [`CnEvent::Refused`] with the returned token.
+    pub fn alloc(&mut self, now: u64) -> Result<u32, CnError<B::Error>> {
+        self.alloc_naming(now, None)
+    }
+
+    /// An allocation request naming `access_qpns` (MN ends) for the access windows instead of
+    /// the CN's own — what a confused or hostile CN can send.
+    pub fn alloc_naming(&mut self, now: u64, access_qpns: Option<&[Qpn]>) -> Result<u32, CnError<B::Error>> {
+        let slot = self.free_send_slot(self.qps.alloc)?;
+        let mut req = [0u8; MSG_SLOT as usize];
+        let (token, mut len) = self.client.alloc_request(now, self.mem.reply, self.mem.reply_rkey, &mut req)?;
+        if let Some(q) = access_qpns {
+            let g = self.client.info().map(|i| i.access_qpns.len()).unwrap_or(0);
+            let mut r = AllocRequest::decode(&req[..len], g).map_err(ClientError::Wire)?;
+            r.access_qpns = q.iter().copied().take(g).collect();
+            len = r.encode(&mut req).map_err(ClientError::Wire)?;
+        }
+        if let Err(e) = self.send_in(slot, self.qps.alloc, Some(token), &req[..len]) {
+            self.client.abandon_pending();
+            return Err(e);
+        }
+        if self.reply_timeout > 0 {
+            self.pending_deadline = Some((token, now.saturating_add(self.reply_timeout)));
+        }
+        Ok(token)
+    }
+
+    /// Free one of the CN's allocations (the MN answers only a refusal).
+    pub fn free(&mut self, a: &Allocation) -> Result<u32, CnError<B::Error>> {
+        let slot = self.free_send_slot(self.qps.free)?;
+        let bytes = self.client.free_request(a.entry_addr)?;
+        let token = FreeRequest::decode(&bytes).map(|f| f.token).unwrap_or(0);
+        self.remember_free(token);
+        self.send_in(slot, self.qps.free, Some(token), &bytes)?;
+        Ok(token)
+    }
+
+    /// A free request for any entry address, held or not (a forged free).
+    pub fn free_entry(&mut self, entry_addr: u64) -> Result<u32, CnError<B::Error>> {
+        let slot = self.free_send_slot(self.qps.free)?;
+        self.forged_token = self.forged_token.wrapping_add(1) | 0xF0F0_0000;
+        let token = self.forged_token;
+        self.remember_free(token);
+        self.send_in(slot, self.qps.free, Some(token), &FreeRequest { token, entry_addr }.encode())?;
+        Ok(token)
+    }
+
+    /// Any bytes on any of the CN's QPs (a broken or hostile CN).
+    pub fn send_raw(&mut self, qp: CnQp, bytes: &[u8]) -> Result<(), CnError<B::Error>> {
+        let q = self.qps.get(qp).ok_or(CnError::NoSuchQp(qp))?;
+        let slot = self.free_send_slot(q)?;
+        let len = bytes.len().min(MSG_SLOT as usize);
+        self.send_in(slot, q, None, &bytes[..len])
+    }
+
+    fn remember_free(&mut self, token: u32) {
+        self.free_tokens[self.free_next] = token;
+        self.free_next = (self.free_next + 1) % SEND_SLOTS;
+    }
+
+    /// A free send slot for a request on `qp`. Requests on the Alloc QP may hold at most
+    /// [`ALLOC_SEND_SLOTS`] of the slots (they can wait there indefinitely while the pool is
+    /// empty), so a free — the request that refills the pool — always finds one; every other
+    /// request may take any free slot.
+    fn free_send_slot(&mut self, qp: Qpn) -> Result<usize, CnError<B::Error>> {
+        if qp == self.qps.alloc {
+            let held = self.sends.iter().flatten().filter(|s| s.qp == qp).count();
+            if held >= ALLOC_SEND_SLOTS {
+                return Err(CnError::SlotsBusy);
+            }
+        }
+        for k in 0..SEND_SLOTS {
+            let i = (self.next_send + k) % SEND_SLOTS;
+            if self.sends[i].is_none() {
+                return Ok(i);
+            }
+        }
+        Err(CnError::SlotsBusy)
+    }
+
+    /// A SEND reads its slot only when the NIC executes it: the slot stays taken until the
+    /// send completed.
+    fn send_in(&mut self, slot: usize, qp: Qpn, token: Option<u32>, bytes: &[u8]) -> Result<(), CnError<B::Error>> {
+        let at = self.mem.send_slot(slot);
+        self.backend.write_local(at, bytes).map_err(CnError::Device)?;
+        let w = Wqe::send(at, self.mem.lkey, bytes.len() as u32).with_wr_id((TAG_SEND << TAG_SHIFT) | slot as u64);
+        self.backend.post_send(qp, &w).map_err(CnError::Device)?;
+        self.sends[slot] = Some(SendSlot { qp, token });
+        self.next_send = (slot + 1) % SEND_SLOTS;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ one-sided access
+
+    /// WRITE `data` at `addr` of the MN through access QP `window` with `rkey`.
+    pub fn post_write(&mut self, window: usize, addr: u64, rkey: Rkey, data: &[u8]) -> Result<OpId, CnError<B::Error>> {
+        let qp = CnQp::Access(window);
+        let (slot, local) = self.io_slot(data.len())?;
+        self.backend.write_local(local, data).map_err(CnError::Device)?;
+        self.post_io(slot, qp, Wqe::write(local, self.mem.lkey, data.len() as u32, addr, rkey.0), 0)
+    }
+
+    /// READ `len` bytes at `addr` through access QP `window` with `rkey`.
+    pub fn post_read(&mut self, window: usize, addr: u64, rkey: Rkey, len: usize) -> Result<OpId, CnError<B::Error>> {
+        let (slot, local) = self.io_slot(len)?;
+        self.post_io(slot, CnQp::Access(window), Wqe::read(local, self.mem.lkey, len as u32, addr, rkey.0), len)
+    }
+
+    /// Any work request on any of the CN's QPs (the hostile CN: any verb, key, address). A
+    /// WQE that names no local buffer (lkey 0) gets an I/O slot; what the device writes there
+    /// (a READ's data, an atomic's old value) is what [`CnDriver::access_done`] copies out.
+    pub fn post_wqe(&mut self, qp: CnQp, mut w: Wqe) -> Result<OpId, CnError<B::Error>> {
+        let (slot, local) = self.io_slot(0)?;
+        let result_len = match w.opcode {
+            Opcode::Read => w.length as usize,
+            Opcode::FetchAdd | Opcode::CompareSwap | Opcode::MaskedFetchAdd => 8,
+            _ => 0,
+        }
+        .min(self.io_slot_len());
+        if w.lkey == 0 {
+            w.local_addr = local;
+            w.lkey = self.mem.lkey;
+        }
+        self.post_io(slot, qp, w, result_len)
+    }
+
+    fn io_slot(&self, len: usize) -> Result<(usize, u64), CnError<B::Error>> {
+        let max = self.io_slot_len();
+        if len > max {
+            return Err(CnError::TooLong { len, max });
+        }
+        let i = self.io.iter().position(Option::is_none).ok_or(CnError::SlotsBusy)?;
+        Ok((i, self.mem.io_slot(S, i)))
+    }
+
+    fn post_io(&mut self, slot: usize, qp: CnQp, w: Wqe, result_len: usize) -> Result<OpId, CnError<B::Error>> {
+        let q = self.qps.get(qp).ok_or(CnError::NoSuchQp(qp))?;
+        self.io_seq = self.io_seq.wrapping_add(1);
+        let seq = self.io_seq;
+        let w = w
+            .with_wr_id((TAG_IO << TAG_SHIFT) | ((seq as u64) << 8) | slot as u64)
+            .with_flags(w.flags | crate::wire::wqe::WqeFlags::SIGNALED);
+        self.backend.post_send(q, &w).map_err(CnError::Device)?;
+        self.io[slot] = Some(IoSlot { qp: q, seq, result_len, done: None });
+        Ok(OpId(((seq as u64) << 8 | slot as u64) as u32))
+    }
+
+    /// The access's result once it completed (`None`: still in flight; poll first). Copies
+    /// what the device wrote into `out` (up to its length) and frees the slot.
+    pub fn access_done(&mut self, op: OpId, out: &mut [u8]) -> Result<Option<AccessDone>, CnError<B::Error>> {
+        let slot = (op.0 & 0xFF) as usize;
+        let s = match self.io.get(slot).copied().flatten() {
+            Some(s) if s.seq & 0x00FF_FFFF == op.0 >> 8 => s,
+            _ => return Err(CnError::UnknownOp(op)),
+        };
+        let Some(status) = s.done else { return Ok(None) };
+        let mut len = 0;
+        if status.is_ok() {
+            len = s.result_len.min(out.len());
+            self.backend.read_local(self.mem.io_slot(S, slot), &mut out[..len]).map_err(CnError::Device)?;
+        }
+        self.io[slot] = None;
+        Ok(Some(AccessDone { status, len }))
+    }
+
+    /// The QP an access in flight was posted on.
+    pub fn op_qpn(&self, op: OpId) -> Option<Qpn> {
+        self.io
+            .get((op.0 & 0xFF) as usize)
+            .copied()
+            .flatten()
+            .filter(|s| s.seq & 0x00FF_FFFF == op.0 >> 8)
+            .map(|s| s.qp)
+    }
+
+    /// Accesses in flight.
+    pub fn in_flight(&self) -> usize {
+        self.io.iter().flatten().filter(|s| s.done.is_none()).count()
+    }
+
+    // ------------------------------------------------------------------ timers
+
+    /// When [`CnDriver::handle_timeout`] must next run (the caller's clock), if ever.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let backoff = self.client.backoff_until();
+        match (backoff, self.pending_deadline.map(|(_, t)| t)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Expire what is due: an allocation unanswered past its deadline is given up
+    /// ([`CnEvent::ReplyTimedOut`]); an "empty" back-off that ran out lets allocations go
+    /// out again.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if let Some((token, at)) = self.pending_deadline {
+            if now >= at && self.events.len() < EVENT_CAPACITY {
+                self.pending_deadline = None;
+                if self.client.pending_token() == Some(token) {
+                    self.client.abandon_pending();
+                    self.push(CnEvent::ReplyTimedOut { token });
+                }
+            }
+        }
+        self.client.expire_backoff(now);
+    }
+}

@@ -1,0 +1,425 @@
+//! The CN client state machine (sans-IO): builds requests, decodes replies into
+//! [`Allocation`]s, tracks live allocations, follows the MN's notices, and picks the access QP
+//! for a traffic class. A backend moves the bytes; this decides what they mean.
+
+use crate::ids::{CnId, Qpn, Rkey};
+use crate::wire::message::{
+    AllocReply, AllocRequest, ConnectInfo, ErrorCode, FreeRequest, MnMessage, Notice, WireError, MAX_ACCESS_QPS,
+};
+use core::fmt;
+
+/// A chunk this CN holds: where it is, and one rkey per access QP.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Allocation {
+    pub base: u64,
+    pub length: u64,
+    /// The MWTable entry; the free request names it.
+    pub entry_addr: u64,
+    /// rkey of MW[i+1], usable only through access QP i.
+    pub rkeys: heapless::Vec<Rkey, MAX_ACCESS_QPS>,
+    /// rkey of MW[0] (bound to the Free QP; proves ownership, not for data).
+    pub owner_rkey: Rkey,
+}
+
+impl Allocation {
+    /// rkey for access QP `i`.
+    pub fn rkey(&self, access_qp: usize) -> Option<Rkey> {
+        self.rkeys.get(access_qp).copied()
+    }
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.base && len <= self.length && addr - self.base <= self.length - len
+    }
+}
+
+/// Which access QP a request should use: the paper's latency-critical vs background split.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum TrafficClass {
+    LatencyCritical,
+    Background,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum ClientError {
+    NotConnected,
+    /// The MN said the queue is empty; wait for "available" (or the back-off deadline).
+    Backoff {
+        until: u64,
+    },
+    /// An allocation request is already outstanding.
+    Busy,
+    /// The live-allocation table is full.
+    TooManyAllocations,
+    NotMine {
+        entry_addr: u64,
+    },
+    Wire(WireError),
+    /// A reply arrived with a token we did not send.
+    UnexpectedReply {
+        token: u32,
+    },
+    /// The reply names another owner or a chunk of the wrong size: refuse to use it.
+    ReplyMismatch,
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::NotConnected => f.write_str("not connected to a memory node"),
+            ClientError::Backoff { until } => write!(f, "MN free queue empty; backing off until t={until}"),
+            ClientError::Busy => f.write_str("an allocation is already in flight"),
+            ClientError::TooManyAllocations => f.write_str("too many live allocations for this client"),
+            ClientError::NotMine { entry_addr } => write!(f, "entry {entry_addr:#x} is not one of our allocations"),
+            ClientError::Wire(e) => write!(f, "bad message from MN: {e}"),
+            ClientError::UnexpectedReply { token } => write!(f, "reply for unknown token {token}"),
+            ClientError::ReplyMismatch => f.write_str("allocation reply is not for us"),
+        }
+    }
+}
+
+impl From<WireError> for ClientError {
+    fn from(e: WireError) -> Self {
+        ClientError::Wire(e)
+    }
+}
+
+/// What a message from the MN meant.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum ClientEvent {
+    Connected(CnId),
+    Empty,
+    Available,
+    /// A request failed; for an allocation the pending request is cleared.
+    Failed {
+        token: u32,
+        code: ErrorCode,
+    },
+    /// Every allocation was revoked (MN RNIC reset); the client forgot them.
+    Revoked,
+    /// The MN's lease probe arrived (nothing to do: receiving it renewed the lease).
+    Probed,
+    /// The MN bound window MW[`mw`] of the allocation at `entry_addr` again under `rkey`
+    /// (someone invalidated it, see [`crate::wire::message::Rebound`]); the live allocation now holds
+    /// the new key, so an access retried through [`Client::live`] succeeds.
+    Rekeyed {
+        entry_addr: u64,
+        mw: u8,
+        rkey: Rkey,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Pending {
+    token: u32,
+    since: u64,
+}
+
+/// `N`: most live allocations tracked.
+#[derive(Debug)]
+pub struct Client<const N: usize> {
+    info: Option<ConnectInfo>,
+    live: heapless::Vec<Allocation, N>,
+    pending: Option<Pending>,
+    next_token: u32,
+    empty: bool,
+    backoff_until: u64,
+    /// How long to back off after "empty" if no "available" arrives (ns of the caller's clock).
+    pub backoff: u64,
+}
+
+impl<const N: usize> Default for Client<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> Client<N> {
+    pub const fn new() -> Self {
+        Client {
+            info: None,
+            live: heapless::Vec::new(),
+            pending: None,
+            next_token: 1,
+            empty: false,
+            backoff_until: 0,
+            backoff: 1_000_000,
+        }
+    }
+    pub fn info(&self) -> Option<&ConnectInfo> {
+        self.info.as_ref()
+    }
+    pub fn id(&self) -> Option<CnId> {
+        self.info.as_ref().map(|i| i.cn)
+    }
+    pub fn live(&self) -> &[Allocation] {
+        &self.live
+    }
+    pub fn is_backing_off(&self, now: u64) -> bool {
+        self.empty && now < self.backoff_until
+    }
+    /// When the "empty" back-off ends, while one is in force.
+    pub fn backoff_until(&self) -> Option<u64> {
+        (self.empty && self.backoff_until > 0).then_some(self.backoff_until)
+    }
+    /// The back-off ran out without an "available": allocations may go out again.
+    pub fn expire_backoff(&mut self, now: u64) {
+        if self.empty && now >= self.backoff_until {
+            self.empty = false;
+            self.backoff_until = 0;
+        }
+    }
+    pub fn pending_token(&self) -> Option<u32> {
+        self.pending.map(|p| p.token)
+    }
+
+    /// A message from the MN (it arrives on the first access QP, see `wire::MnMessage`).
+    pub fn on_message(&mut self, now: u64, bytes: &[u8]) -> Result<ClientEvent, ClientError> {
+        match MnMessage::decode(bytes)? {
+            MnMessage::ConnectInfo(ci) => {
+                let cn = ci.cn;
+                self.info = Some(ci);
+                Ok(ClientEvent::Connected(cn))
+            }
+            MnMessage::Notice(Notice::Empty) => {
+                self.empty = true;
+                self.backoff_until = now.saturating_add(self.backoff);
+                Ok(ClientEvent::Empty)
+            }
+            MnMessage::Notice(Notice::Available { .. }) => {
+                self.empty = false;
+                self.backoff_until = 0;
+                Ok(ClientEvent::Available)
+            }
+            MnMessage::Notice(Notice::Probe { .. }) => Ok(ClientEvent::Probed),
+            MnMessage::Rebound(r) => self.on_rebound(r),
+            MnMessage::Error(e) => {
+                if e.code == ErrorCode::Revoked {
+                    // the MN rebuilt its pool: nothing we held is valid, and the queue is full
+                    self.live.clear();
+                    self.pending = None;
+                    self.empty = false;
+                    self.backoff_until = 0;
+                    return Ok(ClientEvent::Revoked);
+                }
+                if self.pending.map(|p| p.token) == Some(e.token) {
+                    self.pending = None;
+                }
+                if e.code == ErrorCode::Empty {
+                    self.empty = true;
+                    self.backoff_until = now.saturating_add(self.backoff);
+                }
+                Ok(ClientEvent::Failed { token: e.token, code: e.code })
+            }
+        }
+    }
+
+    /// Adopt a window's new key. Only for an allocation this client holds, a window its group
+    /// has, and the same window index (a rebind changes the key byte, never the window):
+    /// anything else is refused and changes nothing.
+    fn on_rebound(&mut self, r: crate::wire::message::Rebound) -> Result<ClientEvent, ClientError> {
+        let a = self
+            .live
+            .iter_mut()
+            .find(|a| a.entry_addr == r.entry_addr)
+            .ok_or(ClientError::NotMine { entry_addr: r.entry_addr })?;
+        let slot = match r.mw {
+            0 => &mut a.owner_rkey,
+            i => a.rkeys.get_mut(i as usize - 1).ok_or(ClientError::Wire(WireError::BadRebound))?,
+        };
+        if slot.index() != r.rkey.index() {
+            return Err(ClientError::Wire(WireError::BadRebound));
+        }
+        *slot = r.rkey;
+        Ok(ClientEvent::Rekeyed { entry_addr: r.entry_addr, mw: r.mw, rkey: r.rkey })
+    }
+
+    /// The QP index (into the access QPs) for a traffic class.
+    pub fn access_qp(&self, class: TrafficClass) -> usize {
+        let n = self.info.as_ref().map(|i| i.access_qpns.len()).unwrap_or(1).max(1);
+        match class {
+            TrafficClass::LatencyCritical => 0,
+            TrafficClass::Background => 1 % n,
+        }
+    }
+
+    /// Build an alloc request; the reply will be WRITTEN to `reply_addr` (`reply_rkey`).
+    pub fn alloc_request(
+        &mut self,
+        now: u64,
+        reply_addr: u64,
+        reply_rkey: u32,
+        out: &mut [u8],
+    ) -> Result<(u32, usize), ClientError> {
+        let info = self.info.as_ref().ok_or(ClientError::NotConnected)?;
+        if self.is_backing_off(now) {
+            return Err(ClientError::Backoff { until: self.backoff_until });
+        }
+        if self.pending.is_some() {
+            return Err(ClientError::Busy);
+        }
+        if self.live.is_full() {
+            return Err(ClientError::TooManyAllocations);
+        }
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1).max(1);
+        let access_qpns: heapless::Vec<Qpn, MAX_ACCESS_QPS> = info.access_qpns.clone();
+        let req = AllocRequest { token, reply_addr, reply_rkey, access_qpns };
+        let n = req.encode(out)?;
+        self.pending = Some(Pending { token, since: now });
+        Ok((token, n))
+    }
+
+    /// The reply WRITE landed (`imm` is its immediate): decode and adopt the allocation.
+    pub fn on_alloc_reply(&mut self, imm: u32, bytes: &[u8]) -> Result<Allocation, ClientError> {
+        let info = self.info.as_ref().ok_or(ClientError::NotConnected)?;
+        match self.pending {
+            Some(p) if p.token == imm => {}
+            _ => return Err(ClientError::UnexpectedReply { token: imm }),
+        }
+        self.pending = None;
+        let r = AllocReply::decode(bytes)?;
+        let g = info.group_size as usize;
+        if r.entry.owner() != info.cn.get() || r.entry.length.get() as u64 != info.chunk_size || r.entry_addr == 0 {
+            return Err(ClientError::ReplyMismatch);
+        }
+        let a = Allocation {
+            base: r.entry.base.get(),
+            length: r.entry.length.get() as u64,
+            entry_addr: r.entry_addr,
+            rkeys: (1..g).map(|i| r.entry.rkey(i)).collect(),
+            owner_rkey: r.entry.rkey(0),
+        };
+        self.live.push(a.clone()).map_err(|_| ClientError::TooManyAllocations)?;
+        Ok(a)
+    }
+
+    /// Build a free request for one of our allocations and forget it.
+    pub fn free_request(
+        &mut self,
+        entry_addr: u64,
+    ) -> Result<[u8; crate::wire::message::free_request::LEN], ClientError> {
+        let pos =
+            self.live.iter().position(|a| a.entry_addr == entry_addr).ok_or(ClientError::NotMine { entry_addr })?;
+        self.live.swap_remove(pos);
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1).max(1);
+        Ok(FreeRequest { token, entry_addr }.encode())
+    }
+
+    /// Forget the in-flight request (the caller gave up on it, e.g. its QP was reset).
+    pub fn abandon_pending(&mut self) {
+        self.pending = None;
+    }
+}
+
+pub mod driver;
+pub mod object_alloc;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::message::ErrorReply;
+    use crate::wire::mwtable::MwTableEntry;
+
+    fn info() -> ConnectInfo {
+        ConnectInfo {
+            cn: CnId::new(3).unwrap(),
+            group_size: 3,
+            chunk_size: 4096,
+            alloc_qpn: Qpn::new(10).unwrap(),
+            free_qpn: Qpn::new(11).unwrap(),
+            access_qpns: [Qpn::new(12).unwrap(), Qpn::new(13).unwrap()].into_iter().collect(),
+            quota: 4,
+        }
+    }
+
+    #[test]
+    fn rebound_updates_only_the_named_window_of_a_live_allocation() {
+        use crate::wire::message::Rebound;
+        let mut c: Client<4> = Client::new();
+        let mut buf = [0u8; 64];
+        c.on_message(0, &info().encode()).unwrap();
+        let (tok, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(0x100), Rkey(0x200), Rkey(0x300)]);
+        e.owner = 3.into();
+        c.on_alloc_reply(tok, &AllocReply { entry_addr: 0x5000, entry: e }.encode()).unwrap();
+        let r = Rebound { entry_addr: 0x5000, mw: 2, rkey: Rkey(0x301) };
+        assert_eq!(
+            c.on_message(1, &r.encode()),
+            Ok(ClientEvent::Rekeyed { entry_addr: 0x5000, mw: 2, rkey: Rkey(0x301) })
+        );
+        assert_eq!(c.live()[0].rkey(1), Some(Rkey(0x301)));
+        assert_eq!(c.live()[0].rkey(0), Some(Rkey(0x200)));
+        let r0 = Rebound { entry_addr: 0x5000, mw: 0, rkey: Rkey(0x101) };
+        assert!(c.on_message(1, &r0.encode()).is_ok());
+        assert_eq!(c.live()[0].owner_rkey, Rkey(0x101));
+        // another window index, a window the group lacks, an entry we do not hold: refused
+        let before = c.live()[0].clone();
+        let bad = Rebound { entry_addr: 0x5000, mw: 1, rkey: Rkey(0x301) };
+        assert_eq!(c.on_message(1, &bad.encode()), Err(ClientError::Wire(WireError::BadRebound)));
+        let bad = Rebound { entry_addr: 0x5000, mw: 3, rkey: Rkey(0x401) };
+        assert_eq!(c.on_message(1, &bad.encode()), Err(ClientError::Wire(WireError::BadRebound)));
+        let bad = Rebound { entry_addr: 0x6000, mw: 1, rkey: Rkey(0x201) };
+        assert_eq!(c.on_message(1, &bad.encode()), Err(ClientError::NotMine { entry_addr: 0x6000 }));
+        assert_eq!(c.live()[0], before);
+    }
+
+    #[test]
+    fn alloc_free_cycle() {
+        let mut c: Client<4> = Client::new();
+        let mut buf = [0u8; 64];
+        assert_eq!(c.alloc_request(0, 0x100, 1, &mut buf), Err(ClientError::NotConnected));
+        assert_eq!(c.on_message(0, &info().encode()), Ok(ClientEvent::Connected(CnId::new(3).unwrap())));
+        let (tok, n) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        let req = AllocRequest::decode(&buf[..n], 2).unwrap();
+        assert_eq!(req.access_qpns.as_slice(), info().access_qpns.as_slice());
+        assert_eq!(c.alloc_request(0, 0x100, 1, &mut buf), Err(ClientError::Busy));
+        let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(0x100), Rkey(0x200), Rkey(0x300)]);
+        e.owner = 3.into();
+        let reply = AllocReply { entry_addr: 0x5000, entry: e }.encode();
+        assert_eq!(c.on_alloc_reply(tok + 1, &reply), Err(ClientError::UnexpectedReply { token: tok + 1 }));
+        let a = c.on_alloc_reply(tok, &reply).unwrap();
+        assert_eq!(a.rkey(0), Some(Rkey(0x200)));
+        assert_eq!(a.rkey(1), Some(Rkey(0x300)));
+        assert_eq!(c.access_qp(TrafficClass::Background), 1);
+        assert_eq!(c.live().len(), 1);
+        let f = c.free_request(0x5000).unwrap();
+        assert_eq!(FreeRequest::decode(&f).unwrap().entry_addr, 0x5000);
+        assert_eq!(c.free_request(0x5000), Err(ClientError::NotMine { entry_addr: 0x5000 }));
+    }
+
+    #[test]
+    fn reply_for_someone_else_refused() {
+        let mut c: Client<4> = Client::new();
+        c.on_message(0, &info().encode()).unwrap();
+        let mut buf = [0u8; 64];
+        let (tok, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(1), Rkey(2), Rkey(3)]);
+        e.owner = 9.into();
+        let reply = AllocReply { entry_addr: 0x5000, entry: e }.encode();
+        assert_eq!(c.on_alloc_reply(tok, &reply), Err(ClientError::ReplyMismatch));
+        assert!(c.live().is_empty());
+    }
+
+    #[test]
+    fn empty_backoff_and_available() {
+        let mut c: Client<4> = Client::new();
+        c.on_message(0, &info().encode()).unwrap();
+        assert_eq!(c.on_message(10, &Notice::Empty.encode()), Ok(ClientEvent::Empty));
+        let mut buf = [0u8; 64];
+        assert!(matches!(c.alloc_request(20, 0, 0, &mut buf), Err(ClientError::Backoff { .. })));
+        // back-off expires on its own…
+        assert!(c.alloc_request(10 + c.backoff, 0, 0, &mut buf).is_ok());
+        c.abandon_pending();
+        // …or on "available"
+        c.on_message(0, &Notice::Empty.encode()).unwrap();
+        assert_eq!(c.on_message(1, &Notice::Available { free_groups: 3 }.encode()), Ok(ClientEvent::Available));
+        assert!(c.alloc_request(1, 0, 0, &mut buf).is_ok());
+        // an error reply clears the pending request
+        let tok = c.pending_token().unwrap();
+        let ev = c.on_message(2, &ErrorReply { token: tok, code: ErrorCode::AllocFailed, detail: 0 }.encode()).unwrap();
+        assert_eq!(ev, ClientEvent::Failed { token: tok, code: ErrorCode::AllocFailed });
+        assert!(c.pending_token().is_none());
+        assert!(c.on_message(0, &[1, 2, 3]).is_err());
+    }
+}

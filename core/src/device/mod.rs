@@ -1,0 +1,360 @@
+//! The backend contract: what the core needs from an RNIC, and what the RNIC declares it can do.
+//!
+//! Backends translate; they do not decide. The MN picks offloaded or host-engine execution from
+//! [`Capabilities`] alone ([`ExecutionMode::choose`]) and always reports which one it chose.
+
+pub mod mw_rules;
+
+use crate::access::AccessFlags;
+use crate::ids::{Qpn, Rkey};
+use crate::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe};
+use core::fmt;
+
+bitflags::bitflags! {
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+    pub struct Capabilities: u32 {
+        /// CORE-Direct style WAIT (block a queue on a CQ count) and ENABLE (managed queues).
+        const WAIT_ENABLE = 1 << 0;
+        /// The NIC fetches WQEs from memory that READ/atomic responses may have rewritten.
+        const SELF_MODIFYING_WQE = 1 << 1;
+        /// Fetch-and-add and compare-and-swap.
+        const ATOMICS = 1 << 2;
+        /// mlx5 extended atomics: fetch-and-add with field boundaries.
+        const MASKED_FETCH_ADD = 1 << 3;
+        /// Type-2 memory windows bound by a BIND_MW work request.
+        const MW_TYPE2 = 1 << 4;
+        /// A BIND_MW posted on one QP may associate the window with another QP of the same PD
+        /// (mlx5 UMR's qpn field); without it a bind must be posted on the target QP.
+        const BIND_TO_OTHER_QP = 1 << 5;
+        const SEND_WITH_INV = 1 << 6;
+        /// LOCAL_INV of a type-2 window from a QP other than the bound one is refused
+        /// (the spec; soft-RoCE does not). The offloaded free chain's ownership proof needs it.
+        const MW_QP_CHECK_ON_INVALIDATE = 1 << 7;
+        /// Accesses are checked against the window's bounds, not only the MR's
+        /// (the spec; soft-RoCE does not).
+        const MW_BOUNDS_ENFORCED = 1 << 8;
+        /// Remote accesses through a type-2 window are refused on any QP but the bound one.
+        const MW_QP_BINDING_ENFORCED = 1 << 9;
+    }
+}
+
+impl Capabilities {
+    /// What running the chains inside the NIC takes.
+    pub const OFFLOAD: Capabilities = Capabilities::WAIT_ENABLE
+        .union(Capabilities::SELF_MODIFYING_WQE)
+        .union(Capabilities::ATOMICS)
+        .union(Capabilities::MASKED_FETCH_ADD)
+        .union(Capabilities::MW_TYPE2)
+        .union(Capabilities::BIND_TO_OTHER_QP)
+        .union(Capabilities::MW_QP_CHECK_ON_INVALIDATE)
+        .union(Capabilities::MW_QP_BINDING_ENFORCED);
+    /// What the secure protocol takes at all (host-engine mode compensates for the rest).
+    pub const SECURE_MINIMUM: Capabilities = Capabilities::MW_TYPE2.union(Capabilities::MW_QP_BINDING_ENFORCED);
+}
+
+/// How the MN runs the chains.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum ExecutionMode {
+    /// The chains are pre-posted and run inside the NIC; the MN CPU is off the allocation path.
+    Offloaded,
+    /// The core's host engine executes the same chain layouts on the MN CPU (RPC-MW type-2).
+    HostEngine,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum ModeError {
+    /// The device lacks what isolation needs; the set lists the missing capabilities.
+    Insecure(Capabilities),
+    /// Offload was demanded but the device lacks these capabilities.
+    OffloadUnavailable(Capabilities),
+}
+
+impl fmt::Display for ModeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ModeError::Insecure(m) => {
+                write!(f, "device cannot isolate CNs (missing {m:?}): type-2 memory windows bound to a QP are required")
+            }
+            ModeError::OffloadUnavailable(m) => write!(f, "chain offload needs {m:?}, which the device lacks"),
+        }
+    }
+}
+
+impl ExecutionMode {
+    /// Offload when the device can; the host engine otherwise; refuse when isolation is
+    /// impossible (unless the operator explicitly accepts an insecure pool).
+    pub fn choose(caps: Capabilities, force: Option<ExecutionMode>, allow_insecure: bool) -> Result<Self, ModeError> {
+        let missing = Capabilities::SECURE_MINIMUM.difference(caps);
+        if !missing.is_empty() && !allow_insecure {
+            return Err(ModeError::Insecure(missing));
+        }
+        let offload_missing = Capabilities::OFFLOAD.difference(caps);
+        match force {
+            Some(ExecutionMode::Offloaded) if !offload_missing.is_empty() => {
+                Err(ModeError::OffloadUnavailable(offload_missing))
+            }
+            Some(m) => Ok(m),
+            None if offload_missing.is_empty() => Ok(ExecutionMode::Offloaded),
+            None => Ok(ExecutionMode::HostEngine),
+        }
+    }
+}
+
+impl fmt::Display for ExecutionMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ExecutionMode::Offloaded => "offloaded (chains run in the NIC)",
+            ExecutionMode::HostEngine => "host engine (chains run on the MN CPU)",
+        })
+    }
+}
+
+/// Work completion status, named and numbered as `enum ibv_wc_status`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+#[non_exhaustive]
+pub enum WcStatus {
+    Success = 0,
+    LocLenErr = 1,
+    LocQpOpErr = 2,
+    LocEecOpErr = 3,
+    LocProtErr = 4,
+    WrFlushErr = 5,
+    MwBindErr = 6,
+    BadRespErr = 7,
+    LocAccessErr = 8,
+    RemInvReqErr = 9,
+    RemAccessErr = 10,
+    RemOpErr = 11,
+    RetryExcErr = 12,
+    RnrRetryExcErr = 13,
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    pub const ALL: [WcStatus; 15] = [
+        WcStatus::Success,
+        WcStatus::LocLenErr,
+        WcStatus::LocQpOpErr,
+        WcStatus::LocEecOpErr,
+        WcStatus::LocProtErr,
+        WcStatus::WrFlushErr,
+        WcStatus::MwBindErr,
+        WcStatus::BadRespErr,
+        WcStatus::LocAccessErr,
+        WcStatus::RemInvReqErr,
+        WcStatus::RemAccessErr,
+        WcStatus::RemOpErr,
+        WcStatus::RetryExcErr,
+        WcStatus::RnrRetryExcErr,
+        WcStatus::GeneralErr,
+    ];
+    pub fn from_u32(v: u32) -> WcStatus {
+        Self::ALL.iter().copied().find(|s| *s as u32 == v).unwrap_or(WcStatus::GeneralErr)
+    }
+    pub const fn is_ok(self) -> bool {
+        matches!(self, WcStatus::Success)
+    }
+    /// `ibv_wc_status_str` wording.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocEecOpErr => "local EE context operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::GeneralErr => "general error",
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a completion was for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum WcOpcode {
+    Send(Opcode),
+    Recv,
+    /// A RECV consumed by a WRITE_WITH_IMM.
+    RecvRdmaWithImm,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    pub qpn: Qpn,
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+    /// SEND_WITH_INV received: the rkey the sender invalidated.
+    pub invalidated: Option<Rkey>,
+}
+
+impl Completion {
+    /// A placeholder for completion buffers handed to `poll_cq`.
+    pub const EMPTY: Completion = Completion {
+        wr_id: 0,
+        status: WcStatus::GeneralErr,
+        opcode: WcOpcode::Recv,
+        qpn: Qpn::ZERO,
+        byte_len: 0,
+        imm: None,
+        invalidated: None,
+    };
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct MrKeys {
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// QP states as `enum ibv_qp_state`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum QpState {
+    Reset,
+    Init,
+    Rtr,
+    Rts,
+    Sqd,
+    Sqe,
+    Err,
+}
+
+/// The protection domain a registration belongs to (DESIGN.md §9: isolation comes from PDs
+/// and QP binding, never from a key being secret).
+///
+/// CN-facing QPs (Alloc, Free, access), the pool and every memory window live in
+/// [`Domain::CnFacing`]; there MN-private memory (metadata, rings) is registered local-only.
+/// The MN's loopback QPs — both ends — live in [`Domain::MnPrivate`], the only domain where
+/// MN-private memory carries remote rights, so no key a CN can name through its QPs opens it.
+/// Host-engine mode needs no private domain at all: it registers no remote rights on
+/// MN-private memory.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum Domain {
+    CnFacing,
+    MnPrivate,
+}
+
+/// The contract every backend implements for the MN (and, with fewer calls, for a CN).
+///
+/// Addresses are the backend's own: virtual addresses in the MN process for verbs, model
+/// addresses for the loopback NIC, engine addresses for the FPGA shim.
+pub trait RdmaBackend {
+    type Error: fmt::Debug + fmt::Display;
+
+    fn capabilities(&self) -> Capabilities;
+
+    /// Append a WQE to the send queue of `qp`. On a managed queue it runs once enabled.
+    fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), Self::Error>;
+    fn post_recv(&mut self, qp: Qpn, wqe: &RecvWqe) -> Result<(), Self::Error>;
+    /// Non-blocking: fills `out` with completions of `qp`'s queue, returns how many.
+    fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize, Self::Error>;
+    /// Let a managed queue execute `count` more entries (a doorbell from the CPU).
+    fn enable(&mut self, qp: Qpn, queue: QueueSel, count: u64) -> Result<(), Self::Error>;
+    /// Bring an errored QP (and its peer) back to RTS with empty queues and zeroed CQ counts.
+    fn reset_qp(&mut self, qp: Qpn) -> Result<(), Self::Error>;
+    /// Tear a QP down (its peer sees the connection fail). Windows bound to it must have been
+    /// invalidated first.
+    fn destroy_qp(&mut self, qp: Qpn) -> Result<(), Self::Error>;
+    fn qp_state(&self, qp: Qpn) -> Result<QpState, Self::Error>;
+
+    /// Register `[addr, addr+len)` in `domain`. A backend without a private domain refuses
+    /// [`Domain::MnPrivate`] (only offloaded mode asks for it).
+    fn reg_mr(&mut self, domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Self::Error>;
+    /// Allocate a type-2 memory window; returns its initial (unbound) rkey.
+    fn alloc_mw(&mut self) -> Result<Rkey, Self::Error>;
+
+    /// The MN's own memory (its tables, scratch areas and, when offloading, WQE rings).
+    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), Self::Error>;
+    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), Self::Error>;
+
+    /// Offload only: address of entry 0 of `qp`'s ring (send entries are 64 B, receive
+    /// entries [`crate::wire::wqe::RECV_WQE_SIZE`]) and the MR keys that cover every ring in
+    /// `domain` (remote rights in [`Domain::MnPrivate`] only; local-only in the CN-facing one,
+    /// where receives scatter request bytes into WQE fields).
+    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, Self::Error>;
+    fn ring_keys(&self, domain: Domain) -> Result<MrKeys, Self::Error>;
+
+    /// `len` zeroed bytes of this node's memory, aligned to `align` (a power of two), for the
+    /// node to register: the MN's pool, metadata and zero source, a CN's buffers. Provisioning
+    /// asks for memory through the trait so that one set-up ([`crate::mn::plan::MnPlan::provision`])
+    /// serves every backend.
+    fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, Self::Error>;
+
+    /// A connected pair of RC QPs on this node, both ends in `domain`; returns the end the node
+    /// posts on (its peer only responds). The MN's admin and atomic queues are such pairs, and
+    /// in offloaded mode each chain's loop QP, whose send queue is managed (WAIT/ENABLE) with
+    /// exactly `managed_send_depth` entries so a lap wraps onto the same bytes.
+    fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn, Self::Error>;
+
+    /// Work requests posted on `qp`'s `queue` and not yet completed, if the device can tell.
+    /// A CN re-posts its receives from this after its QP was reset under it (the peer
+    /// reconnected); `None`: the caller counts for itself.
+    fn outstanding(&self, _qp: Qpn, _queue: QueueSel) -> Option<u64> {
+        None
+    }
+
+    /// Where the window with this index is bound, if the backend can tell (the model and the
+    /// FPGA extension block can; verbs tracks the binds it posted). `None`: unknown.
+    fn mw_binding(&self, _rkey: Rkey) -> Option<MwBinding> {
+        None
+    }
+
+    /// The address range `(addr, len)` a bound window covers, if the backend can tell (the MN's
+    /// audit checks it against the window's chunk — defence in depth against a corrupted
+    /// table entry). `None`: unbound or unknown.
+    fn mw_span(&self, _rkey: Rkey) -> Option<(u64, u64)> {
+        None
+    }
+
+    /// The form the device fetches WQEs in ([`crate::chain::arm::arm`] lays chains out in it).
+    fn wqe_format(&self) -> crate::wire::wqe_format::WqeFormat {
+        crate::wire::wqe_format::WqeFormat::Canonical
+    }
+    /// mlx5 form: the CQ numbers counting the chain QPs' completions, [`loop_qp` send,
+    /// `mgmt_qp` send, `mgmt_qp` receive] — what the chain's WAITs name.
+    fn cq_numbers(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> Option<[u32; 3]> {
+        None
+    }
+    /// mlx5 form: the producer indices of those three CQs now — completions ever written to
+    /// them. A WAIT compares a CQ's absolute producer index and an mlx5 CQ keeps counting
+    /// across a reset of its QP, so a chain re-armed after a reset starts its WAITs from here.
+    /// Zero (the default) for a device whose reset starts its CQ counts over.
+    fn cq_producer_indices(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> [u32; 3] {
+        [0; 3]
+    }
+    /// mlx5 form: after the core wrote the chain's ring images and lap counters into MN memory,
+    /// take the rings as posted (their WQE-index → wr_id map, as a driver keeps one), post
+    /// `recv_copies` RECVs with the chain's scatter list and ring the first enables — the
+    /// device-side half of arming. `None`: the backend has no mlx5 form.
+    fn arm_mlx5(
+        &mut self,
+        _chain: &crate::chain::mlx5::Mlx5Chain,
+        _recv_copies: u32,
+    ) -> Option<Result<(), Self::Error>> {
+        None
+    }
+}
+
+/// A window's state as the device sees it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum MwBinding {
+    Unbound,
+    Bound { rkey: Rkey, qpn: Qpn },
+}

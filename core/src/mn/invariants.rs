@@ -1,0 +1,190 @@
+//! The invariants of DESIGN.md §4 principle 4, as a check over the MN's memory and the
+//! device's window state. Tests call it after every step; a violation names what broke.
+//!
+//! Valid at quiescent points: no chain lap in flight (the models are idle, or the MN has just
+//! handled an event).
+
+use crate::device::MwBinding;
+use crate::geometry::MAX_GROUP_SIZE;
+use crate::ids::{GroupId, Rkey};
+use crate::mn::{MemoryNode, MnPort, ENTRY_RECLAIMING};
+use crate::wire::mwtable::{MwTableEntry, ENTRY_SIZE};
+use core::fmt;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum InvariantViolation {
+    /// Memory could not be read.
+    Unreadable,
+    /// A live queue slot does not hold a valid entry address.
+    BadQueueSlot { slot: u64, value: u64 },
+    /// A group appears in the queue more than once.
+    DuplicateInQueue(GroupId),
+    /// A slot outside the live window (and not a ticket) is not zero.
+    StaleSlot { slot: u64 },
+    /// A group in the queue has an owner.
+    OwnedGroupInQueue(GroupId),
+    /// A group is neither in the queue, nor owned, nor being reclaimed.
+    LostGroup(GroupId),
+    /// A group is owned by a CN the MN does not know.
+    UnknownOwner { group: GroupId, owner: u32 },
+    /// A free group has a bound window.
+    FreeGroupBound { group: GroupId, mw: usize },
+    /// An allocated group's window is not bound where it should be.
+    WindowMisbound { group: GroupId, mw: usize },
+    /// Two groups share a window index.
+    RkeyReused(Rkey),
+    /// A CN holds more groups than its quota.
+    OverQuota { owner: u32, held: u32 },
+    /// An entry's chunk is not the one the geometry assigns to it.
+    ChunkMismatch(GroupId),
+}
+
+impl fmt::Display for InvariantViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invariant violated: {self:?}")
+    }
+}
+
+fn rd<P: MnPort>(p: &mut P, a: u64) -> Result<u64, InvariantViolation> {
+    let mut b = [0u8; 8];
+    p.read(a, &mut b).map_err(|_| InvariantViolation::Unreadable)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantViolation> {
+    let map = *mn.map();
+    let geo = map.geometry;
+    let q = map.queue;
+    let n = geo.chunk_count();
+    // which groups are in the queue: a bitmap kept in 64-bit words, bounded by MAX_CHUNKS
+    const WORDS: usize = (crate::geometry::MAX_CHUNKS as usize) / 64;
+    let mut in_queue = [0u64; WORDS];
+    let mut mark = |g: GroupId| -> bool {
+        let (w, b) = (g.0 as usize / 64, g.0 % 64);
+        let seen = in_queue[w] & (1 << b) != 0;
+        in_queue[w] |= 1 << b;
+        seen
+    };
+    let head = rd(port, q.head)?;
+    let tail = rd(port, q.tail)?;
+    let live = q.live_len(head, tail, map.max_cns);
+    for at in q.walk(head, live) {
+        let v = rd(port, at)?;
+        let g = map.group_of_entry(v).ok_or(InvariantViolation::BadQueueSlot { slot: at, value: v })?;
+        if mark(g) {
+            return Err(InvariantViolation::DuplicateInQueue(g));
+        }
+    }
+    // slots outside [head, tail): zero, except unsettled tickets that a push already filled
+    for slot in q.walk(tail, q.capacity - live) {
+        let v = rd(port, slot)?;
+        if v != 0 {
+            if !mn.tickets().contains(&slot) {
+                return Err(InvariantViolation::StaleSlot { slot });
+            }
+            let g = map.group_of_entry(v).ok_or(InvariantViolation::BadQueueSlot { slot, value: v })?;
+            if mark(g) {
+                return Err(InvariantViolation::DuplicateInQueue(g));
+            }
+        }
+    }
+    // every group: exactly one of free-in-queue, owned, reclaiming
+    let mut held = [0u32; crate::mn::MAX_CNS + 1];
+    for i in 0..n {
+        let g = GroupId(i);
+        let addr = map.entry_addr(g).ok_or(InvariantViolation::Unreadable)?;
+        let mut b = [0u8; ENTRY_SIZE];
+        port.read(addr, &mut b).map_err(|_| InvariantViolation::Unreadable)?;
+        let e = MwTableEntry::read(&b).ok_or(InvariantViolation::Unreadable)?;
+        if geo.chunk_base(g) != Some(e.base.get()) || e.length.get() as u64 != geo.chunk_size() {
+            return Err(InvariantViolation::ChunkMismatch(g));
+        }
+        let queued = in_queue[i as usize / 64] & (1 << (i % 64)) != 0;
+        let owner = e.owner();
+        if queued && owner != 0 {
+            return Err(InvariantViolation::OwnedGroupInQueue(g));
+        }
+        if !queued && owner == 0 && e.reserved.get() != ENTRY_RECLAIMING {
+            return Err(InvariantViolation::LostGroup(g));
+        }
+        let rec = if owner != 0 {
+            let r =
+                mn.cns().find(|r| r.cn.get() == owner).ok_or(InvariantViolation::UnknownOwner { group: g, owner })?;
+            held[r.slot as usize] += 1;
+            Some(r)
+        } else {
+            None
+        };
+        // window state
+        for k in 0..geo.group_size() {
+            let rkey = e.rkey(k);
+            match (port.mw_binding(rkey), rec) {
+                (None, _) => {}
+                (Some(MwBinding::Unbound), None) => {}
+                (Some(MwBinding::Bound { .. }), None) => {
+                    return Err(InvariantViolation::FreeGroupBound { group: g, mw: k })
+                }
+                (Some(MwBinding::Bound { rkey: r, qpn }), Some(rec)) => {
+                    let ok = r == rkey && if k == 0 { qpn == rec.qps.free } else { rec.qps.access.contains(&qpn) };
+                    if !ok {
+                        return Err(InvariantViolation::WindowMisbound { group: g, mw: k });
+                    }
+                }
+                (Some(MwBinding::Unbound), Some(_)) => {
+                    return Err(InvariantViolation::WindowMisbound { group: g, mw: k })
+                }
+            }
+        }
+    }
+    for r in mn.cns() {
+        // a tenant's CNs share one quota: what they hold together
+        let charged = crate::mn::tenant::charged_with(mn.cns().map(|r| (r.cn, r.tenant)), r.cn);
+        let total: u32 = mn.cns().filter(|c| charged.contains(&c.cn.get())).map(|c| held[c.slot as usize]).sum();
+        if total > mn.quota_of(r.cn) {
+            return Err(InvariantViolation::OverQuota { owner: r.cn.get(), held: total });
+        }
+    }
+    check_rkeys_distinct(&map, port)
+}
+
+/// No two groups share a window index (so no live rkey can repeat across groups).
+fn check_rkeys_distinct<P: MnPort>(
+    map: &crate::wire::memory_map::MnMemoryMap,
+    port: &mut P,
+) -> Result<(), InvariantViolation> {
+    let n = map.geometry.chunk_count();
+    let g = map.geometry.group_size();
+    // Window indexes never change after formatting (only keys advance), so a full pairwise
+    // check is done for small pools and a neighbour check for large ones, keeping the check
+    // cheap enough to run after every step.
+    let mut prev: [u32; MAX_GROUP_SIZE] = [u32::MAX; MAX_GROUP_SIZE];
+    for i in 0..n {
+        let addr = map.entry_addr(GroupId(i)).ok_or(InvariantViolation::Unreadable)?;
+        let mut b = [0u8; ENTRY_SIZE];
+        port.read(addr, &mut b).map_err(|_| InvariantViolation::Unreadable)?;
+        let e = MwTableEntry::read(&b).ok_or(InvariantViolation::Unreadable)?;
+        let mut cur = [0u32; MAX_GROUP_SIZE];
+        for k in 0..g {
+            cur[k] = e.rkey(k).index();
+            if cur[..k].contains(&cur[k]) || prev[..g].contains(&cur[k]) {
+                return Err(InvariantViolation::RkeyReused(e.rkey(k)));
+            }
+        }
+        if n <= 64 {
+            for j in 0..i {
+                let a2 = map.entry_addr(GroupId(j)).ok_or(InvariantViolation::Unreadable)?;
+                let mut b2 = [0u8; ENTRY_SIZE];
+                port.read(a2, &mut b2).map_err(|_| InvariantViolation::Unreadable)?;
+                let e2 = MwTableEntry::read(&b2).ok_or(InvariantViolation::Unreadable)?;
+                for (k, idx) in cur.iter().enumerate().take(g) {
+                    if (0..g).any(|k2| e2.rkey(k2).index() == *idx) {
+                        return Err(InvariantViolation::RkeyReused(e.rkey(k)));
+                    }
+                }
+            }
+        }
+        prev = cur;
+    }
+    Ok(())
+}

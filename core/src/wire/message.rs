@@ -1,0 +1,648 @@
+//! Wire messages between CNs and the MN, as documented byte layouts (little-endian).
+//!
+//! Requests are scattered by the MN NIC's RECV straight into chain WQE fields, so their field
+//! order is fixed by the chains, and every decoder here treats its input as hostile: a typed
+//! error for every malformed input, never a panic.
+//!
+//! Every message starts with the same 8-byte header:
+//! ```text
+//! off len field
+//!   0  2  magic   0x4D4F ("OM")
+//!   2  1  version 1
+//!   3  1  kind    see [`Kind`]
+//!   4  4  token   chosen by the CN, echoed in replies (alloc: as the WRITE's immediate)
+//! ```
+
+use crate::ids::{CnId, Qpn, Rkey};
+use crate::wire::mwtable::{MwTableEntry, ENTRY_SIZE};
+use core::fmt;
+use zerocopy::little_endian::{U16, U32};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+pub const MAGIC: u16 = 0x4D4F;
+pub const VERSION: u8 = 1;
+pub const HEADER_LEN: usize = 8;
+/// Access windows a request can name: G − 1 for the largest G.
+pub const MAX_ACCESS_QPS: usize = crate::geometry::MAX_GROUP_SIZE - 1;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    AllocRequest = 1,
+    AllocReply = 2,
+    FreeRequest = 3,
+    Empty = 4,
+    Available = 5,
+    Error = 6,
+    ConnectInfo = 7,
+    /// The MN's lease probe (MN → CN, `hdr | sequence u64`): the transport's ACK proves the
+    /// CN's host is alive and the CN keeps receives posted; a probe that fails (retry or RNR
+    /// budget exhausted) gets the CN reclaimed.
+    Probe = 8,
+    /// One of the CN's windows was invalidated by someone else (soft-RoCE: a SEND_WITH_INV
+    /// from any QP) and the MN bound it again under a new key ([`Rebound`]).
+    Rebound = 9,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::AllocRequest,
+            2 => Kind::AllocReply,
+            3 => Kind::FreeRequest,
+            4 => Kind::Empty,
+            5 => Kind::Available,
+            6 => Kind::Error,
+            7 => Kind::ConnectInfo,
+            8 => Kind::Probe,
+            9 => Kind::Rebound,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Default, PartialEq, Eq, Debug)]
+#[repr(C)]
+pub struct Header {
+    pub magic: U16,
+    pub version: u8,
+    pub kind: u8,
+    pub token: U32,
+}
+
+impl Header {
+    pub fn new(kind: Kind, token: u32) -> Self {
+        Header { magic: U16::new(MAGIC), version: VERSION, kind: kind as u8, token: U32::new(token) }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum WireError {
+    Truncated {
+        need: usize,
+        got: usize,
+    },
+    TrailingBytes {
+        expected: usize,
+        got: usize,
+    },
+    BadMagic(u16),
+    BadVersion(u8),
+    UnknownKind(u8),
+    UnexpectedKind {
+        expected: Kind,
+        got: Kind,
+    },
+    BadQpn(u32),
+    BadCnId,
+    BadGroupSize(u8),
+    /// A reply whose entry is inconsistent (zero length, an owner that is not us, …).
+    InconsistentReply,
+    UnknownErrorCode(u32),
+    /// A rebound notice naming a window index past the largest group, no entry, or with
+    /// its reserved bytes set.
+    BadRebound,
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Truncated { need, got } => {
+                write!(f, "message truncated: need {need} bytes, got {got}")
+            }
+            Self::TrailingBytes { expected, got } => {
+                write!(f, "message has {got} bytes, expected {expected}")
+            }
+            Self::BadMagic(m) => write!(f, "bad magic {m:#06x}"),
+            Self::BadVersion(v) => write!(f, "unsupported protocol version {v}"),
+            Self::UnknownKind(k) => write!(f, "unknown message kind {k}"),
+            Self::UnexpectedKind { expected, got } => {
+                write!(f, "expected a {expected:?} message, got {got:?}")
+            }
+            Self::BadQpn(q) => write!(f, "QP number {q:#x} exceeds 24 bits"),
+            Self::BadCnId => f.write_str("CN id 0 is reserved"),
+            Self::BadGroupSize(g) => write!(f, "MW group size {g} is not supported"),
+            Self::InconsistentReply => f.write_str("allocation reply is internally inconsistent"),
+            Self::UnknownErrorCode(c) => write!(f, "unknown error code {c}"),
+            Self::BadRebound => f.write_str("rebound notice names no window"),
+        }
+    }
+}
+
+/// Parse and check the header; returns its kind and token.
+pub fn parse_header(bytes: &[u8]) -> Result<(Kind, u32), WireError> {
+    let (h, _) =
+        Header::read_from_prefix(bytes).map_err(|_| WireError::Truncated { need: HEADER_LEN, got: bytes.len() })?;
+    if h.magic.get() != MAGIC {
+        return Err(WireError::BadMagic(h.magic.get()));
+    }
+    if h.version != VERSION {
+        return Err(WireError::BadVersion(h.version));
+    }
+    let kind = Kind::from_u8(h.kind).ok_or(WireError::UnknownKind(h.kind))?;
+    Ok((kind, h.token.get()))
+}
+
+fn expect(bytes: &[u8], kind: Kind, len: usize) -> Result<u32, WireError> {
+    let (k, token) = parse_header(bytes)?;
+    if k != kind {
+        return Err(WireError::UnexpectedKind { expected: kind, got: k });
+    }
+    if bytes.len() < len {
+        return Err(WireError::Truncated { need: len, got: bytes.len() });
+    }
+    if bytes.len() > len {
+        return Err(WireError::TrailingBytes { expected: len, got: bytes.len() });
+    }
+    Ok(token)
+}
+
+fn le32(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
+}
+fn le64(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Byte offsets of the alloc request (the alloc chain's RECV scatter follows them).
+pub mod alloc_request {
+    pub const TOKEN: usize = 4;
+    pub const REPLY_ADDR: usize = 8;
+    pub const REPLY_RKEY: usize = 16;
+    pub const QPNS: usize = 20;
+    pub const fn len(access_windows: usize) -> usize {
+        QPNS + 4 * access_windows
+    }
+}
+
+/// `hdr | reply_addr u64 | reply_rkey u32 | qpn u32 × (G−1)`: the MN-side QP numbers of the
+/// CN's access QPs the windows MW[1..G) are to be bound to, and where to WRITE the reply.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct AllocRequest {
+    pub token: u32,
+    pub reply_addr: u64,
+    pub reply_rkey: u32,
+    pub access_qpns: heapless::Vec<Qpn, MAX_ACCESS_QPS>,
+}
+
+impl AllocRequest {
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        let len = alloc_request::len(self.access_qpns.len());
+        if out.len() < len {
+            return Err(WireError::Truncated { need: len, got: out.len() });
+        }
+        out[..8].copy_from_slice(Header::new(Kind::AllocRequest, self.token).as_bytes());
+        out[8..16].copy_from_slice(&self.reply_addr.to_le_bytes());
+        out[16..20].copy_from_slice(&self.reply_rkey.to_le_bytes());
+        for (i, q) in self.access_qpns.iter().enumerate() {
+            out[20 + 4 * i..24 + 4 * i].copy_from_slice(&q.get().to_le_bytes());
+        }
+        Ok(len)
+    }
+    /// Decode for a pool whose groups have `access_windows` access windows.
+    pub fn decode(bytes: &[u8], access_windows: usize) -> Result<Self, WireError> {
+        if access_windows == 0 || access_windows > MAX_ACCESS_QPS {
+            return Err(WireError::BadGroupSize(access_windows as u8 + 1));
+        }
+        let token = expect(bytes, Kind::AllocRequest, alloc_request::len(access_windows))?;
+        let mut access_qpns = heapless::Vec::new();
+        for i in 0..access_windows {
+            let v = le32(bytes, 20 + 4 * i);
+            let q = Qpn::new(v).map_err(|_| WireError::BadQpn(v))?;
+            let _ = access_qpns.push(q);
+        }
+        Ok(AllocRequest { token, reply_addr: le64(bytes, 8), reply_rkey: le32(bytes, 16), access_qpns })
+    }
+}
+
+pub mod free_request {
+    pub const TOKEN: usize = 4;
+    pub const ENTRY_ADDR: usize = 8;
+    pub const LEN: usize = 16;
+}
+
+/// `hdr | entry_addr u64`: the MWTable entry of the group to return.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct FreeRequest {
+    pub token: u32,
+    pub entry_addr: u64,
+}
+
+impl FreeRequest {
+    pub fn encode(&self) -> [u8; free_request::LEN] {
+        let mut out = [0u8; free_request::LEN];
+        out[..8].copy_from_slice(Header::new(Kind::FreeRequest, self.token).as_bytes());
+        out[8..16].copy_from_slice(&self.entry_addr.to_le_bytes());
+        out
+    }
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        let token = expect(bytes, Kind::FreeRequest, free_request::LEN)?;
+        Ok(FreeRequest { token, entry_addr: le64(bytes, 8) })
+    }
+}
+
+/// `hdr | entry_addr u64 | MWTable entry (40 B)`: written by the alloc chain's reply WRITE
+/// (the token travels as the immediate; the header's token field is 0).
+pub const ALLOC_REPLY_LEN: usize = 16 + ENTRY_SIZE;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AllocReply {
+    pub entry_addr: u64,
+    pub entry: MwTableEntry,
+}
+
+impl AllocReply {
+    pub fn encode(&self) -> [u8; ALLOC_REPLY_LEN] {
+        let mut out = [0u8; ALLOC_REPLY_LEN];
+        out[..8].copy_from_slice(Header::new(Kind::AllocReply, 0).as_bytes());
+        out[8..16].copy_from_slice(&self.entry_addr.to_le_bytes());
+        out[16..].copy_from_slice(self.entry.as_bytes());
+        out
+    }
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        expect(bytes, Kind::AllocReply, ALLOC_REPLY_LEN)?;
+        let entry =
+            MwTableEntry::read(&bytes[16..]).ok_or(WireError::Truncated { need: ALLOC_REPLY_LEN, got: bytes.len() })?;
+        Ok(AllocReply { entry_addr: le64(bytes, 8), entry })
+    }
+    /// The reply header image the MN pre-writes into the alloc scratch area.
+    pub fn header_image() -> [u8; 8] {
+        let mut h = [0u8; 8];
+        h.copy_from_slice(Header::new(Kind::AllocReply, 0).as_bytes());
+        h
+    }
+}
+
+/// MN → CN notices about the free queue (`hdr | free_groups u64`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Notice {
+    Empty,
+    Available {
+        free_groups: u64,
+    },
+    /// Lease probe; the CN needs do nothing but keep receives posted.
+    Probe {
+        seq: u64,
+    },
+}
+pub const NOTICE_LEN: usize = 16;
+
+impl Notice {
+    pub fn encode(&self) -> [u8; NOTICE_LEN] {
+        let (k, n) = match *self {
+            Notice::Empty => (Kind::Empty, 0),
+            Notice::Available { free_groups } => (Kind::Available, free_groups),
+            Notice::Probe { seq } => (Kind::Probe, seq),
+        };
+        let mut out = [0u8; NOTICE_LEN];
+        out[..8].copy_from_slice(Header::new(k, 0).as_bytes());
+        out[8..].copy_from_slice(&n.to_le_bytes());
+        out
+    }
+}
+
+/// MN → CN: window MW[`mw`] of the allocation whose MWTable entry is at `entry_addr` was
+/// invalidated behind the CN's back (on soft-RoCE any QP's SEND_WITH_INV revokes a window) and
+/// the MN bound it again, over the same chunk and to the same QP, under `rkey` (the same window
+/// index, the next key byte). The CN's chunk and bytes are untouched; an access that failed
+/// with the old key may be retried with this one.
+///
+/// ```text
+///   0  8 hdr (token 0)
+///   8  8 entry address
+///  16  4 new rkey of the window
+///  20  1 window index in the group (0: MW[0] on the Free QP; i ≥ 1: access QP i − 1)
+///  21  3 reserved, zero
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Rebound {
+    pub entry_addr: u64,
+    pub mw: u8,
+    pub rkey: Rkey,
+}
+pub const REBOUND_LEN: usize = 24;
+
+impl Rebound {
+    pub fn encode(&self) -> [u8; REBOUND_LEN] {
+        let mut out = [0u8; REBOUND_LEN];
+        out[..8].copy_from_slice(Header::new(Kind::Rebound, 0).as_bytes());
+        out[8..16].copy_from_slice(&self.entry_addr.to_le_bytes());
+        out[16..20].copy_from_slice(&self.rkey.0.to_le_bytes());
+        out[20] = self.mw;
+        out
+    }
+    /// Hostile input: exact length, a window index inside the largest group, an entry
+    /// address, zero reserved bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        expect(bytes, Kind::Rebound, REBOUND_LEN)?;
+        let r = Rebound { entry_addr: le64(bytes, 8), rkey: Rkey(le32(bytes, 16)), mw: bytes[20] };
+        if r.entry_addr == 0 || r.mw as usize >= crate::geometry::MAX_GROUP_SIZE || bytes[21..24] != [0; 3] {
+            return Err(WireError::BadRebound);
+        }
+        Ok(r)
+    }
+}
+
+/// Why the MN refused a request (`hdr | code u32 | detail u32`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[repr(u32)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// The free queue was empty; wait for "available".
+    Empty = 1,
+    /// A free named a group the caller does not own.
+    NotOwner = 2,
+    /// A request could not be parsed or named an invalid entry / QP.
+    BadRequest = 3,
+    /// The CN exceeded its quota; its management QPs are disconnected.
+    QuotaExceeded = 4,
+    /// The allocation failed part-way (bad reply buffer, bind refused); nothing was allocated.
+    AllocFailed = 5,
+    /// The MN revoked every allocation (its RNIC was reset); reconnect and allocate again.
+    Revoked = 6,
+}
+
+impl ErrorCode {
+    fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => ErrorCode::Empty,
+            2 => ErrorCode::NotOwner,
+            3 => ErrorCode::BadRequest,
+            4 => ErrorCode::QuotaExceeded,
+            5 => ErrorCode::AllocFailed,
+            6 => ErrorCode::Revoked,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ErrorReply {
+    pub token: u32,
+    pub code: ErrorCode,
+    pub detail: u32,
+}
+pub const ERROR_REPLY_LEN: usize = 16;
+
+impl ErrorReply {
+    pub fn encode(&self) -> [u8; ERROR_REPLY_LEN] {
+        let mut out = [0u8; ERROR_REPLY_LEN];
+        out[..8].copy_from_slice(Header::new(Kind::Error, self.token).as_bytes());
+        out[8..12].copy_from_slice(&(self.code as u32).to_le_bytes());
+        out[12..16].copy_from_slice(&self.detail.to_le_bytes());
+        out
+    }
+}
+
+/// MN → CN at connection: who the CN is and which MN-side QPs serve it.
+///
+/// ```text
+///   0  8 hdr
+///   8  4 cn id
+///  12  1 group size G
+///  13  3 reserved
+///  16  8 chunk size
+///  24  4 MN end of the Alloc QP
+///  28  4 MN end of the Free QP
+///  32 12 MN ends of the access QPs (G−1 used)
+///  44  4 quota (groups)
+/// ```
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ConnectInfo {
+    pub cn: CnId,
+    pub group_size: u8,
+    pub chunk_size: u64,
+    pub alloc_qpn: Qpn,
+    pub free_qpn: Qpn,
+    pub access_qpns: heapless::Vec<Qpn, MAX_ACCESS_QPS>,
+    pub quota: u32,
+}
+pub const CONNECT_INFO_LEN: usize = 48;
+
+impl ConnectInfo {
+    pub fn encode(&self) -> [u8; CONNECT_INFO_LEN] {
+        let mut out = [0u8; CONNECT_INFO_LEN];
+        out[..8].copy_from_slice(Header::new(Kind::ConnectInfo, 0).as_bytes());
+        out[8..12].copy_from_slice(&self.cn.get().to_le_bytes());
+        out[12] = self.group_size;
+        out[16..24].copy_from_slice(&self.chunk_size.to_le_bytes());
+        out[24..28].copy_from_slice(&self.alloc_qpn.get().to_le_bytes());
+        out[28..32].copy_from_slice(&self.free_qpn.get().to_le_bytes());
+        for (i, q) in self.access_qpns.iter().enumerate() {
+            out[32 + 4 * i..36 + 4 * i].copy_from_slice(&q.get().to_le_bytes());
+        }
+        out[44..48].copy_from_slice(&self.quota.to_le_bytes());
+        out
+    }
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        expect(bytes, Kind::ConnectInfo, CONNECT_INFO_LEN)?;
+        let cn = CnId::new(le32(bytes, 8)).map_err(|_| WireError::BadCnId)?;
+        let g = bytes[12];
+        if (g as usize) < crate::geometry::MIN_GROUP_SIZE || g as usize > crate::geometry::MAX_GROUP_SIZE {
+            return Err(WireError::BadGroupSize(g));
+        }
+        let qpn = |off| {
+            let v = le32(bytes, off);
+            Qpn::new(v).map_err(|_| WireError::BadQpn(v))
+        };
+        let mut access_qpns = heapless::Vec::new();
+        for i in 0..(g as usize - 1) {
+            let _ = access_qpns.push(qpn(32 + 4 * i)?);
+        }
+        Ok(ConnectInfo {
+            cn,
+            group_size: g,
+            chunk_size: le64(bytes, 16),
+            alloc_qpn: qpn(24)?,
+            free_qpn: qpn(28)?,
+            access_qpns,
+            quota: le32(bytes, 44),
+        })
+    }
+}
+
+/// Any MN → CN message (notices, errors, connect info). They arrive on the CN's **first access
+/// QP**: the MN ends of the Alloc and Free QPs carry the chains on their send queues, while an
+/// access QP's MN-side send queue is otherwise idle (the MN is only the responder there). The
+/// alloc reply itself is a WRITE_WITH_IMM on the Alloc QP.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum MnMessage {
+    Notice(Notice),
+    Error(ErrorReply),
+    ConnectInfo(ConnectInfo),
+    Rebound(Rebound),
+}
+
+impl MnMessage {
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        let (kind, token) = parse_header(bytes)?;
+        match kind {
+            Kind::Empty | Kind::Available | Kind::Probe => {
+                expect(bytes, kind, NOTICE_LEN)?;
+                Ok(MnMessage::Notice(match kind {
+                    Kind::Empty => Notice::Empty,
+                    Kind::Available => Notice::Available { free_groups: le64(bytes, 8) },
+                    _ => Notice::Probe { seq: le64(bytes, 8) },
+                }))
+            }
+            Kind::Error => {
+                expect(bytes, kind, ERROR_REPLY_LEN)?;
+                let c = le32(bytes, 8);
+                let code = ErrorCode::from_u32(c).ok_or(WireError::UnknownErrorCode(c))?;
+                Ok(MnMessage::Error(ErrorReply { token, code, detail: le32(bytes, 12) }))
+            }
+            Kind::ConnectInfo => Ok(MnMessage::ConnectInfo(ConnectInfo::decode(bytes)?)),
+            Kind::Rebound => Ok(MnMessage::Rebound(Rebound::decode(bytes)?)),
+            other => Err(WireError::UnexpectedKind { expected: Kind::Empty, got: other }),
+        }
+    }
+}
+
+/// Rkeys of an entry for the given group size (MW[0] first).
+pub fn entry_rkeys(e: &MwTableEntry, g: usize) -> heapless::Vec<Rkey, { crate::geometry::MAX_GROUP_SIZE }> {
+    (0..g.min(crate::geometry::MAX_GROUP_SIZE)).map(|i| e.rkey(i)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn req(n: usize) -> AllocRequest {
+        AllocRequest {
+            token: 0xABCD,
+            reply_addr: 0x7000,
+            reply_rkey: 0x1234,
+            access_qpns: (0..n).map(|i| Qpn::new(0x40 + i as u32).unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn alloc_request_round_trip_and_offsets() {
+        let r = req(2);
+        let mut b = [0u8; 64];
+        let n = r.encode(&mut b).unwrap();
+        assert_eq!(n, 28);
+        assert_eq!(&b[0..2], &MAGIC.to_le_bytes());
+        assert_eq!(&b[alloc_request::TOKEN..alloc_request::TOKEN + 4], &0xABCDu32.to_le_bytes());
+        assert_eq!(&b[alloc_request::REPLY_ADDR..alloc_request::REPLY_ADDR + 8], &0x7000u64.to_le_bytes());
+        assert_eq!(AllocRequest::decode(&b[..n], 2), Ok(r));
+        assert_eq!(AllocRequest::decode(&b[..n - 1], 2), Err(WireError::Truncated { need: 28, got: 27 }));
+        assert_eq!(AllocRequest::decode(&b[..n + 1], 2), Err(WireError::TrailingBytes { expected: 28, got: 29 }));
+        let mut bad = b;
+        bad[20..24].copy_from_slice(&0x0100_0000u32.to_le_bytes());
+        assert_eq!(AllocRequest::decode(&bad[..n], 2), Err(WireError::BadQpn(0x0100_0000)));
+    }
+
+    #[test]
+    fn header_errors() {
+        let f = FreeRequest { token: 9, entry_addr: 0x1000 }.encode();
+        assert_eq!(FreeRequest::decode(&f), Ok(FreeRequest { token: 9, entry_addr: 0x1000 }));
+        let mut b = f;
+        b[0] = 0;
+        assert!(matches!(FreeRequest::decode(&b), Err(WireError::BadMagic(_))));
+        let mut b = f;
+        b[2] = 9;
+        assert_eq!(FreeRequest::decode(&b), Err(WireError::BadVersion(9)));
+        let mut b = f;
+        b[3] = 99;
+        assert_eq!(FreeRequest::decode(&b), Err(WireError::UnknownKind(99)));
+        assert_eq!(FreeRequest::decode(&f[..3]), Err(WireError::Truncated { need: 8, got: 3 }));
+        assert_eq!(
+            AllocRequest::decode(&f, 1),
+            Err(WireError::UnexpectedKind { expected: Kind::AllocRequest, got: Kind::FreeRequest })
+        );
+    }
+
+    #[test]
+    fn replies_notices_errors_connect() {
+        let e = MwTableEntry::new(0x1000, 512, 3, &[Rkey(0x100), Rkey(0x200)]);
+        let r = AllocReply { entry_addr: 0x2000, entry: e };
+        assert_eq!(AllocReply::decode(&r.encode()), Ok(r));
+        assert_eq!(&r.encode()[..8], &AllocReply::header_image());
+        for n in [Notice::Empty, Notice::Available { free_groups: 7 }, Notice::Probe { seq: 9 }] {
+            assert_eq!(MnMessage::decode(&n.encode()), Ok(MnMessage::Notice(n)));
+        }
+        let er = ErrorReply { token: 5, code: ErrorCode::NotOwner, detail: 1 };
+        assert_eq!(MnMessage::decode(&er.encode()), Ok(MnMessage::Error(er)));
+        let mut bad = er.encode();
+        bad[8] = 77;
+        assert_eq!(MnMessage::decode(&bad), Err(WireError::UnknownErrorCode(77)));
+        let ci = ConnectInfo {
+            cn: CnId::new(4).unwrap(),
+            group_size: 3,
+            chunk_size: 4096,
+            alloc_qpn: Qpn::new(0x11).unwrap(),
+            free_qpn: Qpn::new(0x12).unwrap(),
+            access_qpns: [Qpn::new(0x13).unwrap(), Qpn::new(0x14).unwrap()].into_iter().collect(),
+            quota: 10,
+        };
+        assert_eq!(MnMessage::decode(&ci.encode()), Ok(MnMessage::ConnectInfo(ci.clone())));
+        let mut b = ci.encode();
+        b[12] = 9;
+        assert_eq!(ConnectInfo::decode(&b), Err(WireError::BadGroupSize(9)));
+        let mut b = ci.encode();
+        b[8..12].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(ConnectInfo::decode(&b), Err(WireError::BadCnId));
+    }
+
+    #[test]
+    fn rebound_round_trip_offsets_and_hostile_input() {
+        let r = Rebound { entry_addr: 0x2028, mw: 2, rkey: Rkey(0x0000_0305) };
+        let b = r.encode();
+        assert_eq!(b.len(), REBOUND_LEN);
+        assert_eq!(b[3], Kind::Rebound as u8);
+        assert_eq!(&b[8..16], &0x2028u64.to_le_bytes());
+        assert_eq!(&b[16..20], &0x0305u32.to_le_bytes());
+        assert_eq!(b[20], 2);
+        assert_eq!(MnMessage::decode(&b), Ok(MnMessage::Rebound(r)));
+        assert_eq!(Rebound::decode(&b[..23]), Err(WireError::Truncated { need: 24, got: 23 }));
+        let mut long = [0u8; 25];
+        long[..24].copy_from_slice(&b);
+        assert_eq!(Rebound::decode(&long), Err(WireError::TrailingBytes { expected: 24, got: 25 }));
+        let mut bad = b;
+        bad[20] = crate::geometry::MAX_GROUP_SIZE as u8;
+        assert_eq!(Rebound::decode(&bad), Err(WireError::BadRebound));
+        let mut bad = b;
+        bad[22] = 1;
+        assert_eq!(Rebound::decode(&bad), Err(WireError::BadRebound));
+        let mut bad = b;
+        bad[8..16].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(MnMessage::decode(&bad), Err(WireError::BadRebound));
+        assert_eq!(
+            Rebound::decode(&Notice::Empty.encode()),
+            Err(WireError::UnexpectedKind { expected: Kind::Rebound, got: Kind::Empty })
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..80), g in 0usize..6) {
+            let _ = AllocRequest::decode(&bytes, g);
+            let _ = FreeRequest::decode(&bytes);
+            let _ = AllocReply::decode(&bytes);
+            let _ = MnMessage::decode(&bytes);
+            let _ = Rebound::decode(&bytes);
+            let _ = parse_header(&bytes);
+        }
+
+        #[test]
+        fn alloc_request_round_trips(token in any::<u32>(), addr in any::<u64>(), rkey in any::<u32>(), q in proptest::collection::vec(0u32..=0xFF_FFFF, 1..=3)) {
+            let r = AllocRequest { token, reply_addr: addr, reply_rkey: rkey, access_qpns: q.iter().map(|v| Qpn::new(*v).unwrap()).collect() };
+            let mut b = [0u8; 64];
+            let n = r.encode(&mut b).unwrap();
+            prop_assert_eq!(AllocRequest::decode(&b[..n], q.len()), Ok(r));
+        }
+
+        #[test]
+        fn free_request_round_trips(token in any::<u32>(), addr in any::<u64>()) {
+            let f = FreeRequest { token, entry_addr: addr };
+            prop_assert_eq!(FreeRequest::decode(&f.encode()), Ok(f));
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The MWTable: one entry per MW group, in MN memory, read and written by the chains.
+//!
+//! The entry is the unit a chain moves around: the alloc chain READs it whole into the reply
+//! staging area and scatters its fields into the BIND WQEs, the free chain READs it, bumps the
+//! key bytes with one masked fetch-and-add per pair of rkeys, and writes it back. Its field
+//! order is chosen so that `base, length, lkey` is one 16-byte span matching the BIND WQE's
+//! `local_addr, length, lkey` span — one READ patches all three.
+//!
+//! ```text
+//! off len field   (little-endian)
+//!   0  8  base    chunk start address
+//!   8  4  length  chunk length (= the geometry's chunk size)
+//!  12  4  lkey    the MR the group's windows are bound in (pool MR, or the chunk's own MR)
+//!  16 16  rkeys   rkey of MW[0..4): the key each window has while bound, and will get on
+//!                 the next bind while free (the free chain increments the key byte)
+//!  32  4  owner   CnId of the owner, 0 = free
+//!  36  4  reserved (zero)
+//! ```
+//! MN metadata per chunk: 40 B entry + 8 B free-queue slot = **48 B** for every G ≤ 4.
+
+use crate::geometry::MAX_GROUP_SIZE;
+use crate::ids::Rkey;
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+pub const ENTRY_SIZE: usize = 40;
+pub const ENTRY_OFF_BASE: u64 = 0;
+pub const ENTRY_OFF_LENGTH: u64 = 8;
+pub const ENTRY_OFF_LKEY: u64 = 12;
+pub const ENTRY_OFF_RKEYS: u64 = 16;
+pub const ENTRY_OFF_OWNER: u64 = 32;
+/// Bytes of MN metadata per chunk (entry + queue slot).
+pub const METADATA_BYTES_PER_CHUNK: usize = ENTRY_SIZE + crate::wire::free_queue::SLOT_SIZE;
+
+/// Field-boundary mask for a masked fetch-and-add on a word holding two rkeys: the key bytes
+/// (bits 0–7, 32–39) wrap in place and never carry into the 24-bit indexes.
+pub const RKEY_PAIR_KEY_BOUNDARY: u64 = (1 << 7) | (1 << 31) | (1 << 39) | (1 << 63);
+pub const RKEY_PAIR_KEY_INCREMENT: u64 = 1 | (1 << 32);
+
+#[derive(Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Default, PartialEq, Eq, Debug)]
+#[repr(C)]
+pub struct MwTableEntry {
+    pub base: U64,
+    pub length: U32,
+    pub lkey: U32,
+    pub rkeys: [U32; MAX_GROUP_SIZE],
+    pub owner: U32,
+    pub reserved: U32,
+}
+
+const _: () = assert!(core::mem::size_of::<MwTableEntry>() == ENTRY_SIZE);
+const _: () = assert!(METADATA_BYTES_PER_CHUNK <= 48);
+
+impl MwTableEntry {
+    pub fn new(base: u64, length: u32, lkey: u32, rkeys: &[Rkey]) -> Self {
+        let mut e =
+            MwTableEntry { base: U64::new(base), length: U32::new(length), lkey: U32::new(lkey), ..Default::default() };
+        for (slot, r) in e.rkeys.iter_mut().zip(rkeys) {
+            *slot = U32::new(r.0);
+        }
+        e
+    }
+    pub fn rkey(&self, i: usize) -> Rkey {
+        Rkey(self.rkeys.get(i).map(|r| r.get()).unwrap_or(0))
+    }
+    pub fn owner(&self) -> u32 {
+        self.owner.get()
+    }
+    /// What the free chain's masked fetch-and-adds do to the rkeys.
+    pub fn bump_keys(&mut self) {
+        for r in self.rkeys.iter_mut() {
+            *r = U32::new(Rkey(r.get()).next_key().0);
+        }
+    }
+    pub fn read(bytes: &[u8]) -> Option<Self> {
+        Self::read_from_prefix(bytes).ok().map(|(e, _)| e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::wqe::masked_add;
+
+    #[test]
+    fn layout_offsets() {
+        let e = MwTableEntry::new(0x1000, 4096, 7, &[Rkey(0x100), Rkey(0x2FF)]);
+        let b = e.as_bytes();
+        assert_eq!(&b[0..8], &0x1000u64.to_le_bytes());
+        assert_eq!(&b[8..12], &4096u32.to_le_bytes());
+        assert_eq!(&b[12..16], &7u32.to_le_bytes());
+        assert_eq!(&b[16..20], &0x100u32.to_le_bytes());
+        assert_eq!(&b[20..24], &0x2FFu32.to_le_bytes());
+        assert_eq!(ENTRY_OFF_OWNER, 32);
+        assert_eq!(MwTableEntry::read(b), Some(e));
+        assert_eq!(MwTableEntry::read(&b[..39]), None);
+    }
+
+    #[test]
+    fn masked_faa_on_entry_equals_bump_keys() {
+        let mut e = MwTableEntry::new(0, 512, 1, &[Rkey(0x1_00FF), Rkey(0x2_0010), Rkey(0x3_00FE), Rkey(0x4_0000)]);
+        let mut bytes = [0u8; ENTRY_SIZE];
+        bytes.copy_from_slice(e.as_bytes());
+        for off in [16usize, 24] {
+            let w = u64::from_le_bytes(bytes[off..off + 8].try_into().unwrap());
+            let n = masked_add(w, RKEY_PAIR_KEY_INCREMENT, RKEY_PAIR_KEY_BOUNDARY);
+            bytes[off..off + 8].copy_from_slice(&n.to_le_bytes());
+        }
+        e.bump_keys();
+        assert_eq!(MwTableEntry::read(&bytes), Some(e));
+        assert_eq!(e.rkey(0), Rkey(0x1_0000));
+        assert_eq!(e.rkey(1), Rkey(0x2_0011));
+    }
+}
