@@ -1,0 +1,104 @@
+//! Connections: a CN (of a tenant, or alone) gets an id, a slot, its scratch areas and its chains.
+
+use super::*;
+
+impl MemoryNode {
+    /// A CN connected with these MN-side QPs: assign it an id and a slot, prepare its scratch,
+    /// arm its chains (or post request buffers), and tell it who it is.
+    pub fn connect<P: MnPort>(&mut self, port: &mut P, qps: CnQps) -> Result<CnId, MnError<P::Error>> {
+        self.connect_as(port, qps, None)
+    }
+
+    /// A tenant the deployment authenticates CNs as: its limits hold over all its CNs.
+    pub fn add_tenant(&mut self, id: TenantId, limits: TenantLimits) -> Result<(), TenantError> {
+        self.tenants.add(id, limits)
+    }
+
+    pub fn tenants(&self) -> &TenantTable {
+        &self.tenants
+    }
+
+    /// [`MemoryNode::connect`] for a CN the deployment authenticated as `tenant` (None: as
+    /// `connect`). Refused — before anything is set up — for an unknown tenant or one whose CN
+    /// slots are all taken.
+    pub fn connect_as<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        qps: CnQps,
+        tenant: Option<TenantId>,
+    ) -> Result<CnId, MnError<P::Error>> {
+        if let Some(t) = tenant {
+            let connected = self.cns().filter(|r| r.tenant == Some(t)).count();
+            self.tenants.admit(t, connected).map_err(MnError::Tenant)?;
+        }
+        let need = self.cfg.geometry.access_windows();
+        if qps.access.len() != need {
+            return Err(MnError::WrongAccessQpCount { expected: need, got: qps.access.len() });
+        }
+        if self.cfg.mode == ExecutionMode::Offloaded && (qps.alloc_loop.is_none() || qps.free_loop.is_none()) {
+            return Err(MnError::MissingLoopQps);
+        }
+        let slot = self.cns.iter().position(|c| c.is_none()).ok_or(MnError::TooManyCns)? as u32;
+        let cn = CnId::new(self.next_cn).map_err(|_| MnError::BadConfig)?;
+        self.next_cn += 1;
+        self.stats.events += 1;
+        let rec = CnRecord {
+            slot,
+            cn,
+            qps: qps.clone(),
+            status: CnStatus::Active,
+            alloc_parked: false,
+            allocs: 0,
+            frees: 0,
+            forged_frees: 0,
+            bad_requests: 0,
+            probed_at: self.now,
+            probes: 0,
+            probe_outstanding: false,
+            tenant,
+        };
+        self.cns[slot as usize] = Some(rec);
+        self.init_scratch(port, slot, cn)?;
+        let info = ConnectInfo {
+            cn,
+            group_size: self.cfg.geometry.group_size() as u8,
+            chunk_size: self.cfg.geometry.chunk_size(),
+            alloc_qpn: qps.alloc,
+            free_qpn: qps.free,
+            access_qpns: qps.access.clone(),
+            quota: self.quota_of(cn),
+        };
+        self.send(port, cn, &info.encode())?;
+        self.arm(port, cn, ChainKind::Free)?;
+        if self.empty {
+            self.park(cn);
+            self.send(port, cn, &Notice::Empty.encode())?;
+        } else {
+            self.arm(port, cn, ChainKind::Alloc)?;
+        }
+        Ok(cn)
+    }
+
+    pub(super) fn init_scratch<P: MnPort>(&mut self, port: &mut P, slot: u32, cn: CnId) -> R<P::Error> {
+        let s = self.map.scratch(slot).ok_or(MnError::BadConfig)?;
+        port.write(s, &[0u8; SCRATCH_PER_CN as usize]).map_err(MnError::Port)?;
+        let a = s + ALLOC_SCRATCH_OFF;
+        port.write(a + alloc_scratch::OWNER, &cn.get().to_le_bytes()).map_err(MnError::Port)?;
+        port.write(a + alloc_scratch::REPLY, &AllocReply::header_image()).map_err(MnError::Port)?;
+        Ok(())
+    }
+
+    /// The MN end of the QP the MN's messages to `cn` travel on: a send queue on which no
+    /// bind is ever posted, so a message stuck behind a CN that stopped posting receives can
+    /// delay nothing but that CN. Offloaded: its first access QP (binds are posted on the
+    /// chain QPs: the Alloc QP's send queue is the alloc chain's). Host engine: its Alloc QP
+    /// (binds are posted on the Free and access QPs they bind to; the Alloc QP carries only
+    /// replies, to the same CN).
+    pub fn message_qp(&self, cn: CnId) -> Option<Qpn> {
+        let r = self.cn(cn)?;
+        Some(match self.cfg.mode {
+            ExecutionMode::Offloaded => r.qps.access[0],
+            ExecutionMode::HostEngine => r.qps.alloc,
+        })
+    }
+}

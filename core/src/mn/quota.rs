@@ -1,0 +1,76 @@
+//! Quota: what a CN (or its tenant) may hold, counted from the MWTable, the source of truth;
+//! refused in the host engine, enforced lazily (disconnect and take back) when offloaded.
+
+use super::*;
+
+impl MemoryNode {
+    /// Groups counted against `cn`'s quota according to the MWTable — the source of truth:
+    /// management-QP counters can be inflated by laps that failed part-way, the table cannot.
+    /// A CN of a tenant is charged what all the tenant's CNs hold.
+    pub(super) fn held_by<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> Result<u32, MnError<P::Error>> {
+        let charged = crate::mn::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
+        let mut n = 0;
+        for i in 0..self.cfg.geometry.chunk_count() {
+            if charged.contains(&read_entry(port, self.map.entry_addr(GroupId(i)).unwrap_or(0))?.owner()) {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// The quota `cn` is held to: its tenant's (shared), or the per-CN one.
+    pub fn quota_of(&self, cn: CnId) -> u32 {
+        let t = self.cn(cn).and_then(|r| r.tenant).and_then(|t| self.tenants.get(t));
+        t.map_or(self.cfg.quota, |l| l.quota)
+    }
+
+    /// Host-engine mode's exact quota: refuse an allocation that would exceed it (the CN is
+    /// told `QuotaExceeded`; nothing is revoked). Returns whether the request was refused.
+    pub fn refuse_over_quota<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        cn: CnId,
+        token: u32,
+    ) -> Result<bool, MnError<P::Error>> {
+        let quota = self.quota_of(cn);
+        if self.held_by(port, cn)? < quota {
+            return Ok(false);
+        }
+        self.send(port, cn, &ErrorReply { token, code: ErrorCode::QuotaExceeded, detail: quota }.encode())?;
+        Ok(true)
+    }
+
+    /// Host-engine mode: an alloc request arrived while the CN's alloc chain is parked (the
+    /// queue is empty and the CN already holds its one ticket). It does not run — another pop
+    /// would take a second ticket — but it is answered, so the CN learns "empty" for *this*
+    /// request instead of waiting for a reply that never comes.
+    pub fn refuse_parked<P: MnPort>(&mut self, port: &mut P, cn: CnId, token: u32) -> R<P::Error> {
+        self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())
+    }
+
+    /// Offloaded mode's lazy quota (the chains cannot count): a CN found holding more than its
+    /// quota is told `QuotaExceeded`, loses its management QPs and **every** group it holds
+    /// (windows invalidated, groups back in the queue); its access QPs stay connected but every
+    /// rkey it had is dead. Other CNs are unaffected.
+    pub(super) fn enforce_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
+        let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
+        let quota = self.quota_of(cn);
+        if r.status != CnStatus::Active || self.held_by(port, cn)? <= quota {
+            return Ok(());
+        }
+        self.stats.quota_disconnects += 1;
+        self.send(port, cn, &ErrorReply { token: 0, code: ErrorCode::QuotaExceeded, detail: quota }.encode())?;
+        // quiesce (loop and management QPs, so no half-run free pushes after this), decide
+        // from the stopped laps' markers, then take everything back
+        let q = self.quiesce(port, cn, Chains::BOTH)?;
+        if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
+            rec.status = CnStatus::MgmtDisconnected;
+        }
+        port.apply(Action::DisconnectMgmt { alloc: r.qps.alloc, free: r.qps.free }).map_err(MnError::Port)?;
+        let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+        self.repair_alloc(port, &q, s + ALLOC_SCRATCH_OFF)?;
+        self.repair_free(port, &q, s + FREE_SCRATCH_OFF)?;
+        self.reclaim_all_of(port, &q)?;
+        self.settle(port)
+    }
+}

@@ -1,0 +1,153 @@
+//! Reclaim: taking a group back from its owner — invalidate its windows, scrub its chunk,
+//! push it — and the checked free-queue push every group-returning path goes through.
+
+use super::*;
+
+impl MemoryNode {
+    /// Take a group back from wherever it is: invalidate its windows, then return it.
+    pub(super) fn reclaim<P: MnPort>(&mut self, port: &mut P, q: &Quiesced, g: GroupId) -> R<P::Error> {
+        let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
+        let mut e = read_entry(port, addr)?;
+        e.reserved = ENTRY_RECLAIMING.into();
+        write_entry(port, addr, &e)?;
+        for i in 0..self.cfg.geometry.group_size() {
+            // The device's own key decides: a stopped lap may have bound the window under a
+            // key the table does not hold yet (its write-back never ran). Invalidate that key,
+            // and let the table continue from it, so no key the window ever had validates again.
+            let rkey = match port.mw_binding(e.rkey(i)) {
+                Some(MwBinding::Bound { rkey, .. }) if rkey != e.rkey(i) && rkey.index() == e.rkey(i).index() => {
+                    if let Some(r) = e.rkeys.get_mut(i) {
+                        *r = rkey.0.into();
+                    }
+                    rkey
+                }
+                _ => e.rkey(i),
+            };
+            port.apply(Action::Unbind { rkey }).map_err(MnError::Port)?;
+        }
+        write_entry(port, addr, &e)?;
+        // no window reaches the chunk any more: clear what its holder left before it moves on
+        self.scrub(port, g)?;
+        if self.return_group(port, q, g, true)? {
+            self.stats.groups_reclaimed += 1;
+        }
+        Ok(())
+    }
+
+    /// Zero a chunk on the MN CPU, so its next owner cannot read what the last one left. Done
+    /// for every group the MN handles itself (host-engine frees, reclaims); the offloaded free
+    /// chain cannot (the loopback QP has no write rights on the pool), see ARCHITECTURE.md.
+    pub fn scrub<P: MnPort>(&mut self, port: &mut P, g: GroupId) -> R<P::Error> {
+        static ZEROS: [u8; 4096] = [0; 4096];
+        if self.cfg.scrub == ScrubPath::Off {
+            return Ok(());
+        }
+        let Some(base) = self.cfg.geometry.chunk_base(g) else { return Ok(()) };
+        let size = self.cfg.geometry.chunk_size();
+        let mut off = 0;
+        while off < size {
+            let n = (size - off).min(ZEROS.len() as u64) as usize;
+            port.write(base + off, &ZEROS[..n]).map_err(MnError::Port)?;
+            off += n as u64;
+        }
+        self.stats.chunks_scrubbed += 1;
+        Ok(())
+    }
+
+    /// [`Self::scrub`] for the group whose MWTable entry is at `entry_addr` (a free request's).
+    pub fn scrub_entry<P: MnPort>(&mut self, port: &mut P, entry_addr: u64) -> R<P::Error> {
+        match self.map.group_of_entry(entry_addr) {
+            Some(g) => self.scrub(port, g),
+            None => Ok(()),
+        }
+    }
+
+    /// The raw push (only [`MemoryNode::push_group`] and `return_group` call it, after their
+    /// checks). Push at the tail: take a slot with a fetch-and-add that is atomic with respect to the
+    /// chains' own ([`MnPort::fetch_add`]), then fill it. Between the two a concurrent pop may
+    /// take the slot and find it empty; it then holds a ticket that settles when this write
+    /// lands (the pop's clear is conditional, so it never erases it).
+    pub(super) fn push<P: MnPort>(&mut self, port: &mut P, entry_addr: u64) -> R<P::Error> {
+        let (tail, add, boundary) = self.map.queue.push_fetch_add();
+        let slot = port.fetch_add(tail, add, boundary).map_err(MnError::Port)?;
+        wr(port, slot, entry_addr)
+    }
+
+    /// Whether the free queue's live window (or a settled-later ticket slot) holds `entry`.
+    /// A scan of at most the ring: used only on repair paths.
+    pub(super) fn queue_holds<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<bool, MnError<P::Error>> {
+        let q = self.map.queue;
+        let head = rd(port, q.head)?;
+        let tail = rd(port, q.tail)?;
+        for at in q.walk(head, q.len(head, tail)) {
+            if rd(port, at)? == entry {
+                return Ok(true);
+            }
+        }
+        for t in self.tickets.clone().iter() {
+            if rd(port, *t)? == entry {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    pub(super) fn owned_groups<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        cn: CnId,
+    ) -> Result<heapless::Vec<GroupId, 64>, MnError<P::Error>> {
+        // bounded batches keep this heap-free; callers loop until empty
+        let mut out = heapless::Vec::new();
+        for i in 0..self.cfg.geometry.chunk_count() {
+            let g = GroupId(i);
+            let e = read_entry(port, self.map.entry_addr(g).unwrap_or(0))?;
+            if e.owner() == cn.get() && out.push(g).is_err() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) fn reclaim_all_of<P: MnPort>(&mut self, port: &mut P, q: &Quiesced) -> R<P::Error> {
+        debug_assert!(q.chains() == Chains::BOTH);
+        loop {
+            let batch = self.owned_groups(port, q.cn())?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for g in batch {
+                self.reclaim(port, q, g)?;
+            }
+        }
+    }
+
+    /// Take one group back from a CN that stays connected: quiesce its chains, repair what
+    /// their laps were doing, reclaim the group if it is still the CN's, re-arm the chains.
+    pub(super) fn take_back<P: MnPort>(&mut self, port: &mut P, cn: CnId, g: GroupId) -> R<P::Error> {
+        let q = self.quiesce(port, cn, Chains::BOTH)?;
+        self.repair_interrupted(port, &q, ChainKind::Alloc)?;
+        self.repair_interrupted(port, &q, ChainKind::Free)?;
+        let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
+        if read_entry(port, addr)?.owner() == cn.get() {
+            self.reclaim(port, &q, g)?;
+        }
+        self.resume(port, &q)?;
+        self.settle(port)
+    }
+
+    /// Re-arm the chains a quiesce stopped, for a CN that is still active (a parked alloc
+    /// chain stays parked).
+    pub(super) fn resume<P: MnPort>(&mut self, port: &mut P, q: &Quiesced) -> R<P::Error> {
+        let cn = q.cn();
+        if q.chains().free {
+            self.stats.chains_rearmed += 1;
+            self.arm(port, cn, ChainKind::Free)?;
+        }
+        if q.chains().alloc && !self.cn(cn).is_some_and(|r| r.alloc_parked) {
+            self.stats.chains_rearmed += 1;
+            self.arm(port, cn, ChainKind::Alloc)?;
+        }
+        Ok(())
+    }
+}

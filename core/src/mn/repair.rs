@@ -1,0 +1,338 @@
+//! Repair: a failed or stopped chain lap is finished or undone from the markers it left in its
+//! scratch area (DESIGN.md §4), so a group is never lost and never held twice; an RNIC reset rebuilds the pool.
+
+use super::*;
+
+impl MemoryNode {
+    pub(super) fn on_chain_failed<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        cn: CnId,
+        kind: ChainKind,
+        step: Option<u8>,
+        status: WcStatus,
+    ) -> R<P::Error> {
+        let r = self.cn(cn).ok_or(MnError::UnknownCn(cn))?.clone();
+        if r.status != CnStatus::Active {
+            return Ok(());
+        }
+        // The CN did not answer its own reply (no receive posted, RNR budget gone) or its host
+        // is gone (transport retries exhausted): repairing and re-arming would only stall
+        // again. Evict it; every other CN is untouched.
+        if matches!(status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr) {
+            return self.evict(port, cn);
+        }
+        // Quiesce the failed chain before reading what it left behind. A failed alloc lap that
+        // popped a group may have bound MW[0] to this CN's Free QP: the CN (knowing the
+        // layouts) can then free it through its own free chain while the repair reclaims it —
+        // so its free chain stops too, before anything is decided.
+        let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+        let mut q = self.quiesce(port, cn, Chains::only(kind))?;
+        let popped = rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)?;
+        if kind == ChainKind::Alloc && popped != 0 {
+            q = self.quiesce(port, cn, Chains::BOTH)?;
+            self.repair_interrupted(port, &q, ChainKind::Free)?;
+        }
+        // ... and a failed free of the very group this CN's own alloc lap is still binding
+        // (a hostile CN that guessed the entry before its reply) stops that alloc lap first
+        if kind == ChainKind::Free
+            && popped != 0
+            && rd(port, s + FREE_SCRATCH_OFF + free_scratch::ENTRY_ADDR)? == popped
+        {
+            q = self.quiesce(port, cn, Chains::BOTH)?;
+            self.repair_interrupted(port, &q, ChainKind::Alloc)?;
+        }
+        let other_stopped = q.chains().has(kind.other());
+        match kind {
+            ChainKind::Alloc => {
+                let a = s + ALLOC_SCRATCH_OFF;
+                let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
+                let repair = self.repair_alloc(port, &q, a)?;
+                if repair == AllocRepair::TookTicket {
+                    // the queue was empty: park this chain until frees refill it
+                    self.park(cn);
+                    self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
+                    if !self.empty {
+                        self.empty = true;
+                        self.broadcast(port, Notice::Empty)?;
+                    }
+                    if other_stopped {
+                        self.arm(port, cn, ChainKind::Free)?;
+                    }
+                    return self.settle(port);
+                }
+                let code = if step.is_none() || status == WcStatus::LocLenErr {
+                    ErrorCode::BadRequest
+                } else {
+                    ErrorCode::AllocFailed
+                };
+                // a lap that raced a push on an empty queue did nothing wrong: it only retries
+                if repair != AllocRepair::Requeued {
+                    if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
+                        rec.bad_requests += 1;
+                    }
+                }
+                self.send(port, cn, &ErrorReply { token, code, detail: status as u32 }.encode())?;
+                // A CN parked on its ticket stays parked: re-arming it here (e.g. after a
+                // flushed request buffer, or a bad request while parked) would let its next
+                // request pop again and take a second ticket — more than the ring has room
+                // for (capacity = groups + one ticket per CN + 1). Offloaded, a parked chain is
+                // not armed; host engine, its request buffer is posted and requests are
+                // answered "empty" until "available".
+                if r.alloc_parked {
+                    if self.cfg.mode == ExecutionMode::HostEngine {
+                        self.arm(port, cn, ChainKind::Alloc)?;
+                        self.park(cn);
+                    }
+                } else {
+                    self.stats.chains_rearmed += 1;
+                    self.arm(port, cn, ChainKind::Alloc)?;
+                }
+                if other_stopped {
+                    self.stats.chains_rearmed += 1;
+                    self.arm(port, cn, ChainKind::Free)?;
+                }
+                // the repair pushed a group: a ticket slot a free filled meanwhile must be
+                // settled before the ring's head and tail can come round to it again
+                self.settle(port)
+            }
+            ChainKind::Free => {
+                let f = s + FREE_SCRATCH_OFF;
+                let token = self.token_at(port, f + free_scratch::REQ_HDR)?;
+                let finished = self.repair_free(port, &q, f)?;
+                if !finished {
+                    let code = if status == WcStatus::MwBindErr { ErrorCode::NotOwner } else { ErrorCode::BadRequest };
+                    if code == ErrorCode::NotOwner {
+                        self.stats.forged_frees += 1;
+                    }
+                    if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
+                        if code == ErrorCode::NotOwner {
+                            rec.forged_frees += 1;
+                        } else {
+                            rec.bad_requests += 1;
+                        }
+                    }
+                    self.send(port, cn, &ErrorReply { token, code, detail: status as u32 }.encode())?;
+                }
+                self.stats.chains_rearmed += 1;
+                self.arm(port, cn, ChainKind::Free)?;
+                if other_stopped && !self.cn(cn).is_some_and(|r| r.alloc_parked) {
+                    self.stats.chains_rearmed += 1;
+                    self.arm(port, cn, ChainKind::Alloc)?;
+                }
+                self.settle(port)
+            }
+        }
+    }
+
+    pub(super) fn token_at<P: MnPort>(&self, port: &mut P, hdr: u64) -> Result<u32, MnError<P::Error>> {
+        let mut t = [0u8; 4];
+        port.read(hdr + 4, &mut t).map_err(MnError::Port)?;
+        Ok(u32::from_le_bytes(t))
+    }
+
+    /// Repair the lap of a chain that the MN stopped although it did not fail (another path
+    /// quiesced the CN): finish or undo it from its markers, and tell the CN about a request
+    /// that got no answer — an alloc is `AllocFailed` (nothing was allocated; retry), a free
+    /// that the repair could not finish gets no reply (its group stays the CN's).
+    pub(super) fn repair_interrupted<P: MnPort>(&mut self, port: &mut P, q: &Quiesced, kind: ChainKind) -> R<P::Error> {
+        let cn = q.cn();
+        let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
+        let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+        match kind {
+            ChainKind::Alloc => {
+                let a = s + ALLOC_SCRATCH_OFF;
+                let hdr = rd(port, a + alloc_scratch::REQ_HDR)?;
+                let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
+                let repair = self.repair_alloc(port, q, a)?;
+                wr(port, a + alloc_scratch::REQ_HDR, 0)?;
+                if repair == AllocRepair::TookTicket {
+                    self.park(cn);
+                    if r.status == CnStatus::Active && hdr != 0 {
+                        self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
+                    }
+                } else if hdr != 0 && r.status == CnStatus::Active {
+                    self.send(port, cn, &ErrorReply { token, code: ErrorCode::AllocFailed, detail: 0 }.encode())?;
+                }
+            }
+            ChainKind::Free => {
+                let f = s + FREE_SCRATCH_OFF;
+                self.repair_free(port, q, f)?;
+                wr(port, f + free_scratch::REQ_HDR, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Undo an uncommitted alloc lap of `cn`: what the lap left behind.
+    pub(super) fn repair_alloc<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        q: &Quiesced,
+        a: u64,
+    ) -> Result<AllocRepair, MnError<P::Error>> {
+        debug_assert!(q.chains().alloc);
+        let cn = q.cn();
+        let slot = rd(port, a + alloc_scratch::SLOT_ADDR)?;
+        let entry = rd(port, a + alloc_scratch::REPLY_ENTRY_ADDR)?;
+        wr(port, a + alloc_scratch::SLOT_ADDR, 0)?;
+        wr(port, a + alloc_scratch::REPLY_ENTRY_ADDR, 0)?;
+        if entry != 0 {
+            // popped a group the CN never got: clear the slot if the pop left it, reclaim it
+            if self.map.queue.contains_slot(slot) && rd(port, slot)? == entry {
+                wr(port, slot, 0)?;
+            }
+            if let Some(g) = self.map.group_of_entry(entry) {
+                // ... unless it moved on since the lap popped it: between the lap's failure and
+                // this repair (the MN CPU runs after the NIC) the CN may have freed a group the
+                // lap had already stamped and bound — it is then back in the queue — and someone
+                // else may even hold it now. Reclaiming it again would push it twice.
+                // The lap's own image of the entry (read at its pop) decides: every free
+                // advances the keys, so keys that differ from the image mean a free happened.
+                let e = read_entry(port, entry)?;
+                let image = read_entry(port, a + alloc_scratch::REPLY_ENTRY)?;
+                // (the image is this group's only if the lap's entry READ ran)
+                let image_is_ours = self.cfg.geometry.chunk_base(g) == Some(image.base.get());
+                let freed_since = image_is_ours && e.rkeys != image.rkeys;
+                // where the group is now decides (the CN's chains are stopped): in the queue,
+                // popped by another lap in flight, held by another CN, or held by this CN
+                // through a later lap (its keys moved) — it moved on; nowhere at all (a free
+                // advanced its keys but never pushed it) or stamped by this lap — reclaim it
+                let w = self.whereabouts(port, entry)?;
+                let moved_on = w.in_queue
+                    || w.popped_by.is_some()
+                    || (w.owner != 0 && w.owner != cn.get())
+                    || (w.owner == cn.get() && freed_since);
+                if moved_on {
+                    self.stats.stale_repairs += 1;
+                } else {
+                    self.reclaim(port, q, g)?;
+                }
+            }
+            return Ok(AllocRepair::Undone);
+        }
+        if slot != 0 && self.map.queue.contains_slot(slot) {
+            // The lap's FAA took this slot's ticket. If the group is there, either the pop
+            // itself failed (a broken chain, a fault), or the lap found the slot empty — its
+            // empty probe failed, as designed on an empty queue — and a push (a free, a
+            // reclaim) filled the slot before this repair ran (the MN CPU runs after the NIC).
+            // Either way: move the group to the tail, nothing is lost, the CN may retry at
+            // once. If the slot is empty the queue is empty: the MN holds the ticket until a
+            // push fills the slot.
+            let v = rd(port, slot)?;
+            if v != 0 {
+                wr(port, slot, 0)?;
+                self.push_group(port, v)?;
+                // no entry recorded: the lap stopped at its slot — found empty, or its read of
+                // the slot failed; neither is a bad request
+                return Ok(AllocRepair::Requeued);
+            }
+            if !self.tickets.contains(&slot) {
+                let _ = self.tickets.push(slot);
+            }
+            return Ok(AllocRepair::TookTicket);
+        }
+        Ok(AllocRepair::Undone)
+    }
+
+    /// Finish or discard a half-done free, from this lap's own markers. Returns true when the
+    /// group got freed.
+    ///
+    /// Only two things prove the requester may free the group: this lap's `PASSED` marker (set
+    /// after MW[0] was invalidated on the requester's own Free QP), or — a lap that failed
+    /// between that invalidation and the marker — the MWTable naming the requester as owner
+    /// *and* MW[0] no longer bound. Anything else (an entry another lap is popping, a free
+    /// entry, a foreign one) is left exactly as it is.
+    pub(super) fn repair_free<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        q: &Quiesced,
+        f: u64,
+    ) -> Result<bool, MnError<P::Error>> {
+        let cn = q.cn();
+        let free_qp = self.cn(cn).map(|r| r.qps.free);
+        let entry = rd(port, f + free_scratch::ENTRY_ADDR)?;
+        let passed = rd(port, f + free_scratch::PASSED)?;
+        let push_slot = rd(port, f + free_scratch::PUSH_SLOT)?;
+        for m in [free_scratch::ENTRY_ADDR, free_scratch::PASSED, free_scratch::PUSH_SLOT] {
+            wr(port, f + m, 0)?;
+        }
+        let Some(g) = self.map.group_of_entry(entry) else { return Ok(false) };
+        if passed != entry {
+            // No PASSED marker. The request named `entry`; the CN owns it if the MWTable says
+            // so and MW[0] is either already invalidated (the lap failed after its proof) or
+            // still bound to this CN's own Free QP (the lap was stopped before its proof: the
+            // device's binding is the same proof the chain would have made).
+            let e = read_entry(port, entry)?;
+            let proof = match port.mw_binding(e.rkey(0)) {
+                Some(MwBinding::Unbound) => true,
+                Some(MwBinding::Bound { qpn, .. }) => Some(qpn) == free_qp && e.reserved.get() == 0,
+                None => false,
+            };
+            if e.owner() == cn.get() && proof {
+                self.reclaim(port, q, g)?;
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+        // Ownership proven; every window was invalidated before the second half started.
+        if self.map.queue.contains_slot(push_slot) {
+            // the tail's fetch-and-add ran, so the write-back did too (in order): the slot is
+            // this lap's; fill it if the push WRITE did not land — unless the group is
+            // elsewhere already (the push landed and a pop took it since)
+            self.fill_push_slot(port, q, push_slot, entry)?;
+            return Ok(true);
+        }
+        self.reclaim(port, q, g)?;
+        Ok(true)
+    }
+
+    /// Policy: an RNIC reset **revokes** every allocation. All windows and QPs are gone, so
+    /// the MWTable is rebuilt with every group free (keys advanced, so no old rkey ever
+    /// validates again), the queue refilled, each CN told `Revoked`, and its chains re-armed.
+    pub(super) fn on_rnic_reset<P: MnPort>(&mut self, port: &mut P) -> R<P::Error> {
+        let cns: heapless::Vec<CnRecord, MAX_CNS> = self.cns().cloned().collect();
+        for r in cns.iter() {
+            // every chain stopped before the table is rebuilt ("quiesce, decide, push": the
+            // decision is every group free, the push the queue's refill below)
+            self.quiesce(port, r.cn, Chains::BOTH)?;
+            for q in r.qps.access.iter() {
+                port.apply(Action::ResetQp(*q)).map_err(MnError::Port)?;
+            }
+        }
+        let g = self.cfg.geometry;
+        for i in 0..g.chunk_count() {
+            let addr = self.map.entry_addr(GroupId(i)).unwrap_or(0);
+            let mut e = read_entry(port, addr)?;
+            if e.owner() != 0 || e.reserved.get() != 0 {
+                e.bump_keys();
+                // whatever its holder wrote stays in the chunk: clear it before it is reused
+                self.scrub(port, GroupId(i))?;
+            }
+            e.owner = 0.into();
+            e.reserved = 0.into();
+            write_entry(port, addr, &e)?;
+        }
+        for slot in self.map.queue.slots() {
+            wr(port, slot, 0)?;
+        }
+        for (addr, v) in self.map.queue.fill(g.chunk_count(), |i| self.map.entry_addr(GroupId(i)).unwrap_or(0)) {
+            wr(port, addr, v)?;
+        }
+        self.tickets.clear();
+        self.empty = false;
+        for r in cns.iter() {
+            let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+            self.init_scratch(port, r.slot, r.cn)?;
+            let _ = s;
+            if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == r.cn) {
+                rec.allocs = 0;
+                rec.frees = 0;
+            }
+            self.send(port, r.cn, &ErrorReply { token: 0, code: ErrorCode::Revoked, detail: 0 }.encode())?;
+            self.arm(port, r.cn, ChainKind::Free)?;
+            self.arm(port, r.cn, ChainKind::Alloc)?;
+        }
+        Ok(())
+    }
+}
