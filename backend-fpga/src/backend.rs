@@ -28,9 +28,7 @@ use crate::mmio::{self, Mmio, MmioError};
 use crate::regs;
 use crate::secure::{secure_protocol_mode, SecureProtocolError};
 use omw_core::access::AccessFlags;
-use omw_core::device::{
-    Capabilities, Completion, ExecutionMode, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus,
-};
+use omw_core::device::{Capabilities, Completion, ExecutionMode, MrKeys, MwBinding, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeError, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
 use std::cell::Cell;
@@ -39,9 +37,15 @@ use std::collections::VecDeque;
 /// Register polls a command may take before the shim gives up (the engine is stuck or gone).
 pub const MAX_POLLS: u32 = 100_000;
 
+use omw_core::chain::mlx5::Mlx5Arm;
+use omw_core::chain::mlx5::Mlx5Chain;
+use omw_core::device::DataPath;
 /// Which protection domain an object of the extension block lives in (the two the MN needs,
 /// DESIGN.md §9): the core's.
 pub use omw_core::device::Domain;
+use omw_core::device::OffloadRings;
+use omw_core::device::Provision;
+use omw_core::device::WindowState;
 use std::fmt;
 
 /// Which limit stopped a request before anything was written to the engine.
@@ -994,9 +998,8 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
     }
 }
 
-impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
+impl<M: Mmio + CoyoteDriver, H: HostMemory> DataPath for FpgaBackend<M, H> {
     type Error = Error;
-
     fn capabilities(&self) -> Capabilities {
         let Some(e) = self.ext else {
             // the stock engine: plain READ/WRITE/SEND, nothing the protocol's flags describe
@@ -1030,7 +1033,6 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         }
         c
     }
-
     fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), Error> {
         if self.ext.is_some() {
             self.ext_post_send(qp, wqe)
@@ -1038,7 +1040,6 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
             self.post_stock(qp, wqe)
         }
     }
-
     fn post_recv(&mut self, qp: Qpn, wqe: &RecvWqe) -> Result<(), Error> {
         if self.ext.is_none() {
             return Err(Error::Unsupported {
@@ -1065,7 +1066,6 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         self.qps[ctid as usize].rq_pi = pi + 1;
         Ok(())
     }
-
     fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize, Error> {
         if self.ext.is_some() {
             return self.ext_poll(qp, queue, out);
@@ -1082,7 +1082,6 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         }
         Ok(n)
     }
-
     fn enable(&mut self, qp: Qpn, queue: QueueSel, count: u64) -> Result<(), Error> {
         if self.ext.is_none() {
             return Self::unsupported_stock("ENABLE of managed queues");
@@ -1092,7 +1091,6 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         self.csr.write_csr(reg, count)?;
         Ok(())
     }
-
     fn reset_qp(&mut self, qp: Qpn) -> Result<(), Error> {
         let ctid = self.ctid(qp)?;
         let mut targets = vec![ctid];
@@ -1127,7 +1125,6 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         }
         Ok(())
     }
-
     fn destroy_qp(&mut self, qp: Qpn) -> Result<(), Error> {
         let ctid = self.ctid(qp)?;
         if self.ext.is_some() && self.qps[ctid as usize].rings.is_some() {
@@ -1136,7 +1133,6 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         self.qps[ctid as usize] = QpShim::default();
         Ok(())
     }
-
     fn qp_state(&self, qp: Qpn) -> Result<QpState, Error> {
         let ctid = self.ctid(qp)?;
         if self.ext.is_some() && self.qps[ctid as usize].rings.is_some() {
@@ -1152,33 +1148,23 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         }
         Ok(if self.qps[ctid as usize].conn.is_some() { QpState::Rts } else { QpState::Reset })
     }
-
-    fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Error> {
-        self.reg_mr_in(d, addr, len, access)
-    }
-
-    fn alloc_mw(&mut self) -> Result<Rkey, Error> {
-        self.alloc_mw_in(Domain::CnFacing)
-    }
-
     fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), Error> {
         Ok(self.mem.read(addr, buf)?)
     }
-
     fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), Error> {
         Ok(self.mem.write(addr, data)?)
     }
-
-    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, Error> {
-        if self.ext.is_none() {
-            return Self::unsupported_stock("WQE rings");
-        }
-        let (_, r) = self.rings(qp)?;
-        Ok(if queue == QueueSel::Recv { r.rq_base } else { r.sq_base })
+    fn outstanding(&self, _qp: Qpn, _queue: QueueSel) -> Option<u64> {
+        None
     }
+}
 
-    fn ring_keys(&self, d: Domain) -> Result<MrKeys, Error> {
-        self.ring_keys_in(d)
+impl<M: Mmio + CoyoteDriver, H: HostMemory> Provision for FpgaBackend<M, H> {
+    fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Error> {
+        self.reg_mr_in(d, addr, len, access)
+    }
+    fn alloc_mw(&mut self) -> Result<Rkey, Error> {
+        self.alloc_mw_in(Domain::CnFacing)
     }
     fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, Error> {
         let (base, size) = self.cfg.node_memory.ok_or(Error::Unsupported {
@@ -1200,7 +1186,6 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         self.memory_next = end;
         Ok(start)
     }
-
     /// Two registered Coyote threads that have no rings yet become a connected pair through
     /// the extension block's internal loopback.
     fn create_loopback_qp(&mut self, d: Domain, managed: Option<u32>) -> Result<Qpn, Error> {
@@ -1224,7 +1209,22 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         self.connect_qp(b, &QpConnect { remote_qpn: qa.get(), remote_ip: ip, ..QpConnect::default() })?;
         Ok(qa)
     }
+}
 
+impl<M: Mmio + CoyoteDriver, H: HostMemory> OffloadRings for FpgaBackend<M, H> {
+    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, Error> {
+        if self.ext.is_none() {
+            return Self::unsupported_stock("WQE rings");
+        }
+        let (_, r) = self.rings(qp)?;
+        Ok(if queue == QueueSel::Recv { r.rq_base } else { r.sq_base })
+    }
+    fn ring_keys(&self, d: Domain) -> Result<MrKeys, Error> {
+        self.ring_keys_in(d)
+    }
+}
+
+impl<M: Mmio + CoyoteDriver, H: HostMemory> WindowState for FpgaBackend<M, H> {
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         self.ext?;
         self.key_command(map::key_cmd::QUERY_MW, &[(map::KEY_ARG, rkey.0 as u64)]).ok()?;
@@ -1237,7 +1237,6 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         }
         Some(MwBinding::Bound { rkey: Rkey(state as u32), qpn: Qpn::new((state >> 40) as u32).ok()? })
     }
-
     /// The span the extension block reports for a bound window (`MW_BASE`, `MW_LEN_ACCESS`
     /// after QUERY_MW), so the MN's audit can check it against the window's chunk.
     fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
@@ -1251,5 +1250,17 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> RdmaBackend for FpgaBackend<M, H> {
         let base = self.csr.read_csr(self.ext_reg(map::MW_BASE)).ok()?;
         let len = self.csr.read_csr(self.ext_reg(map::MW_LEN_ACCESS)).ok()? & 0xFFFF_FFFF;
         Some((base, len))
+    }
+}
+
+impl<M: Mmio + CoyoteDriver, H: HostMemory> Mlx5Arm for FpgaBackend<M, H> {
+    fn cq_numbers(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> Option<[u32; 3]> {
+        None
+    }
+    fn cq_producer_indices(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> [u32; 3] {
+        [0; 3]
+    }
+    fn arm_mlx5(&mut self, _chain: &Mlx5Chain, _recv_copies: u32) -> Option<Result<(), Self::Error>> {
+        None
     }
 }

@@ -7,7 +7,8 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::device::{QpState, RdmaBackend, WcStatus};
+use omw_core::device::DataPath;
+use omw_core::device::{QpState, WcStatus};
 use omw_core::ids::{GroupId, Rkey};
 use omw_core::mn::plan::ScrubPath;
 use omw_core::wire::wqe::Wqe;

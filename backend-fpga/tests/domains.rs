@@ -6,7 +6,7 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::device::{RdmaBackend, WcStatus};
+use omw_core::device::{DataPath, OffloadRings, Provision, WcStatus};
 use omw_core::ids::Rkey;
 use omw_core::wire::wqe::{QueueSel, Wqe};
 use omw_fpga::double::{Fabric, NodeConfig};
@@ -42,6 +42,8 @@ fn world() -> World {
     setup(&mut mn, 3, QpSetup::plain(16, 0).in_domain(Domain::MnPrivate));
     setup(&mut mn, 4, QpSetup::plain(0, 0).in_domain(Domain::MnPrivate));
     connect_loop(&mut mn, 3, 4);
+
+    use omw_core::device::Provision;
     use AccessFlags as A;
     let rights = A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE | A::REMOTE_ATOMIC;
     let meta = mn.be.reg_mr_in(Domain::MnPrivate, META, 0x1000, rights).unwrap();

@@ -5,7 +5,10 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::device::{Capabilities, Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::device::DataPath;
+use omw_core::device::Provision;
+use omw_core::device::WindowState;
+use omw_core::device::{Capabilities, Domain, ExecutionMode, MwBinding, QpState, WcOpcode, WcStatus};
 use omw_core::ids::Rkey;
 use omw_core::wire::wqe::{QueueSel, RecvWqe, Sge, Wqe};
 use omw_fpga::double::Fabric;

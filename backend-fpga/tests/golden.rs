@@ -16,7 +16,7 @@
 //! `cThread::invoke` word formulas), it does so line by line from the source so the shim's
 //! encoder is compared with Coyote's algorithm, not with itself.
 
-use omw_core::device::RdmaBackend;
+use omw_core::device::DataPath;
 use omw_core::wire::wqe::Wqe;
 use omw_fpga::double::{Fabric, NodeConfig, SimMmio};
 use omw_fpga::driver::{self, CoyoteDriver, DriverError, ShellConfig};

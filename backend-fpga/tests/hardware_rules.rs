@@ -7,7 +7,8 @@
 
 mod support;
 
-use omw_core::device::RdmaBackend;
+use omw_core::device::DataPath;
+use omw_core::device::Provision;
 use omw_core::wire::wqe::{QueueSel, Wqe};
 use omw_fpga::double::{Fabric, NodeConfig};
 use omw_fpga::driver::{CoyoteDriver, DriverError, ShellConfig};

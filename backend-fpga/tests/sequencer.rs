@@ -4,7 +4,10 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::device::{Domain, RdmaBackend, WcStatus};
+use omw_core::device::DataPath;
+use omw_core::device::OffloadRings;
+use omw_core::device::Provision;
+use omw_core::device::{Domain, WcStatus};
 use omw_core::wire::wqe::{masked_add, QueueSel, Wqe, WqeField};
 use omw_fpga::double::Fabric;
 use omw_fpga::encoding::OpcodeEncoding;

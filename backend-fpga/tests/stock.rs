@@ -5,7 +5,10 @@
 mod support;
 
 use omw_core::access::AccessFlags;
-use omw_core::device::{Capabilities, Domain, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::device::DataPath;
+use omw_core::device::OffloadRings;
+use omw_core::device::Provision;
+use omw_core::device::{Capabilities, Domain, WcOpcode, WcStatus};
 use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
 use omw_fpga::backend::Backpressure;
 use omw_fpga::device::{DevMmio, DeviceConfig, DeviceError};

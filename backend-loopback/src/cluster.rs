@@ -16,12 +16,16 @@ use crate::fabric::{Fabric, HostId, QpAddr};
 use crate::protection::PdId;
 use crate::qp::QpConfig;
 use omw_core::access::AccessFlags;
+use omw_core::chain::mlx5::Mlx5Arm;
 use omw_core::chain::ChainKind;
 use omw_core::cn::driver::{AccessDone, CnDriver, CnError, CnEvent, CnMemory, CnQpSet, OpId};
 use omw_core::cn::{Allocation, Client, ClientError, ClientEvent};
+use omw_core::device::DataPath;
+use omw_core::device::OffloadRings;
+use omw_core::device::Provision;
+use omw_core::device::WindowState;
 use omw_core::device::{
-    Capabilities, Completion, Domain, ExecutionMode, ModeError, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode,
-    WcStatus,
+    Capabilities, Completion, Domain, ExecutionMode, ModeError, MrKeys, MwBinding, QpState, WcOpcode, WcStatus,
 };
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::driver::{DriverError, MnDriver};
@@ -265,7 +269,7 @@ impl NodeBackend {
     }
 }
 
-impl RdmaBackend for NodeBackend {
+impl DataPath for NodeBackend {
     type Error = LoopbackError;
     fn capabilities(&self) -> Capabilities {
         self.fabric.borrow().capabilities()
@@ -309,13 +313,6 @@ impl RdmaBackend for NodeBackend {
     fn qp_state(&self, qp: Qpn) -> Result<QpState, LoopbackError> {
         self.fabric.borrow().qp_state(self.qa(qp))
     }
-    fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
-        let pd = self.pd(d)?;
-        self.fabric.borrow_mut().reg_mr(self.host, pd, addr, len, access)
-    }
-    fn alloc_mw(&mut self) -> Result<Rkey, LoopbackError> {
-        self.fabric.borrow_mut().alloc_mw(self.host, PdId(0))
-    }
     fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), LoopbackError> {
         self.preempt();
         self.fabric.borrow().read(self.host, addr, buf)
@@ -324,11 +321,18 @@ impl RdmaBackend for NodeBackend {
         self.preempt();
         self.fabric.borrow_mut().write(self.host, addr, data)
     }
-    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, LoopbackError> {
-        self.fabric.borrow().ring_base(self.qa(qp), queue)
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        self.fabric.borrow().outstanding(self.qa(qp), queue)
     }
-    fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
-        self.fabric.borrow().ring_keys_in(self.host, self.pd(d)?)
+}
+
+impl Provision for NodeBackend {
+    fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
+        let pd = self.pd(d)?;
+        self.fabric.borrow_mut().reg_mr(self.host, pd, addr, len, access)
+    }
+    fn alloc_mw(&mut self) -> Result<Rkey, LoopbackError> {
+        self.fabric.borrow_mut().alloc_mw(self.host, PdId(0))
     }
     fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, LoopbackError> {
         self.fabric.borrow_mut().alloc(self.host, len, align)
@@ -337,21 +341,29 @@ impl RdmaBackend for NodeBackend {
         let pd = self.pd(d)?;
         Ok(self.fabric.borrow_mut().create_loopback_qp(self.host, pd, managed)?.qpn)
     }
-    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
-        self.fabric.borrow().outstanding(self.qa(qp), queue)
+}
+
+impl OffloadRings for NodeBackend {
+    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, LoopbackError> {
+        self.fabric.borrow().ring_base(self.qa(qp), queue)
     }
+    fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
+        self.fabric.borrow().ring_keys_in(self.host, self.pd(d)?)
+    }
+}
+
+impl WindowState for NodeBackend {
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
-        RdmaBackend::mw_binding(&self.fabric.borrow_mut().view(self.host), rkey)
+        WindowState::mw_binding(&self.fabric.borrow_mut().view(self.host), rkey)
     }
     fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
-        RdmaBackend::mw_span(&self.fabric.borrow_mut().view(self.host), rkey)
+        WindowState::mw_span(&self.fabric.borrow_mut().view(self.host), rkey)
     }
-    // ---- the mlx5 form (issue 13): forwarded to the MN host's view
-    fn wqe_format(&self) -> omw_core::wire::wqe_format::WqeFormat {
-        self.fabric.borrow().config().wqe_format
-    }
+}
+
+impl Mlx5Arm for NodeBackend {
     fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
-        RdmaBackend::cq_numbers(&self.fabric.borrow_mut().view(self.host), loop_qp, mgmt_qp)
+        Mlx5Arm::cq_numbers(&self.fabric.borrow_mut().view(self.host), loop_qp, mgmt_qp)
     }
     fn arm_mlx5(
         &mut self,
@@ -359,7 +371,10 @@ impl RdmaBackend for NodeBackend {
         recv_copies: u32,
     ) -> Option<Result<(), LoopbackError>> {
         self.preempt();
-        RdmaBackend::arm_mlx5(&mut self.fabric.borrow_mut().view(self.host), chain, recv_copies)
+        Mlx5Arm::arm_mlx5(&mut self.fabric.borrow_mut().view(self.host), chain, recv_copies)
+    }
+    fn cq_producer_indices(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> [u32; 3] {
+        [0; 3]
     }
 }
 

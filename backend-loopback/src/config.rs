@@ -129,6 +129,9 @@ impl NicConfig {
         if self.offload {
             c |= Capabilities::WAIT_ENABLE | Capabilities::SELF_MODIFYING_WQE | Capabilities::BIND_TO_OTHER_QP;
         }
+        if self.wqe_format == omw_core::wire::wqe_format::WqeFormat::Mlx5 {
+            c |= Capabilities::WQE_FORM_MLX5;
+        }
         c
     }
 }

@@ -6,7 +6,12 @@ use crate::fabric::Fabric;
 use crate::protection::MwState;
 use crate::protection::PdId;
 use omw_core::access::AccessFlags;
-use omw_core::device::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend};
+use omw_core::chain::mlx5::Mlx5Arm;
+use omw_core::device::DataPath;
+use omw_core::device::OffloadRings;
+use omw_core::device::Provision;
+use omw_core::device::WindowState;
+use omw_core::device::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe};
 
@@ -57,9 +62,8 @@ impl<'a> HostView<'a> {
     }
 }
 
-impl RdmaBackend for HostView<'_> {
+impl DataPath for HostView<'_> {
     type Error = LoopbackError;
-
     fn capabilities(&self) -> Capabilities {
         self.fabric.capabilities()
     }
@@ -84,24 +88,24 @@ impl RdmaBackend for HostView<'_> {
     fn qp_state(&self, qp: Qpn) -> Result<QpState, LoopbackError> {
         self.fabric.qp_state(self.qp(qp))
     }
-    fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
-        let pd = self.pd(d)?;
-        self.fabric.reg_mr(self.host, pd, addr, len, access)
-    }
-    fn alloc_mw(&mut self) -> Result<Rkey, LoopbackError> {
-        self.fabric.alloc_mw(self.host, PdId(0))
-    }
     fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), LoopbackError> {
         self.fabric.read(self.host, addr, buf)
     }
     fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), LoopbackError> {
         self.fabric.write(self.host, addr, data)
     }
-    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, LoopbackError> {
-        self.fabric.ring_base(self.qp(qp), queue)
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        self.fabric.outstanding(self.qp(qp), queue)
     }
-    fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
-        self.fabric.ring_keys_in(self.host, self.pd(d)?)
+}
+
+impl Provision for HostView<'_> {
+    fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, LoopbackError> {
+        let pd = self.pd(d)?;
+        self.fabric.reg_mr(self.host, pd, addr, len, access)
+    }
+    fn alloc_mw(&mut self) -> Result<Rkey, LoopbackError> {
+        self.fabric.alloc_mw(self.host, PdId(0))
     }
     fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, LoopbackError> {
         self.fabric.alloc(self.host, len, align)
@@ -110,9 +114,18 @@ impl RdmaBackend for HostView<'_> {
         let pd = self.pd(d)?;
         Ok(self.fabric.create_loopback_qp(self.host, pd, managed)?.qpn)
     }
-    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
-        self.fabric.outstanding(self.qp(qp), queue)
+}
+
+impl OffloadRings for HostView<'_> {
+    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, LoopbackError> {
+        self.fabric.ring_base(self.qp(qp), queue)
     }
+    fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
+        self.fabric.ring_keys_in(self.host, self.pd(d)?)
+    }
+}
+
+impl WindowState for HostView<'_> {
     fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
         let info = self.fabric.mw_binding(self.host, rkey.index())?;
         match info.state {
@@ -120,9 +133,16 @@ impl RdmaBackend for HostView<'_> {
             _ => None,
         }
     }
-    fn wqe_format(&self) -> omw_core::wire::wqe_format::WqeFormat {
-        self.fabric.config().wqe_format
+    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
+        let info = self.fabric.mw_binding(self.host, rkey.index())?;
+        Some(match info.state {
+            MwState::Free => MwBinding::Unbound,
+            MwState::Bound(b) => MwBinding::Bound { rkey: info.rkey, qpn: b.qpn },
+        })
     }
+}
+
+impl Mlx5Arm for HostView<'_> {
     fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
         let f = &self.fabric;
         Some([
@@ -143,11 +163,7 @@ impl RdmaBackend for HostView<'_> {
         };
         Some(self.fabric.arm_mlx5(qps, chain, recv_copies))
     }
-    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
-        let info = self.fabric.mw_binding(self.host, rkey.index())?;
-        Some(match info.state {
-            MwState::Free => MwBinding::Unbound,
-            MwState::Bound(b) => MwBinding::Bound { rkey: info.rkey, qpn: b.qpn },
-        })
+    fn cq_producer_indices(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> [u32; 3] {
+        [0; 3]
     }
 }

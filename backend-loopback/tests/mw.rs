@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use omw_core::access::AccessFlags;
 use omw_core::device::mw_rules::{DeallocFail, RegMrFail};
-use omw_core::device::{MwBinding, QpState, RdmaBackend, WcStatus};
+use omw_core::device::{MwBinding, QpState, WcStatus, WindowState};
 use omw_core::ids::Rkey;
 use omw_core::wire::wqe::{QueueSel, Wqe};
 use omw_loopback::{LoopbackError, MwState, NicConfig, PdId, QpAddr, QpConfig};

@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::device::{Capabilities, Domain, MwBinding, QpState, RdmaBackend, WcStatus};
+use omw_core::device::{Capabilities, DataPath, Domain, MwBinding, QpState, RdmaBackend, WcStatus};
 use omw_core::ids::Qpn;
 use omw_core::wire::wqe::{QueueSel, Wqe, WQE_SIZE};
 use omw_loopback::{NicConfig, QpConfig};

@@ -15,7 +15,13 @@ use crate::device::{Context, DeviceChoice};
 use crate::error::{Result, VerbsError};
 use crate::port::{self, Addressing, GidEntry, Peer, PortAttr};
 use omw_core::access::AccessFlags;
-use omw_core::device::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::chain::mlx5::Mlx5Arm;
+use omw_core::chain::mlx5::Mlx5Chain;
+use omw_core::device::DataPath;
+use omw_core::device::OffloadRings;
+use omw_core::device::Provision;
+use omw_core::device::WindowState;
+use omw_core::device::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags, MAX_RECV_SGES};
 use rdma_sys::*;
@@ -1148,13 +1154,11 @@ fn query_state(qp: *mut ibv_qp) -> Result<QpState> {
     }
 }
 
-impl RdmaBackend for VerbsBackend {
+impl DataPath for VerbsBackend {
     type Error = VerbsError;
-
     fn capabilities(&self) -> Capabilities {
         self.caps
     }
-
     /// BIND_MW is posted on the QP named by `wqe.qpn` (its completion appears there); an
     /// UNBIND becomes LOCAL_INV on the QP the window is bound to; everything else on `qp`.
     fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<()> {
@@ -1197,7 +1201,6 @@ impl RdmaBackend for VerbsBackend {
         }
         Ok(())
     }
-
     fn post_recv(&mut self, qp: Qpn, wqe: &RecvWqe) -> Result<()> {
         let e = self.entry(qp.get())?;
         let mut sges: Vec<ibv_sge> =
@@ -1216,7 +1219,6 @@ impl RdmaBackend for VerbsBackend {
         }
         Ok(())
     }
-
     fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize> {
         if queue == QueueSel::Recv {
             return self.poll_raw(qp, queue, out);
@@ -1259,11 +1261,9 @@ impl RdmaBackend for VerbsBackend {
         }
         Ok(k)
     }
-
     fn enable(&mut self, _qp: Qpn, _queue: QueueSel, _count: u64) -> Result<()> {
         Err(VerbsError::Unsupported("ENABLE (managed queues are a vendor extension)"))
     }
-
     /// Loopback pairs only: both ends go RESET → INIT → RTR → RTS with empty queues. An
     /// rdma_cm connection cannot be revived from one side: the peer reconnects instead.
     fn reset_qp(&mut self, qp: Qpn) -> Result<()> {
@@ -1305,12 +1305,34 @@ impl RdmaBackend for VerbsBackend {
         }
         Ok(())
     }
-
     fn qp_state(&self, qp: Qpn) -> Result<QpState> {
         let e = self.qps.get(&qp.get()).ok_or(VerbsError::UnknownQp(qp.get()))?;
         query_state(e.qp)
     }
+    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        buf.copy_from_slice(self.slice(addr, buf.len())?);
+        Ok(())
+    }
+    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<()> {
+        self.owned(addr, data.len() as u64)?;
+        // SAFETY: the destination lies in a live, writable mapping owned by self (checked);
+        // the source is a distinct Rust slice.
+        unsafe {
+            ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len());
+        }
+        Ok(())
+    }
+    /// Windows bound to the QP are invalidated first (so rxe never sees a QP die under a
+    /// bound window), then the QP, its CQs and its rdma_cm id go.
+    fn destroy_qp(&mut self, qp: Qpn) -> Result<()> {
+        self.teardown_qp(qp)
+    }
+    fn outstanding(&self, _qp: Qpn, _queue: QueueSel) -> Option<u64> {
+        None
+    }
+}
 
+impl Provision for VerbsBackend {
     /// Register `[addr, addr+len)`, which must lie in memory from [`Self::alloc_region`].
     /// libibverbs has one PD here: the CN-facing one. [`Domain::MnPrivate`] exists only for
     /// chain offload, which upstream verbs lacks, so it is refused.
@@ -1346,7 +1368,6 @@ impl RdmaBackend for VerbsBackend {
         self.mrs.insert(lkey, MrEntry { mr, addr, len, keys: MrKeys { lkey, rkey }, access });
         Ok(MrKeys { lkey, rkey })
     }
-
     fn alloc_mw(&mut self) -> Result<Rkey> {
         // SAFETY: pd is live; ibv_alloc_mw returns None if the provider lacks the verb.
         let mw = unsafe { ibv_alloc_mw(self.pd, ibv_mw_type::IBV_MW_TYPE_2) };
@@ -1360,62 +1381,9 @@ impl RdmaBackend for VerbsBackend {
         self.mws.insert(rkey.index(), MwEntry { mw, rkey, bound: None });
         Ok(rkey)
     }
-
-    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
-        buf.copy_from_slice(self.slice(addr, buf.len())?);
-        Ok(())
-    }
-
-    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<()> {
-        self.owned(addr, data.len() as u64)?;
-        // SAFETY: the destination lies in a live, writable mapping owned by self (checked);
-        // the source is a distinct Rust slice.
-        unsafe {
-            ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len());
-        }
-        Ok(())
-    }
-
-    fn ring_base(&self, _qp: Qpn, _queue: QueueSel) -> Result<u64> {
-        Err(VerbsError::Unsupported("WQE rings in registered memory (no chain offload on libibverbs)"))
-    }
-
-    /// Windows bound to the QP are invalidated first (so rxe never sees a QP die under a
-    /// bound window), then the QP, its CQs and its rdma_cm id go.
-    fn destroy_qp(&mut self, qp: Qpn) -> Result<()> {
-        self.teardown_qp(qp)
-    }
-
-    /// Tracked, not queried: libibverbs has no query for a window's binding.
-    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
-        let m = self.mws.get(&rkey.index())?;
-        Some(match m.bound {
-            Some(b) if m.rkey == rkey => MwBinding::Bound { rkey, qpn: Qpn::new(b.qpn).ok()? },
-            _ => MwBinding::Unbound,
-        })
-    }
-
-    /// Send and receive rings live in provider memory: nothing to register. The CN-facing
-    /// "ring key" is never used by host-engine WQEs (the engine patches its own copies).
-    /// Tracked, like the binding: the range the bind that is in force named.
-    fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
-        let m = self.mws.get(&rkey.index())?;
-        m.bound.filter(|_| m.rkey == rkey).map(|b| (b.addr, b.len))
-    }
-
-    fn ring_keys(&self, domain: Domain) -> Result<MrKeys> {
-        match domain {
-            Domain::CnFacing => Ok(MrKeys { lkey: 0, rkey: 0 }),
-            Domain::MnPrivate => {
-                Err(VerbsError::Unsupported("WQE rings in registered memory (no chain offload on libibverbs)"))
-            }
-        }
-    }
-
     fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64> {
         self.alloc_region(len, align)
     }
-
     /// libibverbs has neither a private domain nor managed queues here (no chain offload).
     fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn> {
         if domain == Domain::MnPrivate {
@@ -1425,6 +1393,50 @@ impl RdmaBackend for VerbsBackend {
             return Err(VerbsError::Unsupported("managed (WAIT/ENABLE) send queues: upstream libibverbs has none"));
         }
         Ok(self.create_loopback_pair()?.0)
+    }
+}
+
+impl OffloadRings for VerbsBackend {
+    fn ring_base(&self, _qp: Qpn, _queue: QueueSel) -> Result<u64> {
+        Err(VerbsError::Unsupported("WQE rings in registered memory (no chain offload on libibverbs)"))
+    }
+    fn ring_keys(&self, domain: Domain) -> Result<MrKeys> {
+        match domain {
+            Domain::CnFacing => Ok(MrKeys { lkey: 0, rkey: 0 }),
+            Domain::MnPrivate => {
+                Err(VerbsError::Unsupported("WQE rings in registered memory (no chain offload on libibverbs)"))
+            }
+        }
+    }
+}
+
+impl WindowState for VerbsBackend {
+    /// Tracked, not queried: libibverbs has no query for a window's binding.
+    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
+        let m = self.mws.get(&rkey.index())?;
+        Some(match m.bound {
+            Some(b) if m.rkey == rkey => MwBinding::Bound { rkey, qpn: Qpn::new(b.qpn).ok()? },
+            _ => MwBinding::Unbound,
+        })
+    }
+    /// Send and receive rings live in provider memory: nothing to register. The CN-facing
+    /// "ring key" is never used by host-engine WQEs (the engine patches its own copies).
+    /// Tracked, like the binding: the range the bind that is in force named.
+    fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
+        let m = self.mws.get(&rkey.index())?;
+        m.bound.filter(|_| m.rkey == rkey).map(|b| (b.addr, b.len))
+    }
+}
+
+impl Mlx5Arm for VerbsBackend {
+    fn cq_numbers(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> Option<[u32; 3]> {
+        None
+    }
+    fn cq_producer_indices(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> [u32; 3] {
+        [0; 3]
+    }
+    fn arm_mlx5(&mut self, _chain: &Mlx5Chain, _recv_copies: u32) -> Option<Result<(), Self::Error>> {
+        None
     }
 }
 

@@ -191,7 +191,7 @@ impl VerbsBackend {
             }
         };
         if let Err(e) = prepare(self, q) {
-            let _ = omw_core::device::RdmaBackend::destroy_qp(self, q);
+            let _ = omw_core::device::DataPath::destroy_qp(self, q);
             return Err(e);
         }
         let rd = (self.device_info().max_qp_rd_atom.clamp(1, 16)) as u8;
@@ -208,7 +208,7 @@ impl VerbsBackend {
         };
         if rc != 0 {
             let e = VerbsError::rc("rdma_accept", rc);
-            let _ = omw_core::device::RdmaBackend::destroy_qp(self, q);
+            let _ = omw_core::device::DataPath::destroy_qp(self, q);
             return Err(e);
         }
         self.short_rnr_timer(q);

@@ -10,7 +10,9 @@
 use crate::backend::VerbsBackend;
 use crate::error::{Result, VerbsError};
 use omw_core::access::AccessFlags;
-use omw_core::device::{Capabilities, Domain, RdmaBackend, WcStatus};
+use omw_core::device::DataPath;
+use omw_core::device::Provision;
+use omw_core::device::{Capabilities, Domain, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wire::wqe::Wqe;
 use std::fmt;

@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::device::{Capabilities, Domain, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::device::{Capabilities, DataPath, Domain, Provision, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wire::wqe::{RecvWqe, Sge, Wqe};
 use omw_verbs::{VerbsBackend, VerbsError};

@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 use omw_core::access::AccessFlags;
-use omw_core::device::RdmaBackend;
+use omw_core::device::{DataPath, Provision};
 use omw_core::wire::wqe::Wqe;
 use omw_verbs::cm::{CmEventKind, Hello, Role};
 use omw_verbs::device::DeviceChoice;

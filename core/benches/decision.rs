@@ -15,7 +15,7 @@ use omw_core::chain::ChainLayout;
 use omw_core::cn::driver::{CnDriver, CnEvent, CnMemory, CnQpSet};
 use omw_core::cn::{Allocation, Client};
 use omw_core::device::mw_rules::Mode;
-use omw_core::device::{Domain, RdmaBackend};
+use omw_core::device::{DataPath, Domain, Provision};
 use omw_core::geometry::PoolGeometry;
 use omw_core::ids::{CnId, Qpn, Rkey};
 use omw_core::mn::driver::MnDriver;

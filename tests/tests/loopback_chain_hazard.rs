@@ -4,7 +4,8 @@
 
 use omw_core::chain::arm::arm_unchecked;
 use omw_core::chain::{ChainError, ChainKind, ChainLayout};
-use omw_core::device::{ExecutionMode, RdmaBackend};
+use omw_core::device::DataPath;
+use omw_core::device::ExecutionMode;
 use omw_core::mn::driver::build;
 use omw_core::wire::wqe::{Opcode, Wqe, WqeField, WqeFlags};
 use omw_core::wire::wqe_format::WqeFormat;

@@ -4,7 +4,8 @@
 pub mod mn;
 pub mod mw;
 
-use omw_core::device::{Completion, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::device::DataPath;
+use omw_core::device::{Completion, WcOpcode, WcStatus};
 use omw_core::ids::Qpn;
 use omw_core::wire::wqe::QueueSel;
 use omw_fpga::double::{Fabric, NodeConfig, NodeId, SimMemory, SimMmio};

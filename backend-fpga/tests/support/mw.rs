@@ -4,7 +4,10 @@
 
 use super::*;
 use omw_core::access::AccessFlags;
-use omw_core::device::{Completion, Domain, MwBinding, QpState, RdmaBackend};
+use omw_core::device::DataPath;
+use omw_core::device::Provision;
+use omw_core::device::WindowState;
+use omw_core::device::{Completion, Domain, MwBinding, QpState};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe, WqeFlags};
 use omw_fpga::double::Fabric;

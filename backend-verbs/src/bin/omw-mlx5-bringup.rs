@@ -504,7 +504,7 @@ fn prefetch(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxEr
 fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, DevxError> {
     use omw_core::access::AccessFlags;
     use omw_core::cn::driver::{CnDriver, CnEvent, CnMemory, CnQpSet, IO_SLOTS};
-    use omw_core::device::{Capabilities, Domain, RdmaBackend, WcStatus};
+    use omw_core::device::{Capabilities, DataPath, Domain, Provision, WcStatus};
     use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
     use omw_core::mn::CnQps;
     use omw_verbs::devx::backend::{DevxBackend, DevxConfig};

@@ -25,7 +25,7 @@
 //! Typical run: `cargo build --release -p omw-verbs --bins && scripts/rxe-vm -- target/release/verbs-bench`.
 
 use omw_core::access::AccessFlags;
-use omw_core::device::{Domain, RdmaBackend, WcStatus};
+use omw_core::device::{DataPath, Domain, Provision, WcStatus};
 use omw_core::ids::Qpn;
 use omw_core::wire::wqe::{RecvWqe, Sge, Wqe, WqeFlags};
 use omw_verbs::cn::{CnClient, CnOptions};

@@ -40,9 +40,15 @@ use super::doorbell;
 use super::queue::{self, CqSpec, DevxCq, DevxQp, QpSpec, CQE_SIZE};
 use super::DevxError;
 use omw_core::access::AccessFlags;
+use omw_core::chain::mlx5::Mlx5Arm;
 use omw_core::chain::mlx5::Mlx5Chain;
 use omw_core::chain::Ring;
-use omw_core::device::{Capabilities, Completion, Domain, MrKeys, QpState, RdmaBackend, WcOpcode, WcStatus};
+use omw_core::device::DataPath;
+use omw_core::device::MwBinding;
+use omw_core::device::OffloadRings;
+use omw_core::device::Provision;
+use omw_core::device::WindowState;
+use omw_core::device::{Capabilities, Completion, Domain, MrKeys, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::mlx5::cqe::{self, opcode as cqe_op, syndrome, Cqe};
 use omw_core::mlx5::ctrl::FmCeSe;
@@ -599,17 +605,15 @@ fn log2_exact(what: &'static str, n: u32) -> Result<u8, DevxError> {
     Ok(n.trailing_zeros() as u8)
 }
 
-impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
+impl<D: DevxDevice> DataPath for DevxBackend<D> {
     type Error = DevxError;
-
     fn capabilities(&self) -> Capabilities {
-        self.cfg.capabilities
+        // a DEVX device fetches the mlx5 form: the chains are laid out for it
+        self.cfg.capabilities | Capabilities::WQE_FORM_MLX5
     }
-
     fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), DevxError> {
         self.post_encoded(qp.get(), wqe)
     }
-
     fn post_recv(&mut self, qp: Qpn, wqe: &RecvWqe) -> Result<(), DevxError> {
         let q = self.qp(qp)?;
         if q.chain_recv.is_some() {
@@ -638,7 +642,6 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
         q.used = true;
         Ok(())
     }
-
     fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize, DevxError> {
         let q = self.qp(qp)?;
         let cqn = match queue {
@@ -703,7 +706,6 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
         }
         Ok(n)
     }
-
     fn enable(&mut self, qp: Qpn, _queue: QueueSel, _count: u64) -> Result<(), DevxError> {
         // unmanaged queues run what is posted (post_send rang the doorbell); a chain's queues
         // are enabled by the chain itself and by arm_mlx5 — a host-side ENABLE has no DEVX form
@@ -713,7 +715,6 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
         }
         Ok(())
     }
-
     fn reset_qp(&mut self, qp: Qpn) -> Result<(), DevxError> {
         let q = self.qp(qp)?;
         if !q.used && q.state == QpState::Rts {
@@ -732,7 +733,6 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
             }
         }
     }
-
     fn destroy_qp(&mut self, qp: Qpn) -> Result<(), DevxError> {
         let q = self.qp(qp)?;
         if let Link::Loopback { peer, .. } = q.link {
@@ -740,11 +740,25 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
         }
         self.destroy_one(qp.get())
     }
-
     fn qp_state(&self, qp: Qpn) -> Result<QpState, DevxError> {
         Ok(self.qp(qp)?.state)
     }
+    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), DevxError> {
+        self.dev.read_mem(addr as usize, buf)
+    }
+    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), DevxError> {
+        self.dev.store(addr as usize, data)
+    }
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        let q = self.qp(qp).ok()?;
+        Some(match queue {
+            QueueSel::Send => q.posted.len() as u64,
+            QueueSel::Recv => q.rq_wr_ids.len() as u64,
+        })
+    }
+}
 
+impl<D: DevxDevice> Provision for DevxBackend<D> {
     fn reg_mr(&mut self, domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, DevxError> {
         let mem = MemRange { addr: addr as usize, len: len as usize };
         if !self.regions.iter().any(|r| mem.addr >= r.addr && mem.addr + mem.len <= r.addr + r.len) {
@@ -752,31 +766,9 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
         }
         self.dev.reg_mr(domain, mem, access)
     }
-
     fn alloc_mw(&mut self) -> Result<Rkey, DevxError> {
         self.dev.alloc_mw().map(Rkey)
     }
-
-    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), DevxError> {
-        self.dev.read_mem(addr as usize, buf)
-    }
-
-    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), DevxError> {
-        self.dev.store(addr as usize, data)
-    }
-
-    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, DevxError> {
-        let q = self.qp(qp)?;
-        Ok(match queue {
-            QueueSel::Send => q.devx.sq.addr as u64,
-            QueueSel::Recv => q.devx.rq.addr as u64,
-        })
-    }
-
-    fn ring_keys(&self, domain: Domain) -> Result<MrKeys, DevxError> {
-        Ok(self.ring_mrs[domain_slot(domain)])
-    }
-
     fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, DevxError> {
         let len = usize::try_from(len).map_err(|_| DevxError::OutsideMemory { addr: 0, len: usize::MAX })?;
         let align = usize::try_from(align).unwrap_or(PAGE).max(PAGE);
@@ -784,7 +776,6 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
         self.regions.push(r);
         Ok(r.addr as u64)
     }
-
     fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn, DevxError> {
         let (log_sq, cd) = match managed_send_depth {
             Some(d) => (log2_exact("loop send ring", d)?, CdRole::MASTER | CdRole::SLAVE_SEND),
@@ -810,28 +801,38 @@ impl<D: DevxDevice> RdmaBackend for DevxBackend<D> {
         }
         Qpn::new(a).map_err(|_| DevxError::UnknownQp(a))
     }
+}
 
-    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
-        let q = self.qp(qp).ok()?;
-        Some(match queue {
-            QueueSel::Send => q.posted.len() as u64,
-            QueueSel::Recv => q.rq_wr_ids.len() as u64,
+impl<D: DevxDevice> OffloadRings for DevxBackend<D> {
+    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, DevxError> {
+        let q = self.qp(qp)?;
+        Ok(match queue {
+            QueueSel::Send => q.devx.sq.addr as u64,
+            QueueSel::Recv => q.devx.rq.addr as u64,
         })
     }
-
-    fn wqe_format(&self) -> omw_core::wire::wqe_format::WqeFormat {
-        omw_core::wire::wqe_format::WqeFormat::Mlx5
+    fn ring_keys(&self, domain: Domain) -> Result<MrKeys, DevxError> {
+        Ok(self.ring_mrs[domain_slot(domain)])
     }
+}
 
+impl<D: DevxDevice> WindowState for DevxBackend<D> {
+    fn mw_binding(&self, _rkey: Rkey) -> Option<MwBinding> {
+        None
+    }
+    fn mw_span(&self, _rkey: Rkey) -> Option<(u64, u64)> {
+        None
+    }
+}
+
+impl<D: DevxDevice> Mlx5Arm for DevxBackend<D> {
     fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
         Some(arm::cq_numbers(&self.qp(loop_qp).ok()?.devx, &self.qp(mgmt_qp).ok()?.devx))
     }
-
     fn cq_producer_indices(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> [u32; 3] {
         let ci = |cqn: Option<u32>| cqn.and_then(|c| self.cqs.get(&c)).map_or(0, |c| c.ci);
         self.cq_numbers(loop_qp, mgmt_qp).map_or([0; 3], |n| n.map(|c| ci(Some(c))))
     }
-
     fn arm_mlx5(&mut self, chain: &Mlx5Chain, _recv_copies: u32) -> Option<Result<(), DevxError>> {
         Some(self.arm_chain(chain))
     }

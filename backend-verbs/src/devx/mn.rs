@@ -26,7 +26,7 @@ use crate::log::Level;
 use crate::mn::{checked_sizing, MnOptions};
 use crate::probe;
 use crate::sessions::{Admission, Sessions, SESSION_PATIENCE};
-use omw_core::device::{Capabilities, ExecutionMode, RdmaBackend};
+use omw_core::device::{Capabilities, DataPath, ExecutionMode};
 use omw_core::ids::Qpn;
 use omw_core::mn::driver::MnDriver;
 use omw_core::mn::plan::{MnOptions as PlanOptions, MnPlan};

@@ -8,7 +8,9 @@
 
 use omw_core::access::AccessFlags;
 use omw_core::cn::Allocation;
-use omw_core::device::{Completion, Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
+use omw_core::device::{
+    Completion, DataPath, Domain, ExecutionMode, MwBinding, Provision, QpState, WcStatus, WindowState,
+};
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::{Event, MnStats};
 use omw_core::wire::memory_map::MnMemoryMap;

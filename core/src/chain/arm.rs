@@ -5,13 +5,19 @@
 //! arms the chain on every offload-capable backend (loopback model, FPGA extension block).
 
 use crate::chain::builder::chain_wr_id;
-use crate::chain::mlx5::{Mlx5Chain, Mlx5Queues};
+use crate::chain::mlx5::{Mlx5Arm, Mlx5Chain, Mlx5Queues};
 use crate::chain::{ChainLayout, Loc, Ring};
 use crate::device::RdmaBackend;
 use crate::ids::Qpn;
 use crate::wire::wqe::{QueueSel, RecvWqe, Sge, Wqe, WQE_SIZE};
 use crate::wire::wqe_format::WqeFormat;
 use core::fmt;
+
+/// A device chains can be armed on: the MN's device. Arming lays a chain out in the form the
+/// device fetches ([`Capabilities::wqe_format`](crate::device::Capabilities::wqe_format)), and
+/// for the mlx5 form hands the rings to the device ([`Mlx5Arm`]), so the MN needs both.
+pub trait MnDevice: RdmaBackend + Mlx5Arm {}
+impl<T: RdmaBackend + Mlx5Arm> MnDevice for T {}
 
 #[derive(Debug)]
 #[non_exhaustive]
@@ -81,9 +87,9 @@ pub fn resolve(layout: &ChainLayout, bases: [u64; 2]) -> ResolvedChain {
 
 /// Post a chain into freshly reset managed queues and enable its first lap. `recv_copies`
 /// identical RECVs fill the management QP's receive ring (its depth).
-pub fn arm<B: RdmaBackend>(backend: &mut B, layout: &ChainLayout, recv_copies: u32) -> Result<(), ArmError<B::Error>> {
+pub fn arm<B: MnDevice>(backend: &mut B, layout: &ChainLayout, recv_copies: u32) -> Result<(), ArmError<B::Error>> {
     layout.validate().map_err(ArmError::Invalid)?;
-    match backend.wqe_format() {
+    match backend.capabilities().wqe_format() {
         WqeFormat::Canonical => arm_unchecked(backend, layout, recv_copies),
         WqeFormat::Mlx5 => arm_mlx5(backend, layout, recv_copies, true),
     }
@@ -92,7 +98,7 @@ pub fn arm<B: RdmaBackend>(backend: &mut B, layout: &ChainLayout, recv_copies: u
 /// [`arm`] for a device that fetches the mlx5 form: the chain laid out in WQEBBs
 /// ([`Mlx5Chain::build`]), its ring images and lap counters written into MN memory here, the
 /// rest (wr_id map, RECVs, first enables) by the backend.
-fn arm_mlx5<B: RdmaBackend>(
+fn arm_mlx5<B: MnDevice>(
     backend: &mut B,
     layout: &ChainLayout,
     recv_copies: u32,
@@ -119,12 +125,12 @@ fn arm_mlx5<B: RdmaBackend>(
 
 /// [`arm`] without validation: only for demonstrating what an invalid chain does on a device
 /// (e.g. an ungated patch under prefetching). Never use it for a real chain.
-pub fn arm_unchecked<B: RdmaBackend>(
+pub fn arm_unchecked<B: MnDevice>(
     backend: &mut B,
     layout: &ChainLayout,
     recv_copies: u32,
 ) -> Result<(), ArmError<B::Error>> {
-    if backend.wqe_format() == WqeFormat::Mlx5 {
+    if backend.capabilities().wqe_format() == WqeFormat::Mlx5 {
         return arm_mlx5(backend, layout, recv_copies, false);
     }
     let q = |v: u32| Qpn::new(v).map_err(|_| ArmError::BadQpn(v));

@@ -251,6 +251,25 @@ pub struct RecvSge {
     pub lkey: u32,
 }
 
+/// The device-side half of arming a chain in mlx5 form. Every MN device implements it — a
+/// device without the mlx5 form answers `None` explicitly — so a wrapper cannot drop it and
+/// let an mlx5-form device be armed with canonical chains.
+pub trait Mlx5Arm: crate::device::DataPath {
+    /// The CQ numbers counting the chain QPs' completions, [`loop_qp` send, `mgmt_qp` send,
+    /// `mgmt_qp` receive] — what the chain's WAITs name. `None`: no mlx5 form.
+    fn cq_numbers(&self, loop_qp: crate::ids::Qpn, mgmt_qp: crate::ids::Qpn) -> Option<[u32; 3]>;
+    /// The producer indices of those three CQs now — completions ever written to them. A WAIT
+    /// compares a CQ's absolute producer index and an mlx5 CQ keeps counting across a reset of
+    /// its QP, so a chain re-armed after a reset starts its WAITs from here. Zero for a device
+    /// whose reset starts its CQ counts over.
+    fn cq_producer_indices(&self, loop_qp: crate::ids::Qpn, mgmt_qp: crate::ids::Qpn) -> [u32; 3];
+    /// After the core wrote the chain's ring images and lap counters into MN memory, take the
+    /// rings as posted (their WQE-index → wr_id map, as a driver keeps one), post
+    /// `recv_copies` RECVs with the chain's scatter list and ring the first enables. `None`:
+    /// the device has no mlx5 form.
+    fn arm_mlx5(&mut self, chain: &Mlx5Chain, recv_copies: u32) -> Option<Result<(), Self::Error>>;
+}
+
 /// A chain in mlx5 form: both rings' bytes for one lap, the RECV, the shadow counters and the
 /// first lap's enable indices.
 #[derive(Clone, Debug)]

@@ -35,10 +35,21 @@ bitflags::bitflags! {
         const MW_BOUNDS_ENFORCED = 1 << 8;
         /// Remote accesses through a type-2 window are refused on any QP but the bound one.
         const MW_QP_BINDING_ENFORCED = 1 << 9;
+        /// The device fetches send WQEs in the mlx5 form (ConnectX, and the model of it);
+        /// without it, the canonical 64-byte form. [`crate::chain::arm`] lays chains out in it.
+        const WQE_FORM_MLX5 = 1 << 10;
     }
 }
 
 impl Capabilities {
+    /// The form the device fetches WQEs in.
+    pub const fn wqe_format(self) -> crate::wire::wqe_format::WqeFormat {
+        if self.contains(Capabilities::WQE_FORM_MLX5) {
+            crate::wire::wqe_format::WqeFormat::Mlx5
+        } else {
+            crate::wire::wqe_format::WqeFormat::Canonical
+        }
+    }
     /// What running the chains inside the NIC takes.
     pub const OFFLOAD: Capabilities = Capabilities::WAIT_ENABLE
         .union(Capabilities::SELF_MODIFYING_WQE)
@@ -251,11 +262,20 @@ pub enum Domain {
     MnPrivate,
 }
 
-/// The contract every backend implements for the MN (and, with fewer calls, for a CN).
+/// The data path every device and every wrapper implements in full: queues, completions, QP
+/// state and the node's own memory. Nothing here is defaulted, so a wrapper
+/// ([`crate::testing::fault::FaultInjector`], [`crate::testing::trace::Tracer`]) that forgets a
+/// method does not compile — it cannot silently answer for the device it wraps.
+///
+/// The contract is split by who needs what (smoltcp's `phy::Device` is the model):
+/// [`DataPath`] for everyone, [`Provision`] to set a node up, [`OffloadRings`] and
+/// [`WindowState`] for the MN, and `chain::mlx5::Mlx5Arm` for devices that fetch the mlx5 form.
+/// [`RdmaBackend`] names the first four together. What a device can do is data
+/// ([`Capabilities`], the WQE form among them), never a method with a default.
 ///
 /// Addresses are the backend's own: virtual addresses in the MN process for verbs, model
 /// addresses for the loopback NIC, engine addresses for the FPGA shim.
-pub trait RdmaBackend {
+pub trait DataPath {
     type Error: fmt::Debug + fmt::Display;
 
     fn capabilities(&self) -> Capabilities;
@@ -274,83 +294,62 @@ pub trait RdmaBackend {
     fn destroy_qp(&mut self, qp: Qpn) -> Result<(), Self::Error>;
     fn qp_state(&self, qp: Qpn) -> Result<QpState, Self::Error>;
 
+    /// The node's own memory (the MN's tables, scratch areas and, when offloading, WQE rings).
+    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), Self::Error>;
+    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), Self::Error>;
+
+    /// Work requests posted on `qp`'s `queue` and not yet completed, if the device can tell.
+    /// A CN re-posts its receives from this after its QP was reset under it (the peer
+    /// reconnected); `None`: the caller counts for itself.
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64>;
+}
+
+/// Setting a node up: memory, registrations, windows, loopback QPs. Provisioning asks for
+/// everything through this trait so that one set-up ([`crate::mn::plan::MnPlan::provision`])
+/// serves every backend.
+pub trait Provision: DataPath {
     /// Register `[addr, addr+len)` in `domain`. A backend without a private domain refuses
     /// [`Domain::MnPrivate`] (only offloaded mode asks for it).
     fn reg_mr(&mut self, domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Self::Error>;
     /// Allocate a type-2 memory window; returns its initial (unbound) rkey.
     fn alloc_mw(&mut self) -> Result<Rkey, Self::Error>;
-
-    /// The MN's own memory (its tables, scratch areas and, when offloading, WQE rings).
-    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), Self::Error>;
-    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), Self::Error>;
-
-    /// Offload only: address of entry 0 of `qp`'s ring (send entries are 64 B, receive
-    /// entries [`crate::wire::wqe::RECV_WQE_SIZE`]) and the MR keys that cover every ring in
-    /// `domain` (remote rights in [`Domain::MnPrivate`] only; local-only in the CN-facing one,
-    /// where receives scatter request bytes into WQE fields).
-    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, Self::Error>;
-    fn ring_keys(&self, domain: Domain) -> Result<MrKeys, Self::Error>;
-
     /// `len` zeroed bytes of this node's memory, aligned to `align` (a power of two), for the
-    /// node to register: the MN's pool, metadata and zero source, a CN's buffers. Provisioning
-    /// asks for memory through the trait so that one set-up ([`crate::mn::plan::MnPlan::provision`])
-    /// serves every backend.
+    /// node to register: the MN's pool, metadata and zero source, a CN's buffers.
     fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, Self::Error>;
-
     /// A connected pair of RC QPs on this node, both ends in `domain`; returns the end the node
     /// posts on (its peer only responds). The MN's admin and atomic queues are such pairs, and
     /// in offloaded mode each chain's loop QP, whose send queue is managed (WAIT/ENABLE) with
     /// exactly `managed_send_depth` entries so a lap wraps onto the same bytes.
     fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn, Self::Error>;
-
-    /// Work requests posted on `qp`'s `queue` and not yet completed, if the device can tell.
-    /// A CN re-posts its receives from this after its QP was reset under it (the peer
-    /// reconnected); `None`: the caller counts for itself.
-    fn outstanding(&self, _qp: Qpn, _queue: QueueSel) -> Option<u64> {
-        None
-    }
-
-    /// Where the window with this index is bound, if the backend can tell (the model and the
-    /// FPGA extension block can; verbs tracks the binds it posted). `None`: unknown.
-    fn mw_binding(&self, _rkey: Rkey) -> Option<MwBinding> {
-        None
-    }
-
-    /// The address range `(addr, len)` a bound window covers, if the backend can tell (the MN's
-    /// audit checks it against the window's chunk — defence in depth against a corrupted
-    /// table entry). `None`: unbound or unknown.
-    fn mw_span(&self, _rkey: Rkey) -> Option<(u64, u64)> {
-        None
-    }
-
-    /// The form the device fetches WQEs in ([`crate::chain::arm::arm`] lays chains out in it).
-    fn wqe_format(&self) -> crate::wire::wqe_format::WqeFormat {
-        crate::wire::wqe_format::WqeFormat::Canonical
-    }
-    /// mlx5 form: the CQ numbers counting the chain QPs' completions, [`loop_qp` send,
-    /// `mgmt_qp` send, `mgmt_qp` receive] — what the chain's WAITs name.
-    fn cq_numbers(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> Option<[u32; 3]> {
-        None
-    }
-    /// mlx5 form: the producer indices of those three CQs now — completions ever written to
-    /// them. A WAIT compares a CQ's absolute producer index and an mlx5 CQ keeps counting
-    /// across a reset of its QP, so a chain re-armed after a reset starts its WAITs from here.
-    /// Zero (the default) for a device whose reset starts its CQ counts over.
-    fn cq_producer_indices(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> [u32; 3] {
-        [0; 3]
-    }
-    /// mlx5 form: after the core wrote the chain's ring images and lap counters into MN memory,
-    /// take the rings as posted (their WQE-index → wr_id map, as a driver keeps one), post
-    /// `recv_copies` RECVs with the chain's scatter list and ring the first enables — the
-    /// device-side half of arming. `None`: the backend has no mlx5 form.
-    fn arm_mlx5(
-        &mut self,
-        _chain: &crate::chain::mlx5::Mlx5Chain,
-        _recv_copies: u32,
-    ) -> Option<Result<(), Self::Error>> {
-        None
-    }
 }
+
+/// Offload only: where the chains' rings are, so the core can lay WQE bytes into them.
+pub trait OffloadRings: DataPath {
+    /// Address of entry 0 of `qp`'s ring (send entries are 64 B, receive entries
+    /// [`crate::wire::wqe::RECV_WQE_SIZE`]). A device that cannot offload says so here.
+    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, Self::Error>;
+    /// The MR keys that cover every ring in `domain` (remote rights in [`Domain::MnPrivate`]
+    /// only; local-only in the CN-facing one, where receives scatter request bytes into WQE
+    /// fields).
+    fn ring_keys(&self, domain: Domain) -> Result<MrKeys, Self::Error>;
+}
+
+/// What the device can tell about its windows, for the MN's audit and the invariant checker.
+/// `None` is an honest "unknown" (rdma-core has no query for a window's binding).
+pub trait WindowState: DataPath {
+    /// Where the window with this rkey is bound (the model and the FPGA extension block can
+    /// tell; verbs tracks the binds it posted).
+    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding>;
+    /// The address range `(addr, len)` a bound window covers (the audit checks it against the
+    /// window's chunk — defence in depth against a corrupted table entry). `None`: unbound or
+    /// unknown.
+    fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)>;
+}
+
+/// Everything the MN and the CN driver need of a device but the mlx5 arming
+/// (`chain::mlx5::Mlx5Arm`, which the MN driver asks for too).
+pub trait RdmaBackend: DataPath + Provision + OffloadRings + WindowState {}
+impl<T: DataPath + Provision + OffloadRings + WindowState> RdmaBackend for T {}
 
 /// A window's state as the device sees it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]

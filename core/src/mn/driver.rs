@@ -1,4 +1,4 @@
-//! The generic MN driver: runs a [`MemoryNode`] on any [`RdmaBackend`].
+//! The generic MN driver: runs a [`MemoryNode`] on any [`MnDevice`].
 //!
 //! Everything a backend would otherwise re-implement lives here once: carrying out the MN's
 //! actions (arming chains, unbinding, sending messages), turning error completions of chain
@@ -6,10 +6,11 @@
 //! engine. A backend supplies QPs, memory and verbs; a deployment (the loopback cluster, the
 //! verbs daemon) adds connection management and calls [`MnDriver::poll`].
 
+use crate::chain::arm::MnDevice;
 use crate::chain::arm::{arm, ArmError};
 use crate::chain::builder::{parse_chain_wr_id, ChainEnv};
 use crate::chain::{ChainError, ChainKind, ChainLayout};
-use crate::device::{Completion, Domain, ExecutionMode, MwBinding, QpState, RdmaBackend, WcStatus};
+use crate::device::{Completion, Domain, ExecutionMode, MwBinding, QpState, WcStatus};
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
 use crate::mn::host_engine::{
     run_lap, HostEngineError, HostRegions, Lap, LapContext, LapFailure, LapOutcome, Progress,
@@ -136,7 +137,7 @@ struct InFlight {
     done: Option<WcStatus>,
 }
 
-pub struct MnDriver<B: RdmaBackend> {
+pub struct MnDriver<B: MnDevice> {
     pub backend: B,
     pub mn: MemoryNode,
     pub regions: HostRegions,
@@ -164,13 +165,13 @@ pub struct MnDriver<B: RdmaBackend> {
     now: u64,
 }
 
-impl<B: RdmaBackend> fmt::Debug for MnDriver<B> {
+impl<B: MnDevice> fmt::Debug for MnDriver<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MnDriver").field("mode", &self.mn.mode()).field("stats", &self.stats).finish()
     }
 }
 
-struct Port<'a, B: RdmaBackend> {
+struct Port<'a, B: MnDevice> {
     backend: &'a mut B,
     mn_mode: ExecutionMode,
     scratch: [Option<u64>; crate::mn::MAX_CNS],
@@ -190,7 +191,7 @@ struct Port<'a, B: RdmaBackend> {
     stray: heapless::Vec<(Qpn, u64, WcStatus), 32>,
 }
 
-impl<B: RdmaBackend> MnPort for Port<'_, B> {
+impl<B: MnDevice> MnPort for Port<'_, B> {
     type Error = DriverError<B::Error>;
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), Self::Error> {
         self.backend.read_local(addr, buf).map_err(DriverError::Backend)
@@ -414,7 +415,7 @@ pub fn build(kind: ChainKind, env: &ChainEnv) -> Result<ChainLayout, ChainError>
     }
 }
 
-impl<B: RdmaBackend> MnDriver<B> {
+impl<B: MnDevice> MnDriver<B> {
     pub fn new(backend: B, mn: MemoryNode, regions: HostRegions, admin_qp: Qpn) -> Self {
         MnDriver {
             backend,

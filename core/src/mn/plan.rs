@@ -22,6 +22,7 @@
 //!   source of zeros local-only there.
 
 use crate::access::AccessFlags;
+use crate::chain::arm::MnDevice;
 use crate::device::{Capabilities, Domain, ExecutionMode, ModeError, MrKeys, RdmaBackend};
 use crate::geometry::{GeometryError, PoolGeometry, MAX_GROUP_SIZE};
 use crate::ids::{GroupId, Rkey};
@@ -94,7 +95,7 @@ pub struct Registration {
 }
 
 /// Where a deployment put the memory the plan registers (the rings are the backend's own:
-/// [`RdmaBackend::ring_keys`]).
+/// [`OffloadRings::ring_keys`](crate::device::OffloadRings::ring_keys)).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct MnRegions {
     pub map: MnMemoryMap,
@@ -173,13 +174,13 @@ impl<E: core::fmt::Display> core::fmt::Display for ProvisionError<E> {
 }
 
 impl MnPlan {
-    /// Bring an MN up on `backend` through the [`RdmaBackend`] trait alone: memory for the
+    /// Bring an MN up on `backend` through the [`MnDevice`] traits alone: memory for the
     /// pool, the metadata and the zero source; every registration with the rights this plan
     /// gives it; the admin QP (CN-facing: it unbinds CN-facing windows) and, offloaded, the MN
     /// CPU's atomic QP in the private domain; the windows, whose table keys follow
     /// [`MnPlan::initial_table_key`]; a formatted MWTable and full free queue. Every deployment
     /// and test starts its MN here, so none of them decides policy.
-    pub fn provision<B: RdmaBackend>(
+    pub fn provision<B: MnDevice>(
         &self,
         mut backend: B,
         spec: &PoolSpec,
@@ -219,7 +220,7 @@ impl MnPlan {
             Err(never) => match never {},
         })?;
         let regions = HostRegions::new(&map, &keys);
-        let format = backend.wqe_format();
+        let format = backend.capabilities().wqe_format();
         let mut driver = MnDriver::new(backend, node, regions, admin);
         // the chains' ring sizes and bytes follow the form the device fetches
         driver.mn.set_wqe_format(format);
@@ -450,7 +451,8 @@ impl MnConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Completion, QpState};
+    use crate::chain::mlx5::{Mlx5Arm, Mlx5Chain};
+    use crate::device::{Completion, DataPath, MwBinding, OffloadRings, Provision, QpState, WindowState};
     use crate::ids::{Qpn, Rkey};
     use crate::wire::wqe::{QueueSel, RecvWqe, Wqe};
 
@@ -459,7 +461,7 @@ mod tests {
     struct Recorder {
         regs: heapless::Vec<(Domain, u64, u64, AccessFlags), 16>,
     }
-    impl RdmaBackend for Recorder {
+    impl DataPath for Recorder {
         type Error = &'static str;
         fn capabilities(&self) -> Capabilities {
             Capabilities::SECURE_MINIMUM
@@ -485,6 +487,18 @@ mod tests {
         fn qp_state(&self, _: Qpn) -> Result<QpState, Self::Error> {
             Ok(QpState::Rts)
         }
+        fn read_local(&self, _: u64, _: &mut [u8]) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        fn write_local(&mut self, _: u64, _: &[u8]) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        fn outstanding(&self, _qp: Qpn, _queue: QueueSel) -> Option<u64> {
+            None
+        }
+    }
+
+    impl Provision for Recorder {
         fn reg_mr(&mut self, d: Domain, addr: u64, len: u64, a: AccessFlags) -> Result<MrKeys, Self::Error> {
             self.regs.push((d, addr, len, a)).map_err(|_| "full")?;
             let lkey = 0x100 * self.regs.len() as u32 + 7;
@@ -495,12 +509,15 @@ mod tests {
         fn alloc_mw(&mut self) -> Result<Rkey, Self::Error> {
             Err("unused")
         }
-        fn read_local(&self, _: u64, _: &mut [u8]) -> Result<(), Self::Error> {
-            Ok(())
+        fn alloc_memory(&mut self, _: u64, _: u64) -> Result<u64, Self::Error> {
+            Err("unused")
         }
-        fn write_local(&mut self, _: u64, _: &[u8]) -> Result<(), Self::Error> {
-            Ok(())
+        fn create_loopback_qp(&mut self, _: Domain, _: Option<u32>) -> Result<Qpn, Self::Error> {
+            Err("unused")
         }
+    }
+
+    impl OffloadRings for Recorder {
         fn ring_base(&self, _: Qpn, _: QueueSel) -> Result<u64, Self::Error> {
             Err("unused")
         }
@@ -510,11 +527,26 @@ mod tests {
                 Domain::MnPrivate => Ok(MrKeys { lkey: 0x66, rkey: 0x66 }),
             }
         }
-        fn alloc_memory(&mut self, _: u64, _: u64) -> Result<u64, Self::Error> {
-            Err("unused")
+    }
+
+    impl WindowState for Recorder {
+        fn mw_binding(&self, _rkey: Rkey) -> Option<MwBinding> {
+            None
         }
-        fn create_loopback_qp(&mut self, _: Domain, _: Option<u32>) -> Result<Qpn, Self::Error> {
-            Err("unused")
+        fn mw_span(&self, _rkey: Rkey) -> Option<(u64, u64)> {
+            None
+        }
+    }
+
+    impl Mlx5Arm for Recorder {
+        fn cq_numbers(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> Option<[u32; 3]> {
+            None
+        }
+        fn cq_producer_indices(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> [u32; 3] {
+            [0; 3]
+        }
+        fn arm_mlx5(&mut self, _chain: &Mlx5Chain, _recv_copies: u32) -> Option<Result<(), Self::Error>> {
+            None
         }
     }
 

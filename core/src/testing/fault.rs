@@ -30,6 +30,12 @@
 //!
 //! Nothing is corrupted: no byte of memory, no key, no binding is changed by the injector.
 
+use crate::chain::mlx5::Mlx5Arm;
+use crate::chain::mlx5::Mlx5Chain;
+use crate::device::DataPath;
+use crate::device::OffloadRings;
+use crate::device::Provision;
+use crate::device::WindowState;
 use core::fmt;
 
 use heapless::{Deque, Vec};
@@ -187,10 +193,6 @@ impl<B: RdmaBackend> FaultInjector<B> {
     pub fn arm(&mut self, rule: Rule) -> Result<(), Rule> {
         self.rules.push((rule, 0)).map_err(|(r, _)| r)
     }
-    pub fn disarm_all(&mut self) {
-        self.rules.clear();
-    }
-
     /// Put `qp` into ERR now, as [`Fault::ErrorQp`] does.
     pub fn error_qp(&mut self, qp: Qpn) -> Result<(), FaultError<B::Error>> {
         let t = self.track(qp)?;
@@ -262,13 +264,11 @@ impl<B: RdmaBackend> FaultInjector<B> {
     }
 }
 
-impl<B: RdmaBackend> RdmaBackend for FaultInjector<B> {
+impl<B: RdmaBackend> DataPath for FaultInjector<B> {
     type Error = FaultError<B::Error>;
-
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-
     fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), Self::Error> {
         let opcode = WcOpcode::Send(wqe.opcode);
         if !self.find(qp).is_some_and(|i| self.tracks[i].errored) {
@@ -291,7 +291,6 @@ impl<B: RdmaBackend> RdmaBackend for FaultInjector<B> {
         }
         self.inner.post_send(qp, wqe).map_err(FaultError::Device)
     }
-
     fn post_recv(&mut self, qp: Qpn, wqe: &RecvWqe) -> Result<(), Self::Error> {
         let errored = self.find(qp).is_some_and(|i| self.tracks[i].errored);
         if errored || self.fire(Some(qp), |f| f == Fault::FailRecv).is_some() {
@@ -305,7 +304,6 @@ impl<B: RdmaBackend> RdmaBackend for FaultInjector<B> {
         }
         self.inner.post_recv(qp, wqe).map_err(FaultError::Device)
     }
-
     fn poll_cq(&mut self, qp: Qpn, queue: QueueSel, out: &mut [Completion]) -> Result<usize, Self::Error> {
         let Some(i) = self.find(qp) else {
             return self.inner.poll_cq(qp, queue, out).map_err(FaultError::Device);
@@ -364,11 +362,9 @@ impl<B: RdmaBackend> RdmaBackend for FaultInjector<B> {
         lane.polls = lane.polls.wrapping_add(1);
         Ok(k)
     }
-
     fn enable(&mut self, qp: Qpn, queue: QueueSel, count: u64) -> Result<(), Self::Error> {
         self.inner.enable(qp, queue, count).map_err(FaultError::Device)
     }
-
     /// The device's reset, and the injector forgets the QP: not in ERR, nothing held (a reset
     /// empties the CQs).
     fn reset_qp(&mut self, qp: Qpn) -> Result<(), Self::Error> {
@@ -381,14 +377,12 @@ impl<B: RdmaBackend> RdmaBackend for FaultInjector<B> {
         }
         self.inner.reset_qp(qp).map_err(FaultError::Device)
     }
-
     fn destroy_qp(&mut self, qp: Qpn) -> Result<(), Self::Error> {
         if let Some(i) = self.find(qp) {
             self.tracks.swap_remove(i);
         }
         self.inner.destroy_qp(qp).map_err(FaultError::Device)
     }
-
     fn qp_state(&self, qp: Qpn) -> Result<QpState, Self::Error> {
         let s = self.inner.qp_state(qp).map_err(FaultError::Device)?;
         Ok(match self.find(qp).is_some_and(|i| self.tracks[i].errored) {
@@ -396,7 +390,19 @@ impl<B: RdmaBackend> RdmaBackend for FaultInjector<B> {
             false => s,
         })
     }
+    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), Self::Error> {
+        self.inner.read_local(addr, buf).map_err(FaultError::Device)
+    }
+    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), Self::Error> {
+        self.inner.write_local(addr, data).map_err(FaultError::Device)
+    }
+    /// The device's count: what the injector completed itself is completed, not outstanding.
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        self.inner.outstanding(qp, queue)
+    }
+}
 
+impl<B: RdmaBackend> Provision for FaultInjector<B> {
     fn reg_mr(&mut self, domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, Self::Error> {
         if self.fire(None, |f| f == Fault::FailRegMr).is_some() {
             self.stats.injected += 1;
@@ -404,7 +410,6 @@ impl<B: RdmaBackend> RdmaBackend for FaultInjector<B> {
         }
         self.inner.reg_mr(domain, addr, len, access).map_err(FaultError::Device)
     }
-
     fn alloc_mw(&mut self) -> Result<Rkey, Self::Error> {
         if self.fire(None, |f| f == Fault::FailAllocMw).is_some() {
             self.stats.injected += 1;
@@ -412,34 +417,42 @@ impl<B: RdmaBackend> RdmaBackend for FaultInjector<B> {
         }
         self.inner.alloc_mw().map_err(FaultError::Device)
     }
-
-    fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), Self::Error> {
-        self.inner.read_local(addr, buf).map_err(FaultError::Device)
-    }
-    fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), Self::Error> {
-        self.inner.write_local(addr, data).map_err(FaultError::Device)
-    }
-    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, Self::Error> {
-        self.inner.ring_base(qp, queue).map_err(FaultError::Device)
-    }
-    fn ring_keys(&self, domain: Domain) -> Result<MrKeys, Self::Error> {
-        self.inner.ring_keys(domain).map_err(FaultError::Device)
-    }
     fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, Self::Error> {
         self.inner.alloc_memory(len, align).map_err(FaultError::Device)
     }
     fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn, Self::Error> {
         self.inner.create_loopback_qp(domain, managed_send_depth).map_err(FaultError::Device)
     }
-    /// The device's count: what the injector completed itself is completed, not outstanding.
-    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
-        self.inner.outstanding(qp, queue)
+}
+
+impl<B: RdmaBackend> OffloadRings for FaultInjector<B> {
+    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, Self::Error> {
+        self.inner.ring_base(qp, queue).map_err(FaultError::Device)
     }
+    fn ring_keys(&self, domain: Domain) -> Result<MrKeys, Self::Error> {
+        self.inner.ring_keys(domain).map_err(FaultError::Device)
+    }
+}
+
+impl<B: RdmaBackend> WindowState for FaultInjector<B> {
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         self.inner.mw_binding(rkey)
     }
     fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
         self.inner.mw_span(rkey)
+    }
+}
+
+/// Forwarded: faults act on posts and completions, which an mlx5-form chain's rings make too.
+impl<B: RdmaBackend + Mlx5Arm> Mlx5Arm for FaultInjector<B> {
+    fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
+        self.inner.cq_numbers(loop_qp, mgmt_qp)
+    }
+    fn cq_producer_indices(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> [u32; 3] {
+        self.inner.cq_producer_indices(loop_qp, mgmt_qp)
+    }
+    fn arm_mlx5(&mut self, chain: &Mlx5Chain, recv_copies: u32) -> Option<Result<(), Self::Error>> {
+        self.inner.arm_mlx5(chain, recv_copies).map(|r| r.map_err(FaultError::Device))
     }
 }
 

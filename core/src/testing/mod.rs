@@ -4,3 +4,6 @@
 pub mod fault;
 pub mod test_nic;
 pub mod trace;
+
+#[cfg(test)]
+mod wrappers;

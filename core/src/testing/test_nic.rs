@@ -34,6 +34,12 @@
 //! Every input a WQE carries (address, key, QP number, length, opcode) ends in a completion
 //! status or a typed [`NicError`]; nothing indexes unchecked.
 
+use crate::chain::mlx5::Mlx5Arm;
+use crate::chain::mlx5::Mlx5Chain;
+use crate::device::DataPath;
+use crate::device::OffloadRings;
+use crate::device::Provision;
+use crate::device::WindowState;
 use core::cell::RefCell;
 use core::fmt;
 use core::ops::Range;
@@ -44,7 +50,7 @@ use crate::access::AccessFlags;
 use crate::device::mw_rules::{
     self, BindRequest, Binding, Invalidator, KeyTarget, LocalSge, Mode, Mr, Nak, QpRef, RemoteAccess, Window,
 };
-use crate::device::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, RdmaBackend, WcOpcode, WcStatus};
+use crate::device::{Capabilities, Completion, Domain, MrKeys, MwBinding, QpState, WcOpcode, WcStatus};
 use crate::ids::{Qpn, Rkey};
 use crate::wire::wqe::{masked_add, Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
 
@@ -886,9 +892,8 @@ impl<'a, 'm, const N: usize, const Q: usize, const K: usize> Node<'a, 'm, N, Q, 
     }
 }
 
-impl<const N: usize, const Q: usize, const K: usize> RdmaBackend for Node<'_, '_, N, Q, K> {
+impl<const N: usize, const Q: usize, const K: usize> DataPath for Node<'_, '_, N, Q, K> {
     type Error = NicError;
-
     fn capabilities(&self) -> Capabilities {
         self.peek(|n, _| Ok(n.capabilities())).unwrap_or(Capabilities::empty())
     }
@@ -913,18 +918,33 @@ impl<const N: usize, const Q: usize, const K: usize> RdmaBackend for Node<'_, '_
     fn qp_state(&self, qp: Qpn) -> Result<QpState> {
         self.peek(|n, id| n.qp_state(id, qp))
     }
-    fn reg_mr(&mut self, domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys> {
-        self.with(|n, id| n.reg_mr(id, domain, addr, len, access))
-    }
-    fn alloc_mw(&mut self) -> Result<Rkey> {
-        self.with(|n, id| n.alloc_mw(id))
-    }
     fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         self.peek(|n, id| n.read(id, addr, buf))
     }
     fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<()> {
         self.with(|n, id| n.write(id, addr, data))
     }
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        self.peek(|n, id| n.outstanding(id, qp, queue)).ok()
+    }
+}
+
+impl<const N: usize, const Q: usize, const K: usize> Provision for Node<'_, '_, N, Q, K> {
+    fn reg_mr(&mut self, domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys> {
+        self.with(|n, id| n.reg_mr(id, domain, addr, len, access))
+    }
+    fn alloc_mw(&mut self) -> Result<Rkey> {
+        self.with(|n, id| n.alloc_mw(id))
+    }
+    fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64> {
+        self.with(|n, id| n.alloc_memory(id, len, align))
+    }
+    fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn> {
+        self.with(|n, id| n.create_loopback_qp(id, domain, managed_send_depth))
+    }
+}
+
+impl<const N: usize, const Q: usize, const K: usize> OffloadRings for Node<'_, '_, N, Q, K> {
     fn ring_base(&self, _: Qpn, _: QueueSel) -> Result<u64> {
         Err(NicError::Unsupported("WQE rings in memory (no chain offload)"))
     }
@@ -936,20 +956,26 @@ impl<const N: usize, const Q: usize, const K: usize> RdmaBackend for Node<'_, '_
             Domain::MnPrivate => Err(NicError::Unsupported("WQE rings in memory (no chain offload)")),
         }
     }
-    fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64> {
-        self.with(|n, id| n.alloc_memory(id, len, align))
-    }
-    fn create_loopback_qp(&mut self, domain: Domain, managed_send_depth: Option<u32>) -> Result<Qpn> {
-        self.with(|n, id| n.create_loopback_qp(id, domain, managed_send_depth))
-    }
-    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
-        self.peek(|n, id| n.outstanding(id, qp, queue)).ok()
-    }
+}
+
+impl<const N: usize, const Q: usize, const K: usize> WindowState for Node<'_, '_, N, Q, K> {
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         self.peek(|n, id| Ok(n.mw_binding(id, rkey))).ok().flatten()
     }
     fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
         self.peek(|n, id| Ok(n.mw_span(id, rkey))).ok().flatten()
+    }
+}
+
+impl<const N: usize, const Q: usize, const K: usize> Mlx5Arm for Node<'_, '_, N, Q, K> {
+    fn cq_numbers(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> Option<[u32; 3]> {
+        None
+    }
+    fn cq_producer_indices(&self, _loop_qp: Qpn, _mgmt_qp: Qpn) -> [u32; 3] {
+        [0; 3]
+    }
+    fn arm_mlx5(&mut self, _chain: &Mlx5Chain, _recv_copies: u32) -> Option<core::result::Result<(), Self::Error>> {
+        None
     }
 }
 

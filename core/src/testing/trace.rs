@@ -6,6 +6,12 @@
 //! backend, without each backend growing its own log. Nothing is buffered or allocated: the
 //! hook sees borrowed views of the arguments and results while the call is on the stack.
 
+use crate::chain::mlx5::Mlx5Arm;
+use crate::chain::mlx5::Mlx5Chain;
+use crate::device::DataPath;
+use crate::device::OffloadRings;
+use crate::device::Provision;
+use crate::device::WindowState;
 use core::cell::RefCell;
 use core::fmt;
 
@@ -109,6 +115,21 @@ pub enum TraceEvent<'a> {
         rkey: Rkey,
         result: Option<(u64, u64)>,
     },
+    CqNumbers {
+        loop_qp: Qpn,
+        mgmt_qp: Qpn,
+        result: Option<[u32; 3]>,
+    },
+    CqProducerIndices {
+        loop_qp: Qpn,
+        mgmt_qp: Qpn,
+        result: [u32; 3],
+    },
+    /// `None`: the device has no mlx5 form.
+    ArmMlx5 {
+        recv_copies: u32,
+        result: Option<Outcome<'a, ()>>,
+    },
 }
 
 impl TraceEvent<'_> {
@@ -134,6 +155,9 @@ impl TraceEvent<'_> {
             TraceEvent::Outstanding { .. } => "outstanding",
             TraceEvent::MwBinding { .. } => "mw_binding",
             TraceEvent::MwSpan { .. } => "mw_span",
+            TraceEvent::CqNumbers { .. } => "cq_numbers",
+            TraceEvent::CqProducerIndices { .. } => "cq_producer_indices",
+            TraceEvent::ArmMlx5 { .. } => "arm_mlx5",
         }
     }
     /// Whether the call failed (an `Err` result).
@@ -152,7 +176,10 @@ impl TraceEvent<'_> {
             TraceEvent::AllocMw { result } => result.is_err(),
             TraceEvent::RingBase { result, .. } | TraceEvent::AllocMemory { result, .. } => result.is_err(),
             TraceEvent::CreateLoopbackQp { result, .. } => result.is_err(),
+            TraceEvent::ArmMlx5 { result, .. } => result.as_ref().is_some_and(|r| r.is_err()),
             TraceEvent::Capabilities(_)
+            | TraceEvent::CqNumbers { .. }
+            | TraceEvent::CqProducerIndices { .. }
             | TraceEvent::Outstanding { .. }
             | TraceEvent::MwBinding { .. }
             | TraceEvent::MwSpan { .. } => false,
@@ -206,9 +233,8 @@ fn outcome<T: Copy, E: fmt::Display>(r: &Result<T, E>) -> Outcome<'_, T> {
     }
 }
 
-impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> RdmaBackend for Tracer<B, F> {
+impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> DataPath for Tracer<B, F> {
     type Error = B::Error;
-
     fn capabilities(&self) -> Capabilities {
         let c = self.inner.capabilities();
         self.emit(TraceEvent::Capabilities(c));
@@ -251,16 +277,6 @@ impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> RdmaBackend for Tracer<B, F> {
         self.emit(TraceEvent::QpState { qp, result: outcome(&r) });
         r
     }
-    fn reg_mr(&mut self, domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, B::Error> {
-        let r = self.inner.reg_mr(domain, addr, len, access);
-        self.emit(TraceEvent::RegMr { domain, addr, len, access, result: outcome(&r) });
-        r
-    }
-    fn alloc_mw(&mut self) -> Result<Rkey, B::Error> {
-        let r = self.inner.alloc_mw();
-        self.emit(TraceEvent::AllocMw { result: outcome(&r) });
-        r
-    }
     fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), B::Error> {
         let r = self.inner.read_local(addr, buf);
         self.emit(TraceEvent::ReadLocal { addr, len: buf.len(), result: outcome(&r) });
@@ -271,14 +287,22 @@ impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> RdmaBackend for Tracer<B, F> {
         self.emit(TraceEvent::WriteLocal { addr, data, result: outcome(&r) });
         r
     }
-    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, B::Error> {
-        let r = self.inner.ring_base(qp, queue);
-        self.emit(TraceEvent::RingBase { qp, queue, result: outcome(&r) });
+    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        let r = self.inner.outstanding(qp, queue);
+        self.emit(TraceEvent::Outstanding { qp, queue, result: r });
         r
     }
-    fn ring_keys(&self, domain: Domain) -> Result<MrKeys, B::Error> {
-        let r = self.inner.ring_keys(domain);
-        self.emit(TraceEvent::RingKeys { domain, result: outcome(&r) });
+}
+
+impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> Provision for Tracer<B, F> {
+    fn reg_mr(&mut self, domain: Domain, addr: u64, len: u64, access: AccessFlags) -> Result<MrKeys, B::Error> {
+        let r = self.inner.reg_mr(domain, addr, len, access);
+        self.emit(TraceEvent::RegMr { domain, addr, len, access, result: outcome(&r) });
+        r
+    }
+    fn alloc_mw(&mut self) -> Result<Rkey, B::Error> {
+        let r = self.inner.alloc_mw();
+        self.emit(TraceEvent::AllocMw { result: outcome(&r) });
         r
     }
     fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, B::Error> {
@@ -291,11 +315,22 @@ impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> RdmaBackend for Tracer<B, F> {
         self.emit(TraceEvent::CreateLoopbackQp { domain, managed_send_depth, result: outcome(&r) });
         r
     }
-    fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
-        let r = self.inner.outstanding(qp, queue);
-        self.emit(TraceEvent::Outstanding { qp, queue, result: r });
+}
+
+impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> OffloadRings for Tracer<B, F> {
+    fn ring_base(&self, qp: Qpn, queue: QueueSel) -> Result<u64, B::Error> {
+        let r = self.inner.ring_base(qp, queue);
+        self.emit(TraceEvent::RingBase { qp, queue, result: outcome(&r) });
         r
     }
+    fn ring_keys(&self, domain: Domain) -> Result<MrKeys, B::Error> {
+        let r = self.inner.ring_keys(domain);
+        self.emit(TraceEvent::RingKeys { domain, result: outcome(&r) });
+        r
+    }
+}
+
+impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> WindowState for Tracer<B, F> {
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
         let r = self.inner.mw_binding(rkey);
         self.emit(TraceEvent::MwBinding { rkey, result: r });
@@ -304,6 +339,24 @@ impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> RdmaBackend for Tracer<B, F> {
     fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
         let r = self.inner.mw_span(rkey);
         self.emit(TraceEvent::MwSpan { rkey, result: r });
+        r
+    }
+}
+
+impl<B: RdmaBackend + Mlx5Arm, F: FnMut(&TraceEvent<'_>)> Mlx5Arm for Tracer<B, F> {
+    fn cq_numbers(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> Option<[u32; 3]> {
+        let r = self.inner.cq_numbers(loop_qp, mgmt_qp);
+        self.emit(TraceEvent::CqNumbers { loop_qp, mgmt_qp, result: r });
+        r
+    }
+    fn cq_producer_indices(&self, loop_qp: Qpn, mgmt_qp: Qpn) -> [u32; 3] {
+        let r = self.inner.cq_producer_indices(loop_qp, mgmt_qp);
+        self.emit(TraceEvent::CqProducerIndices { loop_qp, mgmt_qp, result: r });
+        r
+    }
+    fn arm_mlx5(&mut self, chain: &Mlx5Chain, recv_copies: u32) -> Option<Result<(), Self::Error>> {
+        let r = self.inner.arm_mlx5(chain, recv_copies);
+        self.emit(TraceEvent::ArmMlx5 { recv_copies, result: r.as_ref().map(outcome) });
         r
     }
 }

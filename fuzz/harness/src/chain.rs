@@ -419,7 +419,7 @@ fn run_on_nic(c: &mut Cluster, layout: &ChainLayout, kind: ChainKind, requests: 
         (node.host, if kind == ChainKind::Alloc { node.alloc_qp } else { node.free_qp }, node.alloc_qp);
     let mut backend = c.driver.backend.clone();
     {
-        use omw_core::device::RdmaBackend;
+        use omw_core::device::DataPath;
         for q in layout.qpns {
             if let Ok(q) = Qpn::new(q) {
                 let _ = backend.reset_qp(q);
