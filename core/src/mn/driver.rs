@@ -684,7 +684,8 @@ impl<B: MnDevice> MnDriver<B> {
                         if let Some((step, status)) = failure {
                             self.stats.chain_failures += 1;
                             report.events += 1;
-                            self.handle(now, Event::ChainFailed { cn: *cn, kind, step, status })?;
+                            let failure = LapFailure::Status(status);
+                            self.handle(now, Event::ChainFailed { cn: *cn, kind, step, failure })?;
                         }
                         for rkey in invalidated {
                             report.events += 1;
@@ -723,7 +724,8 @@ impl<B: MnDevice> MnDriver<B> {
                         if !c.status.is_ok() {
                             // a flushed request buffer: the management QP is in error (the
                             // CN's side failed); the MN resets it and posts a buffer again
-                            self.handle(now, Event::ChainFailed { cn: *cn, kind, step: None, status: c.status })?;
+                            let failure = LapFailure::Status(c.status);
+                            self.handle(now, Event::ChainFailed { cn: *cn, kind, step: None, failure })?;
                             continue;
                         }
                         // A parked alloc chain is not armed in offloaded mode, so a request then
@@ -1001,17 +1003,8 @@ impl<B: MnDevice> MnDriver<B> {
                 self.stats.cpu_steps += cpu_steps as u64;
                 self.stats.device_ops += device_ops as u64;
                 self.stats.laps_failed += 1;
-                let status = match failure {
-                    LapFailure::Status(s) => s,
-                    LapFailure::NotOwner => WcStatus::MwBindErr,
-                    LapFailure::RequestTooLong => WcStatus::LocLenErr,
-                    LapFailure::MalformedWqe | LapFailure::ForeignQpn(_) => WcStatus::LocQpOpErr,
-                    // a step the CN's end never let complete: the transport gave up on it
-                    LapFailure::Timeout => WcStatus::RetryExcErr,
-                    LapFailure::BadSpan => WcStatus::LocProtErr,
-                };
                 if self.mn.cn(cn).is_some() {
-                    self.handle(now, Event::ChainFailed { cn, kind, step, status })?;
+                    self.handle(now, Event::ChainFailed { cn, kind, step, failure })?;
                     self.recover_errored_qps(cn)?;
                 }
                 false

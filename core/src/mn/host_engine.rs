@@ -83,6 +83,40 @@ pub enum LapFailure {
     Timeout,
 }
 
+impl LapFailure {
+    /// The CN on the other end is not answering: the device's transport gave up on a step
+    /// (retries or RNR retries exhausted), or a host-engine step ran out of its budget.
+    pub const fn unresponsive(self) -> bool {
+        matches!(self, LapFailure::Timeout | LapFailure::Status(WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr))
+    }
+    /// The request did not fit the chain's receive (the NIC completes that RECV with a local
+    /// length error).
+    pub const fn request_too_long(self) -> bool {
+        matches!(self, LapFailure::RequestTooLong | LapFailure::Status(WcStatus::LocLenErr))
+    }
+    /// The requester proved it does not own the group: its free's invalidation of MW[0] on its
+    /// own Free QP was refused by the NIC (a bind error), or the host engine's software
+    /// ownership check said so.
+    pub const fn not_owner(self) -> bool {
+        matches!(self, LapFailure::NotOwner | LapFailure::Status(WcStatus::MwBindErr))
+    }
+    /// The `detail` an [`ErrorReply`](crate::wire::message::ErrorReply) carries to the CN: the
+    /// `ibv_wc_status` number the step completed with; for a finding of the host engine's own
+    /// checks, the status the NIC reports for the same condition (so a CN reads one code
+    /// whichever mode the MN runs).
+    pub const fn wire_detail(self) -> u32 {
+        let s = match self {
+            LapFailure::Status(s) => s,
+            LapFailure::NotOwner => WcStatus::MwBindErr,
+            LapFailure::RequestTooLong => WcStatus::LocLenErr,
+            LapFailure::MalformedWqe | LapFailure::ForeignQpn(_) => WcStatus::LocQpOpErr,
+            LapFailure::Timeout => WcStatus::RetryExcErr,
+            LapFailure::BadSpan => WcStatus::LocProtErr,
+        };
+        s as u32
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum LapOutcome {
     Committed {

@@ -14,9 +14,10 @@
 use crate::access::AccessFlags;
 use crate::chain::builder::ChainEnv;
 use crate::chain::ChainKind;
-use crate::device::{ExecutionMode, MwBinding, WcStatus};
+use crate::device::{ExecutionMode, MwBinding};
 use crate::geometry::{PoolGeometry, MAX_GROUP_SIZE};
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
+use crate::mn::host_engine::LapFailure;
 use crate::mn::tenant::{TenantError, TenantId, TenantLimits, TenantTable};
 use crate::wire::memory_map::{
     alloc_scratch, free_scratch, MnMemoryMap, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF, SCRATCH_PER_CN,
@@ -175,8 +176,9 @@ pub enum Action {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[non_exhaustive]
 pub enum Event {
-    /// A chain completed a step with an error (`step` None: the trigger RECV).
-    ChainFailed { cn: CnId, kind: ChainKind, step: Option<u8>, status: WcStatus },
+    /// A chain lap failed (`step` None: the trigger RECV): the device's completion status when
+    /// the NIC ran it ([`LapFailure::Status`]), the host engine's own finding when the CPU did.
+    ChainFailed { cn: CnId, kind: ChainKind, step: Option<u8>, failure: LapFailure },
     /// Host-engine mode: a lap committed (the MN CPU ran it).
     LapCommitted { cn: CnId, kind: ChainKind },
     /// Per-CN management-QP counters (offloaded mode's lazy quota enforcement).
@@ -621,7 +623,7 @@ impl MemoryNode {
         self.now = now;
         self.stats.events += 1;
         match event {
-            Event::ChainFailed { cn, kind, step, status } => self.on_chain_failed(port, cn, kind, step, status),
+            Event::ChainFailed { cn, kind, step, failure } => self.on_chain_failed(port, cn, kind, step, failure),
             Event::LapCommitted { cn, kind } => {
                 if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
                     match kind {

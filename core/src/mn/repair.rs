@@ -10,7 +10,7 @@ impl MemoryNode {
         cn: CnId,
         kind: ChainKind,
         step: Option<u8>,
-        status: WcStatus,
+        failure: LapFailure,
     ) -> R<P::Error> {
         let r = self.cn(cn).ok_or(MnError::UnknownCn(cn))?.clone();
         if r.status != CnStatus::Active {
@@ -19,7 +19,7 @@ impl MemoryNode {
         // The CN did not answer its own reply (no receive posted, RNR budget gone) or its host
         // is gone (transport retries exhausted): repairing and re-arming would only stall
         // again. Evict it; every other CN is untouched.
-        if matches!(status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr) {
+        if failure.unresponsive() {
             return self.evict(port, cn);
         }
         // Quiesce the failed chain before reading what it left behind. A failed alloc lap that
@@ -61,7 +61,7 @@ impl MemoryNode {
                     }
                     return self.settle(port);
                 }
-                let code = if step.is_none() || status == WcStatus::LocLenErr {
+                let code = if step.is_none() || failure.request_too_long() {
                     ErrorCode::BadRequest
                 } else {
                     ErrorCode::AllocFailed
@@ -72,7 +72,7 @@ impl MemoryNode {
                         rec.bad_requests += 1;
                     }
                 }
-                self.send(port, cn, &ErrorReply { token, code, detail: status as u32 }.encode())?;
+                self.send(port, cn, &ErrorReply { token, code, detail: failure.wire_detail() }.encode())?;
                 // A CN parked on its ticket stays parked: re-arming it here (e.g. after a
                 // flushed request buffer, or a bad request while parked) would let its next
                 // request pop again and take a second ticket — more than the ring has room
@@ -101,7 +101,7 @@ impl MemoryNode {
                 let token = self.token_at(port, f + free_scratch::REQ_HDR)?;
                 let finished = self.repair_free(port, &q, f)?;
                 if !finished {
-                    let code = if status == WcStatus::MwBindErr { ErrorCode::NotOwner } else { ErrorCode::BadRequest };
+                    let code = if failure.not_owner() { ErrorCode::NotOwner } else { ErrorCode::BadRequest };
                     if code == ErrorCode::NotOwner {
                         self.stats.forged_frees += 1;
                     }
@@ -112,7 +112,7 @@ impl MemoryNode {
                             rec.bad_requests += 1;
                         }
                     }
-                    self.send(port, cn, &ErrorReply { token, code, detail: status as u32 }.encode())?;
+                    self.send(port, cn, &ErrorReply { token, code, detail: failure.wire_detail() }.encode())?;
                 }
                 self.stats.chains_rearmed += 1;
                 self.arm(port, cn, ChainKind::Free)?;
