@@ -52,6 +52,8 @@ pub struct ClusterConfig {
     pub nic: NicConfig,
     /// Zero every chunk between two owners (`MnOptions::scrub`; on by default).
     pub scrub: bool,
+    /// The MN's CN lease (ns, 0: off; `PoolSpec::lease_ns`).
+    pub lease_ns: u64,
 }
 
 impl ClusterConfig {
@@ -71,6 +73,7 @@ impl ClusterConfig {
             mode: None,
             nic: NicConfig::strict().with_prefetch(8),
             scrub: true,
+            lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
         }
     }
 }
@@ -471,7 +474,7 @@ impl Cluster {
             group_size: cfg.group_size,
             max_cns: cfg.cns.clamp(1, omw_core::mn::MAX_CNS) as u32,
             quota: cfg.quota,
-            lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
+            lease_ns: cfg.lease_ns,
             queue_depth: None,
         };
         let mut driver = plan.provision(backend, &spec).map_err(ClusterError::Provision)?;

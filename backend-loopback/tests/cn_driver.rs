@@ -169,3 +169,29 @@ fn alloc_requests_waiting_on_an_empty_pool_leave_send_slots_for_frees() {
         assert_eq!(c.cns[1].driver.sends_in_flight(), 0, "{mode:?}: every waiting request was taken or flushed");
     }
 }
+
+/// The offloaded audit is a timer of its own (issue 21): with the lease off the MN used to
+/// have no timer at all, so it never audited — a CN that bound its access window to another
+/// CN's QP kept it. Now `poll_timeout` names the audit, and the misbound group is taken back.
+#[test]
+fn the_offloaded_audit_runs_with_the_lease_off() {
+    use omw_core::ids::Qpn;
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 2;
+    cfg.chunks = 8;
+    cfg.quota = 8;
+    cfg.mode = Some(ExecutionMode::Offloaded);
+    cfg.lease_ns = 0;
+    let mut c = Cluster::new(cfg).unwrap();
+    assert!(c.driver.poll_timeout().is_some(), "no MN timer with the lease off");
+    let mut q: Vec<Qpn> = c.cns[0].mn_qps.access.iter().copied().collect();
+    q[0] = c.cns[1].mn_qps.access[0];
+    let a = c.alloc_naming(0, &q).expect("the offloaded chain binds what the request names");
+    let g = c.group_of(&a).unwrap();
+    assert_eq!(c.driver.entry(g).map(|e| e.owner()), Some(c.cns[0].id.get()));
+    let reclaimed = c.driver.mn.stats().groups_reclaimed;
+    c.advance(2 * omw_core::mn::DEFAULT_AUDIT_NS).unwrap();
+    assert!(c.driver.mn.stats().groups_reclaimed > reclaimed, "the audit did not run");
+    assert_eq!(c.driver.entry(g).map(|e| e.owner()), Some(0), "the misbound group is still held");
+    c.check_invariants().unwrap();
+}

@@ -4,7 +4,7 @@
 
 use core::cell::RefCell;
 use omw_core::access::AccessFlags;
-use omw_core::device::{DataPath, Domain, OffloadRings, Provision, RdmaBackend, WcStatus, WindowState};
+use omw_core::device::{DataPath, Domain, Provision, WcStatus};
 use omw_core::cn::driver::{CnDriver, CnEvent, CnMemory, CnQpSet};
 use omw_core::mn::CnQps;
 use omw_core::mn::driver::MnDriver;

@@ -146,6 +146,11 @@ impl Cluster {
             let before = self.d.mn.stats().events;
             self.d.poll(self.now).unwrap();
             let mut moved = self.d.mn.stats().events != before;
+            // the MN's timers (tail watch, lease, audit), as every deployment runs them; a
+            // timer firing is not movement (the tail watch fires while a ticket waits)
+            if self.d.poll_timeout().is_some_and(|t| t <= self.now) {
+                self.d.handle_timeout(self.now).unwrap();
+            }
             for c in self.cns.iter_mut().filter(|c| !c.crashed) {
                 moved |= service(c, self.now);
                 moved |= reconnect(c, &mut self.d.backend);

@@ -68,7 +68,14 @@ pub struct MnConfig {
     /// transport cannot deliver (the CN's host vanished, or the CN stopped posting receives)
     /// gets the CN evicted and everything it held reclaimed.
     pub lease_ns: u64,
+    /// The offloaded audit's period (ns, 0: only on explicit ticks): misbound and out-of-chunk
+    /// windows taken back, every CN's holdings checked against its quota. A timer of its own,
+    /// so an MN with the lease off still audits.
+    pub audit_ns: u64,
 }
+
+/// Default audit period: the cadence the audit had when it rode the default lease's probes.
+pub const DEFAULT_AUDIT_NS: u64 = DEFAULT_LEASE_NS / 2;
 
 /// Default lease: a CN whose host vanishes without a disconnect is reclaimed within about
 /// this long plus the transport's retry budget.
@@ -373,6 +380,8 @@ pub struct MemoryNode {
     restores: heapless::Vec<PendingRestore, { 2 * MAX_CNS }>,
     /// Tenants CNs may be admitted as ([`MemoryNode::connect_as`]).
     tenants: TenantTable,
+    /// When the next offloaded audit is due (offloaded mode, `audit_ns` > 0).
+    audit_at: u64,
 }
 
 type R<E> = Result<(), MnError<E>>;
@@ -418,6 +427,7 @@ impl MemoryNode {
             last_push_refused: None,
             restores: heapless::Vec::new(),
             tenants: TenantTable::new(),
+            audit_at: cfg.audit_ns,
         })
     }
 
@@ -558,16 +568,25 @@ impl MemoryNode {
         self.cn(cn).and_then(|r| self.map.scratch(r.slot))
     }
 
-    /// When the MN next needs a [`Event::Tick`] (the next lease probe), if ever. A deployment
-    /// sleeps until then (or until a completion or a connection event), never longer.
+    /// When the MN next needs a [`Event::Tick`] (the next lease probe or offloaded audit), if
+    /// ever. A deployment sleeps until then (or until a completion or a connection event),
+    /// never longer.
     pub fn poll_timeout(&self) -> Option<u64> {
-        if self.cfg.lease_ns == 0 {
-            return None;
+        // every timer of the MN, one table: the lease's probes, the offloaded audit (the tail
+        // watch while tickets are outstanding is the driver's: it polls the queue)
+        let lease = (self.cfg.lease_ns > 0)
+            .then(|| {
+                self.cns()
+                    .filter(|r| r.status == CnStatus::Active)
+                    .map(|r| r.probed_at.saturating_add(self.cfg.lease_ns / 2))
+                    .min()
+            })
+            .flatten();
+        let audit = (self.cfg.mode == ExecutionMode::Offloaded && self.cfg.audit_ns > 0).then_some(self.audit_at);
+        match (lease, audit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        self.cns()
-            .filter(|r| r.status == CnStatus::Active)
-            .map(|r| r.probed_at.saturating_add(self.cfg.lease_ns / 2))
-            .min()
     }
 
     fn send<P: MnPort>(&mut self, port: &mut P, cn: CnId, bytes: &[u8]) -> R<P::Error> {
@@ -649,6 +668,7 @@ impl MemoryNode {
             Event::RnicReset => self.on_rnic_reset(port),
             Event::Tick => {
                 if self.cfg.mode == ExecutionMode::Offloaded {
+                    self.audit_at = now.saturating_add(self.cfg.audit_ns);
                     self.audit(port)?;
                 }
                 self.probe_due(port)?;

@@ -29,7 +29,7 @@ use crate::ids::{GroupId, Rkey};
 use crate::mn::driver::{DriverError, MnDriver};
 use crate::mn::host_engine::HostRegions;
 pub use crate::mn::ScrubPath;
-use crate::mn::{MemoryNode, MnConfig, MnError, MnKeys, DEFAULT_LEASE_NS};
+use crate::mn::{MemoryNode, MnConfig, MnError, MnKeys, DEFAULT_AUDIT_NS, DEFAULT_LEASE_NS};
 use crate::wire::memory_map::MnMemoryMap;
 
 /// What the operator decides (everything else follows from the device).
@@ -444,6 +444,7 @@ impl MnConfig {
             window_access: AccessFlags::DATA_WINDOW,
             scrub: plan.scrub,
             lease_ns: DEFAULT_LEASE_NS,
+            audit_ns: DEFAULT_AUDIT_NS,
         }
     }
 }
