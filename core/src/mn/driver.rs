@@ -189,6 +189,9 @@ struct Port<'a, B: MnDevice> {
     /// Send completions a rebind's wait took off a CN's QP that were not its own (a lap's
     /// step): the driver hands them to their laps once the reaction is over.
     stray: heapless::Vec<(Qpn, u64, WcStatus), 32>,
+    /// Requests the MN decided to serve ([`Action::ServeLap`]); the driver runs their laps once
+    /// the reaction is over.
+    serve: heapless::Vec<(CnId, ChainKind, u32), 4>,
 }
 
 impl<B: MnDevice> MnPort for Port<'_, B> {
@@ -263,6 +266,11 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                 if !self.repost.contains(&qp) {
                     let _ = self.repost.push(qp);
                 }
+                Ok(())
+            }
+            Action::ServeLap { cn, kind, len } => {
+                let pushed = self.serve.push((cn, kind, len));
+                debug_assert!(pushed.is_ok(), "one request arrives per reaction (RequestArrived): 4 > 1");
                 Ok(())
             }
             Action::Unbind { rkey } => {
@@ -466,6 +474,7 @@ impl<B: MnDevice> MnDriver<B> {
             resets: heapless::Vec::new(),
             laps: &mut self.laps,
             stray: heapless::Vec::new(),
+            serve: heapless::Vec::new(),
         };
         (&mut self.mn, port)
     }
@@ -543,6 +552,7 @@ impl<B: MnDevice> MnDriver<B> {
         let repost = core::mem::take(&mut port.repost);
         let resets = core::mem::take(&mut port.resets);
         let stray = core::mem::take(&mut port.stray);
+        let serve = core::mem::take(&mut port.serve);
         self.forget_receives(&resets);
         // completions a rebind's wait took off a QP a lap waits on belong to that lap
         for (qp, wr_id, status) in stray {
@@ -562,7 +572,11 @@ impl<B: MnDevice> MnDriver<B> {
         let mn = &self.mn;
         self.laps.retain(|l| mn.cn(l.cn).is_some());
         r?;
-        self.post_request_buffers(&repost)
+        self.post_request_buffers(&repost)?;
+        for (cn, kind, len) in serve {
+            self.serve_request(cn, kind, len)?;
+        }
+        Ok(())
     }
 
     /// A reset dropped whatever receives these QPs had posted.
@@ -707,16 +721,12 @@ impl<B: MnDevice> MnDriver<B> {
                         }
                         report.events += 1;
                         let c = buf[0];
-                        if c.status.is_ok() {
-                            // a request: the CN is alive (a lap may drop the completions of
-                            // its probes while it waits for its own steps)
-                            self.mn.cn_answered(*cn);
-                        }
                         // that receive is consumed, whatever its status
                         self.set_request_posted(*cn, kind, false);
                         // A SEND_WITH_INV: no request of an honest CN. It is not served; the MN
                         // checks whose window it revoked (and may evict the sender).
                         if let Some(rkey) = c.invalidated.filter(|_| c.status.is_ok()) {
+                            self.handle(now, Event::CnAnswered { cn: *cn })?;
                             self.handle(now, Event::RemoteInvalidation { qp: mgmt, rkey })?;
                             self.post_request_buffer(*cn, kind)?;
                             continue;
@@ -728,24 +738,10 @@ impl<B: MnDevice> MnDriver<B> {
                             self.handle(now, Event::ChainFailed { cn: *cn, kind, step: None, failure })?;
                             continue;
                         }
-                        // A parked alloc chain is not armed in offloaded mode, so a request then
-                        // finds no receive. Here it must not run either: the CN's empty pop
-                        // already holds its one ticket, and another pop would take a second one
-                        // the queue ring has no room for. Answer it "empty" (matched by its
-                        // token) without running it.
-                        if kind == ChainKind::Alloc && self.mn.cn(*cn).is_some_and(|r| r.alloc_parked) {
-                            let token = self.request_token(*cn, kind, c.byte_len)?;
-                            self.post_request_buffer(*cn, kind)?;
-                            if let Some(token) = token {
-                                let (mn, mut port) = self.port();
-                                mn.refuse_parked(&mut port, *cn, token).map_err(DriverError::from)?;
-                            }
-                            continue;
-                        }
-                        let committed = self.serve_request(*cn, kind, c.byte_len)?;
-                        if committed {
-                            report.laps_committed += 1;
-                        }
+                        // the MN answers it or has it served (Action::ServeLap)
+                        let before = self.stats.laps - self.stats.laps_failed;
+                        self.handle(now, Event::RequestArrived { cn: *cn, kind, len: c.byte_len })?;
+                        report.laps_committed += (self.stats.laps - self.stats.laps_failed - before) as u32;
                     }
                 }
             }
@@ -775,10 +771,13 @@ impl<B: MnDevice> MnDriver<B> {
     /// already accounted for and is dropped.
     fn dispatch_sends(&mut self, cn: CnId, qp: Qpn) -> Result<bool, DriverError<B::Error>> {
         let mut buf = [Completion::EMPTY; 16];
-        let mut unreachable = false;
+        let (mut unreachable, mut answered) = (false, false);
         loop {
             let n = self.backend.poll_cq(qp, QueueSel::Send, &mut buf).map_err(DriverError::Backend)?;
             if n == 0 {
+                if answered {
+                    self.handle(self.now, Event::CnAnswered { cn })?;
+                }
                 return Ok(unreachable);
             }
             for c in &buf[..n] {
@@ -791,7 +790,7 @@ impl<B: MnDevice> MnDriver<B> {
                 if matches!(c.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr) {
                     unreachable = true;
                 } else if c.status.is_ok() {
-                    self.mn.cn_answered(cn);
+                    answered = true;
                 }
             }
         }
@@ -911,17 +910,6 @@ impl<B: MnDevice> MnDriver<B> {
         Ok(events)
     }
 
-    /// The token of the request in the CN's request buffer (None: too short to carry one).
-    fn request_token(&mut self, cn: CnId, kind: ChainKind, len: u32) -> Result<Option<u32>, DriverError<B::Error>> {
-        if len < 8 {
-            return Ok(None);
-        }
-        let addr = self.request_buf(cn, kind).ok_or(DriverError::NoScratch(cn))?;
-        let mut t = [0u8; 4];
-        self.backend.read_local(addr + 4, &mut t).map_err(DriverError::Backend)?;
-        Ok(Some(u32::from_le_bytes(t)))
-    }
-
     /// Host-engine mode: start (or, with `concurrent_laps` off, run) a lap for a request that
     /// arrived in the CN's request buffer. True when it committed right away.
     fn serve_request(&mut self, cn: CnId, kind: ChainKind, len: u32) -> Result<bool, DriverError<B::Error>> {
@@ -935,14 +923,6 @@ impl<B: MnDevice> MnDriver<B> {
         let serial = !self.concurrent_laps;
         if serial {
             self.post_request_buffer(cn, kind)?;
-        }
-        if kind == ChainKind::Alloc && n >= 8 {
-            let token = u32::from_le_bytes([req[4], req[5], req[6], req[7]]);
-            let (mn, mut port) = self.port();
-            if mn.refuse_over_quota(&mut port, cn, token).map_err(DriverError::from)? {
-                self.post_request_buffer(cn, kind)?;
-                return Ok(false);
-            }
         }
         let entry = (kind == ChainKind::Free && n >= 16)
             .then(|| u64::from_le_bytes([req[8], req[9], req[10], req[11], req[12], req[13], req[14], req[15]]));
@@ -989,14 +969,7 @@ impl<B: MnDevice> MnDriver<B> {
             LapOutcome::Committed { device_ops, cpu_steps } => {
                 self.stats.cpu_steps += cpu_steps as u64;
                 self.stats.device_ops += device_ops as u64;
-                if let Some(entry) = entry {
-                    // the group is back in the queue, but no other lap runs a step before this
-                    // returns (one thread; the NIC pops nothing in this mode): clear the chunk
-                    // before its next owner can get it
-                    let (mn, mut port) = self.port();
-                    mn.scrub_entry(&mut port, entry).map_err(DriverError::from)?;
-                }
-                self.handle(now, Event::LapCommitted { cn, kind })?;
+                self.handle(now, Event::LapCommitted { cn, kind, freed: entry })?;
                 true
             }
             LapOutcome::Failed { step, failure, device_ops, cpu_steps } => {

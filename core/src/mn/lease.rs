@@ -21,7 +21,7 @@ impl MemoryNode {
 
     /// Evidence that `cn` is alive and receiving: a send to it completed, or a request from it
     /// arrived. Renews its lease.
-    pub fn cn_answered(&mut self, cn: CnId) {
+    pub(super) fn cn_answered(&mut self, cn: CnId) {
         if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
             r.probe_outstanding = false;
         }

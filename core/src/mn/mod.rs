@@ -20,7 +20,8 @@ use crate::ids::{CnId, GroupId, Qpn, Rkey};
 use crate::mn::host_engine::LapFailure;
 use crate::mn::tenant::{TenantError, TenantId, TenantLimits, TenantTable};
 use crate::wire::memory_map::{
-    alloc_scratch, free_scratch, MnMemoryMap, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF, SCRATCH_PER_CN,
+    alloc_scratch, free_scratch, MnMemoryMap, ALLOC_REQUEST_BUF_OFF, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF,
+    SCRATCH_PER_CN,
 };
 use crate::wire::message::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice, Rebound};
 use crate::wire::mwtable::{MwTableEntry, ENTRY_SIZE};
@@ -160,6 +161,10 @@ pub enum Action {
     ArmChain { kind: ChainKind, env: ChainEnv },
     /// Post plain receive buffers for requests on a management QP (host-engine mode).
     PostRequestBuffers { qp: Qpn },
+    /// Host-engine mode: run a lap for the request that arrived in the CN's request buffer of
+    /// `kind` ([`Event::RequestArrived`]); the port reports its end as
+    /// [`Event::LapCommitted`] or [`Event::ChainFailed`].
+    ServeLap { cn: CnId, kind: ChainKind, len: u32 },
     /// Invalidate the window with this exact rkey if it is bound; nothing if it is not.
     Unbind { rkey: Rkey },
     /// Send a message to a CN: on the MN end of its first access QP (the only CN-facing send
@@ -186,8 +191,17 @@ pub enum Event {
     /// A chain lap failed (`step` None: the trigger RECV): the device's completion status when
     /// the NIC ran it ([`LapFailure::Status`]), the host engine's own finding when the CPU did.
     ChainFailed { cn: CnId, kind: ChainKind, step: Option<u8>, failure: LapFailure },
-    /// Host-engine mode: a lap committed (the MN CPU ran it).
-    LapCommitted { cn: CnId, kind: ChainKind },
+    /// Host-engine mode: a request of `len` bytes (as the receive completion reported)
+    /// arrived in the CN's request buffer of `kind`. The CN is alive; the MN answers it at
+    /// once (an alloc while parked on its ticket: "empty"; one over the quota:
+    /// `QuotaExceeded`) or has it served ([`Action::ServeLap`]).
+    RequestArrived { cn: CnId, kind: ChainKind, len: u32 },
+    /// Host-engine mode: a lap committed (the MN CPU ran it). `freed` is the MWTable entry a
+    /// committed free returned to the queue: its chunk is scrubbed before any other lap runs.
+    LapCommitted { cn: CnId, kind: ChainKind, freed: Option<u64> },
+    /// A message the MN sent the CN completed: the CN is alive and receiving (its lease is
+    /// renewed).
+    CnAnswered { cn: CnId },
     /// Per-CN management-QP counters (offloaded mode's lazy quota enforcement).
     CounterSample { cn: CnId, allocs: u64, frees: u64 },
     /// The CN crashed or disconnected.
@@ -643,7 +657,18 @@ impl MemoryNode {
         self.stats.events += 1;
         match event {
             Event::ChainFailed { cn, kind, step, failure } => self.on_chain_failed(port, cn, kind, step, failure),
-            Event::LapCommitted { cn, kind } => {
+            Event::RequestArrived { cn, kind, len } => self.on_request(port, cn, kind, len),
+            Event::CnAnswered { cn } => {
+                self.cn_answered(cn);
+                Ok(())
+            }
+            Event::LapCommitted { cn, kind, freed } => {
+                if let Some(entry) = freed {
+                    // the group is back in the queue, but no other lap runs a step before the
+                    // MN returns (one thread; the NIC pops nothing in this mode): clear the
+                    // chunk before its next owner can get it
+                    self.scrub_entry(port, entry)?;
+                }
                 if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
                     match kind {
                         ChainKind::Alloc => r.allocs += 1,
@@ -737,7 +762,7 @@ impl MemoryNode {
     /// next key, the table updated, the owner sent a [`Rebound`] notice. The owner keeps its
     /// chunk and its bytes. Restores happen in host-engine mode only: offloading needs a device
     /// that checks the bound QP on invalidation, where only a window's own QP can revoke it.
-    pub fn on_remote_invalidation<P: MnPort>(&mut self, port: &mut P, qp: Qpn, rkey: Rkey) -> R<P::Error> {
+    pub(super) fn on_remote_invalidation<P: MnPort>(&mut self, port: &mut P, qp: Qpn, rkey: Rkey) -> R<P::Error> {
         self.stats.remote_invalidations += 1;
         let Some(sender) = self.cn_of_qp(qp) else { return Ok(()) };
         let hit = self.window_of(port, rkey)?;

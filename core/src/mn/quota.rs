@@ -24,14 +24,53 @@ impl MemoryNode {
         t.map_or(self.cfg.quota, |l| l.quota)
     }
 
+    /// Host-engine mode: a request arrived ([`Event::RequestArrived`]). An alloc is refused at
+    /// once while the CN is parked on its ticket or when it would exceed the quota; anything
+    /// else is served. A refused request's buffer is posted again here (the lap that would
+    /// have ended by posting it never runs).
+    pub(super) fn on_request<P: MnPort>(&mut self, port: &mut P, cn: CnId, kind: ChainKind, len: u32) -> R<P::Error> {
+        let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
+        // a request: the CN is alive (a lap may drop the completions of its probes while it
+        // waits for its own steps)
+        self.cn_answered(cn);
+        if self.cfg.mode != ExecutionMode::HostEngine || r.status != CnStatus::Active {
+            return Ok(());
+        }
+        let mgmt = match kind {
+            ChainKind::Alloc => r.qps.alloc,
+            ChainKind::Free => r.qps.free,
+        };
+        if kind == ChainKind::Alloc {
+            // the token, where the request is long enough to carry one (a refusal names it)
+            let token = match (len as usize >= crate::wire::message::HEADER_LEN, self.map.scratch(r.slot)) {
+                (true, Some(s)) => Some(self.token_at(port, s + ALLOC_REQUEST_BUF_OFF)?),
+                _ => None,
+            };
+            // A parked alloc chain is not armed in offloaded mode, so a request then finds no
+            // receive. Here it must not run either: the CN's empty pop already holds its one
+            // ticket, and another pop would take a second one the queue ring has no room for.
+            // Answer it "empty" (matched by its token) without running it.
+            let refused = if r.alloc_parked {
+                if let Some(token) = token {
+                    self.refuse_parked(port, cn, token)?;
+                }
+                true
+            } else {
+                match token {
+                    Some(token) => self.refuse_over_quota(port, cn, token)?,
+                    None => false,
+                }
+            };
+            if refused {
+                return port.apply(Action::PostRequestBuffers { qp: mgmt }).map_err(MnError::Port);
+            }
+        }
+        port.apply(Action::ServeLap { cn, kind, len }).map_err(MnError::Port)
+    }
+
     /// Host-engine mode's exact quota: refuse an allocation that would exceed it (the CN is
     /// told `QuotaExceeded`; nothing is revoked). Returns whether the request was refused.
-    pub fn refuse_over_quota<P: MnPort>(
-        &mut self,
-        port: &mut P,
-        cn: CnId,
-        token: u32,
-    ) -> Result<bool, MnError<P::Error>> {
+    fn refuse_over_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId, token: u32) -> Result<bool, MnError<P::Error>> {
         let quota = self.quota_of(cn);
         if self.held_by(port, cn)? < quota {
             return Ok(false);
@@ -44,7 +83,7 @@ impl MemoryNode {
     /// queue is empty and the CN already holds its one ticket). It does not run — another pop
     /// would take a second ticket — but it is answered, so the CN learns "empty" for *this*
     /// request instead of waiting for a reply that never comes.
-    pub fn refuse_parked<P: MnPort>(&mut self, port: &mut P, cn: CnId, token: u32) -> R<P::Error> {
+    fn refuse_parked<P: MnPort>(&mut self, port: &mut P, cn: CnId, token: u32) -> R<P::Error> {
         self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())
     }
 

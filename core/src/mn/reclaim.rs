@@ -37,7 +37,7 @@ impl MemoryNode {
     /// Zero a chunk on the MN CPU, so its next owner cannot read what the last one left. Done
     /// for every group the MN handles itself (host-engine frees, reclaims); the offloaded free
     /// chain cannot (the loopback QP has no write rights on the pool), see ARCHITECTURE.md.
-    pub fn scrub<P: MnPort>(&mut self, port: &mut P, g: GroupId) -> R<P::Error> {
+    pub(super) fn scrub<P: MnPort>(&mut self, port: &mut P, g: GroupId) -> R<P::Error> {
         static ZEROS: [u8; 4096] = [0; 4096];
         if self.cfg.scrub == ScrubPath::Off {
             return Ok(());
@@ -55,7 +55,7 @@ impl MemoryNode {
     }
 
     /// [`Self::scrub`] for the group whose MWTable entry is at `entry_addr` (a free request's).
-    pub fn scrub_entry<P: MnPort>(&mut self, port: &mut P, entry_addr: u64) -> R<P::Error> {
+    pub(super) fn scrub_entry<P: MnPort>(&mut self, port: &mut P, entry_addr: u64) -> R<P::Error> {
         match self.map.group_of_entry(entry_addr) {
             Some(g) => self.scrub(port, g),
             None => Ok(()),
