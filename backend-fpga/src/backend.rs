@@ -1222,6 +1222,11 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> OffloadRings for FpgaBackend<M, H> {
     fn ring_keys(&self, d: Domain) -> Result<MrKeys, Error> {
         self.ring_keys_in(d)
     }
+    /// The extension block has no per-QP execution counter (docs/FPGA.md register map): the
+    /// MN's audit of the MWTable checks quotas alone.
+    fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
+        None
+    }
 }
 
 impl<M: Mmio + CoyoteDriver, H: HostMemory> WindowState for FpgaBackend<M, H> {

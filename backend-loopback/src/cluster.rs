@@ -353,6 +353,9 @@ impl OffloadRings for NodeBackend {
     fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
         self.fabric.borrow().ring_keys_in(self.host, self.pd(d)?)
     }
+    fn send_wqes_executed(&self, qp: Qpn) -> Option<u64> {
+        self.fabric.borrow().qp_stats(self.qa(qp)).ok().map(|s| s.wqes_executed)
+    }
 }
 
 impl WindowState for NodeBackend {
@@ -441,8 +444,6 @@ pub struct Cluster {
     /// rings' depths, so a lap wraps onto the same bytes.
     ring_depths: [[u32; 2]; 2],
     pub mn_cpu_events: u64,
-    /// Management-QP counters at the last RNIC reset (the MN's counts restart there).
-    counter_base: Vec<(u64, u64)>,
 }
 
 impl fmt::Debug for Cluster {
@@ -496,7 +497,6 @@ impl Cluster {
             per_chunk_mrs,
             ring_depths,
             mn_cpu_events: 0,
-            counter_base: Vec::new(),
         };
         for _ in 0..cfg.cns {
             c.connect_cn()?;
@@ -564,7 +564,6 @@ impl Cluster {
             last_io: Vec::new(),
         };
         self.cns.push(node);
-        self.counter_base.push((0, 0));
         let id = self.driver.connect(mn_qps)?;
         self.cns[idx].id = id;
         self.pump()?;
@@ -983,9 +982,6 @@ impl Cluster {
     /// The MN's RNIC resets: every QP errors and every window binding is lost.
     pub fn reset_mn_rnic(&mut self) -> Result<(), ClusterError> {
         self.fabric.borrow_mut().reset_rnic(self.mn_host)?;
-        for i in 0..self.cns.len() {
-            self.counter_base[i] = self.mgmt_counters(i);
-        }
         let now = self.now();
         self.driver.handle(now, Event::RnicReset)?;
         self.count_event(1);
@@ -993,47 +989,22 @@ impl Cluster {
         Ok(())
     }
 
-    /// The MN's periodic timer.
+    /// The MN's periodic timer, now (`MnDriver::tick`: the lap counters sampled, then the tick).
     pub fn tick(&mut self) -> Result<(), ClusterError> {
         let now = self.now();
-        self.driver.handle(now, Event::Tick)?;
+        self.driver.tick(now)?;
         self.pump()?;
         Ok(())
     }
 
-    /// The "hardware counters" of CN `i`'s management QPs: completed alloc and free laps,
-    /// from the WQEs the MN ends of its Alloc and Free QPs executed (one ring's worth per lap).
-    pub fn mgmt_counters(&self, i: usize) -> (u64, u64) {
-        let f = self.fabric.borrow();
-        let n = &self.cns[i];
-        let exec = |q: Qpn| f.qp_stats(QpAddr::new(self.mn_host, q)).map(|s| s.wqes_executed).unwrap_or(0);
-        let a = exec(n.mn_qps.alloc) / self.ring_depths[0][1].max(1) as u64;
-        let fr = exec(n.mn_qps.free) / self.ring_depths[1][1].max(1) as u64;
-        (a, fr)
-    }
-
-    /// Offloaded mode's lazy quota enforcement: sample each CN's management-QP counters and
-    /// hand them to the MN (which disconnects a CN over budget). The counters are the MN's
-    /// own QPs', so a CN whose host vanished is sampled too: the alloc lap it left running
-    /// still binds, and a silent CN over its quota is enforced now, not only at eviction.
+    /// Offloaded mode's lazy quota enforcement, now: the MN driver samples each CN's
+    /// management-QP counters (the model's executed WQEs ÷ ring depth) and hands them to the
+    /// MN, which disconnects a CN over budget (`MnDriver::sample_counters`; its timer does
+    /// the same at every tick).
     pub fn sample_counters(&mut self) -> Result<(), ClusterError> {
-        if self.mode != ExecutionMode::Offloaded {
-            return Ok(());
-        }
         let now = self.now();
-        let mut samples = Vec::new();
-        for (i, n) in self.cns.iter().enumerate() {
-            if self.driver.mn.cn(n.id).is_none() {
-                continue;
-            }
-            let (a, fr) = self.mgmt_counters(i);
-            let (ba, bf) = self.counter_base[i];
-            samples.push((n.id, a.saturating_sub(ba), fr.saturating_sub(bf)));
-        }
-        for (cn, allocs, frees) in samples {
-            self.driver.handle(now, Event::CounterSample { cn, allocs, frees })?;
-            self.count_event(1);
-        }
+        let n = self.driver.sample_counters(now)?;
+        self.count_event(n as u64);
         self.pump()?;
         Ok(())
     }

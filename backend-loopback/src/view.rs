@@ -123,6 +123,9 @@ impl OffloadRings for HostView<'_> {
     fn ring_keys(&self, d: Domain) -> Result<MrKeys, LoopbackError> {
         self.fabric.ring_keys_in(self.host, self.pd(d)?)
     }
+    fn send_wqes_executed(&self, qp: Qpn) -> Option<u64> {
+        self.fabric.qp_stats(self.qp(qp)).ok().map(|s| s.wqes_executed)
+    }
 }
 
 impl WindowState for HostView<'_> {

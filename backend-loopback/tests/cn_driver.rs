@@ -195,3 +195,23 @@ fn the_offloaded_audit_runs_with_the_lease_off() {
     assert_eq!(c.driver.entry(g).map(|e| e.owner()), Some(0), "the misbound group is still held");
     c.check_invariants().unwrap();
 }
+
+/// The lap counters are one of the MN's timers: every tick the driver samples each CN's
+/// management-QP counters itself, on every deployment whose device can count (here the model)
+/// — no test or harness has to call for a sample.
+#[test]
+fn the_mn_driver_samples_lap_counters_on_its_own_timer() {
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 1;
+    cfg.chunks = 8;
+    cfg.mode = Some(ExecutionMode::Offloaded);
+    let mut c = Cluster::new(cfg).unwrap();
+    let a = c.alloc(0).unwrap();
+    let _b = c.alloc(0).unwrap();
+    c.free(0, &a).unwrap();
+    let id = c.cns[0].id;
+    assert_eq!(c.driver.mn.cn(id).map(|r| (r.allocs, r.frees)), Some((0, 0)), "sampled before any tick");
+    c.advance(2 * omw_core::mn::DEFAULT_AUDIT_NS).unwrap();
+    assert_eq!(c.driver.mn.cn(id).map(|r| (r.allocs, r.frees)), Some((2, 1)), "the tick sampled no counters");
+    c.check_invariants().unwrap();
+}

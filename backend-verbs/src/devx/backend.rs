@@ -814,6 +814,12 @@ impl<D: DevxDevice> OffloadRings for DevxBackend<D> {
     fn ring_keys(&self, domain: Domain) -> Result<MrKeys, DevxError> {
         Ok(self.ring_mrs[domain_slot(domain)])
     }
+    /// Not read from the device yet: QUERY_QP's `hw_sq_wqebb_counter` (16 bits, wrapping) is
+    /// the candidate, unverified on hardware. Until then the offloaded MN checks quotas by its
+    /// audit of the MWTable alone.
+    fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
+        None
+    }
 }
 
 impl<D: DevxDevice> WindowState for DevxBackend<D> {

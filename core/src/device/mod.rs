@@ -332,6 +332,11 @@ pub trait OffloadRings: DataPath {
     /// only; local-only in the CN-facing one, where receives scatter request bytes into WQE
     /// fields).
     fn ring_keys(&self, domain: Domain) -> Result<MrKeys, Self::Error>;
+    /// How many send WQEs the device has executed on `qp` (the MN's own management QP of a
+    /// chain): one lap is a ring's worth, so the MN counts a CN's laps from it for its lazy
+    /// quota check ([`crate::mn::Event::CounterSample`]), which the chains cannot do themselves.
+    /// `None`: the device cannot tell (the MN then relies on its audit of the MWTable alone).
+    fn send_wqes_executed(&self, qp: Qpn) -> Option<u64>;
 }
 
 /// What the device can tell about its windows, for the MN's audit and the invariant checker.

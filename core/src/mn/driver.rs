@@ -162,6 +162,14 @@ pub struct MnDriver<B: MnDevice> {
     send_seq: [u8; crate::mn::MAX_CNS],
     /// Host-engine mode: whether the request buffer of [Alloc, Free] is posted, per CN slot.
     request_posted: [[bool; 2]; crate::mn::MAX_CNS],
+    /// Offloaded mode: the send WQEs each CN slot's [Alloc, Free] management QP had executed
+    /// when the CN connected (or the RNIC was reset), so a counter sample counts its laps.
+    lap_base: [[u64; 2]; crate::mn::MAX_CNS],
+    /// Offloaded mode: the management rings' WQE counts per lap [Alloc, Free] — one lap's
+    /// worth of executed send WQEs — kept when the loop QPs are sized for them
+    /// ([`MnDriver::create_loop_qps`]; building both chain layouts is too large for the stack
+    /// of a timer deep in a reaction).
+    lap_wqes: Option<[u64; 2]>,
     now: u64,
 }
 
@@ -437,6 +445,8 @@ impl<B: MnDevice> MnDriver<B> {
             stats: DriverStats::default(),
             send_seq: [0; crate::mn::MAX_CNS],
             request_posted: [[false; 2]; crate::mn::MAX_CNS],
+            lap_base: [[0; 2]; crate::mn::MAX_CNS],
+            lap_wqes: None,
             now: 0,
         }
     }
@@ -514,6 +524,7 @@ impl<B: MnDevice> MnDriver<B> {
             return Ok(None);
         }
         let d = self.mn.chain_ring_depths().map_err(DriverError::Chain)?;
+        self.lap_wqes = Some([u64::from(d[0][1]).max(1), u64::from(d[1][1]).max(1)]);
         let a =
             self.backend.create_loopback_qp(Domain::MnPrivate, Some(d[0][0] as u32)).map_err(DriverError::Backend)?;
         let f =
@@ -532,10 +543,17 @@ impl<B: MnDevice> MnDriver<B> {
         qps: CnQps,
         tenant: Option<crate::mn::tenant::TenantId>,
     ) -> Result<CnId, DriverError<B::Error>> {
+        let base = [self.backend.send_wqes_executed(qps.alloc), self.backend.send_wqes_executed(qps.free)];
         let (mn, mut port) = self.port();
         let cn = mn.connect_as(&mut port, qps.clone(), tenant).map_err(DriverError::from)?;
         let repost = core::mem::take(&mut port.repost);
         let resets = core::mem::take(&mut port.resets);
+        drop(port);
+        if let Some(slot) = self.mn.cn(cn).map(|r| r.slot as usize) {
+            if let Some(b) = self.lap_base.get_mut(slot) {
+                *b = base.map(|x| x.unwrap_or(0));
+            }
+        }
         // the slot may have served a CN that left: none of the new CN's QPs has a buffer yet
         if let Some(p) = self.mn.cn(cn).and_then(|r| self.request_posted.get_mut(r.slot as usize)) {
             *p = [false; 2];
@@ -547,6 +565,10 @@ impl<B: MnDevice> MnDriver<B> {
 
     pub fn handle(&mut self, now: u64, event: Event) -> Result<(), DriverError<B::Error>> {
         self.now = now;
+        if event == Event::RnicReset {
+            // the device's counters start again with its QPs
+            self.rebase_lap_counters();
+        }
         let (mn, mut port) = self.port();
         let r = mn.handle(now, event, &mut port).map_err(DriverError::from);
         let repost = core::mem::take(&mut port.repost);
@@ -895,8 +917,9 @@ impl<B: MnDevice> MnDriver<B> {
         }
     }
 
-    /// Run the timers that are due at `now` (the tail watch, the lease tick). Returns how
-    /// many MN events that was.
+    /// Run the timers that are due at `now`: the tail watch, and the MN's tick (lease probes,
+    /// the offloaded audit) — offloaded, each tick first samples every CN's lap counters
+    /// ([`MnDriver::sample_counters`]). Returns how many MN events that was.
     pub fn handle_timeout(&mut self, now: u64) -> Result<u32, DriverError<B::Error>> {
         let mut events = 0;
         if !self.mn.tickets().is_empty() {
@@ -904,10 +927,54 @@ impl<B: MnDevice> MnDriver<B> {
             events += 1;
         }
         if self.mn.poll_timeout().is_some_and(|t| t <= now) {
-            self.handle(now, Event::Tick)?;
-            events += 1;
+            events += self.tick(now)?;
         }
         Ok(events)
+    }
+
+    /// The MN's tick now, due or not (what [`MnDriver::handle_timeout`] runs when it is due): the
+    /// lap counters sampled (offloaded), then [`Event::Tick`]. Returns the MN events handled.
+    pub fn tick(&mut self, now: u64) -> Result<u32, DriverError<B::Error>> {
+        let n = self.sample_counters(now)?;
+        self.handle(now, Event::Tick)?;
+        Ok(n + 1)
+    }
+
+    /// Offloaded mode's lazy quota enforcement: count each CN's laps from its management QPs'
+    /// executed send WQEs (one ring's worth per lap; the device's own counters, so a CN whose
+    /// host vanished is counted too — the alloc lap it left running still binds) and hand them
+    /// to the MN ([`Event::CounterSample`]), which disconnects a CN over its quota. A device
+    /// that cannot count leaves the MWTable audit to find it. Returns the samples handled.
+    pub fn sample_counters(&mut self, now: u64) -> Result<u32, DriverError<B::Error>> {
+        // (no ring sizes yet: no CN ever connected, nothing to count)
+        let Some(per_lap) = self.lap_wqes.filter(|_| self.mn.mode() == ExecutionMode::Offloaded) else {
+            return Ok(0);
+        };
+        let mut samples: heapless::Vec<(CnId, u64, u64), { crate::mn::MAX_CNS }> = heapless::Vec::new();
+        for r in self.mn.cns() {
+            let (Some(a), Some(f)) =
+                (self.backend.send_wqes_executed(r.qps.alloc), self.backend.send_wqes_executed(r.qps.free))
+            else {
+                continue;
+            };
+            let base = self.lap_base.get(r.slot as usize).copied().unwrap_or([0; 2]);
+            let sample = (r.cn, a.saturating_sub(base[0]) / per_lap[0], f.saturating_sub(base[1]) / per_lap[1]);
+            let pushed = samples.push(sample);
+            debug_assert!(pushed.is_ok(), "one sample per CN record: at most MAX_CNS");
+        }
+        let n = samples.len() as u32;
+        for (cn, allocs, frees) in samples {
+            self.handle(now, Event::CounterSample { cn, allocs, frees })?;
+        }
+        Ok(n)
+    }
+
+    fn rebase_lap_counters(&mut self) {
+        for r in self.mn.cns() {
+            if let Some(b) = self.lap_base.get_mut(r.slot as usize) {
+                *b = [r.qps.alloc, r.qps.free].map(|q| self.backend.send_wqes_executed(q).unwrap_or(0));
+            }
+        }
     }
 
     /// Host-engine mode: start (or, with `concurrent_laps` off, run) a lap for a request that

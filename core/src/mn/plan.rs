@@ -528,6 +528,9 @@ mod tests {
                 Domain::MnPrivate => Ok(MrKeys { lkey: 0x66, rkey: 0x66 }),
             }
         }
+        fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
+            None
+        }
     }
 
     impl WindowState for Recorder {

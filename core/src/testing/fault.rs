@@ -432,6 +432,9 @@ impl<B: RdmaBackend> OffloadRings for FaultInjector<B> {
     fn ring_keys(&self, domain: Domain) -> Result<MrKeys, Self::Error> {
         self.inner.ring_keys(domain).map_err(FaultError::Device)
     }
+    fn send_wqes_executed(&self, qp: Qpn) -> Option<u64> {
+        self.inner.send_wqes_executed(qp)
+    }
 }
 
 impl<B: RdmaBackend> WindowState for FaultInjector<B> {

@@ -956,6 +956,10 @@ impl<const N: usize, const Q: usize, const K: usize> OffloadRings for Node<'_, '
             Domain::MnPrivate => Err(NicError::Unsupported("WQE rings in memory (no chain offload)")),
         }
     }
+    /// No chains run here: nothing to count laps from.
+    fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
+        None
+    }
 }
 
 impl<const N: usize, const Q: usize, const K: usize> WindowState for Node<'_, '_, N, Q, K> {

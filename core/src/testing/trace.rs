@@ -92,6 +92,10 @@ pub enum TraceEvent<'a> {
         domain: Domain,
         result: Outcome<'a, MrKeys>,
     },
+    SendWqesExecuted {
+        qp: Qpn,
+        result: Option<u64>,
+    },
     AllocMemory {
         len: u64,
         align: u64,
@@ -150,6 +154,7 @@ impl TraceEvent<'_> {
             TraceEvent::WriteLocal { .. } => "write_local",
             TraceEvent::RingBase { .. } => "ring_base",
             TraceEvent::RingKeys { .. } => "ring_keys",
+            TraceEvent::SendWqesExecuted { .. } => "send_wqes_executed",
             TraceEvent::AllocMemory { .. } => "alloc_memory",
             TraceEvent::CreateLoopbackQp { .. } => "create_loopback_qp",
             TraceEvent::Outstanding { .. } => "outstanding",
@@ -182,7 +187,8 @@ impl TraceEvent<'_> {
             | TraceEvent::CqProducerIndices { .. }
             | TraceEvent::Outstanding { .. }
             | TraceEvent::MwBinding { .. }
-            | TraceEvent::MwSpan { .. } => false,
+            | TraceEvent::MwSpan { .. }
+            | TraceEvent::SendWqesExecuted { .. } => false,
         }
     }
 }
@@ -326,6 +332,11 @@ impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> OffloadRings for Tracer<B, F> {
     fn ring_keys(&self, domain: Domain) -> Result<MrKeys, B::Error> {
         let r = self.inner.ring_keys(domain);
         self.emit(TraceEvent::RingKeys { domain, result: outcome(&r) });
+        r
+    }
+    fn send_wqes_executed(&self, qp: Qpn) -> Option<u64> {
+        let r = self.inner.send_wqes_executed(qp);
+        self.emit(TraceEvent::SendWqesExecuted { qp, result: r });
         r
     }
 }

@@ -97,6 +97,9 @@ impl OffloadRings for Stub {
     fn ring_keys(&self, _: Domain) -> Result<MrKeys, Self::Error> {
         Ok(MrKeys { lkey: 1, rkey: 2 })
     }
+    fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
+        None
+    }
 }
 impl WindowState for Stub {
     fn mw_binding(&self, _: Rkey) -> Option<MwBinding> {
