@@ -284,7 +284,6 @@ impl MemoryNodeDaemon {
                 "by the device (LOCAL_INV on the owner's Free QP)"
             }
         ));
-        log(format!("listening on {} (rdma_cm)", opts.listen));
         let sessions = admission(&opts, max_cns, &mut driver.mn, log)?;
         let metrics = match opts.metrics {
             Some(a) => {
@@ -294,6 +293,8 @@ impl MemoryNodeDaemon {
             }
             None => None,
         };
+        // the last start-up line: whoever waits for it (scripts, tests) sees the whole set-up
+        log(format!("listening on {} (rdma_cm)", opts.listen));
         let now = Instant::now();
         Ok(MemoryNodeDaemon {
             driver,
