@@ -31,6 +31,8 @@ use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::driver::{DriverError, MnDriver};
 use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec, ProvisionError, Region};
 use omw_core::mn::{CnQps, Event};
+pub use omw_core::testing::deployment::MnActivity;
+use omw_core::testing::deployment::{self, CnSide, Deployment, Life, PumpError};
 use omw_core::wire::message::ErrorCode;
 use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe};
 use std::cell::{Cell, RefCell};
@@ -95,6 +97,8 @@ pub enum ClusterError {
     NoConnectInfo {
         cn: usize,
     },
+    /// The cluster kept moving for the harness's whole round budget.
+    NeverIdle,
 }
 
 impl fmt::Display for ClusterError {
@@ -106,6 +110,9 @@ impl fmt::Display for ClusterError {
             ClusterError::Driver(e) => write!(f, "MN driver: {e}"),
             ClusterError::Cn { cn, error } => write!(f, "cn{cn}: {error}"),
             ClusterError::NoConnectInfo { cn } => write!(f, "cn{cn} never received its connect info"),
+            ClusterError::NeverIdle => {
+                write!(f, "the cluster never went idle in {} pump rounds", deployment::MAX_ROUNDS)
+            }
         }
     }
 }
@@ -424,15 +431,135 @@ impl CnNode {
     }
 }
 
-/// What a pump round saw on the MN side.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MnActivity {
-    /// Events the MN CPU handled (the figure OneSidedMW drives to zero).
-    pub cpu_events: u64,
+/// The model as the deployment harness's fabric: run to idle or step by step under an
+/// interleaving schedule, the model's clock, the MN host's modelled CPU.
+#[derive(Clone, Debug)]
+pub struct ModelFabric {
+    pub fabric: Rc<RefCell<Fabric>>,
+    pub mn_host: HostId,
+    /// The schedule shared with the MN's backend (which lets the NIC pre-empt its accesses).
+    interleave: Option<Rc<RefCell<Interleave>>>,
+}
+
+impl deployment::Fabric for ModelFabric {
+    type Error = LoopbackError;
+    fn now(&self) -> u64 {
+        self.fabric.borrow().now()
+    }
+    fn run(&mut self) -> Result<u64, LoopbackError> {
+        Ok(self.fabric.borrow_mut().run_until_idle(10_000_000))
+    }
+    fn interleaves(&self) -> bool {
+        self.interleave.is_some()
+    }
+    fn step(&mut self) -> Result<bool, LoopbackError> {
+        Ok(self.fabric.borrow_mut().step().is_some())
+    }
+    fn mn_acts_now(&mut self) -> bool {
+        self.interleave.as_ref().is_some_and(|il| il.borrow_mut().mn_acts_now())
+    }
+    fn advance_to(&mut self, t: u64) -> Result<(), LoopbackError> {
+        let mut f = self.fabric.borrow_mut();
+        f.run_until(t, 10_000_000);
+        f.advance_to(t);
+        Ok(())
+    }
+    /// Each event costs one host-engine step of CPU time, plus the steps its laps ran; laps
+    /// resumed without a new event cost their steps.
+    fn charge_mn_cpu(&mut self, events: u64, steps: u64) -> Result<(), LoopbackError> {
+        let mut f = self.fabric.borrow_mut();
+        let step_ns = f.config().cost.host_engine_step_ns;
+        for _ in 1..events {
+            f.count_cpu_event(self.mn_host)?;
+        }
+        f.advance_cpu(self.mn_host, (events + steps) * step_ns)?;
+        Ok(())
+    }
+    fn count_mn_events(&mut self, n: u64) -> Result<(), LoopbackError> {
+        let mut f = self.fabric.borrow_mut();
+        for _ in 0..n {
+            f.count_cpu_event(self.mn_host)?;
+        }
+        Ok(())
+    }
+}
+
+impl CnSide for CnNode {
+    type Error = CnError<LoopbackError>;
+    fn life(&self) -> Life {
+        match (self.crashed, self.silent, self.stalled) {
+            (true, true, _) => Life::Vanished,
+            (true, false, _) => Life::Crashed,
+            (false, _, true) => Life::Stalled,
+            _ => Life::Running,
+        }
+    }
+    fn mn_id(&self) -> CnId {
+        self.id
+    }
+    fn set_mn_id(&mut self, id: CnId) {
+        self.id = id;
+    }
+    fn learnt_id(&self) -> Option<CnId> {
+        self.client().id()
+    }
+    fn service(&mut self, now: u64) -> Result<bool, Self::Error> {
+        self.driver.poll(now)?;
+        let mut moved = false;
+        while let Some(ev) = self.driver.next_event() {
+            moved = true;
+            match ev {
+                CnEvent::Delivered { bytes, .. } => self.received.push(bytes.to_vec()),
+                CnEvent::Allocated { token, result } => {
+                    self.last_reply_at = self.driver.backend.last_reply_at.get();
+                    self.replies.push((token, result.map_err(CnOpError::Client)));
+                }
+                CnEvent::Refused { token, code, ours } => {
+                    // only answers to requests this CN is waiting for count; an error
+                    // about bytes it never meant to send is just recorded
+                    if ours {
+                        self.replies.push((token, Err(CnOpError::Mn(code))));
+                    }
+                    self.events.push(ClientEvent::Failed { token, code });
+                }
+                CnEvent::Connected(id) => self.events.push(ClientEvent::Connected(id)),
+                CnEvent::Empty => self.events.push(ClientEvent::Empty),
+                CnEvent::Available => self.events.push(ClientEvent::Available),
+                CnEvent::Revoked => self.events.push(ClientEvent::Revoked),
+                // the client already holds the window's new key
+                CnEvent::Rekeyed { entry_addr, mw, rkey } => {
+                    self.events.push(ClientEvent::Rekeyed { entry_addr, mw, rkey })
+                }
+                // a send or receive the model failed surfaces in the op that waits for it
+                _ => {}
+            }
+        }
+        Ok(moved)
+    }
+    fn poll_timeout(&self) -> Option<u64> {
+        self.driver.poll_timeout()
+    }
+    fn handle_timeout(&mut self, now: u64) {
+        self.driver.handle_timeout(now)
+    }
+}
+
+impl From<PumpError<LoopbackError, LoopbackError, CnError<LoopbackError>>> for ClusterError {
+    fn from(e: PumpError<LoopbackError, LoopbackError, CnError<LoopbackError>>) -> Self {
+        match e {
+            PumpError::Fabric(e) => ClusterError::Model(e),
+            PumpError::Mn(e) => ClusterError::Driver(e),
+            PumpError::Cn { cn, error } => ClusterError::Cn { cn, error },
+            PumpError::NoConnectInfo { cn } => ClusterError::NoConnectInfo { cn },
+            _ => ClusterError::NeverIdle,
+        }
+    }
 }
 
 pub struct Cluster {
     pub fabric: Rc<RefCell<Fabric>>,
+    /// The same fabric as the deployment harness drives it.
+    world: ModelFabric,
     pub mn_host: HostId,
     pub driver: MnDriver<MnBackend>,
     pub cns: Vec<CnNode>,
@@ -487,7 +614,9 @@ impl Cluster {
             .map_err(|e| ClusterError::Provision(ProvisionError::Driver(DriverError::Chain(e))))?;
         let ring_depths = [[d[0][0] as u32, d[0][1] as u32], [d[1][0] as u32, d[1][1] as u32]];
         let per_chunk_mrs = plan.per_chunk_mrs;
+        let world = ModelFabric { fabric: fabric.clone(), mn_host: mn, interleave: None };
         let mut c = Cluster {
+            world,
             fabric,
             mn_host: mn,
             driver,
@@ -564,12 +693,8 @@ impl Cluster {
             last_io: Vec::new(),
         };
         self.cns.push(node);
-        let id = self.driver.connect(mn_qps)?;
-        self.cns[idx].id = id;
-        self.pump()?;
-        if self.cns[idx].client().id() != Some(id) {
-            return Err(ClusterError::NoConnectInfo { cn: idx });
-        }
+        let (_, act) = Deployment::new(&mut self.world, &mut self.driver, &mut self.cns).connect(idx, mn_qps, None)?;
+        self.mn_cpu_events += act.cpu_events;
         Ok(idx)
     }
 
@@ -577,80 +702,13 @@ impl Cluster {
         self.fabric.borrow().now()
     }
 
-    /// Run the model, the MN and the CNs until nothing moves.
+    /// Run the model, the MN and the CNs until nothing moves (the core's one pump:
+    /// `omw_core::testing::deployment`).
     pub fn pump(&mut self) -> Result<MnActivity, ClusterError> {
-        let mut act = MnActivity::default();
-        // (host-engine laps advance one device step per round)
-        for _round in 0..1024 {
-            let steps = match self.driver.backend.interleave.clone() {
-                None => self.fabric.borrow_mut().run_until_idle(10_000_000),
-                Some(il) => {
-                    // The MN CPU runs *while* the NIC executes chains: step the NIC one WQE at a
-                    // time and let the MN act between any two steps (and, through the
-                    // backend, between any two of its own memory accesses).
-                    let mut n = 0u64;
-                    while n < 10_000_000 && self.fabric.borrow_mut().step().is_some() {
-                        n += 1;
-                        if il.borrow_mut().mn_acts_now() {
-                            let events = self.mn_round(&mut act)?;
-                            let _ = events;
-                        }
-                    }
-                    n
-                }
-            };
-            let events = self.mn_round(&mut act)?;
-            let cn_moved = self.service_cns()?;
-            if steps == 0 && events == 0 && !cn_moved {
-                break;
-            }
-        }
+        let act =
+            Deployment::new(&mut self.world, &mut self.driver, &mut self.cns).pump().map_err(ClusterError::from)?;
+        self.mn_cpu_events += act.cpu_events;
         Ok(act)
-    }
-
-    /// One round of the MN CPU: departures, chain failures (and host-engine requests), the
-    /// tail watch. Returns the events handled.
-    fn mn_round(&mut self, act: &mut MnActivity) -> Result<u32, ClusterError> {
-        // CNs harvest what reached them first: a repair resets the MN's end of a pair, and the
-        // model resets the CN's end with it (a shortcut for the CN reconnecting), which would
-        // take completions the CN already had out of its CQ
-        self.service_cns()?;
-        let now = self.now();
-        let mut events = 0u32;
-        // a crashed CN is noticed the way a connection manager notices it
-        let crashed: Vec<CnId> = self
-            .cns
-            .iter()
-            .filter(|n| n.crashed && !n.silent && self.driver.mn.cn(n.id).is_some())
-            .map(|n| n.id)
-            .collect();
-        for id in crashed {
-            self.driver.handle(now, Event::CnGone { cn: id })?;
-            self.count_event(1);
-            act.cpu_events += 1;
-            events += 1;
-        }
-        let before = self.driver.stats;
-        let report = self.driver.poll(now)?;
-        let steps_done = self.driver.stats.cpu_steps - before.cpu_steps;
-        if report.events > 0 {
-            self.charge_cpu(report.events as u64, steps_done)?;
-            act.cpu_events += report.events as u64;
-            events += report.events;
-        } else if steps_done > 0 {
-            // a lap resumed: CPU work without a new event
-            let ns = self.fabric.borrow().config().cost.host_engine_step_ns * steps_done;
-            self.fabric.borrow_mut().advance_cpu(self.mn_host, ns)?;
-        }
-        // resumed laps count as movement (they posted their next device step)
-        events += report.laps_advanced.min(1);
-        // the MN's timers: the tail watch while tickets are outstanding, the lease
-        if self.driver.poll_timeout().is_some_and(|t| t <= now) {
-            let n = self.driver.handle_timeout(now)?;
-            self.count_event(n as u64);
-            act.cpu_events += n as u64;
-        }
-        Ok(events)
     }
 
     /// Explore interleavings: from now on the MN CPU may act between any two NIC steps, and
@@ -659,8 +717,9 @@ impl Cluster {
     /// idle, which hides races). `seed` drives the choices; `per_mille` is how often the MN
     /// is let in after a NIC step, and how often the NIC pre-empts an MN access.
     pub fn set_interleaving(&mut self, seed: u64, per_mille: u16) {
-        self.driver.backend.interleave =
-            Some(Rc::new(RefCell::new(Interleave { state: seed | 1, per_mille: per_mille.min(1000) })));
+        let il = Rc::new(RefCell::new(Interleave { state: seed | 1, per_mille: per_mille.min(1000) }));
+        self.driver.backend.interleave = Some(il.clone());
+        self.world.interleave = Some(il);
     }
 
     fn count_event(&mut self, n: u64) {
@@ -671,53 +730,13 @@ impl Cluster {
         }
     }
 
-    /// Charge MN CPU time: each event costs one step plus the host engine's steps.
-    fn charge_cpu(&mut self, events: u64, steps: u64) -> Result<(), ClusterError> {
-        self.mn_cpu_events += events;
-        let mut f = self.fabric.borrow_mut();
-        let step_ns = f.config().cost.host_engine_step_ns;
-        for _ in 1..events {
-            f.count_cpu_event(self.mn_host)?;
-        }
-        f.advance_cpu(self.mn_host, (events + steps) * step_ns)?;
-        Ok(())
-    }
-
     /// Let every CN that is still running take what reached it; returns whether anything
     /// arrived.
     fn service_cns(&mut self) -> Result<bool, ClusterError> {
-        let mut moved = false;
         let now = self.now();
-        for (idx, n) in self.cns.iter_mut().enumerate().filter(|(_, n)| !n.crashed && !n.stalled) {
-            n.driver.poll(now).map_err(|error| ClusterError::Cn { cn: idx, error })?;
-            while let Some(ev) = n.driver.next_event() {
-                moved = true;
-                match ev {
-                    CnEvent::Delivered { bytes, .. } => n.received.push(bytes.to_vec()),
-                    CnEvent::Allocated { token, result } => {
-                        n.last_reply_at = n.driver.backend.last_reply_at.get();
-                        n.replies.push((token, result.map_err(CnOpError::Client)));
-                    }
-                    CnEvent::Refused { token, code, ours } => {
-                        // only answers to requests this CN is waiting for count; an error
-                        // about bytes it never meant to send is just recorded
-                        if ours {
-                            n.replies.push((token, Err(CnOpError::Mn(code))));
-                        }
-                        n.events.push(ClientEvent::Failed { token, code });
-                    }
-                    CnEvent::Connected(id) => n.events.push(ClientEvent::Connected(id)),
-                    CnEvent::Empty => n.events.push(ClientEvent::Empty),
-                    CnEvent::Available => n.events.push(ClientEvent::Available),
-                    CnEvent::Revoked => n.events.push(ClientEvent::Revoked),
-                    // the client already holds the window's new key
-                    CnEvent::Rekeyed { entry_addr, mw, rkey } => {
-                        n.events.push(ClientEvent::Rekeyed { entry_addr, mw, rkey })
-                    }
-                    // a send or receive the model failed surfaces in the op that waits for it
-                    _ => {}
-                }
-            }
+        let mut moved = false;
+        for (idx, n) in self.cns.iter_mut().enumerate().filter(|(_, n)| n.life() == Life::Running) {
+            moved |= n.service(now).map_err(|error| ClusterError::Cn { cn: idx, error })?;
         }
         Ok(moved)
     }

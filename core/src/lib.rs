@@ -29,5 +29,4 @@ pub mod mn;
 
 pub mod cn;
 
-#[cfg(any(test, feature = "test-nic"))]
 pub mod testing;

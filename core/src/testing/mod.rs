@@ -1,8 +1,15 @@
-//! What tests and benches run the core on, behind the `test-nic` feature: the minimal test
-//! NIC, and the fault-injecting and tracing wrappers that go in front of any device.
+//! What tests, benches and the tools that play a hostile CN run the core on: the one
+//! deployment harness (always built: the loopback cluster and `omw demo` use it), and behind
+//! the `test-nic` feature the minimal test NIC and the fault-injecting and tracing wrappers
+//! that go in front of any device.
 
+pub mod deployment;
+
+#[cfg(any(test, feature = "test-nic"))]
 pub mod fault;
+#[cfg(any(test, feature = "test-nic"))]
 pub mod test_nic;
+#[cfg(any(test, feature = "test-nic"))]
 pub mod trace;
 
 #[cfg(test)]
