@@ -33,16 +33,16 @@ fn the_mn_is_provisioned_in_two_domains_through_the_plan() {
     let (al, fl) = s.cns[0].loops.expect("offloaded: loop QPs");
     for q in [al, fl] {
         for c in [ctid(q), ctid(q) - 1] {
-            assert_eq!(s.f.qp_pd(s.mn_id, c), Some(private), "loop ctid {c}");
+            assert_eq!(s.world.f.qp_pd(s.mn_id, c), Some(private), "loop ctid {c}");
         }
     }
     for q in s.cns[0].mq {
-        assert_eq!(s.f.qp_pd(s.mn_id, ctid(q)), Some(cn_pd), "MN end {q}");
+        assert_eq!(s.world.f.qp_pd(s.mn_id, ctid(q)), Some(cn_pd), "MN end {q}");
     }
     // remote rights exist only in the private domain; the pool's CN-facing MR grants none
     let map = *s.d.mn.map();
     let pool_base = map.geometry.base();
-    let mrs = s.f.mrs(s.mn_id);
+    let mrs = s.world.f.mrs(s.mn_id);
     for mr in &mrs {
         assert!(!mr.access.intersects(REMOTE) || mr.pd == private, "{mr:?}");
     }
@@ -60,7 +60,7 @@ fn the_mn_is_provisioned_in_two_domains_through_the_plan() {
     // the table's first keys are the keys of the windows' next binds, not the allocations'
     let e = s.entry(GroupId(0)).unwrap();
     for k in 0..3 {
-        let w = s.f.mw(s.mn_id, e.rkey(k).0).expect("a window of the pool");
+        let w = s.world.f.mw(s.mn_id, e.rkey(k).0).expect("a window of the pool");
         assert_eq!((w.bound, Rkey(w.rkey).next_key()), (None, e.rkey(k)), "the table key is the next bind's");
     }
 }
@@ -69,7 +69,7 @@ fn the_mn_is_provisioned_in_two_domains_through_the_plan() {
 fn a_bind_gives_the_data_window_rights_over_exactly_the_chunk() {
     let mut s = Cluster::new(MnSpec::new(1, 16));
     let a = s.alloc(0).unwrap();
-    let w = s.f.mw(s.mn_id, a.rkeys[0].0).unwrap().bound.unwrap();
+    let w = s.world.f.mw(s.mn_id, a.rkeys[0].0).unwrap().bound.unwrap();
     assert_eq!((w.addr, w.len as u64, w.access), (a.base, a.length, AccessFlags::DATA_WINDOW));
     assert_eq!(s.d.stats.chain_failures, 0);
 }
@@ -92,7 +92,7 @@ fn a_forged_free_stops_the_forgers_free_chain_and_the_mn_rearms_it() {
     assert_eq!(after.owner(), 0);
     for k in 0..3 {
         assert_eq!(after.rkey(k), before.rkey(k).next_key());
-        assert!(s.f.mw(s.mn_id, before.rkey(k).0).unwrap().bound.is_none());
+        assert!(s.world.f.mw(s.mn_id, before.rkey(k).0).unwrap().bound.is_none());
     }
     s.free(1, &theirs).unwrap();
     assert_eq!(s.d.stats.chain_failures, 1);
@@ -113,7 +113,7 @@ fn a_refused_request_on_the_alloc_qp_runs_no_lap() {
     let mut s = Cluster::new(MnSpec::new(2, 16));
     let own = s.alloc(1).unwrap();
     s.free(1, &own).unwrap();
-    let mr = s.f.mrs(s.mn_id)[0];
+    let mr = s.world.f.mrs(s.mn_id)[0];
     assert_eq!(s.cn_post(1, CnQp::Alloc, Wqe::read(0, 0, 8, mr.addr, mr.key)), WcStatus::RemAccessErr);
     let attacker = s.cns[1].mn_id.get();
     let map = *s.d.mn.map();
@@ -124,7 +124,7 @@ fn a_refused_request_on_the_alloc_qp_runs_no_lap() {
     for at in &named {
         let e = s.entry(map.group_of_entry(*at).unwrap()).unwrap();
         for k in 0..3 {
-            assert!(s.f.mw(s.mn_id, e.rkey(k).0).and_then(|w| w.bound).is_none(), "window {k} of {at:#x} bound");
+            assert!(s.world.f.mw(s.mn_id, e.rkey(k).0).and_then(|w| w.bound).is_none(), "window {k} of {at:#x} bound");
         }
     }
     for at in &named {

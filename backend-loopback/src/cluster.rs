@@ -503,7 +503,8 @@ impl CnSide for CnNode {
     fn learnt_id(&self) -> Option<CnId> {
         self.client().id()
     }
-    fn service(&mut self, now: u64) -> Result<bool, Self::Error> {
+    /// (The model brings both ends of a broken pair back at once: `mn` is not needed.)
+    fn service<M: DataPath>(&mut self, now: u64, _mn: &mut M) -> Result<bool, Self::Error> {
         self.driver.poll(now)?;
         let mut moved = false;
         while let Some(ev) = self.driver.next_event() {
@@ -736,7 +737,7 @@ impl Cluster {
         let now = self.now();
         let mut moved = false;
         for (idx, n) in self.cns.iter_mut().enumerate().filter(|(_, n)| n.life() == Life::Running) {
-            moved |= n.service(now).map_err(|error| ClusterError::Cn { cn: idx, error })?;
+            moved |= n.service(now, &mut self.driver.backend).map_err(|error| ClusterError::Cn { cn: idx, error })?;
         }
         Ok(moved)
     }

@@ -18,6 +18,7 @@ use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::driver::MnDriver;
 use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
 use omw_core::mn::{CnQps, Event, MnStats};
+use omw_core::testing::deployment::{self, CnSide, Deployment, Life};
 use omw_core::wire::memory_map::MnMemoryMap;
 use omw_core::wire::mwtable::MwTableEntry;
 use omw_core::wire::wqe::Wqe;
@@ -45,12 +46,79 @@ pub struct Cn {
     pub answers: Vec<(u32, Result<Allocation, Refusal>)>,
 }
 
-pub struct Cluster {
+/// The double as the deployment harness's fabric: it has no clock of its own, so each run of
+/// it stands for a microsecond of the MN's.
+pub struct World {
     pub f: Fabric,
+    pub now: u64,
+}
+
+impl deployment::Fabric for World {
+    type Error = std::convert::Infallible;
+    fn now(&self) -> u64 {
+        self.now
+    }
+    fn run(&mut self) -> Result<u64, Self::Error> {
+        self.now += 1_000;
+        // `Fabric::run` counts the call that found it idle
+        Ok(self.f.run(20_000).saturating_sub(1))
+    }
+    fn interleaves(&self) -> bool {
+        false
+    }
+    fn step(&mut self) -> Result<bool, Self::Error> {
+        Ok(self.f.tick())
+    }
+    fn mn_acts_now(&mut self) -> bool {
+        false
+    }
+    fn advance_to(&mut self, t: u64) -> Result<(), Self::Error> {
+        self.now = self.now.max(t);
+        Ok(())
+    }
+    fn charge_mn_cpu(&mut self, _events: u64, _steps: u64) -> Result<(), Self::Error> {
+        Ok(())
+    }
+    fn count_mn_events(&mut self, _n: u64) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+impl CnSide for Cn {
+    type Error = std::convert::Infallible;
+    fn life(&self) -> Life {
+        if self.crashed {
+            Life::Crashed
+        } else {
+            Life::Running
+        }
+    }
+    fn mn_id(&self) -> CnId {
+        self.mn_id
+    }
+    fn set_mn_id(&mut self, id: CnId) {
+        self.mn_id = id;
+    }
+    fn learnt_id(&self) -> Option<CnId> {
+        self.driver.id()
+    }
+    fn service<M: DataPath>(&mut self, now: u64, mn: &mut M) -> Result<bool, Self::Error> {
+        let heard = service(self, now);
+        Ok(reconnect(self, mn) | heard)
+    }
+    fn poll_timeout(&self) -> Option<u64> {
+        self.driver.poll_timeout()
+    }
+    fn handle_timeout(&mut self, now: u64) {
+        self.driver.handle_timeout(now)
+    }
+}
+
+pub struct Cluster {
+    pub world: World,
     pub mn_id: NodeId,
     pub d: MnDriver<Be>,
     pub cns: Vec<Cn>,
-    pub now: u64,
     pub plan: MnPlan,
     pub spec: MnSpec,
 }
@@ -72,7 +140,7 @@ impl Cluster {
         };
         let mn_id = mn.id;
         let d = plan.provision(mn.be, &pool).expect("MnPlan::provision on the double");
-        let mut c = Cluster { f, mn_id, d, cns: Vec::new(), now: 0, plan, spec };
+        let mut c = Cluster { world: World { f, now: 0 }, mn_id, d, cns: Vec::new(), plan, spec };
         for i in 0..spec.cns {
             c.connect_cn(i);
         }
@@ -81,7 +149,7 @@ impl Cluster {
 
     fn connect_cn(&mut self, i: usize) {
         let base = 0x1000_0000 * (i as u64 + 1);
-        let mut h = host(&self.f, 0x0A00_0001 + i as u32, base, true, OpcodeEncoding::AppOpcodes);
+        let mut h = host(&self.world.f, 0x0A00_0001 + i as u32, base, true, OpcodeEncoding::AppOpcodes);
         let depths = self.d.mn.chain_ring_depths().unwrap();
         let loops = self.d.create_loop_qps().unwrap();
         let cn_domain = self.plan.cn_facing_domain();
@@ -132,34 +200,17 @@ impl Cluster {
             alloc_loop: loops.map(|l| l.0),
             free_loop: loops.map(|l| l.1),
         };
-        let id = self.d.connect(qps).unwrap();
-        self.cns[i].mn_id = id;
-        self.pump();
-        assert_eq!(self.cns[i].driver.id(), Some(id), "cn{i} got its connect info");
+        if let Err(e) = Deployment::new(&mut self.world, &mut self.d, &mut self.cns).connect(i, qps, None) {
+            panic!("connecting cn{i}: {e}");
+        }
     }
 
-    /// Run the double, the MN CPU and every CN until nothing moves.
+    /// Run the double, the MN CPU and every CN until nothing moves (the core's one pump,
+    /// `omw_core::testing::deployment`).
     pub fn pump(&mut self) {
-        for _ in 0..256 {
-            let ticks = self.f.run(20_000);
-            self.now += 1_000;
-            let before = self.d.mn.stats().events;
-            self.d.poll(self.now).unwrap();
-            let mut moved = self.d.mn.stats().events != before;
-            // the MN's timers (tail watch, lease, audit), as every deployment runs them; a
-            // timer firing is not movement (the tail watch fires while a ticket waits)
-            if self.d.poll_timeout().is_some_and(|t| t <= self.now) {
-                self.d.handle_timeout(self.now).unwrap();
-            }
-            for c in self.cns.iter_mut().filter(|c| !c.crashed) {
-                moved |= service(c, self.now);
-                moved |= reconnect(c, &mut self.d.backend);
-            }
-            if ticks <= 1 && !moved {
-                return;
-            }
+        if let Err(e) = Deployment::new(&mut self.world, &mut self.d, &mut self.cns).pump() {
+            panic!("pumping the double: {e}");
         }
-        panic!("the double never went idle");
     }
 
     fn answer(&mut self, i: usize, token: u32) -> Option<Result<Allocation, Refusal>> {
@@ -192,8 +243,8 @@ impl Cluster {
         let mut out = vec![0u8; len.max(8)];
         let mut done = None;
         for _ in 0..64 {
-            self.f.run(20_000);
-            let now = self.now;
+            self.world.f.run(20_000);
+            let now = self.world.now;
             self.cns[i].driver.poll(now).unwrap();
             if let Some(d) = self.cns[i].driver.access_done(op, &mut out).unwrap() {
                 done = Some(d);
@@ -230,7 +281,7 @@ fn connect_mn(h: &mut Host, ctid: u8, mn: &mut Be, mctid: u8) -> (Qpn, Qpn) {
 /// A CN whose QP a failed request or access broke reconnects it: its end is reset; the MN end
 /// of an access QP is reset by the MN's connection manager, that of a chain QP is the MN's to
 /// repair (its poll sees the chain fail and re-arms it).
-fn reconnect(c: &mut Cn, mn: &mut Be) -> bool {
+fn reconnect<M: DataPath>(c: &mut Cn, mn: &mut M) -> bool {
     let q = c.driver.qps().clone();
     let mut moved = false;
     for (k, cq) in [q.alloc, q.free, q.access[0], q.access[1]].into_iter().enumerate() {
@@ -238,8 +289,8 @@ fn reconnect(c: &mut Cn, mn: &mut Be) -> bool {
             c.driver.backend.reset_qp(cq).unwrap();
             moved = true;
         }
-        if k >= 2 && mn.qp_state(c.mq[k]).unwrap() != QpState::Rts {
-            mn.reset_qp(c.mq[k]).unwrap();
+        if k >= 2 && mn.qp_state(c.mq[k]).ok() != Some(QpState::Rts) {
+            let _ = mn.reset_qp(c.mq[k]);
             moved = true;
         }
     }
@@ -369,7 +420,7 @@ impl Testbed for Cluster {
         self.pump();
     }
     fn alloc_naming(&mut self, cn: usize, qpns: &[Qpn]) -> Result<Allocation, Refusal> {
-        let now = self.now;
+        let now = self.world.now;
         let t = self.cns[cn].driver.alloc_naming(now, Some(qpns)).map_err(refusal)?;
         self.alloc_wait(cn, t)
     }
@@ -380,7 +431,7 @@ impl Testbed for Cluster {
         [self.cns[cn].mq[0], self.cns[cn].mq[1]]
     }
     fn alloc_begin(&mut self, cn: usize) -> Result<u32, Refusal> {
-        let now = self.now;
+        let now = self.world.now;
         self.cns[cn].driver.alloc(now).map_err(|e| match e {
             omw_core::cn::driver::CnError::Client(c) => Refusal::Client(c.to_string()),
             e => refusal(e),
@@ -395,31 +446,31 @@ impl Testbed for Cluster {
     /// The CN's node stops (its link is down) and the MN is told it is gone, as a connection
     /// manager would tell it.
     fn crash(&mut self, cn: usize) {
-        self.f.set_paused(self.cns[cn].id, true);
+        self.world.f.set_paused(self.cns[cn].id, true);
         self.cns[cn].crashed = true;
-        self.now += 1_000;
+        self.world.now += 1_000;
         let id = self.cns[cn].mn_id;
-        self.d.handle(self.now, Event::CnGone { cn: id }).unwrap();
+        self.d.handle(self.world.now, Event::CnGone { cn: id }).unwrap();
         self.pump();
     }
     fn nic_steps(&mut self, n: u64) {
         for _ in 0..n {
-            self.f.tick();
+            self.world.f.tick();
         }
     }
     fn advance(&mut self, ns: u64) {
-        self.now += ns;
+        self.world.now += ns;
         self.tick();
     }
     fn now(&self) -> u64 {
-        self.now
+        self.world.now
     }
     fn is_served(&mut self, cn: usize) -> bool {
         self.d.mn.cn(self.cns[cn].mn_id).is_some()
     }
     fn tick(&mut self) {
-        self.now += 1_000;
-        self.d.handle(self.now, Event::Tick).unwrap();
+        self.world.now += 1_000;
+        self.d.handle(self.world.now, Event::Tick).unwrap();
         self.pump();
     }
     fn check_invariants(&mut self) -> Result<(), String> {
@@ -467,7 +518,8 @@ impl Testbed for Cluster {
     }
     fn mn_mrs(&mut self) -> Vec<MnMr> {
         let private = self.d.backend.pd(Domain::MnPrivate).ok();
-        self.f
+        self.world
+            .f
             .mrs(self.mn_id)
             .iter()
             .map(|m| MnMr::new(m.addr, m.len, m.key, m.access, Some(m.pd) == private))
@@ -486,7 +538,7 @@ impl Testbed for Cluster {
         Activity {
             cpu_events: self.d.mn.stats().events,
             cpu_accesses: 0,
-            nic_wqes: self.f.stats(self.mn_id).wqes_executed,
+            nic_wqes: self.world.f.stats(self.mn_id).wqes_executed,
         }
     }
 }

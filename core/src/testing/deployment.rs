@@ -21,6 +21,7 @@
 //! No heap: CNs live in the caller's storage and are lent as a slice.
 
 use crate::chain::arm::MnDevice;
+use crate::device::DataPath;
 use crate::ids::CnId;
 use crate::mn::driver::{DriverError, MnDriver};
 use crate::mn::tenant::TenantId;
@@ -78,8 +79,10 @@ pub trait CnSide {
     fn set_mn_id(&mut self, id: CnId);
     /// The id its connect info told it, once that arrived.
     fn learnt_id(&self) -> Option<CnId>;
-    /// Take what reached it (poll its driver, record its events); whether anything did.
-    fn service(&mut self, now: u64) -> Result<bool, Self::Error>;
+    /// Take what reached it (poll its driver, record its events); whether anything did. `mn` is
+    /// the MN's device, for the MN's half of a reconnect where the fabric does not bring both
+    /// ends of a broken pair back itself (a CN reconnecting through the MN's connection manager).
+    fn service<M: DataPath>(&mut self, now: u64, mn: &mut M) -> Result<bool, Self::Error>;
     /// When its own timers (reply deadline, "empty" back-off) next need [`CnSide::handle_timeout`].
     fn poll_timeout(&self) -> Option<u64>;
     fn handle_timeout(&mut self, now: u64);
@@ -225,7 +228,7 @@ impl<'a, F: Fabric, D: MnDevice, C: CnSide> Deployment<'a, F, D, C> {
             if c.poll_timeout().is_some_and(|t| t <= now) {
                 c.handle_timeout(now);
             }
-            moved |= c.service(now).map_err(|error| PumpError::Cn { cn: i, error })?;
+            moved |= c.service(now, &mut self.mn.backend).map_err(|error| PumpError::Cn { cn: i, error })?;
         }
         Ok(moved)
     }
