@@ -10,6 +10,7 @@ use omw_core::mn::CnQps;
 use omw_core::mn::driver::MnDriver;
 use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
 use omw_core::device::mw_rules::Mode;
+use omw_core::testing::deployment::{Deployment, Immediate};
 use omw_core::testing::test_nic::{Node, NodeId, TestNic};
 
 pub const CHUNK: u64 = 4096;
@@ -64,15 +65,10 @@ fn cn<'a, 'm>(nic: &'a RefCell<Nic<'m>>, at: NodeId, mn: NodeId) -> Result<(Cn<'
     Ok((d, CnQps { alloc: mn_alloc, free: mn_free, access: mn_acc, alloc_loop: None, free_loop: None }))
 }
 
-/// Poll both sides a few rounds (the test NIC runs work as it is posted).
+/// Run the MN and `cns` until nothing moves (the core's one pump; the test NIC runs work as
+/// it is posted, so its fabric only keeps the clock).
 fn pump(mn: &mut Mn<'_, '_>, cns: &mut [&mut Cn<'_, '_>], step: Step) -> Result<(), Step> {
-    for _ in 0..4 {
-        mn.poll(0).map_err(|_| step)?;
-        for c in cns.iter_mut() {
-            c.poll(0).map_err(|_| step)?;
-        }
-    }
-    Ok(())
+    Deployment::new(&mut Immediate::default(), mn, cns).pump().map(|_| ()).map_err(|_| step)
 }
 
 /// One access through the CN's first window; its completion status and bytes.
@@ -121,8 +117,9 @@ pub fn run(mn_mem: &mut [u8], cn0_mem: &mut [u8], cn1_mem: &mut [u8]) -> Result<
     let (mut c0, q0) = cn(&nic, at0, mn_at)?;
     let (mut c1, q1) = cn(&nic, at1, mn_at)?;
     for (c, q) in [(&mut c0, q0), (&mut c1, q1)] {
-        mn.connect(q).map_err(|_| Step::Connect)?;
-        pump(&mut mn, &mut [&mut *c], Step::Connect)?;
+        Deployment::new(&mut Immediate::default(), &mut mn, &mut [&mut *c])
+            .connect(0, q, None)
+            .map_err(|_| Step::Connect)?;
         if !matches!(c.next_event(), Some(CnEvent::Connected(_))) {
             return Err(Step::Connect);
         }

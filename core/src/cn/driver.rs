@@ -375,6 +375,10 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     pub fn id(&self) -> Option<CnId> {
         self.client.id()
     }
+    /// Events waiting for [`CnDriver::next_event`].
+    pub fn pending_events(&self) -> usize {
+        self.events.len()
+    }
     pub fn next_event(&mut self) -> Option<CnEvent> {
         self.events.pop_front()
     }

@@ -10,6 +10,7 @@ use crate::ids::{CnId, GroupId, Qpn, Rkey};
 use crate::mn::driver::MnDriver;
 use crate::mn::plan::{MnOptions, MnPlan, PoolSpec};
 use crate::mn::{CnQps, Event};
+use crate::testing::deployment::{Deployment, Immediate, Life};
 use crate::testing::test_nic::{Node, NodeId, TestNic};
 use crate::wire::memory_map::{ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF};
 use crate::wire::message::{ErrorCode, FreeRequest, MnMessage, Notice};
@@ -31,7 +32,7 @@ fn leak_mem(len: usize) -> &'static mut [u8] {
 }
 
 /// The CN side of one connection: its node, its ends of the QP pairs, its buffers.
-struct CnSide {
+struct RawCn {
     node: View,
     alloc: Qpn,
     free: Qpn,
@@ -48,7 +49,7 @@ struct CnSide {
     inbox: Vec<(Vec<u8>, Option<u32>)>,
 }
 
-impl CnSide {
+impl RawCn {
     fn post_slot(&mut self, slot: u64) {
         let mut r = RecvWqe { wr_id: slot, sges: heapless::Vec::new() };
         r.sges.push(Sge { addr: self.recv_base + slot * SLOT, length: SLOT as u32, lkey: self.key }).unwrap();
@@ -101,10 +102,35 @@ impl CnSide {
     }
 }
 
+/// A CN written out by hand (raw requests, exact messages) as the deployment harness sees it:
+/// what reached it goes to its inbox; it is connected by the rig, not the harness.
+impl crate::testing::deployment::CnSide for RawCn {
+    type Error = core::convert::Infallible;
+    fn life(&self) -> Life {
+        Life::Running
+    }
+    fn mn_id(&self) -> CnId {
+        CnId::UNASSIGNED
+    }
+    fn set_mn_id(&mut self, _id: CnId) {}
+    fn learnt_id(&self) -> Option<CnId> {
+        None
+    }
+    fn service<M: DataPath>(&mut self, _now: u64, _mn: &mut M) -> Result<bool, Self::Error> {
+        let before = self.inbox.len();
+        self.pump();
+        Ok(self.inbox.len() > before)
+    }
+    fn poll_timeout(&self) -> Option<u64> {
+        None
+    }
+    fn handle_timeout(&mut self, _now: u64) {}
+}
+
 struct Rig {
     d: MnDriver<View>,
     cns: Vec<(CnId, CnQps, Client<16>)>,
-    sides: Vec<CnSide>,
+    sides: Vec<RawCn>,
     nic: &'static RefCell<Nic>,
     mn: NodeId,
     now: u64,
@@ -148,7 +174,7 @@ impl Rig {
         let base = node.alloc_memory(CN_MEM as u64, 64).unwrap();
         let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         let key = node.reg_mr(Domain::CnFacing, base, CN_MEM as u64, rights).unwrap().lkey;
-        let mut side = CnSide {
+        let mut side = RawCn {
             node,
             alloc: alloc_cn,
             free: free_cn,
@@ -177,10 +203,10 @@ impl Rig {
         // a CN being connected is not in `cns` yet: it is the last side
         i.unwrap_or(self.sides.len() - 1)
     }
+    /// The core's one pump over the test NIC (which runs work as it is posted).
     fn pump(&mut self) {
-        for s in self.sides.iter_mut() {
-            s.pump();
-        }
+        let mut fabric = Immediate { now: self.now };
+        Deployment::new(&mut fabric, &mut self.d, &mut self.sides).pump().unwrap();
     }
     /// CN `i`'s inbox, taken.
     fn take_inbox(&mut self, i: usize) -> Vec<(Vec<u8>, Option<u32>)> {

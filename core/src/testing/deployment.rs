@@ -21,7 +21,8 @@
 //! No heap: CNs live in the caller's storage and are lent as a slice.
 
 use crate::chain::arm::MnDevice;
-use crate::device::DataPath;
+use crate::cn::driver::{CnDriver, CnError};
+use crate::device::{DataPath, RdmaBackend};
 use crate::ids::CnId;
 use crate::mn::driver::{DriverError, MnDriver};
 use crate::mn::tenant::TenantId;
@@ -86,6 +87,60 @@ pub trait CnSide {
     /// When its own timers (reply deadline, "empty" back-off) next need [`CnSide::handle_timeout`].
     fn poll_timeout(&self) -> Option<u64>;
     fn handle_timeout(&mut self, now: u64);
+}
+
+/// A bare driver is a CN that keeps what it heard in its own event queue for the caller
+/// ([`CnDriver::next_event`]): it moved when that queue grew. It never stalls or crashes, and
+/// its MN id is the one its connect info told it.
+impl<B: RdmaBackend, const N: usize, const S: usize> CnSide for CnDriver<B, N, S> {
+    type Error = CnError<B::Error>;
+    fn life(&self) -> Life {
+        Life::Running
+    }
+    fn mn_id(&self) -> CnId {
+        self.id().unwrap_or(CnId::UNASSIGNED)
+    }
+    fn set_mn_id(&mut self, _id: CnId) {}
+    fn learnt_id(&self) -> Option<CnId> {
+        self.id()
+    }
+    fn service<M: DataPath>(&mut self, now: u64, _mn: &mut M) -> Result<bool, Self::Error> {
+        let before = self.pending_events();
+        self.poll(now)?;
+        Ok(self.pending_events() > before)
+    }
+    fn poll_timeout(&self) -> Option<u64> {
+        CnDriver::poll_timeout(self)
+    }
+    fn handle_timeout(&mut self, now: u64) {
+        CnDriver::handle_timeout(self, now)
+    }
+}
+
+/// CNs lent by reference (`&mut [&mut cn0, &mut cn1]`).
+impl<C: CnSide> CnSide for &mut C {
+    type Error = C::Error;
+    fn life(&self) -> Life {
+        (**self).life()
+    }
+    fn mn_id(&self) -> CnId {
+        (**self).mn_id()
+    }
+    fn set_mn_id(&mut self, id: CnId) {
+        (**self).set_mn_id(id)
+    }
+    fn learnt_id(&self) -> Option<CnId> {
+        (**self).learnt_id()
+    }
+    fn service<M: DataPath>(&mut self, now: u64, mn: &mut M) -> Result<bool, Self::Error> {
+        (**self).service(now, mn)
+    }
+    fn poll_timeout(&self) -> Option<u64> {
+        (**self).poll_timeout()
+    }
+    fn handle_timeout(&mut self, now: u64) {
+        (**self).handle_timeout(now)
+    }
 }
 
 /// What went wrong while pumping.
