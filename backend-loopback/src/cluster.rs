@@ -986,12 +986,14 @@ impl Cluster {
         Ok(())
     }
 
-    /// Let `ns` of modelled time pass (running what is due), then give the MN its timer.
+    /// Let `ns` of modelled time pass the way a deployment lives through it: every timer of
+    /// the MN and of the CNs that falls due runs at its own time (lease probes and their
+    /// answers, audits, back-offs), each followed by a pump — never a jump past a due timer.
     pub fn advance(&mut self, ns: u64) -> Result<(), ClusterError> {
         let t = self.now() + ns;
-        self.fabric.borrow_mut().run_until(t, 10_000_000);
-        self.fabric.borrow_mut().advance_to(t);
-        self.tick()
+        let act = Deployment::new(&mut self.world, &mut self.driver, &mut self.cns).run_until(t)?;
+        self.mn_cpu_events += act.cpu_events;
+        Ok(())
     }
 
     /// Whether the MN still serves CN `i`.

@@ -288,34 +288,24 @@ impl<'a, F: Fabric, D: MnDevice, C: CnSide> Deployment<'a, F, D, C> {
         Ok(moved)
     }
 
-    /// The earliest timer of the MN or of a running CN.
-    pub fn next_timer(&self) -> Option<u64> {
-        let cns = self.cns.iter().filter(|c| c.life() == Life::Running).filter_map(|c| c.poll_timeout()).min();
-        match (self.mn.poll_timeout(), cns) {
+    /// The earliest timer of the MN or of a running CN that lies after `now`. A timer already
+    /// due is the pump's (every round runs what is due); one that stays due after it ran (the
+    /// tail watch while a ticket waits) must not hold time still.
+    pub fn next_timer_after(&self, now: u64) -> Option<u64> {
+        let later = |t: Option<u64>| t.filter(|t| *t > now);
+        let cns = self.cns.iter().filter(|c| c.life() == Life::Running).filter_map(|c| later(c.poll_timeout())).min();
+        match (later(self.mn.mn.poll_timeout()), cns) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
 
-    /// Let time pass up to `t`: from one timer to the next (each due timer run at its own time,
-    /// then everything pumped), never past a due one; then to `t`.
+    /// Let time pass up to `t`: from one timer to the next (each run at its own time, then
+    /// everything pumped), never past a due one; then to `t`.
     pub fn run_until(&mut self, t: u64) -> Res<MnActivity, F, D, C> {
         let mut act = self.pump()?;
-        // a timer "due now" that leaves itself due (the tail watch while a ticket waits) would
-        // never let time move: such timers run once per instant
-        let mut last = None;
-        while let Some(next) = self.next_timer().filter(|n| *n <= t) {
-            let at = next.max(self.fabric.now());
-            if last == Some(at) {
-                if at >= t {
-                    break;
-                }
-                self.fabric.advance_to(at + 1).map_err(PumpError::Fabric)?;
-                last = None;
-                continue;
-            }
-            last = Some(at);
-            self.fabric.advance_to(at).map_err(PumpError::Fabric)?;
+        while let Some(next) = self.next_timer_after(self.fabric.now()).filter(|n| *n <= t) {
+            self.fabric.advance_to(next).map_err(PumpError::Fabric)?;
             let a = self.pump()?;
             act.cpu_events += a.cpu_events;
         }
