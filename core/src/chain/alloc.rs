@@ -42,7 +42,7 @@ use crate::chain::builder::{fenced, Builder, ChainEnv};
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Ring};
 use crate::wire::memory_map::{alloc_scratch as a, ALLOC_SCRATCH_OFF};
 use crate::wire::message::{alloc_request as req, ALLOC_REPLY_LEN};
-use crate::wire::mwtable::{ENTRY_OFF_BASE, ENTRY_OFF_LKEY, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE};
+use crate::wire::mwtable::{entry_off_rkey, ENTRY_OFF_BASE, ENTRY_OFF_LKEY, ENTRY_OFF_OWNER, ENTRY_SIZE};
 use crate::wire::wqe::{QueueSel, Wqe, WqeField};
 
 pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
@@ -94,7 +94,7 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     for i in 0..g {
         let span = Wqe::read(0, k.ring_lkey, 16, s + a::REPLY_ENTRY + ENTRY_OFF_BASE, k.meta_rkey);
         let span = b.push(Ring::Loop, if i == 0 { fenced(span) } else { span })?;
-        let rk = s + a::REPLY_ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64;
+        let rk = s + a::REPLY_ENTRY + entry_off_rkey(i);
         let rk = b.push(Ring::Loop, Wqe::read(0, k.ring_lkey, 4, rk, k.meta_rkey))?;
         let _ = copies.push((span, rk));
     }

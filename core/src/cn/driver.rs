@@ -19,7 +19,7 @@
 use crate::cn::{Allocation, Client, ClientError, ClientEvent};
 use crate::device::{Completion, QpState, RdmaBackend, WcOpcode, WcStatus};
 use crate::ids::{CnId, Qpn, Rkey};
-use crate::wire::message::{AllocRequest, ErrorCode, FreeRequest, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
+use crate::wire::message::{AllocRequest, ErrorCode, FreeRequest, Request, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
 use crate::wire::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe};
 use core::fmt;
 
@@ -103,9 +103,8 @@ pub fn prime_receives<B: RdmaBackend>(b: &mut B, mem: &CnMemory, q: MessageQueue
 }
 
 fn recv_wqe(mem: &CnMemory, k: usize, i: usize) -> RecvWqe {
-    let mut w = RecvWqe { wr_id: (TAG_RECV << TAG_SHIFT) | ((k as u64) << 8) | i as u64, sges: heapless::Vec::new() };
-    let _ = w.sges.push(Sge { addr: mem.msg_slot(k, i), length: MSG_SLOT as u32, lkey: mem.lkey });
-    w
+    let wr_id = (TAG_RECV << TAG_SHIFT) | ((k as u64) << 8) | i as u64;
+    RecvWqe::single(wr_id, Sge { addr: mem.msg_slot(k, i), length: MSG_SLOT as u32, lkey: mem.lkey })
 }
 
 /// The CN's registered memory.
@@ -642,7 +641,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     pub fn free(&mut self, a: &Allocation) -> Result<u32, CnError<B::Error>> {
         let slot = self.free_send_slot(self.qps.free)?;
         let bytes = self.client.free_request(a.entry_addr)?;
-        let token = FreeRequest::decode(&bytes).map(|f| f.token).unwrap_or(0);
+        let token = Request::from_array(bytes).token();
         self.remember_free(token);
         self.send_in(slot, self.qps.free, Some(token), &bytes)?;
         Ok(token)

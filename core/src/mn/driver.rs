@@ -19,6 +19,7 @@ use crate::mn::{Action, CnQps, Event, MemoryNode, MnError, MnPort};
 use crate::wire::memory_map::{
     ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF, REQUEST_BUF_LEN, SEND_BUF_COUNT, SEND_BUF_LEN, SEND_BUF_OFF,
 };
+use crate::wire::message::Request;
 use crate::wire::wqe::{QueueSel, RecvWqe, Sge, Wqe};
 use core::fmt;
 
@@ -641,9 +642,8 @@ impl<B: MnDevice> MnDriver<B> {
         }
         let qp = if kind == ChainKind::Alloc { r.qps.alloc } else { r.qps.free };
         let addr = self.request_buf(cn, kind).ok_or(DriverError::NoScratch(cn))?;
-        let mut w =
-            RecvWqe { wr_id: WR_ID_REQUEST | ((kind as u64) << 32) | cn.get() as u64, sges: heapless::Vec::new() };
-        let _ = w.sges.push(Sge { addr, length: REQUEST_BUF_LEN, lkey: self.regions.cn_meta_lkey });
+        let wr_id = WR_ID_REQUEST | ((kind as u64) << 32) | cn.get() as u64;
+        let w = RecvWqe::single(wr_id, Sge { addr, length: REQUEST_BUF_LEN, lkey: self.regions.cn_meta_lkey });
         self.backend.post_recv(qp, &w).map_err(DriverError::Backend)?;
         self.set_request_posted(cn, kind, true);
         Ok(())
@@ -991,8 +991,12 @@ impl<B: MnDevice> MnDriver<B> {
         if serial {
             self.post_request_buffer(cn, kind)?;
         }
-        let entry = (kind == ChainKind::Free && n >= 16)
-            .then(|| u64::from_le_bytes([req[8], req[9], req[10], req[11], req[12], req[13], req[14], req[15]]));
+        // the entry a free names (the lap checks the request; a request too short to name one
+        // fails there)
+        let entry = match Request::new_checked(&req[..n]) {
+            Ok(r) if kind == ChainKind::Free => r.free_entry_addr(),
+            _ => None,
+        };
         let (layout, who) = self.lap_setting(cn, kind)?.ok_or(DriverError::Node(MnError::UnknownCn(cn)))?;
         let ctx = who.context(&self.mn, cn);
         // a request longer than the receive buffer was truncated by the device (LocLenErr)
@@ -1098,8 +1102,9 @@ impl<B: MnDevice> MnDriver<B> {
     pub fn entry(&self, g: GroupId) -> Option<crate::wire::mwtable::MwTableEntry> {
         let addr = self.mn.map().entry_addr(g)?;
         let mut b = [0u8; crate::wire::mwtable::ENTRY_SIZE];
+        // a tool's look: a device that cannot read its own memory shows no entry
         self.backend.read_local(addr, &mut b).ok()?;
-        crate::wire::mwtable::MwTableEntry::read(&b)
+        Some(crate::wire::mwtable::MwTableEntry::from_bytes(b))
     }
 
     /// Check every invariant of DESIGN.md §4 principle 4 against the device's view.

@@ -411,7 +411,7 @@ fn wr<P: MnPort>(p: &mut P, addr: u64, v: u64) -> R<P::Error> {
 fn read_entry<P: MnPort>(p: &mut P, addr: u64) -> Result<MwTableEntry, MnError<P::Error>> {
     let mut b = [0u8; ENTRY_SIZE];
     p.read(addr, &mut b).map_err(MnError::Port)?;
-    Ok(MwTableEntry::read(&b).unwrap_or_default())
+    Ok(MwTableEntry::from_bytes(b))
 }
 fn write_entry<P: MnPort>(p: &mut P, addr: u64, e: &MwTableEntry) -> R<P::Error> {
     p.write(addr, e.as_bytes()).map_err(MnError::Port)

@@ -125,10 +125,11 @@ impl MemoryNode {
         }
     }
 
+    /// The token of the request whose header lies at `hdr` in MN memory.
     pub(super) fn token_at<P: MnPort>(&self, port: &mut P, hdr: u64) -> Result<u32, MnError<P::Error>> {
-        let mut t = [0u8; 4];
-        port.read(hdr + 4, &mut t).map_err(MnError::Port)?;
-        Ok(u32::from_le_bytes(t))
+        let mut h = [0u8; crate::wire::message::HEADER_LEN];
+        port.read(hdr, &mut h).map_err(MnError::Port)?;
+        Ok(crate::wire::message::Request::from_array(h).token())
     }
 
     /// Repair the lap of a chain that the MN stopped although it did not fail (another path
