@@ -32,6 +32,7 @@
 
 use crate::chain::builder::{fenced, Builder, ChainEnv};
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Ring};
+use crate::geometry::MAX_GROUP_SIZE;
 use crate::wire::memory_map::{free_scratch as f, FREE_SCRATCH_OFF};
 use crate::wire::message::free_request as req;
 use crate::wire::mwtable::{
@@ -62,11 +63,12 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     } else {
         None
     };
-    let mut copies: heapless::Vec<u8, 4> = heapless::Vec::new();
+    let mut copies: heapless::Vec<u8, MAX_GROUP_SIZE> = heapless::Vec::new();
     for i in 0..g {
         let c = Wqe::read(0, k.ring_lkey, 4, s + f::ENTRY + entry_off_rkey(i), k.meta_rkey);
         let c = b.push(Ring::Loop, if i == 0 && !scrub { fenced(c) } else { c })?;
-        let _ = copies.push(c);
+        let pushed = copies.push(c);
+        debug_assert!(pushed.is_ok(), "one per window: G <= MAX_GROUP_SIZE (PoolGeometry::new)");
     }
     let release_mgmt = b.push(Ring::Loop, fenced(Wqe::enable(env.mgmt_qpn, QueueSel::Send, 0)))?;
     let first_half = b.layout.ring_len(Ring::Loop) as u64;
