@@ -411,7 +411,8 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         let mut all: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
         for qp in [self.qps.alloc, self.qps.free].into_iter().chain(self.qps.access.iter().copied()) {
             if !all.contains(&qp) {
-                let _ = all.push(qp);
+                let pushed = all.push(qp);
+                debug_assert!(pushed.is_ok(), "the CN's QPs: Alloc, Free and at most MAX_ACCESS_QPS access QPs");
             }
         }
         let mut drained = true;
@@ -504,8 +505,11 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     }
 
     fn push(&mut self, e: CnEvent) {
-        // room was reserved before the completion was taken off the CQ
-        let _ = self.events.push_back(e);
+        let pushed = self.events.push_back(e);
+        debug_assert!(
+            pushed.is_ok(),
+            "room is reserved before a completion leaves the CQ (two events each) or a deadline expires"
+        );
     }
 
     fn poll_sends(&mut self, qp: Qpn) -> Result<bool, CnError<B::Error>> {
@@ -560,15 +564,14 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
                 }
             }
         }
+        // sends and accesses go only on the CN's own QPs (`CnQpSet::get`): distinct, at most
+        // Alloc, Free and MAX_ACCESS_QPS access QPs
         let mut qps: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
-        for s in self.sends.iter().flatten() {
-            if !qps.contains(&s.qp) {
-                let _ = qps.push(s.qp);
-            }
-        }
-        for s in self.io.iter().flatten().filter(|s| s.done.is_none()) {
-            if !qps.contains(&s.qp) {
-                let _ = qps.push(s.qp);
+        let busy = self.sends.iter().flatten().map(|s| s.qp);
+        for qp in busy.chain(self.io.iter().flatten().filter(|s| s.done.is_none()).map(|s| s.qp)) {
+            if !qps.contains(&qp) {
+                let pushed = qps.push(qp);
+                debug_assert!(pushed.is_ok(), "distinct QPs of this CN: at most 2 + MAX_ACCESS_QPS");
             }
         }
         for qp in qps {
