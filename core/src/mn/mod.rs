@@ -23,7 +23,7 @@ use crate::wire::memory_map::{
     alloc_scratch, free_scratch, MnMemoryMap, ALLOC_REQUEST_BUF_OFF, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF,
     SCRATCH_PER_CN,
 };
-use crate::wire::message::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice, Rebound};
+use crate::wire::message::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice, Rebound, MAX_MESSAGE_LEN};
 use crate::wire::mwtable::{MwTableEntry, ENTRY_SIZE};
 use crate::wire::wqe::masked_add;
 use core::fmt;
@@ -169,7 +169,7 @@ pub enum Action {
     Unbind { rkey: Rkey },
     /// Send a message to a CN: on the MN end of its first access QP (the only CN-facing send
     /// queue not carrying a chain); `slot` selects the CN's send buffers.
-    Send { slot: u32, qp: Qpn, bytes: heapless::Vec<u8, 64> },
+    Send { slot: u32, qp: Qpn, bytes: heapless::Vec<u8, MAX_MESSAGE_LEN> },
     /// Disconnect a CN's management QPs (quota enforcement).
     DisconnectMgmt { alloc: Qpn, free: Qpn },
     /// Destroy all QPs of a CN that left (its windows are already invalidated).
@@ -243,6 +243,9 @@ pub enum MnError<E> {
     },
     /// A connect as a tenant the MN does not know, or one whose CN slots are taken.
     Tenant(TenantError),
+    /// More pops of the empty free queue are waiting for a push than the MN can track (one per
+    /// CN slot, [`MAX_CNS`]: the queue's ring has room for that many beyond the groups).
+    TicketsFull,
 }
 
 impl<E> MnError<E> {
@@ -256,6 +259,7 @@ impl<E> MnError<E> {
             MnError::MissingLoopQps => MnError::MissingLoopQps,
             MnError::WrongAccessQpCount { expected, got } => MnError::WrongAccessQpCount { expected, got },
             MnError::Tenant(e) => MnError::Tenant(e),
+            MnError::TicketsFull => MnError::TicketsFull,
         })
     }
 }
@@ -272,6 +276,10 @@ impl<E: fmt::Display> fmt::Display for MnError<E> {
                 write!(f, "CN offered {got} access QPs, the pool's group size needs {expected}")
             }
             MnError::Tenant(e) => write!(f, "{e}"),
+            MnError::TicketsFull => write!(
+                f,
+                "more than {MAX_CNS} pops of the empty free queue wait for a push: the queue's ring has no room for more"
+            ),
         }
     }
 }
@@ -319,6 +327,10 @@ pub struct MnStats {
     pub chunks_scrubbed: u64,
     /// CNs evicted because the transport could not reach them (stalled or vanished).
     pub cns_evicted: u64,
+    /// Evictions the deployment was not told of: more than [`MAX_CNS`] since it last took
+    /// the list ([`MemoryNode::take_evicted`]). The CNs are gone all the same (their QPs
+    /// destroyed, their groups reclaimed); only the deployment's own connection state stays.
+    pub evictions_unreported: u64,
     pub probes_sent: u64,
     /// Windows found (audit) or about to be bound (host engine) over anything but their chunk.
     pub spans_refused: u64,
@@ -423,9 +435,7 @@ impl MemoryNode {
             return Err(MnError::BadConfig);
         }
         let mut cns = heapless::Vec::new();
-        for _ in 0..cfg.max_cns {
-            let _ = cns.push(None);
-        }
+        cns.resize(cfg.max_cns as usize, None).map_err(|()| MnError::BadConfig)?;
         Ok(MemoryNode {
             cfg,
             map,
@@ -603,7 +613,10 @@ impl MemoryNode {
         }
     }
 
-    fn send<P: MnPort>(&mut self, port: &mut P, cn: CnId, bytes: &[u8]) -> R<P::Error> {
+    /// Send one message (an encoder's fixed-size image: one longer than
+    /// [`MAX_MESSAGE_LEN`] does not compile).
+    fn send<const N: usize, P: MnPort>(&mut self, port: &mut P, cn: CnId, bytes: &[u8; N]) -> R<P::Error> {
+        const { assert!(N <= MAX_MESSAGE_LEN) };
         let Some(r) = self.cn(cn) else { return Ok(()) };
         let slot = r.slot;
         let qp = match self.cfg.mode {
@@ -611,7 +624,8 @@ impl MemoryNode {
             ExecutionMode::HostEngine => r.qps.alloc,
         };
         let mut v = heapless::Vec::new();
-        let _ = v.extend_from_slice(&bytes[..bytes.len().min(64)]);
+        let copied = v.extend_from_slice(bytes);
+        debug_assert!(copied.is_ok(), "N <= MAX_MESSAGE_LEN, asserted at compile time");
         port.apply(Action::Send { slot, qp, bytes: v }).map_err(MnError::Port)
     }
 

@@ -240,7 +240,8 @@ impl MnPlan {
             let mut rkeys: heapless::Vec<Rkey, MAX_GROUP_SIZE> = heapless::Vec::new();
             for _ in 0..geo.group_size() {
                 let k = driver.backend.alloc_mw().map_err(ProvisionError::Backend)?;
-                let _ = rkeys.push(self.initial_table_key(k));
+                let pushed = rkeys.push(self.initial_table_key(k));
+                debug_assert!(pushed.is_ok(), "one key per window: G <= MAX_GROUP_SIZE (PoolGeometry::new)");
             }
             driver.format_group(g, lkey, &rkeys).map_err(ProvisionError::Driver)?;
         }
@@ -298,7 +299,8 @@ impl MnPlan {
     pub fn registrations(&self) -> heapless::Vec<Registration, 8> {
         let mut v = heapless::Vec::new();
         let mut add = |region, domain, access| {
-            let _ = v.push(Registration { region, domain, access });
+            let pushed = v.push(Registration { region, domain, access });
+            debug_assert!(pushed.is_ok(), "at most 8: two CN-facing, five private (offloaded), the pool");
         };
         let local = AccessFlags::LOCAL_WRITE;
         add(Region::Metadata, Domain::CnFacing, local);

@@ -229,7 +229,7 @@ impl MemoryNode {
                 return Ok(AllocRepair::Requeued);
             }
             if !self.tickets.contains(&slot) {
-                let _ = self.tickets.push(slot);
+                self.tickets.push(slot).map_err(|_| MnError::TicketsFull)?;
             }
             return Ok(AllocRepair::TookTicket);
         }
@@ -303,7 +303,7 @@ impl MemoryNode {
         }
         let g = self.cfg.geometry;
         for i in 0..g.chunk_count() {
-            let addr = self.map.entry_addr(GroupId(i)).unwrap_or(0);
+            let addr = self.map.entry_addr(GroupId(i)).ok_or(MnError::BadConfig)?;
             let mut e = read_entry(port, addr)?;
             if e.owner() != 0 || e.reserved.get() != 0 {
                 e.bump_keys();
@@ -317,15 +317,15 @@ impl MemoryNode {
         for slot in self.map.queue.slots() {
             wr(port, slot, 0)?;
         }
+        // (every index below the chunk count has an entry address: the loop above wrote them all)
         for (addr, v) in self.map.queue.fill(g.chunk_count(), |i| self.map.entry_addr(GroupId(i)).unwrap_or(0)) {
             wr(port, addr, v)?;
         }
         self.tickets.clear();
         self.empty = false;
         for r in cns.iter() {
-            let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+            self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
             self.init_scratch(port, r.slot, r.cn)?;
-            let _ = s;
             if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == r.cn) {
                 rec.allocs = 0;
                 rec.frees = 0;
