@@ -506,24 +506,15 @@ impl MemoryNode {
     }
     /// The CN one of whose QPs (MN ends: management, access, chain loopback) is `qp`.
     pub fn cn_of_qp(&self, qp: Qpn) -> Option<CnId> {
-        self.cn_of_chain_qp(qp)
-            .map(|(cn, _)| cn)
-            .or_else(|| self.cns().find(|r| r.qps.access.contains(&qp)).map(|r| r.cn))
-    }
-
-    /// The CN one of whose chain QPs (MN ends, incl. loopback) is `qp`.
-    pub fn cn_of_chain_qp(&self, qp: Qpn) -> Option<(CnId, ChainKind)> {
-        self.cn_of_mgmt_qp(qp).or_else(|| {
-            self.cns().find_map(|r| {
-                if r.qps.alloc_loop == Some(qp) {
-                    Some((r.cn, ChainKind::Alloc))
-                } else if r.qps.free_loop == Some(qp) {
-                    Some((r.cn, ChainKind::Free))
-                } else {
-                    None
-                }
+        self.cns()
+            .find(|r| {
+                r.qps.alloc == qp
+                    || r.qps.free == qp
+                    || r.qps.alloc_loop == Some(qp)
+                    || r.qps.free_loop == Some(qp)
+                    || r.qps.access.contains(&qp)
             })
-        })
+            .map(|r| r.cn)
     }
 
     /// The environment a CN's chain is built for.
