@@ -168,6 +168,18 @@ impl WqeField {
             WqeField::Operand1 => 56,
         }
     }
+    /// `len` bytes of a WQE image from this field on (a span may cover consecutive fields),
+    /// if they lie inside the WQE — what a READ of ring memory at the field returns.
+    pub fn read_span(self, image: &[u8; WQE_SIZE], len: usize) -> Option<&[u8]> {
+        image.get(self.offset()..self.offset().checked_add(len)?)
+    }
+    /// Write `data` into a WQE image from this field on, as a patching READ or a RECV scatter
+    /// lands it (what runs past the WQE's end is not written).
+    pub fn patch(self, image: &mut [u8; WQE_SIZE], data: &[u8]) {
+        let off = self.offset();
+        let end = (off + data.len()).min(WQE_SIZE);
+        image[off..end].copy_from_slice(&data[..end - off]);
+    }
     pub const fn width(self) -> usize {
         match self {
             WqeField::Imm | WqeField::Length | WqeField::Lkey | WqeField::Rkey | WqeField::Qpn => 4,
@@ -668,6 +680,20 @@ mod tests {
         assert_eq!(Wqe::decode(&w.encode()), Err(WqeError::BadQueueSelector(2)));
         let w = Wqe::bind_mw(0x100, 0, 1, 1, 1, AccessFlags::MW_BIND);
         assert_eq!(Wqe::decode(&w.encode()), Err(WqeError::BadAccessFlags(16)));
+    }
+
+    #[test]
+    fn field_spans_read_and_patch_inside_the_wqe_only() {
+        let mut img = Wqe::read(0x10, 1, 8, 0x2000, 0x0305).encode();
+        assert_eq!(WqeField::Rkey.read_span(&img, 4), Some(&0x0305u32.to_le_bytes()[..]));
+        // remote address and rkey in one span, as the alloc reply's scatter writes them
+        assert_eq!(WqeField::RemoteAddr.read_span(&img, 12).map(<[u8]>::len), Some(12));
+        assert_eq!(WqeField::Operand1.read_span(&img, 9), None);
+        WqeField::Rkey.patch(&mut img, &0x0406u32.to_le_bytes());
+        assert_eq!(Wqe::decode(&img).unwrap().rkey, 0x0406);
+        // a patch past the end is cut at the WQE's end
+        WqeField::Operand1.patch(&mut img, &[0xAB; 12]);
+        assert_eq!(Wqe::decode(&img).unwrap().operand1, u64::from_le_bytes([0xAB; 8]));
     }
 
     #[test]
