@@ -219,7 +219,7 @@ pub enum Event {
     /// the sender's SEND_WITH_INV revoked a window). On soft-RoCE any QP may do that to any
     /// window (`rxe_invalidate_mw` checks no QP); the MN checks the window against the
     /// sender's own, restores it for its owner and evicts a sender that revoked someone
-    /// else's ([`MemoryNode::on_remote_invalidation`]).
+    /// else's (`MemoryNode::on_remote_invalidation`).
     RemoteInvalidation { qp: Qpn, rkey: Rkey },
     /// While pops of an empty queue hold tickets, the MN watches the tail (DESIGN.md §2) and
     /// settles each ticket as soon as a push fills its slot — before the tail can come round

@@ -1,5 +1,6 @@
 //! The minimal test NIC: a deterministic, allocation-free multi-node RDMA fabric, just big
-//! enough to run a host-engine MN and its CNs over [`RdmaBackend`] — in unit tests, benches and
+//! enough to run a host-engine MN and its CNs over the device traits
+//! ([`RdmaBackend`](crate::device::RdmaBackend)) — in unit tests, benches and
 //! the freestanding `nostd-check` binary. Behind the `test-nic` feature.
 //!
 //! Why a second device next to omw-loopback: the loopback model needs `std` and models what

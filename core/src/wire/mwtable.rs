@@ -32,7 +32,7 @@ pub const ENTRY_OFF_OWNER: u64 = 32;
 /// Bytes of one rkey in the entry.
 pub const RKEY_SIZE: u64 = 4;
 
-/// Where the rkey of MW[`i`] lies in the entry (rkey pairs, which one masked fetch-and-add
+/// Where the rkey of window `i` of the group lies in the entry (rkey pairs, which one masked fetch-and-add
 /// bumps, start at even `i`).
 pub const fn entry_off_rkey(i: usize) -> u64 {
     ENTRY_OFF_RKEYS + RKEY_SIZE * i as u64
