@@ -107,27 +107,7 @@ impl fmt::Display for VerbsError {
                 "device {device} does not support type-2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B), which omw needs"
             ),
             VerbsError::MemlockTooLow { limit, need, cap_ipc_lock } => {
-                write!(
-                    f,
-                    "locked-memory limit too low: RLIMIT_MEMLOCK is {} but this configuration pins about {} (",
-                    human(*limit),
-                    approx(need.total())
-                )?;
-                if need.metadata > 0 {
-                    write!(f, "pool {}, metadata {}", human(need.registered), approx(need.metadata))?;
-                } else {
-                    write!(f, "buffers {}", human(need.registered))?;
-                }
-                if need.qps > 0 {
-                    write!(f, ", {} QPs with their CQs × {}", need.qps, human(crate::memlock::PINNED_PER_QP))?;
-                }
-                f.write_str(")")?;
-                match cap_ipc_lock {
-                    Some(false) => f.write_str(", and the process lacks CAP_IPC_LOCK (as root in a container: `--cap-add IPC_LOCK`)")?,
-                    None => f.write_str(" (CAP_IPC_LOCK: unknown)")?,
-                    Some(true) => {}
-                }
-                f.write_str(". Raise the limit with `ulimit -l unlimited` (as root), a `memlock` line in /etc/security/limits.conf, LimitMEMLOCK=infinity in a systemd unit, or `docker run --ulimit memlock=-1`; or run with fewer --max-cns / a smaller --pool-size")
+                crate::memlock::TooLow { limit: *limit, need: *need, cap_ipc_lock: *cap_ipc_lock }.fmt(f)
             }
             VerbsError::Port(e) => write!(f, "{e}"),
             VerbsError::PoolEmpty => f.write_str("the memory node's free queue is empty (every chunk is allocated)"),
@@ -187,18 +167,9 @@ impl std::error::Error for VerbsError {
     }
 }
 
-/// Bytes to one decimal in the largest unit that fits (for figures that are estimates).
-pub(crate) fn approx(b: u64) -> String {
-    const K: f64 = 1024.0;
-    let x = b as f64;
-    if x >= K * K * K {
-        format!("{:.1} GiB", x / (K * K * K))
-    } else if x >= K * K {
-        format!("{:.1} MiB", x / (K * K))
-    } else if x >= K {
-        format!("{:.1} KiB", x / K)
-    } else {
-        format!("{b} B")
+impl From<crate::devx::DevxError> for VerbsError {
+    fn from(e: crate::devx::DevxError) -> Self {
+        VerbsError::Devx(e)
     }
 }
 
@@ -225,7 +196,7 @@ mod tests {
         assert!(m.contains("lacks CAP_IPC_LOCK") && m.contains("LimitMEMLOCK=infinity"), "{m}");
         let e = VerbsError::MemlockTooLow { limit: 0, need: MemlockNeed::bytes(4096), cap_ipc_lock: Some(true) };
         assert!(!e.to_string().contains("lacks"), "{e}");
-        assert_eq!(approx(512), "512 B");
-        assert_eq!(approx(3 << 30), "3.0 GiB");
+        assert_eq!(crate::memlock::approx(512), "512 B");
+        assert_eq!(crate::memlock::approx(3 << 30), "3.0 GiB");
     }
 }
