@@ -5,7 +5,7 @@
 //! group a CN's connections; the MN's accept of the Alloc connection answers with the pool's
 //! group size, which tells the CN how many access QPs to open.
 
-use crate::backend::{VerbsBackend, RECV_DEPTH};
+use crate::backend::VerbsBackend;
 use crate::cm_event::{reject_raw, sockaddr};
 pub use crate::cm_event::{CmEvent, CmEventKind, CmId};
 use crate::error::{Result, VerbsError};
@@ -362,6 +362,3 @@ pub fn route_device(addr: SocketAddr, timeout: Duration) -> Result<String> {
         result
     }
 }
-
-/// Receive depth CN and MN post on management QPs.
-pub const MGMT_RECVS: u32 = RECV_DEPTH / 2;

@@ -63,8 +63,6 @@ pub enum VerbsError {
     Client(omw_core::cn::ClientError),
     /// The CN driver refused (its slots, its memory layout).
     Cn(Box<omw_core::cn::driver::CnError<VerbsError>>),
-    /// The MN driver failed handling an event.
-    Driver(Box<omw_core::mn::driver::DriverError<VerbsError>>),
     /// The MN could not be brought up on the device (which step, and the device's error).
     Provision(Box<omw_core::mn::plan::ProvisionError<VerbsError>>),
     /// `--offload mlx5` cannot run (DEVX, capability or command failure, with what to do).
@@ -152,7 +150,6 @@ impl fmt::Display for VerbsError {
             VerbsError::Client(e) => write!(f, "from the MN: {e}"),
             VerbsError::Cn(e) => write!(f, "CN driver: {e}"),
             VerbsError::Provision(e) => write!(f, "bringing the MN up: {e}"),
-            VerbsError::Driver(e) => write!(f, "MN driver: {e}"),
             VerbsError::Devx(e) => write!(f, "--offload mlx5: {e}"),
         }
     }

@@ -295,7 +295,7 @@ fn a_failed_accept_leaves_no_qp_and_refuses_the_request() {
         })
         .next_back()
         .unwrap();
-    assert!(dev.calls.iter().any(|c| *c == Call::ObjDestroy(created)), "the DEVX QP of the failed accept is destroyed");
+    assert!(dev.calls.contains(&Call::ObjDestroy(created)), "the DEVX QP of the failed accept is destroyed");
     assert_eq!(s.borrow().rejected, [id(0x20)]);
     assert!(s.borrow().accepted.is_empty());
     assert!(d.sessions().nonce_of(id(0x20)).is_none(), "no session remembers it");

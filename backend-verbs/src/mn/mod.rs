@@ -106,7 +106,7 @@ impl std::fmt::Display for Protection {
     }
 }
 
-/// The pool the options size, checked against the host ([`checked_sizing`]).
+/// The pool the options size, checked against the host (`checked_sizing`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Sizing {
     pub chunks: u32,
@@ -303,7 +303,7 @@ impl<T: Transport> MnDaemon<T> {
 
     /// Run until `stop` is set (SIGINT/SIGTERM); dropping the daemon then tears everything
     /// down. A busy MN never waits; an idle one waits for the connection manager between turns
-    /// ([`MnDaemon::wait`]) rather than spinning a core.
+    /// (`MnDaemon::wait`) rather than spinning a core.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<()> {
         let mut idle = 0u32;
         while !stop.load(Ordering::Relaxed) {
