@@ -172,11 +172,7 @@ impl VerbsBackend {
     /// Open with a device and GID choice (`--device`, `--gid-index`).
     pub fn open_choice(choice: &DeviceChoice) -> Result<Self> {
         let ctx = Context::open(choice)?;
-        // SAFETY: ctx.ctx is an open context.
-        let pd = unsafe { ibv_alloc_pd(ctx.ctx) };
-        if pd.is_null() {
-            return Err(VerbsError::last("ibv_alloc_pd"));
-        }
+        let pd = ctx.alloc_pd()?;
         let caps = ctx.info.declared_capabilities();
         Ok(VerbsBackend {
             ctx,
@@ -1341,41 +1337,17 @@ impl Provision for VerbsBackend {
             return Err(VerbsError::Unsupported("an MN-private protection domain (only chain offload needs one)"));
         }
         self.owned(addr, len)?;
-        // SAFETY: the range lies in a live mapping owned by self (checked), which outlives
-        // the MR (Drop deregisters MRs before unmapping).
-        let mr = unsafe { ibv_reg_mr(self.pd, addr as *mut libc::c_void, len as usize, access.bits() as i32) };
-        if mr.is_null() {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            if e == libc::ENOMEM || e == libc::EPERM || e == libc::EAGAIN {
-                // SAFETY: getrlimit writes only into r.
-                let limit = unsafe {
-                    let mut r: libc::rlimit = std::mem::zeroed();
-                    libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r);
-                    r.rlim_cur
-                };
-                if limit != libc::RLIM_INFINITY {
-                    return Err(VerbsError::MemlockTooLow {
-                        limit,
-                        need: crate::memlock::MemlockNeed::bytes(len),
-                        cap_ipc_lock: crate::memlock::cap_ipc_lock(),
-                    });
-                }
-            }
-            return Err(VerbsError::Call { call: "ibv_reg_mr", errno: e });
-        }
+        // SAFETY: pd is live; the range lies in a live mapping owned by self (checked), which
+        // outlives the MR (Drop deregisters MRs before unmapping).
+        let mr = unsafe { crate::device::reg_mr(self.pd, addr, len, access) }?;
         // SAFETY: mr is a live MR just returned.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
         self.mrs.insert(lkey, MrEntry { mr, addr, len, keys: MrKeys { lkey, rkey }, access });
         Ok(MrKeys { lkey, rkey })
     }
     fn alloc_mw(&mut self) -> Result<Rkey> {
-        // SAFETY: pd is live; ibv_alloc_mw returns None if the provider lacks the verb.
-        let mw = unsafe { ibv_alloc_mw(self.pd, ibv_mw_type::IBV_MW_TYPE_2) };
-        let mw = match mw {
-            Some(m) if !m.is_null() => m,
-            Some(_) => return Err(VerbsError::last("ibv_alloc_mw(TYPE_2)")),
-            None => return Err(VerbsError::NoMwType2 { device: self.ctx.info.name.clone() }),
-        };
+        // SAFETY: pd is live.
+        let mw = unsafe { crate::device::alloc_mw_type2(self.pd, &self.ctx.info.name) }?;
         // SAFETY: mw is live.
         let rkey = Rkey(unsafe { (*mw).rkey });
         self.mws.insert(rkey.index(), MwEntry { mw, rkey, bound: None });

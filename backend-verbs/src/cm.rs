@@ -5,7 +5,7 @@
 //! group a CN's connections; the MN's accept of the Alloc connection answers with the pool's
 //! group size, which tells the CN how many access QPs to open.
 
-use crate::backend::{VerbsBackend, RECV_DEPTH};
+use crate::backend::VerbsBackend;
 use crate::cm_event::{reject_raw, sockaddr};
 pub use crate::cm_event::{CmEvent, CmEventKind, CmId};
 use crate::error::{Result, VerbsError};
@@ -170,15 +170,11 @@ impl VerbsBackend {
         self.cm.poll(timeout)
     }
 
-    /// MN side: create the QP of a connection request, post receives (through `prepare`),
-    /// and accept it with `private` as the reply's private data. `id` must be a connection
-    /// request [`Self::poll_cm`] reported and nobody accepted or rejected yet.
-    pub fn accept(
-        &mut self,
-        id: CmId,
-        private: &[u8],
-        prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
-    ) -> Result<Qpn> {
+    /// MN side: create the QP of a connection request and accept it with `private` as the
+    /// reply's private data (the MN driver posts the QP's receives when the CN is complete).
+    /// `id` must be a connection request [`Self::poll_cm`] reported and nobody accepted or
+    /// rejected yet; on failure it is rejected.
+    pub fn accept(&mut self, id: CmId, private: &[u8]) -> Result<Qpn> {
         let id = self
             .cm
             .take_request(id)
@@ -190,10 +186,6 @@ impl VerbsBackend {
                 return Err(e);
             }
         };
-        if let Err(e) = prepare(self, q) {
-            let _ = omw_core::device::DataPath::destroy_qp(self, q);
-            return Err(e);
-        }
         let rd = (self.device_info().max_qp_rd_atom.clamp(1, 16)) as u8;
         // SAFETY: rdma_conn_param is plain data; private outlives the call.
         let rc = unsafe {
@@ -254,19 +246,6 @@ impl VerbsBackend {
         }
         ch_owner.cm.wait_event_for(id, CmEventKind::RouteResolved, &peer, deadline)?;
         Ok(id)
-    }
-
-    /// The device name of a resolved id.
-    pub(crate) fn id_device(id: *mut rdma_cm_id) -> Option<String> {
-        // SAFETY: id is live; verbs/device are set once the address resolved.
-        unsafe {
-            let v = (*id).verbs;
-            if v.is_null() || (*v).device.is_null() {
-                return None;
-            }
-            let p = ibv_get_device_name((*v).device);
-            (!p.is_null()).then(|| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
-        }
     }
 
     /// CN side: connect to the MN with `hello`; `prepare` posts receives before the connect.
@@ -360,7 +339,7 @@ pub fn route_device(addr: SocketAddr, timeout: Duration) -> Result<String> {
             let mut ev: *mut rdma_cm_event = ptr::null_mut();
             if rdma_get_cm_event(ch, &mut ev) == 0 {
                 if (*ev).event == rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED {
-                    result = VerbsBackend::id_device(id).ok_or(VerbsError::PeerUnreachable {
+                    result = crate::cm_event::id_device(id).ok_or(VerbsError::PeerUnreachable {
                         addr: peer.clone(),
                         detail: "no local RDMA device routes there".into(),
                     });
@@ -383,6 +362,3 @@ pub fn route_device(addr: SocketAddr, timeout: Duration) -> Result<String> {
         result
     }
 }
-
-/// Receive depth CN and MN post on management QPs.
-pub const MGMT_RECVS: u32 = RECV_DEPTH / 2;

@@ -58,6 +58,19 @@ pub(crate) fn reject_raw(id: *mut rdma_cm_id) {
     }
 }
 
+/// The name of the device an id is bound or resolved to (None: no RDMA device yet).
+pub(crate) fn id_device(id: *mut rdma_cm_id) -> Option<String> {
+    // SAFETY: id is live; verbs/device are set once the address is bound or resolved.
+    unsafe {
+        let v = (*id).verbs;
+        if v.is_null() || (*v).device.is_null() {
+            return None;
+        }
+        let p = ibv_get_device_name((*v).device);
+        (!p.is_null()).then(|| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+    }
+}
+
 /// The peer address of a connect request's id (IPv4, or IPv6 for an IPv4-mapped peer).
 fn peer_ip(id: &rdma_cm_id) -> Option<std::net::IpAddr> {
     // SAFETY: a connect request's id has its route's destination address set; the sockaddr is
@@ -189,8 +202,12 @@ impl CmChannel {
         // SAFETY: ch is live; pollfd is plain data.
         unsafe {
             let mut p = libc::pollfd { fd: (*ch).fd, events: libc::POLLIN, revents: 0 };
-            let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-            if libc::poll(&mut p, 1, ms) <= 0 {
+            // ppoll, not poll: an idle MN waits in steps shorter than a millisecond
+            let t = libc::timespec {
+                tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+                tv_nsec: timeout.subsec_nanos() as libc::c_long,
+            };
+            if libc::ppoll(&mut p, 1, &t, ptr::null()) <= 0 {
                 return Ok(None);
             }
             let mut ev: *mut rdma_cm_event = ptr::null_mut();
@@ -245,6 +262,12 @@ impl CmChannel {
     pub(crate) fn take_request(&mut self, id: CmId) -> Option<*mut rdma_cm_id> {
         let i = self.requests.iter().position(|x| *x == id.0)?;
         Some(self.requests.swap_remove(i))
+    }
+
+    /// `id` is a connection request not yet accepted or rejected.
+    #[cfg(feature = "devx")]
+    pub(crate) fn is_request(&self, id: CmId) -> bool {
+        self.requests.contains(&id.0)
     }
 
     /// Refuse a pending connection request (ignored if `id` is not one).

@@ -1,11 +1,16 @@
-//! Opening an RDMA device: the device list, attributes, the port's GID, the memlock limit.
+//! Opening an RDMA device: the device list, attributes, the port and its GID (`DeviceChoice`:
+//! `--device`, `--gid-index`), and the protection-domain objects every backend creates on it
+//! (PD, MR, type-2 window). Both MN devices open here: the verbs backend's context, and the
+//! DEVX one (`devx::ffi::RealDevx`), which only brings its own way of opening one device.
 //!
-//! The context is opened through `rdma_get_devices` when librdmacm can, so that the PD the
-//! backend allocates belongs to the very context rdma_cm hands out in `cm_id->verbs` (an
+//! The verbs context is opened through `rdma_get_devices` when librdmacm can, so that the PD
+//! the backend allocates belongs to the very context rdma_cm hands out in `cm_id->verbs` (an
 //! `rdma_create_qp` with a PD of another context is refused).
 
 use crate::error::{Result, VerbsError};
+use crate::memlock::{MemlockNeed, TooLow};
 use crate::port::{choose_gid, pick_device, Candidate, GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortState};
+use omw_core::access::AccessFlags;
 use omw_core::device::Capabilities;
 use rdma_sys::*;
 use std::ffi::CStr;
@@ -65,6 +70,16 @@ pub(crate) struct Context {
     pub gid: GidEntry,
 }
 
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.info.name)
+            .field("port", &self.port_attr.port)
+            .field("gid_index", &self.gid.index)
+            .finish_non_exhaustive()
+    }
+}
+
 fn dev_name(d: *mut ibv_device) -> String {
     // SAFETY: `d` is an entry of a live device list; ibv_get_device_name returns a
     // NUL-terminated string owned by the device (or null).
@@ -78,11 +93,13 @@ fn dev_name(d: *mut ibv_device) -> String {
     }
 }
 
-/// Names of all RDMA devices; a typed error when there are none.
-pub fn device_names() -> Result<Vec<String>> {
+/// Run `f` over the device list, each device with its name; the list is freed when `f`
+/// returns, so the pointers must not outlive the call. A typed error when libibverbs has no
+/// list.
+pub(crate) fn with_devices<R>(f: impl FnOnce(&[(String, *mut ibv_device)]) -> R) -> Result<R> {
     let mut n: i32 = 0;
     // SAFETY: ibv_get_device_list writes the count into `n` and returns a NULL-terminated
-    // array (or null); the array is freed below and not used afterwards.
+    // array (or null); the array is freed below, after `f`, and not used afterwards.
     unsafe {
         let list = ibv_get_device_list(&mut n);
         if list.is_null() {
@@ -91,13 +108,20 @@ pub fn device_names() -> Result<Vec<String>> {
                 detail: format!("ibv_get_device_list failed: {e} (the kernel has no RDMA support?)"),
             });
         }
-        let names = (0..n.max(0) as usize).map(|i| dev_name(*list.add(i))).collect::<Vec<_>>();
+        let devices = (0..n.max(0) as usize).map(|i| *list.add(i)).map(|d| (dev_name(d), d)).collect::<Vec<_>>();
+        let r = f(&devices);
         ibv_free_device_list(list);
-        if names.is_empty() {
-            return Err(VerbsError::NoDevice { detail: "libibverbs lists no device".into() });
-        }
-        Ok(names)
+        Ok(r)
     }
+}
+
+/// Names of all RDMA devices; a typed error when there are none.
+pub fn device_names() -> Result<Vec<String>> {
+    let names = with_devices(|l| l.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>())?;
+    if names.is_empty() {
+        return Err(VerbsError::NoDevice { detail: "libibverbs lists no device".into() });
+    }
+    Ok(names)
 }
 
 fn query_info(ctx: *mut ibv_context, name: String) -> Result<DeviceInfo> {
@@ -224,6 +248,16 @@ impl Context {
     /// attributes advertise type-2 windows; whether they work is the probe's to say), on its
     /// first ACTIVE port, with the GID [`choose_gid`] picks.
     pub fn open(choice: &DeviceChoice) -> Result<Context> {
+        Self::open_with(choice, Self::open_exact)
+    }
+
+    /// [`Context::open`] with `open_exact` opening one device by name (the verbs context here,
+    /// a DEVX context in `devx::ffi`). Without a name, a device it cannot open is skipped; with
+    /// one, its error is the answer.
+    pub(crate) fn open_with(
+        choice: &DeviceChoice,
+        mut open_exact: impl FnMut(&str) -> Result<Context>,
+    ) -> Result<Context> {
         let names = device_names()?;
         if let Some(n) = &choice.device {
             if !names.iter().any(|x| x == n) {
@@ -233,7 +267,7 @@ impl Context {
         let mut opened = Vec::new();
         let mut cands = Vec::new();
         for n in names.iter().filter(|n| choice.device.as_ref().is_none_or(|d| d == *n)) {
-            let c = match Self::open_exact(n) {
+            let c = match open_exact(n) {
                 Ok(c) => c,
                 Err(e) if choice.device.is_some() => return Err(e),
                 Err(_) => continue,
@@ -254,13 +288,12 @@ impl Context {
     }
 
     fn open_exact(name: &str) -> Result<Context> {
-        // SAFETY: every pointer below comes from librdmacm/libibverbs and is checked for null
-        // before use; the lists are freed exactly once (here on failure, in Drop otherwise).
-        unsafe {
+        // SAFETY: every pointer below comes from librdmacm and is checked for null before use;
+        // the list is freed exactly once (here when no entry is ours, in Drop otherwise).
+        let (ctx, cm_list) = unsafe {
             let mut n: i32 = 0;
             let list = rdma_get_devices(&mut n);
             let mut ctx: *mut ibv_context = ptr::null_mut();
-            let mut cm_list = ptr::null_mut();
             if !list.is_null() {
                 for i in 0..n.max(0) as usize {
                     let c = *list.add(i);
@@ -270,60 +303,157 @@ impl Context {
                 }
                 if ctx.is_null() {
                     rdma_free_devices(list);
-                } else {
-                    cm_list = list;
                 }
             }
-            if ctx.is_null() {
-                // librdmacm unavailable (no rdma_ucm module): plain verbs still work (probe)
-                let mut m = 0;
-                let dl = ibv_get_device_list(&mut m);
-                if dl.is_null() {
-                    return Err(VerbsError::NoDevice {
-                        detail: format!("ibv_get_device_list failed: {}", std::io::Error::last_os_error()),
-                    });
-                }
-                for i in 0..m.max(0) as usize {
-                    let d = *dl.add(i);
-                    if dev_name(d) == name {
-                        ctx = ibv_open_device(d);
-                        break;
-                    }
-                }
-                ibv_free_device_list(dl);
-                if ctx.is_null() {
-                    return Err(VerbsError::last("ibv_open_device"));
-                }
-            }
-            let mut c = Context {
-                ctx,
-                cm_list,
-                info: DeviceInfo {
-                    name: name.into(),
-                    mw_type2: false,
-                    mem_mgt_extensions: false,
-                    atomics: false,
-                    max_mw: 0,
-                    max_mr: 0,
-                    max_qp: 0,
-                    max_qp_wr: 0,
-                    max_qp_rd_atom: 0,
-                    phys_port_cnt: 1,
-                    vendor_id: 0,
-                },
-                port_attr: PortAttr {
-                    port: 1,
-                    state: PortState::Other(u32::MAX),
-                    link_layer: LinkLayer::Unspecified,
-                    lid: 0,
-                    active_mtu: None,
-                    gid_table_len: 0,
-                },
-                gid: GidEntry { index: 0, gid: [0; 16], gid_type: GidType::Unknown },
-            };
-            c.info = query_info(ctx, name.into())?;
-            Ok(c)
+            (ctx, if ctx.is_null() { ptr::null_mut() } else { list })
+        };
+        if !ctx.is_null() {
+            return Self::with_context(ctx, cm_list, name);
         }
+        // librdmacm unavailable (no rdma_ucm module): plain verbs still work (probe)
+        let ctx = with_devices(|l| {
+            l.iter().find(|(n, _)| n == name).map_or(ptr::null_mut(), |(_, d)| {
+                // SAFETY: `d` is a live entry of the list; the context (or null) is ours.
+                unsafe { ibv_open_device(*d) }
+            })
+        })?;
+        if ctx.is_null() {
+            return Err(VerbsError::last("ibv_open_device"));
+        }
+        Self::with_context(ctx, ptr::null_mut(), name)
+    }
+
+    /// A context `name` was opened with elsewhere (`mlx5dv_open_device` for DEVX), owned from
+    /// now on: closed with `ibv_close_device` on drop.
+    ///
+    /// # Safety
+    /// `ctx` must be an open context on device `name` that nothing else closes.
+    #[cfg(feature = "devx")]
+    pub(crate) unsafe fn adopt(ctx: *mut ibv_context, name: &str) -> Result<Context> {
+        Self::with_context(ctx, ptr::null_mut(), name)
+    }
+
+    /// The context `ctx` (from `cm_list` when that is not null), its attributes queried; the
+    /// port and GID are [`Context::open_with`]'s to choose.
+    fn with_context(ctx: *mut ibv_context, cm_list: *mut *mut ibv_context, name: &str) -> Result<Context> {
+        let mut c = Context {
+            ctx,
+            cm_list,
+            info: DeviceInfo {
+                name: name.into(),
+                mw_type2: false,
+                mem_mgt_extensions: false,
+                atomics: false,
+                max_mw: 0,
+                max_mr: 0,
+                max_qp: 0,
+                max_qp_wr: 0,
+                max_qp_rd_atom: 0,
+                phys_port_cnt: 1,
+                vendor_id: 0,
+            },
+            port_attr: PortAttr {
+                port: 1,
+                state: PortState::Other(u32::MAX),
+                link_layer: LinkLayer::Unspecified,
+                lid: 0,
+                active_mtu: None,
+                gid_table_len: 0,
+            },
+            gid: GidEntry { index: 0, gid: [0; 16], gid_type: GidType::Unknown },
+        };
+        // on failure `c` drops and closes (or frees the list of) the context
+        c.info = query_info(ctx, name.into())?;
+        Ok(c)
+    }
+
+    /// A protection domain on this context (`ibv_dealloc_pd` is the owner's, after everything
+    /// in it is gone).
+    pub(crate) fn alloc_pd(&self) -> Result<*mut ibv_pd, ObjectError> {
+        // SAFETY: the context is open.
+        let pd = unsafe { ibv_alloc_pd(self.ctx) };
+        if pd.is_null() {
+            return Err(ObjectError::last("ibv_alloc_pd"));
+        }
+        Ok(pd)
+    }
+}
+
+/// Why a PD, MR or window could not be made on a context. The verbs backend and the DEVX
+/// device each turn it into their own error (`From`).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) enum ObjectError {
+    /// The verb failed with `errno`.
+    Call { call: &'static str, errno: i32 },
+    /// `ibv_reg_mr` was refused for lack of lockable memory.
+    MemlockTooLow(TooLow),
+    /// The provider has no `ibv_alloc_mw`.
+    NoMwType2 { device: String },
+}
+
+impl ObjectError {
+    fn last(call: &'static str) -> Self {
+        ObjectError::Call { call, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0) }
+    }
+}
+
+impl From<ObjectError> for VerbsError {
+    fn from(e: ObjectError) -> Self {
+        match e {
+            ObjectError::Call { call, errno } => VerbsError::Call { call, errno },
+            ObjectError::MemlockTooLow(t) => t.into(),
+            ObjectError::NoMwType2 { device } => VerbsError::NoMwType2 { device },
+        }
+    }
+}
+
+/// `ibv_reg_mr` of `[addr, addr + len)` in `pd`; a refusal for lack of lockable memory says so
+/// (with the limit and how to raise it) instead of an errno.
+///
+/// # Safety
+/// `pd` must be a live protection domain and the range memory the caller owns and keeps
+/// mapped until the MR is deregistered.
+pub(crate) unsafe fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: u64,
+    len: u64,
+    access: AccessFlags,
+) -> Result<*mut ibv_mr, ObjectError> {
+    // SAFETY: forwarded contract; AccessFlags' bits are IBV_ACCESS_* values.
+    let mr = unsafe { ibv_reg_mr(pd, addr as *mut libc::c_void, len as usize, access.bits() as i32) };
+    if !mr.is_null() {
+        return Ok(mr);
+    }
+    let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    if e == libc::ENOMEM || e == libc::EPERM || e == libc::EAGAIN {
+        // SAFETY: getrlimit writes only into r.
+        let limit = unsafe {
+            let mut r: libc::rlimit = std::mem::zeroed();
+            libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r);
+            r.rlim_cur
+        };
+        if limit != libc::RLIM_INFINITY {
+            return Err(ObjectError::MemlockTooLow(TooLow {
+                limit,
+                need: MemlockNeed::bytes(len),
+                cap_ipc_lock: crate::memlock::cap_ipc_lock(),
+            }));
+        }
+    }
+    Err(ObjectError::Call { call: "ibv_reg_mr", errno: e })
+}
+
+/// `ibv_alloc_mw(IBV_MW_TYPE_2)` in `pd` of device `device` (named in the error when the
+/// provider has no memory windows).
+///
+/// # Safety
+/// `pd` must be a live protection domain.
+pub(crate) unsafe fn alloc_mw_type2(pd: *mut ibv_pd, device: &str) -> Result<*mut ibv_mw, ObjectError> {
+    // SAFETY: forwarded contract; ibv_alloc_mw returns None if the provider lacks the verb.
+    match unsafe { ibv_alloc_mw(pd, ibv_mw_type::IBV_MW_TYPE_2) } {
+        Some(m) if !m.is_null() => Ok(m),
+        Some(_) => Err(ObjectError::last("ibv_alloc_mw(TYPE_2)")),
+        None => Err(ObjectError::NoMwType2 { device: device.into() }),
     }
 }
 

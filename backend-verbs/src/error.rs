@@ -63,8 +63,6 @@ pub enum VerbsError {
     Client(omw_core::cn::ClientError),
     /// The CN driver refused (its slots, its memory layout).
     Cn(Box<omw_core::cn::driver::CnError<VerbsError>>),
-    /// The MN driver failed handling an event.
-    Driver(Box<omw_core::mn::driver::DriverError<VerbsError>>),
     /// The MN could not be brought up on the device (which step, and the device's error).
     Provision(Box<omw_core::mn::plan::ProvisionError<VerbsError>>),
     /// `--offload mlx5` cannot run (DEVX, capability or command failure, with what to do).
@@ -107,27 +105,7 @@ impl fmt::Display for VerbsError {
                 "device {device} does not support type-2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B), which omw needs"
             ),
             VerbsError::MemlockTooLow { limit, need, cap_ipc_lock } => {
-                write!(
-                    f,
-                    "locked-memory limit too low: RLIMIT_MEMLOCK is {} but this configuration pins about {} (",
-                    human(*limit),
-                    approx(need.total())
-                )?;
-                if need.metadata > 0 {
-                    write!(f, "pool {}, metadata {}", human(need.registered), approx(need.metadata))?;
-                } else {
-                    write!(f, "buffers {}", human(need.registered))?;
-                }
-                if need.qps > 0 {
-                    write!(f, ", {} QPs with their CQs × {}", need.qps, human(crate::memlock::PINNED_PER_QP))?;
-                }
-                f.write_str(")")?;
-                match cap_ipc_lock {
-                    Some(false) => f.write_str(", and the process lacks CAP_IPC_LOCK (as root in a container: `--cap-add IPC_LOCK`)")?,
-                    None => f.write_str(" (CAP_IPC_LOCK: unknown)")?,
-                    Some(true) => {}
-                }
-                f.write_str(". Raise the limit with `ulimit -l unlimited` (as root), a `memlock` line in /etc/security/limits.conf, LimitMEMLOCK=infinity in a systemd unit, or `docker run --ulimit memlock=-1`; or run with fewer --max-cns / a smaller --pool-size")
+                crate::memlock::TooLow { limit: *limit, need: *need, cap_ipc_lock: *cap_ipc_lock }.fmt(f)
             }
             VerbsError::Port(e) => write!(f, "{e}"),
             VerbsError::PoolEmpty => f.write_str("the memory node's free queue is empty (every chunk is allocated)"),
@@ -172,7 +150,6 @@ impl fmt::Display for VerbsError {
             VerbsError::Client(e) => write!(f, "from the MN: {e}"),
             VerbsError::Cn(e) => write!(f, "CN driver: {e}"),
             VerbsError::Provision(e) => write!(f, "bringing the MN up: {e}"),
-            VerbsError::Driver(e) => write!(f, "MN driver: {e}"),
             VerbsError::Devx(e) => write!(f, "--offload mlx5: {e}"),
         }
     }
@@ -187,18 +164,9 @@ impl std::error::Error for VerbsError {
     }
 }
 
-/// Bytes to one decimal in the largest unit that fits (for figures that are estimates).
-pub(crate) fn approx(b: u64) -> String {
-    const K: f64 = 1024.0;
-    let x = b as f64;
-    if x >= K * K * K {
-        format!("{:.1} GiB", x / (K * K * K))
-    } else if x >= K * K {
-        format!("{:.1} MiB", x / (K * K))
-    } else if x >= K {
-        format!("{:.1} KiB", x / K)
-    } else {
-        format!("{b} B")
+impl From<crate::devx::DevxError> for VerbsError {
+    fn from(e: crate::devx::DevxError) -> Self {
+        VerbsError::Devx(e)
     }
 }
 
@@ -225,7 +193,7 @@ mod tests {
         assert!(m.contains("lacks CAP_IPC_LOCK") && m.contains("LimitMEMLOCK=infinity"), "{m}");
         let e = VerbsError::MemlockTooLow { limit: 0, need: MemlockNeed::bytes(4096), cap_ipc_lock: Some(true) };
         assert!(!e.to_string().contains("lacks"), "{e}");
-        assert_eq!(approx(512), "512 B");
-        assert_eq!(approx(3 << 30), "3.0 GiB");
+        assert_eq!(crate::memlock::approx(512), "512 B");
+        assert_eq!(crate::memlock::approx(3 << 30), "3.0 GiB");
     }
 }

@@ -6,7 +6,8 @@
 //! - [`probe`] measures a device's real memory-window semantics on fresh QP pairs and maps
 //!   them onto `Capabilities`.
 //! - [`cm`] sets up RC connections through rdma_cm (the MN listens, CNs connect).
-//! - [`mn`] is the memory-node daemon ([`sessions`]: grouping a CN's connections), [`cn`] the compute-node client.
+//! - [`mn`] is the memory-node daemon, one loop on a verbs or a DEVX transport ([`sessions`]:
+//!   grouping a CN's connections), [`cn`] the compute-node client.
 //! - [`devx`] is the mlx5 direct path (DEVX PRM commands; the libmlx5 calls with feature `devx`).
 //!
 //! `unsafe` lives only in this crate, and every block says why it is sound.

@@ -97,9 +97,11 @@ fn rlimit() -> Option<(u64, u64)> {
     }
 }
 
-/// Why [`ensure_memlock`] refused; it becomes [`VerbsError::MemlockTooLow`](crate::VerbsError)
-/// (`From`), whose message says what the configuration pins and how to allow it. Its own type so
-/// that this module does not depend on the crate's error module, which names [`MemlockNeed`].
+/// Why [`ensure_memlock`] or a registration refused; it becomes
+/// [`VerbsError::MemlockTooLow`](crate::VerbsError) (`From`) or the DEVX backend's
+/// `DevxError::MemlockTooLow`; its message says what the configuration pins and how to allow
+/// it. Its own type so that this module does not depend on the crates' error modules, which
+/// name [`MemlockNeed`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct TooLow {
     /// The soft RLIMIT_MEMLOCK, bytes.
@@ -107,6 +109,35 @@ pub struct TooLow {
     pub need: MemlockNeed,
     /// Whether the process has CAP_IPC_LOCK in its effective set (None: cannot tell).
     pub cap_ipc_lock: Option<bool>,
+}
+
+impl std::fmt::Display for TooLow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let TooLow { limit, need, cap_ipc_lock } = self;
+        write!(
+            f,
+            "locked-memory limit too low: RLIMIT_MEMLOCK is {} but this configuration pins about {} (",
+            human(*limit),
+            approx(need.total())
+        )?;
+        if need.metadata > 0 {
+            write!(f, "pool {}, metadata {}", human(need.registered), approx(need.metadata))?;
+        } else {
+            write!(f, "buffers {}", human(need.registered))?;
+        }
+        if need.qps > 0 {
+            write!(f, ", {} QPs with their CQs × {}", need.qps, human(PINNED_PER_QP))?;
+        }
+        f.write_str(")")?;
+        match cap_ipc_lock {
+            Some(false) => {
+                f.write_str(", and the process lacks CAP_IPC_LOCK (as root in a container: `--cap-add IPC_LOCK`)")?
+            }
+            None => f.write_str(" (CAP_IPC_LOCK: unknown)")?,
+            Some(true) => {}
+        }
+        f.write_str(". Raise the limit with `ulimit -l unlimited` (as root), a `memlock` line in /etc/security/limits.conf, LimitMEMLOCK=infinity in a systemd unit, or `docker run --ulimit memlock=-1`; or run with fewer --max-cns / a smaller --pool-size")
+    }
 }
 
 /// Make sure `need` can be pinned: nothing to do with CAP_IPC_LOCK or a high enough soft
@@ -135,6 +166,21 @@ pub fn memlock_limit() -> String {
 }
 
 /// Bytes for a message: exact binary units where they divide, "unlimited" for RLIM_INFINITY.
+/// Bytes to one decimal in the largest unit that fits (for figures that are estimates).
+pub(crate) fn approx(b: u64) -> String {
+    const K: f64 = 1024.0;
+    let x = b as f64;
+    if x >= K * K * K {
+        format!("{:.1} GiB", x / (K * K * K))
+    } else if x >= K * K {
+        format!("{:.1} MiB", x / (K * K))
+    } else if x >= K {
+        format!("{:.1} KiB", x / K)
+    } else {
+        format!("{b} B")
+    }
+}
+
 pub(crate) fn human(b: u64) -> String {
     if b == u64::MAX || b == libc::RLIM_INFINITY {
         return "unlimited".into();

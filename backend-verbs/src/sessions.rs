@@ -1,9 +1,9 @@
 //! A CN arrives as G + 1 rdma_cm connections (Alloc, Free, G − 1 access QPs), each opening with
 //! an omw hello that names its role and the CN's session nonce. This is the MN's bookkeeping of
 //! them: which connection requests to accept, which connections belong together, when a CN is
-//! complete (every connection established), and what to tear down when one goes. Both MN
-//! daemons use it — the verbs one (`mn.rs`) and the DEVX one (`devx/mn.rs`) — and neither
-//! decides anything else: the CN's QPs go to the core's `MnDriver::connect`.
+//! complete (every connection established), and what to tear down when one goes. The MN
+//! daemon (`crate::mn`) uses it on every transport and decides nothing else: the CN's QPs go to
+//! the core's `MnDriver::connect_as`.
 
 use crate::admission::{unix_now, Authenticator, CredentialError};
 use crate::cm::{welcome, CmEvent, CmId, Hello, Role};

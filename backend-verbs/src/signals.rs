@@ -27,8 +27,3 @@ pub fn install() -> Result<&'static AtomicBool> {
     }
     Ok(&STOP)
 }
-
-/// Whether a stop was requested (for loops that do not hold the flag).
-pub fn stop_requested() -> bool {
-    STOP.load(Ordering::Relaxed)
-}

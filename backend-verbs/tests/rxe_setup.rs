@@ -104,7 +104,7 @@ fn cm_events_of_other_ids_are_kept_and_remote_qpns_match() {
             let Some(ev) = l.poll_cm(Duration::from_millis(50)).unwrap() else { continue };
             match ev.kind {
                 CmEventKind::ConnectRequest => {
-                    let q = l.accept(ev.id, &[], |_, _| Ok(())).unwrap();
+                    let q = l.accept(ev.id, &[]).unwrap();
                     seen.push((q.get(), ev.remote_qpn.map(|r| r.get())));
                 }
                 CmEventKind::Established => {

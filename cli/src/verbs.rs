@@ -200,7 +200,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         // the chains in a ConnectX: the DEVX gate first, so a device or build that cannot
         // says why before anything is probed or pinned
         Some(Offload::Mlx5) => {
-            omw_verbs::devx::ready(opts.device.as_deref()).map_err(omw_verbs::VerbsError::Devx)?;
+            omw_verbs::devx::ready(opts.device.as_deref())?;
             serve_devx(opts)
         }
         None => omw_verbs::mn::serve(opts),

@@ -2,8 +2,8 @@
 //! as `no_std` data and sans-IO state machines.
 //!
 //! Start at [`mn::MemoryNode`] (the MN control plane) and [`cn::Client`] (the CN side); the
-//! chains they arm are built in [`alloc_chain`] and [`free_chain`] from the canonical
-//! [`wqe::Wqe`] and validated by [`chain::ChainLayout::validate`]. docs/ARCHITECTURE.md maps
+//! chains they arm are built in [`chain::alloc`] and [`chain::free`] from the canonical
+//! [`wire::wqe::Wqe`] and validated by [`chain::ChainLayout::validate`]. docs/ARCHITECTURE.md maps
 //! the crate; docs/CHAINS.md tabulates the chains step by step.
 #![no_std]
 #![forbid(unsafe_code)]

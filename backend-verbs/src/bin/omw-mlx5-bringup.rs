@@ -40,11 +40,14 @@ use omw_core::mlx5::prm::hca_cap::HcaCaps;
 use omw_core::mlx5::prm::qp::CdRole;
 use omw_core::mlx5::wqebb::WqeIndex;
 use omw_core::wire::wqe::{QueueSel, Wqe};
+use omw_verbs::device::DeviceChoice;
 use omw_verbs::devx::api::{DevxApi, MemRange, UarHandle};
-use omw_verbs::devx::device::LocalPath;
+use omw_verbs::devx::cm::LocalPath;
+use omw_verbs::devx::device::DevxDevice;
 use omw_verbs::devx::ffi::{RealDevx, RingMemory};
 use omw_verbs::devx::queue::{self, CqSpec, DevxCq, DevxQp, QpSpec};
 use omw_verbs::devx::{caps, cm, doorbell, DevxError};
+use omw_verbs::VerbsError;
 use rdma_sys::*;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -93,20 +96,12 @@ fn cd_roles(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
     Ok(all)
 }
 
-fn connect_to(
-    d: &mut RealDevx,
-    c: &HcaCaps,
-    q: &DevxQp,
-    peer: u32,
-    gid: [u8; 16],
-    gid_index: u8,
-    rmac: [u8; 6],
-) -> Result<(), DevxError> {
-    let path = LocalPath { port: 1, gid_index, gid, mac: rmac, mtu: 3 };
-    cm::connect(d, q, &cm::CmQpAttr::to_self(&path, peer), c.log_max_msg, rmac)
+fn connect_to(d: &mut RealDevx, c: &HcaCaps, q: &DevxQp, peer: u32, path: &LocalPath) -> Result<(), DevxError> {
+    cm::connect(d, q, &cm::CmQpAttr::to_self(path, peer), c.log_max_msg, path.mac)
 }
 
-/// Two DEVX QPs A and B on one CQ, connected to each other over RoCE port 1.
+/// Two DEVX QPs A and B on one CQ, connected to each other over the port the device was opened
+/// on (`--gid-index` or the GID `omw probe` would choose).
 struct Pair {
     cq: DevxCq,
     cq_mem: RingMemory,
@@ -119,30 +114,14 @@ struct Pair {
     pi_b: WqeIndex,
 }
 
-fn pair(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<Pair, DevxError> {
-    pair_with(d, c, gid_index, CdRole::empty(), CdRole::empty())
+fn pair(d: &mut RealDevx, c: &HcaCaps) -> Result<Pair, DevxError> {
+    pair_with(d, c, CdRole::empty(), CdRole::empty())
 }
 
-fn pair_with(d: &mut RealDevx, c: &HcaCaps, gid_index: u8, role_a: CdRole, role_b: CdRole) -> Result<Pair, DevxError> {
-    // SAFETY: ibv_gid is 16 plain bytes; ibv_query_gid fills it for a valid port/index.
-    let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
-    // SAFETY: the context is open; `gid` is a valid output.
-    let rc = unsafe { ibv_query_gid(d.context(), 1, gid_index as i32, &mut gid) };
-    if rc != 0 {
-        return Err(DevxError::Call { call: "ibv_query_gid", errno: rc });
-    }
-    // SAFETY: both members of ibv_gid are 16 plain bytes.
-    let raw = unsafe { gid.raw };
-    println!("  port 1 GID[{gid_index}] = {raw:02x?}");
-    // SAFETY: ibv_ah_attr is plain C data; all-zero is valid.
-    let mut ah: ibv_ah_attr = unsafe { std::mem::zeroed() };
-    ah.is_global = 1;
-    ah.port_num = 1;
-    ah.grh.dgid = gid;
-    ah.grh.sgid_index = gid_index;
-    ah.grh.hop_limit = 64;
-    let rmac = d.rmac(&mut ah)?;
-    println!("  next-hop MAC (own port, from the AH's mlx5 AV) = {rmac:02x?}");
+fn pair_with(d: &mut RealDevx, c: &HcaCaps, role_a: CdRole, role_b: CdRole) -> Result<Pair, DevxError> {
+    let path = d.local_path()?;
+    println!("  port {} GID[{}] = {:02x?}", path.port, path.gid_index, path.gid);
+    println!("  next-hop MAC (own port, from the AH's mlx5 AV) = {:02x?}", path.mac);
     let uar = d.alloc_uar()?;
     let (cq, cq_mem) = new_cq(d, c, uar)?;
     let mem_a = RingMemory::new(qp_mem_len(role_a))?;
@@ -150,8 +129,8 @@ fn pair_with(d: &mut RealDevx, c: &HcaCaps, gid_index: u8, role_a: CdRole, role_
     let a = queue::create_qp(d, c, uar, &qp_spec(role_a, cq.cqn, d.pdn(), mem_a.range()))?;
     let b = queue::create_qp(d, c, uar, &qp_spec(role_b, cq.cqn, d.pdn(), mem_b.range()))?;
     println!("  CQ {:#x}, QPs A {:#x} ({role_a:?}) and B {:#x} ({role_b:?}) created", cq.cqn, a.qpn, b.qpn);
-    connect_to(d, c, &a, b.qpn, raw, gid_index, rmac)?;
-    connect_to(d, c, &b, a.qpn, raw, gid_index, rmac)?;
+    connect_to(d, c, &a, b.qpn, &path)?;
+    connect_to(d, c, &b, a.qpn, &path)?;
     println!("  A and B in RTS");
     Ok(Pair { cq, cq_mem, ci: 0, a, mem_a, pi_a: WqeIndex::new(0), b, mem_b, pi_b: WqeIndex::new(0) })
 }
@@ -250,8 +229,8 @@ fn data_ok(buf: &RingMemory) -> bool {
     got.iter().enumerate().all(|(i, x)| *x == i as u8 ^ 0x5a)
 }
 
-fn loopback(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
-    let mut p = pair(d, c, gid_index)?;
+fn loopback(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
+    let mut p = pair(d, c)?;
     let (buf, mr) = buffer(d, ibv_access_flags(0))?;
     // SAFETY: `mr` is the live MR just registered.
     let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
@@ -267,8 +246,8 @@ fn loopback(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxEr
 }
 
 /// Type-2 windows bound by UMR from DEVX QPs (questions 5 and 7). The last step errors QP B.
-fn bind(d: &mut RealDevx, c: &HcaCaps, gid_index: u8, imm_current: bool) -> Result<bool, DevxError> {
-    let mut p = pair(d, c, gid_index)?;
+fn bind(d: &mut RealDevx, c: &HcaCaps, imm_current: bool) -> Result<bool, DevxError> {
+    let mut p = pair(d, c)?;
     let (buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_MW_BIND)?;
     // SAFETY: `mr` is the live MR just registered.
     let lkey = unsafe { (*mr).lkey };
@@ -328,8 +307,8 @@ fn bind(d: &mut RealDevx, c: &HcaCaps, gid_index: u8, imm_current: bool) -> Resu
 
 /// 8-byte masked fetch-and-add with two 32-bit fields (question 6): the low field wraps without
 /// carrying into the high one, big-endian in memory.
-fn masked_fa(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
-    let mut p = pair(d, c, gid_index)?;
+fn masked_fa(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
+    let mut p = pair(d, c)?;
     let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)?;
     // SAFETY: `mr` is the live MR just registered.
     let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
@@ -365,8 +344,8 @@ impl QueueResolver for EnableAt {
 
 /// SEND_EN counting (question 2): B (`cd_slave_send`) holds three 8-byte WRITEs; A
 /// (`cd_master`) enables B up to index 1, then 3. Which WRITEs landed tells the unit.
-fn send_en(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
-    let mut p = pair_with(d, c, gid_index, CdRole::MASTER, CdRole::SLAVE_SEND)?;
+fn send_en(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
+    let mut p = pair_with(d, c, CdRole::MASTER, CdRole::SLAVE_SEND)?;
     let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)?;
     // SAFETY: `mr` is the live MR just registered.
     let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
@@ -426,8 +405,8 @@ fn landed(buf: &RingMemory, off: usize) -> bool {
 /// producer index to reach (what it holds now) + 2, then a signaled 8-byte WRITE. B completes
 /// one signaled NOP, then another; the WRITE must land after the second only. Prints what the
 /// CQ shows at each step.
-fn wait(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
-    let mut p = pair_with(d, c, gid_index, CdRole::MASTER, CdRole::empty())?;
+fn wait(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
+    let mut p = pair_with(d, c, CdRole::MASTER, CdRole::empty())?;
     let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)?;
     // SAFETY: `mr` is the live MR just registered.
     let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
@@ -467,8 +446,8 @@ fn wait(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError>
 /// ring to Y (as a chain's READ patch would land); then B completes a NOP and opens the gate.
 /// A NIC that fetched the WRITE before its gate opened writes X; one that fetches after the
 /// gate writes Y — the chains assume Y (the canonical validator's fetch-after-gate rule).
-fn prefetch(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxError> {
-    let mut p = pair_with(d, c, gid_index, CdRole::MASTER, CdRole::empty())?;
+fn prefetch(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
+    let mut p = pair_with(d, c, CdRole::MASTER, CdRole::empty())?;
     let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)?;
     // SAFETY: `mr` is the live MR just registered.
     let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
@@ -501,7 +480,7 @@ fn prefetch(d: &mut RealDevx, c: &HcaCaps, gid_index: u8) -> Result<bool, DevxEr
 }
 
 /// The offloaded MN and one CN on this port (see the module doc).
-fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, DevxError> {
+fn offload(choice: &DeviceChoice, c: HcaCaps) -> Result<bool, VerbsError> {
     use omw_core::access::AccessFlags;
     use omw_core::cn::driver::{CnDriver, CnEvent, CnMemory, CnQpSet, IO_SLOTS};
     use omw_core::device::{Capabilities, DataPath, Domain, Provision, WcStatus};
@@ -517,8 +496,8 @@ fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, Devx
     // what the MN's plan sees: the offload set; the MW semantics are the spec's (the MW probe
     // of `omw probe` checks them on this device first)
     let cfg = DevxConfig::new(Capabilities::OFFLOAD | Capabilities::MW_BOUNDS_ENFORCED);
-    let mn_dev = RealDevx::open(device)?.with_gid_index(gid_index);
-    let cn_dev = RealDevx::open(device)?.with_gid_index(gid_index);
+    let mn_dev = RealDevx::open(choice)?;
+    let cn_dev = RealDevx::open(choice)?;
     let mb = DevxBackend::new(mn_dev, c, cfg)?;
     let mut cb = DevxBackend::new(cn_dev, c, cfg)?;
     let plan = MnPlan::decide(mb.capabilities(), MnOptions::default()).map_err(|e| fail("plan", &e))?;
@@ -611,26 +590,30 @@ fn offload(device: Option<&str>, gid_index: u8, c: HcaCaps) -> Result<bool, Devx
     Ok(done == Some(WcStatus::Success) && read == Some(WcStatus::Success) && back == msg)
 }
 
-fn run() -> Result<bool, DevxError> {
+fn run() -> Result<bool, VerbsError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let device = opt("--device");
-    let gid_index: u8 = opt("--gid-index").and_then(|s| s.parse().ok()).unwrap_or(3);
-    let mut d = RealDevx::open(device.as_deref())?;
+    let gid_index = opt("--gid-index")
+        .map(|s| s.parse::<u8>())
+        .transpose()
+        .map_err(|e| VerbsError::Config(format!("--gid-index: {e}")))?;
+    let choice = DeviceChoice { device, gid_index };
+    let mut d = RealDevx::open(&choice)?;
     let c = caps::query(&mut d)?;
     println!("device {}: {}", d.device(), omw_verbs::devx::DevxProbe { device: Some(d.device().into()), caps: Ok(c) });
     match args.first().map(String::as_str) {
         Some("caps") => Ok(true),
-        Some("cd-roles") => cd_roles(&mut d, &c),
-        Some("loopback") => loopback(&mut d, &c, gid_index),
-        Some("masked-fa") => masked_fa(&mut d, &c, gid_index),
-        Some("send-en") => send_en(&mut d, &c, gid_index),
-        Some("wait") => wait(&mut d, &c, gid_index),
-        Some("prefetch") => prefetch(&mut d, &c, gid_index),
-        Some("bind") => bind(&mut d, &c, gid_index, args.iter().any(|a| a == "--imm-current")),
+        Some("cd-roles") => Ok(cd_roles(&mut d, &c)?),
+        Some("loopback") => Ok(loopback(&mut d, &c)?),
+        Some("masked-fa") => Ok(masked_fa(&mut d, &c)?),
+        Some("send-en") => Ok(send_en(&mut d, &c)?),
+        Some("wait") => Ok(wait(&mut d, &c)?),
+        Some("prefetch") => Ok(prefetch(&mut d, &c)?),
+        Some("bind") => Ok(bind(&mut d, &c, args.iter().any(|a| a == "--imm-current"))?),
         Some("offload") => {
             drop(d);
-            offload(device.as_deref(), gid_index, c)
+            offload(&choice, c)
         }
         _ => {
             eprintln!(

@@ -34,8 +34,9 @@
 
 use super::api::{MemRange, UarHandle};
 use super::arm::{self, ChainQps};
+use super::cm::LocalPath;
 use super::cm::{self, CmQpAttr};
-use super::device::{DevxDevice, LocalPath};
+use super::device::DevxDevice;
 use super::doorbell;
 use super::queue::{self, CqSpec, DevxCq, DevxQp, QpSpec, CQE_SIZE};
 use super::DevxError;
@@ -308,6 +309,9 @@ impl<D: DevxDevice> DevxBackend<D> {
     }
     pub fn caps(&self) -> &HcaCaps {
         &self.caps
+    }
+    pub fn config(&self) -> &DevxConfig {
+        &self.cfg
     }
 
     fn qp(&self, qp: Qpn) -> Result<&QpSlot, DevxError> {

@@ -46,7 +46,7 @@ fn backend() -> DevxBackend<RecordingDevx> {
 fn cm_attr(dest: u32) -> CmQpAttr {
     let mut gid = [0u8; 16];
     gid[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 9]);
-    let path = crate::devx::device::LocalPath { port: 1, gid_index: 3, gid, mac: [2, 0, 0, 0, 0, 9], mtu: 3 };
+    let path = crate::devx::cm::LocalPath { port: 1, gid_index: 3, gid, mac: [2, 0, 0, 0, 0, 9], mtu: 3 };
     // a CN's connection as rdma_cm describes it: its PSNs, no atomics, a finite RNR retry
     CmQpAttr { qp_access_flags: 0x6, rq_psn: 0x11, sq_psn: 0x22, rnr_retry: 3, ..CmQpAttr::to_self(&path, dest) }
 }

@@ -3,15 +3,32 @@
 //! number in `rdma_conn_param.qp_num`, asks `rdma_init_qp_attr` for the attributes of each
 //! state (INIT, RTR, RTS) and applies them with DEVX modifies (`queue::connect`), then
 //! accepts (librdmacm man rdma_accept / rdma_init_qp_attr: a user-owned QP is the caller's to
-//! transition). This file is the translation from `ibv_qp_attr` to the PRM modifies; the
-//! calls themselves are in `ffi.rs` (feature `devx`).
+//! transition). This file is the translation from `ibv_qp_attr` to the PRM modifies, and
+//! [`ExternalCm`], the passive side's calls as a trait: the real ones are `ffi::RealCm`
+//! (feature `devx`), the DEVX daemon's tests script them.
 //!
 //! The RoCE next-hop MAC is not in `ibv_qp_attr`: the kernel resolves it for verbs QPs only.
 //! `ffi.rs` obtains it as UCX does — create an address handle from `ah_attr` and read
 //! `rmac` from its mlx5 address vector (`mlx5dv_init_obj(MLX5DV_OBJ_AH)`).
 
-use super::device::LocalPath;
+use super::DevxError;
+use crate::cm_event::{CmEvent, CmId};
 use omw_core::mlx5::prm::qp::{AddressPath, Init2Rtr, Rst2Init, Rtr2Rts};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The port's RoCE path to itself: a loopback QP pair is two QPs on this port, each naming the
+/// other's QP number at this port's GID and MAC.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LocalPath {
+    pub port: u8,
+    pub gid_index: u8,
+    pub gid: [u8; 16],
+    /// The MAC the port answers to (an address handle to its own GID resolves it).
+    pub mac: [u8; 6],
+    /// `IBV_MTU_*` of the port's active MTU.
+    pub mtu: u8,
+}
 
 /// The fields of `ibv_qp_attr` (and its `ah_attr`) the modifies need, copied out of the C
 /// struct so the translation is plain data.
@@ -184,6 +201,50 @@ pub fn merge_states(init: &CmQpAttr, rtr: &CmQpAttr, rts: &CmQpAttr) -> CmQpAttr
         rnr_retry: rts.rnr_retry,
         ..*rtr
     }
+}
+
+/// What `rdma_accept` tells the peer besides the QP number: the reply's private data and what
+/// rdma_cm negotiated for the connection (`rdma_init_qp_attr`'s RTR and RTS answers).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Accept<'a> {
+    /// The DEVX QP rdma_cm announces as ours (`conn_param.qp_num`).
+    pub qp_num: u32,
+    pub private: &'a [u8],
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+}
+
+impl<'a> Accept<'a> {
+    /// The accept of QP `qp_num` connected with the RTR and RTS attributes `rtr` and `rts`.
+    pub fn of(qp_num: u32, rtr: &CmQpAttr, rts: &CmQpAttr, private: &'a [u8]) -> Self {
+        Accept {
+            qp_num,
+            private,
+            responder_resources: rtr.max_dest_rd_atomic,
+            initiator_depth: rts.max_rd_atomic,
+            retry_count: rts.retry_cnt,
+            rnr_retry_count: rts.rnr_retry,
+        }
+    }
+}
+
+/// The passive side of rdma_cm in external-QP mode, as the DEVX MN uses it.
+pub trait ExternalCm {
+    /// Bind `addr` and listen on it; an address of another device than `device` is refused.
+    fn listen(&mut self, addr: SocketAddr, device: &str) -> crate::error::Result<()>;
+    /// The next event, waiting at most `timeout` (zero: do not wait).
+    fn poll(&mut self, timeout: Duration) -> crate::error::Result<Option<CmEvent>>;
+    /// `rdma_init_qp_attr` of the pending connection request `id` for INIT, RTR and RTS.
+    fn qp_attrs(&mut self, id: CmId) -> Result<[CmQpAttr; 3], DevxError>;
+    /// `rdma_accept` of the pending request `id` announcing a QP of ours; on failure the
+    /// request is rejected (nothing of it is left).
+    fn accept(&mut self, id: CmId, accept: &Accept<'_>) -> Result<(), DevxError>;
+    /// Refuse the pending request `id` (ignored if it is not one).
+    fn reject(&mut self, id: CmId);
+    /// `rdma_disconnect` and destroy an accepted id (its QP is gone or going).
+    fn disconnect(&mut self, id: CmId);
 }
 
 #[cfg(test)]

@@ -2,28 +2,17 @@
 //! protection domains, memory registrations and type-2 windows in them, memory the NIC can
 //! reach, and the port's path to itself (for the MN's loopback QP pairs).
 //!
-//! The real implementation is `ffi::RealDevx` (feature `devx`): `ibv_alloc_pd`, `ibv_reg_mr`,
-//! `ibv_alloc_mw` on the DEVX-enabled context, page-aligned process memory. The recording
+//! The real implementation is `ffi::RealDevx` (feature `devx`): the device opened, and its PDs,
+//! MRs and windows made, by `crate::device` on the DEVX-enabled context; page-aligned process
+//! memory. The recording
 //! mock (`mock.rs`) keeps memory as bytes so the backend's tests can read the rings it wrote
 //! and plant the CQEs a device would write.
 
 use super::api::{DevxApi, MemRange};
+use super::cm::{CmQpAttr, LocalPath};
 use super::DevxError;
 use omw_core::access::AccessFlags;
 use omw_core::device::{Domain, MrKeys};
-
-/// The port's RoCE path to itself: a loopback QP pair is two QPs on this port, each naming the
-/// other's QP number at this port's GID and MAC.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct LocalPath {
-    pub port: u8,
-    pub gid_index: u8,
-    pub gid: [u8; 16],
-    /// The MAC the port answers to (an address handle to its own GID resolves it).
-    pub mac: [u8; 6],
-    /// `IBV_MTU_*` of the port's active MTU.
-    pub mtu: u8,
-}
 
 pub trait DevxDevice: DevxApi {
     /// The PD number of `domain`'s protection domain ([`DevxApi::pdn`] is the CN-facing one).
@@ -40,6 +29,10 @@ pub trait DevxDevice: DevxApi {
     fn read_mem(&self, addr: usize, out: &mut [u8]) -> Result<(), DevxError>;
     /// Store bytes into memory from [`DevxDevice::alloc_mem`].
     fn store(&mut self, addr: usize, bytes: &[u8]) -> Result<(), DevxError>;
-    /// The path a loopback pair's QPs connect over.
+    /// The path a loopback pair's QPs connect over: the port and GID the device was opened
+    /// on (`crate::device::DeviceChoice`).
     fn local_path(&mut self) -> Result<LocalPath, DevxError>;
+    /// The MAC of the next hop towards the peer `attr` addresses (RoCE: the kernel resolves it
+    /// for an address handle; `ibv_qp_attr` does not carry it).
+    fn next_hop_mac(&mut self, attr: &CmQpAttr) -> Result<[u8; 6], DevxError>;
 }

@@ -13,10 +13,8 @@ use std::fmt;
 pub enum DevxError {
     /// This binary was built without the `devx` feature.
     NotBuilt,
-    /// libibverbs lists no RDMA device (or the kernel has no RDMA support).
-    NoDevice {
-        errno: i32,
-    },
+    /// A registration was refused for lack of lockable memory (RLIMIT_MEMLOCK).
+    MemlockTooLow(crate::memlock::TooLow),
     /// The device is not an mlx5 device (DEVX exists only for mlx5_ib).
     NotMlx5 {
         device: String,
@@ -171,11 +169,7 @@ impl fmt::Display for DevxError {
             DevxError::NotBuilt => f.write_str(
                 "this omw was built without DEVX support: rebuild with `cargo build --release -p omw --features devx` (needs libmlx5 from libibverbs-dev)",
             ),
-            DevxError::NoDevice { errno } => write!(
-                f,
-                "no RDMA device ({}): DEVX offload needs a ConnectX with the mlx5_ib driver loaded (`ibv_devices` lists it)",
-                if *errno == 0 { "the device list is empty".to_string() } else { strerror(*errno) }
-            ),
+            DevxError::MemlockTooLow(t) => write!(f, "{t}"),
             DevxError::NoMlx5 { devices } => write!(
                 f,
                 "no mlx5 (ConnectX) device among [{}]: DEVX offload needs mlx5_ib; run `omw mn` without --offload (host engine)",

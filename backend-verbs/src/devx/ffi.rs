@@ -6,15 +6,20 @@
 //! Nothing here has run against a ConnectX (none was available): docs/MLX5.md.
 
 use super::api::{DevxApi, MemRange, ObjHandle, UarHandle, UmemHandle};
-use super::cm::{self, CmQpAttr};
-use super::device::{DevxDevice, LocalPath};
+use super::cm::{Accept, CmQpAttr, ExternalCm, LocalPath};
+use super::device::DevxDevice;
 use super::DevxError;
+use crate::cm_event::{CmChannel, CmEvent, CmId};
+use crate::device::{Context, DeviceChoice, ObjectError};
+use crate::error::VerbsError;
 use omw_core::access::AccessFlags;
 use omw_core::device::{Domain, MrKeys};
 use rdma_sys::*;
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
+use std::net::SocketAddr;
 use std::ptr;
 use std::sync::atomic::{fence, Ordering};
+use std::time::Duration;
 
 /// `MLX5DV_CONTEXT_FLAGS_DEVX` (mlx5dv.h:1682).
 pub const MLX5DV_CONTEXT_FLAGS_DEVX: u32 = 1 << 0;
@@ -189,11 +194,14 @@ impl Drop for RingMemory {
     }
 }
 
-/// An open DEVX context with its two PDs (CN-facing, MN-private).
+/// An open DEVX context with its two PDs (CN-facing, MN-private). The device, its port and
+/// GID are chosen, and the context's PDs, MRs and windows made, by `crate::device` as for the
+/// verbs backend; only the opening itself is DEVX's (`mlx5dv_open_device` with
+/// `MLX5DV_CONTEXT_FLAGS_DEVX`).
 #[derive(Debug)]
 pub struct RealDevx {
-    device: String,
-    ctx: *mut ibv_context,
+    /// Closed on drop, after everything below (fields drop after `Drop::drop` ran).
+    ctx: Context,
     pd: *mut ibv_pd,
     pdn: u32,
     objs: Vec<*mut Mlx5dvDevxObj>,
@@ -202,75 +210,60 @@ pub struct RealDevx {
     /// inside these.
     umem_ranges: Vec<MemRange>,
     uars: Vec<*mut Mlx5dvDevxUar>,
-    /// The MN-private PD (`DevxDevice`: the chains' loop QPs and remote rights on MN memory),
-    /// allocated on first use.
+    /// The MN-private PD (`DevxDevice`: the chains' loop QPs and remote rights on MN memory).
     private_pd: *mut ibv_pd,
     private_pdn: u32,
     mrs: Vec<*mut ibv_mr>,
     mws: Vec<*mut ibv_mw>,
     /// Memory from `alloc_mem`: reads and stores are checked against these.
     regions: Vec<MemRange>,
-    /// The GID index loopback pairs connect over (a RoCE v2 address: `show_gids`).
-    gid_index: u8,
 }
 
-fn device_name(d: *mut ibv_device) -> String {
-    // SAFETY: `d` is an entry of a live device list; the name is a NUL-terminated string the
-    // device owns (or null).
-    unsafe {
-        let p = ibv_get_device_name(d);
-        if p.is_null() {
-            String::new()
-        } else {
-            CStr::from_ptr(p).to_string_lossy().into_owned()
+/// One device opened for DEVX: refused unless libmlx5 drives it, then `mlx5dv_open_device`.
+fn open_devx(name: &str) -> crate::error::Result<Context> {
+    let opened = crate::device::with_devices(|l| {
+        let Some((_, d)) = l.iter().find(|(n, _)| n == name) else {
+            return Err(DevxError::NotMlx5 { device: format!("{name} (not found)") });
+        };
+        // SAFETY: `d` is a live entry of the list.
+        if !unsafe { mlx5dv_is_supported(*d) } {
+            return Err(DevxError::NotMlx5 { device: name.into() });
         }
-    }
+        let mut attr = Mlx5dvContextAttr { flags: MLX5DV_CONTEXT_FLAGS_DEVX, comp_mask: 0 };
+        // SAFETY: `d` is live until the list is freed; `attr` is a valid attribute struct; the
+        // returned context (or null) is ours and outlives the list.
+        let ctx = unsafe { mlx5dv_open_device(*d, &mut attr) };
+        if ctx.is_null() {
+            return Err(DevxError::Open { device: name.into(), errno: errno() });
+        }
+        Ok(ctx)
+    })?;
+    let ctx = opened.map_err(VerbsError::Devx)?;
+    // SAFETY: a context just opened on `name`, handed over (nothing else closes it).
+    unsafe { Context::adopt(ctx, name) }
 }
 
 impl RealDevx {
-    /// Open `device` (or the first mlx5 device) with a DEVX context and allocate a PD.
-    pub fn open(device: Option<&str>) -> Result<Self, DevxError> {
-        let mut n: c_int = 0;
-        // SAFETY: ibv_get_device_list writes the count to `n` and returns a NULL-terminated
-        // array (or null with errno set); the array is freed below on every path.
-        let list = unsafe { ibv_get_device_list(&mut n) };
-        if list.is_null() {
-            return Err(DevxError::NoDevice { errno: errno() });
-        }
-        // SAFETY: `list` holds `n` valid entries.
-        let devs: Vec<*mut ibv_device> = (0..n.max(0) as usize).map(|i| unsafe { *list.add(i) }).collect();
-        let chosen = match device {
-            Some(name) => devs.iter().copied().find(|d| device_name(*d) == name),
-            // SAFETY: each entry is a live device of the list.
-            None => devs.iter().copied().find(|d| unsafe { mlx5dv_is_supported(*d) }),
-        };
-        let r = match chosen {
-            None if devs.is_empty() => Err(DevxError::NoDevice { errno: 0 }),
-            None => match device {
-                Some(name) => Err(DevxError::NotMlx5 { device: format!("{name} (not found)") }),
-                None => Err(DevxError::NoMlx5 { devices: devs.iter().map(|d| device_name(*d)).collect() }),
-            },
-            // SAFETY: `d` is a live device of the list.
-            Some(d) if !unsafe { mlx5dv_is_supported(d) } => Err(DevxError::NotMlx5 { device: device_name(d) }),
-            Some(d) => {
-                let mut attr = Mlx5dvContextAttr { flags: MLX5DV_CONTEXT_FLAGS_DEVX, comp_mask: 0 };
-                // SAFETY: `d` is live until the list is freed; `attr` is a valid attribute
-                // struct; the returned context (or null) is ours and outlives the list.
-                let ctx = unsafe { mlx5dv_open_device(d, &mut attr) };
-                if ctx.is_null() {
-                    Err(DevxError::Open { device: device_name(d), errno: errno() })
-                } else {
-                    Ok((device_name(d), ctx))
-                }
+    /// Open the device `choice` names — without a name, the first mlx5 device with an ACTIVE
+    /// port — with a DEVX context, on the port and GID `choice` leads to (chosen as for the
+    /// verbs backend), and allocate its two PDs.
+    pub fn open(choice: &DeviceChoice) -> crate::error::Result<Self> {
+        if choice.device.is_none() {
+            // DEVX exists only for mlx5_ib: say so rather than that no device could be opened
+            let (names, mlx5) = crate::device::with_devices(|l| {
+                // SAFETY: each entry is a live device of the list.
+                let mlx5 = l.iter().filter(|(_, d)| unsafe { mlx5dv_is_supported(*d) }).count();
+                (l.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(), mlx5)
+            })?;
+            if mlx5 == 0 && !names.is_empty() {
+                return Err(VerbsError::Devx(DevxError::NoMlx5 { devices: names }));
             }
-        };
-        // SAFETY: `list` came from ibv_get_device_list; an opened context stays valid.
-        unsafe { ibv_free_device_list(list) };
-        let (device, ctx) = r?;
+        }
+        let ctx = Context::open_with(choice, open_devx)?;
+        let pd = ctx.alloc_pd()?;
         let mut me = RealDevx {
-            device,
             ctx,
-            pd: ptr::null_mut(),
+            pd,
             pdn: 0,
             objs: Vec::new(),
             umems: Vec::new(),
@@ -281,38 +274,18 @@ impl RealDevx {
             mrs: Vec::new(),
             mws: Vec::new(),
             regions: Vec::new(),
-            gid_index: 0,
         };
-        // SAFETY: `ctx` is an open context.
-        me.pd = unsafe { ibv_alloc_pd(ctx) };
-        if me.pd.is_null() {
-            return Err(DevxError::Call { call: "ibv_alloc_pd", errno: errno() });
-        }
-        me.pdn = pdn_of(me.pd)?;
-        me.pd_of(Domain::MnPrivate)?;
+        me.pdn = pdn_of(me.pd).map_err(VerbsError::Devx)?;
+        me.private_pd = me.ctx.alloc_pd()?;
+        me.private_pdn = pdn_of(me.private_pd).map_err(VerbsError::Devx)?;
         Ok(me)
     }
 
-    /// The GID index loopback QP pairs use (`DevxDevice::local_path`); 0 by default.
-    pub fn with_gid_index(mut self, gid_index: u8) -> Self {
-        self.gid_index = gid_index;
-        self
-    }
-
-    fn pd_of(&mut self, domain: Domain) -> Result<*mut ibv_pd, DevxError> {
-        if domain == Domain::CnFacing {
-            return Ok(self.pd);
+    fn pd_of(&self, domain: Domain) -> *mut ibv_pd {
+        match domain {
+            Domain::CnFacing => self.pd,
+            Domain::MnPrivate => self.private_pd,
         }
-        if self.private_pd.is_null() {
-            // SAFETY: `ctx` is an open context.
-            let pd = unsafe { ibv_alloc_pd(self.ctx) };
-            if pd.is_null() {
-                return Err(DevxError::Call { call: "ibv_alloc_pd (MN-private)", errno: errno() });
-            }
-            self.private_pd = pd;
-            self.private_pdn = pdn_of(pd)?;
-        }
-        Ok(self.private_pd)
     }
 
     fn inside(&self, addr: usize, len: usize) -> bool {
@@ -320,11 +293,11 @@ impl RealDevx {
     }
 
     pub fn device(&self) -> &str {
-        &self.device
+        &self.ctx.info.name
     }
-    /// The DEVX-enabled verbs context (for `ibv_query_gid`, `ibv_reg_mr`, …).
+    /// The DEVX-enabled verbs context (for address handles, `ibv_reg_mr`, …).
     pub fn context(&self) -> *mut ibv_context {
-        self.ctx
+        self.ctx.ctx
     }
     /// The PD every DEVX QP of this context is created in.
     pub fn pd(&self) -> *mut ibv_pd {
@@ -333,8 +306,8 @@ impl RealDevx {
 
     /// The next hop's MAC for a RoCE path, from an address handle's mlx5 address vector (as
     /// UCX's `uct_ib_mlx5_get_av` does): the kernel resolves it when creating the AH.
-    pub fn rmac(&mut self, ah_attr: &mut ibv_ah_attr) -> Result<[u8; 6], DevxError> {
-        // SAFETY: `pd` is our live PD; `ah_attr` is a valid attribute struct from rdma_cm.
+    fn rmac(&mut self, ah_attr: &mut ibv_ah_attr) -> Result<[u8; 6], DevxError> {
+        // SAFETY: `pd` is our live PD; `ah_attr` is a valid, fully initialised attribute struct.
         let ah = unsafe { ibv_create_ah(self.pd, ah_attr) };
         if ah.is_null() {
             return Err(DevxError::Call { call: "ibv_create_ah", errno: errno() });
@@ -392,28 +365,19 @@ impl DevxDevice for RealDevx {
         if !self.inside(mem.addr, mem.len) {
             return Err(DevxError::OutsideMemory { addr: mem.addr, len: mem.len });
         }
-        let pd = self.pd_of(domain)?;
-        // SAFETY: `pd` is live; the range lies in memory this value allocated and keeps until
-        // drop, after every MR is deregistered. AccessFlags' bits are IBV_ACCESS_* values.
-        let mr = unsafe { ibv_reg_mr(pd, mem.addr as *mut c_void, mem.len, access.bits() as i32) };
-        if mr.is_null() {
-            return Err(DevxError::Call { call: "ibv_reg_mr", errno: errno() });
-        }
+        // SAFETY: the domain's PD is live; the range lies in memory this value allocated and
+        // keeps until drop, after every MR is deregistered.
+        let mr = unsafe { crate::device::reg_mr(self.pd_of(domain), mem.addr as u64, mem.len as u64, access) }?;
         self.mrs.push(mr);
         // SAFETY: `mr` was just registered.
         Ok(unsafe { MrKeys { lkey: (*mr).lkey, rkey: (*mr).rkey } })
     }
     fn alloc_mw(&mut self) -> Result<u32, DevxError> {
-        // SAFETY: `pd` is live; None if the provider lacks the verb.
-        match unsafe { ibv_alloc_mw(self.pd, ibv_mw_type::IBV_MW_TYPE_2) } {
-            Some(mw) if !mw.is_null() => {
-                self.mws.push(mw);
-                // SAFETY: `mw` was just allocated.
-                Ok(unsafe { (*mw).rkey })
-            }
-            Some(_) => Err(DevxError::Call { call: "ibv_alloc_mw(TYPE_2)", errno: errno() }),
-            None => Err(DevxError::Call { call: "ibv_alloc_mw (not provided)", errno: libc::EOPNOTSUPP }),
-        }
+        // SAFETY: `pd` is live.
+        let mw = unsafe { crate::device::alloc_mw_type2(self.pd, &self.ctx.info.name) }?;
+        self.mws.push(mw);
+        // SAFETY: `mw` was just allocated.
+        Ok(unsafe { (*mw).rkey })
     }
     fn alloc_mem(&mut self, len: usize, align: usize) -> Result<MemRange, DevxError> {
         let mut p: *mut c_void = ptr::null_mut();
@@ -451,31 +415,48 @@ impl DevxDevice for RealDevx {
         Ok(())
     }
     fn local_path(&mut self) -> Result<LocalPath, DevxError> {
-        // SAFETY: ibv_gid is 16 plain bytes; ibv_query_gid fills it for a valid port/index.
-        let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
-        // SAFETY: the context is open; `gid` is a valid output.
-        let rc = unsafe { ibv_query_gid(self.ctx, 1, self.gid_index as i32, &mut gid) };
-        if rc != 0 {
-            return Err(DevxError::Call { call: "ibv_query_gid", errno: rc_errno(rc) });
-        }
-        // SAFETY: ibv_port_attr is plain data the call fills.
-        let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the context is open; `pa` is a valid output.
-        let rc = unsafe { ___ibv_query_port(self.ctx, 1, &mut pa) };
-        if rc != 0 {
-            return Err(DevxError::Call { call: "ibv_query_port", errno: rc_errno(rc) });
-        }
+        let (port, gid) = (self.ctx.port_attr, self.ctx.gid);
+        let mtu = crate::port::path_mtu(&port, None).map_err(|_| DevxError::Call {
+            call: "ibv_query_port (active MTU outside ibv_mtu)",
+            errno: libc::EINVAL,
+        })?;
+        let to_self = CmQpAttr {
+            ah_is_global: true,
+            ah_port_num: port.port,
+            dgid: gid.gid,
+            sgid_index: gid.index,
+            hop_limit: 64,
+            ..CmQpAttr::default()
+        };
+        let mac = self.next_hop_mac(&to_self)?;
+        Ok(LocalPath { port: port.port, gid_index: gid.index, gid: gid.gid, mac, mtu: mtu.raw() as u8 })
+    }
+    fn next_hop_mac(&mut self, a: &CmQpAttr) -> Result<[u8; 6], DevxError> {
         // SAFETY: ibv_ah_attr is plain C data; all-zero is valid.
         let mut ah: ibv_ah_attr = unsafe { std::mem::zeroed() };
-        ah.is_global = 1;
-        ah.port_num = 1;
-        ah.grh.dgid = gid;
-        ah.grh.sgid_index = self.gid_index;
-        ah.grh.hop_limit = 64;
-        let mac = self.rmac(&mut ah)?;
-        // SAFETY: both members of ibv_gid are 16 plain bytes.
-        let raw = unsafe { gid.raw };
-        Ok(LocalPath { port: 1, gid_index: self.gid_index, gid: raw, mac, mtu: pa.active_mtu as u8 })
+        ah.is_global = u8::from(a.ah_is_global);
+        ah.dlid = a.ah_dlid;
+        ah.sl = a.ah_sl;
+        ah.port_num = if a.ah_port_num != 0 { a.ah_port_num } else { a.port_num };
+        ah.grh.dgid = ibv_gid { raw: a.dgid };
+        ah.grh.flow_label = a.flow_label;
+        ah.grh.sgid_index = a.sgid_index;
+        ah.grh.hop_limit = a.hop_limit;
+        ah.grh.traffic_class = a.traffic_class;
+        self.rmac(&mut ah)
+    }
+}
+
+/// The DEVX device's verbs objects (PDs, MRs, windows) are made by `crate::device`.
+impl From<ObjectError> for DevxError {
+    fn from(e: ObjectError) -> Self {
+        match e {
+            ObjectError::Call { call, errno } => DevxError::Call { call, errno },
+            ObjectError::MemlockTooLow(t) => DevxError::MemlockTooLow(t),
+            ObjectError::NoMwType2 { .. } => {
+                DevxError::Call { call: "ibv_alloc_mw (not provided)", errno: libc::EOPNOTSUPP }
+            }
+        }
     }
 }
 
@@ -494,7 +475,7 @@ impl DevxApi for RealDevx {
         // SAFETY: `ctx` is open; `input`/`out` are valid for their lengths during the call.
         let rc = unsafe {
             mlx5dv_devx_general_cmd(
-                self.ctx,
+                self.ctx.ctx,
                 input.as_ptr() as *const c_void,
                 input.len(),
                 out.as_mut_ptr() as *mut c_void,
@@ -510,7 +491,7 @@ impl DevxApi for RealDevx {
         // SAFETY: as for general_cmd; the returned object (or null) is ours.
         let o = unsafe {
             mlx5dv_devx_obj_create(
-                self.ctx,
+                self.ctx.ctx,
                 input.as_ptr() as *const c_void,
                 input.len(),
                 out.as_mut_ptr() as *mut c_void,
@@ -567,7 +548,7 @@ impl DevxApi for RealDevx {
     fn umem_reg(&mut self, mem: MemRange, access: u32) -> Result<UmemHandle, DevxError> {
         // SAFETY: `mem` is memory this process owns (a RingMemory) for as long as the umem is
         // registered; the kernel pins it.
-        let u = unsafe { mlx5dv_devx_umem_reg(self.ctx, mem.addr as *mut c_void, mem.len, access) };
+        let u = unsafe { mlx5dv_devx_umem_reg(self.ctx.ctx, mem.addr as *mut c_void, mem.len, access) };
         if u.is_null() {
             return Err(DevxError::Call { call: "mlx5dv_devx_umem_reg", errno: errno() });
         }
@@ -595,7 +576,7 @@ impl DevxApi for RealDevx {
     }
     fn alloc_uar(&mut self) -> Result<UarHandle, DevxError> {
         // SAFETY: `ctx` is open; the UAR (or null) is ours.
-        let u = unsafe { mlx5dv_devx_alloc_uar(self.ctx, MLX5DV_UAR_ALLOC_TYPE_NC) };
+        let u = unsafe { mlx5dv_devx_alloc_uar(self.ctx.ctx, MLX5DV_UAR_ALLOC_TYPE_NC) };
         if u.is_null() {
             return Err(DevxError::Call { call: "mlx5dv_devx_alloc_uar", errno: errno() });
         }
@@ -607,7 +588,7 @@ impl DevxApi for RealDevx {
     fn query_eqn(&mut self, vector: u32) -> Result<u32, DevxError> {
         let mut eqn = 0u32;
         // SAFETY: `ctx` is open; `eqn` is a valid output.
-        let rc = unsafe { mlx5dv_devx_query_eqn(self.ctx, vector, &mut eqn) };
+        let rc = unsafe { mlx5dv_devx_query_eqn(self.ctx.ctx, vector, &mut eqn) };
         if rc != 0 {
             return Err(DevxError::Call { call: "mlx5dv_devx_query_eqn", errno: rc_errno(rc) });
         }
@@ -675,13 +656,12 @@ impl Drop for RealDevx {
             // SAFETY: our PD, no longer used by any object.
             unsafe { ibv_dealloc_pd(self.pd) };
         }
-        // SAFETY: the context opened in `open`, closed once.
-        unsafe { ibv_close_device(self.ctx) };
         for r in self.regions.drain(..) {
             // SAFETY: from posix_memalign in alloc_mem, freed once, after every umem and MR
             // over it is gone.
             unsafe { libc::free(r.addr as *mut c_void) };
         }
+        // the context (`ctx`) closes when the fields drop, after all of the above
     }
 }
 
@@ -690,10 +670,7 @@ impl Drop for RealDevx {
 /// # Safety
 /// `id` must be a live `rdma_cm_id` with a pending connection request (passive side) or a
 /// resolved route (active side).
-pub unsafe fn init_qp_attr(
-    id: *mut rdma_cm_id,
-    state: ibv_qp_state::Type,
-) -> Result<(CmQpAttr, ibv_ah_attr), DevxError> {
+pub unsafe fn init_qp_attr(id: *mut rdma_cm_id, state: ibv_qp_state::Type) -> Result<CmQpAttr, DevxError> {
     // SAFETY: ibv_qp_attr is plain C data; all-zero is a valid value.
     let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
     attr.qp_state = state;
@@ -730,49 +707,90 @@ pub unsafe fn init_qp_attr(
         hop_limit: g.hop_limit,
         traffic_class: g.traffic_class,
     };
-    Ok((a, attr.ah_attr))
+    Ok(a)
 }
 
-/// MN side of rdma_cm's external-QP mode: connect the DEVX QP `qp` of `backend` with the
-/// attributes rdma_cm gives for INIT, RTR and RTS (`rdma_init_qp_attr`), the next hop's MAC
-/// from an address handle (`RealDevx::rmac`), then `rdma_accept` naming `qp` in
-/// `conn_param.qp_num`, with `private` as the reply's private data.
-///
-/// # Safety
-/// `id` must be a live `rdma_cm_id` for a connection request not yet accepted, on the device
-/// `backend` was opened on.
-pub unsafe fn accept_external(
-    id: *mut rdma_cm_id,
-    backend: &mut super::backend::DevxBackend<RealDevx>,
-    qp: omw_core::ids::Qpn,
-    private: &[u8],
-) -> Result<(), DevxError> {
-    // SAFETY: forwarded contract.
-    let (init, _) = unsafe { init_qp_attr(id, ibv_qp_state::IBV_QPS_INIT) }?;
-    // SAFETY: forwarded contract.
-    let (rtr, mut ah) = unsafe { init_qp_attr(id, ibv_qp_state::IBV_QPS_RTR) }?;
-    // SAFETY: forwarded contract.
-    let (rts, _) = unsafe { init_qp_attr(id, ibv_qp_state::IBV_QPS_RTS) }?;
-    let rmac = if rtr.ah_is_global { backend.device_mut().rmac(&mut ah)? } else { [0; 6] };
-    let attr = cm::merge_states(&init, &rtr, &rts);
-    backend.connect_cn_qp(qp, &attr, rmac)?;
-    let len = u8::try_from(private.len())
-        .map_err(|_| DevxError::Call { call: "rdma_accept (private data > 255 B)", errno: libc::EINVAL })?;
-    // SAFETY: rdma_conn_param is plain C data; all-zero is valid.
-    let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
-    p.qp_num = qp.get();
-    p.private_data = private.as_ptr() as *const c_void;
-    p.private_data_len = len;
-    p.responder_resources = rtr.max_dest_rd_atomic;
-    p.initiator_depth = rts.max_rd_atomic;
-    p.retry_count = rts.retry_cnt;
-    p.rnr_retry_count = rts.rnr_retry;
-    // SAFETY: `id` is live per the contract; `p` and `private` are valid for the call.
-    let rc = unsafe { rdma_accept(id, &mut p) };
-    if rc != 0 {
-        return Err(DevxError::Call { call: "rdma_accept", errno: rc_errno(rc) });
+/// rdma_cm's passive side in external-QP mode on a channel of the DEVX MN's own (its QPs are
+/// not rdma_cm's): [`ExternalCm`] over `rdma_init_qp_attr` and `rdma_accept` with
+/// `conn_param.qp_num` (librdmacm rdma_accept(3): a QP the caller owns).
+#[derive(Debug, Default)]
+pub struct RealCm {
+    channel: CmChannel,
+}
+
+impl ExternalCm for RealCm {
+    fn listen(&mut self, addr: SocketAddr, device: &str) -> crate::error::Result<()> {
+        let id = self.channel.bind(addr)?;
+        match crate::cm_event::id_device(id) {
+            Some(d) if d == device => {}
+            other => {
+                return Err(VerbsError::Config(format!(
+                    "{addr} belongs to {}, not {device}: pass --device with the device that owns it",
+                    other.as_deref().unwrap_or("no RDMA device"),
+                )))
+            }
+        }
+        self.channel.listen(id, addr, 64)
     }
-    Ok(())
+    fn poll(&mut self, timeout: Duration) -> crate::error::Result<Option<CmEvent>> {
+        self.channel.poll(timeout)
+    }
+    fn qp_attrs(&mut self, id: CmId) -> Result<[CmQpAttr; 3], DevxError> {
+        if !self.channel.is_request(id) {
+            return Err(DevxError::Call {
+                call: "rdma_init_qp_attr (not a pending connection request)",
+                errno: libc::EINVAL,
+            });
+        }
+        let mut out = [CmQpAttr::default(); 3];
+        for (o, state) in
+            out.iter_mut().zip([ibv_qp_state::IBV_QPS_INIT, ibv_qp_state::IBV_QPS_RTR, ibv_qp_state::IBV_QPS_RTS])
+        {
+            // SAFETY: `id` is a pending connection request of this channel (checked above):
+            // live until accepted or rejected.
+            *o = unsafe { init_qp_attr(id.0, state) }?;
+        }
+        Ok(out)
+    }
+    fn accept(&mut self, id: CmId, a: &Accept<'_>) -> Result<(), DevxError> {
+        let raw = self
+            .channel
+            .take_request(id)
+            .ok_or(DevxError::Call { call: "rdma_accept (not a pending connection request)", errno: libc::EINVAL })?;
+        let Ok(len) = u8::try_from(a.private.len()) else {
+            crate::cm_event::reject_raw(raw);
+            return Err(DevxError::Call { call: "rdma_accept (private data > 255 B)", errno: libc::EINVAL });
+        };
+        // SAFETY: rdma_conn_param is plain C data; all-zero is valid.
+        let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+        p.qp_num = a.qp_num;
+        p.private_data = a.private.as_ptr() as *const c_void;
+        p.private_data_len = len;
+        p.responder_resources = a.responder_resources;
+        p.initiator_depth = a.initiator_depth;
+        p.retry_count = a.retry_count;
+        p.rnr_retry_count = a.rnr_retry_count;
+        // SAFETY: `raw` is a live connection request taken out of the pending table (ours to
+        // accept or reject); `p` and the private data are valid for the call.
+        let rc = unsafe { rdma_accept(raw, &mut p) };
+        if rc != 0 {
+            let errno = rc_errno(rc);
+            crate::cm_event::reject_raw(raw);
+            return Err(DevxError::Call { call: "rdma_accept", errno });
+        }
+        Ok(())
+    }
+    fn reject(&mut self, id: CmId) {
+        self.channel.reject(id)
+    }
+    fn disconnect(&mut self, id: CmId) {
+        // SAFETY: an id this side accepted and owns (the DEVX transport forgets it now, so it
+        // is destroyed once); its QP is ours, not rdma_cm's.
+        unsafe {
+            rdma_disconnect(id.0);
+            rdma_destroy_id(id.0);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -826,17 +844,18 @@ mod tests {
     /// On a machine without an mlx5 device, opening fails with a typed error, not a panic.
     #[test]
     fn open_without_a_device_is_a_clear_error() {
-        match RealDevx::open(None) {
+        match RealDevx::open(&DeviceChoice::default()) {
             Ok(d) => eprintln!("skipped: this machine has DEVX device {}", d.device()),
             Err(e) => {
                 let s = e.to_string();
                 assert!(
                     matches!(
                         e,
-                        DevxError::NoDevice { .. }
-                            | DevxError::NotMlx5 { .. }
-                            | DevxError::NoMlx5 { .. }
-                            | DevxError::Open { .. }
+                        VerbsError::NoDevice { .. }
+                            | VerbsError::Port(_)
+                            | VerbsError::Devx(
+                                DevxError::NotMlx5 { .. } | DevxError::NoMlx5 { .. } | DevxError::Open { .. }
+                            )
                     ),
                     "{s}"
                 );

@@ -2,7 +2,8 @@
 //! firmware answers. The command-sequence tests (`sequence_tests.rs`) compare recordings.
 
 use super::api::{DevxApi, MemRange, ObjHandle, UarHandle, UmemHandle};
-use super::device::{DevxDevice, LocalPath};
+use super::cm::{CmQpAttr, LocalPath};
+use super::device::DevxDevice;
 use super::DevxError;
 use omw_core::access::AccessFlags;
 use omw_core::device::{Domain, MrKeys};
@@ -231,5 +232,10 @@ impl DevxDevice for RecordingDevx {
     }
     fn local_path(&mut self) -> Result<LocalPath, DevxError> {
         Ok(MOCK_PATH)
+    }
+    /// Every peer is one hop away on the mock's link: the MAC is the peer's GID's last bytes.
+    fn next_hop_mac(&mut self, attr: &CmQpAttr) -> Result<[u8; 6], DevxError> {
+        let g = attr.dgid;
+        Ok([0x02, 0, g[12], g[13], g[14], g[15]])
     }
 }

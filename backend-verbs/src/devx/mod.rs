@@ -23,8 +23,9 @@ pub mod doorbell;
 pub mod error;
 #[cfg(feature = "devx")]
 pub mod ffi;
-#[cfg(feature = "devx")]
 pub mod mn;
+#[cfg(test)]
+mod mn_tests;
 #[cfg(test)]
 pub(crate) mod mock;
 pub mod offload;

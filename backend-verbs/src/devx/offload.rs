@@ -4,6 +4,7 @@
 //! running a chain (docs/MLX5.md: what only hardware can settle).
 
 use super::DevxError;
+use crate::error::VerbsError;
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
 use std::fmt;
 
@@ -11,8 +12,9 @@ use std::fmt;
 #[derive(Debug)]
 pub struct DevxProbe {
     pub device: Option<String>,
-    /// The capabilities, or why they could not be read.
-    pub caps: Result<HcaCaps, DevxError>,
+    /// The capabilities, or why they could not be read (the device could not be chosen or
+    /// opened for DEVX, or the query failed).
+    pub caps: Result<HcaCaps, VerbsError>,
 }
 
 impl fmt::Display for DevxProbe {
@@ -20,6 +22,8 @@ impl fmt::Display for DevxProbe {
         writeln!(f, "DEVX (mlx5 direct path) on {}", self.device.as_deref().unwrap_or("the first device"))?;
         let c = match &self.caps {
             Ok(c) => c,
+            // "--offload mlx5:" is what VerbsError::Devx prefixes; here it goes without saying
+            Err(VerbsError::Devx(e)) => return write!(f, "  DEVX                        NO: {e}"),
             Err(e) => return write!(f, "  DEVX                        NO: {e}"),
         };
         let yes = |b: bool| if b { "yes" } else { "NO" };
@@ -52,29 +56,29 @@ pub fn verdict(c: &HcaCaps) -> Option<DevxError> {
     c.missing_for_offload().map(DevxError::MissingCapability)
 }
 
-/// Read the DEVX capabilities of `device` (or the first device).
+/// Read the DEVX capabilities of `device` (or the first mlx5 device).
 pub fn probe(device: Option<&str>) -> DevxProbe {
     DevxProbe { device: device.map(str::to_string), caps: query_device(device) }
 }
 
 #[cfg(feature = "devx")]
-fn query_device(device: Option<&str>) -> Result<HcaCaps, DevxError> {
-    let mut d = super::ffi::RealDevx::open(device)?;
-    super::caps::query(&mut d)
+fn query_device(device: Option<&str>) -> Result<HcaCaps, VerbsError> {
+    let mut d = super::ffi::RealDevx::open(&crate::device::DeviceChoice::named(device))?;
+    super::caps::query(&mut d).map_err(VerbsError::Devx)
 }
 
 #[cfg(not(feature = "devx"))]
-fn query_device(_device: Option<&str>) -> Result<HcaCaps, DevxError> {
-    Err(DevxError::NotBuilt)
+fn query_device(_device: Option<&str>) -> Result<HcaCaps, VerbsError> {
+    Err(VerbsError::Devx(DevxError::NotBuilt))
 }
 
 /// Whether `omw mn --offload mlx5` can run on `device`: its DEVX capabilities, or why not —
 /// the DEVX open or capability query that failed (no mlx5 device, no DEVX, a build without
 /// the `devx` feature), or the capability that is missing.
-pub fn ready(device: Option<&str>) -> Result<HcaCaps, DevxError> {
+pub fn ready(device: Option<&str>) -> Result<HcaCaps, VerbsError> {
     let c = query_device(device)?;
     match verdict(&c) {
-        Some(e) => Err(e),
+        Some(e) => Err(VerbsError::Devx(e)),
         None => Ok(c),
     }
 }
@@ -116,13 +120,13 @@ mod tests {
         let s = p.to_string();
         assert!(s.contains("cd (CORE-Direct)            yes"), "{s}");
         assert!(s.contains("no chain has run"), "{s}");
-        let p = DevxProbe { device: None, caps: Err(DevxError::NotBuilt) };
+        let p = DevxProbe { device: None, caps: Err(VerbsError::Devx(DevxError::NotBuilt)) };
         assert!(p.to_string().contains("--features devx"));
     }
 
     #[cfg(not(feature = "devx"))]
     #[test]
     fn without_the_feature_offload_refuses_with_the_rebuild_hint() {
-        assert!(matches!(ready(None), Err(DevxError::NotBuilt)));
+        assert!(matches!(ready(None), Err(VerbsError::Devx(DevxError::NotBuilt))));
     }
 }

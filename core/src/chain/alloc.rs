@@ -40,9 +40,10 @@
 
 use crate::chain::builder::{fenced, Builder, ChainEnv};
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Ring};
+use crate::geometry::MAX_GROUP_SIZE;
 use crate::wire::memory_map::{alloc_scratch as a, ALLOC_SCRATCH_OFF};
 use crate::wire::message::{alloc_request as req, ALLOC_REPLY_LEN};
-use crate::wire::mwtable::{ENTRY_OFF_BASE, ENTRY_OFF_LKEY, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE};
+use crate::wire::mwtable::{entry_off_rkey, ENTRY_OFF_BASE, ENTRY_OFF_LKEY, ENTRY_OFF_OWNER, ENTRY_SIZE};
 use crate::wire::wqe::{QueueSel, Wqe, WqeField};
 
 pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
@@ -90,13 +91,14 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.layout.empty_probe = Some(probe);
     // base/length/lkey span, then the window's rkey, per bind (FENCE: after the probe landed —
     // and so after it succeeded: everything from here on runs only if the queue was not empty)
-    let mut copies: heapless::Vec<(u8, u8), 4> = heapless::Vec::new();
+    let mut copies: heapless::Vec<(u8, u8), MAX_GROUP_SIZE> = heapless::Vec::new();
     for i in 0..g {
         let span = Wqe::read(0, k.ring_lkey, 16, s + a::REPLY_ENTRY + ENTRY_OFF_BASE, k.meta_rkey);
         let span = b.push(Ring::Loop, if i == 0 { fenced(span) } else { span })?;
-        let rk = s + a::REPLY_ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64;
+        let rk = s + a::REPLY_ENTRY + entry_off_rkey(i);
         let rk = b.push(Ring::Loop, Wqe::read(0, k.ring_lkey, 4, rk, k.meta_rkey))?;
-        let _ = copies.push((span, rk));
+        let pushed = copies.push((span, rk));
+        debug_assert!(pushed.is_ok(), "one per window: G <= MAX_GROUP_SIZE (PoolGeometry::new)");
     }
     // the probe passed: clear the slot iff it still holds the popped entry
     let clear = b.push(Ring::Loop, Wqe::compare_swap(s + a::JUNK, k.meta_lkey, 0, k.meta_rkey, 0, 0))?;
@@ -115,7 +117,7 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     // ---- phase 4, the management ring: bind, then reply. A bind or a reply that fails (a bad
     // QP number or reply address from the CN) puts the QP in error and flushes what follows:
     // no reply without windows, no commit without a reply — the markers stay set for the MN.
-    let mut binds: heapless::Vec<u8, 4> = heapless::Vec::new();
+    let mut binds: heapless::Vec<u8, MAX_GROUP_SIZE> = heapless::Vec::new();
     for (i, (span, rk)) in copies.iter().copied().enumerate() {
         let (qpn, access) = if i == 0 {
             (env.free_qpn, env.owner_window_access)
@@ -125,7 +127,8 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         let bind = b.push(Ring::Mgmt, Wqe::bind_mw(0, 0, 0, 0, qpn, access))?;
         b.set_local(span, field(bind, WqeField::LocalAddr));
         b.set_local(rk, field(bind, WqeField::Imm));
-        let _ = binds.push(bind);
+        let pushed = binds.push(bind);
+        debug_assert!(pushed.is_ok(), "one per copy, copies holds at most MAX_GROUP_SIZE");
     }
     let reply = b.push(Ring::Mgmt, Wqe::write_imm(s + a::REPLY, k.cn_meta_lkey, ALLOC_REPLY_LEN as u32, 0, 0, 0))?;
     b.layout.critical_end = Some(reply);

@@ -70,7 +70,8 @@ pub fn resolve(layout: &ChainLayout, bases: [u64; 2]) -> ResolvedChain {
         if let Some(Loc::Field { step, field }) = s.remote {
             w.remote_addr = field_addr(layout, bases, step, field);
         }
-        let _ = wqes.push(w);
+        let pushed = wqes.push(w);
+        debug_assert!(pushed.is_ok(), "one WQE per step: both hold MAX_STEPS");
     }
     let mut recv = RecvWqe { wr_id: chain_wr_id(layout.kind, 0, 0xFF), sges: heapless::Vec::new() };
     for r in layout.recv.iter() {
@@ -80,7 +81,8 @@ pub fn resolve(layout: &ChainLayout, bases: [u64; 2]) -> ResolvedChain {
                 Sge { addr: field_addr(layout, bases, step, field), length: r.len, lkey: layout.ring_lkey }
             }
         };
-        let _ = recv.sges.push(sge);
+        let pushed = recv.sges.push(sge);
+        debug_assert!(pushed.is_ok(), "one entry per RECV target: MAX_RECV_TARGETS = MAX_RECV_SGES");
     }
     ResolvedChain { wqes, recv }
 }

@@ -32,10 +32,11 @@
 
 use crate::chain::builder::{fenced, Builder, ChainEnv};
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Ring};
+use crate::geometry::MAX_GROUP_SIZE;
 use crate::wire::memory_map::{free_scratch as f, FREE_SCRATCH_OFF};
 use crate::wire::message::free_request as req;
 use crate::wire::mwtable::{
-    ENTRY_OFF_BASE, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE, RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT,
+    entry_off_rkey, ENTRY_OFF_BASE, ENTRY_OFF_OWNER, ENTRY_SIZE, RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT,
 };
 use crate::wire::wqe::{QueueSel, Wqe, WqeField};
 
@@ -62,11 +63,12 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     } else {
         None
     };
-    let mut copies: heapless::Vec<u8, 4> = heapless::Vec::new();
+    let mut copies: heapless::Vec<u8, MAX_GROUP_SIZE> = heapless::Vec::new();
     for i in 0..g {
-        let c = Wqe::read(0, k.ring_lkey, 4, s + f::ENTRY + ENTRY_OFF_RKEYS + 4 * i as u64, k.meta_rkey);
+        let c = Wqe::read(0, k.ring_lkey, 4, s + f::ENTRY + entry_off_rkey(i), k.meta_rkey);
         let c = b.push(Ring::Loop, if i == 0 && !scrub { fenced(c) } else { c })?;
-        let _ = copies.push(c);
+        let pushed = copies.push(c);
+        debug_assert!(pushed.is_ok(), "one per window: G <= MAX_GROUP_SIZE (PoolGeometry::new)");
     }
     let release_mgmt = b.push(Ring::Loop, fenced(Wqe::enable(env.mgmt_qpn, QueueSel::Send, 0)))?;
     let first_half = b.layout.ring_len(Ring::Loop) as u64;
@@ -96,7 +98,7 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
             Wqe::masked_fetch_add(
                 s + f::JUNK,
                 k.meta_lkey,
-                s + f::ENTRY + ENTRY_OFF_RKEYS + 8 * pair as u64,
+                s + f::ENTRY + entry_off_rkey(2 * pair),
                 k.meta_rkey,
                 RKEY_PAIR_KEY_INCREMENT,
                 RKEY_PAIR_KEY_BOUNDARY,
@@ -122,7 +124,6 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let push = b.push(Ring::Loop, Wqe::read(0, k.meta_lkey, 8, s + f::ENTRY_ADDR, k.meta_rkey))?;
     b.set_local(cp_push, field(push, WqeField::LocalAddr));
     b.layout.critical_end = Some(push);
-    let push_phase = b.layout.ring_len(Ring::Loop) as u64;
     // commit: clear the markers (a failure with them set means "this lap may be half done")
     // and the request header (a later short request must not be answered with this token) —
     // FENCEd, so only once the push landed
@@ -143,7 +144,6 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     // Per lap: the Free QP ring runs once round (padding too); it releases the second half,
     // the gate the push phase; the push phase's length covers the commit, the tail and the
     // Loop ring's padding; the closing ENABLE re-enables only the next lap's first phase.
-    let _ = push_phase;
     b.set_count(release_mgmt, mgmt_depth);
     b.set_count(release, second_end - first_half);
     b.set_count(gate, loop_depth - second_end);

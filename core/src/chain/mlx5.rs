@@ -54,8 +54,10 @@ pub const MAX_RING_WQEBBS: usize = 256;
 /// Scatter entries of the mlx5 RECV (a byte-reversed request needs one per byte). ConnectX
 /// reports `max_recv_sge` ≥ 32 — an assumption the DEVX backend must check.
 pub const MAX_RECV_SGES: usize = 32;
+/// Bytes of one shadow lap counter (a little-endian u64).
+pub const SHADOW_SIZE: u64 = 8;
 /// Shadow counters per chain.
-pub const MAX_SHADOWS: usize = (MLX5_SHADOW_LEN / 8) as usize;
+pub const MAX_SHADOWS: usize = (MLX5_SHADOW_LEN / SHADOW_SIZE) as usize;
 
 /// Device numbers the chain's QPs have on the device.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -322,19 +324,32 @@ fn targets_of(w: &Wqe, field: WqeField, step: u8) -> Result<heapless::Vec<Target
 }
 
 /// The canonical fields a span of `len` bytes from `field` covers (validated spans tile fields).
-fn covered(field: WqeField, len: u32) -> heapless::Vec<WqeField, 10> {
-    let mut v = heapless::Vec::new();
+fn covered(field: WqeField, len: u32) -> impl Iterator<Item = WqeField> {
     let end = field.offset() + len as usize;
-    for f in WqeField::ALL {
-        if f.offset() >= field.offset() && f.offset() + f.width() <= end {
-            let _ = v.push(f);
-        }
-    }
-    v
+    WqeField::ALL.into_iter().filter(move |f| f.offset() >= field.offset() && f.offset() + f.width() <= end)
 }
 
 /// Destinations of each source byte of a copy (at most two: a bind keeps some values twice).
-type Moves = heapless::Vec<heapless::Vec<Addr, 2>, 40>;
+type Moves = heapless::Vec<Dests, 40>;
+type Dests = heapless::Vec<Addr, 2>;
+
+/// The destinations of value byte `v`: one per target of the field that holds that byte.
+fn byte_dests(targets: &heapless::Vec<(usize, [Addr; 8]), 2>, v: usize) -> Dests {
+    let mut d = Dests::new();
+    for (m, a) in targets.iter().filter(|(m, _)| v < *m) {
+        let pushed = d.push(a[v]);
+        debug_assert!(pushed.is_ok(), "at most one destination per target, and at most 2 targets ({m} bytes)");
+    }
+    d
+}
+
+/// A byte with one destination.
+fn one_dest(a: Addr) -> Dests {
+    let mut d = Dests::new();
+    let pushed = d.push(a);
+    debug_assert!(pushed.is_ok(), "one destination in an empty list of 2");
+    d
+}
 
 struct Build<'a> {
     layout: &'a ChainLayout,
@@ -366,7 +381,8 @@ impl Build<'_> {
             for (v, slot) in a.iter_mut().enumerate().take(n) {
                 *slot = Addr::Field { step: t, off: (tg.offset + tg.width as usize - 1 - v) as u16 };
             }
-            let _ = out.push((n, a));
+            let pushed = out.push((n, a));
+            debug_assert!(pushed.is_ok(), "one entry per target: targets_of returns at most 2");
         }
         Ok(out)
     }
@@ -416,7 +432,8 @@ impl Build<'_> {
                     sges.clear();
                     start = i;
                 }
-                let _ = sges.push(Sg { dst: d, len: 1, lkey: k });
+                let pushed = sges.push(Sg { dst: d, len: 1, lkey: k });
+                debug_assert!(pushed.is_ok(), "a full scatter list was emitted and cleared just above");
             }
             let r = Item { kind: Kind::Read { src: offset(src, start), rkey, sges }, flags, role };
             reads.push(r).map_err(|_| Mlx5ChainError::Capacity)?;
@@ -451,13 +468,7 @@ impl Build<'_> {
                         let (n, srcb) = self.ring_source(t2, f2, w.length)?;
                         let dests = self.field_dests(t, field)?;
                         for v in (0..n).rev() {
-                            let mut d = heapless::Vec::new();
-                            for (m, a) in dests.iter() {
-                                if v < *m {
-                                    let _ = d.push(a[v]);
-                                }
-                            }
-                            moves.push(d).map_err(|_| Mlx5ChainError::Capacity)?;
+                            moves.push(byte_dests(&dests, v)).map_err(|_| Mlx5ChainError::Capacity)?;
                         }
                         srcb
                     }
@@ -465,13 +476,7 @@ impl Build<'_> {
                         for f in covered(field, w.length) {
                             let dests = self.field_dests(t, f)?;
                             for v in 0..f.width() {
-                                let mut d = heapless::Vec::new();
-                                for (m, a) in dests.iter() {
-                                    if v < *m {
-                                        let _ = d.push(a[v]);
-                                    }
-                                }
-                                moves.push(d).map_err(|_| Mlx5ChainError::Capacity)?;
+                                moves.push(byte_dests(&dests, v)).map_err(|_| Mlx5ChainError::Capacity)?;
                             }
                         }
                         Addr::Mem(w.remote_addr)
@@ -485,9 +490,7 @@ impl Build<'_> {
                 let mut moves: Moves = heapless::Vec::new();
                 // source bytes in ring order are value bytes n-1 .. 0
                 for v in (0..n).rev() {
-                    let mut d = heapless::Vec::new();
-                    let _ = d.push(Addr::Mem(w.local_addr + v as u64));
-                    moves.push(d).map_err(|_| Mlx5ChainError::Capacity)?;
+                    moves.push(one_dest(Addr::Mem(w.local_addr + v as u64))).map_err(|_| Mlx5ChainError::Capacity)?;
                 }
                 self.emit_copy(s.ring, role, w.flags, src, w.rkey, w.lkey, &moves)
             }
@@ -726,13 +729,14 @@ impl Mlx5Chain {
                     (ring_wqebbs[t] as u64, 16)
                 }
             };
-            let _ = shadows.push(Shadow {
-                addr: shadow_base + 8 * k as u64,
+            let pushed = shadows.push(Shadow {
+                addr: shadow_base + SHADOW_SIZE * k as u64,
                 initial: value_of(*j),
                 increment,
                 bits,
                 step: *j,
             });
+            debug_assert!(pushed.is_ok(), "one shadow per bumped step: bumped holds at most MAX_SHADOWS");
         }
 
         // encode
@@ -1180,7 +1184,7 @@ impl Mlx5Chain {
     /// clear, or a shadow copy.
     fn covers(&self, step: u8, f: WqeField) -> bool {
         let hit = |loc: Option<Loc>, len: u32| match loc {
-            Some(Loc::Field { step: t, field }) if t == step => covered(field, len).contains(&f),
+            Some(Loc::Field { step: t, field }) if t == step => covered(field, len).any(|c| c == f),
             _ => false,
         };
         let c = &self.canonical;
@@ -1204,17 +1208,19 @@ impl Build<'_> {
         let mut steps: heapless::Vec<u8, MAX_SHADOWS> = heapless::Vec::new();
         let mut k_of = 0usize;
         // which canonical step each shadow k feeds: the k-th WAIT/ENABLE in step order
-        let feeds: heapless::Vec<u8, MAX_SHADOWS> = self
-            .layout
-            .steps
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| matches!(s.wqe.opcode, Opcode::Wait | Opcode::Enable))
-            .map(|(j, _)| j as u8)
-            .collect();
+        let layout = self.layout;
+        let feeds = |k: u8| {
+            layout
+                .steps
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| matches!(s.wqe.opcode, Opcode::Wait | Opcode::Enable))
+                .nth(k as usize)
+                .map(|(j, _)| j as u8)
+        };
         for (k, _) in ks {
-            let j = *feeds.get(*k as usize).ok_or(Mlx5ChainError::Capacity)?;
-            let _ = steps.push(j);
+            let j = feeds(*k).ok_or(Mlx5ChainError::Capacity)?;
+            steps.push(j).map_err(|_| Mlx5ChainError::Capacity)?;
             self.push(
                 Ring::Loop,
                 Item { kind: Kind::Bump { shadow: *k }, flags: WqeFlags::empty(), role: Role::Bump(j) },
@@ -1227,8 +1233,7 @@ impl Build<'_> {
             let n = significant(tg);
             let mut moves: Moves = heapless::Vec::new();
             for v in 0..n {
-                let mut d = heapless::Vec::new();
-                let _ = d.push(Addr::Field { step: *j, off: (tg.offset + tg.width as usize - 1 - v) as u16 });
+                let d = one_dest(Addr::Field { step: *j, off: (tg.offset + tg.width as usize - 1 - v) as u16 });
                 moves.push(d).map_err(|_| Mlx5ChainError::Capacity)?;
             }
             let mut flags = if k_of == 0 { WqeFlags::FENCE } else { WqeFlags::empty() };
@@ -1236,7 +1241,7 @@ impl Build<'_> {
                 flags |= WqeFlags::SIGNALED;
             }
             k_of += 1;
-            let src = Addr::Mem(shadow_base + 8 * *k as u64);
+            let src = Addr::Mem(shadow_base + SHADOW_SIZE * *k as u64);
             let (rkey, lkey) = (self.layout.mlx5.meta_rkey, self.layout.mlx5.ring_lkey);
             self.emit_copy(Ring::Loop, Role::Bump(*j), flags, src, rkey, lkey, &moves)?;
         }

@@ -621,10 +621,11 @@ impl ChainLayout {
             if let Some(p) = prev {
                 d |= hb.done[p];
             }
-            let _ = hb.fetch.push(g);
-            let _ = hb.exec.push(e);
-            let _ = hb.done.push(d);
-            let _ = hb.gates.push(gates);
+            let pushed = (hb.fetch.push(g), hb.exec.push(e), hb.done.push(d), hb.gates.push(gates));
+            debug_assert!(
+                matches!(pushed, (Ok(()), Ok(()), Ok(()), Ok(()))),
+                "one entry per step: n <= MAX_STEPS, checked above"
+            );
         }
         Ok(hb)
     }
@@ -739,6 +740,11 @@ impl ChainLayout {
         let s = &self.steps[i];
         let w = &s.wqe;
         let mut v = heapless::Vec::new();
+        // at most three ranges per step (an atomic: its read, its write, its local result)
+        let mut add = |r| {
+            let pushed = v.push(r);
+            debug_assert!(pushed.is_ok(), "a step touches at most 3 ranges of MN memory");
+        };
         // Addresses patched at run time are dynamic: the MR they go through checks them, not
         // this validator.
         let local_is_mem = s.local.is_none() && !self.is_patched(i, WqeField::LocalAddr);
@@ -746,30 +752,30 @@ impl ChainLayout {
         match w.opcode {
             Opcode::Read => {
                 if remote_is_mem {
-                    let _ = v.push((w.remote_addr, w.length, true));
+                    add((w.remote_addr, w.length, true));
                 }
                 if local_is_mem {
-                    let _ = v.push((w.local_addr, w.length, false));
+                    add((w.local_addr, w.length, false));
                 }
             }
             Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => {
                 if remote_is_mem {
                     // read-modify-write of MN memory
-                    let _ = v.push((w.remote_addr, 8, true));
-                    let _ = v.push((w.remote_addr, 8, false));
+                    add((w.remote_addr, 8, true));
+                    add((w.remote_addr, 8, false));
                 }
                 if local_is_mem {
-                    let _ = v.push((w.local_addr, 8, false));
+                    add((w.local_addr, 8, false));
                 }
             }
             Opcode::Write | Opcode::WriteWithImm | Opcode::Send | Opcode::SendWithImm => {
                 if local_is_mem {
-                    let _ = v.push((w.local_addr, w.length, true));
+                    add((w.local_addr, w.length, true));
                 }
                 // A WRITE over the loop QP lands in MN memory: a producer for later readers
                 // (modelled as a completion-time write, like a READ response).
                 if remote_is_mem && matches!(w.opcode, Opcode::Write | Opcode::WriteWithImm) {
-                    let _ = v.push((w.remote_addr, w.length, false));
+                    add((w.remote_addr, w.length, false));
                 }
             }
             _ => {}

@@ -19,7 +19,7 @@
 use crate::cn::{Allocation, Client, ClientError, ClientEvent};
 use crate::device::{Completion, QpState, RdmaBackend, WcOpcode, WcStatus};
 use crate::ids::{CnId, Qpn, Rkey};
-use crate::wire::message::{AllocRequest, ErrorCode, FreeRequest, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
+use crate::wire::message::{AllocRequest, ErrorCode, FreeRequest, Request, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
 use crate::wire::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe};
 use core::fmt;
 
@@ -103,9 +103,8 @@ pub fn prime_receives<B: RdmaBackend>(b: &mut B, mem: &CnMemory, q: MessageQueue
 }
 
 fn recv_wqe(mem: &CnMemory, k: usize, i: usize) -> RecvWqe {
-    let mut w = RecvWqe { wr_id: (TAG_RECV << TAG_SHIFT) | ((k as u64) << 8) | i as u64, sges: heapless::Vec::new() };
-    let _ = w.sges.push(Sge { addr: mem.msg_slot(k, i), length: MSG_SLOT as u32, lkey: mem.lkey });
-    w
+    let wr_id = (TAG_RECV << TAG_SHIFT) | ((k as u64) << 8) | i as u64;
+    RecvWqe::single(wr_id, Sge { addr: mem.msg_slot(k, i), length: MSG_SLOT as u32, lkey: mem.lkey })
 }
 
 /// The CN's registered memory.
@@ -416,7 +415,8 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         let mut all: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
         for qp in [self.qps.alloc, self.qps.free].into_iter().chain(self.qps.access.iter().copied()) {
             if !all.contains(&qp) {
-                let _ = all.push(qp);
+                let pushed = all.push(qp);
+                debug_assert!(pushed.is_ok(), "the CN's QPs: Alloc, Free and at most MAX_ACCESS_QPS access QPs");
             }
         }
         let mut drained = true;
@@ -509,8 +509,11 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     }
 
     fn push(&mut self, e: CnEvent) {
-        // room was reserved before the completion was taken off the CQ
-        let _ = self.events.push_back(e);
+        let pushed = self.events.push_back(e);
+        debug_assert!(
+            pushed.is_ok(),
+            "room is reserved before a completion leaves the CQ (two events each) or a deadline expires"
+        );
     }
 
     fn poll_sends(&mut self, qp: Qpn) -> Result<bool, CnError<B::Error>> {
@@ -565,15 +568,14 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
                 }
             }
         }
+        // sends and accesses go only on the CN's own QPs (`CnQpSet::get`): distinct, at most
+        // Alloc, Free and MAX_ACCESS_QPS access QPs
         let mut qps: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
-        for s in self.sends.iter().flatten() {
-            if !qps.contains(&s.qp) {
-                let _ = qps.push(s.qp);
-            }
-        }
-        for s in self.io.iter().flatten().filter(|s| s.done.is_none()) {
-            if !qps.contains(&s.qp) {
-                let _ = qps.push(s.qp);
+        let busy = self.sends.iter().flatten().map(|s| s.qp);
+        for qp in busy.chain(self.io.iter().flatten().filter(|s| s.done.is_none()).map(|s| s.qp)) {
+            if !qps.contains(&qp) {
+                let pushed = qps.push(qp);
+                debug_assert!(pushed.is_ok(), "distinct QPs of this CN: at most 2 + MAX_ACCESS_QPS");
             }
         }
         for qp in qps {
@@ -646,7 +648,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     pub fn free(&mut self, a: &Allocation) -> Result<u32, CnError<B::Error>> {
         let slot = self.free_send_slot(self.qps.free)?;
         let bytes = self.client.free_request(a.entry_addr)?;
-        let token = FreeRequest::decode(&bytes).map(|f| f.token).unwrap_or(0);
+        let token = Request::from_array(bytes).token();
         self.remember_free(token);
         self.send_in(slot, self.qps.free, Some(token), &bytes)?;
         Ok(token)

@@ -207,10 +207,8 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
         if classes.is_empty() {
             return Err(ClassConfigError::NoClasses);
         }
-        if classes.len() > CLASSES {
-            return Err(ClassConfigError::TooManyClasses { given: classes.len(), capacity: CLASSES });
-        }
-        let mut v = heapless::Vec::new();
+        let v = heapless::Vec::from_slice(classes)
+            .map_err(|()| ClassConfigError::TooManyClasses { given: classes.len(), capacity: CLASSES })?;
         for (i, &size) in classes.iter().enumerate() {
             if size == 0 {
                 return Err(ClassConfigError::ZeroClass { class: i });
@@ -225,8 +223,6 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
             if classes[..i].contains(&size) {
                 return Err(ClassConfigError::DuplicateClass { class: i, size });
             }
-            // capacity checked above
-            let _ = v.push(size);
         }
         Ok(ObjectAllocator {
             chunk_size,

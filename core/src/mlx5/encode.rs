@@ -278,12 +278,15 @@ pub struct Target {
     pub encoding: Encoding,
 }
 
+/// Places one canonical field is kept in an mlx5 WQE.
+pub const MAX_TARGETS: usize = 2;
+
 /// Where a canonical field goes in the mlx5 form.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum FieldMapping {
     /// Written at each target (a bind's address, for example, is in the mkey context and in the
     /// KLM: a patch must write both).
-    Targets(heapless::Vec<Target, 2>),
+    Targets(heapless::Vec<Target, MAX_TARGETS>),
     /// The field does not exist in the mlx5 WQE or is not a byte copy of the canonical value.
     Unmapped(Unmapped),
 }
@@ -299,6 +302,17 @@ pub enum Unmapped {
     Resolved,
 }
 
+/// The targets of one field: at most [`MAX_TARGETS`] (a compile-time bound).
+fn targets<const N: usize>(ts: [Target; N]) -> FieldMapping {
+    const { assert!(N <= MAX_TARGETS) };
+    let mut v = heapless::Vec::new();
+    for x in ts {
+        let pushed = v.push(x);
+        debug_assert!(pushed.is_ok(), "N <= MAX_TARGETS, asserted at compile time");
+    }
+    FieldMapping::Targets(v)
+}
+
 const fn be(offset: usize, width: u8, value_bits: u8) -> Target {
     Target { offset, width, encoding: Encoding::BigEndian { value_bits } }
 }
@@ -308,13 +322,6 @@ const fn be(offset: usize, width: u8, value_bits: u8) -> Target {
 pub fn field_mapping(w: &Wqe, field: WqeField) -> FieldMapping {
     use FieldMapping::*;
     use WqeField as F;
-    let t = |ts: &[Target]| {
-        let mut v = heapless::Vec::new();
-        for x in ts {
-            let _ = v.push(*x);
-        }
-        Targets(v)
-    };
     const C: usize = CTRL_SEG_SIZE;
     let imm = be(IMM_OFFSET, 4, 32);
     if field == F::WrId {
@@ -332,37 +339,37 @@ pub fn field_mapping(w: &Wqe, field: WqeField) -> FieldMapping {
     let klm = mkey + umr::MKEY_CONTEXT_SEG_SIZE;
     let unbind = w.flags.contains(WqeFlags::UNBIND);
     match (w.opcode, field) {
-        (Opcode::SendWithImm | Opcode::WriteWithImm | Opcode::SendWithInv | Opcode::LocalInv, F::Imm) => t(&[imm]),
-        (Opcode::BindMw, F::Imm) if unbind => t(&[imm]),
-        (Opcode::BindMw, F::Imm) => t(&[imm, be(mkey + umr::MKEY_QPN_MKEY_OFFSET + 3, 1, 8)]),
+        (Opcode::SendWithImm | Opcode::WriteWithImm | Opcode::SendWithInv | Opcode::LocalInv, F::Imm) => targets([imm]),
+        (Opcode::BindMw, F::Imm) if unbind => targets([imm]),
+        (Opcode::BindMw, F::Imm) => targets([imm, be(mkey + umr::MKEY_QPN_MKEY_OFFSET + 3, 1, 8)]),
         (Opcode::BindMw, _) if unbind => Unmapped(self::Unmapped::NotUsed),
         (Opcode::BindMw, F::LocalAddr) => {
             if w.access().contains(AccessFlags::ZERO_BASED) {
-                t(&[be(klm + umr::KLM_ADDRESS_OFFSET, 8, 64)])
+                targets([be(klm + umr::KLM_ADDRESS_OFFSET, 8, 64)])
             } else {
-                t(&[be(mkey + umr::MKEY_START_ADDR_OFFSET, 8, 64), be(klm + umr::KLM_ADDRESS_OFFSET, 8, 64)])
+                targets([be(mkey + umr::MKEY_START_ADDR_OFFSET, 8, 64), be(klm + umr::KLM_ADDRESS_OFFSET, 8, 64)])
             }
         }
         (Opcode::BindMw, F::Length) => {
-            t(&[be(mkey + umr::MKEY_LEN_OFFSET, 8, 32), be(klm + umr::KLM_BYTE_COUNT_OFFSET, 4, 32)])
+            targets([be(mkey + umr::MKEY_LEN_OFFSET, 8, 32), be(klm + umr::KLM_BYTE_COUNT_OFFSET, 4, 32)])
         }
-        (Opcode::BindMw, F::Lkey) => t(&[be(klm + umr::KLM_MKEY_OFFSET, 4, 32)]),
-        (Opcode::BindMw, F::Qpn) => t(&[be(mkey + umr::MKEY_QPN_MKEY_OFFSET, 3, 24)]),
+        (Opcode::BindMw, F::Lkey) => targets([be(klm + umr::KLM_MKEY_OFFSET, 4, 32)]),
+        (Opcode::BindMw, F::Qpn) => targets([be(mkey + umr::MKEY_QPN_MKEY_OFFSET, 3, 24)]),
         (Opcode::BindMw, F::Operand1) => {
-            t(&[Target { offset: mkey + umr::MKEY_ACCESS_OFFSET, width: 1, encoding: Encoding::MkeyAccess }])
+            targets([Target { offset: mkey + umr::MKEY_ACCESS_OFFSET, width: 1, encoding: Encoding::MkeyAccess }])
         }
-        (o, F::RemoteAddr) if o.is_remote() => t(&[be(C, 8, 64)]),
-        (o, F::Rkey) if o.is_remote() => t(&[be(C + 8, 4, 32)]),
-        (_, F::LocalAddr) => data_at.map_or(Unmapped(self::Unmapped::NotUsed), |d| t(&[be(d + 8, 8, 64)])),
-        (_, F::Length) => data_at.map_or(Unmapped(self::Unmapped::NotUsed), |d| t(&[be(d, 4, 32)])),
-        (_, F::Lkey) => data_at.map_or(Unmapped(self::Unmapped::NotUsed), |d| t(&[be(d + 4, 4, 32)])),
-        (Opcode::FetchAdd | Opcode::MaskedFetchAdd, F::Operand0) => t(&[be(C + 16, 8, 64)]),
-        (Opcode::CompareSwap, F::Operand0) => t(&[be(C + 24, 8, 64)]),
-        (Opcode::CompareSwap, F::Operand1) => t(&[be(C + 16, 8, 64)]),
-        (Opcode::MaskedFetchAdd, F::Operand1) => t(&[be(C + 24, 8, 64)]),
-        (Opcode::Wait, F::Operand0) => t(&[be(C + wait::MAX_INDEX_OFFSET, 4, 24)]),
-        (Opcode::Enable, F::Operand0) => t(&[be(C + wait::MAX_INDEX_OFFSET, 4, 16)]),
-        (Opcode::Enable, F::Qpn) => t(&[be(C + wait::QPN_CQN_OFFSET, 4, 24)]),
+        (o, F::RemoteAddr) if o.is_remote() => targets([be(C, 8, 64)]),
+        (o, F::Rkey) if o.is_remote() => targets([be(C + 8, 4, 32)]),
+        (_, F::LocalAddr) => data_at.map_or(Unmapped(self::Unmapped::NotUsed), |d| targets([be(d + 8, 8, 64)])),
+        (_, F::Length) => data_at.map_or(Unmapped(self::Unmapped::NotUsed), |d| targets([be(d, 4, 32)])),
+        (_, F::Lkey) => data_at.map_or(Unmapped(self::Unmapped::NotUsed), |d| targets([be(d + 4, 4, 32)])),
+        (Opcode::FetchAdd | Opcode::MaskedFetchAdd, F::Operand0) => targets([be(C + 16, 8, 64)]),
+        (Opcode::CompareSwap, F::Operand0) => targets([be(C + 24, 8, 64)]),
+        (Opcode::CompareSwap, F::Operand1) => targets([be(C + 16, 8, 64)]),
+        (Opcode::MaskedFetchAdd, F::Operand1) => targets([be(C + 24, 8, 64)]),
+        (Opcode::Wait, F::Operand0) => targets([be(C + wait::MAX_INDEX_OFFSET, 4, 24)]),
+        (Opcode::Enable, F::Operand0) => targets([be(C + wait::MAX_INDEX_OFFSET, 4, 16)]),
+        (Opcode::Enable, F::Qpn) => targets([be(C + wait::QPN_CQN_OFFSET, 4, 24)]),
         (Opcode::Wait | Opcode::Enable, F::Qpn | F::Operand1) => Unmapped(self::Unmapped::Resolved),
         _ => Unmapped(self::Unmapped::NotUsed),
     }

@@ -54,7 +54,7 @@ impl MemoryNode {
         gid: GroupId,
     ) -> Result<Option<AuditFinding>, MnError<P::Error>> {
         let g = self.cfg.geometry.group_size();
-        let e = read_entry(port, self.map.entry_addr(gid).unwrap_or(0))?;
+        let e = read_entry(port, self.map.entry_addr(gid).ok_or(MnError::BadConfig)?)?;
         if e.owner() == 0 {
             return Ok(None);
         }
@@ -66,7 +66,8 @@ impl MemoryNode {
             |k| matches!(port.mw_binding(e.rkey(k)), Some(MwBinding::Bound { qpn, .. }) if !access.contains(&qpn)),
         );
         // defence in depth: every bound window of the group must lie inside its own chunk
-        let (base, size) = (self.cfg.geometry.chunk_base(gid).unwrap_or(0), self.cfg.geometry.chunk_size());
+        let (base, size) =
+            (self.cfg.geometry.chunk_base(gid).ok_or(MnError::BadConfig)?, self.cfg.geometry.chunk_size());
         let outside =
             (0..g).any(|k| port.mw_span(e.rkey(k)).is_some_and(|(a, l)| a < base || a.saturating_add(l) > base + size));
         Ok(Some((cn, misbound, outside)))

@@ -19,6 +19,7 @@ use crate::mn::{Action, CnQps, Event, MemoryNode, MnError, MnPort};
 use crate::wire::memory_map::{
     ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF, REQUEST_BUF_LEN, SEND_BUF_COUNT, SEND_BUF_LEN, SEND_BUF_OFF,
 };
+use crate::wire::message::Request;
 use crate::wire::wqe::{QueueSel, RecvWqe, Sge, Wqe};
 use core::fmt;
 
@@ -188,19 +189,22 @@ struct Port<'a, B: MnDevice> {
     atomic: Option<(Qpn, u64, u32, u32)>,
     send_seq: &'a mut [u8; crate::mn::MAX_CNS],
     stats: &'a mut DriverStats,
-    /// Management QPs that need a request buffer posted once the MN's reaction is over.
-    repost: heapless::Vec<Qpn, 64>,
-    /// QPs this reaction really reset (their posted receives are gone).
-    resets: heapless::Vec<Qpn, 64>,
+    /// Management QPs that need a request buffer posted once the MN's reaction is over
+    /// (distinct: the Alloc and Free QP of each CN record).
+    repost: heapless::Vec<Qpn, { 2 * crate::mn::MAX_CNS }>,
+    /// QPs this reaction really reset (their posted receives are gone); distinct QPs of the CN
+    /// records the reaction started with (it connects none).
+    resets: heapless::Vec<Qpn, { MAX_QPS_PER_CN * crate::mn::MAX_CNS }>,
     /// Host-engine laps in flight ([`Action::StopLaps`] ends some).
     laps: &'a mut heapless::Vec<InFlight, MAX_LAPS_IN_FLIGHT>,
-    /// Send completions a rebind's wait took off a CN's QP that were not its own (a lap's
-    /// step): the driver hands them to their laps once the reaction is over.
-    stray: heapless::Vec<(Qpn, u64, WcStatus), 32>,
     /// Requests the MN decided to serve ([`Action::ServeLap`]); the driver runs their laps once
     /// the reaction is over.
     serve: heapless::Vec<(CnId, ChainKind, u32), 4>,
 }
+
+/// QPs the MN holds for one CN: the Alloc and Free QPs, their two chain loopback QPs
+/// (offloaded) and the access QPs.
+const MAX_QPS_PER_CN: usize = 4 + crate::wire::message::MAX_ACCESS_QPS;
 
 impl<B: MnDevice> MnPort for Port<'_, B> {
     type Error = DriverError<B::Error>;
@@ -262,7 +266,7 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                 }
                 if !self.resets.contains(&q) {
                     let pushed = self.resets.push(q);
-                    debug_assert!(pushed.is_ok(), "resets hold one reaction's QPs (64 > 4 per CN x MAX_CNS / 2)");
+                    debug_assert!(pushed.is_ok(), "distinct QPs of the CN records: MAX_QPS_PER_CN x MAX_CNS");
                 }
                 Ok(())
             }
@@ -272,7 +276,8 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
             }
             Action::PostRequestBuffers { qp } => {
                 if !self.repost.contains(&qp) {
-                    let _ = self.repost.push(qp);
+                    let pushed = self.repost.push(qp);
+                    debug_assert!(pushed.is_ok(), "distinct management QPs: two per CN record, MAX_CNS records");
                 }
                 Ok(())
             }
@@ -359,7 +364,7 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                                     let pushed = self.resets.push(w.qp);
                                     debug_assert!(
                                         pushed.is_ok(),
-                                        "resets hold a reaction's QPs: 64 > 4 per CN × 16 laps"
+                                        "a lap waits on a QP of its CN: MAX_QPS_PER_CN x MAX_CNS"
                                     );
                                 }
                             } else {
@@ -400,9 +405,18 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                     for c in &buf[..n] {
                         if c.wr_id == w.wr_id {
                             mine = true;
-                        } else {
-                            let _ = self.stray.push((on, c.wr_id, c.status));
+                        } else if let Some(l) = self
+                            .laps
+                            .iter_mut()
+                            .find(|l| l.lap.waiting().is_some_and(|s| s.qp == on && s.wr_id == c.wr_id))
+                        {
+                            // a lap's device step (rxe binds on the window's own QP, where the
+                            // host engine's binds go too): it is that lap's
+                            l.done = Some(c.status);
                         }
+                        // Anything else is an earlier rebind's completion, whose wait gave up on
+                        // it: restores run in host-engine mode only, where messages go on the
+                        // Alloc QP and nothing else is posted on a window's QP.
                     }
                     if mine {
                         break;
@@ -411,6 +425,8 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                 Ok(())
             }
             Action::ReleaseCn { qps } => {
+                // best effort, as for a disconnect: a QP the device already lost is as good as
+                // destroyed, and one CN's departure must not fail the MN's reaction
                 for q in [Some(qps.alloc), Some(qps.free), qps.alloc_loop, qps.free_loop].into_iter().flatten() {
                     let _ = b.destroy_qp(q);
                 }
@@ -483,7 +499,6 @@ impl<B: MnDevice> MnDriver<B> {
             repost: heapless::Vec::new(),
             resets: heapless::Vec::new(),
             laps: &mut self.laps,
-            stray: heapless::Vec::new(),
             serve: heapless::Vec::new(),
         };
         (&mut self.mn, port)
@@ -573,17 +588,8 @@ impl<B: MnDevice> MnDriver<B> {
         let r = mn.handle(now, event, &mut port).map_err(DriverError::from);
         let repost = core::mem::take(&mut port.repost);
         let resets = core::mem::take(&mut port.resets);
-        let stray = core::mem::take(&mut port.stray);
         let serve = core::mem::take(&mut port.serve);
         self.forget_receives(&resets);
-        // completions a rebind's wait took off a QP a lap waits on belong to that lap
-        for (qp, wr_id, status) in stray {
-            if let Some(l) =
-                self.laps.iter_mut().find(|l| l.lap.waiting().is_some_and(|w| w.qp == qp && w.wr_id == wr_id))
-            {
-                l.done = Some(status);
-            }
-        }
         // A reset discards posted work without completions: a lap waiting on such a QP has
         // lost its step (as a flush would report). A lap whose CN is gone ends.
         for l in self.laps.iter_mut() {
@@ -641,9 +647,8 @@ impl<B: MnDevice> MnDriver<B> {
         }
         let qp = if kind == ChainKind::Alloc { r.qps.alloc } else { r.qps.free };
         let addr = self.request_buf(cn, kind).ok_or(DriverError::NoScratch(cn))?;
-        let mut w =
-            RecvWqe { wr_id: WR_ID_REQUEST | ((kind as u64) << 32) | cn.get() as u64, sges: heapless::Vec::new() };
-        let _ = w.sges.push(Sge { addr, length: REQUEST_BUF_LEN, lkey: self.regions.cn_meta_lkey });
+        let wr_id = WR_ID_REQUEST | ((kind as u64) << 32) | cn.get() as u64;
+        let w = RecvWqe::single(wr_id, Sge { addr, length: REQUEST_BUF_LEN, lkey: self.regions.cn_meta_lkey });
         self.backend.post_recv(qp, &w).map_err(DriverError::Backend)?;
         self.set_request_posted(cn, kind, true);
         Ok(())
@@ -689,7 +694,18 @@ impl<B: MnDevice> MnDriver<B> {
                         for (q, sel) in queues {
                             let Some(q) = q else { continue };
                             loop {
-                                let n = self.backend.poll_cq(q, sel, &mut buf).map_err(DriverError::Backend)?;
+                                // a receive may report an invalidation: take no more of them
+                                // than there is room to handle, the rest waits in the CQ for
+                                // the next poll
+                                let room = match sel {
+                                    QueueSel::Recv => invalidated.capacity() - invalidated.len(),
+                                    QueueSel::Send => buf.len(),
+                                };
+                                if room == 0 {
+                                    break;
+                                }
+                                let want = room.min(buf.len());
+                                let n = self.backend.poll_cq(q, sel, &mut buf[..want]).map_err(DriverError::Backend)?;
                                 if n == 0 {
                                     break;
                                 }
@@ -697,7 +713,8 @@ impl<B: MnDevice> MnDriver<B> {
                                     if c.status.is_ok() {
                                         // a chain RECV a SEND_WITH_INV completed
                                         if let Some(r) = c.invalidated.filter(|_| sel == QueueSel::Recv) {
-                                            let _ = invalidated.push(r);
+                                            let pushed = invalidated.push(r);
+                                            debug_assert!(pushed.is_ok(), "no more receives taken than room left");
                                         }
                                         continue;
                                     }
@@ -833,7 +850,8 @@ impl<B: MnDevice> MnDriver<B> {
                 continue;
             }
             if self.dispatch_sends(*cn, *qp)? && !unreachable.contains(cn) {
-                let _ = unreachable.push(*cn);
+                let pushed = unreachable.push(*cn);
+                debug_assert!(pushed.is_ok(), "one CN per lap at most: MAX_LAPS_IN_FLIGHT");
             }
         }
         let (mut advanced, mut committed) = (0u32, 0u32);
@@ -866,8 +884,8 @@ impl<B: MnDevice> MnDriver<B> {
                     None => {
                         f.since = now;
                         f.rounds = 0;
-                        // still waiting: back in the table (it was just taken out, so it fits)
-                        let _ = self.laps.push(f);
+                        let pushed = self.laps.push(f);
+                        debug_assert!(pushed.is_ok(), "still waiting: back in the table it was just taken out of");
                         continue;
                     }
                 },
@@ -991,8 +1009,12 @@ impl<B: MnDevice> MnDriver<B> {
         if serial {
             self.post_request_buffer(cn, kind)?;
         }
-        let entry = (kind == ChainKind::Free && n >= 16)
-            .then(|| u64::from_le_bytes([req[8], req[9], req[10], req[11], req[12], req[13], req[14], req[15]]));
+        // the entry a free names (the lap checks the request; a request too short to name one
+        // fails there)
+        let entry = match Request::new_checked(&req[..n]) {
+            Ok(r) if kind == ChainKind::Free => r.free_entry_addr(),
+            _ => None,
+        };
         let (layout, who) = self.lap_setting(cn, kind)?.ok_or(DriverError::Node(MnError::UnknownCn(cn)))?;
         let ctx = who.context(&self.mn, cn);
         // a request longer than the receive buffer was truncated by the device (LocLenErr)
@@ -1011,8 +1033,8 @@ impl<B: MnDevice> MnDriver<B> {
                     Progress::Done(o) => o,
                     Progress::Waiting(_) => {
                         let f = InFlight { cn, kind, lap, since: self.now, rounds: 0, entry, done: None };
-                        // (not full: checked above)
-                        let _ = self.laps.push(f);
+                        let pushed = self.laps.push(f);
+                        debug_assert!(pushed.is_ok(), "not full: a full table runs the lap to its end above");
                         return Ok(false);
                     }
                 },
@@ -1066,14 +1088,9 @@ impl<B: MnDevice> MnDriver<B> {
         if self.mn.mode() != ExecutionMode::HostEngine || self.laps.iter().any(|l| l.cn == cn) {
             return Ok(());
         }
-        let mut qps: heapless::Vec<Qpn, { 2 + crate::wire::message::MAX_ACCESS_QPS }> = heapless::Vec::new();
-        let _ = qps.push(r.qps.alloc);
-        let _ = qps.push(r.qps.free);
-        for q in &r.qps.access {
-            let _ = qps.push(*q);
-        }
+        let qps = r.qps.clone();
         let mut reset: heapless::Vec<Qpn, { 2 + crate::wire::message::MAX_ACCESS_QPS }> = heapless::Vec::new();
-        for q in qps {
+        for q in [qps.alloc, qps.free].into_iter().chain(qps.access) {
             if self.backend.qp_state(q).map_err(DriverError::Backend)? != QpState::Err {
                 continue;
             }
@@ -1081,7 +1098,8 @@ impl<B: MnDevice> MnDriver<B> {
             // and must not turn one CN's broken connection into an error of the whole poll
             match self.backend.reset_qp(q) {
                 Ok(()) => {
-                    let _ = reset.push(q);
+                    let pushed = reset.push(q);
+                    debug_assert!(pushed.is_ok(), "the CN's Alloc, Free and at most MAX_ACCESS_QPS access QPs");
                 }
                 Err(_) => self.stats.qps_left_in_error += 1,
             }
@@ -1098,8 +1116,9 @@ impl<B: MnDevice> MnDriver<B> {
     pub fn entry(&self, g: GroupId) -> Option<crate::wire::mwtable::MwTableEntry> {
         let addr = self.mn.map().entry_addr(g)?;
         let mut b = [0u8; crate::wire::mwtable::ENTRY_SIZE];
+        // a tool's look: a device that cannot read its own memory shows no entry
         self.backend.read_local(addr, &mut b).ok()?;
-        crate::wire::mwtable::MwTableEntry::read(&b)
+        Some(crate::wire::mwtable::MwTableEntry::from_bytes(b))
     }
 
     /// Check every invariant of DESIGN.md §4 principle 4 against the device's view.

@@ -18,7 +18,7 @@ use crate::device::{Completion, RdmaBackend, WcStatus};
 use crate::ids::{CnId, Qpn};
 use crate::wire::memory_map::{alloc_scratch, free_scratch, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF};
 use crate::wire::mwtable::{ENTRY_OFF_OWNER, ENTRY_SIZE};
-use crate::wire::wqe::{masked_add, Opcode, QueueSel, Wqe, WqeField, WqeFlags, WQE_SIZE};
+use crate::wire::wqe::{masked_add, Opcode, QueueSel, Wqe, WqeFlags, WQE_SIZE};
 use core::fmt;
 
 /// The memory regions the loop QP would reach, with their keys, so the engine refuses
@@ -151,12 +151,6 @@ impl<E: fmt::Display> fmt::Display for HostEngineError<E> {
     }
 }
 
-fn patch(bytes: &mut [u8; WQE_SIZE], field: WqeField, data: &[u8]) {
-    let off = field.offset();
-    let end = (off + data.len()).min(WQE_SIZE);
-    bytes[off..end].copy_from_slice(&data[..end - off]);
-}
-
 impl HostRegions {
     /// The regions of an MN's memory map with its registration keys.
     pub fn new(map: &crate::wire::memory_map::MnMemoryMap, keys: &crate::mn::MnKeys) -> Self {
@@ -253,7 +247,7 @@ impl Lap {
                 Loc::Mem(a) => backend.write_local(a, data).map_err(HostEngineError::Backend)?,
                 Loc::Field { step, field } => {
                     if let Some(c) = lap.copies.get_mut(step as usize) {
-                        patch(c, field, data);
+                        field.patch(c, data);
                     }
                 }
             }
@@ -333,11 +327,8 @@ impl Lap {
                     Opcode::Read => {
                         if let Some(Loc::Field { step: t, field }) = step.remote {
                             // a ring read: the bytes of this lap's (patched) WQE
-                            let off = field.offset();
-                            match copies.get(t as usize) {
-                                Some(c) if n as u64 == len && off + n <= WQE_SIZE => {
-                                    buf[..n].copy_from_slice(&c[off..off + n])
-                                }
+                            match copies.get(t as usize).and_then(|c| field.read_span(c, n)) {
+                                Some(bytes) if n as u64 == len => buf[..n].copy_from_slice(bytes),
                                 _ => {
                                     return fail(
                                         Some(si),
@@ -355,7 +346,7 @@ impl Lap {
                         match step.local {
                             Some(Loc::Field { step: t, field }) => {
                                 if let Some(c) = copies.get_mut(t as usize) {
-                                    patch(c, field, &buf[..n]);
+                                    field.patch(c, &buf[..n]);
                                 }
                             }
                             _ => {
@@ -398,7 +389,7 @@ impl Lap {
                         match step.local {
                             Some(Loc::Field { step: t, field }) => {
                                 if let Some(c) = copies.get_mut(t as usize) {
-                                    patch(c, field, &old);
+                                    field.patch(c, &old);
                                 }
                             }
                             _ => {

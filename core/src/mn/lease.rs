@@ -4,7 +4,10 @@
 use super::*;
 
 impl MemoryNode {
-    /// CNs evicted since the last call (the deployment drops their connections).
+    /// CNs evicted since the last call (the deployment drops their connections). A deployment
+    /// that takes them after every poll and timer is told of every one (a reaction evicts only
+    /// CNs it started with: at most [`MAX_CNS`]); beyond that they are counted in
+    /// [`MnStats::evictions_unreported`].
     pub fn take_evicted(&mut self) -> heapless::Vec<CnId, MAX_CNS> {
         core::mem::take(&mut self.evicted)
     }
@@ -15,7 +18,9 @@ impl MemoryNode {
             return Ok(());
         }
         self.stats.cns_evicted += 1;
-        let _ = self.evicted.push(cn);
+        if self.evicted.push(cn).is_err() {
+            self.stats.evictions_unreported += 1;
+        }
         self.on_cn_gone(port, cn)
     }
 

@@ -23,7 +23,7 @@ use crate::wire::memory_map::{
     alloc_scratch, free_scratch, MnMemoryMap, ALLOC_REQUEST_BUF_OFF, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF,
     SCRATCH_PER_CN,
 };
-use crate::wire::message::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice, Rebound};
+use crate::wire::message::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice, Rebound, MAX_MESSAGE_LEN};
 use crate::wire::mwtable::{MwTableEntry, ENTRY_SIZE};
 use crate::wire::wqe::masked_add;
 use core::fmt;
@@ -169,7 +169,7 @@ pub enum Action {
     Unbind { rkey: Rkey },
     /// Send a message to a CN: on the MN end of its first access QP (the only CN-facing send
     /// queue not carrying a chain); `slot` selects the CN's send buffers.
-    Send { slot: u32, qp: Qpn, bytes: heapless::Vec<u8, 64> },
+    Send { slot: u32, qp: Qpn, bytes: heapless::Vec<u8, MAX_MESSAGE_LEN> },
     /// Disconnect a CN's management QPs (quota enforcement).
     DisconnectMgmt { alloc: Qpn, free: Qpn },
     /// Destroy all QPs of a CN that left (its windows are already invalidated).
@@ -219,7 +219,7 @@ pub enum Event {
     /// the sender's SEND_WITH_INV revoked a window). On soft-RoCE any QP may do that to any
     /// window (`rxe_invalidate_mw` checks no QP); the MN checks the window against the
     /// sender's own, restores it for its owner and evicts a sender that revoked someone
-    /// else's ([`MemoryNode::on_remote_invalidation`]).
+    /// else's (`MemoryNode::on_remote_invalidation`).
     RemoteInvalidation { qp: Qpn, rkey: Rkey },
     /// While pops of an empty queue hold tickets, the MN watches the tail (DESIGN.md §2) and
     /// settles each ticket as soon as a push fills its slot — before the tail can come round
@@ -243,6 +243,9 @@ pub enum MnError<E> {
     },
     /// A connect as a tenant the MN does not know, or one whose CN slots are taken.
     Tenant(TenantError),
+    /// More pops of the empty free queue are waiting for a push than the MN can track (one per
+    /// CN slot, [`MAX_CNS`]: the queue's ring has room for that many beyond the groups).
+    TicketsFull,
 }
 
 impl<E> MnError<E> {
@@ -256,6 +259,7 @@ impl<E> MnError<E> {
             MnError::MissingLoopQps => MnError::MissingLoopQps,
             MnError::WrongAccessQpCount { expected, got } => MnError::WrongAccessQpCount { expected, got },
             MnError::Tenant(e) => MnError::Tenant(e),
+            MnError::TicketsFull => MnError::TicketsFull,
         })
     }
 }
@@ -272,6 +276,10 @@ impl<E: fmt::Display> fmt::Display for MnError<E> {
                 write!(f, "CN offered {got} access QPs, the pool's group size needs {expected}")
             }
             MnError::Tenant(e) => write!(f, "{e}"),
+            MnError::TicketsFull => write!(
+                f,
+                "more than {MAX_CNS} pops of the empty free queue wait for a push: the queue's ring has no room for more"
+            ),
         }
     }
 }
@@ -319,6 +327,10 @@ pub struct MnStats {
     pub chunks_scrubbed: u64,
     /// CNs evicted because the transport could not reach them (stalled or vanished).
     pub cns_evicted: u64,
+    /// Evictions the deployment was not told of: more than [`MAX_CNS`] since it last took
+    /// the list ([`MemoryNode::take_evicted`]). The CNs are gone all the same (their QPs
+    /// destroyed, their groups reclaimed); only the deployment's own connection state stays.
+    pub evictions_unreported: u64,
     pub probes_sent: u64,
     /// Windows found (audit) or about to be bound (host engine) over anything but their chunk.
     pub spans_refused: u64,
@@ -411,7 +423,7 @@ fn wr<P: MnPort>(p: &mut P, addr: u64, v: u64) -> R<P::Error> {
 fn read_entry<P: MnPort>(p: &mut P, addr: u64) -> Result<MwTableEntry, MnError<P::Error>> {
     let mut b = [0u8; ENTRY_SIZE];
     p.read(addr, &mut b).map_err(MnError::Port)?;
-    Ok(MwTableEntry::read(&b).unwrap_or_default())
+    Ok(MwTableEntry::from_bytes(b))
 }
 fn write_entry<P: MnPort>(p: &mut P, addr: u64, e: &MwTableEntry) -> R<P::Error> {
     p.write(addr, e.as_bytes()).map_err(MnError::Port)
@@ -423,9 +435,7 @@ impl MemoryNode {
             return Err(MnError::BadConfig);
         }
         let mut cns = heapless::Vec::new();
-        for _ in 0..cfg.max_cns {
-            let _ = cns.push(None);
-        }
+        cns.resize(cfg.max_cns as usize, None).map_err(|()| MnError::BadConfig)?;
         Ok(MemoryNode {
             cfg,
             map,
@@ -496,24 +506,15 @@ impl MemoryNode {
     }
     /// The CN one of whose QPs (MN ends: management, access, chain loopback) is `qp`.
     pub fn cn_of_qp(&self, qp: Qpn) -> Option<CnId> {
-        self.cn_of_chain_qp(qp)
-            .map(|(cn, _)| cn)
-            .or_else(|| self.cns().find(|r| r.qps.access.contains(&qp)).map(|r| r.cn))
-    }
-
-    /// The CN one of whose chain QPs (MN ends, incl. loopback) is `qp`.
-    pub fn cn_of_chain_qp(&self, qp: Qpn) -> Option<(CnId, ChainKind)> {
-        self.cn_of_mgmt_qp(qp).or_else(|| {
-            self.cns().find_map(|r| {
-                if r.qps.alloc_loop == Some(qp) {
-                    Some((r.cn, ChainKind::Alloc))
-                } else if r.qps.free_loop == Some(qp) {
-                    Some((r.cn, ChainKind::Free))
-                } else {
-                    None
-                }
+        self.cns()
+            .find(|r| {
+                r.qps.alloc == qp
+                    || r.qps.free == qp
+                    || r.qps.alloc_loop == Some(qp)
+                    || r.qps.free_loop == Some(qp)
+                    || r.qps.access.contains(&qp)
             })
-        })
+            .map(|r| r.cn)
     }
 
     /// The environment a CN's chain is built for.
@@ -603,7 +604,10 @@ impl MemoryNode {
         }
     }
 
-    fn send<P: MnPort>(&mut self, port: &mut P, cn: CnId, bytes: &[u8]) -> R<P::Error> {
+    /// Send one message (an encoder's fixed-size image: one longer than
+    /// [`MAX_MESSAGE_LEN`] does not compile).
+    fn send<const N: usize, P: MnPort>(&mut self, port: &mut P, cn: CnId, bytes: &[u8; N]) -> R<P::Error> {
+        const { assert!(N <= MAX_MESSAGE_LEN) };
         let Some(r) = self.cn(cn) else { return Ok(()) };
         let slot = r.slot;
         let qp = match self.cfg.mode {
@@ -611,7 +615,8 @@ impl MemoryNode {
             ExecutionMode::HostEngine => r.qps.alloc,
         };
         let mut v = heapless::Vec::new();
-        let _ = v.extend_from_slice(&bytes[..bytes.len().min(64)]);
+        let copied = v.extend_from_slice(bytes);
+        debug_assert!(copied.is_ok(), "N <= MAX_MESSAGE_LEN, asserted at compile time");
         port.apply(Action::Send { slot, qp, bytes: v }).map_err(MnError::Port)
     }
 

@@ -2,9 +2,9 @@
 //! [`Capabilities`] and the operator's options — execution mode, which protection domain each
 //! registration and QP lives in, the rights of every registration, per-chunk MRs, the
 //! software ownership check, and how freed chunks are scrubbed. Every deployment (the
-//! loopback cluster, the verbs daemon, the FPGA tests) registers its memory through
-//! [`MnPlan::register_metadata`] and [`MnPlan::register_pool`], so the policy cannot drift
-//! between backends.
+//! loopback cluster, the verbs daemon, the FPGA tests) brings its MN up through
+//! [`MnPlan::provision`] — MN-private memory registered by [`MnPlan::register_metadata`], the
+//! pool the windows bind in once or per chunk — so the policy cannot drift between backends.
 //!
 //! The rules (DESIGN.md §9 — isolation from protection domains, never from a key being secret):
 //! - CN-facing QPs, the pool and every window are in [`Domain::CnFacing`]. There MN-private
@@ -240,7 +240,8 @@ impl MnPlan {
             let mut rkeys: heapless::Vec<Rkey, MAX_GROUP_SIZE> = heapless::Vec::new();
             for _ in 0..geo.group_size() {
                 let k = driver.backend.alloc_mw().map_err(ProvisionError::Backend)?;
-                let _ = rkeys.push(self.initial_table_key(k));
+                let pushed = rkeys.push(self.initial_table_key(k));
+                debug_assert!(pushed.is_ok(), "one key per window: G <= MAX_GROUP_SIZE (PoolGeometry::new)");
             }
             driver.format_group(g, lkey, &rkeys).map_err(ProvisionError::Driver)?;
         }
@@ -282,23 +283,19 @@ impl MnPlan {
         Domain::CnFacing
     }
 
-    /// Whether the MN CPU must zero a chunk it returns to the queue itself.
-    pub fn cpu_scrubs(&self) -> bool {
-        self.scrub != ScrubPath::Off
-    }
-
     /// Whether the deployment must provide a chunk-sized zero buffer.
     pub fn needs_zero_source(&self) -> bool {
         self.scrub == ScrubPath::Nic
     }
 
     /// Every registration of MN-private memory and of the pool, in the order
-    /// [`MnPlan::register_metadata`] makes them (the pool's CN-facing registration is
-    /// [`MnPlan::register_pool`]'s).
+    /// [`MnPlan::register_metadata`] makes them, the pool's CN-facing registration last
+    /// ([`MnPlan::provision`] makes it, once or per chunk).
     pub fn registrations(&self) -> heapless::Vec<Registration, 8> {
         let mut v = heapless::Vec::new();
         let mut add = |region, domain, access| {
-            let _ = v.push(Registration { region, domain, access });
+            let pushed = v.push(Registration { region, domain, access });
+            debug_assert!(pushed.is_ok(), "at most 8: two CN-facing, five private (offloaded), the pool");
         };
         let local = AccessFlags::LOCAL_WRITE;
         add(Region::Metadata, Domain::CnFacing, local);
@@ -402,31 +399,6 @@ impl MnPlan {
             }
         }
         Ok(keys)
-    }
-
-    /// Register the pool the windows bind in: one MR (`record(None, lkey)`), or one per chunk
-    /// on devices that do not enforce window bounds (`record(Some(g), lkey)` for each group).
-    pub fn register_pool<B: RdmaBackend>(
-        &self,
-        backend: &mut B,
-        geo: &PoolGeometry,
-        mut record: impl FnMut(Option<GroupId>, u32),
-    ) -> Result<(), PlanError<B::Error>> {
-        if self.per_chunk_mrs {
-            for i in 0..geo.chunk_count() {
-                let base = geo.chunk_base(GroupId(i)).unwrap_or(geo.base());
-                let k = backend
-                    .reg_mr(Domain::CnFacing, base, geo.chunk_size(), self.pool_access())
-                    .map_err(PlanError::Backend)?;
-                record(Some(GroupId(i)), k.lkey);
-            }
-        } else {
-            let k = backend
-                .reg_mr(Domain::CnFacing, geo.base(), geo.pool_len(), self.pool_access())
-                .map_err(PlanError::Backend)?;
-            record(None, k.lkey);
-        }
-        Ok(())
     }
 }
 

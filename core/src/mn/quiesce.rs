@@ -85,7 +85,7 @@ pub struct Whereabouts {
     pub bound_window: bool,
 }
 
-/// Why [`MemoryNode::push_group`] refused a push.
+/// Why the MN's checked push (`MemoryNode::push_group`) refused a push.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[non_exhaustive]
 pub enum PushRefused {

@@ -11,7 +11,8 @@ impl MemoryNode {
         let charged = crate::mn::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
         let mut n = 0;
         for i in 0..self.cfg.geometry.chunk_count() {
-            if charged.contains(&read_entry(port, self.map.entry_addr(GroupId(i)).unwrap_or(0))?.owner()) {
+            let addr = self.map.entry_addr(GroupId(i)).ok_or(MnError::BadConfig)?;
+            if charged.contains(&read_entry(port, addr)?.owner()) {
                 n += 1;
             }
         }

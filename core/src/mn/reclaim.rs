@@ -101,7 +101,7 @@ impl MemoryNode {
         let mut out = heapless::Vec::new();
         for i in 0..self.cfg.geometry.chunk_count() {
             let g = GroupId(i);
-            let e = read_entry(port, self.map.entry_addr(g).unwrap_or(0))?;
+            let e = read_entry(port, self.map.entry_addr(g).ok_or(MnError::BadConfig)?)?;
             if e.owner() == cn.get() && out.push(g).is_err() {
                 break;
             }

@@ -125,10 +125,11 @@ impl MemoryNode {
         }
     }
 
+    /// The token of the request whose header lies at `hdr` in MN memory.
     pub(super) fn token_at<P: MnPort>(&self, port: &mut P, hdr: u64) -> Result<u32, MnError<P::Error>> {
-        let mut t = [0u8; 4];
-        port.read(hdr + 4, &mut t).map_err(MnError::Port)?;
-        Ok(u32::from_le_bytes(t))
+        let mut h = [0u8; crate::wire::message::HEADER_LEN];
+        port.read(hdr, &mut h).map_err(MnError::Port)?;
+        Ok(crate::wire::message::Request::from_array(h).token())
     }
 
     /// Repair the lap of a chain that the MN stopped although it did not fail (another path
@@ -228,7 +229,7 @@ impl MemoryNode {
                 return Ok(AllocRepair::Requeued);
             }
             if !self.tickets.contains(&slot) {
-                let _ = self.tickets.push(slot);
+                self.tickets.push(slot).map_err(|_| MnError::TicketsFull)?;
             }
             return Ok(AllocRepair::TookTicket);
         }
@@ -302,7 +303,7 @@ impl MemoryNode {
         }
         let g = self.cfg.geometry;
         for i in 0..g.chunk_count() {
-            let addr = self.map.entry_addr(GroupId(i)).unwrap_or(0);
+            let addr = self.map.entry_addr(GroupId(i)).ok_or(MnError::BadConfig)?;
             let mut e = read_entry(port, addr)?;
             if e.owner() != 0 || e.reserved.get() != 0 {
                 e.bump_keys();
@@ -316,15 +317,15 @@ impl MemoryNode {
         for slot in self.map.queue.slots() {
             wr(port, slot, 0)?;
         }
+        // (every index below the chunk count has an entry address: the loop above wrote them all)
         for (addr, v) in self.map.queue.fill(g.chunk_count(), |i| self.map.entry_addr(GroupId(i)).unwrap_or(0)) {
             wr(port, addr, v)?;
         }
         self.tickets.clear();
         self.empty = false;
         for r in cns.iter() {
-            let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+            self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
             self.init_scratch(port, r.slot, r.cn)?;
-            let _ = s;
             if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == r.cn) {
                 rec.allocs = 0;
                 rec.frees = 0;

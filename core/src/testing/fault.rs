@@ -330,7 +330,8 @@ impl<B: RdmaBackend> DataPath for FaultInjector<B> {
                 if t.delay > 0 {
                     self.stats.delayed += 1;
                 }
-                let _ = t.lanes[l].held.push_back((c, release));
+                let pushed = t.lanes[l].held.push_back((c, release));
+                debug_assert!(pushed.is_ok(), "no more completions taken from the device than the lane has room for");
             }
             if n < want {
                 drained = true;
@@ -345,7 +346,7 @@ impl<B: RdmaBackend> DataPath for FaultInjector<B> {
             match lane.held.front() {
                 Some((c, at)) if *at <= lane.polls => {
                     out[k] = *c;
-                    let _ = lane.held.pop_front();
+                    lane.held.pop_front();
                     k += 1;
                 }
                 Some(_) => break,

@@ -1,5 +1,6 @@
 //! The minimal test NIC: a deterministic, allocation-free multi-node RDMA fabric, just big
-//! enough to run a host-engine MN and its CNs over [`RdmaBackend`] — in unit tests, benches and
+//! enough to run a host-engine MN and its CNs over the device traits
+//! ([`RdmaBackend`](crate::device::RdmaBackend)) — in unit tests, benches and
 //! the freestanding `nostd-check` binary. Behind the `test-nic` feature.
 //!
 //! Why a second device next to omw-loopback: the loopback model needs `std` and models what
@@ -151,6 +152,20 @@ struct Qp {
     rq: Deque<RecvWqe, RQ_DEPTH>,
     scq: Deque<Completion, CQ_DEPTH>,
     rcq: Deque<Completion, CQ_DEPTH>,
+}
+
+impl Qp {
+    // Room is never in doubt: a post is refused ([`NicError::QueueFull`]) while a queue and
+    // its completion queue together hold CQ_DEPTH entries, a work request leaves its queue as
+    // its completion enters, and a reset empties the queues.
+    fn complete_send(&mut self, c: Completion) {
+        let pushed = self.scq.push_back(c);
+        debug_assert!(pushed.is_ok(), "sq + scq <= CQ_DEPTH: post_send refuses beyond");
+    }
+    fn complete_recv(&mut self, c: Completion) {
+        let pushed = self.rcq.push_back(c);
+        debug_assert!(pushed.is_ok(), "rq + rcq <= CQ_DEPTH: post_recv refuses beyond");
+    }
 }
 
 /// What executing the head of a send queue did.
@@ -487,10 +502,11 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
             return Err(NicError::QueueFull { qp, queue: QueueSel::Send });
         }
         if q.state == QpState::Err {
-            let _ = q.scq.push_back(flushed(q.qpn, w.wr_id, WcOpcode::Send(w.opcode)));
+            q.complete_send(flushed(q.qpn, w.wr_id, WcOpcode::Send(w.opcode)));
             return Ok(());
         }
-        let _ = q.sq.push_back(*w);
+        let pushed = q.sq.push_back(*w);
+        debug_assert!(pushed.is_ok(), "not full: checked above");
         self.progress(s);
         Ok(())
     }
@@ -502,10 +518,11 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
             return Err(NicError::QueueFull { qp, queue: QueueSel::Recv });
         }
         if q.state == QpState::Err {
-            let _ = q.rcq.push_back(flushed(q.qpn, w.wr_id, WcOpcode::Recv));
+            q.complete_recv(flushed(q.qpn, w.wr_id, WcOpcode::Recv));
             return Ok(());
         }
-        let _ = q.rq.push_back(w.clone());
+        let pushed = q.rq.push_back(w.clone());
+        debug_assert!(pushed.is_ok(), "not full: checked above");
         // a sender waiting for this receive (RNR) may go on
         let p = q.peer;
         self.progress(p);
@@ -566,10 +583,10 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
         let Some(q) = self.qps.get_mut(s) else { return };
         q.state = QpState::Err;
         while let Some(w) = q.sq.pop_front() {
-            let _ = q.scq.push_back(flushed(q.qpn, w.wr_id, WcOpcode::Send(w.opcode)));
+            q.complete_send(flushed(q.qpn, w.wr_id, WcOpcode::Send(w.opcode)));
         }
         while let Some(r) = q.rq.pop_front() {
-            let _ = q.rcq.push_back(flushed(q.qpn, r.wr_id, WcOpcode::Recv));
+            q.complete_recv(flushed(q.qpn, r.wr_id, WcOpcode::Recv));
         }
     }
 
@@ -590,13 +607,15 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
             Exec::Blocked => false,
             Exec::Done(status, len) => {
                 let q = &mut self.qps[s];
-                let _ = q.sq.pop_front();
+                // the head was executed: it leaves (its copy is `w`)
+                q.sq.pop_front();
                 if !status.is_ok() || w.flags.contains(WqeFlags::SIGNALED) {
-                    let _ = q.scq.push_back(Completion {
+                    let qpn = q.qpn;
+                    q.complete_send(Completion {
                         wr_id: w.wr_id,
                         status,
                         opcode: WcOpcode::Send(w.opcode),
-                        qpn: q.qpn,
+                        qpn,
                         byte_len: len,
                         imm: None,
                         invalidated: None,
@@ -663,11 +682,11 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
                 if !self.check_local_sge(s, w.local_addr, w.lkey, len, false) {
                     return done(WcStatus::LocProtErr);
                 }
-                let Some(r) = self.qps[peer].rq.front().cloned() else { return Exec::Blocked };
-                let _ = self.qps[peer].rq.pop_front();
+                let Some(r) = self.qps[peer].rq.pop_front() else { return Exec::Blocked };
                 let fail = |nic: &mut Self, recv: WcStatus, req: WcStatus| {
                     let p = &mut nic.qps[peer];
-                    let _ = p.rcq.push_back(Completion { status: recv, ..flushed(p.qpn, r.wr_id, WcOpcode::Recv) });
+                    let c = Completion { status: recv, ..flushed(p.qpn, r.wr_id, WcOpcode::Recv) };
+                    p.complete_recv(c);
                     nic.set_error(peer);
                     done(req)
                 };
@@ -692,11 +711,12 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
                     left -= n;
                 }
                 let p = &mut self.qps[peer];
-                let _ = p.rcq.push_back(Completion {
+                let qpn = p.qpn;
+                p.complete_recv(Completion {
                     wr_id: r.wr_id,
                     status: WcStatus::Success,
                     opcode: WcOpcode::Recv,
-                    qpn: p.qpn,
+                    qpn,
                     byte_len: w.length,
                     imm: (w.opcode == Opcode::SendWithImm).then_some(w.imm),
                     invalidated: None,
@@ -723,11 +743,12 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
                 if imm {
                     let p = &mut self.qps[peer];
                     if let Some(r) = p.rq.pop_front() {
-                        let _ = p.rcq.push_back(Completion {
+                        let qpn = p.qpn;
+                        p.complete_recv(Completion {
                             wr_id: r.wr_id,
                             status: WcStatus::Success,
                             opcode: WcOpcode::RecvRdmaWithImm,
-                            qpn: p.qpn,
+                            qpn,
                             byte_len: w.length,
                             imm: Some(w.imm),
                             invalidated: None,
@@ -895,6 +916,7 @@ impl<'a, 'm, const N: usize, const Q: usize, const K: usize> Node<'a, 'm, N, Q, 
 impl<const N: usize, const Q: usize, const K: usize> DataPath for Node<'_, '_, N, Q, K> {
     type Error = NicError;
     fn capabilities(&self) -> Capabilities {
+        // only a re-entrant borrow fails (Busy): a device that cannot answer claims nothing
         self.peek(|n, _| Ok(n.capabilities())).unwrap_or(Capabilities::empty())
     }
     fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<()> {
@@ -925,6 +947,8 @@ impl<const N: usize, const Q: usize, const K: usize> DataPath for Node<'_, '_, N
         self.with(|n, id| n.write(id, addr, data))
     }
     fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
+        // `None` is the trait's "cannot tell": for a QP that is not this node's, or a
+        // re-entrant borrow
         self.peek(|n, id| n.outstanding(id, qp, queue)).ok()
     }
 }
@@ -964,6 +988,7 @@ impl<const N: usize, const Q: usize, const K: usize> OffloadRings for Node<'_, '
 
 impl<const N: usize, const Q: usize, const K: usize> WindowState for Node<'_, '_, N, Q, K> {
     fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
+        // `None` (cannot tell) also for a re-entrant borrow, the only error `peek` has here
         self.peek(|n, id| Ok(n.mw_binding(id, rkey))).ok().flatten()
     }
     fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {

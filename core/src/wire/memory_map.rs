@@ -42,6 +42,7 @@ pub const MN_SCRATCH_LEN: u64 = 64;
 
 /// Offsets inside the alloc chain's scratch area.
 pub mod alloc_scratch {
+    use crate::wire::message::alloc_reply;
     use crate::wire::mwtable::ENTRY_OFF_OWNER;
     /// Result of the FAA on the queue head: the popped slot's address. Cleared when a lap
     /// commits, so after a failure non-zero means "this lap took a ticket".
@@ -56,8 +57,8 @@ pub mod alloc_scratch {
     pub const REPLY: u64 = 32;
     /// The popped entry's address; cleared when a lap commits (the reply was delivered), so
     /// after a failure non-zero means "this lap popped a group the CN never got".
-    pub const REPLY_ENTRY_ADDR: u64 = REPLY + 8;
-    pub const REPLY_ENTRY: u64 = REPLY + 16;
+    pub const REPLY_ENTRY_ADDR: u64 = REPLY + alloc_reply::ENTRY_ADDR as u64;
+    pub const REPLY_ENTRY: u64 = REPLY + alloc_reply::ENTRY as u64;
     /// The CN's id (u32): the reply image's owner field itself. The MN writes it when the CN
     /// connects; the chain's entry READ stops short of it, so the image — and the entry
     /// written back from it — always name the requester.
@@ -90,6 +91,10 @@ pub mod free_scratch {
     pub const END: u64 = 112;
 }
 
+const _: () = assert!(alloc_scratch::REPLY + crate::wire::message::ALLOC_REPLY_LEN as u64 <= alloc_scratch::JUNK);
+const _: () = assert!(free_scratch::ENTRY + crate::wire::mwtable::ENTRY_SIZE as u64 <= free_scratch::ZERO);
+const _: () = assert!(free_scratch::ZERO + free_scratch::MARKERS_LEN as u64 <= free_scratch::JUNK);
+const _: () = assert!(SEND_BUF_LEN as usize >= crate::wire::message::MAX_MESSAGE_LEN);
 const _: () = assert!(alloc_scratch::END <= FREE_SCRATCH_OFF);
 const _: () = assert!(FREE_SCRATCH_OFF + free_scratch::END <= ALLOC_REQUEST_BUF_OFF);
 const _: () = assert!(FREE_REQUEST_BUF_OFF + REQUEST_BUF_LEN as u64 <= SEND_BUF_OFF);

@@ -14,16 +14,27 @@
 //! ```
 
 use crate::ids::{CnId, Qpn, Rkey};
-use crate::wire::mwtable::{MwTableEntry, ENTRY_SIZE};
+use crate::wire::mwtable::MwTableEntry;
 use core::fmt;
 use zerocopy::little_endian::{U16, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 pub const MAGIC: u16 = 0x4D4F;
 pub const VERSION: u8 = 1;
-pub const HEADER_LEN: usize = 8;
+pub const HEADER_LEN: usize = header::LEN;
 /// Access windows a request can name: G − 1 for the largest G.
 pub const MAX_ACCESS_QPS: usize = crate::geometry::MAX_GROUP_SIZE - 1;
+/// Bytes of the longest message: what a CN's receive slot and the MN's send buffer hold.
+pub const MAX_MESSAGE_LEN: usize = 64;
+
+/// Byte offsets of the header every message starts with.
+pub mod header {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 2;
+    pub const KIND: usize = 3;
+    pub const TOKEN: usize = 4;
+    pub const LEN: usize = 8;
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[repr(u8)]
@@ -70,9 +81,20 @@ pub struct Header {
     pub token: U32,
 }
 
+const _: () = assert!(core::mem::offset_of!(Header, magic) == header::MAGIC);
+const _: () = assert!(core::mem::offset_of!(Header, version) == header::VERSION);
+const _: () = assert!(core::mem::offset_of!(Header, kind) == header::KIND);
+const _: () = assert!(core::mem::offset_of!(Header, token) == header::TOKEN);
+const _: () = assert!(core::mem::size_of::<Header>() == header::LEN);
+
 impl Header {
     pub fn new(kind: Kind, token: u32) -> Self {
         Header { magic: U16::new(MAGIC), version: VERSION, kind: kind as u8, token: U32::new(token) }
+    }
+    /// The header's bytes at the start of `out` (at least [`HEADER_LEN`] bytes: every caller
+    /// passes a message's fixed-size image).
+    fn put(self, out: &mut [u8]) {
+        out[..header::LEN].copy_from_slice(self.as_bytes());
     }
 }
 
@@ -158,6 +180,8 @@ fn expect(bytes: &[u8], kind: Kind, len: usize) -> Result<u32, WireError> {
     Ok(token)
 }
 
+// Field access at a named offset; the decoders call them only after `expect` checked the length,
+// the encoders only on their own fixed-size images.
 fn le32(b: &[u8], off: usize) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[off..off + 4]);
@@ -168,15 +192,65 @@ fn le64(b: &[u8], off: usize) -> u64 {
     a.copy_from_slice(&b[off..off + 8]);
     u64::from_le_bytes(a)
 }
+fn put32(out: &mut [u8], off: usize, v: u32) {
+    out[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put64(out: &mut [u8], off: usize, v: u64) {
+    out[off..off + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// A request as it arrived, read field by field before anything judged it (smoltcp's
+/// `Packet<T>` view): the MN quotes a request's token in a refusal, and names the entry a free
+/// request gives back, while the lap checks the rest. [`AllocRequest::decode`] and
+/// [`FreeRequest::decode`] are the decoders that judge.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Request<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Request<T> {
+    /// A view of `buffer` if it is long enough to carry a header (nothing else is checked).
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let got = buffer.as_ref().len();
+        if got < header::LEN {
+            return Err(WireError::Truncated { need: header::LEN, got });
+        }
+        Ok(Request { buffer })
+    }
+    /// The token the CN chose (header offset [`header::TOKEN`]).
+    pub fn token(&self) -> u32 {
+        le32(self.buffer.as_ref(), header::TOKEN)
+    }
+    /// The MWTable entry address a free request names, if the bytes reach that far.
+    pub fn free_entry_addr(&self) -> Option<u64> {
+        let b = self.buffer.as_ref();
+        (b.len() >= free_request::ENTRY_ADDR + 8).then(|| le64(b, free_request::ENTRY_ADDR))
+    }
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+}
+
+impl<const N: usize> Request<[u8; N]> {
+    /// A view of a request image of a fixed size; one shorter than a header does not compile.
+    pub const fn from_array(buffer: [u8; N]) -> Self {
+        const { assert!(N >= header::LEN) };
+        Request { buffer }
+    }
+}
 
 /// Byte offsets of the alloc request (the alloc chain's RECV scatter follows them).
 pub mod alloc_request {
-    pub const TOKEN: usize = 4;
+    pub const TOKEN: usize = super::header::TOKEN;
     pub const REPLY_ADDR: usize = 8;
     pub const REPLY_RKEY: usize = 16;
     pub const QPNS: usize = 20;
+    /// Where the MN-side QP number of access window `i + 1` lies.
+    pub const fn qpn(i: usize) -> usize {
+        QPNS + 4 * i
+    }
     pub const fn len(access_windows: usize) -> usize {
-        QPNS + 4 * access_windows
+        qpn(access_windows)
     }
 }
 
@@ -196,11 +270,11 @@ impl AllocRequest {
         if out.len() < len {
             return Err(WireError::Truncated { need: len, got: out.len() });
         }
-        out[..8].copy_from_slice(Header::new(Kind::AllocRequest, self.token).as_bytes());
-        out[8..16].copy_from_slice(&self.reply_addr.to_le_bytes());
-        out[16..20].copy_from_slice(&self.reply_rkey.to_le_bytes());
+        Header::new(Kind::AllocRequest, self.token).put(out);
+        put64(out, alloc_request::REPLY_ADDR, self.reply_addr);
+        put32(out, alloc_request::REPLY_RKEY, self.reply_rkey);
         for (i, q) in self.access_qpns.iter().enumerate() {
-            out[20 + 4 * i..24 + 4 * i].copy_from_slice(&q.get().to_le_bytes());
+            put32(out, alloc_request::qpn(i), q.get());
         }
         Ok(len)
     }
@@ -212,16 +286,23 @@ impl AllocRequest {
         let token = expect(bytes, Kind::AllocRequest, alloc_request::len(access_windows))?;
         let mut access_qpns = heapless::Vec::new();
         for i in 0..access_windows {
-            let v = le32(bytes, 20 + 4 * i);
+            let v = le32(bytes, alloc_request::qpn(i));
             let q = Qpn::new(v).map_err(|_| WireError::BadQpn(v))?;
-            let _ = access_qpns.push(q);
+            let pushed = access_qpns.push(q);
+            debug_assert!(pushed.is_ok(), "access_windows <= MAX_ACCESS_QPS, checked above");
         }
-        Ok(AllocRequest { token, reply_addr: le64(bytes, 8), reply_rkey: le32(bytes, 16), access_qpns })
+        Ok(AllocRequest {
+            token,
+            reply_addr: le64(bytes, alloc_request::REPLY_ADDR),
+            reply_rkey: le32(bytes, alloc_request::REPLY_RKEY),
+            access_qpns,
+        })
     }
 }
 
+/// Byte offsets of the free request (the free chain's RECV scatter follows them).
 pub mod free_request {
-    pub const TOKEN: usize = 4;
+    pub const TOKEN: usize = super::header::TOKEN;
     pub const ENTRY_ADDR: usize = 8;
     pub const LEN: usize = 16;
 }
@@ -236,19 +317,26 @@ pub struct FreeRequest {
 impl FreeRequest {
     pub fn encode(&self) -> [u8; free_request::LEN] {
         let mut out = [0u8; free_request::LEN];
-        out[..8].copy_from_slice(Header::new(Kind::FreeRequest, self.token).as_bytes());
-        out[8..16].copy_from_slice(&self.entry_addr.to_le_bytes());
+        Header::new(Kind::FreeRequest, self.token).put(&mut out);
+        put64(&mut out, free_request::ENTRY_ADDR, self.entry_addr);
         out
     }
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         let token = expect(bytes, Kind::FreeRequest, free_request::LEN)?;
-        Ok(FreeRequest { token, entry_addr: le64(bytes, 8) })
+        Ok(FreeRequest { token, entry_addr: le64(bytes, free_request::ENTRY_ADDR) })
     }
+}
+
+/// Byte offsets of the alloc reply (the alloc chain builds it in scratch, `alloc_scratch::REPLY`).
+pub mod alloc_reply {
+    pub const ENTRY_ADDR: usize = 8;
+    pub const ENTRY: usize = 16;
+    pub const LEN: usize = ENTRY + crate::wire::mwtable::ENTRY_SIZE;
 }
 
 /// `hdr | entry_addr u64 | MWTable entry (40 B)`: written by the alloc chain's reply WRITE
 /// (the token travels as the immediate; the header's token field is 0).
-pub const ALLOC_REPLY_LEN: usize = 16 + ENTRY_SIZE;
+pub const ALLOC_REPLY_LEN: usize = alloc_reply::LEN;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct AllocReply {
@@ -259,21 +347,21 @@ pub struct AllocReply {
 impl AllocReply {
     pub fn encode(&self) -> [u8; ALLOC_REPLY_LEN] {
         let mut out = [0u8; ALLOC_REPLY_LEN];
-        out[..8].copy_from_slice(Header::new(Kind::AllocReply, 0).as_bytes());
-        out[8..16].copy_from_slice(&self.entry_addr.to_le_bytes());
-        out[16..].copy_from_slice(self.entry.as_bytes());
+        Header::new(Kind::AllocReply, 0).put(&mut out);
+        put64(&mut out, alloc_reply::ENTRY_ADDR, self.entry_addr);
+        out[alloc_reply::ENTRY..].copy_from_slice(self.entry.as_bytes());
         out
     }
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         expect(bytes, Kind::AllocReply, ALLOC_REPLY_LEN)?;
-        let entry =
-            MwTableEntry::read(&bytes[16..]).ok_or(WireError::Truncated { need: ALLOC_REPLY_LEN, got: bytes.len() })?;
-        Ok(AllocReply { entry_addr: le64(bytes, 8), entry })
+        let entry = MwTableEntry::read(&bytes[alloc_reply::ENTRY..])
+            .ok_or(WireError::Truncated { need: ALLOC_REPLY_LEN, got: bytes.len() })?;
+        Ok(AllocReply { entry_addr: le64(bytes, alloc_reply::ENTRY_ADDR), entry })
     }
     /// The reply header image the MN pre-writes into the alloc scratch area.
-    pub fn header_image() -> [u8; 8] {
-        let mut h = [0u8; 8];
-        h.copy_from_slice(Header::new(Kind::AllocReply, 0).as_bytes());
+    pub fn header_image() -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        Header::new(Kind::AllocReply, 0).put(&mut h);
         h
     }
 }
@@ -290,7 +378,13 @@ pub enum Notice {
         seq: u64,
     },
 }
-pub const NOTICE_LEN: usize = 16;
+/// Byte offsets of a notice.
+pub mod notice {
+    /// The free groups (available), the sequence number (probe); zero for empty.
+    pub const VALUE: usize = 8;
+    pub const LEN: usize = 16;
+}
+pub const NOTICE_LEN: usize = notice::LEN;
 
 impl Notice {
     pub fn encode(&self) -> [u8; NOTICE_LEN] {
@@ -300,8 +394,8 @@ impl Notice {
             Notice::Probe { seq } => (Kind::Probe, seq),
         };
         let mut out = [0u8; NOTICE_LEN];
-        out[..8].copy_from_slice(Header::new(k, 0).as_bytes());
-        out[8..].copy_from_slice(&n.to_le_bytes());
+        Header::new(k, 0).put(&mut out);
+        put64(&mut out, notice::VALUE, n);
         out
     }
 }
@@ -325,23 +419,36 @@ pub struct Rebound {
     pub mw: u8,
     pub rkey: Rkey,
 }
-pub const REBOUND_LEN: usize = 24;
+/// Byte offsets of a rebound notice.
+pub mod rebound {
+    pub const ENTRY_ADDR: usize = 8;
+    pub const RKEY: usize = 16;
+    pub const MW: usize = 20;
+    pub const RESERVED: usize = 21;
+    pub const LEN: usize = 24;
+}
+pub const REBOUND_LEN: usize = rebound::LEN;
 
 impl Rebound {
     pub fn encode(&self) -> [u8; REBOUND_LEN] {
         let mut out = [0u8; REBOUND_LEN];
-        out[..8].copy_from_slice(Header::new(Kind::Rebound, 0).as_bytes());
-        out[8..16].copy_from_slice(&self.entry_addr.to_le_bytes());
-        out[16..20].copy_from_slice(&self.rkey.0.to_le_bytes());
-        out[20] = self.mw;
+        Header::new(Kind::Rebound, 0).put(&mut out);
+        put64(&mut out, rebound::ENTRY_ADDR, self.entry_addr);
+        put32(&mut out, rebound::RKEY, self.rkey.0);
+        out[rebound::MW] = self.mw;
         out
     }
     /// Hostile input: exact length, a window index inside the largest group, an entry
     /// address, zero reserved bytes.
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         expect(bytes, Kind::Rebound, REBOUND_LEN)?;
-        let r = Rebound { entry_addr: le64(bytes, 8), rkey: Rkey(le32(bytes, 16)), mw: bytes[20] };
-        if r.entry_addr == 0 || r.mw as usize >= crate::geometry::MAX_GROUP_SIZE || bytes[21..24] != [0; 3] {
+        let r = Rebound {
+            entry_addr: le64(bytes, rebound::ENTRY_ADDR),
+            rkey: Rkey(le32(bytes, rebound::RKEY)),
+            mw: bytes[rebound::MW],
+        };
+        let reserved = &bytes[rebound::RESERVED..rebound::LEN];
+        if r.entry_addr == 0 || r.mw as usize >= crate::geometry::MAX_GROUP_SIZE || reserved.iter().any(|b| *b != 0) {
             return Err(WireError::BadRebound);
         }
         Ok(r)
@@ -387,14 +494,20 @@ pub struct ErrorReply {
     pub code: ErrorCode,
     pub detail: u32,
 }
-pub const ERROR_REPLY_LEN: usize = 16;
+/// Byte offsets of an error reply.
+pub mod error_reply {
+    pub const CODE: usize = 8;
+    pub const DETAIL: usize = 12;
+    pub const LEN: usize = 16;
+}
+pub const ERROR_REPLY_LEN: usize = error_reply::LEN;
 
 impl ErrorReply {
     pub fn encode(&self) -> [u8; ERROR_REPLY_LEN] {
         let mut out = [0u8; ERROR_REPLY_LEN];
-        out[..8].copy_from_slice(Header::new(Kind::Error, self.token).as_bytes());
-        out[8..12].copy_from_slice(&(self.code as u32).to_le_bytes());
-        out[12..16].copy_from_slice(&self.detail.to_le_bytes());
+        Header::new(Kind::Error, self.token).put(&mut out);
+        put32(&mut out, error_reply::CODE, self.code as u32);
+        put32(&mut out, error_reply::DETAIL, self.detail);
         out
     }
 }
@@ -422,27 +535,55 @@ pub struct ConnectInfo {
     pub access_qpns: heapless::Vec<Qpn, MAX_ACCESS_QPS>,
     pub quota: u32,
 }
-pub const CONNECT_INFO_LEN: usize = 48;
+/// Byte offsets of the connect info.
+pub mod connect_info {
+    pub const CN: usize = 8;
+    pub const GROUP_SIZE: usize = 12;
+    pub const CHUNK_SIZE: usize = 16;
+    pub const ALLOC_QPN: usize = 24;
+    pub const FREE_QPN: usize = 28;
+    pub const ACCESS_QPNS: usize = 32;
+    pub const QUOTA: usize = 44;
+    pub const LEN: usize = 48;
+    /// Where the MN end of access QP `i` lies.
+    pub const fn access_qpn(i: usize) -> usize {
+        ACCESS_QPNS + 4 * i
+    }
+    const _: () = assert!(access_qpn(super::MAX_ACCESS_QPS) == QUOTA);
+}
+pub const CONNECT_INFO_LEN: usize = connect_info::LEN;
+
+const _: () = assert!(
+    alloc_request::len(MAX_ACCESS_QPS) <= MAX_MESSAGE_LEN
+        && free_request::LEN <= MAX_MESSAGE_LEN
+        && ALLOC_REPLY_LEN <= MAX_MESSAGE_LEN
+        && NOTICE_LEN <= MAX_MESSAGE_LEN
+        && REBOUND_LEN <= MAX_MESSAGE_LEN
+        && ERROR_REPLY_LEN <= MAX_MESSAGE_LEN
+        && CONNECT_INFO_LEN <= MAX_MESSAGE_LEN
+);
 
 impl ConnectInfo {
     pub fn encode(&self) -> [u8; CONNECT_INFO_LEN] {
+        use connect_info as o;
         let mut out = [0u8; CONNECT_INFO_LEN];
-        out[..8].copy_from_slice(Header::new(Kind::ConnectInfo, 0).as_bytes());
-        out[8..12].copy_from_slice(&self.cn.get().to_le_bytes());
-        out[12] = self.group_size;
-        out[16..24].copy_from_slice(&self.chunk_size.to_le_bytes());
-        out[24..28].copy_from_slice(&self.alloc_qpn.get().to_le_bytes());
-        out[28..32].copy_from_slice(&self.free_qpn.get().to_le_bytes());
+        Header::new(Kind::ConnectInfo, 0).put(&mut out);
+        put32(&mut out, o::CN, self.cn.get());
+        out[o::GROUP_SIZE] = self.group_size;
+        put64(&mut out, o::CHUNK_SIZE, self.chunk_size);
+        put32(&mut out, o::ALLOC_QPN, self.alloc_qpn.get());
+        put32(&mut out, o::FREE_QPN, self.free_qpn.get());
         for (i, q) in self.access_qpns.iter().enumerate() {
-            out[32 + 4 * i..36 + 4 * i].copy_from_slice(&q.get().to_le_bytes());
+            put32(&mut out, o::access_qpn(i), q.get());
         }
-        out[44..48].copy_from_slice(&self.quota.to_le_bytes());
+        put32(&mut out, o::QUOTA, self.quota);
         out
     }
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        use connect_info as o;
         expect(bytes, Kind::ConnectInfo, CONNECT_INFO_LEN)?;
-        let cn = CnId::new(le32(bytes, 8)).map_err(|_| WireError::BadCnId)?;
-        let g = bytes[12];
+        let cn = CnId::new(le32(bytes, o::CN)).map_err(|_| WireError::BadCnId)?;
+        let g = bytes[o::GROUP_SIZE];
         if (g as usize) < crate::geometry::MIN_GROUP_SIZE || g as usize > crate::geometry::MAX_GROUP_SIZE {
             return Err(WireError::BadGroupSize(g));
         }
@@ -452,16 +593,17 @@ impl ConnectInfo {
         };
         let mut access_qpns = heapless::Vec::new();
         for i in 0..(g as usize - 1) {
-            let _ = access_qpns.push(qpn(32 + 4 * i)?);
+            let pushed = access_qpns.push(qpn(o::access_qpn(i))?);
+            debug_assert!(pushed.is_ok(), "G - 1 <= MAX_GROUP_SIZE - 1 = MAX_ACCESS_QPS, checked above");
         }
         Ok(ConnectInfo {
             cn,
             group_size: g,
-            chunk_size: le64(bytes, 16),
-            alloc_qpn: qpn(24)?,
-            free_qpn: qpn(28)?,
+            chunk_size: le64(bytes, o::CHUNK_SIZE),
+            alloc_qpn: qpn(o::ALLOC_QPN)?,
+            free_qpn: qpn(o::FREE_QPN)?,
             access_qpns,
-            quota: le32(bytes, 44),
+            quota: le32(bytes, o::QUOTA),
         })
     }
 }
@@ -486,15 +628,15 @@ impl MnMessage {
                 expect(bytes, kind, NOTICE_LEN)?;
                 Ok(MnMessage::Notice(match kind {
                     Kind::Empty => Notice::Empty,
-                    Kind::Available => Notice::Available { free_groups: le64(bytes, 8) },
-                    _ => Notice::Probe { seq: le64(bytes, 8) },
+                    Kind::Available => Notice::Available { free_groups: le64(bytes, notice::VALUE) },
+                    _ => Notice::Probe { seq: le64(bytes, notice::VALUE) },
                 }))
             }
             Kind::Error => {
                 expect(bytes, kind, ERROR_REPLY_LEN)?;
-                let c = le32(bytes, 8);
+                let c = le32(bytes, error_reply::CODE);
                 let code = ErrorCode::from_u32(c).ok_or(WireError::UnknownErrorCode(c))?;
-                Ok(MnMessage::Error(ErrorReply { token, code, detail: le32(bytes, 12) }))
+                Ok(MnMessage::Error(ErrorReply { token, code, detail: le32(bytes, error_reply::DETAIL) }))
             }
             Kind::ConnectInfo => Ok(MnMessage::ConnectInfo(ConnectInfo::decode(bytes)?)),
             Kind::Rebound => Ok(MnMessage::Rebound(Rebound::decode(bytes)?)),
@@ -537,6 +679,21 @@ mod tests {
         let mut bad = b;
         bad[20..24].copy_from_slice(&0x0100_0000u32.to_le_bytes());
         assert_eq!(AllocRequest::decode(&bad[..n], 2), Err(WireError::BadQpn(0x0100_0000)));
+    }
+
+    #[test]
+    fn request_view_reads_unjudged_fields() {
+        let f = FreeRequest { token: 0x0102_0304, entry_addr: 0x2028 }.encode();
+        let v = Request::from_array(f);
+        assert_eq!((v.token(), v.free_entry_addr()), (0x0102_0304, Some(0x2028)));
+        // the view judges nothing but its length: a garbled header still has a token
+        let mut bad = f;
+        bad[0] = 0;
+        assert_eq!(Request::new_checked(&bad[..]).map(|r| r.token()), Ok(0x0102_0304));
+        // an alloc request's bytes are too short for an entry address only below 16 bytes
+        assert_eq!(Request::new_checked(&f[..12]).map(|r| r.free_entry_addr()), Ok(None));
+        assert_eq!(Request::new_checked(&f[..7]), Err(WireError::Truncated { need: 8, got: 7 }));
+        assert_eq!(Request::new_checked(&f[..]).map(|r| r.into_inner().len()), Ok(16));
     }
 
     #[test]

@@ -29,6 +29,14 @@ pub const ENTRY_OFF_LENGTH: u64 = 8;
 pub const ENTRY_OFF_LKEY: u64 = 12;
 pub const ENTRY_OFF_RKEYS: u64 = 16;
 pub const ENTRY_OFF_OWNER: u64 = 32;
+/// Bytes of one rkey in the entry.
+pub const RKEY_SIZE: u64 = 4;
+
+/// Where the rkey of window `i` of the group lies in the entry (rkey pairs, which one masked fetch-and-add
+/// bumps, start at even `i`).
+pub const fn entry_off_rkey(i: usize) -> u64 {
+    ENTRY_OFF_RKEYS + RKEY_SIZE * i as u64
+}
 /// Bytes of MN metadata per chunk (entry + queue slot).
 pub const METADATA_BYTES_PER_CHUNK: usize = ENTRY_SIZE + crate::wire::free_queue::SLOT_SIZE;
 
@@ -49,6 +57,12 @@ pub struct MwTableEntry {
 }
 
 const _: () = assert!(core::mem::size_of::<MwTableEntry>() == ENTRY_SIZE);
+const _: () = assert!(core::mem::offset_of!(MwTableEntry, base) as u64 == ENTRY_OFF_BASE);
+const _: () = assert!(core::mem::offset_of!(MwTableEntry, length) as u64 == ENTRY_OFF_LENGTH);
+const _: () = assert!(core::mem::offset_of!(MwTableEntry, lkey) as u64 == ENTRY_OFF_LKEY);
+const _: () = assert!(core::mem::offset_of!(MwTableEntry, rkeys) as u64 == ENTRY_OFF_RKEYS);
+const _: () = assert!(core::mem::offset_of!(MwTableEntry, owner) as u64 == ENTRY_OFF_OWNER);
+const _: () = assert!(entry_off_rkey(MAX_GROUP_SIZE) == ENTRY_OFF_OWNER);
 const _: () = assert!(METADATA_BYTES_PER_CHUNK <= 48);
 
 impl MwTableEntry {
@@ -72,8 +86,13 @@ impl MwTableEntry {
             *r = U32::new(Rkey(r.get()).next_key().0);
         }
     }
+    /// Decode untrusted bytes: `None` when fewer than [`ENTRY_SIZE`].
     pub fn read(bytes: &[u8]) -> Option<Self> {
         Self::read_from_prefix(bytes).ok().map(|(e, _)| e)
+    }
+    /// An entry from exactly its bytes (every bit pattern is an entry: nothing can fail).
+    pub fn from_bytes(bytes: [u8; ENTRY_SIZE]) -> Self {
+        zerocopy::transmute!(bytes)
     }
 }
 
@@ -94,6 +113,10 @@ mod tests {
         assert_eq!(ENTRY_OFF_OWNER, 32);
         assert_eq!(MwTableEntry::read(b), Some(e));
         assert_eq!(MwTableEntry::read(&b[..39]), None);
+        let mut a = [0u8; ENTRY_SIZE];
+        a.copy_from_slice(b);
+        assert_eq!(MwTableEntry::from_bytes(a), e);
+        assert_eq!(entry_off_rkey(1), 20);
     }
 
     #[test]

@@ -29,7 +29,7 @@
 use crate::access::AccessFlags;
 use core::fmt;
 use zerocopy::little_endian::{U16, U32, U64};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 pub const WQE_SIZE: usize = 64;
 
@@ -168,6 +168,18 @@ impl WqeField {
             WqeField::Operand1 => 56,
         }
     }
+    /// `len` bytes of a WQE image from this field on (a span may cover consecutive fields),
+    /// if they lie inside the WQE — what a READ of ring memory at the field returns.
+    pub fn read_span(self, image: &[u8; WQE_SIZE], len: usize) -> Option<&[u8]> {
+        image.get(self.offset()..self.offset().checked_add(len)?)
+    }
+    /// Write `data` into a WQE image from this field on, as a patching READ or a RECV scatter
+    /// lands it (what runs past the WQE's end is not written).
+    pub fn patch(self, image: &mut [u8; WQE_SIZE], data: &[u8]) {
+        let off = self.offset();
+        let end = (off + data.len()).min(WQE_SIZE);
+        image[off..end].copy_from_slice(&data[..end - off]);
+    }
     pub const fn width(self) -> usize {
         match self {
             WqeField::Imm | WqeField::Length | WqeField::Lkey | WqeField::Rkey | WqeField::Qpn => 4,
@@ -213,6 +225,19 @@ pub struct WqeBytes {
 }
 
 const _: () = assert!(core::mem::size_of::<WqeBytes>() == WQE_SIZE);
+const _: () = {
+    use core::mem::offset_of;
+    assert!(WqeField::Imm.offset() == offset_of!(WqeBytes, imm));
+    assert!(WqeField::WrId.offset() == offset_of!(WqeBytes, wr_id));
+    assert!(WqeField::LocalAddr.offset() == offset_of!(WqeBytes, local_addr));
+    assert!(WqeField::Length.offset() == offset_of!(WqeBytes, length));
+    assert!(WqeField::Lkey.offset() == offset_of!(WqeBytes, lkey));
+    assert!(WqeField::RemoteAddr.offset() == offset_of!(WqeBytes, remote_addr));
+    assert!(WqeField::Rkey.offset() == offset_of!(WqeBytes, rkey));
+    assert!(WqeField::Qpn.offset() == offset_of!(WqeBytes, qpn));
+    assert!(WqeField::Operand0.offset() == offset_of!(WqeBytes, operand0));
+    assert!(WqeField::Operand1.offset() == offset_of!(WqeBytes, operand1));
+};
 
 /// A decoded, validated WQE.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
@@ -507,49 +532,71 @@ pub struct RecvWqe {
 
 pub const RECV_OPCODE: u8 = 0x80;
 
+/// The bytes of one scatter entry of a receive WQE.
+#[derive(Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Default, PartialEq, Eq, Debug)]
+#[repr(C)]
+struct SgeBytes {
+    addr: U64,
+    length: U32,
+    lkey: U32,
+}
+
+/// The byte image of a receive WQE (the table above).
+#[derive(Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, PartialEq, Eq, Debug)]
+#[repr(C)]
+struct RecvWqeBytes {
+    opcode: u8,
+    count: u8,
+    reserved: [u8; 6],
+    wr_id: U64,
+    sges: [SgeBytes; MAX_RECV_SGES],
+}
+
+const _: () = assert!(core::mem::size_of::<SgeBytes>() == 16);
+const _: () = assert!(core::mem::offset_of!(RecvWqeBytes, wr_id) == 8);
+const _: () = assert!(core::mem::offset_of!(RecvWqeBytes, sges) == 16);
+const _: () = assert!(core::mem::size_of::<RecvWqeBytes>() == RECV_WQE_SIZE);
+
 impl RecvWqe {
+    /// A receive of one scatter entry: every receive but a chain's, whose RECV scatters a
+    /// request into several WQE fields.
+    pub fn single(wr_id: u64, sge: Sge) -> Self {
+        let mut sges = heapless::Vec::new();
+        let pushed = sges.push(sge);
+        debug_assert!(pushed.is_ok(), "one entry in an empty list of MAX_RECV_SGES >= 1");
+        RecvWqe { wr_id, sges }
+    }
     pub fn total_len(&self) -> u64 {
         self.sges.iter().map(|s| s.length as u64).sum()
     }
     pub fn encode(&self) -> [u8; RECV_WQE_SIZE] {
-        let mut out = [0u8; RECV_WQE_SIZE];
-        out[0] = RECV_OPCODE;
-        out[1] = self.sges.len() as u8;
-        out[8..16].copy_from_slice(&self.wr_id.to_le_bytes());
-        for (i, s) in self.sges.iter().enumerate() {
-            let o = 16 + 16 * i;
-            out[o..o + 8].copy_from_slice(&s.addr.to_le_bytes());
-            out[o + 8..o + 12].copy_from_slice(&s.length.to_le_bytes());
-            out[o + 12..o + 16].copy_from_slice(&s.lkey.to_le_bytes());
+        let mut b = RecvWqeBytes::new_zeroed();
+        b.opcode = RECV_OPCODE;
+        b.count = self.sges.len() as u8;
+        b.wr_id = U64::new(self.wr_id);
+        for (out, s) in b.sges.iter_mut().zip(self.sges.iter()) {
+            *out = SgeBytes { addr: U64::new(s.addr), length: U32::new(s.length), lkey: U32::new(s.lkey) };
         }
-        out
+        zerocopy::transmute!(b)
     }
-    pub fn decode(b: &[u8]) -> Result<Self, WqeError> {
-        if b.len() < RECV_WQE_SIZE {
-            return Err(WqeError::Truncated { len: b.len() });
+    pub fn decode(bytes: &[u8]) -> Result<Self, WqeError> {
+        let (b, _) = RecvWqeBytes::read_from_prefix(bytes).map_err(|_| WqeError::Truncated { len: bytes.len() })?;
+        if b.opcode != RECV_OPCODE {
+            return Err(WqeError::UnknownOpcode(b.opcode));
         }
-        if b[0] != RECV_OPCODE {
-            return Err(WqeError::UnknownOpcode(b[0]));
-        }
-        let n = b[1];
+        let n = b.count;
         if n as usize > MAX_RECV_SGES {
             return Err(WqeError::TooManySges(n));
         }
-        if b[2..8].iter().any(|x| *x != 0) {
+        if b.reserved != [0; 6] {
             return Err(WqeError::ReservedNotZero);
         }
         let mut sges = heapless::Vec::new();
-        for i in 0..n as usize {
-            let o = 16 + 16 * i;
-            let s = Sge {
-                addr: u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default()),
-                length: u32::from_le_bytes(b[o + 8..o + 12].try_into().unwrap_or_default()),
-                lkey: u32::from_le_bytes(b[o + 12..o + 16].try_into().unwrap_or_default()),
-            };
-            // capacity checked above
-            let _ = sges.push(s);
+        for s in &b.sges[..n as usize] {
+            let pushed = sges.push(Sge { addr: s.addr.get(), length: s.length.get(), lkey: s.lkey.get() });
+            debug_assert!(pushed.is_ok(), "count <= MAX_RECV_SGES, checked above");
         }
-        Ok(RecvWqe { wr_id: u64::from_le_bytes(b[8..16].try_into().unwrap_or_default()), sges })
+        Ok(RecvWqe { wr_id: b.wr_id.get(), sges })
     }
 }
 
@@ -633,6 +680,20 @@ mod tests {
         assert_eq!(Wqe::decode(&w.encode()), Err(WqeError::BadQueueSelector(2)));
         let w = Wqe::bind_mw(0x100, 0, 1, 1, 1, AccessFlags::MW_BIND);
         assert_eq!(Wqe::decode(&w.encode()), Err(WqeError::BadAccessFlags(16)));
+    }
+
+    #[test]
+    fn field_spans_read_and_patch_inside_the_wqe_only() {
+        let mut img = Wqe::read(0x10, 1, 8, 0x2000, 0x0305).encode();
+        assert_eq!(WqeField::Rkey.read_span(&img, 4), Some(&0x0305u32.to_le_bytes()[..]));
+        // remote address and rkey in one span, as the alloc reply's scatter writes them
+        assert_eq!(WqeField::RemoteAddr.read_span(&img, 12).map(<[u8]>::len), Some(12));
+        assert_eq!(WqeField::Operand1.read_span(&img, 9), None);
+        WqeField::Rkey.patch(&mut img, &0x0406u32.to_le_bytes());
+        assert_eq!(Wqe::decode(&img).unwrap().rkey, 0x0406);
+        // a patch past the end is cut at the WQE's end
+        WqeField::Operand1.patch(&mut img, &[0xAB; 12]);
+        assert_eq!(Wqe::decode(&img).unwrap().operand1, u64::from_le_bytes([0xAB; 8]));
     }
 
     #[test]

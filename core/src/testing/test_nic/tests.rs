@@ -558,3 +558,37 @@ proptest! {
         });
     }
 }
+
+/// A completion queue nobody polls is never overrun: posts are refused with a typed error
+/// once the queue and its completions would exceed it, and every completion is still there.
+#[test]
+fn an_unpolled_completion_queue_refuses_posts_instead_of_losing_completions() {
+    with_fx(Mode::Strict, AccessFlags::DATA_WINDOW, |fx| {
+        // signaled NOPs complete at once: only the send CQ fills
+        let bound = 2 * CQ_DEPTH as u64;
+        let posted =
+            (0..bound).take_while(|i| fx.a.post_send(fx.qa, &Wqe::nop().with_wr_id(*i)).is_ok()).count() as u64;
+        assert_eq!(posted, CQ_DEPTH as u64);
+        assert_eq!(fx.a.post_send(fx.qa, &Wqe::nop()), Err(NicError::QueueFull { qp: fx.qa, queue: QueueSel::Send }));
+        let done = comps(&mut fx.a, fx.qa, QueueSel::Send);
+        assert_eq!(done.iter().map(|c| c.wr_id).collect::<StdVec<_>>(), (0..posted).collect::<StdVec<_>>());
+        // the receive side: B's receives consumed by A's sends fill B's receive CQ
+        let slot = fx.b.alloc_memory(64, 64).unwrap();
+        let key = fx.b.reg_mr(Domain::CnFacing, slot, 64, AccessFlags::LOCAL_WRITE).unwrap().lkey;
+        let recv = |i: u64| RecvWqe::single(i, Sge { addr: slot, length: 64, lkey: key });
+        let mut received = 0u64;
+        while received < bound && fx.b.post_recv(fx.qb, &recv(received)).is_ok() {
+            fx.a.post_send(fx.qa, &Wqe::send(fx.buf, fx.buf_key, 8).with_wr_id(received)).unwrap();
+            received += 1;
+            comps(&mut fx.a, fx.qa, QueueSel::Send);
+        }
+        assert_eq!(received, CQ_DEPTH as u64);
+        assert_eq!(
+            fx.b.post_recv(fx.qb, &recv(received)),
+            Err(NicError::QueueFull { qp: fx.qb, queue: QueueSel::Recv })
+        );
+        let done = comps(&mut fx.b, fx.qb, QueueSel::Recv);
+        assert_eq!(done.len(), CQ_DEPTH);
+        assert!(done.iter().all(|c| c.status == WcStatus::Success));
+    });
+}

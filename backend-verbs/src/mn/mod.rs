@@ -1,24 +1,34 @@
-//! The memory-node daemon on libibverbs: probe the device, lay out the pool, listen on rdma_cm,
-//! and run the core's [`MnDriver`] (host-engine mode: libibverbs has no WAIT/ENABLE).
+//! The memory-node daemon: probe the device, lay out the pool, listen on rdma_cm, and run the
+//! core's [`MnDriver`] — one loop for every transport ([`Transport`]): the host engine on
+//! libibverbs ([`verbs`]: `omw mn`) and the chains in a ConnectX on DEVX
+//! (`crate::devx::mn`: `omw mn --offload mlx5`).
 //!
-//! All protocol decisions are the core's: this file only sets up memory, registrations and
-//! windows, groups a CN's rdma_cm connections into one `CnQps`, turns disconnects into
-//! `Event::CnGone`, and logs.
+//! All protocol decisions are the core's. The loop only turns the connection manager's events
+//! into sessions (`crate::sessions`: admission, a CN's connections grouped), hands a complete
+//! session to `MnDriver::connect_as`, turns disconnects into `Event::CnGone`, drops the
+//! connections of CNs the MN evicted, runs the MN's timers when `MnDriver::poll_timeout` says,
+//! and counts, logs and exports what happened. How a CN connection gets its QP, and which
+//! device the MN runs on, is the transport's.
 
-use crate::backend::{VerbsBackend, SEND_DEPTH};
+pub mod transport;
+pub mod verbs;
+
+pub use transport::{StartUp, Transport};
+pub use verbs::{serve, MemoryNodeDaemon, VerbsTransport};
+
 use crate::cm::{CmEvent, CmEventKind};
 use crate::device::DeviceChoice;
 use crate::error::{human, Result, VerbsError};
 use crate::log::Level;
 use crate::memlock::{ensure_memlock, memlock_limit, MemlockNeed};
 use crate::metrics::{MetricsServer, MnCounters};
-use crate::probe::{self, ProbeReport};
+use crate::probe;
 use crate::sessions::{Admission, Rejections, Sessions, SESSION_PATIENCE};
 use omw_core::device::DataPath;
 use omw_core::device::ExecutionMode;
 use omw_core::geometry::PoolGeometry;
 use omw_core::mn::driver::MnDriver;
-use omw_core::mn::plan::{MnOptions as PlanOptions, MnPlan, PoolSpec};
+use omw_core::mn::plan::{MnPlan, PoolSpec};
 use omw_core::mn::{Event, MnStats};
 use omw_core::wire::memory_map::MnMemoryMap;
 use std::net::SocketAddr;
@@ -96,10 +106,19 @@ impl std::fmt::Display for Protection {
     }
 }
 
-/// The running daemon.
-pub struct MemoryNodeDaemon {
-    pub driver: MnDriver<VerbsBackend>,
-    pub probe: ProbeReport,
+/// The pool the options size, checked against the host (`checked_sizing`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Sizing {
+    pub chunks: u32,
+    /// CNs served.
+    pub max_cns: u32,
+}
+
+/// The running daemon on transport `T`.
+pub struct MnDaemon<T: Transport> {
+    /// Before the driver: the transport's rdma_cm ids go before the device does.
+    transport: T,
+    pub driver: MnDriver<T::Device>,
     pub protection: Protection,
     pub mode: ExecutionMode,
     pub software_ownership_check: bool,
@@ -115,24 +134,15 @@ pub struct MemoryNodeDaemon {
     last_publish: Instant,
 }
 
-impl std::fmt::Debug for MemoryNodeDaemon {
+impl<T: Transport> std::fmt::Debug for MnDaemon<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryNodeDaemon").field("protection", &self.protection).field("mode", &self.mode).finish()
+        f.debug_struct("MnDaemon").field("protection", &self.protection).field("mode", &self.mode).finish()
     }
 }
 
-/// A device error during set-up stays the device error it was (memlock, a failed verb…);
-/// anything else names the provisioning step.
-fn provision_err(e: omw_core::mn::plan::ProvisionError<VerbsError>) -> VerbsError {
-    match e {
-        omw_core::mn::plan::ProvisionError::Backend(e) => e,
-        omw_core::mn::plan::ProvisionError::Register(omw_core::mn::plan::PlanError::Backend(e)) => e,
-        other => VerbsError::Provision(Box::new(other)),
-    }
-}
 const TARGET: &str = "omw_verbs::mn";
 
-fn log(msg: impl AsRef<str>) {
+pub(crate) fn log(msg: impl AsRef<str>) {
     crate::log::log(TARGET, "omw mn", Level::Info, msg.as_ref());
 }
 
@@ -140,10 +150,16 @@ fn debug_enabled() -> bool {
     crate::log::enabled(TARGET, Level::Debug) || std::env::var_os("OMW_DEBUG").is_some()
 }
 
-/// The options' pool, checked, and whether this host can pin it and `extra_pinned` bytes
-/// more (the DEVX ring arena): (chunks, CNs served). Before any probe pins anything; a
-/// missing device is the more basic error.
-pub(crate) fn checked_sizing(opts: &MnOptions, extra_pinned: impl Fn(u32) -> u64) -> Result<(u32, u32)> {
+/// An idle daemon (this many turns in a row without work) waits for the connection manager
+/// between turns instead of spinning a core…
+const IDLE_TURNS: u32 = 2000;
+/// …for at most this long, so completions (which it polls) are still picked up promptly.
+const IDLE_WAIT: Duration = Duration::from_micros(200);
+
+/// The options' pool, checked, and whether this host can pin it and `extra_pinned(CNs)` bytes
+/// more (the DEVX ring arena). Before any probe pins anything; a missing device is the more
+/// basic error.
+pub(crate) fn checked_sizing(opts: &MnOptions, extra_pinned: impl Fn(u32) -> u64) -> Result<Sizing> {
     if opts.group_size < 2 || opts.group_size > 4 {
         return Err(VerbsError::Config(format!("--group-size {} outside 2..=4", opts.group_size)));
     }
@@ -160,21 +176,16 @@ pub(crate) fn checked_sizing(opts: &MnOptions, extra_pinned: impl Fn(u32) -> u64
     let mut need = MemlockNeed::mn(opts.pool_size, meta_need, max_cns, opts.group_size);
     need.registered += extra_pinned(max_cns);
     ensure_memlock(need)?;
-    Ok((chunks, max_cns))
+    Ok(Sizing { chunks, max_cns })
 }
 
 /// The admission the options ask for: the tenants file's tenants registered with the core (their
 /// quotas and CN slots), and the sessions' bookkeeping that checks their credentials — or, without
-/// a file, an open MN, logged as such. Both daemons use it.
-pub(crate) fn admission(
-    opts: &MnOptions,
-    max_cns: u32,
-    mn: &mut omw_core::mn::MemoryNode,
-    log: impl Fn(String),
-) -> Result<Sessions> {
+/// a file, an open MN, logged as such.
+fn admission(opts: &MnOptions, max_cns: u32, mn: &mut omw_core::mn::MemoryNode) -> Result<Sessions> {
     let sessions = Sessions::new(opts.group_size, max_cns as usize);
     let Some(path) = &opts.tenants else {
-        log("admission: OPEN — no --tenants file: any peer that reaches the port may connect, quotas are per CN".into());
+        log("admission: OPEN — no --tenants file: any peer that reaches the port may connect, quotas are per CN");
         return Ok(sessions);
     };
     let (tenants, warn) = crate::admission::load_tenants(path, opts.chunk_size)
@@ -199,92 +210,65 @@ pub(crate) fn admission(
     Ok(sessions.with_tenants(crate::admission::Authenticator::new(tenants)))
 }
 
-/// Turn `step` until `stop` is set; after 2000 idle turns in a row, sleep 200 µs between
-/// turns (a busy MN never sleeps; an idle one does not spin a core).
-pub(crate) fn run_until(stop: &AtomicBool, mut step: impl FnMut() -> Result<bool>) -> Result<()> {
-    let mut idle = 0u32;
-    while !stop.load(Ordering::Relaxed) {
-        if step()? {
-            idle = 0;
-        } else {
-            idle = idle.saturating_add(1);
-            if idle > 2000 {
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        }
-    }
-    Ok(())
-}
-
-impl MemoryNodeDaemon {
-    /// Probe, lay out, register, listen. Prints what protection is in force.
+impl<T: StartUp> MnDaemon<T> {
+    /// Probe, lay out, register, listen. Prints what protection is in force; the last line it
+    /// prints is "listening on".
     pub fn start(opts: MnOptions) -> Result<Self> {
-        let (chunks, max_cns) = checked_sizing(&opts, |_| 0)?;
+        let sizing = checked_sizing(&opts, |cns| T::extra_pinned(&opts, cns))?;
         // ---- what does the device really do?
         let choice = DeviceChoice { device: opts.device.clone(), gid_index: opts.gid_index };
         let report = probe::run_choice(&choice)?;
         log(format!("{report}"));
-        if report.basic_failed {
-            return Err(VerbsError::Insecure(format!(
-                "device {}: type-2 memory windows do not work (bind/access/invalidate failed in the probe)",
-                report.device
-            )));
-        }
-        let caps = report.capabilities;
-        if report.stale_rkey_accepted && !opts.insecure {
-            return Err(VerbsError::Insecure(
-                "refusing to start: the device accepted a stale rkey after a rebind. Pass --insecure to run anyway"
-                    .into(),
-            ));
-        }
-        // every security decision is the core's MN plan; libibverbs has no chain offload, so
-        // the plan is always asked for the host engine here
-        let plan = match MnPlan::decide(
-            caps,
-            PlanOptions { mode: Some(ExecutionMode::HostEngine), allow_insecure: opts.insecure, scrub: opts.scrub },
-        ) {
-            Ok(p) => p,
-            Err(e) => {
-                return Err(VerbsError::Insecure(format!(
-                    "refusing to start: {e}. Pass --insecure to run without isolation between CNs"
-                )))
-            }
-        };
-        let mode = plan.mode;
-        let protection = if plan.per_chunk_mrs { Protection::MrPerChunk } else { Protection::WindowBounds };
-        let software_ownership_check = plan.software_ownership_check;
+        let (transport, device, plan) = T::open(&opts, &report, sizing)?;
+        Self::up(opts, transport, device, plan, sizing, &report.device)
+    }
+}
 
-        // ---- memory, registrations, windows, the pool's table: the core's provisioning
-        let mut b = VerbsBackend::open_choice(&DeviceChoice { device: Some(report.device.clone()), ..choice })?;
-        b.set_probed(caps);
-        let g = opts.group_size as usize;
-        let spec = opts.pool_spec(chunks, max_cns, Some(SEND_DEPTH as u16));
+impl<T: Transport> MnDaemon<T> {
+    /// Bring the MN up on `device` (named `device_name`) as `plan` says, on `transport`:
+    /// memory, registrations, windows and the pool's table (the core's provisioning), then
+    /// listen, admission, metrics. The last start-up line is "listening on": whoever waits for
+    /// it (scripts, tests) sees the whole set-up.
+    pub fn up(
+        opts: MnOptions,
+        mut transport: T,
+        device: T::Device,
+        plan: MnPlan,
+        sizing: Sizing,
+        device_name: &str,
+    ) -> Result<Self> {
+        let Sizing { chunks, max_cns } = sizing;
+        let spec = opts.pool_spec(chunks, max_cns, T::QUEUE_DEPTH);
         let t = Instant::now();
-        let mut driver = plan.provision(b, &spec).map_err(provision_err)?;
+        let mut driver = plan.provision(device, &spec).map_err(T::provision_error)?;
         let reg_time = t.elapsed();
         driver.concurrent_laps = !opts.serial_engine;
+        transport.provisioned(&driver)?;
+        transport.listen(&mut driver.backend, opts.listen)?;
+        let g = opts.group_size as usize;
+        let protection = if plan.per_chunk_mrs { Protection::MrPerChunk } else { Protection::WindowBounds };
         let mrs = if plan.per_chunk_mrs { chunks } else { 1 };
-        driver.backend.listen(opts.listen, 64)?;
         log(format!(
-            "device {} | pool {} in {} chunks of {} | group size {} | {} windows | memlock {}",
-            report.device,
+            "device {device_name} | pool {} in {} chunks of {} | group size {} | {} windows | memlock {}{}",
             human(opts.pool_size),
             chunks,
             human(opts.chunk_size),
             g,
             chunks as usize * g,
-            memlock_limit()
+            memlock_limit(),
+            transport.describe(&driver.backend),
         ));
         log(format!("protection: {protection} ({mrs} pool MR(s); MN set up in {reg_time:?})"));
         log(format!(
-            "execution: {mode}; free ownership check: {}",
-            if software_ownership_check {
+            "execution: {}; free ownership check: {}",
+            plan.mode,
+            if plan.software_ownership_check {
                 "in software (the device lets any QP invalidate a window)"
             } else {
                 "by the device (LOCAL_INV on the owner's Free QP)"
             }
         ));
-        let sessions = admission(&opts, max_cns, &mut driver.mn, log)?;
+        let sessions = admission(&opts, max_cns, &mut driver.mn)?;
         let metrics = match opts.metrics {
             Some(a) => {
                 let m = MetricsServer::start(a).map_err(|e| VerbsError::Config(format!("--metrics {a}: {e}")))?;
@@ -293,15 +277,14 @@ impl MemoryNodeDaemon {
             }
             None => None,
         };
-        // the last start-up line: whoever waits for it (scripts, tests) sees the whole set-up
-        log(format!("listening on {} (rdma_cm)", opts.listen));
+        log(format!("listening on {} ({})", opts.listen, T::LISTENING));
         let now = Instant::now();
-        Ok(MemoryNodeDaemon {
+        Ok(MnDaemon {
+            transport,
             driver,
-            probe: report,
             protection,
-            mode,
-            software_ownership_check,
+            mode: plan.mode,
+            software_ownership_check: plan.software_ownership_check,
             sessions,
             opts,
             t0: now,
@@ -318,11 +301,37 @@ impl MemoryNodeDaemon {
         self.t0.elapsed().as_nanos() as u64
     }
 
-    /// Run until `stop` is set (SIGINT/SIGTERM), then tear everything down cleanly.
+    /// Run until `stop` is set (SIGINT/SIGTERM); dropping the daemon then tears everything
+    /// down. A busy MN never waits; an idle one waits for the connection manager between turns
+    /// (`MnDaemon::wait`) rather than spinning a core.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<()> {
-        run_until(stop, || self.step())?;
+        let mut idle = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            if self.step()? {
+                idle = 0;
+            } else {
+                idle = idle.saturating_add(1);
+                if idle > IDLE_TURNS && self.wait()? {
+                    idle = 0;
+                }
+            }
+        }
         log("shutting down: invalidating and deallocating every window before the QPs");
         Ok(())
+    }
+
+    /// Wait for one connection event, at most [`IDLE_WAIT`] and never past the MN's next timer,
+    /// and handle it; true if one came.
+    fn wait(&mut self) -> Result<bool> {
+        let now = self.now();
+        let until_timer = self.driver.poll_timeout().map_or(IDLE_WAIT, |t| Duration::from_nanos(t.saturating_sub(now)));
+        match self.transport.poll_cm(&mut self.driver.backend, IDLE_WAIT.min(until_timer))? {
+            Some(ev) => {
+                self.on_cm(ev);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// One turn of the event loop; true when anything happened. A failure the driver reports
@@ -330,7 +339,7 @@ impl MemoryNodeDaemon {
     /// one CN's connection, and the CN it concerns is evicted or noticed by its departure).
     pub fn step(&mut self) -> Result<bool> {
         let mut busy = false;
-        while let Some(ev) = self.driver.backend.poll_cm(Duration::ZERO)? {
+        while let Some(ev) = self.transport.poll_cm(&mut self.driver.backend, Duration::ZERO)? {
             busy = true;
             self.on_cm(ev);
         }
@@ -342,7 +351,7 @@ impl MemoryNodeDaemon {
                 log(format!("MN driver: {e} (serving on)"));
             }
         }
-        // the MN's own timers (the lease) and the statistics interval both tick it
+        // the MN's own timers and the statistics interval both tick it
         let stats_due = !self.opts.stats_every.is_zero() && self.last_stats.elapsed() >= self.opts.stats_every;
         let timer_due = self.driver.poll_timeout().is_some_and(|t| now >= t);
         if stats_due || timer_due {
@@ -439,7 +448,7 @@ impl MemoryNodeDaemon {
             chunks_scrubbed: s.chunks_scrubbed,
             laps: self.driver.stats.laps,
             laps_failed: self.driver.stats.laps_failed,
-            lost_windows: self.driver.backend.lost_windows().len() as u64,
+            lost_windows: self.transport.lost_windows(&self.driver.backend),
         }
     }
 
@@ -481,43 +490,40 @@ impl MemoryNodeDaemon {
             CmEventKind::ConnectRequest => match self.sessions.admit(&ev) {
                 Admission::Reject(why) => {
                     log(format!("rejected {why}"));
-                    self.driver.backend.reject(ev.id);
+                    self.transport.reject(&mut self.driver.backend, ev.id);
                 }
                 Admission::Accept { hello, private, source } => {
-                    match self.driver.backend.accept(ev.id, &private, |_, _| Ok(())) {
+                    match self.transport.accept(&mut self.driver.backend, ev.id, hello.role, &private) {
                         Ok(q) => self.sessions.accepted(ev.id, hello, source, q),
-                        Err(e) => log(format!("accept failed: {e}")),
+                        Err(e) => log(format!("accept of {:?} failed: {e}", hello.role)),
                     }
                 }
             },
             CmEventKind::Established => {
-                let Some(q) = self.driver.backend.qp_of_id(ev.id) else { return };
-                let Some((nonce, qps, tenant)) = self.sessions.established(ev.id, q) else { return };
-                match self.driver.connect_as(qps, tenant) {
+                let Some(q) = self.transport.qp_of(&self.driver.backend, ev.id) else { return };
+                let Some((nonce, mut qps, tenant)) = self.sessions.established(ev.id, q) else { return };
+                // offloaded, the CN's chains run on loop QPs of their own (host engine: none)
+                let r = self.driver.create_loop_qps().and_then(|l| {
+                    if let Some((a, f)) = l {
+                        qps.alloc_loop = Some(a);
+                        qps.free_loop = Some(f);
+                    }
+                    self.driver.connect_as(qps.clone(), tenant)
+                });
+                match r {
                     Ok(cn) => {
                         self.sessions.set_cn(nonce, cn);
-                        log(format!("{cn} connected (session {nonce:#x}, {} QPs)", 2 + self.opts.group_size - 1));
-                        if debug_enabled() {
-                            let aq = self.sessions.get(nonce).and_then(|s| s.alloc).unwrap_or_default();
-                            let mut buf = [omw_core::device::Completion::EMPTY; 4];
-                            let t = Instant::now();
-                            while t.elapsed() < Duration::from_millis(500) {
-                                let Ok(n) =
-                                    self.driver.backend.poll_cq(aq, omw_core::wire::wqe::QueueSel::Send, &mut buf)
-                                else {
-                                    break;
-                                };
-                                for c in &buf[..n] {
-                                    log(format!(
-                                        "debug: send completion {c:?} state {:?}",
-                                        self.driver.backend.qp_state(aq)
-                                    ));
-                                }
-                            }
-                        }
+                        log(format!(
+                            "{cn} connected (session {nonce:#x}, {} QPs){}",
+                            2 + self.opts.group_size - 1,
+                            if qps.alloc_loop.is_some() { "; its chains are armed in the NIC" } else { "" }
+                        ));
                     }
                     Err(e) => {
                         log(format!("could not admit session {nonce:#x}: {e}"));
+                        for q in [qps.alloc_loop, qps.free_loop].into_iter().flatten() {
+                            let _ = self.driver.backend.destroy_qp(q);
+                        }
                         self.drop_session(nonce);
                     }
                 }
@@ -548,18 +554,12 @@ impl MemoryNodeDaemon {
 
     fn drop_session(&mut self, nonce: u64) {
         let Some(s) = self.sessions.remove(nonce) else { return };
-        for q in s.qps() {
-            let _ = self.driver.backend.destroy_qp(q);
-        }
+        self.transport.release(&mut self.driver.backend, &s);
     }
-}
 
-/// `omw mn`: start, run until SIGINT/SIGTERM, tear down.
-pub fn serve(opts: MnOptions) -> Result<()> {
-    let stop = crate::signals::install()?;
-    let mut d = MemoryNodeDaemon::start(opts)?;
-    d.run(stop)?;
-    drop(d);
-    log("stopped");
-    Ok(())
+    /// The sessions' bookkeeping (for tests of a transport's accept path).
+    #[cfg(test)]
+    pub(crate) fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
 }

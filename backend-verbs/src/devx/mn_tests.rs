@@ -1,0 +1,317 @@
+//! The MN daemon's loop (`crate::mn::MnDaemon`) on the DEVX transport, against the recording
+//! mock and a scripted rdma_cm: admission, the external-QP accept (DEVX QP created with the
+//! chain roles, connected with rdma_cm's attributes, accepted naming its number), a complete
+//! session handed to the core with loop QPs of its own, a departure, a failed accept, teardown.
+//! What this cannot show is rdma_cm or a ConnectX doing any of it (docs/MLX5.md).
+
+use super::backend::{DevxBackend, DevxConfig};
+use super::cm::{self, Accept, CmQpAttr, ExternalCm, LocalPath};
+use super::mn::DevxTransport;
+use super::mock::{Call, RecordingDevx};
+use super::DevxError;
+use crate::cm::{welcome, CmEvent, CmEventKind, CmId, Hello, Role};
+use crate::mn::{MnDaemon, MnOptions, Sizing};
+use omw_core::device::{Capabilities, DataPath, ExecutionMode, QpState};
+use omw_core::ids::Qpn;
+use omw_core::mlx5::prm::hca_cap::{atomic, HcaCaps};
+use omw_core::mlx5::prm::{bits, qp as pq};
+use omw_core::mn::plan::{MnOptions as PlanOptions, MnPlan};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// What the scripted connection manager was asked, and what it will answer.
+#[derive(Default, Debug)]
+struct Script {
+    events: VecDeque<CmEvent>,
+    pending: HashSet<CmId>,
+    /// `rdma_init_qp_attr` answers [INIT, RTR, RTS] per request.
+    attrs: HashMap<CmId, [CmQpAttr; 3]>,
+    /// Requests whose `rdma_accept` fails.
+    fail_accept: HashSet<CmId>,
+    listening: Option<(SocketAddr, String)>,
+    /// (id, qp_num, private data, responder resources, initiator depth, retry, RNR retry)
+    accepted: Vec<(CmId, u32, Vec<u8>, [u8; 4])>,
+    rejected: Vec<CmId>,
+    disconnected: Vec<CmId>,
+}
+
+#[derive(Debug)]
+struct ScriptedCm(Rc<RefCell<Script>>);
+
+impl ExternalCm for ScriptedCm {
+    fn listen(&mut self, addr: SocketAddr, device: &str) -> crate::error::Result<()> {
+        self.0.borrow_mut().listening = Some((addr, device.into()));
+        Ok(())
+    }
+    fn poll(&mut self, _: Duration) -> crate::error::Result<Option<CmEvent>> {
+        let mut s = self.0.borrow_mut();
+        let ev = s.events.pop_front();
+        if let Some(e) = ev.as_ref().filter(|e| e.kind == CmEventKind::ConnectRequest) {
+            s.pending.insert(e.id);
+        }
+        Ok(ev)
+    }
+    fn qp_attrs(&mut self, id: CmId) -> Result<[CmQpAttr; 3], DevxError> {
+        let s = self.0.borrow();
+        assert!(s.pending.contains(&id), "rdma_init_qp_attr on a request that is not pending");
+        Ok(s.attrs[&id])
+    }
+    fn accept(&mut self, id: CmId, a: &Accept<'_>) -> Result<(), DevxError> {
+        let mut s = self.0.borrow_mut();
+        assert!(s.pending.remove(&id), "rdma_accept of a request that is not pending");
+        if s.fail_accept.contains(&id) {
+            s.rejected.push(id);
+            return Err(DevxError::Call { call: "rdma_accept", errno: libc::ECONNREFUSED });
+        }
+        let params = [a.responder_resources, a.initiator_depth, a.retry_count, a.rnr_retry_count];
+        s.accepted.push((id, a.qp_num, a.private.to_vec(), params));
+        Ok(())
+    }
+    fn reject(&mut self, id: CmId) {
+        let mut s = self.0.borrow_mut();
+        if s.pending.remove(&id) {
+            s.rejected.push(id);
+        }
+    }
+    fn disconnect(&mut self, id: CmId) {
+        self.0.borrow_mut().disconnected.push(id);
+    }
+}
+
+const PDN: u32 = 0x51;
+const G: u8 = 3;
+
+fn caps() -> HcaCaps {
+    HcaCaps {
+        cd: true,
+        imaicl: true,
+        rc: true,
+        atomic: true,
+        atomic_operations: atomic::OPS_MASKED_FETCH_ADD as u16 | 0x3,
+        atomic_size_qp: atomic::SIZE_8_BYTES as u16,
+        atomic_8b_endianness_mode: atomic::REQ_MODE_HOST_ENDIANNESS,
+        log_max_qp_sz: 15,
+        log_max_cq_sz: 22,
+        log_max_mkey: 24,
+        log_max_msg: 30,
+        umr_fence: 0,
+    }
+}
+
+type Daemon = MnDaemon<DevxTransport<RecordingDevx, ScriptedCm>>;
+
+/// The DEVX MN daemon up on the mock: G = 3, 16 chunks of 4 KiB, 4 CNs, no lease.
+fn daemon() -> (Daemon, Rc<RefCell<Script>>) {
+    let mut cfg = DevxConfig::new(Capabilities::OFFLOAD | Capabilities::MW_BOUNDS_ENFORCED);
+    cfg.ring_arena_bytes = 16 << 20;
+    cfg.log_cqes = 6;
+    let b = DevxBackend::new(RecordingDevx::numbered(PDN), caps(), cfg).unwrap();
+    let plan = MnPlan::decide(
+        b.capabilities(),
+        PlanOptions { mode: Some(ExecutionMode::Offloaded), allow_insecure: false, scrub: true },
+    )
+    .unwrap();
+    let opts = MnOptions {
+        device: Some("mlx5_0".into()),
+        gid_index: None,
+        listen: "192.0.2.1:7471".parse().unwrap(),
+        pool_size: 16 * 4096,
+        chunk_size: 4096,
+        group_size: G,
+        max_cns: 4,
+        quota: 0,
+        insecure: false,
+        stats_every: Duration::ZERO,
+        scrub: true,
+        metrics: None,
+        stats_json: false,
+        lease: Duration::ZERO,
+        serial_engine: false,
+        tenants: None,
+    };
+    let script = Rc::new(RefCell::new(Script::default()));
+    let t = DevxTransport::new(ScriptedCm(script.clone()), "mlx5_0");
+    let d = MnDaemon::up(opts, t, b, plan, Sizing { chunks: 16, max_cns: 4 }, "mlx5_0").unwrap();
+    (d, script)
+}
+
+fn id(n: usize) -> CmId {
+    CmId(n as *mut rdma_sys::rdma_cm_id)
+}
+
+/// rdma_cm's attributes of a CN's connection to QP `peer` (its PSNs, no atomics, a finite RNR
+/// retry), as `rdma_init_qp_attr` gives them per state.
+fn attrs(peer: u32) -> [CmQpAttr; 3] {
+    let mut gid = [0u8; 16];
+    gid[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 9]);
+    let path = LocalPath { port: 1, gid_index: 3, gid, mac: [2, 0, 0, 0, 0, 9], mtu: 3 };
+    let a = CmQpAttr { qp_access_flags: 0x6, rq_psn: 0x11, ..CmQpAttr::to_self(&path, peer) };
+    // each state answers for its own fields, and only those are set apart here
+    let rtr = CmQpAttr { max_dest_rd_atomic: 8, max_rd_atomic: 0, retry_cnt: 0, rnr_retry: 0, ..a };
+    let rts = CmQpAttr { sq_psn: 0x22, max_rd_atomic: 4, retry_cnt: 6, rnr_retry: 3, max_dest_rd_atomic: 0, ..a };
+    [a, rtr, rts]
+}
+
+/// A CN's connection requests: session `nonce`, each role once, from 192.0.2.9.
+fn request(s: &mut Script, cm_id: CmId, role: Role, nonce: u64, peer: u32) {
+    s.attrs.insert(cm_id, attrs(peer));
+    s.events.push_back(CmEvent {
+        kind: CmEventKind::ConnectRequest,
+        id: cm_id,
+        status: 0,
+        private_data: Hello { role, nonce, auth: None }.encode(),
+        remote_qpn: Qpn::new(peer).ok(),
+        rnr_retry_count: 6,
+        peer: Some("192.0.2.9".parse().unwrap()),
+    });
+}
+
+fn event(s: &mut Script, cm_id: CmId, kind: CmEventKind) {
+    s.events.push_back(CmEvent {
+        kind,
+        id: cm_id,
+        status: 0,
+        private_data: Vec::new(),
+        remote_qpn: None,
+        rnr_retry_count: 0,
+        peer: None,
+    });
+}
+
+const ROLES: [Role; 4] = [Role::Alloc, Role::Free, Role::Access(0), Role::Access(1)];
+
+fn roles_of(input: &[u8]) -> (u64, u64, u64) {
+    let f = |fl: omw_core::mlx5::prm::Field| bits::get(input, fl.at(pq::QPC_BASE)).unwrap();
+    (f(pq::qpc::CD_MASTER), f(pq::qpc::CD_SLAVE_SEND), f(pq::qpc::CD_SLAVE_RECEIVE))
+}
+
+/// One CN's four connections requested and established: its CN id.
+fn connect_cn(d: &mut Daemon, s: &Rc<RefCell<Script>>, nonce: u64, first_id: usize) {
+    for (k, r) in ROLES.iter().enumerate() {
+        request(&mut s.borrow_mut(), id(first_id + k), *r, nonce, 0x900 + k as u32);
+    }
+    d.step().unwrap();
+    for k in 0..ROLES.len() {
+        event(&mut s.borrow_mut(), id(first_id + k), CmEventKind::Established);
+    }
+    d.step().unwrap();
+}
+
+#[test]
+fn the_daemon_accepts_a_cn_into_devx_qps_and_arms_its_chains() {
+    let (mut d, s) = daemon();
+    assert_eq!(d.mode, ExecutionMode::Offloaded);
+    assert_eq!(s.borrow().listening, Some(("192.0.2.1:7471".parse().unwrap(), "mlx5_0".into())));
+    let creates_before = d.driver.backend.device().inputs("CREATE_QP").len();
+    // a request without a hello is refused, the CN's four are accepted
+    event(&mut s.borrow_mut(), id(0x99), CmEventKind::ConnectRequest);
+    s.borrow_mut().pending.insert(id(0x99));
+    for (k, r) in ROLES.iter().enumerate() {
+        request(&mut s.borrow_mut(), id(0x10 + k), *r, 0xabc, 0x900 + k as u32);
+    }
+    d.step().unwrap();
+    let accepted = s.borrow().accepted.clone();
+    assert_eq!(s.borrow().rejected, [id(0x99)]);
+    assert_eq!(accepted.len(), 4);
+    let dev = d.driver.backend.device();
+    // one DEVX QP per connection: the management QPs with all three CORE-Direct roles
+    let creates = dev.inputs("CREATE_QP")[creates_before..].to_vec();
+    assert_eq!(creates.iter().map(|i| roles_of(i)).collect::<Vec<_>>(), [(1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)]);
+    for (k, (cm_id, qp_num, private, params)) in accepted.iter().enumerate() {
+        assert_eq!(*cm_id, id(0x10 + k));
+        // the accept names the DEVX QP, connected (RTS) before rdma_accept
+        let q = Qpn::new(*qp_num).unwrap();
+        assert_eq!(d.driver.backend.qp_state(q).unwrap(), QpState::Rts);
+        // … with exactly rdma_cm's attributes and the next hop's MAC (the mock's: from the GID)
+        let [init, rtr, rts] = attrs(0x900 + k as u32);
+        let a = cm::merge_states(&init, &rtr, &rts);
+        let modify = |c: &str| -> Vec<u8> {
+            dev.inputs(c).into_iter().find(|i| i[9..12] == qp_num.to_be_bytes()[1..]).expect(c).to_vec()
+        };
+        let rtr_in = pq::init2rtr_in(&cm::init2rtr(*qp_num, &a, 30, [0x02, 0, 192, 0, 2, 9])).unwrap();
+        assert_eq!(modify("INIT2RTR_QP"), rtr_in);
+        assert_eq!(modify("RTR2RTS_QP"), pq::rtr2rts_in(&cm::rtr2rts(*qp_num, &a)).unwrap());
+        assert_eq!(bits::get(&rtr_in, pq::qpc::REMOTE_QPN.at(pq::QPC_BASE)).unwrap(), 0x900 + k as u64);
+        // the Alloc connection's reply tells the CN the group size; what rdma_cm negotiated
+        // goes back as it came
+        let want: &[u8] = if k == 0 { &welcome(G) } else { &[] };
+        assert_eq!(private, want);
+        assert_eq!(*params, [rtr.max_dest_rd_atomic, rts.max_rd_atomic, rts.retry_cnt, rts.rnr_retry]);
+        assert_eq!(*params, [8, 4, 6, 3]);
+    }
+    assert_eq!(d.driver.mn.cns().count(), 0, "no CN before every connection is established");
+    // established: the session is complete, the MN makes its loop QPs and arms both chains
+    let creates_before = d.driver.backend.device().inputs("CREATE_QP").len();
+    for k in 0..4 {
+        event(&mut s.borrow_mut(), id(0x10 + k), CmEventKind::Established);
+    }
+    d.step().unwrap();
+    assert_eq!(d.driver.mn.cns().count(), 1);
+    let cn = d.driver.mn.cns().next().unwrap();
+    let qps = cn.qps.clone();
+    assert_eq!(
+        [qps.alloc.get(), qps.free.get(), qps.access[0].get(), qps.access[1].get()],
+        [accepted[0].1, accepted[1].1, accepted[2].1, accepted[3].1]
+    );
+    let loops =
+        d.driver.backend.device().inputs("CREATE_QP")[creates_before..].iter().map(|i| roles_of(i)).collect::<Vec<_>>();
+    assert_eq!(loops.iter().filter(|r| **r == (1, 1, 0)).count(), 2, "two loop QPs (master + slave_send): {loops:?}");
+    for q in [qps.alloc_loop.unwrap(), qps.free_loop.unwrap()] {
+        assert_eq!(d.driver.backend.qp_state(q).unwrap(), QpState::Rts);
+    }
+    assert!(d.driver.backend.device().calls.iter().any(|c| matches!(c, Call::WriteUar { .. })), "chains rung");
+    let nonce = d.sessions().nonce_of(id(0x10)).unwrap();
+    assert_eq!(d.sessions().get(nonce).and_then(|x| x.cn), Some(cn.cn));
+    // the CN leaves: the MN takes its chunks back, its QPs and connections go
+    event(&mut s.borrow_mut(), id(0x11), CmEventKind::Disconnected);
+    d.step().unwrap();
+    assert_eq!(d.driver.mn.cns().count(), 0);
+    assert!(d.sessions().get(nonce).is_none());
+    let mut gone = s.borrow().disconnected.clone();
+    gone.sort_by_key(|i| i.0 as usize);
+    assert_eq!(gone, [id(0x10), id(0x11), id(0x12), id(0x13)]);
+    for (_, q, _, _) in &accepted {
+        assert!(d.driver.backend.qp_state(Qpn::new(*q).unwrap()).is_err(), "QP {q:#x} destroyed");
+    }
+    assert_eq!(d.counters().cns, 0);
+}
+
+#[test]
+fn a_failed_accept_leaves_no_qp_and_refuses_the_request() {
+    let (mut d, s) = daemon();
+    s.borrow_mut().fail_accept.insert(id(0x20));
+    request(&mut s.borrow_mut(), id(0x20), Role::Alloc, 0x77, 0x900);
+    d.step().unwrap();
+    let dev = d.driver.backend.device();
+    let created = dev
+        .calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::ObjCreate { command: "CREATE_QP", obj, .. } => Some(*obj),
+            _ => None,
+        })
+        .next_back()
+        .unwrap();
+    assert!(dev.calls.contains(&Call::ObjDestroy(created)), "the DEVX QP of the failed accept is destroyed");
+    assert_eq!(s.borrow().rejected, [id(0x20)]);
+    assert!(s.borrow().accepted.is_empty());
+    assert!(d.sessions().nonce_of(id(0x20)).is_none(), "no session remembers it");
+    // the next CN is served as if nothing happened
+    connect_cn(&mut d, &s, 0x78, 0x30);
+    assert_eq!(d.driver.mn.cns().count(), 1);
+}
+
+#[test]
+fn dropping_the_daemon_ends_every_connection() {
+    let (mut d, s) = daemon();
+    connect_cn(&mut d, &s, 0x5, 0x40);
+    assert_eq!(d.driver.mn.cns().count(), 1);
+    assert!(s.borrow().disconnected.is_empty());
+    drop(d);
+    let mut gone = s.borrow().disconnected.clone();
+    gone.sort_by_key(|i| i.0 as usize);
+    assert_eq!(gone, [id(0x40), id(0x41), id(0x42), id(0x43)]);
+}
