@@ -29,10 +29,12 @@ use omw_core::device::{
 };
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::driver::{DriverError, MnDriver};
-use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec, ProvisionError, Region};
+use omw_core::mn::plan::{MnOptions, MnPlan, Region};
+use omw_core::mn::provision::{PoolSpec, ProvisionError};
 use omw_core::mn::{CnQps, Event};
 pub use omw_core::testing::deployment::MnActivity;
 use omw_core::testing::deployment::{self, CnSide, Deployment, Life, PumpError};
+use omw_core::testing::hostile::HostileCn;
 use omw_core::wire::message::ErrorCode;
 use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe};
 use std::cell::{Cell, RefCell};
@@ -769,7 +771,7 @@ impl Cluster {
     /// own — a malicious or confused CN.
     pub fn alloc_naming(&mut self, i: usize, access_qpns: &[Qpn]) -> Result<Allocation, CnOpError> {
         let now = self.now();
-        let token = self.live_cn(i)?.driver.alloc_naming(now, Some(access_qpns))?;
+        let token = self.live_cn(i)?.driver.alloc_naming(now, access_qpns)?;
         self.alloc_finish(i, token)
     }
 

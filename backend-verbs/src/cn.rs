@@ -49,6 +49,7 @@ use omw_core::cn::ClientError;
 use omw_core::device::Provision;
 use omw_core::device::{Domain, WcStatus};
 use omw_core::ids::{CnId, Qpn, Rkey};
+use omw_core::testing::hostile::HostileCn;
 use omw_core::wire::message::{ConnectInfo, ErrorCode};
 use omw_core::wire::wqe::Wqe;
 use std::collections::{HashMap, VecDeque};
@@ -423,7 +424,7 @@ impl CnClient {
     pub fn alloc_naming(&mut self, access_qpns: &[Qpn]) -> Result<Allocation> {
         self.pump()?;
         let now = self.now();
-        let token = self.d.alloc_naming(now, Some(access_qpns)).map_err(cn_err)?;
+        let token = self.d.alloc_naming(now, access_qpns).map_err(cn_err)?;
         self.alloc_finish(token)
     }
 

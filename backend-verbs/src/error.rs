@@ -64,7 +64,7 @@ pub enum VerbsError {
     /// The CN driver refused (its slots, its memory layout).
     Cn(Box<omw_core::cn::driver::CnError<VerbsError>>),
     /// The MN could not be brought up on the device (which step, and the device's error).
-    Provision(Box<omw_core::mn::plan::ProvisionError<VerbsError>>),
+    Provision(Box<omw_core::mn::provision::ProvisionError<VerbsError>>),
     /// `--offload mlx5` cannot run (DEVX, capability or command failure, with what to do).
     Devx(crate::devx::DevxError),
 }

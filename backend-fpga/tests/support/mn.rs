@@ -16,9 +16,11 @@ use omw_core::device::WindowState;
 use omw_core::device::{Domain, ExecutionMode, MwBinding, QpState, WcStatus};
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::driver::MnDriver;
-use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
+use omw_core::mn::plan::{MnOptions, MnPlan};
+use omw_core::mn::provision::PoolSpec;
 use omw_core::mn::{CnQps, Event, MnStats};
 use omw_core::testing::deployment::{self, CnSide, Deployment, Life};
+use omw_core::testing::hostile::HostileCn;
 use omw_core::wire::memory_map::MnMemoryMap;
 use omw_core::wire::mwtable::MwTableEntry;
 use omw_core::wire::wqe::Wqe;
@@ -421,7 +423,7 @@ impl Testbed for Cluster {
     }
     fn alloc_naming(&mut self, cn: usize, qpns: &[Qpn]) -> Result<Allocation, Refusal> {
         let now = self.world.now;
-        let t = self.cns[cn].driver.alloc_naming(now, Some(qpns)).map_err(refusal)?;
+        let t = self.cns[cn].driver.alloc_naming(now, qpns).map_err(refusal)?;
         self.alloc_wait(cn, t)
     }
     fn access_qpns(&self, cn: usize) -> Vec<Qpn> {

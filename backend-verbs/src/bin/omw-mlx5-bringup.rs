@@ -484,7 +484,8 @@ fn offload(choice: &DeviceChoice, c: HcaCaps) -> Result<bool, VerbsError> {
     use omw_core::access::AccessFlags;
     use omw_core::cn::driver::{CnDriver, CnEvent, CnMemory, CnQpSet, IO_SLOTS};
     use omw_core::device::{Capabilities, DataPath, Domain, Provision, WcStatus};
-    use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
+    use omw_core::mn::plan::{MnOptions, MnPlan};
+    use omw_core::mn::provision::PoolSpec;
     use omw_core::mn::CnQps;
     use omw_verbs::devx::backend::{DevxBackend, DevxConfig};
     use omw_verbs::devx::device::DevxDevice;

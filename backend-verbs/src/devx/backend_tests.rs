@@ -14,7 +14,8 @@ use omw_core::mlx5::decode::{self, Decoded};
 use omw_core::mlx5::prm::hca_cap::atomic;
 use omw_core::mlx5::prm::{bits, qp as pq};
 use omw_core::mn::driver::MnDriver;
-use omw_core::mn::plan::{MnOptions, MnPlan, PoolSpec};
+use omw_core::mn::plan::{MnOptions, MnPlan};
+use omw_core::mn::provision::PoolSpec;
 use omw_core::mn::CnQps;
 
 const PDN: u32 = 0x51;

@@ -25,7 +25,7 @@ use crate::sessions::Session;
 use omw_core::device::{Capabilities, DataPath};
 use omw_core::ids::Qpn;
 use omw_core::mn::driver::MnDriver;
-use omw_core::mn::plan::ProvisionError;
+use omw_core::mn::provision::ProvisionError;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::net::SocketAddr;

@@ -15,7 +15,8 @@ use omw_core::chain::arm::MnDevice;
 use omw_core::device::DataPath;
 use omw_core::ids::Qpn;
 use omw_core::mn::driver::MnDriver;
-use omw_core::mn::plan::{MnPlan, ProvisionError};
+use omw_core::mn::plan::MnPlan;
+use omw_core::mn::provision::ProvisionError;
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -12,7 +12,8 @@ use crate::sessions::Session;
 use omw_core::device::{DataPath, ExecutionMode};
 use omw_core::ids::Qpn;
 use omw_core::mn::driver::MnDriver;
-use omw_core::mn::plan::{MnOptions as PlanOptions, MnPlan, PlanError, ProvisionError};
+use omw_core::mn::plan::{MnOptions as PlanOptions, MnPlan, PlanError};
+use omw_core::mn::provision::ProvisionError;
 use std::net::SocketAddr;
 use std::time::Duration;
 

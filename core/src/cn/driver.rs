@@ -19,7 +19,7 @@
 use crate::cn::{Allocation, Client, ClientError, ClientEvent};
 use crate::device::{Completion, QpState, RdmaBackend, WcOpcode, WcStatus};
 use crate::ids::{CnId, Qpn, Rkey};
-use crate::wire::message::{AllocRequest, ErrorCode, FreeRequest, Request, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
+use crate::wire::message::{ErrorCode, Request, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
 use crate::wire::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe};
 use core::fmt;
 
@@ -619,21 +619,27 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// Send an allocation request; its answer comes as [`CnEvent::Allocated`] or
     /// [`CnEvent::Refused`] with the returned token.
     pub fn alloc(&mut self, now: u64) -> Result<u32, CnError<B::Error>> {
-        self.alloc_naming(now, None)
+        self.send_alloc_request(now, |_, _, len| Ok(len))
     }
 
-    /// An allocation request naming `access_qpns` (MN ends) for the access windows instead of
-    /// the CN's own — what a confused or hostile CN can send.
-    pub fn alloc_naming(&mut self, now: u64, access_qpns: Option<&[Qpn]>) -> Result<u32, CnError<B::Error>> {
+    /// Send an allocation request whose bytes `shape` may rewrite from the client's own (the
+    /// hostile-CN API, `testing::hostile`, names other QPs with it); the client waits for the
+    /// answer to its token either way.
+    pub(crate) fn send_alloc_request(
+        &mut self,
+        now: u64,
+        shape: impl FnOnce(u32, &mut [u8; MSG_SLOT as usize], usize) -> Result<usize, ClientError>,
+    ) -> Result<u32, CnError<B::Error>> {
         let slot = self.free_send_slot(self.qps.alloc)?;
         let mut req = [0u8; MSG_SLOT as usize];
-        let (token, mut len) = self.client.alloc_request(now, self.mem.reply, self.mem.reply_rkey, &mut req)?;
-        if let Some(q) = access_qpns {
-            let g = self.client.info().map(|i| i.access_qpns.len()).unwrap_or(0);
-            let mut r = AllocRequest::decode(&req[..len], g).map_err(ClientError::Wire)?;
-            r.access_qpns = q.iter().copied().take(g).collect();
-            len = r.encode(&mut req).map_err(ClientError::Wire)?;
-        }
+        let (token, len) = self.client.alloc_request(now, self.mem.reply, self.mem.reply_rkey, &mut req)?;
+        let len = match shape(token, &mut req, len) {
+            Ok(l) => l,
+            Err(e) => {
+                self.client.abandon_pending();
+                return Err(e.into());
+            }
+        };
         if let Err(e) = self.send_in(slot, self.qps.alloc, Some(token), &req[..len]) {
             self.client.abandon_pending();
             return Err(e);
@@ -654,22 +660,27 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         Ok(token)
     }
 
-    /// A free request for any entry address, held or not (a forged free).
-    pub fn free_entry(&mut self, entry_addr: u64) -> Result<u32, CnError<B::Error>> {
-        let slot = self.free_send_slot(self.qps.free)?;
-        self.forged_token = self.forged_token.wrapping_add(1) | 0xF0F0_0000;
-        let token = self.forged_token;
-        self.remember_free(token);
-        self.send_in(slot, self.qps.free, Some(token), &FreeRequest { token, entry_addr }.encode())?;
-        Ok(token)
+    /// A request of `bytes` on `qp` from a free send slot (the hostile-CN API's raw sends);
+    /// `free_token`: a free's token, remembered so the MN's refusal of it is matched.
+    pub(crate) fn send_request(
+        &mut self,
+        qp: Qpn,
+        token: Option<u32>,
+        free_token: bool,
+        bytes: &[u8],
+    ) -> Result<(), CnError<B::Error>> {
+        let slot = self.free_send_slot(qp)?;
+        if let (true, Some(t)) = (free_token, token) {
+            self.remember_free(t);
+        }
+        let len = bytes.len().min(MSG_SLOT as usize);
+        self.send_in(slot, qp, token, &bytes[..len])
     }
 
-    /// Any bytes on any of the CN's QPs (a broken or hostile CN).
-    pub fn send_raw(&mut self, qp: CnQp, bytes: &[u8]) -> Result<(), CnError<B::Error>> {
-        let q = self.qps.get(qp).ok_or(CnError::NoSuchQp(qp))?;
-        let slot = self.free_send_slot(q)?;
-        let len = bytes.len().min(MSG_SLOT as usize);
-        self.send_in(slot, q, None, &bytes[..len])
+    /// A fresh token for a request the client did not make (a forged free).
+    pub(crate) fn forged_token(&mut self) -> u32 {
+        self.forged_token = self.forged_token.wrapping_add(1) | 0xF0F0_0000;
+        self.forged_token
     }
 
     fn remember_free(&mut self, token: u32) {

@@ -37,6 +37,7 @@ pub mod host_engine;
 pub mod invariants;
 mod lease;
 pub mod plan;
+pub mod provision;
 mod quiesce;
 mod quota;
 mod reclaim;

@@ -26,6 +26,7 @@ use omw_core::cn::{ClientError, ClientEvent};
 use omw_core::device::WcStatus;
 use omw_core::ids::{GroupId, Qpn, Rkey};
 use omw_core::mn::CnStatus;
+use omw_core::testing::hostile::HostileCn;
 use omw_core::wire::message::{AllocRequest, ErrorCode, FreeRequest, Header, Kind};
 use omw_core::wire::wqe::Wqe;
 use omw_loopback::cluster::{Cluster, CnOpError, CnQp};
@@ -1123,7 +1124,7 @@ fn lap(w: &mut World, l: Lap, what: &Step) {
             if let (true, Some((slot, sel))) = (evil_live, misbind) {
                 let q = misbound_qpns(w, slot, sel);
                 let now = w.c.now();
-                let _ = w.c.cns[EVIL].driver.alloc_naming(now, Some(&q));
+                let _ = HostileCn::alloc_naming(&mut w.c.cns[EVIL].driver, now, &q);
             }
             assert_eq!(w.c.free_begin(i, &h.a), Ok(()), "honest cn{i} could not post its free");
             nic_steps(w, steps);

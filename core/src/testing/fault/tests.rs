@@ -162,7 +162,7 @@ fn registration_faults_fail_the_call_and_stop_provisioning() {
     let mut dev = FaultInjector::new(Node::new(&nic, n), 3);
     dev.arm(Rule { fault: Fault::FailAllocMw, qp: None, trigger: Trigger::Nth(3) }).unwrap();
     let plan = crate::mn::plan::MnPlan::decide(dev.capabilities(), crate::mn::plan::MnOptions::default()).unwrap();
-    let spec = crate::mn::plan::PoolSpec {
+    let spec = crate::mn::provision::PoolSpec {
         chunk_size: 4096,
         chunks: 2,
         group_size: 2,
@@ -173,7 +173,7 @@ fn registration_faults_fail_the_call_and_stop_provisioning() {
     };
     let r = plan.provision(dev, &spec);
     assert!(
-        matches!(r, Err(crate::mn::plan::ProvisionError::Backend(FaultError::Injected(FaultOp::AllocMw)))),
+        matches!(r, Err(crate::mn::provision::ProvisionError::Backend(FaultError::Injected(FaultOp::AllocMw)))),
         "{r:?}"
     );
 }
@@ -219,7 +219,8 @@ fn after_a_failed_bind_with(
     ),
 ) {
     use crate::cn::driver::{CnDriver, CnEvent, CnMemory, CnQpSet, IO_SLOTS};
-    use crate::mn::plan::{MnOptions, MnPlan, PoolSpec};
+    use crate::mn::plan::{MnOptions, MnPlan};
+    use crate::mn::provision::PoolSpec;
     use crate::mn::CnQps;
     use crate::wire::message::ErrorCode;
 

@@ -3,7 +3,8 @@
 use super::*;
 use crate::device::mw_rules::Mode;
 use crate::device::ExecutionMode;
-use crate::mn::plan::{MnOptions, MnPlan, PoolSpec};
+use crate::mn::plan::{MnOptions, MnPlan};
+use crate::mn::provision::PoolSpec;
 use crate::testing::test_nic::{Node, TestNic};
 use core::cell::RefCell as Cell;
 use std::string::{String, ToString};
