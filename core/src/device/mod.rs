@@ -3,6 +3,7 @@
 //! Backends translate; they do not decide. The MN picks offloaded or host-engine execution from
 //! [`Capabilities`] alone ([`ExecutionMode::choose`]) and always reports which one it chose.
 
+pub mod behaviour;
 pub mod mw_rules;
 
 use crate::access::AccessFlags;
