@@ -189,9 +189,6 @@ struct Port<'a, B: MnDevice> {
     atomic: Option<(Qpn, u64, u32, u32)>,
     send_seq: &'a mut [u8; crate::mn::MAX_CNS],
     stats: &'a mut DriverStats,
-    /// Management QPs that need a request buffer posted once the MN's reaction is over
-    /// (distinct: the Alloc and Free QP of each CN record).
-    repost: heapless::Vec<Qpn, { 2 * crate::mn::MAX_CNS }>,
     /// QPs this reaction really reset (their posted receives are gone); distinct QPs of the CN
     /// records the reaction started with (it connects none).
     resets: heapless::Vec<Qpn, { MAX_QPS_PER_CN * crate::mn::MAX_CNS }>,
@@ -273,13 +270,6 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
             Action::ArmChain { kind, env } => {
                 let layout = build(kind, &env).map_err(DriverError::Chain)?;
                 arm(b, &layout, 1).map_err(DriverError::Arm)
-            }
-            Action::PostRequestBuffers { qp } => {
-                if !self.repost.contains(&qp) {
-                    let pushed = self.repost.push(qp);
-                    debug_assert!(pushed.is_ok(), "distinct management QPs: two per CN record, MAX_CNS records");
-                }
-                Ok(())
             }
             Action::ServeLap { cn, kind, len } => {
                 let pushed = self.serve.push((cn, kind, len));
@@ -496,7 +486,6 @@ impl<B: MnDevice> MnDriver<B> {
                 .map(|q| (q, self.mn.map().mn_scratch, self.regions.meta_lkey, self.regions.meta_rkey)),
             send_seq: &mut self.send_seq,
             stats: &mut self.stats,
-            repost: heapless::Vec::new(),
             resets: heapless::Vec::new(),
             laps: &mut self.laps,
             serve: heapless::Vec::new(),
@@ -561,7 +550,6 @@ impl<B: MnDevice> MnDriver<B> {
         let base = [self.backend.send_wqes_executed(qps.alloc), self.backend.send_wqes_executed(qps.free)];
         let (mn, mut port) = self.port();
         let cn = mn.connect_as(&mut port, qps.clone(), tenant).map_err(DriverError::from)?;
-        let repost = core::mem::take(&mut port.repost);
         let resets = core::mem::take(&mut port.resets);
         drop(port);
         if let Some(slot) = self.mn.cn(cn).map(|r| r.slot as usize) {
@@ -574,7 +562,7 @@ impl<B: MnDevice> MnDriver<B> {
             *p = [false; 2];
         }
         self.forget_receives(&resets);
-        self.post_request_buffers(&repost)?;
+        self.keep_request_buffers()?;
         Ok(cn)
     }
 
@@ -586,7 +574,6 @@ impl<B: MnDevice> MnDriver<B> {
         }
         let (mn, mut port) = self.port();
         let r = mn.handle(now, event, &mut port).map_err(DriverError::from);
-        let repost = core::mem::take(&mut port.repost);
         let resets = core::mem::take(&mut port.resets);
         let serve = core::mem::take(&mut port.serve);
         self.forget_receives(&resets);
@@ -600,11 +587,10 @@ impl<B: MnDevice> MnDriver<B> {
         let mn = &self.mn;
         self.laps.retain(|l| mn.cn(l.cn).is_some());
         r?;
-        self.post_request_buffers(&repost)?;
         for (cn, kind, len) in serve {
             self.serve_request(cn, kind, len)?;
         }
-        Ok(())
+        self.keep_request_buffers()
     }
 
     /// A reset dropped whatever receives these QPs had posted.
@@ -624,10 +610,23 @@ impl<B: MnDevice> MnDriver<B> {
         }
     }
 
-    fn post_request_buffers(&mut self, qps: &[Qpn]) -> Result<(), DriverError<B::Error>> {
-        for qp in qps {
-            if let Some((cn, kind)) = self.mn.cn_of_mgmt_qp(*qp) {
-                self.post_request_buffer(cn, kind)?;
+    /// The one rule for host-engine request buffers: each management QP of an active CN has
+    /// exactly one posted, unless a lap of that CN and kind holds it (the buffer's bytes are the
+    /// lap's request until it ends; the CN's next request waits, its SEND retrying). Whatever
+    /// happened — a lap ended, a request was answered without one, a reset dropped the receive,
+    /// a CN connected — this is what puts the buffer back: every entry ends with it, and the
+    /// serial engine runs it once it copied a request out.
+    fn keep_request_buffers(&mut self) -> Result<(), DriverError<B::Error>> {
+        if self.mn.mode() != ExecutionMode::HostEngine {
+            return Ok(());
+        }
+        let cns: heapless::Vec<CnId, { crate::mn::MAX_CNS }> =
+            self.mn.cns().filter(|r| r.status == crate::mn::CnStatus::Active).map(|r| r.cn).collect();
+        for cn in cns {
+            for kind in [ChainKind::Alloc, ChainKind::Free] {
+                if !self.laps.iter().any(|l| l.cn == cn && l.kind == kind) {
+                    self.post_request_buffer(cn, kind)?;
+                }
             }
         }
         Ok(())
@@ -767,7 +766,6 @@ impl<B: MnDevice> MnDriver<B> {
                         if let Some(rkey) = c.invalidated.filter(|_| c.status.is_ok()) {
                             self.handle(now, Event::CnAnswered { cn: *cn })?;
                             self.handle(now, Event::RemoteInvalidation { qp: mgmt, rkey })?;
-                            self.post_request_buffer(*cn, kind)?;
                             continue;
                         }
                         if !c.status.is_ok() {
@@ -796,6 +794,7 @@ impl<B: MnDevice> MnDriver<B> {
                 break;
             }
         }
+        self.keep_request_buffers()?;
         Ok(report)
     }
 
@@ -1002,12 +1001,12 @@ impl<B: MnDevice> MnDriver<B> {
         let mut req = [0u8; REQUEST_BUF_LEN as usize];
         let n = (len as usize).min(req.len());
         self.backend.read_local(addr, &mut req[..n]).map_err(DriverError::Backend)?;
-        // Serial engine: the buffer is free again once copied. Concurrent engine: it is posted
-        // again when the lap ends, so this CN's next request of this kind waits for it (its
-        // laps share one scratch area) — the CN's SEND retries meanwhile.
+        // Serial engine: the buffer is free again once copied (no lap holds it while this one
+        // runs to its end). Concurrent engine: the lap holds it until it ends, so this CN's next
+        // request of this kind waits (its laps share one scratch area) — its SEND retries.
         let serial = !self.concurrent_laps;
         if serial {
-            self.post_request_buffer(cn, kind)?;
+            self.keep_request_buffers()?;
         }
         // the entry a free names (the lap checks the request; a request too short to name one
         // fails there)
@@ -1043,8 +1042,8 @@ impl<B: MnDevice> MnDriver<B> {
         self.finish_lap(cn, kind, outcome, entry)
     }
 
-    /// A lap ended: account for it, scrub a freed chunk, tell the MN, repost the request
-    /// buffer. True when it committed.
+    /// A lap ended: account for it, scrub a freed chunk, tell the MN (its request buffer is
+    /// free again: posted as the entry that ended it ends). True when it committed.
     fn finish_lap(
         &mut self,
         cn: CnId,
@@ -1072,7 +1071,6 @@ impl<B: MnDevice> MnDriver<B> {
                 false
             }
         };
-        self.post_request_buffer(cn, kind)?;
         Ok(committed)
     }
 
@@ -1105,10 +1103,8 @@ impl<B: MnDevice> MnDriver<B> {
             }
         }
         // a reset discards posted receives without completions: the request buffers go again
+        // (keep_request_buffers, as every entry ends)
         self.forget_receives(&reset);
-        for kind in [ChainKind::Alloc, ChainKind::Free] {
-            self.post_request_buffer(cn, kind)?;
-        }
         Ok(())
     }
 

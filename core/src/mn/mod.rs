@@ -160,8 +160,6 @@ pub enum Action {
     ResetQp(Qpn),
     /// Build and arm a chain (offloaded mode).
     ArmChain { kind: ChainKind, env: ChainEnv },
-    /// Post plain receive buffers for requests on a management QP (host-engine mode).
-    PostRequestBuffers { qp: Qpn },
     /// Host-engine mode: run a lap for the request that arrived in the CN's request buffer of
     /// `kind` ([`Event::RequestArrived`]); the port reports its end as
     /// [`Event::LapCommitted`] or [`Event::ChainFailed`].
@@ -646,8 +644,8 @@ impl MemoryNode {
                 port.apply(Action::ArmChain { kind, env }).map_err(MnError::Port)?;
             }
             ExecutionMode::HostEngine => {
+                // (the driver posts its request buffer again: a reset dropped it)
                 port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
-                port.apply(Action::PostRequestBuffers { qp: mgmt }).map_err(MnError::Port)?;
             }
         }
         if kind == ChainKind::Alloc {

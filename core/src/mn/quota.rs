@@ -27,8 +27,8 @@ impl MemoryNode {
 
     /// Host-engine mode: a request arrived ([`Event::RequestArrived`]). An alloc is refused at
     /// once while the CN is parked on its ticket or when it would exceed the quota; anything
-    /// else is served. A refused request's buffer is posted again here (the lap that would
-    /// have ended by posting it never runs).
+    /// else is served. A refused request's buffer is free again at once (no lap holds it): the
+    /// driver posts it with its one rule.
     pub(super) fn on_request<P: MnPort>(&mut self, port: &mut P, cn: CnId, kind: ChainKind, len: u32) -> R<P::Error> {
         let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
         // a request: the CN is alive (a lap may drop the completions of its probes while it
@@ -37,10 +37,6 @@ impl MemoryNode {
         if self.cfg.mode != ExecutionMode::HostEngine || r.status != CnStatus::Active {
             return Ok(());
         }
-        let mgmt = match kind {
-            ChainKind::Alloc => r.qps.alloc,
-            ChainKind::Free => r.qps.free,
-        };
         if kind == ChainKind::Alloc {
             // the token, where the request is long enough to carry one (a refusal names it)
             let token = match (len as usize >= crate::wire::message::HEADER_LEN, self.map.scratch(r.slot)) {
@@ -63,7 +59,9 @@ impl MemoryNode {
                 }
             };
             if refused {
-                return port.apply(Action::PostRequestBuffers { qp: mgmt }).map_err(MnError::Port);
+                // answered without a lap: the driver posts the request buffer again (its one
+                // rule: a buffer no lap holds is posted)
+                return Ok(());
             }
         }
         port.apply(Action::ServeLap { cn, kind, len }).map_err(MnError::Port)
