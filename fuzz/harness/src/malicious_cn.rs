@@ -463,7 +463,7 @@ fn after_step(w: &mut World, op: &dyn std::fmt::Debug) {
     conservation(&w.c, op);
     // the attacker's own chunks may come and go (quota, crash); honest ones must not
     let before: Vec<_> = (1..CNS).flat_map(|i| w.shadow.of(i)).collect();
-    w.shadow.sync(&w.c);
+    w.shadow.sync(|cn, a| owned_by(&w.c, cn, a));
     for h in before {
         assert!(
             owned_by(&w.c, h.cn, &h.a),
@@ -877,14 +877,14 @@ fn classic(w: &mut World, op: &Op) {
         Op::Alloc(second) => honest_alloc(w, honest(second), op),
         Op::Free(second, which) => {
             let i = honest(second);
-            let Some(h) = w.shadow.pick(i, which) else { return };
+            let Some(h) = w.shadow.pick(i, which as usize) else { return };
             assert_eq!(w.c.free(i, &h.a), Ok(()), "honest cn{i} could not free its chunk {:#x}", h.a.base);
             assert!(!owned_by(&w.c, i, &h.a), "freed chunk still owned");
             w.shadow.forget(&h);
         }
         Op::Write { second, which, q, off, data } => {
             let i = honest(second);
-            let Some(h) = w.shadow.pick(i, which) else { return };
+            let Some(h) = w.shadow.pick(i, which as usize) else { return };
             let q = q as usize % h.a.rkeys.len();
             let data: Vec<u8> = data.into_iter().take(64).collect();
             if data.is_empty() {
@@ -1099,7 +1099,7 @@ fn lap(w: &mut World, l: Lap, what: &Step) {
             let token = if evil_live { w.c.alloc_begin(EVIL).ok() } else { None };
             let freed = honest_free.and_then(|(second, which)| {
                 let i = honest(second);
-                let h = w.shadow.pick(i, which)?;
+                let h = w.shadow.pick(i, which as usize)?;
                 assert_eq!(w.c.free_begin(i, &h.a), Ok(()), "honest cn{i} could not post its free");
                 Some(h)
             });
@@ -1119,7 +1119,7 @@ fn lap(w: &mut World, l: Lap, what: &Step) {
         }
         Lap::FreeDuringAudit { second, which, steps, schedule, misbind } => {
             let i = honest(second);
-            let Some(h) = w.shadow.pick(i, which) else { return };
+            let Some(h) = w.shadow.pick(i, which as usize) else { return };
             schedule.apply(&mut w.c);
             if let (true, Some((slot, sel))) = (evil_live, misbind) {
                 let q = misbound_qpns(w, slot, sel);

@@ -275,7 +275,7 @@ pub fn check(input: &Input) {
         }
         invariants(&mut w.c, s, &w.forgers);
         conservation(&w.c, s);
-        w.shadow.sync(&w.c);
+        w.shadow.sync(|cn, a| owned_by(&w.c, cn, a));
         w.shadow.verify_all(&mut w.c, s);
     }
 }
@@ -395,7 +395,7 @@ fn step(w: &mut World, op: &Op) {
         }
         Op::Free(i, which) => {
             let i = w.cn(i);
-            let Some(h) = w.shadow.pick(i, which) else { return };
+            let Some(h) = w.shadow.pick(i, which as usize) else { return };
             let live = owned_by(&w.c, i, &h.a) && w.alive(i);
             let r = w.c.free(i, &h.a);
             if live && w.c.driver.mn.cn(w.c.cns[i].id).map(|r| r.status) == Some(omw_core::mn::CnStatus::Active) {
@@ -437,7 +437,7 @@ fn step(w: &mut World, op: &Op) {
         }
         Op::Write { cn, which, q, off, data } => {
             let i = w.cn(cn);
-            let Some(h) = w.shadow.pick(i, which) else { return };
+            let Some(h) = w.shadow.pick(i, which as usize) else { return };
             let q = q as usize % h.a.rkeys.len();
             let off = off as u64 % (2 * h.a.length);
             let data: Vec<u8> = data.into_iter().take(64).collect();
@@ -456,7 +456,7 @@ fn step(w: &mut World, op: &Op) {
         }
         Op::Read { cn, which, q, off, len } => {
             let i = w.cn(cn);
-            let Some(h) = w.shadow.pick(i, which) else { return };
+            let Some(h) = w.shadow.pick(i, which as usize) else { return };
             let q = q as usize % h.a.rkeys.len();
             let off = off as u64 % (2 * h.a.length);
             let len = 1 + len as usize % 64;
@@ -473,10 +473,10 @@ fn step(w: &mut World, op: &Op) {
             if a == v || !w.alive(a) {
                 return;
             }
-            let Some(h) = w.shadow.pick(v, which) else { return };
+            let Some(h) = w.shadow.pick(v, which as usize) else { return };
             let q = q as usize % h.a.rkeys.len();
             let rkey = if own_key {
-                match w.shadow.pick(a, which) {
+                match w.shadow.pick(a, which as usize) {
                     Some(mine) => mine.a.rkey(q).unwrap_or_default(),
                     None => return,
                 }
@@ -703,7 +703,7 @@ fn lap(w: &mut World, l: Lap, what: &Step) {
         }
         Lap::FreeDuringAudit { cn, which, steps, schedule } => {
             let i = w.cn(cn);
-            let Some(h) = w.shadow.pick(i, which) else { return };
+            let Some(h) = w.shadow.pick(i, which as usize) else { return };
             if !w.alive(i) || !owned_by(&w.c, i, &h.a) {
                 return;
             }
@@ -748,7 +748,7 @@ fn lap(w: &mut World, l: Lap, what: &Step) {
                 return;
             }
             let token = if free {
-                match w.shadow.pick(i, steps) {
+                match w.shadow.pick(i, steps as usize) {
                     Some(h) if owned_by(&w.c, i, &h.a) => {
                         let _ = w.c.free_begin(i, &h.a);
                     }

@@ -8,10 +8,10 @@ use omw_core::ids::{GroupId, Rkey};
 use omw_core::mn::invariants::InvariantViolation;
 use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::NicConfig;
-use std::collections::BTreeMap;
 
-/// Bytes of each chunk the shadow tracks (accesses may go further; they are checked by status).
-pub const SHADOW: usize = 256;
+/// The one shadow oracle (omw-tests' `oracle`): the bytes each CN wrote, the allocations that
+/// died.
+pub use omw_tests::oracle::{Held, Shadow, SHADOW};
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub struct Setup {
@@ -131,14 +131,6 @@ fn give_back_excess(c: &mut Cluster, i: usize, what: &dyn std::fmt::Debug) {
     }
 }
 
-/// An allocation as a CN got it, and the bytes it wrote since.
-#[derive(Clone, Debug)]
-pub struct Held {
-    pub cn: usize,
-    pub a: Allocation,
-    pub bytes: Vec<Option<u8>>,
-}
-
 /// The MN's ground truth: the group of `a` is owned by CN `cn` and still has `a`'s keys.
 pub fn owned_by(c: &Cluster, cn: usize, a: &Allocation) -> bool {
     let Some(g) = c.group_of(a) else { return false };
@@ -162,86 +154,6 @@ pub fn owned_ranges(c: &Cluster) -> Vec<(u64, u64, u32)> {
         .filter(|e| e.owner() != 0)
         .map(|e| (e.base.get(), e.length.get() as u64, e.owner()))
         .collect()
-}
-
-/// The shadow of every allocation the harness saw succeed, keyed by (cn, entry, owner rkey).
-/// Ordered (not hashed): whatever iterates it runs in the same order in every process, so a
-/// fuzz run with a fixed seed explores the same way everywhere.
-#[derive(Default, Debug)]
-pub struct Shadow {
-    pub held: BTreeMap<(usize, u64, u32), Held>,
-    /// Allocations that were freed, revoked or reclaimed: their rkeys must never work again.
-    pub dead: Vec<(usize, Allocation)>,
-}
-
-impl Shadow {
-    pub fn adopt(&mut self, cn: usize, a: Allocation) {
-        let len = (a.length as usize).min(SHADOW);
-        self.held.insert((cn, a.entry_addr, a.owner_rkey.0), Held { cn, a, bytes: vec![None; len] });
-    }
-    pub fn of(&self, cn: usize) -> Vec<Held> {
-        let mut v: Vec<Held> = self.held.values().filter(|h| h.cn == cn).cloned().collect();
-        v.sort_by_key(|h| h.a.entry_addr);
-        v
-    }
-    pub fn pick(&self, cn: usize, which: u8) -> Option<Held> {
-        let v = self.of(cn);
-        (!v.is_empty()).then(|| v[which as usize % v.len()].clone())
-    }
-    /// Drop what the MN no longer records as owned by its CN (freed, revoked, reclaimed).
-    pub fn sync(&mut self, c: &Cluster) {
-        let gone: Vec<(usize, u64, u32)> =
-            self.held.iter().filter(|(_, h)| !owned_by(c, h.cn, &h.a)).map(|(k, _)| *k).collect();
-        for k in gone {
-            if let Some(h) = self.held.remove(&k) {
-                self.dead.push((h.cn, h.a));
-            }
-        }
-    }
-    /// The CN gave `h` back itself.
-    pub fn forget(&mut self, h: &Held) {
-        if let Some(h) = self.held.remove(&(h.cn, h.a.entry_addr, h.a.owner_rkey.0)) {
-            self.dead.push((h.cn, h.a));
-        }
-    }
-    pub fn record_write(&mut self, h: &Held, off: usize, data: &[u8]) {
-        if let Some(x) = self.held.get_mut(&(h.cn, h.a.entry_addr, h.a.owner_rkey.0)) {
-            for (i, b) in data.iter().enumerate() {
-                if let Some(slot) = x.bytes.get_mut(off + i) {
-                    *slot = Some(*b);
-                }
-            }
-        }
-    }
-    /// Every live allocation reads back (through every access QP) exactly what its CN wrote.
-    pub fn verify_all(&self, c: &mut Cluster, what: &dyn std::fmt::Debug) {
-        let mut all: Vec<&Held> = self.held.values().collect();
-        all.sort_by_key(|h| (h.cn, h.a.entry_addr));
-        for h in all {
-            if c.cns[h.cn].crashed {
-                continue;
-            }
-            for q in 0..h.a.rkeys.len() {
-                let (st, got) = c.read(h.cn, &h.a, q, 0, h.bytes.len());
-                assert_eq!(
-                    st,
-                    WcStatus::Success,
-                    "cn{} lost access to its chunk {:#x} (qp {q}) after {what:?}",
-                    h.cn,
-                    h.a.base
-                );
-                for (i, want) in h.bytes.iter().enumerate() {
-                    if let Some(w) = want {
-                        assert_eq!(
-                            got[i], *w,
-                            "cn{}'s chunk {:#x} byte {i} changed behind its back after {what:?}",
-                            h.cn, h.a.base
-                        );
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// Whether `[addr, addr+len)` overlaps a chunk some CN other than `cn` owns.

@@ -144,20 +144,18 @@ fn apply(t: &mut dyn Testbed, sh: &mut Shadow, s: &Pool, op: &Op) {
             }
         },
         Op::Free(i, k) => {
-            let k = sh.pick(i, k).unwrap();
-            let h = sh.forget(k);
+            let h = sh.pick(i, k).unwrap();
+            sh.forget(&h);
             t.free(i, &h.a).unwrap();
             t.tick(); // the MN timer settles tickets and announces availability
         }
         Op::Write(i, k, q, data) => {
-            let k = sh.pick(i, k).unwrap();
-            let a = sh.held[k].a.clone();
-            assert_eq!(t.write(i, &a, q, 0, &data), WcStatus::Success);
-            sh.record_write(k, 0, &data);
+            let h = sh.pick(i, k).unwrap();
+            assert_eq!(t.write(i, &h.a, q, 0, &data), WcStatus::Success);
+            sh.record_write(&h, 0, &data);
         }
         Op::Read(i, k, q) => {
-            let k = sh.pick(i, k).unwrap();
-            let h = sh.held[k].clone();
+            let h = sh.pick(i, k).unwrap();
             let (st, got) = t.read(i, &h.a, q, 0, h.bytes.len());
             assert_eq!(st, WcStatus::Success);
             for (n, want) in h.bytes.iter().enumerate() {
@@ -167,18 +165,16 @@ fn apply(t: &mut dyn Testbed, sh: &mut Shadow, s: &Pool, op: &Op) {
             }
         }
         Op::CrossAccess(att, v, k, q) => {
-            let k = sh.pick(v, k).unwrap();
-            let a = sh.held[k].a.clone();
+            let a = sh.pick(v, k).unwrap().a;
             let rk = a.rkey(q).unwrap();
             assert_eq!(t.write_raw(att, q, a.base, rk, b"attack"), WcStatus::RemAccessErr);
             assert_eq!(t.read_raw(att, q, a.base, rk, 8).0, WcStatus::RemAccessErr);
         }
         Op::ForgedFree(att, v, k) => {
-            let k = sh.pick(v, k).unwrap();
-            let a = sh.held[k].a.clone();
-            assert!(t.free_entry(att, a.entry_addr).is_err(), "forged free must fail");
-            assert_eq!(t.write(v, &a, 0, 0, b"still"), WcStatus::Success, "owner keeps the chunk");
-            sh.record_write(k, 0, b"still");
+            let h = sh.pick(v, k).unwrap();
+            assert!(t.free_entry(att, h.a.entry_addr).is_err(), "forged free must fail");
+            assert_eq!(t.write(v, &h.a, 0, 0, b"still"), WcStatus::Success, "owner keeps the chunk");
+            sh.record_write(&h, 0, b"still");
         }
         Op::Stale(i) => {
             let mut alive = [false; CNS];
