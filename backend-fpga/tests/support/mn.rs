@@ -65,23 +65,8 @@ impl deployment::Fabric for World {
         // `Fabric::run` counts the call that found it idle
         Ok(self.f.run(20_000).saturating_sub(1))
     }
-    fn interleaves(&self) -> bool {
-        false
-    }
-    fn step(&mut self) -> Result<bool, Self::Error> {
-        Ok(self.f.tick())
-    }
-    fn mn_acts_now(&mut self) -> bool {
-        false
-    }
     fn advance_to(&mut self, t: u64) -> Result<(), Self::Error> {
         self.now = self.now.max(t);
-        Ok(())
-    }
-    fn charge_mn_cpu(&mut self, _events: u64, _steps: u64) -> Result<(), Self::Error> {
-        Ok(())
-    }
-    fn count_mn_events(&mut self, _n: u64) -> Result<(), Self::Error> {
         Ok(())
     }
 }

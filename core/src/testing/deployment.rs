@@ -33,28 +33,39 @@ use core::fmt;
 /// a host-engine lap advances one device step per round, so a few hundred laps' worth.
 pub const MAX_ROUNDS: u32 = 1024;
 
-/// The world the devices live in.
+/// The world the devices live in. The defaults are a fabric that never interleaves and has
+/// no CPU timing model.
 pub trait Fabric {
     type Error: fmt::Debug + fmt::Display;
     /// The fabric's clock (ns). A fabric without time keeps the last [`Fabric::advance_to`].
     fn now(&self) -> u64;
     /// Run what the devices have posted until they are idle (bounded by the fabric); the steps run.
     fn run(&mut self) -> Result<u64, Self::Error>;
+    /// Let time pass up to `t` (≥ [`Fabric::now`]), running what falls due.
+    fn advance_to(&mut self, t: u64) -> Result<(), Self::Error>;
     /// Whether the fabric explores interleavings: devices stepped one at a time, the MN CPU let
     /// in between any two steps when [`Fabric::mn_acts_now`] says so. Otherwise the MN acts
     /// only when the devices are idle.
-    fn interleaves(&self) -> bool;
+    fn interleaves(&self) -> bool {
+        false
+    }
     /// One device step; false when idle (interleaved schedules).
-    fn step(&mut self) -> Result<bool, Self::Error>;
+    fn step(&mut self) -> Result<bool, Self::Error> {
+        Ok(false)
+    }
     /// Interleaved schedules: whether the MN CPU acts before the next device step.
-    fn mn_acts_now(&mut self) -> bool;
-    /// Let time pass up to `t` (≥ [`Fabric::now`]), running what falls due.
-    fn advance_to(&mut self, t: u64) -> Result<(), Self::Error>;
+    fn mn_acts_now(&mut self) -> bool {
+        false
+    }
     /// Charge the MN CPU for `events` events it handled and `steps` host-engine steps it ran
-    /// (a timing model advances the MN host's CPU; a fabric without one counts nothing).
-    fn charge_mn_cpu(&mut self, events: u64, steps: u64) -> Result<(), Self::Error>;
+    /// (a timing model advances the MN host's CPU).
+    fn charge_mn_cpu(&mut self, _events: u64, _steps: u64) -> Result<(), Self::Error> {
+        Ok(())
+    }
     /// Count `n` MN CPU events whose cost the model leaves out (a departure, a timer).
-    fn count_mn_events(&mut self, n: u64) -> Result<(), Self::Error>;
+    fn count_mn_events(&mut self, _n: u64) -> Result<(), Self::Error> {
+        Ok(())
+    }
 }
 
 /// Where a CN is in its life, as the deployment drives it.
@@ -347,23 +358,8 @@ impl Fabric for Immediate {
     fn run(&mut self) -> Result<u64, Self::Error> {
         Ok(0)
     }
-    fn interleaves(&self) -> bool {
-        false
-    }
-    fn step(&mut self) -> Result<bool, Self::Error> {
-        Ok(false)
-    }
-    fn mn_acts_now(&mut self) -> bool {
-        false
-    }
     fn advance_to(&mut self, t: u64) -> Result<(), Self::Error> {
         self.now = self.now.max(t);
-        Ok(())
-    }
-    fn charge_mn_cpu(&mut self, _events: u64, _steps: u64) -> Result<(), Self::Error> {
-        Ok(())
-    }
-    fn count_mn_events(&mut self, _n: u64) -> Result<(), Self::Error> {
         Ok(())
     }
 }
