@@ -3,10 +3,12 @@
 //! window bound elsewhere refuses). The step table, with the gated phases and the WQEs per lap,
 //! is in docs/CHAINS.md.
 //!
-//! Four gated phases lie between the request and the push:
+//! Five gated phases lie between the request and the push:
 //!
 //! 1. *WAIT for the RECV*, which has scattered the entry address straight into the entry READ
-//!    (through the MWTable-only MR, so an address outside the table faults). Loop READs copy
+//!    (through the MWTable-only MR, so an address outside the table faults); then an ENABLE
+//!    behind the WAIT releases that READ — a NIC may fetch past an unsatisfied WAIT, never past
+//!    an enable limit, and the READ must not be fetched before the scatter landed. Loop READs copy
 //!    the address out of that WQE into scratch (the `ENTRY_ADDR` marker) and into the
 //!    write-back; FENCEd behind the entry READ, others patch the chunk base into the scrub
 //!    WRITE and the rkeys into the Free QP's LOCAL_INV and UNBINDs.
@@ -50,6 +52,11 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
 
     // ---- phase 1: the request is here; read the entry it names
     b.push(Ring::Loop, Wqe::wait(env.mgmt_qpn, QueueSel::Recv, 1))?;
+    // The entry READ is patched by the RECV, and a NIC may fetch past an unsatisfied WAIT: it
+    // lies beyond the ring's enable limit until this ENABLE, which executes only behind the
+    // WAIT — once the RECV, and so its scatter, completed.
+    let open = b.push(Ring::Loop, Wqe::enable(env.loop_qpn, QueueSel::Send, 0))?;
+    let opened = b.layout.ring_len(Ring::Loop) as u64;
     let rd = b.push(Ring::Loop, Wqe::read(s + f::ENTRY, k.meta_lkey, ENTRY_SIZE as u32, 0, k.table_rkey))?;
     // the entry address, out of the READ the request patched: the marker, the write-back
     let marker = b.push(Ring::Loop, Wqe::read(s + f::ENTRY_ADDR, k.meta_lkey, 8, 0, k.ring_rkey))?;
@@ -147,8 +154,9 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.set_count(release_mgmt, mgmt_depth);
     b.set_count(release, second_end - first_half);
     b.set_count(gate, loop_depth - second_end);
+    b.set_count(open, first_half - opened);
     let closing = b.closing;
-    b.set_count(closing, first_half);
-    b.layout.initial_enable = [first_half as u16, 0];
+    b.set_count(closing, opened);
+    b.layout.initial_enable = [opened as u16, 0];
     Ok(b.layout)
 }
