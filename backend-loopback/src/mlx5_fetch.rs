@@ -204,8 +204,11 @@ impl Fabric {
             Mlx5Op::CompareSwap { remote, rkey, local: l, compare, swap } => {
                 Wqe::compare_swap(l.addr, l.lkey, remote, rkey, compare, swap)
             }
-            Mlx5Op::Bind { mkey, addr, length, lkey, qpn, access } => {
-                Wqe::bind_mw(mkey, addr, length, lkey, qpn, access)
+            // rdma-core's layout: the window is found by the index of the key it holds (`imm`);
+            // its new key byte is `qpn_mkey`'s. Whether firmware also checks `imm`'s key byte
+            // is a hardware question: the model does not (docs/MLX5.md).
+            Mlx5Op::Bind { mkey, new_key, addr, length, lkey, qpn, access } => {
+                Wqe::bind_mw((mkey & !0xFF) | new_key as u32, addr, length, lkey, qpn, access).with_current_rkey(mkey)
             }
             Mlx5Op::Invalidate { mkey, check_qpn: true } => Wqe::local_inv(mkey),
             Mlx5Op::Invalidate { mkey, check_qpn: false } => Wqe::unbind_mw(mkey),

@@ -32,6 +32,11 @@ impl Rkey {
     pub const fn next_key(self) -> Self {
         Rkey((self.0 & !0xFF) | (self.key().wrapping_add(1) as u32))
     }
+    /// The key [`Rkey::next_key`] came from: the window's key before a bind that followed
+    /// `ibv_inc_rkey` (what a bind names as the window's current key, rdma-core's `mw->rkey`).
+    pub const fn prev_key(self) -> Self {
+        Rkey((self.0 & !0xFF) | (self.key().wrapping_sub(1) as u32))
+    }
 }
 
 impl fmt::Debug for Rkey {

@@ -151,9 +151,11 @@ int main(void)
 	}
 	hex("wqe_compare_swap", wqe, 64);
 
-	/* ---- type-2 BIND_MW: UMR, ds 12, 3 WQEBBs (set_bind_wr with length != 0) */
+	/* ---- type-2 BIND_MW: UMR, ds 12, 3 WQEBBs (set_bind_wr with length != 0). As
+	 * mlx5_post_send: ctrl->imm = htobe32(wr->bind_mw.mw->rkey) -- the window's CURRENT rkey
+	 * (0x00123404) -- and the new key byte (0x05, wr->bind_mw.rkey) in qpn_mkey. */
 	memset(wqe, 0, sizeof(wqe));
-	mlx5dv_set_ctrl_seg(ctrl, 12, MLX5_OPCODE_UMR, 0, 0x99, MLX5_WQE_CTRL_CQ_UPDATE, 12, 0, htobe32(0x00123405));
+	mlx5dv_set_ctrl_seg(ctrl, 12, MLX5_OPCODE_UMR, 0, 0x99, MLX5_WQE_CTRL_CQ_UPDATE, 12, 0, htobe32(0x00123404));
 	{
 		struct mlx5_wqe_umr_ctrl_seg *u = (void *)(ctrl + 1);
 		u->flags = MLX5_WQE_UMR_CTRL_FLAG_TRNSLATION_OFFSET | MLX5_WQE_UMR_CTRL_FLAG_INLINE;

@@ -43,7 +43,9 @@ use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Ring};
 use crate::geometry::MAX_GROUP_SIZE;
 use crate::wire::memory_map::{alloc_scratch as a, ALLOC_SCRATCH_OFF};
 use crate::wire::message::{alloc_request as req, ALLOC_REPLY_LEN};
-use crate::wire::mwtable::{entry_off_rkey, ENTRY_OFF_BASE, ENTRY_OFF_LKEY, ENTRY_OFF_OWNER, ENTRY_SIZE};
+use crate::wire::mwtable::{
+    entry_off_cur_rkey, entry_off_rkey, ENTRY_OFF_BASE, ENTRY_OFF_LKEY, ENTRY_OFF_OWNER, ENTRY_PUBLIC_LEN, ENTRY_SIZE,
+};
 use crate::wire::wqe::{QueueSel, Wqe, WqeField};
 
 pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
@@ -85,27 +87,38 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let len2 = b.layout.ring_len(Ring::Loop) as u64;
 
     // ---- phase 3: read the entry (the empty probe), scatter it into the binds, write it back
-    let probe =
-        b.push(Ring::Loop, Wqe::read(s + a::REPLY_ENTRY, k.meta_lkey, ENTRY_OFF_OWNER as u32, 0, k.table_rkey))?;
+    let probe = b.push(Ring::Loop, Wqe::read(s + a::ENTRY, k.meta_lkey, ENTRY_SIZE as u32, 0, k.table_rkey))?;
     b.set_local(cp_entry, field(probe, WqeField::RemoteAddr));
     b.layout.empty_probe = Some(probe);
-    // base/length/lkey span, then the window's rkey, per bind (FENCE: after the probe landed —
-    // and so after it succeeded: everything from here on runs only if the queue was not empty)
-    let mut copies: heapless::Vec<(u8, u8), MAX_GROUP_SIZE> = heapless::Vec::new();
+    // its public part into the reply image, short of the owner (FENCE: after the probe landed
+    // — and so after it succeeded: everything from here on runs only if the queue was not
+    // empty); the image names the requester, so the entry written back from it does too
+    b.push(
+        Ring::Loop,
+        fenced(Wqe::read(s + a::REPLY_ENTRY, k.meta_lkey, ENTRY_OFF_OWNER as u32, s + a::ENTRY, k.meta_rkey)),
+    )?;
+    // per bind: the base/length/lkey span, the window's new key, the key it holds now (the
+    // bind names the window by it: rdma-core's `ctrl->imm = mw->rkey`)
+    let mut copies: heapless::Vec<(u8, u8, u8), MAX_GROUP_SIZE> = heapless::Vec::new();
     for i in 0..g {
-        let span = Wqe::read(0, k.ring_lkey, 16, s + a::REPLY_ENTRY + ENTRY_OFF_BASE, k.meta_rkey);
-        let span = b.push(Ring::Loop, if i == 0 { fenced(span) } else { span })?;
-        let rk = s + a::REPLY_ENTRY + entry_off_rkey(i);
-        let rk = b.push(Ring::Loop, Wqe::read(0, k.ring_lkey, 4, rk, k.meta_rkey))?;
-        let pushed = copies.push((span, rk));
+        let span = b.push(Ring::Loop, Wqe::read(0, k.ring_lkey, 16, s + a::ENTRY + ENTRY_OFF_BASE, k.meta_rkey))?;
+        let rk = b.push(Ring::Loop, Wqe::read(0, k.ring_lkey, 4, s + a::ENTRY + entry_off_rkey(i), k.meta_rkey))?;
+        let cur =
+            b.push(Ring::Loop, Wqe::read(0, k.ring_lkey, 4, s + a::ENTRY + entry_off_cur_rkey(i), k.meta_rkey))?;
+        let pushed = copies.push((span, rk, cur));
         debug_assert!(pushed.is_ok(), "one per window: G <= MAX_GROUP_SIZE (PoolGeometry::new)");
     }
     // the probe passed: clear the slot iff it still holds the popped entry
     let clear = b.push(Ring::Loop, Wqe::compare_swap(s + a::JUNK, k.meta_lkey, 0, k.meta_rkey, 0, 0))?;
     b.set_local(cp_clear, field(clear, WqeField::RemoteAddr));
     b.set_local(cp_cmp, field(clear, WqeField::Operand0));
-    // the owner is recorded before any window is bound
-    let wb = b.push(Ring::Loop, Wqe::write(s + a::REPLY_ENTRY, k.meta_lkey, ENTRY_SIZE as u32, 0, k.table_rkey))?;
+    // the owner is recorded before any window is bound (the public part only: the current keys
+    // stay what the device holds until the free chain invalidates the windows)
+    // (FENCE: after the image's copy landed)
+    let wb = b.push(
+        Ring::Loop,
+        fenced(Wqe::write(s + a::REPLY_ENTRY, k.meta_lkey, ENTRY_PUBLIC_LEN as u32, 0, k.table_rkey)),
+    )?;
     b.set_local(cp_wb, field(wb, WqeField::RemoteAddr));
     // the MR key the windows bind in is the MN's: not for the CN (after the copies and the
     // write-back read it; a READ, so the FENCE below covers it)
@@ -118,7 +131,7 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     // QP number or reply address from the CN) puts the QP in error and flushes what follows:
     // no reply without windows, no commit without a reply — the markers stay set for the MN.
     let mut binds: heapless::Vec<u8, MAX_GROUP_SIZE> = heapless::Vec::new();
-    for (i, (span, rk)) in copies.iter().copied().enumerate() {
+    for (i, (span, rk, cur)) in copies.iter().copied().enumerate() {
         let (qpn, access) = if i == 0 {
             (env.free_qpn, env.owner_window_access)
         } else {
@@ -127,6 +140,7 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         let bind = b.push(Ring::Mgmt, Wqe::bind_mw(0, 0, 0, 0, qpn, access))?;
         b.set_local(span, field(bind, WqeField::LocalAddr));
         b.set_local(rk, field(bind, WqeField::Imm));
+        b.set_local(cur, field(bind, WqeField::Rkey));
         let pushed = binds.push(bind);
         debug_assert!(pushed.is_ok(), "one per copy, copies holds at most MAX_GROUP_SIZE");
     }

@@ -38,7 +38,8 @@ use crate::geometry::MAX_GROUP_SIZE;
 use crate::wire::memory_map::{free_scratch as f, FREE_SCRATCH_OFF};
 use crate::wire::message::free_request as req;
 use crate::wire::mwtable::{
-    entry_off_rkey, ENTRY_OFF_BASE, ENTRY_OFF_OWNER, ENTRY_SIZE, RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT,
+    entry_off_rkey, ENTRY_OFF_BASE, ENTRY_OFF_CUR_RKEYS, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE,
+    RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT,
 };
 use crate::wire::wqe::{QueueSel, Wqe, WqeField};
 
@@ -77,6 +78,12 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         let pushed = copies.push(c);
         debug_assert!(pushed.is_ok(), "one per window: G <= MAX_GROUP_SIZE (PoolGeometry::new)");
     }
+    // the keys the windows hold now become the entry's current keys (the write-back's), before
+    // the second half bumps the next ones (after the entry landed: behind the FENCEd copy)
+    b.push(
+        Ring::Loop,
+        Wqe::read(s + f::ENTRY + ENTRY_OFF_CUR_RKEYS, k.meta_lkey, 16, s + f::ENTRY + ENTRY_OFF_RKEYS, k.meta_rkey),
+    )?;
     let release_mgmt = b.push(Ring::Loop, fenced(Wqe::enable(env.mgmt_qpn, QueueSel::Send, 0)))?;
     let first_half = b.layout.ring_len(Ring::Loop) as u64;
 

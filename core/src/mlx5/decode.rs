@@ -94,9 +94,12 @@ pub enum Mlx5Op {
         compare: u64,
         swap: u64,
     },
-    /// Type-2 bind: the window `mkey` (its index bits) gets key byte `mkey & 0xff`.
+    /// Type-2 bind (rdma-core's layout): the window named by its current key `mkey` (the
+    /// control segment's `imm`: index and current key byte) gets key byte `new_key` (the low
+    /// byte of `qpn_mkey`).
     Bind {
         mkey: u32,
+        new_key: u8,
         addr: u64,
         length: u32,
         lkey: u32,
@@ -258,11 +261,9 @@ fn decode_umr(b: &[u8], ds: u8, imm: u32) -> Result<Mlx5Op, Mlx5Error> {
         (12, f, k, 0) if f == base | UmrFlags::CHECK_FREE && k == bind && u.klm_octowords.get() == 4 => {
             let klm: KlmSeg = seg(b, CTRL_SEG_SIZE + 48 + 64)?;
             let qpn_mkey = m.qpn_mkey.get();
-            if qpn_mkey as u8 != imm as u8 {
-                return Err(Mlx5Error::UnsupportedUmr);
-            }
             Ok(Mlx5Op::Bind {
                 mkey: imm,
+                new_key: qpn_mkey as u8,
                 addr: klm.address.get(),
                 length: klm.byte_count.get(),
                 lkey: klm.mkey.get(),
@@ -331,7 +332,8 @@ mod tests {
                 Mlx5Op::Invalidate { mkey: w.imm, check_qpn: false }
             }
             Opcode::BindMw => Mlx5Op::Bind {
-                mkey: w.imm,
+                mkey: w.rkey,
+                new_key: w.imm as u8,
                 addr: w.local_addr,
                 length: w.length,
                 lkey: w.lkey,

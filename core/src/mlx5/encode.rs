@@ -2,11 +2,12 @@
 //! field lands in it.
 //!
 //! The translation follows rdma-core's `mlx5_post_send` (providers/mlx5/qp.c, v44.0) segment by
-//! segment; the per-segment files cite the layouts. Choices that are ours, not rdma-core's:
+//! segment; the per-segment files cite the layouts. A bind is rdma-core's exactly: the control
+//! segment's `imm` names the window by its *current* rkey (`ctrl->imm = htobe32(wr->bind_mw.mw->rkey)`,
+//! the canonical bind's `rkey` field), the mkey context's `qpn_mkey` carries the *new* key byte
+//! (`set_umr_mkey_seg`: `(rkey & 0xFF) | qpn << 8`, the canonical `imm`'s low byte). Choices
+//! that are ours, not rdma-core's:
 //! - a zero-length READ / WRITE / SEND carries no data segment (as UCX's rc_mlx5.inl does);
-//! - a bind's control-segment `imm` holds the window's *new* rkey (rdma-core puts the MW's
-//!   current rkey there; a chain knows only the new one — the index bits, which name the
-//!   mkey, are the same; whether firmware checks the key byte of `imm` is a hardware question);
 //! - WAIT names a CQ and ENABLE an absolute WQE index, where the canonical form names a QP and
 //!   a count: a [`QueueResolver`] supplies the device numbers.
 
@@ -196,7 +197,7 @@ pub fn encode(
             let qpn = check_qpn(w.qpn)?;
             let access = AccessFlags::from_bits_truncate(w.operand1 as u32);
             let u = Umr::bind_type2(w.imm as u8, w.local_addr, w.length, w.lkey, qpn, access);
-            umr_wqe(b, u, ctrl(opcode::UMR, 0, w.imm))
+            umr_wqe(b, u, ctrl(opcode::UMR, 0, w.rkey))
         }
         Opcode::LocalInv => umr_wqe(b, Umr::invalidate(true), ctrl(opcode::UMR, 0, w.imm)),
         Opcode::Wait => {
@@ -341,8 +342,10 @@ pub fn field_mapping(w: &Wqe, field: WqeField) -> FieldMapping {
     match (w.opcode, field) {
         (Opcode::SendWithImm | Opcode::WriteWithImm | Opcode::SendWithInv | Opcode::LocalInv, F::Imm) => targets([imm]),
         (Opcode::BindMw, F::Imm) if unbind => targets([imm]),
-        (Opcode::BindMw, F::Imm) => targets([imm, be(mkey + umr::MKEY_QPN_MKEY_OFFSET + 3, 1, 8)]),
+        // the new key: its byte in qpn_mkey; the current key names the window in ctrl.imm
+        (Opcode::BindMw, F::Imm) => targets([be(mkey + umr::MKEY_QPN_MKEY_OFFSET + 3, 1, 8)]),
         (Opcode::BindMw, _) if unbind => Unmapped(self::Unmapped::NotUsed),
+        (Opcode::BindMw, F::Rkey) => targets([imm]),
         (Opcode::BindMw, F::LocalAddr) => {
             if w.access().contains(AccessFlags::ZERO_BASED) {
                 targets([be(klm + umr::KLM_ADDRESS_OFFSET, 8, 64)])

@@ -850,9 +850,7 @@ impl MemoryNode {
             access,
         })
         .map_err(MnError::Port)?;
-        if let Some(r) = e.rkeys.get_mut(k) {
-            *r = new.0.into();
-        }
+        e.set_rkey(k, new);
         write_entry(port, addr, &e)?;
         match port.mw_binding(new) {
             None => {}

@@ -6,11 +6,12 @@
 //! meta_base (aligned to the ring size)
 //!   free-queue ring      capacity × 8 B
 //!   head, tail           2 × 8 B
-//!   MWTable              chunk_count × 40 B      ← its own MR: the free chain reads entries
+//!   MWTable              chunk_count × 56 B      ← its own MR: the free chain reads entries
 //!                                                  through it, so a forged entry address
 //!                                                  outside the table faults
-//!   scratch              max_cns × 1 KiB         (alloc chain 128 B, free chain 128 B,
-//!                                                  host-mode request buffers, send buffers)
+//!   scratch              max_cns × 2 KiB         (alloc chain 256 B, free chain 256 B,
+//!                                                  host-mode request buffers, the mlx5
+//!                                                  form's lap counters, send buffers)
 //! ```
 
 use crate::geometry::PoolGeometry;
@@ -18,21 +19,21 @@ use crate::ids::GroupId;
 use crate::wire::free_queue::{FreeQueueLayout, SLOT_SIZE};
 use crate::wire::mwtable::ENTRY_SIZE;
 
-pub const SCRATCH_PER_CN: u64 = 1024;
+pub const SCRATCH_PER_CN: u64 = 2048;
 pub const ALLOC_SCRATCH_OFF: u64 = 0;
-pub const FREE_SCRATCH_OFF: u64 = 128;
+pub const FREE_SCRATCH_OFF: u64 = 256;
 /// Host-engine mode: where the plain RECVs on the Alloc and Free QPs land (64 B each).
-pub const ALLOC_REQUEST_BUF_OFF: u64 = 256;
-pub const FREE_REQUEST_BUF_OFF: u64 = 320;
+pub const ALLOC_REQUEST_BUF_OFF: u64 = 512;
+pub const FREE_REQUEST_BUF_OFF: u64 = 576;
 pub const REQUEST_BUF_LEN: u32 = 64;
 /// Messages the MN sends the CN (notices, errors, connect info): a ring of 8 × 64 B, so a
 /// buffer is reused only after seven later messages.
-pub const SEND_BUF_OFF: u64 = 512;
+pub const SEND_BUF_OFF: u64 = 1024;
 /// Per chain, the little-endian lap counters of the mlx5 form (`mlx5::chain`): one 8-byte word
 /// per WAIT and ENABLE, advanced by a fetch-and-add each lap and copied, byte-reversed, into
 /// the big-endian WQE field. Alloc chain first, then the free chain.
-pub const MLX5_SHADOW_OFF: [u64; 2] = [384, 448];
-pub const MLX5_SHADOW_LEN: u64 = 64;
+pub const MLX5_SHADOW_OFF: [u64; 2] = [640, 832];
+pub const MLX5_SHADOW_LEN: u64 = 192;
 pub const SEND_BUF_COUNT: u64 = 8;
 pub const SEND_BUF_LEN: u64 = 64;
 /// The MN CPU's own scratch (after every CN's): where the results of the atomics it issues
@@ -65,7 +66,10 @@ pub mod alloc_scratch {
     pub const OWNER: u64 = REPLY_ENTRY + ENTRY_OFF_OWNER;
     /// Destination of fetch-and-add results nobody reads (lap re-arm bumps).
     pub const JUNK: u64 = 88;
-    pub const END: u64 = 96;
+    /// The popped entry whole (public part and current keys), as the entry READ lands it:
+    /// the binds' fields are copied from here, the reply image's entry from its public part.
+    pub const ENTRY: u64 = 96;
+    pub const END: u64 = ENTRY + crate::wire::mwtable::ENTRY_SIZE as u64;
 }
 
 /// Offsets inside the free chain's scratch area.
@@ -86,15 +90,16 @@ pub mod free_scratch {
     pub const MARKERS_LEN: u32 = 32;
     pub const ENTRY: u64 = 32;
     /// [`MARKERS_LEN`] zero bytes.
-    pub const ZERO: u64 = 72;
-    pub const JUNK: u64 = 104;
-    pub const END: u64 = 112;
+    pub const ZERO: u64 = 88;
+    pub const JUNK: u64 = 120;
+    pub const END: u64 = 128;
 }
 
 const _: () = assert!(alloc_scratch::REPLY + crate::wire::message::ALLOC_REPLY_LEN as u64 <= alloc_scratch::JUNK);
 const _: () = assert!(free_scratch::ENTRY + crate::wire::mwtable::ENTRY_SIZE as u64 <= free_scratch::ZERO);
 const _: () = assert!(free_scratch::ZERO + free_scratch::MARKERS_LEN as u64 <= free_scratch::JUNK);
 const _: () = assert!(SEND_BUF_LEN as usize >= crate::wire::message::MAX_MESSAGE_LEN);
+const _: () = assert!(alloc_scratch::JUNK + 8 <= alloc_scratch::ENTRY);
 const _: () = assert!(alloc_scratch::END <= FREE_SCRATCH_OFF);
 const _: () = assert!(FREE_SCRATCH_OFF + free_scratch::END <= ALLOC_REQUEST_BUF_OFF);
 const _: () = assert!(FREE_REQUEST_BUF_OFF + REQUEST_BUF_LEN as u64 <= SEND_BUF_OFF);
@@ -211,13 +216,13 @@ mod tests {
         let m = MnMemoryMap::new(g, 4, 0x10_0000).unwrap();
         assert_eq!(m.queue.head, 0x10_0000 + 1024);
         assert_eq!(m.table_base, m.queue.tail + 8);
-        assert_eq!(m.entry_addr(GroupId(1)), Some(m.table_base + 40));
-        assert_eq!(m.group_of_entry(m.table_base + 80), Some(GroupId(2)));
-        assert_eq!(m.group_of_entry(m.table_base + 81), None);
+        assert_eq!(m.entry_addr(GroupId(1)), Some(m.table_base + 56));
+        assert_eq!(m.group_of_entry(m.table_base + 112), Some(GroupId(2)));
+        assert_eq!(m.group_of_entry(m.table_base + 113), None);
         assert_eq!(m.group_of_entry(m.scratch_base), None);
         assert_eq!(m.scratch(3), Some(m.scratch_base + 3 * SCRATCH_PER_CN));
         assert_eq!(m.scratch(4), None);
-        assert_eq!(m.meta_len, 1024 + 16 + 4000 + 4 * SCRATCH_PER_CN + MN_SCRATCH_LEN);
+        assert_eq!(m.meta_len, 1024 + 16 + 5600 + 4 * SCRATCH_PER_CN + MN_SCRATCH_LEN);
         assert_eq!(m.mn_scratch + MN_SCRATCH_LEN, m.meta_base + m.meta_len);
     }
 }

@@ -14,21 +14,30 @@
 //!  16 16  rkeys   rkey of MW[0..4): the key each window has while bound, and will get on
 //!                 the next bind while free (the free chain increments the key byte)
 //!  32  4  owner   CnId of the owner, 0 = free
-//!  36  4  reserved (zero)
+//!  36  4  reserved (zero; ENTRY_RECLAIMING while the MN takes the group back)
+//!  40 16  cur_rkeys the key each window holds on the device while free — the key a bind
+//!                 names as the window's current one (rdma-core's `ctrl->imm = mw->rkey`,
+//!                 providers/mlx5/qp.c); `rkeys[i]`'s predecessor (`Rkey::prev_key`)
 //! ```
-//! MN metadata per chunk: 40 B entry + 8 B free-queue slot = **48 B** for every G ≤ 4.
+//! The first 40 bytes are what an alloc reply carries ([`ENTRY_PUBLIC_LEN`]); the current
+//! keys are the MN's. MN metadata per chunk: 56 B entry + 8 B free-queue slot = **64 B** for
+//! every G ≤ 4. The stride keeps every entry — and so every pair of rkeys a masked
+//! fetch-and-add bumps — 8-byte aligned.
 
 use crate::geometry::MAX_GROUP_SIZE;
 use crate::ids::Rkey;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-pub const ENTRY_SIZE: usize = 40;
+pub const ENTRY_SIZE: usize = 56;
+/// The part of an entry an alloc reply carries (base … reserved): not the current keys.
+pub const ENTRY_PUBLIC_LEN: usize = 40;
 pub const ENTRY_OFF_BASE: u64 = 0;
 pub const ENTRY_OFF_LENGTH: u64 = 8;
 pub const ENTRY_OFF_LKEY: u64 = 12;
 pub const ENTRY_OFF_RKEYS: u64 = 16;
 pub const ENTRY_OFF_OWNER: u64 = 32;
+pub const ENTRY_OFF_CUR_RKEYS: u64 = 40;
 /// Bytes of one rkey in the entry.
 pub const RKEY_SIZE: u64 = 4;
 
@@ -36,6 +45,10 @@ pub const RKEY_SIZE: u64 = 4;
 /// bumps, start at even `i`).
 pub const fn entry_off_rkey(i: usize) -> u64 {
     ENTRY_OFF_RKEYS + RKEY_SIZE * i as u64
+}
+/// Where the current key of window `i` lies in the entry.
+pub const fn entry_off_cur_rkey(i: usize) -> u64 {
+    ENTRY_OFF_CUR_RKEYS + RKEY_SIZE * i as u64
 }
 /// Bytes of MN metadata per chunk (entry + queue slot).
 pub const METADATA_BYTES_PER_CHUNK: usize = ENTRY_SIZE + crate::wire::free_queue::SLOT_SIZE;
@@ -54,6 +67,7 @@ pub struct MwTableEntry {
     pub rkeys: [U32; MAX_GROUP_SIZE],
     pub owner: U32,
     pub reserved: U32,
+    pub cur_rkeys: [U32; MAX_GROUP_SIZE],
 }
 
 const _: () = assert!(core::mem::size_of::<MwTableEntry>() == ENTRY_SIZE);
@@ -62,17 +76,34 @@ const _: () = assert!(core::mem::offset_of!(MwTableEntry, length) as u64 == ENTR
 const _: () = assert!(core::mem::offset_of!(MwTableEntry, lkey) as u64 == ENTRY_OFF_LKEY);
 const _: () = assert!(core::mem::offset_of!(MwTableEntry, rkeys) as u64 == ENTRY_OFF_RKEYS);
 const _: () = assert!(core::mem::offset_of!(MwTableEntry, owner) as u64 == ENTRY_OFF_OWNER);
+const _: () = assert!(core::mem::offset_of!(MwTableEntry, cur_rkeys) as u64 == ENTRY_OFF_CUR_RKEYS);
 const _: () = assert!(entry_off_rkey(MAX_GROUP_SIZE) == ENTRY_OFF_OWNER);
-const _: () = assert!(METADATA_BYTES_PER_CHUNK <= 48);
+const _: () = assert!(ENTRY_OFF_CUR_RKEYS as usize == ENTRY_PUBLIC_LEN);
+const _: () = assert!(ENTRY_SIZE.is_multiple_of(8));
+const _: () = assert!(METADATA_BYTES_PER_CHUNK == 64);
 
 impl MwTableEntry {
+    /// A free group's entry: each window will be bound under `rkeys[i]` and holds its
+    /// predecessor now (omw advances every window's key by one per rebind, `ibv_inc_rkey`).
     pub fn new(base: u64, length: u32, lkey: u32, rkeys: &[Rkey]) -> Self {
         let mut e =
             MwTableEntry { base: U64::new(base), length: U32::new(length), lkey: U32::new(lkey), ..Default::default() };
-        for (slot, r) in e.rkeys.iter_mut().zip(rkeys) {
+        for ((slot, cur), r) in e.rkeys.iter_mut().zip(e.cur_rkeys.iter_mut()).zip(rkeys) {
             *slot = U32::new(r.0);
+            *cur = U32::new(r.prev_key().0);
         }
         e
+    }
+    /// The key window `i` holds on the device while the group is free.
+    pub fn cur_rkey(&self, i: usize) -> Rkey {
+        Rkey(self.cur_rkeys.get(i).map(|r| r.get()).unwrap_or(0))
+    }
+    /// Window `i` was bound again under `rkey` (its current key `prev`): the table follows.
+    pub fn set_rkey(&mut self, i: usize, rkey: Rkey) {
+        if let (Some(r), Some(c)) = (self.rkeys.get_mut(i), self.cur_rkeys.get_mut(i)) {
+            *r = U32::new(rkey.0);
+            *c = U32::new(rkey.prev_key().0);
+        }
     }
     pub fn rkey(&self, i: usize) -> Rkey {
         Rkey(self.rkeys.get(i).map(|r| r.get()).unwrap_or(0))
@@ -80,11 +111,29 @@ impl MwTableEntry {
     pub fn owner(&self) -> u32 {
         self.owner.get()
     }
-    /// What the free chain's masked fetch-and-adds do to the rkeys.
+    /// What the free chain does to the keys once the windows are invalidated: the key each
+    /// had becomes its current one, the next bind's is its successor.
     pub fn bump_keys(&mut self) {
-        for r in self.rkeys.iter_mut() {
+        for (r, c) in self.rkeys.iter_mut().zip(self.cur_rkeys.iter_mut()) {
+            *c = *r;
             *r = U32::new(Rkey(r.get()).next_key().0);
         }
+    }
+    /// The public part of an entry (an alloc reply's): the current keys are not in it; they
+    /// are taken to be the predecessors of the next ones.
+    pub fn read_public(bytes: &[u8]) -> Option<Self> {
+        let mut b = [0u8; ENTRY_SIZE];
+        b.get_mut(..ENTRY_PUBLIC_LEN)?.copy_from_slice(bytes.get(..ENTRY_PUBLIC_LEN)?);
+        let mut e = Self::from_bytes(b);
+        // (a window the group does not have, G < 4, has key 0 and no current key)
+        for (c, r) in e.cur_rkeys.iter_mut().zip(e.rkeys) {
+            *c = U32::new(if r.get() == 0 { 0 } else { Rkey(r.get()).prev_key().0 });
+        }
+        Some(e)
+    }
+    /// The bytes an alloc reply carries.
+    pub fn public_bytes(&self) -> &[u8] {
+        &self.as_bytes()[..ENTRY_PUBLIC_LEN]
     }
     /// Decode untrusted bytes: `None` when fewer than [`ENTRY_SIZE`].
     pub fn read(bytes: &[u8]) -> Option<Self> {
@@ -124,6 +173,8 @@ mod tests {
         let mut e = MwTableEntry::new(0, 512, 1, &[Rkey(0x1_00FF), Rkey(0x2_0010), Rkey(0x3_00FE), Rkey(0x4_0000)]);
         let mut bytes = [0u8; ENTRY_SIZE];
         bytes.copy_from_slice(e.as_bytes());
+        // the free chain copies the keys to the current ones, then bumps them
+        bytes.copy_within(16..32, ENTRY_OFF_CUR_RKEYS as usize);
         for off in [16usize, 24] {
             let w = u64::from_le_bytes(bytes[off..off + 8].try_into().unwrap());
             let n = masked_add(w, RKEY_PAIR_KEY_INCREMENT, RKEY_PAIR_KEY_BOUNDARY);
@@ -133,5 +184,6 @@ mod tests {
         assert_eq!(MwTableEntry::read(&bytes), Some(e));
         assert_eq!(e.rkey(0), Rkey(0x1_0000));
         assert_eq!(e.rkey(1), Rkey(0x2_0011));
+        assert_eq!((e.cur_rkey(0), e.cur_rkey(1)), (Rkey(0x1_00FF), Rkey(0x2_0010)));
     }
 }

@@ -192,7 +192,7 @@ impl WqeField {
         use Opcode::*;
         use WqeField::*;
         match op {
-            BindMw => matches!(self, Imm | LocalAddr | Length | Lkey | Qpn),
+            BindMw => matches!(self, Imm | Rkey | LocalAddr | Length | Lkey | Qpn),
             LocalInv | SendWithInv => matches!(self, Imm),
             Read | Write | WriteWithImm => matches!(self, Imm | RemoteAddr | Rkey | LocalAddr),
             Send | SendWithImm => matches!(self, Imm | LocalAddr),
@@ -364,16 +364,26 @@ impl Wqe {
         w
     }
     /// Type-2 bind: the window `new_rkey.index()` becomes `new_rkey`, covering
-    /// `[addr, addr+len)` of the MR `lkey`, usable only through QP `qpn`.
+    /// `[addr, addr+len)` of the MR `lkey`, usable only through QP `qpn`. The `rkey` field names
+    /// the window's *current* key, as verbs name the window by `mw->rkey` (rdma-core's mlx5
+    /// provider puts it in the control segment's `imm`): by default the predecessor of
+    /// `new_rkey` — the window advanced by `ibv_inc_rkey`, as omw advances every window —
+    /// otherwise [`Wqe::with_current_rkey`].
     pub const fn bind_mw(new_rkey: u32, addr: u64, len: u32, lkey: u32, qpn: u32, access: AccessFlags) -> Self {
         let mut w = Self::blank(Opcode::BindMw);
         w.imm = new_rkey;
+        w.rkey = crate::ids::Rkey(new_rkey).prev_key().0;
         w.local_addr = addr;
         w.length = len;
         w.lkey = lkey;
         w.qpn = qpn;
         w.operand1 = access.bits() as u64;
         w
+    }
+    /// A bind naming `current` as the window's current key (see [`Wqe::bind_mw`]).
+    pub const fn with_current_rkey(mut self, current: u32) -> Self {
+        self.rkey = current;
+        self
     }
     /// Management-path invalidation (mlx5 UMR with the free bit): no bound-QP check.
     pub const fn unbind_mw(rkey: u32) -> Self {

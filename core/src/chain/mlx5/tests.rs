@@ -303,7 +303,7 @@ fn run_alloc(g: u8, laps: &[(u32, u64, u32, [u32; 3])]) {
         let reply = p.mlx5.rd(CN_BUF + off, crate::wire::message::ALLOC_REPLY_LEN as u32);
         let entry = env.map.table_base + lap as u64 * ENTRY_SIZE as u64;
         assert_eq!(u64::from_le_bytes(reply[8..16].try_into().unwrap()), entry);
-        let e = MwTableEntry::read(&reply[16..]).unwrap();
+        let e = MwTableEntry::read_public(&reply[16..]).unwrap();
         assert_eq!((e.owner(), e.lkey.get()), (env.cn.get(), 0), "owner recorded, MN key cleared");
         // the binds carry the entry and the request's QPs (decoded from the mlx5 bytes)
         let table = MwTableEntry::read(&p.mlx5.rd(entry, ENTRY_SIZE as u32)).unwrap();
@@ -315,12 +315,14 @@ fn run_alloc(g: u8, laps: &[(u32, u64, u32, [u32; 3])]) {
             .collect();
         assert_eq!(binds.len(), g as usize);
         for (k, b) in binds.iter().enumerate() {
-            let Mlx5Op::Bind { mkey, addr, length, lkey, qpn, .. } = *b else { unreachable!() };
+            let Mlx5Op::Bind { mkey, new_key, addr, length, lkey, qpn, .. } = *b else { unreachable!() };
             let want_qpn = if k == 0 { env.free_qpn } else { qpns[k - 1] };
+            // rdma-core's layout: the window named by the key it holds, the new key byte apart
             assert_eq!(
-                (mkey, addr, length, lkey, qpn),
-                (table.rkey(k).0, table.base.get(), table.length.get(), 0x77, want_qpn)
+                (mkey, new_key, addr, length, lkey, qpn),
+                (table.cur_rkey(k).0, table.rkey(k).key(), table.base.get(), table.length.get(), 0x77, want_qpn)
             );
+            assert_eq!(crate::ids::Rkey(mkey), table.rkey(k).prev_key(), "the current key precedes the new one");
         }
     }
 }
