@@ -58,6 +58,8 @@ pub struct ClusterConfig {
     pub scrub: bool,
     /// The MN's CN lease (ns, 0: off; `PoolSpec::lease_ns`).
     pub lease_ns: u64,
+    /// Whether the alloc chains pop ahead (`MnConfig::pop_ahead`); None: the MN's default.
+    pub pop_ahead: Option<bool>,
 }
 
 impl ClusterConfig {
@@ -78,6 +80,7 @@ impl ClusterConfig {
             nic: NicConfig::strict().with_prefetch(8),
             scrub: true,
             lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
+            pop_ahead: None,
         }
     }
 }
@@ -611,6 +614,9 @@ impl Cluster {
         let mut driver = plan.provision(backend, &spec).map_err(ClusterError::Provision)?;
         // the chains' rings (and so their depths) in the NIC's WQE format
         driver.mn.set_wqe_format(cfg.nic.wqe_format);
+        if let Some(on) = cfg.pop_ahead {
+            driver.mn.set_pop_ahead(on);
+        }
         let d = driver
             .mn
             .chain_ring_depths()
@@ -1054,6 +1060,12 @@ impl Cluster {
     /// [`Cluster::free_count`].
     pub fn free_groups(&self) -> u32 {
         self.free_count().map_or(0, |c| c.groups)
+    }
+
+    /// Groups no CN has been handed: in the queue, or popped ahead by a CN's alloc chain for
+    /// its next request (`MnConfig::pop_ahead`) — what the pool's conservation counts.
+    pub fn unallocated(&self) -> u32 {
+        self.free_groups() + self.driver.groups_ahead()
     }
 
     /// The free queue scanned: distinct groups, duplicate slots, holes.

@@ -133,7 +133,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoReport, String> {
     let mut rng = Rng::new(args.seed);
     let honest = cns - 1;
     let evil = cns - 1;
-    let total_groups = c.free_groups();
+    let total_groups = c.unallocated();
     rep.invariants(&mut c, "start-up");
 
     // ---- phase 1: every honest CN allocates a few chunks
@@ -258,9 +258,9 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoReport, String> {
         (ChainKind::Alloc, (0..40u32).map(|i| (i * 37 + args.seed as u32) as u8).collect::<Vec<u8>>()),
         (ChainKind::Free, vec![0xAB; 16]),
     ] {
-        let before = c.free_groups();
+        let before = c.unallocated();
         let _ = c.send_raw(evil, kind, &bytes);
-        let same = c.free_groups() == before;
+        let same = c.unallocated() == before;
         rep.attack(&format!("garbage {kind:?} request ({} bytes): no chunk gained or lost", bytes.len()), same);
         rep.invariants(&mut c, &format!("garbage {kind:?} request"));
     }
@@ -327,7 +327,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoReport, String> {
     rep.log.push(format!("malicious cn{evil}: {denied}/{} attacks denied; cn0's data intact", rep.attacks.len()));
 
     // ---- phase 4: honest CNs free half their chunks; memory goes back to the MN
-    let before = c.free_groups();
+    let before = c.unallocated();
     for (i, h) in held.iter_mut().enumerate().take(honest) {
         for slot in h.iter_mut() {
             if rng.below(2) == 0 || i == 1 {
@@ -345,7 +345,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoReport, String> {
             }
         }
     }
-    let freed = c.free_groups().saturating_sub(before) as u64;
+    let freed = c.unallocated().saturating_sub(before) as u64;
     rep.reclaimed_bytes = freed * chunk;
     rep.invariants(&mut c, "frees");
     // survivors still read their data
@@ -375,10 +375,10 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoReport, String> {
     // ---- phase 5: a CN crashes holding chunks; the MN reclaims them (owner ids)
     let crasher = 2usize.min(honest - 1);
     let holding = held[crasher].iter().filter(|a| a.is_some()).count() as u64;
-    let before = c.free_groups();
+    let before = c.unallocated();
     c.crash_cn(crasher).map_err(|e| format!("crash: {e}"))?;
     c.tick().map_err(|e| format!("tick: {e}"))?;
-    let back = c.free_groups().saturating_sub(before) as u64;
+    let back = c.unallocated().saturating_sub(before) as u64;
     rep.crash_reclaimed_bytes = back * chunk;
     rep.check(back == holding, || format!("crash of cn{crasher}: {back} of its {holding} chunks reclaimed"));
     held[crasher].clear();
@@ -395,7 +395,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoReport, String> {
         }
     }
     c.tick().map_err(|e| format!("tick: {e}"))?;
-    let fg = c.free_groups();
+    let fg = c.unallocated();
     rep.check(fg == total_groups, || format!("pool not whole at the end: {fg} of {total_groups} groups free"));
     rep.invariants(&mut c, "the final frees");
 

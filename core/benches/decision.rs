@@ -210,6 +210,7 @@ fn chain_env() -> ChainEnv {
         queue_depth: 128,
         window_access: AccessFlags::DATA_WINDOW,
         owner_window_access: AccessFlags::REMOTE_READ,
+        pop_ahead: true,
     }
 }
 

@@ -34,7 +34,7 @@ fn value(seed: u64, len: usize) -> Vec<u8> {
 /// MN free groups + the store's chunks = the pool: nothing leaks, nothing is held twice.
 fn accounted(kv: &mut KvStore<LoopbackCn<'_>>) {
     let held = kv.held_chunks() as u32;
-    assert_eq!(kv.memory().cluster.free_groups() + held, CHUNKS, "MN free + held = pool");
+    assert_eq!(kv.memory().cluster.unallocated() + held, CHUNKS, "MN free + held = pool");
     kv.memory().cluster.check_invariants().unwrap();
 }
 
@@ -97,7 +97,7 @@ fn scenario(mode: ExecutionMode) {
     }
     assert_eq!(kv.held_chunks(), 0);
     accounted(&mut kv);
-    assert_eq!(kv.memory().cluster.free_groups(), CHUNKS);
+    assert_eq!(kv.memory().cluster.unallocated(), CHUNKS);
 }
 
 #[test]
@@ -131,7 +131,7 @@ fn full_pool_is_an_error_and_recovers() {
     assert_eq!(kv.get(b"one-more").unwrap().as_deref(), Some(&big[..]));
     accounted(&mut kv);
     kv.clear().unwrap();
-    assert_eq!(kv.memory().cluster.free_groups(), CHUNKS);
+    assert_eq!(kv.memory().cluster.unallocated(), CHUNKS);
 }
 
 #[derive(Clone, Debug)]
@@ -201,7 +201,7 @@ proptest! {
                 Op::Shrink => { kv.shrink().unwrap(); }
             }
             let held = kv.held_chunks() as u32;
-            prop_assert_eq!(kv.memory().cluster.free_groups() + held, chunks);
+            prop_assert_eq!(kv.memory().cluster.unallocated() + held, chunks);
         }
         for (k, v) in &model {
             prop_assert_eq!(kv.get(k).unwrap(), Some(v.clone()));
@@ -219,6 +219,6 @@ fn exercise_workload_on_both_modes() {
         assert_eq!((r.inserted, r.updated, r.deleted), (60, 20, 60));
         assert!(r.shrunk_chunks <= r.sparse_chunks && r.sparse_chunks <= r.peak_chunks, "{r:?}");
         assert_eq!(r.stats.chunks_allocated, r.stats.chunks_freed);
-        assert_eq!(kv.memory().cluster.free_groups(), CHUNKS);
+        assert_eq!(kv.memory().cluster.unallocated(), CHUNKS);
     }
 }

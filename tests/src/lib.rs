@@ -21,6 +21,9 @@ pub enum Mode {
     /// Offloaded, with the chains in the ConnectX (mlx5) WQE format the model executes from
     /// its bytes (docs/MLX5.md).
     OffloadedMlx5,
+    /// Offloaded, every CN's alloc chain popping its next group ahead whatever the pool's size
+    /// (the MN's default does so only where the held-ahead groups are a small share of it).
+    OffloadedPopAhead,
     HostEngine,
     Rxe,
 }

@@ -55,6 +55,10 @@ impl Loopback {
         cfg.scrub = spec.scrub;
         match self.0 {
             Mode::Offloaded => cfg.mode = Some(ExecutionMode::Offloaded),
+            Mode::OffloadedPopAhead => {
+                cfg.mode = Some(ExecutionMode::Offloaded);
+                cfg.pop_ahead = Some(true);
+            }
             Mode::OffloadedMlx5 => {
                 cfg = cfg.with_wqe_format(omw_core::wire::wqe_format::WqeFormat::Mlx5);
                 cfg.mode = Some(ExecutionMode::Offloaded);
@@ -79,7 +83,7 @@ impl Factory for Loopback {
     fn caps(&self) -> Caps {
         COMMON
             | match self.0 {
-                Mode::Offloaded | Mode::OffloadedMlx5 => Caps::OFFLOAD | Caps::STRICT_MW,
+                Mode::Offloaded | Mode::OffloadedMlx5 | Mode::OffloadedPopAhead => Caps::OFFLOAD | Caps::STRICT_MW,
                 Mode::HostEngine => Caps::HOST_ENGINE | Caps::STRICT_MW,
                 Mode::Rxe => Caps::HOST_ENGINE | Caps::RXE_MW,
             }
@@ -225,6 +229,12 @@ impl Testbed for LoopbackBed {
     }
     fn free_groups(&mut self) -> u32 {
         self.c.free_groups()
+    }
+    fn ahead(&mut self) -> u32 {
+        self.c.driver.groups_ahead()
+    }
+    fn ahead_of(&mut self, cn: usize) -> bool {
+        self.c.driver.group_ahead_of(self.c.cns[cn].id).is_some()
     }
     fn stats(&mut self) -> MnStats {
         self.c.driver.mn.stats()

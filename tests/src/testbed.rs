@@ -372,6 +372,15 @@ pub trait Testbed {
     fn check_invariants(&mut self) -> Result<(), String>;
     /// Groups in the free queue now.
     fn free_groups(&mut self) -> u32;
+    /// Groups the MN's alloc chains hold popped ahead for their CNs' next requests (offloaded
+    /// mode, `omw_core::chain::alloc`): not in the queue, not handed to any CN yet.
+    fn ahead(&mut self) -> u32;
+    /// Whether CN `cn`'s alloc chain holds a group popped ahead.
+    fn ahead_of(&mut self, cn: usize) -> bool;
+    /// Groups no CN has been handed: in the queue, or popped ahead.
+    fn unallocated(&mut self) -> u32 {
+        self.free_groups() + self.ahead()
+    }
     fn stats(&mut self) -> MnStats;
     /// The MN's lease period in ns (0: off).
     fn lease_ns(&mut self) -> u64;

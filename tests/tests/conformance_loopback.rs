@@ -21,6 +21,11 @@ fn offloaded_mlx5_form() {
 }
 
 #[test]
+fn offloaded_popping_ahead() {
+    conform(&Loopback(Mode::OffloadedPopAhead));
+}
+
+#[test]
 fn host_engine() {
     conform(&Loopback(Mode::HostEngine));
 }

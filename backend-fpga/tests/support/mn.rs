@@ -463,6 +463,12 @@ impl Testbed for Cluster {
     fn check_invariants(&mut self) -> Result<(), String> {
         self.d.check_invariants().map_err(|e| e.to_string())
     }
+    fn ahead(&mut self) -> u32 {
+        self.d.groups_ahead()
+    }
+    fn ahead_of(&mut self, cn: usize) -> bool {
+        self.d.group_ahead_of(self.cns[cn].mn_id).is_some()
+    }
     fn free_groups(&mut self) -> u32 {
         let map = *self.d.mn.map();
         let q = map.queue;

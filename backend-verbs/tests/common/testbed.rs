@@ -346,6 +346,13 @@ impl Testbed for RxeBed {
     fn check_invariants(&mut self) -> Result<(), String> {
         self.mn.with(|d, _| d.driver.check_invariants().map_err(|e| e.to_string()))
     }
+    fn ahead(&mut self) -> u32 {
+        self.mn.with(|d, _| d.driver.groups_ahead())
+    }
+    fn ahead_of(&mut self, cn: usize) -> bool {
+        let id = self.cn_id(cn);
+        self.mn.with(move |d, _| d.driver.group_ahead_of(id).is_some())
+    }
     fn free_groups(&mut self) -> u32 {
         self.mn.with(|d, _| {
             let map = *d.driver.mn.map();

@@ -33,6 +33,9 @@ pub struct ChainEnv {
     pub window_access: AccessFlags,
     /// Rights of MW[0] (bound to the Free QP; it proves ownership, it is not for data).
     pub owner_window_access: AccessFlags,
+    /// The alloc chain pops the next request's group before that request arrives
+    /// (`chain::alloc`); otherwise after it, on the request's path.
+    pub pop_ahead: bool,
 }
 
 impl ChainEnv {
@@ -106,6 +109,7 @@ impl Builder {
                 empty_probe: None,
                 ownership_check: None,
                 critical_end: None,
+                request_wait: None,
                 mlx5: {
                     let (k, s) = (kind as usize, env.scratch());
                     let junk = match kind {
@@ -243,6 +247,7 @@ impl ChainEnv {
             queue_depth: 128,
             window_access: AccessFlags::DATA_WINDOW,
             owner_window_access: AccessFlags::REMOTE_READ,
+            pop_ahead: true,
         })
     }
 }

@@ -119,6 +119,10 @@ pub struct ChainLayout {
     /// The step the chain exists for — the reply WRITE (alloc), the push onto the free queue
     /// (free): [`ChainLayout::critical_path`] counts the gates before it.
     pub critical_end: Option<u8>,
+    /// The WAIT for the request's RECV, where a chain prepares before it (the alloc chain pops
+    /// its group ahead): what comes before it runs before the request arrives, and
+    /// [`ChainLayout::critical_path`] counts from it. `None`: the chain starts with it.
+    pub request_wait: Option<u8>,
     /// What the mlx5 form adds in MN memory and with which keys (unused by the canonical form).
     pub mlx5: Mlx5Scratch,
 }
@@ -648,12 +652,21 @@ impl ChainLayout {
     }
 
     /// Gates on the longest path from the request to [`Self::critical_end`]: every WAIT, and
-    /// every ENABLE that releases a queue (the released WQE is fetched only then). None when
-    /// the layout names no end step or does not validate.
+    /// every ENABLE that releases a queue (the released WQE is fetched only then) — counted
+    /// from the request's WAIT, so what a chain prepares before the request arrives is not on
+    /// it. None when the layout names no end step or does not validate.
     pub fn critical_path(&self) -> Option<Gates> {
         let end = self.critical_end? as usize;
         let hb = self.happens_before().ok()?;
-        hb.gates.get(end).copied()
+        let at_end = *hb.gates.get(end)?;
+        let Some(w) = self.request_wait else { return Some(at_end) };
+        // the WAIT's own gates include everything before it; it is the request's first gate
+        let before = hb.gates.get(w as usize)?;
+        Some(Gates { gates: at_end.gates - before.gates + 1, waits: at_end.waits - before.waits + 1 })
+    }
+    /// Steps that run before the request arrives (the alloc chain's prepare phase).
+    pub fn prepares_before_request(&self, step: u8) -> bool {
+        self.request_wait.is_some_and(|w| step < w)
     }
 
     /// WQEs a lap executes: both rings' depths (every slot runs once per lap, padding too).
@@ -923,7 +936,7 @@ fn field_at(off: usize) -> Option<WqeField> {
 mod tests {
     use super::*;
     use crate::chain::alloc::build_alloc_chain;
-    use crate::chain::builder::test_env;
+    use crate::chain::builder::{test_env, ChainEnv};
     use crate::chain::free::build_free_chain;
     use crate::wire::wqe::WqeFlags;
 
@@ -932,6 +945,8 @@ mod tests {
         for g in 2..=crate::geometry::MAX_GROUP_SIZE as u8 {
             for (cs, n) in [(512u64, 1u32), (4096, 100), (1 << 20, 7), (1 << 30, 3)] {
                 let env = test_env(cs, n, g);
+                let behind = build_alloc_chain(&ChainEnv { pop_ahead: false, ..env }).unwrap();
+                assert_eq!(behind.validate(), Ok(()), "alloc, not popping ahead, G={g} cs={cs}");
                 let a = build_alloc_chain(&env).unwrap();
                 assert_eq!(a.validate(), Ok(()), "alloc G={g} cs={cs}");
                 assert!(a.empty_probe.is_some());
@@ -960,20 +975,22 @@ mod tests {
         build_alloc_chain(&test_env(4096, 16, 3)).unwrap()
     }
 
-    /// Issue 11: at most four gated phases from the request to the reply (alloc), five to the
-    /// push (free: issue 22 — its entry READ, patched by the RECV, is released by an ENABLE
-    /// behind the WAIT, since a NIC may fetch past an unsatisfied WAIT), and these WQEs per lap
-    /// (padding and re-arm bumps included), for every G and geometry. Before the redesign:
-    /// alloc 10 gates (9 WAITs), 68 WQEs, 11 bumps; free 10 gates (8 WAITs), 72 WQEs, 10 bumps
-    /// (G = 3). A chain that grows fails here.
+    /// Gated phases from the request to the reply (alloc) or the push (free), and WQEs per lap
+    /// (padding and re-arm bumps included), for every G and geometry. The alloc chain popping
+    /// ahead (issue 22): two — the request's WAIT and the ENABLE of the binds and reply; without
+    /// it four (issue 11). The free chain five (issue 22: its entry READ, patched by the RECV,
+    /// is released by an ENABLE behind the WAIT, since a NIC may fetch past an unsatisfied
+    /// WAIT). Before issue 11: alloc 10 gates (9 WAITs), 68 WQEs, 11 bumps; free 10 gates
+    /// (8 WAITs), 72 WQEs, 10 bumps (G = 3). A chain that grows fails here.
     #[test]
     fn chain_cost_bounds() {
+        const ALLOC_AHEAD_MAX_GATES: u32 = 2;
         const ALLOC_MAX_GATES: u32 = 4;
         const FREE_MAX_GATES: u32 = 5;
         const MAX_WAITS: u32 = 1;
-        // 72: the rdma-core bind layout's copies of the current keys (issue 22) outgrew the
-        // 32-entry Loop ring, padded to 64
-        const ALLOC_MAX_WQES_PER_LAP: usize = 72;
+        // G = 4: the fourth bind's three copies (span, new key, current key — rdma-core names
+        // the window by its current key, issue 22) take the Loop ring past 32 entries
+        let alloc_max_wqes_per_lap = |g: u8| if g < 4 { 40usize } else { 72 };
         const ALLOC_MAX_BUMPS: usize = 2;
         const FREE_MAX_WQES_PER_LAP: usize = 40;
         const FREE_MAX_BUMPS: usize = 1;
@@ -986,8 +1003,20 @@ mod tests {
                         env.keys.pool_scrub_rkey = 0x19;
                         env.keys.zero_addr = 1 << 40;
                     }
+                    let behind = ChainEnv { pop_ahead: false, ..env };
                     for (c, gates, wqes, bumps) in [
-                        (build_alloc_chain(&env).unwrap(), ALLOC_MAX_GATES, ALLOC_MAX_WQES_PER_LAP, ALLOC_MAX_BUMPS),
+                        (
+                            build_alloc_chain(&env).unwrap(),
+                            ALLOC_AHEAD_MAX_GATES,
+                            alloc_max_wqes_per_lap(g),
+                            ALLOC_MAX_BUMPS,
+                        ),
+                        (
+                            build_alloc_chain(&behind).unwrap(),
+                            ALLOC_MAX_GATES,
+                            alloc_max_wqes_per_lap(g),
+                            ALLOC_MAX_BUMPS,
+                        ),
                         (build_free_chain(&env).unwrap(), FREE_MAX_GATES, FREE_MAX_WQES_PER_LAP, FREE_MAX_BUMPS),
                     ] {
                         assert_eq!(c.validate(), Ok(()), "{:?} G={g} cs={cs} scrub={scrub}", c.kind);
@@ -1125,28 +1154,43 @@ mod tests {
         assert!(matches!(c.validate(), Err(ChainError::RecvReuse { .. })), "{:?}", c.validate());
     }
 
-    /// Removing the WAIT that gates a patched step must be caught.
+    /// A patched step whose release does not wait for the patch must be caught: the FENCE of
+    /// the ENABLE that releases the pop READ (patched by the copy of the slot address before
+    /// it) removed.
     #[test]
     fn ungated_patch_rejected() {
         let mut c = alloc();
-        // the WAIT right before the pop READ (step "pop" is patched by the copy before it)
         let pop = c
             .steps
             .iter()
             .position(|s| s.wqe.opcode == Opcode::Read && s.wqe.remote_addr == 0 && s.local.is_none())
             .unwrap();
-        let wait = (0..pop).rev().find(|i| c.steps[*i].wqe.opcode == Opcode::Wait).unwrap();
-        c.steps[wait].wqe = Wqe::nop().with_flags(WqeFlags::empty());
-        // the bump of that WAIT now points at a NOP: drop it to isolate the gating error
-        for s in c.steps.iter_mut() {
-            if s.remote == Some(Loc::Field { step: wait as u8, field: WqeField::Operand0 }) {
-                s.wqe = Wqe::nop().with_flags(WqeFlags::SIGNALED);
-                s.remote = None;
-            }
-        }
-        c.rearm = Rearm::Host;
+        let gate = (0..pop).rev().find(|i| c.steps[*i].wqe.opcode == Opcode::Enable).unwrap();
+        c.steps[gate].wqe.flags.remove(WqeFlags::FENCE);
         assert!(
             matches!(c.validate(), Err(ChainError::UngatedPatch { .. }) | Err(ChainError::UngatedDependency { .. })),
+            "{:?}",
+            c.validate()
+        );
+    }
+
+    /// A WAIT does not keep the NIC from fetching what follows it: a patched step behind a
+    /// WAIT but inside the enabled range is refused (the free chain's entry READ without the
+    /// ENABLE that releases it behind its WAIT).
+    #[test]
+    fn a_wait_is_not_a_fetch_bound() {
+        let mut c = build_free_chain(&test_env(4096, 16, 3)).unwrap();
+        assert_eq!(c.validate(), Ok(()));
+        // release the whole first phase at arm (and from the closing ENABLE): the ENABLE
+        // behind the WAIT then releases nothing new
+        let open = c.steps.iter().position(|s| s.wqe.opcode == Opcode::Enable).unwrap();
+        let n = c.steps[open].wqe.operand0;
+        c.initial_enable[0] += n as u16;
+        c.steps[open].wqe.operand0 = 0;
+        let closing = c.steps.iter().rposition(|s| s.wqe.opcode == Opcode::Enable && s.ring == Ring::Loop).unwrap();
+        c.steps[closing].wqe.operand0 += n;
+        assert!(
+            matches!(c.validate(), Err(ChainError::UngatedPatch { producer: Producer::Recv, .. })),
             "{:?}",
             c.validate()
         );
@@ -1155,7 +1199,8 @@ mod tests {
     #[test]
     fn ungated_recv_patch_rejected() {
         let mut c = alloc();
-        c.steps[0].wqe.operand0 = 0; // WAIT for zero RECVs: gates nothing
+        let w = c.request_wait.unwrap() as usize;
+        c.steps[w].wqe.operand0 = 0; // WAIT for zero RECVs: gates nothing
         assert!(matches!(
             c.validate(),
             Err(ChainError::UngatedPatch { producer: Producer::Recv, .. })

@@ -25,6 +25,8 @@ use core::fmt;
 
 /// Bytes per message receive slot and per send slot (every MN message and CN request fits).
 pub const MSG_SLOT: u64 = 64;
+/// The longest byte string the MN delivers: an alloc reply (messages fit a [`MSG_SLOT`]).
+pub const DELIVERED_MAX: usize = if ALLOC_REPLY_LEN > MSG_SLOT as usize { ALLOC_REPLY_LEN } else { MSG_SLOT as usize };
 /// Receives kept posted on each of the two message queues.
 pub const RECVS_PER_QP: usize = 8;
 /// Requests that may be in flight at once.
@@ -122,8 +124,10 @@ pub struct CnMemory {
 }
 
 impl CnMemory {
-    pub const REPLY_LEN: u64 = 64;
-
+    pub const REPLY_LEN: u64 = 128;
+}
+const _: () = assert!(ALLOC_REPLY_LEN as u64 <= CnMemory::REPLY_LEN);
+impl CnMemory {
     /// The local region's size for `slots` I/O slots of `io_slot_len` bytes each (the
     /// largest single READ or WRITE the CN makes).
     pub const fn local_len_for(slots: usize, io_slot_len: u64) -> u64 {
@@ -210,7 +214,8 @@ pub enum CnEvent {
     /// and messages), for tests that check what a CN learns.
     Delivered {
         qp: Qpn,
-        bytes: heapless::Vec<u8, 64>,
+        /// A message (at most [`MSG_SLOT`] bytes) or an alloc reply ([`ALLOC_REPLY_LEN`]).
+        bytes: heapless::Vec<u8, DELIVERED_MAX>,
     },
 }
 
@@ -503,7 +508,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
 
     fn deliver(&mut self, qp: Qpn, bytes: &[u8]) {
         if self.record {
-            let bytes = bytes.iter().copied().take(64).collect();
+            let bytes = bytes.iter().copied().take(DELIVERED_MAX).collect();
             self.push(CnEvent::Delivered { qp, bytes });
         }
     }

@@ -1108,6 +1108,29 @@ impl<B: MnDevice> MnDriver<B> {
         Ok(())
     }
 
+    /// The group CN `cn`'s alloc chain holds popped ahead for its next request
+    /// (`chain::alloc`): owned by the CN in the MWTable, not yet handed out. Read from the
+    /// chain's marker: exact where no lap is in flight (tests, tools, metrics).
+    pub fn group_ahead_of(&self, cn: CnId) -> Option<GroupId> {
+        if self.mn.mode() != ExecutionMode::Offloaded {
+            return None;
+        }
+        let map = self.mn.map();
+        let r = self.mn.cn(cn)?;
+        let marker = map.scratch(r.slot)?
+            + crate::wire::memory_map::ALLOC_SCRATCH_OFF
+            + crate::wire::memory_map::alloc_scratch::REPLY_ENTRY_ADDR;
+        let mut b = [0u8; 8];
+        self.backend.read_local(marker, &mut b).ok()?;
+        let g = map.group_of_entry(u64::from_le_bytes(b))?;
+        (self.entry(g)?.owner() == cn.get()).then_some(g)
+    }
+
+    /// Groups every CN's alloc chain holds popped ahead ([`MnDriver::group_ahead_of`]).
+    pub fn groups_ahead(&self) -> u32 {
+        self.mn.cns().filter(|r| self.group_ahead_of(r.cn).is_some()).count() as u32
+    }
+
     /// The MWTable entry of a group (for tests and tools).
     pub fn entry(&self, g: GroupId) -> Option<crate::wire::mwtable::MwTableEntry> {
         let addr = self.mn.map().entry_addr(g)?;

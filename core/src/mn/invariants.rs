@@ -89,6 +89,17 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
             }
         }
     }
+    // the group each CN's alloc chain popped ahead for its next request (its `REPLY_ENTRY_ADDR`
+    // marker, 0: none): owned by that CN, no window bound yet, not in its holdings
+    let mut ahead = [0u64; crate::mn::MAX_CNS + 1];
+    for r in mn.cns() {
+        let s = map.scratch(r.slot).ok_or(InvariantViolation::Unreadable)?;
+        let marker =
+            s + crate::wire::memory_map::ALLOC_SCRATCH_OFF + crate::wire::memory_map::alloc_scratch::REPLY_ENTRY_ADDR;
+        if let Some(a) = ahead.get_mut(r.slot as usize) {
+            *a = rd(port, marker)?;
+        }
+    }
     // every group: exactly one of free-in-queue, owned, reclaiming
     let mut held = [0u32; crate::mn::MAX_CNS + 1];
     for i in 0..n {
@@ -111,7 +122,9 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
         let rec = if owner != 0 {
             let r =
                 mn.cns().find(|r| r.cn.get() == owner).ok_or(InvariantViolation::UnknownOwner { group: g, owner })?;
-            held[r.slot as usize] += 1;
+            if ahead.get(r.slot as usize) != Some(&addr) {
+                held[r.slot as usize] += 1;
+            }
             Some(r)
         } else {
             None
@@ -131,6 +144,8 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
                         return Err(InvariantViolation::WindowMisbound { group: g, mw: k });
                     }
                 }
+                // popped ahead: its windows are bound when the request comes
+                (Some(MwBinding::Unbound), Some(rec)) if ahead.get(rec.slot as usize) == Some(&addr) => {}
                 (Some(MwBinding::Unbound), Some(_)) => {
                     return Err(InvariantViolation::WindowMisbound { group: g, mw: k })
                 }

@@ -74,6 +74,20 @@ pub struct MnConfig {
     /// windows taken back, every CN's holdings checked against its quota. A timer of its own,
     /// so an MN with the lease off still audits.
     pub audit_ns: u64,
+    /// Offloaded: each CN's alloc chain pops the group for the CN's next request as soon as
+    /// the previous reply went out, so a request passes only its WAIT and one ENABLE on the
+    /// way to its reply (`chain::alloc`). It costs one group per armed chain withheld from the
+    /// others — the default ([`MnConfig::pop_ahead_pays`]) turns it on only where that is a
+    /// small share of the pool.
+    pub pop_ahead: bool,
+}
+
+impl MnConfig {
+    /// Whether popping ahead pays for the groups it withholds: offloaded, and at most an
+    /// eighth of the pool held ahead when every CN slot is taken.
+    pub const fn pop_ahead_pays(mode: ExecutionMode, chunks: u32, max_cns: u32) -> bool {
+        matches!(mode, ExecutionMode::Offloaded) && (chunks as u64) >= 8 * max_cns as u64
+    }
 }
 
 /// Default audit period: the cadence the audit had when it rode the default lease's probes.
@@ -401,6 +415,8 @@ pub struct MemoryNode {
     wqe_format: crate::wire::wqe_format::WqeFormat,
     /// Why the last refused push was refused (tests and logs).
     last_push_refused: Option<PushRefused>,
+    /// The last chain failure the MN handled (tests and logs).
+    last_chain_failure: Option<(CnId, ChainKind, Option<u8>, LapFailure)>,
     /// Remotely invalidated windows whose restore waits for their owner's lap to end.
     restores: heapless::Vec<PendingRestore, { 2 * MAX_CNS }>,
     /// Tenants CNs may be admitted as ([`MemoryNode::connect_as`]).
@@ -448,6 +464,7 @@ impl MemoryNode {
             now: 0,
             wqe_format: crate::wire::wqe_format::WqeFormat::Canonical,
             last_push_refused: None,
+            last_chain_failure: None,
             restores: heapless::Vec::new(),
             tenants: TenantTable::new(),
             audit_at: cfg.audit_ns,
@@ -474,6 +491,10 @@ impl MemoryNode {
     }
     pub fn stats(&self) -> MnStats {
         self.stats
+    }
+    /// The last chain failure the MN handled: whose chain, which step (None: the RECV), why.
+    pub fn last_chain_failure(&self) -> Option<(CnId, ChainKind, Option<u8>, LapFailure)> {
+        self.last_chain_failure
     }
     /// Why the MN's last refused push was refused, if one was.
     pub fn last_push_refused(&self) -> Option<PushRefused> {
@@ -535,7 +556,18 @@ impl MemoryNode {
             queue_depth: self.cfg.queue_depth,
             window_access: self.cfg.window_access,
             owner_window_access: AccessFlags::REMOTE_READ,
+            pop_ahead: self.cfg.pop_ahead && self.cfg.mode == ExecutionMode::Offloaded,
         })
+    }
+
+    /// Turn popping ahead on or off ([`MnConfig::pop_ahead`]); only while no CN is connected
+    /// (connected CNs' chains are armed with the layout they have).
+    pub fn set_pop_ahead(&mut self, on: bool) -> bool {
+        if self.cns().next().is_some() {
+            return false;
+        }
+        self.cfg.pop_ahead = on;
+        true
     }
 
     /// Send-queue depths the chain QPs must be created with, `[alloc, free] × [Loop, Mgmt]`
@@ -572,10 +604,17 @@ impl MemoryNode {
             queue_depth: self.cfg.queue_depth,
             window_access: self.cfg.window_access,
             owner_window_access: AccessFlags::REMOTE_READ,
+            pop_ahead: self.cfg.pop_ahead && self.cfg.mode == ExecutionMode::Offloaded,
         };
         let a = crate::chain::alloc::build_alloc_chain(&env)?;
         let f = crate::chain::free::build_free_chain(&env)?;
         Ok([a, f])
+    }
+
+    /// Whether alloc-chain step `step` runs before the request arrives (the chain pops its
+    /// group ahead: `chain::alloc`), so its failure is not the requester's doing.
+    pub(crate) fn alloc_prepares_before_request(&self, step: u8) -> bool {
+        self.chain_sizing_layouts().is_ok_and(|[a, _]| a.prepares_before_request(step))
     }
 
     pub fn scratch_of(&self, cn: CnId) -> Option<u64> {
@@ -660,7 +699,10 @@ impl MemoryNode {
         self.now = now;
         self.stats.events += 1;
         match event {
-            Event::ChainFailed { cn, kind, step, failure } => self.on_chain_failed(port, cn, kind, step, failure),
+            Event::ChainFailed { cn, kind, step, failure } => {
+                self.last_chain_failure = Some((cn, kind, step, failure));
+                self.on_chain_failed(port, cn, kind, step, failure)
+            }
             Event::RequestArrived { cn, kind, len } => self.on_request(port, cn, kind, len),
             Event::CnAnswered { cn } => {
                 self.cn_answered(cn);

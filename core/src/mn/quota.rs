@@ -19,6 +19,28 @@ impl MemoryNode {
         Ok(n)
     }
 
+    /// Of [`Self::held_by`], the groups the charged CNs' alloc chains popped ahead for their next
+    /// request (`chain::alloc`): owned in the table, not yet handed out, so not the CN's doing.
+    /// Read while the chains may run: a marker seen between a reply and its commit counts the
+    /// group just handed out as ahead — lenient for one lap, never a false excess.
+    pub(super) fn held_ahead<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> Result<u32, MnError<P::Error>> {
+        if self.cfg.mode != ExecutionMode::Offloaded {
+            return Ok(0);
+        }
+        let charged = crate::mn::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
+        let slots: heapless::Vec<(u32, u32), MAX_CNS> =
+            self.cns().filter(|r| charged.contains(&r.cn.get())).map(|r| (r.cn.get(), r.slot)).collect();
+        let mut n = 0;
+        for (owner, slot) in slots {
+            let s = self.map.scratch(slot).ok_or(MnError::BadConfig)?;
+            let entry = rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)?;
+            if self.map.group_of_entry(entry).is_some() && read_entry(port, entry)?.owner() == owner {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// The quota `cn` is held to: its tenant's (shared), or the per-CN one.
     pub fn quota_of(&self, cn: CnId) -> u32 {
         let t = self.cn(cn).and_then(|r| r.tenant).and_then(|t| self.tenants.get(t));
@@ -93,7 +115,7 @@ impl MemoryNode {
     pub(super) fn enforce_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
         let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
         let quota = self.quota_of(cn);
-        if r.status != CnStatus::Active || self.held_by(port, cn)? <= quota {
+        if r.status != CnStatus::Active || self.held_by(port, cn)?.saturating_sub(self.held_ahead(port, cn)?) <= quota {
             return Ok(());
         }
         self.stats.quota_disconnects += 1;

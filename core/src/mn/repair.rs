@@ -51,8 +51,17 @@ impl MemoryNode {
                 if repair == AllocRepair::TookTicket {
                     // the queue was empty: park this chain until frees refill it
                     self.park(cn);
-                    self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
-                    if !self.empty {
+                    if token != 0 || self.cfg.mode == ExecutionMode::HostEngine {
+                        self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
+                    }
+                    if self.cfg.mode == ExecutionMode::Offloaded && self.cfg.pop_ahead {
+                        // The lap was popping ahead (chain::alloc): only this CN's next request
+                        // has no group; every other armed chain still holds one it popped ahead,
+                        // so "empty" is this CN's news alone. "available" goes to everyone.
+                        self.empty = true;
+                        self.send(port, cn, &Notice::Empty.encode())?;
+                        self.stats.empty_notices += 1;
+                    } else if !self.empty {
                         self.empty = true;
                         self.broadcast(port, Notice::Empty)?;
                     }
@@ -66,8 +75,10 @@ impl MemoryNode {
                 } else {
                     ErrorCode::AllocFailed
                 };
-                // a lap that raced a push on an empty queue did nothing wrong: it only retries
-                if repair != AllocRepair::Requeued {
+                // a lap that raced a push on an empty queue did nothing wrong: it only retries;
+                // nor did one that failed popping ahead, before any request of the CN's was in it
+                let before_request = step.is_some_and(|s| self.alloc_prepares_before_request(s));
+                if repair != AllocRepair::Requeued && !before_request {
                     if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
                         rec.bad_requests += 1;
                     }
@@ -221,6 +232,18 @@ impl MemoryNode {
             // once. If the slot is empty the queue is empty: the MN holds the ticket until a
             // push fills the slot.
             let v = rd(port, slot)?;
+            // Popping ahead, the chain pops again as soon as it is re-armed — while other
+            // chains' empty pops, not yet repaired, still hold the head past the tail: a group
+            // moved to the tail would land in one of their slots, be moved on by its repair,
+            // and chase the head forever. So the slot stays a ticket, already filled: `settle`
+            // walks the group past every outstanding ticket, and the chain waits (parked) for
+            // "available" like any chain that found the queue empty.
+            if v != 0 && self.cfg.pop_ahead && self.cfg.mode == ExecutionMode::Offloaded {
+                if !self.tickets.contains(&slot) {
+                    self.tickets.push(slot).map_err(|_| MnError::TicketsFull)?;
+                }
+                return Ok(AllocRepair::TookTicket);
+            }
             if v != 0 {
                 wr(port, slot, 0)?;
                 self.push_group(port, v)?;

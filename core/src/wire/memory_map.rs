@@ -54,7 +54,7 @@ pub mod alloc_scratch {
     /// Sixteen zero bytes: what the commit's clears (markers, request header, the reply WQE's
     /// address and rkey) and the reply image's lkey are overwritten with.
     pub const ZEROS16: u64 = 16;
-    /// The reply image, 56 B: header, entry address, entry.
+    /// The reply image, 72 B: header, entry address, entry.
     pub const REPLY: u64 = 32;
     /// The popped entry's address; cleared when a lap commits (the reply was delivered), so
     /// after a failure non-zero means "this lap popped a group the CN never got".
@@ -65,11 +65,8 @@ pub mod alloc_scratch {
     /// written back from it — always name the requester.
     pub const OWNER: u64 = REPLY_ENTRY + ENTRY_OFF_OWNER;
     /// Destination of fetch-and-add results nobody reads (lap re-arm bumps).
-    pub const JUNK: u64 = 88;
-    /// The popped entry whole (public part and current keys), as the entry READ lands it:
-    /// the binds' fields are copied from here, the reply image's entry from its public part.
-    pub const ENTRY: u64 = 96;
-    pub const END: u64 = ENTRY + crate::wire::mwtable::ENTRY_SIZE as u64;
+    pub const JUNK: u64 = 104;
+    pub const END: u64 = 112;
 }
 
 /// Offsets inside the free chain's scratch area.
@@ -99,7 +96,6 @@ const _: () = assert!(alloc_scratch::REPLY + crate::wire::message::ALLOC_REPLY_L
 const _: () = assert!(free_scratch::ENTRY + crate::wire::mwtable::ENTRY_SIZE as u64 <= free_scratch::ZERO);
 const _: () = assert!(free_scratch::ZERO + free_scratch::MARKERS_LEN as u64 <= free_scratch::JUNK);
 const _: () = assert!(SEND_BUF_LEN as usize >= crate::wire::message::MAX_MESSAGE_LEN);
-const _: () = assert!(alloc_scratch::JUNK + 8 <= alloc_scratch::ENTRY);
 const _: () = assert!(alloc_scratch::END <= FREE_SCRATCH_OFF);
 const _: () = assert!(FREE_SCRATCH_OFF + free_scratch::END <= ALLOC_REQUEST_BUF_OFF);
 const _: () = assert!(FREE_REQUEST_BUF_OFF + REQUEST_BUF_LEN as u64 <= SEND_BUF_OFF);

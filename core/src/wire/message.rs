@@ -331,10 +331,10 @@ impl FreeRequest {
 pub mod alloc_reply {
     pub const ENTRY_ADDR: usize = 8;
     pub const ENTRY: usize = 16;
-    pub const LEN: usize = ENTRY + crate::wire::mwtable::ENTRY_PUBLIC_LEN;
+    pub const LEN: usize = ENTRY + crate::wire::mwtable::ENTRY_SIZE;
 }
 
-/// `hdr | entry_addr u64 | MWTable entry, public part (40 B)`: written by the alloc chain's reply WRITE
+/// `hdr | entry_addr u64 | MWTable entry (56 B)`: written by the alloc chain's reply WRITE
 /// (the token travels as the immediate; the header's token field is 0).
 pub const ALLOC_REPLY_LEN: usize = alloc_reply::LEN;
 
@@ -349,12 +349,12 @@ impl AllocReply {
         let mut out = [0u8; ALLOC_REPLY_LEN];
         Header::new(Kind::AllocReply, 0).put(&mut out);
         put64(&mut out, alloc_reply::ENTRY_ADDR, self.entry_addr);
-        out[alloc_reply::ENTRY..].copy_from_slice(self.entry.public_bytes());
+        out[alloc_reply::ENTRY..].copy_from_slice(self.entry.as_bytes());
         out
     }
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         expect(bytes, Kind::AllocReply, ALLOC_REPLY_LEN)?;
-        let entry = MwTableEntry::read_public(&bytes[alloc_reply::ENTRY..])
+        let entry = MwTableEntry::read(&bytes[alloc_reply::ENTRY..])
             .ok_or(WireError::Truncated { need: ALLOC_REPLY_LEN, got: bytes.len() })?;
         Ok(AllocReply { entry_addr: le64(bytes, alloc_reply::ENTRY_ADDR), entry })
     }
@@ -553,10 +553,11 @@ pub mod connect_info {
 }
 pub const CONNECT_INFO_LEN: usize = connect_info::LEN;
 
+// (an alloc reply is not a message: it is WRITTEN into the CN's reply buffer, whose size is
+// the CN's `CnMemory::REPLY_LEN`)
 const _: () = assert!(
     alloc_request::len(MAX_ACCESS_QPS) <= MAX_MESSAGE_LEN
         && free_request::LEN <= MAX_MESSAGE_LEN
-        && ALLOC_REPLY_LEN <= MAX_MESSAGE_LEN
         && NOTICE_LEN <= MAX_MESSAGE_LEN
         && REBOUND_LEN <= MAX_MESSAGE_LEN
         && ERROR_REPLY_LEN <= MAX_MESSAGE_LEN

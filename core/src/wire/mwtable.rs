@@ -13,15 +13,17 @@
 //!  12  4  lkey    the MR the group's windows are bound in (pool MR, or the chunk's own MR)
 //!  16 16  rkeys   rkey of MW[0..4): the key each window has while bound, and will get on
 //!                 the next bind while free (the free chain increments the key byte)
-//!  32  4  owner   CnId of the owner, 0 = free
-//!  36  4  reserved (zero; ENTRY_RECLAIMING while the MN takes the group back)
-//!  40 16  cur_rkeys the key each window holds on the device while free — the key a bind
+//!  32 16  cur_rkeys the key each window holds on the device while free — the key a bind
 //!                 names as the window's current one (rdma-core's `ctrl->imm = mw->rkey`,
 //!                 providers/mlx5/qp.c); `rkeys[i]`'s predecessor (`Rkey::prev_key`)
+//!  48  4  owner   CnId of the owner, 0 = free
+//!  52  4  reserved (zero; ENTRY_RECLAIMING while the MN takes the group back)
 //! ```
-//! The first 40 bytes are what an alloc reply carries ([`ENTRY_PUBLIC_LEN`]); the current
-//! keys are the MN's. MN metadata per chunk: 56 B entry + 8 B free-queue slot = **64 B** for
-//! every G ≤ 4. The stride keeps every entry — and so every pair of rkeys a masked
+//! The current keys sit before the owner so that one READ short of the owner brings a chain
+//! everything it binds with (the alloc chain's entry READ into the reply image, whose owner
+//! field names the requester). They are dead keys once the windows are bound again, so the
+//! reply may carry them. MN metadata per chunk: 56 B entry + 8 B free-queue slot = **64 B**
+//! for every G ≤ 4; the stride keeps every entry — and so every pair of rkeys a masked
 //! fetch-and-add bumps — 8-byte aligned.
 
 use crate::geometry::MAX_GROUP_SIZE;
@@ -30,14 +32,12 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 pub const ENTRY_SIZE: usize = 56;
-/// The part of an entry an alloc reply carries (base … reserved): not the current keys.
-pub const ENTRY_PUBLIC_LEN: usize = 40;
 pub const ENTRY_OFF_BASE: u64 = 0;
 pub const ENTRY_OFF_LENGTH: u64 = 8;
 pub const ENTRY_OFF_LKEY: u64 = 12;
 pub const ENTRY_OFF_RKEYS: u64 = 16;
-pub const ENTRY_OFF_OWNER: u64 = 32;
-pub const ENTRY_OFF_CUR_RKEYS: u64 = 40;
+pub const ENTRY_OFF_CUR_RKEYS: u64 = 32;
+pub const ENTRY_OFF_OWNER: u64 = 48;
 /// Bytes of one rkey in the entry.
 pub const RKEY_SIZE: u64 = 4;
 
@@ -65,9 +65,9 @@ pub struct MwTableEntry {
     pub length: U32,
     pub lkey: U32,
     pub rkeys: [U32; MAX_GROUP_SIZE],
+    pub cur_rkeys: [U32; MAX_GROUP_SIZE],
     pub owner: U32,
     pub reserved: U32,
-    pub cur_rkeys: [U32; MAX_GROUP_SIZE],
 }
 
 const _: () = assert!(core::mem::size_of::<MwTableEntry>() == ENTRY_SIZE);
@@ -77,8 +77,8 @@ const _: () = assert!(core::mem::offset_of!(MwTableEntry, lkey) as u64 == ENTRY_
 const _: () = assert!(core::mem::offset_of!(MwTableEntry, rkeys) as u64 == ENTRY_OFF_RKEYS);
 const _: () = assert!(core::mem::offset_of!(MwTableEntry, owner) as u64 == ENTRY_OFF_OWNER);
 const _: () = assert!(core::mem::offset_of!(MwTableEntry, cur_rkeys) as u64 == ENTRY_OFF_CUR_RKEYS);
-const _: () = assert!(entry_off_rkey(MAX_GROUP_SIZE) == ENTRY_OFF_OWNER);
-const _: () = assert!(ENTRY_OFF_CUR_RKEYS as usize == ENTRY_PUBLIC_LEN);
+const _: () = assert!(entry_off_rkey(MAX_GROUP_SIZE) == ENTRY_OFF_CUR_RKEYS);
+const _: () = assert!(entry_off_cur_rkey(MAX_GROUP_SIZE) == ENTRY_OFF_OWNER);
 const _: () = assert!(ENTRY_SIZE.is_multiple_of(8));
 const _: () = assert!(METADATA_BYTES_PER_CHUNK == 64);
 
@@ -119,22 +119,6 @@ impl MwTableEntry {
             *r = U32::new(Rkey(r.get()).next_key().0);
         }
     }
-    /// The public part of an entry (an alloc reply's): the current keys are not in it; they
-    /// are taken to be the predecessors of the next ones.
-    pub fn read_public(bytes: &[u8]) -> Option<Self> {
-        let mut b = [0u8; ENTRY_SIZE];
-        b.get_mut(..ENTRY_PUBLIC_LEN)?.copy_from_slice(bytes.get(..ENTRY_PUBLIC_LEN)?);
-        let mut e = Self::from_bytes(b);
-        // (a window the group does not have, G < 4, has key 0 and no current key)
-        for (c, r) in e.cur_rkeys.iter_mut().zip(e.rkeys) {
-            *c = U32::new(if r.get() == 0 { 0 } else { Rkey(r.get()).prev_key().0 });
-        }
-        Some(e)
-    }
-    /// The bytes an alloc reply carries.
-    pub fn public_bytes(&self) -> &[u8] {
-        &self.as_bytes()[..ENTRY_PUBLIC_LEN]
-    }
     /// Decode untrusted bytes: `None` when fewer than [`ENTRY_SIZE`].
     pub fn read(bytes: &[u8]) -> Option<Self> {
         Self::read_from_prefix(bytes).ok().map(|(e, _)| e)
@@ -159,9 +143,10 @@ mod tests {
         assert_eq!(&b[12..16], &7u32.to_le_bytes());
         assert_eq!(&b[16..20], &0x100u32.to_le_bytes());
         assert_eq!(&b[20..24], &0x2FFu32.to_le_bytes());
-        assert_eq!(ENTRY_OFF_OWNER, 32);
+        assert_eq!(&b[32..36], &0x1FFu32.to_le_bytes(), "window 0 holds the key before its next");
+        assert_eq!(ENTRY_OFF_OWNER, 48);
         assert_eq!(MwTableEntry::read(b), Some(e));
-        assert_eq!(MwTableEntry::read(&b[..39]), None);
+        assert_eq!(MwTableEntry::read(&b[..ENTRY_SIZE - 1]), None);
         let mut a = [0u8; ENTRY_SIZE];
         a.copy_from_slice(b);
         assert_eq!(MwTableEntry::from_bytes(a), e);

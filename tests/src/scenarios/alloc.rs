@@ -45,13 +45,13 @@ fn six_cns(f: &dyn Factory) -> Outcome {
             held.push((i, a));
         }
     }
-    let free_before = t.free_groups();
+    let free_before = t.unallocated();
     for (i, a) in held.drain(..) {
         t.free(i, &a)?;
         invariants(&mut *t, "free");
     }
     t.tick();
-    assert_eq!(t.free_groups(), free_before + 18);
+    assert_eq!(t.unallocated(), free_before + 18);
     // reuse
     for i in 0..6 {
         let a = t.alloc(i)?;

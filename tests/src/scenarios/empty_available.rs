@@ -3,8 +3,7 @@
 
 use super::invariants;
 use crate::runner::{Outcome, Scenario};
-use crate::testbed::{Caps, Factory, Heard, MnSpec, Refusal};
-use omw_core::wire::message::ErrorCode;
+use crate::testbed::{Caps, Factory, Heard, MnSpec};
 
 pub const LIST: &[Scenario] =
     &[Scenario { name: "empty::empty_queue_then_available", needs: Caps::NONE, run: empty_then_available }];
@@ -16,7 +15,8 @@ fn empty_then_available(f: &dyn Factory) -> Outcome {
     for i in 0..4 {
         held.push((i % 3, t.alloc(i % 3)?));
     }
-    assert_eq!(t.alloc(0), Err(Refusal::Mn(ErrorCode::Empty)));
+    let r = t.alloc(0);
+    assert!(matches!(&r, Err(e) if super::is_empty_refusal(e)), "{r:?}");
     invariants(&mut *t, "empty");
     assert!(t.is_empty_state());
     for i in 0..3 {
@@ -27,7 +27,9 @@ fn empty_then_available(f: &dyn Factory) -> Outcome {
     let (i, a) = held.pop().unwrap();
     t.free(i, &a)?;
     t.tick(); // the MN's timer settles the ticket and announces availability
-    assert!(!t.is_empty_state());
+              // (alloc chains that pop ahead take the group again at once: one of them may run dry and
+              // put the MN back into "empty" — with the group held ahead, not lost)
+    assert!(!t.is_empty_state() || t.ahead() >= 1);
     for i in 0..3 {
         assert!(t.heard(i).contains(&Heard::Available), "cn{i} heard 'available'");
     }
@@ -49,7 +51,7 @@ fn empty_then_available(f: &dyn Factory) -> Outcome {
         t.free(i, &a)?;
     }
     t.tick();
-    assert_eq!(t.free_groups(), 4);
+    assert_eq!(t.unallocated(), 4);
     invariants(&mut *t, "after");
     Ok(())
 }

@@ -29,7 +29,7 @@ fn lost_and_delayed(f: &dyn Factory) -> Outcome {
     t.free(1, &b)?;
     t.free(1, &a)?;
     t.tick();
-    assert_eq!(t.free_groups(), 8);
+    assert_eq!(t.unallocated(), 8);
     invariants(&mut *t, "after");
     Ok(())
 }

@@ -39,23 +39,49 @@ pub fn soil(t: &mut dyn Testbed, cn: usize, a: &Allocation) {
     assert_eq!(t.write(cn, a, 0, 0, &secret), WcStatus::Success);
 }
 
-/// CN `cn` allocates until it holds group `g` again (the others go back) and returns its bytes.
+/// Some CN allocates until it holds group `g` again — CN `cn` first; where the MN's alloc chains
+/// pop ahead (`omw_core::chain::alloc`) the group may be held ahead for another CN, which then
+/// takes it — and returns its bytes (everything else allocated goes back).
 pub fn reread(t: &mut dyn Testbed, cn: usize, g: GroupId, why: &str) -> Vec<u8> {
+    let cns = t.spec().cns;
     let mut others = Vec::new();
-    for _ in 0..t.spec().chunks {
-        let a = t.alloc(cn).unwrap_or_else(|e| panic!("{why}: {e}"));
-        if t.group_of(&a) == Some(g) {
-            let (st, got) = t.read(cn, &a, 0, 0, a.length as usize);
-            assert_eq!(st, WcStatus::Success, "{why}");
-            t.free(cn, &a).unwrap();
-            for o in others {
-                t.free(cn, &o).unwrap();
+    for c in (0..cns).map(|k| (cn + k) % cns) {
+        for _ in 0..t.spec().chunks {
+            let Ok(a) = t.alloc(c) else { break };
+            if t.group_of(&a) == Some(g) {
+                let (st, got) = t.read(c, &a, 0, 0, a.length as usize);
+                assert_eq!(st, WcStatus::Success, "{why}");
+                t.free(c, &a).unwrap();
+                for (o, a) in others {
+                    t.free(o, &a).unwrap();
+                }
+                return got;
             }
-            return got;
+            others.push((c, a));
         }
-        others.push(a);
     }
     panic!("{why}: group {g:?} never came back");
+}
+
+/// Everything CN `cn` can still allocate (until the MN refuses it).
+pub fn drain(t: &mut dyn Testbed, cn: usize) -> Vec<Allocation> {
+    let mut held = Vec::new();
+    while let Ok(a) = t.alloc(cn) {
+        held.push(a);
+        assert!(held.len() as u32 <= t.spec().chunks, "more chunks than the pool has");
+    }
+    held
+}
+
+/// A refusal that means "the pool is empty": the MN's answer, or — where the CN heard "empty"
+/// before it asked (an alloc chain that pops ahead found the queue empty) — its client's
+/// back-off.
+pub fn is_empty_refusal(r: &crate::testbed::Refusal) -> bool {
+    match r {
+        crate::testbed::Refusal::Mn(omw_core::wire::message::ErrorCode::Empty) => true,
+        crate::testbed::Refusal::Client(m) => m.contains("MN free queue empty"),
+        _ => false,
+    }
 }
 
 /// The honest CNs' round: allocate, use, free — every step must succeed.

@@ -303,7 +303,7 @@ fn run_alloc(g: u8, laps: &[(u32, u64, u32, [u32; 3])]) {
         let reply = p.mlx5.rd(CN_BUF + off, crate::wire::message::ALLOC_REPLY_LEN as u32);
         let entry = env.map.table_base + lap as u64 * ENTRY_SIZE as u64;
         assert_eq!(u64::from_le_bytes(reply[8..16].try_into().unwrap()), entry);
-        let e = MwTableEntry::read_public(&reply[16..]).unwrap();
+        let e = MwTableEntry::read(&reply[16..]).unwrap();
         assert_eq!((e.owner(), e.lkey.get()), (env.cn.get(), 0), "owner recorded, MN key cleared");
         // the binds carry the entry and the request's QPs (decoded from the mlx5 bytes)
         let table = MwTableEntry::read(&p.mlx5.rd(entry, ENTRY_SIZE as u32)).unwrap();

@@ -239,7 +239,9 @@ fn after_a_failed_bind_with(
     let pair = |c: &Node<'_, '_, 2, 12, 24>| c.connect_to(Domain::CnFacing, mn_at, Domain::CnFacing).unwrap();
     let ((alloc, mn_alloc), (free, mn_free), (access, mn_access)) = (pair(&c), pair(&c), pair(&c));
     let reply = c.alloc_memory(CnMemory::REPLY_LEN, 64).unwrap();
-    let rk = c.reg_mr(Domain::CnFacing, reply, 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    let rk = c
+        .reg_mr(Domain::CnFacing, reply, CnMemory::REPLY_LEN, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
     let local_len = CnMemory::local_len_for(IO_SLOTS, 4096);
     let local = c.alloc_memory(local_len, 64).unwrap();
     let lk = c.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE).unwrap();
