@@ -182,6 +182,9 @@ fn cluster(
         if mode == ExecutionMode::HostEngine { NicConfig::strict().with_offload(false) } else { NicConfig::strict() };
     cfg.nic = nic.with_prefetch(8).with_cost(cost);
     cfg.nic.ring_arena_bytes = (cns as u64 + 2) * (64 << 10);
+    // the alloc chains pop ahead as they do on a deployment's pool (millions of chunks, so the
+    // MN's default turns it on); the measuring pools here are small only to save model memory
+    cfg.pop_ahead = Some(mode == ExecutionMode::Offloaded);
     Cluster::new(cfg).map_err(|e| format!("model cluster: {e}"))
 }
 
