@@ -15,7 +15,7 @@
 //! the field's bit offset there — `dword = off / 32`, `shift = 32 - off % 32 - width`).
 
 use omw_core::access::AccessFlags;
-use omw_core::mlx5::ctrl::{CtrlSeg, FmCeSe};
+use omw_core::mlx5::ctrl::{CeSe, CtrlSeg, FenceMode, FmCeSe, PrevWqe};
 use omw_core::mlx5::encode::{encode, QueueResolver};
 use omw_core::mlx5::prm::hca_cap::{self, HcaCaps, MissingCap};
 use omw_core::mlx5::prm::{cq, qp};
@@ -98,7 +98,7 @@ impl QueueResolver for Cqns {
 }
 
 fn enc(w: &Wqe, pi: u16) -> Vec<u8> {
-    encode(w, WqeIndex::new(pi), 0x99, FmCeSe::empty(), &mut Cqns).unwrap().bytes().to_vec()
+    encode(w, WqeIndex::new(pi), 0x99, PrevWqe::Other, &mut Cqns).unwrap().bytes().to_vec()
 }
 
 #[test]
@@ -121,10 +121,18 @@ fn constants_match_mlx5dv_h() {
     for (k, v) in ops {
         assert_eq!(g.v(k), v as u64, "{k}");
     }
-    assert_eq!(g.v("MLX5_WQE_CTRL_CQ_UPDATE"), FmCeSe::CQ_UPDATE.bits() as u64);
-    assert_eq!(g.v("MLX5_WQE_CTRL_SOLICITED"), FmCeSe::SOLICITED.bits() as u64);
-    assert_eq!(g.v("MLX5_WQE_CTRL_FENCE"), FmCeSe::FENCE.bits() as u64);
-    assert_eq!(g.v("MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE"), FmCeSe::INITIATOR_SMALL_FENCE.bits() as u64);
+    assert_eq!(g.v("MLX5_WQE_CTRL_CQ_UPDATE"), CeSe::CQ_UPDATE.bits() as u64);
+    assert_eq!(g.v("MLX5_WQE_CTRL_SOLICITED"), CeSe::SOLICITED.bits() as u64);
+    // mlx5dv.h's "FENCE" is the fence mode SMALL_AND_FENCE (4 << 5) of Linux
+    // include/linux/mlx5/qp.h, its INITIATOR_SMALL_FENCE the mode INITIATOR_SMALL (1 << 5)
+    assert_eq!(g.v("MLX5_WQE_CTRL_FENCE"), FenceMode::SmallAndFence as u64);
+    assert_eq!(g.v("MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE"), FenceMode::InitiatorSmall as u64);
+    // the modes mlx5dv.h does not name, by hand from Linux include/linux/mlx5/qp.h
+    // `MLX5_FENCE_MODE_*`: NONE 0 << 5, FENCE 2 << 5, STRONG_ORDERING 3 << 5
+    assert_eq!(
+        [FenceMode::None as u8, FenceMode::Fence as u8, FenceMode::StrongOrdering as u8],
+        [0x00, 0x40, 0x60]
+    );
     assert_eq!(g.v("MLX5_SEND_WQE_BB"), omw_core::mlx5::wqebb::WQEBB as u64);
     assert_eq!(g.v("MLX5_SEND_WQE_SHIFT"), omw_core::mlx5::wqebb::WQEBB_SHIFT as u64);
     assert_eq!(g.v("MLX5_WQE_UMR_CTRL_FLAG_INLINE"), UmrFlags::INLINE.bits() as u64);
@@ -249,7 +257,8 @@ fn cqe_layout_matches_mlx5dv_h() {
 #[test]
 fn setters_match_mlx5dv_set_ctrl_seg_and_set_data_seg() {
     let g = golden();
-    let c = CtrlSeg::new(0xBEEF, opcode::RDMA_READ, 0x09, 0x12_3456, FmCeSe::CQ_UPDATE | FmCeSe::FENCE, 3, 0xA1B2_C3D4);
+    let f = FmCeSe::new(FenceMode::SmallAndFence, CeSe::CQ_UPDATE);
+    let c = CtrlSeg::new(0xBEEF, opcode::RDMA_READ, 0x09, 0x12_3456, f, 3, 0xA1B2_C3D4);
     // the C buffer was memset to 0xff first: every byte the Rust side writes, the setter
     // writes too (dci_stream_channel_id, which the setter leaves alone, is cleared in C)
     assert_eq!(c.as_bytes(), g.b("ctrl"));
@@ -273,6 +282,49 @@ fn whole_wqes_match_rdma_core() {
     for (name, w, pi) in cases {
         assert_eq!(enc(&w, pi), g.b(name), "{name}");
     }
+}
+
+/// The fence each WQE of a sequence carries, against rdma-core's `mlx5_post_send` rule
+/// (emulated in the C program with the header's constants): a FENCEd WQE
+/// `MLX5_WQE_CTRL_FENCE` whatever precedes it, an unfenced one after a BIND_MW / LOCAL_INV
+/// `MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE`, the rest none — never the undefined 5 << 5.
+#[test]
+fn fence_modes_follow_mlx5_post_send() {
+    use omw_core::wire::wqe::WqeFlags as F;
+    let g = golden();
+    let (s, f, so) = (F::SIGNALED, F::FENCE, F::SOLICITED);
+    let read = |fl: F| Wqe::read(0x10, 1, 8, 0x20, 2).with_flags(fl);
+    let bind = |fl: F| Wqe::bind_mw(0x0012_3405, 0x7000_0000, 4096, 0x77, 0xAB, AccessFlags::DATA_WINDOW).with_flags(fl);
+    let seq = [
+        read(s),
+        bind(s),
+        read(s),
+        bind(F::empty()),
+        Wqe::write(0x10, 1, 8, 0x20, 2).with_flags(f | s),
+        Wqe::local_inv(0x0012_3405).with_flags(s),
+        Wqe::nop().with_flags(F::empty()),
+        read(f),
+        Wqe::send(0x10, 1, 8).with_flags(so),
+        bind(F::empty()),
+        bind(f),
+        Wqe::send(0x10, 1, 8).with_flags(F::empty()),
+    ];
+    let mut prev = PrevWqe::Other;
+    let mut pi = 0u16;
+    let mut got = Vec::new();
+    for w in &seq {
+        let e = encode(w, WqeIndex::new(pi), 0x99, prev, &mut Cqns).unwrap();
+        got.push(e.bytes()[11]);
+        prev = omw_core::mlx5::encode::prev_of(w);
+        pi += e.wqebbs() as u16;
+    }
+    assert_eq!(got, g.b("fence_sequence"));
+    // the whole WQE: a FENCEd signaled READ after a bind is 0x88 (not 0xa8)
+    let w = read(f | s);
+    let w = Wqe { local_addr: 0x1111_2222_3333_4444, lkey: 0x55, length: 64, remote_addr: 0x6666_7777_8888_9990, rkey: 0xAA_BBCC, ..w };
+    let e = encode(&w, WqeIndex::new(15), 0x99, PrevWqe::Umr, &mut Cqns).unwrap();
+    assert_eq!(e.bytes(), g.b("wqe_fenced_read_after_bind"));
+    assert_eq!(e.bytes()[11], 0x88);
 }
 
 /// Masked FA: UCX rc_mlx5.inl — raddr, then `{add, field_boundary}` big-endian, then the data

@@ -34,7 +34,7 @@
 //! step passed (checklist step 7).
 
 use omw_core::mlx5::cqe;
-use omw_core::mlx5::ctrl::FmCeSe;
+use omw_core::mlx5::ctrl::PrevWqe;
 use omw_core::mlx5::encode::{encode, QueueResolver, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
 use omw_core::mlx5::prm::qp::CdRole;
@@ -147,7 +147,7 @@ impl Pair {
     ) -> Result<(), DevxError> {
         let (qp, mem, pi) =
             if on_a { (&self.a, &mut self.mem_a, &mut self.pi_a) } else { (&self.b, &mut self.mem_b, &mut self.pi_b) };
-        let e = encode(w, *pi, qp.qpn, FmCeSe::empty(), r).map_err(DevxError::Encode)?;
+        let e = encode(w, *pi, qp.qpn, PrevWqe::Other, r).map_err(DevxError::Encode)?;
         let n = e.wqebbs();
         let ring = 64usize;
         if pi.slot(ring) + n > ring {

@@ -52,7 +52,7 @@ use omw_core::device::WindowState;
 use omw_core::device::{Capabilities, Completion, Domain, MrKeys, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::mlx5::cqe::{self, opcode as cqe_op, syndrome, Cqe};
-use omw_core::mlx5::ctrl::FmCeSe;
+use omw_core::mlx5::ctrl::PrevWqe;
 use omw_core::mlx5::decode::Mlx5Op;
 use omw_core::mlx5::encode::{self, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
@@ -184,6 +184,9 @@ struct QpSlot {
     /// Index up to which the device completed send WQEs (ring space is free behind it).
     sq_ci: WqeIndex,
     posted: VecDeque<Posted>,
+    /// Whether the last WQE posted was a UMR: the next one carries the initiator small fence
+    /// (rdma-core keeps the same in `qp->fm_cache`).
+    prev: PrevWqe,
     chain: Option<ChainSlots>,
     rq_head: u32,
     rq_wr_ids: VecDeque<u64>,
@@ -414,6 +417,7 @@ impl<D: DevxDevice> DevxBackend<D> {
                 sq_pi: WqeIndex::new(0),
                 sq_ci: WqeIndex::new(0),
                 posted: VecDeque::new(),
+                prev: PrevWqe::Other,
                 chain: None,
                 rq_head: 0,
                 rq_wr_ids: VecDeque::new(),
@@ -541,6 +545,7 @@ impl<D: DevxDevice> DevxBackend<D> {
             q.sq_pi = WqeIndex::new(0);
             q.sq_ci = WqeIndex::new(0);
             q.posted.clear();
+            q.prev = PrevWqe::Other;
             q.chain = None;
             q.rq_head = 0;
             q.rq_wr_ids.clear();
@@ -563,14 +568,16 @@ impl<D: DevxDevice> DevxBackend<D> {
         if used + pad + n > ring {
             return Err(DevxError::SendQueueFull { qpn, need: pad + n, free: ring - used });
         }
-        let (sq, devx) = (q.devx.sq, q.devx);
-        let e = encode::encode(w, pi.add(pad as u16), qpn, FmCeSe::empty(), &mut Unmanaged)?;
-        // NOPs to the ring's end: a WQE's segments stay contiguous (docs/MLX5.md)
+        let (sq, devx, prev) = (q.devx.sq, q.devx, q.prev);
+        let e = encode::encode(w, pi.add(pad as u16), qpn, prev, &mut Unmanaged)?;
+        // NOPs to the ring's end: a WQE's segments stay contiguous (docs/MLX5.md). After a UMR
+        // they carry its small fence as well as the WQE they precede, so that nothing of the
+        // queue runs before the UMR completed.
         let mut at = pi;
         for _ in 0..pad {
             let mut nop = Wqe::nop();
             nop.flags = WqeFlags::empty();
-            let b = encode::encode(&nop, at, qpn, FmCeSe::empty(), &mut Unmanaged)?;
+            let b = encode::encode(&nop, at, qpn, prev, &mut Unmanaged)?;
             self.dev.write_mem(sq.addr + at.slot(ring) * WQEBB, b.bytes())?;
             at = at.add(1);
         }
@@ -582,6 +589,7 @@ impl<D: DevxDevice> DevxBackend<D> {
         if let Some(q) = self.qps.get_mut(&qpn) {
             q.posted.push_back(Posted { index: at.get(), wqebbs: n as u16, wr_id: w.wr_id, opcode: w.opcode });
             q.sq_pi = next;
+            q.prev = encode::prev_of(w);
             q.used = true;
         }
         Ok(())

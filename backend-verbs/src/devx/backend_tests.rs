@@ -271,7 +271,7 @@ fn a_full_ring_refuses_and_a_wrap_pads_with_nops() {
     m.driver.backend.post_send(q, &bind).unwrap();
     let sq = slot(&m, q).devx.sq;
     let pad = decode::decode(&dev(&m).bytes(sq.addr + (ring - 1) * WQEBB, 64)).unwrap();
-    assert!(matches!(pad.op, Mlx5Op::Nop) && !pad.fm_ce_se.contains(FmCeSe::CQ_UPDATE), "{:?}", pad.op);
+    assert!(matches!(pad.op, Mlx5Op::Nop) && !pad.fm_ce_se.signaled(), "{:?}", pad.op);
     let d = decode_sq(&m, q, (2 * ring) as u16);
     assert!(matches!(d.op, Mlx5Op::Bind { .. }) && d.index.get() as usize == 2 * ring, "{:?}", d.op);
     assert_eq!(dbr_word(&m, slot(&m, q).devx.dbr_addr + 4) as usize, 2 * ring + 3);
@@ -322,7 +322,7 @@ fn a_failed_chain_is_reset_and_rearmed_past_its_cq_count() {
         let mut i = 0;
         loop {
             let d = decode_sq(m, q, i as u16);
-            if d.fm_ce_se.contains(FmCeSe::CQ_UPDATE) {
+            if d.fm_ce_se.signaled() {
                 break i as u16;
             }
             i += omw_core::mlx5::wqebb::wqebbs(d.ds);
@@ -424,7 +424,7 @@ impl SqDevice {
             let n = (ring - self.fetch as usize % ring).min(5) * WQEBB;
             let d = decode::decode(&dev(m).bytes(at, n)).expect("every WQE the backend rang decodes");
             assert_eq!((d.index.get(), d.qpn), (self.fetch, q.get()), "a WQE names its own index and QP");
-            if d.fm_ce_se.contains(FmCeSe::CQ_UPDATE) {
+            if d.fm_ce_se.signaled() {
                 self.pending_cqes.push_back(self.fetch);
             }
             self.fetch = self.fetch.wrapping_add(omw_core::mlx5::wqebb::wqebbs(d.ds) as u16);

@@ -5,7 +5,7 @@ use super::cm::{self, CmQpAttr};
 use super::mock::{Call, RecordingDevx};
 use super::queue::{self, CqSpec, QpSpec};
 use super::{caps, doorbell, DevxError};
-use omw_core::mlx5::ctrl::{CtrlSeg, FmCeSe};
+use omw_core::mlx5::ctrl::{CeSe, CtrlSeg, FmCeSe};
 use omw_core::mlx5::prm::hca_cap::{self, HcaCaps, MissingCap, QUERY_HCA_CAP_OUT_LEN};
 use omw_core::mlx5::prm::{cq, qp};
 use omw_core::mlx5::wqebb::WqeIndex;
@@ -241,7 +241,7 @@ fn external_qp_connection_is_three_modifies_in_order() {
 fn doorbells_write_the_record_then_the_uar() {
     let mut d = capable();
     let (_, q) = created_qp(&mut d);
-    let ctrl = CtrlSeg::new(0x1234, 0x08, 0, q.qpn, FmCeSe::CQ_UPDATE, 3, 0);
+    let ctrl = CtrlSeg::new(0x1234, 0x08, 0, q.qpn, FmCeSe::new(Default::default(), CeSe::CQ_UPDATE), 3, 0);
     let mut c16 = [0u8; 16];
     c16.copy_from_slice(ctrl.as_bytes());
     doorbell::ring_sq(&mut d, &q, WqeIndex::new(0x1235), &c16);
