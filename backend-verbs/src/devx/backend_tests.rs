@@ -275,6 +275,18 @@ fn a_full_ring_refuses_and_a_wrap_pads_with_nops() {
     let d = decode_sq(&m, q, (2 * ring) as u16);
     assert!(matches!(d.op, Mlx5Op::Bind { .. }) && d.index.get() as usize == 2 * ring, "{:?}", d.op);
     assert_eq!(dbr_word(&m, slot(&m, q).devx.dbr_addr + 4) as usize, 2 * ring + 3);
+    // the WQE after a UMR carries the initiator small fence (rdma-core's next_fence), a
+    // FENCEd one SMALL_AND_FENCE; the one after that none
+    use omw_core::mlx5::ctrl::FenceMode;
+    m.driver.backend.post_send(q, &w).unwrap();
+    m.driver.backend.post_send(q, &w).unwrap();
+    let after = (2 * ring + 3) as u16;
+    assert_eq!(decode_sq(&m, q, after).fm_ce_se.fence, FenceMode::InitiatorSmall);
+    assert_eq!(decode_sq(&m, q, after + 1).fm_ce_se.fence, FenceMode::None);
+    let inv = Wqe::local_inv(0x12ab);
+    m.driver.backend.post_send(q, &inv).unwrap();
+    m.driver.backend.post_send(q, &w.with_flags(w.flags | omw_core::wire::wqe::WqeFlags::FENCE)).unwrap();
+    assert_eq!(decode_sq(&m, q, after + 4).fm_ce_se.fence, FenceMode::SmallAndFence);
 }
 
 #[test]
