@@ -57,7 +57,7 @@ const LOG_CQES: u8 = 6;
 fn new_cq(d: &mut RealDevx, c: &HcaCaps, uar: UarHandle) -> Result<(DevxCq, RingMemory), DevxError> {
     let mut mem = RingMemory::new(CqSpec::mem_needed(LOG_CQES))?;
     cqe::init_ring(&mut mem.bytes_mut()[..cqe::CQE_SIZE << LOG_CQES]);
-    let cq = queue::create_cq(d, c, uar, &CqSpec { log_cqes: LOG_CQES, mem: mem.range() })?;
+    let cq = queue::create_cq(d, c, uar, &CqSpec { log_cqes: LOG_CQES, overrun_ignore: true, mem: mem.range() })?;
     Ok((cq, mem))
 }
 

@@ -324,15 +324,15 @@ impl<D: DevxDevice> DevxBackend<D> {
         self.qps.get_mut(&qp.get()).ok_or(DevxError::UnknownQp(qp.get()))
     }
 
-    fn create_cq(&mut self, log_cqes: u8) -> Result<u32, DevxError> {
+    /// A CQ of `log_cqes` entries; `overrun_ignore` for a CQ a chain's WAITs watch.
+    fn create_cq(&mut self, log_cqes: u8, overrun_ignore: bool) -> Result<u32, DevxError> {
         let mem = self.arena.take(CqSpec::mem_needed(log_cqes))?;
         // a fresh ring is hardware-owned: every op_own INVALID; the doorbell record zero
         let mut ring = vec![0u8; mem.len];
         cqe::init_ring(&mut ring[..CQE_SIZE << log_cqes]);
-        let made = self
-            .dev
-            .store(mem.addr, &ring)
-            .and_then(|()| queue::create_cq(&mut self.dev, &self.caps, self.uar, &CqSpec { log_cqes, mem }));
+        let made = self.dev.store(mem.addr, &ring).and_then(|()| {
+            queue::create_cq(&mut self.dev, &self.caps, self.uar, &CqSpec { log_cqes, overrun_ignore, mem })
+        });
         match made {
             Ok(cq) => {
                 self.cqs.insert(cq.cqn, CqSlot { devx: cq, mem, ci: 0 });
@@ -353,7 +353,9 @@ impl<D: DevxDevice> DevxBackend<D> {
         Ok(())
     }
 
-    /// A QP with its own send CQ (and receive CQ when it has a receive queue).
+    /// A QP with its own send CQ (and receive CQ when it has a receive queue). The CQs of a QP
+    /// with a CORE-Direct role are exactly the CQs a chain's WAITs watch (`arm::cq_numbers`:
+    /// the loop QP's send CQ, the management QP's send and receive CQs); they ignore overrun.
     fn create_qp(
         &mut self,
         domain: Domain,
@@ -362,8 +364,9 @@ impl<D: DevxDevice> DevxBackend<D> {
         cd: CdRole,
         link: Link,
     ) -> Result<u32, DevxError> {
-        let cq_snd = self.create_cq(self.cfg.log_cqes)?;
-        let cq_rcv = match log_rq.map(|_| self.create_cq(self.cfg.log_cqes)).transpose() {
+        let chain_cq = !cd.is_empty();
+        let cq_snd = self.create_cq(self.cfg.log_cqes, chain_cq)?;
+        let cq_rcv = match log_rq.map(|_| self.create_cq(self.cfg.log_cqes, chain_cq)).transpose() {
             Ok(c) => c,
             Err(e) => {
                 let _ = self.destroy_cq(cq_snd);

@@ -11,7 +11,7 @@ use omw_core::chain::ChainKind;
 use omw_core::device::ExecutionMode;
 use omw_core::mlx5::cqe::{OP_OWN_OFFSET, SOP_DROP_QPN_OFFSET, SYNDROME_OFFSET, WQE_COUNTER_OFFSET};
 use omw_core::mlx5::decode::{self, Decoded};
-use omw_core::mlx5::prm::hca_cap::atomic;
+use omw_core::mlx5::prm::hca_cap::{self, atomic};
 use omw_core::mlx5::prm::{bits, qp as pq};
 use omw_core::mn::driver::MnDriver;
 use omw_core::mn::plan::{MnOptions, MnPlan};
@@ -34,6 +34,10 @@ fn caps() -> HcaCaps {
         log_max_mkey: 24,
         log_max_msg: 30,
         umr_fence: 0,
+        roce: true,
+        sq_ts_format: 0,
+        rq_ts_format: 0,
+        roce_qp_ts_format: Some(hca_cap::TS_CAP_FREE_RUNNING_AND_REAL_TIME),
     }
 }
 
@@ -158,6 +162,34 @@ fn provisioning_puts_every_queue_in_its_domain() {
     assert_eq!(chain_roles.iter().filter(|r| **r == (1, 1, 1)).count(), 2, "two management QPs: all three roles");
     // every queue has its own CQ: as many CQs as send queues + receive queues
     assert_eq!(d.inputs("CREATE_CQ").len(), 12 + 4);
+    // the CQs the chains' WAITs watch — those of the QPs with a CORE-Direct role: each loop
+    // QP's send CQ, each management QP's two — are created with cqc.oi, no other CQ is
+    let oi_of = |cqn: u32| {
+        let obj = m.driver.backend.cqs[&cqn].devx.obj;
+        let input = d
+            .calls
+            .iter()
+            .find_map(|c| match c {
+                Call::ObjCreate { command: "CREATE_CQ", input, obj: o } if *o == obj => Some(input),
+                _ => None,
+            })
+            .expect("the CQ's CREATE_CQ was recorded");
+        bits::get(input, omw_core::mlx5::prm::cq::cqc::OI.at(omw_core::mlx5::prm::cq::CQC_BASE)).unwrap()
+    };
+    let mut ignoring = std::collections::BTreeSet::new();
+    for q in m.driver.backend.qps.values() {
+        for cqn in [Some(q.cq_snd), q.cq_rcv].into_iter().flatten() {
+            assert_eq!(oi_of(cqn), u64::from(!q.devx.cd.is_empty()), "CQ {cqn:#x} of QP {:#x}", q.devx.qpn);
+            if oi_of(cqn) == 1 {
+                ignoring.insert(cqn);
+            }
+        }
+    }
+    let mut watched = std::collections::BTreeSet::new();
+    for (lp, mgmt) in [(m.qps.alloc_loop.unwrap(), m.qps.alloc), (m.qps.free_loop.unwrap(), m.qps.free)] {
+        watched.extend(m.driver.backend.cq_numbers(lp, mgmt).unwrap());
+    }
+    assert_eq!(ignoring, watched, "exactly the chain CQs ignore overrun");
     for q in [m.qps.alloc_loop.unwrap(), m.qps.free_loop.unwrap(), m.qps.alloc, m.qps.free] {
         assert_eq!(m.driver.backend.qp_state(q).unwrap(), QpState::Rts);
     }

@@ -204,7 +204,7 @@ impl fmt::Display for DevxError {
                     MissingCap::Rc => "RC transport",
                     MissingCap::CoreDirect => "CORE-Direct (cross-channel WAIT / SEND_EN and the cd_* QP roles)",
                     MissingCap::Type2Windows => "type-2 memory windows",
-                    MissingCap::MaskedFetchAdd => "8-byte big-endian masked fetch-and-add",
+                    MissingCap::MaskedFetchAdd => "8-byte masked fetch-and-add in host endianness (atomic_req_8B_endianness_mode 1)",
                 }
             ),
             DevxError::TooLarge { what, log2, device_max_log2 } => write!(

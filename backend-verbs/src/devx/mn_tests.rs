@@ -13,7 +13,7 @@ use crate::cm::{welcome, CmEvent, CmEventKind, CmId, Hello, Role};
 use crate::mn::{MnDaemon, MnOptions, Sizing};
 use omw_core::device::{Capabilities, DataPath, ExecutionMode, QpState};
 use omw_core::ids::Qpn;
-use omw_core::mlx5::prm::hca_cap::{atomic, HcaCaps};
+use omw_core::mlx5::prm::hca_cap::{self, atomic, HcaCaps};
 use omw_core::mlx5::prm::{bits, qp as pq};
 use omw_core::mn::plan::{MnOptions as PlanOptions, MnPlan};
 use std::cell::RefCell;
@@ -98,6 +98,10 @@ fn caps() -> HcaCaps {
         log_max_mkey: 24,
         log_max_msg: 30,
         umr_fence: 0,
+        roce: true,
+        sq_ts_format: 0,
+        rq_ts_format: 0,
+        roce_qp_ts_format: Some(hca_cap::TS_CAP_FREE_RUNNING_AND_REAL_TIME),
     }
 }
 

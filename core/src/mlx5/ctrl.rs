@@ -201,7 +201,8 @@ mod tests {
 
     #[test]
     fn fields_round_trip() {
-        let c = CtrlSeg::new(0xBEEF, 0x10, 0x09, 0x12_3456, FmCeSe::new(FenceMode::None, CeSe::CQ_UPDATE), 3, 0xA1B2_C3D4);
+        let c =
+            CtrlSeg::new(0xBEEF, 0x10, 0x09, 0x12_3456, FmCeSe::new(FenceMode::None, CeSe::CQ_UPDATE), 3, 0xA1B2_C3D4);
         assert_eq!(c.as_bytes(), &[0x09, 0xBE, 0xEF, 0x10, 0x12, 0x34, 0x56, 3, 0, 0, 0, 0x08, 0xA1, 0xB2, 0xC3, 0xD4]);
         assert_eq!((c.opcode(), c.opmod(), c.wqe_index(), c.qpn(), c.ds()), (0x10, 0x09, 0xBEEF, 0x12_3456, 3));
     }

@@ -238,13 +238,7 @@ pub fn decode(b: &[u8]) -> Result<Decoded, Mlx5Error> {
         }
         _ => return Err(Mlx5Error::UnknownOpcode { opcode: op, opmod }),
     };
-    Ok(Decoded {
-        index: WqeIndex::new(c.wqe_index()),
-        qpn: c.qpn(),
-        ds,
-        fm_ce_se,
-        op: decoded,
-    })
+    Ok(Decoded { index: WqeIndex::new(c.wqe_index()), qpn: c.qpn(), ds, fm_ce_se, op: decoded })
 }
 
 fn decode_umr(b: &[u8], ds: u8, imm: u32) -> Result<Mlx5Op, Mlx5Error> {

@@ -250,8 +250,8 @@ impl Pair {
                     (false, QueueSel::Recv) => 0x23,
                 };
                 w.wr_id = 0;
-                let want = encode(&w, WqeIndex::new(p.pi), l.qpns[ring as usize], prev, &mut Const(Some(cqn), index))
-                    .unwrap();
+                let want =
+                    encode(&w, WqeIndex::new(p.pi), l.qpns[ring as usize], prev, &mut Const(Some(cqn), index)).unwrap();
                 let got =
                     self.mlx5.rd(queues().ring_bases[ring as usize] + p.pi as u64 * 64, want.bytes().len() as u32);
                 assert_eq!(got, want.bytes(), "{:?} step {t} ({}) lap {lap}", l.kind, w.opcode.name());
