@@ -29,6 +29,7 @@ mod mn_tests;
 #[cfg(test)]
 pub(crate) mod mock;
 pub mod offload;
+pub mod profile;
 pub mod queue;
 #[cfg(test)]
 mod sequence_tests;
