@@ -16,6 +16,7 @@ pub mod arm;
 #[cfg(test)]
 mod arm_tests;
 pub mod backend;
+pub mod bringup;
 pub mod caps;
 pub mod cm;
 pub mod device;

@@ -55,7 +55,7 @@ pub struct Timestamp {
 }
 
 fn leap(y: u16) -> bool {
-    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+    (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400)
 }
 
 fn days_in(y: u16, m: u8) -> u8 {
