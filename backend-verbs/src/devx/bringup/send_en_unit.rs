@@ -12,7 +12,9 @@
 //! W1 landing after the first SEND_EN is [`SendEnUnit::Wqe`]; W0 and W1 after the second
 //! only, [`SendEnUnit::Wqebb`] (W2 too there: WQEBBs with an inclusive index, which the chains
 //! do not assume — printed). Anything landing before any SEND_EN means the doorbell alone ran
-//! the slave queue, and the unit cannot be seen.
+//! the slave queue, and the unit cannot be seen. A scatter READ is the multi-WQEBB WQE here
+//! rather than a 3-WQEBB bind: its landing is seen directly (a bind only through a later READ)
+//! and it is what the chains' byte-reversing copies are.
 
 use super::{pattern, show, EnableAt, Finding, Rig};
 use crate::devx::device::DevxDevice;
