@@ -33,11 +33,13 @@ pub const IMM_OFFSET: usize = 12;
 pub enum FenceMode {
     #[default]
     None = 0,
-    /// Wait for the previous UMR (bind, local invalidate) of this send queue to complete.
+    /// What every provider sets on the WQE after a UMR (bind, local invalidate) of the queue.
     InitiatorSmall = 1 << 5,
-    /// IBTA's fence indicator: wait for this queue's earlier RDMA READs and atomics.
+    /// IBTA's fence indicator (the kernel's `IB_SEND_FENCE` with no UMR before): the WQE waits
+    /// for the queue's earlier RDMA READs and atomics.
     Fence = 2 << 5,
-    /// Wait for every earlier WQE of this send queue.
+    /// The kernel's fence for a UMR itself on devices whose `umr_fence` capability asks for
+    /// it (`mlx5_get_umr_fence`); omw never writes it.
     StrongOrdering = 3 << 5,
     /// Both the initiator small fence and the fence.
     SmallAndFence = 4 << 5,
@@ -77,11 +79,11 @@ impl FenceMode {
     /// `MLX5_FENCE_MODE_SMALL_AND_FENCE`). The last row is our choice: the user-space providers
     /// give a plain FENCEd WQE `MLX5_WQE_CTRL_FENCE` = 4 << 5 too (rdma-core: always; libmlx5:
     /// its table), the kernel gives it `MLX5_FENCE_MODE_FENCE` = 2 << 5. We follow the
-    /// user-space providers because the DEVX rings are user-space rings like theirs, the
-    /// held-out golden vectors are rdma-core's bytes, and 4 << 5 includes the fence the chains
-    /// need (it only adds a wait for a UMR, of which a FENCEd chain WQE's predecessors have
-    /// none or want it). No provider emits 5 << 5, which OR-ing the two mlx5dv.h constants as
-    /// bit flags gave (issue 22 item 9).
+    /// user-space providers because the DEVX rings are user-space rings like theirs, rdma-core's
+    /// bytes are what the golden vectors compare, and 4 << 5 includes the fence the chains need
+    /// (what it adds, the wait for an earlier UMR, only orders the WQE later still). No provider
+    /// emits 5 << 5, which OR-ing the two mlx5dv.h constants as bit flags gave (issue 22
+    /// item 9).
     pub const fn for_wqe(fenced: bool, prev: PrevWqe) -> FenceMode {
         match (fenced, prev) {
             (true, _) => FenceMode::SmallAndFence,
