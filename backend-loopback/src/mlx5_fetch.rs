@@ -158,10 +158,10 @@ impl Fabric {
         let bad = Fetched { wqe: None, wqebbs: width, scatter: Vec::new() };
         let Ok(d) = decode(bytes) else { return bad };
         let mut flags = WqeFlags::empty();
-        use omw_core::mlx5::ctrl::FmCeSe;
-        flags.set(WqeFlags::SIGNALED, d.fm_ce_se.contains(FmCeSe::CQ_UPDATE));
-        flags.set(WqeFlags::FENCE, d.fm_ce_se.contains(FmCeSe::FENCE));
-        flags.set(WqeFlags::SOLICITED, d.fm_ce_se.contains(FmCeSe::SOLICITED));
+        use omw_core::mlx5::ctrl::CeSe;
+        flags.set(WqeFlags::SIGNALED, d.fm_ce_se.signaled());
+        flags.set(WqeFlags::FENCE, d.fm_ce_se.fence.fences_reads_and_atomics());
+        flags.set(WqeFlags::SOLICITED, d.fm_ce_se.flags.contains(CeSe::SOLICITED));
         let mut scatter = Vec::new();
         let local = |l: Option<omw_core::mlx5::decode::Local>| l.unwrap_or_default();
         let w = match d.op {

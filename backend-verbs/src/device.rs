@@ -30,6 +30,8 @@ pub struct DeviceInfo {
     pub max_qp_rd_atom: i32,
     pub phys_port_cnt: u8,
     pub vendor_id: u32,
+    /// `ibv_device_attr.fw_ver`: a device profile (`devx::profile`) holds for this firmware.
+    pub fw_ver: String,
 }
 
 /// Vendor id soft-RoCE reports (`RXE_VENDOR_ID`).
@@ -124,6 +126,12 @@ pub fn device_names() -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// A C string in a fixed array, up to its NUL (the whole array if there is none), lossily.
+fn fw_ver(raw: &[libc::c_char]) -> String {
+    let bytes: Vec<u8> = raw.iter().map(|c| *c as u8).take_while(|b| *b != 0).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 fn query_info(ctx: *mut ibv_context, name: String) -> Result<DeviceInfo> {
     // SAFETY: ctx is an open context; ibv_device_attr is plain data that
     // ibv_query_device fills completely.
@@ -151,6 +159,7 @@ fn query_info(ctx: *mut ibv_context, name: String) -> Result<DeviceInfo> {
         max_qp_rd_atom: a.max_qp_rd_atom,
         phys_port_cnt: a.phys_port_cnt,
         vendor_id: a.vendor_id,
+        fw_ver: fw_ver(&a.fw_ver),
     })
 }
 
@@ -351,6 +360,7 @@ impl Context {
                 max_qp_rd_atom: 0,
                 phys_port_cnt: 1,
                 vendor_id: 0,
+                fw_ver: String::new(),
             },
             port_attr: PortAttr {
                 port: 1,

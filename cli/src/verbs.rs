@@ -75,6 +75,11 @@ pub struct MnArgs {
     /// run on a ConnectX — docs/MLX5.md). Default: the host engine.
     #[arg(long, value_enum)]
     pub offload: Option<Offload>,
+    /// The device profile `omw-mlx5-bringup questions` wrote on this ConnectX: what it does
+    /// about the open questions the chains depend on (docs/MLX5.md). Without it every answer
+    /// is unknown and `--offload mlx5` refuses, naming the question.
+    #[arg(long, requires = "offload")]
+    pub profile: Option<std::path::PathBuf>,
     /// Source GID index of the MN's raw QPs (probe, admin pair), as perftest's -x (default: the
     /// RoCE v2 IPv4 GID, or the port GID on InfiniBand).
     #[arg(long)]
@@ -178,6 +183,14 @@ pub fn mn(a: MnArgs) -> ExitCode {
 
 fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
     let offload = a.offload;
+    // a missing or malformed profile is the operator's to fix first, before any device call
+    let offload_profile = match &a.profile {
+        Some(p) => Some(
+            omw_verbs::devx::profile::Profile::load(p)
+                .map_err(|e| omw_verbs::VerbsError::Devx(omw_verbs::devx::DevxError::Profile(e)))?,
+        ),
+        None => None,
+    };
     let opts = MnOptions {
         device: a.device,
         listen: a.listen,
@@ -195,6 +208,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         lease: Duration::from_millis(a.lease_ms),
         serial_engine: a.serial_engine,
         tenants: a.tenants,
+        offload_profile,
     };
     match offload {
         // the chains in a ConnectX: the DEVX gate first, so a device or build that cannot
@@ -441,5 +455,40 @@ mod tests {
         assert!(s.starts_with("--offload mlx5: "), "{s}");
         #[cfg(not(feature = "devx"))]
         assert!(s.contains("--features devx"), "{s}");
+    }
+
+    /// `--profile` is read before anything else: a missing or malformed file is refused with
+    /// its name, line and key; it needs `--offload`.
+    #[test]
+    fn a_bad_profile_is_refused_naming_file_line_and_key() {
+        let dir = std::env::temp_dir().join(format!("omw-cli-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.profile");
+        let e = run_mn(mn_args(&["--offload", "mlx5", "--profile", missing.to_str().unwrap()])).unwrap_err();
+        let s = e.to_string();
+        assert!(
+            matches!(e, omw_verbs::VerbsError::Devx(omw_verbs::devx::DevxError::Profile(_)))
+                && s.contains("missing.profile")
+                && s.contains("omw-mlx5-bringup"),
+            "{s}"
+        );
+        let bad = dir.join("bad.profile");
+        std::fs::write(
+            &bad,
+            "format = 1\ndevice = mlx5_0\nfirmware = 1.2.3\ndate = 2026-01-01T00:00:00Z\nwait_prefetch = sometimes\n",
+        )
+        .unwrap();
+        let s = run_mn(mn_args(&["--offload", "mlx5", "--profile", bad.to_str().unwrap()])).unwrap_err().to_string();
+        assert!(s.contains("bad.profile") && s.contains("line 5") && s.contains("wait_prefetch"), "{s}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        // without --offload there is nothing to read it for
+        use clap::Parser;
+        #[derive(clap::Parser, Debug)]
+        struct Mn {
+            #[command(flatten)]
+            a: MnArgs,
+        }
+        assert!(Mn::try_parse_from(["mn", "--listen", "127.0.0.1:7471", "--profile", "x"]).is_err());
+        assert!(Mn::try_parse_from(["mn", "--listen", "127.0.0.1:7471", "--offload", "mlx5", "--profile", "x"]).is_ok());
     }
 }

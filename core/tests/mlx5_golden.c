@@ -28,6 +28,34 @@ static void hex(const char *name, const void *p, size_t n)
 #define OFF(t, f) printf("offsetof(" #t "." #f ") = %zu\n", offsetof(struct t, f))
 #define SIZE(t) printf("sizeof(" #t ") = %zu\n", sizeof(struct t))
 
+/*
+ * The fence rdma-core's mlx5_post_send (providers/mlx5/qp.c v44.0, lines 857-861 and
+ * 919-980) gives each WQE of a sequence: its own IBV_SEND_FENCE selects MLX5_WQE_CTRL_FENCE,
+ * otherwise the INITIATOR_SMALL fence a preceding BIND_MW / LOCAL_INV left in next_fence.
+ */
+enum op { OP_READ, OP_WRITE, OP_SEND, OP_BIND, OP_LOCAL_INV, OP_NOP };
+enum { F_SIGNALED = 1, F_FENCE = 2, F_SOLICITED = 4 };
+static void fence_sequence(void)
+{
+	static const struct { enum op op; int flags; } seq[] = {
+		{ OP_READ, F_SIGNALED }, { OP_BIND, F_SIGNALED }, { OP_READ, F_SIGNALED },
+		{ OP_BIND, 0 }, { OP_WRITE, F_FENCE | F_SIGNALED }, { OP_LOCAL_INV, F_SIGNALED },
+		{ OP_NOP, 0 }, { OP_READ, F_FENCE }, { OP_SEND, F_SOLICITED }, { OP_BIND, 0 },
+		{ OP_BIND, F_FENCE }, { OP_SEND, 0 },
+	};
+	uint8_t next_fence = 0, fence;
+	printf("fence_sequence ");
+	for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
+		fence = (seq[i].flags & F_FENCE) ? MLX5_WQE_CTRL_FENCE : next_fence;
+		next_fence = 0;
+		if (seq[i].op == OP_BIND || seq[i].op == OP_LOCAL_INV)
+			next_fence = MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE;
+		printf("%02x", (unsigned)(fence | ((seq[i].flags & F_SIGNALED) ? MLX5_WQE_CTRL_CQ_UPDATE : 0) |
+					  ((seq[i].flags & F_SOLICITED) ? MLX5_WQE_CTRL_SOLICITED : 0)));
+	}
+	printf("\n");
+}
+
 /* rdma-core providers/mlx5/qp.c (v44.0) get_klm_octo */
 static __be16 klm_octo(int n) { return htobe16((((n) + 7) & ~7) / 2); }
 
@@ -198,6 +226,18 @@ int main(void)
 		m->free = MLX5_WQE_MKEY_CONTEXT_FREE;
 	}
 	hex("wqe_local_inv", wqe, 128);
+
+	/* ---- a FENCEd, signaled READ right after a BIND_MW: fm_ce_se as mlx5_post_send makes it */
+	memset(wqe, 0, sizeof(wqe));
+	mlx5dv_set_ctrl_seg(ctrl, 15, MLX5_OPCODE_RDMA_READ, 0, 0x99, MLX5_WQE_CTRL_CQ_UPDATE | MLX5_WQE_CTRL_FENCE, 3,
+			    0, 0);
+	{
+		struct mlx5_wqe_raddr_seg *r = (void *)(ctrl + 1);
+		r->raddr = htobe64(0x6666777788889990ull); r->rkey = htobe32(0xAABBCC); r->reserved = 0;
+		mlx5dv_set_data_seg((void *)(r + 1), 64, 0x55, 0x1111222233334444ull);
+	}
+	hex("wqe_fenced_read_after_bind", wqe, 64);
+	fence_sequence();
 
 	/* ---- NOP */
 	memset(wqe, 0, sizeof(wqe));

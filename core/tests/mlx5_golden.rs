@@ -10,12 +10,15 @@
 //! src/uct/ib/mlx5/ib_mlx5.h `uct_ib_mlx5_atomic_masked_fadd64_seg`, rc_mlx5.inl), the WAIT /
 //! SEND_EN queue segment (DPDK main 38f72e500b3b159eca3ba2f4ca0e46a26a7cb057,
 //! drivers/common/mlx5/mlx5_prm.h `mlx5_wqe_qseg`, drivers/net/mlx5/mlx5_txpp.c) and the PRM
-//! commands (rdma-core v44.0 e018d7f3876c315df29060d0a6c95b8abca2b09d providers/mlx5/mlx5_ifc.h,
-//! cross-checked against DPDK mlx5_prm.h: each expected byte below is the DEVX_SET result for
-//! the field's bit offset there — `dword = off / 32`, `shift = 32 - off % 32 - width`).
+//! commands (DPDK mlx5_prm.h at that commit, and rdma-core v44.0
+//! e018d7f3876c315df29060d0a6c95b8abca2b09d providers/mlx5/mlx5_ifc.h for the fields it has —
+//! the two agree on every one; `cqc`, `create_cq_in`, `wq_umem_offset`, `qpc_ext` and
+//! `sq_ts_format` / `rq_ts_format` are DPDK's alone: each expected byte below is the DEVX_SET
+//! result for the field's bit offset there — `dword = off / 32`,
+//! `shift = 32 - off % 32 - width`).
 
 use omw_core::access::AccessFlags;
-use omw_core::mlx5::ctrl::{CtrlSeg, FmCeSe};
+use omw_core::mlx5::ctrl::{CeSe, CtrlSeg, FenceMode, FmCeSe, PrevWqe};
 use omw_core::mlx5::encode::{encode, QueueResolver};
 use omw_core::mlx5::prm::hca_cap::{self, HcaCaps, MissingCap};
 use omw_core::mlx5::prm::{cq, qp};
@@ -98,7 +101,7 @@ impl QueueResolver for Cqns {
 }
 
 fn enc(w: &Wqe, pi: u16) -> Vec<u8> {
-    encode(w, WqeIndex::new(pi), 0x99, FmCeSe::empty(), &mut Cqns).unwrap().bytes().to_vec()
+    encode(w, WqeIndex::new(pi), 0x99, PrevWqe::Other, &mut Cqns).unwrap().bytes().to_vec()
 }
 
 #[test]
@@ -121,10 +124,15 @@ fn constants_match_mlx5dv_h() {
     for (k, v) in ops {
         assert_eq!(g.v(k), v as u64, "{k}");
     }
-    assert_eq!(g.v("MLX5_WQE_CTRL_CQ_UPDATE"), FmCeSe::CQ_UPDATE.bits() as u64);
-    assert_eq!(g.v("MLX5_WQE_CTRL_SOLICITED"), FmCeSe::SOLICITED.bits() as u64);
-    assert_eq!(g.v("MLX5_WQE_CTRL_FENCE"), FmCeSe::FENCE.bits() as u64);
-    assert_eq!(g.v("MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE"), FmCeSe::INITIATOR_SMALL_FENCE.bits() as u64);
+    assert_eq!(g.v("MLX5_WQE_CTRL_CQ_UPDATE"), CeSe::CQ_UPDATE.bits() as u64);
+    assert_eq!(g.v("MLX5_WQE_CTRL_SOLICITED"), CeSe::SOLICITED.bits() as u64);
+    // mlx5dv.h's "FENCE" is the fence mode SMALL_AND_FENCE (4 << 5) of Linux
+    // include/linux/mlx5/qp.h, its INITIATOR_SMALL_FENCE the mode INITIATOR_SMALL (1 << 5)
+    assert_eq!(g.v("MLX5_WQE_CTRL_FENCE"), FenceMode::SmallAndFence as u64);
+    assert_eq!(g.v("MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE"), FenceMode::InitiatorSmall as u64);
+    // the modes mlx5dv.h does not name, by hand from Linux include/linux/mlx5/qp.h
+    // `MLX5_FENCE_MODE_*`: NONE 0 << 5, FENCE 2 << 5, STRONG_ORDERING 3 << 5
+    assert_eq!([FenceMode::None as u8, FenceMode::Fence as u8, FenceMode::StrongOrdering as u8], [0x00, 0x40, 0x60]);
     assert_eq!(g.v("MLX5_SEND_WQE_BB"), omw_core::mlx5::wqebb::WQEBB as u64);
     assert_eq!(g.v("MLX5_SEND_WQE_SHIFT"), omw_core::mlx5::wqebb::WQEBB_SHIFT as u64);
     assert_eq!(g.v("MLX5_WQE_UMR_CTRL_FLAG_INLINE"), UmrFlags::INLINE.bits() as u64);
@@ -249,7 +257,8 @@ fn cqe_layout_matches_mlx5dv_h() {
 #[test]
 fn setters_match_mlx5dv_set_ctrl_seg_and_set_data_seg() {
     let g = golden();
-    let c = CtrlSeg::new(0xBEEF, opcode::RDMA_READ, 0x09, 0x12_3456, FmCeSe::CQ_UPDATE | FmCeSe::FENCE, 3, 0xA1B2_C3D4);
+    let f = FmCeSe::new(FenceMode::SmallAndFence, CeSe::CQ_UPDATE);
+    let c = CtrlSeg::new(0xBEEF, opcode::RDMA_READ, 0x09, 0x12_3456, f, 3, 0xA1B2_C3D4);
     // the C buffer was memset to 0xff first: every byte the Rust side writes, the setter
     // writes too (dci_stream_channel_id, which the setter leaves alone, is cleared in C)
     assert_eq!(c.as_bytes(), g.b("ctrl"));
@@ -273,6 +282,57 @@ fn whole_wqes_match_rdma_core() {
     for (name, w, pi) in cases {
         assert_eq!(enc(&w, pi), g.b(name), "{name}");
     }
+}
+
+/// The fence each WQE of a sequence carries, against rdma-core's `mlx5_post_send` rule
+/// (emulated in the C program with the header's constants): a FENCEd WQE
+/// `MLX5_WQE_CTRL_FENCE` whatever precedes it, an unfenced one after a BIND_MW / LOCAL_INV
+/// `MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE`, the rest none — never the undefined 5 << 5.
+#[test]
+fn fence_modes_follow_mlx5_post_send() {
+    use omw_core::wire::wqe::WqeFlags as F;
+    let g = golden();
+    let (s, f, so) = (F::SIGNALED, F::FENCE, F::SOLICITED);
+    let read = |fl: F| Wqe::read(0x10, 1, 8, 0x20, 2).with_flags(fl);
+    let bind =
+        |fl: F| Wqe::bind_mw(0x0012_3405, 0x7000_0000, 4096, 0x77, 0xAB, AccessFlags::DATA_WINDOW).with_flags(fl);
+    let seq = [
+        read(s),
+        bind(s),
+        read(s),
+        bind(F::empty()),
+        Wqe::write(0x10, 1, 8, 0x20, 2).with_flags(f | s),
+        Wqe::local_inv(0x0012_3405).with_flags(s),
+        Wqe::nop().with_flags(F::empty()),
+        read(f),
+        Wqe::send(0x10, 1, 8).with_flags(so),
+        bind(F::empty()),
+        bind(f),
+        Wqe::send(0x10, 1, 8).with_flags(F::empty()),
+    ];
+    let mut prev = PrevWqe::Other;
+    let mut pi = 0u16;
+    let mut got = Vec::new();
+    for w in &seq {
+        let e = encode(w, WqeIndex::new(pi), 0x99, prev, &mut Cqns).unwrap();
+        got.push(e.bytes()[11]);
+        prev = omw_core::mlx5::encode::prev_of(w);
+        pi += e.wqebbs() as u16;
+    }
+    assert_eq!(got, g.b("fence_sequence"));
+    // the whole WQE: a FENCEd signaled READ after a bind is 0x88 (not 0xa8)
+    let w = read(f | s);
+    let w = Wqe {
+        local_addr: 0x1111_2222_3333_4444,
+        lkey: 0x55,
+        length: 64,
+        remote_addr: 0x6666_7777_8888_9990,
+        rkey: 0xAA_BBCC,
+        ..w
+    };
+    let e = encode(&w, WqeIndex::new(15), 0x99, PrevWqe::Umr, &mut Cqns).unwrap();
+    assert_eq!(e.bytes(), g.b("wqe_fenced_read_after_bind"));
+    assert_eq!(e.bytes()[11], 0x88);
 }
 
 /// Masked FA: UCX rc_mlx5.inl — raddr, then `{add, field_boundary}` big-endian, then the data
@@ -343,7 +403,7 @@ fn query_hca_cap_by_hand() {
     // atomic caps: endianness mode (0x40, 2 bits → out byte 24 top bits) 1 = host, operations
     // (0x90 → bytes 34..36) = CS | FA | masked CS | masked FA, size_qp (0xb0 → 38..40) = 8 | 4
     let mut atomic = expect(hca_cap::QUERY_HCA_CAP_OUT_LEN, &[(24, &[0x40]), (34, &[0x00, 0x0f]), (38, &[0x00, 0x0c])]);
-    let c = HcaCaps::parse(&general, Some(&atomic)).unwrap();
+    let c = HcaCaps::parse(&general, Some(&atomic), None).unwrap();
     assert!(c.cd && c.imaicl && c.rc && c.atomic && c.masked_fetch_add_8b());
     assert_eq!((c.atomic_operations, c.atomic_size_qp, c.log_max_msg), (0x0f, 0x0c, 30));
     assert_eq!(c.missing_for_offload(), None);
@@ -351,11 +411,11 @@ fn query_hca_cap_by_hand() {
     // big-endian 8-byte atomics (mode 0) would read the chains' little-endian counters
     // byte-swapped
     atomic[24] = 0;
-    let c = HcaCaps::parse(&general, Some(&atomic)).unwrap();
+    let c = HcaCaps::parse(&general, Some(&atomic), None).unwrap();
     assert_eq!(c.atomic_8b_endianness_mode, 0);
     assert_eq!(c.missing_for_offload(), Some(MissingCap::MaskedFetchAdd));
     general[85] = 0;
-    let c = HcaCaps::parse(&general, Some(&atomic)).unwrap();
+    let c = HcaCaps::parse(&general, Some(&atomic), None).unwrap();
     assert_eq!(c.missing_for_offload(), Some(MissingCap::CoreDirect));
 }
 
@@ -375,6 +435,7 @@ fn create_qp_params() -> qp::CreateQp {
         dbr_umem_id: 0x5566_7788,
         dbr_offset: 0x40,
         user_index: 0,
+        ts_format: 1,
     }
 }
 
@@ -382,7 +443,9 @@ fn create_qp_params() -> qp::CreateQp {
 fn create_qp_by_hand() {
     // opcode 0x500; qpc at bit 0xc0: pm_state (0xd3, 2 bits) = 3 → byte 26 0x18; pd (0xe8) →
     // 29..32; dword 8 (bytes 32..36): log_rq_size 5 << 19 | log_rq_stride 2 << 16 |
-    // log_sq_size 6 << 11 = 0x002a3000; uar_page (0x128) → 37..40; cqn_snd (0x4a8) →
+    // log_sq_size 6 << 11 | ts_format (0x118, 2 bits) 1 << 6 = 0x002a3040 (DPDK mlx5_prm.h
+    // `mlx5_ifc_qpc_bits.ts_format` at qpc bit 0x58, rdma-core's the same);
+    // uar_page (0x128) → 37..40; cqn_snd (0x4a8) →
     // 149..152; byte 171: cd_master 0x01 | cd_slave_send 0x02 (cd_slave_receive 0x04);
     // cqn_rcv (0x5a8) → 181..184; dbr_addr (0x5c0, 64 bits) → 184..192; dbr_umem_valid
     // (0x743) → byte 232 0x10; dbr_umem_id (0x7e0) → 252..256; wq_umem_offset (0x800) →
@@ -393,7 +456,7 @@ fn create_qp_by_hand() {
             (0, &[0x05, 0x00]),
             (26, &[0x18]),
             (29, &[0x12, 0x34, 0x56]),
-            (32, &[0x00, 0x2a, 0x30, 0x00]),
+            (32, &[0x00, 0x2a, 0x30, 0x40]),
             (37, &[0x00, 0x0a, 0xbc]),
             (149, &[0x00, 0x01, 0x01]),
             (171, &[0x03]),
@@ -408,9 +471,12 @@ fn create_qp_by_hand() {
     );
     assert_eq!(qp::create_qp_in(&create_qp_params()).unwrap().to_vec(), want);
     // no receive queue (rq_type 3 at 0x625 → byte 196 0x03), receive slave only
-    let p = qp::CreateQp { log_rq_size: None, cd: qp::CdRole::SLAVE_RECEIVE, ..create_qp_params() };
+    let p = qp::CreateQp { log_rq_size: None, cd: qp::CdRole::SLAVE_RECEIVE, ts_format: 0, ..create_qp_params() };
     let b = qp::create_qp_in(&p).unwrap();
     assert_eq!((b[171], b[196], &b[32..36]), (0x04, 0x03, &[0x00, 0x00, 0x30, 0x00][..]));
+    // a format the field cannot hold is refused
+    let p = qp::CreateQp { ts_format: 4, ..create_qp_params() };
+    assert_eq!(qp::create_qp_in(&p), Err(Mlx5Error::FieldOverflow { field: "qpc.ts_format", value: 4 }));
     // out: status, then qpn at 0x48
     let out = expect(16, &[(9, &[0x00, 0x12, 0x34])]);
     assert_eq!(qp::created_qpn(&out).unwrap(), 0x1234);
@@ -523,7 +589,9 @@ fn qp_transitions_by_hand() {
 
 #[test]
 fn create_cq_by_hand() {
-    // opcode 0x400; cqc at 0x80: dbr_umem_valid (0x86) → byte 16 0x02; dbr_umem_id (0xa0) →
+    // opcode 0x400; cqc at 0x80 (DPDK mlx5_prm.h `mlx5_ifc_cqc_bits`, rdma-core's mlx5_ifc.h
+    // has no cqc): dbr_umem_valid (0x86) → byte 16 0x02; oi (0x8e) → byte 17 0x02;
+    // dbr_umem_id (0xa0) →
     // 20..24; log_cq_size (0xe3, 5 bits) → byte 28; uar_page (0xe8) → 29..32; c_eqn (0x138) →
     // byte 39; dbr_addr (0x240) → 72..80; cq_umem_id (0x2c0) → 88..92; cq_umem_valid (0x2e0)
     // → byte 92 0x80.
@@ -536,13 +604,14 @@ fn create_cq_by_hand() {
         umem_offset: 0,
         dbr_umem_id: 0x0506_0708,
         dbr_offset: 0x80,
+        overrun_ignore: true,
     })
     .unwrap();
     let want = expect(
         cq::CREATE_CQ_IN_LEN,
         &[
             (0, &[0x04, 0x00]),
-            (16, &[0x02]),
+            (16, &[0x02, 0x02]),
             (20, &[0x05, 0x06, 0x07, 0x08]),
             (28, &[0x08, 0x00, 0x0a, 0xbc]),
             (39, &[0x05]),

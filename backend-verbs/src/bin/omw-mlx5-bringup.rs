@@ -3,17 +3,26 @@
 //! device answered, so a failure says which assumption broke.
 //!
 //! ```text
+//! omw-mlx5-bringup questions [--device mlx5_0] [--gid-index 3] [--profile FILE]
+//! omw-mlx5-bringup wait-prefetch|recv-enable|send-en-unit|self-enable|foreign-bind [--device …]
 //! omw-mlx5-bringup caps      [--device mlx5_0]
 //! omw-mlx5-bringup cd-roles  [--device mlx5_0]
 //! omw-mlx5-bringup loopback  [--device mlx5_0] [--gid-index 3]
 //! omw-mlx5-bringup bind      [--device mlx5_0] [--gid-index 3] [--imm-current]
 //! omw-mlx5-bringup masked-fa [--device mlx5_0] [--gid-index 3]
-//! omw-mlx5-bringup send-en   [--device mlx5_0] [--gid-index 3]
 //! omw-mlx5-bringup wait      [--device mlx5_0] [--gid-index 3]
-//! omw-mlx5-bringup prefetch  [--device mlx5_0] [--gid-index 3]
 //! omw-mlx5-bringup offload   [--device mlx5_0] [--gid-index 3]
 //! ```
-//! `cd-roles`: CREATE_QP with each CORE-Direct role as the calling user (question 1).
+//! `questions`: one experiment per open question the chains depend on
+//! (`omw_verbs::devx::bringup`: `wait_prefetch`, `recv_enable`, `send_en_unit`, `self_enable`,
+//! `foreign_bind`), each printing what it posted and what the device did, then the answers,
+//! saved as the device profile (`omw_verbs::devx::profile`; default
+//! `omw-mlx5-profile-<device>.txt`) that `omw mn --offload mlx5 --profile FILE` takes, and
+//! whether that MN would start with it. Exit status 0 only if every question was answered (the
+//! profile is written either way, unknown answers with their reasons). The five question
+//! names run one experiment each.
+//! `cd-roles`: CREATE_QP with each CORE-Direct role, and the combinations the chains use, as
+//! the calling user (question 1).
 //! `loopback`: two DEVX QPs connected to each other over RoCE, an encoded NOP then an encoded
 //! READ posted on one, the doorbell rung, the CQ polled, the READ's bytes compared — the first
 //! end-to-end check of `omw_core::mlx5::encode`, the PRM commands and the doorbell.
@@ -22,19 +31,17 @@
 //! a LOCAL_INV from B that must fail. `--imm-current` puts the window's current rkey in the
 //! control `imm`, as rdma-core does, instead of the new one (question 7).
 //! `masked-fa`: an encoded 8-byte masked fetch-and-add with two 32-bit fields (question 6).
-//! `send-en`: a `cd_master` QP enabling a `cd_slave_send` QP's three WRITEs with SEND_EN up to
-//! index 1, then 3, printing which ran (question 2).
 //! `wait`: a WAIT on a CQ producer index holds the WQE behind it until the index is reached
-//! (questions 3, 14). `prefetch`: a WQE behind a closed gate, rewritten while gated — which
-//! version the NIC runs (question 4).
+//! (questions 3, 14).
 //! `offload`: the whole thing on one port — an offloaded MN on `DevxBackend` (provisioned by
 //! `MnPlan::provision`, chains armed by `MnDriver::connect`), a CN on a second DEVX context
 //! (`CnDriver` over another `DevxBackend`), its QPs connected to the MN's over the port's own
 //! GID; then alloc, write and read through the window, free. Run it only after every other
 //! step passed (checklist step 7).
 
+use omw_core::device::behaviour::Question;
 use omw_core::mlx5::cqe;
-use omw_core::mlx5::ctrl::FmCeSe;
+use omw_core::mlx5::ctrl::PrevWqe;
 use omw_core::mlx5::encode::{encode, QueueResolver, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
 use omw_core::mlx5::prm::qp::CdRole;
@@ -42,22 +49,28 @@ use omw_core::mlx5::wqebb::WqeIndex;
 use omw_core::wire::wqe::{QueueSel, Wqe};
 use omw_verbs::device::DeviceChoice;
 use omw_verbs::devx::api::{DevxApi, MemRange, UarHandle};
+use omw_verbs::devx::bringup::{
+    self, foreign_bind, recv_enable, self_enable, send_en_unit, wait_prefetch, Patience, Rig,
+};
 use omw_verbs::devx::cm::LocalPath;
 use omw_verbs::devx::device::DevxDevice;
 use omw_verbs::devx::ffi::{RealDevx, RingMemory};
+use omw_verbs::devx::profile::{self, Timestamp};
 use omw_verbs::devx::queue::{self, CqSpec, DevxCq, DevxQp, QpSpec};
 use omw_verbs::devx::{caps, cm, doorbell, DevxError};
 use omw_verbs::VerbsError;
 use rdma_sys::*;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 const LOG_CQES: u8 = 6;
 
 fn new_cq(d: &mut RealDevx, c: &HcaCaps, uar: UarHandle) -> Result<(DevxCq, RingMemory), DevxError> {
     let mut mem = RingMemory::new(CqSpec::mem_needed(LOG_CQES))?;
     cqe::init_ring(&mut mem.bytes_mut()[..cqe::CQE_SIZE << LOG_CQES]);
-    let cq = queue::create_cq(d, c, uar, &CqSpec { log_cqes: LOG_CQES, mem: mem.range() })?;
+    let cq = queue::create_cq(d, c, uar, &CqSpec { log_cqes: LOG_CQES, overrun_ignore: true, mem: mem.range() })?;
     Ok((cq, mem))
 }
 
@@ -79,6 +92,7 @@ fn cd_roles(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
         ("cd_slave_send", CdRole::SLAVE_SEND),
         ("cd_slave_receive", CdRole::SLAVE_RECEIVE),
         ("cd_master + cd_slave_send", CdRole::MASTER | CdRole::SLAVE_SEND),
+        ("all three", CdRole::MASTER | CdRole::SLAVE_SEND | CdRole::SLAVE_RECEIVE),
     ] {
         let mem = RingMemory::new(qp_mem_len(role))?;
         match queue::create_qp(d, c, uar, &qp_spec(role, cq.cqn, d.pdn(), mem.range())) {
@@ -147,7 +161,7 @@ impl Pair {
     ) -> Result<(), DevxError> {
         let (qp, mem, pi) =
             if on_a { (&self.a, &mut self.mem_a, &mut self.pi_a) } else { (&self.b, &mut self.mem_b, &mut self.pi_b) };
-        let e = encode(w, *pi, qp.qpn, FmCeSe::empty(), r).map_err(DevxError::Encode)?;
+        let e = encode(w, *pi, qp.qpn, PrevWqe::Other, r).map_err(DevxError::Encode)?;
         let n = e.wqebbs();
         let ring = 64usize;
         if pi.slot(ring) + n > ring {
@@ -332,57 +346,6 @@ fn masked_fa(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
     Ok(ok && now == want && ret == old)
 }
 
-struct EnableAt(u16);
-impl QueueResolver for EnableAt {
-    fn cqn(&self, _: u32, _: QueueSel) -> Option<u32> {
-        None
-    }
-    fn enable_index(&mut self, _: u32, _: QueueSel, _: u64) -> Option<WqeIndex> {
-        Some(WqeIndex::new(self.0))
-    }
-}
-
-/// SEND_EN counting (question 2): B (`cd_slave_send`) holds three 8-byte WRITEs; A
-/// (`cd_master`) enables B up to index 1, then 3. Which WRITEs landed tells the unit.
-fn send_en(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
-    let mut p = pair_with(d, c, CdRole::MASTER, CdRole::SLAVE_SEND)?;
-    let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)?;
-    // SAFETY: `mr` is the live MR just registered.
-    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-    let src = buf.range().addr as u64;
-    buf.bytes_mut()[4096..4096 + 512].fill(0);
-    for i in 0..3u64 {
-        let w = Wqe::write(src + 8 * i, lkey, 8, src + 4096 + 128 * i, rkey);
-        p.post(d, false, &w, None, &mut Unmanaged)?;
-    }
-    let landed = |buf: &RingMemory| {
-        (0..3)
-            .map(|i| {
-                let mut b = [0u8; 8];
-                buf.read_volatile(4096 + 128 * i, &mut b);
-                b != [0; 8]
-            })
-            .collect::<Vec<_>>()
-    };
-    std::thread::sleep(Duration::from_millis(200));
-    println!("  3 WRITEs posted on slave B, doorbell rung, none enabled: landed {:?}", landed(&buf));
-    let mut ok = true;
-    for k in [1u16, 3] {
-        let w = Wqe::enable(p.b.qpn, QueueSel::Send, 0).with_flags(omw_core::wire::wqe::WqeFlags::SIGNALED);
-        p.post(d, true, &w, None, &mut EnableAt(k))?;
-        let mut cqes = Vec::new();
-        while let Some(e) = p.next_cqe(d, Duration::from_millis(500)) {
-            cqes.push((e.qpn, e.wqe_counter.get(), e.error));
-        }
-        ok &= cqes.iter().all(|c| c.2.is_none());
-        println!("  SEND_EN max_index {k}: CQEs (qpn, wqe_counter, error) {cqes:?}; WRITEs landed {:?}", landed(&buf));
-    }
-    // SAFETY: no WQE references the MR any more.
-    unsafe { ibv_dereg_mr(mr) };
-    p.destroy(d)?;
-    Ok(ok)
-}
-
 /// Every WAIT names this CQ.
 struct WaitOn(u32);
 impl QueueResolver for WaitOn {
@@ -439,44 +402,6 @@ fn wait(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
     let ok = seen == [false, false, true];
     println!("  WAIT held until PI >= its index: {}", if ok { "yes" } else { "NO (see above)" });
     Ok(ok)
-}
-
-/// Prefetch of a gated WQE (question 4): A (`cd_master`) posts a WAIT on the shared CQ, then
-/// a WRITE to address X. While the WAIT holds, the host rewrites that WRITE's `raddr` in A's
-/// ring to Y (as a chain's READ patch would land); then B completes a NOP and opens the gate.
-/// A NIC that fetched the WRITE before its gate opened writes X; one that fetches after the
-/// gate writes Y — the chains assume Y (the canonical validator's fetch-after-gate rule).
-fn prefetch(d: &mut RealDevx, c: &HcaCaps) -> Result<bool, DevxError> {
-    let mut p = pair_with(d, c, CdRole::MASTER, CdRole::empty())?;
-    let (mut buf, mr) = buffer(d, ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)?;
-    // SAFETY: `mr` is the live MR just registered.
-    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-    let src = buf.range().addr as u64;
-    let (x, y) = (4096usize, 4096 + 256);
-    buf.bytes_mut()[x..x + 8].fill(0);
-    buf.bytes_mut()[y..y + 8].fill(0);
-    let base = p.ci;
-    let cqn = p.cq.cqn;
-    p.post(d, true, &Wqe::wait(p.b.qpn, QueueSel::Send, u64::from(base) + 1), None, &mut WaitOn(cqn))?;
-    let write_at = p.pi_a;
-    p.post(d, true, &Wqe::write(src, lkey, 8, src + x as u64, rkey), None, &mut Unmanaged)?;
-    std::thread::sleep(Duration::from_millis(100));
-    // the WRITE's raddr segment follows its 16-byte control segment
-    let off = p.a.sq.addr - p.mem_a.range().addr + write_at.slot(64) * 64 + 16;
-    p.mem_a.bytes_mut()[off..off + 8].copy_from_slice(&(src + y as u64).to_be_bytes());
-    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    println!("  WAIT(PI {}) and WRITE(X) posted on A; WRITE's raddr rewritten to Y while gated", base + 1);
-    let _ = p.run(d, false, &Wqe::nop(), None)?;
-    std::thread::sleep(Duration::from_millis(200));
-    let (at_x, at_y) = (landed(&buf, x), landed(&buf, y));
-    println!("  gate opened: landed at X (prefetched before the gate) {at_x}, at Y (fetched after it) {at_y}");
-    while let Some(e) = p.next_cqe(d, Duration::from_millis(500)) {
-        println!("  CQE qpn {:#x} wqe_counter {} error {:?}", e.qpn, e.wqe_counter.get(), e.error);
-    }
-    // SAFETY: no WQE references the MR any more.
-    unsafe { ibv_dereg_mr(mr) };
-    p.destroy(d)?;
-    Ok(at_y && !at_x)
 }
 
 /// The offloaded MN and one CN on this port (see the module doc).
@@ -591,6 +516,46 @@ fn offload(choice: &DeviceChoice, c: HcaCaps) -> Result<bool, VerbsError> {
     Ok(done == Some(WcStatus::Success) && read == Some(WcStatus::Success) && back == msg)
 }
 
+/// Run the question steps (`which`: one of them, `None`: all), print the answers and — for
+/// all — write the device profile and say whether `omw mn --offload mlx5` would start with it.
+fn questions(d: &mut RealDevx, c: HcaCaps, which: Option<Question>, path: Option<PathBuf>) -> Result<bool, VerbsError> {
+    let (device, firmware) = (d.device().to_string(), d.firmware().to_string());
+    println!("firmware {firmware}");
+    let mut stdout = std::io::stdout();
+    let mut rig = Rig::new(d, c, Patience::HARDWARE, &mut stdout)?;
+    let Some(q) = which else {
+        let found = bringup::questions(&mut rig);
+        drop(rig);
+        let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let profile = found.profile(&device, &firmware, Timestamp::from_unix(secs));
+        println!("answers:");
+        for (q, why) in Question::ALL.map(|q| (q, found.notes().into_iter().find(|n| n.0 == q).map(|n| n.1))) {
+            let a = profile::answer_name(&profile.answers, q).unwrap_or(profile::UNKNOWN);
+            println!("  {:<14} {a}{}", q.key(), why.map(|w| format!(" ({w})")).unwrap_or_default());
+        }
+        let path = path.unwrap_or_else(|| PathBuf::from(format!("omw-mlx5-profile-{device}.txt")));
+        std::fs::write(&path, profile.to_text(&found.notes()))
+            .map_err(|e| VerbsError::Config(format!("writing the device profile {}: {e}", path.display())))?;
+        println!("device profile written to {}", path.display());
+        match omw_verbs::devx::mn::chain_answers(Some(&profile)) {
+            Ok(_) => println!(
+                "omw mn --offload mlx5 --profile {} would lay its chains out for these answers",
+                path.display()
+            ),
+            Err(e) => println!("omw mn --offload mlx5 --profile {} would refuse: {e}", path.display()),
+        }
+        return Ok(found.notes().is_empty());
+    };
+    let known = match q {
+        Question::WaitPrefetch => rig.step(wait_prefetch::run).answer().is_some(),
+        Question::RecvEnable => rig.step(recv_enable::run).answer().is_some(),
+        Question::SendEnUnit => rig.step(send_en_unit::run).answer().is_some(),
+        Question::SelfEnable => rig.step(self_enable::run).answer().is_some(),
+        Question::ForeignBind => rig.step(foreign_bind::run).answer().is_some(),
+    };
+    Ok(known)
+}
+
 fn run() -> Result<bool, VerbsError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
@@ -608,9 +573,12 @@ fn run() -> Result<bool, VerbsError> {
         Some("cd-roles") => Ok(cd_roles(&mut d, &c)?),
         Some("loopback") => Ok(loopback(&mut d, &c)?),
         Some("masked-fa") => Ok(masked_fa(&mut d, &c)?),
-        Some("send-en") => Ok(send_en(&mut d, &c)?),
         Some("wait") => Ok(wait(&mut d, &c)?),
-        Some("prefetch") => Ok(prefetch(&mut d, &c)?),
+        Some("questions") => questions(&mut d, c, None, opt("--profile").map(PathBuf::from)),
+        Some(s) if Question::ALL.iter().any(|q| q.key().replace('_', "-") == s) => {
+            let q = Question::ALL.into_iter().find(|q| q.key().replace('_', "-") == s);
+            questions(&mut d, c, q, None)
+        }
         Some("bind") => Ok(bind(&mut d, &c, args.iter().any(|a| a == "--imm-current"))?),
         Some("offload") => {
             drop(d);
@@ -618,7 +586,7 @@ fn run() -> Result<bool, VerbsError> {
         }
         _ => {
             eprintln!(
-                "usage: omw-mlx5-bringup caps|cd-roles|loopback|bind|masked-fa|send-en|wait|prefetch|offload [--device NAME] [--gid-index N] [--imm-current]"
+                "usage: omw-mlx5-bringup questions|wait-prefetch|recv-enable|send-en-unit|self-enable|foreign-bind|caps|cd-roles|loopback|bind|masked-fa|wait|offload [--device NAME] [--gid-index N] [--profile FILE] [--imm-current]"
             );
             Ok(false)
         }

@@ -300,6 +300,7 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
         lease: Duration::from_secs(2),
         serial_engine: false,
         tenants: None,
+        offload_profile: None,
     };
     let (tx, rx) = mpsc::channel::<std::result::Result<String, String>>();
     let mn = std::thread::spawn(move || {

@@ -82,7 +82,7 @@ fn setup_with(layout: ChainLayout, o: Opts) -> Setup {
     let cqs = [0usize, 1, 2].map(|i| {
         d.outputs.insert("CREATE_CQ", cqn_out(CQNS[i]));
         let mem = MemRange { addr: 0x100_0000 + i * 0x1_0000, len: CqSpec::mem_needed(6) };
-        queue::create_cq(&mut d, &c, uar, &CqSpec { log_cqes: 6, mem }).unwrap()
+        queue::create_cq(&mut d, &c, uar, &CqSpec { log_cqes: 6, overrun_ignore: true, mem }).unwrap()
     });
     let wqebbs = mchain::ring_wqebbs(&layout).unwrap();
     let log = |r: usize| (wqebbs[r].trailing_zeros() as i8 + o.log_delta[r]) as u8;

@@ -52,7 +52,7 @@ use omw_core::device::WindowState;
 use omw_core::device::{Capabilities, Completion, Domain, MrKeys, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::mlx5::cqe::{self, opcode as cqe_op, syndrome, Cqe};
-use omw_core::mlx5::ctrl::FmCeSe;
+use omw_core::mlx5::ctrl::PrevWqe;
 use omw_core::mlx5::decode::Mlx5Op;
 use omw_core::mlx5::encode::{self, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
@@ -184,6 +184,9 @@ struct QpSlot {
     /// Index up to which the device completed send WQEs (ring space is free behind it).
     sq_ci: WqeIndex,
     posted: VecDeque<Posted>,
+    /// Whether the last WQE posted was a UMR: the next one carries the initiator small fence
+    /// (rdma-core keeps the same in `qp->fm_cache`).
+    prev: PrevWqe,
     chain: Option<ChainSlots>,
     rq_head: u32,
     rq_wr_ids: VecDeque<u64>,
@@ -321,15 +324,15 @@ impl<D: DevxDevice> DevxBackend<D> {
         self.qps.get_mut(&qp.get()).ok_or(DevxError::UnknownQp(qp.get()))
     }
 
-    fn create_cq(&mut self, log_cqes: u8) -> Result<u32, DevxError> {
+    /// A CQ of `log_cqes` entries; `overrun_ignore` for a CQ a chain's WAITs watch.
+    fn create_cq(&mut self, log_cqes: u8, overrun_ignore: bool) -> Result<u32, DevxError> {
         let mem = self.arena.take(CqSpec::mem_needed(log_cqes))?;
         // a fresh ring is hardware-owned: every op_own INVALID; the doorbell record zero
         let mut ring = vec![0u8; mem.len];
         cqe::init_ring(&mut ring[..CQE_SIZE << log_cqes]);
-        let made = self
-            .dev
-            .store(mem.addr, &ring)
-            .and_then(|()| queue::create_cq(&mut self.dev, &self.caps, self.uar, &CqSpec { log_cqes, mem }));
+        let made = self.dev.store(mem.addr, &ring).and_then(|()| {
+            queue::create_cq(&mut self.dev, &self.caps, self.uar, &CqSpec { log_cqes, overrun_ignore, mem })
+        });
         match made {
             Ok(cq) => {
                 self.cqs.insert(cq.cqn, CqSlot { devx: cq, mem, ci: 0 });
@@ -350,7 +353,9 @@ impl<D: DevxDevice> DevxBackend<D> {
         Ok(())
     }
 
-    /// A QP with its own send CQ (and receive CQ when it has a receive queue).
+    /// A QP with its own send CQ (and receive CQ when it has a receive queue). The CQs of a QP
+    /// with a CORE-Direct role are exactly the CQs a chain's WAITs watch (`arm::cq_numbers`:
+    /// the loop QP's send CQ, the management QP's send and receive CQs); they ignore overrun.
     fn create_qp(
         &mut self,
         domain: Domain,
@@ -359,8 +364,9 @@ impl<D: DevxDevice> DevxBackend<D> {
         cd: CdRole,
         link: Link,
     ) -> Result<u32, DevxError> {
-        let cq_snd = self.create_cq(self.cfg.log_cqes)?;
-        let cq_rcv = match log_rq.map(|_| self.create_cq(self.cfg.log_cqes)).transpose() {
+        let chain_cq = !cd.is_empty();
+        let cq_snd = self.create_cq(self.cfg.log_cqes, chain_cq)?;
+        let cq_rcv = match log_rq.map(|_| self.create_cq(self.cfg.log_cqes, chain_cq)).transpose() {
             Ok(c) => c,
             Err(e) => {
                 let _ = self.destroy_cq(cq_snd);
@@ -414,6 +420,7 @@ impl<D: DevxDevice> DevxBackend<D> {
                 sq_pi: WqeIndex::new(0),
                 sq_ci: WqeIndex::new(0),
                 posted: VecDeque::new(),
+                prev: PrevWqe::Other,
                 chain: None,
                 rq_head: 0,
                 rq_wr_ids: VecDeque::new(),
@@ -541,6 +548,7 @@ impl<D: DevxDevice> DevxBackend<D> {
             q.sq_pi = WqeIndex::new(0);
             q.sq_ci = WqeIndex::new(0);
             q.posted.clear();
+            q.prev = PrevWqe::Other;
             q.chain = None;
             q.rq_head = 0;
             q.rq_wr_ids.clear();
@@ -563,14 +571,16 @@ impl<D: DevxDevice> DevxBackend<D> {
         if used + pad + n > ring {
             return Err(DevxError::SendQueueFull { qpn, need: pad + n, free: ring - used });
         }
-        let (sq, devx) = (q.devx.sq, q.devx);
-        let e = encode::encode(w, pi.add(pad as u16), qpn, FmCeSe::empty(), &mut Unmanaged)?;
-        // NOPs to the ring's end: a WQE's segments stay contiguous (docs/MLX5.md)
+        let (sq, devx, prev) = (q.devx.sq, q.devx, q.prev);
+        let e = encode::encode(w, pi.add(pad as u16), qpn, prev, &mut Unmanaged)?;
+        // NOPs to the ring's end: a WQE's segments stay contiguous (docs/MLX5.md). After a UMR
+        // they carry its small fence as well as the WQE they precede, so that nothing of the
+        // queue runs before the UMR completed.
         let mut at = pi;
         for _ in 0..pad {
             let mut nop = Wqe::nop();
             nop.flags = WqeFlags::empty();
-            let b = encode::encode(&nop, at, qpn, FmCeSe::empty(), &mut Unmanaged)?;
+            let b = encode::encode(&nop, at, qpn, prev, &mut Unmanaged)?;
             self.dev.write_mem(sq.addr + at.slot(ring) * WQEBB, b.bytes())?;
             at = at.add(1);
         }
@@ -582,6 +592,7 @@ impl<D: DevxDevice> DevxBackend<D> {
         if let Some(q) = self.qps.get_mut(&qpn) {
             q.posted.push_back(Posted { index: at.get(), wqebbs: n as u16, wr_id: w.wr_id, opcode: w.opcode });
             q.sq_pi = next;
+            q.prev = encode::prev_of(w);
             q.used = true;
         }
         Ok(())

@@ -11,7 +11,7 @@ use omw_core::chain::ChainKind;
 use omw_core::device::ExecutionMode;
 use omw_core::mlx5::cqe::{OP_OWN_OFFSET, SOP_DROP_QPN_OFFSET, SYNDROME_OFFSET, WQE_COUNTER_OFFSET};
 use omw_core::mlx5::decode::{self, Decoded};
-use omw_core::mlx5::prm::hca_cap::atomic;
+use omw_core::mlx5::prm::hca_cap::{self, atomic};
 use omw_core::mlx5::prm::{bits, qp as pq};
 use omw_core::mn::driver::MnDriver;
 use omw_core::mn::plan::{MnOptions, MnPlan};
@@ -34,6 +34,10 @@ fn caps() -> HcaCaps {
         log_max_mkey: 24,
         log_max_msg: 30,
         umr_fence: 0,
+        roce: true,
+        sq_ts_format: 0,
+        rq_ts_format: 0,
+        roce_qp_ts_format: Some(hca_cap::TS_CAP_FREE_RUNNING_AND_REAL_TIME),
     }
 }
 
@@ -158,6 +162,34 @@ fn provisioning_puts_every_queue_in_its_domain() {
     assert_eq!(chain_roles.iter().filter(|r| **r == (1, 1, 1)).count(), 2, "two management QPs: all three roles");
     // every queue has its own CQ: as many CQs as send queues + receive queues
     assert_eq!(d.inputs("CREATE_CQ").len(), 12 + 4);
+    // the CQs the chains' WAITs watch — those of the QPs with a CORE-Direct role: each loop
+    // QP's send CQ, each management QP's two — are created with cqc.oi, no other CQ is
+    let oi_of = |cqn: u32| {
+        let obj = m.driver.backend.cqs[&cqn].devx.obj;
+        let input = d
+            .calls
+            .iter()
+            .find_map(|c| match c {
+                Call::ObjCreate { command: "CREATE_CQ", input, obj: o } if *o == obj => Some(input),
+                _ => None,
+            })
+            .expect("the CQ's CREATE_CQ was recorded");
+        bits::get(input, omw_core::mlx5::prm::cq::cqc::OI.at(omw_core::mlx5::prm::cq::CQC_BASE)).unwrap()
+    };
+    let mut ignoring = std::collections::BTreeSet::new();
+    for q in m.driver.backend.qps.values() {
+        for cqn in [Some(q.cq_snd), q.cq_rcv].into_iter().flatten() {
+            assert_eq!(oi_of(cqn), u64::from(!q.devx.cd.is_empty()), "CQ {cqn:#x} of QP {:#x}", q.devx.qpn);
+            if oi_of(cqn) == 1 {
+                ignoring.insert(cqn);
+            }
+        }
+    }
+    let mut watched = std::collections::BTreeSet::new();
+    for (lp, mgmt) in [(m.qps.alloc_loop.unwrap(), m.qps.alloc), (m.qps.free_loop.unwrap(), m.qps.free)] {
+        watched.extend(m.driver.backend.cq_numbers(lp, mgmt).unwrap());
+    }
+    assert_eq!(ignoring, watched, "exactly the chain CQs ignore overrun");
     for q in [m.qps.alloc_loop.unwrap(), m.qps.free_loop.unwrap(), m.qps.alloc, m.qps.free] {
         assert_eq!(m.driver.backend.qp_state(q).unwrap(), QpState::Rts);
     }
@@ -271,10 +303,22 @@ fn a_full_ring_refuses_and_a_wrap_pads_with_nops() {
     m.driver.backend.post_send(q, &bind).unwrap();
     let sq = slot(&m, q).devx.sq;
     let pad = decode::decode(&dev(&m).bytes(sq.addr + (ring - 1) * WQEBB, 64)).unwrap();
-    assert!(matches!(pad.op, Mlx5Op::Nop) && !pad.fm_ce_se.contains(FmCeSe::CQ_UPDATE), "{:?}", pad.op);
+    assert!(matches!(pad.op, Mlx5Op::Nop) && !pad.fm_ce_se.signaled(), "{:?}", pad.op);
     let d = decode_sq(&m, q, (2 * ring) as u16);
     assert!(matches!(d.op, Mlx5Op::Bind { .. }) && d.index.get() as usize == 2 * ring, "{:?}", d.op);
     assert_eq!(dbr_word(&m, slot(&m, q).devx.dbr_addr + 4) as usize, 2 * ring + 3);
+    // the WQE after a UMR carries the initiator small fence (rdma-core's next_fence), a
+    // FENCEd one SMALL_AND_FENCE; the one after that none
+    use omw_core::mlx5::ctrl::FenceMode;
+    m.driver.backend.post_send(q, &w).unwrap();
+    m.driver.backend.post_send(q, &w).unwrap();
+    let after = (2 * ring + 3) as u16;
+    assert_eq!(decode_sq(&m, q, after).fm_ce_se.fence, FenceMode::InitiatorSmall);
+    assert_eq!(decode_sq(&m, q, after + 1).fm_ce_se.fence, FenceMode::None);
+    let inv = Wqe::local_inv(0x12ab);
+    m.driver.backend.post_send(q, &inv).unwrap();
+    m.driver.backend.post_send(q, &w.with_flags(w.flags | omw_core::wire::wqe::WqeFlags::FENCE)).unwrap();
+    assert_eq!(decode_sq(&m, q, after + 4).fm_ce_se.fence, FenceMode::SmallAndFence);
 }
 
 #[test]
@@ -322,7 +366,7 @@ fn a_failed_chain_is_reset_and_rearmed_past_its_cq_count() {
         let mut i = 0;
         loop {
             let d = decode_sq(m, q, i as u16);
-            if d.fm_ce_se.contains(FmCeSe::CQ_UPDATE) {
+            if d.fm_ce_se.signaled() {
                 break i as u16;
             }
             i += omw_core::mlx5::wqebb::wqebbs(d.ds);
@@ -424,7 +468,7 @@ impl SqDevice {
             let n = (ring - self.fetch as usize % ring).min(5) * WQEBB;
             let d = decode::decode(&dev(m).bytes(at, n)).expect("every WQE the backend rang decodes");
             assert_eq!((d.index.get(), d.qpn), (self.fetch, q.get()), "a WQE names its own index and QP");
-            if d.fm_ce_se.contains(FmCeSe::CQ_UPDATE) {
+            if d.fm_ce_se.signaled() {
                 self.pending_cqes.push_back(self.fetch);
             }
             self.fetch = self.fetch.wrapping_add(omw_core::mlx5::wqebb::wqebbs(d.ds) as u16);

@@ -3,6 +3,7 @@
 //! and what to do.
 
 use omw_core::chain::mlx5::Mlx5ChainError;
+use omw_core::device::behaviour::Question;
 use omw_core::mlx5::prm::hca_cap::MissingCap;
 use omw_core::mlx5::prm::qp::CdRole;
 use omw_core::mlx5::Mlx5Error;
@@ -157,6 +158,21 @@ pub enum DevxError {
         qpn: u32,
         state: omw_core::device::QpState,
     },
+    /// `--profile`: the device profile could not be read or parsed.
+    Profile(super::profile::ProfileError),
+    /// The profile was measured on other firmware than the device runs.
+    ProfileFirmware {
+        profile: String,
+        device: String,
+    },
+    /// The chains are not correct on a device that answers `question` as the profile says
+    /// (`answer`; `None`: the profile does not say, so any answer is possible); they need one
+    /// of `tolerated`.
+    Unsuited {
+        question: Question,
+        answer: Option<&'static str>,
+        tolerated: Vec<&'static str>,
+    },
 }
 
 fn strerror(e: i32) -> String {
@@ -204,7 +220,7 @@ impl fmt::Display for DevxError {
                     MissingCap::Rc => "RC transport",
                     MissingCap::CoreDirect => "CORE-Direct (cross-channel WAIT / SEND_EN and the cd_* QP roles)",
                     MissingCap::Type2Windows => "type-2 memory windows",
-                    MissingCap::MaskedFetchAdd => "8-byte big-endian masked fetch-and-add",
+                    MissingCap::MaskedFetchAdd => "8-byte masked fetch-and-add in host endianness (atomic_req_8B_endianness_mode 1)",
                 }
             ),
             DevxError::TooLarge { what, log2, device_max_log2 } => write!(
@@ -276,13 +292,36 @@ impl fmt::Display for DevxError {
                 f,
                 "QP {qpn:#x} is not freshly reset (state {state:?}, work already posted): a chain is armed from index 0"
             ),
+            DevxError::Profile(e) => write!(f, "{e}"),
+            DevxError::ProfileFirmware { profile, device } => write!(
+                f,
+                "the device profile was measured on firmware {profile}, the device runs {device}: the answers hold for the firmware they were measured on — run `omw-mlx5-bringup questions --profile FILE` on this device again"
+            ),
+            DevxError::Unsuited { question, answer, tolerated } => {
+                let need = tolerated.join(" or ");
+                match answer {
+                    None => write!(
+                        f,
+                        "the chains run correctly only where \"{question}\" is answered {key} = {need}, and no device profile answers it for this device: run `omw-mlx5-bringup questions --device <mlx5_N> --profile FILE` on it (docs/MLX5.md), then `omw mn --offload mlx5 --profile FILE` — or run `omw mn` without --offload (the host engine serves the same protocol)",
+                        key = question.key()
+                    ),
+                    Some(a) => write!(
+                        f,
+                        "the device profile says {key} = {a} (\"{question}\"), and the chains run correctly only where it is {need}: run `omw mn` without --offload (the host engine serves the same protocol)",
+                        key = question.key()
+                    ),
+                }
+            }
         }
     }
 }
 
 impl std::error::Error for DevxError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        None
+        match self {
+            DevxError::Profile(e) => Some(e),
+            _ => None,
+        }
     }
 }
 

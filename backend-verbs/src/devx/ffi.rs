@@ -295,6 +295,10 @@ impl RealDevx {
     pub fn device(&self) -> &str {
         &self.ctx.info.name
     }
+    /// The device's firmware version (`ibv_device_attr.fw_ver`).
+    pub fn firmware(&self) -> &str {
+        &self.ctx.info.fw_ver
+    }
     /// The DEVX-enabled verbs context (for address handles, `ibv_reg_mr`, …).
     pub fn context(&self) -> *mut ibv_context {
         self.ctx.ctx

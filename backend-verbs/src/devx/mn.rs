@@ -17,11 +17,13 @@
 use super::backend::DevxBackend;
 use super::cm::{merge_states, Accept, ExternalCm};
 use super::device::DevxDevice;
+use super::profile::{self, Profile};
 use super::DevxError;
 use crate::cm::{CmEvent, CmId, Role};
 use crate::error::{human, Result, VerbsError};
 use crate::mn::transport::{DeviceError, Transport};
 use crate::sessions::Session;
+use omw_core::device::behaviour::{DeviceAnswers, DeviceBehaviour, ForeignBind, Needs, Question, WaitPrefetch};
 use omw_core::device::{Capabilities, DataPath};
 use omw_core::ids::Qpn;
 use omw_core::mn::driver::MnDriver;
@@ -37,6 +39,56 @@ pub const DEVX_OFFLOAD: Capabilities = Capabilities::WAIT_ENABLE
     .union(Capabilities::ATOMICS)
     .union(Capabilities::MASKED_FETCH_ADD)
     .union(Capabilities::BIND_TO_OTHER_QP);
+
+/// The device behaviours under which the chains the core builds today are correct: an
+/// unsatisfied WAIT stops prefetch (issue 22 item 1: letting the model prefetch past WAITs
+/// fails free scenarios) and a bind naming another QP binds the window to that QP (item 3:
+/// the alloc chain posts its binds on the management QP) — `DeviceBehaviour::PAPER`'s
+/// answers to those two questions. The integrator's variant chooser
+/// (`omw_core::chain::variant::ChainVariant::choose`, each layout declaring its own needs)
+/// replaces this one constant.
+pub const CHAIN_NEEDS: Needs =
+    Needs::ANY.wait_prefetch(DeviceBehaviour::PAPER.wait_prefetch).foreign_bind(&[DeviceBehaviour::PAPER.foreign_bind]);
+
+const _: () = assert!(
+    matches!(DeviceBehaviour::PAPER.wait_prefetch, WaitPrefetch::Stops)
+        && matches!(DeviceBehaviour::PAPER.foreign_bind, ForeignBind::Honoured)
+);
+
+/// The names of the answers to `q` under which a layout with `needs` is correct.
+fn tolerated(needs: &Needs, q: Question) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for b in DeviceBehaviour::ALL.iter().filter(|b| needs.hold_for(b)) {
+        if let Some(n) = profile::answer_name(&DeviceAnswers::exactly(*b), q) {
+            if !out.contains(&n) {
+                out.push(n);
+            }
+        }
+    }
+    out
+}
+
+/// The device answers the MN's chains are laid out for: the profile's (none: every answer
+/// unknown), refused with the question they leave open — or answer wrongly — when the
+/// chains are not correct under every behaviour they allow.
+pub fn chain_answers(profile: Option<&Profile>) -> Result<DeviceAnswers, DevxError> {
+    let answers = profile.map_or(DeviceAnswers::UNKNOWN, |p| p.answers);
+    match CHAIN_NEEDS.unmet(&answers) {
+        None => Ok(answers),
+        Some(question) => Err(DevxError::Unsuited {
+            question,
+            answer: profile::answer_name(&answers, question),
+            tolerated: tolerated(&CHAIN_NEEDS, question),
+        }),
+    }
+}
+
+/// The answers as one log line.
+pub fn describe_answers(a: &DeviceAnswers) -> String {
+    Question::ALL
+        .map(|q| format!("{} = {}", q.key(), profile::answer_name(a, q).unwrap_or(profile::UNKNOWN)))
+        .join(", ")
+}
 
 /// CN connections as DEVX QPs of a `DevxBackend<D>`, accepted through `C`.
 #[derive(Debug)]
@@ -198,9 +250,26 @@ mod start {
                     report.device
                 )));
             }
+            // the chains must be correct on what the device does (its bring-up profile)
+            let answers = chain_answers(opts.offload_profile.as_ref()).map_err(VerbsError::Devx)?;
             // the device, port and GID the probe measured
             let choice = DeviceChoice { device: Some(report.device.clone()), gid_index: Some(report.gid.index) };
             let mut dev = RealDevx::open(&choice)?;
+            if let Some(p) = &opts.offload_profile {
+                if p.firmware != dev.firmware() {
+                    return Err(VerbsError::Devx(DevxError::ProfileFirmware {
+                        profile: p.firmware.clone(),
+                        device: dev.firmware().to_string(),
+                    }));
+                }
+                log(format!(
+                    "device profile: measured on {} (firmware {}) at {}: {}",
+                    p.device,
+                    p.firmware,
+                    p.date,
+                    describe_answers(&answers)
+                ));
+            }
             let hca = caps::query(&mut dev).map_err(VerbsError::Devx)?;
             if let Some(m) = hca.missing_for_offload() {
                 return Err(VerbsError::Devx(DevxError::MissingCapability(m)));

@@ -13,7 +13,7 @@ use crate::cm::{welcome, CmEvent, CmEventKind, CmId, Hello, Role};
 use crate::mn::{MnDaemon, MnOptions, Sizing};
 use omw_core::device::{Capabilities, DataPath, ExecutionMode, QpState};
 use omw_core::ids::Qpn;
-use omw_core::mlx5::prm::hca_cap::{atomic, HcaCaps};
+use omw_core::mlx5::prm::hca_cap::{self, atomic, HcaCaps};
 use omw_core::mlx5::prm::{bits, qp as pq};
 use omw_core::mn::plan::{MnOptions as PlanOptions, MnPlan};
 use std::cell::RefCell;
@@ -98,6 +98,10 @@ fn caps() -> HcaCaps {
         log_max_mkey: 24,
         log_max_msg: 30,
         umr_fence: 0,
+        roce: true,
+        sq_ts_format: 0,
+        rq_ts_format: 0,
+        roce_qp_ts_format: Some(hca_cap::TS_CAP_FREE_RUNNING_AND_REAL_TIME),
     }
 }
 
@@ -131,6 +135,7 @@ fn daemon() -> (Daemon, Rc<RefCell<Script>>) {
         lease: Duration::ZERO,
         serial_engine: false,
         tenants: None,
+        offload_profile: None,
     };
     let script = Rc::new(RefCell::new(Script::default()));
     let t = DevxTransport::new(ScriptedCm(script.clone()), "mlx5_0");
@@ -314,4 +319,49 @@ fn dropping_the_daemon_ends_every_connection() {
     let mut gone = s.borrow().disconnected.clone();
     gone.sort_by_key(|i| i.0 as usize);
     assert_eq!(gone, [id(0x40), id(0x41), id(0x42), id(0x43)]);
+}
+
+/// The chains' needs against device profiles: without one every answer is unknown and the
+/// refusal names the first question and the tool that answers it; an answer the chains cannot
+/// run under is refused naming it; the paper's behaviour is accepted.
+#[test]
+fn start_up_takes_the_chains_answers_from_the_profile() {
+    use super::mn::{chain_answers, CHAIN_NEEDS};
+    use super::profile::{Profile, Timestamp};
+    use omw_core::device::behaviour::{DeviceAnswers, DeviceBehaviour, ForeignBind, Question, WaitPrefetch};
+    let e = chain_answers(None).unwrap_err();
+    assert!(
+        matches!(&e, DevxError::Unsuited { question: Question::WaitPrefetch, answer: None, tolerated } if tolerated[..] == ["stops"]),
+        "{e:?}"
+    );
+    let s = e.to_string();
+    assert!(s.contains("wait_prefetch = stops") && s.contains("omw-mlx5-bringup questions"), "{s}");
+    let profile = |answers| Profile {
+        device: "mlx5_0".into(),
+        firmware: "16.35.2000".into(),
+        date: Timestamp::from_unix(0),
+        answers,
+    };
+    let paper = profile(DeviceAnswers::exactly(DeviceBehaviour::PAPER));
+    assert_eq!(chain_answers(Some(&paper)).unwrap(), paper.answers);
+    // one question settled, the other still open
+    let stops = profile(DeviceAnswers { wait_prefetch: Some(WaitPrefetch::Stops), ..DeviceAnswers::UNKNOWN });
+    assert!(matches!(
+        chain_answers(Some(&stops)),
+        Err(DevxError::Unsuited { question: Question::ForeignBind, answer: None, .. })
+    ));
+    // an answer the chains cannot run under
+    for (fb, name) in [(ForeignBind::Refused, "refused"), (ForeignBind::BoundToPoster, "bound_to_poster")] {
+        let p = profile(DeviceAnswers { foreign_bind: Some(fb), ..paper.answers });
+        let e = chain_answers(Some(&p)).unwrap_err();
+        assert!(
+            matches!(&e, DevxError::Unsuited { question: Question::ForeignBind, answer: Some(a), tolerated } if *a == name && tolerated[..] == ["honoured"]),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("without --offload"), "{e}");
+    }
+    // every behaviour the constant accepts is one chain_answers starts on, every other refused
+    for b in DeviceBehaviour::ALL {
+        assert_eq!(chain_answers(Some(&profile(DeviceAnswers::exactly(b)))).is_ok(), CHAIN_NEEDS.hold_for(&b), "{b:?}");
+    }
 }

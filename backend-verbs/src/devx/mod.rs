@@ -16,6 +16,7 @@ pub mod arm;
 #[cfg(test)]
 mod arm_tests;
 pub mod backend;
+pub mod bringup;
 pub mod caps;
 pub mod cm;
 pub mod device;
@@ -29,6 +30,7 @@ mod mn_tests;
 #[cfg(test)]
 pub(crate) mod mock;
 pub mod offload;
+pub mod profile;
 pub mod queue;
 #[cfg(test)]
 mod sequence_tests;

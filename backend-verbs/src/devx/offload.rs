@@ -41,6 +41,16 @@ impl fmt::Display for DevxProbe {
         )?;
         writeln!(f, "  masked fetch-add, 8 B, host {}", yes(c.masked_fetch_add_8b()))?;
         writeln!(f, "  log_max_qp_sz / cq_sz / mkey {} / {} / {}", c.log_max_qp_sz, c.log_max_cq_sz, c.log_max_mkey)?;
+        writeln!(
+            f,
+            "  QP timestamp format         {} (capability: RoCE QPs {}, SQs {})",
+            match c.qp_ts_format() {
+                omw_core::mlx5::prm::hca_cap::QPC_TS_FORMAT_FREE_RUNNING => "free running",
+                _ => "default",
+            },
+            c.roce_qp_ts_format.map_or("-".to_string(), |v| v.to_string()),
+            c.sq_ts_format
+        )?;
         match verdict(c) {
             Some(e) => write!(f, "  omw mn --offload mlx5       refused: {e}")?,
             None => f.write_str(

@@ -25,6 +25,9 @@ pub const DBR_SIZE: usize = 64;
 pub struct CqSpec {
     /// log2 of the number of CQEs.
     pub log_cqes: u8,
+    /// `cqc.oi` (`omw_core::mlx5::prm::cq::CreateCq::overrun_ignore`): every CQ a chain's
+    /// WAITs watch.
+    pub overrun_ignore: bool,
     /// `CQE_SIZE << log_cqes` bytes of ring, then [`DBR_SIZE`] bytes of doorbell record.
     pub mem: MemRange,
 }
@@ -126,6 +129,7 @@ pub fn create_cq<A: DevxApi>(api: &mut A, caps: &HcaCaps, uar: UarHandle, spec: 
             umem_offset: 0,
             dbr_umem_id: umem.umem_id,
             dbr_offset: ring_len as u64,
+            overrun_ignore: spec.overrun_ignore,
         })?;
         let mut out = [0u8; cq::CREATE_CQ_OUT_LEN];
         let obj = api.obj_create("CREATE_CQ", &input, &mut out)?;
@@ -177,6 +181,7 @@ pub fn create_qp<A: DevxApi>(api: &mut A, caps: &HcaCaps, uar: UarHandle, spec: 
         dbr_umem_id: umem.umem_id,
         dbr_offset: dbr_off as u64,
         user_index: 0,
+        ts_format: caps.qp_ts_format(),
     });
     let r = input.map_err(DevxError::from).and_then(|input| {
         let mut out = [0u8; qp::CREATE_QP_OUT_LEN];

@@ -5,7 +5,7 @@ use super::cm::{self, CmQpAttr};
 use super::mock::{Call, RecordingDevx};
 use super::queue::{self, CqSpec, QpSpec};
 use super::{caps, doorbell, DevxError};
-use omw_core::mlx5::ctrl::{CtrlSeg, FmCeSe};
+use omw_core::mlx5::ctrl::{CeSe, CtrlSeg, FmCeSe};
 use omw_core::mlx5::prm::hca_cap::{self, HcaCaps, MissingCap, QUERY_HCA_CAP_OUT_LEN};
 use omw_core::mlx5::prm::{cq, qp};
 use omw_core::mlx5::wqebb::WqeIndex;
@@ -24,26 +24,30 @@ fn caps_out(general: &[(usize, u8)], atomic: &[(usize, u8)]) -> (Vec<u8>, Vec<u8
 }
 
 /// Capability bits as hca_cap.rs places them in the QUERY_HCA_CAP output (golden-tested in
-/// core/tests/mlx5_golden.rs): atomic 83/0x02, cd 85/0x08, imaicl 86/0x40, rc 87/0x01;
-/// log_max_qp_sz (0x88) byte 16+17, log_max_cq_sz (0xc8) byte 16+25; atomic caps: host-endian
-/// 8-byte atomics (mode 1) 24/0x40, operations 35/0x0f, size_qp 39/0x08.
+/// core/tests/mlx5_golden.rs): roce 83/0x04, atomic 83/0x02, cd 85/0x08, imaicl 86/0x40, rc
+/// 87/0x01; log_max_qp_sz (0x88) byte 16+17, log_max_cq_sz (0xc8) byte 16+25; sq_ts_format
+/// free running only (0 at byte 16+136); atomic caps: host-endian 8-byte atomics (mode 1)
+/// 24/0x40, operations 35/0x0f, size_qp 39/0x08; RoCE caps: qp_ts_format free running and
+/// real time (2 at byte 16+3), so QPs are created with `ts_format` DEFAULT (1).
 pub(super) fn capable() -> RecordingDevx {
     let mut d = RecordingDevx::new(0x77);
     let (g, a) = caps_out(
-        &[(83, 0x02), (85, 0x08), (86, 0x40), (87, 0x01), (33, 15), (41, 22)],
+        &[(83, 0x06), (85, 0x08), (86, 0x40), (87, 0x01), (33, 15), (41, 22)],
         &[(24, 0x40), (35, 0x0f), (39, 0x08)],
     );
     d.outputs.insert(caps::GENERAL, g);
     d.outputs.insert(caps::ATOMIC, a);
+    d.outputs.insert(caps::ROCE, caps_out(&[(19, 0x02)], &[]).0);
     d
 }
 
 #[test]
-fn capability_query_is_general_then_atomic() {
+fn capability_query_is_general_then_atomic_then_roce() {
     let mut d = capable();
     let c = caps::query(&mut d).unwrap();
-    assert!(c.cd && c.imaicl && c.rc && c.masked_fetch_add_8b());
+    assert!(c.cd && c.imaicl && c.rc && c.roce && c.masked_fetch_add_8b());
     assert_eq!((c.log_max_qp_sz, c.log_max_cq_sz), (15, 22));
+    assert_eq!((c.sq_ts_format, c.roce_qp_ts_format, c.qp_ts_format()), (0, Some(2), 1));
     assert_eq!(
         d.calls,
         [
@@ -55,14 +59,25 @@ fn capability_query_is_general_then_atomic() {
                 command: caps::ATOMIC,
                 input: hca_cap::query_hca_cap_in(hca_cap::CAP_ATOMIC).unwrap().to_vec()
             },
+            Call::GeneralCmd {
+                command: caps::ROCE,
+                input: hca_cap::query_hca_cap_in(hca_cap::CAP_ROCE).unwrap().to_vec()
+            },
         ]
     );
-    // no atomics: the atomic caps are not queried, and masked FA is missing
+    // a refused RoCE query names that command
+    let mut d = capable();
+    d.refuse.insert(caps::ROCE, (0x02, 0x1234));
+    let e = caps::query(&mut d).unwrap_err();
+    assert!(matches!(e, DevxError::Command { command: caps::ROCE, status: 2, .. }), "{e:?}");
+    // no atomics, no RoCE: neither is queried, masked FA is missing, and the QPs take the
+    // SQs' timestamp format (real time only here: DEFAULT)
     let mut d = RecordingDevx::new(1);
-    d.outputs.insert(caps::GENERAL, caps_out(&[(85, 0x08), (86, 0x40), (87, 0x01)], &[]).0);
+    d.outputs.insert(caps::GENERAL, caps_out(&[(85, 0x08), (86, 0x40), (87, 0x01), (16 + 136, 0x40)], &[]).0);
     let c = caps::query(&mut d).unwrap();
     assert_eq!(d.calls.len(), 1);
     assert_eq!(c.missing_for_offload(), Some(MissingCap::MaskedFetchAdd));
+    assert_eq!((c.roce, c.sq_ts_format, c.qp_ts_format()), (false, 1, 1));
 }
 
 #[test]
@@ -75,7 +90,7 @@ fn a_refused_query_reports_status_and_syndrome() {
 }
 
 fn cq_spec() -> CqSpec {
-    CqSpec { log_cqes: 6, mem: MemRange { addr: 0x10_0000, len: CqSpec::mem_needed(6) } }
+    CqSpec { log_cqes: 6, overrun_ignore: true, mem: MemRange { addr: 0x10_0000, len: CqSpec::mem_needed(6) } }
 }
 
 fn qp_spec(cqn: u32) -> QpSpec {
@@ -123,6 +138,7 @@ fn cq_and_qp_creation_commands() {
         umem_offset: 0,
         dbr_umem_id: cq_umem.umem_id,
         dbr_offset: 64 << 6,
+        overrun_ignore: true,
     })
     .unwrap();
     assert_eq!(d.calls[2], Call::QueryEqn(0));
@@ -147,11 +163,15 @@ fn cq_and_qp_creation_commands() {
         dbr_umem_id: qp_umem.umem_id,
         dbr_offset: 0x2800,
         user_index: 0,
+        ts_format: 1,
     })
     .unwrap();
     assert_eq!(input, want_qp.to_vec());
-    // spot checks against the PRM layout: opcode, cd_master | cd_slave_receive, pd
+    // spot checks against the PRM layout: opcode, cd_master | cd_slave_receive, pd, ts_format
+    // DEFAULT from the RoCE capability, cqc.oi
     assert_eq!((&input[0..2], input[171], &input[29..32]), (&[0x05, 0x00][..], 0x05, &[0, 0, 0x77][..]));
+    assert_eq!(input[35] >> 6, 1);
+    assert_eq!(want_cq[17] & 0x02, 0x02);
     assert_eq!(d.calls.len(), 6);
 }
 
@@ -178,7 +198,7 @@ fn failures_undo_newest_first() {
         queue::create_qp(&mut d, &c, uar, &big),
         Err(DevxError::TooLarge { log2: 16, device_max_log2: 15, .. })
     ));
-    let small = CqSpec { log_cqes: 6, mem: MemRange { addr: 0, len: 100 } };
+    let small = CqSpec { log_cqes: 6, overrun_ignore: false, mem: MemRange { addr: 0, len: 100 } };
     assert!(matches!(
         queue::create_cq(&mut d, &c, uar, &small),
         Err(DevxError::MemTooSmall { need: 4160, got: 100, .. })
@@ -241,7 +261,7 @@ fn external_qp_connection_is_three_modifies_in_order() {
 fn doorbells_write_the_record_then_the_uar() {
     let mut d = capable();
     let (_, q) = created_qp(&mut d);
-    let ctrl = CtrlSeg::new(0x1234, 0x08, 0, q.qpn, FmCeSe::CQ_UPDATE, 3, 0);
+    let ctrl = CtrlSeg::new(0x1234, 0x08, 0, q.qpn, FmCeSe::new(Default::default(), CeSe::CQ_UPDATE), 3, 0);
     let mut c16 = [0u8; 16];
     c16.copy_from_slice(ctrl.as_bytes());
     doorbell::ring_sq(&mut d, &q, WqeIndex::new(0x1235), &c16);

@@ -69,6 +69,10 @@ pub struct MnOptions {
     /// quota and CN slots over all its sessions. None: the MN runs open (any hello admitted,
     /// quotas per CN) and says so at start-up.
     pub tenants: Option<std::path::PathBuf>,
+    /// What the device does about the open ConnectX questions (`omw-mlx5-bringup questions`),
+    /// read from `--profile`; the offloaded DEVX MN lays its chains out for it and refuses a
+    /// device they are not correct on. None: every answer unknown. The host engine needs none.
+    pub offload_profile: Option<crate::devx::profile::Profile>,
 }
 
 impl MnOptions {

@@ -68,6 +68,7 @@ impl MnThread {
             lease: Duration::from_secs(60),
             serial_engine: false,
             tenants: None,
+            offload_profile: None,
         };
         let (jobs, rx) = channel::<Job>();
         let (ready, up) = channel::<Result<(), String>>();

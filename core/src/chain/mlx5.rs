@@ -34,7 +34,7 @@
 //! so the canonical WAIT counts hold. [`Mlx5Chain::validate`] checks it from the bytes.
 
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Rearm, Ring};
-use crate::mlx5::ctrl::FmCeSe;
+use crate::mlx5::ctrl::PrevWqe;
 use crate::mlx5::data::DataSeg;
 use crate::mlx5::decode::{decode, Local, Mlx5Op};
 use crate::mlx5::encode::{
@@ -775,7 +775,7 @@ impl Mlx5Chain {
             let mut fence_next = false;
             let qpn = layout.qpns[r];
             for it in b.items[r].iter() {
-                let extra = if fence_next { FmCeSe::INITIATOR_SMALL_FENCE } else { FmCeSe::empty() };
+                let prev = if fence_next { PrevWqe::Umr } else { PrevWqe::Other };
                 let e = match &it.kind {
                     Kind::Wqe { wqe, remote } => {
                         let mut w = *wqe;
@@ -791,13 +791,13 @@ impl Mlx5Chain {
                         };
                         let mut res = Const(cqn_of(&w), WqeIndex::new(value_of(step) as u16));
                         fence_next = encode::is_umr(&w);
-                        encode(&w, pi, qpn, extra, &mut res)?
+                        encode(&w, pi, qpn, prev, &mut res)?
                     }
                     Kind::Read { src, rkey, sges } => {
                         let segs: heapless::Vec<DataSeg, MAX_SCATTER_SGES> =
                             sges.iter().map(|s| DataSeg::new(s.len, s.lkey, resolve(s.dst))).collect();
                         fence_next = false;
-                        let f = encode::fm_ce_se(it.flags) | extra;
+                        let f = encode::fm_ce_se(it.flags, prev);
                         encode_scatter_read(resolve(*src), *rkey, &segs, pi, qpn, f)?
                     }
                     Kind::Bump { shadow } => {
@@ -813,7 +813,7 @@ impl Mlx5Chain {
                         )
                         .with_flags(it.flags);
                         fence_next = false;
-                        encode(&w, pi, qpn, extra, &mut Const(None, WqeIndex::new(0)))?
+                        encode(&w, pi, qpn, prev, &mut Const(None, WqeIndex::new(0)))?
                     }
                 };
                 let off = pi.slot(ring_wqebbs[r].max(1)) * WQEBB;
@@ -966,7 +966,7 @@ impl Mlx5Chain {
                 {
                     return Err(bad(Inconsistency::Undecodable { ring, pi: p.pi }));
                 }
-                if d.fm_ce_se.contains(FmCeSe::CQ_UPDATE) {
+                if d.fm_ce_se.signaled() {
                     signaled += 1;
                 }
                 let mut note = |a: u64, len: usize| -> Result<(), Mlx5ChainError> {
@@ -1162,7 +1162,7 @@ impl Mlx5Chain {
                 Mlx5Op::MaskedFetchAdd { .. } if b.0 => b.1 = true,
                 Mlx5Op::MaskedFetchAdd { .. } => {}
                 _ if !b.0 => {
-                    if !d.fm_ce_se.contains(FmCeSe::FENCE) {
+                    if !d.fm_ce_se.fence.fences_reads_and_atomics() {
                         return Err(bad(j));
                     }
                     b.0 = true;

@@ -154,6 +154,7 @@ fn access_from_mkey(a: u8) -> AccessFlags {
 /// Decode the WQE at the start of `b` (its WQEBBs contiguous, as the layout keeps them).
 pub fn decode(b: &[u8]) -> Result<Decoded, Mlx5Error> {
     let c: CtrlSeg = seg(b, 0)?;
+    let fm_ce_se = FmCeSe::from_bits(c.fm_ce_se).ok_or(Mlx5Error::BadFmCeSe(c.fm_ce_se))?;
     let (op, opmod, ds) = (c.opcode(), c.opmod(), c.ds());
     let need = ds as usize * 16;
     if b.len() < need {
@@ -240,13 +241,7 @@ pub fn decode(b: &[u8]) -> Result<Decoded, Mlx5Error> {
         }
         _ => return Err(Mlx5Error::UnknownOpcode { opcode: op, opmod }),
     };
-    Ok(Decoded {
-        index: WqeIndex::new(c.wqe_index()),
-        qpn: c.qpn(),
-        ds,
-        fm_ce_se: FmCeSe::from_bits_truncate(c.fm_ce_se),
-        op: decoded,
-    })
+    Ok(Decoded { index: WqeIndex::new(c.wqe_index()), qpn: c.qpn(), ds, fm_ce_se, op: decoded })
 }
 
 fn decode_umr(b: &[u8], ds: u8, imm: u32) -> Result<Mlx5Op, Mlx5Error> {
@@ -282,6 +277,7 @@ fn decode_umr(b: &[u8], ds: u8, imm: u32) -> Result<Mlx5Op, Mlx5Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mlx5::ctrl::{CeSe, FenceMode, PrevWqe};
     use crate::mlx5::encode::{encode, QueueResolver};
     use crate::wire::wqe::{Opcode, QueueSel, Wqe, WqeFlags};
     use proptest::prelude::*;
@@ -374,12 +370,13 @@ mod tests {
             if w.opcode == Opcode::BindMw {
                 w.operand1 &= !(AccessFlags::ZERO_BASED.bits() as u64);
             }
-            let e = encode(&w, WqeIndex::new(pi), 0x42, FmCeSe::empty(), &mut Fixed).unwrap();
+            let e = encode(&w, WqeIndex::new(pi), 0x42, PrevWqe::Other, &mut Fixed).unwrap();
             let d = decode(e.bytes()).unwrap();
             prop_assert_eq!(d.op, expected(&w));
             prop_assert_eq!((d.index.get(), d.qpn, d.ds), (pi, 0x42, e.ds()));
-            prop_assert_eq!(d.fm_ce_se.contains(FmCeSe::CQ_UPDATE), w.flags.contains(WqeFlags::SIGNALED));
-            prop_assert_eq!(d.fm_ce_se.contains(FmCeSe::FENCE), w.flags.contains(WqeFlags::FENCE));
+            prop_assert_eq!(d.fm_ce_se.signaled(), w.flags.contains(WqeFlags::SIGNALED));
+            prop_assert_eq!(d.fm_ce_se.flags.contains(CeSe::SOLICITED), w.flags.contains(WqeFlags::SOLICITED));
+            prop_assert_eq!(d.fm_ce_se.fence, FenceMode::for_wqe(w.flags.contains(WqeFlags::FENCE), PrevWqe::Other));
             // every strict prefix is refused as truncated, never misread
             for cut in [0, 8, e.ds() as usize * 16 - 1] {
                 let truncated = matches!(decode(&e.bytes()[..cut]), Err(Mlx5Error::Truncated { .. }));
@@ -399,8 +396,9 @@ mod tests {
         use crate::mlx5::data::DataSeg;
         use crate::mlx5::encode::encode_scatter_read;
         let sges: std::vec::Vec<DataSeg> = (0..16u64).map(|i| DataSeg::new(1, 7, 0x1000 + 15 - i)).collect();
+        let fenced = FmCeSe::new(FenceMode::SmallAndFence, CeSe::empty());
         for n in 1..=16 {
-            let e = encode_scatter_read(0x2000, 9, &sges[..n], WqeIndex::new(3), 0x42, FmCeSe::FENCE).unwrap();
+            let e = encode_scatter_read(0x2000, 9, &sges[..n], WqeIndex::new(3), 0x42, fenced).unwrap();
             assert_eq!(e.ds() as usize, 2 + n);
             let d = decode(e.bytes()).unwrap();
             let got: std::vec::Vec<Local> = match d.op {
@@ -411,15 +409,15 @@ mod tests {
             let want: std::vec::Vec<Local> =
                 sges[..n].iter().map(|s| Local { addr: s.addr.get(), length: 1, lkey: 7 }).collect();
             assert_eq!(got, want);
-            assert!(d.fm_ce_se.contains(FmCeSe::FENCE));
+            assert_eq!(d.fm_ce_se, fenced);
         }
         assert_eq!(
-            encode_scatter_read(0, 0, &[], WqeIndex::new(0), 1, FmCeSe::empty()),
+            encode_scatter_read(0, 0, &[], WqeIndex::new(0), 1, FmCeSe::default()),
             Err(Mlx5Error::TooManySges(0))
         );
         let many = std::vec![DataSeg::new(1, 1, 1); 17];
         assert_eq!(
-            encode_scatter_read(0, 0, &many, WqeIndex::new(0), 1, FmCeSe::empty()),
+            encode_scatter_read(0, 0, &many, WqeIndex::new(0), 1, FmCeSe::default()),
             Err(Mlx5Error::TooManySges(17))
         );
     }
@@ -427,14 +425,21 @@ mod tests {
     #[test]
     fn foreign_forms_are_refused() {
         let mut w =
-            encode(&Wqe::local_inv(5), WqeIndex::new(0), 1, FmCeSe::empty(), &mut Fixed).unwrap().bytes().to_vec();
+            encode(&Wqe::local_inv(5), WqeIndex::new(0), 1, PrevWqe::Other, &mut Fixed).unwrap().bytes().to_vec();
         w[16] |= UmrFlags::CHECK_FREE.bits();
         assert_eq!(decode(&w), Err(Mlx5Error::UnsupportedUmr));
-        let mut b = encode(&Wqe::nop(), WqeIndex::new(0), 1, FmCeSe::empty(), &mut Fixed).unwrap().bytes().to_vec();
+        let mut b = encode(&Wqe::nop(), WqeIndex::new(0), 1, PrevWqe::Other, &mut Fixed).unwrap().bytes().to_vec();
         b[3] = 0x2f;
         assert_eq!(decode(&b), Err(Mlx5Error::UnknownOpcode { opcode: 0x2f, opmod: 0 }));
         b[3] = 0;
         b[7] = 2;
         assert_eq!(decode(&b), Err(Mlx5Error::BadDs { opcode: 0, ds: 2 }));
+        b[7] = 1;
+        // an undefined fence mode (5 << 5, what OR-ing two fence "flags" made) is refused
+        b[11] = 0xa8;
+        assert_eq!(decode(&b), Err(Mlx5Error::BadFmCeSe(0xa8)));
+        b[11] = 0x88;
+        let d = decode(&b).unwrap();
+        assert_eq!((d.fm_ce_se.fence, d.fm_ce_se.signaled()), (FenceMode::SmallAndFence, true));
     }
 }

@@ -12,7 +12,7 @@
 //!   a count: a [`QueueResolver`] supplies the device numbers.
 
 use super::atomic::{AtomicSeg, MaskedFetchAdd64Seg};
-use super::ctrl::{CtrlSeg, FmCeSe, CTRL_SEG_SIZE, IMM_OFFSET};
+use super::ctrl::{CeSe, CtrlSeg, FenceMode, FmCeSe, PrevWqe, CTRL_SEG_SIZE, IMM_OFFSET};
 use super::data::DataSeg;
 use super::raddr::RaddrSeg;
 use super::umr::{self, Umr};
@@ -87,12 +87,14 @@ impl Builder {
     }
 }
 
-pub(crate) fn fm_ce_se(flags: WqeFlags) -> FmCeSe {
-    let mut f = FmCeSe::empty();
-    f.set(FmCeSe::CQ_UPDATE, flags.contains(WqeFlags::SIGNALED));
-    f.set(FmCeSe::FENCE, flags.contains(WqeFlags::FENCE));
-    f.set(FmCeSe::SOLICITED, flags.contains(WqeFlags::SOLICITED));
-    f
+/// The `fm_ce_se` of a WQE with canonical `flags` following `prev` on its send queue: the
+/// fence mode as the providers' `get_fence` computes it ([`FenceMode::for_wqe`]), a CQE if
+/// SIGNALED, the solicited bit if SOLICITED.
+pub fn fm_ce_se(flags: WqeFlags, prev: PrevWqe) -> FmCeSe {
+    let mut f = CeSe::empty();
+    f.set(CeSe::CQ_UPDATE, flags.contains(WqeFlags::SIGNALED));
+    f.set(CeSe::SOLICITED, flags.contains(WqeFlags::SOLICITED));
+    FmCeSe::new(FenceMode::for_wqe(flags.contains(WqeFlags::FENCE), prev), f)
 }
 
 fn check_qpn(q: u32) -> Result<u32, Mlx5Error> {
@@ -103,9 +105,19 @@ fn check_qpn(q: u32) -> Result<u32, Mlx5Error> {
     }
 }
 
-/// True for the operations rdma-core follows with a small initiator fence on the next WQE.
+/// True for the operations rdma-core follows with a small initiator fence on the next WQE
+/// (their mlx5 form is a UMR: a bind, an unbind or a local invalidate).
 pub fn is_umr(w: &Wqe) -> bool {
     matches!(w.opcode, Opcode::BindMw | Opcode::LocalInv)
+}
+
+/// What `w` leaves for the WQE after it on its send queue.
+pub fn prev_of(w: &Wqe) -> PrevWqe {
+    if is_umr(w) {
+        PrevWqe::Umr
+    } else {
+        PrevWqe::Other
+    }
 }
 
 /// The `ds` (16-byte units) of `w`'s mlx5 form, without encoding it (the layout needs the size
@@ -124,17 +136,17 @@ pub fn ds_of(w: &Wqe) -> u8 {
     }
 }
 
-/// Encode `w` as the WQE at producer index `pi` of send queue `sq_qpn`. `extra` is OR-ed into
-/// `fm_ce_se` (the layout passes `INITIATOR_SMALL_FENCE` after a UMR, as rdma-core does).
+/// Encode `w` as the WQE at producer index `pi` of send queue `sq_qpn`, following `prev` on
+/// that queue (after a UMR it carries the initiator small fence, as rdma-core's does).
 pub fn encode(
     w: &Wqe,
     pi: WqeIndex,
     sq_qpn: u32,
-    extra: FmCeSe,
+    prev: PrevWqe,
     resolver: &mut impl QueueResolver,
 ) -> Result<Mlx5Wqe, Mlx5Error> {
     let sq_qpn = check_qpn(sq_qpn)?;
-    let f = fm_ce_se(w.flags) | extra;
+    let f = fm_ce_se(w.flags, prev);
     let mut b = Builder::new();
     let ctrl = |op: u8, opmod: u8, imm: u32| move |ds| CtrlSeg::new(pi.get(), op, opmod, sq_qpn, f, ds, imm);
     let data = |b: &mut Builder| {
@@ -414,7 +426,7 @@ mod tests {
             Wqe::enable(0x42, QueueSel::Send, 17),
         ];
         for w in wqes {
-            let e = encode(&w, WqeIndex::new(9), 0x99, FmCeSe::empty(), &mut Fixed).unwrap();
+            let e = encode(&w, WqeIndex::new(9), 0x99, PrevWqe::Other, &mut Fixed).unwrap();
             let canon = w.to_bytes();
             let cb = zerocopy::IntoBytes::as_bytes(&canon);
             for f in WqeField::ALL {
@@ -442,7 +454,7 @@ mod tests {
     #[test]
     fn sizes() {
         let mut r = Fixed;
-        let n = |w: Wqe, r: &mut Fixed| encode(&w, WqeIndex::new(0), 1, FmCeSe::empty(), r).unwrap().ds();
+        let n = |w: Wqe, r: &mut Fixed| encode(&w, WqeIndex::new(0), 1, PrevWqe::Other, r).unwrap().ds();
         assert_eq!(n(Wqe::nop(), &mut r), 1);
         assert_eq!(n(Wqe::send(1, 2, 3), &mut r), 2);
         assert_eq!(n(Wqe::read(1, 2, 3, 4, 5), &mut r), 3);
@@ -477,7 +489,7 @@ mod tests {
             w.flags = WqeFlags::from_bits_truncate(flags);
             (w.imm, w.local_addr, w.length, w.lkey, w.remote_addr, w.rkey, w.qpn, w.operand0, w.operand1) =
                 (imm, a, len, k, a ^ o0, k ^ imm, q, o0, o1);
-            match encode(&w, WqeIndex::new(pi), 0x42, FmCeSe::empty(), &mut Fixed) {
+            match encode(&w, WqeIndex::new(pi), 0x42, PrevWqe::Other, &mut Fixed) {
                 Ok(e) => {
                     proptest::prop_assert_eq!(e.ds(), ds_of(&w));
                     proptest::prop_assert_eq!(e.bytes().len(), e.wqebbs() * WQEBB);
@@ -493,19 +505,19 @@ mod tests {
         let mut r = Fixed;
         let mut a = Wqe::fetch_add(1, 2, 8, 4, 5);
         a.length = 4;
-        assert_eq!(encode(&a, WqeIndex::new(0), 1, FmCeSe::empty(), &mut r), Err(Mlx5Error::AtomicLength(4)));
+        assert_eq!(encode(&a, WqeIndex::new(0), 1, PrevWqe::Other, &mut r), Err(Mlx5Error::AtomicLength(4)));
         let big = Wqe::bind_mw(1, 0, (1 << 31) + 1, 4, 5, AccessFlags::REMOTE_READ);
         assert_eq!(
-            encode(&big, WqeIndex::new(0), 1, FmCeSe::empty(), &mut r),
+            encode(&big, WqeIndex::new(0), 1, PrevWqe::Other, &mut r),
             Err(Mlx5Error::BindTooLong((1 << 31) + 1))
         );
         assert_eq!(
-            encode(&Wqe::nop(), WqeIndex::new(0), 1 << 24, FmCeSe::empty(), &mut r),
+            encode(&Wqe::nop(), WqeIndex::new(0), 1 << 24, PrevWqe::Other, &mut r),
             Err(Mlx5Error::QpnOverflow(1 << 24))
         );
         let w = Wqe::wait(7, QueueSel::Recv, 1);
         assert_eq!(
-            encode(&w, WqeIndex::new(0), 1, FmCeSe::empty(), &mut Unmanaged),
+            encode(&w, WqeIndex::new(0), 1, PrevWqe::Other, &mut Unmanaged),
             Err(Mlx5Error::Unresolved { qpn: 7, recv: true })
         );
     }

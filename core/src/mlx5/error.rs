@@ -29,6 +29,9 @@ pub enum Mlx5Error {
     UnknownOpcode { opcode: u8, opmod: u8 },
     /// A WQE whose `ds` does not fit its opcode.
     BadDs { opcode: u8, ds: u8 },
+    /// A control segment's `fm_ce_se` that is not a form the encoder writes: an undefined
+    /// fence mode (5..7 << 5), `ce` 1 or 3, or a reserved bit.
+    BadFmCeSe(u8),
     /// A UMR whose flags / mkey mask are neither the bind nor the invalidate form, or a bind
     /// whose key byte and control `imm` disagree.
     UnsupportedUmr,
@@ -67,6 +70,10 @@ impl fmt::Display for Mlx5Error {
                 write!(f, "mlx5 opcode {opcode:#04x} (opmod {opmod:#04x}) is not one omw executes")
             }
             Self::BadDs { opcode, ds } => write!(f, "mlx5 opcode {opcode:#04x} with ds {ds} is malformed"),
+            Self::BadFmCeSe(b) => write!(
+                f,
+                "fm_ce_se {b:#04x} is not one omw writes (fence modes are 0..=4 << 5, completion 0 or 2 << 2, solicited 1 << 1)"
+            ),
             Self::UnsupportedUmr => f.write_str("UMR WQE is neither omw's type-2 bind nor its invalidate form"),
             Self::TooManySges(n) => {
                 write!(f, "scatter READ with {n} data segments (1..={} allowed)", super::wqebb::MAX_SCATTER_SGES)

@@ -243,15 +243,15 @@ impl Pair {
                     index = WqeIndex::new(v as u16);
                 }
                 let prev_umr = k > 0 && matches!(placed[k - 1].role, Role::Step(u) if is_umr(&l.steps[u as usize].wqe));
-                let extra = if prev_umr { FmCeSe::INITIATOR_SMALL_FENCE } else { FmCeSe::empty() };
+                let prev = if prev_umr { PrevWqe::Umr } else { PrevWqe::Other };
                 let cqn = match (w.qpn == l.qpns[0], w.queue_sel()) {
                     (true, _) => 0x21,
                     (false, QueueSel::Send) => 0x22,
                     (false, QueueSel::Recv) => 0x23,
                 };
                 w.wr_id = 0;
-                let want = encode(&w, WqeIndex::new(p.pi), l.qpns[ring as usize], extra, &mut Const(Some(cqn), index))
-                    .unwrap();
+                let want =
+                    encode(&w, WqeIndex::new(p.pi), l.qpns[ring as usize], prev, &mut Const(Some(cqn), index)).unwrap();
                 let got =
                     self.mlx5.rd(queues().ring_bases[ring as usize] + p.pi as u64 * 64, want.bytes().len() as u32);
                 assert_eq!(got, want.bytes(), "{:?} step {t} ({}) lap {lap}", l.kind, w.opcode.name());
@@ -475,7 +475,7 @@ fn validator_refuses_tampered_bytes() {
     // a signaled NOP more: the CQ count per lap changes
     let mut t = c.clone();
     let pad = t.placed[0].iter().rfind(|p| p.role == Role::Pad).unwrap().pi as usize * 64;
-    t.rings[0][pad + 11] |= FmCeSe::CQ_UPDATE.bits();
+    t.rings[0][pad + 11] |= crate::mlx5::ctrl::CeSe::CQ_UPDATE.bits();
     assert_eq!(t.validate(), Err(Mlx5ChainError::Inconsistent(Inconsistency::Completions { ring: Ring::Loop })));
     // a WQE index that is not its position
     let mut t = c.clone();
@@ -492,7 +492,7 @@ fn validator_refuses_tampered_bytes() {
         })
         .unwrap()
         .pi as usize;
-    t.rings[0][first_copy * 64 + 11] &= !FmCeSe::FENCE.bits();
+    t.rings[0][first_copy * 64 + 11] &= !crate::mlx5::ctrl::FenceMode::MASK;
     assert!(matches!(t.validate(), Err(Mlx5ChainError::Inconsistent(Inconsistency::QueueField { .. }))));
     // an ENABLE index other than lap 0's
     let mut t = c.clone();

@@ -1,11 +1,14 @@
 //! PRM commands as a DEVX user sends them: byte buffers whose fields are big-endian bit ranges.
 //!
-//! Field offsets are from rdma-core 44.0 `providers/mlx5/mlx5_ifc.h` (tag v44.0,
+//! Field offsets are from DPDK drivers/common/mlx5/mlx5_prm.h (main
+//! 38f72e500b3b159eca3ba2f4ca0e46a26a7cb057), computed from each struct's field widths, and
+//! checked against rdma-core 44.0 `providers/mlx5/mlx5_ifc.h` (tag v44.0,
 //! e018d7f3876c315df29060d0a6c95b8abca2b09d — the version Debian's libibverbs-dev 44.0-2 is
-//! built from), cross-checked field by field against DPDK drivers/common/mlx5/mlx5_prm.h (main
-//! 38f72e500b3b159eca3ba2f4ca0e46a26a7cb057): every field used here has the same offset and
-//! width in both. `mlx5_ifc.h` is not installed by any Debian package, so the golden tests
-//! carry hand-written bytes derived from those offsets.
+//! built from) for every field that header has: the two agree on all of them. rdma-core's
+//! header lacks some of what DEVX users need — the whole `cqc` and `create_cq_in`,
+//! `create_qp_in.wq_umem_offset` and `qpc_ext`, `2rst_qp_in`, `cmd_hca_cap.sq_ts_format` /
+//! `rq_ts_format` — those are DPDK's alone (each file says which). Neither header is installed
+//! by a Debian package, so the golden tests carry hand-written bytes derived from those offsets.
 
 pub mod bits;
 pub mod cq;

@@ -2,14 +2,18 @@
 //! (0x502 / 0x503 / 0x504).
 //!
 //! Offsets: rdma-core v44.0 providers/mlx5/mlx5_ifc.h `struct mlx5_ifc_qpc_bits`,
-//! `mlx5_ifc_ads_bits`, `mlx5_ifc_create_qp_in_bits` (qpc at bit 0xc0, `wq_umem_offset` 0x800,
-//! `wq_umem_id` 0x840, `wq_umem_valid` 0x860), `mlx5_ifc_rst2init_qp_in_bits` and its siblings
-//! (`qpn` at 0x48, `opt_param_mask` 0x80, qpc at 0xc0, 272 bytes) and `create_qp_out` (`qpn` at
-//! 0x48); identical in DPDK mlx5_prm.h. The command sequence and the values (st RC = 0,
-//! pm_state MIGRATED = 3, rq_type 3 = no RQ, `log_page_size` relative to 4 KiB) follow UCX
+//! `mlx5_ifc_ads_bits`, `mlx5_ifc_create_qp_in_bits` (qpc at bit 0xc0, `wq_umem_id` 0x840,
+//! `wq_umem_valid` 0x860), `mlx5_ifc_rst2init_qp_in_bits` and its siblings (`qpn` at 0x48,
+//! `opt_param_mask` 0x80, qpc at 0xc0, 272 bytes) and `create_qp_out` (`qpn` at 0x48), every
+//! one the same in DPDK main 38f72e500b3b159eca3ba2f4ca0e46a26a7cb057
+//! drivers/common/mlx5/mlx5_prm.h. Two fields only DPDK's `create_qp_in` names (rdma-core has
+//! `reserved_at_40` and `reserved_at_800` there): `qpc_ext` at 0x40 and `wq_umem_offset` at
+//! 0x800 (64 bits). The command sequence and the values (st RC = 0, pm_state MIGRATED = 3,
+//! rq_type 3 = no RQ, `log_page_size` relative to 4 KiB) follow UCX
 //! src/uct/ib/mlx5/dv/ib_mlx5_dv.c `uct_ib_mlx5_devx_create_qp_common` and DPDK
-//! drivers/common/mlx5/mlx5_devx_cmds.c. The cd bits: qpc `cd_slave_receive` 0x49d,
-//! `cd_slave_send` 0x49e, `cd_master` 0x49f.
+//! drivers/common/mlx5/mlx5_devx_cmds.c `mlx5_devx_cmd_create_qp`, which also sets
+//! `qpc.ts_format` (0x58, 2 bits) from the capability. The cd bits: qpc `cd_slave_receive`
+//! 0x49d, `cd_slave_send` 0x49e, `cd_master` 0x49f.
 
 use super::{bits, op, Field, IN_OPCODE};
 use crate::mlx5::Mlx5Error;
@@ -38,6 +42,8 @@ pub mod qpc {
     pub const LOG_RQ_STRIDE: Field = Field::new("qpc.log_rq_stride", 0x4d, 0x3);
     pub const NO_SQ: Field = Field::new("qpc.no_sq", 0x50, 0x1);
     pub const LOG_SQ_SIZE: Field = Field::new("qpc.log_sq_size", 0x51, 0x4);
+    /// `hca_cap::QPC_TS_FORMAT_*`, from `HcaCaps::qp_ts_format`.
+    pub const TS_FORMAT: Field = Field::new("qpc.ts_format", 0x58, 0x2);
     pub const UAR_PAGE: Field = Field::new("qpc.uar_page", 0x68, 0x18);
     pub const USER_INDEX: Field = Field::new("qpc.user_index", 0x88, 0x18);
     pub const LOG_PAGE_SIZE: Field = Field::new("qpc.log_page_size", 0xa3, 0x5);
@@ -143,6 +149,8 @@ pub struct CreateQp {
     /// Offset of the doorbell record inside its umem.
     pub dbr_offset: u64,
     pub user_index: u32,
+    /// `qpc.ts_format`: what the device supports (`HcaCaps::qp_ts_format`).
+    pub ts_format: u8,
 }
 
 /// CREATE_QP input bytes.
@@ -155,6 +163,7 @@ pub fn create_qp_in(p: &CreateQp) -> Result<[u8; CREATE_QP_IN_LEN], Mlx5Error> {
     bits::set(&mut b, q(qpc::PD), p.pd as u64)?;
     bits::set(&mut b, q(qpc::UAR_PAGE), p.uar_page as u64)?;
     bits::set(&mut b, q(qpc::USER_INDEX), p.user_index as u64)?;
+    bits::set(&mut b, q(qpc::TS_FORMAT), p.ts_format as u64)?;
     bits::set(&mut b, q(qpc::LOG_PAGE_SIZE), p.log_page_size as u64)?;
     bits::set(&mut b, q(qpc::LOG_SQ_SIZE), p.log_sq_size as u64)?;
     match p.log_rq_size {
