@@ -23,7 +23,8 @@ use crate::cm::{CmEvent, CmId, Role};
 use crate::error::{human, Result, VerbsError};
 use crate::mn::transport::{DeviceError, Transport};
 use crate::sessions::Session;
-use omw_core::device::behaviour::{DeviceAnswers, DeviceBehaviour, ForeignBind, Needs, Question, WaitPrefetch};
+use omw_core::chain::variant::ChainVariant;
+use omw_core::device::behaviour::{DeviceAnswers, DeviceBehaviour, Needs, Question};
 use omw_core::device::{Capabilities, DataPath};
 use omw_core::ids::Qpn;
 use omw_core::mn::driver::MnDriver;
@@ -39,21 +40,6 @@ pub const DEVX_OFFLOAD: Capabilities = Capabilities::WAIT_ENABLE
     .union(Capabilities::ATOMICS)
     .union(Capabilities::MASKED_FETCH_ADD)
     .union(Capabilities::BIND_TO_OTHER_QP);
-
-/// The device behaviours under which the chains the core builds today are correct: an
-/// unsatisfied WAIT stops prefetch (issue 22 item 1: letting the model prefetch past WAITs
-/// fails free scenarios) and a bind naming another QP binds the window to that QP (item 3:
-/// the alloc chain posts its binds on the management QP) — `DeviceBehaviour::PAPER`'s
-/// answers to those two questions. The integrator's variant chooser
-/// (`omw_core::chain::variant::ChainVariant::choose`, each layout declaring its own needs)
-/// replaces this one constant.
-pub const CHAIN_NEEDS: Needs =
-    Needs::ANY.wait_prefetch(DeviceBehaviour::PAPER.wait_prefetch).foreign_bind(&[DeviceBehaviour::PAPER.foreign_bind]);
-
-const _: () = assert!(
-    matches!(DeviceBehaviour::PAPER.wait_prefetch, WaitPrefetch::Stops)
-        && matches!(DeviceBehaviour::PAPER.foreign_bind, ForeignBind::Honoured)
-);
 
 /// The names of the answers to `q` under which a layout with `needs` is correct.
 fn tolerated(needs: &Needs, q: Question) -> Vec<&'static str> {
@@ -73,13 +59,18 @@ fn tolerated(needs: &Needs, q: Question) -> Vec<&'static str> {
 /// chains are not correct under every behaviour they allow.
 pub fn chain_answers(profile: Option<&Profile>) -> Result<DeviceAnswers, DevxError> {
     let answers = profile.map_or(DeviceAnswers::UNKNOWN, |p| p.answers);
-    match CHAIN_NEEDS.unmet(&answers) {
-        None => Ok(answers),
-        Some(question) => Err(DevxError::Unsuited {
-            question,
-            answer: profile::answer_name(&answers, question),
-            tolerated: tolerated(&CHAIN_NEEDS, question),
-        }),
+    match ChainVariant::choose(&answers) {
+        Ok(_) => Ok(answers),
+        Err(no) => {
+            // the preferred layout's unmet question is what the operator can answer
+            let variant = no.variant.unwrap_or(ChainVariant::ALL[0]);
+            let question = no.question.unwrap_or(Question::ALL[0]);
+            Err(DevxError::Unsuited {
+                question,
+                answer: profile::answer_name(&answers, question),
+                tolerated: tolerated(&variant.needs(), question),
+            })
+        }
     }
 }
 

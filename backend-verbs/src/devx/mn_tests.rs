@@ -326,16 +326,19 @@ fn dropping_the_daemon_ends_every_connection() {
 /// run under is refused naming it; the paper's behaviour is accepted.
 #[test]
 fn start_up_takes_the_chains_answers_from_the_profile() {
-    use super::mn::{chain_answers, CHAIN_NEEDS};
+    use super::mn::chain_answers;
     use super::profile::{Profile, Timestamp};
+    use omw_core::chain::variant::ChainVariant;
     use omw_core::device::behaviour::{DeviceAnswers, DeviceBehaviour, ForeignBind, Question, WaitPrefetch};
+    // the chains tolerate either prefetch answer: the first question they need answered is
+    // how receives are enabled
     let e = chain_answers(None).unwrap_err();
     assert!(
-        matches!(&e, DevxError::Unsuited { question: Question::WaitPrefetch, answer: None, tolerated } if tolerated[..] == ["stops"]),
+        matches!(&e, DevxError::Unsuited { question: Question::RecvEnable, answer: None, tolerated } if tolerated[..] == ["doorbell"]),
         "{e:?}"
     );
     let s = e.to_string();
-    assert!(s.contains("wait_prefetch = stops") && s.contains("omw-mlx5-bringup questions"), "{s}");
+    assert!(s.contains("recv_enable = doorbell") && s.contains("omw-mlx5-bringup questions"), "{s}");
     let profile = |answers| Profile {
         device: "mlx5_0".into(),
         firmware: "16.35.2000".into(),
@@ -344,12 +347,20 @@ fn start_up_takes_the_chains_answers_from_the_profile() {
     };
     let paper = profile(DeviceAnswers::exactly(DeviceBehaviour::PAPER));
     assert_eq!(chain_answers(Some(&paper)).unwrap(), paper.answers);
-    // one question settled, the other still open
-    let stops = profile(DeviceAnswers { wait_prefetch: Some(WaitPrefetch::Stops), ..DeviceAnswers::UNKNOWN });
+    // every question the chains depend on settled but the bind's: refused on that one; the
+    // prefetch answer left open does not matter
+    let open_bind = profile(DeviceAnswers {
+        wait_prefetch: Some(WaitPrefetch::FetchesPast),
+        foreign_bind: None,
+        ..DeviceAnswers::exactly(DeviceBehaviour::PAPER)
+    });
     assert!(matches!(
-        chain_answers(Some(&stops)),
+        chain_answers(Some(&open_bind)),
         Err(DevxError::Unsuited { question: Question::ForeignBind, answer: None, .. })
     ));
+    let open_prefetch =
+        profile(DeviceAnswers { wait_prefetch: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) });
+    assert!(chain_answers(Some(&open_prefetch)).is_ok());
     // an answer the chains cannot run under
     for (fb, name) in [(ForeignBind::Refused, "refused"), (ForeignBind::BoundToPoster, "bound_to_poster")] {
         let p = profile(DeviceAnswers { foreign_bind: Some(fb), ..paper.answers });
@@ -360,8 +371,12 @@ fn start_up_takes_the_chains_answers_from_the_profile() {
         );
         assert!(e.to_string().contains("without --offload"), "{e}");
     }
-    // every behaviour the constant accepts is one chain_answers starts on, every other refused
+    // every behaviour a layout accepts is one chain_answers starts on, every other refused
     for b in DeviceBehaviour::ALL {
-        assert_eq!(chain_answers(Some(&profile(DeviceAnswers::exactly(b)))).is_ok(), CHAIN_NEEDS.hold_for(&b), "{b:?}");
+        assert_eq!(
+            chain_answers(Some(&profile(DeviceAnswers::exactly(b)))).is_ok(),
+            ChainVariant::choose(&DeviceAnswers::exactly(b)).is_ok(),
+            "{b:?}"
+        );
     }
 }

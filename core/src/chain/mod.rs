@@ -23,6 +23,7 @@ pub mod arm;
 pub mod builder;
 pub mod free;
 pub mod mlx5;
+pub mod variant;
 
 use crate::wire::wqe::{Opcode, QueueSel, Wqe, WqeField, WQE_SIZE};
 use core::fmt;

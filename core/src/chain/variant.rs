@@ -1,0 +1,115 @@
+//! Which chain layout a CORE-Direct device gets, from what its bring-up answered.
+//!
+//! Every layout states the device behaviours it is correct under ([`Needs`], over the open
+//! questions of `device::behaviour`); the MN takes the first layout whose needs hold under
+//! every behaviour the device's answers leave possible — an unknown answer counts as "any" —
+//! and refuses to offload, naming the question, when none does.
+//!
+//! What the layouts the builders make today need, and why:
+//! - **WAIT prefetch: any.** The validator counts only enable limits as fetch bounds
+//!   (`ChainLayout::happens_before`): every WQE a scatter or a chain step patches lies beyond
+//!   an enable limit raised only after the patch completed.
+//! - **SEND_EN counted in WQEBBs.** The mlx5 form's enable indices and lap counters are WQEBB
+//!   positions (`chain::mlx5`); a device counting WQEs would release a multi-WQEBB bind or
+//!   scatter READ early.
+//! - **Self-enable honoured.** Phase gates are FENCEd ENABLEs of the Loop ring by itself.
+//! - **Foreign binds honoured.** The alloc chain posts every BIND on the management QP, naming
+//!   the CN's Free and access QPs.
+//! - **Receives enabled by the doorbell.** The device posts every receive slot of a chain's
+//!   management QP through the doorbell record when the chain is armed and hands each consumed
+//!   one back when the MN drains the chain's CQs (`DevxBackend`); the chain's per-lap receive
+//!   ENABLE is then a RECV_EN whose effect no public source settles — harmless where the
+//!   doorbell already enabled the receive, which is what this answer asserts.
+
+use crate::device::behaviour::{DeviceAnswers, ForeignBind, Needs, Question, RecvEnable, SelfEnable, SendEnUnit};
+use core::fmt;
+
+/// A chain layout the builders can make, by what it needs of the device.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[non_exhaustive]
+pub enum ChainVariant {
+    /// Binds on the management QP naming other QPs, self-enabling phase gates, enable indices
+    /// in WQEBBs, receives replenished through the doorbell.
+    ManagementBinds,
+}
+
+impl ChainVariant {
+    /// Every layout, in the order the MN prefers them.
+    pub const ALL: [ChainVariant; 1] = [ChainVariant::ManagementBinds];
+
+    /// The device behaviours this layout is correct under.
+    pub const fn needs(self) -> Needs {
+        match self {
+            ChainVariant::ManagementBinds => Needs::ANY
+                .recv_enable(RecvEnable::Doorbell)
+                .send_en_unit(SendEnUnit::Wqebb)
+                .self_enable(SelfEnable::Honoured)
+                .foreign_bind(&[ForeignBind::Honoured]),
+        }
+    }
+
+    /// The first layout correct under every behaviour `answers` leave possible.
+    pub fn choose(answers: &DeviceAnswers) -> Result<ChainVariant, NoVariant> {
+        let mut first_unmet = None;
+        for v in Self::ALL {
+            match v.needs().unmet(answers) {
+                None => return Ok(v),
+                Some(q) => {
+                    first_unmet.get_or_insert((v, q));
+                }
+            }
+        }
+        let (variant, question) = first_unmet.ok_or(NoVariant { variant: None, question: None, answers: *answers })?;
+        Err(NoVariant { variant: Some(variant), question: Some(question), answers: *answers })
+    }
+}
+
+/// No layout is correct under every behaviour the device's answers leave possible.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct NoVariant {
+    /// The preferred layout and the question it could not tolerate the answer to.
+    pub variant: Option<ChainVariant>,
+    pub question: Option<Question>,
+    pub answers: DeviceAnswers,
+}
+
+impl fmt::Display for NoVariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.variant, self.question) {
+            (Some(v), Some(q)) => write!(
+                f,
+                "no chain layout is correct on this device: {v:?} needs a different answer to \"{q}\" \
+                 (profile key {}) than the device gave or left unknown",
+                q.key()
+            ),
+            _ => f.write_str("no chain layout is known"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::behaviour::{DeviceBehaviour, WaitPrefetch};
+
+    #[test]
+    fn the_layout_tolerates_prefetch_past_waits() {
+        let mut b = DeviceBehaviour::PAPER;
+        b.wait_prefetch = WaitPrefetch::FetchesPast;
+        assert_eq!(ChainVariant::choose(&DeviceAnswers::exactly(b)), Ok(ChainVariant::ManagementBinds));
+        // and an unknown prefetch answer is no reason to refuse
+        let answers = DeviceAnswers { wait_prefetch: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) };
+        assert_eq!(ChainVariant::choose(&answers), Ok(ChainVariant::ManagementBinds));
+    }
+
+    #[test]
+    fn a_refused_foreign_bind_or_unknowns_are_refused_with_the_question() {
+        let mut b = DeviceBehaviour::PAPER;
+        b.foreign_bind = ForeignBind::BoundToPoster;
+        let e = ChainVariant::choose(&DeviceAnswers::exactly(b)).unwrap_err();
+        assert_eq!(e.question, Some(Question::ForeignBind));
+        let e = ChainVariant::choose(&DeviceAnswers::UNKNOWN).unwrap_err();
+        assert!(e.question.is_some());
+        assert!(std::format!("{e}").contains(e.question.unwrap().key()));
+    }
+}
