@@ -1,6 +1,7 @@
 //! What kind of NIC the model is: conformance mode, prefetching, offload switch, and the
 //! [`CostModel`] that turns executed WQEs into *modelled* time.
 
+use omw_core::device::behaviour::DeviceBehaviour;
 use omw_core::device::Capabilities;
 
 /// Which memory-window semantics the model follows (DESIGN.md §3).
@@ -47,6 +48,12 @@ pub struct NicConfig {
     /// WQEs, or ConnectX WQEBBs decoded by `omw_core::mlx5::decode` (`crate::mlx5_fetch`).
     /// Unmanaged queues, which CPUs post to, stay canonical either way.
     pub wqe_format: omw_core::wire::wqe_format::WqeFormat,
+    /// How the NIC answers the open CORE-Direct questions (DESIGN.md §6.4): prefetch past an
+    /// unsatisfied WAIT, what makes a receive available, SEND_EN's unit, self-enables, binds
+    /// naming another QP. The model executes whichever answer it is given
+    /// (`backend-loopback/README.md`, "Device behaviour"); default
+    /// [`DeviceBehaviour::PAPER`], what the chains were first written for.
+    pub behaviour: DeviceBehaviour,
 }
 
 impl Default for NicConfig {
@@ -71,6 +78,7 @@ impl NicConfig {
             trace: false,
             seed: 0x5EED_0F0E_5EED,
             wqe_format: omw_core::wire::wqe_format::WqeFormat::Canonical,
+            behaviour: DeviceBehaviour::PAPER,
         }
     }
     /// Soft-RoCE semantics (§3 deviations), offload on.
@@ -88,6 +96,11 @@ impl NicConfig {
     /// Managed queues in `f` ([`NicConfig::wqe_format`]).
     pub const fn with_wqe_format(mut self, f: omw_core::wire::wqe_format::WqeFormat) -> Self {
         self.wqe_format = f;
+        self
+    }
+    /// The NIC answers the open questions as `b` ([`NicConfig::behaviour`]).
+    pub const fn with_behaviour(mut self, b: DeviceBehaviour) -> Self {
+        self.behaviour = b;
         self
     }
     pub const fn with_prefetch(mut self, depth: u32) -> Self {

@@ -29,6 +29,12 @@ pub struct Counters {
     /// WQEs fetched over PCIe after a gate opened (a WAIT passed or an ENABLE released a
     /// queue that had run dry) because the prefetch cache did not hold them.
     pub gated_fetches: u64,
+    /// ENABLEs that completed without effect under the device behaviour
+    /// (`SelfEnable::Ignored`, a RECV_EN under `RecvEnable::Doorbell`).
+    pub enables_ignored: u64,
+    /// Binds the device refused for their form alone (`ForeignBind::Refused`, mlx5 bytes a
+    /// window's mkey cannot express).
+    pub binds_refused: u64,
     completions: [u64; 32],
 }
 

@@ -29,6 +29,7 @@ use crate::mlx5_fetch::Recv;
 use crate::protection::{BindTarget, MwOpFail};
 use crate::sched::needs_recv;
 use omw_core::access::AccessFlags;
+use omw_core::device::behaviour::{ForeignBind, RecvEnable, SelfEnable};
 use omw_core::device::mw_rules::{Invalidator, Mode, Nak, QpRef, RemoteFail};
 use omw_core::device::{Completion, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
@@ -79,6 +80,7 @@ impl Fabric {
             let q = &mut self.qps[g as usize];
             q.head_wqebbs = f.wqebbs;
             q.scatter = f.scatter;
+            q.head_mlx5 = f.form;
         }
         let now = self.now;
         let cost = self.cfg.cost;
@@ -164,9 +166,8 @@ impl Fabric {
         let q = &mut self.qps[g as usize];
         let n = std::mem::replace(&mut q.head_wqebbs, 1);
         q.sq.consumer += n;
-        for _ in 0..n {
-            q.pf.pop();
-        }
+        q.sq.wqes += 1;
+        q.pf.pop_wqe(n);
         q.rnr_since = None;
         q.executed += 1;
         let h = q.host as usize;
@@ -298,6 +299,7 @@ impl Fabric {
         };
         let q = &mut self.qps[g as usize];
         q.sq.consumer += width;
+        q.sq.wqes += 1;
         q.flushed += 1;
         self.counters.wqes_flushed += 1;
         let now = self.now;
@@ -724,12 +726,23 @@ impl Fabric {
         self.local_done(g, start, self.cfg.cost.bind_unit_ns);
         let q = &mut self.qps[g as usize];
         q.order_until = q.order_until.max(done);
-        let (h, pd) = (q.host, q.pd);
+        let (h, pd, poster) = (q.host, q.pd, q.qpn);
+        let refused = std::mem::take(&mut q.head_mlx5.bind_refused);
         let mode = self.mode();
-        let res = if w.flags.contains(WqeFlags::UNBIND) {
+        // a bind naming another QP on a device that can bind to other QPs: how it answers
+        // (`ForeignBind`; without offload the rules refuse it anyway)
+        let foreign = w.qpn != poster && self.cfg.offload && !w.flags.contains(WqeFlags::UNBIND);
+        let named = match self.cfg.behaviour.foreign_bind {
+            ForeignBind::BoundToPoster if foreign => poster,
+            _ => w.qpn,
+        };
+        let res = if refused.is_some() || (foreign && self.cfg.behaviour.foreign_bind == ForeignBind::Refused) {
+            self.counters.binds_refused += 1;
+            Err(MwOpFail::Refused)
+        } else if w.flags.contains(WqeFlags::UNBIND) {
             self.hosts[h as usize].prot.invalidate(mode, w.imm, Invalidator::Unbind).map_err(MwOpFail::Invalidate)
         } else {
-            let target = self.resolve(h, w.qpn).map(|t| BindTarget { gq: t, qpn: w.qpn, pd: self.qps[t as usize].pd });
+            let target = self.resolve(h, named).map(|t| BindTarget { gq: t, qpn: named, pd: self.qps[t as usize].pd });
             let posting = QpRef { qp: g, pd };
             let capable = self.cfg.offload;
             self.hosts[h as usize].prot.bind(
@@ -800,10 +813,25 @@ impl Fabric {
         let Some(t) = target else {
             return self.complete(g, w, WcStatus::LocQpOpErr, done, 0);
         };
+        let in_wqes = std::mem::take(&mut self.qps[g as usize].head_mlx5.enable_in_wqes);
+        let b = self.cfg.behaviour;
+        // a queue releasing itself under `SelfEnable::Ignored`, a RECV_EN where the doorbell
+        // alone makes receives available (`RecvEnable::Doorbell`): the ENABLE completes and
+        // changes nothing
+        let ignored = (t == g && sel == QueueSel::Send && b.self_enable == SelfEnable::Ignored)
+            || (sel == QueueSel::Recv && b.recv_enable == RecvEnable::Doorbell);
+        if ignored {
+            self.counters.enables_ignored += 1;
+            return self.complete(g, w, WcStatus::Success, done, 0);
+        }
         let tq = &mut self.qps[t as usize];
         let qu = tq.queue_mut(sel);
-        let stalled = qu.consumer >= qu.limit;
-        qu.limit = qu.limit.saturating_add(w.operand0);
+        let stalled = !qu.available();
+        if in_wqes {
+            qu.wqe_limit = qu.wqe_limit.saturating_add(w.operand0);
+        } else {
+            qu.limit = qu.limit.saturating_add(w.operand0);
+        }
         if sel == QueueSel::Send && stalled {
             // the released entries exist for the NIC only from `done` on, and a queue that
             // ran dry at its limit has nothing prefetched: its next WQE is fetched over PCIe

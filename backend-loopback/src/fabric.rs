@@ -403,6 +403,7 @@ impl Fabric {
             head_wqebbs: 1,
             scatter: Vec::new(),
             pf_wait: None,
+            head_mlx5: Default::default(),
         });
         Ok(Qpn::new(qpn).unwrap_or_default())
     }
@@ -665,7 +666,27 @@ impl Fabric {
                 false
             }
         });
+        if queue == QueueSel::Recv {
+            self.hand_back(g, out[..n].iter().filter(|c| c.status.is_ok()).count());
+        }
         Ok(n)
+    }
+
+    /// A chain's (managed) receive queue: each receive the CPU polled goes back to the device
+    /// as posted again — its bytes are still in the slot — as the DEVX backend hands a
+    /// consumed chain receive back with the doorbell record. Where the doorbell is what makes
+    /// receives available (`RecvEnable::Doorbell`) this is what lets the next request land;
+    /// under `RecvEnOnly` the RECV_EN limit still decides.
+    fn hand_back(&mut self, g: u32, n: usize) {
+        let q = &mut self.qps[g as usize];
+        if !q.rq.managed || q.state == QpState::Err {
+            return;
+        }
+        for _ in 0..n {
+            if q.rq.has_room() {
+                q.rq.producer = q.rq.producer.max(q.rq.consumer) + 1;
+            }
+        }
     }
 
     /// Drain every visible completion with its timestamp.
@@ -677,6 +698,9 @@ impl Fabric {
             v.push(c);
             true
         });
+        if queue == QueueSel::Recv {
+            self.hand_back(g, v.iter().filter(|c| c.completion.status.is_ok()).count());
+        }
         Ok(v)
     }
 
@@ -932,7 +956,11 @@ impl Fabric {
             if q.pf.len > q.pf.cap() {
                 return Err(format!("QP {:#x} prefetch overflow", q.qpn));
             }
-            if q.state == QpState::Rts && q.pf.len > 0 && q.sq.consumer + q.pf.len as u64 > q.sq.end() {
+            if q.state == QpState::Rts
+                && q.pf.len > 0
+                && q.sq.consumer + q.pf.len as u64 > q.sq.end()
+                && !(q.sq.managed && q.sq.wqes + q.pf.wqes <= q.sq.wqe_limit)
+            {
                 return Err(format!("QP {:#x} prefetched past the enable limit", q.qpn));
             }
             if q.state == QpState::Err && q.rq.consumer < q.rq.flush_end() {

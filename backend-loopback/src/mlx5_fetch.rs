@@ -26,6 +26,7 @@
 use crate::error::LoopbackError;
 use crate::fabric::{Fabric, QpAddr};
 use omw_core::chain::mlx5::{Mlx5Chain, RecvSge};
+use omw_core::device::behaviour::{SendEnUnit, WaitPrefetch};
 use omw_core::mlx5::decode::{decode, Mlx5Op};
 use omw_core::mlx5::wqebb::{wqebbs, CqIndex, MAX_WQEBBS, WQEBB};
 use omw_core::wire::wqe::{QueueSel, Sge, Wqe, WqeFlags};
@@ -41,6 +42,45 @@ pub(crate) struct Fetched {
     pub wqe: Option<Wqe>,
     pub wqebbs: u64,
     pub scatter: Vec<Sge>,
+    pub form: HeadForm,
+}
+
+/// What the executor must know of an mlx5 WQE beyond its canonical translation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct HeadForm {
+    /// A SEND_EN whose index counts WQEs (`SendEnUnit::Wqe`): it moves the target's WQE limit.
+    pub enable_in_wqes: bool,
+    /// A UMR bind the device refuses from its bytes alone (rights the mkey cannot carry, a
+    /// window start that is neither its MR address nor 0, a window longer than its KLM).
+    pub bind_refused: Option<BindForm>,
+}
+
+/// Why an mlx5 bind's bytes are refused before any window rule is asked.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BindForm {
+    /// Bits of the mkey context's access byte outside LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE
+    /// and ATOMIC (`MLX5_WQE_MKEY_CONTEXT_ACCESS_FLAGS_*`, the only rights a window UMR
+    /// writes: rdma-core providers/mlx5/qp.c v44.0 `set_umr_mkey_seg`).
+    Rights(u8),
+    /// `start_addr` is neither the KLM's address (a VA-based window) nor 0 (ZERO_BASED).
+    Start { start: u64, klm: u64 },
+    /// The mkey context's `len` exceeds what the KLM maps (`byte_count`).
+    Length { len: u64, klm: u32 },
+}
+
+/// The rights a window's mkey context can carry.
+const MKEY_RIGHTS: u8 = omw_core::mlx5::umr::MkeyAccess::LOCAL_WRITE.bits()
+    | omw_core::mlx5::umr::MkeyAccess::REMOTE_READ.bits()
+    | omw_core::mlx5::umr::MkeyAccess::REMOTE_WRITE.bits()
+    | omw_core::mlx5::umr::MkeyAccess::ATOMIC.bits();
+
+/// The mkey context of a UMR bind (after the control and UMR control segments): the window's
+/// own start, length and access byte, which `decode` does not report.
+fn mkey_context(bytes: &[u8]) -> Option<omw_core::mlx5::umr::MkeyContextSeg> {
+    use zerocopy::FromBytes;
+    let at = omw_core::mlx5::ctrl::CTRL_SEG_SIZE + omw_core::mlx5::umr::UMR_CTRL_SEG_SIZE;
+    let b = bytes.get(at..at + omw_core::mlx5::umr::MKEY_CONTEXT_SEG_SIZE)?;
+    omw_core::mlx5::umr::MkeyContextSeg::read_from_bytes(b).ok()
 }
 
 /// A consumed receive WQE.
@@ -71,7 +111,7 @@ impl Fabric {
 
     /// Take an armed mlx5 chain's rings as posted: their bytes are in the ring arena already
     /// (the core writes them); record each WQEBB's wr_id, let each ring run to the chain's
-    /// first enable index, post `recv_copies` RECVs and enable one.
+    /// first enable index (the doorbell), post `recv_copies` RECVs.
     pub fn arm_mlx5(&mut self, qps: [QpAddr; 2], chain: &Mlx5Chain, recv_copies: u32) -> Result<()> {
         for (r, ring) in [omw_core::chain::Ring::Loop, omw_core::chain::Ring::Mgmt].into_iter().enumerate() {
             let g = self.gq(qps[r])?;
@@ -92,10 +132,14 @@ impl Fabric {
             self.activate(g);
         }
         let wr_id = omw_core::chain::builder::chain_wr_id(chain.kind, 0, 0xFF);
+        // the receives are posted through the doorbell record only, as `DevxBackend` arms
+        // them: DEVX has no host-side RECV_EN (docs/MLX5.md question 16), so a device that
+        // makes receives available only by RECV_EN (`RecvEnable::RecvEnOnly`) lands the first
+        // request only if the chain itself enables it
         for _ in 0..recv_copies.max(1) {
             self.post_recv_mlx5(qps[1], wr_id, &chain.recv)?;
         }
-        self.enable(qps[1], QueueSel::Recv, 1)
+        Ok(())
     }
 
     /// Post a receive WQE in mlx5 form (data segments, then the invalid-lkey terminator).
@@ -155,7 +199,8 @@ impl Fabric {
             self.hosts[q.host as usize].mem.slice(addr, room as u64).unwrap_or(&[])
         };
         let width = bytes.get(7).map_or(1, |ds| wqebbs(ds & 0x3F).max(1) as u64);
-        let bad = Fetched { wqe: None, wqebbs: width, scatter: Vec::new() };
+        let mut form = HeadForm::default();
+        let bad = Fetched { wqe: None, wqebbs: width, scatter: Vec::new(), form };
         let Ok(d) = decode(bytes) else { return bad };
         let mut flags = WqeFlags::empty();
         use omw_core::mlx5::ctrl::CeSe;
@@ -208,7 +253,26 @@ impl Fabric {
             // its new key byte is `qpn_mkey`'s. Whether firmware also checks `imm`'s key byte
             // is a hardware question: the model does not (docs/MLX5.md).
             Mlx5Op::Bind { mkey, new_key, addr, length, lkey, qpn, access } => {
-                Wqe::bind_mw((mkey & !0xFF) | new_key as u32, addr, length, lkey, qpn, access).with_current_rkey(mkey)
+                // the window is the mkey context's range, mapped onto the KLM's: start_addr 0
+                // is a zero-based window (rdma-core `set_umr_mkey_seg`: IBV_ACCESS_ZERO_BASED)
+                let (mut access, mut len) = (access, length);
+                if let Some(m) = mkey_context(bytes) {
+                    let (start, wlen, rights) = (m.start_addr.get(), m.len.get(), m.access_flags);
+                    if rights & !MKEY_RIGHTS != 0 {
+                        form.bind_refused = Some(BindForm::Rights(rights));
+                    } else if start == 0 && addr != 0 {
+                        access |= omw_core::access::AccessFlags::ZERO_BASED;
+                    } else if start != addr {
+                        form.bind_refused = Some(BindForm::Start { start, klm: addr });
+                    }
+                    match u32::try_from(wlen) {
+                        Ok(l) if l <= length => len = l,
+                        _ => {
+                            form.bind_refused = form.bind_refused.or(Some(BindForm::Length { len: wlen, klm: length }))
+                        }
+                    }
+                }
+                Wqe::bind_mw((mkey & !0xFF) | new_key as u32, addr, len, lkey, qpn, access).with_current_rkey(mkey)
             }
             Mlx5Op::Invalidate { mkey, check_qpn: true } => Wqe::local_inv(mkey),
             Mlx5Op::Invalidate { mkey, check_qpn: false } => Wqe::unbind_mw(mkey),
@@ -222,30 +286,40 @@ impl Fabric {
             }
             Mlx5Op::SendEn { qpn, max_index } | Mlx5Op::RecvEn { qpn, max_index } => {
                 let sel = if matches!(d.op, Mlx5Op::SendEn { .. }) { QueueSel::Send } else { QueueSel::Recv };
-                let limit = self.resolve(q.host, qpn).map_or(0, |t| self.qps[t as usize].queue(sel).limit);
+                // SEND_EN's index in WQEs (`SendEnUnit::Wqe`) moves the target's WQE limit
+                form.enable_in_wqes = sel == QueueSel::Send && self.cfg.behaviour.send_en_unit == SendEnUnit::Wqe;
+                let limit = self.resolve(q.host, qpn).map_or(0, |t| {
+                    let tq = &self.qps[t as usize].queue(sel);
+                    if form.enable_in_wqes {
+                        tq.wqe_limit
+                    } else {
+                        tq.limit
+                    }
+                });
                 let delta = max_index.get().wrapping_sub(limit as u16) as u64;
                 Wqe::enable(qpn, sel, delta)
             }
         };
         let w = w.with_flags(flags | (w.flags & WqeFlags::UNBIND)).with_wr_id(wr_id);
-        Fetched { wqe: Some(w), wqebbs: width, scatter }
+        Fetched { wqe: Some(w), wqebbs: width, scatter, form }
     }
 
     /// Prefetch for mlx5 QP `g`: whole WQEs from the one after the cached ones, up to the enable
-    /// limit and the cache's room, not past a WAIT whose CQ count has not been reached.
+    /// limit and the cache's room — and, under `WaitPrefetch::Stops`, not past a WAIT whose CQ
+    /// count has not been reached.
     pub(crate) fn mlx5_refill(&mut self, g: u32) {
+        let stops = self.cfg.behaviour.wait_prefetch == WaitPrefetch::Stops;
         loop {
             let q = &self.qps[g as usize];
-            if q.pf.len > 0 {
+            if q.pf.len > 0 && stops {
                 if let Some((t, sel, count)) = q.pf_wait {
                     if !self.qps[t as usize].cq(sel).reached(count, self.now) {
                         return;
                     }
                 }
             }
-            let end = q.sq.end().min(q.sq.consumer + q.sq.depth as u64);
             let next = q.sq.consumer + q.pf.len as u64;
-            if next >= end {
+            if next >= q.sq.consumer + q.sq.depth as u64 || !q.sq.may_fetch(next, 1, q.pf.wqes) {
                 return;
             }
             let slot = (next % q.sq.depth as u64) as usize;
@@ -254,7 +328,11 @@ impl Fabric {
             let mem = &self.hosts[q.host as usize].mem;
             let Some(bytes) = mem.slice(addr, room as u64) else { return };
             let width = bytes.get(7).map_or(1, |ds| wqebbs(ds & 0x3F).max(1));
-            if next + width as u64 > end || q.pf.len + width > q.pf.cap() || width * WQEBB > bytes.len() {
+            if !q.sq.may_fetch(next, width as u64, q.pf.wqes)
+                || next + width as u64 > q.sq.consumer + q.sq.depth as u64
+                || q.pf.len + width > q.pf.cap()
+                || width * WQEBB > bytes.len()
+            {
                 return;
             }
             let wait = match decode(bytes).map(|d| d.op) {
@@ -276,6 +354,7 @@ impl Fabric {
             for b in blocks.iter().take(width) {
                 *q.pf.push_slot() = *b;
             }
+            q.pf.wqes += 1;
             q.pf_wait = wait;
         }
     }

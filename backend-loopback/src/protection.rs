@@ -106,6 +106,9 @@ struct Mw {
 pub enum MwOpFail {
     /// The bind's key index names no window.
     NotAWindow,
+    /// The device refuses the bind's form before any window rule: a QPN other than the
+    /// poster's (`ForeignBind::Refused`), or mlx5 bytes a window cannot carry.
+    Refused,
     Bind(BindFail),
     Invalidate(InvalidateFail),
 }
@@ -114,6 +117,7 @@ impl std::fmt::Display for MwOpFail {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::NotAWindow => f.write_str("key names no memory window"),
+            Self::Refused => f.write_str("the device refuses this form of bind"),
             Self::Bind(e) => write!(f, "bind refused: {e}"),
             Self::Invalidate(e) => write!(f, "invalidation refused: {e}"),
         }
@@ -123,7 +127,7 @@ impl std::fmt::Display for MwOpFail {
 impl std::error::Error for MwOpFail {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::NotAWindow => None,
+            Self::NotAWindow | Self::Refused => None,
             Self::Bind(e) => Some(e),
             Self::Invalidate(e) => Some(e),
         }

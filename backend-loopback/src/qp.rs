@@ -68,11 +68,17 @@ pub(crate) struct Queue {
     pub consumer: u64,
     pub managed: bool,
     pub limit: u64,
+    /// WQEs (not WQEBBs) consumed: an mlx5 send queue under `SendEnUnit::Wqe` counts its
+    /// SEND_EN limit in these.
+    pub wqes: u64,
+    /// The SEND_EN limit in WQEs (`SendEnUnit::Wqe`; 0 otherwise): the queue may also run
+    /// while fewer WQEs than this were consumed, whatever `limit` says.
+    pub wqe_limit: u64,
 }
 
 impl Queue {
     pub fn new(base: u64, depth: u32, stride: u32, managed: bool) -> Self {
-        Queue { base, depth, stride, producer: 0, consumer: 0, managed, limit: 0 }
+        Queue { base, depth, stride, producer: 0, consumer: 0, managed, limit: 0, wqes: 0, wqe_limit: 0 }
     }
     /// Index one past the last entry the NIC may execute now.
     #[inline]
@@ -85,7 +91,13 @@ impl Queue {
     }
     #[inline]
     pub fn available(&self) -> bool {
-        self.consumer < self.end()
+        self.consumer < self.end() || (self.managed && self.wqes < self.wqe_limit)
+    }
+    /// Whether the NIC may fetch the WQE starting at `index`, `ahead` WQEs past the consumer:
+    /// below the enable limit (WQEBBs) or, under `SendEnUnit::Wqe`, within the WQE limit.
+    #[inline]
+    pub fn may_fetch(&self, index: u64, width: u64, ahead: u64) -> bool {
+        index + width <= self.end() || (self.managed && self.wqes + ahead < self.wqe_limit)
     }
     /// Entries an errored QP still has to flush end here: everything posted or enabled, at
     /// most one ring's worth.
@@ -107,6 +119,8 @@ impl Queue {
         self.producer = 0;
         self.consumer = 0;
         self.limit = 0;
+        self.wqes = 0;
+        self.wqe_limit = 0;
     }
     pub fn ring_bytes(&self) -> u64 {
         self.depth as u64 * self.stride as u64
@@ -119,11 +133,13 @@ pub(crate) struct Prefetch {
     buf: Vec<[u8; WQE_SIZE]>,
     head: usize,
     pub len: usize,
+    /// Whole WQEs cached (mlx5 form: a WQE is several entries; canonical: `len`).
+    pub wqes: u64,
 }
 
 impl Prefetch {
     pub fn new(cap: usize) -> Self {
-        Prefetch { buf: vec![[0u8; WQE_SIZE]; cap], head: 0, len: 0 }
+        Prefetch { buf: vec![[0u8; WQE_SIZE]; cap], head: 0, len: 0, wqes: 0 }
     }
     #[inline]
     pub fn cap(&self) -> usize {
@@ -158,6 +174,16 @@ impl Prefetch {
     pub fn clear(&mut self) {
         self.head = 0;
         self.len = 0;
+        self.wqes = 0;
+    }
+    /// The head WQE, `entries` wide, was executed: drop it from the cache if it is there.
+    pub fn pop_wqe(&mut self, entries: u64) {
+        if self.len > 0 {
+            self.wqes = self.wqes.saturating_sub(1);
+        }
+        for _ in 0..entries {
+            self.pop();
+        }
     }
 }
 
@@ -200,6 +226,8 @@ pub(crate) struct Qp {
     pub scatter: Vec<omw_core::wire::wqe::Sge>,
     /// mlx5 form: the last prefetched WQE, if it is a WAIT — (CQ owner, queue, count).
     pub pf_wait: Option<(u32, QueueSel, u64)>,
+    /// mlx5 form: how the WQE being executed differs from its canonical translation.
+    pub head_mlx5: crate::mlx5_fetch::HeadForm,
 }
 
 impl Qp {

@@ -14,6 +14,7 @@
 
 use crate::counters::StepInfo;
 use crate::fabric::Fabric;
+use omw_core::device::behaviour::{RecvEnable, WaitPrefetch};
 use omw_core::device::QpState;
 use omw_core::wire::wqe::{Opcode, QueueSel, WqeFlags, WQE_SIZE};
 
@@ -127,7 +128,20 @@ impl Fabric {
         if pq.state != QpState::Rts && pq.state != QpState::Rtr {
             return None;
         }
-        Some(pq.rq.available())
+        Some(self.recv_available(p))
+    }
+
+    /// Whether QP `p` has a receive WQE the NIC may consume: an unmanaged queue's posted
+    /// ones; a managed (`cd_slave_receive`) queue's up to its RECV_EN limit — or, where the
+    /// doorbell alone makes receives available (`RecvEnable::Doorbell`), its posted ones.
+    #[inline]
+    pub(crate) fn recv_available(&self, p: u32) -> bool {
+        let rq = &self.qps[p as usize].rq;
+        if rq.managed && self.cfg.behaviour.recv_enable == RecvEnable::Doorbell {
+            rq.consumer < rq.producer
+        } else {
+            rq.available()
+        }
     }
 
     pub(crate) fn readiness(&self, g: u32) -> Readiness {
@@ -286,8 +300,9 @@ impl Fabric {
     }
 
     /// Prefetch mode: copy upcoming entries' bytes into the QP's cache, up to the prefetch
-    /// depth, the producer index / enable limit, and stopping just after a WAIT that is not
-    /// satisfied now.
+    /// depth, the producer index / enable limit, and — under `WaitPrefetch::Stops` — stopping
+    /// just after a WAIT that is not satisfied now. Under `WaitPrefetch::FetchesPast` the NIC
+    /// reads on behind the WAIT: a WQE patched after that executes its stale bytes.
     pub(crate) fn refill(&mut self, g: u32) {
         if !self.cfg.prefetch {
             return;
@@ -304,10 +319,11 @@ impl Fabric {
         let cap = q.pf.cap();
         let h = q.host;
         let mut len = q.pf.len;
+        let stops = self.cfg.behaviour.wait_prefetch == WaitPrefetch::Stops;
         while len < cap && next < end {
             let q = &self.qps[g as usize];
             if let Some(last) = q.pf.back() {
-                if self.unsatisfied_wait(h, &Peek::of(last)) {
+                if stops && self.unsatisfied_wait(h, &Peek::of(last)) {
                     break;
                 }
             }
@@ -316,7 +332,9 @@ impl Fabric {
             if let Some(s) = self.hosts[h as usize].mem.slice(addr, WQE_SIZE as u64) {
                 bytes.copy_from_slice(s);
             }
-            *self.qps[g as usize].pf.push_slot() = bytes;
+            let pf = &mut self.qps[g as usize].pf;
+            *pf.push_slot() = bytes;
+            pf.wqes += 1;
             next += 1;
             len += 1;
         }

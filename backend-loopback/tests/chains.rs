@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use omw_core::device::behaviour::{DeviceBehaviour, RecvEnable};
 use omw_core::device::{QpState, WcStatus};
 use omw_core::wire::wqe::{QueueSel, Wqe, WqeField, WqeFlags, WQE_SIZE};
 use omw_loopback::{Fabric, NicConfig, PdId, QpAddr, QpConfig};
@@ -166,7 +167,10 @@ fn wait_and_enable_need_offload() {
 
 #[test]
 fn enable_errors_and_receive_enables() {
-    let mut e = env(NicConfig::strict());
+    // a device whose receives on a cd_slave_receive queue need RECV_EN (under the default,
+    // `RecvEnable::Doorbell`, the posted receive is available at once: tests/behaviour.rs)
+    let gated = DeviceBehaviour { recv_enable: RecvEnable::RecvEnOnly, ..DeviceBehaviour::PAPER };
+    let mut e = env(NicConfig::strict().with_behaviour(gated));
     let a = loop_pair(&mut e, QpConfig::default());
     // ENABLE of a queue that is not managed, or of a QP that does not exist
     e.f.post_send(a, &Wqe::enable(a.qpn.get(), QueueSel::Send, 1)).unwrap();

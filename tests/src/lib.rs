@@ -5,6 +5,7 @@
 //! here ([`loopback`]), the FPGA double's and verbs' beside their crates' tests.
 
 pub mod loopback;
+pub mod matrix;
 pub mod mw;
 pub mod oracle;
 pub mod runner;

@@ -6,6 +6,7 @@ use crate::Mode;
 use omw_core::access::AccessFlags;
 use omw_core::chain::ChainKind;
 use omw_core::cn::{Allocation, ClientEvent};
+use omw_core::device::behaviour::DeviceBehaviour;
 use omw_core::device::WindowState;
 use omw_core::device::{Completion, QpState};
 use omw_core::device::{ExecutionMode, MwBinding, WcStatus};
@@ -19,8 +20,26 @@ use omw_loopback::cluster::{Cluster, ClusterConfig, CnOpError};
 use omw_loopback::fault::MessageFilter;
 use omw_loopback::{Conformance, Fabric, HostId, NicConfig, PdId, QpAddr, QpConfig};
 
-/// Starts loopback clusters in one [`Mode`].
+/// Starts loopback clusters in one [`Mode`], on a NIC that answers the open CORE-Direct
+/// questions as the paper's device did ([`DeviceBehaviour::PAPER`]).
+#[derive(Clone, Copy, Debug)]
 pub struct Loopback(pub Mode);
+
+/// Starts loopback clusters in one [`Mode`] on a NIC that answers the open CORE-Direct
+/// questions as `behaviour` (`omw_loopback::NicConfig::behaviour`): what the chains do on a
+/// device that behaves so.
+#[derive(Clone, Copy, Debug)]
+pub struct LoopbackUnder {
+    pub mode: Mode,
+    pub behaviour: DeviceBehaviour,
+}
+
+impl Loopback {
+    /// The same clusters on a NIC that behaves as `b`.
+    pub const fn with_behaviour(self, b: DeviceBehaviour) -> LoopbackUnder {
+        LoopbackUnder { mode: self.0, behaviour: b }
+    }
+}
 
 /// What every loopback mode can do.
 const COMMON: Caps = Caps::TIME_CONTROL
@@ -46,6 +65,24 @@ const COMMON: Caps = Caps::TIME_CONTROL
 
 impl Loopback {
     pub fn config(&self, spec: MnSpec) -> ClusterConfig {
+        self.with_behaviour(DeviceBehaviour::PAPER).config(spec)
+    }
+}
+
+impl Factory for Loopback {
+    fn name(&self) -> String {
+        format!("loopback {:?}", self.0)
+    }
+    fn caps(&self) -> Caps {
+        self.with_behaviour(DeviceBehaviour::PAPER).caps()
+    }
+    fn start(&self, spec: MnSpec) -> Box<dyn Testbed> {
+        self.with_behaviour(DeviceBehaviour::PAPER).start(spec)
+    }
+}
+
+impl LoopbackUnder {
+    pub fn config(&self, spec: MnSpec) -> ClusterConfig {
         let mut cfg = ClusterConfig::paper_like();
         cfg.cns = spec.cns;
         cfg.chunks = spec.chunks;
@@ -53,7 +90,7 @@ impl Loopback {
         cfg.group_size = spec.group_size;
         cfg.quota = spec.quota;
         cfg.scrub = spec.scrub;
-        match self.0 {
+        match self.mode {
             Mode::Offloaded => cfg.mode = Some(ExecutionMode::Offloaded),
             Mode::OffloadedPopAhead => {
                 cfg.mode = Some(ExecutionMode::Offloaded);
@@ -72,17 +109,21 @@ impl Loopback {
                 cfg.nic = NicConfig::strict().with_offload(false).with_conformance(Conformance::RxeCompatible);
             }
         }
+        cfg.nic = cfg.nic.with_behaviour(self.behaviour);
         cfg
     }
 }
 
-impl Factory for Loopback {
+impl Factory for LoopbackUnder {
     fn name(&self) -> String {
-        format!("loopback {:?}", self.0)
+        if self.behaviour == DeviceBehaviour::PAPER {
+            return format!("loopback {:?}", self.mode);
+        }
+        format!("loopback {:?} under {:?}", self.mode, self.behaviour)
     }
     fn caps(&self) -> Caps {
         COMMON
-            | match self.0 {
+            | match self.mode {
                 Mode::Offloaded | Mode::OffloadedMlx5 | Mode::OffloadedPopAhead => Caps::OFFLOAD | Caps::STRICT_MW,
                 Mode::HostEngine => Caps::HOST_ENGINE | Caps::STRICT_MW,
                 Mode::Rxe => Caps::HOST_ENGINE | Caps::RXE_MW,

@@ -41,6 +41,12 @@ pub fn run_list(factory: &dyn Factory, list: &[Scenario]) -> Summary {
     run_items(&factory.name(), factory.caps(), list, |sc| (sc.name, sc.needs), |sc| (sc.run)(factory))
 }
 
+/// [`run_list`] printing nothing (many runs side by side: the caller prints a matrix).
+pub fn run_list_quietly(factory: &dyn Factory, list: &[Scenario]) -> Summary {
+    let meta = |sc: &Scenario| (sc.name, sc.needs);
+    run_items_as(&factory.name(), factory.caps(), list, meta, |sc| (sc.run)(factory), false)
+}
+
 /// The runner for any list: `meta` names an item and what it needs, `run` runs it.
 pub fn run_items<T>(
     name: &str,
@@ -49,6 +55,20 @@ pub fn run_items<T>(
     meta: impl Fn(&T) -> (&'static str, Caps),
     run: impl Fn(&T) -> Outcome,
 ) -> Summary {
+    run_items_as(name, have, list, meta, run, true)
+}
+
+fn run_items_as<T>(
+    name: &str,
+    have: Caps,
+    list: &[T],
+    meta: impl Fn(&T) -> (&'static str, Caps),
+    run: impl Fn(&T) -> Outcome,
+    loud: bool,
+) -> Summary {
+    macro_rules! println {
+        ($($t:tt)*) => { if loud { std::println!($($t)*) } };
+    }
     let filter = std::env::var("OMW_SCENARIO").ok();
     let mut s = Summary::default();
     let mut filtered = 0;
