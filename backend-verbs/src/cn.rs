@@ -219,6 +219,7 @@ impl CnClient {
             free_qpn: Qpn::default(),
             access_qpns: heapless::Vec::new(),
             quota: 0,
+            flags: Default::default(),
         };
         let mut c = CnClient {
             d,
