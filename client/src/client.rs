@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
 
+
 /// Something a [`Cn`] can connect through: a transport's connect step.
 ///
 /// ```
@@ -167,8 +168,17 @@ impl<T: Transport> Cn<T> {
         } else {
             CnDriver::new(device, qps, mem)
         };
+        // no reply deadline in the driver: a request given up on would leave its chunk, when
+        // the answer comes after all, held at the MN and forgotten here. The MN answers every
+        // request (a reply, a refusal, or after "available" for a parked one), or the
+        // connection breaks; waiters give up on their own deadlines, and whatever arrives for
+        // nobody goes to the reserve or back to the MN.
         let mut d = d.map_err(|e| Error::transport(DriverSetup(e.to_string())))?;
-        d.reply_timeout = opts.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        d.reply_timeout = 0;
+        // after "empty", wait for "available" (the MN broadcasts it once the pool refilled):
+        // a request sent while the MN has this CN parked finds no receive (offloaded: the
+        // chain is not armed) and fails the Alloc QP once the transport's RNR retries run out
+        d.client_mut().backoff = u64::MAX;
         let id = NEXT_CLIENT.fetch_add(1, Ordering::Relaxed);
         let shared = Arc::new(Shared {
             engine: Mutex::new(Engine::new(d, id, opts)),

@@ -234,7 +234,7 @@ impl<T: Transport> Engine<T> {
 
     /// When the driver's own timers next need running, as an instant.
     pub(crate) fn next_timer(&self) -> Option<Instant> {
-        self.d.poll_timeout().map(|t| self.t0 + Duration::from_nanos(t))
+        self.d.poll_timeout().and_then(|t| self.t0.checked_add(Duration::from_nanos(t)))
     }
 
     fn gone(&self) -> Option<Error> {

@@ -212,6 +212,10 @@ impl World {
         }
     }
 
+    /// The CN is about to sleep: arm it, then let virtual time pass as real time does while
+    /// it sleeps — one RNR period, running the MN's timers and expiring RNR waits that fall
+    /// in it (without that, a SEND waiting for a receive nobody will post never fails, as it
+    /// would on a wire).
     fn arm(&mut self, i: usize) -> R<()> {
         let sum = {
             let c = self.cn(i)?;
@@ -220,6 +224,15 @@ impl World {
         if let Some(Some(c)) = self.cns.get_mut(i) {
             c.armed = Some(sum);
         }
+        let step = self.fabric().config().cost.rnr_timeout_ns;
+        if self.mn_dead {
+            let t = self.fabric().now() + step;
+            self.fabric().run_until(t, 10_000_000);
+            self.fabric().advance_to(t);
+        } else {
+            self.cluster.advance(step)?;
+        }
+        self.notify();
         Ok(())
     }
 
