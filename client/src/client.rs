@@ -249,6 +249,21 @@ impl<T: Transport> Cn<T> {
         self.lock().reserve_len()
     }
 
+    /// Caller buffers registered with this client right now ([`LocalMr`]s alive, and those a
+    /// dropped future keeps until the device is done with them).
+    ///
+    /// ```
+    /// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+    /// # let cn = omw_client::Cn::connect(&model, Default::default()).unwrap();
+    /// let mr = cn.register(vec![0u8; 8]).unwrap();
+    /// assert_eq!(cn.registered_buffers(), 1);
+    /// drop(mr);
+    /// assert_eq!(cn.registered_buffers(), 0);
+    /// ```
+    pub fn registered_buffers(&self) -> usize {
+        self.lock().registered()
+    }
+
     /// Accesses the device still holds.
     ///
     /// ```
@@ -658,7 +673,7 @@ impl<T: Transport> Cn<T> {
             return Err(Error::OutOfBuffer { start: 0, end: 0, len: 0 });
         }
         let (addr, len) = (bytes.as_ptr() as u64, bytes.len() as u64);
-        let reg = self.lock().d.backend.register(addr, len).map_err(Error::transport)?;
+        let reg = self.lock().register(addr, len)?;
         let shared: Arc<dyn Registrar> = self.shared.clone();
         let owner: Weak<dyn Registrar> = Arc::downgrade(&shared);
         Ok(LocalMr::new(buf, reg, owner, self.shared.id))

@@ -159,7 +159,8 @@ pub(crate) struct Engine<T: Transport> {
     pub(crate) sleeping: bool,
     t0: Instant,
     pub(crate) stats: Stats,
-    pub(crate) opts: Options,
+    /// Caller buffers registered now.
+    registered: usize,
 }
 
 fn cn_err<E: std::error::Error + Send + Sync + 'static>(e: CnError<E>) -> Error {
@@ -212,7 +213,7 @@ impl<T: Transport> Engine<T> {
             sleeping: false,
             t0: Instant::now(),
             stats: Stats::default(),
-            opts,
+            registered: 0,
         }
     }
 
@@ -858,7 +859,19 @@ impl<T: Transport> Engine<T> {
     }
 
     pub(crate) fn deregister(&mut self, reg: &Registered) {
-        let _ = self.d.backend.deregister(reg);
+        if self.d.backend.deregister(reg).is_ok() {
+            self.registered = self.registered.saturating_sub(1);
+        }
+    }
+
+    pub(crate) fn register(&mut self, addr: u64, len: u64) -> Result<Registered, Error> {
+        let r = self.d.backend.register(addr, len).map_err(Error::transport)?;
+        self.registered += 1;
+        Ok(r)
+    }
+
+    pub(crate) fn registered(&self) -> usize {
+        self.registered
     }
 }
 

@@ -38,6 +38,8 @@
 //! ```
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "tokio")]
+pub mod asynch;
 mod chunk;
 mod client;
 mod engine;
@@ -50,6 +52,8 @@ pub mod transport;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
+#[cfg(feature = "tokio")]
+pub use asynch::AsyncCn;
 pub use chunk::Chunk;
 pub use client::{Cn, Connect, IO_SLOTS, MAX_LIVE};
 pub use engine::Stats;

@@ -6,9 +6,9 @@
 //! call there and waits for the answer, so any number of application threads drive it
 //! safely, in the order the jobs arrive. After every post the model thread pumps the cluster
 //! (the fabric runs, the MN reacts), then signals every armed CN whose completion queues grew:
-//! a datagram on a connected pair of loopback UDP sockets — a real fd the library sleeps on
-//! (and `AsyncFd` watches) as it would on a verbs completion channel. (UDP rather than a Unix
-//! socket: the sleeper peeks with a timeout, and only `UdpSocket::peek` is stable.)
+//! a datagram on a connected pair of loopback UDP sockets — a real, non-blocking fd that tokio
+//! (or the caller's event loop) watches as it would a verbs completion channel — and a bell
+//! (a condvar) a blocking waiter sleeps on.
 //!
 //! The model's memory is not the process's, so a registered buffer is mirrored in the CN
 //! host's memory: a zero-copy access is still one work request naming the buffer's key,
@@ -45,7 +45,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -155,7 +155,7 @@ struct Cn {
     cn: DetachedCn,
     qps: Vec<QpAddr>,
     tx: UdpSocket,
-    written: Arc<AtomicU64>,
+    bell: Arc<Bell>,
     lost: Arc<AtomicBool>,
     /// Armed: the sum of the CN's CQ counts when it was.
     armed: Option<u64>,
@@ -241,11 +241,23 @@ impl World {
     }
 }
 
+/// A CN's signal: a datagram for whoever watches the fd (tokio, the caller's event loop), and
+/// a bell for a thread sleeping in [`Signal::wait`] (a blocking wait with a timeout on a
+/// socket tokio also watches would need the socket blocking, which tokio refuses).
+#[derive(Debug, Default)]
+struct Bell {
+    rung: AtomicU64,
+    heard: AtomicU64,
+    m: Mutex<()>,
+    cv: Condvar,
+}
+
 fn signal(c: &Cn) {
     // never blocks the model: a full socket is readable already
-    if c.tx.send(&[1]).is_ok_and(|n| n == 1) {
-        c.written.fetch_add(1, Ordering::Release);
-    }
+    let _ = c.tx.send(&[1]);
+    c.bell.rung.fetch_add(1, Ordering::AcqRel);
+    drop(c.bell.m.lock());
+    c.bell.cv.notify_all();
 }
 
 struct Inner {
@@ -431,9 +443,10 @@ impl Model {
             Ok((rx, tx))
         };
         let (rx, tx) = pair().map_err(|e| ModelError::Signal(e.kind()))?;
-        let written = Arc::new(AtomicU64::new(0));
+        rx.set_nonblocking(true).map_err(|e| ModelError::Signal(e.kind()))?;
+        let bell = Arc::new(Bell::default());
         let lost = Arc::new(AtomicBool::new(false));
-        let (w2, l2) = (written.clone(), lost.clone());
+        let (b2, l2) = (bell.clone(), lost.clone());
         let local_len = CnMemory::local_len_for(IO_SLOTS, MODEL_STAGING_SLOT);
         let (idx, cn) = self.inner.call(move |w| -> R<(usize, DetachedCn)> {
             if w.mn_dead {
@@ -445,7 +458,7 @@ impl Model {
                 .chain(cn.qps.access.iter().copied())
                 .map(|q| QpAddr::new(cn.host, q))
                 .collect();
-            w.cns.push(Some(Cn { cn: cn.clone(), qps, tx, written: w2, lost: l2, armed: None }));
+            w.cns.push(Some(Cn { cn: cn.clone(), qps, tx, bell: b2, lost: l2, armed: None }));
             Ok((w.cns.len() - 1, cn))
         })??;
         let device = ModelDevice {
@@ -455,8 +468,7 @@ impl Model {
             caps: self.inner.caps,
             max_message: self.inner.cfg.max_message,
             rx,
-            written,
-            consumed: 0,
+            bell,
             lost,
         };
         Ok(Connection { device, qps: cn.qps, mem: cn.mem, primed: true })
@@ -478,8 +490,7 @@ pub struct ModelDevice {
     caps: Capabilities,
     max_message: u64,
     rx: UdpSocket,
-    written: Arc<AtomicU64>,
-    consumed: u64,
+    bell: Arc<Bell>,
     lost: Arc<AtomicBool>,
 }
 
@@ -648,24 +659,64 @@ impl Mlx5Arm for ModelDevice {
 }
 
 /// The waiting side of a model CN's signal socket.
+///
+/// ```
+/// use omw_client::transport::Transport;
+/// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+/// let c = model.connect().unwrap();
+/// let s: omw_client::model::ModelSignal = c.device.signal().unwrap();
+/// # let _ = s;
+/// ```
 #[derive(Debug)]
-pub struct ModelSignal(UdpSocket);
+pub struct ModelSignal {
+    sock: UdpSocket,
+    bell: Arc<Bell>,
+}
 
 impl AsRawFd for ModelSignal {
     fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
+        self.sock.as_raw_fd()
+    }
+}
+
+/// A model CN's signal socket as tokio watches it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use omw_client::transport::{Signal, Transport};
+/// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+/// let c = model.connect().unwrap();
+/// let _a: omw_client::model::AsyncModelSignal = c.device.signal().unwrap().to_async().unwrap();
+/// # }
+/// ```
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub struct AsyncModelSignal(tokio::net::UdpSocket);
+
+#[cfg(feature = "tokio")]
+impl crate::transport::AsyncSignal for AsyncModelSignal {
+    async fn readable(&self) -> io::Result<()> {
+        self.0.readable().await?;
+        // the datagrams are the library's to drain (take_events); only tokio's flag is cleared
+        let _ = self.0.try_io(tokio::io::Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
+        Ok(())
     }
 }
 
 impl Signal for ModelSignal {
+    #[cfg(feature = "tokio")]
+    type Async = AsyncModelSignal;
+    #[cfg(feature = "tokio")]
+    fn to_async(&self) -> io::Result<AsyncModelSignal> {
+        Ok(AsyncModelSignal(tokio::net::UdpSocket::from_std(self.sock.try_clone()?)?))
+    }
     fn wait(&self, timeout: Duration) -> io::Result<bool> {
-        self.0.set_read_timeout(Some(timeout.max(Duration::from_micros(1))))?;
-        let mut b = [0u8; 1];
-        match self.0.peek(&mut b) {
-            Ok(n) => Ok(n > 0),
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Ok(false),
-            Err(e) => Err(e),
-        }
+        let b = &*self.bell;
+        let quiet = || b.rung.load(Ordering::Acquire) == b.heard.load(Ordering::Acquire);
+        let g = b.m.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = b.cv.wait_timeout_while(g, timeout, |_| quiet()).unwrap_or_else(|p| p.into_inner());
+        Ok(!quiet())
     }
 }
 
@@ -673,7 +724,7 @@ impl Transport for ModelDevice {
     type Fault = ModelError;
     type Signal = ModelSignal;
     fn signal(&self) -> io::Result<ModelSignal> {
-        Ok(ModelSignal(self.rx.try_clone()?))
+        Ok(ModelSignal { sock: self.rx.try_clone()?, bell: self.bell.clone() })
     }
     fn arm(&mut self) -> R<()> {
         self.call(|w, i| {
@@ -683,21 +734,16 @@ impl Transport for ModelDevice {
         })
     }
     fn take_events(&mut self) -> R<Link> {
-        // exactly the datagrams the model sent: they are queued already, so this never waits
-        // (one the socket dropped when full is given up after a microsecond)
-        let due = self.written.load(Ordering::Acquire).wrapping_sub(self.consumed);
-        if due > 0 {
-            let _ = self.rx.set_read_timeout(Some(Duration::from_micros(1)));
-            let mut buf = [0u8; 8];
-            for _ in 0..due {
-                if self.rx.recv(&mut buf).is_err() {
-                    break;
-                }
-            }
-            self.consumed = self.consumed.wrapping_add(due);
-        }
+        // what rang so far has been heard; then the datagrams (non-blocking: until none left).
+        // A ring after this is heard by the next call; its completion, made before it rang,
+        // is seen by the poll that follows this call.
+        let rung = self.bell.rung.load(Ordering::Acquire);
+        let mut buf = [0u8; 8];
+        while self.rx.recv(&mut buf).is_ok() {}
+        self.bell.heard.store(rung, Ordering::Release);
         Ok(if self.lost.load(Ordering::Acquire) { Link::Lost } else { Link::Up })
     }
+
     fn register(&mut self, _addr: u64, len: u64) -> R<Registered> {
         let host = self.host;
         self.call(move |w, _| {

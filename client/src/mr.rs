@@ -28,7 +28,7 @@ mod sealed {
 /// fn len_of<B: MrBuffer>(b: &B) -> usize { b.bytes().len() }
 /// assert_eq!(len_of(&vec![0u8; 3]), 3);
 /// ```
-pub trait MrBuffer: sealed::Sealed + Send {
+pub trait MrBuffer: sealed::Sealed + Send + Unpin {
     fn bytes(&self) -> &[u8];
     fn bytes_mut(&mut self) -> &mut [u8];
 }

@@ -69,10 +69,47 @@ pub trait Transport: RdmaBackend + DataPath<Error = <Self as Transport>::Fault> 
 }
 
 /// The event fd's waiting side.
+///
+/// ```
+/// use omw_client::transport::{Signal, Transport};
+/// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+/// let c = model.connect().unwrap();
+/// let s = c.device.signal().unwrap();
+/// // nothing was armed, nothing arrives
+/// assert!(!s.wait(std::time::Duration::from_millis(1)).unwrap());
+/// ```
 pub trait Signal: AsRawFd + Send + Sync + 'static {
+    /// The fd as tokio watches it ([`AsyncSignal`]).
+    #[cfg(feature = "tokio")]
+    type Async: AsyncSignal;
+
     /// Sleep until the fd is readable or `timeout` passed; whether it is readable. Nothing is
     /// consumed: [`Transport::take_events`] does that.
     fn wait(&self, timeout: Duration) -> io::Result<bool>;
+
+    /// Register the fd with the current tokio runtime.
+    #[cfg(feature = "tokio")]
+    fn to_async(&self) -> io::Result<Self::Async>;
+}
+
+/// The event fd registered with tokio's reactor (`AsyncFd`, or a tokio socket for a socket).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use omw_client::transport::{AsyncSignal, Signal, Transport};
+/// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+/// let c = model.connect().unwrap();
+/// let a = c.device.signal().unwrap().to_async().unwrap();
+/// let r = tokio::time::timeout(std::time::Duration::from_millis(5), a.readable()).await;
+/// assert!(r.is_err()); // nothing armed: it never turns readable
+/// # }
+/// ```
+#[cfg(feature = "tokio")]
+pub trait AsyncSignal: Send + Sync + 'static {
+    /// Wait until the fd turns readable, then clear tokio's readiness (the caller drains the
+    /// events with [`Transport::take_events`] next; anything newer makes it readable again).
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>> + Send + '_;
 }
 
 /// The state of the CN's connection to its MN.
