@@ -161,7 +161,7 @@ impl<T: Transport> Cn<T> {
     /// assert_eq!(cn.held_chunks(), 0);
     /// ```
     pub fn new(conn: Connection<T>, opts: Options) -> Result<Self, Error> {
-        let Connection { device, qps, mem, primed } = conn;
+        let Connection { device, qps, mem, primed, mn_qpns } = conn;
         let signal = device.signal().map_err(Error::transport)?;
         let d: Result<Driver<T>, _> = if primed {
             CnDriver::with_primed_receives(device, qps, mem)
@@ -193,6 +193,16 @@ impl<T: Transport> Cn<T> {
         let deadline = Instant::now() + opts.timeout;
         cn.wait_until(Some(deadline), |e| e.connected().then_some(()))
             .map_err(|e| if matches!(e, Error::Timeout { .. }) { Error::Timeout { what: "the MN's connect info" } } else { e })?;
+        // the connect info names the MN's ends of our QPs: they must be the ones the transport
+        // connected us to
+        let told = cn.lock().d.client().info().map(|i| {
+            [i.alloc_qpn, i.free_qpn].into_iter().chain(i.access_qpns.iter().copied()).collect::<Vec<_>>()
+        });
+        for (i, (t, n)) in told.unwrap_or_default().iter().zip(&mn_qpns).enumerate() {
+            if n.is_some_and(|n| n != *t) {
+                return Err(Error::WrongSession { connection: i });
+            }
+        }
         if opts.reserve.is_some() {
             cn.spawn_background();
         }

@@ -61,6 +61,9 @@ pub enum Error {
     Client(ClientError),
     /// The client was shut down.
     Shutdown,
+    /// The MN's connect info names another QP for `connection` than the transport connected
+    /// (the MN mixed up sessions). Reconnect.
+    WrongSession { connection: usize },
     /// The transport failed (the device or the model); the source says how.
     Transport(Arc<dyn std::error::Error + Send + Sync>),
 }
@@ -104,6 +107,9 @@ impl fmt::Display for Error {
             Error::Access(s) => write!(f, "the access failed: {s}"),
             Error::Client(e) => write!(f, "{e}"),
             Error::Shutdown => f.write_str("the client was shut down"),
+            Error::WrongSession { connection } => {
+                write!(f, "the MN's connect info names another QP for connection {connection} than rdma_cm connected")
+            }
             Error::Transport(e) => write!(f, "transport: {e}"),
         }
     }
@@ -138,6 +144,7 @@ impl PartialEq for Error {
             (Error::Timeout { what: a }, Error::Timeout { what: b }) => a == b,
             (Error::Access(a), Error::Access(b)) => a == b,
             (Error::Client(a), Error::Client(b)) => a == b,
+            (Error::WrongSession { connection: a }, Error::WrongSession { connection: b }) => a == b,
             _ => core::mem::discriminant(self) == core::mem::discriminant(other),
         }
     }

@@ -471,7 +471,8 @@ impl Model {
             bell,
             lost,
         };
-        Ok(Connection { device, qps: cn.qps, mem: cn.mem, primed: true })
+        let mn_qpns = [cn.mn_qps.alloc, cn.mn_qps.free].into_iter().chain(cn.mn_qps.access.iter().copied()).map(Some).collect();
+        Ok(Connection { device, qps: cn.qps, mem: cn.mem, primed: true, mn_qpns })
     }
 }
 

@@ -139,4 +139,8 @@ pub struct Connection<T> {
     pub mem: CnMemory,
     /// The receives were posted before the QPs connected (`prime_receives`).
     pub primed: bool,
+    /// The MN's QP numbers the transport connected to (Alloc, Free, access 0..; `None` where
+    /// it could not tell), checked against the MN's connect info: a mismatch means the MN
+    /// mixed up sessions. Empty: nothing to check.
+    pub mn_qpns: Vec<Option<omw_core::ids::Qpn>>,
 }
