@@ -62,11 +62,25 @@ impl<T: Transport> std::fmt::Debug for AsyncCn<T> {
     }
 }
 
-/// The driver task, aborted with the last handle.
-struct Driver(JoinHandle<()>);
+/// The driver task, aborted with the last handle; while it runs, blocking waiters of the
+/// same client leave the fd to it.
+struct Driver(JoinHandle<()>, Weak<dyn DriverCount>);
 impl Drop for Driver {
     fn drop(&mut self) {
         self.0.abort();
+        if let Some(s) = self.1.upgrade() {
+            s.driver_gone();
+        }
+    }
+}
+
+trait DriverCount: Send + Sync {
+    fn driver_gone(&self);
+}
+impl<T: Transport> DriverCount for Shared<T> {
+    fn driver_gone(&self) {
+        self.drivers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.cv.notify_all();
     }
 }
 
@@ -129,8 +143,10 @@ impl<T: Transport> AsyncCn<T> {
     pub fn new(cn: Cn<T>) -> Result<Self, Error> {
         let sig = cn.lock().d.backend.signal().map_err(Error::transport)?;
         let fd = sig.to_async().map_err(Error::transport)?;
+        cn.shared.drivers.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let task = tokio::spawn(drive(Arc::downgrade(&cn.shared), fd));
-        Ok(AsyncCn { cn, _driver: Arc::new(Driver(task)) })
+        let shared: Arc<dyn DriverCount> = cn.shared.clone();
+        Ok(AsyncCn { cn, _driver: Arc::new(Driver(task, Arc::downgrade(&shared))) })
     }
 
     /// The blocking handle of the same client (statistics, registration, shutdown).

@@ -53,6 +53,10 @@ pub(crate) struct Shared<T: Transport> {
     pub(crate) id: u64,
     pub(crate) opts: Options,
     stop: AtomicBool,
+    /// Async driver tasks watching the fd ([`crate::AsyncCn`]): while one runs, blocking
+    /// waiters sleep on the condvar it notifies after every harvest, never on the fd itself
+    /// (the task takes the fd's events; a thread asleep on the fd would not hear of them).
+    pub(crate) drivers: std::sync::atomic::AtomicUsize,
 }
 
 impl<T: Transport> Registrar for Shared<T> {
@@ -188,6 +192,7 @@ impl<T: Transport> Cn<T> {
             id,
             opts,
             stop: AtomicBool::new(false),
+            drivers: std::sync::atomic::AtomicUsize::new(0),
         });
         let cn = Cn { shared };
         let deadline = Instant::now() + opts.timeout;
@@ -390,7 +395,8 @@ impl<T: Transport> Cn<T> {
             if let Some(t) = e.next_timer() {
                 nap = nap.min(t.saturating_duration_since(now));
             }
-            if !e.sleeping {
+            let driven = self.shared.drivers.load(Ordering::Acquire) > 0;
+            if !e.sleeping && !driven {
                 // this thread watches the fd for everyone
                 e.sleeping = true;
                 e.d.backend.arm().map_err(Error::transport)?;

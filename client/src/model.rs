@@ -714,8 +714,13 @@ impl Signal for ModelSignal {
     }
     fn wait(&self, timeout: Duration) -> io::Result<bool> {
         let b = &*self.bell;
-        let quiet = || b.rung.load(Ordering::Acquire) == b.heard.load(Ordering::Acquire);
         let g = b.m.lock().unwrap_or_else(|p| p.into_inner());
+        // pending: rung and not yet heard, or rung since this wait began (whoever heard it)
+        let start = b.rung.load(Ordering::Acquire);
+        let quiet = || {
+            let rung = b.rung.load(Ordering::Acquire);
+            rung == b.heard.load(Ordering::Acquire) && rung == start
+        };
         let _ = b.cv.wait_timeout_while(g, timeout, |_| quiet()).unwrap_or_else(|p| p.into_inner());
         Ok(!quiet())
     }
