@@ -69,8 +69,14 @@ fn sync_run<T: Transport>(cn: &Cn<T>, chunk: &Chunk, threads: usize, ops: usize,
     figure(threads * ops, t0.elapsed(), lat)
 }
 
-fn async_run<T: Transport>(cn: &AsyncCn<T>, chunk: &Chunk, tasks: usize, ops: usize, zero_copy: bool) -> Figure {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+fn async_run<T: Transport>(
+    rt: &tokio::runtime::Runtime,
+    cn: &AsyncCn<T>,
+    chunk: &Chunk,
+    tasks: usize,
+    ops: usize,
+    zero_copy: bool,
+) -> Figure {
     rt.block_on(async {
         let t0 = Instant::now();
         let mut set = tokio::task::JoinSet::new();
@@ -137,8 +143,8 @@ fn bench<T: Transport>(name: &str, connect: impl Fn(Options) -> Cn<T>, quick: bo
                 Mode::SyncStaged => sync_run(&cn, &chunk, threads, ops, false),
                 Mode::SyncZeroCopy => sync_run(&cn, &chunk, threads, ops, true),
                 Mode::AsyncStaged | Mode::AsyncZeroCopy => {
-                    let a = &acn.as_ref().expect("made before the first async mode").1;
-                    async_run(a, &chunk, threads, ops, mode == Mode::AsyncZeroCopy)
+                    let (rt, a) = acn.as_ref().expect("made before the first async mode");
+                    async_run(rt, a, &chunk, threads, ops, mode == Mode::AsyncZeroCopy)
                 }
             };
             let b = *base.get_or_insert(f.ops_per_sec);
@@ -184,9 +190,9 @@ fn bench<T: Transport>(name: &str, connect: impl Fn(Options) -> Cn<T>, quick: bo
     );
 }
 
-/// The async handle needs a runtime to start its driver task in; keep that runtime alive.
+/// One runtime for the async handle's driver task and the tasks it serves.
 fn rt_wrap<T: Transport>(cn: &Cn<T>) -> (tokio::runtime::Runtime, AsyncCn<T>) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let a = rt.block_on(async { AsyncCn::new(cn.clone()) }).expect("async client");
     (rt, a)
 }

@@ -25,11 +25,26 @@ use std::collections::{HashMap, VecDeque};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
-/// Live allocations one client tracks.
+/// Live allocations one client tracks (the reserve's included).
+///
+/// ```
+/// assert!(omw_client::MAX_LIVE >= 1024);
+/// ```
 pub const MAX_LIVE: usize = 1024;
 /// Accesses (staged, zero-copy, atomic) in flight at once: the driver's I/O slots, within
 /// every transport's send-queue depth (model 64, verbs 256), so a full set of slots never
-/// overruns a QP even when all use one.
+/// overruns a QP even when all use one. More wait for a slot.
+///
+/// ```
+/// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+/// # let cn = omw_client::Cn::connect(&model, Default::default()).unwrap();
+/// let c = cn.alloc().unwrap();
+/// let hs: Vec<_> = (0..2 * omw_client::IO_SLOTS).map(|_| {
+///     let (cn, c) = (cn.clone(), c.clone());
+///     std::thread::spawn(move || { let mut b = [0u8; 8]; cn.read(&c, 0, &mut b).unwrap() })
+/// }).collect();
+/// for h in hs { h.join().unwrap(); } // back-pressure, not errors
+/// ```
 pub const IO_SLOTS: usize = 64;
 
 pub(crate) type Driver<T> = CnDriver<T, MAX_LIVE, IO_SLOTS>;

@@ -50,6 +50,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Bytes of one staging slot of a model CN (its local region holds [`IO_SLOTS`] of them).
+///
+/// ```
+/// # let model = omw_client::model::Model::start(omw_client::model::ModelConfig { chunk_size: 64 << 10, chunks: 2, ..Default::default() }).unwrap();
+/// # let cn = omw_client::Cn::connect(&model, Default::default()).unwrap();
+/// // a staged access longer than a slot goes out in slot-sized pieces
+/// let c = cn.alloc().unwrap();
+/// cn.write(&c, 0, &vec![1u8; 2 * omw_client::model::MODEL_STAGING_SLOT as usize]).unwrap();
+/// ```
 pub const MODEL_STAGING_SLOT: u64 = 16 << 10;
 
 /// The cluster a [`Model`] runs.
@@ -396,8 +404,9 @@ impl Model {
     ///
     /// ```
     /// let m = omw_client::model::Model::start(Default::default()).unwrap();
-    /// let allocs = m.with_cluster(|c| c.driver.mn.stats().allocs).unwrap();
-    /// assert_eq!(allocs, 0);
+    /// let reclaimed = m.with_cluster(|c| c.driver.mn.stats().groups_reclaimed).unwrap();
+    /// assert_eq!(reclaimed, 0);
+    /// m.with_cluster(|c| c.check_invariants()).unwrap().unwrap();
     /// ```
     pub fn with_cluster<T: Send + 'static>(&self, f: impl FnOnce(&mut Cluster) -> T + Send + 'static) -> R<T> {
         self.inner.call(move |w| f(&mut w.cluster))
@@ -484,6 +493,14 @@ impl Connect for &Model {
 }
 
 /// One CN's device on the model: every call runs on the model's thread.
+///
+/// ```
+/// use omw_core::device::DataPath;
+/// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+/// let c = model.connect().unwrap();
+/// let d: &omw_client::model::ModelDevice = &c.device;
+/// assert!(d.capabilities().contains(omw_core::device::Capabilities::MW_ATOMICS));
+/// ```
 pub struct ModelDevice {
     model: Arc<Inner>,
     idx: usize,

@@ -113,6 +113,15 @@ pub trait AsyncSignal: Send + Sync + 'static {
 }
 
 /// The state of the CN's connection to its MN.
+///
+/// ```
+/// use omw_client::transport::{Link, Transport};
+/// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+/// let mut c = model.connect().unwrap();
+/// assert_eq!(c.device.take_events().unwrap(), Link::Up);
+/// model.kill_mn().unwrap();
+/// assert_eq!(c.device.take_events().unwrap(), Link::Lost);
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Link {
     Up,
@@ -122,6 +131,16 @@ pub enum Link {
 }
 
 /// A registration of caller memory.
+///
+/// ```
+/// use omw_client::transport::Transport;
+/// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+/// let mut c = model.connect().unwrap();
+/// let buf = vec![0u8; 256];
+/// let r = c.device.register(buf.as_ptr() as u64, 256).unwrap();
+/// assert_eq!(r.len, 256);
+/// c.device.deregister(&r).unwrap();
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Registered {
     /// Where the device reads and writes it (the buffer's own address, or its mirror's).
@@ -132,6 +151,14 @@ pub struct Registered {
 
 /// A transport right after its connect: the device, the CN's QPs, its registered memory (the
 /// core's layout) and whether both message queues' receives are already posted.
+///
+/// ```
+/// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+/// let c = model.connect().unwrap();
+/// assert_eq!(c.qps.access.len(), 1); // G = 2: one access QP
+/// let cn = omw_client::Cn::new(c, Default::default()).unwrap();
+/// # drop(cn);
+/// ```
 #[derive(Debug)]
 pub struct Connection<T> {
     pub device: T,

@@ -26,6 +26,10 @@ use std::time::Duration;
 
 /// Bytes of one staging slot of a verbs CN (its local region, pinned, holds [`IO_SLOTS`] of
 /// them: 4 MiB).
+///
+/// ```
+/// assert_eq!(omw_client::verbs::VERBS_STAGING_SLOT * omw_client::IO_SLOTS as u64, 4 << 20);
+/// ```
 pub const VERBS_STAGING_SLOT: u64 = 64 << 10;
 
 /// An MN to connect to over rdma_cm.
