@@ -744,7 +744,8 @@ impl Cluster {
         let mut f = self.fabric.borrow_mut();
         let name = format!("detached{}", f.host_count());
         let host = f.add_host(&name)?;
-        let cn_cfg = QpConfig::default().with_depths(DETACHED_SEND_DEPTH, 2 * omw_core::cn::driver::RECVS_PER_QP as u32);
+        let cn_cfg =
+            QpConfig::default().with_depths(DETACHED_SEND_DEPTH, 2 * omw_core::cn::driver::RECVS_PER_QP as u32);
         let (alloc_qp, mn_alloc) = f.create_connected_pair(host, cn_cfg, self.mn_host, mgmt_cfg(0))?;
         let (free_qp, mn_free) = f.create_connected_pair(host, cn_cfg, self.mn_host, mgmt_cfg(1))?;
         let mut access = heapless::Vec::new();

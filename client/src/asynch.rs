@@ -355,17 +355,7 @@ impl<T: Transport> AsyncCn<T> {
         }
         let reg: Registered = mr.reg;
         let (start, len) = (range.start, range.len());
-        let mut fut = ZeroCopy {
-            cn: &self.cn,
-            chunk,
-            offset,
-            reg,
-            start,
-            len,
-            write,
-            mr: Some(mr),
-            id: None,
-        };
+        let mut fut = ZeroCopy { cn: &self.cn, chunk, offset, reg, start, len, write, mr: Some(mr), id: None };
         let r = (&mut fut).await;
         let mut mr = fut.mr.take().expect("a finished zero-copy future hands its buffer back");
         let r = match r {

@@ -28,7 +28,6 @@ use std::time::{Duration, Instant};
 
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
 
-
 /// Something a [`Cn`] can connect through: a transport's connect step.
 ///
 /// ```
@@ -167,11 +166,8 @@ impl<T: Transport> Cn<T> {
     pub fn new(conn: Connection<T>, opts: Options) -> Result<Self, Error> {
         let Connection { device, qps, mem, primed, mn_qpns } = conn;
         let signal = device.signal().map_err(Error::transport)?;
-        let d: Result<Driver<T>, _> = if primed {
-            CnDriver::with_primed_receives(device, qps, mem)
-        } else {
-            CnDriver::new(device, qps, mem)
-        };
+        let d: Result<Driver<T>, _> =
+            if primed { CnDriver::with_primed_receives(device, qps, mem) } else { CnDriver::new(device, qps, mem) };
         // no reply deadline in the driver: a request given up on would leave its chunk, when
         // the answer comes after all, held at the MN and forgotten here. The MN answers every
         // request (a reply, a refusal, or after "available" for a parked one), or the
@@ -196,13 +192,15 @@ impl<T: Transport> Cn<T> {
         });
         let cn = Cn { shared };
         let deadline = Instant::now() + opts.timeout;
-        cn.wait_until(Some(deadline), |e| e.connected().then_some(()))
-            .map_err(|e| if matches!(e, Error::Timeout { .. }) { Error::Timeout { what: "the MN's connect info" } } else { e })?;
+        cn.wait_until(Some(deadline), |e| e.connected().then_some(())).map_err(|e| {
+            if matches!(e, Error::Timeout { .. }) { Error::Timeout { what: "the MN's connect info" } } else { e }
+        })?;
         // the connect info names the MN's ends of our QPs: they must be the ones the transport
         // connected us to
-        let told = cn.lock().d.client().info().map(|i| {
-            [i.alloc_qpn, i.free_qpn].into_iter().chain(i.access_qpns.iter().copied()).collect::<Vec<_>>()
-        });
+        let told =
+            cn.lock().d.client().info().map(|i| {
+                [i.alloc_qpn, i.free_qpn].into_iter().chain(i.access_qpns.iter().copied()).collect::<Vec<_>>()
+            });
         for (i, (t, n)) in told.unwrap_or_default().iter().zip(&mn_qpns).enumerate() {
             if n.is_some_and(|n| n != *t) {
                 return Err(Error::WrongSession { connection: i });
@@ -502,7 +500,8 @@ impl<T: Transport> Cn<T> {
     pub fn shutdown(&self) -> Result<(), Error> {
         self.shared.stop.store(true, Ordering::Relaxed);
         self.lock().shut_down();
-        let r = self.wait_until(Some(self.deadline()), |e| (e.requests_outstanding() == 0 || e.is_lost()).then_some(()));
+        let r =
+            self.wait_until(Some(self.deadline()), |e| (e.requests_outstanding() == 0 || e.is_lost()).then_some(()));
         self.shared.cv.notify_all();
         r
     }
@@ -534,10 +533,7 @@ impl<T: Transport> Cn<T> {
     // ------------------------------------------------------------------ staged accesses
 
     /// Post one access, waiting for a free slot (back-pressure) up to the client's timeout.
-    fn post(
-        &self,
-        mut post: impl FnMut(&mut Engine<T>) -> Result<Option<u64>, Error>,
-    ) -> Result<u64, Error> {
+    fn post(&self, mut post: impl FnMut(&mut Engine<T>) -> Result<Option<u64>, Error>) -> Result<u64, Error> {
         self.wait_until(Some(self.deadline()), |e| match post(e) {
             Ok(Some(id)) => Some(Ok(id)),
             Ok(None) => None,
@@ -757,23 +753,22 @@ impl<T: Transport> Cn<T> {
     /// wait itself fail (the transport broke), the buffer is deregistered first — after that
     /// the device cannot reach it — and the caller learns [`Error::Deregistered`].
     fn finish_zero_copy(&self, id: u64, withdraw: Option<Registered>) -> Result<(), Error> {
-        loop {
-            match self.wait_until(None, |e| e.take_op(id, None)) {
-                Ok(Ok(_)) => return Ok(()),
-                Ok(Err(e)) => return Err(e),
-                Err(err) => {
-                    let mut e = self.lock();
-                    if let Some(r) = e.take_op(id, None) {
-                        return r.map(|_| ());
-                    }
-                    e.abandon_op(id, None);
-                    // a READ's buffer must be out of the device's reach before the caller has
-                    // it back; a WRITE's is only read by the device
-                    if let Some(reg) = withdraw {
+        match self.wait_until(None, |e| e.take_op(id, None)) {
+            Ok(r) => r.map(|_| ()),
+            Err(err) => {
+                let mut e = self.lock();
+                if let Some(r) = e.take_op(id, None) {
+                    return r.map(|_| ());
+                }
+                e.abandon_op(id, None);
+                // a READ's buffer must be out of the device's reach before the caller has it
+                // back; a WRITE's is only read by the device
+                match withdraw {
+                    Some(reg) => {
                         e.deregister(&reg);
-                        return Err(Error::Deregistered);
+                        Err(Error::Deregistered)
                     }
-                    return Err(err);
+                    None => Err(err),
                 }
             }
         }

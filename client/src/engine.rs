@@ -416,24 +416,16 @@ impl<T: Transport> Engine<T> {
                     }
                 }
             }
-            CnEvent::ReplyTimedOut { token } => {
-                if self.pending == Some(token) {
-                    self.pending = None;
-                    self.fail_head(Error::Timeout { what: "the allocation reply" });
-                }
+            CnEvent::ReplyTimedOut { token } if self.pending == Some(token) => {
+                self.pending = None;
+                self.fail_head(Error::Timeout { what: "the allocation reply" });
             }
-            CnEvent::SendFailed { token, status, .. } => {
-                if token.is_some() && token == self.pending {
-                    self.pending = None;
-                    self.fail_head(Error::Access(status));
-                }
+            CnEvent::SendFailed { token: Some(t), status, .. } if self.pending == Some(t) => {
+                self.pending = None;
+                self.fail_head(Error::Access(status));
             }
-            CnEvent::ReceiveFailed { .. } => {
-                // a message queue left RTS: the MN's end is gone or broke the pair
-                if !self.lost {
-                    self.on_lost();
-                }
-            }
+            // a message queue left RTS: the MN's end is gone or broke the pair
+            CnEvent::ReceiveFailed { .. } if !self.lost => self.on_lost(),
             _ => {}
         }
     }
@@ -682,7 +674,12 @@ impl<T: Transport> Engine<T> {
         id
     }
 
-    fn post_result(&mut self, r: Result<OpId, CnError<T::Error>>, chunk: u64, kind: Kind) -> Result<Option<u64>, Error> {
+    fn post_result(
+        &mut self,
+        r: Result<OpId, CnError<T::Error>>,
+        chunk: u64,
+        kind: Kind,
+    ) -> Result<Option<u64>, Error> {
         match r {
             Ok(op) => Ok(Some(self.track(op, chunk, kind))),
             Err(CnError::SlotsBusy) => Ok(BUSY),
@@ -747,7 +744,7 @@ impl<T: Transport> Engine<T> {
 
     /// An 8-byte atomic at `offset`.
     pub(crate) fn post_atomic(&mut self, chunk: &Chunk, offset: u64, op: AtomicOp) -> Result<Option<u64>, Error> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             self.check_owner(chunk)?;
             return Err(Error::Misaligned { offset });
         }
@@ -854,6 +851,7 @@ impl<T: Transport> Engine<T> {
     }
 
     /// Wake `w` when an I/O slot frees up.
+    #[cfg(feature = "tokio")]
     pub(crate) fn wait_for_slot(&mut self, w: &Waker) {
         if !self.slot_wakers.iter().any(|k| k.will_wake(w)) {
             self.slot_wakers.push(w.clone());

@@ -41,8 +41,8 @@ use omw_loopback::cluster::{Cluster, ClusterConfig, ClusterError, DetachedCn};
 use omw_loopback::{Fabric, HostId, LoopbackError, NicConfig, PdId, QpAddr};
 use std::fmt;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
 use std::net::UdpSocket;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -480,7 +480,8 @@ impl Model {
             bell,
             lost,
         };
-        let mn_qpns = [cn.mn_qps.alloc, cn.mn_qps.free].into_iter().chain(cn.mn_qps.access.iter().copied()).map(Some).collect();
+        let mn_qpns =
+            [cn.mn_qps.alloc, cn.mn_qps.free].into_iter().chain(cn.mn_qps.access.iter().copied()).map(Some).collect();
         Ok(Connection { device, qps: cn.qps, mem: cn.mem, primed: true, mn_qpns })
     }
 }

@@ -157,7 +157,10 @@ fn the_library_on_soft_roce() {
     assert!(matches!(cn.write(&counter, 4090, &[0u8; 16]), Err(Error::OutOfChunk(_))));
     let mut big = cn.register(vec![0u8; 8192]).unwrap();
     assert!(matches!(cn.read_into(&counter, 0, &mut big, 0..8192), Err(Error::OutOfChunk(_))));
-    assert_eq!(cn.read_into(&counter, 0, &mut big, 8000..9000), Err(Error::OutOfBuffer { start: 8000, end: 9000, len: 8192 }));
+    assert_eq!(
+        cn.read_into(&counter, 0, &mut big, 8000..9000),
+        Err(Error::OutOfBuffer { start: 8000, end: 9000, len: 8192 })
+    );
     let stale = counter.clone();
     cn.free(counter).unwrap();
     assert_eq!(cn.fetch_add(&stale, 0, 1), Err(Error::Freed));

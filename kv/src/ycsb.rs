@@ -153,9 +153,13 @@ fn check(k: u64, v: &[u8], len: usize) -> bool {
 pub enum YcsbError {
     Kv(AsyncKvError),
     /// A read returned bytes that are not a version of its key's value.
-    BadValue { key: u64 },
+    BadValue {
+        key: u64,
+    },
     /// A loaded key was not found.
-    Missing { key: u64 },
+    Missing {
+        key: u64,
+    },
 }
 
 impl fmt::Display for YcsbError {
@@ -285,7 +289,8 @@ pub async fn run<T: Transport>(kv: &Arc<AsyncKv<T>>, w: Workload, cfg: &YcsbConf
     let elapsed = t0.elapsed();
     let mut l = std::mem::take(&mut *lat.lock().unwrap_or_else(|p| p.into_inner()));
     l.sort_unstable();
-    let pct = |p: f64| l.get(((l.len() as f64 * p) as usize).min(l.len().saturating_sub(1))).copied().unwrap_or_default();
+    let pct =
+        |p: f64| l.get(((l.len() as f64 * p) as usize).min(l.len().saturating_sub(1))).copied().unwrap_or_default();
     Ok(YcsbReport {
         reads: counts[0].load(Ordering::Relaxed),
         updates: counts[1].load(Ordering::Relaxed),

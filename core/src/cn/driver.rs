@@ -819,7 +819,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         if !self.atomics_available() {
             return Err(CnError::AtomicsUnsupported);
         }
-        if addr % ATOMIC_LEN as u64 != 0 {
+        if !addr.is_multiple_of(ATOMIC_LEN as u64) {
             return Err(CnError::Misaligned { addr });
         }
         let (slot, local) = self.io_slot(ATOMIC_LEN)?;
@@ -835,10 +835,8 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// Whether [`CnDriver::post_atomic`] can run: the device has atomics and the MN's windows
     /// grant them (false before the connect info arrived).
     pub fn atomics_available(&self) -> bool {
-        let granted = self
-            .client
-            .info()
-            .is_some_and(|i| i.flags.contains(crate::wire::message::ConnectFlags::WINDOW_ATOMICS));
+        let granted =
+            self.client.info().is_some_and(|i| i.flags.contains(crate::wire::message::ConnectFlags::WINDOW_ATOMICS));
         granted && self.backend.capabilities().contains(crate::device::Capabilities::ATOMICS)
     }
 

@@ -38,7 +38,8 @@ impl Rig {
     /// `atomics`: whether the MN's device carries atomics through windows (its plan's
     /// capabilities, so its windows and its connect info follow).
     fn new(atomics: bool) -> Rig {
-        let nic: &'static RefCell<Nic> = Box::leak(Box::new(RefCell::new(TestNic::new(crate::device::mw_rules::Mode::Strict))));
+        let nic: &'static RefCell<Nic> =
+            Box::leak(Box::new(RefCell::new(TestNic::new(crate::device::mw_rules::Mode::Strict))));
         let mn_at = nic.borrow_mut().add_node(leak(64 << 10)).unwrap();
         let cn_at = nic.borrow_mut().add_node(leak(64 << 10)).unwrap();
         let b = Node::new(nic, mn_at);
@@ -46,8 +47,15 @@ impl Rig {
         if !atomics {
             plan.caps.remove(Capabilities::MW_ATOMICS);
         }
-        let spec =
-            PoolSpec { chunk_size: CHUNK, chunks: 4, group_size: 2, max_cns: 2, quota: 0, lease_ns: 0, queue_depth: None };
+        let spec = PoolSpec {
+            chunk_size: CHUNK,
+            chunks: 4,
+            group_size: 2,
+            max_cns: 2,
+            quota: 0,
+            lease_ns: 0,
+            queue_depth: None,
+        };
         let mut mn = plan.provision(b, &spec).unwrap();
         let mut c = Node::new(nic, cn_at);
         let pair = |c: &View| c.connect_to(Domain::CnFacing, mn_at, Domain::CnFacing).unwrap();
