@@ -315,6 +315,22 @@ impl<T: Transport> Cn<T> {
         self.shared.signal.as_raw_fd()
     }
 
+    /// Another handle on the event fd, for an event loop that wants more than the raw fd: it
+    /// can sleep on it ([`Signal::wait`]) or register it with tokio ([`Signal::to_async`] with
+    /// feature `tokio`).
+    ///
+    /// ```
+    /// use omw_client::transport::Signal;
+    /// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+    /// # let cn = omw_client::Cn::connect(&model, Default::default()).unwrap();
+    /// let s = cn.signal().unwrap();
+    /// assert!(!cn.arm().unwrap());
+    /// assert!(!s.wait(std::time::Duration::from_millis(1)).unwrap()); // nothing happened
+    /// ```
+    pub fn signal(&self) -> Result<T::Signal, Error> {
+        self.lock().d.backend.signal().map_err(Error::transport)
+    }
+
     /// Ask for a signal on the fd at the next completion. Returns `true` if something had
     /// already arrived (then do not sleep: call [`Cn::progress`]).
     ///

@@ -184,3 +184,17 @@ async fn a_lost_mn_fails_every_pending_future_with_disconnected() {
     assert!(all.iter().all(|r| r.is_ok() || *r == Err(Error::Disconnected)), "{all:?}");
     assert_eq!(cn.alloc().await, Err(Error::Disconnected));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_event_fd_wakes_a_tokio_loop() {
+    use omw_client::transport::{AsyncSignal, Signal};
+    let m = Model::start(ModelConfig { chunks: 1, ..Default::default() }).unwrap();
+    let a = Cn::connect(&m, Options::default()).unwrap();
+    let b = Cn::connect(&m, Options::default()).unwrap();
+    let fd = a.signal().unwrap().to_async().unwrap();
+    assert!(!a.arm().unwrap());
+    let _x = b.alloc().unwrap();
+    assert_eq!(b.try_alloc(), Err(Error::PoolEmpty));
+    tokio::time::timeout(Duration::from_secs(10), fd.readable()).await.expect("readable").unwrap();
+    assert!(a.progress().unwrap() > 0);
+}

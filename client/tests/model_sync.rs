@@ -7,6 +7,7 @@ use omw_client::{Cn, Error, Options, WaitPolicy};
 use omw_core::cn::OutOfChunk;
 use omw_core::device::ExecutionMode;
 use omw_loopback::NicConfig;
+use std::time::Duration;
 
 fn model(cfg: ModelConfig) -> (Model, Cn<ModelDevice>) {
     let m = Model::start(cfg).unwrap();
@@ -169,18 +170,22 @@ fn every_wait_policy_completes() {
 }
 
 #[test]
-fn the_fd_turns_readable_when_a_completion_arrives() {
+fn the_event_fd_drives_the_callers_own_loop() {
     use omw_client::transport::Signal;
-    let (m, cn) = model(ModelConfig::default());
-    let _ = &m;
-    // nothing pending: arm, and nothing is there
-    assert!(!cn.arm().unwrap());
-    // an allocation from another handle on another thread completes; the fd says so
-    let cn2 = cn.clone();
-    let t = std::thread::spawn(move || cn2.alloc().unwrap());
-    let c = t.join().unwrap();
-    assert_eq!(c.size(), 4096);
-    let fd = cn.fd();
-    assert!(fd >= 0);
-    let _ = <omw_client::model::ModelSignal as Signal>::wait;
+    let m = Model::start(ModelConfig { chunks: 2, ..Default::default() }).unwrap();
+    let a = Cn::connect(&m, Options::default()).unwrap();
+    let b = Cn::connect(&m, Options::default()).unwrap();
+    let sig = a.signal().unwrap();
+    assert!(a.fd() >= 0);
+    // A's loop: arm, then sleep on the fd
+    assert!(!a.arm().unwrap(), "nothing pending");
+    assert!(!sig.wait(Duration::from_millis(5)).unwrap(), "nothing happened");
+    // B exhausts the pool: the MN tells every CN "empty" — a message lands on A's queues
+    // while nobody of A polls
+    let _x = b.alloc().unwrap();
+    let _y = b.alloc().unwrap();
+    assert_eq!(b.try_alloc(), Err(Error::PoolEmpty));
+    assert!(sig.wait(Duration::from_secs(10)).unwrap(), "A's fd turned readable");
+    assert!(a.progress().unwrap() > 0, "and progress took what arrived");
+    assert_eq!(a.try_alloc(), Err(Error::PoolEmpty), "A heard the MN's 'empty'");
 }
