@@ -452,7 +452,23 @@ impl<T: Transport> Engine<T> {
         }
     }
 
+    /// Waiting allocations take reserved chunks first, oldest first (a burst may queue
+    /// waiters while a background refill lands in the reserve).
+    fn serve_from_reserve(&mut self) {
+        while !self.alloc_queue.is_empty() {
+            let Some(id) = self.reserve.pop_front() else { return };
+            let Some(c) = self.chunks.get_mut(&id) else { continue };
+            c.state = ChunkState::User;
+            let size = c.alloc.length;
+            self.stats.allocs_from_reserve += 1;
+            if let Some(w) = self.alloc_queue.pop_front() {
+                self.resolve(w, Ok(Chunk { id, size, client: self.client }));
+            }
+        }
+    }
+
     fn dispatch_allocs(&mut self) -> Result<(), Error> {
+        self.serve_from_reserve();
         if self.pending.is_some() || self.lost || !self.connected() {
             return Ok(());
         }
