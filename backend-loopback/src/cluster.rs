@@ -18,7 +18,9 @@ use crate::qp::QpConfig;
 use omw_core::access::AccessFlags;
 use omw_core::chain::mlx5::Mlx5Arm;
 use omw_core::chain::ChainKind;
-use omw_core::cn::driver::{AccessDone, CnDriver, CnError, CnEvent, CnMemory, CnQpSet, OpId};
+use omw_core::cn::driver::{
+    prime_receives, AccessDone, CnDriver, CnError, CnEvent, CnMemory, CnQpSet, MessageQueue, OpId,
+};
 use omw_core::cn::{Allocation, Client, ClientError, ClientEvent};
 use omw_core::device::DataPath;
 use omw_core::device::OffloadRings;
@@ -396,6 +398,23 @@ impl Mlx5Arm for NodeBackend {
     }
 }
 
+/// Send-queue depth of a detached CN's QPs (what bounds its accesses in flight per QP).
+pub const DETACHED_SEND_DEPTH: u32 = 64;
+
+/// A CN connected to the cluster's MN but driven elsewhere ([`Cluster::connect_detached_cn`]).
+#[derive(Clone, Debug)]
+pub struct DetachedCn {
+    pub host: HostId,
+    /// The id the MN admitted it as.
+    pub id: CnId,
+    /// Its ends of the Alloc, Free and access QPs.
+    pub qps: CnQpSet,
+    /// Its registered memory; the receives of both message queues are posted in it.
+    pub mem: CnMemory,
+    /// The MN's ends.
+    pub mn_qps: CnQps,
+}
+
 /// One modelled compute node: its host and QPs, driven by the core's [`CnDriver`].
 #[derive(Debug)]
 pub struct CnNode {
@@ -587,6 +606,12 @@ impl fmt::Debug for Cluster {
 
 impl Cluster {
     pub fn new(cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
+        Self::with_room(cfg, 0)
+    }
+
+    /// [`Cluster::new`] whose MN has room for `detached` CNs besides `cfg.cns`: CNs driven
+    /// outside the cluster ([`Cluster::connect_detached_cn`]).
+    pub fn with_room(cfg: ClusterConfig, detached: usize) -> Result<Cluster, ClusterError> {
         let plan = MnPlan::decide(
             cfg.nic.capabilities(),
             MnOptions { mode: cfg.mode, allow_insecure: false, scrub: cfg.scrub },
@@ -606,7 +631,7 @@ impl Cluster {
             chunk_size: cfg.chunk_size,
             chunks: cfg.chunks,
             group_size: cfg.group_size,
-            max_cns: cfg.cns.clamp(1, omw_core::mn::MAX_CNS) as u32,
+            max_cns: (cfg.cns + detached).clamp(1, omw_core::mn::MAX_CNS) as u32,
             quota: cfg.quota,
             lease_ns: cfg.lease_ns,
             queue_depth: None,
@@ -705,6 +730,64 @@ impl Cluster {
         let (_, act) = Deployment::new(&mut self.world, &mut self.driver, &mut self.cns).connect(idx, mn_qps, None)?;
         self.mn_cpu_events += act.cpu_events;
         Ok(idx)
+    }
+
+    /// Bring up a CN the cluster does not drive (a CN library on another thread, say): its host,
+    /// QPs (the same depths as the cluster's own CNs), a reply buffer and a local region of
+    /// `local_len` bytes, receives primed on both message queues, then the MN's connect and a
+    /// pump — its connect info waits in its receive queue. Whoever drives it builds a
+    /// `CnDriver::with_primed_receives` over any device that reaches its host and polls it;
+    /// the cluster's pumps never service it. [`Cluster::disconnect_detached_cn`] takes it down.
+    pub fn connect_detached_cn(&mut self, local_len: u64) -> Result<DetachedCn, ClusterError> {
+        let g = self.cfg.group_size as usize;
+        let offload = self.mode == ExecutionMode::Offloaded;
+        let d = self.ring_depths;
+        let mgmt_cfg = |kind: usize| if offload { QpConfig::managed(d[kind][1], 1) } else { QpConfig::default() };
+        let (alloc_loop, free_loop) = match self.driver.create_loop_qps()? {
+            Some((a, f)) => (Some(a), Some(f)),
+            None => (None, None),
+        };
+        let mut f = self.fabric.borrow_mut();
+        let name = format!("detached{}", f.host_count());
+        let host = f.add_host(&name)?;
+        let cn_cfg =
+            QpConfig::default().with_depths(DETACHED_SEND_DEPTH, 2 * omw_core::cn::driver::RECVS_PER_QP as u32);
+        let (alloc_qp, mn_alloc) = f.create_connected_pair(host, cn_cfg, self.mn_host, mgmt_cfg(0))?;
+        let (free_qp, mn_free) = f.create_connected_pair(host, cn_cfg, self.mn_host, mgmt_cfg(1))?;
+        let mut access = heapless::Vec::new();
+        let mut mn_access = heapless::Vec::new();
+        for _ in 1..g {
+            let (c, m) = f.create_connected_pair(host, cn_cfg, self.mn_host, QpConfig::default())?;
+            let _ = access.push(c.qpn);
+            let _ = mn_access.push(m.qpn);
+        }
+        drop(f);
+        let mut b = NodeBackend::new(self.fabric.clone(), host, None);
+        let reply = b.alloc_memory(CnMemory::REPLY_LEN, 64)?;
+        let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let rk = b.reg_mr(Domain::CnFacing, reply, CnMemory::REPLY_LEN, rights)?;
+        let local = b.alloc_memory(local_len, 64)?;
+        let lk = b.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE)?;
+        let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
+        let qps = CnQpSet { alloc: alloc_qp.qpn, free: free_qp.qpn, access };
+        // the MN sends its connect info as soon as it admits the CN
+        prime_receives(&mut b, &mem, MessageQueue::Alloc, qps.alloc)?;
+        prime_receives(&mut b, &mem, MessageQueue::Access0, qps.access[0])?;
+        let mn_qps = CnQps { alloc: mn_alloc.qpn, free: mn_free.qpn, access: mn_access, alloc_loop, free_loop };
+        let id = self.driver.connect_as(mn_qps.clone(), None)?;
+        self.pump()?;
+        Ok(DetachedCn { host, id, qps, mem, mn_qps })
+    }
+
+    /// A detached CN leaves: its host goes down and the MN hears of it the way a connection
+    /// manager tells it, then reclaims what the CN still held.
+    pub fn disconnect_detached_cn(&mut self, cn: &DetachedCn) -> Result<(), ClusterError> {
+        self.fabric.borrow_mut().crash_host(cn.host)?;
+        let now = self.now();
+        self.driver.handle(now, Event::CnGone { cn: cn.id })?;
+        self.count_event(1);
+        self.pump()?;
+        Ok(())
     }
 
     pub fn now(&self) -> u64 {

@@ -144,6 +144,10 @@ impl NicConfig {
         }
         if self.wqe_format == omw_core::wire::wqe_format::WqeFormat::Mlx5 {
             c |= Capabilities::WQE_FORM_MLX5;
+        } else {
+            // the model of ConnectX (mlx5 form) carries no atomics through windows, as the
+            // device does not (DESIGN.md §6.4); the canonical model does, as rxe does
+            c |= Capabilities::MW_ATOMICS;
         }
         c
     }
@@ -302,6 +306,9 @@ mod tests {
         assert!(!h
             .intersects(Capabilities::WAIT_ENABLE | Capabilities::SELF_MODIFYING_WQE | Capabilities::BIND_TO_OTHER_QP));
         assert!(h.contains(Capabilities::SECURE_MINIMUM));
+        assert!(s.contains(Capabilities::MW_ATOMICS) && r.contains(Capabilities::MW_ATOMICS));
+        let m = NicConfig::strict().with_wqe_format(omw_core::wire::wqe_format::WqeFormat::Mlx5).capabilities();
+        assert!(!m.contains(Capabilities::MW_ATOMICS));
     }
 
     #[test]

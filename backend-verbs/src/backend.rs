@@ -141,7 +141,19 @@ pub struct VerbsBackend {
     lost_windows: Vec<Rkey>,
     /// Tests only: act as if every teardown invalidation failed.
     fail_teardown_invalidation: bool,
+    /// Event-driven completions (a CN's): the CQs made after it was enabled report on it.
+    comp: Option<crate::notify::CompChannel>,
+    /// The completion channel and the rdma_cm channel as one fd.
+    events: Option<crate::notify::EventFd>,
+    /// rdma_cm reported one of this backend's connections gone.
+    disconnected: bool,
 }
+
+// SAFETY: the backend's raw pointers are libibverbs and librdmacm objects it alone owns and
+// uses through `&mut self` (or `&self` for queries); libibverbs objects may be used from any
+// thread (rdma-core documents its verbs as thread-safe), so moving the whole backend to another
+// thread is sound. It is not `Sync`: two threads never use it at once.
+unsafe impl Send for VerbsBackend {}
 
 impl std::fmt::Debug for VerbsBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -187,7 +199,97 @@ impl VerbsBackend {
             cm: crate::cm_event::CmChannel::default(),
             lost_windows: Vec::new(),
             fail_teardown_invalidation: false,
+            comp: None,
+            events: None,
+            disconnected: false,
         })
+    }
+
+    // ---------------------------------------------------------------- event-driven completions
+
+    /// Put the CQs made from now on on a completion channel, and make the event fd
+    /// ([`Self::event_fd`]): readable when a completion event or an rdma_cm event waits. Call it
+    /// before creating QPs (a CN: before it connects).
+    pub fn enable_completion_events(&mut self) -> Result<()> {
+        if self.comp.is_some() {
+            return Ok(());
+        }
+        let comp = crate::notify::CompChannel::create(self.ctx.ctx)?;
+        let cm = self.cm.channel_ptr()?;
+        // SAFETY: the rdma_cm channel is live (created above if it was not).
+        let cm_fd = unsafe { (*cm).fd };
+        let events = crate::notify::EventFd::watching(&[comp.fd(), cm_fd])
+            .map_err(|e| VerbsError::Config(format!("the CN's event fd (epoll): {e}")))?;
+        self.comp = Some(comp);
+        self.events = Some(events);
+        Ok(())
+    }
+
+    /// A handle on the event fd ([`Self::enable_completion_events`] first).
+    pub fn event_fd(&self) -> Result<crate::notify::EventFd> {
+        let e = self.events.as_ref().ok_or(VerbsError::Unsupported("completion events were not enabled"))?;
+        e.try_clone().map_err(|e| VerbsError::Config(format!("duplicating the event fd: {e}")))
+    }
+
+    /// Ask for an event at the next completion of every CQ (`ibv_req_notify_cq`).
+    pub fn arm_completion_events(&mut self) -> Result<()> {
+        if self.comp.is_none() {
+            return Err(VerbsError::Unsupported("completion events were not enabled"));
+        }
+        for e in self.qps.values() {
+            crate::notify::CompChannel::arm(e.send_cq)?;
+            crate::notify::CompChannel::arm(e.recv_cq)?;
+        }
+        Ok(())
+    }
+
+    /// Take (and acknowledge) every completion event and rdma_cm event waiting, without
+    /// blocking. Returns whether the connection is lost: rdma_cm reported one of this
+    /// backend's connections disconnected (the MN went away). Its QPs are then moved to the
+    /// error state (`rdma_disconnect`), so every work request still posted completes
+    /// (flushed) promptly instead of waiting for the transport's retries.
+    pub fn take_completion_events(&mut self) -> Result<bool> {
+        if let Some(c) = &self.comp {
+            c.drain();
+        }
+        while let Some(ev) = self.cm.poll(Duration::ZERO)? {
+            use crate::cm_event::CmEventKind;
+            if matches!(ev.kind, CmEventKind::Disconnected | CmEventKind::Error(_)) && !self.disconnected {
+                self.disconnected = true;
+                for e in self.qps.values() {
+                    if let Link::Cm { id } = e.link {
+                        // SAFETY: id is a live rdma_cm id of this backend; disconnecting moves
+                        // its QP to the error state (librdmacm) and frees nothing.
+                        unsafe { rdma_disconnect(id) };
+                    }
+                }
+            }
+        }
+        Ok(self.disconnected)
+    }
+
+    /// The largest message one work request may carry on this port (`max_msg_sz`).
+    pub fn max_message_len(&self) -> u64 {
+        self.ctx.port_attr.max_msg_sz as u64
+    }
+
+    /// Register `len` bytes of the caller's memory at `addr` for local access (LOCAL_WRITE:
+    /// READ results land there, WRITE sources are read there), not memory of this backend's.
+    /// Registering itself touches nothing; the device writes there only for work requests
+    /// naming the returned key, which the caller posts only while it holds the memory
+    /// (omw-client's `LocalMr` owns or borrows it). Deregistered by [`Self::dereg_mr`] or at
+    /// teardown.
+    pub fn reg_user_mr(&mut self, addr: u64, len: u64) -> Result<MrKeys> {
+        if len == 0 || addr.checked_add(len).is_none() {
+            return Err(VerbsError::BadAddress { addr, len });
+        }
+        // SAFETY: pd is live; the kernel validates and pins the range (EFAULT if it is not
+        // mapped); nothing is written to it by this call.
+        let mr = unsafe { crate::device::reg_mr(self.pd, addr, len, AccessFlags::LOCAL_WRITE) }?;
+        // SAFETY: mr is a live MR just returned.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        self.mrs.insert(lkey, MrEntry { mr, addr, len, keys: MrKeys { lkey, rkey }, access: AccessFlags::LOCAL_WRITE });
+        Ok(MrKeys { lkey, rkey })
     }
 
     pub fn device_name(&self) -> &str {
@@ -214,6 +316,7 @@ impl VerbsBackend {
     /// Add the capabilities a probe established (and drop those it refuted).
     pub fn set_probed(&mut self, probed: Capabilities) {
         let semantic = Capabilities::MW_QP_BINDING_ENFORCED
+            | Capabilities::MW_ATOMICS
             | Capabilities::MW_BOUNDS_ENFORCED
             | Capabilities::MW_QP_CHECK_ON_INVALIDATE;
         self.caps = (self.caps - semantic) | (probed & semantic);
@@ -293,8 +396,10 @@ impl VerbsBackend {
     // ---------------------------------------------------------------- QPs
 
     fn create_cq(&self, depth: u32) -> Result<*mut ibv_cq> {
-        // SAFETY: ctx is open; no completion channel, no context pointer.
-        let cq = unsafe { ibv_create_cq(self.ctx.ctx, depth as i32, ptr::null_mut(), ptr::null_mut(), 0) };
+        let ch = self.comp.as_ref().map_or(ptr::null_mut(), |c| c.ptr());
+        // SAFETY: ctx is open; the completion channel, if any, is live and outlives the CQ
+        // (Drop destroys CQs before it); no context pointer.
+        let cq = unsafe { ibv_create_cq(self.ctx.ctx, depth as i32, ptr::null_mut(), ch, 0) };
         if cq.is_null() {
             return Err(VerbsError::last("ibv_create_cq"));
         }
@@ -1450,6 +1555,8 @@ impl Drop for VerbsBackend {
                 Self::destroy_cqs(e.send_cq, e.recv_cq);
             }
         }
+        // every CQ is gone: the completion channel may go
+        self.comp = None;
         self.cm.close();
         // 3. MRs, PD, memory (the context closes when `ctx` drops after this)
         for (_, m) in std::mem::take(&mut self.mrs) {

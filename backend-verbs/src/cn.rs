@@ -164,50 +164,90 @@ fn cn_err(e: CnError<VerbsError>) -> VerbsError {
     }
 }
 
+/// A CN's connections to its MN, before any driver runs on them: the device, the CN's QPs
+/// (receives primed on both message queues), its registered memory (the core's layout, a
+/// local region of `local_len` bytes), the MN's QP numbers as rdma_cm negotiated them (Alloc,
+/// Free, access 0..; to check against the connect info) and the group size the MN's accept
+/// named.
+#[derive(Debug)]
+pub struct Queues {
+    pub backend: VerbsBackend,
+    pub qps: CnQpSet,
+    pub mem: CnMemory,
+    pub mn_qpns: Vec<Option<Qpn>>,
+    pub group_size: u8,
+}
+
+/// Open the device that routes to `addr`, register the CN's memory and connect its G + 1 QPs
+/// (what [`CnClient::connect`] and omw-client's verbs transport share). With `events`, the
+/// CQs are made on a completion channel first ([`VerbsBackend::enable_completion_events`]).
+pub fn connect_queues(addr: SocketAddr, opts: &CnOptions, local_len: u64, events: bool) -> Result<Queues> {
+    crate::device::device_names()?;
+    let device = match &opts.device {
+        Some(d) => d.clone(),
+        None => crate::cm::route_device(addr, opts.timeout)?,
+    };
+    crate::memlock::ensure_memlock(crate::memlock::MemlockNeed::cn(local_len + 4096))?;
+    let mut b = VerbsBackend::open_cn(Some(&device))?;
+    if events {
+        b.enable_completion_events()?;
+    }
+    let local = b.alloc_memory(local_len, 4096)?;
+    let lk = b.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE)?;
+    let reply = b.alloc_memory(4096, 4096)?;
+    // the MN's alloc reply is a WRITE_WITH_IMM into this buffer: the only remote right
+    let rk = b.reg_mr(Domain::CnFacing, reply, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
+    // unguessable: a half-open session is joined by its nonce
+    let n = crate::admission::random_nonce()
+        .map_err(|e| VerbsError::Config(format!("the OS's random source failed: {e}")))?;
+    // MN → CN messages (connect info, notices, error replies, lease probes) arrive on the
+    // Alloc QP (host-engine MN) or on access QP 0 (offloading MN) — never on a queue the
+    // MN posts binds on; allocation replies (WRITE_WITH_IMM) consume receives of the Alloc
+    // QP. Both get their receives before they connect: the MN may send at once.
+    let alloc = b.connect_from(opts.source, addr, &hello(opts, Role::Alloc, n), opts.timeout, |b, q| {
+        prime_receives(b, &mem, MessageQueue::Alloc, q)
+    })?;
+    let g = parse_welcome(&alloc.private_data)
+        .ok_or_else(|| VerbsError::Protocol("the MN's accept carried no group size".into()))?;
+    if !(2..=4).contains(&g) {
+        return Err(VerbsError::Protocol(format!("group size {g} from the MN")));
+    }
+    let free = b.connect_from(opts.source, addr, &hello(opts, Role::Free, n), opts.timeout, |_, _| Ok(()))?;
+    let mut mn_qpns = vec![alloc.remote_qpn, free.remote_qpn];
+    let mut access = heapless::Vec::new();
+    for i in 0..g - 1 {
+        let c = b.connect_from(opts.source, addr, &hello(opts, Role::Access(i), n), opts.timeout, |b, q| match i {
+            0 => prime_receives(b, &mem, MessageQueue::Access0, q),
+            _ => Ok(()),
+        })?;
+        let _ = access.push(c.qp);
+        mn_qpns.push(c.remote_qpn);
+    }
+    let qps = CnQpSet { alloc: alloc.qp, free: free.qp, access };
+    Ok(Queues { backend: b, qps, mem, mn_qpns, group_size: g })
+}
+
+/// Whether the MN's connect info names, for each connection, the QP rdma_cm connected it to
+/// (else the MN mixed up sessions); the first mismatch as an error.
+pub fn check_connect_info(info: &ConnectInfo, mn_qpns: &[Option<Qpn>]) -> Result<()> {
+    let told: Vec<Qpn> = [info.alloc_qpn, info.free_qpn].into_iter().chain(info.access_qpns.iter().copied()).collect();
+    for (i, (t, n)) in told.iter().zip(mn_qpns).enumerate() {
+        if let Some(n) = n {
+            if t != n {
+                return Err(VerbsError::Protocol(format!(
+                    "the MN's connect info names QP {t} for connection {i}, but rdma_cm connected it to QP {n}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl CnClient {
     /// Connect to the MN at `addr`: Alloc QP, Free QP, then the G−1 access QPs the MN asks for.
     pub fn connect(addr: SocketAddr, opts: &CnOptions) -> Result<Self> {
-        crate::device::device_names()?;
-        let device = match &opts.device {
-            Some(d) => d.clone(),
-            None => crate::cm::route_device(addr, opts.timeout)?,
-        };
-        crate::memlock::ensure_memlock(crate::memlock::MemlockNeed::cn(LOCAL_LEN + 4096))?;
-        let mut b = VerbsBackend::open_cn(Some(&device))?;
-        let local = b.alloc_memory(LOCAL_LEN, 4096)?;
-        let lk = b.reg_mr(Domain::CnFacing, local, LOCAL_LEN, AccessFlags::LOCAL_WRITE)?;
-        let reply = b.alloc_memory(4096, 4096)?;
-        // the MN's alloc reply is a WRITE_WITH_IMM into this buffer: the only remote right
-        let rk = b.reg_mr(Domain::CnFacing, reply, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
-        let mem = CnMemory { local, local_len: LOCAL_LEN, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
-        // unguessable: a half-open session is joined by its nonce
-        let n = crate::admission::random_nonce()
-            .map_err(|e| VerbsError::Config(format!("the OS's random source failed: {e}")))?;
-        // MN → CN messages (connect info, notices, error replies, lease probes) arrive on the
-        // Alloc QP (host-engine MN) or on access QP 0 (offloading MN) — never on a queue the
-        // MN posts binds on; allocation replies (WRITE_WITH_IMM) consume receives of the Alloc
-        // QP. Both get their receives before they connect: the MN may send at once.
-        let alloc = b.connect_from(opts.source, addr, &hello(opts, Role::Alloc, n), opts.timeout, |b, q| {
-            prime_receives(b, &mem, MessageQueue::Alloc, q)
-        })?;
-        let g = parse_welcome(&alloc.private_data)
-            .ok_or_else(|| VerbsError::Protocol("the MN's accept carried no group size".into()))?;
-        if !(2..=4).contains(&g) {
-            return Err(VerbsError::Protocol(format!("group size {g} from the MN")));
-        }
-        let free = b.connect_from(opts.source, addr, &hello(opts, Role::Free, n), opts.timeout, |_, _| Ok(()))?;
-        let mut mn_qpns = vec![alloc.remote_qpn, free.remote_qpn];
-        let mut access = heapless::Vec::new();
-        for i in 0..g - 1 {
-            let c =
-                b.connect_from(opts.source, addr, &hello(opts, Role::Access(i), n), opts.timeout, |b, q| match i {
-                    0 => prime_receives(b, &mem, MessageQueue::Access0, q),
-                    _ => Ok(()),
-                })?;
-            let _ = access.push(c.qp);
-            mn_qpns.push(c.remote_qpn);
-        }
-        let qps = CnQpSet { alloc: alloc.qp, free: free.qp, access };
+        let Queues { backend: b, qps, mem, mn_qpns, group_size: g } = connect_queues(addr, opts, LOCAL_LEN, false)?;
         let mut d = CnDriver::with_primed_receives(b, qps, mem).map_err(cn_err)?;
         let timeout_ns = opts.timeout.as_nanos().min(u64::MAX as u128) as u64;
         d.reply_timeout = timeout_ns;
@@ -219,6 +259,7 @@ impl CnClient {
             free_qpn: Qpn::default(),
             access_qpns: heapless::Vec::new(),
             quota: 0,
+            flags: Default::default(),
         };
         let mut c = CnClient {
             d,
@@ -247,17 +288,7 @@ impl CnClient {
         }
         // the MN's connect info names its ends of our QPs: they must be the QPs rdma_cm
         // connected us to, or the MN mixed up sessions
-        let told: Vec<Qpn> =
-            [c.info.alloc_qpn, c.info.free_qpn].into_iter().chain(c.info.access_qpns.iter().copied()).collect();
-        for (i, (t, n)) in told.iter().zip(&mn_qpns).enumerate() {
-            if let Some(n) = n {
-                if t != n {
-                    return Err(VerbsError::Protocol(format!(
-                        "the MN's connect info names QP {t} for connection {i}, but rdma_cm connected it to QP {n}"
-                    )));
-                }
-            }
-        }
+        check_connect_info(&c.info, &mn_qpns)?;
         c.mn_qpns = mn_qpns;
         Ok(c)
     }

@@ -194,6 +194,7 @@ fn query_port(ctx: *mut ibv_context, port: u8) -> Result<PortAttr> {
         lid: a.lid,
         active_mtu: Mtu::from_raw(a.active_mtu),
         gid_table_len: a.gid_tbl_len.max(0) as u32,
+        max_msg_sz: a.max_msg_sz,
     })
 }
 
@@ -369,6 +370,7 @@ impl Context {
                 lid: 0,
                 active_mtu: None,
                 gid_table_len: 0,
+                max_msg_sz: 0,
             },
             gid: GidEntry { index: 0, gid: [0; 16], gid_type: GidType::Unknown },
         };

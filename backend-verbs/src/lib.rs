@@ -25,6 +25,7 @@ pub mod log;
 pub mod memlock;
 pub mod metrics;
 pub mod mn;
+pub mod notify;
 pub mod port;
 pub mod probe;
 pub mod sessions;

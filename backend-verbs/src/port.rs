@@ -116,6 +116,8 @@ pub struct PortAttr {
     /// None when the provider reported a value outside `enum ibv_mtu`.
     pub active_mtu: Option<Mtu>,
     pub gid_table_len: u32,
+    /// The largest message the port carries (`max_msg_sz`): one work request's limit.
+    pub max_msg_sz: u32,
 }
 
 /// `enum ibv_gid_type`, or the sysfs string of the GID table.
@@ -359,6 +361,7 @@ mod tests {
             lid: 0,
             active_mtu: Some(Mtu::B1024),
             gid_table_len: 16,
+            max_msg_sz: 1 << 31,
         }
     }
     fn ib(lid: u16) -> PortAttr {

@@ -5,7 +5,9 @@
 //! invalidate it). Each check runs on fresh loopback QP pairs, because a remote access error
 //! moves both QPs of a pair to the error state. The result maps onto the core's
 //! [`Capabilities`]: `MW_QP_BINDING_ENFORCED`, `MW_BOUNDS_ENFORCED`,
-//! `MW_QP_CHECK_ON_INVALIDATE`.
+//! `MW_QP_CHECK_ON_INVALIDATE`, `MW_ATOMICS` (fetch-and-add through a window bound with
+//! REMOTE_ATOMIC — soft-RoCE does it, `rxe_resp.c` `check_rkey` looks an atomic's rkey up as a
+//! window like a READ's; ConnectX does not support atomics through windows).
 
 use crate::backend::VerbsBackend;
 use crate::error::{Result, VerbsError};
@@ -102,6 +104,7 @@ impl fmt::Display for ProbeReport {
         writeln!(f, "  MW_QP_BINDING_ENFORCED    {}", yes(Capabilities::MW_QP_BINDING_ENFORCED))?;
         writeln!(f, "  MW_BOUNDS_ENFORCED        {}", yes(Capabilities::MW_BOUNDS_ENFORCED))?;
         writeln!(f, "  MW_QP_CHECK_ON_INVALIDATE {}", yes(Capabilities::MW_QP_CHECK_ON_INVALIDATE))?;
+        writeln!(f, "  MW_ATOMICS                {}", yes(Capabilities::MW_ATOMICS))?;
         write!(f, "  stale rkey rejected       {}", if self.stale_rkey_accepted { "NO" } else { "yes" })
     }
 }
@@ -127,6 +130,10 @@ impl Ctx {
     }
     fn write(&mut self, on: Qpn, addr: u64, rkey: Rkey, len: u32) -> Result<WcStatus> {
         let w = Wqe::write(self.req, self.req_lkey, len, addr, rkey.0).with_wr_id(3);
+        Ok(self.b.post_wait(on, &w, TMO)?.status)
+    }
+    fn fetch_add(&mut self, on: Qpn, addr: u64, rkey: Rkey, add: u64) -> Result<WcStatus> {
+        let w = Wqe::fetch_add(self.req, self.req_lkey, addr, rkey.0, add).with_wr_id(5);
         Ok(self.b.post_wait(on, &w, TMO)?.status)
     }
     fn local_inv(&mut self, on: Qpn, rkey: Rkey) -> Result<WcStatus> {
@@ -274,6 +281,34 @@ pub fn run_choice(choice: &crate::device::DeviceChoice) -> Result<ProbeReport> {
             }
             // still bound to `a`: confirm it works there
             let _ = cx.read(bq, own + 12288, kd, 8)?;
+        }
+    }
+
+    // ---- E. an atomic through a window bound with REMOTE_ATOMIC (fresh pair: a refusal breaks it)
+    if !basic_failed && declared.contains(Capabilities::ATOMICS) {
+        let mw_e = cx.b.alloc_mw()?;
+        let (a, bq) = cx.b.create_loopback_pair()?;
+        let (cur, _) = cx.b.mw_state(mw_e).ok_or(VerbsError::UnknownMw(mw_e.0))?;
+        let ke = cur.next_key();
+        let rights = AccessFlags::DATA_WINDOW | AccessFlags::REMOTE_ATOMIC;
+        let w = Wqe::bind_mw(ke.0, own + 16384, 4096, cx.own_lkey, a.get(), rights).with_wr_id(1);
+        let bound = cx.b.post_wait(a, &w, TMO)?.status;
+        let at = own + 16384 + 64;
+        cx.b.write_local(at, &40u64.to_le_bytes())?;
+        let faa = if bound.is_ok() { Some(cx.fetch_add(bq, at, ke, 2)?) } else { None };
+        let mut now = [0u8; 8];
+        cx.b.read_local(at, &mut now)?;
+        let mut old = [0u8; 8];
+        cx.b.read_local(cx.req, &mut old)?;
+        let did = faa == Some(ok) && u64::from_le_bytes(now) == 42 && u64::from_le_bytes(old) == 40;
+        checks.push(Check {
+            name: "FETCH_ADD through a window bound with REMOTE_ATOMIC",
+            expected: ok,
+            got: if faa == Some(ok) && !did { Some(WcStatus::GeneralErr) } else { faa.or(Some(bound)) },
+            capability: Some(Capabilities::MW_ATOMICS),
+        });
+        if did {
+            caps |= Capabilities::MW_ATOMICS;
         }
     }
 

@@ -162,6 +162,7 @@ fn connect_info() -> [u8; omw_core::wire::message::CONNECT_INFO_LEN] {
         free_qpn: qpn(11),
         access_qpns: [qpn(12), qpn(13)].into_iter().collect(),
         quota: 1 << 20,
+        flags: Default::default(),
     }
     .encode()
 }

@@ -11,6 +11,10 @@
 //! and write bytes in it. Two implementations: [`loopback::LoopbackCn`] (the loopback cluster
 //! of omw-loopback) and [`verbs::VerbsCn`] (omw-verbs' `CnClient` against a real `omw mn`).
 //!
+//! [`async_store::AsyncKv`] is the same store on the CN library (omw-client): futures, many
+//! requests in flight over one connection, zero-copy records, chunks from the client's
+//! reserve; [`ycsb`] drives it with the YCSB core workloads A–D.
+//!
 //! ```
 //! use omw_kv::{loopback::LoopbackCn, KvStore};
 //! use omw_loopback::cluster::{Cluster, ClusterConfig};
@@ -24,10 +28,12 @@
 //! assert_eq!(kv.held_chunks(), 0); // its chunk went back to the MN
 //! ```
 
+pub mod async_store;
 pub mod exercise;
 pub mod loopback;
 pub mod record;
 pub mod verbs;
+pub mod ycsb;
 
 use omw_core::cn::object_alloc::{
     AllocWithError, ChunkIndex, ClassConfigError, ObjectAllocError, ObjectAllocator, ObjectRef,

@@ -148,6 +148,32 @@ impl CnMemory {
     }
 }
 
+/// A local buffer the caller registered itself: a zero-copy access names it instead of an I/O
+/// slot's staging memory, so the device moves the bytes straight between it and the chunk.
+/// The caller keeps the memory registered, and leaves it alone, until the access completed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LocalBuf {
+    /// The address the device knows the buffer by.
+    pub addr: u64,
+    pub lkey: u32,
+    pub len: u32,
+}
+
+/// An 8-byte remote atomic; the old value comes back through the access's I/O slot
+/// ([`CnDriver::access_done`] copies its [`ATOMIC_LEN`] bytes, little-endian on every device
+/// this crate runs on: the value in host byte order).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum AtomicOp {
+    /// Store `swap` iff the word equals `compare`; the old word comes back either way.
+    CompareSwap { compare: u64, swap: u64 },
+    /// Add `add` (wrapping); the old word comes back.
+    FetchAdd { add: u64 },
+}
+
+/// Bytes an atomic reads and writes; also its alignment (IBTA 9.4.5: an atomic's remote
+/// address must be 8-byte aligned, or the responder NAKs it and the QP breaks).
+pub const ATOMIC_LEN: usize = 8;
+
 /// Names a one-sided access (or raw work request) in flight.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub struct OpId(u32);
@@ -242,6 +268,13 @@ pub enum CnError<E> {
         need: u64,
         have: u64,
     },
+    /// An atomic's remote address is not 8-byte aligned (posting it would break the QP).
+    Misaligned {
+        addr: u64,
+    },
+    /// Remote atomics cannot run here: the device has none, or the MN's windows do not grant
+    /// them (its connect info says so; ConnectX carries no atomics through windows).
+    AtomicsUnsupported,
 }
 
 impl<E: fmt::Display> fmt::Display for CnError<E> {
@@ -256,6 +289,12 @@ impl<E: fmt::Display> fmt::Display for CnError<E> {
             CnError::BadSlotCount(s) => write!(f, "{s} I/O slots: a CN driver takes 1 to 256"),
             CnError::MemoryTooSmall { need, have } => {
                 write!(f, "the CN's local region needs {need} bytes, {have} registered")
+            }
+            CnError::Misaligned { addr } => {
+                write!(f, "atomic at {addr:#x}: the address must be a multiple of {ATOMIC_LEN}")
+            }
+            CnError::AtomicsUnsupported => {
+                f.write_str("remote atomics are not available: the device or the MN's windows do not carry them")
             }
         }
     }
@@ -741,6 +780,71 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         self.post_io(slot, CnQp::Access(window), Wqe::read(local, self.mem.lkey, len as u32, addr, rkey.0), len)
     }
 
+    /// Zero-copy READ of `local.len` bytes at `addr` through access QP `window` with `rkey`,
+    /// straight into the caller's registered buffer: an I/O slot tracks the access, its
+    /// staging memory stays unused, and [`CnDriver::access_done`] copies nothing.
+    pub fn post_read_into(
+        &mut self,
+        window: usize,
+        addr: u64,
+        rkey: Rkey,
+        local: LocalBuf,
+    ) -> Result<OpId, CnError<B::Error>> {
+        let (slot, _) = self.io_slot(0)?;
+        let w = Wqe::read(local.addr, local.lkey, local.len, addr, rkey.0);
+        self.post_io(slot, CnQp::Access(window), w, 0)
+    }
+
+    /// Zero-copy WRITE of the caller's registered buffer at `addr` through access QP `window`.
+    pub fn post_write_from(
+        &mut self,
+        window: usize,
+        addr: u64,
+        rkey: Rkey,
+        local: LocalBuf,
+    ) -> Result<OpId, CnError<B::Error>> {
+        let (slot, _) = self.io_slot(0)?;
+        let w = Wqe::write(local.addr, local.lkey, local.len, addr, rkey.0);
+        self.post_io(slot, CnQp::Access(window), w, 0)
+    }
+
+    /// An 8-byte remote atomic at `addr` through access QP `window`; the old value comes back
+    /// through [`CnDriver::access_done`]. Refused before anything is posted when `addr` is not
+    /// 8-byte aligned ([`CnError::Misaligned`]) or when atomics cannot run here — the device
+    /// lacks them, or the MN's connect info says its windows do not grant them
+    /// ([`CnError::AtomicsUnsupported`]): either would fail on the wire and take the access QP
+    /// down with it.
+    pub fn post_atomic(
+        &mut self,
+        window: usize,
+        addr: u64,
+        rkey: Rkey,
+        op: AtomicOp,
+    ) -> Result<OpId, CnError<B::Error>> {
+        if !self.atomics_available() {
+            return Err(CnError::AtomicsUnsupported);
+        }
+        if !addr.is_multiple_of(ATOMIC_LEN as u64) {
+            return Err(CnError::Misaligned { addr });
+        }
+        let (slot, local) = self.io_slot(ATOMIC_LEN)?;
+        let w = match op {
+            AtomicOp::CompareSwap { compare, swap } => {
+                Wqe::compare_swap(local, self.mem.lkey, addr, rkey.0, compare, swap)
+            }
+            AtomicOp::FetchAdd { add } => Wqe::fetch_add(local, self.mem.lkey, addr, rkey.0, add),
+        };
+        self.post_io(slot, CnQp::Access(window), w, ATOMIC_LEN)
+    }
+
+    /// Whether [`CnDriver::post_atomic`] can run: the device has atomics and the MN's windows
+    /// grant them (false before the connect info arrived).
+    pub fn atomics_available(&self) -> bool {
+        let granted =
+            self.client.info().is_some_and(|i| i.flags.contains(crate::wire::message::ConnectFlags::WINDOW_ATOMICS));
+        granted && self.backend.capabilities().contains(crate::device::Capabilities::ATOMICS)
+    }
+
     /// Any work request on any of the CN's QPs (the hostile CN: any verb, key, address). A
     /// WQE that names no local buffer (lkey 0) gets an I/O slot; what the device writes there
     /// (a READ's data, an atomic's old value) is what [`CnDriver::access_done`] copies out.
@@ -796,6 +900,32 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         }
         self.io[slot] = None;
         Ok(Some(AccessDone { status, len }))
+    }
+
+    /// An access's state without taking it: `None` while in flight, its status once done
+    /// (the slot stays taken until [`CnDriver::access_done`]).
+    pub fn op_status(&self, op: OpId) -> Result<Option<WcStatus>, CnError<B::Error>> {
+        match self.io.get((op.0 & 0xFF) as usize).copied().flatten() {
+            Some(s) if s.seq & 0x00FF_FFFF == op.0 >> 8 => Ok(s.done),
+            _ => Err(CnError::UnknownOp(op)),
+        }
+    }
+
+    /// I/O slots in all: the most accesses (staged, zero-copy or atomic) in flight at once.
+    pub const fn io_slots(&self) -> usize {
+        S
+    }
+
+    /// I/O slots free for a new access right now (completed accesses not yet collected with
+    /// [`CnDriver::access_done`] still hold theirs).
+    pub fn free_io_slots(&self) -> usize {
+        self.io.iter().filter(|s| s.is_none()).count()
+    }
+
+    /// Send slots a request could take now (an allocation may take at most
+    /// [`ALLOC_SEND_SLOTS`] of them).
+    pub fn free_send_slots(&self) -> usize {
+        self.sends.iter().filter(|s| s.is_none()).count()
     }
 
     /// The QP an access in flight was posted on.

@@ -29,6 +29,31 @@ impl Allocation {
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.base && len <= self.length && addr - self.base <= self.length - len
     }
+    /// The MN address of `len` bytes at `offset` of the chunk, or [`OutOfChunk`]: an access
+    /// past the chunk would fail on the wire (REM_ACCESS_ERR) and break the access QP — or,
+    /// where the device does not enforce window bounds, land in another chunk of the same MR
+    /// — so the CN refuses it before posting.
+    pub fn span(&self, offset: u64, len: u64) -> Result<u64, OutOfChunk> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.length => Ok(self.base + offset),
+            _ => Err(OutOfChunk { offset, len, chunk: self.length }),
+        }
+    }
+}
+
+/// An access that does not lie inside its chunk ([`Allocation::span`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct OutOfChunk {
+    pub offset: u64,
+    pub len: u64,
+    /// The chunk's length.
+    pub chunk: u64,
+}
+
+impl fmt::Display for OutOfChunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} bytes at offset {} do not fit a chunk of {} bytes", self.len, self.offset, self.chunk)
+    }
 }
 
 /// Which access QP a request should use: the paper's latency-critical vs background split.
@@ -313,6 +338,8 @@ impl<const N: usize> Client<N> {
 }
 
 pub mod driver;
+#[cfg(all(test, feature = "test-nic"))]
+mod driver_tests;
 pub mod object_alloc;
 
 #[cfg(test)]
@@ -330,6 +357,7 @@ mod tests {
             free_qpn: Qpn::new(11).unwrap(),
             access_qpns: [Qpn::new(12).unwrap(), Qpn::new(13).unwrap()].into_iter().collect(),
             quota: 4,
+            flags: Default::default(),
         }
     }
 
@@ -362,6 +390,24 @@ mod tests {
         let bad = Rebound { entry_addr: 0x6000, mw: 1, rkey: Rkey(0x201) };
         assert_eq!(c.on_message(1, &bad.encode()), Err(ClientError::NotMine { entry_addr: 0x6000 }));
         assert_eq!(c.live()[0], before);
+    }
+
+    #[test]
+    fn span_refuses_every_range_outside_the_chunk() {
+        let a = Allocation {
+            base: 0x1_0000,
+            length: 4096,
+            entry_addr: 0x5000,
+            rkeys: heapless::Vec::new(),
+            owner_rkey: Rkey(1),
+        };
+        assert_eq!(a.span(0, 4096), Ok(0x1_0000));
+        assert_eq!(a.span(4088, 8), Ok(0x1_0000 + 4088));
+        assert_eq!(a.span(4096, 0), Ok(0x1_0000 + 4096));
+        assert_eq!(a.span(4089, 8), Err(OutOfChunk { offset: 4089, len: 8, chunk: 4096 }));
+        assert_eq!(a.span(0, 4097), Err(OutOfChunk { offset: 0, len: 4097, chunk: 4096 }));
+        assert_eq!(a.span(u64::MAX, 2), Err(OutOfChunk { offset: u64::MAX, len: 2, chunk: 4096 }));
+        assert!(a.span(1, u64::MAX).is_err());
     }
 
     #[test]

@@ -39,6 +39,11 @@ bitflags::bitflags! {
         /// The device fetches send WQEs in the mlx5 form (ConnectX, and the model of it);
         /// without it, the canonical 64-byte form. [`crate::chain::arm`] lays chains out in it.
         const WQE_FORM_MLX5 = 1 << 10;
+        /// Fetch-and-add and compare-and-swap work through a type-2 window bound with
+        /// REMOTE_ATOMIC (soft-RoCE: `rxe_resp.c` looks the rkey up as a window for atomics as
+        /// for READ/WRITE). ConnectX does not support atomics through windows (DESIGN.md §6.4):
+        /// there the MN binds data windows READ/WRITE only and tells its CNs so.
+        const MW_ATOMICS = 1 << 11;
     }
 }
 

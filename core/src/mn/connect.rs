@@ -1,6 +1,7 @@
 //! Connections: a CN (of a tenant, or alone) gets an id, a slot, its scratch areas and its chains.
 
 use super::*;
+use crate::wire::message::ConnectFlags;
 
 impl MemoryNode {
     /// A CN connected with these MN-side QPs: assign it an id and a slot, prepare its scratch,
@@ -67,6 +68,11 @@ impl MemoryNode {
             free_qpn: qps.free,
             access_qpns: qps.access.clone(),
             quota: self.quota_of(cn),
+            flags: if self.cfg.window_access.contains(AccessFlags::REMOTE_ATOMIC) {
+                ConnectFlags::WINDOW_ATOMICS
+            } else {
+                ConnectFlags::empty()
+            },
         };
         self.send(port, cn, &info.encode())?;
         self.arm(port, cn, ChainKind::Free)?;

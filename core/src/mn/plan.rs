@@ -277,7 +277,8 @@ impl MnPlan {
 
 impl MnConfig {
     /// The configuration an [`MnPlan`] implies for a pool (queue depth 128, data windows
-    /// read/write).
+    /// read/write, and atomic where the device carries atomics through a window:
+    /// [`Capabilities::MW_ATOMICS`]).
     pub fn from_plan(plan: &MnPlan, geometry: PoolGeometry, max_cns: u32, quota: u32) -> Self {
         MnConfig {
             geometry,
@@ -286,7 +287,11 @@ impl MnConfig {
             mode: plan.mode,
             software_ownership_check: plan.software_ownership_check,
             queue_depth: 128,
-            window_access: AccessFlags::DATA_WINDOW,
+            window_access: if plan.caps.contains(Capabilities::MW_ATOMICS) {
+                AccessFlags::DATA_WINDOW.union(AccessFlags::REMOTE_ATOMIC)
+            } else {
+                AccessFlags::DATA_WINDOW
+            },
             scrub: plan.scrub,
             lease_ns: DEFAULT_LEASE_NS,
             audit_ns: DEFAULT_AUDIT_NS,

@@ -216,11 +216,11 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
     }
 
     /// Exactly what this device implements (never more): type-2 windows whose QP binding is
-    /// enforced, FAA and CAS, and in strict mode the bound-QP check on LOCAL_INV, window bounds
+    /// enforced, FAA and CAS (through windows too), and in strict mode the bound-QP check on LOCAL_INV, window bounds
     /// and masked FAA. No WAIT/ENABLE, no self-modifying WQEs (the host engine runs the chains),
     /// no bind to another QP, no SEND_WITH_INV.
     pub fn capabilities(&self) -> Capabilities {
-        let base = Capabilities::SECURE_MINIMUM | Capabilities::ATOMICS;
+        let base = Capabilities::SECURE_MINIMUM | Capabilities::ATOMICS | Capabilities::MW_ATOMICS;
         match self.mode {
             Mode::Strict => {
                 base | Capabilities::MASKED_FETCH_ADD

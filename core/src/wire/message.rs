@@ -518,7 +518,8 @@ impl ErrorReply {
 ///   0  8 hdr
 ///   8  4 cn id
 ///  12  1 group size G
-///  13  3 reserved
+///  13  1 flags (see [`ConnectFlags`]; unknown bits ignored)
+///  14  2 reserved
 ///  16  8 chunk size
 ///  24  4 MN end of the Alloc QP
 ///  28  4 MN end of the Free QP
@@ -534,11 +535,29 @@ pub struct ConnectInfo {
     pub free_qpn: Qpn,
     pub access_qpns: heapless::Vec<Qpn, MAX_ACCESS_QPS>,
     pub quota: u32,
+    /// What the CN's data windows grant beyond READ and WRITE.
+    pub flags: ConnectFlags,
 }
+
+bitflags::bitflags! {
+    /// The connect info's flags byte: what the MN's data windows let the CN do beyond READ and
+    /// WRITE. An MN that predates a flag sends it clear, so a CN never assumes a right the MN
+    /// did not grant.
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+    pub struct ConnectFlags: u8 {
+        /// The access windows are bound with REMOTE_ATOMIC: 8-byte compare-and-swap and
+        /// fetch-and-add on the chunk work. Clear where the device cannot carry atomics through
+        /// a type-2 window (ConnectX: DESIGN.md §6.4) — an atomic there would fail with
+        /// REM_ACCESS_ERR and break the CN's access QP, so the CN refuses it before posting.
+        const WINDOW_ATOMICS = 1 << 0;
+    }
+}
+
 /// Byte offsets of the connect info.
 pub mod connect_info {
     pub const CN: usize = 8;
     pub const GROUP_SIZE: usize = 12;
+    pub const FLAGS: usize = 13;
     pub const CHUNK_SIZE: usize = 16;
     pub const ALLOC_QPN: usize = 24;
     pub const FREE_QPN: usize = 28;
@@ -571,6 +590,7 @@ impl ConnectInfo {
         Header::new(Kind::ConnectInfo, 0).put(&mut out);
         put32(&mut out, o::CN, self.cn.get());
         out[o::GROUP_SIZE] = self.group_size;
+        out[o::FLAGS] = self.flags.bits();
         put64(&mut out, o::CHUNK_SIZE, self.chunk_size);
         put32(&mut out, o::ALLOC_QPN, self.alloc_qpn.get());
         put32(&mut out, o::FREE_QPN, self.free_qpn.get());
@@ -605,6 +625,7 @@ impl ConnectInfo {
             free_qpn: qpn(o::FREE_QPN)?,
             access_qpns,
             quota: le32(bytes, o::QUOTA),
+            flags: ConnectFlags::from_bits_truncate(bytes[o::FLAGS]),
         })
     }
 }
@@ -739,8 +760,16 @@ mod tests {
             free_qpn: Qpn::new(0x12).unwrap(),
             access_qpns: [Qpn::new(0x13).unwrap(), Qpn::new(0x14).unwrap()].into_iter().collect(),
             quota: 10,
+            flags: ConnectFlags::WINDOW_ATOMICS,
         };
         assert_eq!(MnMessage::decode(&ci.encode()), Ok(MnMessage::ConnectInfo(ci.clone())));
+        assert_eq!(ci.encode()[connect_info::FLAGS], 1);
+        // unknown flag bits (a newer MN) are ignored, never a refusal; a clear byte grants nothing
+        let mut b = ci.encode();
+        b[connect_info::FLAGS] = 0xFF;
+        assert_eq!(ConnectInfo::decode(&b).map(|c| c.flags), Ok(ConnectFlags::WINDOW_ATOMICS));
+        b[connect_info::FLAGS] = 0;
+        assert_eq!(ConnectInfo::decode(&b).map(|c| c.flags), Ok(ConnectFlags::empty()));
         let mut b = ci.encode();
         b[12] = 9;
         assert_eq!(ConnectInfo::decode(&b), Err(WireError::BadGroupSize(9)));

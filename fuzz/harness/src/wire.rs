@@ -89,6 +89,7 @@ fn client(data: &[u8]) {
         free_qpn: Qpn::new(0x11).expect("24 bit"),
         access_qpns: [Qpn::new(0x12).expect("24 bit"), Qpn::new(0x13).expect("24 bit")].into_iter().collect(),
         quota: 4,
+        flags: Default::default(),
     };
     let mut c: Client<4> = Client::new();
     c.on_message(0, &info.encode()).expect("a valid connect info");
