@@ -196,7 +196,9 @@ fn send_en_to_six(u: SendEnUnit) -> [bool; 3] {
     e.f.write(e.mn, pool, b"xyz").unwrap();
     let write = |i: u64| Wqe::write(pool + i, pk.lkey, 1, pool + 0x100 + i, pk.rkey).with_flags(QUIET);
     let sges: Vec<DataSeg> = (0..14u64).map(|i| DataSeg::new(1, pk.lkey, pool + 0x200 + i)).collect();
-    let scatter = encode_scatter_read(pool, pk.rkey, &sges, WqeIndex::new(1), sq, FmCeSe::new(FenceMode::None, CeSe::empty())).unwrap();
+    let scatter =
+        encode_scatter_read(pool, pk.rkey, &sges, WqeIndex::new(1), sq, FmCeSe::new(FenceMode::None, CeSe::empty()))
+            .unwrap();
     assert_eq!(scatter.wqebbs(), 4);
     let nop = Wqe::nop().with_flags(QUIET);
     put_all(
