@@ -642,6 +642,12 @@ impl Cluster {
         if let Some(on) = cfg.pop_ahead {
             driver.mn.set_pop_ahead(on);
         }
+        // the chains' variant from the NIC's answers to the open questions, as a bring-up
+        // profile of this model would give them; where no variant is correct the preferred one
+        // still runs — to show what breaks (tests/src/matrix.rs) — where a real MN would refuse
+        // to offload (`omw_verbs::devx::mn::chain_answers`)
+        let answers = omw_core::device::behaviour::DeviceAnswers::exactly(cfg.nic.behaviour);
+        driver.mn.set_chain_variant(omw_core::chain::variant::ChainVariant::choose(&answers).unwrap_or_default());
         let d = driver
             .mn
             .chain_ring_depths()

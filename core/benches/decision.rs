@@ -212,6 +212,7 @@ fn chain_env() -> ChainEnv {
         window_access: AccessFlags::DATA_WINDOW,
         owner_window_access: AccessFlags::REMOTE_READ,
         pop_ahead: true,
+        variant: omw_core::chain::variant::ChainVariant::default(),
     }
 }
 

@@ -54,13 +54,13 @@ fn tolerated(needs: &Needs, q: Question) -> Vec<&'static str> {
     out
 }
 
-/// The device answers the MN's chains are laid out for: the profile's (none: every answer
-/// unknown), refused with the question they leave open — or answer wrongly — when the
-/// chains are not correct under every behaviour they allow.
-pub fn chain_answers(profile: Option<&Profile>) -> Result<DeviceAnswers, DevxError> {
+/// The device answers the MN's chains are laid out for — the profile's (none: every answer
+/// unknown) — and the chain variant correct under every behaviour they allow; refused with
+/// the question they leave open, or answer wrongly, when no variant is.
+pub fn chain_answers(profile: Option<&Profile>) -> Result<(DeviceAnswers, ChainVariant), DevxError> {
     let answers = profile.map_or(DeviceAnswers::UNKNOWN, |p| p.answers);
     match ChainVariant::choose(&answers) {
-        Ok(_) => Ok(answers),
+        Ok(v) => Ok((answers, v)),
         Err(no) => {
             // the preferred layout's unmet question is what the operator can answer
             let variant = no.variant.unwrap_or(ChainVariant::ALL[0]);
@@ -92,6 +92,8 @@ pub struct DevxTransport<D, C: ExternalCm> {
     /// The management QPs' send-ring WQEBBs [Alloc, Free]: one lap of each chain, the same for
     /// every CN (`MemoryNode::chain_ring_depths`); known once the MN is provisioned.
     mgmt_depths: [u32; 2],
+    /// The chain layout the device's answers chose (`chain_answers`).
+    pub variant: ChainVariant,
     device_type: PhantomData<fn() -> D>,
 }
 
@@ -103,6 +105,7 @@ impl<D, C: ExternalCm> DevxTransport<D, C> {
             device: device.into(),
             accepted: HashMap::new(),
             mgmt_depths: [0; 2],
+            variant: ChainVariant::default(),
             device_type: PhantomData,
         }
     }
@@ -132,7 +135,11 @@ impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
     fn provision_error(e: ProvisionError<DevxError>) -> VerbsError {
         VerbsError::Config(format!("bringing the MN up on DEVX: {e}"))
     }
-    fn provisioned(&mut self, driver: &MnDriver<DevxBackend<D>>) -> Result<()> {
+    fn provisioned(&mut self, driver: &mut MnDriver<DevxBackend<D>>) -> Result<()> {
+        // no CN is connected yet: every chain is laid out for the device's answers
+        if !driver.mn.set_chain_variant(self.variant) {
+            return Err(VerbsError::Config("the chain variant is set before any CN connects".into()));
+        }
         let d = driver
             .mn
             .chain_ring_depths()
@@ -242,7 +249,7 @@ mod start {
                 )));
             }
             // the chains must be correct on what the device does (its bring-up profile)
-            let answers = chain_answers(opts.offload_profile.as_ref()).map_err(VerbsError::Devx)?;
+            let (answers, variant) = chain_answers(opts.offload_profile.as_ref()).map_err(VerbsError::Devx)?;
             // the device, port and GID the probe measured
             let choice = DeviceChoice { device: Some(report.device.clone()), gid_index: Some(report.gid.index) };
             let mut dev = RealDevx::open(&choice)?;
@@ -261,6 +268,7 @@ mod start {
                     describe_answers(&answers)
                 ));
             }
+            log(format!("chains: {variant:?} (SEND_EN indices in {:?}s)", variant.send_en_unit));
             let hca = caps::query(&mut dev).map_err(VerbsError::Devx)?;
             if let Some(m) = hca.missing_for_offload() {
                 return Err(VerbsError::Devx(DevxError::MissingCapability(m)));
@@ -274,7 +282,9 @@ mod start {
             let mut cfg = DevxConfig::new(capabilities);
             cfg.ring_arena_bytes = DevxConfig::arena_for(sizing.max_cns, opts.group_size, &cfg);
             let b = DevxBackend::new(dev, hca, cfg).map_err(VerbsError::Devx)?;
-            Ok((DevxTransport::new(RealCm::default(), &report.device), b, plan))
+            let mut transport = DevxTransport::new(RealCm::default(), &report.device);
+            transport.variant = variant;
+            Ok((transport, b, plan))
         }
     }
 

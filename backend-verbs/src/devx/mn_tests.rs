@@ -346,7 +346,13 @@ fn start_up_takes_the_chains_answers_from_the_profile() {
         answers,
     };
     let paper = profile(DeviceAnswers::exactly(DeviceBehaviour::PAPER));
-    assert_eq!(chain_answers(Some(&paper)).unwrap(), paper.answers);
+    assert_eq!(chain_answers(Some(&paper)).unwrap(), (paper.answers, ChainVariant::WQEBB_ENABLES));
+    // a device counting SEND_EN in WQEs gets the variant laid out in WQEs
+    let in_wqes = profile(DeviceAnswers {
+        send_en_unit: Some(omw_core::device::behaviour::SendEnUnit::Wqe),
+        ..DeviceAnswers::exactly(DeviceBehaviour::PAPER)
+    });
+    assert_eq!(chain_answers(Some(&in_wqes)).unwrap().1, ChainVariant::WQE_ENABLES);
     // every question the chains depend on settled but the bind's: refused on that one; the
     // prefetch answer left open does not matter
     let open_bind = profile(DeviceAnswers {

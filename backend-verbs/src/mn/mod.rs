@@ -248,7 +248,7 @@ impl<T: Transport> MnDaemon<T> {
         let mut driver = plan.provision(device, &spec).map_err(T::provision_error)?;
         let reg_time = t.elapsed();
         driver.concurrent_laps = !opts.serial_engine;
-        transport.provisioned(&driver)?;
+        transport.provisioned(&mut driver)?;
         transport.listen(&mut driver.backend, opts.listen)?;
         let g = opts.group_size as usize;
         let protection = if plan.per_chunk_mrs { Protection::MrPerChunk } else { Protection::WindowBounds };

@@ -35,8 +35,9 @@ pub trait Transport {
 
     /// Why the core's provisioning failed, as the daemon reports it.
     fn provision_error(e: ProvisionError<DeviceError<Self>>) -> VerbsError;
-    /// The MN is provisioned (before anything listens): take what the transport needs of it.
-    fn provisioned(&mut self, driver: &MnDriver<Self::Device>) -> Result<()>;
+    /// The MN is provisioned (before anything listens and any chain is laid out): take what the
+    /// transport needs of it, set what the device needs of it (the chains' variant).
+    fn provisioned(&mut self, driver: &mut MnDriver<Self::Device>) -> Result<()>;
     /// Listen for CNs on `addr`, an address of the MN's device.
     fn listen(&mut self, dev: &mut Self::Device, addr: SocketAddr) -> Result<()>;
     /// What the start-up line about the device adds for this transport (may be empty).

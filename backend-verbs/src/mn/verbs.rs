@@ -39,7 +39,7 @@ impl Transport for VerbsTransport {
             other => VerbsError::Provision(Box::new(other)),
         }
     }
-    fn provisioned(&mut self, _: &MnDriver<VerbsBackend>) -> Result<()> {
+    fn provisioned(&mut self, _: &mut MnDriver<VerbsBackend>) -> Result<()> {
         Ok(())
     }
     fn listen(&mut self, dev: &mut VerbsBackend, addr: SocketAddr) -> Result<()> {

@@ -36,6 +36,8 @@ pub struct ChainEnv {
     /// The alloc chain pops the next request's group before that request arrives
     /// (`chain::alloc`); otherwise after it, on the request's path.
     pub pop_ahead: bool,
+    /// The layout variant the device's answers chose (`chain::variant`).
+    pub variant: crate::chain::variant::ChainVariant,
 }
 
 impl ChainEnv {
@@ -126,6 +128,7 @@ impl Builder {
                         meta_lkey: env.keys.meta_lkey,
                         meta_rkey: env.keys.meta_rkey,
                         ring_lkey: env.keys.ring_lkey,
+                        send_en_unit: env.variant.send_en_unit,
                     }
                 },
             },
@@ -248,6 +251,7 @@ impl ChainEnv {
             window_access: AccessFlags::DATA_WINDOW,
             owner_window_access: AccessFlags::REMOTE_READ,
             pop_ahead: true,
+            variant: crate::chain::variant::ChainVariant::default(),
         })
     }
 }

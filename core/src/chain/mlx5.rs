@@ -34,6 +34,7 @@
 //! so the canonical WAIT counts hold. [`Mlx5Chain::validate`] checks it from the bytes.
 
 use crate::chain::{ChainError, ChainKind, ChainLayout, Loc, Rearm, Ring};
+use crate::device::behaviour::SendEnUnit;
 use crate::mlx5::ctrl::PrevWqe;
 use crate::mlx5::data::DataSeg;
 use crate::mlx5::decode::{decode, Local, Mlx5Op};
@@ -556,15 +557,56 @@ fn offset(a: Addr, by: usize) -> Addr {
     }
 }
 
-/// The index past the canonical entries `[0, limit)` of a ring: laps of `ring_wqebbs`.
-fn index_of(starts: &[u16], depth: usize, ring_wqebbs: usize, limit: u64) -> u16 {
+/// The index past the canonical entries `[0, limit)` of a ring: laps of `per_lap` units.
+fn index_of(starts: &[u16], depth: usize, per_lap: usize, limit: u64) -> u16 {
     if depth == 0 {
         return 0;
     }
     let lap = limit / depth as u64;
     let pos = (limit % depth as u64) as usize;
     let within = starts.get(pos).copied().unwrap_or(0) as u64;
-    (lap.wrapping_mul(ring_wqebbs as u64).wrapping_add(within) & 0xFFFF) as u16
+    (lap.wrapping_mul(per_lap as u64).wrapping_add(within) & 0xFFFF) as u16
+}
+
+/// Where each of the `depth` canonical entries of a ring starts in `unit`s of its placed
+/// `items`: bumps belong to the closing ENABLE's entry (the block before it starts it); an
+/// entry with no WQE of its own (a canonical bump, replaced by a shadow) starts where the next
+/// one does.
+fn entry_starts(
+    items: &[Item],
+    layout: &ChainLayout,
+    closing: Option<usize>,
+    depth: usize,
+    unit: SendEnUnit,
+    out: &mut heapless::Vec<u16, { crate::chain::MAX_STEPS }>,
+) -> Result<(), Mlx5ChainError> {
+    let step = |it: &Item| match unit {
+        SendEnUnit::Wqebb => it.wqebbs() as u16,
+        SendEnUnit::Wqe => 1,
+    };
+    let mut first: [Option<u16>; crate::chain::MAX_STEPS] = [None; crate::chain::MAX_STEPS];
+    let mut pi = 0u16;
+    for it in items.iter() {
+        let entry = match it.role {
+            Role::Step(s) => Some(layout.position(s as usize)),
+            Role::Bump(_) => closing.map(|c| layout.position(c)),
+            Role::Pad => None,
+        };
+        if let Some(e) = entry.filter(|e| *e < depth) {
+            first[e].get_or_insert(pi);
+        }
+        pi += step(it);
+    }
+    let mut next = pi;
+    let mut filled = [0u16; crate::chain::MAX_STEPS];
+    for e in (0..depth).rev() {
+        next = first[e].unwrap_or(next);
+        filled[e] = next;
+    }
+    for v in filled.iter().take(depth) {
+        out.push(*v).map_err(|_| Mlx5ChainError::Capacity)?;
+    }
+    Ok(())
 }
 
 struct Const(Option<u32>, WqeIndex);
@@ -646,10 +688,14 @@ impl Mlx5Chain {
             }
         }
 
-        // sizes, lap padding, positions
+        // sizes, lap padding, positions: where each canonical entry starts, in WQEBBs (the
+        // doorbell's unit) and in the unit the device counts SEND_EN indices in
+        let unit = layout.mlx5.send_en_unit;
         let mut ring_wqebbs = [0usize; 2];
-        let mut starts: [heapless::Vec<u16, { crate::chain::MAX_STEPS }>; 2] =
-            [heapless::Vec::new(), heapless::Vec::new()];
+        let mut per_lap = [0usize; 2];
+        type Starts = heapless::Vec<u16, { crate::chain::MAX_STEPS }>;
+        let mut starts: [Starts; 2] = [heapless::Vec::new(), heapless::Vec::new()];
+        let mut doorbell_starts: [Starts; 2] = [heapless::Vec::new(), heapless::Vec::new()];
         for ring in [Ring::Loop, Ring::Mgmt] {
             let r = ring as usize;
             let total: usize = b.items[r].iter().map(Item::wqebbs).sum();
@@ -666,32 +712,13 @@ impl Mlx5Chain {
                 b.push(ring, nop)?;
             }
             ring_wqebbs[r] = size;
-            // the first WQE of each canonical entry: bumps belong to the closing ENABLE's entry
-            // (the block before it starts it); an entry with no WQE of its own (a canonical
-            // bump, replaced by a shadow) starts where the next one does
+            per_lap[r] = match unit {
+                SendEnUnit::Wqebb => size,
+                SendEnUnit::Wqe => b.items[r].len(),
+            };
             let d = layout.ring_depth[r] as usize;
-            let mut first: [Option<u16>; crate::chain::MAX_STEPS] = [None; crate::chain::MAX_STEPS];
-            let mut pi = 0u16;
-            for it in b.items[r].iter() {
-                let entry = match it.role {
-                    Role::Step(s) => Some(layout.position(s as usize)),
-                    Role::Bump(_) => closing.map(|c| layout.position(c)),
-                    Role::Pad => None,
-                };
-                if let Some(e) = entry.filter(|e| *e < d) {
-                    first[e].get_or_insert(pi);
-                }
-                pi += it.wqebbs() as u16;
-            }
-            let mut next = size as u16;
-            let mut filled = [0u16; crate::chain::MAX_STEPS];
-            for e in (0..d).rev() {
-                next = first[e].unwrap_or(next);
-                filled[e] = next;
-            }
-            for v in filled.iter().take(d) {
-                starts[r].push(*v).map_err(|_| Mlx5ChainError::Capacity)?;
-            }
+            entry_starts(&b.items[r], layout, closing, d, SendEnUnit::Wqebb, &mut doorbell_starts[r])?;
+            entry_starts(&b.items[r], layout, closing, d, unit, &mut starts[r])?;
         }
 
         // lap-0 device values of every WAIT and ENABLE
@@ -710,7 +737,7 @@ impl Mlx5Chain {
                 Opcode::Enable => {
                     let t = if w.qpn == layout.qpns[0] { 0 } else { 1 };
                     limit[t] += w.operand0;
-                    index_of(&starts[t], depth[t], ring_wqebbs[t], limit[t]) as u64
+                    index_of(&starts[t], depth[t], per_lap[t], limit[t]) as u64
                 }
                 _ => continue,
             };
@@ -726,7 +753,7 @@ impl Mlx5Chain {
                 _ if w.queue_sel() == QueueSel::Recv => (1, 16),
                 _ => {
                     let t = if w.qpn == layout.qpns[0] { 0 } else { 1 };
-                    (ring_wqebbs[t] as u64, 16)
+                    (per_lap[t] as u64, 16)
                 }
             };
             let pushed = shadows.push(Shadow {
@@ -860,8 +887,9 @@ impl Mlx5Chain {
             }
         }
 
-        let initial_index =
-            [0, 1].map(|r| index_of(&starts[r], depth[r], ring_wqebbs[r], layout.initial_enable[r] as u64));
+        // the doorbell counts WQEBBs whatever unit SEND_EN counts in
+        let initial_index = [0, 1]
+            .map(|r| index_of(&doorbell_starts[r], depth[r], ring_wqebbs[r], layout.initial_enable[r] as u64));
         let chain = Mlx5Chain {
             kind: layout.kind,
             qpns: layout.qpns,
@@ -894,6 +922,15 @@ impl Mlx5Chain {
 
     pub fn ring_wqebbs(&self, ring: Ring) -> usize {
         self.rings[ring as usize].len() / WQEBB
+    }
+
+    /// How far one lap moves `ring`'s SEND_EN index: its WQEBBs or its WQEs, in the unit the
+    /// chain was laid out for (`Mlx5Scratch::send_en_unit`).
+    pub fn enable_per_lap(&self, ring: Ring) -> usize {
+        match self.canonical.mlx5.send_en_unit {
+            SendEnUnit::Wqebb => self.ring_wqebbs(ring),
+            SendEnUnit::Wqe => self.placed[ring as usize].len(),
+        }
     }
 
     /// What one lap executes in this form.
@@ -1127,8 +1164,8 @@ impl Mlx5Chain {
                     .find(|b| b.remote == Some(Loc::Field { step: sh.step, field: WqeField::Operand0 }))
                     .map(|b| b.wqe.operand0),
                 (_, QueueSel::Recv) => Some(1),
-                _ if w.qpn == self.qpns[0] => Some(self.ring_wqebbs(Ring::Loop) as u64),
-                _ => Some(self.ring_wqebbs(Ring::Mgmt) as u64),
+                _ if w.qpn == self.qpns[0] => Some(self.enable_per_lap(Ring::Loop) as u64),
+                _ => Some(self.enable_per_lap(Ring::Mgmt) as u64),
             };
             if want != Some(sh.increment) {
                 return Err(bad(sh.step));

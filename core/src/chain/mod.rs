@@ -138,6 +138,9 @@ pub struct Mlx5Scratch {
     pub meta_lkey: u32,
     pub meta_rkey: u32,
     pub ring_lkey: u32,
+    /// The unit the device counts SEND_EN indices in (the chain's variant,
+    /// `chain::variant`): the mlx5 form's enable indices and their lap counters use it.
+    pub send_en_unit: crate::device::behaviour::SendEnUnit,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

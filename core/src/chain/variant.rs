@@ -9,9 +9,11 @@
 //! - **WAIT prefetch: any.** The validator counts only enable limits as fetch bounds
 //!   (`ChainLayout::happens_before`): every WQE a scatter or a chain step patches lies beyond
 //!   an enable limit raised only after the patch completed.
-//! - **SEND_EN counted in WQEBBs.** The mlx5 form's enable indices and lap counters are WQEBB
-//!   positions (`chain::mlx5`); a device counting WQEs would release a multi-WQEBB bind or
-//!   scatter READ early.
+//! - **SEND_EN in the unit the device counts.** The mlx5 form's enable indices and lap
+//!   counters count WQEBBs or WQEs, whichever the variant says (`Mlx5Scratch::send_en_unit`,
+//!   `chain::mlx5`): an index in the wrong unit would release a multi-WQEBB bind or scatter
+//!   READ early (or stall the ring), so each unit is its own variant and an unknown answer
+//!   admits neither.
 //! - **Self-enable honoured.** Phase gates are FENCEd ENABLEs of the Loop ring by itself.
 //! - **Foreign binds honoured.** The alloc chain posts every BIND on the management QP, naming
 //!   the CN's Free and access QPs.
@@ -24,28 +26,32 @@
 use crate::device::behaviour::{DeviceAnswers, ForeignBind, Needs, Question, RecvEnable, SelfEnable, SendEnUnit};
 use core::fmt;
 
-/// A chain layout the builders can make, by what it needs of the device.
+/// A chain layout the builders can make, by what it needs of the device: binds on the
+/// management QP naming other QPs, self-enabling phase gates, receives replenished through the
+/// doorbell — and SEND_EN indices in `send_en_unit`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[non_exhaustive]
-pub enum ChainVariant {
-    /// Binds on the management QP naming other QPs, self-enabling phase gates, enable indices
-    /// in WQEBBs, receives replenished through the doorbell.
-    ManagementBinds,
+pub struct ChainVariant {
+    /// The unit the chain's SEND_EN indices and their lap counters count.
+    pub send_en_unit: SendEnUnit,
 }
 
 impl ChainVariant {
+    /// SEND_EN indices in WQEBBs (Mellanox PCX's `cd_send_enable`): the paper's device.
+    pub const WQEBB_ENABLES: ChainVariant = ChainVariant { send_en_unit: SendEnUnit::Wqebb };
+    /// SEND_EN indices in WQEs (MLNX_OFED libmlx5's `sq.head`).
+    pub const WQE_ENABLES: ChainVariant = ChainVariant { send_en_unit: SendEnUnit::Wqe };
+
     /// Every layout, in the order the MN prefers them.
-    pub const ALL: [ChainVariant; 1] = [ChainVariant::ManagementBinds];
+    pub const ALL: [ChainVariant; 2] = [Self::WQEBB_ENABLES, Self::WQE_ENABLES];
 
     /// The device behaviours this layout is correct under.
     pub const fn needs(self) -> Needs {
-        match self {
-            ChainVariant::ManagementBinds => Needs::ANY
-                .recv_enable(RecvEnable::Doorbell)
-                .send_en_unit(SendEnUnit::Wqebb)
-                .self_enable(SelfEnable::Honoured)
-                .foreign_bind(&[ForeignBind::Honoured]),
-        }
+        Needs::ANY
+            .recv_enable(RecvEnable::Doorbell)
+            .send_en_unit(self.send_en_unit)
+            .self_enable(SelfEnable::Honoured)
+            .foreign_bind(&[ForeignBind::Honoured])
     }
 
     /// The first layout correct under every behaviour `answers` leave possible.
@@ -64,6 +70,13 @@ impl ChainVariant {
     }
 }
 
+impl Default for ChainVariant {
+    /// The paper's device: [`ChainVariant::WQEBB_ENABLES`].
+    fn default() -> Self {
+        Self::WQEBB_ENABLES
+    }
+}
+
 /// No layout is correct under every behaviour the device's answers leave possible.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct NoVariant {
@@ -78,7 +91,7 @@ impl fmt::Display for NoVariant {
         match (self.variant, self.question) {
             (Some(v), Some(q)) => write!(
                 f,
-                "no chain layout is correct on this device: {v:?} needs a different answer to \"{q}\" \
+                "no chain layout is correct on this device: the preferred one ({v:?}) needs a different answer to \"{q}\" \
                  (profile key {}) than the device gave or left unknown",
                 q.key()
             ),
@@ -96,10 +109,20 @@ mod tests {
     fn the_layout_tolerates_prefetch_past_waits() {
         let mut b = DeviceBehaviour::PAPER;
         b.wait_prefetch = WaitPrefetch::FetchesPast;
-        assert_eq!(ChainVariant::choose(&DeviceAnswers::exactly(b)), Ok(ChainVariant::ManagementBinds));
+        assert_eq!(ChainVariant::choose(&DeviceAnswers::exactly(b)), Ok(ChainVariant::WQEBB_ENABLES));
         // and an unknown prefetch answer is no reason to refuse
         let answers = DeviceAnswers { wait_prefetch: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) };
-        assert_eq!(ChainVariant::choose(&answers), Ok(ChainVariant::ManagementBinds));
+        assert_eq!(ChainVariant::choose(&answers), Ok(ChainVariant::WQEBB_ENABLES));
+    }
+
+    #[test]
+    fn each_send_en_unit_has_its_variant_and_an_unknown_unit_has_none() {
+        let mut b = DeviceBehaviour::PAPER;
+        b.send_en_unit = SendEnUnit::Wqe;
+        assert_eq!(ChainVariant::choose(&DeviceAnswers::exactly(b)), Ok(ChainVariant::WQE_ENABLES));
+        let answers = DeviceAnswers { send_en_unit: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) };
+        let e = ChainVariant::choose(&answers).unwrap_err();
+        assert_eq!(e.question, Some(Question::SendEnUnit));
     }
 
     #[test]

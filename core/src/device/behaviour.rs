@@ -39,9 +39,11 @@ pub enum RecvEnable {
 ///
 /// WQEBBs in Mellanox PCX (`qp_ctx::cd_send_enable` uses the slave's `write_cnt`); WQEs in
 /// MLNX_OFED libmlx5 (`sq.head`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, Default)]
 pub enum SendEnUnit {
-    /// 64-byte basic blocks: a 3-WQEBB bind advances the index by 3.
+    /// 64-byte basic blocks: a 3-WQEBB bind advances the index by 3 (the default: the
+    /// paper's device).
+    #[default]
     Wqebb,
     /// Work requests, whatever their size.
     Wqe,

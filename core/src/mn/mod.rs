@@ -80,6 +80,9 @@ pub struct MnConfig {
     /// others — the default ([`MnConfig::pop_ahead_pays`]) turns it on only where that is a
     /// small share of the pool.
     pub pop_ahead: bool,
+    /// The chain layout variant (`chain::variant`): chosen from the device's answers to the
+    /// open CORE-Direct questions; the paper's device's by default.
+    pub chain_variant: crate::chain::variant::ChainVariant,
 }
 
 impl MnConfig {
@@ -544,20 +547,38 @@ impl MemoryNode {
             ChainKind::Alloc => (r.qps.alloc, r.qps.alloc_loop),
             ChainKind::Free => (r.qps.free, r.qps.free_loop),
         };
-        Some(ChainEnv {
+        // host-engine mode has no loop QP: the engine never posts to it
+        let loop_qpn = lp.map(|q| q.get()).unwrap_or(0xFF_FFFF);
+        Some(self.env_for(r.slot, cn, [loop_qpn, mgmt.get(), r.qps.free.get()]))
+    }
+
+    /// The chain environment of CN `cn` in slot `slot` with QPs `[loop, mgmt, free]`.
+    fn env_for(&self, slot: u32, cn: CnId, qpns: [u32; 3]) -> ChainEnv {
+        ChainEnv {
             map: self.map,
-            slot: r.slot,
+            slot,
             cn,
-            // host-engine mode has no loop QP: the engine never posts to it
-            loop_qpn: lp.map(|q| q.get()).unwrap_or(0xFF_FFFF),
-            mgmt_qpn: mgmt.get(),
-            free_qpn: r.qps.free.get(),
+            loop_qpn: qpns[0],
+            mgmt_qpn: qpns[1],
+            free_qpn: qpns[2],
             keys: self.keys,
             queue_depth: self.cfg.queue_depth,
             window_access: self.cfg.window_access,
             owner_window_access: AccessFlags::REMOTE_READ,
             pop_ahead: self.cfg.pop_ahead && self.cfg.mode == ExecutionMode::Offloaded,
-        })
+            variant: self.cfg.chain_variant,
+        }
+    }
+
+    /// Lay chains out for another variant ([`MnConfig::chain_variant`], from the device's
+    /// answers: `chain::variant`); only while no CN is connected (connected CNs' chains are
+    /// armed with the layout they have).
+    pub fn set_chain_variant(&mut self, v: crate::chain::variant::ChainVariant) -> bool {
+        if self.cns().next().is_some() {
+            return false;
+        }
+        self.cfg.chain_variant = v;
+        true
     }
 
     /// Turn popping ahead on or off ([`MnConfig::pop_ahead`]); only while no CN is connected
@@ -593,19 +614,8 @@ impl MemoryNode {
     /// The alloc and free chains as built for sizing (slot 0, placeholder QP numbers): their
     /// shapes — ring depths in either WQE format — are those of every CN's chains.
     pub fn chain_sizing_layouts(&self) -> Result<[crate::chain::ChainLayout; 2], crate::chain::ChainError> {
-        let env = ChainEnv {
-            map: self.map,
-            slot: 0,
-            cn: CnId::new(1).map_err(|_| crate::chain::ChainError::TooManySteps)?,
-            loop_qpn: 1,
-            mgmt_qpn: 2,
-            free_qpn: 3,
-            keys: self.keys,
-            queue_depth: self.cfg.queue_depth,
-            window_access: self.cfg.window_access,
-            owner_window_access: AccessFlags::REMOTE_READ,
-            pop_ahead: self.cfg.pop_ahead && self.cfg.mode == ExecutionMode::Offloaded,
-        };
+        let cn = CnId::new(1).map_err(|_| crate::chain::ChainError::TooManySteps)?;
+        let env = self.env_for(0, cn, [1, 2, 3]);
         let a = crate::chain::alloc::build_alloc_chain(&env)?;
         let f = crate::chain::free::build_free_chain(&env)?;
         Ok([a, f])

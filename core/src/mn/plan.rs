@@ -296,6 +296,7 @@ impl MnConfig {
             lease_ns: DEFAULT_LEASE_NS,
             audit_ns: DEFAULT_AUDIT_NS,
             pop_ahead: MnConfig::pop_ahead_pays(plan.mode, geometry.chunk_count(), max_cns),
+            chain_variant: crate::chain::variant::ChainVariant::default(),
         }
     }
 }

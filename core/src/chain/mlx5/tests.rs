@@ -7,6 +7,7 @@ use super::*;
 use crate::chain::alloc::build_alloc_chain;
 use crate::chain::arm;
 use crate::chain::builder::{test_env, ChainEnv};
+use crate::chain::variant::ChainVariant;
 use crate::chain::free::build_free_chain;
 use crate::mlx5::encode::is_umr;
 use crate::wire::memory_map::{alloc_scratch, free_scratch, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF};
@@ -229,11 +230,16 @@ impl Pair {
                 if matches!(w.opcode, Opcode::Wait | Opcode::Enable) {
                     let sh = self.chain.shadows.iter().find(|x| x.step == t).unwrap();
                     // independent of the shadow: a lap advances an ENABLE by its target ring's
-                    // size (RECV_EN: one receive WQE), a WAIT by the canonical bump
+                    // size in the SEND_EN unit — WQEBBs, or WQEs placed (RECV_EN: one receive
+                    // WQE), a WAIT by the canonical bump
+                    let ring_size = |r: Ring| match l.mlx5.send_en_unit {
+                        SendEnUnit::Wqebb => self.chain.ring_wqebbs(r) as u64,
+                        SendEnUnit::Wqe => self.chain.placed[r as usize].len() as u64,
+                    };
                     let per_lap = match (w.opcode, w.queue_sel(), w.qpn == l.qpns[0]) {
                         (Opcode::Enable, QueueSel::Recv, _) => 1,
-                        (Opcode::Enable, _, true) => self.chain.ring_wqebbs(Ring::Loop) as u64,
-                        (Opcode::Enable, _, false) => self.chain.ring_wqebbs(Ring::Mgmt) as u64,
+                        (Opcode::Enable, _, true) => ring_size(Ring::Loop),
+                        (Opcode::Enable, _, false) => ring_size(Ring::Mgmt),
                         _ => sh.increment,
                     };
                     let v = (sh.initial + lap * per_lap) & ((1 << sh.bits) - 1);
@@ -291,8 +297,9 @@ fn scrubbing_env(g: u8, scrub: bool) -> ChainEnv {
     env
 }
 
-fn run_alloc(g: u8, laps: &[(u32, u64, u32, [u32; 3])]) {
-    let env = scrubbing_env(g, false);
+fn run_alloc(g: u8, unit: SendEnUnit, laps: &[(u32, u64, u32, [u32; 3])]) {
+    let mut env = scrubbing_env(g, false);
+    env.variant = ChainVariant { send_en_unit: unit, ..env.variant };
     let mut p = Pair::new(build_alloc_chain(&env).unwrap(), &env);
     for (lap, (token, off, rkey, qpns)) in laps.iter().enumerate() {
         let req = alloc_request(*token, CN_BUF + off, *rkey, &qpns[..g as usize - 1]);
@@ -327,8 +334,9 @@ fn run_alloc(g: u8, laps: &[(u32, u64, u32, [u32; 3])]) {
     }
 }
 
-fn run_free(g: u8, scrub: bool, entries: &[u32]) {
-    let env = scrubbing_env(g, scrub);
+fn run_free(g: u8, scrub: bool, unit: SendEnUnit, entries: &[u32]) {
+    let mut env = scrubbing_env(g, scrub);
+    env.variant = ChainVariant { send_en_unit: unit, ..env.variant };
     let mut p = Pair::new(build_free_chain(&env).unwrap(), &env);
     for (lap, i) in entries.iter().enumerate() {
         let entry = env.map.table_base + (*i % 16) as u64 * ENTRY_SIZE as u64;
@@ -348,9 +356,10 @@ fn run_free(g: u8, scrub: bool, entries: &[u32]) {
 
 #[test]
 fn alloc_laps_agree_with_the_canonical_form() {
-    for g in 2..=4 {
+    for (g, unit) in (2..=4).flat_map(|g| [(g, SendEnUnit::Wqebb), (g, SendEnUnit::Wqe)]) {
         run_alloc(
             g,
+            unit,
             &[
                 (0x1111, 0, 0xAB_CD01, [0x300, 0x301, 0x302]),
                 (0x2222, 64, 0x12_3402, [0x400, 0x401, 0x402]),
@@ -364,7 +373,9 @@ fn alloc_laps_agree_with_the_canonical_form() {
 fn free_laps_agree_with_the_canonical_form() {
     for g in 2..=4 {
         for scrub in [false, true] {
-            run_free(g, scrub, &[3, 0, 15, 3]);
+            for unit in [SendEnUnit::Wqebb, SendEnUnit::Wqe] {
+                run_free(g, scrub, unit, &[3, 0, 15, 3]);
+            }
         }
     }
 }
@@ -391,6 +402,73 @@ fn shadow_counters_wrap_in_device_units() {
         let mut v = 0xFF_FFFEu64;
         v = masked_add(v, 4, 1 << 23);
         assert_eq!(CqIndex::from_count(v).get(), 2);
+    }
+}
+
+/// The two SEND_EN units lay out the same bytes but for the indices: each SEND_EN names the
+/// same canonical position — counted in WQEBBs by one variant, in WQEs by the other — and its
+/// lap counter advances by the target ring's WQEBBs or WQEs; the doorbell (always WQEBBs) is
+/// the same.
+#[test]
+fn send_en_indices_count_in_the_variants_unit() {
+    for g in 2..=4 {
+        let env = test_env(4096, 16, g);
+        let wqe_env = ChainEnv { variant: ChainVariant::WQE_ENABLES, ..env };
+        for (bb, wq) in [
+            (build_alloc_chain(&env).unwrap(), build_alloc_chain(&wqe_env).unwrap()),
+            (build_free_chain(&env).unwrap(), build_free_chain(&wqe_env).unwrap()),
+        ] {
+            let (cb, cw) = (Mlx5Chain::build(&bb, queues()).unwrap(), Mlx5Chain::build(&wq, queues()).unwrap());
+            cw.validate().unwrap();
+            assert_eq!(cb.initial_index, cw.initial_index, "the doorbell counts WQEBBs");
+            let mut wider = false;
+            for ring in [Ring::Loop, Ring::Mgmt] {
+                let r = ring as usize;
+                assert_eq!(cb.placed[r], cw.placed[r]);
+                assert_eq!(cw.enable_per_lap(ring), cb.placed[r].len());
+                wider |= cb.enable_per_lap(ring) > cw.enable_per_lap(ring);
+                for (k, (pb, pw)) in cb.placed[r].iter().zip(cw.placed[r].iter()).enumerate() {
+                    let (db, dw) = (cb.decode_at(ring, pb.pi).unwrap(), cw.decode_at(ring, pw.pi).unwrap());
+                    match (db.op, dw.op) {
+                        (Mlx5Op::SendEn { qpn: qb, max_index: ib }, Mlx5Op::SendEn { qpn: qw, max_index: iw }) => {
+                            assert_eq!(qb, qw);
+                            let t = if qb == bb.qpns[0] { Ring::Loop } else { Ring::Mgmt };
+                            let tb = cb.ring_wqebbs(t) as u64;
+                            // lap 0 indices lie within the first two laps of the target ring
+                            let (lap, within) = (ib.get() as u64 / tb, ib.get() as u16 % tb as u16);
+                            let want = lap * cb.placed[t as usize].len() as u64 + {
+                                let before = cb.placed[t as usize].iter().take_while(|p| p.pi < within).count();
+                                before as u64
+                            };
+                            assert_eq!(iw.get() as u64, want, "{:?} {ring:?} WQE {k}", bb.kind);
+                        }
+                        // a lap-counter bump adds its shadow's increment (checked below)
+                        (
+                            Mlx5Op::MaskedFetchAdd { remote: rb, add: ab, .. },
+                            Mlx5Op::MaskedFetchAdd { remote: rw, add: aw, .. },
+                        ) if cb.shadows.iter().any(|x| x.addr == rb) => {
+                            assert_eq!(rb, rw);
+                            let (sb, sw) = (
+                                cb.shadows.iter().find(|x| x.addr == rb).unwrap(),
+                                cw.shadows.iter().find(|x| x.addr == rw).unwrap(),
+                            );
+                            assert_eq!((ab, aw), (sb.increment, sw.increment));
+                        }
+                        (a, b) => assert_eq!(a, b, "{:?} {ring:?} WQE {k}: only SEND_EN indices differ", bb.kind),
+                    }
+                }
+            }
+            assert!(wider, "{:?} G={g}: some ring holds a multi-WQEBB WQE", bb.kind);
+            for (sb, sw) in cb.shadows.iter().zip(cw.shadows.iter()) {
+                let w = &bb.steps[sb.step as usize].wqe;
+                if w.opcode == Opcode::Enable && w.queue_sel() == QueueSel::Send {
+                    let t = if w.qpn == bb.qpns[0] { Ring::Loop } else { Ring::Mgmt };
+                    assert_eq!((sb.increment, sw.increment), (cb.ring_wqebbs(t) as u64, cw.enable_per_lap(t) as u64));
+                } else {
+                    assert_eq!(sb, sw);
+                }
+            }
+        }
     }
 }
 
@@ -514,10 +592,12 @@ proptest! {
         laps in proptest::collection::vec((any::<u32>(), 0u64..8, any::<u32>(), proptest::array::uniform3(1u32..(1 << 24))), 1..5),
         frees in proptest::collection::vec(0u32..16, 1..5),
         scrub in any::<bool>(),
+        in_wqes in any::<bool>(),
     ) {
         let laps: Vec<_> = laps.into_iter().map(|(t, o, r, q)| (t, o * 32, r, q)).collect();
-        run_alloc(g, &laps);
-        run_free(g, scrub, &frees);
+        let unit = if in_wqes { SendEnUnit::Wqe } else { SendEnUnit::Wqebb };
+        run_alloc(g, unit, &laps);
+        run_free(g, scrub, unit, &frees);
     }
 }
 
