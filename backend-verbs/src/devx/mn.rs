@@ -24,7 +24,7 @@ use crate::error::{human, Result, VerbsError};
 use crate::mn::transport::{DeviceError, Transport};
 use crate::sessions::Session;
 use omw_core::chain::variant::ChainVariant;
-use omw_core::device::behaviour::{DeviceAnswers, DeviceBehaviour, Needs, Question};
+use omw_core::device::behaviour::{DeviceAnswers, DeviceBehaviour, Question};
 use omw_core::device::{Capabilities, DataPath};
 use omw_core::ids::Qpn;
 use omw_core::mn::driver::MnDriver;
@@ -41,10 +41,11 @@ pub const DEVX_OFFLOAD: Capabilities = Capabilities::WAIT_ENABLE
     .union(Capabilities::MASKED_FETCH_ADD)
     .union(Capabilities::BIND_TO_OTHER_QP);
 
-/// The names of the answers to `q` under which a layout with `needs` is correct.
-fn tolerated(needs: &Needs, q: Question) -> Vec<&'static str> {
+/// The names of the answers to `q` under which some chain layout is correct.
+fn tolerated(q: Question) -> Vec<&'static str> {
     let mut out: Vec<&'static str> = Vec::new();
-    for b in DeviceBehaviour::ALL.iter().filter(|b| needs.hold_for(b)) {
+    let correct = |b: &&DeviceBehaviour| ChainVariant::ALL.iter().any(|v| v.needs().hold_for(b));
+    for b in DeviceBehaviour::ALL.iter().filter(correct) {
         if let Some(n) = profile::answer_name(&DeviceAnswers::exactly(*b), q) {
             if !out.contains(&n) {
                 out.push(n);
@@ -62,13 +63,12 @@ pub fn chain_answers(profile: Option<&Profile>) -> Result<(DeviceAnswers, ChainV
     match ChainVariant::choose(&answers) {
         Ok(v) => Ok((answers, v)),
         Err(no) => {
-            // the preferred layout's unmet question is what the operator can answer
-            let variant = no.variant.unwrap_or(ChainVariant::ALL[0]);
+            // the closest layout's unmet question is what the operator can answer next
             let question = no.question.unwrap_or(Question::ALL[0]);
             Err(DevxError::Unsuited {
                 question,
                 answer: profile::answer_name(&answers, question),
-                tolerated: tolerated(&variant.needs(), question),
+                tolerated: tolerated(question),
             })
         }
     }

@@ -70,6 +70,7 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let k = env.keys;
     let mut b = Builder::new(ChainKind::Alloc, env);
     let field = |step, field| Loc::Field { step, field };
+    b.lap_head(env)?;
 
     // Without popping ahead the request comes first and the pop is on its path.
     let mut request_first = None;

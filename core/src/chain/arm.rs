@@ -158,6 +158,8 @@ pub fn arm_unchecked<B: MnDevice>(
             backend.enable(qpns[ring as usize], QueueSel::Send, n).map_err(ArmError::Backend)?;
         }
     }
-    backend.enable(qpns[1], QueueSel::Recv, 1).map_err(ArmError::Backend)?;
+    if layout.initial_recv_enable > 0 {
+        backend.enable(qpns[1], QueueSel::Recv, layout.initial_recv_enable as u64).map_err(ArmError::Backend)?;
+    }
     Ok(())
 }

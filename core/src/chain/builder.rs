@@ -96,6 +96,7 @@ impl Builder {
                 recv: heapless::Vec::new(),
                 qpns: [env.loop_qpn, env.mgmt_qpn],
                 initial_enable: [0, 0],
+                initial_recv_enable: if env.variant.lap_enables_its_receive { 0 } else { 1 },
                 rearm: Rearm::SelfEnabling,
                 queue_depth: env.queue_depth,
                 ring_depth: [0, 0],
@@ -176,6 +177,20 @@ impl Builder {
         }
     }
 
+    /// The lap head of a variant whose laps enable their own receive
+    /// (`ChainVariant::lap_enables_its_receive`): the receive ENABLE that admits this lap's
+    /// request — in mlx5 form a RECV_EN to the absolute index `lap + 1` — in place of the tail's
+    /// for the next lap, and the arm enables none ([`ChainLayout::initial_recv_enable`]). Lap 0's
+    /// request then lands on a device that makes receives available only through RECV_EN. First,
+    /// so it runs in every lap whatever the request does; the previous lap is over with the
+    /// RECV's targets by then (its closing ENABLE released this one: `validate`).
+    pub fn lap_head(&mut self, env: &ChainEnv) -> Result<(), crate::chain::ChainError> {
+        if env.variant.lap_enables_its_receive {
+            self.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Recv, 1))?;
+        }
+        Ok(())
+    }
+
     /// The lap tail: bump every WAIT by its queue's per-lap completions, enable one more RECV
     /// and — fenced behind the bumps — one more lap of the Loop ring; then pad both rings with
     /// NOPs to power-of-two depths (a real send queue's), so every lap wraps onto the same
@@ -209,7 +224,9 @@ impl Builder {
         // The next request may land as soon as its RECV is enabled: the FENCE (behind the
         // bumps, themselves behind the lap's clears) keeps it from landing on anything this
         // lap still uses.
-        self.push(Ring::Loop, fenced(Wqe::enable(env.mgmt_qpn, QueueSel::Recv, 1)))?;
+        if !env.variant.lap_enables_its_receive {
+            self.push(Ring::Loop, fenced(Wqe::enable(env.mgmt_qpn, QueueSel::Recv, 1)))?;
+        }
         self.closing = self.push(Ring::Loop, fenced(Wqe::enable(env.loop_qpn, QueueSel::Send, 0)))?;
         for ring in [Ring::Loop, Ring::Mgmt] {
             let len = self.layout.ring_len(ring) as u64;

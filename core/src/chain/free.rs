@@ -50,6 +50,7 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let k = env.keys;
     let mut b = Builder::new(ChainKind::Free, env);
     let field = |step, field| Loc::Field { step, field };
+    b.lap_head(env)?;
 
     // ---- phase 1: the request is here; read the entry it names
     b.push(Ring::Loop, Wqe::wait(env.mgmt_qpn, QueueSel::Recv, 1))?;

@@ -724,7 +724,7 @@ impl Mlx5Chain {
         // lap-0 device values of every WAIT and ENABLE
         let depth = layout.ring_depth.map(|d| d as usize);
         let mut limit = layout.initial_enable.map(u64::from);
-        let mut recv_limit = 1u64;
+        let mut recv_limit = layout.initial_recv_enable as u64;
         let mut values: heapless::Vec<(u8, u64), { crate::chain::MAX_STEPS }> = heapless::Vec::new();
         for (j, s) in layout.steps.iter().enumerate() {
             let w = &s.wqe;
@@ -888,8 +888,8 @@ impl Mlx5Chain {
         }
 
         // the doorbell counts WQEBBs whatever unit SEND_EN counts in
-        let initial_index = [0, 1]
-            .map(|r| index_of(&doorbell_starts[r], depth[r], ring_wqebbs[r], layout.initial_enable[r] as u64));
+        let initial_index =
+            [0, 1].map(|r| index_of(&doorbell_starts[r], depth[r], ring_wqebbs[r], layout.initial_enable[r] as u64));
         let chain = Mlx5Chain {
             kind: layout.kind,
             qpns: layout.qpns,

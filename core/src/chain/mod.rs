@@ -99,6 +99,10 @@ pub struct ChainLayout {
     pub qpns: [u32; 2],
     /// Entries of each ring enabled when the chain is armed (the first lap's prefix).
     pub initial_enable: [u16; 2],
+    /// Receives the arm enables on the management QP: 1 where each lap's tail admits the next
+    /// lap's request, 0 where each lap opens by admitting its own
+    /// (`ChainVariant::lap_enables_its_receive`).
+    pub initial_recv_enable: u16,
     pub rearm: Rearm,
     /// Largest send-queue depth the chain's QPs may have.
     pub queue_depth: u16,
@@ -848,6 +852,20 @@ impl ChainLayout {
         let recv_en = self.steps.iter().position(|e| {
             e.wqe.opcode == Opcode::Enable && e.wqe.queue_sel() == QueueSel::Recv && e.wqe.qpn == self.qpns[1]
         });
+        // Where the receive ENABLE comes before the lap's WAIT for the request, it admits this
+        // lap's request (and the arm enables none): everything the previous lap did with the
+        // RECV's targets must be complete when the next lap is enabled — the closing ENABLE —
+        // since only then can the next lap's opening ENABLE run. Otherwise it admits the next
+        // lap's request (the arm enabling the first): complete before it.
+        let recv_wait = self.steps.iter().position(|e| {
+            e.wqe.opcode == Opcode::Wait && e.wqe.queue_sel() == QueueSel::Recv && e.wqe.qpn == self.qpns[1]
+        });
+        let opens_lap = matches!((recv_en, recv_wait), (Some(r), Some(w)) if r < w && self.steps[r].ring == Ring::Loop);
+        let want_initial = if opens_lap { 0 } else { 1 };
+        if recv_en.is_some() && self.initial_recv_enable != want_initial {
+            return Err(ChainError::RecvReuse { step: recv_en.unwrap_or(0) as u8 });
+        }
+        let reuse_bound = if opens_lap { Some(closing) } else { recv_en };
         // Addresses and keys from the request are cleared every lap.
         for t in &self.recv {
             if let Loc::Field { step, field } = t.loc {
@@ -867,7 +885,7 @@ impl ChainLayout {
                 }
             }
         }
-        if let Some(r) = recv_en {
+        if let Some(r) = reuse_bound {
             for (j, w) in self.steps.iter().enumerate() {
                 let uses = self.recv.iter().any(|t| match t.loc {
                     Loc::Field { step, .. } => {
@@ -1149,6 +1167,24 @@ mod tests {
 
     /// A next-lap rewrite or a clear of a RECV target that is still in flight when the next
     /// RECV is enabled is refused.
+    /// A lap that admits its own request (the receive ENABLE before the request's WAIT) must
+    /// not be armed with a receive already enabled — two requests could land in one lap — and
+    /// one that admits the next lap's must be.
+    #[test]
+    fn the_arm_enables_a_receive_only_where_the_tail_admits_the_next() {
+        use crate::chain::variant::ChainVariant;
+        let plain = test_env(4096, 16, 3);
+        let head =
+            crate::chain::builder::ChainEnv { variant: ChainVariant::WQEBB_ENABLES.enabling_receives(), ..plain };
+        for env in [plain, head] {
+            for mut l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
+                l.validate().unwrap();
+                l.initial_recv_enable = 1 - l.initial_recv_enable;
+                assert!(matches!(l.validate(), Err(ChainError::RecvReuse { .. })), "{:?}", l.kind);
+            }
+        }
+    }
+
     #[test]
     fn recv_reuse_rejected() {
         let mut c = alloc();

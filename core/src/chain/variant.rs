@@ -17,55 +17,86 @@
 //! - **Self-enable honoured.** Phase gates are FENCEd ENABLEs of the Loop ring by itself.
 //! - **Foreign binds honoured.** The alloc chain posts every BIND on the management QP, naming
 //!   the CN's Free and access QPs.
-//! - **Receives enabled by the doorbell.** The device posts every receive slot of a chain's
-//!   management QP through the doorbell record when the chain is armed and hands each consumed
-//!   one back when the MN drains the chain's CQs (`DevxBackend`); the chain's per-lap receive
-//!   ENABLE is then a RECV_EN whose effect no public source settles — harmless where the
-//!   doorbell already enabled the receive, which is what this answer asserts.
+//! - **Receives: by the doorbell, or by the chain.** The device posts every receive slot of a
+//!   chain's management QP through the doorbell record when the chain is armed and hands each
+//!   consumed one back when the MN drains the chain's CQs (`DevxBackend`); DEVX has no
+//!   host-side RECV_EN. The chain's per-lap receive ENABLE (a RECV_EN, whose effect no public
+//!   source settles) admits the *next* lap's request: where only RECV_EN makes a receive
+//!   available, lap 0's request would never land. The variants with
+//!   `lap_enables_its_receive` open each lap with a RECV_EN of its own receive and are correct
+//!   either way; the others need the doorbell.
 
 use crate::device::behaviour::{DeviceAnswers, ForeignBind, Needs, Question, RecvEnable, SelfEnable, SendEnUnit};
 use core::fmt;
 
 /// A chain layout the builders can make, by what it needs of the device: binds on the
-/// management QP naming other QPs, self-enabling phase gates, receives replenished through the
-/// doorbell — and SEND_EN indices in `send_en_unit`.
+/// management QP naming other QPs, self-enabling phase gates — and SEND_EN indices in
+/// `send_en_unit`, and, with `lap_enables_its_receive`, receives enabled by the chain itself.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[non_exhaustive]
 pub struct ChainVariant {
     /// The unit the chain's SEND_EN indices and their lap counters count.
     pub send_en_unit: SendEnUnit,
+    /// Each lap starts with a RECV_EN of its own request's receive (a canonical receive
+    /// ENABLE of count 0: in mlx5 form the absolute index `lap + 1`), so a device that makes
+    /// receives available only through RECV_EN lands lap 0's request too — the tail's RECV_EN
+    /// only ever admits the next lap's. Where the doorbell enables receives it is ignored.
+    /// Costs one WQE and one lap-counter bump per lap, off the request's path.
+    pub lap_enables_its_receive: bool,
 }
 
 impl ChainVariant {
-    /// SEND_EN indices in WQEBBs (Mellanox PCX's `cd_send_enable`): the paper's device.
-    pub const WQEBB_ENABLES: ChainVariant = ChainVariant { send_en_unit: SendEnUnit::Wqebb };
+    /// SEND_EN indices in WQEBBs (Mellanox PCX's `cd_send_enable`), receives from the
+    /// doorbell: the paper's device.
+    pub const WQEBB_ENABLES: ChainVariant =
+        ChainVariant { send_en_unit: SendEnUnit::Wqebb, lap_enables_its_receive: false };
     /// SEND_EN indices in WQEs (MLNX_OFED libmlx5's `sq.head`).
-    pub const WQE_ENABLES: ChainVariant = ChainVariant { send_en_unit: SendEnUnit::Wqe };
+    pub const WQE_ENABLES: ChainVariant =
+        ChainVariant { send_en_unit: SendEnUnit::Wqe, lap_enables_its_receive: false };
 
-    /// Every layout, in the order the MN prefers them.
-    pub const ALL: [ChainVariant; 2] = [Self::WQEBB_ENABLES, Self::WQE_ENABLES];
+    /// `self` with every lap enabling its own receive.
+    pub const fn enabling_receives(self) -> ChainVariant {
+        ChainVariant { lap_enables_its_receive: true, ..self }
+    }
+
+    /// Every layout, in the order the MN prefers them (the cheaper first).
+    pub const ALL: [ChainVariant; 4] = [
+        Self::WQEBB_ENABLES,
+        Self::WQE_ENABLES,
+        Self::WQEBB_ENABLES.enabling_receives(),
+        Self::WQE_ENABLES.enabling_receives(),
+    ];
 
     /// The device behaviours this layout is correct under.
     pub const fn needs(self) -> Needs {
-        Needs::ANY
-            .recv_enable(RecvEnable::Doorbell)
+        let n = Needs::ANY
             .send_en_unit(self.send_en_unit)
             .self_enable(SelfEnable::Honoured)
-            .foreign_bind(&[ForeignBind::Honoured])
+            .foreign_bind(&[ForeignBind::Honoured]);
+        if self.lap_enables_its_receive {
+            n
+        } else {
+            n.recv_enable(RecvEnable::Doorbell)
+        }
     }
 
-    /// The first layout correct under every behaviour `answers` leave possible.
+    /// The first layout correct under every behaviour `answers` leave possible. Where none is,
+    /// the refusal names the layout that got furthest through `Question::ALL` and the question
+    /// it stopped at — so a question another layout tolerates unanswered is not asked first.
     pub fn choose(answers: &DeviceAnswers) -> Result<ChainVariant, NoVariant> {
-        let mut first_unmet = None;
+        let rank = |q: Question| Question::ALL.iter().position(|x| *x == q).unwrap_or(0);
+        let mut furthest: Option<(ChainVariant, Question)> = None;
         for v in Self::ALL {
             match v.needs().unmet(answers) {
                 None => return Ok(v),
                 Some(q) => {
-                    first_unmet.get_or_insert((v, q));
+                    if furthest.is_none_or(|(_, f)| rank(q) > rank(f)) {
+                        furthest = Some((v, q));
+                    }
                 }
             }
         }
-        let (variant, question) = first_unmet.ok_or(NoVariant { variant: None, question: None, answers: *answers })?;
+        let (variant, question) = furthest.ok_or(NoVariant { variant: None, question: None, answers: *answers })?;
         Err(NoVariant { variant: Some(variant), question: Some(question), answers: *answers })
     }
 }
@@ -80,7 +111,8 @@ impl Default for ChainVariant {
 /// No layout is correct under every behaviour the device's answers leave possible.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct NoVariant {
-    /// The preferred layout and the question it could not tolerate the answer to.
+    /// The layout that got furthest (`ChainVariant::choose`) and the question it could not
+    /// tolerate the answer to.
     pub variant: Option<ChainVariant>,
     pub question: Option<Question>,
     pub answers: DeviceAnswers,
@@ -91,7 +123,7 @@ impl fmt::Display for NoVariant {
         match (self.variant, self.question) {
             (Some(v), Some(q)) => write!(
                 f,
-                "no chain layout is correct on this device: the preferred one ({v:?}) needs a different answer to \"{q}\" \
+                "no chain layout is correct on this device: the closest one ({v:?}) needs a different answer to \"{q}\" \
                  (profile key {}) than the device gave or left unknown",
                 q.key()
             ),
@@ -113,6 +145,35 @@ mod tests {
         // and an unknown prefetch answer is no reason to refuse
         let answers = DeviceAnswers { wait_prefetch: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) };
         assert_eq!(ChainVariant::choose(&answers), Ok(ChainVariant::WQEBB_ENABLES));
+    }
+
+    #[test]
+    fn receives_gated_by_recv_en_or_unknown_get_laps_that_enable_their_own() {
+        let mut b = DeviceBehaviour::PAPER;
+        b.recv_enable = RecvEnable::RecvEnOnly;
+        assert_eq!(
+            ChainVariant::choose(&DeviceAnswers::exactly(b)),
+            Ok(ChainVariant::WQEBB_ENABLES.enabling_receives())
+        );
+        b.send_en_unit = SendEnUnit::Wqe;
+        assert_eq!(ChainVariant::choose(&DeviceAnswers::exactly(b)), Ok(ChainVariant::WQE_ENABLES.enabling_receives()));
+        let answers = DeviceAnswers { recv_enable: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) };
+        assert_eq!(ChainVariant::choose(&answers), Ok(ChainVariant::WQEBB_ENABLES.enabling_receives()));
+        // the paper's device keeps the tail's RECV_EN
+        assert_eq!(
+            ChainVariant::choose(&DeviceAnswers::exactly(DeviceBehaviour::PAPER)),
+            Ok(ChainVariant::WQEBB_ENABLES)
+        );
+    }
+
+    /// Unknown answers: the refusal names a question no layout tolerates unanswered (the SEND_EN
+    /// unit), not one some layout does (how receives are enabled).
+    #[test]
+    fn the_refusal_names_a_question_that_must_be_answered() {
+        let e = ChainVariant::choose(&DeviceAnswers::UNKNOWN).unwrap_err();
+        assert_eq!(e.question, Some(Question::SendEnUnit));
+        let answers = DeviceAnswers { send_en_unit: Some(SendEnUnit::Wqebb), ..DeviceAnswers::UNKNOWN };
+        assert_eq!(ChainVariant::choose(&answers).unwrap_err().question, Some(Question::SelfEnable));
     }
 
     #[test]

@@ -566,7 +566,12 @@ impl MemoryNode {
             window_access: self.cfg.window_access,
             owner_window_access: AccessFlags::REMOTE_READ,
             pop_ahead: self.cfg.pop_ahead && self.cfg.mode == ExecutionMode::Offloaded,
-            variant: self.cfg.chain_variant,
+            // a device's answers shape offloaded chains only: the host engine runs the layout
+            // on the MN CPU
+            variant: match self.cfg.mode {
+                ExecutionMode::Offloaded => self.cfg.chain_variant,
+                _ => crate::chain::variant::ChainVariant::default(),
+            },
         }
     }
 

@@ -7,8 +7,8 @@ use super::*;
 use crate::chain::alloc::build_alloc_chain;
 use crate::chain::arm;
 use crate::chain::builder::{test_env, ChainEnv};
-use crate::chain::variant::ChainVariant;
 use crate::chain::free::build_free_chain;
+use crate::chain::variant::ChainVariant;
 use crate::mlx5::encode::is_umr;
 use crate::wire::memory_map::{alloc_scratch, free_scratch, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF};
 use crate::wire::message::{alloc_request, free_request};
@@ -297,9 +297,8 @@ fn scrubbing_env(g: u8, scrub: bool) -> ChainEnv {
     env
 }
 
-fn run_alloc(g: u8, unit: SendEnUnit, laps: &[(u32, u64, u32, [u32; 3])]) {
-    let mut env = scrubbing_env(g, false);
-    env.variant = ChainVariant { send_en_unit: unit, ..env.variant };
+fn run_alloc(g: u8, variant: ChainVariant, laps: &[(u32, u64, u32, [u32; 3])]) {
+    let env = ChainEnv { variant, ..scrubbing_env(g, false) };
     let mut p = Pair::new(build_alloc_chain(&env).unwrap(), &env);
     for (lap, (token, off, rkey, qpns)) in laps.iter().enumerate() {
         let req = alloc_request(*token, CN_BUF + off, *rkey, &qpns[..g as usize - 1]);
@@ -334,9 +333,8 @@ fn run_alloc(g: u8, unit: SendEnUnit, laps: &[(u32, u64, u32, [u32; 3])]) {
     }
 }
 
-fn run_free(g: u8, scrub: bool, unit: SendEnUnit, entries: &[u32]) {
-    let mut env = scrubbing_env(g, scrub);
-    env.variant = ChainVariant { send_en_unit: unit, ..env.variant };
+fn run_free(g: u8, scrub: bool, variant: ChainVariant, entries: &[u32]) {
+    let env = ChainEnv { variant, ..scrubbing_env(g, scrub) };
     let mut p = Pair::new(build_free_chain(&env).unwrap(), &env);
     for (lap, i) in entries.iter().enumerate() {
         let entry = env.map.table_base + (*i % 16) as u64 * ENTRY_SIZE as u64;
@@ -356,10 +354,10 @@ fn run_free(g: u8, scrub: bool, unit: SendEnUnit, entries: &[u32]) {
 
 #[test]
 fn alloc_laps_agree_with_the_canonical_form() {
-    for (g, unit) in (2..=4).flat_map(|g| [(g, SendEnUnit::Wqebb), (g, SendEnUnit::Wqe)]) {
+    for (g, v) in (2..=4).flat_map(|g| ChainVariant::ALL.map(|v| (g, v))) {
         run_alloc(
             g,
-            unit,
+            v,
             &[
                 (0x1111, 0, 0xAB_CD01, [0x300, 0x301, 0x302]),
                 (0x2222, 64, 0x12_3402, [0x400, 0x401, 0x402]),
@@ -373,8 +371,8 @@ fn alloc_laps_agree_with_the_canonical_form() {
 fn free_laps_agree_with_the_canonical_form() {
     for g in 2..=4 {
         for scrub in [false, true] {
-            for unit in [SendEnUnit::Wqebb, SendEnUnit::Wqe] {
-                run_free(g, scrub, unit, &[3, 0, 15, 3]);
+            for v in ChainVariant::ALL {
+                run_free(g, scrub, v, &[3, 0, 15, 3]);
             }
         }
     }
@@ -435,7 +433,7 @@ fn send_en_indices_count_in_the_variants_unit() {
                             let t = if qb == bb.qpns[0] { Ring::Loop } else { Ring::Mgmt };
                             let tb = cb.ring_wqebbs(t) as u64;
                             // lap 0 indices lie within the first two laps of the target ring
-                            let (lap, within) = (ib.get() as u64 / tb, ib.get() as u16 % tb as u16);
+                            let (lap, within) = (ib.get() as u64 / tb, ib.get() % tb as u16);
                             let want = lap * cb.placed[t as usize].len() as u64 + {
                                 let before = cb.placed[t as usize].iter().take_while(|p| p.pi < within).count();
                                 before as u64
@@ -472,11 +470,65 @@ fn send_en_indices_count_in_the_variants_unit() {
     }
 }
 
+/// A variant whose laps enable their own receive opens each lap with a RECV_EN of the
+/// management QP to `lap + 1` (lap 0: 1 — the first request's receive), before the request's
+/// WAIT, and has no other: the arm enables none, the tail admits nothing.
+#[test]
+fn a_lap_that_enables_its_receive_opens_with_its_recv_en() {
+    for g in 2..=4 {
+        let env = ChainEnv { variant: ChainVariant::WQEBB_ENABLES.enabling_receives(), ..test_env(4096, 16, g) };
+        for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
+            let c = Mlx5Chain::build(&l, queues()).unwrap();
+            let recv_ens: Vec<(usize, u16)> = c.placed[0]
+                .iter()
+                .enumerate()
+                .filter_map(|(k, p)| match c.decode_at(Ring::Loop, p.pi).unwrap().op {
+                    Mlx5Op::RecvEn { qpn, max_index } if qpn == l.qpns[1] => Some((k, max_index.get())),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(recv_ens, [(0, 1)], "{:?}: the lap's own receive, first", l.kind);
+            assert_eq!(l.initial_recv_enable, 0);
+            let first_wait = c.placed[0]
+                .iter()
+                .position(|p| matches!(c.decode_at(Ring::Loop, p.pi).unwrap().op, Mlx5Op::Wait { .. }))
+                .unwrap();
+            assert!(first_wait > 0);
+            // its lap counter advances by one receive per lap
+            let head_step = match c.placed[0][0].role {
+                Role::Step(s) => s,
+                r => panic!("{r:?}"),
+            };
+            let sh = c.shadows.iter().find(|x| x.step == head_step).unwrap();
+            assert_eq!((sh.initial, sh.increment), (1, 1));
+        }
+        // without it, the tail's RECV_EN admits the next lap's request (lap 0: index 2) and the
+        // ring length is the same
+        let plain = ChainEnv { variant: ChainVariant::WQEBB_ENABLES, ..env };
+        for (l, h) in [
+            (build_free_chain(&plain).unwrap(), build_free_chain(&env).unwrap()),
+            (build_alloc_chain(&plain).unwrap(), build_alloc_chain(&env).unwrap()),
+        ] {
+            assert_eq!((l.initial_recv_enable, l.ring_depth), (1, h.ring_depth));
+            let c = Mlx5Chain::build(&l, queues()).unwrap();
+            let first = c.placed[0]
+                .iter()
+                .find_map(|p| match c.decode_at(Ring::Loop, p.pi).unwrap().op {
+                    Mlx5Op::RecvEn { max_index, .. } => Some(max_index.get()),
+                    _ => None,
+                })
+                .unwrap();
+            assert_eq!(first, 2);
+            assert!(!matches!(c.decode_at(Ring::Loop, 0).unwrap().op, Mlx5Op::RecvEn { .. }));
+        }
+    }
+}
+
 #[test]
 fn every_form_validates_and_reports_its_lap() {
-    for g in 2..=4 {
+    for (g, variant) in (2..=4).flat_map(|g| ChainVariant::ALL.map(|v| (g, v))) {
         for scrub in [false, true] {
-            let env = scrubbing_env(g, scrub);
+            let env = ChainEnv { variant, ..scrubbing_env(g, scrub) };
             for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
                 let c = Mlx5Chain::build(&l, queues()).unwrap();
                 c.validate().unwrap();
@@ -592,12 +644,11 @@ proptest! {
         laps in proptest::collection::vec((any::<u32>(), 0u64..8, any::<u32>(), proptest::array::uniform3(1u32..(1 << 24))), 1..5),
         frees in proptest::collection::vec(0u32..16, 1..5),
         scrub in any::<bool>(),
-        in_wqes in any::<bool>(),
+        variant in proptest::sample::select(ChainVariant::ALL.to_vec()),
     ) {
         let laps: Vec<_> = laps.into_iter().map(|(t, o, r, q)| (t, o * 32, r, q)).collect();
-        let unit = if in_wqes { SendEnUnit::Wqe } else { SendEnUnit::Wqebb };
-        run_alloc(g, unit, &laps);
-        run_free(g, scrub, unit, &frees);
+        run_alloc(g, variant, &laps);
+        run_free(g, scrub, variant, &frees);
     }
 }
 
