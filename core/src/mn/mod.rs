@@ -74,7 +74,15 @@ pub struct MnConfig {
     /// windows taken back, every CN's holdings checked against its quota. A timer of its own,
     /// so an MN with the lease off still audits.
     pub audit_ns: u64,
+    /// MWTable entries the audit examines per tick (≥ 1): its work per tick is bounded by this,
+    /// and a whole pass over the table takes `⌈chunks / audit_batch⌉` ticks
+    /// ([`MemoryNode::audit_period_ns`]).
+    pub audit_batch: u32,
 }
+
+/// Default [`MnConfig::audit_batch`]: a pool of up to 16 Ki chunks is audited whole on every
+/// tick (as before the audit became incremental); 1 Mi chunks take 64 ticks.
+pub const DEFAULT_AUDIT_BATCH: u32 = 16 * 1024;
 
 /// Default audit period: the cadence the audit had when it rode the default lease's probes.
 pub const DEFAULT_AUDIT_NS: u64 = DEFAULT_LEASE_NS / 2;
@@ -350,6 +358,14 @@ pub struct MnStats {
     /// the new key), and restores that failed (the group was reclaimed instead).
     pub windows_restored: u64,
     pub restores_failed: u64,
+    /// Scans of the free queue the checked push made because no evidence placed the group
+    /// (`mn/quiesce.rs`: at most one per interrupted lap, none per group of a reclaim).
+    pub queue_scans: u64,
+    /// Counts of a suspect's holdings in the MWTable (a whole-table scan, lazy quota only).
+    pub quota_recounts: u64,
+    /// MWTable entries the incremental audit examined, and its complete passes.
+    pub audit_entries: u64,
+    pub audit_passes: u64,
 }
 
 /// A window invalidated behind its owner's back, waiting to be bound again while a lap of that
@@ -364,9 +380,15 @@ struct PendingRestore {
     rkey: Rkey,
 }
 
-/// What the audit found of one owned group: its active owner, an access window bound outside
-/// the owner's access QPs, a window reaching outside the group's own chunk.
-type AuditFinding = (CnId, bool, bool);
+/// What the audit found of one owned group: its active owner (and the owner's slot), an access
+/// window bound outside the owner's access QPs, a window reaching outside the group's own chunk.
+#[derive(Clone, Copy, Debug)]
+struct AuditFinding {
+    cn: CnId,
+    slot: u32,
+    misbound: bool,
+    outside: bool,
+}
 
 /// A window of the MWTable: its group, its index in the group, the group's owner (0: free).
 type WindowHit = (GroupId, usize, u32);
@@ -407,7 +429,21 @@ pub struct MemoryNode {
     tenants: TenantTable,
     /// When the next offloaded audit is due (offloaded mode, `audit_ns` > 0).
     audit_at: u64,
+    /// Groups each CN slot holds by the MN's own count (`mn/quota.rs`): exact in host-engine
+    /// mode; signed, because a lap's change and the MN's may be counted in either order.
+    held: [i32; MAX_CNS],
+    /// The incremental audit: the next entry it examines, what it counted per slot in the
+    /// current pass, and the counts of the last complete pass.
+    audit_cursor: u32,
+    audit_pass: [u32; MAX_CNS],
+    audit_held: [u32; MAX_CNS],
+    /// Slots whose holdings were counted in the table during the current audit pass (bit per
+    /// slot): a suspect is recounted at most once per pass.
+    recounted_this_pass: u32,
+    /// Per slot: how far the lap counters were from the table at the last recount.
+    lap_offset: [i64; MAX_CNS],
 }
+const _: () = assert!(MAX_CNS <= 32, "recounted_this_pass keeps a bit per CN slot");
 
 type R<E> = Result<(), MnError<E>>;
 
@@ -451,6 +487,12 @@ impl MemoryNode {
             restores: heapless::Vec::new(),
             tenants: TenantTable::new(),
             audit_at: cfg.audit_ns,
+            held: [0; MAX_CNS],
+            audit_cursor: 0,
+            audit_pass: [0; MAX_CNS],
+            audit_held: [0; MAX_CNS],
+            recounted_this_pass: 0,
+            lap_offset: [0; MAX_CNS],
         })
     }
 
@@ -690,6 +732,8 @@ impl MemoryNode {
                     r.allocs = allocs;
                     r.frees = frees;
                 }
+                // O(CNs) unless the counters make it a suspect (then counted in the table,
+                // at most once per audit pass)
                 self.enforce_quota(port, cn)
             }
             Event::CnGone { cn } => self.on_cn_gone(port, cn),
@@ -732,7 +776,7 @@ impl MemoryNode {
             let v = rd(port, slot)?;
             if v != 0 {
                 wr(port, slot, 0)?;
-                self.push_group(port, v)?;
+                self.push_group(port, v, quiesce::Known::TakenOut { slot })?;
                 self.tickets.swap_remove(i);
                 self.stats.tickets_settled += 1;
             } else {
@@ -853,7 +897,7 @@ impl MemoryNode {
         if let Some(r) = e.rkeys.get_mut(k) {
             *r = new.0.into();
         }
-        write_entry(port, addr, &e)?;
+        self.put_entry(port, addr, &e)?;
         match port.mw_binding(new) {
             None => {}
             Some(MwBinding::Bound { rkey, qpn }) if rkey == new && qpn == qp => {}

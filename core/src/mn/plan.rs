@@ -290,6 +290,7 @@ impl MnConfig {
             scrub: plan.scrub,
             lease_ns: DEFAULT_LEASE_NS,
             audit_ns: DEFAULT_AUDIT_NS,
+            audit_batch: crate::mn::DEFAULT_AUDIT_BATCH,
         }
     }
 }
