@@ -96,6 +96,12 @@ impl MemoryNode {
         self.cn(cn).map(|r| self.audit_held[r.slot as usize])
     }
 
+    /// Set how many MWTable entries the audit examines per tick ([`MnConfig::audit_batch`];
+    /// 0 is taken as 1). The pass under way goes on from where it is.
+    pub fn set_audit_batch(&mut self, n: u32) {
+        self.cfg.audit_batch = n.max(1);
+    }
+
     /// How long the audit takes to cover the whole table once: `⌈chunks / audit_batch⌉` ticks
     /// of `audit_ns` (0: the audit runs only on explicit ticks).
     pub fn audit_period_ns(&self) -> u64 {

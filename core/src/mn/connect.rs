@@ -62,7 +62,7 @@ impl MemoryNode {
         self.held[slot as usize] = 0;
         self.audit_pass[slot as usize] = 0;
         self.audit_held[slot as usize] = 0;
-        self.lap_offset[slot as usize] = 0;
+        self.counted_at[slot as usize] = (0, 0);
         self.init_scratch(port, slot, cn)?;
         let info = ConnectInfo {
             cn,

@@ -541,7 +541,8 @@ impl<B: MnDevice> MnDriver<B> {
             return Ok(None);
         }
         let d = self.mn.chain_ring_depths().map_err(DriverError::Chain)?;
-        self.lap_wqes = Some([u64::from(d[0][1]).max(1), u64::from(d[1][1]).max(1)]);
+        let w = self.mn.chain_mgmt_wqes_per_lap().map_err(DriverError::Chain)?;
+        self.lap_wqes = Some([w[0].max(1), w[1].max(1)]);
         let a =
             self.backend.create_loopback_qp(Domain::MnPrivate, Some(d[0][0] as u32)).map_err(DriverError::Backend)?;
         let f =

@@ -440,8 +440,8 @@ pub struct MemoryNode {
     /// Slots whose holdings were counted in the table during the current audit pass (bit per
     /// slot): a suspect is recounted at most once per pass.
     recounted_this_pass: u32,
-    /// Per slot: how far the lap counters were from the table at the last recount.
-    lap_offset: [i64; MAX_CNS],
+    /// Per slot: the lap counters (allocs, frees) when the CN was last counted in the table.
+    counted_at: [(u64, u64); MAX_CNS],
 }
 const _: () = assert!(MAX_CNS <= 32, "recounted_this_pass keeps a bit per CN slot");
 
@@ -492,7 +492,7 @@ impl MemoryNode {
             audit_pass: [0; MAX_CNS],
             audit_held: [0; MAX_CNS],
             recounted_this_pass: 0,
-            lap_offset: [0; MAX_CNS],
+            counted_at: [(0, 0); MAX_CNS],
         })
     }
 
@@ -598,6 +598,22 @@ impl MemoryNode {
                 Ok([w(&a)?, w(&f)?])
             }
         }
+    }
+
+    /// WQEs one lap executes on the alloc and on the free chain's management QP, in the form
+    /// the device fetches them (mlx5: WQEs, not the WQEBBs a ring is sized in): what turns
+    /// the device's count of executed WQEs into laps (offloaded mode's lazy quota).
+    pub fn chain_mgmt_wqes_per_lap(&self) -> Result<[u64; 2], crate::chain::ChainError> {
+        let [a, f] = self.chain_sizing_layouts()?;
+        let per_lap = |l: &crate::chain::ChainLayout| {
+            crate::chain::mlx5::lap_cost(l, self.wqe_format)
+                .map(|c| c.wqes[crate::chain::Ring::Mgmt as usize] as u64)
+                .map_err(|e| match e {
+                    crate::chain::mlx5::Mlx5ChainError::Invalid(e) => e,
+                    _ => crate::chain::ChainError::NoMlx5Form,
+                })
+        };
+        Ok([per_lap(&a)?, per_lap(&f)?])
     }
 
     /// The alloc and free chains as built for sizing (slot 0, placeholder QP numbers): their

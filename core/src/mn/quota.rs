@@ -145,8 +145,10 @@ impl MemoryNode {
     }
 
     /// Whether `cn` may be over its quota: host engine, the exact kept count; offloaded, the
-    /// audit's tally of the last complete pass or the lap counters (allocs − frees) of the
-    /// last sample. O(CNs).
+    /// audit's tally of the last complete pass, or lap counters that moved since the CN was
+    /// last counted in the table (they cannot say by how much: a forged free that fails
+    /// part-way still adds executed WQEs, so counters are a hint to look, never a count).
+    /// O(CNs).
     fn suspect_over_quota(&self, cn: CnId) -> bool {
         let quota = self.quota_of(cn);
         match self.cfg.mode {
@@ -155,17 +157,10 @@ impl MemoryNode {
                 let charged = crate::mn::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
                 let mine = |r: &&CnRecord| charged.contains(&r.cn.get());
                 let tally: u32 = self.cns().filter(mine).map(|r| self.audit_held[r.slot as usize]).sum();
-                let laps: i64 = self.cns().filter(mine).map(|r| self.lap_estimate(r)).sum();
-                tally > quota || laps > quota as i64
+                let moved = self.cns().filter(mine).any(|r| self.counted_at[r.slot as usize] != (r.allocs, r.frees));
+                tally > quota || moved
             }
         }
-    }
-
-    /// Groups a CN holds by its lap counters (allocs − frees, as last sampled), less the
-    /// difference its last count in the table found (laps that failed part-way, groups the MN
-    /// took back): a recount recalibrates it.
-    fn lap_estimate(&self, r: &CnRecord) -> i64 {
-        r.allocs as i64 - r.frees as i64 - self.lap_offset[r.slot as usize]
     }
 
     /// Lazy quota enforcement (offloaded; in host-engine mode the refusal above keeps every CN
@@ -175,9 +170,9 @@ impl MemoryNode {
     /// had is dead. Other CNs are unaffected.
     ///
     /// Suspicion is O(CNs) (kept counts, the audit's tally, the lap counters); a suspect's
-    /// chains are stopped and its holdings counted in the MWTable before anything is decided
-    /// — a scan, at most once per CN per audit pass, so lap counters a CN inflates cannot make
-    /// the MN scan the table on every sample.
+    /// holdings are counted in the MWTable before anything is decided — a scan, at most once
+    /// per CN per audit pass (offloaded), so lap counters a CN inflates cannot make the MN scan
+    /// the table on every sample — and only a CN the table shows over its quota is stopped.
     pub(super) fn enforce_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
         let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
         if r.status != CnStatus::Active || !self.suspect_over_quota(cn) {
@@ -189,23 +184,20 @@ impl MemoryNode {
         }
         self.recounted_this_pass |= bit;
         let quota = self.quota_of(cn);
-        // quiesce (loop and management QPs, so no half-run free pushes after this), then
-        // count from the table, which its stopped chains can no longer change
-        let q = self.quiesce(port, cn, Chains::BOTH)?;
+        // counted while its chains still run (a free under way may yet bring it back within
+        // its quota: it held more than its quota all the same, as the table shows)
         let count = self.count_in_table(port, cn)?;
-        if r.tenant.is_none() {
-            self.lap_offset[r.slot as usize] = r.allocs as i64 - r.frees as i64 - count as i64;
-        }
+        self.counted_at[r.slot as usize] = (r.allocs, r.frees);
         if count <= quota {
-            // a false alarm (a tally of a CN that churned through the sweep, inflated lap
-            // counters): finish or undo what its stopped laps were doing, and let it go on
-            self.repair_interrupted(port, &q, ChainKind::Alloc)?;
-            self.repair_interrupted(port, &q, ChainKind::Free)?;
-            self.resume(port, &q)?;
-            return self.settle(port);
+            // within its quota (a tally of a CN that churned through the sweep, laps that
+            // came and went): nothing was stopped, it goes on
+            return Ok(());
         }
         self.stats.quota_disconnects += 1;
         self.send(port, cn, &ErrorReply { token: 0, code: ErrorCode::QuotaExceeded, detail: quota }.encode())?;
+        // quiesce (loop and management QPs, so no half-run free pushes after this), decide
+        // from the stopped laps' markers, then take everything back
+        let q = self.quiesce(port, cn, Chains::BOTH)?;
         if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
             rec.status = CnStatus::MgmtDisconnected;
         }

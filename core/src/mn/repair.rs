@@ -333,7 +333,7 @@ impl MemoryNode {
             if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == r.cn) {
                 rec.allocs = 0;
                 rec.frees = 0;
-                self.lap_offset[rec.slot as usize] = 0;
+                self.counted_at[rec.slot as usize] = (0, 0);
             }
             self.send(port, r.cn, &ErrorReply { token: 0, code: ErrorCode::Revoked, detail: 0 }.encode())?;
             self.arm(port, r.cn, ChainKind::Free)?;
