@@ -30,6 +30,7 @@ use core::fmt;
 use zerocopy::IntoBytes;
 
 mod audit;
+pub mod capacity;
 mod connect;
 pub mod driver;
 mod format;
