@@ -23,6 +23,7 @@ pub mod inputs;
 mod kv;
 pub mod report;
 mod rng;
+pub mod scale;
 pub mod schemes;
 mod sim;
 mod swap;
@@ -53,6 +54,9 @@ pub struct Options {
     /// Compute nodes in the "at scale" runs.
     pub cns: usize,
     pub seed: u64,
+    /// The pool-size sweep up to 2^20 chunks (minutes; otherwise up to 16 Ki chunks, or
+    /// 4 Ki with `quick`).
+    pub scale: bool,
 }
 
 impl Options {
@@ -135,6 +139,8 @@ pub struct Results {
     /// The unmeasured inputs at ½×, 1×, 2×.
     pub sensitivity: Vec<sweep::Sensitivity>,
     pub validation: Vec<report::Validation>,
+    /// Pool size against the cost per operation, and start-up and metadata at scale.
+    pub scale: scale::ScaleResults,
     pub wall_s: f64,
     pub args: Options,
 }
@@ -281,8 +287,8 @@ fn swap_rows(
 
 /// How many times [`run`] calls `tick` on a full-size run, for a progress bar: inputs, 4
 /// geometries, 2 × 6 micro rows, 7 curve points, 4 KV configurations × (traces + 5 schemes), swap
-/// (traces + 5 schemes), the comparison.
-pub const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 6 + 4 + 1;
+/// (traces + 5 schemes), the pool sizes of the scale sweep, the comparison.
+pub const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 6 + 4 + 3 + 1;
 
 pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String> {
     let t0 = Instant::now();
@@ -357,6 +363,15 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
     let heavy: Vec<sweep::SweepConfig> = sweep_cfgs.iter().filter(|c| c.kv.chunk == 2048).cloned().collect();
     let sensitivity = sweep::sensitivity(&heavy, threads, tick)?;
 
+    let scale_sizes: &[u32] = if args.scale {
+        &[1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20]
+    } else if args.quick {
+        &[1 << 10, 1 << 12]
+    } else {
+        &[1 << 10, 1 << 12, 1 << 14]
+    };
+    let scale = scale::run(scale_sizes, tick)?;
+
     tick("comparing with the paper");
     let validation = report::validate(&inp, &alloc_rows, &wl, &sweep_rows);
     Ok(Results {
@@ -368,6 +383,7 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
         sweep: sweep_rows,
         sensitivity,
         validation,
+        scale,
         wall_s: t0.elapsed().as_secs_f64(),
         args: args.clone(),
     })

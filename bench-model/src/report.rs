@@ -395,14 +395,85 @@ pub fn text(res: &Results) -> String {
             100.0 * median
         );
     }
+    scale_text(&mut s, &res.scale);
     let _ = writeln!(
         s,
-        "\nWrote {}/{{inputs,alloc,alloc_curve,workloads,sweep,validation}}.csv and alloc_latency.svg ({}; wall clock {:.1} s)",
+        "\nWrote {}/{{inputs,alloc,alloc_curve,workloads,sweep,validation,scale,startup}}.csv, alloc_latency.svg and scale.svg ({}; wall clock {:.1} s)",
         res.args.out.display(),
         if res.args.quick { "--quick sizes" } else { "default sizes" },
         res.wall_s
     );
     s
+}
+
+/// The pool-size sweep: wall-clock ns per operation by pool size, the ratio largest/smallest,
+/// and start-up and metadata at scale.
+fn scale_text(s: &mut String, sc: &crate::scale::ScaleResults) {
+    let mut sizes: Vec<u32> = sc.rows.iter().map(|r| r.chunks).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let _ = writeln!(
+        s,
+        "\nPool size vs cost per operation (WALL CLOCK on this machine, median of batches; ratio = largest / smallest, flat ≤ 1.5):"
+    );
+    let mut head = format!("  {:<28}", "operation");
+    for n in &sizes {
+        head += &format!(" {:>9}", human_count(*n as u64));
+    }
+    let _ = writeln!(s, "{head}  ratio  count per op");
+    for (op, ratio) in &sc.ratios {
+        let mut line = format!("  {op:<28}");
+        for n in &sizes {
+            match sc.rows.iter().find(|r| r.op == *op && r.chunks == *n) {
+                Some(r) => line += &format!(" {:>7.0}ns", r.ns_per_op),
+                None => line += &format!(" {:>9}", "-"),
+            }
+        }
+        let counts: Vec<String> = sc
+            .rows
+            .iter()
+            .filter(|r| r.op == *op)
+            .map(|r| format!("{:.2}", r.count_per_op))
+            .collect();
+        let what = sc.rows.iter().find(|r| r.op == *op).map_or("", |r| r.count_what);
+        let flag = if *ratio <= 1.5 { "" } else { " NOT FLAT" };
+        let _ = writeln!(s, "{line}  {ratio:>5.2}{flag}  {what}: {}", counts.join(" / "));
+    }
+    let _ = writeln!(s, "\nStart-up and MN metadata (4 KiB chunks, G = 2, 16 CNs, offloaded; device time = windows × bind_ns):");
+    let _ = writeln!(
+        s,
+        "  {:>8} {:>10} {:>12} {:>9} {:>12} {:>12}  ConnectX-6 function",
+        "chunks", "windows", "metadata", "B/chunk", "device time", "model (wall)"
+    );
+    for r in &sc.startup {
+        let meta = r.metadata_bytes.map_or("-".to_string(), |b| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64));
+        let per = r.metadata_per_chunk.map_or("-".to_string(), |b| format!("{b:.1}"));
+        let wall = r.model_wall_s.map_or("not run".to_string(), |w| format!("{w:.2} s"));
+        let fit = match &r.fits_cx6 {
+            Ok(()) => "fits".to_string(),
+            Err(why) => format!("refused: {why}"),
+        };
+        let _ = writeln!(
+            s,
+            "  {:>8} {:>10} {:>12} {:>9} {:>10.2} s {:>12}  {fit}",
+            human_count(r.chunks),
+            r.windows,
+            meta,
+            per,
+            r.device_ns / 1e9,
+            wall
+        );
+    }
+}
+
+fn human_count(n: u64) -> String {
+    if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{}Mi", n >> 20)
+    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+        format!("{}Ki", n >> 10)
+    } else {
+        n.to_string()
+    }
 }
 
 /// Where OneSidedMW beats RPC-MW: speed-up over the faster RPC-MW variant per configuration
@@ -585,7 +656,87 @@ pub fn write_files(res: &Results) -> Result<(), String> {
         &sw,
     )
     .map_err(io)?;
+    let sc: Vec<String> = res
+        .scale
+        .rows
+        .iter()
+        .map(|r| format!("{},{},{:.1},{},{:.4},{}", csv_escape(r.op), r.chunks, r.ns_per_op, r.ops, r.count_per_op, csv_escape(r.count_what)))
+        .collect();
+    write_csv(&dir.join("scale.csv"), "operation,chunks,wall_ns_per_op,ops,count_per_op,count", &sc).map_err(io)?;
+    let st: Vec<String> = res
+        .scale
+        .startup
+        .iter()
+        .map(|r| {
+            format!(
+                "{},{},{},{},{},{:.0},{}",
+                r.chunks,
+                r.windows,
+                r.metadata_bytes.map_or(String::new(), |b| b.to_string()),
+                r.metadata_per_chunk.map_or(String::new(), |b| format!("{b:.2}")),
+                csv_escape(&match &r.fits_cx6 {
+                    Ok(()) => "fits".to_string(),
+                    Err(w) => w.clone(),
+                }),
+                r.device_ns,
+                r.model_wall_s.map_or(String::new(), |w| format!("{w:.3}"))
+            )
+        })
+        .collect();
+    write_csv(
+        &dir.join("startup.csv"),
+        "chunks,windows,metadata_bytes,metadata_per_chunk,connectx6,device_ns,model_wall_s",
+        &st,
+    )
+    .map_err(io)?;
+    scale_svg(res, &dir.join("scale.svg"))?;
     svg(res, &dir.join("alloc_latency.svg"))
+}
+
+/// Wall-clock ns per operation against pool size (log x), one line per operation.
+fn scale_svg(res: &Results, path: &std::path::Path) -> Result<(), String> {
+    use plotters::prelude::*;
+    let rows = &res.scale.rows;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let xmax = rows.iter().map(|r| r.chunks).max().unwrap_or(1) as f64 * 1.5;
+    let xmin = rows.iter().map(|r| r.chunks).min().unwrap_or(1) as f64 / 1.5;
+    let ymax = rows.iter().map(|r| r.ns_per_op).fold(1.0, f64::max) * 2.0;
+    let ymin = rows.iter().map(|r| r.ns_per_op).fold(f64::MAX, f64::min).max(1.0) / 2.0;
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("per-operation cost vs pool size (wall clock, this machine)", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("chunks in the pool")
+        .y_desc("ns per operation")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, (op, _)) in res.scale.ratios.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let pts: Vec<(f64, f64)> =
+            rows.iter().filter(|r| r.op == *op).map(|r| (r.chunks as f64, r.ns_per_op)).collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(op.to_string())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled()))).map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
 }
 
 fn svg(res: &Results, path: &std::path::Path) -> Result<(), String> {
@@ -712,6 +863,13 @@ pub fn json(res: &Results) -> String {
         "sweep": sw,
         "sensitivity": res.sensitivity.iter().map(|x| json!({"input": x.input, "value_ns": x.value, "alloc_ns": x.alloc_ns,
             "rpcmw2_24_ns": x.rpc2_24_ns, "speedup_one_cn": x.speedup_one, "speedup_at_scale": x.speedup_scale})).collect::<Vec<_>>(),
+        "scale": res.scale.rows.iter().map(|r| json!({"operation": r.op, "chunks": r.chunks, "wall_ns_per_op": r.ns_per_op,
+            "ops": r.ops, "count_per_op": r.count_per_op, "count": r.count_what})).collect::<Vec<_>>(),
+        "scale_ratios": res.scale.ratios.iter().map(|(op, r)| json!({"operation": op, "largest_over_smallest": r})).collect::<Vec<_>>(),
+        "startup": res.scale.startup.iter().map(|r| json!({"chunks": r.chunks, "windows": r.windows,
+            "metadata_bytes": r.metadata_bytes, "metadata_per_chunk": r.metadata_per_chunk,
+            "connectx6": match &r.fits_cx6 { Ok(()) => "fits".to_string(), Err(w) => w.clone() },
+            "device_ns": r.device_ns, "model_wall_s": r.model_wall_s})).collect::<Vec<_>>(),
         "error_summary": error_summary(&res.validation).map(|(mean, median, n)| json!({"mean_abs_rel_err": mean, "median_abs_rel_err": median, "rows": n})),
     });
     serde_json::to_string_pretty(&doc).unwrap_or_default()
