@@ -429,17 +429,16 @@ fn scale_text(s: &mut String, sc: &crate::scale::ScaleResults) {
                 None => line += &format!(" {:>9}", "-"),
             }
         }
-        let counts: Vec<String> = sc
-            .rows
-            .iter()
-            .filter(|r| r.op == *op)
-            .map(|r| format!("{:.2}", r.count_per_op))
-            .collect();
+        let counts: Vec<String> =
+            sc.rows.iter().filter(|r| r.op == *op).map(|r| format!("{:.2}", r.count_per_op)).collect();
         let what = sc.rows.iter().find(|r| r.op == *op).map_or("", |r| r.count_what);
         let flag = if *ratio <= 1.5 { "" } else { " NOT FLAT" };
         let _ = writeln!(s, "{line}  {ratio:>5.2}{flag}  {what}: {}", counts.join(" / "));
     }
-    let _ = writeln!(s, "\nStart-up and MN metadata (4 KiB chunks, G = 2, 16 CNs, offloaded; device time = windows × bind_ns):");
+    let _ = writeln!(
+        s,
+        "\nStart-up and MN metadata (4 KiB chunks, G = 2, 16 CNs, offloaded; device time = windows × bind_ns):"
+    );
     let _ = writeln!(
         s,
         "  {:>8} {:>10} {:>12} {:>9} {:>12} {:>12}  ConnectX-6 function",
@@ -660,7 +659,17 @@ pub fn write_files(res: &Results) -> Result<(), String> {
         .scale
         .rows
         .iter()
-        .map(|r| format!("{},{},{:.1},{},{:.4},{}", csv_escape(r.op), r.chunks, r.ns_per_op, r.ops, r.count_per_op, csv_escape(r.count_what)))
+        .map(|r| {
+            format!(
+                "{},{},{:.1},{},{:.4},{}",
+                csv_escape(r.op),
+                r.chunks,
+                r.ns_per_op,
+                r.ops,
+                r.count_per_op,
+                csv_escape(r.count_what)
+            )
+        })
         .collect();
     write_csv(&dir.join("scale.csv"), "operation,chunks,wall_ns_per_op,ops,count_per_op,count", &sc).map_err(io)?;
     let st: Vec<String> = res
@@ -713,12 +722,7 @@ fn scale_svg(res: &Results, path: &std::path::Path) -> Result<(), String> {
         .y_label_area_size(70)
         .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())
         .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc("chunks in the pool")
-        .y_desc("ns per operation")
-        .draw()
-        .map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc("chunks in the pool").y_desc("ns per operation").draw().map_err(|e| e.to_string())?;
     for (i, (op, _)) in res.scale.ratios.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let pts: Vec<(f64, f64)> =

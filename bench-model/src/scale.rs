@@ -87,7 +87,8 @@ fn cluster(mode: ExecutionMode, chunks: u32) -> Result<Cluster, String> {
     cfg.quota = chunks;
     cfg.lease_ns = 0;
     cfg.mode = Some(mode);
-    let nic = if mode == ExecutionMode::HostEngine { NicConfig::strict().with_offload(false) } else { NicConfig::strict() };
+    let nic =
+        if mode == ExecutionMode::HostEngine { NicConfig::strict().with_offload(false) } else { NicConfig::strict() };
     cfg.nic = nic.with_prefetch(8);
     cfg.nic.mem_limit = 4 << 30;
     Cluster::new(cfg).map_err(|e| format!("model cluster of {chunks} chunks: {e}"))
@@ -190,7 +191,8 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
 
 /// The object allocator holding `chunks` chunks (4 objects each), then alloc/free churn.
 fn object_alloc_row<const C: usize>(chunks: u32) -> Result<ScaleRow, String> {
-    let mut a = Box::new(ObjectAllocator::<u32, C, 2, 1>::new(4 * CHUNK, &[CHUNK, 2 * CHUNK]).map_err(|e| e.to_string())?);
+    let mut a =
+        Box::new(ObjectAllocator::<u32, C, 2, 1>::new(4 * CHUNK, &[CHUNK, 2 * CHUNK]).map_err(|e| e.to_string())?);
     let mut live: Vec<ObjectRef> = Vec::with_capacity(C * 4);
     let mut next = 0u32;
     for _ in 0..(chunks as usize * 4) {
