@@ -152,10 +152,8 @@ fn host_engine_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String>
 
 fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
     let mut c = cluster(ExecutionMode::Offloaded, chunks)?;
-    let k = (chunks / 16).max(32);
-    for _ in 0..k {
-        c.alloc(0).map_err(|e| e.to_string())?;
-    }
+    let k = (chunks / 16).max(256);
+    hold(&mut c, k)?;
     let batch = chunks.min(16 * 1024);
     c.driver.mn.set_audit_batch(batch);
     // warm-up tick: the counters moved, so its quota check counts the holder in the table
@@ -186,6 +184,29 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
         count_per_op: (after.queue_scans - before.queue_scans) as f64 / n as f64,
         count_what: "queue scans",
     });
+    Ok(())
+}
+
+/// CN 0 takes `k` groups with alloc requests it sends as raw bytes (its `Client` tracks at most
+/// `CN_MAX_LIVE` allocations; the MN's chains serve the bytes the same): the holdings a crash
+/// then hands back.
+fn hold(c: &mut Cluster, k: u32) -> Result<(), String> {
+    use omw_core::chain::ChainKind;
+    use omw_core::wire::message::AllocRequest;
+    let (reply_addr, reply_rkey) = (c.cns[0].driver.memory().reply, c.cns[0].driver.memory().reply_rkey);
+    let access_qpns = c.cns[0].mn_qps.access.clone();
+    let owner = c.cns[0].id.get();
+    let held = |c: &Cluster| (0..c.driver.mn.config().geometry.chunk_count()).filter(|i| c.driver.entry(omw_core::ids::GroupId(*i)).is_some_and(|e| e.owner() == owner)).count();
+    let mut buf = [0u8; 64];
+    for token in 0..k {
+        let req = AllocRequest { token: 0x5CA1_0000 | token, reply_addr, reply_rkey, access_qpns: access_qpns.clone() };
+        let n = req.encode(&mut buf).map_err(|e| e.to_string())?;
+        c.send_raw(0, ChainKind::Alloc, &buf[..n]).map_err(|e| e.to_string())?;
+    }
+    let got = held(c);
+    if got != k as usize {
+        return Err(format!("CN 0 holds {got} groups after {k} raw allocs"));
+    }
     Ok(())
 }
 
