@@ -196,7 +196,11 @@ fn hold(c: &mut Cluster, k: u32) -> Result<(), String> {
     let (reply_addr, reply_rkey) = (c.cns[0].driver.memory().reply, c.cns[0].driver.memory().reply_rkey);
     let access_qpns = c.cns[0].mn_qps.access.clone();
     let owner = c.cns[0].id.get();
-    let held = |c: &Cluster| (0..c.driver.mn.config().geometry.chunk_count()).filter(|i| c.driver.entry(omw_core::ids::GroupId(*i)).is_some_and(|e| e.owner() == owner)).count();
+    let held = |c: &Cluster| {
+        (0..c.driver.mn.config().geometry.chunk_count())
+            .filter(|i| c.driver.entry(omw_core::ids::GroupId(*i)).is_some_and(|e| e.owner() == owner))
+            .count()
+    };
     let mut buf = [0u8; 64];
     for token in 0..k {
         let req = AllocRequest { token: 0x5CA1_0000 | token, reply_addr, reply_rkey, access_qpns: access_qpns.clone() };
