@@ -8,12 +8,20 @@
 //! loopback model with 512-byte chunks, G = 2, two CNs:
 //! - **alloc**, **free**: host-engine mode (RPC-MW type-2, where the MN CPU serves every
 //!   request: its quota decision is where the pool size used to show), request to reply;
-//! - **audit per chunk**: offloaded, one CN holding a sixteenth of the pool, ticks of the
+//! - **audit per chunk**: offloaded, three CNs holding a sixteenth of the pool, ticks of the
 //!   incremental audit (`audit_batch` entries each) after a warm-up tick, per entry examined;
-//! - **reclaim per chunk**: that CN crashes; the MN's reaction per group it held (one pass over
-//!   the table plus each group's unbind, scrub and checked push);
-//! - **object allocator**: `ObjectAllocator` holding that many chunks, per alloc or free;
-//! - **CN free lookup**: a `Client` with that many live allocations, per free request.
+//! - **reclaim per chunk**: those CNs crash one after another; the MN's reaction per group
+//!   each held (one pass over the table plus each group's unbind, scrub and checked push),
+//!   the median of the three;
+//! - **object allocator**: `ObjectAllocator` holding that many chunks, per alloc or free of a
+//!   uniformly random object;
+//! - **CN free lookup**: a `Client` with that many live allocations, per free request;
+//! - **memory baseline**: one dependent random read in a table of 64 bytes per chunk — what
+//!   an O(1) operation on a random record costs once its table outgrows the caches, so the
+//!   other rows' growth can be told apart from algorithmic growth (their counts per op).
+//!
+//! Flat means the algorithm; the memory hierarchy does not stay flat from 64 KiB of table
+//! to 64 MiB, and the rows that touch random records grow with the baseline.
 //!
 //! Where it stops: the core holds at most `geometry::MAX_CHUNKS` = 2^20 chunks per pool
 //! (`PoolGeometry::new` refuses more), and a pool of 16 Mi chunks needs 32 Mi windows at G = 2
@@ -78,9 +86,9 @@ pub struct ScaleResults {
     pub ratios: Vec<(&'static str, f64)>,
 }
 
-fn cluster(mode: ExecutionMode, chunks: u32) -> Result<Cluster, String> {
+fn cluster(mode: ExecutionMode, chunks: u32, cns: usize) -> Result<Cluster, String> {
     let mut cfg = ClusterConfig::paper_like();
-    cfg.cns = 2;
+    cfg.cns = cns;
     cfg.chunk_size = CHUNK;
     cfg.chunks = chunks;
     cfg.group_size = G;
@@ -107,7 +115,7 @@ fn median_ns(batches: usize, per: u64, mut f: impl FnMut() -> Result<(), String>
 }
 
 fn host_engine_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
-    let mut c = cluster(ExecutionMode::HostEngine, chunks)?;
+    let mut c = cluster(ExecutionMode::HostEngine, chunks, 2)?;
     let per = 64u64.min(chunks as u64 / 4);
     // warm-up
     let a = c.alloc(0).map_err(|e| e.to_string())?;
@@ -151,9 +159,13 @@ fn host_engine_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String>
 }
 
 fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
-    let mut c = cluster(ExecutionMode::Offloaded, chunks)?;
-    let k = (chunks / 16).max(256);
-    hold(&mut c, k)?;
+    // three CNs hold a sixteenth of the pool between them (at least 3 × 128 groups); a
+    // fourth holds nothing and stays
+    let mut c = cluster(ExecutionMode::Offloaded, chunks, 4)?;
+    let k = (chunks / 48).max(128);
+    for cn in 0..3 {
+        hold(&mut c, cn, k)?;
+    }
     let batch = chunks.min(16 * 1024);
     c.driver.mn.set_audit_batch(batch);
     // warm-up tick: the counters moved, so its quota check counts the holder in the table
@@ -170,32 +182,38 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
         count_per_op: (s.quota_recounts - r0) as f64 / (s.audit_entries - e0).max(1) as f64,
         count_what: "quota recounts",
     });
-    let before = c.driver.mn.stats();
-    let t = Instant::now();
-    c.crash_cn(0).map_err(|e| e.to_string())?;
-    let el = t.elapsed().as_nanos() as f64;
-    let after = c.driver.mn.stats();
-    let n = (after.groups_reclaimed - before.groups_reclaimed).max(1);
+    let start = c.driver.mn.stats();
+    let mut per_group = Vec::new();
+    for cn in 0..3 {
+        let before = c.driver.mn.stats().groups_reclaimed;
+        let t = Instant::now();
+        c.crash_cn(cn).map_err(|e| e.to_string())?;
+        let el = t.elapsed().as_nanos() as f64;
+        per_group.push(el / (c.driver.mn.stats().groups_reclaimed - before).max(1) as f64);
+    }
+    per_group.sort_by(|a, b| a.total_cmp(b));
+    let end = c.driver.mn.stats();
+    let n = (end.groups_reclaimed - start.groups_reclaimed).max(1);
     rows.push(ScaleRow {
         op: "reclaim, per group",
         chunks,
-        ns_per_op: el / n as f64,
+        ns_per_op: per_group[1],
         ops: n,
-        count_per_op: (after.queue_scans - before.queue_scans) as f64 / n as f64,
+        count_per_op: (end.queue_scans - start.queue_scans) as f64 / n as f64,
         count_what: "queue scans",
     });
     Ok(())
 }
 
-/// CN 0 takes `k` groups with alloc requests it sends as raw bytes (its `Client` tracks at most
+/// CN `cn` takes `k` groups with alloc requests it sends as raw bytes (its `Client` tracks at most
 /// `CN_MAX_LIVE` allocations; the MN's chains serve the bytes the same): the holdings a crash
 /// then hands back.
-fn hold(c: &mut Cluster, k: u32) -> Result<(), String> {
+fn hold(c: &mut Cluster, cn: usize, k: u32) -> Result<(), String> {
     use omw_core::chain::ChainKind;
     use omw_core::wire::message::AllocRequest;
-    let (reply_addr, reply_rkey) = (c.cns[0].driver.memory().reply, c.cns[0].driver.memory().reply_rkey);
-    let access_qpns = c.cns[0].mn_qps.access.clone();
-    let owner = c.cns[0].id.get();
+    let (reply_addr, reply_rkey) = (c.cns[cn].driver.memory().reply, c.cns[cn].driver.memory().reply_rkey);
+    let access_qpns = c.cns[cn].mn_qps.access.clone();
+    let owner = c.cns[cn].id.get();
     let held = |c: &Cluster| {
         (0..c.driver.mn.config().geometry.chunk_count())
             .filter(|i| c.driver.entry(omw_core::ids::GroupId(*i)).is_some_and(|e| e.owner() == owner))
@@ -205,11 +223,11 @@ fn hold(c: &mut Cluster, k: u32) -> Result<(), String> {
     for token in 0..k {
         let req = AllocRequest { token: 0x5CA1_0000 | token, reply_addr, reply_rkey, access_qpns: access_qpns.clone() };
         let n = req.encode(&mut buf).map_err(|e| e.to_string())?;
-        c.send_raw(0, ChainKind::Alloc, &buf[..n]).map_err(|e| e.to_string())?;
+        c.send_raw(cn, ChainKind::Alloc, &buf[..n]).map_err(|e| e.to_string())?;
     }
     let got = held(c);
     if got != k as usize {
-        return Err(format!("CN 0 holds {got} groups after {k} raw allocs"));
+        return Err(format!("CN {cn} holds {got} groups after {k} raw allocs"));
     }
     Ok(())
 }
@@ -312,6 +330,43 @@ fn client_free_row<const N: usize>(live: u32) -> Result<ScaleRow, String> {
     })
 }
 
+/// The memory hierarchy's own share: one dependent random read in a table of 64 bytes per
+/// chunk (a chain of pointers through a random cycle), measured in the same run. An O(1)
+/// operation that touches a random chunk's record pays this once its table outgrows the
+/// caches: the baseline the other rows' growth is read against.
+fn memory_row(chunks: u32) -> Result<ScaleRow, String> {
+    let n = chunks as usize * 8;
+    let mut rng = SeededRng::new(0x5EED ^ chunks as u64);
+    // a random cyclic permutation (Sattolo), one pointer per 64-byte line
+    let lines = n / 8;
+    let mut order: Vec<usize> = (0..lines).collect();
+    for i in (1..lines).rev() {
+        let j = rng.below(i as u64) as usize;
+        order.swap(i, j);
+    }
+    let mut next = vec![0u64; n];
+    for w in 0..lines {
+        next[order[w] * 8] = (order[(w + 1) % lines] * 8) as u64;
+    }
+    let per = 200_000u64;
+    let mut at = 0usize;
+    let ns = median_ns(5, per, || {
+        for _ in 0..per {
+            at = next[at] as usize;
+        }
+        Ok(())
+    })?;
+    std::hint::black_box(at);
+    Ok(ScaleRow {
+        op: "memory baseline, per access",
+        chunks,
+        ns_per_op: ns,
+        ops: 5 * per,
+        count_per_op: 1.0,
+        count_what: "dependent reads",
+    })
+}
+
 fn cn_rows(chunks: u32) -> Result<Vec<ScaleRow>, String> {
     // capacities are const generics: one instantiation per size the sweep can ask for
     macro_rules! at {
@@ -385,7 +440,7 @@ pub fn run(sizes: &[u32], tick: &mut dyn FnMut(&str)) -> Result<ScaleResults, St
     for &n in sizes {
         tick(&format!("pool-size sweep: {n} chunks"));
         let t = Instant::now();
-        let c = cluster(ExecutionMode::Offloaded, n)?;
+        let c = cluster(ExecutionMode::Offloaded, n, 2)?;
         let wall = t.elapsed().as_secs_f64();
         drop(c);
         out.startup.push(startup(n as u64, Some(wall)));
@@ -400,6 +455,7 @@ pub fn run(sizes: &[u32], tick: &mut dyn FnMut(&str)) -> Result<ScaleResults, St
             .join()
             .map_err(|_| "the CN-side sweep panicked".to_string())??;
         out.rows.extend(rows);
+        out.rows.push(memory_row(n)?);
     }
     for big in [1u64 << 20, 1 << 24] {
         if !sizes.contains(&(big as u32)) || big > MAX_CHUNKS as u64 {
