@@ -177,11 +177,13 @@ fn kv_rows(
         let ppc = cfg.chunk.div_ceil(inputs::ODRP_PAGE);
         let progs: Vec<_> = traces
             .iter()
-            .map(|t| {
+            .enumerate()
+            .map(|(i, t)| {
+                let cn = (i / threads) as u16;
                 if s == Scheme::Odrp {
-                    compile(s, inp, m, &odrp_ops(&t.ops, ppc))
+                    compile(s, inp, m, &odrp_ops(&t.ops, ppc), cn)
                 } else {
-                    compile(s, inp, m, &t.ops)
+                    compile(s, inp, m, &t.ops, cn)
                 }
             })
             .collect();
@@ -251,7 +253,8 @@ fn swap_rows(
     for s in ALL {
         tick(&format!("swap: {} with {cns} CN(s) × {threads} threads", s.name()));
         let tr = if s == Scheme::Odrp { &paged } else { &chunked };
-        let progs: Vec<_> = tr.iter().map(|t| compile(s, inp, m, &t.ops)).collect();
+        let progs: Vec<_> =
+            tr.iter().enumerate().map(|(i, t)| compile(s, inp, m, &t.ops, (i / threads) as u16)).collect();
         let r = sim::run(&progs, inp.mn_cores, inp.nic_units);
         let all = r.all_latencies();
         let faults = r.latencies.get(swap::FAULT as usize).cloned().unwrap_or_default();
@@ -286,9 +289,10 @@ fn swap_rows(
 }
 
 /// How many times [`run`] calls `tick` on a full-size run, for a progress bar: inputs, 4
-/// geometries, 2 × 6 micro rows, 7 curve points, 4 KV configurations × (traces + 5 schemes), swap
-/// (traces + 5 schemes), the pool sizes of the scale sweep, the comparison.
-pub const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 6 + 4 + 3 + 1;
+/// geometries, 2 × 7 micro rows, 7 curve points, 6 KV configurations × (traces + 6 schemes),
+/// swap (traces + 6 schemes), the sweep's unit counts, the sensitivity, the pool sizes of the
+/// scale sweep, the comparison.
+pub const STEPS: u64 = 1 + 4 + 14 + 7 + 6 * 7 + 7 + 6 + 4 + 3 + 1;
 
 pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String> {
     let t0 = Instant::now();
@@ -343,6 +347,21 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
         let name = format!("{} KiB allocations (objects 256 B-1 KiB), 1 CN", chunk >> 10);
         wl.extend(kv_rows(&inp, g, &name, &cfg, 1, threads, &ALL, tick));
     }
+    // no second level: every object its own MN allocation; and the paper's 24 threads on a CN
+    let direct = kv::KvConfig { chunk: 2048, classes: vec![2048], ..kv_main.clone() };
+    wl.extend(kv_rows(&inp, kv2_g, "one MN allocation per object (2 KiB), 1 CN", &direct, 1, threads, &ALL, tick));
+    let t24 = if args.quick { 8 } else { 24 };
+    let cfg24 = kv::KvConfig { chunk: 2048, classes: small.clone(), ..kv_main.clone() };
+    wl.extend(kv_rows(
+        &inp,
+        kv2_g,
+        &format!("2 KiB allocations (objects 256 B-1 KiB), 1 CN × {t24} threads"),
+        &cfg24,
+        1,
+        t24,
+        &ALL,
+        tick,
+    ));
     let swap_cfg = swap::SwapConfig {
         pages: sizes.swap_pages,
         local_pages: sizes.swap_pages / 2,
