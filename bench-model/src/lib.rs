@@ -21,6 +21,7 @@
 pub mod alloc;
 pub mod inputs;
 mod kv;
+mod malloc;
 pub mod report;
 mod rng;
 pub mod scale;
@@ -170,11 +171,39 @@ fn kv_rows(
     let n = cns * threads;
     tick(&format!("{name}: generating {n} client traces"));
     let traces: Vec<kv::KvTrace> = (0..n).map(|t| kv::trace(cfg, t as u64)).collect();
+    let w = Traces { workload: "kv", name, chunk: cfg.chunk, key_tags: &[kv::INSERT, kv::UPDATE] };
+    trace_rows(inp, m, &w, &traces, cns, threads, schemes, tick)
+}
+
+/// A workload's per-thread traces, and how to read them.
+struct Traces<'a> {
+    workload: &'a str,
+    name: &'a str,
+    /// MN chunk size (ODRP allocates its 4 KiB pages instead).
+    chunk: u64,
+    /// Request tags whose latencies are the "key" percentiles (KV inserts and updates, mallocs).
+    key_tags: &'a [u8],
+}
+
+/// Every scheme on `traces` (thread `i` on CN `i / threads`): throughput, latencies, the MN's
+/// utilisation and the memory each scheme holds.
+#[allow(clippy::too_many_arguments)]
+fn trace_rows(
+    inp: &Inputs,
+    m: &Measured,
+    w: &Traces<'_>,
+    traces: &[kv::KvTrace],
+    cns: usize,
+    threads: usize,
+    schemes: &[Scheme],
+    tick: &mut dyn FnMut(&str),
+) -> Vec<WorkloadRow> {
+    let name = w.name;
     let peak: u64 = traces.iter().map(|t| t.peak_bytes).sum();
     let mut rows = Vec::new();
     for &s in schemes {
         tick(&format!("{name}: {} with {cns} CN(s) × {threads} threads", s.name()));
-        let ppc = cfg.chunk.div_ceil(inputs::ODRP_PAGE);
+        let ppc = w.chunk.div_ceil(inputs::ODRP_PAGE);
         let progs: Vec<_> = traces
             .iter()
             .enumerate()
@@ -189,10 +218,8 @@ fn kv_rows(
             .collect();
         let r = sim::run(&progs, inp.mn_cores, inp.nic_units);
         let all = r.all_latencies();
-        let mut key: Vec<u64> = [kv::INSERT, kv::UPDATE]
-            .iter()
-            .flat_map(|&t| r.latencies.get(t as usize).cloned().unwrap_or_default())
-            .collect();
+        let mut key: Vec<u64> =
+            w.key_tags.iter().flat_map(|&t| r.latencies.get(t as usize).cloned().unwrap_or_default()).collect();
         key.sort_unstable();
         let (end, avg) = match s {
             Scheme::StaticMr => (peak, peak as f64),
@@ -211,10 +238,10 @@ fn kv_rows(
             )
         };
         rows.push(WorkloadRow {
-            workload: "kv".into(),
+            workload: w.workload.into(),
             config: name.into(),
             scheme: s,
-            threads: n,
+            threads: traces.len(),
             requests: r.total_requests(),
             throughput: r.throughput(),
             p50_ns: sim::quantile(&all, 0.5),
@@ -289,10 +316,11 @@ fn swap_rows(
 }
 
 /// How many times [`run`] calls `tick` on a full-size run, for a progress bar: inputs, 4
-/// geometries, 2 × 7 micro rows, 7 curve points, 6 KV configurations × (traces + 6 schemes),
+/// geometries, 2 × 7 micro rows, 7 curve points, 6 KV configurations, 4 YCSB workloads, 2
+/// allocation traces and the cache (each traces + 6 schemes),
 /// swap (traces + 6 schemes), the sweep's unit counts, the sensitivity, the pool sizes of the
 /// scale sweep, the comparison.
-pub const STEPS: u64 = 1 + 4 + 14 + 7 + 6 * 7 + 7 + 6 + 4 + 3 + 1;
+pub const STEPS: u64 = 1 + 4 + 14 + 7 + 13 * 7 + 7 + 6 + 4 + 3 + 1;
 
 pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String> {
     let t0 = Instant::now();
@@ -362,6 +390,35 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
         &ALL,
         tick,
     ));
+    // the field's workloads: YCSB A-D (Zipf 0.99, 1 KiB values, as FUSEE), allocation traces
+    // shaped like mimalloc-bench's, a Twitter-shaped cache — on `cns` CNs × `threads`
+    let n = cns * threads;
+    for w in kv::Ycsb::ALL {
+        let name = format!("{}, {cns} CNs", w.name());
+        tick(&format!("{name}: generating {n} client traces"));
+        let traces: Vec<kv::KvTrace> = (0..n)
+            .map(|t| kv::ycsb(w, 16384, 1024, sizes.kv_keys, sizes.kv_mixed, 0.99, args.seed, t as u64))
+            .collect();
+        let tw = Traces { workload: "ycsb", name: &name, chunk: 16384, key_tags: &[kv::INSERT, kv::UPDATE] };
+        wl.extend(trace_rows(&inp, kv_g, &tw, &traces, cns, threads, &ALL, tick));
+    }
+    for shape in malloc::Shape::ALL {
+        let name = format!("{}, 4 KiB chunks, {cns} CNs", shape.name());
+        tick(&format!("{name}: generating {n} client traces"));
+        let traces: Vec<kv::KvTrace> =
+            (0..n).map(|t| malloc::trace(shape, 4096, sizes.kv_keys, sizes.kv_mixed, args.seed, t as u64)).collect();
+        let tw = Traces { workload: "malloc", name: &name, chunk: 4096, key_tags: &[malloc::MALLOC] };
+        wl.extend(trace_rows(&inp, micro_g, &tw, &traces, cns, threads, &ALL, tick));
+    }
+    {
+        let name = format!("Twitter-shaped cache (30 % sets, TTLs, values 64 B-1 KiB), {cns} CNs");
+        tick(&format!("{name}: generating {n} client traces"));
+        let ops = 4 * sizes.kv_mixed;
+        let traces: Vec<kv::KvTrace> =
+            (0..n).map(|t| kv::cache(16384, sizes.kv_keys, ops, 30, 0.99, args.seed, t as u64)).collect();
+        let tw = Traces { workload: "cache", name: &name, chunk: 16384, key_tags: &[kv::INSERT, kv::UPDATE] };
+        wl.extend(trace_rows(&inp, kv_g, &tw, &traces, cns, threads, &ALL, tick));
+    }
     let swap_cfg = swap::SwapConfig {
         pages: sizes.swap_pages,
         local_pages: sizes.swap_pages / 2,
