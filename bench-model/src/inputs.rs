@@ -41,11 +41,22 @@ pub const ODRP_PAGE: u64 = 4096;
 ///
 /// The cost of one event, `Inputs::rpc_cpu_ns`, is swept over [`RPC_CPU_SWEEP`]: eRPC (Kalia
 /// et al., NSDI'19; DESIGN.md §10) serves a small RPC in ≈ 100 ns of one core (10 M RPC/s) —
-/// the low end; 1.6 µs, the high end, is the 4 × 400 ns the earlier model charged a type-1
-/// alloc (`host_engine_step_ns`, calibrated, not sourced). The default, 200 ns, is eRPC's RPC
-/// and one more work request posted (the bind).
+/// the low end; 1.6 µs is the 4 × 400 ns the earlier model charged a type-1 alloc
+/// (`host_engine_step_ns`, calibrated, not sourced); 3.2 µs is about what the paper's 170 µs
+/// for 24 simultaneous type-2 requests on one core implies (170 µs / 24 / 2 events), the high
+/// end. The default, 200 ns, is eRPC's RPC and one more work request posted (the bind).
 pub const RPC_CPU_NS: u64 = 200;
-pub const RPC_CPU_SWEEP: [u64; 5] = [100, 200, 400, 800, 1600];
+pub const RPC_CPU_SWEEP: [u64; 6] = [100, 200, 400, 800, 1600, 3200];
+
+/// The RNR timer a CN's request waits when it finds its CN's chain re-arming (no receive
+/// posted yet): the RC responder answers RNR NAK and the requester sends again after the
+/// responder's `min_rnr_timer` (IBTA RNR timer encoding; `ibv_modify_qp(3)`). omw's verbs
+/// transport sets encoding 12 (0.64 ms) on the MN's QPs today; encoding 1 (0.01 ms) is the
+/// shortest — the default here, what an MN serving multi-threaded CNs should set; 0 = a CN
+/// that paces itself (waits the measured re-arm before its next request). Swept over
+/// [`RNR_SWEEP`].
+pub const RNR_TIMER_NS: u64 = 10_000;
+pub const RNR_SWEEP: [u64; 3] = [0, 10_000, 640_000];
 
 /// Costs of one scheme's allocation and free, as used by the queueing simulator.
 #[derive(Clone, Copy, Debug, Default)]
@@ -99,6 +110,8 @@ pub struct Inputs {
     pub write_rtt: [(u64, u64); 2],
     /// MN CPU time of one RPC-MW server event ([`RPC_CPU_NS`], swept).
     pub rpc_cpu_ns: u64,
+    /// The MN's RNR timer as a CN's request meets it ([`RNR_TIMER_NS`], swept).
+    pub rnr_timer_ns: u64,
 }
 
 impl Inputs {
@@ -239,7 +252,15 @@ pub fn measure_inputs(cost: CostModel, mn_cores: usize, nic_units: usize) -> Res
         let _ = c.read(0, &a, 0, 0, len as usize);
         read[k] = (len, c.now() - t0);
     }
-    Ok(Inputs { cost, mn_cores, nic_units, read_rtt: read, write_rtt: write, rpc_cpu_ns: RPC_CPU_NS })
+    Ok(Inputs {
+        cost,
+        mn_cores,
+        nic_units,
+        read_rtt: read,
+        write_rtt: write,
+        rpc_cpu_ns: RPC_CPU_NS,
+        rnr_timer_ns: RNR_TIMER_NS,
+    })
 }
 
 /// Measure OneSidedMW's chains and the host engine's laps for one geometry.

@@ -154,15 +154,27 @@ pub fn validate(inp: &Inputs, alloc: &[AllocRow], wl: &[WorkloadRow], sw: &[Swee
     let units = inp.nic_units;
     let rpc = inp.rpc_cpu_ns;
     let best = |one_cn: bool| {
-        sweep::up_to(sw, |r| (r.cns == 1) == one_cn && r.mn_cores == 1 && r.nic_units == units && r.rpc_cpu_ns == rpc)
-            .map(|r| (r.speedup(), r.config.clone()))
+        sweep::up_to(sw, |r| {
+            (r.cns == 1) == one_cn
+                && r.mn_cores == 1
+                && r.nic_units == units
+                && r.rpc_cpu_ns == rpc
+                && r.rnr_ns == inp.rnr_timer_ns
+        })
+        .map(|r| (r.speedup(), r.config.clone()))
     };
     let any = |one_cn: bool| sweep::up_to(sw, |r| (r.cns == 1) == one_cn).map(|r| r.speedup());
     for (one_cn, paper, label) in [(true, 2.71, "one CN"), (false, 10.6, "at scale")] {
         if let Some((x, cfg)) = best(one_cn) {
             let t2 = sw
                 .iter()
-                .filter(|r| (r.cns == 1) == one_cn && r.mn_cores == 1 && r.nic_units == units && r.rpc_cpu_ns == rpc)
+                .filter(|r| {
+                    (r.cns == 1) == one_cn
+                        && r.mn_cores == 1
+                        && r.nic_units == units
+                        && r.rpc_cpu_ns == rpc
+                        && r.rnr_ns == inp.rnr_timer_ns
+                })
                 .map(|r| r.speedup_t2())
                 .fold(0.0, f64::max);
             let how = format!(
@@ -246,9 +258,10 @@ pub fn inputs_table(res: &Results) -> Vec<(String, String, String)> {
             "UNMEASURED: on-chip key contexts (MPT); a miss costs pcie_read_ns".into(),
         ),
         (
-            "rnr_timeout_ns".into(),
-            ns(c.rnr_timeout_ns),
-            "IBTA min_rnr_timer 12 (0.64 ms), as omw's verbs transport sets it: a request that finds its CN's chain re-arming retries after it".into(),
+            "RNR timer (simulator)".into(),
+            format!("{} ns (swept {:?} ns)", inp.rnr_timer_ns, crate::inputs::RNR_SWEEP),
+            "IBTA min_rnr_timer 1 (0.01 ms); omw's verbs transport sets 12 (0.64 ms); 0 = a CN that waits the re-arm"
+                .into(),
         ),
         (
             "atomic_same_addr_ns".into(),
@@ -355,10 +368,14 @@ pub fn text(res: &Results) -> String {
         let head = format!("{}: {}", r.workload, r.config);
         if head != last {
             let _ = writeln!(s, "\n{} — {} client threads (throughput in requests/s; latency µs)", head, r.threads);
-            let key = if r.workload == "kv" { "ins/upd p50/p99" } else { "fault p50/p99" };
+            let key = match r.workload.as_str() {
+                "swap" => "fault p50/p99",
+                "malloc" => "malloc p50/p99",
+                _ => "ins/upd p50/p99",
+            };
             let _ = writeln!(
                 s,
-                "  {:<14} {:>11} {:>7} {:>7} {:>16} {:>7} {:>7} {:>7} {:>10} {:>9} {:>8} {:>7}",
+                "  {:<14} {:>11} {:>7} {:>7} {:>16} {:>7} {:>7} {:>7} {:>7} {:>10} {:>9} {:>8} {:>7}",
                 "scheme",
                 "throughput",
                 "p50",
@@ -367,6 +384,7 @@ pub fn text(res: &Results) -> String {
                 "MN CPU",
                 "MN NIC",
                 "MN RX",
+                "link",
                 "MN MiB end",
                 "reclaimed",
                 "mem util",
@@ -376,7 +394,7 @@ pub fn text(res: &Results) -> String {
         }
         let _ = writeln!(
             s,
-            "  {:<14} {:>11.0} {:>7} {:>7} {:>16} {:>6.0}% {:>6.0}% {:>6.0}% {:>10.2} {:>8.1}% {:>7.1}% {:>7}",
+            "  {:<14} {:>11.0} {:>7} {:>7} {:>16} {:>6.0}% {:>6.0}% {:>6.0}% {:>6.0}% {:>10.2} {:>8.1}% {:>7.1}% {:>7}",
             r.scheme.name(),
             r.throughput,
             fmt_lat(r.p50_ns),
@@ -385,6 +403,7 @@ pub fn text(res: &Results) -> String {
             100.0 * r.mn_cpu_util,
             100.0 * r.mn_nic_util,
             100.0 * r.mn_rx_util,
+            100.0 * r.mn_link_util,
             r.end_bytes as f64 / (1 << 20) as f64,
             100.0 * r.reclaimed(),
             100.0 * r.mem_util(),
@@ -525,7 +544,11 @@ fn human_count(n: u64) -> String {
 /// (with its MN allocations + frees per request), MN core count and NIC unit count.
 fn sweep_text(s: &mut String, all: &[SweepRow]) {
     // the table at the default RPC cost; the range below covers every cost swept
-    let rows: Vec<SweepRow> = all.iter().filter(|r| r.rpc_cpu_ns == crate::inputs::RPC_CPU_NS).cloned().collect();
+    let rows: Vec<SweepRow> = all
+        .iter()
+        .filter(|r| r.rpc_cpu_ns == crate::inputs::RPC_CPU_NS && r.rnr_ns == crate::inputs::RNR_TIMER_NS)
+        .cloned()
+        .collect();
     let rows = &rows[..];
     if rows.is_empty() {
         return;
@@ -569,8 +592,9 @@ fn sweep_text(s: &mut String, all: &[SweepRow]) {
     }
     let _ = writeln!(
         s,
-        "  OneSidedMW wins {wins} of {total} points (RPC event {} ns); ctl/rq = MN allocations + frees per KV request. Per variant: sweep.csv.",
-        crate::inputs::RPC_CPU_NS
+        "  OneSidedMW wins {wins} of {total} points (RPC event {} ns, RNR timer {} µs); ctl/rq = MN allocations + frees per KV request. Per variant: sweep.csv.",
+        crate::inputs::RPC_CPU_NS,
+        crate::inputs::RNR_TIMER_NS / 1000
     );
     // the whole sweep, every RPC cost included: the speed-up as a range with its conditions
     for (label, pick) in [
@@ -646,7 +670,7 @@ pub fn write_files(res: &Results) -> Result<(), String> {
         .iter()
         .map(|r| {
             format!(
-                "{},{},{},{},{},{:.1},{},{},{},{},{:.4},{:.4},{:.4},{},{:.0},{:.0},{},{:.4},{:.4},{},{}",
+                "{},{},{},{},{},{:.1},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{},{:.0},{:.0},{},{:.4},{:.4},{},{}",
                 r.workload,
                 csv_escape(&r.config),
                 r.scheme.key(),
@@ -660,6 +684,7 @@ pub fn write_files(res: &Results) -> Result<(), String> {
                 r.mn_cpu_util,
                 r.mn_nic_util,
                 r.mn_rx_util,
+                r.mn_link_util,
                 r.end_bytes,
                 r.avg_bytes,
                 r.avg_live,
@@ -673,7 +698,7 @@ pub fn write_files(res: &Results) -> Result<(), String> {
         .collect();
     write_csv(
         &dir.join("workloads.csv"),
-        "workload,config,scheme,threads,requests,throughput,p50_ns,p99_ns,key_p50_ns,key_p99_ns,mn_cpu_util,mn_nic_util,mn_rx_util,end_bytes,avg_bytes,avg_live_bytes,static_bytes,reclaimed,mem_util,allocs,frees",
+        "workload,config,scheme,threads,requests,throughput,p50_ns,p99_ns,key_p50_ns,key_p99_ns,mn_cpu_util,mn_nic_util,mn_rx_util,mn_link_util,end_bytes,avg_bytes,avg_live_bytes,static_bytes,reclaimed,mem_util,allocs,frees",
         &wl,
     )
     .map_err(io)?;
@@ -699,7 +724,7 @@ pub fn write_files(res: &Results) -> Result<(), String> {
         .iter()
         .map(|r| {
             format!(
-                "{},{},{},{:.4},{},{},{},{:.1},{:.1},{:.1},{:.1},{:.4},{:.4},{:.4}",
+                "{},{},{},{:.4},{},{},{},{},{:.1},{:.1},{:.1},{:.1},{:.4},{:.4},{:.4}",
                 csv_escape(&r.config),
                 r.cns,
                 r.threads,
@@ -707,6 +732,7 @@ pub fn write_files(res: &Results) -> Result<(), String> {
                 r.mn_cores,
                 r.nic_units,
                 r.rpc_cpu_ns,
+                r.rnr_ns,
                 r.osmw,
                 r.type1,
                 r.type2,
@@ -719,7 +745,7 @@ pub fn write_files(res: &Results) -> Result<(), String> {
         .collect();
     write_csv(
         &dir.join("sweep.csv"),
-        "config,cns,threads,ctl_per_request,mn_cores,nic_units,rpc_event_ns,osmw_tput,rpcmw1_tput,rpcmw2_tput,hostengine_tput,speedup,speedup_t1,speedup_t2",
+        "config,cns,threads,ctl_per_request,mn_cores,nic_units,rpc_event_ns,rnr_ns,osmw_tput,rpcmw1_tput,rpcmw2_tput,hostengine_tput,speedup,speedup_t1,speedup_t2",
         &sw,
     )
     .map_err(io)?;
@@ -902,7 +928,7 @@ pub fn json(res: &Results) -> String {
                 "workload": r.workload, "config": r.config, "scheme": r.scheme.key(), "threads": r.threads,
                 "requests": r.requests, "throughput": r.throughput, "p50_ns": r.p50_ns, "p99_ns": r.p99_ns,
                 "key_p50_ns": r.key_p50_ns, "key_p99_ns": r.key_p99_ns, "mn_cpu_util": r.mn_cpu_util,
-                "mn_nic_util": r.mn_nic_util, "mn_rx_util": r.mn_rx_util, "end_bytes": r.end_bytes, "avg_bytes": r.avg_bytes,
+                "mn_nic_util": r.mn_nic_util, "mn_rx_util": r.mn_rx_util, "mn_link_util": r.mn_link_util, "end_bytes": r.end_bytes, "avg_bytes": r.avg_bytes,
                 "avg_live_bytes": r.avg_live, "static_bytes": r.static_bytes, "reclaimed": r.reclaimed(),
                 "mem_util": r.mem_util(), "allocs": r.allocs, "frees": r.frees,
             })
@@ -918,7 +944,7 @@ pub fn json(res: &Results) -> String {
         .iter()
         .map(|r| {
             json!({"config": r.config, "cns": r.cns, "threads": r.threads, "ctl_per_request": r.ctl_per_request,
-                "rpc_event_ns": r.rpc_cpu_ns, "hostengine_tput": r.host_engine,
+                "rpc_event_ns": r.rpc_cpu_ns, "rnr_ns": r.rnr_ns, "hostengine_tput": r.host_engine,
                 "mn_cores": r.mn_cores, "nic_units": r.nic_units, "osmw_tput": r.osmw, "rpcmw1_tput": r.type1,
                 "rpcmw2_tput": r.type2, "speedup": r.speedup()})
         })

@@ -140,7 +140,7 @@ pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op], cn: u16) 
                     if scheme == Scheme::OneSidedMw {
                         // the CN's alloc chain: from this request's arrival until re-armed
                         let lap = ctl.alloc_ns.saturating_sub(tin) + ctl.alloc_rearm_ns;
-                        p.push(Stage::Chain { chain: 2 * cn, hold: lap, leave: 0, rnr: c.rnr_timeout_ns });
+                        p.push(Stage::Chain { chain: 2 * cn, hold: lap, leave: 0, rnr: inp.rnr_timer_ns });
                     }
                     p.push(Stage::Use { res: Res::Nic, hold: ctl.alloc_nic_ns, leave: ctl.alloc_nic_ns });
                     p.push(Stage::Delay(ctl.alloc_ns.saturating_sub(tin + ctl.alloc_nic_ns)));
@@ -180,7 +180,7 @@ pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op], cn: u16) 
                 p.push(Stage::Detach(if chain { 3 } else { 2 }));
                 p.push(Stage::Delay(inp.transit(FREE_REQ_BYTES)));
                 if chain {
-                    p.push(Stage::Chain { chain: 2 * cn + 1, hold: ctl.free_ns, leave: 0, rnr: c.rnr_timeout_ns });
+                    p.push(Stage::Chain { chain: 2 * cn + 1, hold: ctl.free_ns, leave: 0, rnr: inp.rnr_timer_ns });
                 }
                 p.push(Stage::Use { res, hold, leave: last });
                 p.push(Stage::Delay(inp.write_ns(FREE_REQ_BYTES)));

@@ -33,6 +33,8 @@ pub struct SweepRow {
     pub nic_units: usize,
     /// MN CPU time of one RPC-MW server event (`inputs::RPC_CPU_SWEEP`).
     pub rpc_cpu_ns: u64,
+    /// The MN's RNR timer a CN's request waits on a re-arming chain (`inputs::RNR_SWEEP`).
+    pub rnr_ns: u64,
     pub osmw: f64,
     pub type1: f64,
     pub type2: f64,
@@ -99,6 +101,7 @@ fn point(inp: &Inputs, m: &Measured, c: &SweepConfig, tr: &[kv::KvTrace], cores:
         mn_cores: cores,
         nic_units: inp.nic_units,
         rpc_cpu_ns: inp.rpc_cpu_ns,
+        rnr_ns: inp.rnr_timer_ns,
         osmw: tput(Scheme::OneSidedMw),
         type1: tput(Scheme::RpcMwType1),
         type2: tput(Scheme::RpcMwType2),
@@ -130,13 +133,20 @@ pub fn run(
                 measured.push((c.kv.chunk, inputs::measure_geometry(&inp, 2, c.kv.chunk, 24)?));
             }
         }
-        // the RPC servers' CPU cost is swept at the default unit count (units do not touch it)
-        let rpc: &[u64] = if u == Options::DEFAULT_NIC_UNITS { &inputs::RPC_CPU_SWEEP } else { &[inputs::RPC_CPU_NS] };
         for (c, tr) in cfgs.iter().zip(&traces) {
             let m = &measured.iter().find(|(chunk, _)| *chunk == c.kv.chunk).ok_or("geometry")?.1;
             for &k in cores {
-                for &cpu in rpc {
+                rows.push(point(&inp, m, c, tr, k));
+                // the RPC servers' CPU cost and the MN's RNR timer are swept on the paper's one
+                // MN core at the default unit count (units touch neither)
+                if u != Options::DEFAULT_NIC_UNITS || k != 1 {
+                    continue;
+                }
+                for &cpu in inputs::RPC_CPU_SWEEP.iter().filter(|c| **c != inputs::RPC_CPU_NS) {
                     rows.push(point(&Inputs { rpc_cpu_ns: cpu, ..inp.clone() }, m, c, tr, k));
+                }
+                for &rnr in inputs::RNR_SWEEP.iter().filter(|r| **r != inputs::RNR_TIMER_NS) {
+                    rows.push(point(&Inputs { rnr_timer_ns: rnr, ..inp.clone() }, m, c, tr, k));
                 }
             }
         }
@@ -227,13 +237,17 @@ pub fn down_to(rows: &[SweepRow], pick: impl Fn(&SweepRow) -> bool) -> Option<&S
 /// A sweep point in words: the conditions that give its speed-up.
 pub fn conditions(r: &SweepRow) -> String {
     format!(
-        "{}, {} MN core{}, {} NIC unit{}, RPC event {} ns",
+        "{}, {} MN core{}, {} NIC unit{}, RPC event {} ns, RNR timer {}",
         r.config,
         r.mn_cores,
         if r.mn_cores == 1 { "" } else { "s" },
         r.nic_units,
         if r.nic_units == 1 { "" } else { "s" },
-        r.rpc_cpu_ns
+        r.rpc_cpu_ns,
+        match r.rnr_ns {
+            0 => "none (CN paced)".to_string(),
+            n => format!("{} µs", n / 1000),
+        }
     )
 }
 
@@ -250,6 +264,7 @@ mod tests {
             mn_cores: 1,
             nic_units: units,
             rpc_cpu_ns: 200,
+            rnr_ns: 10_000,
             osmw,
             type1: t1,
             type2: t2,
