@@ -303,6 +303,7 @@ impl Ycsb {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 /// One thread of a YCSB workload over `keys` records of `value` bytes (one class) in chunks of
 /// `chunk`: the load, then `ops` requests with Zipf θ = `theta` popularity.
 pub fn ycsb(w: Ycsb, chunk: u64, value: u64, keys: usize, ops: usize, theta: f64, seed: u64, thread: u64) -> KvTrace {

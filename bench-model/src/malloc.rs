@@ -75,7 +75,7 @@ pub fn trace(shape: Shape, chunk: u64, blocks: usize, ops: usize, seed: u64, thr
             while done < ops {
                 let mut live: Vec<ObjectRef> = (0..batch).map(|_| malloc(&mut st, &mut rng)).collect();
                 done += batch;
-                if round % 2 == 0 {
+                if round.is_multiple_of(2) {
                     while let Some(o) = live.pop() {
                         free(&mut st, o);
                     }

@@ -531,9 +531,9 @@ fn scale_text(s: &mut String, sc: &crate::scale::ScaleResults) {
 }
 
 fn human_count(n: u64) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}Mi", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}Ki", n >> 10)
     } else {
         n.to_string()
