@@ -429,9 +429,9 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
         accesses: sizes.swap_accesses,
         region_pages: 256,
         readahead: 8,
-        // 8 µs of compute per access: the MN's link stays well below saturation, so the
+        // 20 µs of compute per access: the MN's link stays well below saturation, so the
         // schemes' control paths show (at 2 µs the link was the bottleneck of every scheme)
-        compute_ns: 8000,
+        compute_ns: 20_000,
         write_pct: 50,
         seed: args.seed,
     };
