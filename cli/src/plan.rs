@@ -207,14 +207,16 @@ pub fn report(a: &PlanArgs, device: &str, limits: DeviceLimits) -> Result<String
         cost.bind_ns,
         human(f.pinned_bytes)
     );
-    let batch = omw_core::mn::DEFAULT_AUDIT_BATCH as u64;
-    let ticks = (chunks as u64).div_ceil(batch);
-    let _ = writeln!(
-        s,
-        "audit: {batch} entries per tick, the whole table every {ticks} tick(s) ({:.1} s at the default {:.1} s tick)",
-        ticks as f64 * omw_core::mn::DEFAULT_AUDIT_NS as f64 / 1e9,
-        omw_core::mn::DEFAULT_AUDIT_NS as f64 / 1e9
-    );
+    if plan.mode == ExecutionMode::Offloaded {
+        let batch = omw_core::mn::DEFAULT_AUDIT_BATCH as u64;
+        let ticks = (chunks as u64).div_ceil(batch);
+        let _ = writeln!(
+            s,
+            "audit: {batch} entries per tick, the whole table every {ticks} tick(s) ({:.1} s at the default {:.1} s tick)",
+            ticks as f64 * omw_core::mn::DEFAULT_AUDIT_NS as f64 / 1e9,
+            omw_core::mn::DEFAULT_AUDIT_NS as f64 / 1e9
+        );
+    }
     if !a.no_model {
         let _ = writeln!(s, "{}", model_line(&plan, &spec)?);
     }
@@ -241,12 +243,14 @@ fn model_line(plan: &MnPlan, spec: &PoolSpec) -> Result<String, String> {
         ExecutionMode::Offloaded => {
             let mean = m.osmw_batch.iter().sum::<u64>() as f64 / m.osmw_batch.len().max(1) as f64;
             format!(
-                "modelled alloc (loopback model, CostModel::CX6): {:.1} µs alone, {:.1} µs mean with 24 at once; NIC-bound throughput ≈ {:.2} M allocs/s ({} units × 1 / {} ns of unit time per alloc)",
+                "modelled alloc (loopback model, CostModel::CX6): {:.1} µs alone, {:.1} µs mean with 24 at once; NIC-bound throughput ≈ {:.2} M allocs/s ({} units × 1 / {} ns of unit time per alloc); per CN at most ≈ {:.0} k allocs/s (its alloc chain runs one lap at a time, re-armed {:.1} µs after each reply)",
                 m.osmw.alloc_ns as f64 / 1e3,
                 mean / 1e3,
                 inp.nic_units as f64 * 1e3 / m.osmw.alloc_nic_ns.max(1) as f64,
                 inp.nic_units,
-                m.osmw.alloc_nic_ns
+                m.osmw.alloc_nic_ns,
+                1e6 / (m.osmw.alloc_ns + m.osmw.alloc_rearm_ns).max(1) as f64,
+                m.osmw.alloc_rearm_ns as f64 / 1e3
             )
         }
         ExecutionMode::HostEngine => {
