@@ -179,10 +179,11 @@ pub struct CostModel {
     /// Responder unit time per incoming request (transport + access check + DMA set-up):
     /// the same per-unit message-rate bound as `wqe_ns` (200 M msg/s ÷ 10 units); estimate.
     pub responder_ns: u64,
-    /// BIND_MW, UNBIND and LOCAL_INV latency (UMR WQEs on mlx5): ≈ 1.3 µs per bind on
-    /// ConnectX-6 — *from the paper* (DESIGN.md §2). Paid as a fence on the posting QP (mlx5
-    /// sets a small fence on the WQE after a UMR, rdma-core providers/mlx5/qp.c), not as unit
-    /// occupancy.
+    /// BIND_MW, UNBIND and LOCAL_INV latency (UMR WQEs on mlx5): 1.33 µs to bind a 4 MB
+    /// window on ConnectX-6, invalidation the same — FineMem (OSDI'25, Table 1; DESIGN.md
+    /// §10). The OneSidedMW paper states no bind latency of its own. Paid as a fence on the
+    /// posting QP (mlx5 sets a small fence on the WQE after a UMR, rdma-core
+    /// providers/mlx5/qp.c), not as unit occupancy.
     pub bind_ns: u64,
     /// Unit occupancy of a bind / invalidation (the rest of `bind_ns` is the QP's fence). No
     /// measurement; taken equal to `wqe_ns` (the UMR is one WQE to issue).
@@ -202,14 +203,34 @@ pub struct CostModel {
     /// Serialisation time per payload byte on the host's link, in picoseconds (80 ps =
     /// 100 Gb/s, the testbed's link rate, §2). The link is shared by all of a host's QPs.
     pub per_byte_ps: u64,
+    /// PCIe bandwidth, ps per payload byte in each direction (DMA reads and writes are
+    /// separate lanes): PCIe 3.0 x16 carries 8 GT/s × 16 lanes × 128/130 = 15.75 GB/s raw,
+    /// ≈ 12.5 GB/s of payload with 256-byte TLPs and their headers (Neugebauer et al.,
+    /// SIGCOMM'18, §3's PCIe model) → 80 ps. A transfer between hosts is pipelined with its
+    /// link serialisation (the slower of the two sets its pace); a loopback transfer (a
+    /// chain's copy, the free chain's scrub) never touches the link, so its DMAs set it: a
+    /// 1 MiB scrub takes ≈ 84 µs of PCIe, not the 8 bytes' cost.
+    pub pcie_per_byte_ps: u64,
+    /// Memory-key contexts (mlx5 mkeys: MRs and windows; the MPT) the NIC keeps on chip,
+    /// direct-mapped by key index (0: no cache modelled, every access hits). A remote access
+    /// or bind whose key is not cached fetches its context over PCIe (`pcie_read_ns`) first.
+    /// **Unmeasured**: no vendor document or paper states ConnectX's cache size; Husky
+    /// (NSDI'23) and SRNIC (NSDI'23) show commercial RNICs slowing once thousands of
+    /// objects are live, LITE (SOSP'17) once many MRs are. 4096 is an assumption `omw bench`
+    /// sweeps (¼×…4×). Address translation (the MTT) is not modelled.
+    pub key_cache_entries: u32,
     /// Responder time one atomic holds its 8-byte address: same-address atomics serialise at
     /// ≈ 2.7 M ops/s on ConnectX-3 (Kalia et al., rdma_bench "atomics" sequencer, ATC'16) →
     /// 370 ns. Atomics on different addresses do not wait for each other.
     pub atomic_same_addr_ns: u64,
     /// NIC time to flush one WQE of an errored QP (estimate; only orders error paths).
     pub flush_ns: u64,
-    /// MN CPU time of one host-engine step (a post + poll on one weak MN core): an estimate,
-    /// used by callers of [`crate::Fabric::advance_cpu`]; the model never charges it itself.
+    /// MN CPU time of one host-engine step (a post + poll on one weak MN core), used by
+    /// callers of [`crate::Fabric::advance_cpu`]; the model never charges it itself.
+    /// **Calibrated**: no independent figure exists — 400 ns is the value with which the
+    /// host engine reproduces the paper's 170 µs for RPC-MW at 24 threads, so that row is
+    /// marked calibrated and `omw bench` sweeps the RPC-MW baselines' per-request CPU cost
+    /// over a sourced range instead (eRPC, NSDI'19: ≈ 100 ns per small RPC on one core).
     pub host_engine_step_ns: u64,
     /// How long a SEND (or WRITE_WITH_IMM) waits for a receive WQE before completing with
     /// `RnrRetryExcErr`: one RNR NAK period at the verbs default `min_rnr_timer` = 12
@@ -236,6 +257,8 @@ impl CostModel {
         pcie_write_ns: 250,
         wire_ns: 1025,
         per_byte_ps: 80,
+        pcie_per_byte_ps: 80,
+        key_cache_entries: 4096,
         atomic_same_addr_ns: 370,
         flush_ns: 10,
         host_engine_step_ns: 400,
@@ -253,6 +276,8 @@ impl CostModel {
         pcie_write_ns: 0,
         wire_ns: 0,
         per_byte_ps: 0,
+        pcie_per_byte_ps: 0,
+        key_cache_entries: 0,
         atomic_same_addr_ns: 0,
         flush_ns: 0,
         host_engine_step_ns: 0,
@@ -275,6 +300,11 @@ impl CostModel {
     /// Serialisation time of `len` payload bytes.
     pub const fn bytes_ns(&self, len: u64) -> u64 {
         len.saturating_mul(self.per_byte_ps) / 1000
+    }
+
+    /// PCIe time of `len` payload bytes in one direction.
+    pub const fn pcie_ns(&self, len: u64) -> u64 {
+        len.saturating_mul(self.pcie_per_byte_ps) / 1000
     }
 
     /// An 8-byte one-sided READ between two idle hosts (the figure `wire_ns` is set from).

@@ -376,11 +376,31 @@ impl Fabric {
     fn transmit(&mut self, from: u32, to: u32, ready: u64, payload: u64) -> u64 {
         let c = self.cfg.cost;
         let (h, th) = (self.qps[from as usize].host, self.qps[to as usize].host);
+        let pcie = c.pcie_ns(payload);
         if h == th {
-            return ready;
+            // the source is DMA-read and the destination DMA-written, pipelined
+            let n = &mut self.hosts[h as usize].nic;
+            return n.occupy_pcie(true, ready, pcie).max(n.occupy_pcie(false, ready, pcie));
         }
-        let left = self.hosts[h as usize].nic.occupy_link(ready, c.bytes_ns(payload));
-        left.saturating_add(c.wire_ns)
+        // the payload's DMA read is pipelined with its link serialisation: the slower sets
+        // the pace; its placement at the receiver likewise with its arrival
+        let n = &mut self.hosts[h as usize].nic;
+        let read = n.occupy_pcie(true, ready, pcie);
+        let left = n.occupy_link(ready, c.bytes_ns(payload)).max(read);
+        let arrive = left.saturating_add(c.wire_ns);
+        let placed = self.hosts[th as usize].nic.occupy_pcie(false, arrive.saturating_sub(pcie), pcie);
+        arrive.max(placed)
+    }
+
+    /// The responder host `h` looks up the context of the key `rkey` names: a miss in the
+    /// NIC's key cache costs a PCIe read first (`CostModel::key_cache_entries`).
+    #[inline]
+    fn key_lookup(&mut self, h: u32, rkey: u32) -> u64 {
+        if self.hosts[h as usize].nic.touch_key(rkey >> 8) {
+            0
+        } else {
+            self.cfg.cost.pcie_read_ns
+        }
     }
 
     /// A request arriving at `arrive` at responder QP `p`: handled by the unit `p` is pinned
@@ -452,7 +472,10 @@ impl Fabric {
         // leaves when the responder is done with the request
         let issued = start + cost.wqe_ns + if len > 0 { cost.pcie_read_ns } else { 0 };
         let arrive = self.transmit(g, p, issued, len as u64).saturating_add(delay);
-        let handled = self.respond(p, arrive);
+        let mut handled = self.respond(p, arrive);
+        if matches!(w.opcode, Opcode::Write | Opcode::WriteWithImm) {
+            handled += self.key_lookup(self.qps[p as usize].host, w.rkey);
+        }
         let resp_done = handled + if len > 0 { cost.pcie_write_ns } else { 0 };
         let ack = self.transmit(p, g, handled, 0);
         let (ph, ppd) = (self.qps[p as usize].host, self.qps[p as usize].pd);
@@ -631,7 +654,7 @@ impl Fabric {
         };
         // the responder DMA-reads the data, sends it back, the requester places it
         let arrive = self.transmit(g, p, start + cost.wqe_ns, 0).saturating_add(delay);
-        let handled = self.respond(p, arrive);
+        let handled = self.respond(p, arrive) + self.key_lookup(self.qps[p as usize].host, w.rkey);
         let read = handled + if len > 0 { cost.pcie_read_ns } else { 0 };
         let ack = self.transmit(p, g, read, len as u64) + if len > 0 { cost.pcie_write_ns } else { 0 };
         let q = &mut self.qps[g as usize];
@@ -673,7 +696,7 @@ impl Fabric {
             Delivery::Dropped => return self.dropped(g, p, w, start),
         };
         let arrive = self.transmit(g, p, start + cost.wqe_ns, 0).saturating_add(delay);
-        let handled = self.respond(p, arrive);
+        let handled = self.respond(p, arrive) + self.key_lookup(self.qps[p as usize].host, w.rkey);
         let nak = self.transmit(p, g, handled, 0);
         let q = &mut self.qps[g as usize];
         q.rd_done = q.rd_done.max(nak);

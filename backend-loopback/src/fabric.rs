@@ -148,7 +148,7 @@ impl Fabric {
             ring_len,
             ring_brk: 0,
             ring_keys: vec![(0, ring_key, AccessFlags::LOCAL_WRITE)],
-            nic: Nic::new(self.cfg.cost.nic_units),
+            nic: Nic::new(self.cfg.cost.nic_units).with_key_cache(self.cfg.cost.key_cache_entries),
             cpu_free: 0,
             cpu_events: 0,
             cpu_busy_ns: 0,

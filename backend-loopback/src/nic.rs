@@ -24,6 +24,13 @@ pub(crate) struct Nic {
     /// Total occupancy, for utilisation figures.
     pub send_busy_ns: u64,
     pub rx_busy_ns: u64,
+    /// The host's PCIe lanes, device reads (from host memory) and device writes: busy until.
+    pcie_rd_free: u64,
+    pcie_wr_free: u64,
+    /// Cached memory-key contexts, direct-mapped by key index (index + 1; 0: empty). Empty
+    /// vector: no cache modelled.
+    keys: Vec<u32>,
+    pub key_misses: u64,
 }
 
 impl Nic {
@@ -36,7 +43,50 @@ impl Nic {
             atomics: [(0, 0); ATOMIC_SLOTS],
             send_busy_ns: 0,
             rx_busy_ns: 0,
+            pcie_rd_free: 0,
+            pcie_wr_free: 0,
+            keys: Vec::new(),
+            key_misses: 0,
         }
+    }
+
+    /// The same NIC with a key-context cache of `entries` (0: none).
+    pub fn with_key_cache(mut self, entries: u32) -> Self {
+        self.keys = vec![0; entries as usize];
+        self
+    }
+
+    /// Look up the context of key `index` (a window's or MR's 24-bit index): whether it was
+    /// cached. A context goes into its slot when first used while the slot is free (as the
+    /// NIC installs it when the object is made, room allowing); once keys contend for a slot,
+    /// a miss brings the context in and evicts the other.
+    pub fn touch_key(&mut self, index: u32) -> bool {
+        let n = self.keys.len();
+        if n == 0 {
+            return true;
+        }
+        let slot = &mut self.keys[index as usize % n];
+        let tag = index.wrapping_add(1);
+        if *slot == tag || *slot == 0 {
+            *slot = tag;
+            return true;
+        }
+        *slot = tag;
+        self.key_misses += 1;
+        false
+    }
+
+    /// A DMA of `ns` of PCIe time that could start at `ready`, reading host memory (`read`)
+    /// or writing it: when its last byte crossed.
+    #[inline]
+    pub fn occupy_pcie(&mut self, read: bool, ready: u64, ns: u64) -> u64 {
+        if ns == 0 {
+            return ready;
+        }
+        let lane = if read { &mut self.pcie_rd_free } else { &mut self.pcie_wr_free };
+        let begin = ready.max(*lane);
+        *lane = begin.saturating_add(ns);
+        *lane
     }
 
     /// The unit a QP with local index `local` is pinned to.
@@ -124,6 +174,28 @@ mod tests {
         assert_eq!(n.occupy_link(0, 10), 10);
         assert_eq!(n.occupy_link(0, 10), 20);
         assert_eq!(n.occupy_link(5, 0), 5, "no payload, no link time");
+    }
+
+    #[test]
+    fn pcie_lanes_queue_per_direction() {
+        let mut n = Nic::new(1);
+        assert_eq!(n.occupy_pcie(true, 0, 100), 100);
+        assert_eq!(n.occupy_pcie(true, 50, 100), 200, "reads queue behind reads");
+        assert_eq!(n.occupy_pcie(false, 50, 100), 150, "writes have their own lanes");
+        assert_eq!(n.occupy_pcie(true, 10, 0), 10, "no payload, no PCIe time");
+    }
+
+    #[test]
+    fn key_cache_hits_misses_and_evicts() {
+        let mut n = Nic::new(1);
+        assert!(n.touch_key(7), "no cache: every key hits");
+        let mut n = Nic::new(1).with_key_cache(4);
+        assert!(n.touch_key(1), "installed in a free slot");
+        assert!(n.touch_key(1));
+        assert!(!n.touch_key(5), "slot 1 again: evicts key 1");
+        assert!(!n.touch_key(1));
+        assert!(n.touch_key(2), "another free slot");
+        assert_eq!(n.key_misses, 2);
     }
 
     #[test]

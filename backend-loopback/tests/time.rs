@@ -279,3 +279,39 @@ fn clock_is_monotonic_and_cq_times_non_decreasing() {
         assert!(matches!(s.kind, omw_loopback::StepKind::Executed(Opcode::Nop | Opcode::Read)), "{s:?}");
     }
 }
+
+/// PCIe has a bandwidth (`CostModel::pcie_per_byte_ps`): a loopback transfer — a chain's copy,
+/// the free chain's scrub — never touches the link, so its DMAs set its pace.
+#[test]
+fn a_loopback_transfer_pays_its_pcie_bandwidth() {
+    let c = CostModel::CX6;
+    let mut e = env(NicConfig::strict());
+    let a = loop_qp(&mut e);
+    let t0 = e.f.now();
+    e.f.post_send(a, &Wqe::write(e.pool + 32768, e.pool_k.lkey, 16384, e.pool, e.pool_k.rkey)).unwrap();
+    let expect = t0 + c.wqe_ns + c.pcie_read_ns + c.pcie_ns(16384) + c.responder_ns;
+    assert_eq!(times(&mut e.f, a), vec![expect]);
+    // ≈ 1.3 µs of PCIe for 16 KiB; a 1 MiB scrub would take ≈ 84 µs
+    assert_eq!(c.pcie_ns(16384), 1310);
+    assert_eq!(c.pcie_ns(1 << 20), 83_886);
+}
+
+/// Key contexts the NIC cannot keep on chip (`CostModel::key_cache_entries`) are fetched over
+/// PCIe: two keys contending for one slot make every alternate access miss.
+#[test]
+fn key_contexts_missing_from_the_nics_cache_cost_a_pcie_read() {
+    let c = CostModel { key_cache_entries: 1, ..CostModel::CX6 };
+    let mut e = env(NicConfig::strict().with_cost(c));
+    let (pool2, k2) =
+        e.f.alloc_mr(e.mn, PdId(0), 4096, 4096, AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE).unwrap();
+    let read = |e: &mut Env, addr: u64, rkey: u32| {
+        let t0 = e.f.now();
+        e.f.post_send(e.c, &Wqe::read(e.buf, e.buf_k.lkey, 8, addr, rkey)).unwrap();
+        times(&mut e.f, e.c)[0] - t0
+    };
+    let (pool, k) = (e.pool, e.pool_k.rkey);
+    assert_eq!(read(&mut e, pool, k), 2900, "installed in the free slot");
+    assert_eq!(read(&mut e, pool, k), 2900);
+    assert_eq!(read(&mut e, pool2, k2.rkey), 2900 + c.pcie_read_ns, "evicts the other");
+    assert_eq!(read(&mut e, pool, k), 2900 + c.pcie_read_ns);
+}

@@ -34,6 +34,9 @@ pub struct DeviceInfo {
     pub fw_ver: String,
 }
 
+/// Mellanox / NVIDIA's IEEE vendor id (ConnectX).
+pub const MELLANOX_VENDOR_ID: u32 = 0x02c9;
+
 /// Vendor id soft-RoCE reports (`RXE_VENDOR_ID`).
 pub const RXE_VENDOR_ID: u32 = 0x00FF_FFFF;
 
@@ -41,6 +44,17 @@ impl DeviceInfo {
     /// Linux soft-RoCE (rdma_rxe).
     pub fn is_rxe(&self) -> bool {
         self.vendor_id == RXE_VENDOR_ID
+    }
+    /// The limits a pool must fit (`omw plan`, and `omw mn` before it provisions). On
+    /// Mellanox/NVIDIA devices windows and MRs are entries of one key table (mlx5 mkeys:
+    /// `max_mw = max_mr = 1 << log_max_mkey`, Linux `drivers/infiniband/hw/mlx5/main.c`).
+    pub fn limits(&self) -> omw_core::mn::capacity::DeviceLimits {
+        omw_core::mn::capacity::DeviceLimits {
+            max_mw: self.max_mw.max(0) as u64,
+            max_mr: self.max_mr.max(0) as u64,
+            max_qp: self.max_qp.max(0) as u64,
+            shared_keys: self.vendor_id == MELLANOX_VENDOR_ID,
+        }
     }
     /// Capabilities that follow from the attributes alone. The memory-window *semantics*
     /// (bounds, QP binding, invalidation check) are not declared here: only the probe may.

@@ -57,6 +57,8 @@ pub struct ProbeReport {
     /// The port the probe ran on and the source GID of its QPs.
     pub port: crate::port::PortAttr,
     pub gid: crate::port::GidEntry,
+    /// The device's limits on windows, registrations and QPs (`ibv_query_device`).
+    pub limits: omw_core::mn::capacity::DeviceLimits,
 }
 
 impl ProbeReport {
@@ -89,6 +91,15 @@ impl fmt::Display for ProbeReport {
             }
         )?;
         writeln!(f, "  declared by the device: {:?}", self.declared)?;
+        let l = &self.limits;
+        writeln!(
+            f,
+            "  limits: max_mw {}, max_mr {}{}, max_qp {}",
+            l.max_mw,
+            l.max_mr,
+            if l.shared_keys { " (one key table for both)" } else { "" },
+            l.max_qp
+        )?;
         for c in &self.checks {
             let got = c.got.map(|s| s.as_str().to_string()).unwrap_or_else(|| "not run".into());
             let verdict = if c.passed() {
@@ -142,6 +153,13 @@ impl Ctx {
     }
 }
 
+/// The limits of the device `choice` selects (its name, and `ibv_query_device`'s windows,
+/// registrations and QPs), without probing window semantics: what `omw plan --probe` reads.
+pub fn device_limits(choice: &crate::device::DeviceChoice) -> Result<(String, omw_core::mn::capacity::DeviceLimits)> {
+    let b = VerbsBackend::open_choice(choice)?;
+    Ok((b.device_name().to_string(), b.device_info().limits()))
+}
+
 /// Run every check on `device` (or the device [`VerbsBackend::open`] picks).
 pub fn run(device: Option<&str>) -> Result<ProbeReport> {
     run_choice(&crate::device::DeviceChoice::named(device))
@@ -152,6 +170,7 @@ pub fn run_choice(choice: &crate::device::DeviceChoice) -> Result<ProbeReport> {
     let mut b = VerbsBackend::open_choice(choice)?;
     let (port, gid) = (b.port_attr(), b.gid());
     let declared = b.capabilities();
+    let limits = b.device_info().limits();
     let own = b.alloc_region(BUF, 4096)?;
     let req = b.alloc_region(BUF, 4096)?;
     // the pool MR has no remote rights of its own: remote access only through windows
@@ -321,5 +340,6 @@ pub fn run_choice(choice: &crate::device::DeviceChoice) -> Result<ProbeReport> {
         basic_failed,
         port,
         gid,
+        limits,
     })
 }

@@ -89,7 +89,8 @@ pub fn in_sim(inp: &Inputs, m: &Measured, scheme: Scheme, k: usize, iters: usize
     for _ in 0..iters {
         ops.extend([Op::Alloc, Op::End(0), Op::Barrier, Op::Free, Op::End(1), Op::Barrier]);
     }
-    let progs: Vec<_> = (0..k).map(|_| compile(scheme, inp, m, &ops)).collect();
+    // one requester per CN
+    let progs: Vec<_> = (0..k).map(|i| compile(scheme, inp, m, &ops, i as u16)).collect();
     let r = sim::run(&progs, inp.mn_cores, inp.nic_units);
     let lat = r.latencies.first().cloned().unwrap_or_default();
     AllocRow {

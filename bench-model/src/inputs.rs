@@ -25,13 +25,38 @@ pub const ODRP_ALLOC_PHASES: u64 = 3;
 /// ODRP's page size (its paging is fixed at 4 KiB, §1).
 pub const ODRP_PAGE: u64 = 4096;
 
-/// RPC-MW type-1 (stated assumptions): an alloc is a request event (receive + parse), a
-/// software free-list pop with the owner record, `ibv_bind_mw` of ONE type-1 window per chunk
-/// (type-1 windows are not bound to a QP, so one window serves every access QP — and any QP of
-/// the PD) and the reply post: 4 MN CPU steps, 1 bind. A free: event, owner check + push,
-/// invalidate post: 3 steps, 1 invalidate.
-pub const T1_ALLOC_STEPS: u64 = 4;
-pub const T1_FREE_STEPS: u64 = 3;
+/// The RPC-MW servers are event-driven: the MN core handles a request's event (receive,
+/// parse, free-list pop and owner record, posting the work requests) and goes on to the next;
+/// device work (binds, the reply) runs without it.
+///
+/// - **Type-1** (one type-1 window per chunk, not bound to a QP, so one window serves every
+///   access QP — and any QP of the PD): one event per alloc — `ibv_bind_mw` posts the bind on
+///   the reply's QP, and a send posted after a bind on the same QP is ordered behind it
+///   (`ibv_bind_mw(3)`), so the reply needs no second event. A free: one event, the
+///   invalidation posted.
+/// - **Type-2** (G type-2 windows per chunk, each bound by a BIND_MW work request on the QP it
+///   becomes bound to): the G binds go on G different QPs, so the reply, on the request's QP,
+///   can only be posted once their completions arrived: two events per alloc. A free: one
+///   event, the invalidations posted on the windows' QPs.
+///
+/// The cost of one event, `Inputs::rpc_cpu_ns`, is swept over [`RPC_CPU_SWEEP`]: eRPC (Kalia
+/// et al., NSDI'19; DESIGN.md §10) serves a small RPC in ≈ 100 ns of one core (10 M RPC/s) —
+/// the low end; 1.6 µs is the 4 × 400 ns the earlier model charged a type-1 alloc
+/// (`host_engine_step_ns`, calibrated, not sourced); 3.2 µs is about what the paper's 170 µs
+/// for 24 simultaneous type-2 requests on one core implies (170 µs / 24 / 2 events), the high
+/// end. The default, 200 ns, is eRPC's RPC and one more work request posted (the bind).
+pub const RPC_CPU_NS: u64 = 200;
+pub const RPC_CPU_SWEEP: [u64; 6] = [100, 200, 400, 800, 1600, 3200];
+
+/// The RNR timer a CN's request waits when it finds its CN's chain re-arming (no receive
+/// posted yet): the RC responder answers RNR NAK and the requester sends again after the
+/// responder's `min_rnr_timer` (IBTA RNR timer encoding; `ibv_modify_qp(3)`). omw's verbs
+/// transport sets encoding 12 (0.64 ms) on the MN's QPs today; encoding 1 (0.01 ms) is the
+/// shortest — the default here, what an MN serving multi-threaded CNs should set; 0 = a CN
+/// that paces itself (waits the measured re-arm before its next request). Swept over
+/// [`RNR_SWEEP`].
+pub const RNR_TIMER_NS: u64 = 10_000;
+pub const RNR_SWEEP: [u64; 3] = [0, 10_000, 640_000];
 
 /// Costs of one scheme's allocation and free, as used by the queueing simulator.
 #[derive(Clone, Copy, Debug, Default)]
@@ -55,6 +80,10 @@ pub struct CtlCosts {
     /// MN WQEs executed per alloc / free (offloaded).
     pub alloc_mn_wqes: u64,
     pub free_mn_wqes: u64,
+    /// Offloaded: from the reply until the alloc chain is re-armed for the CN's next request
+    /// (its commit: markers cleared, the RECV enabled again), measured on the model. A request
+    /// arriving before then finds no receive posted.
+    pub alloc_rearm_ns: u64,
 }
 
 /// What was measured on the loopback model for one pool geometry.
@@ -79,6 +108,10 @@ pub struct Inputs {
     /// One-sided READ / WRITE round trips measured on the model: (bytes, ns).
     pub read_rtt: [(u64, u64); 2],
     pub write_rtt: [(u64, u64); 2],
+    /// MN CPU time of one RPC-MW server event ([`RPC_CPU_NS`], swept).
+    pub rpc_cpu_ns: u64,
+    /// The MN's RNR timer as a CN's request meets it ([`RNR_TIMER_NS`], swept).
+    pub rnr_timer_ns: u64,
 }
 
 impl Inputs {
@@ -129,22 +162,40 @@ impl Inputs {
         };
         self.transit(16) + ODRP_TRANSLATE_PHASES * self.loop_phase_ns() + data
     }
-    /// RPC-MW type-1, from the stated structure and the cost model.
+    /// RPC-MW type-1, event-driven (see [`RPC_CPU_NS`]): one event per request; the bind and
+    /// the reply (ordered behind it on one QP) run on the device.
     pub fn type1(&self) -> CtlCosts {
         let c = &self.cost;
         let reply = self.write_rtt(ALLOC_REPLY_BYTES);
-        let alloc_cpu = T1_ALLOC_STEPS * c.host_engine_step_ns;
+        let cpu = self.rpc_cpu_ns;
         let alloc_dev = c.bind_ns + reply;
-        let free_cpu = T1_FREE_STEPS * c.host_engine_step_ns;
         CtlCosts {
-            alloc_ns: self.transit(ALLOC_REQ_BYTES) + alloc_cpu + alloc_dev - c.wire_ns,
-            alloc_cpu_ns: alloc_cpu,
+            alloc_ns: self.transit(ALLOC_REQ_BYTES) + cpu + alloc_dev,
+            alloc_cpu_ns: cpu,
             alloc_dev_ns: alloc_dev,
-            free_ns: free_cpu + c.bind_ns,
-            free_cpu_ns: free_cpu,
+            free_ns: cpu + c.bind_ns,
+            free_cpu_ns: cpu,
             free_dev_ns: c.bind_ns,
-            alloc_steps: T1_ALLOC_STEPS,
-            free_steps: T1_FREE_STEPS,
+            alloc_steps: 1,
+            free_steps: 1,
+            ..Default::default()
+        }
+    }
+    /// RPC-MW type-2, event-driven: two events per alloc (the request; the binds' completions,
+    /// after which the reply is posted), G binds on G QPs side by side; one event per free.
+    pub fn type2_rpc(&self) -> CtlCosts {
+        let c = &self.cost;
+        let reply = self.write_rtt(ALLOC_REPLY_BYTES);
+        let cpu = self.rpc_cpu_ns;
+        CtlCosts {
+            alloc_ns: self.transit(ALLOC_REQ_BYTES) + 2 * cpu + c.bind_ns + reply,
+            alloc_cpu_ns: 2 * cpu,
+            alloc_dev_ns: c.bind_ns + reply,
+            free_ns: cpu + c.bind_ns,
+            free_cpu_ns: cpu,
+            free_dev_ns: c.bind_ns,
+            alloc_steps: 2,
+            free_steps: 1,
             ..Default::default()
         }
     }
@@ -204,7 +255,15 @@ pub fn measure_inputs(cost: CostModel, mn_cores: usize, nic_units: usize) -> Res
         let _ = c.read(0, &a, 0, 0, len as usize);
         read[k] = (len, c.now() - t0);
     }
-    Ok(Inputs { cost, mn_cores, nic_units, read_rtt: read, write_rtt: write })
+    Ok(Inputs {
+        cost,
+        mn_cores,
+        nic_units,
+        read_rtt: read,
+        write_rtt: write,
+        rpc_cpu_ns: RPC_CPU_NS,
+        rnr_timer_ns: RNR_TIMER_NS,
+    })
 }
 
 /// Measure OneSidedMW's chains and the host engine's laps for one geometry.
@@ -223,6 +282,8 @@ pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result
     let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
     m.osmw.alloc_ns = c.cns[0].last_reply_at - t0;
     m.osmw.alloc_mn_wqes = wq(&c) - w0;
+    // the model ran until idle: the chain's commit (its re-arm) is the last of it
+    m.osmw.alloc_rearm_ns = c.now().saturating_sub(c.cns[0].last_reply_at);
     let (t0, w0) = (c.now(), wq(&c));
     c.free(0, &a).map_err(|e| format!("free: {e}"))?;
     m.osmw.free_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES));

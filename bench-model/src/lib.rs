@@ -21,8 +21,10 @@
 pub mod alloc;
 pub mod inputs;
 mod kv;
+mod malloc;
 pub mod report;
 mod rng;
+pub mod scale;
 pub mod schemes;
 mod sim;
 mod swap;
@@ -53,6 +55,9 @@ pub struct Options {
     /// Compute nodes in the "at scale" runs.
     pub cns: usize,
     pub seed: u64,
+    /// The pool-size sweep up to 2^20 chunks (minutes; otherwise up to 16 Ki chunks, or
+    /// 4 Ki with `quick`).
+    pub scale: bool,
 }
 
 impl Options {
@@ -98,6 +103,8 @@ pub struct WorkloadRow {
     pub mn_nic_util: f64,
     /// The MN NIC's responder engine (one-sided data requests).
     pub mn_rx_util: f64,
+    /// The MN's link, the busier direction.
+    pub mn_link_util: f64,
     /// MN bytes held at the end, reserved on average, live data on average.
     pub end_bytes: u64,
     pub avg_bytes: f64,
@@ -135,6 +142,8 @@ pub struct Results {
     /// The unmeasured inputs at ½×, 1×, 2×.
     pub sensitivity: Vec<sweep::Sensitivity>,
     pub validation: Vec<report::Validation>,
+    /// Pool size against the cost per operation, and start-up and metadata at scale.
+    pub scale: scale::ScaleResults,
     pub wall_s: f64,
     pub args: Options,
 }
@@ -164,27 +173,55 @@ fn kv_rows(
     let n = cns * threads;
     tick(&format!("{name}: generating {n} client traces"));
     let traces: Vec<kv::KvTrace> = (0..n).map(|t| kv::trace(cfg, t as u64)).collect();
+    let w = Traces { workload: "kv", name, chunk: cfg.chunk, key_tags: &[kv::INSERT, kv::UPDATE] };
+    trace_rows(inp, m, &w, &traces, cns, threads, schemes, tick)
+}
+
+/// A workload's per-thread traces, and how to read them.
+struct Traces<'a> {
+    workload: &'a str,
+    name: &'a str,
+    /// MN chunk size (ODRP allocates its 4 KiB pages instead).
+    chunk: u64,
+    /// Request tags whose latencies are the "key" percentiles (KV inserts and updates, mallocs).
+    key_tags: &'a [u8],
+}
+
+/// Every scheme on `traces` (thread `i` on CN `i / threads`): throughput, latencies, the MN's
+/// utilisation and the memory each scheme holds.
+#[allow(clippy::too_many_arguments)]
+fn trace_rows(
+    inp: &Inputs,
+    m: &Measured,
+    w: &Traces<'_>,
+    traces: &[kv::KvTrace],
+    cns: usize,
+    threads: usize,
+    schemes: &[Scheme],
+    tick: &mut dyn FnMut(&str),
+) -> Vec<WorkloadRow> {
+    let name = w.name;
     let peak: u64 = traces.iter().map(|t| t.peak_bytes).sum();
     let mut rows = Vec::new();
     for &s in schemes {
         tick(&format!("{name}: {} with {cns} CN(s) × {threads} threads", s.name()));
-        let ppc = cfg.chunk.div_ceil(inputs::ODRP_PAGE);
+        let ppc = w.chunk.div_ceil(inputs::ODRP_PAGE);
         let progs: Vec<_> = traces
             .iter()
-            .map(|t| {
+            .enumerate()
+            .map(|(i, t)| {
+                let cn = (i / threads) as u16;
                 if s == Scheme::Odrp {
-                    compile(s, inp, m, &odrp_ops(&t.ops, ppc))
+                    compile(s, inp, m, &odrp_ops(&t.ops, ppc), cn)
                 } else {
-                    compile(s, inp, m, &t.ops)
+                    compile(s, inp, m, &t.ops, cn)
                 }
             })
             .collect();
         let r = sim::run(&progs, inp.mn_cores, inp.nic_units);
         let all = r.all_latencies();
-        let mut key: Vec<u64> = [kv::INSERT, kv::UPDATE]
-            .iter()
-            .flat_map(|&t| r.latencies.get(t as usize).cloned().unwrap_or_default())
-            .collect();
+        let mut key: Vec<u64> =
+            w.key_tags.iter().flat_map(|&t| r.latencies.get(t as usize).cloned().unwrap_or_default()).collect();
         key.sort_unstable();
         let (end, avg) = match s {
             Scheme::StaticMr => (peak, peak as f64),
@@ -203,10 +240,10 @@ fn kv_rows(
             )
         };
         rows.push(WorkloadRow {
-            workload: "kv".into(),
+            workload: w.workload.into(),
             config: name.into(),
             scheme: s,
-            threads: n,
+            threads: traces.len(),
             requests: r.total_requests(),
             throughput: r.throughput(),
             p50_ns: sim::quantile(&all, 0.5),
@@ -216,6 +253,7 @@ fn kv_rows(
             mn_cpu_util: r.utilisation(Res::Cpu),
             mn_nic_util: r.utilisation(Res::Nic),
             mn_rx_util: r.utilisation(Res::Rx),
+            mn_link_util: r.utilisation(Res::LinkOut).max(r.utilisation(Res::LinkIn)),
             end_bytes: end,
             avg_bytes: avg,
             avg_live: traces.iter().map(|t| t.avg_live_bytes).sum(),
@@ -245,7 +283,8 @@ fn swap_rows(
     for s in ALL {
         tick(&format!("swap: {} with {cns} CN(s) × {threads} threads", s.name()));
         let tr = if s == Scheme::Odrp { &paged } else { &chunked };
-        let progs: Vec<_> = tr.iter().map(|t| compile(s, inp, m, &t.ops)).collect();
+        let progs: Vec<_> =
+            tr.iter().enumerate().map(|(i, t)| compile(s, inp, m, &t.ops, (i / threads) as u16)).collect();
         let r = sim::run(&progs, inp.mn_cores, inp.nic_units);
         let all = r.all_latencies();
         let faults = r.latencies.get(swap::FAULT as usize).cloned().unwrap_or_default();
@@ -268,6 +307,7 @@ fn swap_rows(
             mn_cpu_util: r.utilisation(Res::Cpu),
             mn_nic_util: r.utilisation(Res::Nic),
             mn_rx_util: r.utilisation(Res::Rx),
+            mn_link_util: r.utilisation(Res::LinkOut).max(r.utilisation(Res::LinkIn)),
             end_bytes: end,
             avg_bytes: avg,
             avg_live: tr.iter().map(|t| t.avg_remote_live).sum(),
@@ -280,9 +320,11 @@ fn swap_rows(
 }
 
 /// How many times [`run`] calls `tick` on a full-size run, for a progress bar: inputs, 4
-/// geometries, 2 × 6 micro rows, 7 curve points, 4 KV configurations × (traces + 5 schemes), swap
-/// (traces + 5 schemes), the comparison.
-pub const STEPS: u64 = 1 + 4 + 12 + 7 + 4 * 6 + 6 + 6 + 4 + 1;
+/// geometries, 2 × 7 micro rows, 7 curve points, 6 KV configurations, 4 YCSB workloads, 2
+/// allocation traces and the cache (each traces + 6 schemes),
+/// swap (traces + 6 schemes), the sweep's unit counts, the sensitivity, the pool sizes of the
+/// scale sweep, the comparison.
+pub const STEPS: u64 = 1 + 4 + 14 + 7 + 13 * 7 + 7 + 6 + 4 + 3 + 1;
 
 pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String> {
     let t0 = Instant::now();
@@ -337,13 +379,59 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
         let name = format!("{} KiB allocations (objects 256 B-1 KiB), 1 CN", chunk >> 10);
         wl.extend(kv_rows(&inp, g, &name, &cfg, 1, threads, &ALL, tick));
     }
+    // no second level: every object its own MN allocation; and the paper's 24 threads on a CN
+    let direct = kv::KvConfig { chunk: 2048, classes: vec![2048], ..kv_main.clone() };
+    wl.extend(kv_rows(&inp, kv2_g, "one MN allocation per object (2 KiB), 1 CN", &direct, 1, threads, &ALL, tick));
+    let t24 = if args.quick { 8 } else { 24 };
+    let cfg24 = kv::KvConfig { chunk: 2048, classes: small.clone(), ..kv_main.clone() };
+    wl.extend(kv_rows(
+        &inp,
+        kv2_g,
+        &format!("2 KiB allocations (objects 256 B-1 KiB), 1 CN × {t24} threads"),
+        &cfg24,
+        1,
+        t24,
+        &ALL,
+        tick,
+    ));
+    // the field's workloads: YCSB A-D (Zipf 0.99, 1 KiB values, as FUSEE), allocation traces
+    // shaped like mimalloc-bench's, a Twitter-shaped cache — on `cns` CNs × `threads`
+    let n = cns * threads;
+    for w in kv::Ycsb::ALL {
+        let name = format!("{}, {cns} CNs", w.name());
+        tick(&format!("{name}: generating {n} client traces"));
+        let traces: Vec<kv::KvTrace> = (0..n)
+            .map(|t| kv::ycsb(w, 16384, 1024, sizes.kv_keys, sizes.kv_mixed, 0.99, args.seed, t as u64))
+            .collect();
+        let tw = Traces { workload: "ycsb", name: &name, chunk: 16384, key_tags: &[kv::INSERT, kv::UPDATE] };
+        wl.extend(trace_rows(&inp, kv_g, &tw, &traces, cns, threads, &ALL, tick));
+    }
+    for shape in malloc::Shape::ALL {
+        let name = format!("{}, 4 KiB chunks, {cns} CNs", shape.name());
+        tick(&format!("{name}: generating {n} client traces"));
+        let traces: Vec<kv::KvTrace> =
+            (0..n).map(|t| malloc::trace(shape, 4096, sizes.kv_keys, sizes.kv_mixed, args.seed, t as u64)).collect();
+        let tw = Traces { workload: "malloc", name: &name, chunk: 4096, key_tags: &[malloc::MALLOC] };
+        wl.extend(trace_rows(&inp, micro_g, &tw, &traces, cns, threads, &ALL, tick));
+    }
+    {
+        let name = format!("Twitter-shaped cache (30 % sets, TTLs, values 64 B-1 KiB), {cns} CNs");
+        tick(&format!("{name}: generating {n} client traces"));
+        let ops = 4 * sizes.kv_mixed;
+        let traces: Vec<kv::KvTrace> =
+            (0..n).map(|t| kv::cache(16384, sizes.kv_keys, ops, 30, 0.99, args.seed, t as u64)).collect();
+        let tw = Traces { workload: "cache", name: &name, chunk: 16384, key_tags: &[kv::INSERT, kv::UPDATE] };
+        wl.extend(trace_rows(&inp, kv_g, &tw, &traces, cns, threads, &ALL, tick));
+    }
     let swap_cfg = swap::SwapConfig {
         pages: sizes.swap_pages,
         local_pages: sizes.swap_pages / 2,
         accesses: sizes.swap_accesses,
         region_pages: 256,
         readahead: 8,
-        compute_ns: 2000,
+        // 20 µs of compute per access: the MN's link stays well below saturation, so the
+        // schemes' control paths show (at 2 µs the link was the bottleneck of every scheme)
+        compute_ns: 20_000,
         write_pct: 50,
         seed: args.seed,
     };
@@ -357,6 +445,15 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
     let heavy: Vec<sweep::SweepConfig> = sweep_cfgs.iter().filter(|c| c.kv.chunk == 2048).cloned().collect();
     let sensitivity = sweep::sensitivity(&heavy, threads, tick)?;
 
+    let scale_sizes: &[u32] = if args.scale {
+        &[1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20]
+    } else if args.quick {
+        &[1 << 10, 1 << 12]
+    } else {
+        &[1 << 10, 1 << 12, 1 << 14]
+    };
+    let scale = scale::run(scale_sizes, tick)?;
+
     tick("comparing with the paper");
     let validation = report::validate(&inp, &alloc_rows, &wl, &sweep_rows);
     Ok(Results {
@@ -368,6 +465,7 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
         sweep: sweep_rows,
         sensitivity,
         validation,
+        scale,
         wall_s: t0.elapsed().as_secs_f64(),
         args: args.clone(),
     })

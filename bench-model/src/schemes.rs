@@ -8,18 +8,23 @@ use super::sim::{Program, Res, Stage};
 pub enum Scheme {
     /// Offloaded alloc/free chains in the MN RNIC (real chains on the loopback model).
     OneSidedMw,
-    /// MN CPU binds ONE type-1 window per chunk with the verbs call, per request.
+    /// An event-driven RPC server on the MN CPU binding ONE type-1 window per chunk, per
+    /// request (one event per alloc: the bind and the reply are ordered on one QP).
     RpcMwType1,
-    /// MN CPU runs the chain layout (the core's host engine), per request.
+    /// An event-driven RPC server binding G type-2 windows per chunk (two events per alloc:
+    /// the reply waits for the binds' completions on other QPs).
     RpcMwType2,
+    /// omw's portable mode: the MN CPU runs the chains' own layout (the core's host engine,
+    /// laps of different CNs side by side), measured on the model.
+    HostEngine,
     /// One big MR per CN, carved on the CN; no fine-grained free back to the MN.
     StaticMr,
     /// ODRP-style: a translation chain in the MN NIC on every access, 4 KiB pages.
     Odrp,
 }
 
-pub const ALL: [Scheme; 5] =
-    [Scheme::OneSidedMw, Scheme::RpcMwType1, Scheme::RpcMwType2, Scheme::StaticMr, Scheme::Odrp];
+pub const ALL: [Scheme; 6] =
+    [Scheme::OneSidedMw, Scheme::RpcMwType1, Scheme::RpcMwType2, Scheme::HostEngine, Scheme::StaticMr, Scheme::Odrp];
 
 impl Scheme {
     pub fn name(self) -> &'static str {
@@ -27,6 +32,7 @@ impl Scheme {
             Scheme::OneSidedMw => "OneSidedMW",
             Scheme::RpcMwType1 => "RPC-MW type-1",
             Scheme::RpcMwType2 => "RPC-MW type-2",
+            Scheme::HostEngine => "host engine",
             Scheme::StaticMr => "Static-MR",
             Scheme::Odrp => "ODRP",
         }
@@ -36,6 +42,7 @@ impl Scheme {
             Scheme::OneSidedMw => "onesidedmw",
             Scheme::RpcMwType1 => "rpcmw1",
             Scheme::RpcMwType2 => "rpcmw2",
+            Scheme::HostEngine => "hostengine",
             Scheme::StaticMr => "staticmr",
             Scheme::Odrp => "odrp",
         }
@@ -44,8 +51,9 @@ impl Scheme {
     pub fn how(self) -> &'static str {
         match self {
             Scheme::OneSidedMw => "real chains on the loopback model (+ queueing sim for workloads)",
-            Scheme::RpcMwType1 => "analytical CPU/bind costs on the cost model + N-core queueing sim",
-            Scheme::RpcMwType2 => "host engine laps measured on the model + N-core queueing sim",
+            Scheme::RpcMwType1 => "event-driven RPC server, 1 event per alloc (swept CPU cost) + N-core queueing sim",
+            Scheme::RpcMwType2 => "event-driven RPC server, 2 events per alloc (swept CPU cost) + N-core queueing sim",
+            Scheme::HostEngine => "host engine laps measured on the model + N-core queueing sim",
             Scheme::StaticMr => "no control path; one-sided ops measured on the model",
             Scheme::Odrp => "analytical translation chain on the cost model + queueing sim",
         }
@@ -54,7 +62,8 @@ impl Scheme {
         match self {
             Scheme::OneSidedMw => m.osmw,
             Scheme::RpcMwType1 => inp.type1(),
-            Scheme::RpcMwType2 => m.host_engine,
+            Scheme::RpcMwType2 => inp.type2_rpc(),
+            Scheme::HostEngine => m.host_engine,
             Scheme::StaticMr => CtlCosts::default(),
             Scheme::Odrp => inp.odrp_ctl(),
         }
@@ -73,8 +82,9 @@ pub enum Op {
     Barrier,
 }
 
-/// Translate a workload program for a scheme.
-pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op]) -> Program {
+/// Translate a workload program for a scheme, for a client thread of CN `cn` (its CN's chains
+/// serve one lap at a time: OneSidedMW's allocs and frees of one CN queue for them).
+pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op], cn: u16) -> Program {
     let c = &inp.cost;
     let ctl = scheme.ctl(inp, m);
     let mut p = Vec::with_capacity(ops.len() * 3);
@@ -127,13 +137,30 @@ pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op]) -> Progra
                 Scheme::OneSidedMw | Scheme::Odrp => {
                     let tin = inp.transit(ALLOC_REQ_BYTES);
                     p.push(Stage::Delay(tin));
+                    if scheme == Scheme::OneSidedMw {
+                        // the CN's alloc chain: from this request's arrival until re-armed
+                        let lap = ctl.alloc_ns.saturating_sub(tin) + ctl.alloc_rearm_ns;
+                        p.push(Stage::Chain { chain: 2 * cn, hold: lap, leave: 0, rnr: inp.rnr_timer_ns });
+                    }
                     p.push(Stage::Use { res: Res::Nic, hold: ctl.alloc_nic_ns, leave: ctl.alloc_nic_ns });
                     p.push(Stage::Delay(ctl.alloc_ns.saturating_sub(tin + ctl.alloc_nic_ns)));
                 }
-                Scheme::RpcMwType1 | Scheme::RpcMwType2 => {
-                    let work = ctl.alloc_cpu_ns + ctl.alloc_dev_ns;
-                    p.push(Stage::Delay(inp.transit(ALLOC_REQ_BYTES)));
-                    p.push(Stage::Use { res: Res::Cpu, hold: work, leave: work.saturating_sub(c.wire_ns) });
+                Scheme::RpcMwType1 | Scheme::HostEngine => {
+                    // one event on a core; the device work goes on without it
+                    let tin = inp.transit(ALLOC_REQ_BYTES);
+                    p.push(Stage::Delay(tin));
+                    p.push(Stage::Use { res: Res::Cpu, hold: ctl.alloc_cpu_ns, leave: ctl.alloc_cpu_ns });
+                    p.push(Stage::Delay(ctl.alloc_ns.saturating_sub(tin + ctl.alloc_cpu_ns)));
+                }
+                Scheme::RpcMwType2 => {
+                    // the request's event posts the binds; their completions' event the reply
+                    let tin = inp.transit(ALLOC_REQ_BYTES);
+                    let ev = ctl.alloc_cpu_ns / 2;
+                    p.push(Stage::Delay(tin));
+                    p.push(Stage::Use { res: Res::Cpu, hold: ev, leave: ev });
+                    p.push(Stage::Delay(c.bind_ns));
+                    p.push(Stage::Use { res: Res::Cpu, hold: ev, leave: ev });
+                    p.push(Stage::Delay(ctl.alloc_ns.saturating_sub(tin + 2 * ev + c.bind_ns)));
                 }
             },
             Op::Free => {
@@ -142,14 +169,19 @@ pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op]) -> Progra
                     Scheme::StaticMr => continue,
                     // a chain occupies the NIC for its unit time but runs for its latency
                     Scheme::OneSidedMw | Scheme::Odrp => (Res::Nic, ctl.free_nic_ns, ctl.free_ns.max(ctl.free_nic_ns)),
-                    Scheme::RpcMwType1 | Scheme::RpcMwType2 => {
-                        let w = ctl.free_cpu_ns + ctl.free_dev_ns;
-                        (Res::Cpu, w, w)
+                    // one event on a core, the invalidations on the device
+                    Scheme::RpcMwType1 | Scheme::RpcMwType2 | Scheme::HostEngine => {
+                        (Res::Cpu, ctl.free_cpu_ns, ctl.free_cpu_ns + ctl.free_dev_ns)
                     }
                 };
-                // the CN waits only for its SEND to be acknowledged; the MN works on
-                p.push(Stage::Detach(2));
+                // the CN waits only for its SEND to be acknowledged; the MN works on (the CN's
+                // free chain, offloaded, one lap at a time)
+                let chain = scheme == Scheme::OneSidedMw;
+                p.push(Stage::Detach(if chain { 3 } else { 2 }));
                 p.push(Stage::Delay(inp.transit(FREE_REQ_BYTES)));
+                if chain {
+                    p.push(Stage::Chain { chain: 2 * cn + 1, hold: ctl.free_ns, leave: 0, rnr: inp.rnr_timer_ns });
+                }
                 p.push(Stage::Use { res, hold, leave: last });
                 p.push(Stage::Delay(inp.write_ns(FREE_REQ_BYTES)));
             }

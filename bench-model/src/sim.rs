@@ -45,6 +45,18 @@ pub enum Stage {
     },
     /// Start a background job running the next `n` stages; the client goes on at once.
     Detach(u8),
+    /// One CN's chain (`chain`: 2 × CN + 0 alloc, + 1 free), which runs one lap at a time: the
+    /// request is served once the previous lap re-armed the chain, holding it `hold` ns and
+    /// going on `leave` ns after its lap started. A request that arrives while the chain is
+    /// busy finds no receive posted: the RC transport answers RNR and the sender tries again
+    /// every `rnr` ns (the responder's RNR timer), so it starts at the first retry after the
+    /// chain is free (`rnr` 0: the next instant, as if the CN knew).
+    Chain {
+        chain: u16,
+        hold: u64,
+        leave: u64,
+        rnr: u64,
+    },
     /// End of a request: its latency is recorded under this tag.
     End(u8),
     /// Wait until every client reached a barrier and no background work is left (a round of
@@ -63,6 +75,8 @@ pub struct SimResult {
     /// Busy time per resource, and server counts.
     pub busy_ns: [u64; RESOURCES],
     pub servers: [usize; RESOURCES],
+    /// Requests that found their CN's chain busy and waited for RNR retries.
+    pub rnr_naks: u64,
 }
 
 impl SimResult {
@@ -133,6 +147,8 @@ pub fn run(programs: &[Program], cpu_cores: usize, nic_units: usize) -> SimResul
     }
     let mut last = 0u64;
     let mut parked: Vec<usize> = Vec::new();
+    // per chain: free from
+    let mut chain_free: Vec<u64> = Vec::new();
     loop {
         let Some(Reverse((t, _, j))) = heap.pop() else {
             if parked.is_empty() {
@@ -161,6 +177,24 @@ pub fn run(programs: &[Program], cpu_cores: usize, nic_units: usize) -> SimResul
                 let start = t.max(b);
                 busy_until[k][si] = start + hold;
                 res.busy_ns[k] += hold;
+                last = last.max(start + hold);
+                start + leave
+            }
+            Stage::Chain { chain, hold, leave, rnr } => {
+                let k = chain as usize;
+                if chain_free.len() <= k {
+                    chain_free.resize(k + 1, 0);
+                }
+                let free = chain_free[k];
+                let start = if free <= t {
+                    t
+                } else if rnr == 0 {
+                    free
+                } else {
+                    res.rnr_naks += 1;
+                    t + (free - t).div_ceil(rnr) * rnr
+                };
+                chain_free[k] = start + hold;
                 last = last.max(start + hold);
                 start + leave
             }
@@ -251,6 +285,21 @@ mod tests {
         // the second request waits for the background job on the NIC
         assert_eq!(r.latencies[1], vec![1005]);
         assert_eq!(r.makespan_ns, 1015);
+    }
+
+    #[test]
+    fn a_cns_chain_runs_one_lap_at_a_time_and_a_busy_chain_costs_rnr_retries() {
+        let req = |chain: u16, rnr: u64| vec![Stage::Chain { chain, hold: 100, leave: 60, rnr }, Stage::End(0)];
+        // two requests on one chain: the second waits for the first lap (and an RNR retry)
+        let r = run(&[req(0, 0), req(0, 0)], 1, 1);
+        assert_eq!(r.latencies[0], vec![60, 160]);
+        assert_eq!(r.rnr_naks, 0);
+        let r = run(&[req(0, 30), req(0, 30)], 1, 1);
+        assert_eq!(r.latencies[0], vec![60, 180], "retries at 30, 60, 90, 120: served at 120");
+        assert_eq!(r.rnr_naks, 1);
+        // different CNs' chains run side by side
+        let r = run(&[req(0, 30), req(2, 30)], 1, 1);
+        assert_eq!(r.latencies[0], vec![60, 60]);
     }
 
     #[test]

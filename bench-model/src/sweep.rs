@@ -10,6 +10,7 @@ use super::inputs::{self, Inputs, Measured};
 use super::kv;
 use super::schemes::{compile, Scheme};
 use super::sim;
+use crate::Options;
 use omw_loopback::CostModel;
 
 /// One KV configuration of the sweep.
@@ -30,9 +31,15 @@ pub struct SweepRow {
     pub ctl_per_request: f64,
     pub mn_cores: usize,
     pub nic_units: usize,
+    /// MN CPU time of one RPC-MW server event (`inputs::RPC_CPU_SWEEP`).
+    pub rpc_cpu_ns: u64,
+    /// The MN's RNR timer a CN's request waits on a re-arming chain (`inputs::RNR_SWEEP`).
+    pub rnr_ns: u64,
     pub osmw: f64,
     pub type1: f64,
     pub type2: f64,
+    /// omw's own host engine (the chains on the MN CPU): not an RPC-MW baseline, shown beside.
+    pub host_engine: f64,
 }
 
 impl SweepRow {
@@ -57,6 +64,9 @@ pub fn configs(keys: usize, mixed: usize, seed: u64, cns: usize) -> Vec<SweepCon
         ("2 KiB allocations = MN chunks (objects 256 B-1 KiB)", base(2048, vec![256, 512, 1024])),
         ("2 KiB allocations = objects (16 KiB chunks)", base(16384, vec![2048])),
         ("4 KiB allocations = MN chunks (objects 256 B-1 KiB)", base(4096, vec![256, 512, 1024])),
+        // no second level: every object is its own MN allocation (each insert and update
+        // allocates at the MN, each delete and update frees there)
+        ("one MN allocation per object (2 KiB objects, 2 KiB chunks)", base(2048, vec![2048])),
     ];
     let mut v = Vec::new();
     for (name, kv) in shapes {
@@ -77,8 +87,10 @@ fn point(inp: &Inputs, m: &Measured, c: &SweepConfig, tr: &[kv::KvTrace], cores:
     let requests: usize = tr.iter().map(|t| t.requests).sum();
     let ctl: u64 = tr.iter().map(|t| t.chunk_allocs + t.chunk_frees).sum();
     let inp_k = Inputs { mn_cores: cores, ..inp.clone() };
+    let per_cn = (tr.len() / c.cns.max(1)).max(1);
     let tput = |s: Scheme| {
-        let progs: Vec<_> = tr.iter().map(|t| compile(s, &inp_k, m, &t.ops)).collect();
+        let progs: Vec<_> =
+            tr.iter().enumerate().map(|(i, t)| compile(s, &inp_k, m, &t.ops, (i / per_cn) as u16)).collect();
         sim::run(&progs, cores, inp.nic_units).throughput()
     };
     SweepRow {
@@ -88,9 +100,12 @@ fn point(inp: &Inputs, m: &Measured, c: &SweepConfig, tr: &[kv::KvTrace], cores:
         ctl_per_request: ctl as f64 / requests.max(1) as f64,
         mn_cores: cores,
         nic_units: inp.nic_units,
+        rpc_cpu_ns: inp.rpc_cpu_ns,
+        rnr_ns: inp.rnr_timer_ns,
         osmw: tput(Scheme::OneSidedMw),
         type1: tput(Scheme::RpcMwType1),
         type2: tput(Scheme::RpcMwType2),
+        host_engine: tput(Scheme::HostEngine),
     }
 }
 
@@ -122,6 +137,17 @@ pub fn run(
             let m = &measured.iter().find(|(chunk, _)| *chunk == c.kv.chunk).ok_or("geometry")?.1;
             for &k in cores {
                 rows.push(point(&inp, m, c, tr, k));
+                // the RPC servers' CPU cost and the MN's RNR timer are swept on the paper's one
+                // MN core at the default unit count (units touch neither)
+                if u != Options::DEFAULT_NIC_UNITS || k != 1 {
+                    continue;
+                }
+                for &cpu in inputs::RPC_CPU_SWEEP.iter().filter(|c| **c != inputs::RPC_CPU_NS) {
+                    rows.push(point(&Inputs { rpc_cpu_ns: cpu, ..inp.clone() }, m, c, tr, k));
+                }
+                for &rnr in inputs::RNR_SWEEP.iter().filter(|r| **r != inputs::RNR_TIMER_NS) {
+                    rows.push(point(&Inputs { rnr_timer_ns: rnr, ..inp.clone() }, m, c, tr, k));
+                }
             }
         }
     }
@@ -203,6 +229,28 @@ pub fn up_to(rows: &[SweepRow], pick: impl Fn(&SweepRow) -> bool) -> Option<&Swe
     rows.iter().filter(|r| pick(r)).max_by(|a, b| a.speedup().total_cmp(&b.speedup()))
 }
 
+/// The smallest speed-up over the faster RPC-MW among rows matching `pick`.
+pub fn down_to(rows: &[SweepRow], pick: impl Fn(&SweepRow) -> bool) -> Option<&SweepRow> {
+    rows.iter().filter(|r| pick(r)).min_by(|a, b| a.speedup().total_cmp(&b.speedup()))
+}
+
+/// A sweep point in words: the conditions that give its speed-up.
+pub fn conditions(r: &SweepRow) -> String {
+    format!(
+        "{}, {} MN core{}, {} NIC unit{}, RPC event {} ns, RNR timer {}",
+        r.config,
+        r.mn_cores,
+        if r.mn_cores == 1 { "" } else { "s" },
+        r.nic_units,
+        if r.nic_units == 1 { "" } else { "s" },
+        r.rpc_cpu_ns,
+        match r.rnr_ns {
+            0 => "none (CN paced)".to_string(),
+            n => format!("{} µs", n / 1000),
+        }
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,9 +263,12 @@ mod tests {
             ctl_per_request: 0.1,
             mn_cores: 1,
             nic_units: units,
+            rpc_cpu_ns: 200,
+            rnr_ns: 10_000,
             osmw,
             type1: t1,
             type2: t2,
+            host_engine: 0.0,
         }
     }
 
@@ -230,14 +281,16 @@ mod tests {
         assert_eq!(up_to(&rows, |r| r.cns == 1).map(|r| r.nic_units), Some(8));
         assert_eq!(up_to(&rows, |r| r.cns == 6).map(|r| r.speedup()), Some(9.0));
         assert!(up_to(&rows, |r| r.cns == 2).is_none());
+        assert_eq!(down_to(&rows, |_| true).map(|r| r.speedup()), Some(1.0));
     }
 
     #[test]
     fn configs_cover_both_readings_on_one_cn_and_at_scale() {
         let c = configs(10, 10, 1, 6);
-        assert_eq!(c.len(), 8);
+        assert_eq!(c.len(), 10);
+        assert!(c.iter().any(|c| c.name.contains("one MN allocation per object") && c.kv.classes == vec![c.kv.chunk]));
         assert!(c.iter().any(|c| c.name.contains("= MN chunks") && c.kv.chunk == 2048));
         assert!(c.iter().any(|c| c.name.contains("= objects") && c.kv.classes == vec![2048]));
-        assert_eq!(c.iter().filter(|c| c.cns == 6).count(), 4);
+        assert_eq!(c.iter().filter(|c| c.cns == 6).count(), 5);
     }
 }

@@ -33,6 +33,10 @@ pub struct BenchArgs {
     pub cns: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Sweep pool sizes from 1 Ki to 1 Mi chunks (several minutes and about 2 GiB; without it
+    /// the sweep stops at 16 Ki chunks, 4 Ki with --quick).
+    #[arg(long)]
+    pub scale: bool,
 }
 
 impl BenchArgs {
@@ -45,6 +49,7 @@ impl BenchArgs {
             threads: self.threads,
             cns: self.cns,
             seed: self.seed,
+            scale: self.scale,
         }
     }
 }

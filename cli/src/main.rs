@@ -6,6 +6,7 @@ use std::process::ExitCode;
 mod bench;
 mod cn;
 mod demo;
+mod plan;
 mod verbs;
 
 #[derive(Parser, Debug)]
@@ -27,6 +28,8 @@ enum Cmd {
     Cn(verbs::CnArgs),
     /// Check a device's real memory-window semantics.
     Probe(verbs::ProbeArgs),
+    /// Does a pool fit a device (windows, registrations, QPs), and what will it cost?
+    Plan(plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,5 +40,6 @@ fn main() -> ExitCode {
         Cmd::Mn(a) => verbs::mn(a),
         Cmd::Cn(a) => verbs::cn(a),
         Cmd::Probe(a) => verbs::probe(a),
+        Cmd::Plan(a) => plan::plan(a),
     }
 }

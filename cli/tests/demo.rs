@@ -31,21 +31,45 @@ fn bench_quick_runs_every_scheme_and_workload() {
     let d = dir.to_string_lossy().into_owned();
     let (ok, out) = omw(&["bench", "--quick", "--out", &d]);
     assert!(ok, "{out}");
-    for s in ["OneSidedMW", "RPC-MW type-1", "RPC-MW type-2", "Static-MR", "ODRP"] {
+    for s in ["OneSidedMW", "RPC-MW type-1", "RPC-MW type-2", "host engine", "Static-MR", "ODRP"] {
         assert!(out.contains(s), "{s} missing:\n{out}");
     }
-    for w in ["Allocation micro-benchmark", "kv: objects 2-8 KiB", "kv: 2 KiB allocations", "swap: 1 MiB chunks"] {
+    for w in [
+        "Allocation micro-benchmark",
+        "kv: objects 2-8 KiB",
+        "kv: 2 KiB allocations",
+        "kv: one MN allocation per object",
+        "ycsb: YCSB-A",
+        "ycsb: YCSB-D",
+        "malloc: larson",
+        "malloc: sh8bench",
+        "cache: Twitter-shaped cache",
+        "swap: 1 MiB chunks",
+        "Pool size vs cost per operation",
+        "speed-up over the faster RPC-MW, at scale:",
+    ] {
         assert!(out.contains(w), "{w} missing:\n{out}");
     }
     assert!(out.contains("Model vs paper"), "{out}");
-    for f in ["inputs.csv", "alloc.csv", "alloc_curve.csv", "workloads.csv", "validation.csv", "alloc_latency.svg"] {
+    for f in [
+        "inputs.csv",
+        "alloc.csv",
+        "alloc_curve.csv",
+        "workloads.csv",
+        "validation.csv",
+        "scale.csv",
+        "startup.csv",
+        "alloc_latency.svg",
+        "scale.svg",
+    ] {
         let p = dir.join(f);
         let len = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
         assert!(len > 100, "{} missing or empty", p.display());
     }
     // every scheme × workload row made it into the CSV
     let csv = std::fs::read_to_string(dir.join("workloads.csv")).unwrap();
-    assert_eq!(csv.lines().count(), 1 + 5 * 5, "{csv}");
+    // 6 KV configurations, YCSB A-D, 2 allocation traces, the cache, swap: 14 × 6 schemes
+    assert_eq!(csv.lines().count(), 1 + 14 * 6, "{csv}");
     let (ok, json) = omw(&["bench", "--quick", "--json", "--out", &d]);
     assert!(ok, "{json}");
     let v: serde_json::Value = serde_json::from_str(json.trim()).expect("--json prints one JSON document");

@@ -27,6 +27,7 @@ use crate::sessions::{Admission, Rejections, Sessions, SESSION_PATIENCE};
 use omw_core::device::DataPath;
 use omw_core::device::ExecutionMode;
 use omw_core::geometry::PoolGeometry;
+use omw_core::mn::capacity::{DeviceLimits, Footprint};
 use omw_core::mn::driver::MnDriver;
 use omw_core::mn::plan::MnPlan;
 use omw_core::mn::provision::PoolSpec;
@@ -184,6 +185,25 @@ pub(crate) fn checked_sizing(opts: &MnOptions, extra_pinned: impl Fn(u32) -> u64
     Ok(Sizing { chunks, max_cns })
 }
 
+/// Refuse a pool the device's windows, registrations or QPs cannot hold (the check `omw plan`
+/// prints), naming every limit it breaks and the largest pool of these chunks that fits.
+pub fn fits_device(plan: &MnPlan, spec: &PoolSpec, limits: &DeviceLimits) -> Result<()> {
+    let f = Footprint::of(plan, spec).map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
+    let broken = f.check(limits);
+    if broken.is_empty() {
+        return Ok(());
+    }
+    let why: Vec<String> = broken.iter().map(|e| e.to_string()).collect();
+    let max = omw_core::mn::capacity::max_chunks(limits, plan, spec.group_size);
+    Err(VerbsError::Config(format!(
+        "the device cannot hold this pool: {} ({} chunks of {} at group size {}); at most {max} chunks of this size fit (`omw plan` shows the whole budget)",
+        why.join("; "),
+        spec.chunks,
+        human(spec.chunk_size),
+        spec.group_size
+    )))
+}
+
 /// The admission the options ask for: the tenants file's tenants registered with the core (their
 /// quotas and CN slots), and the sessions' bookkeeping that checks their credentials — or, without
 /// a file, an open MN, logged as such.
@@ -225,6 +245,10 @@ impl<T: StartUp> MnDaemon<T> {
         let report = probe::run_choice(&choice)?;
         log(format!("{report}"));
         let (transport, device, plan) = T::open(&opts, &report, sizing)?;
+        // the check `omw plan` makes: a pool the device cannot hold is refused before one
+        // window is allocated, naming the limit it breaks
+        let spec = opts.pool_spec(sizing.chunks, sizing.max_cns, T::QUEUE_DEPTH);
+        fits_device(&plan, &spec, &report.limits)?;
         Self::up(opts, transport, device, plan, sizing, &report.device)
     }
 }

@@ -59,6 +59,11 @@ impl MemoryNode {
             tenant,
         };
         self.cns[slot as usize] = Some(rec);
+        // the slot's counts were a departed CN's
+        self.held[slot as usize] = 0;
+        self.audit_pass[slot as usize] = 0;
+        self.audit_held[slot as usize] = 0;
+        self.counted_at[slot as usize] = (0, 0);
         self.init_scratch(port, slot, cn)?;
         let info = ConnectInfo {
             cn,

@@ -13,7 +13,8 @@ use crate::chain::{ChainError, ChainKind, ChainLayout};
 use crate::device::{Completion, Domain, ExecutionMode, MwBinding, QpState, WcStatus};
 use crate::ids::{CnId, GroupId, Qpn, Rkey};
 use crate::mn::host_engine::{
-    run_lap, HostEngineError, HostRegions, Lap, LapContext, LapFailure, LapOutcome, Progress,
+    run_lap, HostEngineError, HostRegions, Lap, LapContext, LapFailure, LapOutcome, OwnerWrite, Progress,
+    MAX_OWNER_WRITES,
 };
 use crate::mn::{Action, CnQps, Event, MemoryNode, MnError, MnPort};
 use crate::wire::memory_map::{
@@ -197,6 +198,9 @@ struct Port<'a, B: MnDevice> {
     /// Requests the MN decided to serve ([`Action::ServeLap`]); the driver runs their laps once
     /// the reaction is over.
     serve: heapless::Vec<(CnId, ChainKind, u32), 4>,
+    /// Owner changes of the laps [`Action::StopLaps`] ended: the driver hands them to the MN
+    /// when its reaction returns.
+    stopped_owners: heapless::Vec<OwnerWrite, { MAX_LAPS_IN_FLIGHT * MAX_OWNER_WRITES }>,
 }
 
 /// QPs the MN holds for one CN: the Alloc and Free QPs, their two chain loopback QPs
@@ -362,6 +366,14 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                             }
                         }
                     }
+                    // its changes of MWTable owners are counted once the MN's reaction is over
+                    for w in self.laps[i].lap.owner_writes().iter() {
+                        let pushed = self.stopped_owners.push(w);
+                        debug_assert!(
+                            pushed.is_ok(),
+                            "a reaction stops laps in flight only: MAX_LAPS_IN_FLIGHT x MAX_OWNER_WRITES"
+                        );
+                    }
                     self.laps.swap_remove(i);
                     self.stats.laps_stopped += 1;
                 }
@@ -489,6 +501,7 @@ impl<B: MnDevice> MnDriver<B> {
             resets: heapless::Vec::new(),
             laps: &mut self.laps,
             serve: heapless::Vec::new(),
+            stopped_owners: heapless::Vec::new(),
         };
         (&mut self.mn, port)
     }
@@ -528,7 +541,8 @@ impl<B: MnDevice> MnDriver<B> {
             return Ok(None);
         }
         let d = self.mn.chain_ring_depths().map_err(DriverError::Chain)?;
-        self.lap_wqes = Some([u64::from(d[0][1]).max(1), u64::from(d[1][1]).max(1)]);
+        let w = self.mn.chain_mgmt_wqes_per_lap().map_err(DriverError::Chain)?;
+        self.lap_wqes = Some([w[0].max(1), w[1].max(1)]);
         let a =
             self.backend.create_loopback_qp(Domain::MnPrivate, Some(d[0][0] as u32)).map_err(DriverError::Backend)?;
         let f =
@@ -576,6 +590,10 @@ impl<B: MnDevice> MnDriver<B> {
         let r = mn.handle(now, event, &mut port).map_err(DriverError::from);
         let resets = core::mem::take(&mut port.resets);
         let serve = core::mem::take(&mut port.serve);
+        let stopped = core::mem::take(&mut port.stopped_owners);
+        for w in stopped {
+            self.mn.account_owner_write(w);
+        }
         self.forget_receives(&resets);
         // A reset discards posted work without completions: a lap waiting on such a QP has
         // lost its step (as a flush would report). A lap whose CN is gone ends.
@@ -1018,7 +1036,13 @@ impl<B: MnDevice> MnDriver<B> {
         let ctx = who.context(&self.mn, cn);
         // a request longer than the receive buffer was truncated by the device (LocLenErr)
         let outcome = if len as usize > req.len() {
-            LapOutcome::Failed { step: None, failure: LapFailure::RequestTooLong, device_ops: 0, cpu_steps: 0 }
+            LapOutcome::Failed {
+                step: None,
+                failure: LapFailure::RequestTooLong,
+                device_ops: 0,
+                cpu_steps: 0,
+                owners: crate::mn::host_engine::OwnerWrites::NONE,
+            }
         } else if serial || self.laps.is_full() {
             run_lap(&mut self.backend, &layout, &self.regions, &req[..n], &ctx).map_err(DriverError::HostEngine)?
         } else {
@@ -1053,14 +1077,19 @@ impl<B: MnDevice> MnDriver<B> {
     ) -> Result<bool, DriverError<B::Error>> {
         self.stats.laps += 1;
         let now = self.now;
+        // the lap's own changes of MWTable owners, before the MN decides anything from its
+        // counts (committed or not: a failed lap's write-back is in the table all the same)
+        for w in outcome.owners().iter() {
+            self.mn.account_owner_write(w);
+        }
         let committed = match outcome {
-            LapOutcome::Committed { device_ops, cpu_steps } => {
+            LapOutcome::Committed { device_ops, cpu_steps, .. } => {
                 self.stats.cpu_steps += cpu_steps as u64;
                 self.stats.device_ops += device_ops as u64;
                 self.handle(now, Event::LapCommitted { cn, kind, freed: entry })?;
                 true
             }
-            LapOutcome::Failed { step, failure, device_ops, cpu_steps } => {
+            LapOutcome::Failed { step, failure, device_ops, cpu_steps, .. } => {
                 self.stats.cpu_steps += cpu_steps as u64;
                 self.stats.device_ops += device_ops as u64;
                 self.stats.laps_failed += 1;

@@ -54,6 +54,8 @@ impl MemoryNode {
         wr(port, self.map.queue.tail, self.map.queue.slot_addr(g.chunk_count()))?;
         self.empty = false;
         self.tickets.clear();
+        // every group free: nobody holds anything
+        self.held = [0; MAX_CNS];
         Ok(())
     }
 }

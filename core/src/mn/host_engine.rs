@@ -117,11 +117,59 @@ impl LapFailure {
     }
 }
 
+/// One change of an MWTable entry's owner field made by a lap's own memory operation (its
+/// write-back): the MN's per-CN held counts follow every such change, committed or not, so
+/// they stay exact without scanning the table (`MemoryNode::account_owner_write`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct OwnerWrite {
+    /// The entry's address.
+    pub entry: u64,
+    /// Owner before the lap's first write of it, and after its last.
+    pub from: u32,
+    pub to: u32,
+}
+
+/// Most MWTable entries one lap writes back: the alloc and free chains write one each; room
+/// for a layout that writes two (a group popped ahead) with margin.
+pub const MAX_OWNER_WRITES: usize = 4;
+
+/// The owner changes of one lap, merged per entry (first `from`, last `to`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct OwnerWrites {
+    n: u8,
+    w: [Option<OwnerWrite>; MAX_OWNER_WRITES],
+}
+
+impl OwnerWrites {
+    pub const NONE: OwnerWrites = OwnerWrites { n: 0, w: [None; MAX_OWNER_WRITES] };
+
+    /// Changes that did not come back to where they started.
+    pub fn iter(&self) -> impl Iterator<Item = OwnerWrite> + '_ {
+        self.w.iter().flatten().copied().filter(|w| w.from != w.to)
+    }
+
+    fn record(&mut self, entry: u64, from: u32, to: u32) {
+        if let Some(w) = self.w.iter_mut().flatten().find(|w| w.entry == entry) {
+            w.to = to;
+            return;
+        }
+        // a layout's laps write back a fixed, small number of entries (MAX_OWNER_WRITES
+        // bounds every layout the builders make; `chain::tests` would show a new one)
+        debug_assert!((self.n as usize) < MAX_OWNER_WRITES, "a lap writes back at most MAX_OWNER_WRITES entries");
+        if let Some(slot) = self.w.get_mut(self.n as usize) {
+            *slot = Some(OwnerWrite { entry, from, to });
+            self.n += 1;
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum LapOutcome {
     Committed {
         device_ops: u32,
         cpu_steps: u32,
+        /// The lap's changes of MWTable owners.
+        owners: OwnerWrites,
     },
     /// `step` is None when the RECV itself failed.
     Failed {
@@ -129,7 +177,25 @@ pub enum LapOutcome {
         failure: LapFailure,
         device_ops: u32,
         cpu_steps: u32,
+        /// The owner changes the lap made before it failed (the MN's repair decides from the
+        /// table, which already shows them).
+        owners: OwnerWrites,
     },
+}
+
+impl LapOutcome {
+    /// The lap's changes of MWTable owners, whatever its outcome.
+    pub fn owners(&self) -> OwnerWrites {
+        match self {
+            LapOutcome::Committed { owners, .. } | LapOutcome::Failed { owners, .. } => *owners,
+        }
+    }
+    fn with_owners(mut self, o: OwnerWrites) -> Self {
+        match &mut self {
+            LapOutcome::Committed { owners, .. } | LapOutcome::Failed { owners, .. } => *owners = o,
+        }
+        self
+    }
 }
 
 #[derive(Debug)]
@@ -215,6 +281,7 @@ pub struct Lap {
     device_ops: u32,
     cpu_steps: u32,
     waiting: Option<Waiting>,
+    owners: OwnerWrites,
 }
 
 impl Lap {
@@ -226,7 +293,7 @@ impl Lap {
         request: &[u8],
     ) -> Result<Result<Lap, LapOutcome>, HostEngineError<B::Error>> {
         let copies: heapless::Vec<[u8; WQE_SIZE], MAX_STEPS> = layout.steps.iter().map(|s| s.wqe.encode()).collect();
-        let mut lap = Lap { copies, next: 0, device_ops: 0, cpu_steps: 1, waiting: None };
+        let mut lap = Lap { copies, next: 0, device_ops: 0, cpu_steps: 1, waiting: None, owners: OwnerWrites::NONE };
         let total: u64 = layout.recv.iter().map(|r| r.len as u64).sum();
         if request.len() as u64 > total {
             return Ok(Err(LapOutcome::Failed {
@@ -234,6 +301,7 @@ impl Lap {
                 failure: LapFailure::RequestTooLong,
                 device_ops: 0,
                 cpu_steps: 1,
+                owners: OwnerWrites::NONE,
             }));
         }
         let mut off = 0usize;
@@ -256,6 +324,11 @@ impl Lap {
         Ok(Ok(lap))
     }
 
+    /// The lap's changes of MWTable owners so far (a lap stopped part-way made them too).
+    pub fn owner_writes(&self) -> OwnerWrites {
+        self.owners
+    }
+
     /// The step being waited for, if any.
     pub fn waiting(&self) -> Option<Waiting> {
         self.waiting
@@ -269,6 +342,7 @@ impl Lap {
             failure: LapFailure::Status(status),
             device_ops: self.device_ops,
             cpu_steps: self.cpu_steps,
+            owners: self.owners,
         })
     }
 
@@ -280,6 +354,7 @@ impl Lap {
             failure: LapFailure::Timeout,
             device_ops: self.device_ops,
             cpu_steps: self.cpu_steps,
+            owners: self.owners,
         }
     }
 
@@ -291,14 +366,28 @@ impl Lap {
         regions: &HostRegions,
         ctx: &LapContext<'_>,
     ) -> Result<Progress, HostEngineError<B::Error>> {
+        Ok(match self.run_steps(backend, layout, regions, ctx)? {
+            Progress::Done(o) => Progress::Done(o.with_owners(self.owners)),
+            p => p,
+        })
+    }
+
+    fn run_steps<B: RdmaBackend>(
+        &mut self,
+        backend: &mut B,
+        layout: &ChainLayout,
+        regions: &HostRegions,
+        ctx: &LapContext<'_>,
+    ) -> Result<Progress, HostEngineError<B::Error>> {
         if let Some(w) = self.waiting {
             return Ok(Progress::Waiting(w));
         }
+        let owners = &mut self.owners;
         let copies = &mut self.copies;
         let mut device_ops = self.device_ops;
         let mut cpu_steps = self.cpu_steps;
         let fail = |step: Option<u8>, failure, device_ops, cpu_steps| {
-            Ok(Progress::Done(LapOutcome::Failed { step, failure, device_ops, cpu_steps }))
+            Ok(Progress::Done(LapOutcome::Failed { step, failure, device_ops, cpu_steps, owners: OwnerWrites::NONE }))
         };
         for i in self.next..layout.steps.len() {
             let step = &layout.steps[i];
@@ -358,7 +447,8 @@ impl Lap {
                                         cpu_steps,
                                     );
                                 }
-                                backend.write_local(w.local_addr, &buf[..n]).map_err(HostEngineError::Backend)?;
+                                store(backend, regions, owners, w.local_addr, &buf[..n])
+                                    .map_err(HostEngineError::Backend)?;
                             }
                         }
                     }
@@ -370,7 +460,7 @@ impl Lap {
                             return fail(Some(si), LapFailure::Status(WcStatus::RemAccessErr), device_ops, cpu_steps);
                         }
                         backend.read_local(w.local_addr, &mut buf[..n]).map_err(HostEngineError::Backend)?;
-                        backend.write_local(w.remote_addr, &buf[..n]).map_err(HostEngineError::Backend)?;
+                        store(backend, regions, owners, w.remote_addr, &buf[..n]).map_err(HostEngineError::Backend)?;
                     }
                     Opcode::FetchAdd | Opcode::MaskedFetchAdd | Opcode::CompareSwap => {
                         if !regions.remote_ok(w.remote_addr, 8, w.rkey) {
@@ -385,7 +475,8 @@ impl Lap {
                             _ if v == w.operand0 => w.operand1,
                             _ => v,
                         };
-                        backend.write_local(w.remote_addr, &new.to_le_bytes()).map_err(HostEngineError::Backend)?;
+                        store(backend, regions, owners, w.remote_addr, &new.to_le_bytes())
+                            .map_err(HostEngineError::Backend)?;
                         match step.local {
                             Some(Loc::Field { step: t, field }) => {
                                 if let Some(c) = copies.get_mut(t as usize) {
@@ -401,7 +492,8 @@ impl Lap {
                                         cpu_steps,
                                     );
                                 }
-                                backend.write_local(w.local_addr, &old).map_err(HostEngineError::Backend)?;
+                                store(backend, regions, owners, w.local_addr, &old)
+                                    .map_err(HostEngineError::Backend)?;
                             }
                         }
                     }
@@ -467,8 +559,46 @@ impl Lap {
         self.next = layout.steps.len();
         self.device_ops = device_ops;
         self.cpu_steps = cpu_steps;
-        Ok(Progress::Done(LapOutcome::Committed { device_ops, cpu_steps }))
+        Ok(Progress::Done(LapOutcome::Committed { device_ops, cpu_steps, owners: OwnerWrites::NONE }))
     }
+}
+
+/// A lap's write to MN memory, with any change it makes to an MWTable entry's owner field
+/// recorded (the only writes of owners the MN CPU does not make itself).
+fn store<B: RdmaBackend>(
+    backend: &mut B,
+    regions: &HostRegions,
+    owners: &mut OwnerWrites,
+    addr: u64,
+    data: &[u8],
+) -> Result<(), B::Error> {
+    let (tb, tl) = (regions.table_base, regions.table_len);
+    let end = addr.saturating_add(data.len() as u64);
+    if data.is_empty() || end <= tb || addr >= tb.saturating_add(tl) {
+        return backend.write_local(addr, data);
+    }
+    // the entries the write overlaps (a WQE moves at most 64 bytes: two or three entries)
+    let first = (addr.max(tb) - tb) / ENTRY_SIZE as u64;
+    let last = (end.min(tb + tl) - 1 - tb) / ENTRY_SIZE as u64;
+    let owner_at = |b: &mut B, i: u64| -> Result<(u64, u32), B::Error> {
+        let e = tb + i * ENTRY_SIZE as u64;
+        let mut o = [0u8; 4];
+        b.read_local(e + ENTRY_OFF_OWNER, &mut o)?;
+        Ok((e, u32::from_le_bytes(o)))
+    };
+    let mut before = [(0u64, 0u32); 3];
+    let n = ((last - first + 1) as usize).min(before.len());
+    for (k, b) in before.iter_mut().enumerate().take(n) {
+        *b = owner_at(backend, first + k as u64)?;
+    }
+    backend.write_local(addr, data)?;
+    for (k, (e, from)) in before.iter().enumerate().take(n) {
+        let (_, to) = owner_at(backend, first + k as u64)?;
+        if to != *from {
+            owners.record(*e, *from, to);
+        }
+    }
+    Ok(())
 }
 
 /// Run one lap to its end, waiting on each device step in turn (at most `ctx.max_polls` polls

@@ -38,6 +38,9 @@ pub enum InvariantViolation {
     OverQuota { owner: u32, held: u32 },
     /// An entry's chunk is not the one the geometry assigns to it.
     ChunkMismatch(GroupId),
+    /// Host-engine mode: the MN's kept count of a CN's groups (what its quota decisions read)
+    /// differs from the MWTable's.
+    HeldCountDrift { owner: u32, kept: u32, table: u32 },
 }
 
 impl fmt::Display for InvariantViolation {
@@ -158,6 +161,14 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
         let total: u32 = mn.cns().filter(|c| charged.contains(&c.cn.get())).map(|c| held[c.slot as usize]).sum();
         if total > mn.quota_of(r.cn) {
             return Err(InvariantViolation::OverQuota { owner: r.cn.get(), held: total });
+        }
+    }
+    if mn.mode() == crate::device::ExecutionMode::HostEngine {
+        for r in mn.cns() {
+            let (kept, table) = (mn.held(r.cn).unwrap_or(0), held[r.slot as usize]);
+            if kept != table {
+                return Err(InvariantViolation::HeldCountDrift { owner: r.cn.get(), kept, table });
+            }
         }
     }
     check_rkeys_distinct(&map, port)

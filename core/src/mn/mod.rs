@@ -30,6 +30,7 @@ use core::fmt;
 use zerocopy::IntoBytes;
 
 mod audit;
+pub mod capacity;
 mod connect;
 pub mod driver;
 mod format;
@@ -83,6 +84,10 @@ pub struct MnConfig {
     /// The chain layout variant (`chain::variant`): chosen from the device's answers to the
     /// open CORE-Direct questions; the paper's device's by default.
     pub chain_variant: crate::chain::variant::ChainVariant,
+    /// MWTable entries the audit examines per tick (≥ 1): its work per tick is bounded by this,
+    /// and a whole pass over the table takes `⌈chunks / audit_batch⌉` ticks
+    /// ([`MemoryNode::audit_period_ns`]).
+    pub audit_batch: u32,
 }
 
 impl MnConfig {
@@ -92,6 +97,10 @@ impl MnConfig {
         matches!(mode, ExecutionMode::Offloaded) && (chunks as u64) >= 8 * max_cns as u64
     }
 }
+
+/// Default [`MnConfig::audit_batch`]: a pool of up to 16 Ki chunks is audited whole on every
+/// tick (as before the audit became incremental); 1 Mi chunks take 64 ticks.
+pub const DEFAULT_AUDIT_BATCH: u32 = 16 * 1024;
 
 /// Default audit period: the cadence the audit had when it rode the default lease's probes.
 pub const DEFAULT_AUDIT_NS: u64 = DEFAULT_LEASE_NS / 2;
@@ -367,6 +376,14 @@ pub struct MnStats {
     /// the new key), and restores that failed (the group was reclaimed instead).
     pub windows_restored: u64,
     pub restores_failed: u64,
+    /// Scans of the free queue the checked push made because no evidence placed the group
+    /// (`mn/quiesce.rs`: at most one per interrupted lap, none per group of a reclaim).
+    pub queue_scans: u64,
+    /// Counts of a suspect's holdings in the MWTable (a whole-table scan, lazy quota only).
+    pub quota_recounts: u64,
+    /// MWTable entries the incremental audit examined, and its complete passes.
+    pub audit_entries: u64,
+    pub audit_passes: u64,
 }
 
 /// A window invalidated behind its owner's back, waiting to be bound again while a lap of that
@@ -381,9 +398,15 @@ struct PendingRestore {
     rkey: Rkey,
 }
 
-/// What the audit found of one owned group: its active owner, an access window bound outside
-/// the owner's access QPs, a window reaching outside the group's own chunk.
-type AuditFinding = (CnId, bool, bool);
+/// What the audit found of one owned group: its active owner (and the owner's slot), an access
+/// window bound outside the owner's access QPs, a window reaching outside the group's own chunk.
+#[derive(Clone, Copy, Debug)]
+struct AuditFinding {
+    cn: CnId,
+    slot: u32,
+    misbound: bool,
+    outside: bool,
+}
 
 /// A window of the MWTable: its group, its index in the group, the group's owner (0: free).
 type WindowHit = (GroupId, usize, u32);
@@ -426,7 +449,21 @@ pub struct MemoryNode {
     tenants: TenantTable,
     /// When the next offloaded audit is due (offloaded mode, `audit_ns` > 0).
     audit_at: u64,
+    /// Groups each CN slot holds by the MN's own count (`mn/quota.rs`): exact in host-engine
+    /// mode; signed, because a lap's change and the MN's may be counted in either order.
+    held: [i32; MAX_CNS],
+    /// The incremental audit: the next entry it examines, what it counted per slot in the
+    /// current pass, and the counts of the last complete pass.
+    audit_cursor: u32,
+    audit_pass: [u32; MAX_CNS],
+    audit_held: [u32; MAX_CNS],
+    /// Slots whose holdings were counted in the table during the current audit pass (bit per
+    /// slot): a suspect is recounted at most once per pass.
+    recounted_this_pass: u32,
+    /// Per slot: the lap counters (allocs, frees) when the CN was last counted in the table.
+    counted_at: [(u64, u64); MAX_CNS],
 }
+const _: () = assert!(MAX_CNS <= 32, "recounted_this_pass keeps a bit per CN slot");
 
 type R<E> = Result<(), MnError<E>>;
 
@@ -471,6 +508,12 @@ impl MemoryNode {
             restores: heapless::Vec::new(),
             tenants: TenantTable::new(),
             audit_at: cfg.audit_ns,
+            held: [0; MAX_CNS],
+            audit_cursor: 0,
+            audit_pass: [0; MAX_CNS],
+            audit_held: [0; MAX_CNS],
+            recounted_this_pass: 0,
+            counted_at: [(0, 0); MAX_CNS],
         })
     }
 
@@ -616,6 +659,22 @@ impl MemoryNode {
         }
     }
 
+    /// WQEs one lap executes on the alloc and on the free chain's management QP, in the form
+    /// the device fetches them (mlx5: WQEs, not the WQEBBs a ring is sized in): what turns
+    /// the device's count of executed WQEs into laps (offloaded mode's lazy quota).
+    pub fn chain_mgmt_wqes_per_lap(&self) -> Result<[u64; 2], crate::chain::ChainError> {
+        let [a, f] = self.chain_sizing_layouts()?;
+        let per_lap = |l: &crate::chain::ChainLayout| {
+            crate::chain::mlx5::lap_cost(l, self.wqe_format)
+                .map(|c| c.wqes[crate::chain::Ring::Mgmt as usize] as u64)
+                .map_err(|e| match e {
+                    crate::chain::mlx5::Mlx5ChainError::Invalid(e) => e,
+                    _ => crate::chain::ChainError::NoMlx5Form,
+                })
+        };
+        Ok([per_lap(&a)?, per_lap(&f)?])
+    }
+
     /// The alloc and free chains as built for sizing (slot 0, placeholder QP numbers): their
     /// shapes — ring depths in either WQE format — are those of every CN's chains.
     pub fn chain_sizing_layouts(&self) -> Result<[crate::chain::ChainLayout; 2], crate::chain::ChainError> {
@@ -747,6 +806,8 @@ impl MemoryNode {
                     r.allocs = allocs;
                     r.frees = frees;
                 }
+                // O(CNs) unless the counters make it a suspect (then counted in the table,
+                // at most once per audit pass)
                 self.enforce_quota(port, cn)
             }
             Event::CnGone { cn } => self.on_cn_gone(port, cn),
@@ -789,7 +850,7 @@ impl MemoryNode {
             let v = rd(port, slot)?;
             if v != 0 {
                 wr(port, slot, 0)?;
-                self.push_group(port, v)?;
+                self.push_group(port, v, quiesce::Known::TakenOut { slot })?;
                 self.tickets.swap_remove(i);
                 self.stats.tickets_settled += 1;
             } else {
@@ -908,7 +969,7 @@ impl MemoryNode {
         })
         .map_err(MnError::Port)?;
         e.set_rkey(k, new);
-        write_entry(port, addr, &e)?;
+        self.put_entry(port, addr, &e)?;
         match port.mw_binding(new) {
             None => {}
             Some(MwBinding::Bound { rkey, qpn }) if rkey == new && qpn == qp => {}

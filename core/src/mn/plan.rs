@@ -193,6 +193,13 @@ impl MnPlan {
         v
     }
 
+    /// Registrations besides the pool's CN-facing one (which is one, or one per chunk): what
+    /// [`MnPlan::registrations`] lists before it, the rings' included (a backend registers its
+    /// ring arena per domain).
+    pub fn metadata_registrations(&self) -> u64 {
+        self.registrations().len().saturating_sub(1) as u64
+    }
+
     /// The key the MWTable records for a window freshly allocated with `allocated`: the key of
     /// its *next* bind, never the allocation's own (§3: a rebind must use a new key, so no key
     /// the device ever handed out becomes valid again). One policy for every backend.
@@ -297,6 +304,7 @@ impl MnConfig {
             audit_ns: DEFAULT_AUDIT_NS,
             pop_ahead: MnConfig::pop_ahead_pays(plan.mode, geometry.chunk_count(), max_cns),
             chain_variant: crate::chain::variant::ChainVariant::default(),
+            audit_batch: crate::mn::DEFAULT_AUDIT_BATCH,
         }
     }
 }

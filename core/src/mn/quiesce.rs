@@ -24,6 +24,25 @@
 //!
 //! Pushes that only *move* a group already in the queue structure (a ticket slot a push filled,
 //! moved to the tail) go through the same checked push.
+//!
+//! **Whereabouts in O(1).** "Is it in the queue?" is answered from evidence the caller holds,
+//! each piece checked against the bytes, never from an index a chain could invalidate:
+//!
+//! - the group's MWTable owner is the quiesced CN ([`Known::OwnedByQuiesced`], read from the
+//!   entry at the check): an owner is written only by its own alloc lap after the pop, and
+//!   every path back into the queue clears it before pushing (the free chain writes the entry
+//!   back before it takes a tail slot; the MN writes owner 0 before its push) — and the only
+//!   chain that could free it, the owner's, is stopped;
+//! - the MN itself just took it out of the queue ([`Known::TakenOut`]: the slot it read it from
+//!   no longer holds it): a group is in the queue at most once, which every push keeps;
+//! - a stopped free lap that never took a tail slot wrote it back ([`Known::NeverPushed`]): the
+//!   group was owned until then, and its window MW[0], the only ownership proof, is gone.
+//!
+//! Anything else — a stopped lap's popped group whose owner is 0 (its keys alone cannot tell
+//! "never stamped" from 256 alloc/free cycles by other CNs since: an 8-bit key wraps), a free
+//! whose push slot was taken — is decided by scanning the queue, counted in
+//! [`crate::mn::MnStats::queue_scans`]: at most one scan per interrupted lap, never one per
+//! group of a reclaim.
 
 use super::{rd, read_entry, wr, MemoryNode, MnError, MnPort};
 use crate::chain::ChainKind;
@@ -83,6 +102,20 @@ pub struct Whereabouts {
     pub owner: u32,
     /// One of its windows is bound, as far as the device can tell.
     pub bound_window: bool,
+}
+
+/// What the caller of the checked push knows about where a group is (see the module
+/// documentation): the evidence that spares a scan of the queue, each checked against the
+/// bytes when the push is decided.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Known {
+    /// Nothing beyond what the entry shows: a group owned by the quiesced CN is not queued;
+    /// otherwise the queue is scanned.
+    Nothing,
+    /// The MN took the group out of the queue at `slot` (cleared it) in this reaction.
+    TakenOut { slot: u64 },
+    /// A stopped free lap of the quiesced CN wrote the group back and never took a tail slot.
+    NeverPushed,
 }
 
 /// Why the MN's checked push (`MemoryNode::push_group`) refused a push.
@@ -167,9 +200,41 @@ impl MemoryNode {
         Ok(Quiesced { cn, chains })
     }
 
-    /// Where the group with MWTable entry `entry` is now (step 2's facts).
+    /// Where the group with MWTable entry `entry` is now (step 2's facts), by scanning the
+    /// queue: for tools and tests; the MN's own decisions use the evidence they hold
+    /// ([`Known`]) and scan only without it.
     pub fn whereabouts<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<Whereabouts, MnError<P::Error>> {
-        let mut w = Whereabouts { in_queue: self.queue_holds(port, entry)?, ..Whereabouts::default() };
+        let mut w = self.whereabouts_but_queue(port, entry)?;
+        w.in_queue = self.queue_holds(port, entry)?;
+        Ok(w)
+    }
+
+    /// Whether the group with entry `entry` is in the queue, from `known` where it settles
+    /// that (O(1), checked against the bytes), else by a counted scan. `quiesced`: the CN whose
+    /// chains are stopped, if any.
+    pub(super) fn in_queue<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        entry: u64,
+        owner: u32,
+        quiesced: Option<CnId>,
+        known: Known,
+    ) -> Result<bool, MnError<P::Error>> {
+        if quiesced.is_some_and(|cn| cn.get() == owner) {
+            return Ok(false);
+        }
+        match known {
+            Known::TakenOut { slot } if rd(port, slot)? != entry => return Ok(false),
+            Known::NeverPushed if owner == 0 && quiesced.is_some() => return Ok(false),
+            _ => {}
+        }
+        self.stats.queue_scans += 1;
+        self.queue_holds(port, entry)
+    }
+
+    /// Everything of [`Whereabouts`] but `in_queue`: O(CNs + G), no scan.
+    fn whereabouts_but_queue<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<Whereabouts, MnError<P::Error>> {
+        let mut w = Whereabouts::default();
         let e = read_entry(port, entry)?;
         let chunk = self.map.group_of_entry(entry).and_then(|g| self.cfg.geometry.chunk_base(g));
         let slots: heapless::Vec<(u32, CnId), { super::MAX_CNS }> = self.cns().map(|r| (r.slot, r.cn)).collect();
@@ -195,11 +260,29 @@ impl MemoryNode {
         Ok(w)
     }
 
+    /// [`Self::whereabouts`] with the queue decided from `known` where it can be.
+    pub(super) fn whereabouts_given<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        entry: u64,
+        quiesced: Option<CnId>,
+        known: Known,
+    ) -> Result<Whereabouts, MnError<P::Error>> {
+        let mut w = self.whereabouts_but_queue(port, entry)?;
+        w.in_queue = self.in_queue(port, entry, w.owner, quiesced, known)?;
+        Ok(w)
+    }
+
     /// Step 3: the MN's own push, checked. Refuses (and counts in `pushes_refused`) a group
     /// that is already queued, popped by a lap in flight, or has a bound window; returns
-    /// whether it pushed.
-    pub(super) fn push_group<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<bool, MnError<P::Error>> {
-        match self.check_push(port, entry)? {
+    /// whether it pushed. `known`: what the caller knows of where the group is.
+    pub(super) fn push_group<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        entry: u64,
+        known: Known,
+    ) -> Result<bool, MnError<P::Error>> {
+        match self.check_push(port, entry, None, known)? {
             None => {
                 self.push(port, entry)?;
                 Ok(true)
@@ -212,15 +295,23 @@ impl MemoryNode {
         }
     }
 
-    fn check_push<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<Option<PushRefused>, MnError<P::Error>> {
+    fn check_push<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        entry: u64,
+        quiesced: Option<CnId>,
+        known: Known,
+    ) -> Result<Option<PushRefused>, MnError<P::Error>> {
         if self.map.group_of_entry(entry).is_none() {
             return Ok(Some(PushRefused::NotAnEntry));
         }
-        let w = self.whereabouts(port, entry)?;
-        Ok(if w.in_queue {
-            Some(PushRefused::AlreadyQueued)
-        } else if w.popped_by.is_some() {
+        // the O(1) facts first: a group popped by a lap in flight or with a bound window is
+        // refused whatever the queue holds
+        let w = self.whereabouts_but_queue(port, entry)?;
+        Ok(if w.popped_by.is_some() {
             Some(PushRefused::PoppedInFlight)
+        } else if self.in_queue(port, entry, w.owner, quiesced, known)? {
+            Some(PushRefused::AlreadyQueued)
         } else if w.bound_window {
             Some(PushRefused::WindowBound)
         } else {
@@ -237,11 +328,12 @@ impl MemoryNode {
         q: &Quiesced,
         g: GroupId,
         bump: bool,
+        known: Known,
     ) -> Result<bool, MnError<P::Error>> {
         debug_assert!(q.chains.free, "a group is returned only while its holder's free chain is stopped");
         let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
         let mut e = read_entry(port, addr)?;
-        match self.check_push(port, addr)? {
+        match self.check_push(port, addr, Some(q.cn), known)? {
             None => {}
             Some(PushRefused::AlreadyQueued) => {
                 // the chain's own push landed before it stopped: the group is free already
@@ -255,7 +347,7 @@ impl MemoryNode {
                 if why == PushRefused::WindowBound {
                     e.owner = 0.into();
                     e.reserved = ENTRY_RECLAIMING.into();
-                    super::write_entry(port, addr, &e)?;
+                    self.put_entry(port, addr, &e)?;
                     self.stats.groups_quarantined += 1;
                 }
                 return Ok(false);
@@ -266,7 +358,7 @@ impl MemoryNode {
         }
         e.owner = 0.into();
         e.reserved = 0.into();
-        super::write_entry(port, addr, &e)?;
+        self.put_entry(port, addr, &e)?;
         self.push(port, addr)?;
         Ok(true)
     }
@@ -284,14 +376,18 @@ impl MemoryNode {
         if rd(port, slot)? == entry {
             return Ok(true);
         }
-        let w = self.whereabouts(port, entry)?;
-        let why = if w.in_queue || w.owner != 0 {
-            // the push landed and the group moved on (queued, or popped and owned since)
+        // the O(1) facts first; the queue is scanned only for a group nothing else places
+        let w = self.whereabouts_but_queue(port, entry)?;
+        let why = if w.owner != 0 {
+            // the push landed and the group moved on (popped and owned since)
             Some(PushRefused::AlreadyQueued)
         } else if w.popped_by.is_some() {
             Some(PushRefused::PoppedInFlight)
         } else if w.bound_window {
             Some(PushRefused::WindowBound)
+        } else if self.in_queue(port, entry, w.owner, Some(q.cn), Known::Nothing)? {
+            // the push landed (and the group may have gone round since)
+            Some(PushRefused::AlreadyQueued)
         } else {
             None
         };

@@ -1,18 +1,75 @@
-//! Quota: what a CN (or its tenant) may hold, counted from the MWTable, the source of truth;
-//! refused in the host engine, enforced lazily (disconnect and take back) when offloaded.
+//! Quota: what a CN (or its tenant) may hold. Host engine: exact — per-CN held counts kept
+//! by every change of an MWTable owner (the MN CPU's own writes and each lap's write-back, as
+//! the lap reports it), so a request is judged in O(CNs), never by scanning the table; the
+//! invariant checker compares them with the table after every step of every test. Offloaded:
+//! lazy (the chains cannot count) — the incremental audit (`mn/audit.rs`) tallies owners as it
+//! sweeps the table, and a CN its tally or its lap counters show over the quota is stopped and
+//! counted exactly from the MWTable, the source of truth, before anything is taken back.
 
 use super::*;
+use crate::mn::host_engine::OwnerWrite;
 
 impl MemoryNode {
-    /// Groups counted against `cn`'s quota according to the MWTable — the source of truth:
-    /// management-QP counters can be inflated by laps that failed part-way, the table cannot.
-    /// A CN of a tenant is charged what all the tenant's CNs hold.
-    pub(super) fn held_by<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> Result<u32, MnError<P::Error>> {
+    /// The groups `cn` alone holds by the MN's kept count: exact in host-engine mode at every
+    /// point where no lap is in flight (offloaded, the chains change owners unseen: see
+    /// [`MemoryNode::audit_tally`]). None for a CN that is not connected.
+    pub fn held(&self, cn: CnId) -> Option<u32> {
+        self.cn(cn).map(|r| self.held[r.slot as usize].max(0) as u32)
+    }
+
+    /// One lap's change of an MWTable owner (the host engine reports each one, committed or
+    /// not: `LapOutcome::owners`). Counts are sums of such changes, so the order in which the
+    /// lap's and the MN CPU's own changes are counted does not matter.
+    pub fn account_owner_write(&mut self, w: OwnerWrite) {
+        self.owner_changed(w.from, w.to);
+    }
+
+    /// An MWTable owner field went from `from` to `to` (CN ids, 0 = none).
+    pub(super) fn owner_changed(&mut self, from: u32, to: u32) {
+        if from == to {
+            return;
+        }
+        for (owner, d) in [(from, -1), (to, 1)] {
+            if owner == 0 {
+                continue;
+            }
+            // a CN that left has no count (its slot's is reset when the slot is reused)
+            let slot = self.cns().find(|r| r.cn.get() == owner).map(|r| r.slot as usize);
+            if let Some(s) = slot {
+                self.held[s] += d;
+            }
+        }
+    }
+
+    /// Write an MWTable entry, keeping the held counts: every owner change the MN CPU makes
+    /// goes through here (one read of the old owner, O(1)).
+    pub(super) fn put_entry<P: MnPort>(&mut self, port: &mut P, addr: u64, e: &MwTableEntry) -> R<P::Error> {
+        let mut o = [0u8; 4];
+        port.read(addr + crate::wire::mwtable::ENTRY_OFF_OWNER, &mut o).map_err(MnError::Port)?;
+        write_entry(port, addr, e)?;
+        self.owner_changed(u32::from_le_bytes(o), e.owner());
+        Ok(())
+    }
+
+    /// Groups counted against `cn`'s quota by the kept counts: its own, or — a CN of a
+    /// tenant — what all the tenant's CNs hold. O(CNs).
+    pub(super) fn held_by(&self, cn: CnId) -> u32 {
+        let charged = crate::mn::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
+        self.cns().filter(|r| charged.contains(&r.cn.get())).map(|r| self.held[r.slot as usize].max(0) as u32).sum()
+    }
+
+    /// Groups counted against `cn`'s quota according to the MWTable itself — a scan of the
+    /// whole table, so only for a CN already suspected of being over its quota (offloaded),
+    /// after its chains were stopped. Counted in [`MnStats::quota_recounts`].
+    pub(super) fn count_in_table<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> Result<u32, MnError<P::Error>> {
+        self.stats.quota_recounts += 1;
         let charged = crate::mn::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
         let mut n = 0;
         for i in 0..self.cfg.geometry.chunk_count() {
             let addr = self.map.entry_addr(GroupId(i)).ok_or(MnError::BadConfig)?;
-            if charged.contains(&read_entry(port, addr)?.owner()) {
+            let mut o = [0u8; 4];
+            port.read(addr + crate::wire::mwtable::ENTRY_OFF_OWNER, &mut o).map_err(MnError::Port)?;
+            if charged.contains(&u32::from_le_bytes(o)) {
                 n += 1;
             }
         }
@@ -91,9 +148,10 @@ impl MemoryNode {
 
     /// Host-engine mode's exact quota: refuse an allocation that would exceed it (the CN is
     /// told `QuotaExceeded`; nothing is revoked). Returns whether the request was refused.
+    /// O(CNs): the kept counts, no table read.
     fn refuse_over_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId, token: u32) -> Result<bool, MnError<P::Error>> {
         let quota = self.quota_of(cn);
-        if self.held_by(port, cn)? < quota {
+        if self.held_by(cn) < quota {
             return Ok(false);
         }
         self.send(port, cn, &ErrorReply { token, code: ErrorCode::QuotaExceeded, detail: quota }.encode())?;
@@ -108,14 +166,54 @@ impl MemoryNode {
         self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())
     }
 
-    /// Offloaded mode's lazy quota (the chains cannot count): a CN found holding more than its
-    /// quota is told `QuotaExceeded`, loses its management QPs and **every** group it holds
-    /// (windows invalidated, groups back in the queue); its access QPs stay connected but every
-    /// rkey it had is dead. Other CNs are unaffected.
+    /// Whether `cn` may be over its quota: host engine, the exact kept count; offloaded, the
+    /// audit's tally of the last complete pass, or lap counters that moved since the CN was
+    /// last counted in the table (they cannot say by how much: a forged free that fails
+    /// part-way still adds executed WQEs, so counters are a hint to look, never a count).
+    /// O(CNs).
+    fn suspect_over_quota(&self, cn: CnId) -> bool {
+        let quota = self.quota_of(cn);
+        match self.cfg.mode {
+            ExecutionMode::HostEngine => self.held_by(cn) > quota,
+            ExecutionMode::Offloaded => {
+                let charged = crate::mn::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
+                let mine = |r: &&CnRecord| charged.contains(&r.cn.get());
+                let tally: u32 = self.cns().filter(mine).map(|r| self.audit_held[r.slot as usize]).sum();
+                let moved = self.cns().filter(mine).any(|r| self.counted_at[r.slot as usize] != (r.allocs, r.frees));
+                tally > quota || moved
+            }
+        }
+    }
+
+    /// Lazy quota enforcement (offloaded; in host-engine mode the refusal above keeps every CN
+    /// within its quota, so this finds nothing there): a CN found holding more than its quota
+    /// is told `QuotaExceeded`, loses its management QPs and **every** group it holds (windows
+    /// invalidated, groups back in the queue); its access QPs stay connected but every rkey it
+    /// had is dead. Other CNs are unaffected.
+    ///
+    /// Suspicion is O(CNs) (kept counts, the audit's tally, the lap counters); a suspect's
+    /// holdings are counted in the MWTable before anything is decided — a scan, at most once
+    /// per CN per audit pass (offloaded), so lap counters a CN inflates cannot make the MN scan
+    /// the table on every sample — and only a CN the table shows over its quota is stopped.
     pub(super) fn enforce_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
         let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
+        if r.status != CnStatus::Active || !self.suspect_over_quota(cn) {
+            return Ok(());
+        }
+        let bit = 1u32 << r.slot;
+        if self.cfg.mode == ExecutionMode::Offloaded && self.recounted_this_pass & bit != 0 {
+            return Ok(());
+        }
+        self.recounted_this_pass |= bit;
         let quota = self.quota_of(cn);
-        if r.status != CnStatus::Active || self.held_by(port, cn)?.saturating_sub(self.held_ahead(port, cn)?) <= quota {
+        // counted while its chains still run (a free under way may yet bring it back within
+        // its quota: it held more than its quota all the same, as the table shows); a group
+        // its alloc chain popped ahead for its next request is not its doing
+        let count = self.count_in_table(port, cn)?.saturating_sub(self.held_ahead(port, cn)?);
+        self.counted_at[r.slot as usize] = (r.allocs, r.frees);
+        if count <= quota {
+            // within its quota (a tally of a CN that churned through the sweep, laps that
+            // came and went): nothing was stopped, it goes on
             return Ok(());
         }
         self.stats.quota_disconnects += 1;

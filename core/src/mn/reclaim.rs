@@ -1,15 +1,32 @@
 //! Reclaim: taking a group back from its owner — invalidate its windows, scrub its chunk,
 //! push it — and the checked free-queue push every group-returning path goes through.
+//!
+//! Complexity: one group is O(G) device actions plus O(1) table and queue accesses (the checked
+//! push decides from evidence, `mn/quiesce.rs`); everything of a CN is one pass over the table
+//! (O(chunks) owner reads once, O(held) reclaims), where it used to restart from the first
+//! entry for every batch of 64 groups and scan the queue for every push.
 
 use super::*;
+use crate::mn::quiesce::Known;
 
 impl MemoryNode {
     /// Take a group back from wherever it is: invalidate its windows, then return it.
     pub(super) fn reclaim<P: MnPort>(&mut self, port: &mut P, q: &Quiesced, g: GroupId) -> R<P::Error> {
+        self.reclaim_given(port, q, g, Known::Nothing)
+    }
+
+    /// [`Self::reclaim`], with what the caller knows of where the group is.
+    pub(super) fn reclaim_given<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        q: &Quiesced,
+        g: GroupId,
+        known: Known,
+    ) -> R<P::Error> {
         let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
         let mut e = read_entry(port, addr)?;
         e.reserved = ENTRY_RECLAIMING.into();
-        write_entry(port, addr, &e)?;
+        self.put_entry(port, addr, &e)?;
         for i in 0..self.cfg.geometry.group_size() {
             // The device's own key decides: a stopped lap may have bound the window under a
             // key the table does not hold yet (its write-back never ran). Invalidate that key,
@@ -25,10 +42,10 @@ impl MemoryNode {
             };
             port.apply(Action::Unbind { rkey }).map_err(MnError::Port)?;
         }
-        write_entry(port, addr, &e)?;
+        self.put_entry(port, addr, &e)?;
         // no window reaches the chunk any more: clear what its holder left before it moves on
         self.scrub(port, g)?;
-        if self.return_group(port, q, g, true)? {
+        if self.return_group(port, q, g, true, known)? {
             self.stats.groups_reclaimed += 1;
         }
         Ok(())
@@ -92,34 +109,22 @@ impl MemoryNode {
         Ok(false)
     }
 
-    pub(super) fn owned_groups<P: MnPort>(
-        &mut self,
-        port: &mut P,
-        cn: CnId,
-    ) -> Result<heapless::Vec<GroupId, 64>, MnError<P::Error>> {
-        // bounded batches keep this heap-free; callers loop until empty
-        let mut out = heapless::Vec::new();
-        for i in 0..self.cfg.geometry.chunk_count() {
-            let g = GroupId(i);
-            let e = read_entry(port, self.map.entry_addr(g).ok_or(MnError::BadConfig)?)?;
-            if e.owner() == cn.get() && out.push(g).is_err() {
-                break;
-            }
-        }
-        Ok(out)
-    }
-
+    /// Everything the quiesced CN holds, in one pass over the table: each entry's owner is
+    /// read once, and a group of the CN is reclaimed as the pass reaches it (nothing it holds
+    /// can move while its chains are stopped, and nobody else can make it an owner).
     pub(super) fn reclaim_all_of<P: MnPort>(&mut self, port: &mut P, q: &Quiesced) -> R<P::Error> {
         debug_assert!(q.chains() == Chains::BOTH);
-        loop {
-            let batch = self.owned_groups(port, q.cn())?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            for g in batch {
+        let cn = q.cn().get();
+        for i in 0..self.cfg.geometry.chunk_count() {
+            let g = GroupId(i);
+            let mut o = [0u8; 4];
+            let at = self.map.entry_addr(g).ok_or(MnError::BadConfig)? + crate::wire::mwtable::ENTRY_OFF_OWNER;
+            port.read(at, &mut o).map_err(MnError::Port)?;
+            if u32::from_le_bytes(o) == cn {
                 self.reclaim(port, q, g)?;
             }
         }
+        Ok(())
     }
 
     /// Take one group back from a CN that stays connected: quiesce its chains, repair what

@@ -2,6 +2,7 @@
 //! scratch area (DESIGN.md §4), so a group is never lost and never held twice; an RNIC reset rebuilds the pool.
 
 use super::*;
+use crate::mn::quiesce::Known;
 
 impl MemoryNode {
     pub(super) fn on_chain_failed<P: MnPort>(
@@ -191,8 +192,10 @@ impl MemoryNode {
         wr(port, a + alloc_scratch::REPLY_ENTRY_ADDR, 0)?;
         if entry != 0 {
             // popped a group the CN never got: clear the slot if the pop left it, reclaim it
+            let mut known = Known::Nothing;
             if self.map.queue.contains_slot(slot) && rd(port, slot)? == entry {
                 wr(port, slot, 0)?;
+                known = Known::TakenOut { slot };
             }
             if let Some(g) = self.map.group_of_entry(entry) {
                 // ... unless it moved on since the lap popped it: between the lap's failure and
@@ -210,7 +213,7 @@ impl MemoryNode {
                 // popped by another lap in flight, held by another CN, or held by this CN
                 // through a later lap (its keys moved) — it moved on; nowhere at all (a free
                 // advanced its keys but never pushed it) or stamped by this lap — reclaim it
-                let w = self.whereabouts(port, entry)?;
+                let w = self.whereabouts_given(port, entry, Some(cn), known)?;
                 let moved_on = w.in_queue
                     || w.popped_by.is_some()
                     || (w.owner != 0 && w.owner != cn.get())
@@ -218,7 +221,7 @@ impl MemoryNode {
                 if moved_on {
                     self.stats.stale_repairs += 1;
                 } else {
-                    self.reclaim(port, q, g)?;
+                    self.reclaim_given(port, q, g, known)?;
                 }
             }
             return Ok(AllocRepair::Undone);
@@ -246,7 +249,7 @@ impl MemoryNode {
             }
             if v != 0 {
                 wr(port, slot, 0)?;
-                self.push_group(port, v)?;
+                self.push_group(port, v, Known::TakenOut { slot })?;
                 // no entry recorded: the lap stopped at its slot — found empty, or its read of
                 // the slot failed; neither is a bad request
                 return Ok(AllocRepair::Requeued);
@@ -307,7 +310,8 @@ impl MemoryNode {
             self.fill_push_slot(port, q, push_slot, entry)?;
             return Ok(true);
         }
-        self.reclaim(port, q, g)?;
+        // no tail slot taken: the lap never pushed it
+        self.reclaim_given(port, q, g, Known::NeverPushed)?;
         Ok(true)
     }
 
@@ -335,7 +339,7 @@ impl MemoryNode {
             }
             e.owner = 0.into();
             e.reserved = 0.into();
-            write_entry(port, addr, &e)?;
+            self.put_entry(port, addr, &e)?;
         }
         for slot in self.map.queue.slots() {
             wr(port, slot, 0)?;
@@ -352,6 +356,7 @@ impl MemoryNode {
             if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == r.cn) {
                 rec.allocs = 0;
                 rec.frees = 0;
+                self.counted_at[rec.slot as usize] = (0, 0);
             }
             self.send(port, r.cn, &ErrorReply { token: 0, code: ErrorCode::Revoked, detail: 0 }.encode())?;
             self.arm(port, r.cn, ChainKind::Free)?;

@@ -183,6 +183,10 @@ pub struct TestNic<'m, const N: usize, const Q: usize, const K: usize> {
     nodes: Vec<NodeMem<'m>, N>,
     qps: Vec<Qp, Q>,
     keys: Vec<KeyObj, K>,
+    /// A range of one node's memory whose CPU reads are counted ([`TestNic::watch_reads`]):
+    /// how tests show a path's table reads do not grow with the pool.
+    watch: Option<(u8, u64, u64)>,
+    watched_reads: core::cell::Cell<u64>,
 }
 
 impl<const N: usize, const Q: usize, const K: usize> fmt::Debug for TestNic<'_, N, Q, K> {
@@ -208,7 +212,14 @@ const fn fresh_key(index: u32) -> u32 {
 
 impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
     pub const fn new(mode: Mode) -> Self {
-        TestNic { mode, nodes: Vec::new(), qps: Vec::new(), keys: Vec::new() }
+        TestNic {
+            mode,
+            nodes: Vec::new(),
+            qps: Vec::new(),
+            keys: Vec::new(),
+            watch: None,
+            watched_reads: core::cell::Cell::new(0),
+        }
     }
 
     pub fn mode(&self) -> Mode {
@@ -279,7 +290,25 @@ impl<'m, const N: usize, const Q: usize, const K: usize> TestNic<'m, N, Q, K> {
     pub fn read(&self, n: NodeId, addr: u64, buf: &mut [u8]) -> Result<()> {
         let r = self.range(n.0, addr, buf.len() as u64)?;
         buf.copy_from_slice(&self.node(n)?.mem[r]);
+        if let Some((w, lo, hi)) = self.watch {
+            if w == n.0 && addr < hi && addr + buf.len() as u64 > lo {
+                self.watched_reads.set(self.watched_reads.get() + 1);
+            }
+        }
         Ok(())
+    }
+
+    /// Count node `n`'s CPU reads ([`TestNic::read`], what `read_local` does) that touch
+    /// `[lo, hi)` from now on; the count starts again at 0.
+    pub fn watch_reads(&mut self, n: NodeId, lo: u64, hi: u64) {
+        self.watch = Some((n.0, lo, hi));
+        self.watched_reads.set(0);
+    }
+
+    /// Reads counted since [`TestNic::watch_reads`] (or the last call): taken, so the count
+    /// starts again at 0.
+    pub fn take_watched_reads(&self) -> u64 {
+        self.watched_reads.replace(0)
     }
 
     /// Write node memory (the node's CPU; no protection check).

@@ -1,0 +1,503 @@
+//! Pool size against the cost of each operation (issue 23): the MN's and the CN's work per
+//! operation must not grow with the pool. Unlike the rest of `omw bench` this is **wall-clock**
+//! time of the real code on this machine (the control plane is CPU work the loopback model does
+//! not charge by size), reported as ns per operation and as the ratio of the largest to the
+//! smallest pool measured in the same run — flat means that ratio stays ≤ 1.5.
+//!
+//! Each size runs the real MN (`MnPlan::provision`, `MnDriver`, the `MemoryNode`) on the
+//! loopback model with 512-byte chunks, G = 2, two CNs:
+//! - **alloc**, **free**: host-engine mode (RPC-MW type-2, where the MN CPU serves every
+//!   request: its quota decision is where the pool size used to show), request to reply;
+//! - **audit per chunk**: offloaded, three CNs holding a sixteenth of the pool, ticks of the
+//!   incremental audit (`audit_batch` entries each) after a warm-up tick, less a tick that
+//!   examines one entry (the tick's other work), per entry examined;
+//! - **reclaim per chunk**: those CNs crash one after another; the MN's reaction per group
+//!   each held (one pass over the table plus each group's unbind, scrub and checked push),
+//!   the median of the three;
+//! - **object allocator**: `ObjectAllocator` holding that many chunks, per alloc or free of a
+//!   uniformly random object;
+//! - **CN free lookup**: a `Client` with that many live allocations, per free request;
+//! - **memory baseline**: one dependent random read in a table of 64 bytes per chunk — what
+//!   an O(1) operation on a random record costs once its table outgrows the caches, so the
+//!   other rows' growth can be told apart from algorithmic growth (their counts per op).
+//!
+//! Flat means the algorithm; the memory hierarchy does not stay flat from 64 KiB of table
+//! to 64 MiB, and the rows that touch random records grow with the baseline.
+//!
+//! Where it stops: the core holds at most `geometry::MAX_CHUNKS` = 2^20 chunks per pool
+//! (`PoolGeometry::new` refuses more), and a pool of 16 Mi chunks needs 32 Mi windows at G = 2
+//! — twice the 2^24 keys of a ConnectX-6 function (`mn::capacity`). So the measured sweep ends
+//! at 1 Mi chunks; the start-up table reports 16 Mi chunks from the capacity check alone.
+
+use omw_core::cn::object_alloc::{ObjectAllocator, ObjectRef};
+use omw_core::cn::Client;
+use omw_core::device::ExecutionMode;
+use omw_core::geometry::MAX_CHUNKS;
+use omw_core::mn::capacity::{DeviceLimits, Footprint};
+use omw_core::mn::plan::{MnOptions, MnPlan};
+use omw_core::mn::provision::PoolSpec;
+use omw_core::rng::SeededRng;
+use omw_loopback::cluster::{Cluster, ClusterConfig};
+use omw_loopback::{CostModel, NicConfig};
+use std::time::Instant;
+
+/// Chunk size of the sweep's pools: the smallest the core allows, so 2^20 chunks fit the
+/// model's memory (512 MiB of pool).
+pub const CHUNK: u64 = 512;
+const G: u8 = 2;
+
+/// One operation at one pool size.
+#[derive(Clone, Debug)]
+pub struct ScaleRow {
+    pub op: &'static str,
+    pub chunks: u32,
+    /// Wall-clock ns per operation (median of the batches).
+    pub ns_per_op: f64,
+    pub ops: u64,
+    /// A count that shows the work per operation (see `what`), per operation.
+    pub count_per_op: f64,
+    pub count_what: &'static str,
+}
+
+/// Start-up and memory of one pool size.
+#[derive(Clone, Debug)]
+pub struct StartupRow {
+    pub chunks: u64,
+    pub windows: u64,
+    /// MN metadata (free queue, MWTable, CN scratch), bytes and per chunk; None where the core
+    /// cannot lay the pool out.
+    pub metadata_bytes: Option<u64>,
+    pub metadata_per_chunk: Option<f64>,
+    /// Whether a ConnectX-6 function holds it (`DeviceLimits::CONNECTX6`), and why not.
+    pub fits_cx6: Result<(), String>,
+    /// The device's share of provisioning, modelled: one window allocation per window at
+    /// `CostModel::bind_ns` (FineMem's ConnectX-6 bind figure; a window allocation is a firmware
+    /// mkey command of the same kind — an assumption).
+    pub device_ns: f64,
+    /// Provisioning and formatting on the loopback model, wall clock on this machine (None:
+    /// not run).
+    pub model_wall_s: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ScaleResults {
+    pub rows: Vec<ScaleRow>,
+    pub startup: Vec<StartupRow>,
+    /// Largest / smallest ns per op, per operation (flat: ≤ 1.5).
+    pub ratios: Vec<(&'static str, f64)>,
+}
+
+fn cluster(mode: ExecutionMode, chunks: u32, cns: usize) -> Result<Cluster, String> {
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = cns;
+    cfg.chunk_size = CHUNK;
+    cfg.chunks = chunks;
+    cfg.group_size = G;
+    cfg.quota = chunks;
+    cfg.lease_ns = 0;
+    cfg.mode = Some(mode);
+    let nic =
+        if mode == ExecutionMode::HostEngine { NicConfig::strict().with_offload(false) } else { NicConfig::strict() };
+    cfg.nic = nic.with_prefetch(8);
+    cfg.nic.mem_limit = 4 << 30;
+    Cluster::new(cfg).map_err(|e| format!("model cluster of {chunks} chunks: {e}"))
+}
+
+/// Median of per-op times of `batches` batches of `f`, each of `per` operations.
+fn median_ns(batches: usize, per: u64, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    let mut v = Vec::with_capacity(batches);
+    for _ in 0..batches {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed().as_nanos() as f64 / per.max(1) as f64);
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    Ok(v[v.len() / 2])
+}
+
+fn host_engine_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
+    let mut c = cluster(ExecutionMode::HostEngine, chunks, 2)?;
+    let per = 64u64.min(chunks as u64 / 4);
+    // warm-up
+    let a = c.alloc(0).map_err(|e| e.to_string())?;
+    c.free(0, &a).map_err(|e| e.to_string())?;
+    let mut held = Vec::new();
+    let mut alloc_ns = Vec::new();
+    let mut free_ns = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..per {
+            held.push(c.alloc(0).map_err(|e| e.to_string())?);
+        }
+        alloc_ns.push(t.elapsed().as_nanos() as f64 / per as f64);
+        let t = Instant::now();
+        for a in held.drain(..) {
+            c.free(0, &a).map_err(|e| e.to_string())?;
+        }
+        free_ns.push(t.elapsed().as_nanos() as f64 / per as f64);
+    }
+    for v in [&mut alloc_ns, &mut free_ns] {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
+    let scans = c.driver.mn.stats().queue_scans as f64 / (10 * per) as f64;
+    rows.push(ScaleRow {
+        op: "alloc (host engine)",
+        chunks,
+        ns_per_op: alloc_ns[2],
+        ops: 5 * per,
+        count_per_op: c.driver.mn.stats().quota_recounts as f64 / (5 * per) as f64,
+        count_what: "quota recounts",
+    });
+    rows.push(ScaleRow {
+        op: "free (host engine)",
+        chunks,
+        ns_per_op: free_ns[2],
+        ops: 5 * per,
+        count_per_op: scans,
+        count_what: "queue scans",
+    });
+    Ok(())
+}
+
+fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
+    // three CNs hold a sixteenth of the pool between them (at least 3 × 128 groups); a
+    // fourth holds nothing and stays
+    let mut c = cluster(ExecutionMode::Offloaded, chunks, 4)?;
+    let k = (chunks / 48).max(128);
+    for cn in 0..3 {
+        hold(&mut c, cn, k)?;
+    }
+    // warm-up tick: the counters moved, so its quota check counts the holders in the table
+    c.tick().map_err(|e| e.to_string())?;
+    // a tick does more than the audit (counter samples, probes, tickets): its time with a
+    // batch of one entry is subtracted, so the row is the audit's own time per entry
+    c.driver.mn.set_audit_batch(1);
+    let one = median_ns(5, 1, || c.tick().map_err(|e| e.to_string()))?;
+    let batch = chunks.min(16 * 1024);
+    c.driver.mn.set_audit_batch(batch);
+    let e0 = c.driver.mn.stats().audit_entries;
+    let r0 = c.driver.mn.stats().quota_recounts;
+    let ns = median_ns(5, 1, || c.tick().map_err(|e| e.to_string()))?;
+    let s = c.driver.mn.stats();
+    rows.push(ScaleRow {
+        op: "audit, per entry",
+        chunks,
+        ns_per_op: (ns - one).max(0.0) / (batch.max(2) - 1) as f64,
+        ops: s.audit_entries - e0,
+        count_per_op: (s.quota_recounts - r0) as f64 / (s.audit_entries - e0).max(1) as f64,
+        count_what: "quota recounts",
+    });
+    let start = c.driver.mn.stats();
+    let mut per_group = Vec::new();
+    for cn in 0..3 {
+        let before = c.driver.mn.stats().groups_reclaimed;
+        let t = Instant::now();
+        c.crash_cn(cn).map_err(|e| e.to_string())?;
+        let el = t.elapsed().as_nanos() as f64;
+        per_group.push(el / (c.driver.mn.stats().groups_reclaimed - before).max(1) as f64);
+    }
+    per_group.sort_by(|a, b| a.total_cmp(b));
+    let end = c.driver.mn.stats();
+    let n = (end.groups_reclaimed - start.groups_reclaimed).max(1);
+    rows.push(ScaleRow {
+        op: "reclaim, per group",
+        chunks,
+        ns_per_op: per_group[1],
+        ops: n,
+        count_per_op: (end.queue_scans - start.queue_scans) as f64 / n as f64,
+        count_what: "queue scans",
+    });
+    Ok(())
+}
+
+/// CN `cn` takes `k` groups with alloc requests it sends as raw bytes (its `Client` tracks at most
+/// `CN_MAX_LIVE` allocations; the MN's chains serve the bytes the same): the holdings a crash
+/// then hands back.
+fn hold(c: &mut Cluster, cn: usize, k: u32) -> Result<(), String> {
+    use omw_core::chain::ChainKind;
+    use omw_core::wire::message::AllocRequest;
+    let (reply_addr, reply_rkey) = (c.cns[cn].driver.memory().reply, c.cns[cn].driver.memory().reply_rkey);
+    let access_qpns = c.cns[cn].mn_qps.access.clone();
+    let owner = c.cns[cn].id.get();
+    let held = |c: &Cluster| {
+        (0..c.driver.mn.config().geometry.chunk_count())
+            .filter(|i| c.driver.entry(omw_core::ids::GroupId(*i)).is_some_and(|e| e.owner() == owner))
+            .count()
+    };
+    let mut buf = [0u8; 64];
+    for token in 0..k {
+        let req = AllocRequest { token: 0x5CA1_0000 | token, reply_addr, reply_rkey, access_qpns: access_qpns.clone() };
+        let n = req.encode(&mut buf).map_err(|e| e.to_string())?;
+        c.send_raw(cn, ChainKind::Alloc, &buf[..n]).map_err(|e| e.to_string())?;
+    }
+    // a group the alloc chain popped ahead for the CN's next request is not one it was given
+    let ahead = c.cns[cn].id;
+    let got = held(c) - usize::from(c.driver.group_ahead_of(ahead).is_some());
+    if got != k as usize {
+        return Err(format!("CN {cn} holds {got} groups after {k} raw allocs"));
+    }
+    Ok(())
+}
+
+/// The object allocator holding `chunks` chunks (4 objects each), then alloc/free churn.
+fn object_alloc_row<const C: usize>(chunks: u32) -> Result<ScaleRow, String> {
+    let mut a =
+        Box::new(ObjectAllocator::<u32, C, 2, 1>::new(4 * CHUNK, &[CHUNK, 2 * CHUNK]).map_err(|e| e.to_string())?);
+    let mut live: Vec<ObjectRef> = Vec::with_capacity(C * 4);
+    let mut next = 0u32;
+    for _ in 0..(chunks as usize * 4) {
+        let (o, _) = a
+            .alloc_with(0, || {
+                next += 1;
+                Ok::<_, &str>(next)
+            })
+            .map_err(|e| e.to_string())?;
+        live.push(o);
+    }
+    let mut rng = SeededRng::new(chunks as u64);
+    let per = 20_000u64;
+    let p0 = a.probes();
+    let ns = median_ns(5, 2 * per, || {
+        for _ in 0..per {
+            let i = rng.below(live.len() as u64) as usize;
+            let o = live.swap_remove(i);
+            a.free(o).map_err(|e| e.to_string())?;
+            let (o, _) = a
+                .alloc_with(0, || {
+                    next += 1;
+                    Ok::<_, &str>(next)
+                })
+                .map_err(|e| e.to_string())?;
+            live.push(o);
+        }
+        Ok(())
+    })?;
+    Ok(ScaleRow {
+        op: "object allocator, per op",
+        chunks,
+        ns_per_op: ns,
+        ops: 10 * per,
+        count_per_op: (a.probes() - p0) as f64 / (10 * per) as f64,
+        count_what: "chunk records examined",
+    })
+}
+
+/// A CN `Client` with `live` allocations, each freed (and a new one adopted) in turn.
+fn client_free_row<const N: usize>(live: u32) -> Result<ScaleRow, String> {
+    use omw_core::ids::{CnId, Qpn, Rkey};
+    use omw_core::wire::message::{AllocReply, ConnectInfo};
+    use omw_core::wire::mwtable::MwTableEntry;
+    let mut c = Box::new(Client::<N>::new());
+    let q = |n| Qpn::new(n).map_err(|_| "qpn".to_string());
+    let info = ConnectInfo {
+        cn: CnId::new(1).map_err(|_| "cn".to_string())?,
+        group_size: 2,
+        chunk_size: CHUNK,
+        alloc_qpn: q(10)?,
+        free_qpn: q(11)?,
+        access_qpns: [q(12)?].into_iter().collect(),
+        quota: live,
+        flags: omw_core::wire::message::ConnectFlags::empty(),
+    };
+    c.on_message(0, &info.encode()).map_err(|e| e.to_string())?;
+    let table = 0x10_0000u64;
+    let adopt = |c: &mut Client<N>, entry_addr: u64| -> Result<(), String> {
+        let mut buf = [0u8; 64];
+        let (tok, _) = c.alloc_request(0, 0x100, 1, &mut buf).map_err(|e| e.to_string())?;
+        let mut e = MwTableEntry::new(0x1000_0000, CHUNK as u32, 1, &[Rkey(0x100), Rkey(0x200)]);
+        e.owner = 1.into();
+        c.on_alloc_reply(tok, &AllocReply { entry_addr, entry: e }.encode()).map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    let mut addrs: Vec<u64> = (0..live as u64).map(|i| table + 40 * i).collect();
+    for a in &addrs {
+        adopt(&mut c, *a)?;
+    }
+    let mut rng = SeededRng::new(live as u64);
+    let mut spare = table + 40 * live as u64;
+    let per = 20_000u64;
+    let p0 = c.index_probes();
+    let ns = median_ns(5, per, || {
+        for _ in 0..per {
+            let i = rng.below(addrs.len() as u64) as usize;
+            let a = addrs.swap_remove(i);
+            c.free_request(a).map_err(|e| e.to_string())?;
+            adopt(&mut c, spare)?;
+            addrs.push(spare);
+            spare += 40;
+        }
+        Ok(())
+    })?;
+    Ok(ScaleRow {
+        op: "CN free lookup, per free",
+        chunks: live,
+        ns_per_op: ns,
+        ops: 5 * per,
+        count_per_op: (c.index_probes() - p0) as f64 / (5 * per) as f64,
+        count_what: "index slots examined",
+    })
+}
+
+/// The memory hierarchy's own share: one dependent random read in a table of 64 bytes per
+/// chunk (a chain of pointers through a random cycle), measured in the same run. An O(1)
+/// operation that touches a random chunk's record pays this once its table outgrows the
+/// caches: the baseline the other rows' growth is read against.
+fn memory_row(chunks: u32) -> Result<ScaleRow, String> {
+    let n = chunks as usize * 8;
+    let mut rng = SeededRng::new(0x5EED ^ chunks as u64);
+    // a random cyclic permutation (Sattolo), one pointer per 64-byte line
+    let lines = n / 8;
+    let mut order: Vec<usize> = (0..lines).collect();
+    for i in (1..lines).rev() {
+        let j = rng.below(i as u64) as usize;
+        order.swap(i, j);
+    }
+    let mut next = vec![0u64; n];
+    for w in 0..lines {
+        next[order[w] * 8] = (order[(w + 1) % lines] * 8) as u64;
+    }
+    let per = 200_000u64;
+    let mut at = 0usize;
+    let ns = median_ns(5, per, || {
+        for _ in 0..per {
+            at = next[at] as usize;
+        }
+        Ok(())
+    })?;
+    std::hint::black_box(at);
+    Ok(ScaleRow {
+        op: "memory baseline, per access",
+        chunks,
+        ns_per_op: ns,
+        ops: 5 * per,
+        count_per_op: 1.0,
+        count_what: "dependent reads",
+    })
+}
+
+fn cn_rows(chunks: u32) -> Result<Vec<ScaleRow>, String> {
+    // capacities are const generics: one instantiation per size the sweep can ask for
+    macro_rules! at {
+        ($($n:literal),*) => {
+            match chunks {
+                $($n => Ok(vec![object_alloc_row::<$n>(chunks)?, client_free_row::<$n>(chunks)?]),)*
+                n => Err(format!("no object allocator instantiated for {n} chunks")),
+            }
+        };
+    }
+    at!(1024, 4096, 16384, 65536, 262144, 1048576)
+}
+
+/// Start-up and metadata of `chunks` chunks (4 KiB, G = 2, 16 CNs, offloaded as on a ConnectX).
+pub fn startup(chunks: u64, model_wall_s: Option<f64>) -> StartupRow {
+    let windows = chunks * G as u64;
+    let caps = omw_core::device::Capabilities::SECURE_MINIMUM
+        | omw_core::device::Capabilities::ATOMICS
+        | omw_core::device::Capabilities::MASKED_FETCH_ADD
+        | omw_core::device::Capabilities::WAIT_ENABLE
+        | omw_core::device::Capabilities::SELF_MODIFYING_WQE
+        | omw_core::device::Capabilities::BIND_TO_OTHER_QP
+        | omw_core::device::Capabilities::MW_QP_CHECK_ON_INVALIDATE
+        | omw_core::device::Capabilities::MW_BOUNDS_ENFORCED;
+    let plan = MnPlan::decide(caps, MnOptions::default()).ok();
+    let spec = |n: u32| PoolSpec {
+        chunk_size: 4096,
+        chunks: n,
+        group_size: G,
+        max_cns: 16,
+        quota: 0,
+        lease_ns: 0,
+        queue_depth: None,
+    };
+    let fp = match (plan, u32::try_from(chunks)) {
+        (Some(p), Ok(n)) => Footprint::of(&p, &spec(n)).ok(),
+        _ => None,
+    };
+    let fits_cx6 = match fp {
+        Some(f) => {
+            let broken = f.check(&DeviceLimits::CONNECTX6);
+            if broken.is_empty() {
+                Ok(())
+            } else {
+                Err(broken.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
+            }
+        }
+        None => {
+            let keys = DeviceLimits::CONNECTX6.max_mw;
+            let mut why = vec![format!("more than the core's {MAX_CHUNKS} chunks per pool")];
+            if windows > keys {
+                why.push(format!("needs {windows} memory windows, a ConnectX-6 function has {keys} keys"));
+            }
+            Err(why.join("; "))
+        }
+    };
+    StartupRow {
+        chunks,
+        windows,
+        metadata_bytes: fp.map(|f| f.metadata_bytes),
+        metadata_per_chunk: fp.map(|f| f.metadata_per_chunk()),
+        fits_cx6,
+        device_ns: windows as f64 * CostModel::CX6.bind_ns as f64,
+        model_wall_s,
+    }
+}
+
+/// The sweep over `sizes` (each a power of four from 1 Ki to 1 Mi chunks), progress to `tick`.
+pub fn run(sizes: &[u32], tick: &mut dyn FnMut(&str)) -> Result<ScaleResults, String> {
+    let mut out = ScaleResults::default();
+    for &n in sizes {
+        tick(&format!("pool-size sweep: {n} chunks"));
+        let t = Instant::now();
+        let c = cluster(ExecutionMode::Offloaded, n, 2)?;
+        let wall = t.elapsed().as_secs_f64();
+        drop(c);
+        out.startup.push(startup(n as u64, Some(wall)));
+        host_engine_rows(n, &mut out.rows)?;
+        offloaded_rows(n, &mut out.rows)?;
+        // the object allocator's table of a million chunks is tens of MiB: built on a thread
+        // with room for it (the allocator is a value, as on a CN without a heap)
+        let rows = std::thread::Builder::new()
+            .stack_size(512 << 20)
+            .spawn(move || cn_rows(n))
+            .map_err(|e| e.to_string())?
+            .join()
+            .map_err(|_| "the CN-side sweep panicked".to_string())??;
+        out.rows.extend(rows);
+        out.rows.push(memory_row(n)?);
+    }
+    for big in [1u64 << 20, 1 << 24] {
+        if !sizes.contains(&(big as u32)) || big > MAX_CHUNKS as u64 {
+            out.startup.push(startup(big, None));
+        }
+    }
+    let mut ops: Vec<&'static str> = Vec::new();
+    for r in &out.rows {
+        if !ops.contains(&r.op) {
+            ops.push(r.op);
+        }
+    }
+    for op in ops {
+        let v: Vec<f64> = out.rows.iter().filter(|r| r.op == op).map(|r| r.ns_per_op).collect();
+        let (lo, hi) = v.iter().fold((f64::MAX, 0f64), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        out.ratios.push((op, if lo > 0.0 { hi / lo } else { f64::NAN }));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn startup_reports_what_does_not_fit() {
+        let r = startup(1 << 24, None);
+        let why = r.fits_cx6.unwrap_err();
+        assert!(why.contains("1048576 chunks") && why.contains("33554432 memory windows"), "{why}");
+        assert_eq!(r.metadata_bytes, None);
+        let ok = startup(1 << 20, None);
+        assert!(ok.fits_cx6.is_ok());
+        // a 56-B MWTable entry and the free-queue slots (rounded up to a power of two) per chunk
+        assert!(ok.metadata_per_chunk.is_some_and(|b| (64.0..80.0).contains(&b)));
+        assert!((ok.device_ns - (2u64 << 20) as f64 * 1300.0).abs() < 1.0);
+    }
+}
