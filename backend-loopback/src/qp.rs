@@ -7,7 +7,6 @@
 //! mlx5 managed QP, whose hardware producer index is moved only by SEND_EN/RECV_EN, a chain
 //! whose ring is exactly as deep as the chain re-executes the same slots lap after lap.
 
-use crate::cq::Cq;
 use omw_core::device::QpState;
 use omw_core::wire::wqe::{QueueSel, WQE_SIZE};
 
@@ -198,8 +197,9 @@ pub(crate) struct Qp {
     pub alive: bool,
     pub sq: Queue,
     pub rq: Queue,
-    pub scq: Cq,
-    pub rcq: Cq,
+    /// The CQs (fabric-wide indices) the send and receive queues report to.
+    pub scq: u32,
+    pub rcq: u32,
     pub pf: Prefetch,
     /// The next WQE may not start before this (set by binds: mlx5 fences the WQE after a bind).
     pub order_until: u64,
@@ -212,8 +212,8 @@ pub(crate) struct Qp {
     /// CQEs generated over the QP's whole life (not zeroed by resets).
     pub cqes_total: u64,
     pub in_active: bool,
-    /// (global QP index, queue) of the CQ this QP is parked on (a blocked WAIT).
-    pub parked_on: Option<(u32, QueueSel)>,
+    /// The CQ (fabric-wide index) this QP is parked on (a blocked WAIT).
+    pub parked_on: Option<u32>,
     /// The rings hold mlx5 WQEs (`crate::mlx5_fetch`): send indices count WQEBBs.
     pub mlx5: bool,
     /// mlx5 keeps no wr_id in a WQE: per send WQEBB / receive slot, the one its completion
@@ -224,25 +224,25 @@ pub(crate) struct Qp {
     pub head_wqebbs: u64,
     /// The local buffers of the scatter READ being executed (mlx5 form).
     pub scatter: Vec<omw_core::wire::wqe::Sge>,
-    /// mlx5 form: the last prefetched WQE, if it is a WAIT — (CQ owner, queue, count).
-    pub pf_wait: Option<(u32, QueueSel, u64)>,
+    /// mlx5 form: the last prefetched WQE, if it is a WAIT — (CQ index, count).
+    pub pf_wait: Option<(u32, u64)>,
+    /// mlx5 form on a device's terms ([`crate::Fabric::create_qp_with`]): a completion's
+    /// wr_id is the WQE index (the CQE's `wqe_counter`), not an armed wr_id.
+    pub index_wr_ids: bool,
+    /// It may post WAIT and ENABLE (`cd_master`): every QP the model makes itself; a QP on a
+    /// device's terms only with the role.
+    pub cd_master: bool,
     /// mlx5 form: how the WQE being executed differs from its canonical translation.
     pub head_mlx5: crate::mlx5_fetch::HeadForm,
 }
 
 impl Qp {
+    /// The CQ (fabric-wide index) queue `q` reports to.
     #[inline]
-    pub fn cq(&self, q: QueueSel) -> &Cq {
+    pub fn cq_index(&self, q: QueueSel) -> u32 {
         match q {
-            QueueSel::Send => &self.scq,
-            QueueSel::Recv => &self.rcq,
-        }
-    }
-    #[inline]
-    pub fn cq_mut(&mut self, q: QueueSel) -> &mut Cq {
-        match q {
-            QueueSel::Send => &mut self.scq,
-            QueueSel::Recv => &mut self.rcq,
+            QueueSel::Send => self.scq,
+            QueueSel::Recv => self.rcq,
         }
     }
     #[inline]
