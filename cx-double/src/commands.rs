@@ -1,6 +1,7 @@
 //! The PRM commands omw's `DevxBackend` sends, interpreted from the double's own offset table
 //! ([`crate::prm`]): QUERY_HCA_CAP (general, atomic and RoCE capabilities), CREATE_CQ,
-//! CREATE_QP (with the CORE-Direct roles), RST2INIT / INIT2RTR / RTR2RTS, 2RST and 2ERR.
+//! CREATE_QP (with the CORE-Direct roles), RST2INIT / INIT2RTR / RTR2RTS, 2RST and 2ERR,
+//! QUERY_QP.
 //!
 //! A command is checked the way firmware must check it before anything is created: the lengths
 //! (`BAD_INP_LEN` / `BAD_OUTP_LEN`), the opcode (`BAD_OP`), every value against what the device
@@ -243,6 +244,36 @@ fn create_qp(d: &mut CxDouble, input: &[u8], out: &mut [u8]) -> R<ObjHandle> {
     out.fill(0);
     set(out, cq::OUT_QPN, qpn.get() as u64);
     Ok(d.new_obj(Obj::Qp(qpn.get())))
+}
+
+/// `mlx5dv_devx_obj_query`: QUERY_QP, the state the QP is in.
+pub(crate) fn query(d: &mut CxDouble, obj: ObjHandle, input: &[u8], out: &mut [u8]) -> R<()> {
+    use prm::query_qp as q;
+    if opcode_of(input)? != opcode::QUERY_QP {
+        return Err(no(status::BAD_OP, 0x40, "not a query the double knows"));
+    }
+    lengths(input, q::IN_BYTES, out, q::OUT_BYTES)?;
+    let Some(Some(Obj::Qp(qpn))) = d.objs.get(obj.0).copied() else {
+        return Err(no(status::BAD_RES, 0x31, "the object is not a QP"));
+    };
+    if field(input, q::QPN)? != qpn as u64 {
+        return Err(no(status::BAD_PARAM, 0x32, "qpn is not the object's"));
+    }
+    let qa = d.qp_addr(qpn).ok_or(no(status::BAD_RES, 0x31, "the object is not a QP"))?;
+    let state = d.fabric.borrow().qp_state(qa).map_err(|_| no(status::BAD_RES, 0x31, "the object is not a QP"))?;
+    out.fill(0);
+    use omw_core::device::QpState as S;
+    let v = match state {
+        S::Reset => q::RST,
+        S::Init => q::INIT,
+        S::Rtr => q::RTR,
+        S::Rts => q::RTS,
+        S::Sqe => q::SQER,
+        S::Sqd => q::SQD,
+        S::Err => q::ERR,
+    };
+    set(out, q::STATE, v);
+    Ok(())
 }
 
 /// `mlx5dv_devx_obj_modify`: the QP state transitions.

@@ -298,6 +298,16 @@ impl DevxApi for CxDouble {
         let r = crate::commands::modify(self, obj, input, out);
         self.answer(command, input, out, r)
     }
+    fn obj_query(
+        &mut self,
+        command: &'static str,
+        obj: ObjHandle,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), DevxError> {
+        let r = crate::commands::query(self, obj, input, out);
+        self.answer(command, input, out, r)
+    }
     fn obj_destroy(&mut self, obj: ObjHandle) -> Result<(), DevxError> {
         let o = self.objs.get_mut(obj.0).and_then(|o| o.take());
         let unknown = || Self::refuse_call("mlx5dv_devx_obj_destroy (unknown object)", EINVAL);

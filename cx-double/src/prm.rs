@@ -91,6 +91,7 @@ pub mod opcode {
     pub const RTR2RTS_QP: u16 = 0x504;
     pub const QP_2ERR: u16 = 0x507;
     pub const QP_2RST: u16 = 0x50A;
+    pub const QUERY_QP: u16 = 0x50B;
 }
 
 /// Command statuses (`MLX5_CMD_STAT_*`, Linux include/linux/mlx5/device.h).
@@ -250,6 +251,24 @@ pub mod modify_qp {
     pub const RRE: Field = f("qpc.rre", 0x550, 0x1);
     pub const RWE: Field = f("qpc.rwe", 0x551, 0x1);
     pub const RAE: Field = f("qpc.rae", 0x552, 0x1);
+}
+
+/// `mlx5_ifc_query_qp_in_bits` (16 bytes) and `_out_bits` (`qpc` at 0xc0; 272 bytes without
+/// the `pas` list).
+pub mod query_qp {
+    use super::{f, Field};
+    pub const IN_BYTES: usize = 0x80 / 8;
+    pub const OUT_BYTES: usize = 0x880 / 8;
+    pub const QPN: Field = f("qpn", 0x48, 0x18);
+    pub const STATE: Field = f("qpc.state", 0xc0, 0x4);
+    /// `MLX5_QP_STATE_*` (Linux include/linux/mlx5/qp.h).
+    pub const RST: u64 = 0;
+    pub const INIT: u64 = 1;
+    pub const RTR: u64 = 2;
+    pub const RTS: u64 = 3;
+    pub const SQER: u64 = 4;
+    pub const SQD: u64 = 5;
+    pub const ERR: u64 = 6;
 }
 
 #[cfg(test)]
