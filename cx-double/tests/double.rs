@@ -274,3 +274,99 @@ fn a_role_or_timestamp_format_the_device_lacks_is_refused() {
     let (q, _) = qp_setup(&mut o, pqp::CdRole::empty(), None);
     assert!(q.is_ok(), "without a role it is an ordinary QP");
 }
+
+/// A CQ of 4 entries made by CREATE_CQ (omw's encoder, `oi` as given), a device QP of the
+/// fabric reporting to it, `n` signaled NOPs run: the CQ's status and its ring as the double
+/// wrote it.
+fn cq_run(oi: bool, n: u16, consumed: Option<u32>) -> (omw_loopback::CqStatus, Vec<u8>, CxDouble) {
+    let mut o = objects();
+    let (mut input, mem) = cq_input(&mut o, 2);
+    prm::set(&mut input, prm::create_cq::OI, oi as u64);
+    let mut out = [0u8; 16];
+    o.d.obj_create("CREATE_CQ", &input, &mut out).unwrap();
+    let cqn = prm::get(&out, prm::create_cq::OUT_CQN).unwrap() as u32;
+    let f = o.d.shared_fabric();
+    let h = o.d.host();
+    let ring = f.borrow_mut().alloc(h, 64 * 16, 4096).unwrap();
+    let spec = omw_loopback::DeviceQp {
+        pd: omw_loopback::PdId(0),
+        sq: omw_loopback::RingAt { base: ring, entries: 16, stride: 64 },
+        rq: None,
+        cqn_snd: cqn,
+        cqn_rcv: cqn,
+        managed_send: false,
+        managed_recv: false,
+        cd_master: false,
+    };
+    let mut fb = f.borrow_mut();
+    let q = omw_loopback::QpAddr::new(h, fb.create_qp_with(h, &spec).unwrap());
+    for t in [omw_loopback::Transition::Init, omw_loopback::Transition::Rtr { peer: q }, omw_loopback::Transition::Rts]
+    {
+        fb.modify_qp(q, t).unwrap();
+    }
+    for i in 0..n {
+        let w = omw_core::mlx5::encode::encode(
+            &Wqe::nop(),
+            omw_core::mlx5::wqebb::WqeIndex::new(i),
+            q.qpn.get(),
+            omw_core::mlx5::ctrl::FmCeSe::empty(),
+            &mut omw_core::mlx5::encode::Unmanaged,
+        )
+        .unwrap();
+        fb.write(h, ring + i as u64 * 64, w.bytes()).unwrap();
+    }
+    // the first four, then (after the driver says it consumed some) the rest
+    fb.ring_doorbell(q, QueueSel::Send, n.min(4)).unwrap();
+    fb.settle(10_000);
+    drop(fb);
+    o.d.sync_cqes();
+    if let Some(ci) = consumed {
+        o.d.write_dbr(mem.addr + (64 << 2), ci.to_be_bytes());
+    }
+    let mut fb = f.borrow_mut();
+    fb.ring_doorbell(q, QueueSel::Send, n).unwrap();
+    fb.settle(10_000);
+    drop(fb);
+    o.d.sync_cqes();
+    let st = f.borrow().cq_status(h, cqn).unwrap();
+    let mut ring_bytes = vec![0u8; 64 * 4];
+    f.borrow().read(h, mem.addr as u64, &mut ring_bytes).unwrap();
+    (st, ring_bytes, o.d)
+}
+
+/// (opcode, owner) of each CQE slot and its wqe_counter.
+fn slots(ring: &[u8]) -> Vec<(u8, u8, u16)> {
+    ring.chunks(64).map(|c| (c[63] >> 4, c[63] & 1, u16::from_be_bytes([c[60], c[61]]))).collect()
+}
+
+#[test]
+fn a_cq_overruns_a_ring_ahead_of_its_consumer_unless_it_ignores_overrun() {
+    // no oi, nothing consumed: four CQEs, then the CQ stops (no fifth, no sixth)
+    let (st, ring, _) = cq_run(false, 6, None);
+    assert_eq!((st.count, st.overrun), (4, true));
+    assert_eq!(slots(&ring), [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3)], "first pass: owner bit 0");
+    // the doorbell record said two were consumed: room for six
+    let (st, ring, _) = cq_run(false, 6, Some(2));
+    assert_eq!((st.count, st.overrun), (6, false));
+    assert_eq!(slots(&ring)[..2], [(0, 1, 4), (0, 1, 5)], "second pass: owner bit 1, wqe_counter 4 and 5");
+    // oi: no bound at all
+    let (st, _, _) = cq_run(true, 6, None);
+    assert_eq!((st.count, st.overrun), (6, false));
+}
+
+#[test]
+fn a_doorbell_on_another_uar_page_rings_nothing() {
+    let mut b = backend();
+    let q = b.create_loopback_qp(Domain::MnPrivate, None).unwrap();
+    let mem = b.alloc_memory(4096, 4096).unwrap();
+    let k = b.reg_mr(Domain::MnPrivate, mem, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    b.write_local(mem, b"rung").unwrap();
+    b.post_send(q, &Wqe::write(mem, k.lkey, 4, mem + 64, k.rkey)).unwrap();
+    assert_eq!(b.device().stats().doorbells, 1);
+    let d = b.device_mut();
+    let other = d.alloc_uar().unwrap();
+    let mut ctrl = [0u8; 8];
+    ctrl[4..8].copy_from_slice(&(q.get() << 8 | 2).to_be_bytes());
+    d.write_uar(other, ctrl);
+    assert_eq!((d.stats().doorbells, d.stats().stray_doorbells), (1, 1), "the QP is on the backend's UAR page");
+}
