@@ -22,10 +22,12 @@
 //!   stopping after a WAIT not yet satisfied, as for the canonical form; a WQE runs from the
 //!   bytes cached, so a patch landing after the fetch is missed, as on a NIC.
 //!
-//! Not modelled for the mlx5 form: the CQE format (completions are the model's own).
+//! The CQE format is not the model's business: its completions are its own; the ConnectX double
+//! (`omw-cx-double`) writes them as mlx5 CQEs.
 
 use crate::error::LoopbackError;
 use crate::fabric::{Fabric, QpAddr};
+pub use crate::qp::{BindForm, HeadForm};
 use omw_core::chain::mlx5::{Mlx5Chain, RecvSge};
 use omw_core::device::behaviour::{SendEnUnit, WaitPrefetch};
 use omw_core::mlx5::decode::{decode, Mlx5Op};
@@ -44,32 +46,6 @@ pub(crate) struct Fetched {
     pub wqebbs: u64,
     pub scatter: Vec<Sge>,
     pub form: HeadForm,
-}
-
-/// What the executor must know of an mlx5 WQE beyond its canonical translation.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
-pub struct HeadForm {
-    /// A SEND_EN whose index counts WQEs (`SendEnUnit::Wqe`): it moves the target's WQE limit.
-    pub enable_in_wqes: bool,
-    /// A UMR bind the device refuses from its bytes alone (rights the mkey cannot carry, a
-    /// window start that is neither its MR address nor 0, a window longer than its KLM).
-    pub bind_refused: Option<BindForm>,
-    /// A WAIT: the CQ it names (fabric-wide index; `None`: no such CQ on the host) and the
-    /// count it waits for.
-    pub wait: Option<(Option<u32>, u64)>,
-}
-
-/// Why an mlx5 bind's bytes are refused before any window rule is asked.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum BindForm {
-    /// Bits of the mkey context's access byte outside LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE
-    /// and ATOMIC (`MLX5_WQE_MKEY_CONTEXT_ACCESS_FLAGS_*`, the only rights a window UMR
-    /// writes: rdma-core providers/mlx5/qp.c v44.0 `set_umr_mkey_seg`).
-    Rights(u8),
-    /// `start_addr` is neither the KLM's address (a VA-based window) nor 0 (ZERO_BASED).
-    Start { start: u64, klm: u64 },
-    /// The mkey context's `len` exceeds what the KLM maps (`byte_count`).
-    Length { len: u64, klm: u32 },
 }
 
 /// The rights a window's mkey context can carry.

@@ -15,6 +15,32 @@ pub const MLX5_RQ_SGES: usize = 32;
 /// Bytes per receive WQE of a ring in mlx5 form: its data segments.
 pub const MLX5_RQ_STRIDE: u32 = (MLX5_RQ_SGES * 16) as u32;
 
+/// What the executor must know of an mlx5 WQE beyond its canonical translation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct HeadForm {
+    /// A SEND_EN whose index counts WQEs (`SendEnUnit::Wqe`): it moves the target's WQE limit.
+    pub enable_in_wqes: bool,
+    /// A UMR bind the device refuses from its bytes alone (rights the mkey cannot carry, a
+    /// window start that is neither its MR address nor 0, a window longer than its KLM).
+    pub bind_refused: Option<BindForm>,
+    /// A WAIT: the CQ it names (fabric-wide index; `None`: no such CQ on the host) and the
+    /// count it waits for.
+    pub wait: Option<(Option<u32>, u64)>,
+}
+
+/// Why an mlx5 bind's bytes are refused before any window rule is asked.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BindForm {
+    /// Bits of the mkey context's access byte outside LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE
+    /// and ATOMIC (`MLX5_WQE_MKEY_CONTEXT_ACCESS_FLAGS_*`, the only rights a window UMR
+    /// writes: rdma-core providers/mlx5/qp.c v44.0 `set_umr_mkey_seg`).
+    Rights(u8),
+    /// `start_addr` is neither the KLM's address (a VA-based window) nor 0 (ZERO_BASED).
+    Start { start: u64, klm: u64 },
+    /// The mkey context's `len` exceeds what the KLM maps (`byte_count`).
+    Length { len: u64, klm: u32 },
+}
+
 /// How a QP is created.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub struct QpConfig {
@@ -233,7 +259,7 @@ pub(crate) struct Qp {
     /// device's terms only with the role.
     pub cd_master: bool,
     /// mlx5 form: how the WQE being executed differs from its canonical translation.
-    pub head_mlx5: crate::mlx5_fetch::HeadForm,
+    pub head_mlx5: HeadForm,
 }
 
 impl Qp {

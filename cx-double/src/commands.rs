@@ -129,7 +129,7 @@ fn create_cq(d: &mut CxDouble, input: &[u8], out: &mut [u8]) -> R<ObjHandle> {
         "CQE ring beyond its umem",
     ))?;
     let dbr_off = v(cc::DBR_ADDR)?;
-    let dbr = d.in_umem(dbr_umem, dbr_off, 8).filter(|_| dbr_off % 8 == 0).ok_or(no(
+    let dbr = d.in_umem(dbr_umem, dbr_off, 8).filter(|_| dbr_off.is_multiple_of(8)).ok_or(no(
         status::BAD_PARAM,
         0x19,
         "doorbell record beyond its umem or misaligned",
@@ -218,7 +218,7 @@ fn create_qp(d: &mut CxDouble, input: &[u8], out: &mut [u8]) -> R<ObjHandle> {
         "rings beyond their umem",
     ))?;
     let dbr_off = v(cq::DBR_ADDR)?;
-    let dbr = d.in_umem(dbr_umem, dbr_off, 8).filter(|_| dbr_off % 8 == 0).ok_or(no(
+    let dbr = d.in_umem(dbr_umem, dbr_off, 8).filter(|_| dbr_off.is_multiple_of(8)).ok_or(no(
         status::BAD_PARAM,
         0x2e,
         "doorbell record beyond its umem or misaligned",

@@ -345,7 +345,7 @@ impl DevxApi for CxDouble {
         if !inside || mem.len == 0 {
             return Err(Self::refuse_call("mlx5dv_devx_umem_reg (not this process's memory)", 14));
         }
-        if mem.addr % 4096 != 0 {
+        if !mem.addr.is_multiple_of(4096) {
             return Err(Self::refuse_call("mlx5dv_devx_umem_reg (not page-aligned)", EINVAL));
         }
         let id = self.next_umem;

@@ -285,7 +285,7 @@ mod tests {
         // a 1-bit field in the middle of a dword, its neighbours untouched
         let mut c = [0xFFu8; 272];
         set(&mut c, create_qp::CD_SLAVE_SEND, 0);
-        assert_eq!(c[0x55e / 8], 0xFF & !(1 << 1), "bit 0x55e is bit 1 of byte 171");
+        assert_eq!(c[0x55e / 8], 0b1111_1101, "bit 0x55e is bit 1 of byte 171");
         assert_eq!(get(&c, create_qp::CD_MASTER), Some(1));
         // a 64-bit field
         set(&mut c, create_qp::WQ_UMEM_OFFSET, 0x0102_0304_0506_0708);

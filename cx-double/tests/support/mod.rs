@@ -270,11 +270,10 @@ impl Bed {
         let g = self.spec.group_size as usize;
         let mut mq = Vec::new();
         let mut cq = Vec::new();
+        // the Alloc and Free QPs hold the chains' management rings, then G - 1 access QPs
+        let managed = [Some(depths[0][1] as u32), Some(depths[1][1] as u32)];
         for k in 0..g + 1 {
-            let managed = match k {
-                0 | 1 => Some(depths[k][1] as u32),
-                _ => None,
-            };
+            let managed = managed.get(k).copied().flatten();
             let m = self.d.backend.create_cn_qp(managed).expect("a CN-facing DEVX QP");
             let cfg = QpConfig::default().with_depths(64, 2 * RECVS_PER_QP as u32);
             let c = self.fabric().create_qp(host, cfg).expect("the CN's QP");
