@@ -264,6 +264,12 @@ impl NodeBackend {
         let spin_on_poll = private_pd.is_some();
         NodeBackend { fabric, host, private_pd, interleave: None, spin_on_poll, last_reply_at: Cell::new(0) }
     }
+    /// A CN's device: host `host` of `fabric`, no private domain, polls that take what is there
+    /// (whoever drives the fabric decides when it runs) — for harnesses whose MN is another
+    /// device on the same fabric (`omw-cx-double`).
+    pub fn cn(fabric: Rc<RefCell<Fabric>>, host: HostId) -> Self {
+        Self::new(fabric, host, None)
+    }
     fn qa(&self, q: Qpn) -> QpAddr {
         QpAddr::new(self.host, q)
     }

@@ -35,6 +35,9 @@ pub struct Counters {
     /// Binds the device refused for their form alone (`ForeignBind::Refused`, mlx5 bytes a
     /// window's mkey cannot express).
     pub binds_refused: u64,
+    /// CQEs not generated because their CQ had overrun (a device CQ without ignore-overrun
+    /// whose consumer fell a ring behind).
+    pub cqes_overrun: u64,
     completions: [u64; 32],
 }
 

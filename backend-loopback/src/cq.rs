@@ -1,10 +1,16 @@
 //! Completion queues with modelled timestamps.
 //!
-//! Each QP has a send CQ and a receive CQ. A CQ holds completions (oldest dropped past
-//! `NicConfig::cq_capacity`, like mlx5 "ignore overrun" CQs that chains use) and a count of
-//! every CQE it ever generated: polling does not decrease it, and a WAIT compares against it.
-//! Timestamps are non-decreasing per CQ (RC completes a queue's work in order); a CQE is
-//! visible to polls and WAITs only once the clock has reached its time.
+//! A CQ is an object of its host with a number (what an mlx5 WAIT names). A QP created by
+//! [`crate::Fabric::create_qp`] gets a send CQ and a receive CQ of its own, numbered
+//! `qpn << 1 | queue` and reset with it; a QP created on a device's terms
+//! ([`crate::Fabric::create_qp_with`]) reports to CQs made with [`crate::Fabric::create_cq`],
+//! which live on across the QP's resets. A CQ holds completions (oldest dropped past its
+//! capacity, like mlx5 "ignore overrun" CQs that chains use) and a count of every CQE it ever
+//! generated: polling does not decrease it, and a WAIT compares against it. A CQ may have a
+//! limit (the device's ring: its consumer index plus its size): a CQE beyond it is an
+//! **overrun**, after which the CQ generates nothing more. Timestamps are non-decreasing per
+//! CQ (RC completes a queue's work in order); a CQE is visible to polls and WAITs only once
+//! the clock has reached its time.
 
 use omw_core::device::Completion;
 use std::collections::VecDeque;
@@ -21,6 +27,14 @@ const HIST: usize = 64;
 
 #[derive(Debug)]
 pub(crate) struct Cq {
+    /// The CQ number (24 bits) on its host.
+    pub number: u32,
+    /// Made with a QP and reset with it (`Fabric::create_qp`), rather than an object of its own.
+    pub qp_owned: bool,
+    /// CQEs may be generated while `count` is below this (`None`: no bound, ignore overrun).
+    pub limit: Option<u64>,
+    /// A CQE found the CQ at its limit: it generates nothing more.
+    pub overrun: bool,
     entries: VecDeque<TimedCompletion>,
     cap: usize,
     /// CQEs generated since creation or the last QP reset.
@@ -36,8 +50,12 @@ pub(crate) struct Cq {
 }
 
 impl Cq {
-    pub fn new(cap: usize) -> Self {
+    pub fn new(number: u32, cap: usize, qp_owned: bool) -> Self {
         Cq {
+            number,
+            qp_owned,
+            limit: None,
+            overrun: false,
             entries: VecDeque::new(),
             cap: cap.max(1),
             count: 0,
@@ -60,8 +78,13 @@ impl Cq {
         }
     }
 
-    /// Append; returns the timestamp actually used (never earlier than the previous CQE's).
-    pub fn push(&mut self, at: u64, c: Completion) -> u64 {
+    /// Append; returns the timestamp actually used (never earlier than the previous CQE's), or
+    /// `None` when the CQ cannot take it (at its limit: it overran and stopped).
+    pub fn push(&mut self, at: u64, c: Completion) -> Option<u64> {
+        if self.overrun || self.limit.is_some_and(|l| self.count >= l) {
+            self.overrun = true;
+            return None;
+        }
         let at = at.max(self.last_time);
         self.last_time = at;
         if self.entries.len() == self.cap {
@@ -71,7 +94,7 @@ impl Cq {
         self.entries.push_back(TimedCompletion { at, completion: c });
         self.hist[(self.count % HIST as u64) as usize] = at;
         self.count += 1;
-        at
+        Some(at)
     }
 
     /// Time of the `n`-th CQE (1-based, `n <= count`). For CQEs older than the remembered
@@ -120,6 +143,7 @@ impl Cq {
     }
 
     pub fn reset(&mut self) {
+        self.overrun = false;
         self.entries.clear();
         self.count = 0;
         self.polled = 0;
@@ -150,9 +174,9 @@ mod tests {
 
     #[test]
     fn counts_times_and_overrun() {
-        let mut q = Cq::new(2);
-        assert_eq!(q.push(10, c(1)), 10);
-        assert_eq!(q.push(5, c(2)), 10, "never earlier than the previous CQE");
+        let mut q = Cq::new(1, 2, true);
+        assert_eq!(q.push(10, c(1)), Some(10));
+        assert_eq!(q.push(5, c(2)), Some(10), "never earlier than the previous CQE");
         q.push(20, c(3));
         assert_eq!(q.count, 3);
         assert_eq!(q.overruns, 1);
@@ -174,5 +198,16 @@ mod tests {
         }
         assert!(q.time_of(5) >= q.time_of(4));
         assert!(q.time_of(5) <= 100 + 199);
+    }
+
+    #[test]
+    fn a_cq_at_its_limit_overruns_and_stops() {
+        let mut q = Cq::new(1, 64, false);
+        q.limit = Some(2);
+        assert!(q.push(1, c(1)).is_some() && q.push(2, c(2)).is_some());
+        assert_eq!(q.push(3, c(3)), None);
+        q.limit = Some(10);
+        assert_eq!(q.push(4, c(4)), None, "an overrun CQ generates nothing more");
+        assert_eq!((q.count, q.overrun), (2, true));
     }
 }

@@ -77,6 +77,16 @@ pub enum LoopbackError {
         host: HostId,
         lkey: u32,
     },
+    /// No CQ of that number on the host.
+    NoSuchCq {
+        host: HostId,
+        cqn: u32,
+    },
+    /// Destroying a CQ a live QP still reports to.
+    CqInUse {
+        host: HostId,
+        cqn: u32,
+    },
     /// An argument out of range (zero depth, zero-length registration, bad alignment, …).
     BadArgument(&'static str),
 }
@@ -112,6 +122,8 @@ impl fmt::Display for LoopbackError {
             Self::MrHasBoundWindows { host, lkey } => {
                 write!(f, "{host}: MR {lkey:#010x} still has windows bound to it")
             }
+            Self::NoSuchCq { host, cqn } => write!(f, "no CQ {cqn:#x} on {host}"),
+            Self::CqInUse { host, cqn } => write!(f, "{host}: CQ {cqn:#x} still has QPs reporting to it"),
             Self::BadArgument(what) => write!(f, "bad argument: {what}"),
         }
     }

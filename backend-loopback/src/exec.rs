@@ -209,23 +209,26 @@ impl Fabric {
 
     pub(crate) fn push_cqe(&mut self, g: u32, sel: QueueSel, at: u64, c: Completion) {
         let q = &mut self.qps[g as usize];
-        let host = q.host;
-        let cq = q.cq_mut(sel);
-        let at = cq.push(at, c);
-        let wake = !cq.waiters.is_empty();
-        q.cqes_total += 1;
+        let (host, ci) = (q.host, q.cq_index(sel) as usize);
+        // an overrun CQ generates no CQE (and counts none)
+        let Some(at) = self.cqs[ci].push(at, c) else {
+            self.counters.cqes_overrun += 1;
+            return;
+        };
+        let wake = !self.cqs[ci].waiters.is_empty();
+        self.qps[g as usize].cqes_total += 1;
         self.counters.count_completion(c.status);
         self.digest = digest(self.digest, at, host, &c);
         if self.cfg.trace {
             self.trace.push(TraceEvent { at, host: HostId(host), completion: c });
         }
         if wake {
-            let mut w = std::mem::take(&mut self.qps[g as usize].cq_mut(sel).waiters);
+            let mut w = std::mem::take(&mut self.cqs[ci].waiters);
             for x in w.drain(..) {
                 self.activate(x);
             }
             // keep the allocation
-            let slot = &mut self.qps[g as usize].cq_mut(sel).waiters;
+            let slot = &mut self.cqs[ci].waiters;
             if slot.is_empty() {
                 *slot = w;
             }
@@ -285,9 +288,7 @@ impl Fabric {
         let h = q.host as usize;
         let (op, wr_id, width) = if q.mlx5 {
             let f = self.mlx5_head(g);
-            let slot = (q.sq.consumer % q.sq.depth as u64) as usize;
-            let wr_id = q.sq_wr_ids.get(slot).copied().unwrap_or(0);
-            (f.wqe.map_or(Opcode::Nop, |w| w.opcode), wr_id, f.wqebbs)
+            (f.wqe.map_or(Opcode::Nop, |w| w.opcode), self.mlx5_send_wr_id(g), f.wqebbs)
         } else {
             let (op, wr_id) = self.hosts[h].mem.slice(addr, 16).map_or((Opcode::Nop, 0), |s| {
                 (
@@ -816,8 +817,13 @@ impl Fabric {
             q.order_until = q.order_until.max(done + cost.pcie_read_ns);
             self.counters.gated_fetches += 1;
         }
-        let h = self.qps[g as usize].host;
-        let ok = self.cfg.offload && self.resolve(h, w.qpn).is_some();
+        let q = &mut self.qps[g as usize];
+        let h = q.host;
+        let named = match std::mem::take(&mut q.head_mlx5.wait) {
+            Some((cq, _)) => cq.is_some(),
+            None => self.resolve(h, w.qpn).is_some(),
+        };
+        let ok = self.cfg.offload && named && self.qps[g as usize].cd_master;
         let status = if ok { WcStatus::Success } else { WcStatus::LocQpOpErr };
         self.complete(g, w, status, done, 0);
     }
@@ -828,7 +834,7 @@ impl Fabric {
         self.local_done(g, self.now, cost.wqe_ns);
         let h = self.qps[g as usize].host;
         let sel = w.queue_sel();
-        let target = if self.cfg.offload {
+        let target = if self.cfg.offload && self.qps[g as usize].cd_master {
             self.resolve(h, w.qpn).filter(|t| self.qps[*t as usize].queue(sel).managed)
         } else {
             None

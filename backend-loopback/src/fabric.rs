@@ -18,6 +18,7 @@ use crate::qp::{Prefetch, Qp, QpConfig, Queue};
 use omw_core::access::AccessFlags;
 use omw_core::device::{Capabilities, Completion, MrKeys, QpState};
 use omw_core::ids::{Qpn, Rkey};
+use omw_core::mlx5::wqebb::CqIndex;
 use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe, RECV_WQE_SIZE, WQE_SIZE};
 use std::fmt;
 
@@ -55,6 +56,8 @@ pub(crate) struct Host {
     pub cpu_events: u64,
     pub cpu_busy_ns: u64,
     pub wqes_executed: u64,
+    /// CQ number → fabric-wide CQ index.
+    pub cqns: std::collections::BTreeMap<u32, u32>,
 }
 
 /// The whole model. Everything is deterministic: the same calls in the same order give the
@@ -64,6 +67,7 @@ pub struct Fabric {
     pub(crate) now: u64,
     pub(crate) hosts: Vec<Host>,
     pub(crate) qps: Vec<Qp>,
+    pub(crate) cqs: Vec<Cq>,
     /// QPs that may have work (global indices); idle and parked QPs are dropped lazily.
     pub(crate) active: Vec<u32>,
     /// Round-robin cursor: ties in ready time go to the first QP index at or after it.
@@ -94,6 +98,7 @@ impl Fabric {
             now: 0,
             hosts: Vec::new(),
             qps: Vec::new(),
+            cqs: Vec::new(),
             active: Vec::new(),
             rr: 0,
             scratch: Vec::new(),
@@ -153,6 +158,7 @@ impl Fabric {
             cpu_events: 0,
             cpu_busy_ns: 0,
             wqes_executed: 0,
+            cqns: Default::default(),
         });
         Ok(id)
     }
@@ -338,6 +344,22 @@ impl Fabric {
         self.resolve(qp.host.0, qp.qpn.get()).ok_or(LoopbackError::NoSuchQp { host: qp.host, qpn: qp.qpn.get() })
     }
 
+    /// The CQ queue `sel` of QP `g` reports to.
+    #[inline]
+    pub(crate) fn cq_of(&self, g: u32, sel: QueueSel) -> &Cq {
+        &self.cqs[self.qps[g as usize].cq_index(sel) as usize]
+    }
+    #[inline]
+    pub(crate) fn cq_of_mut(&mut self, g: u32, sel: QueueSel) -> &mut Cq {
+        let c = self.qps[g as usize].cq_index(sel);
+        &mut self.cqs[c as usize]
+    }
+    /// The CQ numbered `cqn` on host `h` (fabric-wide index).
+    #[inline]
+    pub(crate) fn cq_by_number(&self, h: u32, cqn: u32) -> Option<u32> {
+        self.hosts.get(h as usize)?.cqns.get(&(cqn & CqIndex::MASK)).copied()
+    }
+
     pub(crate) fn addr_of(&self, gq: u32) -> QpAddr {
         let q = &self.qps[gq as usize];
         QpAddr { host: HostId(q.host), qpn: Qpn::new(q.qpn).unwrap_or_default() }
@@ -356,6 +378,7 @@ impl Fabric {
         let pf_cap = if self.cfg.prefetch { self.cfg.prefetch_depth.max(pf_min) as usize } else { 0 };
         let rstride = if mlx5 { crate::qp::MLX5_RQ_STRIDE } else { RECV_WQE_SIZE as u32 };
         let gq = self.qps.len() as u32;
+        let first_cq = self.cqs.len() as u32;
         let host = self.host_mut(h)?;
         if !host.prot.pd_exists(cfg.pd) {
             return Err(LoopbackError::NoSuchPd { host: h, pd: cfg.pd.0 });
@@ -374,6 +397,13 @@ impl Fabric {
         }
         host.ring_brk = end;
         let qpn = qpn_of(h.0, local);
+        let cq_nums = [QueueSel::Send, QueueSel::Recv].map(|q| ((qpn << 1) | q as u32) & CqIndex::MASK);
+        if cq_nums.iter().any(|n| host.cqns.contains_key(n)) {
+            return Err(LoopbackError::BadArgument("the QP's CQ numbers are in use on this host"));
+        }
+        let (scq, rcq) = (first_cq, first_cq + 1);
+        host.cqns.insert(cq_nums[0], scq);
+        host.cqns.insert(cq_nums[1], rcq);
         let sq = Queue::new(host.ring_base + s_off, cfg.send_depth, WQE_SIZE as u32, cfg.managed_send);
         let rq = Queue::new(host.ring_base + r_off, cfg.recv_depth, rstride, cfg.managed_recv);
         host.qps.push(gq);
@@ -386,8 +416,8 @@ impl Fabric {
             alive: true,
             sq,
             rq,
-            scq: Cq::new(cq_cap),
-            rcq: Cq::new(cq_cap),
+            scq,
+            rcq,
             pf: Prefetch::new(pf_cap),
             order_until: 0,
             rd_done: 0,
@@ -403,8 +433,12 @@ impl Fabric {
             head_wqebbs: 1,
             scatter: Vec::new(),
             pf_wait: None,
+            index_wr_ids: false,
+            cd_master: true,
             head_mlx5: Default::default(),
         });
+        self.cqs.push(Cq::new(cq_nums[0], cq_cap, true));
+        self.cqs.push(Cq::new(cq_nums[1], cq_cap, true));
         Ok(Qpn::new(qpn).unwrap_or_default())
     }
 
@@ -479,25 +513,24 @@ impl Fabric {
 
     /// Bring a QP **and its peer** back to RTS with empty rings (zeroed bytes), zero CQ
     /// counts, empty CQs and prefetch caches, enable limits 0 (the `RdmaBackend::reset_qp`
-    /// contract). A QP whose peer is gone is reset alone.
+    /// contract). A QP whose peer is gone, or whose peer is a QP on a device's terms
+    /// ([`Fabric::create_qp_with`]: its driver resets it), is reset alone.
     pub fn reset_qp(&mut self, qp: QpAddr) -> Result<()> {
         let g = self.gq(qp)?;
         self.reset_gq(g);
         if let Some(p) = self.peer_gq(g) {
-            if p != g {
+            // a QP on a device's terms (`create_qp_with`) is its own driver's to reset
+            if p != g && !self.qps[p as usize].index_wr_ids {
                 // The peer's reset stands for that host reconnecting its end; completions it had
                 // already received stay in its CQs until it polls them (another host's reset
                 // cannot take them away).
                 let remote = self.qps[p as usize].host != self.qps[g as usize].host;
-                let kept = remote.then(|| {
-                    let q = &mut self.qps[p as usize];
-                    (q.scq.take_entries(), q.rcq.take_entries())
-                });
+                let (ps, pr) = (self.qps[p as usize].scq as usize, self.qps[p as usize].rcq as usize);
+                let kept = remote.then(|| (self.cqs[ps].take_entries(), self.cqs[pr].take_entries()));
                 self.reset_gq(p);
                 if let Some((s, r)) = kept {
-                    let q = &mut self.qps[p as usize];
-                    q.scq.restore_entries(s);
-                    q.rcq.restore_entries(r);
+                    self.cqs[ps].restore_entries(s);
+                    self.cqs[pr].restore_entries(r);
                 }
             }
         }
@@ -511,8 +544,7 @@ impl Fabric {
         let (rbase, rlen) = (q.rq.base, q.rq.ring_bytes());
         q.sq.clear();
         q.rq.clear();
-        q.scq.reset();
-        q.rcq.reset();
+        let cqs = [q.scq as usize, q.rcq as usize];
         q.pf.clear();
         q.rnr_since = None;
         q.parked_on = None;
@@ -522,6 +554,11 @@ impl Fabric {
         }
         if let Some(s) = self.hosts[h].mem.slice_mut(rbase, rlen) {
             s.fill(0);
+        }
+        for c in cqs {
+            if self.cqs[c].qp_owned {
+                self.cqs[c].reset();
+            }
         }
     }
 
@@ -654,7 +691,7 @@ impl Fabric {
         let g = self.gq(qp)?;
         let now = self.now;
         let mut i = 0;
-        let n = self.qps[g as usize].cq_mut(queue).poll(now, |c| {
+        let n = self.cq_of_mut(g, queue).poll(now, |c| {
             if i < out.len() {
                 out[i] = c.completion;
                 if let Some(t) = at.get_mut(i) {
@@ -694,7 +731,7 @@ impl Fabric {
         let g = self.gq(qp)?;
         let now = self.now;
         let mut v = Vec::new();
-        self.qps[g as usize].cq_mut(queue).poll(now, |c| {
+        self.cq_of_mut(g, queue).poll(now, |c| {
             v.push(c);
             true
         });
@@ -717,7 +754,7 @@ impl Fabric {
     pub fn spin_on(&mut self, qp: QpAddr, queue: QueueSel) -> Result<()> {
         let g = self.gq(qp)?;
         self.run_until_idle(self.cfg.poll_max_steps);
-        if let Some(t) = self.qps[g as usize].cq(queue).next_time() {
+        if let Some(t) = self.cq_of(g, queue).next_time() {
             if t > self.now {
                 self.now = t;
             }
@@ -732,7 +769,7 @@ impl Fabric {
     pub fn poll_cq_after(&mut self, qp: QpAddr, queue: QueueSel, out: &mut [Completion], steps: u64) -> Result<usize> {
         let g = self.gq(qp)?;
         self.run_until_idle(steps.max(1));
-        if let Some(t) = self.qps[g as usize].cq(queue).next_time() {
+        if let Some(t) = self.cq_of(g, queue).next_time() {
             if t > self.now {
                 self.now = t;
             }
@@ -742,7 +779,7 @@ impl Fabric {
 
     /// CQEs generated on a CQ since the QP's last reset (what a WAIT compares against).
     pub fn cq_count(&self, qp: QpAddr, queue: QueueSel) -> Result<u64> {
-        Ok(self.qps[self.gq(qp)? as usize].cq(queue).count)
+        Ok(self.cq_of(self.gq(qp)?, queue).count)
     }
 
     // ---- time ------------------------------------------------------------------------------------
@@ -813,10 +850,10 @@ impl Fabric {
             wqes_executed: q.executed,
             wqes_flushed: q.flushed,
             cqes_total: q.cqes_total,
-            send_cq_count: q.scq.count,
-            recv_cq_count: q.rcq.count,
-            send_cq_queued: q.scq.queued(),
-            recv_cq_queued: q.rcq.queued(),
+            send_cq_count: self.cqs[q.scq as usize].count,
+            recv_cq_count: self.cqs[q.rcq as usize].count,
+            send_cq_queued: self.cqs[q.scq as usize].queued(),
+            recv_cq_queued: self.cqs[q.rcq as usize].queued(),
             send_producer: q.sq.producer,
             send_consumer: q.sq.consumer,
             send_limit: q.sq.limit,
@@ -937,7 +974,8 @@ impl Fabric {
             if q.in_active != seen[g] {
                 return Err(format!("QP {g} in_active flag wrong"));
             }
-            for (name, cq) in [("send", &q.scq), ("recv", &q.rcq)] {
+            for (name, cq) in [("send", q.scq), ("recv", q.rcq)] {
+                let cq = &self.cqs[cq as usize];
                 if cq.count != cq.polled + cq.queued() as u64 + cq.overruns {
                     return Err(format!("QP {:#x} {name} CQ count inconsistent", q.qpn));
                 }

@@ -19,7 +19,10 @@
 //!   states, flushes;
 //! * `nic` — a NIC's processing units (send and responder clocks), link, atomic serialiser;
 //! * [`protection`] — PDs, MRs, type-2 MWs; the checks themselves are `omw_core::device::mw_rules`;
-//! * [`qp`], [`cq`] — rings, managed queues, prefetch cache; CQs with counts and timestamps;
+//! * [`qp`], [`cq`] — rings, managed queues, prefetch cache; CQs with numbers, counts,
+//!   timestamps and an overrun limit;
+//! * [`device_terms`] — the model as a PRM driver sees it: CQ objects, QPs at given ring
+//!   addresses in mlx5 form, one-sided state transitions, doorbells;
 //! * [`fault`] — the fault plan and middlewares every request message passes through;
 //! * [`view`] — [`HostView`], the `omw_core::device::RdmaBackend` implementation;
 //! * [`counters`] — counters, statistics, trace and digest.
@@ -67,6 +70,7 @@ pub mod cluster;
 pub mod config;
 pub mod counters;
 pub mod cq;
+pub mod device_terms;
 pub mod error;
 mod exec;
 pub mod fabric;
@@ -82,6 +86,7 @@ pub mod view;
 pub use config::{Conformance, CostModel, NicConfig};
 pub use counters::{Counters, HostStats, QpStats, StepInfo, StepKind, TraceEvent};
 pub use cq::TimedCompletion;
+pub use device_terms::{CqStatus, DeviceQp, RingAt, Transition};
 pub use error::LoopbackError;
 pub use fabric::{qpn_of, Fabric, HostId, QpAddr, MAX_HOSTS, MAX_QPS_PER_HOST};
 pub use fault::{FaultAction, FaultPlan, FaultRule, Message, MessageFilter, Middleware, Recorder, Verdict};

@@ -4,9 +4,10 @@
 //!
 //! What the translation carries over in the device's terms:
 //! - send indices count WQEBBs; a WQE of *n* WQEBBs advances the consumer by *n*;
-//! - WAIT names a CQ number and a 24-bit producer index: the model's CQ numbers are
-//!   `qpn << 1 | queue` (24 bits), and the index is unwrapped against the CQ's count (a WAIT is
-//!   satisfied once the count has reached it modulo 2^24, looking at most 2^23 ahead);
+//! - WAIT names a CQ number and a 24-bit producer index: the CQ is the host's object of that
+//!   number (a model-made QP's own CQs are numbered `qpn << 1 | queue`), and the index is
+//!   unwrapped against the CQ's count (a WAIT is satisfied once the count has reached it modulo
+//!   2^24, looking at most 2^23 ahead);
 //! - SEND_EN / RECV_EN name an absolute 16-bit index: the target queue's limit moves up to it
 //!   (forward, modulo 2^16);
 //! - a scatter READ lands its bytes over its data segments in order, each checked like a local
@@ -21,10 +22,12 @@
 //!   stopping after a WAIT not yet satisfied, as for the canonical form; a WQE runs from the
 //!   bytes cached, so a patch landing after the fetch is missed, as on a NIC.
 //!
-//! Not modelled for the mlx5 form: the CQE format (completions are the model's own).
+//! The CQE format is not the model's business: its completions are its own; the ConnectX double
+//! (`omw-cx-double`) writes them as mlx5 CQEs.
 
 use crate::error::LoopbackError;
 use crate::fabric::{Fabric, QpAddr};
+pub use crate::qp::{BindForm, HeadForm};
 use omw_core::chain::mlx5::{Mlx5Chain, RecvSge};
 use omw_core::device::behaviour::{SendEnUnit, WaitPrefetch};
 use omw_core::mlx5::decode::{decode, Mlx5Op};
@@ -43,29 +46,6 @@ pub(crate) struct Fetched {
     pub wqebbs: u64,
     pub scatter: Vec<Sge>,
     pub form: HeadForm,
-}
-
-/// What the executor must know of an mlx5 WQE beyond its canonical translation.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
-pub struct HeadForm {
-    /// A SEND_EN whose index counts WQEs (`SendEnUnit::Wqe`): it moves the target's WQE limit.
-    pub enable_in_wqes: bool,
-    /// A UMR bind the device refuses from its bytes alone (rights the mkey cannot carry, a
-    /// window start that is neither its MR address nor 0, a window longer than its KLM).
-    pub bind_refused: Option<BindForm>,
-}
-
-/// Why an mlx5 bind's bytes are refused before any window rule is asked.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum BindForm {
-    /// Bits of the mkey context's access byte outside LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE
-    /// and ATOMIC (`MLX5_WQE_MKEY_CONTEXT_ACCESS_FLAGS_*`, the only rights a window UMR
-    /// writes: rdma-core providers/mlx5/qp.c v44.0 `set_umr_mkey_seg`).
-    Rights(u8),
-    /// `start_addr` is neither the KLM's address (a VA-based window) nor 0 (ZERO_BASED).
-    Start { start: u64, klm: u64 },
-    /// The mkey context's `len` exceeds what the KLM maps (`byte_count`).
-    Length { len: u64, klm: u32 },
 }
 
 /// The rights a window's mkey context can carry.
@@ -106,7 +86,17 @@ impl Fabric {
     /// The CQ number of a QP's queue as an mlx5 WAIT names it.
     pub fn cq_number(&self, qp: QpAddr, queue: QueueSel) -> Result<u32> {
         let g = self.gq(qp)?;
-        Ok(((self.qps[g as usize].qpn << 1) | queue as u32) & CqIndex::MASK)
+        Ok(self.cq_of(g, queue).number)
+    }
+
+    /// A WAIT on CQ `cqn` of host `h` for producer index `pi`: the CQ (fabric-wide index) and
+    /// the count it waits for — the count at which the CQ reaches `pi` modulo 2^24, looking at
+    /// most 2^23 ahead.
+    pub(crate) fn mlx5_wait(&self, h: u32, cqn: u32, pi: CqIndex) -> (Option<u32>, u64) {
+        let Some(c) = self.cq_by_number(h, cqn) else { return (None, 0) };
+        let count = self.cqs[c as usize].count;
+        let d = (pi.get().wrapping_sub(count as u32) & CqIndex::MASK) as u64;
+        (Some(c), if d < 1 << 23 { count + d } else { count.saturating_sub((1 << 24) - d) })
     }
 
     /// Take an armed mlx5 chain's rings as posted: their bytes are in the ring arena already
@@ -184,7 +174,7 @@ impl Fabric {
     pub(crate) fn mlx5_head(&self, g: u32) -> Fetched {
         let q = &self.qps[g as usize];
         let slot = (q.sq.consumer % q.sq.depth as u64) as usize;
-        let wr_id = q.sq_wr_ids.get(slot).copied().unwrap_or(0);
+        let wr_id = self.mlx5_send_wr_id(g);
         let addr = q.sq.slot_addr(q.sq.consumer);
         // a WQE never crosses the ring's end (wrap padding): read at most to the end
         let room = (q.sq.depth as usize - slot).min(MAX_WQEBBS) * WQEBB;
@@ -277,12 +267,10 @@ impl Fabric {
             Mlx5Op::Invalidate { mkey, check_qpn: true } => Wqe::local_inv(mkey),
             Mlx5Op::Invalidate { mkey, check_qpn: false } => Wqe::unbind_mw(mkey),
             Mlx5Op::Wait { cqn, pi } => {
-                let (qpn, sel) = (cqn >> 1, if cqn & 1 == 1 { QueueSel::Recv } else { QueueSel::Send });
-                let count = self.resolve(q.host, qpn).map_or(0, |t| self.qps[t as usize].cq(sel).count);
-                // the count at which the CQ reaches `pi`, at most 2^23 ahead
-                let d = (pi.get().wrapping_sub(count as u32) & CqIndex::MASK) as u64;
-                let target = if d < 1 << 23 { count + d } else { count.saturating_sub((1 << 24) - d) };
-                Wqe::wait(qpn, sel, target)
+                // a CQ object, not a QP's queue: the canonical WAIT's QP field is unused
+                let (cq, target) = self.mlx5_wait(q.host, cqn, pi);
+                form.wait = Some((cq, target));
+                Wqe::wait(0, QueueSel::Send, target)
             }
             Mlx5Op::SendEn { qpn, max_index } | Mlx5Op::RecvEn { qpn, max_index } => {
                 let sel = if matches!(d.op, Mlx5Op::SendEn { .. }) { QueueSel::Send } else { QueueSel::Recv };
@@ -312,8 +300,8 @@ impl Fabric {
         loop {
             let q = &self.qps[g as usize];
             if q.pf.len > 0 && stops {
-                if let Some((t, sel, count)) = q.pf_wait {
-                    if !self.qps[t as usize].cq(sel).reached(count, self.now) {
+                if let Some((c, count)) = q.pf_wait {
+                    if !self.cqs[c as usize].reached(count, self.now) {
                         return;
                     }
                 }
@@ -336,14 +324,10 @@ impl Fabric {
                 return;
             }
             let wait = match decode(bytes).map(|d| d.op) {
-                Ok(Mlx5Op::Wait { cqn, pi }) => {
-                    let (qpn, sel) = (cqn >> 1, if cqn & 1 == 1 { QueueSel::Recv } else { QueueSel::Send });
-                    self.resolve(q.host, qpn).map(|t| {
-                        let count = self.qps[t as usize].cq(sel).count;
-                        let d = (pi.get().wrapping_sub(count as u32) & CqIndex::MASK) as u64;
-                        (t, sel, if d < 1 << 23 { count + d } else { count.saturating_sub((1 << 24) - d) })
-                    })
-                }
+                Ok(Mlx5Op::Wait { cqn, pi }) => match self.mlx5_wait(q.host, cqn, pi) {
+                    (Some(c), count) => Some((c, count)),
+                    (None, _) => None,
+                },
                 _ => None,
             };
             let mut blocks = [[0u8; WQEBB]; MAX_WQEBBS];
@@ -359,18 +343,28 @@ impl Fabric {
         }
     }
 
-    /// Consume the next receive WQE of mlx5 QP `p`. `Err(wr_id)` if its bytes do not decode.
+    /// The wr_id a completion of the head send WQE of mlx5 QP `g` reports: the one armed for
+    /// its index, or (a QP on a device's terms) the index itself, as a CQE's `wqe_counter`.
+    pub(crate) fn mlx5_send_wr_id(&self, g: u32) -> u64 {
+        let q = &self.qps[g as usize];
+        if q.index_wr_ids {
+            return q.sq.consumer & 0xFFFF;
+        }
+        q.sq_wr_ids.get((q.sq.consumer % q.sq.depth as u64) as usize).copied().unwrap_or(0)
+    }
+
+    /// Consume the next receive WQE of mlx5 QP `p` (data segments up to its stride, ended by
+    /// the invalid lkey). `Err(wr_id)` if its bytes cannot be read.
     pub(crate) fn mlx5_take_recv(&mut self, p: u32) -> core::result::Result<Recv, u64> {
+        let wr_id = self.mlx5_recv_wr_id(p);
         let q = &mut self.qps[p as usize];
-        let slot = (q.rq.consumer % q.rq.depth as u64) as usize;
-        let wr_id = q.rq_wr_ids.get(slot).copied().unwrap_or(0);
-        let addr = q.rq.slot_addr(q.rq.consumer);
+        let (addr, stride) = (q.rq.slot_addr(q.rq.consumer), q.rq.stride);
         q.rq.consumer += 1;
-        let Some(b) = self.hosts[q.host as usize].mem.slice(addr, RQ_STRIDE as u64) else {
+        let Some(b) = self.hosts[q.host as usize].mem.slice(addr, stride as u64) else {
             return Err(wr_id);
         };
         let mut sges = Vec::new();
-        for k in 0..RQ_SGES {
+        for k in 0..stride as usize / 16 {
             let d = &b[16 * k..16 * k + 16];
             let be32 = |o: usize| u32::from_be_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]]);
             let lkey = be32(4);
@@ -383,9 +377,13 @@ impl Fabric {
         Ok(Recv { wr_id, sges })
     }
 
-    /// The wr_id the head receive WQE of mlx5 QP `g` was posted with (for flushing).
+    /// The wr_id the head receive WQE of mlx5 QP `g` was posted with (its index, on a device's
+    /// terms).
     pub(crate) fn mlx5_recv_wr_id(&self, g: u32) -> u64 {
         let q = &self.qps[g as usize];
+        if q.index_wr_ids {
+            return q.rq.consumer & 0xFFFF;
+        }
         q.rq_wr_ids.get((q.rq.consumer % q.rq.depth as u64) as usize).copied().unwrap_or(0)
     }
 }

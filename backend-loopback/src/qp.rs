@@ -7,7 +7,6 @@
 //! mlx5 managed QP, whose hardware producer index is moved only by SEND_EN/RECV_EN, a chain
 //! whose ring is exactly as deep as the chain re-executes the same slots lap after lap.
 
-use crate::cq::Cq;
 use omw_core::device::QpState;
 use omw_core::wire::wqe::{QueueSel, WQE_SIZE};
 
@@ -15,6 +14,32 @@ use omw_core::wire::wqe::{QueueSel, WQE_SIZE};
 pub const MLX5_RQ_SGES: usize = 32;
 /// Bytes per receive WQE of a ring in mlx5 form: its data segments.
 pub const MLX5_RQ_STRIDE: u32 = (MLX5_RQ_SGES * 16) as u32;
+
+/// What the executor must know of an mlx5 WQE beyond its canonical translation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct HeadForm {
+    /// A SEND_EN whose index counts WQEs (`SendEnUnit::Wqe`): it moves the target's WQE limit.
+    pub enable_in_wqes: bool,
+    /// A UMR bind the device refuses from its bytes alone (rights the mkey cannot carry, a
+    /// window start that is neither its MR address nor 0, a window longer than its KLM).
+    pub bind_refused: Option<BindForm>,
+    /// A WAIT: the CQ it names (fabric-wide index; `None`: no such CQ on the host) and the
+    /// count it waits for.
+    pub wait: Option<(Option<u32>, u64)>,
+}
+
+/// Why an mlx5 bind's bytes are refused before any window rule is asked.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BindForm {
+    /// Bits of the mkey context's access byte outside LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE
+    /// and ATOMIC (`MLX5_WQE_MKEY_CONTEXT_ACCESS_FLAGS_*`, the only rights a window UMR
+    /// writes: rdma-core providers/mlx5/qp.c v44.0 `set_umr_mkey_seg`).
+    Rights(u8),
+    /// `start_addr` is neither the KLM's address (a VA-based window) nor 0 (ZERO_BASED).
+    Start { start: u64, klm: u64 },
+    /// The mkey context's `len` exceeds what the KLM maps (`byte_count`).
+    Length { len: u64, klm: u32 },
+}
 
 /// How a QP is created.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
@@ -198,8 +223,9 @@ pub(crate) struct Qp {
     pub alive: bool,
     pub sq: Queue,
     pub rq: Queue,
-    pub scq: Cq,
-    pub rcq: Cq,
+    /// The CQs (fabric-wide indices) the send and receive queues report to.
+    pub scq: u32,
+    pub rcq: u32,
     pub pf: Prefetch,
     /// The next WQE may not start before this (set by binds: mlx5 fences the WQE after a bind).
     pub order_until: u64,
@@ -212,8 +238,8 @@ pub(crate) struct Qp {
     /// CQEs generated over the QP's whole life (not zeroed by resets).
     pub cqes_total: u64,
     pub in_active: bool,
-    /// (global QP index, queue) of the CQ this QP is parked on (a blocked WAIT).
-    pub parked_on: Option<(u32, QueueSel)>,
+    /// The CQ (fabric-wide index) this QP is parked on (a blocked WAIT).
+    pub parked_on: Option<u32>,
     /// The rings hold mlx5 WQEs (`crate::mlx5_fetch`): send indices count WQEBBs.
     pub mlx5: bool,
     /// mlx5 keeps no wr_id in a WQE: per send WQEBB / receive slot, the one its completion
@@ -224,25 +250,25 @@ pub(crate) struct Qp {
     pub head_wqebbs: u64,
     /// The local buffers of the scatter READ being executed (mlx5 form).
     pub scatter: Vec<omw_core::wire::wqe::Sge>,
-    /// mlx5 form: the last prefetched WQE, if it is a WAIT — (CQ owner, queue, count).
-    pub pf_wait: Option<(u32, QueueSel, u64)>,
+    /// mlx5 form: the last prefetched WQE, if it is a WAIT — (CQ index, count).
+    pub pf_wait: Option<(u32, u64)>,
+    /// mlx5 form on a device's terms ([`crate::Fabric::create_qp_with`]): a completion's
+    /// wr_id is the WQE index (the CQE's `wqe_counter`), not an armed wr_id.
+    pub index_wr_ids: bool,
+    /// It may post WAIT and ENABLE (`cd_master`): every QP the model makes itself; a QP on a
+    /// device's terms only with the role.
+    pub cd_master: bool,
     /// mlx5 form: how the WQE being executed differs from its canonical translation.
-    pub head_mlx5: crate::mlx5_fetch::HeadForm,
+    pub head_mlx5: HeadForm,
 }
 
 impl Qp {
+    /// The CQ (fabric-wide index) queue `q` reports to.
     #[inline]
-    pub fn cq(&self, q: QueueSel) -> &Cq {
+    pub fn cq_index(&self, q: QueueSel) -> u32 {
         match q {
-            QueueSel::Send => &self.scq,
-            QueueSel::Recv => &self.rcq,
-        }
-    }
-    #[inline]
-    pub fn cq_mut(&mut self, q: QueueSel) -> &mut Cq {
-        match q {
-            QueueSel::Send => &mut self.scq,
-            QueueSel::Recv => &mut self.rcq,
+            QueueSel::Send => self.scq,
+            QueueSel::Recv => self.rcq,
         }
     }
     #[inline]

@@ -26,8 +26,8 @@ pub(crate) enum Readiness {
     /// Only the clock can make this run: an RNR wait that expires at this time.
     Timer(u64),
     Idle,
-    /// Blocked on a WAIT for the CQ of (global QP, queue).
-    Blocked(u32, QueueSel),
+    /// Blocked on a WAIT for a CQ (fabric-wide index).
+    Blocked(u32),
 }
 
 /// The fields scheduling needs from a head WQE's bytes.
@@ -109,15 +109,26 @@ impl Fabric {
         out
     }
 
-    /// The WAIT in `p` (posted on host `h`): its target CQ, if it names an existing QP.
+    /// The canonical WAIT in `p` (posted on host `h`): the CQ (fabric-wide index) of the QP
+    /// queue it names, if that QP exists.
     #[inline]
-    pub(crate) fn wait_target(&self, h: u32, p: &Peek) -> Option<(u32, QueueSel)> {
+    pub(crate) fn wait_target(&self, h: u32, p: &Peek) -> Option<u32> {
         let sel = match p.op1 {
             0 => QueueSel::Send,
             1 => QueueSel::Recv,
             _ => return None,
         };
-        Some((self.resolve(h, p.qpn)?, sel))
+        Some(self.qps[self.resolve(h, p.qpn)? as usize].cq_index(sel))
+    }
+
+    /// The WAIT at the head of QP `g`, if its head is one: the CQ it names (`None`: none —
+    /// it fails when executed) and the count it waits for.
+    #[inline]
+    fn head_wait(&self, g: u32, p: &Peek) -> Option<(Option<u32>, u64)> {
+        if self.qps[g as usize].mlx5 {
+            return self.mlx5_head(g).form.wait;
+        }
+        (p.opcode == Opcode::Wait as u8).then(|| (self.wait_target(self.qps[g as usize].host, p), p.op0))
     }
 
     /// Whether a peer QP can take a receive-consuming request right now.
@@ -166,18 +177,18 @@ impl Fabric {
         if p.flags & WqeFlags::FENCE.bits() != 0 {
             t = t.max(q.rd_done);
         }
-        if p.opcode == Opcode::Wait as u8 {
-            if !self.cfg.offload || p.op0 == 0 {
+        if let Some((cq, count)) = self.head_wait(g, &p) {
+            if !self.cfg.offload || count == 0 {
                 return Readiness::Ready(t);
             }
-            let Some((tq, sel)) = self.wait_target(q.host, &p) else {
+            let Some(c) = cq else {
                 return Readiness::Ready(t); // fails when executed
             };
-            let cq = self.qps[tq as usize].cq(sel);
-            if cq.count >= p.op0 {
-                return Readiness::Ready(t.max(cq.time_of(p.op0)));
+            let cq = &self.cqs[c as usize];
+            if cq.count >= count {
+                return Readiness::Ready(t.max(cq.time_of(count)));
             }
-            return Readiness::Blocked(tq, sel);
+            return Readiness::Blocked(c);
         }
         if let Some(since) = q.rnr_since {
             if needs_recv(p.opcode) && self.peer_recv_ready(g) == Some(false) {
@@ -217,14 +228,14 @@ impl Fabric {
                     self.qps[g as usize].in_active = false;
                     self.active.swap_remove(i);
                 }
-                Readiness::Blocked(tq, sel) => {
+                Readiness::Blocked(c) => {
                     let q = &mut self.qps[g as usize];
                     q.in_active = false;
-                    let already = q.parked_on == Some((tq, sel));
-                    q.parked_on = Some((tq, sel));
+                    let already = q.parked_on == Some(c);
+                    q.parked_on = Some(c);
                     self.active.swap_remove(i);
                     if !already {
-                        self.qps[tq as usize].cq_mut(sel).waiters.push(g);
+                        self.cqs[c as usize].waiters.push(g);
                     }
                 }
             }
@@ -294,7 +305,7 @@ impl Fabric {
     /// completion, so everything reported has landed. Returns the steps run.
     pub fn settle(&mut self, max_steps: u64) -> u64 {
         let n = self.run_until(u64::MAX, max_steps);
-        let last = self.qps.iter().map(|q| q.scq.last_time.max(q.rcq.last_time)).max().unwrap_or(0);
+        let last = self.cqs.iter().map(|c| c.last_time).max().unwrap_or(0);
         self.now = self.now.max(last);
         n
     }
@@ -345,7 +356,7 @@ impl Fabric {
             return false;
         }
         match self.wait_target(h, p) {
-            Some((tq, sel)) => !self.qps[tq as usize].cq(sel).reached(p.op0, self.now),
+            Some(c) => !self.cqs[c as usize].reached(p.op0, self.now),
             None => false,
         }
     }

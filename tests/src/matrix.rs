@@ -142,12 +142,16 @@ pub fn render(title: &str, list: &[Scenario], rows: &[Row]) -> String {
     }
     let _ = writeln!(out, "scenarios (failing under):");
     for (i, sc) in list.iter().enumerate() {
-        let under: Vec<String> = rows
-            .iter()
-            .filter(|r| r.summary.failed.iter().any(|(n, _)| *n == sc.name))
-            .map(|r| label(&r.behaviour))
-            .collect();
-        let shown = if under.is_empty() { String::new() } else { format!(" — {}", under.join(" ")) };
+        let fails = |r: &&Row| r.summary.failed.iter().any(|(n, _)| *n == sc.name);
+        let passes = |r: &&Row| r.summary.passed.contains(&sc.name);
+        let under: Vec<String> = rows.iter().filter(fails).map(|r| label(&r.behaviour)).collect();
+        let over: Vec<String> = rows.iter().filter(passes).map(|r| label(&r.behaviour)).collect();
+        // name the shorter side
+        let shown = match (under.len(), over.len()) {
+            (0, _) => String::new(),
+            (f, p) if f <= p || p == 0 => format!(" — fails under {f}: {}", under.join(" ")),
+            (f, _) => format!(" — fails under {f}, passes only under {}", over.join(" ")),
+        };
         let _ = writeln!(out, "{:>3} {}{shown}", i + 1, sc.name);
     }
     out

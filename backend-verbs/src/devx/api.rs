@@ -49,6 +49,14 @@ pub trait DevxApi {
         input: &[u8],
         out: &mut [u8],
     ) -> Result<(), DevxError>;
+    /// `mlx5dv_devx_obj_query` (QUERY_QP: the state the device holds a QP in).
+    fn obj_query(
+        &mut self,
+        command: &'static str,
+        obj: ObjHandle,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), DevxError>;
     /// `mlx5dv_devx_obj_destroy`.
     fn obj_destroy(&mut self, obj: ObjHandle) -> Result<(), DevxError>;
     /// `mlx5dv_devx_umem_reg`.

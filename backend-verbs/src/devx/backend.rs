@@ -686,12 +686,16 @@ impl<D: DevxDevice> DataPath for DevxBackend<D> {
                 QueueSel::Recv => {
                     let q = self.qp_mut(qp)?;
                     done.wr_id = match q.chain_recv {
-                        Some(w) => {
-                            // the slot's bytes are still the chain's receive: hand it back
+                        // the slot's bytes are still the chain's receive: hand it back — unless
+                        // it completed in error: the QP is in ERR, where a posted receive is
+                        // flushed at once, so handing flushes back would feed the MN's poll
+                        // a new flush for every one it takes (found by the ConnectX double)
+                        Some(w) if status.is_ok() => {
                             q.rq_head = q.rq_head.wrapping_add(1);
                             handed_back = true;
                             w
                         }
+                        Some(w) => w,
                         None => q.rq_wr_ids.pop_front().unwrap_or(0),
                     };
                     match c.opcode {
@@ -732,10 +736,15 @@ impl<D: DevxDevice> DataPath for DevxBackend<D> {
     }
     fn reset_qp(&mut self, qp: Qpn) -> Result<(), DevxError> {
         let q = self.qp(qp)?;
-        if !q.used && q.state == QpState::Rts {
+        let (used, state, devx, link) = (q.used, q.state, q.devx, q.link);
+        // a QP the MN never used is left alone if the device still has it in RTS — not on
+        // the driver's word alone: a CN's request the QP refused as responder moves it to ERR
+        // without the MN polling anything of it (found by the ConnectX double: such a QP
+        // stayed dead through every reset)
+        if !used && state == QpState::Rts && queue::query_state(&mut self.dev, &devx)? == QpState::Rts {
             return Ok(());
         }
-        match q.link {
+        match link {
             Link::Loopback { peer, .. } => {
                 self.reset_one(qp.get())?;
                 self.reset_one(peer)?;

@@ -337,6 +337,12 @@ fn chain_receives_are_handed_back_when_polled() {
         m.driver.backend.post_recv(mgmt, &RecvWqe { wr_id: 1, sges: heapless::Vec::new() }),
         Err(DevxError::ManagedQueue(_))
     ));
+    // a flushed one is not: the QP is in ERR, where a receive posted again is flushed at once
+    // (handing flushes back kept an errored management QP's poll going forever on the double)
+    plant_cqe(&mut m, rcq, 1, cqe_op::RESP_ERR, mgmt.get(), 0, Some(syndrome::WR_FLUSH_ERR));
+    assert_eq!(m.driver.backend.poll_cq(mgmt, QueueSel::Recv, &mut out).unwrap(), 1);
+    assert_eq!(out[0].status, WcStatus::WrFlushErr);
+    assert_eq!(dbr_word(&m, dbr), entries + 1, "a flushed receive stays consumed");
 }
 
 /// A chain failure on DEVX: the MN's driver quiesces the chain (2RST on the loop pair and the
@@ -424,7 +430,25 @@ fn reset_of_a_fresh_qp_leaves_it_alone_and_unknown_qps_are_refused() {
     let q = m.qps.access[1];
     let before = dev(&m).calls.len();
     m.driver.backend.reset_qp(q).unwrap();
-    assert_eq!(dev(&m).calls.len(), before, "a never-used CN-facing QP keeps its connection state");
+    let after: Vec<&Call> = dev(&m).calls[before..].iter().collect();
+    assert!(
+        matches!(after[..], [Call::ObjQuery { command: "QUERY_QP", .. }]),
+        "a never-used CN-facing QP the device has in RTS keeps its connection state: {after:?}"
+    );
+    // one the device moved to ERR (a CN's request it refused as responder) is reset
+    let mut err = vec![0u8; 272];
+    err[24] = 6 << 4;
+    m.driver.backend.device_mut().outputs.insert("QUERY_QP", err);
+    let before = dev(&m).calls.len();
+    m.driver.backend.reset_qp(q).unwrap();
+    let cmds: Vec<&str> = dev(&m).calls[before..]
+        .iter()
+        .filter_map(|c| match c {
+            Call::ObjModify { command, .. } | Call::ObjQuery { command, .. } => Some(*command),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cmds, ["QUERY_QP", "2RST_QP", "RST2INIT_QP", "INIT2RTR_QP", "RTR2RTS_QP"]);
     let bogus = Qpn::new(0x77_7777).unwrap();
     assert!(matches!(m.driver.backend.reset_qp(bogus), Err(DevxError::UnknownQp(0x77_7777))));
     assert!(matches!(m.driver.backend.read_local(1, &mut [0u8; 4]), Err(DevxError::OutsideMemory { .. })));

@@ -122,6 +122,13 @@ extern "C" {
         out: *mut c_void,
         outlen: usize,
     ) -> c_int;
+    fn mlx5dv_devx_obj_query(
+        obj: *mut Mlx5dvDevxObj,
+        input: *const c_void,
+        inlen: usize,
+        out: *mut c_void,
+        outlen: usize,
+    ) -> c_int;
     fn mlx5dv_devx_obj_destroy(obj: *mut Mlx5dvDevxObj) -> c_int;
     fn mlx5dv_devx_umem_reg(ctx: *mut ibv_context, addr: *mut c_void, size: usize, access: u32) -> *mut Mlx5dvDevxUmem;
     fn mlx5dv_devx_umem_dereg(umem: *mut Mlx5dvDevxUmem) -> c_int;
@@ -524,6 +531,34 @@ impl DevxApi for RealDevx {
         // SAFETY: `o` is a live object of this context; buffers valid for the call.
         let rc = unsafe {
             mlx5dv_devx_obj_modify(
+                o,
+                input.as_ptr() as *const c_void,
+                input.len(),
+                out.as_mut_ptr() as *mut c_void,
+                out.len(),
+            )
+        };
+        if rc != 0 {
+            return Err(status_of(command, input, out, rc_errno(rc)));
+        }
+        Ok(())
+    }
+    fn obj_query(
+        &mut self,
+        command: &'static str,
+        obj: ObjHandle,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), DevxError> {
+        let o = self
+            .objs
+            .get(obj.0)
+            .copied()
+            .filter(|p| !p.is_null())
+            .ok_or(DevxError::Call { call: "mlx5dv_devx_obj_query (unknown object)", errno: libc::EINVAL })?;
+        // SAFETY: `o` is a live object of this context; buffers valid for the call.
+        let rc = unsafe {
+            mlx5dv_devx_obj_query(
                 o,
                 input.as_ptr() as *const c_void,
                 input.len(),

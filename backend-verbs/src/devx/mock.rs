@@ -14,6 +14,7 @@ pub enum Call {
     GeneralCmd { command: &'static str, input: Vec<u8> },
     ObjCreate { command: &'static str, input: Vec<u8>, obj: ObjHandle },
     ObjModify { command: &'static str, obj: ObjHandle, input: Vec<u8> },
+    ObjQuery { command: &'static str, obj: ObjHandle, input: Vec<u8> },
     ObjDestroy(ObjHandle),
     UmemReg { mem: MemRange, access: u32, umem: UmemHandle },
     UmemDereg(UmemHandle),
@@ -62,9 +63,13 @@ impl RecordingDevx {
     pub fn new(pdn: u32) -> Self {
         RecordingDevx { pdn, ..Default::default() }
     }
-    /// A mock whose objects get distinct numbers (the backend's tests).
+    /// A mock whose objects get distinct numbers (the backend's tests), and whose QPs QUERY_QP
+    /// reports in RTS unless a test scripts another answer.
     pub fn numbered(pdn: u32) -> Self {
-        RecordingDevx { pdn, number_objects: true, next_addr: 0x7000_0000_0000, ..Default::default() }
+        let mut rts = vec![0u8; omw_core::mlx5::prm::qp::MODIFY_QP_OUT_LEN.max(272)];
+        rts[24] = 3 << 4; // qpc.state (bits 0xc0..0xc4) = MLX5_QP_STATE_RTS
+        let outputs = [("QUERY_QP", rts)].into_iter().collect();
+        RecordingDevx { pdn, number_objects: true, next_addr: 0x7000_0000_0000, outputs, ..Default::default() }
     }
     fn region(&self, addr: usize, len: usize) -> Option<(usize, usize)> {
         let (start, v) = self.memory.range(..=addr).next_back()?;
@@ -117,6 +122,7 @@ impl RecordingDevx {
                 Call::GeneralCmd { command: n, input }
                 | Call::ObjCreate { command: n, input, .. }
                 | Call::ObjModify { command: n, input, .. }
+                | Call::ObjQuery { command: n, input, .. }
                     if *n == command =>
                 {
                     Some(&input[..])
@@ -153,6 +159,16 @@ impl DevxApi for RecordingDevx {
         out: &mut [u8],
     ) -> Result<(), DevxError> {
         self.calls.push(Call::ObjModify { command, obj, input: input.to_vec() });
+        self.answer(command, opcode(input), out)
+    }
+    fn obj_query(
+        &mut self,
+        command: &'static str,
+        obj: ObjHandle,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), DevxError> {
+        self.calls.push(Call::ObjQuery { command, obj, input: input.to_vec() });
         self.answer(command, opcode(input), out)
     }
     fn obj_destroy(&mut self, obj: ObjHandle) -> Result<(), DevxError> {

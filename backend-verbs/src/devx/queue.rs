@@ -236,6 +236,37 @@ pub fn connect<A: DevxApi>(
     modify(api, "RTR2RTS_QP", qp, &qp::rtr2rts_in(&Rtr2Rts { qpn: qp.qpn, ..rts })?)
 }
 
+/// QUERY_QP (`MLX5_CMD_OP_QUERY_QP` 0x50B): `mlx5_ifc_query_qp_in_bits` is 16 bytes with the
+/// QP number at bit 0x48; `mlx5_ifc_query_qp_out_bits` holds the `qpc` at bit 0xc0, whose
+/// `state` is its first 4 bits (DPDK drivers/common/mlx5/mlx5_prm.h, main 38f72e5; states
+/// `MLX5_QP_STATE_*`, Linux include/linux/mlx5/qp.h: RST 0, INIT 1, RTR 2, RTS 3, SQER 4,
+/// SQD 5, ERR 6).
+pub const QUERY_QP: u16 = 0x50b;
+const QUERY_QP_IN_LEN: usize = 16;
+const QUERY_QP_OUT_LEN: usize = 272;
+
+/// The state the device holds `qp` in — which can differ from the last one the driver set: a
+/// responder error moves a QP to ERR without the driver polling anything of it.
+pub fn query_state<A: DevxApi>(api: &mut A, qp: &DevxQp) -> Result<omw_core::device::QpState, DevxError> {
+    use omw_core::device::QpState;
+    use omw_core::mlx5::prm::{bits, Field, IN_OPCODE};
+    let mut input = [0u8; QUERY_QP_IN_LEN];
+    bits::set(&mut input, IN_OPCODE, QUERY_QP as u64)?;
+    bits::set(&mut input, Field::new("qpn", 0x48, 0x18), qp.qpn as u64)?;
+    let mut out = [0u8; QUERY_QP_OUT_LEN];
+    api.obj_query("QUERY_QP", qp.obj, &input, &mut out)?;
+    omw_core::mlx5::prm::check_status(QUERY_QP, &out).map_err(|e| command_error("QUERY_QP", e))?;
+    Ok(match bits::get(&out, Field::new("qpc.state", 0xc0, 0x4))? {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqe,
+        5 => QpState::Sqd,
+        _ => QpState::Err,
+    })
+}
+
 /// Destroy a QP, then its umem.
 pub fn destroy_qp<A: DevxApi>(api: &mut A, qp: DevxQp) -> Result<(), DevxError> {
     api.obj_destroy(qp.obj)?;

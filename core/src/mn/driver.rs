@@ -585,6 +585,14 @@ impl<B: MnDevice> MnDriver<B> {
         if event == Event::RnicReset {
             // the device's counters start again with its QPs
             self.rebase_lap_counters();
+            // every QP went with the device, the MN's own too: bring them back now rather than
+            // when their next use finds them in error — a backend that keeps its QPs' states
+            // itself (DEVX) cannot tell from them (found by the ConnectX double: the first
+            // queue atomic after a reset was flushed)
+            self.backend.reset_qp(self.admin_qp).map_err(DriverError::Backend)?;
+            if let Some(a) = self.atomic_qp {
+                self.backend.reset_qp(a).map_err(DriverError::Backend)?;
+            }
         }
         let (mn, mut port) = self.port();
         let r = mn.handle(now, event, &mut port).map_err(DriverError::from);
