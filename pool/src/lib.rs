@@ -22,6 +22,8 @@
 pub mod announcer;
 pub mod client;
 pub mod entry;
+pub mod etcd;
+pub mod etcd_server;
 pub mod memory;
 pub mod placement;
 pub mod registry;
