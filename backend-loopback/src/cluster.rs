@@ -60,6 +60,9 @@ pub struct ClusterConfig {
     pub lease_ns: u64,
     /// Whether the alloc chains pop ahead (`MnConfig::pop_ahead`); None: the MN's default.
     pub pop_ahead: Option<bool>,
+    /// CN slots of the MN; None: `cns` (a pool's MN is provisioned with slots for CNs that
+    /// connect later, [`Cluster::connect_cn`]).
+    pub max_cns: Option<u32>,
 }
 
 impl ClusterConfig {
@@ -81,6 +84,7 @@ impl ClusterConfig {
             scrub: true,
             lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
             pop_ahead: None,
+            max_cns: None,
         }
     }
 }
@@ -606,7 +610,7 @@ impl Cluster {
             chunk_size: cfg.chunk_size,
             chunks: cfg.chunks,
             group_size: cfg.group_size,
-            max_cns: cfg.cns.clamp(1, omw_core::mn::MAX_CNS) as u32,
+            max_cns: cfg.max_cns.unwrap_or(cfg.cns as u32).clamp(1, omw_core::mn::MAX_CNS as u32),
             quota: cfg.quota,
             lease_ns: cfg.lease_ns,
             queue_depth: None,

@@ -6,7 +6,7 @@
 //! (bounded by the registry's own timeout).
 
 use crate::entry::{ClassEntry, MnEntry, ENTRY_FORMAT};
-use crate::registry::{LeaseId, Name, Registry, RegistryError};
+use crate::registry::{LeaseId, Name, RegistryError, SharedRegistry};
 use std::time::Duration;
 
 /// How an MN announces itself.
@@ -45,8 +45,8 @@ pub struct Refresh {
 }
 
 /// An MN's membership.
-pub struct Announcer<'r> {
-    registry: &'r dyn Registry,
+pub struct Announcer {
+    registry: SharedRegistry,
     pool: Name,
     name: Name,
     entry: MnEntry,
@@ -61,9 +61,13 @@ pub struct Announcer<'r> {
     drained_reported: bool,
 }
 
-impl std::fmt::Debug for Announcer<'_> {
+impl std::fmt::Debug for Announcer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Announcer").field("pool", &self.pool).field("name", &self.name).field("lease", &self.lease).finish()
+        f.debug_struct("Announcer")
+            .field("pool", &self.pool)
+            .field("name", &self.name)
+            .field("lease", &self.lease)
+            .finish()
     }
 }
 
@@ -71,12 +75,12 @@ fn ns(d: Duration) -> u64 {
     d.as_nanos().min(u64::MAX as u128) as u64
 }
 
-impl<'r> Announcer<'r> {
+impl Announcer {
     /// Register MN `name` of `pool` with `classes` (their `free` counts as they are now).
     /// `incarnation` must differ from every earlier run of this MN (a random or time-derived
     /// number), so CNs tell a restart from a refresh.
     pub fn register(
-        registry: &'r dyn Registry,
+        registry: SharedRegistry,
         pool: Name,
         name: Name,
         incarnation: u64,
@@ -144,7 +148,8 @@ impl<'r> Announcer<'r> {
             match self.lease.map(|l| self.registry.keep_alive(l)) {
                 Some(Ok(())) => r.kept_alive = true,
                 Some(Err(RegistryError::LeaseExpired(_))) | None => {
-                    self.lease = Some(self.registry.register(&self.pool, &self.name, &self.entry.encode(), self.times.ttl)?);
+                    self.lease =
+                        Some(self.registry.register(&self.pool, &self.name, &self.entry.encode(), self.times.ttl)?);
                     r.reregistered = true;
                 }
                 Some(Err(e)) => return Err(e),
@@ -168,8 +173,12 @@ impl<'r> Announcer<'r> {
                 match self.registry.update(&self.pool, &self.name, &self.entry.encode(), l) {
                     Ok(()) => {}
                     Err(RegistryError::LeaseExpired(_)) => {
-                        self.lease =
-                            Some(self.registry.register(&self.pool, &self.name, &self.entry.encode(), self.times.ttl)?);
+                        self.lease = Some(self.registry.register(
+                            &self.pool,
+                            &self.name,
+                            &self.entry.encode(),
+                            self.times.ttl,
+                        )?);
                         r.reregistered = true;
                     }
                     Err(e) => return Err(e),
@@ -196,7 +205,7 @@ impl<'r> Announcer<'r> {
 mod tests {
     use super::*;
     use crate::memory::InProcessRegistry;
-    use crate::registry::RegistryEvent;
+    use crate::registry::{Registry, RegistryEvent};
 
     fn class(free: u32) -> ClassEntry {
         ClassEntry { chunk_size: 4096, chunks: 8, free, group_size: 3, addr: "x".into() }
@@ -208,7 +217,16 @@ mod tests {
         let pool = Name::new("p").unwrap();
         let w = reg.watch(&pool).unwrap();
         let times = AnnounceTimes::for_ttl(Duration::from_secs(3));
-        let mut a = Announcer::register(&reg, pool.clone(), Name::new("a").unwrap(), 1, vec![class(8)], times, 0).unwrap();
+        let mut a = Announcer::register(
+            std::sync::Arc::new(reg.clone()),
+            pool.clone(),
+            Name::new("a").unwrap(),
+            1,
+            vec![class(8)],
+            times,
+            0,
+        )
+        .unwrap();
         let ms = 1_000_000u64;
         let mut puts = 0;
         for t in 1..=1000u64 {
@@ -244,7 +262,16 @@ mod tests {
         let reg = InProcessRegistry::new();
         let pool = Name::new("p").unwrap();
         let times = AnnounceTimes::for_ttl(Duration::from_secs(3));
-        let mut a = Announcer::register(&reg, pool.clone(), Name::new("a").unwrap(), 1, vec![class(8)], times, 0).unwrap();
+        let mut a = Announcer::register(
+            std::sync::Arc::new(reg.clone()),
+            pool.clone(),
+            Name::new("a").unwrap(),
+            1,
+            vec![class(8)],
+            times,
+            0,
+        )
+        .unwrap();
         // cut off for longer than the TTL: the record went
         reg.set_now(10_000_000_000);
         assert_eq!(reg.members(&pool).unwrap(), vec![]);

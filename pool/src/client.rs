@@ -91,13 +91,30 @@ impl fmt::Display for Skip {
 /// What the client saw happen to the pool (for logs, the demo and tests).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PoolNote {
-    Joined { mn: String, incarnation: u64 },
+    Joined {
+        mn: String,
+        incarnation: u64,
+    },
     /// An MN the client had seen depart is back (a new member).
-    Rejoined { mn: String, incarnation: u64 },
-    Departed { mn: String, why: Departure, lost_allocations: u64 },
-    Skipped { mn: String, why: Skip },
-    Draining { mn: String },
-    DrainEnded { mn: String },
+    Rejoined {
+        mn: String,
+        incarnation: u64,
+    },
+    Departed {
+        mn: String,
+        why: Departure,
+        lost_allocations: u64,
+    },
+    Skipped {
+        mn: String,
+        why: Skip,
+    },
+    Draining {
+        mn: String,
+    },
+    DrainEnded {
+        mn: String,
+    },
     /// The registry cannot be reached: the client goes on with the MNs it knows.
     RegistryLost(RegistryError),
     RegistryBack,
@@ -261,8 +278,9 @@ impl<C: Connector> PoolClient<C> {
         self.registry_lost
     }
 
-    /// What happened since the last call.
+    /// What happened since the last call (the registry's news taken first).
     pub fn take_notes(&mut self) -> Vec<PoolNote> {
+        self.poll();
         std::mem::take(&mut self.notes)
     }
 
@@ -376,12 +394,7 @@ impl<C: Connector> PoolClient<C> {
                 let classes = entry
                     .classes
                     .iter()
-                    .map(|c| Class {
-                        free_hint: c.free as u64,
-                        session: None,
-                        skipped_until: 0,
-                        wrong_geometry: false,
-                    })
+                    .map(|c| Class { free_hint: c.free as u64, session: None, skipped_until: 0, wrong_geometry: false })
                     .collect();
                 self.members.insert(name, Member { entry, refused: false, classes, held: 0, placed: 0 });
             }
@@ -483,7 +496,10 @@ impl<C: Connector> PoolClient<C> {
                     let advertised = (ce.chunk_size, ce.group_size);
                     if actual != advertised {
                         m.classes[ci].wrong_geometry = true;
-                        self.notes.push(PoolNote::Skipped { mn: name.to_string(), why: Skip::Geometry { advertised, actual } });
+                        self.notes.push(PoolNote::Skipped {
+                            mn: name.to_string(),
+                            why: Skip::Geometry { advertised, actual },
+                        });
                         return Err(SessionError::Empty);
                     }
                     m.classes[ci].session = Some(s);

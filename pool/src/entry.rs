@@ -61,7 +61,10 @@ pub enum EntryError {
     Syntax(String),
     Format(u32),
     /// The record's name is not the key's.
-    NameMismatch { key: String, record: String },
+    NameMismatch {
+        key: String,
+        record: String,
+    },
     NoClasses,
     TooManyClasses(usize),
     ChunkSize(u64),
@@ -70,7 +73,11 @@ pub enum EntryError {
     GroupSize(u8),
     ZeroChunks(u64),
     /// More free than the class has.
-    FreeExceedsChunks { chunk_size: u64, free: u32, chunks: u32 },
+    FreeExceedsChunks {
+        chunk_size: u64,
+        free: u32,
+        chunks: u32,
+    },
     Address(String),
 }
 
@@ -230,7 +237,8 @@ pub fn parse_classes(s: &str) -> Result<Vec<ClassSpec>, ClassSpecError> {
     for part in s.split(',') {
         let (size, count) = part.split_once(':').ok_or_else(|| ClassSpecError::Shape(cut(part)))?;
         let chunk_size = parse_size(size).ok_or_else(|| ClassSpecError::Size(cut(size)))?;
-        let chunks = count.trim().parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| ClassSpecError::Count(cut(count)))?;
+        let chunks =
+            count.trim().parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| ClassSpecError::Count(cut(count)))?;
         if !chunk_size.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
             return Err(ClassSpecError::Entry(EntryError::ChunkSize(chunk_size)));
         }

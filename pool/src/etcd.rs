@@ -128,9 +128,11 @@ impl Registry for EtcdRegistry {
         let key = keys::mn(pool, mn);
         let lease = self.call(|mut c| async move { c.lease_grant(ttl_secs(ttl), None).await })?.id();
         let (k, v) = (key.clone(), value.to_vec());
-        let txn = Txn::new()
-            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(k, v, Some(PutOptions::new().with_lease(lease)))]);
+        let txn = Txn::new().when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+            k,
+            v,
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
         let done = self.call(|mut c| async move { c.txn(txn).await });
         match done {
             Ok(r) if r.succeeded() => Ok(LeaseId(lease)),
@@ -183,9 +185,8 @@ impl Registry for EtcdRegistry {
         self.keepers.lock().unwrap_or_else(|p| p.into_inner()).remove(&lease.0);
         let k = keys::mn(pool, mn);
         // only our own record: a successor under the same name has another lease
-        let txn = Txn::new()
-            .when([Compare::lease(k.clone(), CompareOp::Equal, lease.0)])
-            .and_then([TxnOp::delete(k, None)]);
+        let txn =
+            Txn::new().when([Compare::lease(k.clone(), CompareOp::Equal, lease.0)]).and_then([TxnOp::delete(k, None)]);
         self.call(|mut c| async move { c.txn(txn).await })?;
         match self.call(|mut c| async move { c.lease_revoke(lease.0).await }) {
             Ok(_) => Ok(()),

@@ -25,7 +25,10 @@ pub enum EtcdServerError {
     NotInstalled(std::io::Error),
     Io(std::io::Error),
     /// It did not answer within the start-up budget (its log's tail).
-    NotReady { url: String, log: String },
+    NotReady {
+        url: String,
+        log: String,
+    },
 }
 
 impl std::fmt::Display for EtcdServerError {
@@ -122,11 +125,11 @@ fn spawn(dir: &std::path::Path, args: &[String]) -> Result<Child, EtcdServerErro
         .append(true)
         .open(dir.join("etcd.log"))
         .map_err(EtcdServerError::Io)?;
-    Command::new("etcd").args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().map_err(|e| {
-        match e.kind() {
-            std::io::ErrorKind::NotFound => EtcdServerError::NotInstalled(e),
-            _ => EtcdServerError::Io(e),
-        }
+    Command::new("etcd").args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().map_err(|e| match e
+        .kind()
+    {
+        std::io::ErrorKind::NotFound => EtcdServerError::NotInstalled(e),
+        _ => EtcdServerError::Io(e),
     })
 }
 

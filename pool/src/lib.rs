@@ -24,6 +24,7 @@ pub mod client;
 pub mod entry;
 pub mod etcd;
 pub mod etcd_server;
+pub mod loopback;
 pub mod memory;
 pub mod placement;
 pub mod registry;

@@ -79,11 +79,7 @@ impl InProcessRegistry {
         let watchers = std::mem::take(&mut s.watchers);
         let mut kept = Vec::new();
         for (prefix, tx) in watchers {
-            let ev = if on {
-                RegistryEvent::Resync(snapshot(&s, &prefix))
-            } else {
-                RegistryEvent::Lost(err.clone())
-            };
+            let ev = if on { RegistryEvent::Resync(snapshot(&s, &prefix)) } else { RegistryEvent::Lost(err.clone()) };
             if tx.send(ev).is_ok() {
                 kept.push((prefix, tx));
             }
@@ -236,7 +232,10 @@ mod tests {
         let w = r.watch(&n("p")).unwrap();
         assert_eq!(w.drain(), vec![RegistryEvent::Resync(vec![])]);
         let l = r.register(&n("p"), &n("a"), b"one", Duration::from_secs(2)).unwrap();
-        assert_eq!(r.register(&n("p"), &n("a"), b"x", Duration::from_secs(2)), Err(RegistryError::NameTaken("a".into())));
+        assert_eq!(
+            r.register(&n("p"), &n("a"), b"x", Duration::from_secs(2)),
+            Err(RegistryError::NameTaken("a".into()))
+        );
         r.set_now(1_500_000_000);
         r.keep_alive(l).unwrap();
         r.update(&n("p"), &n("a"), b"two", l).unwrap();

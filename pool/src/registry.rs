@@ -136,6 +136,9 @@ impl fmt::Display for RegistryError {
 
 impl std::error::Error for RegistryError {}
 
+/// A registry shared by the threads and owners that use it.
+pub type SharedRegistry = std::sync::Arc<dyn Registry + Send + Sync>;
+
 /// Where a pool's MNs are members. Blocking calls (each bounded by the implementation's
 /// timeout); the watch delivers through a channel.
 pub trait Registry {

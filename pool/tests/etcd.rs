@@ -82,6 +82,10 @@ fn a_watch_reports_a_lost_etcd_and_resynchronises_when_it_is_back() {
     assert!(matches!(reg.keep_alive(lease), Err(RegistryError::Unreachable { .. })));
     etcd.restart().unwrap();
     // the record survived (its lease's TTL is 30 s and etcd keeps leases across a restart)
-    wait_for(&w, "the resync", |e| matches!(e, RegistryEvent::Resync(v) if v == &vec![("a".to_string(), b"one".to_vec())]));
+    wait_for(
+        &w,
+        "the resync",
+        |e| matches!(e, RegistryEvent::Resync(v) if v == &vec![("a".to_string(), b"one".to_vec())]),
+    );
     reg.keep_alive(lease).unwrap();
 }

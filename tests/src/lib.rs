@@ -7,6 +7,7 @@
 pub mod loopback;
 pub mod mw;
 pub mod oracle;
+pub mod pool;
 pub mod runner;
 pub mod scenarios;
 pub mod testbed;
