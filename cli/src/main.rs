@@ -6,6 +6,7 @@ use std::process::ExitCode;
 mod bench;
 mod cn;
 mod demo;
+mod pool_demo;
 mod verbs;
 
 #[derive(Parser, Debug)]

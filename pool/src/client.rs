@@ -32,6 +32,10 @@ pub const RETRY_AFTER: u64 = 64;
 pub struct PoolAlloc {
     mn: String,
     incarnation: u64,
+    /// Which of this client's memberships of the MN it was placed in: an MN that departed and
+    /// came back — even as the same incarnation, after its lease lapsed — is a new membership
+    /// whose connections are new, so the old allocations are not found there.
+    epoch: u64,
     chunk_size: u64,
     alloc: Allocation,
 }
@@ -210,6 +214,8 @@ struct Member<S> {
     /// Allocations of this client on it.
     held: u64,
     placed: u64,
+    /// This client's count of joins when it joined (see [`PoolAlloc`]).
+    epoch: u64,
 }
 
 /// What the client knows of one MN (for printing and benchmarks).
@@ -239,6 +245,7 @@ pub struct PoolClient<C: Connector> {
     notes: Vec<PoolNote>,
     placements: u64,
     registry_lost: bool,
+    joins: u64,
 }
 
 type PResult<T, C> = Result<T, PoolError<<<C as Connector>::Session as MnSession>::Error>>;
@@ -259,6 +266,7 @@ impl<C: Connector> PoolClient<C> {
             notes: Vec::new(),
             placements: 0,
             registry_lost: false,
+            joins: 0,
         };
         c.poll();
         Ok(c)
@@ -396,7 +404,9 @@ impl<C: Connector> PoolClient<C> {
                     .iter()
                     .map(|c| Class { free_hint: c.free as u64, session: None, skipped_until: 0, wrong_geometry: false })
                     .collect();
-                self.members.insert(name, Member { entry, refused: false, classes, held: 0, placed: 0 });
+                self.joins += 1;
+                let epoch = self.joins;
+                self.members.insert(name, Member { entry, refused: false, classes, held: 0, placed: 0, epoch });
             }
         }
     }
@@ -522,7 +532,13 @@ impl<C: Connector> PoolClient<C> {
                 cls.free_hint = cls.free_hint.saturating_sub(1);
                 m.held += 1;
                 m.placed += 1;
-                Ok(PoolAlloc { mn: name.to_string(), incarnation: m.entry.incarnation, chunk_size, alloc })
+                Ok(PoolAlloc {
+                    mn: name.to_string(),
+                    incarnation: m.entry.incarnation,
+                    epoch: m.epoch,
+                    chunk_size,
+                    alloc,
+                })
             }
             Err(SessionError::Empty) => {
                 cls.free_hint = 0;
@@ -536,7 +552,7 @@ impl<C: Connector> PoolClient<C> {
     fn route(&mut self, a: &PoolAlloc) -> PResult<&mut Member<C::Session>, C> {
         self.poll();
         match self.members.get_mut(&a.mn) {
-            Some(m) if m.entry.incarnation == a.incarnation => Ok(m),
+            Some(m) if m.epoch == a.epoch => Ok(m),
             _ => Err(PoolError::MnLost { mn: a.mn.clone() }),
         }
     }

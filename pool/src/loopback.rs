@@ -118,9 +118,15 @@ impl LoopbackMn {
         self.classes.iter().map(|c| c.borrow().free_groups()).collect()
     }
 
-    /// Chunks held by CNs over all classes (those no CN was handed are not counted).
+    /// Chunks CNs were handed, per class (groups an alloc chain popped ahead for its CN's next
+    /// request are not theirs yet).
+    pub fn held_per_class(&self) -> Vec<u64> {
+        self.classes.iter().map(|c| c.borrow()).map(|c| (c.cfg.chunks - c.unallocated()) as u64).collect()
+    }
+
+    /// Chunks held by CNs over all classes.
     pub fn held(&self) -> u64 {
-        self.classes.iter().map(|c| c.borrow()).map(|c| (c.cfg.chunks - c.unallocated()) as u64).sum()
+        self.held_per_class().iter().sum()
     }
 
     fn entries(&self) -> Vec<ClassEntry> {
@@ -260,14 +266,23 @@ impl LoopbackPool {
     /// leases expire where due, and each live MN refreshes its record (keep-alive, counts,
     /// drain requests). Returns what the refreshes did, by MN.
     pub fn advance(&mut self, ns: u64) -> Result<Vec<(String, Refresh)>, LoopbackPoolError> {
-        self.now += ns;
-        for (m, _) in self.mns.iter().filter(|(m, _)| !m.vanished) {
-            for c in &m.classes {
-                c.borrow_mut().advance(ns)?;
+        // in steps no longer than 100 ms, so every keep-alive and refresh happens at its own
+        // time (one long jump would expire every lease before its MN could renew it)
+        let mut out = Vec::new();
+        let mut left = ns;
+        while left > 0 {
+            let step = left.min(100_000_000);
+            left -= step;
+            self.now += step;
+            for (m, _) in self.mns.iter().filter(|(m, _)| !m.vanished) {
+                for c in &m.classes {
+                    c.borrow_mut().advance(step)?;
+                }
             }
+            self.registry.set_now(self.now);
+            out.extend(self.refresh()?);
         }
-        self.registry.set_now(self.now);
-        self.refresh()
+        Ok(out)
     }
 
     /// Each live MN publishes its counts now (at most at its announcer's rate).
