@@ -7,6 +7,7 @@ mod bench;
 mod cn;
 mod demo;
 mod pool_demo;
+mod pool_mn;
 mod verbs;
 
 #[derive(Parser, Debug)]

@@ -30,13 +30,16 @@ fn size(s: &str) -> Result<u64, String> {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
 pub struct MnArgs {
+    #[command(subcommand)]
+    pub action: Option<MnAction>,
     /// RDMA device (default: the first with an ACTIVE port, preferring type-2 windows).
     #[arg(long)]
     pub device: Option<String>,
     /// rdma_cm address to listen on (an address of the device's network interface).
-    #[arg(long)]
-    pub listen: SocketAddr,
+    #[arg(long, required = true)]
+    pub listen: Option<SocketAddr>,
     /// Bytes of pool memory exported (K/M/G suffixes).
     #[arg(long, value_parser = size, default_value = "64M")]
     pub pool_size: u64,
@@ -95,6 +98,50 @@ pub struct MnArgs {
     /// sessions. Without it the MN runs open.
     #[arg(long)]
     pub tenants: Option<std::path::PathBuf>,
+    /// Join a pool of MNs: the registry's etcd endpoint(s), e.g. http://127.0.0.1:2379
+    /// (docs/POOL.md). The MN registers under a lease, publishes its free count and drain flag,
+    /// and leaves on SIGINT/SIGTERM. SIGUSR1 starts draining, SIGUSR2 ends it.
+    #[arg(long, requires = "pool")]
+    pub registry: Option<String>,
+    /// The pool's name in the registry.
+    #[arg(long, requires = "registry")]
+    pub pool: Option<String>,
+    /// This MN's name in the pool (default: `mn-<listen address>`).
+    #[arg(long, requires = "registry")]
+    pub name: Option<String>,
+    /// The address CNs connect to, as published (default: --listen).
+    #[arg(long, requires = "registry")]
+    pub advertise: Option<SocketAddr>,
+    /// The registry lease in milliseconds: a vanished MN leaves the pool this long after its
+    /// last keep-alive.
+    #[arg(long, default_value_t = 3000, requires = "registry")]
+    pub registry_ttl_ms: u64,
+}
+
+/// `omw mn` subcommands that act on a running pool through its registry.
+#[derive(clap::Subcommand, Debug)]
+pub enum MnAction {
+    /// Ask a pool MN to drain (no new placements; its live allocations keep working) or, with
+    /// --off, to stop draining. With --wait, wait until it reports holding no chunk.
+    Drain(DrainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DrainArgs {
+    /// The registry's etcd endpoint(s).
+    #[arg(long)]
+    pub registry: String,
+    #[arg(long)]
+    pub pool: String,
+    /// The MN's name in the pool.
+    #[arg(long)]
+    pub name: String,
+    /// End draining instead.
+    #[arg(long)]
+    pub off: bool,
+    /// Wait up to this many seconds for the MN to hold no chunk (0: do not wait).
+    #[arg(long, default_value_t = 0)]
+    pub wait_s: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +229,22 @@ pub fn mn(a: MnArgs) -> ExitCode {
 }
 
 fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
+    if let Some(MnAction::Drain(d)) = a.action {
+        return crate::pool_mn::drain(&d);
+    }
+    let Some(listen) = a.listen else {
+        return Err(omw_verbs::VerbsError::Config("--listen is required".into()));
+    };
+    let membership = match a.registry.clone() {
+        Some(url) => Some(crate::pool_mn::Membership {
+            url,
+            pool: a.pool.clone().unwrap_or_default(),
+            name: a.name.clone().unwrap_or_else(|| format!("mn-{}", listen).replace([':', '[', ']'], "_")),
+            advertise: a.advertise.unwrap_or(listen),
+            ttl: Duration::from_millis(a.registry_ttl_ms),
+        }),
+        None => None,
+    };
     let offload = a.offload;
     // a missing or malformed profile is the operator's to fix first, before any device call
     let offload_profile = match &a.profile {
@@ -193,7 +256,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
     };
     let opts = MnOptions {
         device: a.device,
-        listen: a.listen,
+        listen,
         pool_size: a.pool_size,
         chunk_size: a.chunk_size,
         group_size: a.group_size,
@@ -211,13 +274,19 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         offload_profile,
     };
     match offload {
+        Some(Offload::Mlx5) if membership.is_some() => Err(omw_verbs::VerbsError::Config(
+            "--registry with --offload mlx5 is not supported yet: a pool MN runs the host engine".into(),
+        )),
         // the chains in a ConnectX: the DEVX gate first, so a device or build that cannot
         // says why before anything is probed or pinned
         Some(Offload::Mlx5) => {
             omw_verbs::devx::ready(opts.device.as_deref())?;
             serve_devx(opts)
         }
-        None => omw_verbs::mn::serve(opts),
+        None => match membership {
+            Some(m) => crate::pool_mn::serve(opts, m),
+            None => omw_verbs::mn::serve(opts),
+        },
     }
 }
 

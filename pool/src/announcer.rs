@@ -201,6 +201,77 @@ impl Announcer {
     }
 }
 
+/// An MN's membership on a thread of its own, so a slow or unreachable registry never stalls
+/// the MN's loop: every 100 ms it takes the MN's counts, keeps the lease alive, follows drain
+/// requests and the MN's own drain flag, publishes, and says what changed through `log`.
+#[derive(Debug)]
+pub struct AnnouncerThread {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<Result<(), RegistryError>>,
+}
+
+/// The MN's counts as its loop publishes them for the announcer: each class's free chunks,
+/// and the chunks CNs hold.
+pub type Counts = std::sync::Arc<std::sync::Mutex<(Vec<u32>, u64)>>;
+
+impl AnnouncerThread {
+    pub fn spawn(
+        mut a: Announcer,
+        counts: Counts,
+        self_drain: &'static std::sync::atomic::AtomicBool,
+        log: impl Fn(String) + Send + 'static,
+    ) -> std::io::Result<Self> {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("omw-announce".into())
+            .spawn(move || {
+                let t0 = std::time::Instant::now();
+                let mut cut_off = false;
+                while !s.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    let (free, held) = counts.lock().map(|c| c.clone()).unwrap_or_default();
+                    a.set_counts(&free);
+                    a.set_self_drain(self_drain.load(Ordering::Relaxed));
+                    match a.refresh(ns(t0.elapsed()), held) {
+                        Ok(r) => {
+                            if cut_off {
+                                cut_off = false;
+                                log(format!("registry {} reachable again", a.registry.url()));
+                            }
+                            if r.reregistered {
+                                log("the registry lease had expired: registered again (CNs saw this MN leave and come back; what they held here was reclaimed as they disconnected)".into());
+                            }
+                            match r.draining_changed {
+                                Some(true) => log("draining: no new placements; live allocations keep working".into()),
+                                Some(false) => log("draining ended: placements welcome again".into()),
+                                None => {}
+                            }
+                            if r.drained {
+                                log("drained: no CN holds a chunk here any more; this MN can be stopped".into());
+                            }
+                        }
+                        Err(e) => {
+                            if !cut_off {
+                                cut_off = true;
+                                log(format!("{e}; serving on (the lease runs out unless the registry comes back)"));
+                            }
+                        }
+                    }
+                }
+                a.leave()
+            })?;
+        Ok(AnnouncerThread { stop, handle })
+    }
+
+    /// Stop refreshing and leave the pool (the record deleted, the lease revoked).
+    pub fn leave(self) -> Result<(), RegistryError> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().unwrap_or(Ok(()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

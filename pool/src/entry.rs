@@ -110,7 +110,14 @@ impl std::error::Error for EntryError {}
 
 /// Up to 120 characters of untrusted text, escaped, for a message.
 pub(crate) fn cut(s: &str) -> String {
-    let mut out: String = s.chars().take(120).flat_map(char::escape_default).collect();
+    let mut out = String::new();
+    for c in s.chars().take(120) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
     if s.chars().count() > 120 {
         out.push('…');
     }

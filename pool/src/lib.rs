@@ -29,6 +29,7 @@ pub mod memory;
 pub mod placement;
 pub mod registry;
 pub mod session;
+pub mod verbs;
 
 pub use client::{PoolAlloc, PoolClient, PoolError, PoolNote};
 pub use entry::{ClassEntry, MnEntry};

@@ -137,6 +137,8 @@ pub struct MnDaemon<T: Transport> {
     departed: (u64, u64),
     metrics: Option<MetricsServer>,
     last_publish: Instant,
+    /// Called with the counters as often as `--metrics` gets them (the pool's announcer).
+    counter_hook: Option<Box<dyn FnMut(&MnCounters)>>,
 }
 
 impl<T: Transport> std::fmt::Debug for MnDaemon<T> {
@@ -299,6 +301,7 @@ impl<T: Transport> MnDaemon<T> {
             departed: (0, 0),
             metrics,
             last_publish: now,
+            counter_hook: None,
         })
     }
 
@@ -402,14 +405,25 @@ impl<T: Transport> MnDaemon<T> {
                 println!("{}", self.counters().json());
             }
         }
-        if self.metrics.is_some() && self.last_publish.elapsed() >= Duration::from_millis(100) {
+        if (self.metrics.is_some() || self.counter_hook.is_some())
+            && self.last_publish.elapsed() >= Duration::from_millis(100)
+        {
             self.last_publish = Instant::now();
             let c = self.counters();
+            if let Some(h) = self.counter_hook.as_mut() {
+                h(&c);
+            }
             if let Some(m) = &self.metrics {
                 m.publish(c);
             }
         }
         Ok(busy)
+    }
+
+    /// Hand the counters to `hook` every 100 ms (as `--metrics` gets them): how the `omw`
+    /// binary's pool membership learns the MN's free count without touching its loop.
+    pub fn on_counters(&mut self, hook: impl FnMut(&MnCounters) + 'static) {
+        self.counter_hook = Some(Box::new(hook));
     }
 
     /// CNs the MN evicted (the transport could not reach them, or they stopped answering the
