@@ -8,8 +8,9 @@
 //! more chunks can go back.
 //!
 //! The store needs little from a CN, the [`CnMemory`] trait: allocate and free a chunk, read
-//! and write bytes in it. Two implementations: [`loopback::LoopbackCn`] (the loopback cluster
-//! of omw-loopback) and [`verbs::VerbsCn`] (omw-verbs' `CnClient` against a real `omw mn`).
+//! and write bytes in it. Three implementations: [`loopback::LoopbackCn`] (the loopback cluster
+//! of omw-loopback), [`verbs::VerbsCn`] (omw-verbs' `CnClient` against a real `omw mn`) and
+//! [`pool::PoolCn`] (a pool of many MNs through omw-pool's client).
 //!
 //! ```
 //! use omw_kv::{loopback::LoopbackCn, KvStore};
@@ -26,6 +27,7 @@
 
 pub mod exercise;
 pub mod loopback;
+pub mod pool;
 pub mod record;
 pub mod verbs;
 
