@@ -1,9 +1,11 @@
-//! `omw mn --registry URL --pool NAME`: the MN daemon as a member of a pool (its membership on a
-//! thread of its own: a slow or unreachable etcd never stalls the MN's loop), and
-//! `omw mn drain`, the operator's drain request through the registry.
+//! `omw mn --classes …` and `omw mn --registry URL --pool NAME`: an MN of several size classes
+//! (one daemon — one `MemoryNode`, MWTable, free queue and chains — per class, on consecutive
+//! ports of the same device, in one loop) and as a member of a pool (its membership on a thread
+//! of its own: a slow or unreachable etcd never stalls the MN's loop); `omw mn drain`, the
+//! operator's drain request through the registry.
 
 use omw_pool::announcer::{AnnounceTimes, Announcer, AnnouncerThread, Counts};
-use omw_pool::entry::{ClassEntry, MnEntry};
+use omw_pool::entry::{ClassEntry, ClassSpec, MnEntry};
 use omw_pool::etcd::EtcdRegistry;
 use omw_pool::registry::{Name, Registry, RegistryError, SharedRegistry};
 use omw_verbs::log::Level;
@@ -40,7 +42,7 @@ fn register(
     reg: SharedRegistry,
     pool: &Name,
     name: &Name,
-    class: ClassEntry,
+    classes: Vec<ClassEntry>,
     ttl: Duration,
 ) -> Result<Announcer, VerbsError> {
     let incarnation =
@@ -54,7 +56,7 @@ fn register(
             pool.clone(),
             name.clone(),
             incarnation,
-            vec![class.clone()],
+            classes.clone(),
             AnnounceTimes::for_ttl(ttl),
             0,
         );
@@ -74,45 +76,85 @@ fn register(
     }
 }
 
-/// The daemon as a pool member: start, register once listening, run until SIGINT/SIGTERM,
-/// leave the pool first (CNs stop placing at once), then tear down.
-pub fn serve(opts: MnOptions, m: Membership) -> Result<(), VerbsError> {
-    let pool = Name::new(&m.pool).map_err(|e| config(format!("--pool: {e}")))?;
-    let name = Name::new(&m.name).map_err(|e| config(format!("--name: {e}")))?;
+/// The MN's classes' daemons in one loop and, with a membership, as a pool member: start
+/// every class, register once all listen, run until SIGINT/SIGTERM, leave the pool first (CNs
+/// stop placing at once), then tear down.
+pub fn serve(opts: MnOptions, classes: &[ClassSpec], m: Option<Membership>) -> Result<(), VerbsError> {
+    let names = match &m {
+        Some(m) => Some((
+            Name::new(&m.pool).map_err(|e| config(format!("--pool: {e}")))?,
+            Name::new(&m.name).map_err(|e| config(format!("--name: {e}")))?,
+        )),
+        None => None,
+    };
     // the registry first: unreachable is the operator's to fix before anything is pinned
-    let reg: SharedRegistry = Arc::new(EtcdRegistry::connect(&m.url).map_err(config)?);
+    let reg: Option<SharedRegistry> = match &m {
+        Some(m) => Some(Arc::new(EtcdRegistry::connect(&m.url).map_err(config)?)),
+        None => None,
+    };
     let stop = omw_verbs::signals::install()?;
     let drain = omw_verbs::signals::install_drain()?;
-    let mut d = MemoryNodeDaemon::start(opts.clone())?;
-    let chunks = (opts.pool_size / opts.chunk_size) as u32;
-    let counts: Counts = Arc::new(Mutex::new((vec![chunks], 0)));
-    let sink = counts.clone();
-    d.on_counters(move |c| {
-        if let Ok(mut s) = sink.lock() {
-            *s = (vec![c.free_chunks.min(u32::MAX as u64) as u32], c.chunks.saturating_sub(c.free_chunks));
+    let counts: Counts = Arc::new(Mutex::new((classes.iter().map(|c| c.chunks).collect(), 0)));
+    let mut daemons = Vec::new();
+    let mut entries = Vec::new();
+    for (i, c) in classes.iter().enumerate() {
+        let mut o = opts.clone();
+        o.chunk_size = c.chunk_size;
+        o.pool_size = c.chunk_size * c.chunks as u64;
+        let port = opts.listen.port().checked_add(i as u16).ok_or_else(|| config("--listen port + classes > 65535"))?;
+        o.listen.set_port(port);
+        // one metrics endpoint: the first class's
+        if i > 0 {
+            o.metrics = None;
         }
-    });
-    let class = ClassEntry {
-        chunk_size: opts.chunk_size,
-        chunks,
-        free: chunks,
-        group_size: opts.group_size,
-        addr: m.advertise.to_string(),
+        log(&format!("class {i}: {} chunks of {} B on port {port}", c.chunks, c.chunk_size));
+        let mut d = MemoryNodeDaemon::start(o)?;
+        let sink = counts.clone();
+        let all: Vec<u32> = classes.iter().map(|c| c.chunks).collect();
+        d.on_counters(move |k| {
+            if let Ok(mut s) = sink.lock() {
+                if let Some(f) = s.0.get_mut(i) {
+                    *f = k.free_chunks.min(all[i] as u64) as u32;
+                }
+                // chunks held over every class: what a drain waits for
+                s.1 = all.iter().zip(&s.0).map(|(c, f)| c.saturating_sub(*f) as u64).sum();
+            }
+        });
+        let mut advertise = m.as_ref().map_or(opts.listen, |m| m.advertise);
+        advertise.set_port(port);
+        entries.push(ClassEntry {
+            chunk_size: c.chunk_size,
+            chunks: c.chunks,
+            free: c.chunks,
+            group_size: opts.group_size,
+            addr: advertise.to_string(),
+        });
+        daemons.push(d);
+    }
+    let th = match (reg, names, &m) {
+        (Some(reg), Some((pool, name)), Some(m)) => {
+            let a = register(reg, &pool, &name, entries, m.ttl)?;
+            log(&format!(
+                "member {name} of pool {pool} at {} with {} class(es) (lease {:?}; SIGUSR1 drains, SIGUSR2 ends draining)",
+                m.url,
+                classes.len(),
+                m.ttl
+            ));
+            let th = AnnouncerThread::spawn(a, counts.clone(), drain, |msg| log(&msg))
+                .map_err(|e| config(format!("announcer thread: {e}")))?;
+            Some((th, pool))
+        }
+        _ => None,
     };
-    let a = register(reg, &pool, &name, class, m.ttl)?;
-    log(&format!(
-        "member {name} of pool {pool} at {} (lease {:?}; SIGUSR1 drains, SIGUSR2 ends draining)",
-        m.url, m.ttl
-    ));
-    let th = AnnouncerThread::spawn(a, counts, drain, |msg| log(&msg))
-        .map_err(|e| config(format!("announcer thread: {e}")))?;
-    let r = d.run(stop);
-    match th.leave() {
-        Ok(()) => log(&format!("left pool {pool}")),
-        Err(e) => log(&format!("leaving pool {pool}: {e} (the record goes when its lease runs out)")),
+    let r = MemoryNodeDaemon::run_all(&mut daemons, stop);
+    if let Some((th, pool)) = th {
+        match th.leave() {
+            Ok(()) => log(&format!("left pool {pool}")),
+            Err(e) => log(&format!("leaving pool {pool}: {e} (the record goes when its lease runs out)")),
+        }
     }
     r?;
-    drop(d);
+    drop(daemons);
     log("stopped");
     Ok(())
 }

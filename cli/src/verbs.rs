@@ -29,6 +29,10 @@ fn size(s: &str) -> Result<u64, String> {
     num.trim().parse::<u64>().map(|n| n * mul).map_err(|e| format!("{s:?}: {e}"))
 }
 
+fn classes(s: &str) -> Result<Vec<omw_pool::entry::ClassSpec>, String> {
+    omw_pool::entry::parse_classes(s).map_err(|e| e.to_string())
+}
+
 #[derive(clap::Args, Debug)]
 #[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
 pub struct MnArgs {
@@ -98,6 +102,11 @@ pub struct MnArgs {
     /// sessions. Without it the MN runs open.
     #[arg(long)]
     pub tenants: Option<std::path::PathBuf>,
+    /// Size classes, `SIZE:COUNT,…` (e.g. 4K:256,64K:32,2M:4): each its own MWTable, free queue
+    /// and chains, listening on --listen's port + its index (smallest class first); replaces
+    /// --pool-size and --chunk-size.
+    #[arg(long, value_parser = classes)]
+    pub classes: Option<Vec<omw_pool::entry::ClassSpec>>,
     /// Join a pool of MNs: the registry's etcd endpoint(s), e.g. http://127.0.0.1:2379
     /// (docs/POOL.md). The MN registers under a lease, publishes its free count and drain flag,
     /// and leaves on SIGINT/SIGTERM. SIGUSR1 starts draining, SIGUSR2 ends it.
@@ -274,8 +283,8 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         offload_profile,
     };
     match offload {
-        Some(Offload::Mlx5) if membership.is_some() => Err(omw_verbs::VerbsError::Config(
-            "--registry with --offload mlx5 is not supported yet: a pool MN runs the host engine".into(),
+        Some(Offload::Mlx5) if membership.is_some() || a.classes.is_some() => Err(omw_verbs::VerbsError::Config(
+            "--registry or --classes with --offload mlx5 is not supported yet: a pool MN runs the host engine".into(),
         )),
         // the chains in a ConnectX: the DEVX gate first, so a device or build that cannot
         // says why before anything is probed or pinned
@@ -283,9 +292,17 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
             omw_verbs::devx::ready(opts.device.as_deref())?;
             serve_devx(opts)
         }
-        None => match membership {
-            Some(m) => crate::pool_mn::serve(opts, m),
-            None => omw_verbs::mn::serve(opts),
+        None => match (membership, a.classes) {
+            (None, None) => omw_verbs::mn::serve(opts),
+            (m, classes) => {
+                let classes = classes.unwrap_or_else(|| {
+                    vec![omw_pool::entry::ClassSpec {
+                        chunk_size: opts.chunk_size,
+                        chunks: (opts.pool_size / opts.chunk_size.max(1)) as u32,
+                    }]
+                });
+                crate::pool_mn::serve(opts, &classes, m)
+            }
         },
     }
 }

@@ -328,12 +328,45 @@ impl<T: Transport> MnDaemon<T> {
         Ok(())
     }
 
+    /// Run several daemons in one loop until `stop` is set — an MN's size classes, each its own
+    /// `MemoryNode` (MWTable, free queue, chains) on its own port of the same device. Each turn
+    /// steps every one; when all are idle they take turns waiting for the connection manager
+    /// (each at most [`IDLE_WAIT`] / n, so none waits long for another's quiet).
+    pub fn run_all(daemons: &mut [Self], stop: &AtomicBool) -> Result<()> {
+        let mut idle = 0u32;
+        let share = IDLE_WAIT / daemons.len().max(1) as u32;
+        while !stop.load(Ordering::Relaxed) {
+            let mut busy = false;
+            for d in daemons.iter_mut() {
+                busy |= d.step()?;
+            }
+            if busy {
+                idle = 0;
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            if idle > IDLE_TURNS {
+                for d in daemons.iter_mut() {
+                    if d.wait_at_most(share)? {
+                        idle = 0;
+                    }
+                }
+            }
+        }
+        log("shutting down: invalidating and deallocating every window before the QPs");
+        Ok(())
+    }
+
     /// Wait for one connection event, at most [`IDLE_WAIT`] and never past the MN's next timer,
     /// and handle it; true if one came.
     fn wait(&mut self) -> Result<bool> {
+        self.wait_at_most(IDLE_WAIT)
+    }
+
+    fn wait_at_most(&mut self, most: Duration) -> Result<bool> {
         let now = self.now();
-        let until_timer = self.driver.poll_timeout().map_or(IDLE_WAIT, |t| Duration::from_nanos(t.saturating_sub(now)));
-        match self.transport.poll_cm(&mut self.driver.backend, IDLE_WAIT.min(until_timer))? {
+        let until_timer = self.driver.poll_timeout().map_or(most, |t| Duration::from_nanos(t.saturating_sub(now)));
+        match self.transport.poll_cm(&mut self.driver.backend, most.min(until_timer))? {
             Some(ev) => {
                 self.on_cm(ev);
                 Ok(true)
