@@ -29,8 +29,12 @@ fn size(s: &str) -> Result<u64, String> {
     num.trim().parse::<u64>().map(|n| n * mul).map_err(|e| format!("{s:?}: {e}"))
 }
 
-fn classes(s: &str) -> Result<Vec<omw_pool::entry::ClassSpec>, String> {
-    omw_pool::entry::parse_classes(s).map_err(|e| e.to_string())
+/// `--classes`' value (one argument: clap would take a bare `Vec` for many).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassList(pub Vec<omw_pool::entry::ClassSpec>);
+
+fn classes(s: &str) -> Result<ClassList, String> {
+    omw_pool::entry::parse_classes(s).map(ClassList).map_err(|e| e.to_string())
 }
 
 #[derive(clap::Args, Debug)]
@@ -106,7 +110,7 @@ pub struct MnArgs {
     /// and chains, listening on --listen's port + its index (smallest class first); replaces
     /// --pool-size and --chunk-size.
     #[arg(long, value_parser = classes)]
-    pub classes: Option<Vec<omw_pool::entry::ClassSpec>>,
+    pub classes: Option<ClassList>,
     /// Join a pool of MNs: the registry's etcd endpoint(s), e.g. http://127.0.0.1:2379
     /// (docs/POOL.md). The MN registers under a lease, publishes its free count and drain flag,
     /// and leaves on SIGINT/SIGTERM. SIGUSR1 starts draining, SIGUSR2 ends it.
@@ -295,7 +299,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         None => match (membership, a.classes) {
             (None, None) => omw_verbs::mn::serve(opts),
             (m, classes) => {
-                let classes = classes.unwrap_or_else(|| {
+                let classes = classes.map(|c| c.0).unwrap_or_else(|| {
                     vec![omw_pool::entry::ClassSpec {
                         chunk_size: opts.chunk_size,
                         chunks: (opts.pool_size / opts.chunk_size.max(1)) as u32,
@@ -482,6 +486,26 @@ mod tests {
         assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--gid-index", "300"]).is_err());
         assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--metrics", "nope"]).is_err());
         assert_eq!(Probe::try_parse_from(["probe", "--gid-index", "1"]).unwrap().a.gid_index, Some(1));
+        // a pool MN's flags
+        let p = Mn::try_parse_from([
+            "mn",
+            "--listen",
+            "10.0.0.1:7471",
+            "--classes",
+            "64K:16,4K:256",
+            "--registry",
+            "http://10.0.0.9:2379",
+            "--pool",
+            "p",
+        ])
+        .unwrap();
+        let c = p.a.classes.unwrap().0;
+        assert_eq!((c.len(), c[0].chunk_size, c[1].chunks), (2, 4096, 16));
+        assert_eq!(p.a.registry.as_deref(), Some("http://10.0.0.9:2379"));
+        assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--classes", "4K"]).is_err());
+        assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--pool", "p"]).is_err());
+        let d = Mn::try_parse_from(["mn", "drain", "--registry", "http://x:1", "--pool", "p", "--name", "a"]).unwrap();
+        assert!(matches!(d.a.action, Some(MnAction::Drain(_))));
     }
 
     /// On a host without RDMA (CI, the build machines) the programs fail with a clear,

@@ -308,10 +308,24 @@ impl<C: Connector> PoolClient<C> {
             .collect()
     }
 
-    /// Take what the registry reported since the last call.
+    /// Take what the registry reported since the last call, and service every connection
+    /// (an MN's lease probes need answers even on connections this CN is not using now).
+    /// Operations call it; a CN idle for long calls it itself, about once a lease period.
     pub fn poll(&mut self) {
         for ev in self.watch.drain() {
             self.apply(ev);
+        }
+        let mut lost = Vec::new();
+        for (name, m) in self.members.iter_mut() {
+            for s in m.classes.iter_mut().filter_map(|c| c.session.as_mut()) {
+                if let Err(SessionError::Lost(_)) = s.service() {
+                    lost.push(name.clone());
+                    break;
+                }
+            }
+        }
+        for name in lost {
+            self.depart(&name, Departure::ConnectionLost);
         }
     }
 

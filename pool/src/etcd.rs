@@ -28,7 +28,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A pool registry in an etcd cluster.
 pub struct EtcdRegistry {
     url: String,
-    rt: tokio::runtime::Runtime,
+    /// Shared with every watch (a watch outlives the handle it came from).
+    rt: std::sync::Arc<tokio::runtime::Runtime>,
     client: Client,
     keepers: Mutex<HashMap<i64, (LeaseKeeper, LeaseKeepAliveStream)>>,
     timeout: Duration,
@@ -80,7 +81,13 @@ impl EtcdRegistry {
             .block_on(async { tokio::time::timeout(timeout, Client::connect(endpoints, Some(opts))).await })
             .map_err(|_| unreachable(url, format!("no answer within {timeout:?}")))?
             .map_err(|e| unreachable(url, e))?;
-        let r = EtcdRegistry { url: url.to_string(), rt, client, keepers: Mutex::new(HashMap::new()), timeout };
+        let r = EtcdRegistry {
+            url: url.to_string(),
+            rt: std::sync::Arc::new(rt),
+            client,
+            keepers: Mutex::new(HashMap::new()),
+            timeout,
+        };
         // the client connects lazily: ask something, so "unreachable" is said here
         r.call(|mut c| async move { c.get("/omw/", Some(GetOptions::new().with_prefix().with_count_only())).await })?;
         Ok(r)
@@ -215,7 +222,7 @@ impl Registry for EtcdRegistry {
         let client = self.client.clone();
         let url = self.url.clone();
         self.rt.spawn(watch_loop(client, url, prefix, rev, tx));
-        Ok(Watch { rx })
+        Ok(Watch { rx, _keep: Some(self.rt.clone()) })
     }
 
     fn request_drain(&self, pool: &Name, mn: &Name, on: bool) -> Result<(), RegistryError> {

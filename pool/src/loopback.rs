@@ -468,6 +468,10 @@ impl MnSession for LoopbackSession {
     fn alloc(&mut self) -> Result<Allocation, SessionError<LoopbackSessionError>> {
         self.cluster.borrow_mut().alloc(self.cn).map_err(classify)
     }
+    /// The model's cluster serves every CN of it whenever it runs (`LoopbackPool::advance`).
+    fn service(&mut self) -> Result<(), SessionError<LoopbackSessionError>> {
+        Ok(())
+    }
     fn free(&mut self, a: &Allocation) -> Result<(), SessionError<LoopbackSessionError>> {
         self.cluster.borrow_mut().free(self.cn, a).map_err(classify)
     }

@@ -196,7 +196,7 @@ impl Registry for InProcessRegistry {
         let (tx, rx) = mpsc::channel();
         let _ = tx.send(RegistryEvent::Resync(snapshot(&s, &prefix)));
         s.watchers.push((prefix, tx));
-        Ok(Watch { rx })
+        Ok(Watch { rx, _keep: None })
     }
 
     fn request_drain(&self, pool: &Name, mn: &Name, on: bool) -> Result<(), RegistryError> {

@@ -92,10 +92,17 @@ pub enum RegistryEvent {
     Lost(RegistryError),
 }
 
-/// A pool's membership as it changes; ends when the registry is dropped.
-#[derive(Debug)]
+/// A pool's membership as it changes. It keeps what delivers it alive (the etcd client's
+/// runtime), so it outlives the registry handle it came from.
 pub struct Watch {
     pub(crate) rx: mpsc::Receiver<RegistryEvent>,
+    pub(crate) _keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Watch")
+    }
 }
 
 impl Watch {

@@ -23,6 +23,10 @@ pub trait MnSession {
     fn write(&mut self, a: &Allocation, offset: u64, data: &[u8]) -> Result<(), SessionError<Self::Error>>;
     /// One-sided READ of `buf.len()` bytes at `offset`.
     fn read(&mut self, a: &Allocation, offset: u64, buf: &mut [u8]) -> Result<(), SessionError<Self::Error>>;
+    /// Take what the MN sent without waiting (lease probes, notices) and post receives again:
+    /// an MN evicts a CN whose posted receives its probes used up, so a pool client services
+    /// every connection it keeps, not only the one it is using.
+    fn service(&mut self) -> Result<(), SessionError<Self::Error>>;
 }
 
 /// How a CN reaches the classes of the MNs the registry names.

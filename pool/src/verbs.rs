@@ -63,6 +63,9 @@ impl MnSession for VerbsSession {
     fn write(&mut self, a: &Allocation, offset: u64, data: &[u8]) -> Result<(), SessionError<VerbsError>> {
         self.client.write(a, 0, offset, data).map_err(classify)
     }
+    fn service(&mut self) -> Result<(), SessionError<VerbsError>> {
+        self.client.pump().map(|_| ()).map_err(classify)
+    }
     fn read(&mut self, a: &Allocation, offset: u64, buf: &mut [u8]) -> Result<(), SessionError<VerbsError>> {
         let v = self.client.read(a, 0, offset, buf.len()).map_err(classify)?;
         match v.get(..buf.len()) {

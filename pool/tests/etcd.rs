@@ -89,3 +89,13 @@ fn a_watch_reports_a_lost_etcd_and_resynchronises_when_it_is_back() {
     );
     reg.keep_alive(lease).unwrap();
 }
+
+#[test]
+fn a_watch_outlives_the_registry_handle_it_came_from() {
+    let etcd = EtcdServer::start().unwrap();
+    let w = EtcdRegistry::connect(&etcd.url).unwrap().watch(&n("p3")).unwrap();
+    wait_for(&w, "the first resync", |e| matches!(e, RegistryEvent::Resync(_)));
+    let other = EtcdRegistry::connect(&etcd.url).unwrap();
+    other.register(&n("p3"), &n("a"), b"one", Duration::from_secs(30)).unwrap();
+    wait_for(&w, "the put", |e| matches!(e, RegistryEvent::Put { name, .. } if name == "a"));
+}
