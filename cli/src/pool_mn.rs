@@ -109,6 +109,20 @@ pub fn serve(opts: MnOptions, classes: &[ClassSpec], m: Option<Membership>) -> R
         }
         log(&format!("class {i}: {} chunks of {} B on port {port}", c.chunks, c.chunk_size));
         let mut d = MemoryNodeDaemon::start(o)?;
+        if i == 0 {
+            // the classes' windows together against the device's limit, before any other class
+            // pins anything (`omw plan` is not in this build: this is the MN's own check)
+            let need: u64 = classes.iter().map(|c| c.chunks as u64 * opts.group_size as u64).sum();
+            let max = d.driver.backend.device_info().max_mw;
+            if max > 0 && need > max as u64 {
+                return Err(config(format!(
+                    "the classes need {need} memory windows ({} chunks × group size {}), the device allows {max}",
+                    classes.iter().map(|c| c.chunks as u64).sum::<u64>(),
+                    opts.group_size
+                )));
+            }
+            log(&format!("windows: {need} for {} class(es) of the device's {max}", classes.len()));
+        }
         let sink = counts.clone();
         let all: Vec<u32> = classes.iter().map(|c| c.chunks).collect();
         d.on_counters(move |k| {

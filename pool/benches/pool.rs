@@ -69,7 +69,7 @@ fn balance(mns: usize, cns: usize, per_cn: usize) {
 
 /// Allocations per modelled second with `mns` MNs side by side; and the simulator's rate.
 fn throughput(mns: usize, cns: usize, allocs: usize) -> (f64, f64) {
-    let p = pool(mns, 64, cns as u32);
+    let mut p = pool(mns, 64, cns as u32);
     let mut clients: Vec<_> = (0..cns).map(|i| p.client(200 + i as u64).expect("client")).collect();
     // connect every CN to every MN first (lazy connections are not what is measured)
     for c in clients.iter_mut() {
@@ -151,7 +151,9 @@ fn death_to_stop(cns: usize, quick: bool) {
     let ttl = p.cfg.ttl.as_secs_f64();
     for (i, s) in stopped.iter().enumerate() {
         match s {
-            Some((t, why)) => println!("  CN {i}: stopped placing on the dead MN after {:.2} s ({why:?})", *t as f64 * 1e-9),
+            Some((t, why)) => {
+                println!("  CN {i}: stopped placing on the dead MN after {:.2} s ({why:?})", *t as f64 * 1e-9)
+            }
             None => println!("  CN {i}: never noticed within 20 s"),
         }
     }

@@ -43,6 +43,10 @@ pub struct LoopbackMnConfig {
     pub max_cns: u32,
     /// The registry lease of each MN.
     pub ttl: Duration,
+    /// Each pool CN's quota in bytes across an MN's classes (None: the per-class group quota
+    /// only): the MN tells each class what the CN holds in the others (`MemoryNode::
+    /// set_held_elsewhere`) after every allocation and free.
+    pub byte_quota: Option<u64>,
 }
 
 impl Default for LoopbackMnConfig {
@@ -55,6 +59,7 @@ impl Default for LoopbackMnConfig {
             quota: u32::MAX,
             max_cns: 8,
             ttl: crate::announcer::DEFAULT_TTL,
+            byte_quota: None,
         }
     }
 }
@@ -100,6 +105,43 @@ pub struct LoopbackMn {
     pub specs: Vec<ClassSpec>,
     pub classes: Vec<Rc<RefCell<Cluster>>>,
     pub vanished: bool,
+}
+
+/// Which CN of each class a pool client is, so the MN can count what the same client holds
+/// across its classes (the byte quota). In a real MN process that identity is an authenticated
+/// tenant; on the model the pool knows its clients.
+#[derive(Debug, Default)]
+struct Ledger {
+    classes: Vec<(Rc<RefCell<Cluster>>, u64)>,
+    /// (pool client, class, CN index in that class's cluster)
+    sessions: RefCell<Vec<(u64, usize, usize)>>,
+}
+
+impl Ledger {
+    /// Tell every class of the MN what `owner` holds in the others.
+    fn sync(&self, owner: u64) {
+        let sessions: Vec<(usize, usize)> =
+            self.sessions.borrow().iter().filter(|(o, _, _)| *o == owner).map(|(_, k, cn)| (*k, *cn)).collect();
+        let mut held = vec![0u64; self.classes.len()];
+        let mut ids = vec![None; self.classes.len()];
+        for (k, cn) in &sessions {
+            let Some((c, chunk)) = self.classes.get(*k) else { continue };
+            let Ok(c) = c.try_borrow() else { continue };
+            let Some(id) = c.cns.get(*cn).map(|n| n.id) else { continue };
+            ids[*k] = Some(id);
+            let owned = (0..c.cfg.chunks)
+                .filter(|g| c.driver.entry(omw_core::ids::GroupId(*g)).is_some_and(|e| e.owner() == id.get()))
+                .count() as u64;
+            held[*k] = owned * chunk;
+        }
+        let total: u64 = held.iter().sum();
+        for (k, id) in ids.iter().enumerate() {
+            let Some(id) = id else { continue };
+            if let Ok(mut c) = self.classes[k].0.try_borrow_mut() {
+                let _ = c.driver.mn.set_held_elsewhere(*id, total - held[k]);
+            }
+        }
+    }
 }
 
 impl fmt::Debug for LoopbackMn {
@@ -152,7 +194,8 @@ impl LoopbackMn {
     }
 }
 
-type Book = Rc<RefCell<HashMap<String, Rc<RefCell<Cluster>>>>>;
+/// Class address → (its cluster, its index in the MN, the MN's ledger).
+type Book = Rc<RefCell<HashMap<String, (Rc<RefCell<Cluster>>, usize, Rc<Ledger>)>>>;
 
 /// The model's pool: MNs, the registry, the clock.
 pub struct LoopbackPool {
@@ -163,6 +206,7 @@ pub struct LoopbackPool {
     book: Book,
     now: u64,
     next_incarnation: u64,
+    next_client: u64,
 }
 
 impl fmt::Debug for LoopbackPool {
@@ -181,6 +225,7 @@ impl LoopbackPool {
             book: Rc::new(RefCell::new(HashMap::new())),
             now: 0,
             next_incarnation: 0x1000,
+            next_client: 0,
         })
     }
 
@@ -202,9 +247,17 @@ impl LoopbackPool {
             cc.quota = self.cfg.quota.min(s.chunks);
             cc.mode = self.cfg.mode;
             cc.nic = self.cfg.nic;
-            let c = Rc::new(RefCell::new(Cluster::new(cc)?));
-            self.book.borrow_mut().insert(LoopbackMn::addr(name, incarnation, s.chunk_size), c.clone());
-            classes.push(c);
+            classes.push(Rc::new(RefCell::new(Cluster::new(cc)?)));
+        }
+        let ledger = Rc::new(Ledger {
+            classes: classes.iter().zip(specs).map(|(c, s)| (c.clone(), s.chunk_size)).collect(),
+            sessions: RefCell::new(Vec::new()),
+        });
+        for (k, c) in classes.iter().enumerate() {
+            c.borrow_mut().driver.mn.set_byte_quota(self.cfg.byte_quota);
+            self.book
+                .borrow_mut()
+                .insert(LoopbackMn::addr(name, incarnation, specs[k].chunk_size), (c.clone(), k, ledger.clone()));
         }
         Ok(LoopbackMn { name: name.clone(), incarnation, specs: specs.to_vec(), classes, vanished: false })
     }
@@ -247,13 +300,15 @@ impl LoopbackPool {
     }
 
     /// A connector for one CN of the pool (each CN its own: its connections are its own).
-    pub fn connector(&self) -> LoopbackConnector {
-        LoopbackConnector { book: self.book.clone() }
+    pub fn connector(&mut self) -> LoopbackConnector {
+        self.next_client += 1;
+        LoopbackConnector { book: self.book.clone(), owner: self.next_client }
     }
 
     /// A pool client for a new CN.
-    pub fn client(&self, seed: u64) -> Result<PoolClient<LoopbackConnector>, LoopbackPoolError> {
-        PoolClient::new(&self.registry, self.pool.clone(), self.connector(), seed).map_err(|e| match e {
+    pub fn client(&mut self, seed: u64) -> Result<PoolClient<LoopbackConnector>, LoopbackPoolError> {
+        let connector = self.connector();
+        PoolClient::new(&self.registry, self.pool.clone(), connector, seed).map_err(|e| match e {
             crate::client::PoolError::Registry(r) => LoopbackPoolError::Registry(r),
             other => LoopbackPoolError::Registry(RegistryError::Failed {
                 url: "in-process".into(),
@@ -346,6 +401,8 @@ impl LoopbackPool {
 #[derive(Clone)]
 pub struct LoopbackConnector {
     book: Book,
+    /// Which pool client this is (the MNs' ledgers count its holdings across classes).
+    owner: u64,
 }
 
 impl fmt::Debug for LoopbackConnector {
@@ -385,7 +442,7 @@ impl Connector for LoopbackConnector {
         _mn: &crate::entry::MnEntry,
         class: &ClassEntry,
     ) -> Result<LoopbackSession, SessionError<LoopbackSessionError>> {
-        let cluster = self
+        let (cluster, k, ledger) = self
             .book
             .borrow()
             .get(&class.addr)
@@ -393,13 +450,15 @@ impl Connector for LoopbackConnector {
             .ok_or_else(|| SessionError::Failed(LoopbackSessionError::UnknownAddress(class.addr.clone())))?;
         let mut c = cluster.borrow_mut();
         let cn = c.connect_cn().map_err(|e| SessionError::Failed(LoopbackSessionError::Connect(e)))?;
+        ledger.sessions.borrow_mut().push((self.owner, k, cn));
         let geometry = c.cns[cn]
             .client()
             .info()
             .map(|i| (i.chunk_size, i.group_size))
             .ok_or(SessionError::Failed(LoopbackSessionError::Op(CnOpError::NoReply)))?;
         drop(c);
-        Ok(LoopbackSession { cluster, cn, geometry })
+        ledger.sync(self.owner);
+        Ok(LoopbackSession { cluster, cn, geometry, owner: self.owner, ledger })
     }
 }
 
@@ -409,6 +468,8 @@ pub struct LoopbackSession {
     cluster: Rc<RefCell<Cluster>>,
     cn: usize,
     geometry: (u64, u8),
+    owner: u64,
+    ledger: Rc<Ledger>,
 }
 
 impl fmt::Debug for LoopbackSession {
@@ -466,14 +527,18 @@ impl MnSession for LoopbackSession {
         self.geometry
     }
     fn alloc(&mut self) -> Result<Allocation, SessionError<LoopbackSessionError>> {
-        self.cluster.borrow_mut().alloc(self.cn).map_err(classify)
+        let r = self.cluster.borrow_mut().alloc(self.cn).map_err(classify);
+        self.ledger.sync(self.owner);
+        r
     }
     /// The model's cluster serves every CN of it whenever it runs (`LoopbackPool::advance`).
     fn service(&mut self) -> Result<(), SessionError<LoopbackSessionError>> {
         Ok(())
     }
     fn free(&mut self, a: &Allocation) -> Result<(), SessionError<LoopbackSessionError>> {
-        self.cluster.borrow_mut().free(self.cn, a).map_err(classify)
+        let r = self.cluster.borrow_mut().free(self.cn, a).map_err(classify);
+        self.ledger.sync(self.owner);
+        r
     }
     fn write(&mut self, a: &Allocation, offset: u64, data: &[u8]) -> Result<(), SessionError<LoopbackSessionError>> {
         let mut c = self.cluster.borrow_mut();

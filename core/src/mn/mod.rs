@@ -30,6 +30,7 @@ use core::fmt;
 use zerocopy::IntoBytes;
 
 mod audit;
+pub mod class_quota;
 mod connect;
 pub mod driver;
 mod format;
@@ -423,6 +424,9 @@ pub struct MemoryNode {
     tenants: TenantTable,
     /// When the next offloaded audit is due (offloaded mode, `audit_ns` > 0).
     audit_at: u64,
+    /// The quota in bytes across the MN's size classes, and what each CN holds in the other
+    /// classes (`mn/class_quota.rs`).
+    class_quota: class_quota::ClassQuota,
 }
 
 type R<E> = Result<(), MnError<E>>;
@@ -468,6 +472,7 @@ impl MemoryNode {
             restores: heapless::Vec::new(),
             tenants: TenantTable::new(),
             audit_at: cfg.audit_ns,
+            class_quota: class_quota::ClassQuota::new(),
         })
     }
 

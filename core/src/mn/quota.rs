@@ -93,7 +93,8 @@ impl MemoryNode {
     /// told `QuotaExceeded`; nothing is revoked). Returns whether the request was refused.
     fn refuse_over_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId, token: u32) -> Result<bool, MnError<P::Error>> {
         let quota = self.quota_of(cn);
-        if self.held_by(port, cn)? < quota {
+        let held = self.held_by(port, cn)?;
+        if held < quota && self.bytes_allow(cn, held + 1) {
             return Ok(false);
         }
         self.send(port, cn, &ErrorReply { token, code: ErrorCode::QuotaExceeded, detail: quota }.encode())?;
@@ -115,7 +116,8 @@ impl MemoryNode {
     pub(super) fn enforce_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId) -> R<P::Error> {
         let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
         let quota = self.quota_of(cn);
-        if r.status != CnStatus::Active || self.held_by(port, cn)?.saturating_sub(self.held_ahead(port, cn)?) <= quota {
+        let held = self.held_by(port, cn)?.saturating_sub(self.held_ahead(port, cn)?);
+        if r.status != CnStatus::Active || (held <= quota && self.bytes_allow(cn, held)) {
             return Ok(());
         }
         self.stats.quota_disconnects += 1;
