@@ -62,6 +62,9 @@ pub struct ClusterConfig {
     pub lease_ns: u64,
     /// Whether the alloc chains pop ahead (`MnConfig::pop_ahead`); None: the MN's default.
     pub pop_ahead: Option<bool>,
+    /// CN slots of the MN; None: `cns` (a pool's MN is provisioned with slots for CNs that
+    /// connect later, [`Cluster::connect_cn`]).
+    pub max_cns: Option<u32>,
 }
 
 impl ClusterConfig {
@@ -83,6 +86,7 @@ impl ClusterConfig {
             scrub: true,
             lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
             pop_ahead: None,
+            max_cns: None,
         }
     }
 }
@@ -611,13 +615,9 @@ impl fmt::Debug for Cluster {
 }
 
 impl Cluster {
+    /// The MN has room for `cfg.max_cns` CNs (default `cfg.cns`): the rest connect later,
+    /// pool clients or CNs driven outside the cluster ([`Cluster::connect_detached_cn`]).
     pub fn new(cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
-        Self::with_room(cfg, 0)
-    }
-
-    /// [`Cluster::new`] whose MN has room for `detached` CNs besides `cfg.cns`: CNs driven
-    /// outside the cluster ([`Cluster::connect_detached_cn`]).
-    pub fn with_room(cfg: ClusterConfig, detached: usize) -> Result<Cluster, ClusterError> {
         let plan = MnPlan::decide(
             cfg.nic.capabilities(),
             MnOptions { mode: cfg.mode, allow_insecure: false, scrub: cfg.scrub },
@@ -637,7 +637,7 @@ impl Cluster {
             chunk_size: cfg.chunk_size,
             chunks: cfg.chunks,
             group_size: cfg.group_size,
-            max_cns: (cfg.cns + detached).clamp(1, omw_core::mn::MAX_CNS) as u32,
+            max_cns: cfg.max_cns.unwrap_or(cfg.cns as u32).clamp(1, omw_core::mn::MAX_CNS as u32),
             quota: cfg.quota,
             lease_ns: cfg.lease_ns,
             queue_depth: None,

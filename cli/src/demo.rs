@@ -44,6 +44,10 @@ pub struct DemoArgs {
     /// Print every check, not only the summary.
     #[arg(long, short)]
     pub verbose: bool,
+    /// Run a pool of this many MNs (3..=8) instead of one MN: placement spread over them, one
+    /// draining and one vanishing mid-run (the in-process registry; `--cns` CNs, 2..=16).
+    #[arg(long, default_value_t = 1)]
+    pub mns: usize,
 }
 
 /// What the demo saw; `failures` must stay empty.
@@ -465,6 +469,38 @@ pub fn summary(rep: &DemoReport, args: &DemoArgs, wall: std::time::Duration) -> 
 
 pub fn demo(args: DemoArgs) -> ExitCode {
     let t = Instant::now();
+    if args.mns > 1 {
+        let mode = match args.mode {
+            ModeArg::Offloaded => ExecutionMode::Offloaded,
+            ModeArg::HostEngine => ExecutionMode::HostEngine,
+        };
+        return match crate::pool_demo::run(args.mns, args.cns, mode, args.seed) {
+            Ok(rep) => {
+                print!("{}", rep.out);
+                for f in &rep.failures {
+                    println!("FAILED: {f}");
+                }
+                println!(
+                    "\n{}: {} checks, {} failed; {} placements ({} found their class full); {:.1} s",
+                    if rep.passed() { "PASS" } else { "FAIL" },
+                    rep.checks,
+                    rep.failures.len(),
+                    rep.placements,
+                    rep.full,
+                    t.elapsed().as_secs_f64()
+                );
+                if rep.passed() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                eprintln!("omw demo --mns: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run_demo(&args) {
         Ok(rep) => {
             let _ = std::io::Write::write_all(&mut std::io::stdout(), summary(&rep, &args, t.elapsed()).as_bytes());

@@ -7,6 +7,8 @@ mod bench;
 mod cn;
 mod demo;
 mod plan;
+mod pool_demo;
+mod pool_mn;
 mod verbs;
 
 #[derive(Parser, Debug)]

@@ -29,14 +29,25 @@ fn size(s: &str) -> Result<u64, String> {
     num.trim().parse::<u64>().map(|n| n * mul).map_err(|e| format!("{s:?}: {e}"))
 }
 
+/// `--classes`' value (one argument: clap would take a bare `Vec` for many).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassList(pub Vec<omw_pool::entry::ClassSpec>);
+
+fn classes(s: &str) -> Result<ClassList, String> {
+    omw_pool::entry::parse_classes(s).map(ClassList).map_err(|e| e.to_string())
+}
+
 #[derive(clap::Args, Debug)]
+#[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
 pub struct MnArgs {
+    #[command(subcommand)]
+    pub action: Option<MnAction>,
     /// RDMA device (default: the first with an ACTIVE port, preferring type-2 windows).
     #[arg(long)]
     pub device: Option<String>,
     /// rdma_cm address to listen on (an address of the device's network interface).
-    #[arg(long)]
-    pub listen: SocketAddr,
+    #[arg(long, required = true)]
+    pub listen: Option<SocketAddr>,
     /// Bytes of pool memory exported (K/M/G suffixes).
     #[arg(long, value_parser = size, default_value = "64M")]
     pub pool_size: u64,
@@ -95,6 +106,55 @@ pub struct MnArgs {
     /// sessions. Without it the MN runs open.
     #[arg(long)]
     pub tenants: Option<std::path::PathBuf>,
+    /// Size classes, `SIZE:COUNT,…` (e.g. 4K:256,64K:32,2M:4): each its own MWTable, free queue
+    /// and chains, listening on --listen's port + its index (smallest class first); replaces
+    /// --pool-size and --chunk-size.
+    #[arg(long, value_parser = classes)]
+    pub classes: Option<ClassList>,
+    /// Join a pool of MNs: the registry's etcd endpoint(s), e.g. http://127.0.0.1:2379
+    /// (docs/POOL.md). The MN registers under a lease, publishes its free count and drain flag,
+    /// and leaves on SIGINT/SIGTERM. SIGUSR1 starts draining, SIGUSR2 ends it.
+    #[arg(long, requires = "pool")]
+    pub registry: Option<String>,
+    /// The pool's name in the registry.
+    #[arg(long, requires = "registry")]
+    pub pool: Option<String>,
+    /// This MN's name in the pool (default: `mn-<listen address>`).
+    #[arg(long, requires = "registry")]
+    pub name: Option<String>,
+    /// The address CNs connect to, as published (default: --listen).
+    #[arg(long, requires = "registry")]
+    pub advertise: Option<SocketAddr>,
+    /// The registry lease in milliseconds: a vanished MN leaves the pool this long after its
+    /// last keep-alive.
+    #[arg(long, default_value_t = 3000, requires = "registry")]
+    pub registry_ttl_ms: u64,
+}
+
+/// `omw mn` subcommands that act on a running pool through its registry.
+#[derive(clap::Subcommand, Debug)]
+pub enum MnAction {
+    /// Ask a pool MN to drain (no new placements; its live allocations keep working) or, with
+    /// --off, to stop draining. With --wait, wait until it reports holding no chunk.
+    Drain(DrainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DrainArgs {
+    /// The registry's etcd endpoint(s).
+    #[arg(long)]
+    pub registry: String,
+    #[arg(long)]
+    pub pool: String,
+    /// The MN's name in the pool.
+    #[arg(long)]
+    pub name: String,
+    /// End draining instead.
+    #[arg(long)]
+    pub off: bool,
+    /// Wait up to this many seconds for the MN to hold no chunk (0: do not wait).
+    #[arg(long, default_value_t = 0)]
+    pub wait_s: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +242,22 @@ pub fn mn(a: MnArgs) -> ExitCode {
 }
 
 fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
+    if let Some(MnAction::Drain(d)) = a.action {
+        return crate::pool_mn::drain(&d);
+    }
+    let Some(listen) = a.listen else {
+        return Err(omw_verbs::VerbsError::Config("--listen is required".into()));
+    };
+    let membership = match a.registry.clone() {
+        Some(url) => Some(crate::pool_mn::Membership {
+            url,
+            pool: a.pool.clone().unwrap_or_default(),
+            name: a.name.clone().unwrap_or_else(|| format!("mn-{}", listen).replace([':', '[', ']'], "_")),
+            advertise: a.advertise.unwrap_or(listen),
+            ttl: Duration::from_millis(a.registry_ttl_ms),
+        }),
+        None => None,
+    };
     let offload = a.offload;
     // a missing or malformed profile is the operator's to fix first, before any device call
     let offload_profile = match &a.profile {
@@ -193,7 +269,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
     };
     let opts = MnOptions {
         device: a.device,
-        listen: a.listen,
+        listen,
         pool_size: a.pool_size,
         chunk_size: a.chunk_size,
         group_size: a.group_size,
@@ -211,13 +287,27 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         offload_profile,
     };
     match offload {
+        Some(Offload::Mlx5) if membership.is_some() || a.classes.is_some() => Err(omw_verbs::VerbsError::Config(
+            "--registry or --classes with --offload mlx5 is not supported yet: a pool MN runs the host engine".into(),
+        )),
         // the chains in a ConnectX: the DEVX gate first, so a device or build that cannot
         // says why before anything is probed or pinned
         Some(Offload::Mlx5) => {
             omw_verbs::devx::ready(opts.device.as_deref())?;
             serve_devx(opts)
         }
-        None => omw_verbs::mn::serve(opts),
+        None => match (membership, a.classes) {
+            (None, None) => omw_verbs::mn::serve(opts),
+            (m, classes) => {
+                let classes = classes.map(|c| c.0).unwrap_or_else(|| {
+                    vec![omw_pool::entry::ClassSpec {
+                        chunk_size: opts.chunk_size,
+                        chunks: (opts.pool_size / opts.chunk_size.max(1)) as u32,
+                    }]
+                });
+                crate::pool_mn::serve(opts, &classes, m)
+            }
+        },
     }
 }
 
@@ -396,6 +486,26 @@ mod tests {
         assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--gid-index", "300"]).is_err());
         assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--metrics", "nope"]).is_err());
         assert_eq!(Probe::try_parse_from(["probe", "--gid-index", "1"]).unwrap().a.gid_index, Some(1));
+        // a pool MN's flags
+        let p = Mn::try_parse_from([
+            "mn",
+            "--listen",
+            "10.0.0.1:7471",
+            "--classes",
+            "64K:16,4K:256",
+            "--registry",
+            "http://10.0.0.9:2379",
+            "--pool",
+            "p",
+        ])
+        .unwrap();
+        let c = p.a.classes.unwrap().0;
+        assert_eq!((c.len(), c[0].chunk_size, c[1].chunks), (2, 4096, 16));
+        assert_eq!(p.a.registry.as_deref(), Some("http://10.0.0.9:2379"));
+        assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--classes", "4K"]).is_err());
+        assert!(Mn::try_parse_from(["mn", "--listen", "10.0.0.1:7471", "--pool", "p"]).is_err());
+        let d = Mn::try_parse_from(["mn", "drain", "--registry", "http://x:1", "--pool", "p", "--name", "a"]).unwrap();
+        assert!(matches!(d.a.action, Some(MnAction::Drain(_))));
     }
 
     /// On a host without RDMA (CI, the build machines) the programs fail with a clear,
@@ -450,11 +560,20 @@ mod tests {
     #[test]
     fn offload_mlx5_refuses_with_a_reason() {
         let e = run_mn(mn_args(&["--offload", "mlx5"])).unwrap_err();
-        assert!(matches!(e, omw_verbs::VerbsError::Devx(_)), "{e}");
         let s = e.to_string();
-        assert!(s.starts_with("--offload mlx5: "), "{s}");
-        #[cfg(not(feature = "devx"))]
-        assert!(s.contains("--features devx"), "{s}");
+        match &e {
+            // a build without DEVX, or a device that cannot: the DEVX reason
+            omw_verbs::VerbsError::Devx(d) => {
+                assert!(s.starts_with("--offload mlx5: "), "{s}");
+                if matches!(d, omw_verbs::devx::DevxError::NotBuilt) {
+                    assert!(s.contains("--features devx"), "{s}");
+                }
+            }
+            // DEVX built in (the workspace's cx-double turns omw-verbs' feature on) on a machine
+            // without RDMA: the device open says what is missing and how to get it
+            omw_verbs::VerbsError::NoDevice { .. } => assert!(s.contains("Load a driver"), "{s}"),
+            other => panic!("--offload mlx5 without a ConnectX: {other}"),
+        }
     }
 
     /// `--profile` is read before anything else: a missing or malformed file is refused with

@@ -76,3 +76,14 @@ fn bench_quick_runs_every_scheme_and_workload() {
     assert!(v["validation"].as_array().is_some_and(|a| a.len() >= 10));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn pool_demo_passes_with_a_draining_and_a_vanishing_mn() {
+    let (ok, out) = omw(&["demo", "--mns", "3"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("none on mn0"), "{out}");
+    assert!(out.contains("failed with MnLost at once"), "{out}");
+    assert!(out.contains("reports: drained"), "{out}");
+    let (ok, out) = omw(&["demo", "--mns", "4", "--mode", "host-engine", "--seed", "9"]);
+    assert!(ok, "{out}");
+}

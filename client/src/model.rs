@@ -344,8 +344,10 @@ impl Model {
                     scrub: true,
                     lease_ns: 0,
                     pop_ahead: None,
+                    // the CNs this handle connects later, each a detached CN
+                    max_cns: Some(cfg.max_cns as u32),
                 };
-                let cluster = match Cluster::with_room(cc, cfg.max_cns) {
+                let cluster = match Cluster::new(cc) {
                     Ok(c) => c,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e.into()));

@@ -8,8 +8,9 @@
 //! more chunks can go back.
 //!
 //! The store needs little from a CN, the [`CnMemory`] trait: allocate and free a chunk, read
-//! and write bytes in it. Two implementations: [`loopback::LoopbackCn`] (the loopback cluster
-//! of omw-loopback) and [`verbs::VerbsCn`] (omw-verbs' `CnClient` against a real `omw mn`).
+//! and write bytes in it. Three implementations: [`loopback::LoopbackCn`] (the loopback cluster
+//! of omw-loopback), [`verbs::VerbsCn`] (omw-verbs' `CnClient` against a real `omw mn`) and
+//! [`pool::PoolCn`] (a pool of many MNs through omw-pool's client).
 //!
 //! [`async_store::AsyncKv`] is the same store on the CN library (omw-client): futures, many
 //! requests in flight over one connection, zero-copy records, chunks from the client's
@@ -31,6 +32,7 @@
 pub mod async_store;
 pub mod exercise;
 pub mod loopback;
+pub mod pool;
 pub mod record;
 pub mod verbs;
 pub mod ycsb;

@@ -8,6 +8,7 @@ pub mod loopback;
 pub mod matrix;
 pub mod mw;
 pub mod oracle;
+pub mod pool;
 pub mod runner;
 pub mod scenarios;
 pub mod testbed;

@@ -138,6 +138,8 @@ pub struct MnDaemon<T: Transport> {
     departed: (u64, u64),
     metrics: Option<MetricsServer>,
     last_publish: Instant,
+    /// Called with the counters as often as `--metrics` gets them (the pool's announcer).
+    counter_hook: Option<Box<dyn FnMut(&MnCounters)>>,
 }
 
 impl<T: Transport> std::fmt::Debug for MnDaemon<T> {
@@ -323,6 +325,7 @@ impl<T: Transport> MnDaemon<T> {
             departed: (0, 0),
             metrics,
             last_publish: now,
+            counter_hook: None,
         })
     }
 
@@ -349,12 +352,45 @@ impl<T: Transport> MnDaemon<T> {
         Ok(())
     }
 
+    /// Run several daemons in one loop until `stop` is set — an MN's size classes, each its own
+    /// `MemoryNode` (MWTable, free queue, chains) on its own port of the same device. Each turn
+    /// steps every one; when all are idle they take turns waiting for the connection manager
+    /// (each at most [`IDLE_WAIT`] / n, so none waits long for another's quiet).
+    pub fn run_all(daemons: &mut [Self], stop: &AtomicBool) -> Result<()> {
+        let mut idle = 0u32;
+        let share = IDLE_WAIT / daemons.len().max(1) as u32;
+        while !stop.load(Ordering::Relaxed) {
+            let mut busy = false;
+            for d in daemons.iter_mut() {
+                busy |= d.step()?;
+            }
+            if busy {
+                idle = 0;
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            if idle > IDLE_TURNS {
+                for d in daemons.iter_mut() {
+                    if d.wait_at_most(share)? {
+                        idle = 0;
+                    }
+                }
+            }
+        }
+        log("shutting down: invalidating and deallocating every window before the QPs");
+        Ok(())
+    }
+
     /// Wait for one connection event, at most [`IDLE_WAIT`] and never past the MN's next timer,
     /// and handle it; true if one came.
     fn wait(&mut self) -> Result<bool> {
+        self.wait_at_most(IDLE_WAIT)
+    }
+
+    fn wait_at_most(&mut self, most: Duration) -> Result<bool> {
         let now = self.now();
-        let until_timer = self.driver.poll_timeout().map_or(IDLE_WAIT, |t| Duration::from_nanos(t.saturating_sub(now)));
-        match self.transport.poll_cm(&mut self.driver.backend, IDLE_WAIT.min(until_timer))? {
+        let until_timer = self.driver.poll_timeout().map_or(most, |t| Duration::from_nanos(t.saturating_sub(now)));
+        match self.transport.poll_cm(&mut self.driver.backend, most.min(until_timer))? {
             Some(ev) => {
                 self.on_cm(ev);
                 Ok(true)
@@ -426,14 +462,25 @@ impl<T: Transport> MnDaemon<T> {
                 println!("{}", self.counters().json());
             }
         }
-        if self.metrics.is_some() && self.last_publish.elapsed() >= Duration::from_millis(100) {
+        if (self.metrics.is_some() || self.counter_hook.is_some())
+            && self.last_publish.elapsed() >= Duration::from_millis(100)
+        {
             self.last_publish = Instant::now();
             let c = self.counters();
+            if let Some(h) = self.counter_hook.as_mut() {
+                h(&c);
+            }
             if let Some(m) = &self.metrics {
                 m.publish(c);
             }
         }
         Ok(busy)
+    }
+
+    /// Hand the counters to `hook` every 100 ms (as `--metrics` gets them): how the `omw`
+    /// binary's pool membership learns the MN's free count without touching its loop.
+    pub fn on_counters(&mut self, hook: impl FnMut(&MnCounters) + 'static) {
+        self.counter_hook = Some(Box::new(hook));
     }
 
     /// CNs the MN evicted (the transport could not reach them, or they stopped answering the

@@ -31,6 +31,7 @@ use zerocopy::IntoBytes;
 
 mod audit;
 pub mod capacity;
+pub mod class_quota;
 mod connect;
 pub mod driver;
 mod format;
@@ -462,6 +463,9 @@ pub struct MemoryNode {
     recounted_this_pass: u32,
     /// Per slot: the lap counters (allocs, frees) when the CN was last counted in the table.
     counted_at: [(u64, u64); MAX_CNS],
+    /// The quota in bytes across the MN's size classes, and what each CN holds in the other
+    /// classes (`mn/class_quota.rs`).
+    class_quota: class_quota::ClassQuota,
 }
 const _: () = assert!(MAX_CNS <= 32, "recounted_this_pass keeps a bit per CN slot");
 
@@ -514,6 +518,7 @@ impl MemoryNode {
             audit_held: [0; MAX_CNS],
             recounted_this_pass: 0,
             counted_at: [(0, 0); MAX_CNS],
+            class_quota: class_quota::ClassQuota::new(),
         })
     }
 

@@ -151,7 +151,8 @@ impl MemoryNode {
     /// O(CNs): the kept counts, no table read.
     fn refuse_over_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId, token: u32) -> Result<bool, MnError<P::Error>> {
         let quota = self.quota_of(cn);
-        if self.held_by(cn) < quota {
+        let held = self.held_by(cn);
+        if held < quota && self.bytes_allow(cn, held + 1) {
             return Ok(false);
         }
         self.send(port, cn, &ErrorReply { token, code: ErrorCode::QuotaExceeded, detail: quota }.encode())?;
@@ -174,13 +175,15 @@ impl MemoryNode {
     fn suspect_over_quota(&self, cn: CnId) -> bool {
         let quota = self.quota_of(cn);
         match self.cfg.mode {
-            ExecutionMode::HostEngine => self.held_by(cn) > quota,
+            ExecutionMode::HostEngine => self.held_by(cn) > quota || !self.bytes_allow(cn, self.held_by(cn)),
             ExecutionMode::Offloaded => {
                 let charged = crate::mn::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
                 let mine = |r: &&CnRecord| charged.contains(&r.cn.get());
                 let tally: u32 = self.cns().filter(mine).map(|r| self.audit_held[r.slot as usize]).sum();
                 let moved = self.cns().filter(mine).any(|r| self.counted_at[r.slot as usize] != (r.allocs, r.frees));
-                tally > quota || moved
+                // the byte quota across classes: what the other classes hold may have grown
+                // since (the deployment tells the MN; no lap counter of this class moves)
+                tally > quota || !self.bytes_allow(cn, tally) || moved
             }
         }
     }
@@ -211,8 +214,8 @@ impl MemoryNode {
         // its alloc chain popped ahead for its next request is not its doing
         let count = self.count_in_table(port, cn)?.saturating_sub(self.held_ahead(port, cn)?);
         self.counted_at[r.slot as usize] = (r.allocs, r.frees);
-        if count <= quota {
-            // within its quota (a tally of a CN that churned through the sweep, laps that
+        if count <= quota && self.bytes_allow(cn, count) {
+            // within its quotas (a tally of a CN that churned through the sweep, laps that
             // came and went): nothing was stopped, it goes on
             return Ok(());
         }
