@@ -167,7 +167,8 @@ fn malformed_commands_are_refused_with_the_status_firmware_gives() {
 fn qp_setup(o: &mut Objects, cd: pqp::CdRole, _ts: Option<u8>) -> (Result<queue::DevxQp, DevxError>, u32) {
     let caps = caps::query(&mut o.d).unwrap();
     let cmem = o.d.alloc_mem(CqSpec::mem_needed(4).div_ceil(4096) * 4096, 4096).unwrap();
-    let c = queue::create_cq(&mut o.d, &caps, o.uar, &CqSpec { log_cqes: 4, overrun_ignore: false, mem: cmem }).unwrap();
+    let c =
+        queue::create_cq(&mut o.d, &caps, o.uar, &CqSpec { log_cqes: 4, overrun_ignore: false, mem: cmem }).unwrap();
     let spec = QpSpec {
         log_sq_wqebbs: 4,
         log_rq: Some(2),
