@@ -1,7 +1,8 @@
 //! The double's own reading of the PRM command layouts: bit offsets and widths of every field
 //! it decodes or answers, taken from DPDK's `drivers/common/mlx5/mlx5_prm.h` (DPDK main
 //! `38f72e500b3b159eca3ba2f4ca0e46a26a7cb057`; the atomic capabilities, which DPDK does not
-//! define, from Linux `include/linux/mlx5/mlx5_ifc.h` `struct mlx5_ifc_atomic_caps_bits`) by a
+//! define, from Linux `include/linux/mlx5/mlx5_ifc.h` `struct mlx5_ifc_atomic_caps_bits`; the
+//! mkey commands of the memory windows from the same Linux header: [`mkc`]) by a
 //! struct-offset calculation over the `u8 name[width]` declarations — independently of omw's
 //! encoder (`omw_core::mlx5::prm`), which took rdma-core's `mlx5_ifc.h`, so that encoder and
 //! decoder cannot share a mistake. Every constant names its struct; the offsets are bits from
