@@ -23,6 +23,9 @@
 //!   slot filled; afterwards each receive the chain consumed is handed back to the device
 //!   (the bytes stay in place, the doorbell record moves) when its completion is polled —
 //!   the offloaded MN drains the chain CQs every poll, which also keeps them from overrunning.
+//! - **windows**: each a DEVX mkey made by CREATE_MKEY as the kernel makes a type-2 window, in
+//!   the CN-facing PD (`omw_core::mlx5::prm::mkey`), so that [`WindowState`] can ask the device
+//!   where it is bound (QUERY_MKEY) — DEVX cannot query a verbs MW; destroyed with the backend.
 //! - **reset**: `2RST_QP`, drain what the QP's CQs still hold, software state to zero, then
 //!   RST→INIT→RTR→RTS again with the attributes it was connected with. The CQs keep counting
 //!   (they are separate objects), so [`RdmaBackend::cq_producer_indices`] tells a re-armed
