@@ -529,6 +529,7 @@ impl<T: Transport> MnDaemon<T> {
             laps: self.driver.stats.laps,
             laps_failed: self.driver.stats.laps_failed,
             lost_windows: self.transport.lost_windows(&self.driver.backend),
+            window_query_failures: self.transport.window_query_failures(&self.driver.backend),
         }
     }
 
