@@ -18,6 +18,7 @@
 use super::{log, MnDaemon, Transport};
 use omw_core::ids::CnId;
 use omw_core::mn::tenant::TenantId;
+use omw_core::mn::MemoryNode;
 use std::collections::HashMap;
 
 /// Bytes each tenant holds in each class (groups held × the class's chunk size).
@@ -104,44 +105,58 @@ impl ClassLedger {
 
 /// A class's side of the ledger: what it learned last.
 #[derive(Clone, Debug, Default)]
-pub(super) struct Learned {
+pub struct Learned {
     /// The ledger's version it was learned at.
     version: u64,
     /// Each tenant's bytes in the other classes (absent: none).
     elsewhere: HashMap<TenantId, u64>,
 }
 
-impl<T: Transport> MnDaemon<T> {
-    /// This daemon is class `class` of `ledger`'s MN: when the ledger changed since it last
-    /// looked, tell its `MemoryNode`, for each CN of a tenant, what the tenant holds in the
-    /// other classes. O(tenants + CNs).
-    pub(super) fn learn_elsewhere(&mut self, ledger: &ClassLedger, class: usize) {
-        if ledger.version() == self.learned.version {
+impl Learned {
+    /// `mn` is class `class` of `ledger`'s MN: when the ledger changed since this class last
+    /// looked, tell `mn`, for each CN of a tenant, what the tenant holds in the other classes.
+    /// O(tenants + CNs).
+    pub fn learn(&mut self, ledger: &ClassLedger, class: usize, mn: &mut MemoryNode) {
+        if ledger.version() == self.version {
             return;
         }
-        self.learned.version = ledger.version();
-        self.learned.elsewhere = ledger.elsewhere_all(class).collect();
-        let cns: Vec<(CnId, TenantId)> = self.driver.mn.cns().filter_map(|r| Some((r.cn, r.tenant?))).collect();
+        self.version = ledger.version();
+        self.elsewhere = ledger.elsewhere_all(class).collect();
+        let cns: Vec<(CnId, TenantId)> = mn.cns().filter_map(|r| Some((r.cn, r.tenant?))).collect();
         for (cn, t) in cns {
-            self.tell_elsewhere(cn, t);
+            self.tell(mn, cn, t);
         }
     }
 
-    /// Tell the `MemoryNode` what `cn`'s tenant holds in the other classes, as last learned —
-    /// also for a CN just connected, before its first request is served.
-    pub(super) fn tell_elsewhere(&mut self, cn: CnId, tenant: TenantId) {
-        let bytes = self.learned.elsewhere.get(&tenant).copied().unwrap_or(0);
-        if let Err(e) = self.driver.mn.set_held_elsewhere(cn, bytes) {
+    /// Tell `mn` what `cn`'s tenant holds in the other classes, as last learned — also for a
+    /// CN just connected, before its first request is served.
+    pub fn tell(&self, mn: &mut MemoryNode, cn: CnId, tenant: TenantId) {
+        let bytes = self.elsewhere.get(&tenant).copied().unwrap_or(0);
+        if let Err(e) = mn.set_held_elsewhere(cn, bytes) {
             // a CN of the MN's own list, at most one entry per CN: not expected
             log(format!("{cn}: could not record what its tenant holds in the other classes: {e}"));
         }
     }
+}
 
-    /// Publish what this class's tenants hold now (the core's kept counts: exact in host-engine
-    /// mode where no lap is in flight). O(CNs). True when it changed.
+/// Publish what `mn` — class `class`, of `chunk_size`-byte chunks — holds per tenant now (the
+/// core's kept counts: exact in host-engine mode where no lap is in flight). O(CNs). True when
+/// it changed.
+pub fn publish_class(ledger: &mut ClassLedger, class: usize, chunk_size: u64, mn: &MemoryNode) -> bool {
+    ledger.publish(class, chunk_size, mn.cns().map(|r| (r.tenant, mn.held(r.cn).unwrap_or(0))))
+}
+
+impl<T: Transport> MnDaemon<T> {
+    pub(super) fn learn_elsewhere(&mut self, ledger: &ClassLedger, class: usize) {
+        self.learned.learn(ledger, class, &mut self.driver.mn);
+    }
+
+    pub(super) fn tell_elsewhere(&mut self, cn: CnId, tenant: TenantId) {
+        self.learned.tell(&mut self.driver.mn, cn, tenant);
+    }
+
     pub(super) fn publish_holdings(&self, ledger: &mut ClassLedger, class: usize) -> bool {
-        let mn = &self.driver.mn;
-        ledger.publish(class, self.opts.chunk_size, mn.cns().map(|r| (r.tenant, mn.held(r.cn).unwrap_or(0))))
+        publish_class(ledger, class, self.opts.chunk_size, &self.driver.mn)
     }
 }
 

@@ -228,10 +228,8 @@ fn admission(opts: &MnOptions, max_cns: u32, mn: &mut omw_core::mn::MemoryNode) 
         log(format!("warning: {w}"));
     }
     for t in &tenants {
-        mn.add_tenant(t.credential.id, t.limits(opts.chunk_size))
-            .map_err(|e| VerbsError::Config(format!("--tenants {}: {}: {e}", path.display(), t.credential.name)))?;
         // its quota in bytes holds over every size class of the MN (`class_ledger`)
-        mn.set_tenant_byte_quota(t.credential.id, t.quota_bytes)
+        t.register(mn, opts.chunk_size)
             .map_err(|e| VerbsError::Config(format!("--tenants {}: {}: {e}", path.display(), t.credential.name)))?;
     }
     log(format!(
