@@ -148,14 +148,12 @@ fn a_tenants_second_cn_in_a_class_gains_nothing() {
     let large = mn.connect(1, Some("alice"));
     let s1 = mn.connect(0, Some("alice"));
     mn.alloc(1, large).unwrap();
-    for _ in 0..8 {
+    for _ in 0..16 {
         mn.alloc(0, s1).unwrap();
     }
-    // a second session of alice in the small class, connected after the holdings: told at once
+    // a second session of alice in the small class, connected at her limit: told at connect
+    // what she holds in the large class, so its very first request is refused
     let s2 = mn.connect(0, Some("alice"));
-    for _ in 0..8 {
-        mn.alloc(0, s2).unwrap();
-    }
     assert!(refused(mn.alloc(0, s2)));
     assert!(refused(mn.alloc(0, s1)));
     mn.check();
