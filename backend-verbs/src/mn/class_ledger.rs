@@ -14,6 +14,13 @@
 //! connect, disconnect) the class publishes its tenants' holdings — O(CNs), from the core's
 //! kept counts, never a scan of the MWTable — and, when anything changed, every class learns
 //! what each of its tenants holds elsewhere: O(CNs × classes) per change.
+//!
+//! The kept counts are exact in host-engine mode only (offloaded, the chains change owners
+//! unseen); `omw mn --classes` runs the host engine (`--offload mlx5` with classes is refused).
+//! They leave out an alloc lap still in flight, so a tenant racing several classes at once may
+//! end at most one group per CN per class with a lap in flight above its bytes — the slack the
+//! core's tenant count has between one tenant's CNs in one class — and is refused until back
+//! under.
 
 use super::{log, MnDaemon, Transport};
 use omw_core::ids::CnId;
