@@ -681,6 +681,12 @@ impl Cluster {
 
     /// Bring up a new CN: its host, buffers and QPs, then the MN's connect.
     pub fn connect_cn(&mut self) -> Result<usize, ClusterError> {
+        self.connect_cn_as(None)
+    }
+
+    /// [`Cluster::connect_cn`] for a CN the deployment admitted as `tenant` (the MN must know
+    /// it: `MemoryNode::add_tenant`).
+    pub fn connect_cn_as(&mut self, tenant: Option<omw_core::mn::tenant::TenantId>) -> Result<usize, ClusterError> {
         let idx = self.cns.len();
         let g = self.cfg.group_size as usize;
         let offload = self.mode == ExecutionMode::Offloaded;
@@ -739,7 +745,8 @@ impl Cluster {
             last_io: Vec::new(),
         };
         self.cns.push(node);
-        let (_, act) = Deployment::new(&mut self.world, &mut self.driver, &mut self.cns).connect(idx, mn_qps, None)?;
+        let (_, act) =
+            Deployment::new(&mut self.world, &mut self.driver, &mut self.cns).connect(idx, mn_qps, tenant)?;
         self.mn_cpu_events += act.cpu_events;
         Ok(idx)
     }

@@ -20,7 +20,7 @@
 //! `cns` is optional ([`DEFAULT_TENANT_CNS`]).
 
 use hmac::{Hmac, Mac};
-use omw_core::mn::tenant::{TenantId, TenantLimits};
+use omw_core::mn::tenant::{TenantError, TenantId, TenantLimits};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt;
@@ -128,6 +128,14 @@ pub struct Tenant {
 impl Tenant {
     pub fn limits(&self, chunk_size: u64) -> TenantLimits {
         TenantLimits { quota: (self.quota_bytes / chunk_size).min(u32::MAX as u64) as u32, max_cns: self.max_cns }
+    }
+
+    /// Make the tenant known to one size class's `MemoryNode` (of `chunk_size`-byte chunks):
+    /// its group quota there and its CN slots, and `quota_bytes` as its quota over every class
+    /// of the MN (the classes learn what it holds in the others: `crate::mn::class_ledger`).
+    pub fn register(&self, mn: &mut omw_core::mn::MemoryNode, chunk_size: u64) -> Result<(), TenantError> {
+        mn.add_tenant(self.credential.id, self.limits(chunk_size))?;
+        mn.set_tenant_byte_quota(self.credential.id, self.quota_bytes)
     }
 }
 

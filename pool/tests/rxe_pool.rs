@@ -4,6 +4,10 @@
 //! (from the registry when its lease runs out, or from their connections), its allocations fail
 //! with `MnLost` at once from then on, and the CNs go on with `mn-b`.
 //!
+//! Then a CN of the tenant `capped` (the tenants file both MNs run with, `--tenants`) is held
+//! to its 128 KiB over mn-b's two classes together: the MN's classes keep each other told
+//! (`omw_verbs::mn::class_ledger`).
+//!
 //! Skipped (it says so) unless `OMW_POOL_REGISTRY` (the etcd URL) and `OMW_POOL_SHARE` (the
 //! shared folder the two VMs coordinate through) are set — verbs-ci sets them.
 
@@ -21,9 +25,20 @@ fn env() -> Option<(String, PathBuf)> {
     Some((std::env::var("OMW_POOL_REGISTRY").ok()?, PathBuf::from(std::env::var("OMW_POOL_SHARE").ok()?)))
 }
 
-fn client(url: &str, seed: u64) -> PoolClient<VerbsConnector> {
+/// The credential of `tenant` from the tenants file the MNs run with.
+fn credential(share: &std::path::Path, tenant: &str) -> omw_verbs::admission::Credential {
+    let text = std::fs::read_to_string(share.join("tenants")).expect("the tenants file pool-vm wrote");
+    let tenants = omw_verbs::admission::parse_tenants(&text, 65536).expect("tenants file");
+    tenants.into_iter().find(|t| t.credential.name == tenant).expect("tenant in the file").credential
+}
+
+fn client(url: &str, seed: u64, share: &std::path::Path, tenant: &str) -> PoolClient<VerbsConnector> {
     let reg = EtcdRegistry::connect(url).expect("etcd");
-    let opts = CnOptions { timeout: Duration::from_secs(5), ..CnOptions::default() };
+    let opts = CnOptions {
+        timeout: Duration::from_secs(5),
+        credential: Some(credential(share, tenant)),
+        ..CnOptions::default()
+    };
     PoolClient::new(&reg, Name::new("vmpool").unwrap(), VerbsConnector { opts }, seed).expect("pool client")
 }
 
@@ -59,14 +74,32 @@ fn wait_for(
     }
 }
 
+/// An allocation that fits once the client's frees are done. The MN does not confirm a free
+/// (`CnClient::free`), and frees and allocations travel on different QPs to possibly different
+/// classes: until the MN has run the frees, the allocation is refused (`QuotaExceeded`, never
+/// an excess), so it is retried for up to 10 s.
+fn alloc_once_freed(c: &mut PoolClient<VerbsConnector>, size: u64, what: &str) -> PoolAlloc {
+    let t0 = Instant::now();
+    loop {
+        match c.alloc(size) {
+            Ok(a) => return a,
+            Err(PoolError::QuotaExceeded { .. }) if t0.elapsed() < Duration::from_secs(10) => {
+                c.poll();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
 #[test]
 fn cns_place_across_two_mns_and_survive_one_being_killed() {
     let Some((url, share)) = env() else {
         eprintln!("skipped: run by scripts/verbs-ci (OMW_POOL_REGISTRY, OMW_POOL_SHARE)");
         return;
     };
-    let mut c1 = client(&url, 1);
-    let mut c2 = client(&url, 2);
+    let mut c1 = client(&url, 1, &share, "pool");
+    let mut c2 = client(&url, 2, &share, "pool");
     wait_for("both MNs in the registry", 60, &mut [&mut c1, &mut c2], |cs| cs.iter().all(|c| c.members().len() == 2));
     let t = Instant::now();
     let mut xs = Vec::new();
@@ -158,4 +191,32 @@ fn cns_place_across_two_mns_and_survive_one_being_killed() {
         }
     }
     c1.free(big).or_else(|e| if matches!(e, PoolError::MnLost { .. }) { Ok(()) } else { Err(e) }).unwrap();
+
+    // The byte quota over mn-b's classes (mn-a is gone: every allocation is mn-b's). The tenant
+    // `capped` may hold 128 KiB over both classes together; each refusal below comes while the
+    // class has free chunks and the tenant's group quota there has room (64 KiB class: 2; 4 KiB
+    // class: 32), so only the bytes refuse it.
+    let mut c3 = client(&url, 3, &share, "capped");
+    let large = c3.alloc(20_000).expect("a 64 KiB chunk");
+    assert_eq!((large.mn(), large.chunk_size()), ("mn-b", 65536));
+    let mut small: Vec<PoolAlloc> = (0..8).map(|_| c3.alloc(100).expect("a 4 KiB chunk")).collect();
+    // 96 KiB held: a second 64 KiB chunk would be 160
+    assert!(matches!(c3.alloc(20_000), Err(PoolError::QuotaExceeded { chunk_size: 65536 })), "2nd large at 96 KiB");
+    for a in small.drain(..4) {
+        c3.free(a).expect("free");
+    }
+    assert!(matches!(c3.alloc(20_000), Err(PoolError::QuotaExceeded { chunk_size: 65536 })), "2nd large at 80 KiB");
+    // frees in the small class make room in the large one
+    for a in small.drain(..) {
+        c3.free(a).expect("free");
+    }
+    let second = alloc_once_freed(&mut c3, 20_000, "a second 64 KiB chunk at 64 KiB held");
+    // 128 KiB held in the large class: the small class, empty of the tenant's chunks, refuses
+    assert!(matches!(c3.alloc(100), Err(PoolError::QuotaExceeded { chunk_size: 4096 })), "a small chunk at 128 KiB");
+    // and a free in the large class makes room in the small one
+    c3.free(large).expect("free a large chunk");
+    let more = alloc_once_freed(&mut c3, 100, "a small chunk once a large one is freed");
+    eprintln!("tenant `capped` held to 128 KiB over mn-b's two classes");
+    c3.free(second).unwrap();
+    c3.free(more).unwrap();
 }

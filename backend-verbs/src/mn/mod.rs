@@ -10,6 +10,7 @@
 //! and counts, logs and exports what happened. How a CN connection gets its QP, and which
 //! device the MN runs on, is the transport's.
 
+pub mod class_ledger;
 pub mod transport;
 pub mod verbs;
 
@@ -144,6 +145,8 @@ pub struct MnDaemon<T: Transport> {
     last_publish: Instant,
     /// Called with the counters as often as `--metrics` gets them (the pool's announcer).
     counter_hook: Option<CounterHook>,
+    /// What the MN's other classes hold per tenant, as last learned (`class_ledger`).
+    learned: class_ledger::Learned,
 }
 
 impl<T: Transport> std::fmt::Debug for MnDaemon<T> {
@@ -216,7 +219,7 @@ pub fn fits_device(plan: &MnPlan, spec: &PoolSpec, limits: &DeviceLimits) -> Res
 fn admission(opts: &MnOptions, max_cns: u32, mn: &mut omw_core::mn::MemoryNode) -> Result<Sessions> {
     let sessions = Sessions::new(opts.group_size, max_cns as usize);
     let Some(path) = &opts.tenants else {
-        log("admission: OPEN — no --tenants file: any peer that reaches the port may connect, quotas are per CN");
+        log("admission: OPEN — no --tenants file: any peer that reaches the port may connect, quotas are per CN (and per size class: no identity holds across classes without tenants)");
         return Ok(sessions);
     };
     let (tenants, warn) = crate::admission::load_tenants(path, opts.chunk_size)
@@ -225,7 +228,8 @@ fn admission(opts: &MnOptions, max_cns: u32, mn: &mut omw_core::mn::MemoryNode) 
         log(format!("warning: {w}"));
     }
     for t in &tenants {
-        mn.add_tenant(t.credential.id, t.limits(opts.chunk_size))
+        // its quota in bytes holds over every size class of the MN (`class_ledger`)
+        t.register(mn, opts.chunk_size)
             .map_err(|e| VerbsError::Config(format!("--tenants {}: {}: {e}", path.display(), t.credential.name)))?;
     }
     log(format!(
@@ -330,6 +334,7 @@ impl<T: Transport> MnDaemon<T> {
             metrics,
             last_publish: now,
             counter_hook: None,
+            learned: class_ledger::Learned::default(),
         })
     }
 
@@ -360,13 +365,20 @@ impl<T: Transport> MnDaemon<T> {
     /// `MemoryNode` (MWTable, free queue, chains) on its own port of the same device. Each turn
     /// steps every one; when all are idle they take turns waiting for the connection manager
     /// (each at most [`IDLE_WAIT`] / n, so none waits long for another's quiet).
+    ///
+    /// A tenant's byte quota holds over all the classes: around every step (and every wait,
+    /// which may connect or disconnect a CN) a class learns what each tenant holds in the others
+    /// and publishes its own holdings ([`class_ledger::ClassLedger`]).
     pub fn run_all(daemons: &mut [Self], stop: &AtomicBool) -> Result<()> {
         let mut idle = 0u32;
         let share = IDLE_WAIT / daemons.len().max(1) as u32;
+        let mut ledger = class_ledger::ClassLedger::new(daemons.len());
         while !stop.load(Ordering::Relaxed) {
             let mut busy = false;
-            for d in daemons.iter_mut() {
+            for (k, d) in daemons.iter_mut().enumerate() {
+                d.learn_elsewhere(&ledger, k);
                 busy |= d.step()?;
+                d.publish_holdings(&mut ledger, k);
             }
             if busy {
                 idle = 0;
@@ -374,10 +386,12 @@ impl<T: Transport> MnDaemon<T> {
             }
             idle = idle.saturating_add(1);
             if idle > IDLE_TURNS {
-                for d in daemons.iter_mut() {
+                for (k, d) in daemons.iter_mut().enumerate() {
+                    d.learn_elsewhere(&ledger, k);
                     if d.wait_at_most(share)? {
                         idle = 0;
                     }
+                    d.publish_holdings(&mut ledger, k);
                 }
             }
         }
@@ -594,6 +608,10 @@ impl<T: Transport> MnDaemon<T> {
                 match r {
                     Ok(cn) => {
                         self.sessions.set_cn(nonce, cn);
+                        // what its tenant holds in the other classes counts from its first request
+                        if let Some(t) = tenant {
+                            self.tell_elsewhere(cn, t);
+                        }
                         log(format!(
                             "{cn} connected (session {nonce:#x}, {} QPs){}",
                             2 + self.opts.group_size - 1,

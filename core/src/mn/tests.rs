@@ -520,6 +520,48 @@ fn a_tenants_cn_slots_and_unknown_tenants_are_refused() {
     r.d.check_invariants().unwrap();
 }
 
+/// A tenant's own byte quota across classes (the verbs MN's tenants file gives each tenant its
+/// bytes): its CNs are held to it together, counting what the tenant holds in the other classes
+/// as the deployment reports it; a CN without a tenant keeps the MN-wide bound.
+#[test]
+fn a_tenants_byte_quota_counts_its_other_classes() {
+    use crate::mn::tenant::{TenantError, TenantId, TenantLimits};
+    let mut r = Rig::new(8, 2, 8);
+    let t = TenantId(0x52);
+    r.d.mn.add_tenant(t, TenantLimits { quota: 8, max_cns: 2 }).unwrap();
+    assert_eq!(r.d.mn.set_tenant_byte_quota(TenantId(9), 4096), Err(TenantError::Unknown(TenantId(9))));
+    r.d.mn.set_tenant_byte_quota(t, 3 * 4096).unwrap();
+    r.d.mn.set_byte_quota(Some(6 * 4096));
+    let a = r.connect_as(Some(t)).unwrap();
+    let b = r.connect_as(Some(t)).unwrap();
+    let open = r.connect();
+    assert_eq!(r.d.mn.byte_quota_of(r.cns[a].0), Some(3 * 4096));
+    assert_eq!(r.d.mn.byte_quota_of(r.cns[open].0), Some(6 * 4096));
+    // one chunk's bytes held in another class, told to both of the tenant's CNs
+    for i in [a, b] {
+        r.d.mn.set_held_elsewhere(r.cns[i].0, 4096).unwrap();
+    }
+    let x = r.alloc(a).unwrap();
+    let _y = r.alloc(b).unwrap();
+    // 2 here + 1 elsewhere = the tenant's 3: refused for both, though its group quota is 8
+    assert_eq!(r.alloc(a), Err(ErrorCode::QuotaExceeded));
+    assert_eq!(r.alloc(b), Err(ErrorCode::QuotaExceeded));
+    // the open CN is held to the MN-wide bytes, not the tenant's
+    for _ in 0..3 {
+        assert!(r.alloc(open).is_ok());
+    }
+    // the other class freed its chunk: room for one more here
+    for i in [a, b] {
+        r.d.mn.set_held_elsewhere(r.cns[i].0, 0).unwrap();
+    }
+    assert!(r.alloc(b).is_ok());
+    assert_eq!(r.alloc(a), Err(ErrorCode::QuotaExceeded));
+    assert_eq!(r.free(a, &x), None);
+    assert!(r.alloc(a).is_ok());
+    assert_eq!(r.d.mn.stats().quota_disconnects, 0);
+    r.d.check_invariants().unwrap();
+}
+
 #[test]
 fn rnic_reset_revokes_and_rebuilds() {
     let mut r = Rig::new(4, 2, 8);
