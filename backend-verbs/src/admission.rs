@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// Bytes of the HMAC-SHA256 tag in a hello (truncated: the hello must fit rdma_cm's 56 bytes
 /// of RC private data; 160 bits leave forgery at 2⁻¹⁶⁰ per try).
@@ -361,17 +362,27 @@ impl fmt::Display for CredentialError {
     }
 }
 
+/// The hellos seen within the replay window — per tenant, (nonce, role) → the hello's
+/// timestamp. One table for the whole MN process: an MN of several size classes listens on one
+/// port per class, and a hello's signature names neither, so a hello captured on one class's
+/// port must be refused as a replay on every other (cloning the table shares it).
+#[derive(Clone, Debug, Default)]
+pub struct ReplayTable(Arc<Mutex<HashMap<TenantId, HashMap<(u64, [u8; 2]), u64>>>>);
+
 /// The MN's side of the credentials: the tenants and the hellos seen within the window.
 #[derive(Debug, Default)]
 pub struct Authenticator {
     tenants: Vec<Tenant>,
-    /// Per tenant: (nonce, role) → the hello's timestamp.
-    seen: HashMap<TenantId, HashMap<(u64, [u8; 2]), u64>>,
+    seen: ReplayTable,
 }
 
 impl Authenticator {
     pub fn new(tenants: Vec<Tenant>) -> Self {
-        Authenticator { tenants, seen: HashMap::new() }
+        Self::with_replays(tenants, ReplayTable::default())
+    }
+    /// Checking hellos against `seen`, a table other authenticators of the same MN share.
+    pub fn with_replays(tenants: Vec<Tenant>, seen: ReplayTable) -> Self {
+        Authenticator { tenants, seen }
     }
     pub fn tenants(&self) -> &[Tenant] {
         &self.tenants
@@ -399,7 +410,9 @@ impl Authenticator {
         if skew.unsigned_abs() > REPLAY_WINDOW_S {
             return Err(CredentialError::Stale { tenant, skew_s: skew });
         }
-        let seen = self.seen.entry(tenant).or_default();
+        // a panic elsewhere while holding the table leaves it consistent (each insert is whole)
+        let mut all = self.seen.0.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = all.entry(tenant).or_default();
         // a hello older than the window is refused as stale: its entry can go
         seen.retain(|_, ts| ts.saturating_add(REPLAY_WINDOW_S) >= now);
         if seen.contains_key(&(nonce, role)) {
@@ -485,6 +498,25 @@ mod tests {
         let t = parse_tenants(ALICE, 4096).unwrap();
         let c = t[0].credential.clone();
         (Authenticator::new(t), c)
+    }
+
+    /// The size classes of one MN listen on ports of their own; a hello captured on one is a
+    /// replay on every other (their authenticators share the table, as clones of the daemon's
+    /// options do), while MNs that do not share it judge alone.
+    #[test]
+    fn a_hello_replayed_to_another_size_class_is_refused() {
+        let t = parse_tenants(ALICE, 4096).unwrap();
+        let c = t[0].credential.clone();
+        let shared = ReplayTable::default();
+        let mut class_4k = Authenticator::with_replays(t.clone(), shared.clone());
+        let mut class_64k = Authenticator::with_replays(t.clone(), shared);
+        let now = 1_800_000_000;
+        let tag = c.tag(9, [0, 0], now);
+        assert_eq!(class_4k.check(c.id, 9, [0, 0], now, &tag, now), Ok(()));
+        assert_eq!(class_64k.check(c.id, 9, [0, 0], now, &tag, now + 2), Err(CredentialError::Replayed(c.id)));
+        // another MN process (its own table) judges alone
+        let mut elsewhere = Authenticator::new(t);
+        assert_eq!(elsewhere.check(c.id, 9, [0, 0], now, &tag, now + 2), Ok(()));
     }
 
     #[test]

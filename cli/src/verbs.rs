@@ -285,6 +285,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         serial_engine: a.serial_engine,
         tenants: a.tenants,
         offload_profile,
+        replays: Default::default(),
     };
     match offload {
         Some(Offload::Mlx5) if membership.is_some() || a.classes.is_some() => Err(omw_verbs::VerbsError::Config(

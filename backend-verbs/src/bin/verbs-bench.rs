@@ -301,6 +301,7 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
         serial_engine: false,
         tenants: None,
         offload_profile: None,
+        replays: Default::default(),
     };
     let (tx, rx) = mpsc::channel::<std::result::Result<String, String>>();
     let mn = std::thread::spawn(move || {

@@ -136,6 +136,7 @@ fn daemon() -> (Daemon, Rc<RefCell<Script>>) {
         serial_engine: false,
         tenants: None,
         offload_profile: None,
+        replays: Default::default(),
     };
     let script = Rc::new(RefCell::new(Script::default()));
     let t = DevxTransport::new(ScriptedCm(script.clone()), "mlx5_0");

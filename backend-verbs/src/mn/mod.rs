@@ -75,6 +75,9 @@ pub struct MnOptions {
     /// read from `--profile`; the offloaded DEVX MN lays its chains out for it and refuses a
     /// device they are not correct on. None: every answer unknown. The host engine needs none.
     pub offload_profile: Option<crate::devx::profile::Profile>,
+    /// Hellos seen within the replay window, shared by every daemon started from clones of
+    /// these options (the size classes of one MN: `crate::admission::ReplayTable`).
+    pub replays: crate::admission::ReplayTable,
 }
 
 impl MnOptions {
@@ -242,7 +245,7 @@ fn admission(opts: &MnOptions, max_cns: u32, mn: &mut omw_core::mn::MemoryNode) 
         crate::sessions::HALF_OPEN_PER_TENANT,
         SESSION_PATIENCE,
     ));
-    Ok(sessions.with_tenants(crate::admission::Authenticator::new(tenants)))
+    Ok(sessions.with_tenants(crate::admission::Authenticator::with_replays(tenants, opts.replays.clone())))
 }
 
 impl<T: StartUp> MnDaemon<T> {

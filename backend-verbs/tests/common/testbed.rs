@@ -69,6 +69,7 @@ impl MnThread {
             serial_engine: false,
             tenants: None,
             offload_profile: None,
+            replays: Default::default(),
         };
         let (jobs, rx) = channel::<Job>();
         let (ready, up) = channel::<Result<(), String>>();
