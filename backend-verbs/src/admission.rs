@@ -367,7 +367,10 @@ impl fmt::Display for CredentialError {
 /// port per class, and a hello's signature names neither, so a hello captured on one class's
 /// port must be refused as a replay on every other (cloning the table shares it).
 #[derive(Clone, Debug, Default)]
-pub struct ReplayTable(Arc<Mutex<HashMap<TenantId, HashMap<(u64, [u8; 2]), u64>>>>);
+pub struct ReplayTable(Arc<Mutex<SeenHellos>>);
+
+/// Per tenant: (nonce, role) → the hello's timestamp.
+type SeenHellos = HashMap<TenantId, HashMap<(u64, [u8; 2]), u64>>;
 
 /// The MN's side of the credentials: the tenants and the hellos seen within the window.
 #[derive(Debug, Default)]
