@@ -67,6 +67,11 @@ pub struct PlanArgs {
     /// Skip the loopback-model measurement of alloc latency and throughput.
     #[arg(long)]
     pub no_model: bool,
+    /// Size classes, `SIZE:COUNT,…` as `omw mn --classes` takes them (e.g. 4K:256,64K:32,2M:4):
+    /// every class its own MWTable, free queue and chains on the one device, checked together
+    /// against its limits. Replaces --pool-size and --chunk-size.
+    #[arg(long, value_parser = crate::verbs::parse_class_list, conflicts_with_all = ["pool_size", "chunk_size"])]
+    pub classes: Option<crate::verbs::ClassList>,
 }
 
 fn size(s: &str) -> Result<u64, String> {
@@ -118,13 +123,16 @@ fn connectx_caps() -> Capabilities {
 
 /// The verdict and what it rests on, as text; `Ok` when the pool fits.
 pub fn report(a: &PlanArgs, device: &str, limits: DeviceLimits) -> Result<String, String> {
-    let mut s = String::new();
     let mode = match a.mode {
         Some(Mode::HostEngine) => ExecutionMode::HostEngine,
         _ => ExecutionMode::Offloaded,
     };
     let plan = MnPlan::decide(connectx_caps(), MnOptions { mode: Some(mode), allow_insecure: false, scrub: true })
         .map_err(|e| format!("plan: {e}"))?;
+    if let Some(classes) = &a.classes {
+        return classes_report(a, &classes.0, device, &plan, limits);
+    }
+    let mut s = String::new();
     if a.chunk_size == 0 || a.pool_size < a.chunk_size {
         return Err("--pool-size must hold at least one chunk".into());
     }
@@ -228,6 +236,80 @@ pub fn report(a: &PlanArgs, device: &str, limits: DeviceLimits) -> Result<String
             let _ = writeln!(s, "REFUSED: {e}");
         }
         suggest(&mut s);
+        Err(s)
+    }
+}
+
+/// An MN of several size classes: each class's footprint, and their sum against the device.
+fn classes_report(
+    a: &PlanArgs,
+    classes: &[omw_pool::entry::ClassSpec],
+    device: &str,
+    plan: &MnPlan,
+    limits: DeviceLimits,
+) -> Result<String, String> {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "device: {device} — max_mw {}, max_mr {}{}, max_qp {}",
+        limits.max_mw,
+        limits.max_mr,
+        if limits.shared_keys { " (one key table for windows and MRs)" } else { "" },
+        limits.max_qp
+    );
+    let mut each = Vec::new();
+    for c in classes {
+        let spec = PoolSpec {
+            chunk_size: c.chunk_size,
+            chunks: c.chunks,
+            group_size: a.group_size,
+            max_cns: a.max_cns,
+            quota: 0,
+            lease_ns: 0,
+            queue_depth: None,
+        };
+        let f = match Footprint::of(plan, &spec) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = writeln!(s, "REFUSED: class {}: {e}", human(c.chunk_size));
+                return Err(s);
+            }
+        };
+        let _ = writeln!(
+            s,
+            "class {}: {} chunks ({}), {} windows, {} registrations, {} QPs, metadata {}",
+            human(c.chunk_size),
+            c.chunks,
+            human(c.chunk_size * c.chunks as u64),
+            f.windows,
+            f.registrations,
+            f.qps,
+            human(f.metadata_bytes)
+        );
+        each.push(f);
+    }
+    let f = Footprint::combined(each);
+    let _ = writeln!(
+        s,
+        "all {} classes, G = {}, {} CNs, {}: {} windows, {} registrations, {} QPs; MN metadata {}, {} pinned",
+        classes.len(),
+        a.group_size,
+        a.max_cns,
+        plan.mode,
+        f.windows,
+        f.registrations,
+        f.qps,
+        human(f.metadata_bytes),
+        human(f.pinned_bytes)
+    );
+    let broken = f.check(&limits);
+    if broken.is_empty() {
+        let _ = writeln!(s, "FITS");
+        Ok(s)
+    } else {
+        for e in broken.iter() {
+            let _ = writeln!(s, "REFUSED: {e}");
+        }
         Err(s)
     }
 }
@@ -338,6 +420,26 @@ mod tests {
         let few_qps = DeviceLimits { max_qp: 100, ..DeviceLimits::CONNECTX6 };
         let out = report(&a, "small", few_qps).unwrap_err();
         assert!(out.contains("queue pairs, the device's max_qp is 100"), "{out}");
+    }
+
+    /// The classes share the device: each fits alone, together they break its key table.
+    #[test]
+    fn size_classes_are_checked_together_against_the_device() {
+        let a = args(&["--classes", "4K:1048576,64K:65536", "--group-size", "2"]);
+        let out = report(&a, "cx6", DeviceLimits::CONNECTX6).unwrap();
+        assert!(out.contains("FITS") && out.contains("2228224 windows"), "{out}");
+        // 2 × 2^20 + 2 × 2^16 windows against a key table of 2^21: each class fits, not both
+        let tight = DeviceLimits { max_mw: 1 << 21, max_mr: 1 << 21, ..DeviceLimits::CONNECTX6 };
+        let one = report(&args(&["--classes", "4K:1048576"]), "small", tight);
+        assert!(one.is_err(), "2^21 windows + registrations exceed 2^21 keys: {one:?}");
+        let small = report(&args(&["--classes", "4K:524288", "--group-size", "2"]), "small", tight).unwrap();
+        assert!(small.contains("FITS"), "{small}");
+        let both = report(&args(&["--classes", "4K:524288,64K:524288", "--group-size", "2"]), "small", tight);
+        let out = both.unwrap_err();
+        assert!(out.contains("REFUSED") && out.contains("2097152"), "{out}");
+        // a class the core cannot hold is named
+        let out = report(&args(&["--classes", "4K:2097152"]), "cx6", DeviceLimits::CONNECTX6).unwrap_err();
+        assert!(out.contains("REFUSED: class 4 KiB"), "{out}");
     }
 
     #[test]

@@ -33,7 +33,7 @@ fn size(s: &str) -> Result<u64, String> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClassList(pub Vec<omw_pool::entry::ClassSpec>);
 
-fn classes(s: &str) -> Result<ClassList, String> {
+pub fn parse_class_list(s: &str) -> Result<ClassList, String> {
     omw_pool::entry::parse_classes(s).map(ClassList).map_err(|e| e.to_string())
 }
 
@@ -109,7 +109,7 @@ pub struct MnArgs {
     /// Size classes, `SIZE:COUNT,…` (e.g. 4K:256,64K:32,2M:4): each its own MWTable, free queue
     /// and chains, listening on --listen's port + its index (smallest class first); replaces
     /// --pool-size and --chunk-size.
-    #[arg(long, value_parser = classes)]
+    #[arg(long, value_parser = parse_class_list)]
     pub classes: Option<ClassList>,
     /// Join a pool of MNs: the registry's etcd endpoint(s), e.g. http://127.0.0.1:2379
     /// (docs/POOL.md). The MN registers under a lease, publishes its free count and drain flag,

@@ -87,6 +87,22 @@ impl Footprint {
         self.metadata_bytes as f64 / self.chunks.max(1) as f64
     }
 
+    /// An MN of several size classes (one MWTable, free queue and set of chains per class, on
+    /// one device): what the classes need together — the device's limits hold for their sum.
+    pub fn combined(classes: impl IntoIterator<Item = Footprint>) -> Footprint {
+        classes.into_iter().fold(
+            Footprint { chunks: 0, windows: 0, registrations: 0, qps: 0, metadata_bytes: 0, pinned_bytes: 0 },
+            |a, f| Footprint {
+                chunks: a.chunks.saturating_add(f.chunks),
+                windows: a.windows + f.windows,
+                registrations: a.registrations + f.registrations,
+                qps: a.qps + f.qps,
+                metadata_bytes: a.metadata_bytes + f.metadata_bytes,
+                pinned_bytes: a.pinned_bytes + f.pinned_bytes,
+            },
+        )
+    }
+
     /// Check against `limits`: every limit this footprint breaks (empty: it fits).
     pub fn check(&self, limits: &DeviceLimits) -> heapless::Vec<Exceeded, 3> {
         let mut out = heapless::Vec::new();
