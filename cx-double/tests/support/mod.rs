@@ -208,6 +208,7 @@ const G_CAPS: Caps = Caps::OFFLOAD
     .union(Caps::CONTENTION)
     .union(Caps::RAW_REQUESTS)
     .union(Caps::REVIVE)
+    .union(Caps::WINDOW_SPANS)
     .union(Caps::SEND_WITH_INV);
 
 /// Starts MNs on `DevxBackend` over a double answering the open questions as `behaviour`.
