@@ -47,13 +47,14 @@
 use super::{rd, read_entry, wr, MemoryNode, MnError, MnPort};
 use crate::chain::ChainKind;
 use crate::device::{ExecutionMode, MwBinding};
-use crate::ids::{CnId, GroupId};
+use crate::ids::{CnId, GroupId, Qpn};
 use crate::mn::{Action, CnStatus, ENTRY_RECLAIMING};
 use crate::wire::memory_map::{alloc_scratch, ALLOC_SCRATCH_OFF};
 
 /// Which of a CN's chains a quiesce stopped.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Chains {
+    /// Every alloc chain of the CN (a CN may have several: [`crate::mn::MnConfig::alloc_chains`]).
     pub alloc: bool,
     pub free: bool,
 }
@@ -167,14 +168,20 @@ impl MemoryNode {
                 // A loop ring ENABLEs its management ring and the management ring ENABLEs the
                 // loop ring's second half; a reset queue is empty, so an ENABLE that reaches it
                 // between the two resets releases nothing.
-                for kind in [ChainKind::Alloc, ChainKind::Free] {
-                    if !chains.has(kind) {
-                        continue;
+                // `alloc`: every alloc chain of the CN, so no sibling chain's lap can touch
+                // a group the MN decides about
+                let mut stop: heapless::Vec<(Qpn, Option<Qpn>), { super::MAX_ALLOC_CHAINS + 1 }> = heapless::Vec::new();
+                if chains.alloc {
+                    for (_, m, l) in r.alloc_chains() {
+                        let pushed = stop.push((m, l));
+                        debug_assert!(pushed.is_ok(), "at most MAX_ALLOC_CHAINS alloc chains and the free chain");
                     }
-                    let (mgmt, lp) = match kind {
-                        ChainKind::Alloc => (r.qps.alloc, r.qps.alloc_loop),
-                        ChainKind::Free => (r.qps.free, r.qps.free_loop),
-                    };
+                }
+                if chains.free {
+                    let pushed = stop.push((r.qps.free, r.qps.free_loop));
+                    debug_assert!(pushed.is_ok(), "at most MAX_ALLOC_CHAINS alloc chains and the free chain");
+                }
+                for (mgmt, lp) in stop {
                     if let Some(lp) = lp {
                         port.apply(Action::ResetQp(lp)).map_err(MnError::Port)?;
                     }
@@ -186,12 +193,22 @@ impl MemoryNode {
             }
             ExecutionMode::HostEngine => {
                 port.apply(Action::StopLaps { cn, alloc: chains.alloc, free: chains.free }).map_err(MnError::Port)?;
+                if chains.alloc {
+                    // every alloc lap of the CN has ended (the failed one already had)
+                    if let Some(n) = self.alloc_in_flight.get_mut(r.slot as usize) {
+                        *n = 0;
+                    }
+                }
                 // a management QP a failed request left in ERR comes back before the MN
                 // answers on it (a healthy one keeps its state and the CN its receives)
-                for kind in [ChainKind::Alloc, ChainKind::Free] {
-                    if chains.has(kind) && r.status == CnStatus::Active {
-                        let mgmt = if kind == ChainKind::Alloc { r.qps.alloc } else { r.qps.free };
-                        port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+                if r.status == CnStatus::Active {
+                    if chains.alloc {
+                        for (_, mgmt, _) in r.alloc_chains() {
+                            port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+                        }
+                    }
+                    if chains.free {
+                        port.apply(Action::ResetQp(r.qps.free)).map_err(MnError::Port)?;
                     }
                 }
             }
@@ -237,7 +254,13 @@ impl MemoryNode {
         let mut w = Whereabouts::default();
         let e = read_entry(port, entry)?;
         let chunk = self.map.group_of_entry(entry).and_then(|g| self.cfg.geometry.chunk_base(g));
-        let slots: heapless::Vec<(u32, CnId), { super::MAX_CNS }> = self.cns().map(|r| (r.slot, r.cn)).collect();
+        let mut slots: heapless::Vec<(u32, CnId), { super::MAX_CNS * super::MAX_ALLOC_CHAINS }> = heapless::Vec::new();
+        for r in self.cns() {
+            for j in 0..r.alloc_chain_count() {
+                let pushed = slots.push((self.chain_slot(r.slot, j), r.cn));
+                debug_assert!(pushed.is_ok(), "MAX_ALLOC_CHAINS chains per CN record");
+            }
+        }
         for (slot, cn) in slots {
             let Some(s) = self.map.scratch(slot) else { continue };
             let a = s + ALLOC_SCRATCH_OFF;

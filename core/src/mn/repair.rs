@@ -10,6 +10,7 @@ impl MemoryNode {
         port: &mut P,
         cn: CnId,
         kind: ChainKind,
+        chain: u8,
         step: Option<u8>,
         failure: LapFailure,
     ) -> R<P::Error> {
@@ -28,27 +29,46 @@ impl MemoryNode {
         // layouts) can then free it through its own free chain while the repair reclaims it —
         // so its free chain stops too, before anything is decided.
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
+        // the failed chain's own scratch (an alloc chain's; the CN's first for the free chain)
+        let sa = match kind {
+            ChainKind::Alloc => self.chain_scratch(r.slot, chain).filter(|_| chain < r.alloc_chain_count()),
+            ChainKind::Free => Some(s),
+        }
+        .ok_or(MnError::BadConfig)?;
+        // (an alloc chain's quiesce stops every alloc chain of the CN: its siblings' laps are
+        // repaired as interrupted below, each from its own scratch)
         let mut q = self.quiesce(port, cn, Chains::only(kind))?;
-        let popped = rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)?;
-        if kind == ChainKind::Alloc && popped != 0 {
+        if kind == ChainKind::Alloc && rd(port, sa + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)? != 0 {
             q = self.quiesce(port, cn, Chains::BOTH)?;
             self.repair_interrupted(port, &q, ChainKind::Free)?;
         }
-        // ... and a failed free of the very group this CN's own alloc lap is still binding
-        // (a hostile CN that guessed the entry before its reply) stops that alloc lap first
-        if kind == ChainKind::Free
-            && popped != 0
-            && rd(port, s + FREE_SCRATCH_OFF + free_scratch::ENTRY_ADDR)? == popped
-        {
-            q = self.quiesce(port, cn, Chains::BOTH)?;
-            self.repair_interrupted(port, &q, ChainKind::Alloc)?;
+        // ... and a failed free of the very group one of this CN's own alloc laps is still
+        // binding (a hostile CN that guessed the entry before its reply) stops those laps first
+        if kind == ChainKind::Free {
+            let freeing = rd(port, s + FREE_SCRATCH_OFF + free_scratch::ENTRY_ADDR)?;
+            for a in self.alloc_scratches(cn) {
+                let popped = rd(port, a + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)?;
+                if popped != 0 && popped == freeing {
+                    q = self.quiesce(port, cn, Chains::BOTH)?;
+                    self.repair_interrupted(port, &q, ChainKind::Alloc)?;
+                    break;
+                }
+            }
         }
         let other_stopped = q.chains().has(kind.other());
         match kind {
             ChainKind::Alloc => {
-                let a = s + ALLOC_SCRATCH_OFF;
+                let a = sa + ALLOC_SCRATCH_OFF;
                 let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
                 let repair = self.repair_alloc(port, &q, a)?;
+                // the CN's other alloc chains were stopped with this one: their laps are
+                // undone from their own markers (a request in flight there is told
+                // `AllocFailed`, a group popped ahead goes back)
+                for (j, other) in self.alloc_scratches(cn).into_iter().enumerate() {
+                    if j != chain as usize {
+                        self.repair_interrupted_alloc(port, &q, other)?;
+                    }
+                }
                 if repair == AllocRepair::TookTicket {
                     // the queue was empty: park this chain until frees refill it
                     self.park(cn);
@@ -91,7 +111,7 @@ impl MemoryNode {
                 // for (capacity = groups + one ticket per CN + 1). Offloaded, a parked chain is
                 // not armed; host engine, its request buffer is posted and requests are
                 // answered "empty" until "available".
-                if r.alloc_parked {
+                if self.cn(cn).is_some_and(|r| r.alloc_parked) {
                     if self.cfg.mode == ExecutionMode::HostEngine {
                         self.arm(port, cn, ChainKind::Alloc)?;
                         self.park(cn);
@@ -154,18 +174,9 @@ impl MemoryNode {
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
         match kind {
             ChainKind::Alloc => {
-                let a = s + ALLOC_SCRATCH_OFF;
-                let hdr = rd(port, a + alloc_scratch::REQ_HDR)?;
-                let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
-                let repair = self.repair_alloc(port, q, a)?;
-                wr(port, a + alloc_scratch::REQ_HDR, 0)?;
-                if repair == AllocRepair::TookTicket {
-                    self.park(cn);
-                    if r.status == CnStatus::Active && hdr != 0 {
-                        self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
-                    }
-                } else if hdr != 0 && r.status == CnStatus::Active {
-                    self.send(port, cn, &ErrorReply { token, code: ErrorCode::AllocFailed, detail: 0 }.encode())?;
+                // every alloc chain of the CN (a quiesce stops them together)
+                for a in self.alloc_scratches(cn) {
+                    self.repair_interrupted_alloc(port, q, a)?;
                 }
             }
             ChainKind::Free => {
@@ -173,6 +184,35 @@ impl MemoryNode {
                 self.repair_free(port, q, f)?;
                 wr(port, f + free_scratch::REQ_HDR, 0)?;
             }
+        }
+        Ok(())
+    }
+
+    /// [`MemoryNode::repair_interrupted`] for the one alloc chain whose scratch area is `s`.
+    pub(super) fn repair_interrupted_alloc<P: MnPort>(&mut self, port: &mut P, q: &Quiesced, s: u64) -> R<P::Error> {
+        let cn = q.cn();
+        let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
+        let a = s + ALLOC_SCRATCH_OFF;
+        let hdr = rd(port, a + alloc_scratch::REQ_HDR)?;
+        let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
+        let repair = self.repair_alloc(port, q, a)?;
+        wr(port, a + alloc_scratch::REQ_HDR, 0)?;
+        if repair == AllocRepair::TookTicket {
+            self.park(cn);
+            if r.status == CnStatus::Active && hdr != 0 {
+                self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
+            }
+        } else if hdr != 0 && r.status == CnStatus::Active {
+            self.send(port, cn, &ErrorReply { token, code: ErrorCode::AllocFailed, detail: 0 }.encode())?;
+        }
+        Ok(())
+    }
+
+    /// Every alloc chain's lap of a CN that is leaving or losing everything (crash, eviction,
+    /// quota) undone from its own markers, without telling the CN.
+    pub(super) fn repair_alloc_chains<P: MnPort>(&mut self, port: &mut P, q: &Quiesced) -> R<P::Error> {
+        for a in self.alloc_scratches(q.cn()) {
+            self.repair_alloc(port, q, a + ALLOC_SCRATCH_OFF)?;
         }
         Ok(())
     }
@@ -352,7 +392,7 @@ impl MemoryNode {
         self.empty = false;
         for r in cns.iter() {
             self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
-            self.init_scratch(port, r.slot, r.cn)?;
+            self.init_scratch(port, r.slot, r.cn, r.alloc_chain_count())?;
             if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == r.cn) {
                 rec.allocs = 0;
                 rec.frees = 0;
