@@ -221,9 +221,9 @@ impl Testbed for LoopbackBed {
         self.c.stall_cn(cn);
     }
     fn alloc_unread(&mut self, cn: usize) {
-        if self.c.alloc_begin(cn).is_ok() {
+        if let Ok(token) = self.c.alloc_begin(cn) {
             // it never reads the reply: let it ask again
-            self.c.cns[cn].client_mut().abandon_pending();
+            self.c.cns[cn].driver.abandon_alloc(token);
         }
     }
     fn is_served(&mut self, cn: usize) -> bool {
