@@ -119,3 +119,130 @@ pub fn run(inp: &Inputs, m: &Measured, rounds: usize, tick: &mut dyn FnMut(&str)
     }
     Ok(rows)
 }
+
+/// One CN allocating back to back with `chains` alloc chains (issue 23 item 6).
+#[derive(Clone, Debug)]
+pub struct ChainsRow {
+    /// Alloc chains the CN connected with (`MnConfig::alloc_chains`).
+    pub chains: u8,
+    /// Allocations per second of modelled time, the CN keeping one request in flight per chain.
+    pub allocs_per_s: f64,
+    /// Against one chain, measured in the same run.
+    pub ratio: f64,
+    /// Mean request-to-reply latency.
+    pub mean_ns: f64,
+    pub samples: usize,
+    /// "model" (real chains on the loopback model) or "sim" (queueing simulator).
+    pub source: &'static str,
+}
+
+/// OneSidedMW on the model, closed loop: one CN connected with `chains` alloc chains sends a
+/// request on each idle chain and, as soon as a reply lands, the next one — so a request meets
+/// its chain still re-arming (the MN's RNR timer) unless another chain is idle. `allocs`
+/// allocations, no frees (the pool holds them all). Offloaded: no MN CPU on the path.
+pub fn osmw_chains_on_model(
+    inp: &Inputs,
+    m: &Measured,
+    chains: u8,
+    allocs: usize,
+) -> Result<(f64, f64, usize), String> {
+    use omw_core::cn::driver::CnEvent;
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 1;
+    cfg.group_size = m.group_size;
+    cfg.chunk_size = 512;
+    cfg.chunks = (allocs as u32 + 64).next_power_of_two();
+    cfg.quota = cfg.chunks;
+    cfg.mode = Some(ExecutionMode::Offloaded);
+    cfg.alloc_chains = chains;
+    cfg.nic = NicConfig::strict().with_prefetch(8).with_cost(inp.cost);
+    cfg.nic.ring_arena_bytes = (chains as u64 + 3) * (64 << 10);
+    let mut c = Cluster::new(cfg).map_err(|e| e.to_string())?;
+    let mut sent: Vec<(u32, u64)> = Vec::new();
+    let mut lat = Vec::with_capacity(allocs);
+    let (mut issued, mut done) = (0usize, 0usize);
+    let start = c.now();
+    let mut end = start;
+    let mut steps = 0u64;
+    while done < allocs {
+        // a request on every idle chain
+        while issued < allocs && c.cns[0].driver.idle_alloc_chains() > 0 {
+            let now = c.now();
+            let t = c.cns[0].driver.alloc(now).map_err(|e| format!("alloc: {e}"))?;
+            sent.push((t, now));
+            issued += 1;
+        }
+        if c.fabric.borrow_mut().step().is_none() {
+            return Err(format!("the model went idle with {} of {allocs} allocations answered", done));
+        }
+        steps += 1;
+        if steps > 50_000_000 {
+            return Err("step budget exhausted".into());
+        }
+        let now = c.now();
+        c.cns[0].driver.poll(now).map_err(|e| format!("poll: {e}"))?;
+        while let Some(ev) = c.cns[0].driver.next_event() {
+            match ev {
+                CnEvent::Allocated { token, result } => {
+                    result.map_err(|e| format!("reply: {e}"))?;
+                    if let Some(p) = sent.iter().position(|(t, _)| *t == token) {
+                        lat.push(now - sent.swap_remove(p).1);
+                    }
+                    done += 1;
+                    end = now;
+                }
+                CnEvent::Refused { code, .. } => return Err(format!("refused: {code:?}")),
+                _ => {}
+            }
+        }
+    }
+    c.pump().map_err(|e| e.to_string())?;
+    c.check_invariants()?;
+    let span = (end - start).max(1);
+    Ok((allocs as f64 * 1e9 / span as f64, sim::mean(&lat), lat.len()))
+}
+
+/// Per-CN alloc throughput against the CN's alloc chains (1, 2, 4): on the model, and in the
+/// simulator with the same inputs; each ratio against one chain of the same source and run.
+pub fn chains(inp: &Inputs, m: &Measured, allocs: usize, tick: &mut dyn FnMut(&str)) -> Result<Vec<ChainsRow>, String> {
+    let mut rows = Vec::new();
+    let mut base = 0.0;
+    for k in [1u8, 2, 4] {
+        tick(&format!("alloc chains: one CN with {k} alloc chain(s) on the model"));
+        let (tput, mean, n) = osmw_chains_on_model(inp, m, k, allocs)?;
+        if k == 1 {
+            base = tput;
+        }
+        rows.push(ChainsRow {
+            chains: k,
+            allocs_per_s: tput,
+            ratio: tput / base,
+            mean_ns: mean,
+            samples: n,
+            source: "model",
+        });
+    }
+    let mut base = 0.0;
+    for k in [1u8, 2, 4] {
+        tick(&format!("alloc chains: one CN with {k} alloc chain(s) in the simulator"));
+        let inp_k = Inputs { alloc_chains: k as u16, ..inp.clone() };
+        // one CN, k requesters (threads) allocating back to back
+        let ops: Vec<Op> = (0..allocs / k as usize).flat_map(|_| [Op::Alloc, Op::End(0)]).collect();
+        let progs: Vec<_> = (0..k).map(|_| compile(Scheme::OneSidedMw, &inp_k, m, &ops, 0)).collect();
+        let r = sim::run(&progs, inp.mn_cores, inp.nic_units);
+        let lat = r.latencies.first().cloned().unwrap_or_default();
+        let tput = if r.makespan_ns == 0 { 0.0 } else { lat.len() as f64 * 1e9 / r.makespan_ns as f64 };
+        if k == 1 {
+            base = tput;
+        }
+        rows.push(ChainsRow {
+            chains: k,
+            allocs_per_s: tput,
+            ratio: if base > 0.0 { tput / base } else { 0.0 },
+            mean_ns: sim::mean(&lat),
+            samples: lat.len(),
+            source: "sim",
+        });
+    }
+    Ok(rows)
+}

@@ -50,6 +50,9 @@ const MSG_AREA: u64 = 2 * RECVS_PER_QP as u64 * MSG_SLOT;
 /// Message queues: the Alloc QP, access QP 0, then each extra Alloc QP (several alloc chains:
 /// their replies' immediates consume receives there; no message is ever sent on them).
 const QUEUES: usize = 2 + MAX_ALLOC_CHAINS - 1;
+/// Receives kept posted on each extra Alloc QP: its chain's one reply in flight, and one for a
+/// late reply to a request the CN gave up on.
+pub const EXTRA_ALLOC_RECVS: usize = 2;
 
 /// An allocation in flight on one of the CN's alloc chains, and when it is given up.
 #[derive(Clone, Copy, Debug)]
@@ -489,6 +492,18 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         q
     }
 
+    /// Receives kept posted on message queue `k`: an extra Alloc QP carries only its chain's
+    /// replies, one request in flight at a time — a CN that stops reading them is found after
+    /// as many more replies as it has receives there, so few keep its chains from holding
+    /// many more groups than one chain would before the MN evicts it.
+    const fn recvs_on(k: usize) -> usize {
+        if k >= 2 {
+            EXTRA_ALLOC_RECVS
+        } else {
+            RECVS_PER_QP
+        }
+    }
+
     /// The alloc chain whose replies' immediates arrive on message queue `k`.
     fn chain_of_queue(k: usize) -> usize {
         if k >= 2 {
@@ -751,13 +766,14 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     fn refill(&mut self) -> Result<(), CnError<B::Error>> {
         for (k, q) in self.message_qps().into_iter().enumerate() {
             let Some(qp) = q else { continue };
-            if self.posted[k] == (1 << RECVS_PER_QP) - 1 {
+            let n = Self::recvs_on(k);
+            if self.posted[k] == (1 << n) - 1 {
                 continue;
             }
             if self.backend.qp_state(qp).map_err(CnError::Device)? != QpState::Rts {
                 continue;
             }
-            for i in 0..RECVS_PER_QP {
+            for i in 0..n {
                 if self.posted[k] & (1 << i) != 0 {
                     continue;
                 }

@@ -69,6 +69,7 @@ impl MemoryNode {
             qps: qps.clone(),
             status: CnStatus::Active,
             alloc_parked: false,
+            parked_chains: 0,
             allocs: 0,
             frees: 0,
             forged_frees: 0,
@@ -104,7 +105,7 @@ impl MemoryNode {
         self.send(port, cn, &info.encode())?;
         self.arm(port, cn, ChainKind::Free)?;
         if self.empty {
-            self.park(cn);
+            self.park_all(cn);
             self.send(port, cn, &Notice::Empty.encode())?;
         } else {
             self.arm(port, cn, ChainKind::Alloc)?;

@@ -346,14 +346,14 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                 Ok(())
             }
             Action::StopLaps { cn, alloc, free } => {
-                let stop = |k: ChainKind| match k {
-                    ChainKind::Alloc => alloc,
+                let stop = |k: ChainKind, chain: u8| match k {
+                    ChainKind::Alloc => alloc & (1 << chain) != 0,
                     ChainKind::Free => free,
                 };
                 let mut i = 0;
                 while i < self.laps.len() {
                     let l = &self.laps[i];
-                    if l.cn != cn || !stop(l.kind) {
+                    if l.cn != cn || !stop(l.kind, l.chain) {
                         i += 1;
                         continue;
                     }

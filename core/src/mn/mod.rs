@@ -47,7 +47,7 @@ mod repair;
 pub mod tenant;
 #[cfg(test)]
 mod tests;
-pub use quiesce::{scan_free, Chains, FreeCount, PushRefused, Quiesced, Whereabouts};
+pub use quiesce::{scan_free, Chains, FreeCount, PushRefused, Quiesced, Whereabouts, ALL_ALLOC_CHAINS};
 
 /// Most CNs one MN serves (fixed so the control plane needs no heap).
 pub const MAX_CNS: usize = 32;
@@ -83,7 +83,8 @@ pub struct MnConfig {
     /// the previous reply went out, so a request passes only its WAIT and one ENABLE on the
     /// way to its reply (`chain::alloc`). It costs one group per armed chain withheld from the
     /// others — the default ([`MnConfig::pop_ahead_pays`]) turns it on only where that is a
-    /// small share of the pool.
+    /// small share of the pool. Off with several alloc chains per CN
+    /// ([`MemoryNode::set_pop_ahead`] says why).
     pub pop_ahead: bool,
     /// The chain layout variant (`chain::variant`): chosen from the device's answers to the
     /// open CORE-Direct questions; the paper's device's by default.
@@ -180,8 +181,11 @@ pub struct CnRecord {
     pub cn: CnId,
     pub qps: CnQps,
     pub status: CnStatus,
-    /// The alloc chain is parked (not armed) until the queue is available again.
+    /// Every alloc chain of the CN is parked (not armed) until the queue is available again.
     pub alloc_parked: bool,
+    /// Which of its alloc chains are parked (bit j: chain j): each one whose pop found the
+    /// queue empty holds its one ticket and waits for "available".
+    pub parked_chains: u8,
     /// Host-engine mode: laps committed. Offloaded: last counter sample.
     pub allocs: u64,
     pub frees: u64,
@@ -248,9 +252,10 @@ pub enum Action {
     /// when it leaves or — management QPs only — loses them for its quota.
     ReleaseQps { qps: heapless::Vec<Qpn, { 2 * (MAX_ALLOC_CHAINS - 1) }> },
     /// Host-engine mode's quiesce: end the MN CPU's in-flight laps of `cn` (of the chains
-    /// named), each once the device step it posted has completed or been flushed — so nothing
-    /// of them lands after the MN decided. Offloaded mode stops chains with [`Action::ResetQp`].
-    StopLaps { cn: CnId, alloc: bool, free: bool },
+    /// named: `alloc` the alloc chains' bit mask), each once the device step it posted has
+    /// completed or been flushed — so nothing of them lands after the MN decided. Offloaded
+    /// mode stops chains with [`Action::ResetQp`].
+    StopLaps { cn: CnId, alloc: u8, free: bool },
     /// Bind the (unbound) window `rkey.index()` again under `rkey`, over `[addr, addr+len)` of
     /// the MR `lkey`, to QP `qp` (a window someone else invalidated, restored for its owner).
     /// The port reports the outcome through [`MnPort::mw_binding`] where it can tell.
@@ -522,9 +527,9 @@ pub struct MemoryNode {
     recounted_this_pass: u32,
     /// Per slot: the lap counters (allocs, frees) when the CN was last counted in the table.
     counted_at: [(u64, u64); MAX_CNS],
-    /// Per slot, host-engine mode: alloc laps served ([`Action::ServeLap`]) that have neither
-    /// committed nor been stopped — with several alloc chains a CN has up to that many in
-    /// flight, and the exact quota counts them.
+    /// Per slot, host-engine mode: the alloc chains (bit j: chain j) with a lap served
+    /// ([`Action::ServeLap`]) that has neither committed nor been stopped — with several alloc
+    /// chains a CN has up to that many in flight, and the exact quota counts them.
     alloc_in_flight: [u8; MAX_CNS],
     /// The quota in bytes across the MN's size classes, and what each CN holds in the other
     /// classes (`mn/class_quota.rs`).
@@ -557,6 +562,7 @@ impl MemoryNode {
             || cfg.alloc_chains == 0
             || cfg.alloc_chains as usize > MAX_ALLOC_CHAINS
             || map.max_cns < cfg.max_cns * cfg.alloc_chains as u32
+            || (cfg.pop_ahead && cfg.alloc_chains > 1)
             || map.geometry != cfg.geometry
         {
             return Err(MnError::BadConfig);
@@ -745,9 +751,12 @@ impl MemoryNode {
     }
 
     /// Turn popping ahead on or off ([`MnConfig::pop_ahead`]); only while no CN is connected
-    /// (connected CNs' chains are armed with the layout they have).
+    /// (connected CNs' chains are armed with the layout they have), and never on with several
+    /// alloc chains per CN ([`MnConfig::alloc_chains`]): a chain whose pop found the queue
+    /// empty would tell its CN "empty" while another of its chains still held a group popped
+    /// ahead, and the CN cannot tell which of its chains is parked.
     pub fn set_pop_ahead(&mut self, on: bool) -> bool {
-        if self.cns().next().is_some() {
+        if self.cns().next().is_some() || (on && self.cfg.alloc_chains > 1) {
             return false;
         }
         self.cfg.pop_ahead = on;
@@ -847,24 +856,49 @@ impl MemoryNode {
         port.apply(Action::Send { slot, qp, bytes: v }).map_err(MnError::Port)
     }
 
-    fn park(&mut self, cn: CnId) {
+    /// Park alloc chain `j` of `cn` (its pop found the queue empty).
+    fn park(&mut self, cn: CnId, j: u8) {
         if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
+            r.parked_chains |= 1 << j;
+            r.alloc_parked = r.parked_chains == (1u8 << r.alloc_chain_count()) - 1;
+        }
+    }
+
+    /// Park every alloc chain of `cn`.
+    fn park_all(&mut self, cn: CnId) {
+        if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
+            r.parked_chains = (1u8 << r.alloc_chain_count()) - 1;
             r.alloc_parked = true;
         }
     }
 
+    /// Whether alloc chain `j` of `cn` is parked.
+    fn chain_parked(&self, cn: CnId, j: u8) -> bool {
+        self.cn(cn).is_some_and(|r| r.parked_chains & (1 << j) != 0)
+    }
+
+    /// The alloc chains of `cn` in `mask` that are not parked.
+    fn unparked(&self, cn: CnId, mask: u8) -> u8 {
+        self.cn(cn).map_or(0, |r| mask & !r.parked_chains & ((1u8 << r.alloc_chain_count()) - 1))
+    }
+
     /// (Re-)arm a chain: reset its QPs, then post it (offloaded) or post request buffers.
+    /// `Alloc`: every alloc chain of the CN.
     fn arm<P: MnPort>(&mut self, port: &mut P, cn: CnId, kind: ChainKind) -> R<P::Error> {
+        self.arm_chains(port, cn, kind, ALL_ALLOC_CHAINS)
+    }
+
+    /// [`MemoryNode::arm`] for the alloc chains in `mask` (bit j: chain j) alone.
+    fn arm_chains<P: MnPort>(&mut self, port: &mut P, cn: CnId, kind: ChainKind, mask: u8) -> R<P::Error> {
         let r = self.cn(cn).ok_or(MnError::UnknownCn(cn))?.clone();
         if r.status != CnStatus::Active {
             return Ok(());
         }
-        // `Alloc`: every alloc chain of the CN (they are stopped and re-armed together)
         let chains = match kind {
             ChainKind::Alloc => r.alloc_chain_count(),
             ChainKind::Free => 1,
         };
-        for j in 0..chains {
+        for j in (0..chains).filter(|j| kind == ChainKind::Free || mask & (1 << j) != 0) {
             let (mgmt, lp) = match kind {
                 ChainKind::Alloc => r.alloc_chain(j).ok_or(MnError::UnknownCn(cn))?,
                 ChainKind::Free => (r.qps.free, r.qps.free_loop),
@@ -885,6 +919,7 @@ impl MemoryNode {
         }
         if kind == ChainKind::Alloc {
             if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
+                rec.parked_chains &= !mask;
                 rec.alloc_parked = false;
             }
         }
@@ -904,7 +939,7 @@ impl MemoryNode {
                 self.cn_answered(cn);
                 Ok(())
             }
-            Event::LapCommitted { cn, kind, chain: _, freed } => {
+            Event::LapCommitted { cn, kind, chain, freed } => {
                 if let Some(entry) = freed {
                     // the group is back in the queue, but no other lap runs a step before the
                     // MN returns (one thread; the NIC pops nothing in this mode): clear the
@@ -916,9 +951,8 @@ impl MemoryNode {
                         ChainKind::Alloc => r.allocs += 1,
                         ChainKind::Free => r.frees += 1,
                     }
-                    if kind == ChainKind::Alloc {
-                        let n = &mut self.alloc_in_flight[r.slot as usize];
-                        *n = n.saturating_sub(1);
+                    if kind == ChainKind::Alloc && (chain as usize) < MAX_ALLOC_CHAINS {
+                        self.alloc_in_flight[r.slot as usize] &= !(1 << chain);
                     }
                 }
                 self.enforce_quota(port, cn)?;
@@ -988,11 +1022,11 @@ impl MemoryNode {
             if n > 0 {
                 self.empty = false;
                 self.broadcast(port, Notice::Available { free_groups: n as u64 })?;
-                let parked: heapless::Vec<CnId, MAX_CNS> =
-                    self.cns().filter(|r| r.alloc_parked).map(|r| r.cn).collect();
-                for cn in parked {
+                let parked: heapless::Vec<(CnId, u8), MAX_CNS> =
+                    self.cns().filter(|r| r.parked_chains != 0).map(|r| (r.cn, r.parked_chains)).collect();
+                for (cn, mask) in parked {
                     self.stats.chains_rearmed += 1;
-                    self.arm(port, cn, ChainKind::Alloc)?;
+                    self.arm_chains(port, cn, ChainKind::Alloc, mask)?;
                 }
             }
         }

@@ -113,8 +113,8 @@ impl MnPlan {
         let mut cfg = MnConfig::from_plan(self, geo, max_cns, quota);
         cfg.lease_ns = spec.lease_ns;
         cfg.alloc_chains = alloc_chains;
-        // every alloc chain holds a group ahead: it pays where the pool has room for them all
-        cfg.pop_ahead = MnConfig::pop_ahead_pays(self.mode, geo.chunk_count(), scratch_slots);
+        // with several alloc chains per CN no chain pops ahead (`MemoryNode::set_pop_ahead`)
+        cfg.pop_ahead = alloc_chains == 1 && MnConfig::pop_ahead_pays(self.mode, geo.chunk_count(), max_cns);
         if let Some(d) = spec.queue_depth {
             cfg.queue_depth = d;
         }

@@ -54,18 +54,35 @@ use crate::wire::memory_map::{alloc_scratch, ALLOC_SCRATCH_OFF};
 /// Which of a CN's chains a quiesce stopped.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Chains {
-    /// Every alloc chain of the CN (a CN may have several: [`crate::mn::MnConfig::alloc_chains`]).
+    /// Alloc chains of the CN (a CN may have several: [`crate::mn::MnConfig::alloc_chains`]):
+    /// those whose bit is set in `alloc_mask`.
     pub alloc: bool,
     pub free: bool,
+    /// Which alloc chains `alloc` means (bit j: chain j); every one unless a single chain's
+    /// failure stopped only that chain — its siblings keep the groups they popped ahead.
+    pub alloc_mask: u8,
 }
 
 impl Chains {
-    pub const BOTH: Chains = Chains { alloc: true, free: true };
+    pub const BOTH: Chains = Chains { alloc: true, free: true, alloc_mask: ALL_ALLOC_CHAINS };
     pub const fn only(kind: ChainKind) -> Chains {
         match kind {
-            ChainKind::Alloc => Chains { alloc: true, free: false },
-            ChainKind::Free => Chains { alloc: false, free: true },
+            ChainKind::Alloc => Chains { alloc: true, free: false, alloc_mask: ALL_ALLOC_CHAINS },
+            ChainKind::Free => Chains { alloc: false, free: true, alloc_mask: 0 },
         }
+    }
+    /// The alloc chains in `mask` alone (no free chain).
+    pub const fn alloc_chains(mask: u8) -> Chains {
+        Chains { alloc: mask != 0, free: false, alloc_mask: mask }
+    }
+    /// These chains and the free chain.
+    pub const fn and_free(self) -> Chains {
+        Chains { free: true, ..self }
+    }
+    /// These chains and the alloc chains in `mask`.
+    pub const fn and_alloc(self, mask: u8) -> Chains {
+        let m = self.alloc_mask | mask;
+        Chains { alloc: m != 0, free: self.free, alloc_mask: m }
     }
     pub const fn has(&self, kind: ChainKind) -> bool {
         match kind {
@@ -73,7 +90,14 @@ impl Chains {
             ChainKind::Free => self.free,
         }
     }
+    /// Whether alloc chain `j` is among them.
+    pub const fn has_alloc_chain(&self, j: u8) -> bool {
+        self.alloc && self.alloc_mask & (1 << j) != 0
+    }
 }
+
+/// [`Chains::alloc_mask`] naming every alloc chain.
+pub const ALL_ALLOC_CHAINS: u8 = (1 << super::MAX_ALLOC_CHAINS) - 1;
 
 /// Proof that some of one CN's chains are stopped. Only [`MemoryNode::quiesce`] builds one, and
 /// every MN path that returns a group of that CN takes it.
@@ -172,7 +196,7 @@ impl MemoryNode {
                 // a group the MN decides about
                 let mut stop: heapless::Vec<(Qpn, Option<Qpn>), { super::MAX_ALLOC_CHAINS + 1 }> = heapless::Vec::new();
                 if chains.alloc {
-                    for (_, m, l) in r.alloc_chains() {
+                    for (_, m, l) in r.alloc_chains().filter(|(j, _, _)| chains.has_alloc_chain(*j)) {
                         let pushed = stop.push((m, l));
                         debug_assert!(pushed.is_ok(), "at most MAX_ALLOC_CHAINS alloc chains and the free chain");
                     }
@@ -192,18 +216,17 @@ impl MemoryNode {
                 }
             }
             ExecutionMode::HostEngine => {
-                port.apply(Action::StopLaps { cn, alloc: chains.alloc, free: chains.free }).map_err(MnError::Port)?;
-                if chains.alloc {
-                    // every alloc lap of the CN has ended (the failed one already had)
-                    if let Some(n) = self.alloc_in_flight.get_mut(r.slot as usize) {
-                        *n = 0;
-                    }
+                let alloc_mask = if chains.alloc { chains.alloc_mask } else { 0 };
+                port.apply(Action::StopLaps { cn, alloc: alloc_mask, free: chains.free }).map_err(MnError::Port)?;
+                // those chains' laps have ended (a failed one already had)
+                if let Some(n) = self.alloc_in_flight.get_mut(r.slot as usize) {
+                    *n &= !alloc_mask;
                 }
                 // a management QP a failed request left in ERR comes back before the MN
                 // answers on it (a healthy one keeps its state and the CN its receives)
                 if r.status == CnStatus::Active {
                     if chains.alloc {
-                        for (_, mgmt, _) in r.alloc_chains() {
+                        for (_, mgmt, _) in r.alloc_chains().filter(|(j, _, _)| chains.has_alloc_chain(*j)) {
                             port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
                         }
                     }

@@ -108,7 +108,7 @@ impl MemoryNode {
         let charged = crate::mn::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
         self.cns()
             .filter(|r| charged.contains(&r.cn.get()))
-            .map(|r| self.alloc_in_flight.get(r.slot as usize).copied().unwrap_or(0) as u32)
+            .map(|r| self.alloc_in_flight.get(r.slot as usize).copied().unwrap_or(0).count_ones())
             .sum()
     }
 
@@ -148,7 +148,7 @@ impl MemoryNode {
             // receive. Here it must not run either: the CN's empty pop already holds its one
             // ticket, and another pop would take a second one the queue ring has no room for.
             // Answer it "empty" (matched by its token) without running it.
-            let refused = if r.alloc_parked {
+            let refused = if r.parked_chains & (1 << chain) != 0 {
                 if let Some(token) = token {
                     self.refuse_parked(port, cn, token)?;
                 }
@@ -169,7 +169,7 @@ impl MemoryNode {
             // counted until it commits or is stopped: laps on the CN's other alloc chains are
             // checked against it
             if let Some(n) = self.alloc_in_flight.get_mut(r.slot as usize) {
-                *n = n.saturating_add(1);
+                *n |= 1 << chain;
             }
         }
         port.apply(Action::ServeLap { cn, kind, chain, len }).map_err(MnError::Port)

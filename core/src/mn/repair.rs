@@ -35,24 +35,32 @@ impl MemoryNode {
             ChainKind::Free => Some(s),
         }
         .ok_or(MnError::BadConfig)?;
-        // (an alloc chain's quiesce stops every alloc chain of the CN: its siblings' laps are
-        // repaired as interrupted below, each from its own scratch)
-        let mut q = self.quiesce(port, cn, Chains::only(kind))?;
+        // Only the failed chain stops: the CN's other alloc chains go on with their own laps
+        // and the groups they popped ahead (stopping them would hand those back, and an empty
+        // queue would then take turns failing the CN's chains for ever).
+        let mine = match kind {
+            ChainKind::Alloc => Chains::alloc_chains(1 << chain),
+            ChainKind::Free => Chains::only(ChainKind::Free),
+        };
+        let mut q = self.quiesce(port, cn, mine)?;
         if kind == ChainKind::Alloc && rd(port, sa + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)? != 0 {
-            q = self.quiesce(port, cn, Chains::BOTH)?;
+            q = self.quiesce(port, cn, mine.and_free())?;
             self.repair_interrupted(port, &q, ChainKind::Free)?;
         }
         // ... and a failed free of the very group one of this CN's own alloc laps is still
-        // binding (a hostile CN that guessed the entry before its reply) stops those laps first
+        // binding (a hostile CN that guessed the entry before its reply) stops that lap first
         if kind == ChainKind::Free {
             let freeing = rd(port, s + FREE_SCRATCH_OFF + free_scratch::ENTRY_ADDR)?;
-            for a in self.alloc_scratches(cn) {
+            let mut binding = 0u8;
+            for (j, a) in self.alloc_scratches(cn).into_iter().enumerate() {
                 let popped = rd(port, a + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)?;
                 if popped != 0 && popped == freeing {
-                    q = self.quiesce(port, cn, Chains::BOTH)?;
-                    self.repair_interrupted(port, &q, ChainKind::Alloc)?;
-                    break;
+                    binding |= 1 << j;
                 }
+            }
+            if binding != 0 {
+                q = self.quiesce(port, cn, mine.and_alloc(binding))?;
+                self.repair_interrupted(port, &q, ChainKind::Alloc)?;
             }
         }
         let other_stopped = q.chains().has(kind.other());
@@ -61,17 +69,9 @@ impl MemoryNode {
                 let a = sa + ALLOC_SCRATCH_OFF;
                 let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
                 let repair = self.repair_alloc(port, &q, a)?;
-                // the CN's other alloc chains were stopped with this one: their laps are
-                // undone from their own markers (a request in flight there is told
-                // `AllocFailed`, a group popped ahead goes back)
-                for (j, other) in self.alloc_scratches(cn).into_iter().enumerate() {
-                    if j != chain as usize {
-                        self.repair_interrupted_alloc(port, &q, other)?;
-                    }
-                }
                 if repair == AllocRepair::TookTicket {
                     // the queue was empty: park this chain until frees refill it
-                    self.park(cn);
+                    self.park(cn, chain);
                     if token != 0 || self.cfg.mode == ExecutionMode::HostEngine {
                         self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
                     }
@@ -111,14 +111,14 @@ impl MemoryNode {
                 // for (capacity = groups + one ticket per CN + 1). Offloaded, a parked chain is
                 // not armed; host engine, its request buffer is posted and requests are
                 // answered "empty" until "available".
-                if self.cn(cn).is_some_and(|r| r.alloc_parked) {
+                if self.chain_parked(cn, chain) {
                     if self.cfg.mode == ExecutionMode::HostEngine {
-                        self.arm(port, cn, ChainKind::Alloc)?;
-                        self.park(cn);
+                        self.arm_chains(port, cn, ChainKind::Alloc, 1 << chain)?;
+                        self.park(cn, chain);
                     }
                 } else {
                     self.stats.chains_rearmed += 1;
-                    self.arm(port, cn, ChainKind::Alloc)?;
+                    self.arm_chains(port, cn, ChainKind::Alloc, 1 << chain)?;
                 }
                 if other_stopped {
                     self.stats.chains_rearmed += 1;
@@ -148,9 +148,10 @@ impl MemoryNode {
                 }
                 self.stats.chains_rearmed += 1;
                 self.arm(port, cn, ChainKind::Free)?;
-                if other_stopped && !self.cn(cn).is_some_and(|r| r.alloc_parked) {
+                let stopped = if other_stopped { self.unparked(cn, q.chains().alloc_mask) } else { 0 };
+                if stopped != 0 {
                     self.stats.chains_rearmed += 1;
-                    self.arm(port, cn, ChainKind::Alloc)?;
+                    self.arm_chains(port, cn, ChainKind::Alloc, stopped)?;
                 }
                 self.settle(port)
             }
@@ -174,9 +175,11 @@ impl MemoryNode {
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
         match kind {
             ChainKind::Alloc => {
-                // every alloc chain of the CN (a quiesce stops them together)
-                for a in self.alloc_scratches(cn) {
-                    self.repair_interrupted_alloc(port, q, a)?;
+                // each alloc chain of the CN the quiesce stopped
+                for (j, a) in self.alloc_scratches(cn).into_iter().enumerate() {
+                    if q.chains().has_alloc_chain(j as u8) {
+                        self.repair_interrupted_alloc(port, q, j as u8, a)?;
+                    }
                 }
             }
             ChainKind::Free => {
@@ -188,8 +191,14 @@ impl MemoryNode {
         Ok(())
     }
 
-    /// [`MemoryNode::repair_interrupted`] for the one alloc chain whose scratch area is `s`.
-    pub(super) fn repair_interrupted_alloc<P: MnPort>(&mut self, port: &mut P, q: &Quiesced, s: u64) -> R<P::Error> {
+    /// [`MemoryNode::repair_interrupted`] for alloc chain `j`, whose scratch area is `s`.
+    pub(super) fn repair_interrupted_alloc<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        q: &Quiesced,
+        j: u8,
+        s: u64,
+    ) -> R<P::Error> {
         let cn = q.cn();
         let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
         let a = s + ALLOC_SCRATCH_OFF;
@@ -198,7 +207,7 @@ impl MemoryNode {
         let repair = self.repair_alloc(port, q, a)?;
         wr(port, a + alloc_scratch::REQ_HDR, 0)?;
         if repair == AllocRepair::TookTicket {
-            self.park(cn);
+            self.park(cn, j);
             if r.status == CnStatus::Active && hdr != 0 {
                 self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
             }
@@ -211,8 +220,10 @@ impl MemoryNode {
     /// Every alloc chain's lap of a CN that is leaving or losing everything (crash, eviction,
     /// quota) undone from its own markers, without telling the CN.
     pub(super) fn repair_alloc_chains<P: MnPort>(&mut self, port: &mut P, q: &Quiesced) -> R<P::Error> {
-        for a in self.alloc_scratches(q.cn()) {
-            self.repair_alloc(port, q, a + ALLOC_SCRATCH_OFF)?;
+        for (j, a) in self.alloc_scratches(q.cn()).into_iter().enumerate() {
+            if q.chains().has_alloc_chain(j as u8) {
+                self.repair_alloc(port, q, a + ALLOC_SCRATCH_OFF)?;
+            }
         }
         Ok(())
     }
