@@ -297,6 +297,16 @@ impl Fabric {
         host.prot.alloc_mw(pd).ok_or(LoopbackError::BadArgument("key space exhausted"))
     }
 
+    /// [`Fabric::alloc_mw`] with the first key byte chosen by the creator (an mlx5 mkey's
+    /// `mkey_7_0`, as the ConnectX double's CREATE_MKEY takes it).
+    pub fn alloc_mw_keyed(&mut self, h: HostId, pd: PdId, key: u8) -> Result<Rkey> {
+        let host = self.host_mut(h)?;
+        if !host.prot.pd_exists(pd) {
+            return Err(LoopbackError::NoSuchPd { host: h, pd: pd.0 });
+        }
+        host.prot.alloc_mw_keyed(pd, key).ok_or(LoopbackError::BadArgument("key space exhausted"))
+    }
+
     /// Deallocate a window by its current rkey, bound or not (a binding is revoked: later
     /// accesses through it fail with `RemAccessErr`). Returns the revoked binding.
     pub fn dealloc_mw(&mut self, h: HostId, rkey: Rkey) -> Result<Option<WindowBinding>> {

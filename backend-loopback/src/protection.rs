@@ -252,9 +252,16 @@ impl Protection {
     }
 
     pub fn alloc_mw(&mut self, pd: PdId) -> Option<Rkey> {
+        let key = self.draw.draw();
+        self.alloc_mw_keyed(pd, key as u8)
+    }
+
+    /// A window whose first key byte the creator chose: an mlx5 mkey made by CREATE_MKEY
+    /// carries the `mkey_7_0` its creator wrote (the ConnectX double's windows).
+    pub fn alloc_mw_keyed(&mut self, pd: PdId, key: u8) -> Option<Rkey> {
         let mw = self.mws.len() as u32;
         let index = self.new_index(KeyObj::Mw(mw))?;
-        let rkey = (index << 8) | self.draw.draw();
+        let rkey = (index << 8) | key as u32;
         self.mws.push(Mw { pd: pd.0, rkey, state: MwState::Free, bound_gq: u32::MAX, mr: u32::MAX });
         Some(Rkey(rkey))
     }

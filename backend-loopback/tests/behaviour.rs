@@ -365,7 +365,10 @@ fn an_mlx5_bind_refuses_what_a_window_mkey_cannot_carry() {
 }
 
 #[test]
-fn the_model_runs_the_paper_behaviour_unless_told_otherwise() {
-    assert_eq!(NicConfig::strict().behaviour, DeviceBehaviour::PAPER);
-    assert_eq!(NicConfig::host_engine().with_prefetch(4).behaviour, DeviceBehaviour::PAPER);
+fn the_model_prefetches_past_waits_unless_told_otherwise() {
+    let past = DeviceBehaviour { wait_prefetch: WaitPrefetch::FetchesPast, ..DeviceBehaviour::PAPER };
+    assert_eq!(NicConfig::DEFAULT_BEHAVIOUR, past);
+    assert_eq!(NicConfig::strict().behaviour, past);
+    assert_eq!(NicConfig::host_engine().with_prefetch(4).behaviour, past);
+    assert_eq!(NicConfig::strict().with_behaviour(DeviceBehaviour::PAPER).behaviour, DeviceBehaviour::PAPER);
 }

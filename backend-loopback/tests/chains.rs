@@ -82,7 +82,12 @@ fn wait_on_a_receive_cq_and_scatter_into_a_managed_wqe() {
 /// the READ's completion, it works in every mode; ungated, a prefetching NIC executes the
 /// stale template — the model catches the missing gate.
 fn self_modifying(prefetch: bool, gated: bool) -> (Vec<u8>, Vec<u8>) {
-    let cfg = if prefetch { NicConfig::strict().with_prefetch(8) } else { NicConfig::strict() };
+    self_modifying_under(DeviceBehaviour::PAPER, prefetch, gated)
+}
+
+fn self_modifying_under(b: DeviceBehaviour, prefetch: bool, gated: bool) -> (Vec<u8>, Vec<u8>) {
+    let base = NicConfig::strict().with_behaviour(b);
+    let cfg = if prefetch { base.with_prefetch(8) } else { base };
     let mut e = env(cfg);
     let a = loop_pair(&mut e, QpConfig::default());
     let (pool, pk) = (e.pool, e.pool_k);
@@ -108,6 +113,13 @@ fn self_modifying_wqe_gated_works_ungated_fails_under_prefetch() {
     assert_eq!(self_modifying(false, true), patched);
     assert_eq!(self_modifying(true, true), patched, "the WAIT stops prefetching until the patch landed");
     assert_eq!(self_modifying(true, false), stale, "prefetched before the patch: stale bytes execute");
+    // the model's default: a NIC that fetches past an unsatisfied WAIT has the stale WRITE
+    // cached before the patch lands — a WAIT alone is no fetch bound (issue 22): the chains
+    // keep every patched WQE beyond an enable limit instead
+    let past = NicConfig::DEFAULT_BEHAVIOUR;
+    assert_eq!(past.wait_prefetch, omw_core::device::behaviour::WaitPrefetch::FetchesPast);
+    assert_eq!(self_modifying_under(past, true, true), stale, "fetched past the WAIT: stale bytes execute");
+    assert_eq!(self_modifying_under(past, false, true), patched, "fetch at execution: the patch landed");
 }
 
 /// A ring exactly as deep as the chain, re-enabling itself each lap and bumping its WAIT's

@@ -31,6 +31,9 @@ pub struct MnCounters {
     pub laps_failed: u64,
     /// Gauge: windows deallocated because they could not be invalidated.
     pub lost_windows: u64,
+    /// Window-state queries the device did not answer (each left the audit blind to that
+    /// window for that look; DEVX's QUERY_MKEY).
+    pub window_query_failures: u64,
     /// Connection requests refused for their credential (none, wrong, stale, replayed).
     pub rejected_credential: u64,
     /// … for a limit (CN slots, half-open sessions per address or tenant).
@@ -39,7 +42,7 @@ pub struct MnCounters {
     pub rejected_session: u64,
 }
 
-const FIELDS: [(&str, &str, &str); 18] = [
+const FIELDS: [(&str, &str, &str); 19] = [
     ("uptime_ms", "gauge", "milliseconds since the MN started"),
     ("cns", "gauge", "compute nodes connected"),
     ("free_chunks", "gauge", "chunks in the free queue"),
@@ -56,6 +59,11 @@ const FIELDS: [(&str, &str, &str); 18] = [
     ("laps_failed", "counter", "host-engine laps that failed"),
     ("lost_windows", "gauge", "memory windows deallocated because they could not be invalidated"),
     (
+        "window_query_failures",
+        "counter",
+        "window-state queries the device did not answer (the audit was blind to that window for that look)",
+    ),
+    (
         "rejected_credential",
         "counter",
         "connection requests refused for their credential (none, wrong, stale, replayed)",
@@ -65,7 +73,7 @@ const FIELDS: [(&str, &str, &str); 18] = [
 ];
 
 impl MnCounters {
-    fn values(&self) -> [u64; 18] {
+    fn values(&self) -> [u64; 19] {
         [
             self.uptime_ms,
             self.cns,
@@ -82,6 +90,7 @@ impl MnCounters {
             self.laps,
             self.laps_failed,
             self.lost_windows,
+            self.window_query_failures,
             self.rejected_credential,
             self.rejected_limit,
             self.rejected_session,
@@ -191,7 +200,9 @@ mod tests {
         let p = sample().prometheus();
         assert!(p.contains("# TYPE omw_mn_allocs_total counter\nomw_mn_allocs_total 5\n"), "{p}");
         assert!(p.contains("# TYPE omw_mn_free_chunks gauge\nomw_mn_free_chunks 14\n"), "{p}");
-        assert_eq!(p.lines().filter(|l| !l.starts_with('#')).count(), 18);
+        assert_eq!(p.lines().filter(|l| !l.starts_with('#')).count(), 19);
+        let w = MnCounters { window_query_failures: 4, ..sample() }.prometheus();
+        assert!(w.contains("# TYPE omw_mn_window_query_failures_total counter\nomw_mn_window_query_failures_total 4\n"));
         let j = sample().json();
         assert!(j.starts_with("{\"uptime_ms\":0,\"cns\":2,\"free_chunks\":14,\"chunks\":16,\"allocs\":5,"), "{j}");
         assert!(!j.contains('\n'));

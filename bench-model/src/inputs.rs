@@ -97,6 +97,30 @@ pub struct Measured {
     /// straight from the fabric's completion timestamps, and the batch's duration.
     pub osmw_batch: Vec<u64>,
     pub osmw_batch_round_ns: u64,
+    /// Gated phases on the alloc chain's path from the request to the reply
+    /// (`ChainLayout::critical_path`, the MN's chain as built for this geometry).
+    pub alloc_gates: u32,
+    /// The alloc latency's floor from independent inputs ([`Inputs::alloc_floor`]).
+    pub alloc_floor: AllocFloor,
+}
+
+/// What no alloc chain can beat on the modelled device: the request's transit, one WQE fetch
+/// per gated phase, the binds one after another, the reply's transit — nothing else (no
+/// copy, no pop, no CAS on the path). Each term from the cost model's sourced inputs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllocFloor {
+    pub request_ns: u64,
+    pub gated_fetch_ns: u64,
+    pub gates: u32,
+    pub bind_ns: u64,
+    pub binds: u32,
+    pub reply_ns: u64,
+}
+
+impl AllocFloor {
+    pub fn total_ns(&self) -> u64 {
+        self.request_ns + self.gates as u64 * self.gated_fetch_ns + self.binds as u64 * self.bind_ns + self.reply_ns
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -118,6 +142,21 @@ pub struct Inputs {
 }
 
 impl Inputs {
+    /// The floor of an alloc through a chain with `gates` gated phases binding `g` windows:
+    /// the request's transit, a WQE fetch after each gate opens (PCIe read + issue), `g`
+    /// binds (each fences the next, `CostModel::bind_ns`), the reply's transit.
+    pub fn alloc_floor(&self, g: u8, gates: u32) -> AllocFloor {
+        let c = &self.cost;
+        AllocFloor {
+            request_ns: self.transit(ALLOC_REQ_BYTES),
+            gated_fetch_ns: c.pcie_read_ns + c.wqe_ns,
+            gates,
+            bind_ns: c.bind_ns,
+            binds: g as u32,
+            reply_ns: self.transit(ALLOC_REPLY_BYTES),
+        }
+    }
+
     /// Request transit CN → MN until the MN's receive completes: issue, PCIe read of the
     /// payload, serialisation, wire, responder, posted write of the payload.
     pub fn transit(&self, bytes: u64) -> u64 {
@@ -288,6 +327,9 @@ pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result
     m.osmw.alloc_mn_wqes = wq(&c) - w0;
     // the model ran until idle: the chain's commit (its re-arm) is the last of it
     m.osmw.alloc_rearm_ns = c.now().saturating_sub(c.cns[0].last_reply_at);
+    let [layout, _] = c.driver.mn.chain_sizing_layouts().map_err(|e| format!("alloc chain: {e}"))?;
+    m.alloc_gates = layout.critical_path().map_or(0, |p| p.gates);
+    m.alloc_floor = inp.alloc_floor(g, m.alloc_gates);
     let (t0, w0) = (c.now(), wq(&c));
     c.free(0, &a).map_err(|e| format!("free: {e}"))?;
     m.osmw.free_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES));

@@ -301,6 +301,21 @@ pub fn inputs_table(res: &Results) -> Vec<(String, String, String)> {
             ),
             "measured: real chain on the model".into(),
         ));
+        let f = &m.alloc_floor;
+        v.push((
+            format!("OneSidedMW alloc floor ({g})"),
+            format!(
+                "{} ns = request {} + {} gated fetches × {} + {} binds × {} + reply {}",
+                f.total_ns(),
+                f.request_ns,
+                f.gates,
+                f.gated_fetch_ns,
+                f.binds,
+                f.bind_ns,
+                f.reply_ns
+            ),
+            "independent inputs: the chain's gated phases (critical_path), nothing but the path".into(),
+        ));
         v.push((
             format!("OneSidedMW alloc chain re-armed after the reply ({g})"),
             format!("{} ns", m.osmw.alloc_rearm_ns),

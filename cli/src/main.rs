@@ -19,6 +19,8 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// parsed once per process: the MN's many flags need no box
+#[allow(clippy::large_enum_variant)]
 enum Cmd {
     /// OneSidedMW end to end on the loopback RNIC model: 1 MN, N CNs, a KV workload, a malicious CN.
     Demo(demo::DemoArgs),

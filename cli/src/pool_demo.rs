@@ -64,7 +64,7 @@ fn place(rep: &mut PoolReport, cns: &mut [Cn], rng: &mut Rng, n: usize, phase: &
     let mut where_ = BTreeMap::new();
     for (i, cn) in cns.iter_mut().enumerate() {
         for _ in 0..n {
-            let len = if rng.next_u64() % 8 == 0 {
+            let len = if rng.next_u64().is_multiple_of(8) {
                 4097 + (rng.next_u64() % 45_000) as usize
             } else {
                 100 + (rng.next_u64() % 3_900) as usize

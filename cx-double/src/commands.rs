@@ -1,7 +1,9 @@
 //! The PRM commands omw's `DevxBackend` sends, interpreted from the double's own offset table
 //! ([`crate::prm`]): QUERY_HCA_CAP (general, atomic and RoCE capabilities), CREATE_CQ,
 //! CREATE_QP (with the CORE-Direct roles), RST2INIT / INIT2RTR / RTR2RTS, 2RST and 2ERR,
-//! QUERY_QP.
+//! QUERY_QP; CREATE_MKEY and QUERY_MKEY of memory windows (DESTROY_MKEY is the object's
+//! destruction, `CxDouble::obj_destroy`). A window's mkey is a type-2 window of the model:
+//! the binds the chains post name its index, and QUERY_MKEY reports the model's binding.
 //!
 //! A command is checked the way firmware must check it before anything is created: the lengths
 //! (`BAD_INP_LEN` / `BAD_OUTP_LEN`), the opcode (`BAD_OP`), every value against what the device
@@ -12,7 +14,7 @@
 //! own (0xCD00_00nn, one per check — firmware's are not public).
 
 use crate::double::{CqObj, CxDouble, Obj, QpObj};
-use crate::prm::{self, create_cq as cc, create_qp as cq, get, header, modify_qp as mq, opcode, set, status};
+use crate::prm::{self, create_cq as cc, create_qp as cq, get, header, mkc, modify_qp as mq, opcode, set, status};
 use omw_loopback::{DeviceQp, HostId, QpAddr, RingAt, Transition};
 use omw_verbs::devx::api::ObjHandle;
 
@@ -89,6 +91,7 @@ pub(crate) fn create(d: &mut CxDouble, input: &[u8], out: &mut [u8]) -> R<ObjHan
     match opcode_of(input)? {
         opcode::CREATE_CQ => create_cq(d, input, out),
         opcode::CREATE_QP => create_qp(d, input, out),
+        opcode::CREATE_MKEY => create_mkey(d, input, out),
         _ => Err(no(status::BAD_OP, 0x05, "not an object the double creates")),
     }
 }
@@ -246,11 +249,94 @@ fn create_qp(d: &mut CxDouble, input: &[u8], out: &mut [u8]) -> R<ObjHandle> {
     Ok(d.new_obj(Obj::Qp(qpn.get())))
 }
 
-/// `mlx5dv_devx_obj_query`: QUERY_QP, the state the QP is in.
+/// CREATE_MKEY: the double makes memory windows only — free, UMR-enabled, KLM-mode, bound to
+/// no QP, remotely invalidatable (a type-2 window as Linux `mlx5_ib_alloc_mw` makes one) —
+/// in a PD of this context. Anything else is refused before anything is made.
+fn create_mkey(d: &mut CxDouble, input: &[u8], out: &mut [u8]) -> R<ObjHandle> {
+    use prm::create_mkey as k;
+    lengths(input, k::IN_BYTES, out, k::OUT_BYTES)?;
+    let v = |f| field(input, f);
+    if v(mkc::FREE)? != 1 {
+        return Err(no(status::BAD_PARAM, 0x50, "an mkey created in use: the double makes free windows only"));
+    }
+    if (v(mkc::ACCESS_MODE_4_2)? << 2 | v(mkc::ACCESS_MODE_1_0)?) != mkc::ACCESS_MODE_KLMS {
+        return Err(no(status::BAD_PARAM, 0x51, "access mode other than KLMs: not a window a bind can write"));
+    }
+    if v(mkc::UMR_EN)? != 1 {
+        return Err(no(status::BAD_PARAM, 0x52, "umr_en clear: no UMR could ever bind it"));
+    }
+    if v(mkc::EN_RINVAL)? != 1 {
+        return Err(no(status::BAD_PARAM, 0x53, "en_rinval clear: not a type-2 window"));
+    }
+    if v(mkc::QPN)? != mkc::QPN_NONE {
+        return Err(no(status::BAD_PARAM, 0x54, "a free window bound to a QP"));
+    }
+    let octwords = v(mkc::TRANSLATIONS_OCTWORD_SIZE)? as u32;
+    if octwords == 0 {
+        return Err(no(status::BAD_PARAM, 0x55, "no room for the KLM a bind writes"));
+    }
+    let pd = d.pd_of_pdn(v(mkc::PD)? as u32).ok_or(no(status::BAD_RES, 0x56, "pd names no protection domain"))?;
+    let key = v(mkc::MKEY_7_0)? as u8;
+    let host = d.host;
+    let rkey =
+        d.fabric.borrow_mut().alloc_mw_keyed(host, pd, key).map_err(|_| no(status::LIM, 0x57, "mkeys exhausted"))?;
+    if rkey.index() >= 1u32 << d.caps.log_max_mkey.min(24) {
+        let _ = d.fabric.borrow_mut().dealloc_mw(host, rkey);
+        return Err(no(status::LIM, 0x57, "mkeys exhausted"));
+    }
+    out.fill(0);
+    set(out, k::OUT_MKEY_INDEX, rkey.index() as u64);
+    Ok(d.new_obj(Obj::Mkey { index: rkey.index(), octwords }))
+}
+
+/// QUERY_MKEY: the window's context as the model holds it — free, or in use bound to its QP
+/// under its current key over its span with its rights.
+fn query_mkey(d: &mut CxDouble, obj: ObjHandle, input: &[u8], out: &mut [u8]) -> R<()> {
+    use omw_loopback::MwState;
+    use prm::query_mkey as q;
+    lengths(input, q::IN_BYTES, out, q::OUT_BYTES)?;
+    let Some(Some(Obj::Mkey { index, octwords })) = d.objs.get(obj.0).copied() else {
+        return Err(no(status::BAD_RES, 0x58, "the object is not an mkey"));
+    };
+    if field(input, q::MKEY_INDEX)? != index as u64 {
+        return Err(no(status::BAD_PARAM, 0x59, "mkey_index is not the object's"));
+    }
+    let info =
+        d.fabric.borrow().mw_binding(d.host, index).ok_or(no(status::BAD_RES, 0x58, "the object is not an mkey"))?;
+    out.fill(0);
+    set(out, mkc::UMR_EN, 1);
+    set(out, mkc::LR, 1);
+    set(out, mkc::ACCESS_MODE_1_0, mkc::ACCESS_MODE_KLMS);
+    set(out, mkc::EN_RINVAL, 1);
+    set(out, mkc::MKEY_7_0, (info.rkey.0 & 0xFF) as u64);
+    set(out, mkc::PD, (info.pd.0 + crate::double::PDN_BASE) as u64);
+    set(out, mkc::TRANSLATIONS_OCTWORD_SIZE, octwords as u64);
+    match info.state {
+        MwState::Free => {
+            set(out, mkc::FREE, 1);
+            set(out, mkc::QPN, mkc::QPN_NONE);
+        }
+        MwState::Bound(b) => {
+            use omw_core::access::AccessFlags as A;
+            set(out, mkc::QPN, b.qpn.get() as u64);
+            set(out, mkc::START_ADDR, b.addr);
+            set(out, mkc::LEN, b.len);
+            set(out, mkc::A, b.access.contains(A::REMOTE_ATOMIC) as u64);
+            set(out, mkc::RW, b.access.contains(A::REMOTE_WRITE) as u64);
+            set(out, mkc::RR, b.access.contains(A::REMOTE_READ) as u64);
+            set(out, mkc::LW, b.access.contains(A::LOCAL_WRITE) as u64);
+        }
+    }
+    Ok(())
+}
+
+/// `mlx5dv_devx_obj_query`: QUERY_QP, the state the QP is in; QUERY_MKEY, a window's context.
 pub(crate) fn query(d: &mut CxDouble, obj: ObjHandle, input: &[u8], out: &mut [u8]) -> R<()> {
     use prm::query_qp as q;
-    if opcode_of(input)? != opcode::QUERY_QP {
-        return Err(no(status::BAD_OP, 0x40, "not a query the double knows"));
+    match opcode_of(input)? {
+        opcode::QUERY_QP => {}
+        opcode::QUERY_MKEY => return query_mkey(d, obj, input, out),
+        _ => return Err(no(status::BAD_OP, 0x40, "not a query the double knows")),
     }
     lengths(input, q::IN_BYTES, out, q::OUT_BYTES)?;
     let Some(Some(Obj::Qp(qpn))) = d.objs.get(obj.0).copied() else {

@@ -81,6 +81,12 @@ pub(crate) struct Umem {
 pub(crate) enum Obj {
     Cq(u32),
     Qp(u32),
+    /// A memory window made by CREATE_MKEY: its mkey index (the model window's rkey index)
+    /// and the KLM octowords it was created with.
+    Mkey {
+        index: u32,
+        octwords: u32,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -322,6 +328,13 @@ impl DevxApi for CxDouble {
                         u.users = u.users.saturating_sub(1);
                     }
                 }
+            }
+            // DESTROY_MKEY, as the kernel builds it for a DEVX mkey: the model window goes,
+            // its binding revoked
+            Obj::Mkey { index, .. } => {
+                let mut f = self.fabric.borrow_mut();
+                let rkey = f.mw_binding(self.host, index).ok_or_else(unknown)?.rkey;
+                let _ = f.dealloc_mw(self.host, rkey);
             }
             Obj::Cq(cqn) => {
                 if let Err(e) = self.fabric.borrow_mut().destroy_cq(self.host, cqn) {

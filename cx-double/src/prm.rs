@@ -1,7 +1,8 @@
 //! The double's own reading of the PRM command layouts: bit offsets and widths of every field
 //! it decodes or answers, taken from DPDK's `drivers/common/mlx5/mlx5_prm.h` (DPDK main
 //! `38f72e500b3b159eca3ba2f4ca0e46a26a7cb057`; the atomic capabilities, which DPDK does not
-//! define, from Linux `include/linux/mlx5/mlx5_ifc.h` `struct mlx5_ifc_atomic_caps_bits`) by a
+//! define, from Linux `include/linux/mlx5/mlx5_ifc.h` `struct mlx5_ifc_atomic_caps_bits`; the
+//! mkey commands of the memory windows from the same Linux header: [`mkc`]) by a
 //! struct-offset calculation over the `u8 name[width]` declarations — independently of omw's
 //! encoder (`omw_core::mlx5::prm`), which took rdma-core's `mlx5_ifc.h`, so that encoder and
 //! decoder cannot share a mistake. Every constant names its struct; the offsets are bits from
@@ -84,6 +85,11 @@ pub mod header {
 /// `MLX5_CMD_OP_*` (mlx5_prm.h enum).
 pub mod opcode {
     pub const QUERY_HCA_CAP: u16 = 0x100;
+    /// Linux include/linux/mlx5/mlx5_ifc.h `MLX5_CMD_OP_CREATE_MKEY` / `_QUERY_MKEY` /
+    /// `_DESTROY_MKEY`.
+    pub const CREATE_MKEY: u16 = 0x200;
+    pub const QUERY_MKEY: u16 = 0x201;
+    pub const DESTROY_MKEY: u16 = 0x202;
     pub const CREATE_CQ: u16 = 0x400;
     pub const CREATE_QP: u16 = 0x500;
     pub const RST2INIT_QP: u16 = 0x502;
@@ -271,6 +277,60 @@ pub mod query_qp {
     pub const ERR: u64 = 6;
 }
 
+/// Linux include/linux/mlx5/mlx5_ifc.h `struct mlx5_ifc_mkc_bits` (0x200 bits), as it sits at
+/// bit 0x80 of both `mlx5_ifc_create_mkey_in_bits` (`memory_key_mkey_entry`, after opcode, uid,
+/// op_mod, 0x20 reserved bits, `pg_access`, `mkey_umem_valid` and 0x1e reserved bits) and
+/// `mlx5_ifc_query_mkey_out_bits` (after status, syndrome and 0x40 reserved bits): the
+/// offsets below include the 0x80. Computed here by hand from the declarations (free at
+/// 0x1 after one reserved bit; access_mode_4_2 3 bits at 0x3; 7 reserved, relaxed_ordering_write,
+/// a reserved bit, small_fence_on_rdma_read_response, then umr_en at 0x10, a, rw, rr, lw, lr,
+/// access_mode_1_0 2 bits at 0x16; qpn 24 bits at 0x20, mkey_7_0 at 0x38; 0x20 reserved; at
+/// 0x60 length64, bsf_en, sync_umr, 2 reserved, expected_sigerr_count, a reserved bit,
+/// en_rinval at 0x67, pd 24 bits at 0x68; start_addr 64 bits at 0x80, len at 0xc0;
+/// bsf_octword_size at 0x100, 0x80 reserved, translations_octword_size at 0x1a0).
+pub mod mkc {
+    use super::{f, Field};
+    const B: u32 = 0x80;
+    pub const FREE: Field = f("mkc.free", B + 0x1, 0x1);
+    pub const ACCESS_MODE_4_2: Field = f("mkc.access_mode_4_2", B + 0x3, 0x3);
+    pub const UMR_EN: Field = f("mkc.umr_en", B + 0x10, 0x1);
+    pub const A: Field = f("mkc.a", B + 0x11, 0x1);
+    pub const RW: Field = f("mkc.rw", B + 0x12, 0x1);
+    pub const RR: Field = f("mkc.rr", B + 0x13, 0x1);
+    pub const LW: Field = f("mkc.lw", B + 0x14, 0x1);
+    pub const LR: Field = f("mkc.lr", B + 0x15, 0x1);
+    pub const ACCESS_MODE_1_0: Field = f("mkc.access_mode_1_0", B + 0x16, 0x2);
+    pub const QPN: Field = f("mkc.qpn", B + 0x20, 0x18);
+    pub const MKEY_7_0: Field = f("mkc.mkey_7_0", B + 0x38, 0x8);
+    pub const EN_RINVAL: Field = f("mkc.en_rinval", B + 0x67, 0x1);
+    pub const PD: Field = f("mkc.pd", B + 0x68, 0x18);
+    pub const START_ADDR: Field = f("mkc.start_addr", B + 0x80, 0x40);
+    pub const LEN: Field = f("mkc.len", B + 0xc0, 0x40);
+    pub const TRANSLATIONS_OCTWORD_SIZE: Field = f("mkc.translations_octword_size", B + 0x1a0, 0x20);
+    /// `MLX5_MKC_ACCESS_MODE_KLMS`.
+    pub const ACCESS_MODE_KLMS: u64 = 0x2;
+    /// `qpn` of an mkey bound to no QP.
+    pub const QPN_NONE: u64 = 0xFF_FFFF;
+}
+
+/// `mlx5_ifc_create_mkey_in_bits` (0x880 bits up to `klm_pas_mtt`, which a free window
+/// leaves empty) and `_out_bits` (`mkey_index` 24 bits at 0x48; 0x80 bits).
+pub mod create_mkey {
+    use super::{f, Field};
+    pub const IN_BYTES: usize = 0x880 / 8;
+    pub const OUT_BYTES: usize = 0x80 / 8;
+    pub const OUT_MKEY_INDEX: Field = f("mkey_index", 0x48, 0x18);
+}
+
+/// `mlx5_ifc_query_mkey_in_bits` (`mkey_index` at 0x48; 0x80 bits) and `_out_bits` (the
+/// context at 0x80, 0x600 reserved bits, two 16-byte descriptor arrays: 0x980 bits).
+pub mod query_mkey {
+    use super::{f, Field};
+    pub const IN_BYTES: usize = 0x80 / 8;
+    pub const OUT_BYTES: usize = 0x980 / 8;
+    pub const MKEY_INDEX: Field = f("mkey_index", 0x48, 0x18);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,5 +352,26 @@ mod tests {
         assert_eq!(&c[256..264], &[1, 2, 3, 4, 5, 6, 7, 8]);
         // too short a buffer: no value
         assert_eq!(get(&b, create_qp::WQ_UMEM_ID), None);
+    }
+
+    /// The mkey context lands where the kernel's `MLX5_SET(mkc, …)` puts it: byte 16 on.
+    #[test]
+    fn mkey_context_fields_sit_at_byte_16_on() {
+        let mut b = [0u8; create_mkey::IN_BYTES];
+        set(&mut b, mkc::FREE, 1);
+        assert_eq!(b[16], 0x40);
+        set(&mut b, mkc::UMR_EN, 1);
+        set(&mut b, mkc::ACCESS_MODE_1_0, mkc::ACCESS_MODE_KLMS);
+        assert_eq!(b[18], 0x82);
+        set(&mut b, mkc::QPN, mkc::QPN_NONE);
+        set(&mut b, mkc::MKEY_7_0, 0x5A);
+        assert_eq!(&b[20..24], &[0xFF, 0xFF, 0xFF, 0x5A]);
+        set(&mut b, mkc::EN_RINVAL, 1);
+        set(&mut b, mkc::PD, 0x10);
+        assert_eq!(&b[28..32], &[0x01, 0, 0, 0x10]);
+        set(&mut b, mkc::TRANSLATIONS_OCTWORD_SIZE, 4);
+        assert_eq!(&b[68..72], &[0, 0, 0, 4]);
+        set(&mut b, mkc::LEN, 0x1000);
+        assert_eq!(&b[40..48], &0x1000u64.to_be_bytes());
     }
 }

@@ -11,8 +11,8 @@ use omw_core::device::behaviour::{DeviceAnswers, DeviceBehaviour};
 use omw_tests::{matrix, scenarios};
 
 /// Scenarios that fail on `DevxBackend` under every behaviour, for a reason of the backend,
-/// not of the chains (conformance.rs's `KNOWN`).
-const KNOWN: &[&str] = &["isolation::windows_bound_to_a_foreign_qp_are_reclaimed_by_the_audit"];
+/// not of the chains (conformance.rs's `KNOWN`; empty now that the MN queries its windows).
+const KNOWN: &[&str] = &[];
 
 /// Every behaviour a chain variant claims to be correct under (`ChainVariant::choose`) must
 /// pass the list with the variant the MN chose, but for the backend's known failures.

@@ -9,13 +9,10 @@ mod support;
 
 use omw_core::device::behaviour::DeviceBehaviour;
 
-/// Scenarios that fail on `DevxBackend` under PAPER, and why (issue 22's report).
-const KNOWN: &[(&str, &str)] = &[(
-    "isolation::windows_bound_to_a_foreign_qp_are_reclaimed_by_the_audit",
-    "DevxBackend cannot report window bindings (WindowState::mw_binding is None on DEVX): the \
-     MN's invariant checker and offloaded audit do not see a window the alloc chain bound to \
-     another CN's QP the request named, so the group is never reclaimed",
-)];
+/// Scenarios that fail on `DevxBackend` under PAPER, and why (issue 22's report). Empty since
+/// the windows became DEVX mkeys the MN queries (QUERY_MKEY): the audit now sees a window the
+/// alloc chain bound to another CN's QP. Kept so that a regression names itself.
+const KNOWN: &[(&str, &str)] = &[];
 
 #[test]
 fn devx_backend_on_the_double_under_paper() {

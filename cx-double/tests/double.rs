@@ -372,3 +372,87 @@ fn a_doorbell_on_another_uar_page_rings_nothing() {
     d.write_uar(other, ctrl);
     assert_eq!((d.stats().doorbells, d.stats().stray_doorbells), (1, 1), "the QP is on the backend's UAR page");
 }
+
+/// A window's life on the double as DevxBackend drives it: CREATE_MKEY makes a free window,
+/// a type-2 bind posted with the mkey's index binds the model's window, QUERY_MKEY reports that
+/// binding (QP, key, span) and, after LOCAL_INV, the window free again; destroying the backend
+/// destroys the model window.
+#[test]
+fn query_mkey_reports_what_the_binds_did() {
+    use omw_core::device::{MwBinding, WindowState};
+    let mut b = backend();
+    let q = b.create_loopback_qp(Domain::CnFacing, None).unwrap();
+    let mem = b.alloc_memory(8192, 4096).unwrap();
+    let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::MW_BIND;
+    let k = b.reg_mr(Domain::CnFacing, mem, 8192, rights).unwrap();
+    let w = b.alloc_mw().unwrap();
+    assert_eq!(b.mw_binding(w), Some(MwBinding::Unbound));
+    assert_eq!(b.mw_span(w), None);
+    let new = w.next_key();
+    let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    b.post_send(q, &Wqe::bind_mw(new.0, mem + 4096, 4096, k.lkey, q.get(), access).with_wr_id(1)).unwrap();
+    assert_eq!(poll_one(&mut b, q, QueueSel::Send).map(|c| (c.wr_id, c.status)), Some((1, WcStatus::Success)));
+    assert_eq!(b.mw_binding(w), Some(MwBinding::Bound { rkey: new, qpn: q }));
+    assert_eq!(b.mw_span(new), Some((mem + 4096, 4096)));
+    assert_eq!(b.mw_span(w), None, "the old key covers nothing");
+    b.post_send(q, &Wqe::local_inv(new.0).with_wr_id(2)).unwrap();
+    assert_eq!(poll_one(&mut b, q, QueueSel::Send).map(|c| (c.wr_id, c.status)), Some((2, WcStatus::Success)));
+    assert_eq!(b.mw_binding(new), Some(MwBinding::Unbound));
+    assert_eq!((b.window_query_failures(), b.device().refusals()), (0, &[][..]));
+    let (fabric, host) = (b.device().shared_fabric(), b.device().host());
+    assert!(fabric.borrow().mw_binding(host, w.index()).is_some());
+    drop(b);
+    assert_eq!(fabric.borrow().mw_binding(host, w.index()), None, "DESTROY_MKEY took the window");
+}
+
+/// A CREATE_MKEY that is not a free type-2 window in a PD of this context is refused with
+/// the status firmware gives, and nothing is made.
+#[test]
+fn malformed_window_mkeys_are_refused() {
+    use omw_core::mlx5::prm::mkey as omw_mkey;
+    let mut d = double();
+    let pdn = d.pdn();
+    let good = omw_mkey::create_window_in(&omw_mkey::CreateWindow { pdn, key: 3 }).unwrap();
+    let mut out = [0u8; prm::create_mkey::OUT_BYTES];
+    let ok = d.obj_create("CREATE_MKEY", &good, &mut out);
+    assert!(ok.is_ok(), "{ok:?}");
+    let index = prm::get(&out, prm::create_mkey::OUT_MKEY_INDEX).unwrap();
+    assert!(index > 0);
+    let cases: &[(prm::Field, u64, u8)] = &[
+        (prm::mkc::FREE, 0, status::BAD_PARAM),
+        (prm::mkc::ACCESS_MODE_1_0, 1, status::BAD_PARAM),
+        (prm::mkc::UMR_EN, 0, status::BAD_PARAM),
+        (prm::mkc::EN_RINVAL, 0, status::BAD_PARAM),
+        (prm::mkc::QPN, 0x1100, status::BAD_PARAM),
+        (prm::mkc::TRANSLATIONS_OCTWORD_SIZE, 0, status::BAD_PARAM),
+        (prm::mkc::PD, 0x7777, status::BAD_RES),
+    ];
+    for (f, v, want) in cases {
+        let mut bad = good;
+        prm::set(&mut bad, *f, *v);
+        match d.obj_create("CREATE_MKEY", &bad, &mut out) {
+            Err(DevxError::Command { status: s, .. }) => assert_eq!(s, *want, "{}", f.name),
+            other => panic!("{} = {v:#x}: {other:?}", f.name),
+        }
+    }
+    // too short an input, too short an output
+    assert!(matches!(
+        d.obj_create("CREATE_MKEY", &good[..100], &mut out),
+        Err(DevxError::Command { status: status::BAD_INP_LEN, .. })
+    ));
+    assert!(matches!(
+        d.obj_create("CREATE_MKEY", &good, &mut out[..8]),
+        Err(DevxError::Command { status: status::BAD_OUTP_LEN, .. })
+    ));
+    assert_eq!(d.refusals().len(), cases.len() + 2);
+    // QUERY_MKEY naming another index than its object's is refused too
+    let obj = d.obj_create("CREATE_MKEY", &good, &mut out).unwrap();
+    let mine = prm::get(&out, prm::create_mkey::OUT_MKEY_INDEX).unwrap() as u32;
+    let mut ans = [0u8; prm::query_mkey::OUT_BYTES];
+    assert!(d.obj_query("QUERY_MKEY", obj, &omw_mkey::query_mkey_in(mine).unwrap(), &mut ans).is_ok());
+    assert_eq!(prm::get(&ans, prm::mkc::FREE), Some(1));
+    assert!(matches!(
+        d.obj_query("QUERY_MKEY", obj, &omw_mkey::query_mkey_in(mine + 1).unwrap(), &mut ans),
+        Err(DevxError::Command { status: status::BAD_PARAM, .. })
+    ));
+}

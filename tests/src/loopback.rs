@@ -21,7 +21,8 @@ use omw_loopback::fault::MessageFilter;
 use omw_loopback::{Conformance, Fabric, HostId, NicConfig, PdId, QpAddr, QpConfig};
 
 /// Starts loopback clusters in one [`Mode`], on a NIC that answers the open CORE-Direct
-/// questions as the paper's device did ([`DeviceBehaviour::PAPER`]).
+/// questions as the model does by default ([`NicConfig::DEFAULT_BEHAVIOUR`]: the paper's
+/// device's answers, but WQE prefetch runs past an unsatisfied WAIT).
 #[derive(Clone, Copy, Debug)]
 pub struct Loopback(pub Mode);
 
@@ -65,7 +66,7 @@ const COMMON: Caps = Caps::TIME_CONTROL
 
 impl Loopback {
     pub fn config(&self, spec: MnSpec) -> ClusterConfig {
-        self.with_behaviour(DeviceBehaviour::PAPER).config(spec)
+        self.with_behaviour(NicConfig::DEFAULT_BEHAVIOUR).config(spec)
     }
 }
 
@@ -74,10 +75,10 @@ impl Factory for Loopback {
         format!("loopback {:?}", self.0)
     }
     fn caps(&self) -> Caps {
-        self.with_behaviour(DeviceBehaviour::PAPER).caps()
+        self.with_behaviour(NicConfig::DEFAULT_BEHAVIOUR).caps()
     }
     fn start(&self, spec: MnSpec) -> Box<dyn Testbed> {
-        self.with_behaviour(DeviceBehaviour::PAPER).start(spec)
+        self.with_behaviour(NicConfig::DEFAULT_BEHAVIOUR).start(spec)
     }
 }
 
@@ -116,7 +117,7 @@ impl LoopbackUnder {
 
 impl Factory for LoopbackUnder {
     fn name(&self) -> String {
-        if self.behaviour == DeviceBehaviour::PAPER {
+        if self.behaviour == NicConfig::DEFAULT_BEHAVIOUR {
             return format!("loopback {:?}", self.mode);
         }
         format!("loopback {:?} under {:?}", self.mode, self.behaviour)

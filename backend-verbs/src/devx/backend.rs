@@ -23,6 +23,9 @@
 //!   slot filled; afterwards each receive the chain consumed is handed back to the device
 //!   (the bytes stay in place, the doorbell record moves) when its completion is polled —
 //!   the offloaded MN drains the chain CQs every poll, which also keeps them from overrunning.
+//! - **windows**: each a DEVX mkey made by CREATE_MKEY as the kernel makes a type-2 window, in
+//!   the CN-facing PD (`omw_core::mlx5::prm::mkey`), so that [`WindowState`] can ask the device
+//!   where it is bound (QUERY_MKEY) — DEVX cannot query a verbs MW; destroyed with the backend.
 //! - **reset**: `2RST_QP`, drain what the QP's CQs still hold, software state to zero, then
 //!   RST→INIT→RTR→RTS again with the attributes it was connected with. The CQs keep counting
 //!   (they are separate objects), so [`RdmaBackend::cq_producer_indices`] tells a re-armed
@@ -32,7 +35,7 @@
 //! Nothing here has run on a ConnectX; the tests drive it through the core's provisioning and
 //! MN driver against the recording mock (docs/MLX5.md).
 
-use super::api::{MemRange, UarHandle};
+use super::api::{MemRange, ObjHandle, UarHandle};
 use super::arm::{self, ChainQps};
 use super::cm::LocalPath;
 use super::cm::{self, CmQpAttr};
@@ -56,9 +59,12 @@ use omw_core::mlx5::ctrl::PrevWqe;
 use omw_core::mlx5::decode::Mlx5Op;
 use omw_core::mlx5::encode::{self, Unmanaged};
 use omw_core::mlx5::prm::hca_cap::HcaCaps;
+use omw_core::mlx5::prm::mkey;
 use omw_core::mlx5::prm::qp::{self as prm_qp, CdRole};
 use omw_core::mlx5::wqebb::{WqeIndex, WQEBB};
+use omw_core::mlx5::Mlx5Error;
 use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeFlags};
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Sizes of the queues the backend creates. Defaults fit an MN serving tens of CNs; every
@@ -209,7 +215,9 @@ struct CqSlot {
 /// The MN's backend on a DEVX device `D` (`ffi::RealDevx`, or the tests' mock).
 #[derive(Debug)]
 pub struct DevxBackend<D: DevxDevice> {
-    dev: D,
+    /// In a cell because [`WindowState`] asks with `&self` and a window's state is a command
+    /// to the device (QUERY_MKEY); every other use has `&mut self` and takes it directly.
+    dev: RefCell<D>,
     caps: HcaCaps,
     cfg: DevxConfig,
     uar: UarHandle,
@@ -221,6 +229,14 @@ pub struct DevxBackend<D: DevxDevice> {
     qps: BTreeMap<u32, QpSlot>,
     cqs: BTreeMap<u32, CqSlot>,
     regions: Vec<MemRange>,
+    /// The memory windows, DEVX mkeys by mkey index (the rkey's index).
+    windows: BTreeMap<u32, ObjHandle>,
+    /// The key byte the next window is created with (`mlx5_ib_create_mkey` draws it from a
+    /// per-device counter the same way).
+    next_window_key: u8,
+    /// QUERY_MKEYs that got no answer ([`WindowState`]), and the last one's error.
+    window_query_failures: Cell<u64>,
+    last_window_query_error: RefCell<Option<DevxError>>,
 }
 
 fn domain_slot(d: Domain) -> usize {
@@ -291,7 +307,7 @@ impl<D: DevxDevice> DevxBackend<D> {
             )?,
         ];
         Ok(DevxBackend {
-            dev,
+            dev: RefCell::new(dev),
             caps,
             cfg,
             uar,
@@ -301,14 +317,20 @@ impl<D: DevxDevice> DevxBackend<D> {
             qps: BTreeMap::new(),
             cqs: BTreeMap::new(),
             regions: Vec::new(),
+            windows: BTreeMap::new(),
+            next_window_key: 0,
+            window_query_failures: Cell::new(0),
+            last_window_query_error: RefCell::new(None),
         })
     }
 
-    pub fn device(&self) -> &D {
-        &self.dev
+    /// The device, for a look at it (tests: the mock's recording, the double's counters).
+    /// Borrowed from the cell [`WindowState`]'s queries use; nothing else holds it across calls.
+    pub fn device(&self) -> std::cell::Ref<'_, D> {
+        self.dev.borrow()
     }
     pub fn device_mut(&mut self) -> &mut D {
-        &mut self.dev
+        self.dev.get_mut()
     }
     pub fn caps(&self) -> &HcaCaps {
         &self.caps
@@ -330,8 +352,8 @@ impl<D: DevxDevice> DevxBackend<D> {
         // a fresh ring is hardware-owned: every op_own INVALID; the doorbell record zero
         let mut ring = vec![0u8; mem.len];
         cqe::init_ring(&mut ring[..CQE_SIZE << log_cqes]);
-        let made = self.dev.store(mem.addr, &ring).and_then(|()| {
-            queue::create_cq(&mut self.dev, &self.caps, self.uar, &CqSpec { log_cqes, overrun_ignore, mem })
+        let made = self.dev.get_mut().store(mem.addr, &ring).and_then(|()| {
+            queue::create_cq(self.dev.get_mut(), &self.caps, self.uar, &CqSpec { log_cqes, overrun_ignore, mem })
         });
         match made {
             Ok(cq) => {
@@ -347,7 +369,7 @@ impl<D: DevxDevice> DevxBackend<D> {
 
     fn destroy_cq(&mut self, cqn: u32) -> Result<(), DevxError> {
         if let Some(c) = self.cqs.remove(&cqn) {
-            queue::destroy_cq(&mut self.dev, c.devx)?;
+            queue::destroy_cq(self.dev.get_mut(), c.devx)?;
             self.arena.give_back(c.mem);
         }
         Ok(())
@@ -386,7 +408,7 @@ impl<D: DevxDevice> DevxBackend<D> {
             cd,
             cqn_snd: cq_snd,
             cqn_rcv: cq_rcv.unwrap_or(cq_snd),
-            pd: self.dev.domain_pdn(domain),
+            pd: self.dev.get_mut().domain_pdn(domain),
             mem: MemRange { addr: 0, len: 0 },
         };
         let mem = match self.arena.take(spec.mem_needed()) {
@@ -399,8 +421,9 @@ impl<D: DevxDevice> DevxBackend<D> {
         spec.mem = mem;
         let made = self
             .dev
+            .get_mut()
             .store(mem.addr, &vec![0u8; mem.len])
-            .and_then(|()| queue::create_qp(&mut self.dev, &self.caps, self.uar, &spec));
+            .and_then(|()| queue::create_qp(self.dev.get_mut(), &self.caps, self.uar, &spec));
         let devx = match made {
             Ok(q) => q,
             Err(e) => {
@@ -435,7 +458,7 @@ impl<D: DevxDevice> DevxBackend<D> {
 
     fn destroy_one(&mut self, qpn: u32) -> Result<(), DevxError> {
         let Some(q) = self.qps.remove(&qpn) else { return Ok(()) };
-        queue::destroy_qp(&mut self.dev, q.devx)?;
+        queue::destroy_qp(self.dev.get_mut(), q.devx)?;
         self.arena.give_back(q.mem);
         self.destroy_cq(q.cq_snd)?;
         if let Some(c) = q.cq_rcv {
@@ -447,7 +470,7 @@ impl<D: DevxDevice> DevxBackend<D> {
     /// RST → INIT → RTR → RTS with the attributes `a` and the next hop's MAC.
     fn connect_with(&mut self, qpn: u32, a: &CmQpAttr, rmac: [u8; 6]) -> Result<(), DevxError> {
         let devx = self.qps.get(&qpn).ok_or(DevxError::UnknownQp(qpn))?.devx;
-        cm::connect(&mut self.dev, &devx, a, self.caps.log_max_msg, rmac)?;
+        cm::connect(self.dev.get_mut(), &devx, a, self.caps.log_max_msg, rmac)?;
         if let Some(q) = self.qps.get_mut(&qpn) {
             q.state = QpState::Rts;
         }
@@ -499,13 +522,13 @@ impl<D: DevxDevice> DevxBackend<D> {
         let (log, ci, ring) = (c.devx.log_cqes, c.ci, c.devx.ring);
         let slot = ring.addr + (ci as usize & ((1usize << log) - 1)) * CQE_SIZE;
         let mut b = [0u8; CQE_SIZE];
-        self.dev.read_mem(slot, &mut b)?;
+        self.dev.get_mut().read_mem(slot, &mut b)?;
         if cqe::parse(&b, log, ci).is_none() {
             return Ok(None);
         }
         // owned by software: read the whole entry again after the barrier read_mem ends with
         // (the device writes op_own last)
-        self.dev.read_mem(slot, &mut b)?;
+        self.dev.get_mut().read_mem(slot, &mut b)?;
         let e = cqe::parse(&b, log, ci);
         if let Some(c) = self.cqs.get_mut(&cqn) {
             c.ci = c.ci.wrapping_add(1);
@@ -515,7 +538,7 @@ impl<D: DevxDevice> DevxBackend<D> {
 
     fn update_ci(&mut self, cqn: u32) {
         if let Some(c) = self.cqs.get(&cqn) {
-            doorbell::update_cq_ci(&mut self.dev, &c.devx, c.ci);
+            doorbell::update_cq_ci(self.dev.get_mut(), &c.devx, c.ci);
         }
     }
 
@@ -535,13 +558,13 @@ impl<D: DevxDevice> DevxBackend<D> {
         let (obj, devx) = (q.devx.obj, q.devx);
         let input = prm_qp::qp_2rst_in(qpn)?;
         let mut out = [0u8; prm_qp::MODIFY_QP_OUT_LEN];
-        self.dev.obj_modify("2RST_QP", obj, &input, &mut out)?;
+        self.dev.get_mut().obj_modify("2RST_QP", obj, &input, &mut out)?;
         omw_core::mlx5::prm::check_status(omw_core::mlx5::prm::op::TO_RST_QP, &out)
             .map_err(|e| super::caps::command_error("2RST_QP", e))?;
         self.drain(qpn)?;
         // the doorbell record restarts with the queue (rdma-core zeroes it in mlx5_modify_qp
         // on a transition to RESET: providers/mlx5/verbs.c v44.0)
-        self.dev.store(devx.dbr_addr, &[0u8; 8])?;
+        self.dev.get_mut().store(devx.dbr_addr, &[0u8; 8])?;
         if let Some(q) = self.qps.get_mut(&qpn) {
             q.state = QpState::Reset;
             q.used = false;
@@ -581,14 +604,14 @@ impl<D: DevxDevice> DevxBackend<D> {
             let mut nop = Wqe::nop();
             nop.flags = WqeFlags::empty();
             let b = encode::encode(&nop, at, qpn, prev, &mut Unmanaged)?;
-            self.dev.write_mem(sq.addr + at.slot(ring) * WQEBB, b.bytes())?;
+            self.dev.get_mut().write_mem(sq.addr + at.slot(ring) * WQEBB, b.bytes())?;
             at = at.add(1);
         }
-        self.dev.write_mem(sq.addr + at.slot(ring) * WQEBB, e.bytes())?;
+        self.dev.get_mut().write_mem(sq.addr + at.slot(ring) * WQEBB, e.bytes())?;
         let next = at.add(n as u16);
         let mut ctrl = [0u8; 16];
         ctrl.copy_from_slice(&e.bytes()[..16]);
-        doorbell::ring_sq(&mut self.dev, &devx, next, &ctrl);
+        doorbell::ring_sq(self.dev.get_mut(), &devx, next, &ctrl);
         if let Some(q) = self.qps.get_mut(&qpn) {
             q.posted.push_back(Posted { index: at.get(), wqebbs: n as u16, wr_id: w.wr_id, opcode: w.opcode });
             q.sq_pi = next;
@@ -649,8 +672,8 @@ impl<D: DevxDevice> DataPath for DevxBackend<D> {
             .map(|s| omw_core::chain::mlx5::RecvSge { addr: s.addr, length: s.length, lkey: s.lkey })
             .collect();
         let (devx, head) = (q.devx, q.rq_head);
-        let head = arm::write_recvs(&mut self.dev, &devx, head, 1, &sges)?;
-        doorbell::ring_rq(&mut self.dev, &devx, head);
+        let head = arm::write_recvs(self.dev.get_mut(), &devx, head, 1, &sges)?;
+        doorbell::ring_rq(self.dev.get_mut(), &devx, head);
         let q = self.qp_mut(qp)?;
         q.rq_head = head;
         q.rq_wr_ids.push_back(wqe.wr_id);
@@ -721,7 +744,7 @@ impl<D: DevxDevice> DataPath for DevxBackend<D> {
         if handed_back {
             let q = self.qp(qp)?;
             let (devx, head) = (q.devx, q.rq_head);
-            doorbell::ring_rq(&mut self.dev, &devx, head);
+            doorbell::ring_rq(self.dev.get_mut(), &devx, head);
         }
         Ok(n)
     }
@@ -741,7 +764,7 @@ impl<D: DevxDevice> DataPath for DevxBackend<D> {
         // the driver's word alone: a CN's request the QP refused as responder moves it to ERR
         // without the MN polling anything of it (found by the ConnectX double: such a QP
         // stayed dead through every reset)
-        if !used && state == QpState::Rts && queue::query_state(&mut self.dev, &devx)? == QpState::Rts {
+        if !used && state == QpState::Rts && queue::query_state(self.dev.get_mut(), &devx)? == QpState::Rts {
             return Ok(());
         }
         match link {
@@ -768,10 +791,10 @@ impl<D: DevxDevice> DataPath for DevxBackend<D> {
         Ok(self.qp(qp)?.state)
     }
     fn read_local(&self, addr: u64, buf: &mut [u8]) -> Result<(), DevxError> {
-        self.dev.read_mem(addr as usize, buf)
+        self.dev.borrow().read_mem(addr as usize, buf)
     }
     fn write_local(&mut self, addr: u64, data: &[u8]) -> Result<(), DevxError> {
-        self.dev.store(addr as usize, data)
+        self.dev.get_mut().store(addr as usize, data)
     }
     fn outstanding(&self, qp: Qpn, queue: QueueSel) -> Option<u64> {
         let q = self.qp(qp).ok()?;
@@ -788,15 +811,40 @@ impl<D: DevxDevice> Provision for DevxBackend<D> {
         if !self.regions.iter().any(|r| mem.addr >= r.addr && mem.addr + mem.len <= r.addr + r.len) {
             return Err(DevxError::OutsideMemory { addr: mem.addr, len: mem.len });
         }
-        self.dev.reg_mr(domain, mem, access)
+        self.dev.get_mut().reg_mr(domain, mem, access)
     }
+    /// A type-2 window as a DEVX mkey in the CN-facing PD (`omw_core::mlx5::prm::mkey`): the
+    /// only kind of window DEVX lets the MN query afterwards ([`WindowState`]).
     fn alloc_mw(&mut self) -> Result<Rkey, DevxError> {
-        self.dev.alloc_mw().map(Rkey)
+        let key = self.next_window_key;
+        let input = mkey::create_window_in(&mkey::CreateWindow { pdn: self.dev.get_mut().pdn(), key })?;
+        let mut out = [0u8; mkey::CREATE_MKEY_OUT_LEN];
+        let obj = self.dev.get_mut().obj_create("CREATE_MKEY", &input, &mut out)?;
+        let made = mkey::created_mkey_index(&out).map_err(DevxError::from).and_then(|index| {
+            Rkey::new(index, key)
+                .map_err(|_| DevxError::WindowAnswer { index, error: Mlx5Error::MkeyNotAWindow { index } })
+        });
+        match made {
+            Ok(rkey) if !self.windows.contains_key(&rkey.index()) => {
+                self.windows.insert(rkey.index(), obj);
+                self.next_window_key = key.wrapping_add(1);
+                Ok(rkey)
+            }
+            Ok(rkey) => {
+                let _ = self.dev.get_mut().obj_destroy(obj);
+                let index = rkey.index();
+                Err(DevxError::WindowAnswer { index, error: Mlx5Error::MkeyNotAWindow { index } })
+            }
+            Err(e) => {
+                let _ = self.dev.get_mut().obj_destroy(obj);
+                Err(e)
+            }
+        }
     }
     fn alloc_memory(&mut self, len: u64, align: u64) -> Result<u64, DevxError> {
         let len = usize::try_from(len).map_err(|_| DevxError::OutsideMemory { addr: 0, len: usize::MAX })?;
         let align = usize::try_from(align).unwrap_or(PAGE).max(PAGE);
-        let r = self.dev.alloc_mem(len, align)?;
+        let r = self.dev.get_mut().alloc_mem(len, align)?;
         self.regions.push(r);
         Ok(r.addr as u64)
     }
@@ -846,12 +894,84 @@ impl<D: DevxDevice> OffloadRings for DevxBackend<D> {
     }
 }
 
+/// A window's state is read from the device, one QUERY_MKEY per question: its mkey context says
+/// whether it is free, which QP it is bound to under which key, and what it covers.
+///
+/// `None` means "unknown" — an rkey whose index is no window of this backend, or a query the
+/// device did not answer (the command failed, or its answer is no window binding). The core's
+/// audit reads "unknown" as "nothing proven wrong" and does not reclaim. That is deliberate:
+/// nothing a CN sends can make QUERY_MKEY on the MN's own DEVX object fail, so a failure is a
+/// broken device or driver, which taking memory away from an innocent CN would not fix; but it
+/// must not pass silently either, because while it lasts a misbinding stays unseen. Every
+/// failure is counted and the last error kept ([`DevxBackend::window_query_failures`],
+/// [`DevxBackend::take_window_query_error`]) for the operator to see.
 impl<D: DevxDevice> WindowState for DevxBackend<D> {
-    fn mw_binding(&self, _rkey: Rkey) -> Option<MwBinding> {
+    fn mw_binding(&self, rkey: Rkey) -> Option<MwBinding> {
+        let (index, c) = self.query_window(rkey)?;
+        match c.binding(index) {
+            Ok(b) => Some(b),
+            Err(error) => self.window_query_failed(DevxError::WindowAnswer { index, error }),
+        }
+    }
+    /// Only for the window's current key, as the model answers (a stale rkey covers nothing).
+    fn mw_span(&self, rkey: Rkey) -> Option<(u64, u64)> {
+        let (_, c) = self.query_window(rkey)?;
+        if c.key != rkey.key() {
+            return None;
+        }
+        c.span()
+    }
+}
+
+impl<D: DevxDevice> DevxBackend<D> {
+    /// QUERY_MKEY of the window `rkey` names (any key of its index).
+    fn query_window(&self, rkey: Rkey) -> Option<(u32, mkey::MkeyContext)> {
+        let index = rkey.index();
+        let obj = *self.windows.get(&index)?;
+        let asked = mkey::query_mkey_in(index).map_err(DevxError::from).and_then(|input| {
+            let mut out = [0u8; mkey::QUERY_MKEY_OUT_LEN];
+            let mut dev = self.dev.try_borrow_mut().map_err(|_| DevxError::DeviceBusy)?;
+            dev.obj_query("QUERY_MKEY", obj, &input, &mut out)?;
+            mkey::parse_query_mkey_out(&out).map_err(|error| DevxError::WindowAnswer { index, error })
+        });
+        match asked {
+            Ok(c) => Some((index, c)),
+            Err(e) => self.window_query_failed(e),
+        }
+    }
+    fn window_query_failed<T>(&self, e: DevxError) -> Option<T> {
+        self.window_query_failures.set(self.window_query_failures.get() + 1);
+        *self.last_window_query_error.borrow_mut() = Some(e);
         None
     }
-    fn mw_span(&self, _rkey: Rkey) -> Option<(u64, u64)> {
-        None
+    /// How many window queries the device has not answered so far (each left the audit blind
+    /// to that window for that look).
+    pub fn window_query_failures(&self) -> u64 {
+        self.window_query_failures.get()
+    }
+    /// The last unanswered window query's error, taken.
+    pub fn take_window_query_error(&self) -> Option<DevxError> {
+        self.last_window_query_error.borrow_mut().take()
+    }
+    /// Destroy every window's mkey (DEVX builds DESTROY_MKEY for it). The first failure is
+    /// returned after trying them all.
+    pub fn destroy_windows(&mut self) -> Result<(), DevxError> {
+        let mut first = Ok(());
+        for (_, obj) in std::mem::take(&mut self.windows) {
+            if let Err(e) = self.dev.get_mut().obj_destroy(obj) {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+/// The windows go before the device's PD does (the device is dropped after this).
+impl<D: DevxDevice> Drop for DevxBackend<D> {
+    fn drop(&mut self) {
+        let _ = self.destroy_windows();
     }
 }
 
@@ -884,7 +1004,7 @@ impl<D: DevxDevice> DevxBackend<D> {
         // every receive slot holds the chain's receive WQE; RECV_EN gates which may be used
         let entries = (mdx.rq.len / (16usize << mdx.log_rq_stride)) as u32;
         let qps = ChainQps { loop_qp: &ldx, mgmt_qp: &mdx, cqs: [&cqs[0], &cqs[1], &cqs[2]] };
-        let armed = arm::arm_chain(&mut self.dev, chain, &qps, entries)?;
+        let armed = arm::arm_chain(self.dev.get_mut(), chain, &qps, entries)?;
         for (r, ring) in [Ring::Loop, Ring::Mgmt].into_iter().enumerate() {
             let mut ops = vec![Opcode::Nop; chain.ring_wqebbs(ring)];
             for p in chain.placed[r].iter() {

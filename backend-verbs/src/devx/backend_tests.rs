@@ -89,7 +89,7 @@ fn mn_on(b: DevxBackend<RecordingDevx>) -> Mn {
     Mn { driver, qps }
 }
 
-fn dev(m: &Mn) -> &RecordingDevx {
+fn dev(m: &Mn) -> std::cell::Ref<'_, RecordingDevx> {
     m.driver.backend.device()
 }
 
@@ -430,7 +430,7 @@ fn reset_of_a_fresh_qp_leaves_it_alone_and_unknown_qps_are_refused() {
     let q = m.qps.access[1];
     let before = dev(&m).calls.len();
     m.driver.backend.reset_qp(q).unwrap();
-    let after: Vec<&Call> = dev(&m).calls[before..].iter().collect();
+    let after: Vec<Call> = dev(&m).calls[before..].to_vec();
     assert!(
         matches!(after[..], [Call::ObjQuery { command: "QUERY_QP", .. }]),
         "a never-used CN-facing QP the device has in RTS keeps its connection state: {after:?}"
@@ -607,4 +607,126 @@ proptest::proptest! {
             }
         }
     }
+}
+
+/// Windows are DEVX mkeys made as the kernel makes a type-2 window, in the CN-facing PD, with
+/// the key byte counting up; the rkey is the mkey index the device answered with and that key.
+#[test]
+fn windows_are_devx_mkeys_shaped_as_the_kernel_s_type_2_windows() {
+    use omw_core::mlx5::prm::mkey;
+    let m = mn_with_cn();
+    let d = dev(&m);
+    let creates = d.inputs("CREATE_MKEY");
+    // the provisioned pool: 16 chunks of G = 3 windows, the MN's own windows besides
+    assert!(creates.len() >= 48, "one mkey per window: {}", creates.len());
+    for (k, input) in creates.iter().enumerate() {
+        let want = mkey::create_window_in(&mkey::CreateWindow { pdn: PDN, key: k as u8 }).unwrap();
+        assert_eq!(*input, &want[..], "window {k}");
+    }
+    assert!(!d.calls.iter().any(|c| matches!(c, Call::AllocMw(_))), "no verbs MW on the DEVX path");
+    assert_eq!(d.mkeys.len(), creates.len());
+}
+
+/// What QUERY_MKEY reports is what `WindowState` says: free is unbound; a context in use is a
+/// binding to its QP under its key, covering its span (the span only for the current key);
+/// an rkey of no window, unknown.
+#[test]
+fn window_state_is_read_from_query_mkey() {
+    use omw_core::mlx5::prm::mkey;
+    let mut m = mn_with_cn();
+    let rkey = m.driver.backend.alloc_mw().unwrap();
+    let index = rkey.index();
+    assert_eq!(m.driver.backend.mw_binding(rkey), Some(MwBinding::Unbound));
+    assert_eq!(m.driver.backend.mw_span(rkey), None);
+    let q = dev(&m).inputs("QUERY_MKEY").last().unwrap().to_vec();
+    assert_eq!(q, mkey::query_mkey_in(index).unwrap());
+    // the device bound it (the mock executes no UMR: the context is planted as a bind leaves it)
+    let key = rkey.next_key();
+    {
+        let c = m.driver.backend.device_mut().mkeys.get_mut(&index).unwrap();
+        c[0] &= !0x40; // free
+        c[4..8].copy_from_slice(&((0x1103u32 << 8) | key.key() as u32).to_be_bytes());
+        c[16..24].copy_from_slice(&0x7000_0000_4000u64.to_be_bytes());
+        c[24..32].copy_from_slice(&0x1000u64.to_be_bytes());
+    }
+    let qpn = Qpn::new(0x1103).unwrap();
+    assert_eq!(m.driver.backend.mw_binding(rkey), Some(MwBinding::Bound { rkey: key, qpn }));
+    assert_eq!(m.driver.backend.mw_span(key), Some((0x7000_0000_4000, 0x1000)));
+    assert_eq!(m.driver.backend.mw_span(rkey), None, "a stale key covers nothing");
+    assert_eq!(m.driver.backend.mw_binding(Rkey::new(0x7F_0000, 1).unwrap()), None, "no window of ours");
+    assert_eq!(m.driver.backend.window_query_failures(), 0);
+}
+
+/// A query the device does not answer is "unknown", counted, and its error kept.
+#[test]
+fn an_unanswered_window_query_is_unknown_and_counted() {
+    let mut m = mn_with_cn();
+    let rkey = m.driver.backend.alloc_mw().unwrap();
+    m.driver.backend.device_mut().refuse.insert("QUERY_MKEY", (0x5, 0xBAD));
+    assert_eq!(m.driver.backend.mw_binding(rkey), None);
+    assert_eq!(m.driver.backend.mw_span(rkey), None);
+    assert_eq!(m.driver.backend.window_query_failures(), 2);
+    assert!(matches!(
+        m.driver.backend.take_window_query_error(),
+        Some(DevxError::Command { command: "QUERY_MKEY", status: 0x5, syndrome: 0xBAD, .. })
+    ));
+    // in use without a QP: no type-2 binding, reported as such
+    m.driver.backend.device_mut().refuse.clear();
+    m.driver.backend.device_mut().mkeys.get_mut(&rkey.index()).unwrap()[0] &= !0x40;
+    assert_eq!(m.driver.backend.mw_binding(rkey), None);
+    assert!(matches!(m.driver.backend.take_window_query_error(), Some(DevxError::WindowAnswer { .. })));
+}
+
+/// Teardown destroys every window's DEVX object (the kernel sends DESTROY_MKEY for it).
+#[test]
+fn windows_are_destroyed_with_the_backend() {
+    let mut m = mn_with_cn();
+    let objs: Vec<_> = dev(&m)
+        .calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::ObjCreate { command: "CREATE_MKEY", obj, .. } => Some(*obj),
+            _ => None,
+        })
+        .collect();
+    m.driver.backend.destroy_windows().unwrap();
+    let d = dev(&m);
+    for o in &objs {
+        assert!(d.calls.contains(&Call::ObjDestroy(*o)), "window object {o:?} destroyed");
+    }
+    drop(d);
+    // nothing left to destroy twice
+    let n = dev(&m).calls.len();
+    m.driver.backend.destroy_windows().unwrap();
+    assert_eq!(dev(&m).calls.len(), n);
+}
+
+/// The exact DEVX calls of a window's life: CREATE_MKEY through `obj_create`, QUERY_MKEY
+/// through `obj_query` on that object, `obj_destroy` of it.
+#[test]
+fn a_window_s_command_sequence() {
+    use omw_core::mlx5::prm::mkey;
+    let mut m = mn_with_cn();
+    let before = dev(&m).calls.len();
+    let key = dev(&m).inputs("CREATE_MKEY").len() as u8;
+    let rkey = m.driver.backend.alloc_mw().unwrap();
+    let _ = m.driver.backend.mw_binding(rkey);
+    m.driver.backend.destroy_windows().unwrap();
+    let d = dev(&m);
+    let Call::ObjCreate { obj, .. } = d.calls[before] else { panic!("{:?}", d.calls[before]) };
+    let windows = d.calls[before..].iter().filter(|c| matches!(c, Call::ObjDestroy(_))).count();
+    assert_eq!(
+        d.calls[before..before + 2],
+        [
+            Call::ObjCreate {
+                command: "CREATE_MKEY",
+                input: mkey::create_window_in(&mkey::CreateWindow { pdn: PDN, key }).unwrap().to_vec(),
+                obj
+            },
+            Call::ObjQuery { command: "QUERY_MKEY", obj, input: mkey::query_mkey_in(rkey.index()).unwrap().to_vec() },
+        ]
+    );
+    assert_eq!(rkey, Rkey::new(crate::devx::mock::FIRST_MKEY_INDEX + key as u32, key).unwrap());
+    assert_eq!(windows, key as usize + 1, "every window destroyed");
+    assert!(d.calls[before + 2..].contains(&Call::ObjDestroy(obj)));
 }

@@ -1,5 +1,6 @@
 //! What a DEVX MN backend needs from its device besides the DEVX calls of [`DevxApi`]: two
-//! protection domains, memory registrations and type-2 windows in them, memory the NIC can
+//! protection domains, memory registrations in them (the windows are DEVX objects:
+//! `DevxBackend::alloc_mw`), memory the NIC can
 //! reach, and the port's path to itself (for the MN's loopback QP pairs).
 //!
 //! The real implementation is `ffi::RealDevx` (feature `devx`): the device opened, and its PDs,
@@ -19,7 +20,9 @@ pub trait DevxDevice: DevxApi {
     fn domain_pdn(&self, domain: Domain) -> u32;
     /// `ibv_reg_mr` in `domain`'s PD; `access` bits are `IBV_ACCESS_*`.
     fn reg_mr(&mut self, domain: Domain, mem: MemRange, access: AccessFlags) -> Result<MrKeys, DevxError>;
-    /// `ibv_alloc_mw(IBV_MW_TYPE_2)` in the CN-facing PD; its initial rkey.
+    /// `ibv_alloc_mw(IBV_MW_TYPE_2)` in the CN-facing PD; its initial rkey. Only the
+    /// bring-up's `foreign_bind` step uses it: `DevxBackend`'s windows are DEVX mkeys
+    /// (`omw_core::mlx5::prm::mkey`), since DEVX cannot query a verbs MW.
     fn alloc_mw(&mut self) -> Result<u32, DevxError>;
     /// `len` zeroed bytes aligned to `align` (a power of two, at least 4096 for umems), owned
     /// by the device object until it is dropped.

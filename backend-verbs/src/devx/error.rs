@@ -59,6 +59,15 @@ pub enum DevxError {
     },
     /// A command could not be built (a value does not fit its PRM field).
     Encode(Mlx5Error),
+    /// A window's mkey as the device reports it is no type-2 window: CREATE_MKEY answered an
+    /// index already taken, or QUERY_MKEY's context is not a window binding.
+    WindowAnswer {
+        index: u32,
+        error: Mlx5Error,
+    },
+    /// The device was already borrowed when a window query came in (a re-entrant call: a bug
+    /// of the caller, reported instead of a panic).
+    DeviceBusy,
     /// [`super::DevxApi::write_mem`] outside every registered umem.
     OutsideUmem {
         addr: usize,
@@ -231,6 +240,10 @@ impl fmt::Display for DevxError {
                 write!(f, "{what} needs {need} bytes of ring memory, got {got}")
             }
             DevxError::Encode(e) => write!(f, "cannot build the PRM command: {e}"),
+            DevxError::WindowAnswer { index, error } => {
+                write!(f, "the device's answer for window mkey {index:#x} is no type-2 window: {error}")
+            }
+            DevxError::DeviceBusy => f.write_str("the DEVX device is in use by another call of this backend"),
             DevxError::OutsideUmem { addr, len } => {
                 write!(f, "refused to store {len} bytes at {addr:#x}: not inside a registered umem")
             }

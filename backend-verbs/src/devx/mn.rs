@@ -205,6 +205,10 @@ impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
     fn lost_windows(&self, _: &DevxBackend<D>) -> u64 {
         0
     }
+    /// QUERY_MKEYs that got no answer (`DevxBackend::window_query_failures`).
+    fn window_query_failures(&self, dev: &DevxBackend<D>) -> u64 {
+        dev.window_query_failures()
+    }
 }
 
 impl<D, C: ExternalCm> Drop for DevxTransport<D, C> {

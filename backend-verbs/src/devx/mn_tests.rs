@@ -247,6 +247,7 @@ fn the_daemon_accepts_a_cn_into_devx_qps_and_arms_its_chains() {
         assert_eq!(*params, [rtr.max_dest_rd_atomic, rts.max_rd_atomic, rts.retry_cnt, rts.rnr_retry]);
         assert_eq!(*params, [8, 4, 6, 3]);
     }
+    drop(dev);
     assert_eq!(d.driver.mn.cns().count(), 0, "no CN before every connection is established");
     // established: the session is complete, the MN makes its loop QPs and arms both chains
     let creates_before = d.driver.backend.device().inputs("CREATE_QP").len();
@@ -301,6 +302,7 @@ fn a_failed_accept_leaves_no_qp_and_refuses_the_request() {
         .next_back()
         .unwrap();
     assert!(dev.calls.contains(&Call::ObjDestroy(created)), "the DEVX QP of the failed accept is destroyed");
+    drop(dev);
     assert_eq!(s.borrow().rejected, [id(0x20)]);
     assert!(s.borrow().accepted.is_empty());
     assert!(d.sessions().nonce_of(id(0x20)).is_none(), "no session remembers it");

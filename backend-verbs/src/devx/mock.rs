@@ -42,10 +42,21 @@ pub struct RecordingDevx {
     /// Memory from `alloc_mem`, by start address: stores land here (the backend tests read
     /// the rings back and plant CQEs in the CQ rings).
     pub memory: BTreeMap<usize, Vec<u8>>,
+    /// Every mkey CREATE_MKEY made, by index (numbered from 0x2000, as firmware numbers them
+    /// apart): its 64-byte mkey context, as created. QUERY_MKEY answers with it, so a test
+    /// plants a binding (the mock executes no UMR) by rewriting it.
+    pub mkeys: BTreeMap<u32, [u8; MKC_BYTES]>,
     next: usize,
     next_addr: usize,
     numbered: u32,
 }
+
+/// Bytes of an mkey context (`mlx5_ifc_mkc_bits`), at byte 16 of CREATE_MKEY's input and of
+/// QUERY_MKEY's output.
+pub const MKC_BYTES: usize = 64;
+const MKC_AT: usize = 16;
+/// The first mkey index the mock hands out.
+pub const FIRST_MKEY_INDEX: u32 = 0x2000;
 
 /// The MN-private PD's number in the mock: the CN-facing one (`pdn`) + 1.
 pub const PRIVATE_PDN_OFFSET: u32 = 1;
@@ -99,7 +110,8 @@ impl RecordingDevx {
         self.next += 1;
         self.next
     }
-    fn answer(&mut self, command: &'static str, opcode: u16, out: &mut [u8]) -> Result<(), DevxError> {
+    fn answer(&mut self, command: &'static str, input: &[u8], out: &mut [u8]) -> Result<(), DevxError> {
+        let opcode = opcode(input);
         out.fill(0);
         if let Some((status, syndrome)) = self.refuse.get(command) {
             return Err(DevxError::Command { command, opcode, status: *status, syndrome: *syndrome, errno: libc::EIO });
@@ -111,6 +123,17 @@ impl RecordingDevx {
             self.numbered += 1;
             let n = if command == "CREATE_CQ" { 0x400 } else { 0x1100 } + self.numbered;
             out[9..12].copy_from_slice(&n.to_be_bytes()[1..]);
+        } else if command == "CREATE_MKEY" && input.len() >= MKC_AT + MKC_BYTES && out.len() >= 12 {
+            let index = FIRST_MKEY_INDEX + self.mkeys.len() as u32;
+            let mut mkc = [0u8; MKC_BYTES];
+            mkc.copy_from_slice(&input[MKC_AT..MKC_AT + MKC_BYTES]);
+            self.mkeys.insert(index, mkc);
+            out[9..12].copy_from_slice(&index.to_be_bytes()[1..]);
+        } else if command == "QUERY_MKEY" && input.len() >= 12 && out.len() >= MKC_AT + MKC_BYTES {
+            let index = u32::from_be_bytes([0, input[9], input[10], input[11]]);
+            if let Some(mkc) = self.mkeys.get(&index) {
+                out[MKC_AT..MKC_AT + MKC_BYTES].copy_from_slice(mkc);
+            }
         }
         Ok(())
     }
@@ -143,11 +166,11 @@ impl DevxApi for RecordingDevx {
     }
     fn general_cmd(&mut self, command: &'static str, input: &[u8], out: &mut [u8]) -> Result<(), DevxError> {
         self.calls.push(Call::GeneralCmd { command, input: input.to_vec() });
-        self.answer(command, opcode(input), out)
+        self.answer(command, input, out)
     }
     fn obj_create(&mut self, command: &'static str, input: &[u8], out: &mut [u8]) -> Result<ObjHandle, DevxError> {
         let obj = ObjHandle(self.id());
-        self.answer(command, opcode(input), out)?;
+        self.answer(command, input, out)?;
         self.calls.push(Call::ObjCreate { command, input: input.to_vec(), obj });
         Ok(obj)
     }
@@ -159,7 +182,7 @@ impl DevxApi for RecordingDevx {
         out: &mut [u8],
     ) -> Result<(), DevxError> {
         self.calls.push(Call::ObjModify { command, obj, input: input.to_vec() });
-        self.answer(command, opcode(input), out)
+        self.answer(command, input, out)
     }
     fn obj_query(
         &mut self,
@@ -169,7 +192,7 @@ impl DevxApi for RecordingDevx {
         out: &mut [u8],
     ) -> Result<(), DevxError> {
         self.calls.push(Call::ObjQuery { command, obj, input: input.to_vec() });
-        self.answer(command, opcode(input), out)
+        self.answer(command, input, out)
     }
     fn obj_destroy(&mut self, obj: ObjHandle) -> Result<(), DevxError> {
         self.calls.push(Call::ObjDestroy(obj));

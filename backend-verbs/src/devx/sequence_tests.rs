@@ -283,3 +283,38 @@ fn destroy_order() {
     queue::destroy_qp(&mut d, q).unwrap();
     assert_eq!(d.calls, [Call::ObjDestroy(q.obj), Call::UmemDereg(q.umem)]);
 }
+
+/// A window's commands, exactly: CREATE_MKEY (the kernel's type-2 window context, key bytes
+/// counting from 0), QUERY_MKEY naming the index the device answered, on that object; the
+/// window objects destroyed, newest last, when the backend goes.
+#[test]
+fn window_mkeys_are_created_queried_and_destroyed() {
+    use super::backend::{DevxBackend, DevxConfig};
+    use omw_core::device::{Capabilities, MwBinding, Provision, WindowState};
+    use omw_core::mlx5::prm::mkey;
+    let mut d = capable();
+    let hca = caps::query(&mut d).unwrap();
+    let mut cfg = DevxConfig::new(Capabilities::OFFLOAD);
+    cfg.ring_arena_bytes = 1 << 20;
+    let mut b = DevxBackend::new(d, hca, cfg).unwrap();
+    let before = b.device().calls.len();
+    let w0 = b.alloc_mw().unwrap();
+    let w1 = b.alloc_mw().unwrap();
+    assert_eq!(b.mw_binding(w1), Some(MwBinding::Unbound));
+    let calls = b.device().calls[before..].to_vec();
+    let create = |key| mkey::create_window_in(&mkey::CreateWindow { pdn: 0x77, key }).unwrap().to_vec();
+    let [Call::ObjCreate { obj: o0, .. }, Call::ObjCreate { obj: o1, .. }, ..] = calls[..] else { panic!("{calls:?}") };
+    assert_eq!(
+        calls,
+        [
+            Call::ObjCreate { command: "CREATE_MKEY", input: create(0), obj: o0 },
+            Call::ObjCreate { command: "CREATE_MKEY", input: create(1), obj: o1 },
+            Call::ObjQuery { command: "QUERY_MKEY", obj: o1, input: mkey::query_mkey_in(w1.index()).unwrap().to_vec() },
+        ]
+    );
+    assert_eq!((w0.key(), w1.key()), (0, 1));
+    assert_ne!(w0.index(), w1.index());
+    let before = b.device().calls.len();
+    b.destroy_windows().unwrap();
+    assert_eq!(b.device().calls[before..], [Call::ObjDestroy(o0), Call::ObjDestroy(o1)]);
+}

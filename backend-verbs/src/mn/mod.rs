@@ -120,6 +120,10 @@ pub struct Sizing {
     pub max_cns: u32,
 }
 
+/// What `MnDaemon::on_counters` calls with the counters at each stats interval (a pool member
+/// publishes its free counts from it).
+type CounterHook = Box<dyn FnMut(&MnCounters)>;
+
 /// The running daemon on transport `T`.
 pub struct MnDaemon<T: Transport> {
     /// Before the driver: the transport's rdma_cm ids go before the device does.
@@ -139,7 +143,7 @@ pub struct MnDaemon<T: Transport> {
     metrics: Option<MetricsServer>,
     last_publish: Instant,
     /// Called with the counters as often as `--metrics` gets them (the pool's announcer).
-    counter_hook: Option<Box<dyn FnMut(&MnCounters)>>,
+    counter_hook: Option<CounterHook>,
 }
 
 impl<T: Transport> std::fmt::Debug for MnDaemon<T> {
@@ -525,6 +529,7 @@ impl<T: Transport> MnDaemon<T> {
             laps: self.driver.stats.laps,
             laps_failed: self.driver.stats.laps_failed,
             lost_windows: self.transport.lost_windows(&self.driver.backend),
+            window_query_failures: self.transport.window_query_failures(&self.driver.backend),
         }
     }
 

@@ -63,6 +63,11 @@ pub trait Transport {
     fn release(&mut self, dev: &mut Self::Device, session: &Session);
     /// Windows the device gave up at teardown (the `lost_windows` gauge).
     fn lost_windows(&self, dev: &Self::Device) -> u64;
+    /// Window-state queries the device did not answer (the `window_query_failures` counter);
+    /// a device that answers from its own bookkeeping never fails one.
+    fn window_query_failures(&self, _dev: &Self::Device) -> u64 {
+        0
+    }
 }
 
 /// A transport the daemon can start on a real device (`MnDaemon::start`): after the probe,

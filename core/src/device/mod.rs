@@ -346,7 +346,9 @@ pub trait OffloadRings: DataPath {
 }
 
 /// What the device can tell about its windows, for the MN's audit and the invariant checker.
-/// `None` is an honest "unknown" (rdma-core has no query for a window's binding).
+/// `None` is an honest "unknown" (verbs has no query for a window's binding; DEVX can query only
+/// a window it created as an mkey, and a query can fail). The MN's audit and invariant checker
+/// treat unknown as "nothing proven wrong": they act on what the device reports, never on a guess.
 pub trait WindowState: DataPath {
     /// Where the window with this rkey is bound (the model and the FPGA extension block can
     /// tell; verbs tracks the binds it posted).

@@ -44,6 +44,9 @@ pub enum Mlx5Error {
     FieldOutOfRange { field: &'static str },
     /// A PRM command output reported a non-zero status.
     CommandFailed { opcode: u16, status: u8, syndrome: u32 },
+    /// QUERY_MKEY reported an mkey in use that names no QP (or no valid rkey): not a type-2
+    /// window binding.
+    MkeyNotAWindow { index: u32 },
 }
 
 impl fmt::Display for Mlx5Error {
@@ -82,6 +85,9 @@ impl fmt::Display for Mlx5Error {
             Self::FieldOutOfRange { field } => write!(f, "PRM field {field} lies outside the command buffer"),
             Self::CommandFailed { opcode, status, syndrome } => {
                 write!(f, "PRM command {opcode:#06x} failed: status {status:#04x}, syndrome {syndrome:#010x}")
+            }
+            Self::MkeyNotAWindow { index } => {
+                write!(f, "mkey {index:#x} is in use but bound to no QP: not a type-2 window binding")
             }
         }
     }

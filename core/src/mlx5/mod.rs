@@ -14,7 +14,8 @@
 //! - [`decode`]: mlx5 WQE bytes back to what they do (the static checks of
 //!   [`crate::chain::mlx5`], which lays the alloc and free chains out in this form, read them);
 //! - [`prm`]: the `DEVX_SET`/`DEVX_GET` bit-field writer and the PRM commands (QUERY_HCA_CAP,
-//!   CREATE_CQ, CREATE_QP with the CORE-Direct bits, the QP state transitions).
+//!   CREATE_CQ, CREATE_QP with the CORE-Direct bits, the QP state transitions, the memory windows as
+//!   DEVX mkeys: CREATE_MKEY / QUERY_MKEY).
 
 pub mod atomic;
 pub mod cqe;
@@ -39,5 +40,6 @@ pub const SOURCES: &[&str] = &[
     "DPDK main 38f72e500b3b159eca3ba2f4ca0e46a26a7cb057: drivers/common/mlx5/mlx5_prm.h, drivers/net/mlx5/mlx5_txpp.c, drivers/crypto/mlx5/mlx5_crypto_gcm.c",
     "UCX master 9466d104a317c8ffddd9734e72055d8bbda021b3: src/uct/ib/mlx5/ib_mlx5.h, src/uct/ib/mlx5/rc/rc_mlx5.inl, src/uct/ib/mlx5/dv/ib_mlx5_ifc.h",
     "UCX master 9466d104a317c8ffddd9734e72055d8bbda021b3: src/uct/ib/mlx5/dv/ib_mlx5_dv.c (DEVX CQ/QP command sequences)",
+    "Linux 00679b631eddaa0aa0ceba719fcb1f60c65da5a3: include/linux/mlx5/mlx5_ifc.h (mkc, create_mkey, query_mkey), drivers/infiniband/hw/mlx5/mr.c (mlx5_ib_alloc_mw), drivers/infiniband/hw/mlx5/devx.c (which objects DEVX may query)",
     "Linux: include/linux/mlx5/mlx5_ifc.h (atomic caps), include/linux/mlx5/driver.h (MLX5_ATOMIC_MODE_*), drivers/infiniband/hw/mlx5/main.c (imaicl gates type-2B windows)",
 ];

@@ -56,10 +56,13 @@ pub trait PoolBed {
     fn check(&mut self) -> Result<(), String>;
 }
 
+/// A pool scenario's body: given a way to start a pool of a shape on the testbed under test.
+pub type PoolRun<B> = fn(&mut dyn FnMut(&PoolShape) -> B) -> Outcome;
+
 /// One pool scenario.
 pub struct PoolScenario<B: PoolBed> {
     pub name: &'static str,
-    pub run: fn(&mut dyn FnMut(&PoolShape) -> B) -> Outcome,
+    pub run: PoolRun<B>,
 }
 
 /// Run `list` with testbeds from `make` (scenarios whose name contains `OMW_SCENARIO`, if

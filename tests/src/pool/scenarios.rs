@@ -134,7 +134,7 @@ fn vanished_mn<B: PoolBed>(make: &mut dyn FnMut(&PoolShape) -> B) -> Outcome {
     let mut ys = fill(&mut late, 9, 4096, 100)?;
     for (c, v, base) in [(&mut early, &mut xs, 0), (&mut late, &mut ys, 100)] {
         let mut k = 0;
-        while per_mn(v).get("mn1").is_none() && k < 30 {
+        while !per_mn(v).contains_key("mn1") && k < 30 {
             let mut more = fill(c, 1, 4096, base + 50 + k)?;
             v.append(&mut more);
             k += 1;

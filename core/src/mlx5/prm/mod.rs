@@ -13,6 +13,7 @@
 pub mod bits;
 pub mod cq;
 pub mod hca_cap;
+pub mod mkey;
 pub mod qp;
 
 pub use bits::Field;
@@ -21,6 +22,10 @@ pub use bits::Field;
 /// DPDK mlx5_prm.h (same values).
 pub mod op {
     pub const QUERY_HCA_CAP: u16 = 0x100;
+    /// `MLX5_CMD_OP_CREATE_MKEY` / `QUERY_MKEY` / `DESTROY_MKEY` (Linux include/linux/mlx5/mlx5_ifc.h).
+    pub const CREATE_MKEY: u16 = 0x200;
+    pub const QUERY_MKEY: u16 = 0x201;
+    pub const DESTROY_MKEY: u16 = 0x202;
     pub const CREATE_CQ: u16 = 0x400;
     pub const CREATE_QP: u16 = 0x500;
     pub const RST2INIT_QP: u16 = 0x502;
