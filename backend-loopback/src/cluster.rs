@@ -33,7 +33,7 @@ use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
 use omw_core::mn::driver::{DriverError, MnDriver};
 use omw_core::mn::plan::{MnOptions, MnPlan, Region};
 use omw_core::mn::provision::{PoolSpec, ProvisionError};
-use omw_core::mn::{CnQps, Event};
+use omw_core::mn::{AllocChainQps, CnQps, Event};
 pub use omw_core::testing::deployment::MnActivity;
 use omw_core::testing::deployment::{self, CnSide, Deployment, Life, PumpError};
 use omw_core::testing::hostile::HostileCn;
@@ -65,6 +65,10 @@ pub struct ClusterConfig {
     /// CN slots of the MN; None: `cns` (a pool's MN is provisioned with slots for CNs that
     /// connect later, [`Cluster::connect_cn`]).
     pub max_cns: Option<u32>,
+    /// Alloc chains per CN (`MnConfig::alloc_chains`, 1..=`MAX_ALLOC_CHAINS`): the MN is
+    /// provisioned for that many and every CN the cluster drives connects with them all, so it
+    /// has that many allocations in flight at once.
+    pub alloc_chains: u8,
 }
 
 impl ClusterConfig {
@@ -87,6 +91,7 @@ impl ClusterConfig {
             lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
             pop_ahead: None,
             max_cns: None,
+            alloc_chains: 1,
         }
     }
 }
@@ -435,6 +440,10 @@ pub struct CnNode {
     pub alloc_qp: QpAddr,
     pub free_qp: QpAddr,
     pub access_qps: Vec<QpAddr>,
+    /// CN ends of the Alloc QPs of its alloc chains beyond the first.
+    pub extra_alloc_qps: Vec<QpAddr>,
+    /// MN ends of those chains' QPs (management and loop).
+    pub mn_extra: Vec<AllocChainQps>,
     /// MN ends (what the MN knows).
     pub mn_qps: CnQps,
     pub crashed: bool,
@@ -642,7 +651,7 @@ impl Cluster {
             lease_ns: cfg.lease_ns,
             queue_depth: None,
         };
-        let mut driver = plan.provision(backend, &spec).map_err(ClusterError::Provision)?;
+        let mut driver = plan.provision_chains(backend, &spec, cfg.alloc_chains).map_err(ClusterError::Provision)?;
         // the chains' rings (and so their depths) in the NIC's WQE format
         driver.mn.set_wqe_format(cfg.nic.wqe_format);
         if let Some(on) = cfg.pop_ahead {
@@ -710,14 +719,21 @@ impl Cluster {
             let _ = mn_access.push(m.qpn);
         }
         drop(f);
+        // each alloc chain beyond the first: its own Alloc QP pair and loop QP
+        let chains = self.driver.mn.config().alloc_chains.max(1);
+        let mut extra_alloc_qps = Vec::new();
+        let mut mn_extra = Vec::new();
+        for _ in 1..chains {
+            let lp = self.driver.create_alloc_loop_qp()?;
+            let (c, m) = self.fabric.borrow_mut().create_connected_pair(host, cn_cfg, mn, mgmt_cfg(0))?;
+            extra_alloc_qps.push(c);
+            mn_extra.push(AllocChainQps { mgmt: m.qpn, lp });
+        }
         let mut backend = NodeBackend::new(self.fabric.clone(), host, None);
-        let reply = backend.alloc_memory(CnMemory::REPLY_LEN, 64)?;
-        let rk = backend.reg_mr(
-            Domain::CnFacing,
-            reply,
-            CnMemory::REPLY_LEN,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-        )?;
+        let reply_len = chains as u64 * CnMemory::REPLY_LEN;
+        let reply = backend.alloc_memory(reply_len, 64)?;
+        let rk =
+            backend.reg_mr(Domain::CnFacing, reply, reply_len, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
         let local_len = CnMemory::local_len_for(omw_core::cn::driver::IO_SLOTS, self.cfg.chunk_size.max(4096));
         let local = backend.alloc_memory(local_len, 64)?;
         let lk = backend.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE)?;
@@ -725,6 +741,11 @@ impl Cluster {
         let qps =
             CnQpSet { alloc: alloc_qp.qpn, free: free_qp.qpn, access: access_qps.iter().map(|q| q.qpn).collect() };
         let mut driver = CnDriver::new(backend, qps, mem).map_err(|error| ClusterError::Cn { cn: idx, error })?;
+        if !extra_alloc_qps.is_empty() {
+            let extra: Vec<Qpn> = extra_alloc_qps.iter().map(|q: &QpAddr| q.qpn).collect();
+            driver =
+                driver.with_alloc_chains(&extra, reply_len).map_err(|error| ClusterError::Cn { cn: idx, error })?;
+        }
         driver.record_deliveries(true);
         let mn_qps = CnQps { alloc: mn_alloc.qpn, free: mn_free.qpn, access: mn_access, alloc_loop, free_loop };
         let node = CnNode {
@@ -734,6 +755,8 @@ impl Cluster {
             alloc_qp,
             free_qp,
             access_qps,
+            extra_alloc_qps,
+            mn_extra: mn_extra.clone(),
             mn_qps: mn_qps.clone(),
             crashed: false,
             stalled: false,
@@ -745,8 +768,8 @@ impl Cluster {
             last_io: Vec::new(),
         };
         self.cns.push(node);
-        let (_, act) =
-            Deployment::new(&mut self.world, &mut self.driver, &mut self.cns).connect(idx, mn_qps, tenant)?;
+        let (_, act) = Deployment::new(&mut self.world, &mut self.driver, &mut self.cns)
+            .connect_with_chains(idx, mn_qps, &mn_extra, tenant)?;
         self.mn_cpu_events += act.cpu_events;
         Ok(idx)
     }
@@ -895,7 +918,7 @@ impl Cluster {
         if let Some(pos) = n.replies.iter().position(|(t, _)| *t == token) {
             return n.replies.remove(pos).1;
         }
-        n.client_mut().abandon_pending();
+        n.driver.abandon_alloc(token);
         Err(CnOpError::NoReply)
     }
 

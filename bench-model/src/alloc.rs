@@ -119,3 +119,109 @@ pub fn run(inp: &Inputs, m: &Measured, rounds: usize, tick: &mut dyn FnMut(&str)
     }
     Ok(rows)
 }
+
+/// One CN allocating back to back with `chains` alloc chains (issue 23 item 6).
+#[derive(Clone, Debug)]
+pub struct ChainsRow {
+    /// Alloc chains the CN connected with (`MnConfig::alloc_chains`).
+    pub chains: u8,
+    /// Allocations per second of modelled time, the CN keeping one request in flight per chain.
+    pub allocs_per_s: f64,
+    /// Against one chain, measured in the same run.
+    pub ratio: f64,
+    /// Mean request-to-reply latency.
+    pub mean_ns: f64,
+    pub samples: usize,
+    /// "model" (real chains on the loopback model) or "sim" (queueing simulator).
+    pub source: &'static str,
+}
+
+/// OneSidedMW on the model: one CN connected with `chains` alloc chains keeps one request in
+/// flight on each — in every round it sends a request on each chain at the same instant, the
+/// model runs until idle (every lap committed and its chain re-armed), and the next round
+/// starts — `allocs` allocations in all, no frees (the pool holds them all). Offloaded: no MN
+/// CPU on the path. What it shows is the overlap of a CN's laps across its chains; a request
+/// meeting its chain still re-arming (the MN's RNR timer) is the simulator's
+/// ([`sim::Stage::Chain`]). Returns allocations per second of modelled time, the mean latency
+/// from a round's start to each reply, the samples.
+pub fn osmw_chains_on_model(
+    inp: &Inputs,
+    m: &Measured,
+    chains: u8,
+    allocs: usize,
+) -> Result<(f64, f64, usize), String> {
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 1;
+    cfg.group_size = m.group_size;
+    cfg.chunk_size = 512;
+    cfg.chunks = (allocs as u32 + 64).next_power_of_two();
+    cfg.quota = cfg.chunks;
+    cfg.mode = Some(ExecutionMode::Offloaded);
+    cfg.alloc_chains = chains;
+    cfg.nic = NicConfig::strict().with_prefetch(8).with_cost(inp.cost);
+    cfg.nic.ring_arena_bytes = (chains as u64 + 3) * (64 << 10);
+    let mut c = Cluster::new(cfg).map_err(|e| e.to_string())?;
+    let mut lat = Vec::with_capacity(allocs);
+    let start = c.now();
+    let mut done = 0;
+    while done < allocs {
+        let t0 = c.now();
+        let k = (chains as usize).min(allocs - done);
+        let toks: Vec<u32> = (0..k).map(|_| c.alloc_begin(0)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+        c.pump().map_err(|e| e.to_string())?;
+        for t in toks {
+            c.alloc_take(0, t).map_err(|e| format!("alloc: {e}"))?;
+        }
+        // (the round's last reply: every reply of a round lands within it)
+        lat.push(c.cns[0].last_reply_at.saturating_sub(t0));
+        done += k;
+    }
+    c.check_invariants()?;
+    let span = (c.now() - start).max(1);
+    Ok((allocs as f64 * 1e9 / span as f64, sim::mean(&lat), done))
+}
+
+/// Per-CN alloc throughput against the CN's alloc chains (1, 2, 4): on the model, and in the
+/// simulator with the same inputs; each ratio against one chain of the same source and run.
+pub fn chains(inp: &Inputs, m: &Measured, allocs: usize, tick: &mut dyn FnMut(&str)) -> Result<Vec<ChainsRow>, String> {
+    let mut rows = Vec::new();
+    let mut base = 0.0;
+    for k in [1u8, 2, 4] {
+        tick(&format!("alloc chains: one CN with {k} alloc chain(s) on the model"));
+        let (tput, mean, n) = osmw_chains_on_model(inp, m, k, allocs)?;
+        if k == 1 {
+            base = tput;
+        }
+        rows.push(ChainsRow {
+            chains: k,
+            allocs_per_s: tput,
+            ratio: tput / base,
+            mean_ns: mean,
+            samples: n,
+            source: "model",
+        });
+    }
+    let mut base = 0.0;
+    for k in [1u8, 2, 4] {
+        tick(&format!("alloc chains: one CN with {k} alloc chain(s) in the simulator"));
+        let inp_k = Inputs { alloc_chains: k as u16, ..inp.clone() };
+        // one CN, k requesters (threads) allocating back to back
+        let ops: Vec<Op> = (0..allocs / k as usize).flat_map(|_| [Op::Alloc, Op::End(0)]).collect();
+        let progs: Vec<_> = (0..k).map(|_| compile(Scheme::OneSidedMw, &inp_k, m, &ops, 0)).collect();
+        let r = sim::run(&progs, inp.mn_cores, inp.nic_units);
+        let lat = r.latencies.first().cloned().unwrap_or_default();
+        let tput = if r.makespan_ns == 0 { 0.0 } else { lat.len() as f64 * 1e9 / r.makespan_ns as f64 };
+        if k == 1 {
+            base = tput;
+        }
+        rows.push(ChainsRow {
+            chains: k,
+            allocs_per_s: tput,
+            ratio: if base > 0.0 { tput / base } else { 0.0 },
+            mean_ns: sim::mean(&lat),
+            samples: lat.len(),
+            source: "sim",
+        });
+    }
+    Ok(rows)
+}

@@ -136,6 +136,9 @@ pub struct Inputs {
     pub rpc_cpu_ns: u64,
     /// The MN's RNR timer as a CN's request meets it ([`RNR_TIMER_NS`], swept).
     pub rnr_timer_ns: u64,
+    /// Alloc chains per CN (`MnConfig::alloc_chains`): the simulator serves a CN's requests on
+    /// whichever of its chains is free first.
+    pub alloc_chains: u16,
 }
 
 impl Inputs {
@@ -302,6 +305,7 @@ pub fn measure_inputs(cost: CostModel, mn_cores: usize, nic_units: usize) -> Res
         write_rtt: write,
         rpc_cpu_ns: RPC_CPU_NS,
         rnr_timer_ns: RNR_TIMER_NS,
+        alloc_chains: 1,
     })
 }
 

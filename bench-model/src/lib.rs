@@ -136,6 +136,9 @@ pub struct Results {
     pub geometries: Vec<Measured>,
     pub alloc: Vec<alloc::AllocRow>,
     pub alloc_curve: Vec<alloc::AllocRow>,
+    /// One CN's alloc throughput against its alloc chains (1, 2, 4), on the model and in the
+    /// simulator, each ratio against one chain in the same run.
+    pub alloc_chains: Vec<alloc::ChainsRow>,
     pub workloads: Vec<WorkloadRow>,
     /// OneSidedMW vs RPC-MW over KV configurations × MN cores × NIC units.
     pub sweep: Vec<sweep::SweepRow>,
@@ -320,11 +323,11 @@ fn swap_rows(
 }
 
 /// How many times [`run`] calls `tick` on a full-size run, for a progress bar: inputs, 4
-/// geometries, 2 × 7 micro rows, 7 curve points, 6 KV configurations, 4 YCSB workloads, 2
+/// geometries, 2 × 7 micro rows, 7 curve points, 2 × 3 alloc-chain counts, 6 KV configurations, 4 YCSB workloads, 2
 /// allocation traces and the cache (each traces + 6 schemes),
 /// swap (traces + 6 schemes), the sweep's unit counts, the sensitivity, the pool sizes of the
 /// scale sweep, the comparison.
-pub const STEPS: u64 = 1 + 4 + 14 + 7 + 13 * 7 + 7 + 6 + 4 + 3 + 1;
+pub const STEPS: u64 = 1 + 4 + 14 + 7 + 6 + 13 * 7 + 7 + 6 + 4 + 3 + 1;
 
 pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String> {
     let t0 = Instant::now();
@@ -353,6 +356,8 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
             curve.push(alloc::osmw_on_model(&inp, micro_g, k, sizes.alloc_rounds)?);
         }
     }
+
+    let chains_rows = alloc::chains(&inp, micro_g, if args.quick { 48 } else { 400 }, tick)?;
 
     let mut wl = Vec::new();
     let kv_main = kv::KvConfig {
@@ -461,6 +466,7 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
         geometries: geos,
         alloc: alloc_rows,
         alloc_curve: curve,
+        alloc_chains: chains_rows,
         workloads: wl,
         sweep: sweep_rows,
         sensitivity,

@@ -378,6 +378,22 @@ pub fn text(res: &Results) -> String {
             100.0 * r.mn_nic_util
         );
     }
+    let _ = writeln!(
+        s,
+        "\nOne CN allocating back to back against its alloc chains (OneSidedMW; a request per idle chain):"
+    );
+    let _ = writeln!(s, "  {:>6} {:>7} {:>12} {:>8} {:>10}", "chains", "source", "allocs/s", "mean µs", "vs 1 chain");
+    for r in &res.alloc_chains {
+        let _ = writeln!(
+            s,
+            "  {:>6} {:>7} {:>12.0} {:>8.1} {:>9.2}x",
+            r.chains,
+            r.source,
+            r.allocs_per_s,
+            r.mean_ns / 1000.0,
+            r.ratio
+        );
+    }
     let mut last = String::new();
     for r in &res.workloads {
         let head = format!("{}: {}", r.workload, r.config);
@@ -972,6 +988,8 @@ pub fn json(res: &Results) -> String {
         "inputs": inputs,
         "alloc": res.alloc.iter().map(alloc_json).collect::<Vec<_>>(),
         "alloc_curve": res.alloc_curve.iter().map(alloc_json).collect::<Vec<_>>(),
+        "alloc_chains": res.alloc_chains.iter().map(|r| json!({"chains": r.chains, "source": r.source,
+            "allocs_per_s": r.allocs_per_s, "mean_ns": r.mean_ns, "ratio_vs_one_chain": r.ratio, "samples": r.samples})).collect::<Vec<_>>(),
         "workloads": wl,
         "validation": val,
         "sweep": sw,

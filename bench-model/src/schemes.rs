@@ -4,6 +4,9 @@
 use super::inputs::{CtlCosts, Inputs, Measured, ALLOC_REQ_BYTES, FREE_REQ_BYTES, ODRP_TRANSLATE_PHASES};
 use super::sim::{Program, Res, Stage};
 
+/// Simulator chain ids per CN: its alloc chains (up to `MAX_ALLOC_CHAINS`), then its free chain.
+const CHAIN_STRIDE: u16 = omw_core::mn::MAX_ALLOC_CHAINS as u16 + 1;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scheme {
     /// Offloaded alloc/free chains in the MN RNIC (real chains on the loopback model).
@@ -140,7 +143,15 @@ pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op], cn: u16) 
                     if scheme == Scheme::OneSidedMw {
                         // the CN's alloc chain: from this request's arrival until re-armed
                         let lap = ctl.alloc_ns.saturating_sub(tin) + ctl.alloc_rearm_ns;
-                        p.push(Stage::Chain { chain: 2 * cn, hold: lap, leave: 0, rnr: inp.rnr_timer_ns });
+                        // (any of its alloc chains: the first one free)
+                        let count = inp.alloc_chains.clamp(1, CHAIN_STRIDE - 1);
+                        p.push(Stage::Chain {
+                            chain: CHAIN_STRIDE * cn,
+                            count,
+                            hold: lap,
+                            leave: 0,
+                            rnr: inp.rnr_timer_ns,
+                        });
                     }
                     p.push(Stage::Use { res: Res::Nic, hold: ctl.alloc_nic_ns, leave: ctl.alloc_nic_ns });
                     p.push(Stage::Delay(ctl.alloc_ns.saturating_sub(tin + ctl.alloc_nic_ns)));
@@ -180,7 +191,8 @@ pub fn compile(scheme: Scheme, inp: &Inputs, m: &Measured, ops: &[Op], cn: u16) 
                 p.push(Stage::Detach(if chain { 3 } else { 2 }));
                 p.push(Stage::Delay(inp.transit(FREE_REQ_BYTES)));
                 if chain {
-                    p.push(Stage::Chain { chain: 2 * cn + 1, hold: ctl.free_ns, leave: 0, rnr: inp.rnr_timer_ns });
+                    let chain = CHAIN_STRIDE * cn + CHAIN_STRIDE - 1;
+                    p.push(Stage::Chain { chain, count: 1, hold: ctl.free_ns, leave: 0, rnr: inp.rnr_timer_ns });
                 }
                 p.push(Stage::Use { res, hold, leave: last });
                 p.push(Stage::Delay(inp.write_ns(FREE_REQ_BYTES)));

@@ -45,14 +45,16 @@ pub enum Stage {
     },
     /// Start a background job running the next `n` stages; the client goes on at once.
     Detach(u8),
-    /// One CN's chain (`chain`: 2 × CN + 0 alloc, + 1 free), which runs one lap at a time: the
-    /// request is served once the previous lap re-armed the chain, holding it `hold` ns and
-    /// going on `leave` ns after its lap started. A request that arrives while the chain is
-    /// busy finds no receive posted: the RC transport answers RNR and the sender tries again
-    /// every `rnr` ns (the responder's RNR timer), so it starts at the first retry after the
-    /// chain is free (`rnr` 0: the next instant, as if the CN knew).
+    /// One of a CN's chains (`chain` .. `chain + count`: its alloc chains, or its one free
+    /// chain), each running one lap at a time: the request goes to the one that is free first
+    /// (the CN sends on an idle chain) and is served once that chain's previous lap re-armed
+    /// it, holding it `hold` ns and going on `leave` ns after its lap started. A request that
+    /// arrives while its chain is busy finds no receive posted: the RC transport answers RNR
+    /// and the sender tries again every `rnr` ns (the responder's RNR timer), so it starts at
+    /// the first retry after the chain is free (`rnr` 0: the next instant, as if the CN knew).
     Chain {
         chain: u16,
+        count: u16,
         hold: u64,
         leave: u64,
         rnr: u64,
@@ -180,11 +182,13 @@ pub fn run(programs: &[Program], cpu_cores: usize, nic_units: usize) -> SimResul
                 last = last.max(start + hold);
                 start + leave
             }
-            Stage::Chain { chain, hold, leave, rnr } => {
-                let k = chain as usize;
-                if chain_free.len() <= k {
-                    chain_free.resize(k + 1, 0);
+            Stage::Chain { chain, count, hold, leave, rnr } => {
+                let last_chain = chain as usize + count.max(1) as usize - 1;
+                if chain_free.len() <= last_chain {
+                    chain_free.resize(last_chain + 1, 0);
                 }
+                // the CN's chain that is free first
+                let k = (chain as usize..=last_chain).min_by_key(|k| chain_free[*k]).unwrap_or(chain as usize);
                 let free = chain_free[k];
                 let start = if free <= t {
                     t
@@ -289,7 +293,8 @@ mod tests {
 
     #[test]
     fn a_cns_chain_runs_one_lap_at_a_time_and_a_busy_chain_costs_rnr_retries() {
-        let req = |chain: u16, rnr: u64| vec![Stage::Chain { chain, hold: 100, leave: 60, rnr }, Stage::End(0)];
+        let req =
+            |chain: u16, rnr: u64| vec![Stage::Chain { chain, count: 1, hold: 100, leave: 60, rnr }, Stage::End(0)];
         // two requests on one chain: the second waits for the first lap (and an RNR retry)
         let r = run(&[req(0, 0), req(0, 0)], 1, 1);
         assert_eq!(r.latencies[0], vec![60, 160]);
@@ -300,6 +305,19 @@ mod tests {
         // different CNs' chains run side by side
         let r = run(&[req(0, 30), req(2, 30)], 1, 1);
         assert_eq!(r.latencies[0], vec![60, 60]);
+    }
+
+    #[test]
+    fn a_cn_with_several_alloc_chains_overlaps_its_requests() {
+        let req = |count: u16| vec![Stage::Chain { chain: 0, count, hold: 100, leave: 60, rnr: 30 }, Stage::End(0)];
+        // two chains: the second request takes the idle one, no RNR retry
+        let r = run(&[req(2), req(2)], 1, 1);
+        assert_eq!(r.latencies[0], vec![60, 60]);
+        assert_eq!(r.rnr_naks, 0);
+        // three requests on two chains: the third waits for the first lap to re-arm its chain
+        let r = run(&[req(2), req(2), req(2)], 1, 1);
+        assert_eq!(r.latencies[0], vec![60, 60, 180]);
+        assert_eq!(r.rnr_naks, 1);
     }
 
     #[test]

@@ -346,6 +346,7 @@ impl Model {
                     pop_ahead: None,
                     // the CNs this handle connects later, each a detached CN
                     max_cns: Some(cfg.max_cns as u32),
+                    alloc_chains: 1,
                 };
                 let cluster = match Cluster::new(cc) {
                     Ok(c) => c,

@@ -136,6 +136,30 @@ impl Factory for LoopbackUnder {
     }
 }
 
+/// Starts loopback clusters in one [`Mode`] whose CNs each connect with `chains` alloc chains
+/// (`ClusterConfig::alloc_chains`): every scenario must hold when a CN's allocations may
+/// overlap across its chains.
+#[derive(Clone, Copy, Debug)]
+pub struct LoopbackChains {
+    pub mode: Mode,
+    pub chains: u8,
+}
+
+impl Factory for LoopbackChains {
+    fn name(&self) -> String {
+        format!("loopback {:?} with {} alloc chains per CN", self.mode, self.chains)
+    }
+    fn caps(&self) -> Caps {
+        Loopback(self.mode).caps()
+    }
+    fn start(&self, spec: MnSpec) -> Box<dyn Testbed> {
+        let mut cfg = Loopback(self.mode).config(spec);
+        cfg.alloc_chains = self.chains;
+        let c = Cluster::new(cfg).expect("loopback cluster");
+        Box::new(LoopbackBed { c, spec, caps: self.caps() })
+    }
+}
+
 /// A running loopback cluster.
 pub struct LoopbackBed {
     pub c: Cluster,
@@ -222,9 +246,9 @@ impl Testbed for LoopbackBed {
         self.c.stall_cn(cn);
     }
     fn alloc_unread(&mut self, cn: usize) {
-        if self.c.alloc_begin(cn).is_ok() {
+        if let Ok(token) = self.c.alloc_begin(cn) {
             // it never reads the reply: let it ask again
-            self.c.cns[cn].client_mut().abandon_pending();
+            self.c.cns[cn].driver.abandon_alloc(token);
         }
     }
     fn is_served(&mut self, cn: usize) -> bool {
@@ -276,7 +300,13 @@ impl Testbed for LoopbackBed {
         self.c.driver.groups_ahead()
     }
     fn ahead_of(&mut self, cn: usize) -> bool {
-        self.c.driver.group_ahead_of(self.c.cns[cn].id).is_some()
+        self.c.driver.groups_ahead_of(self.c.cns[cn].id) > 0
+    }
+    fn ahead_count(&mut self, cn: usize) -> u32 {
+        self.c.driver.groups_ahead_of(self.c.cns[cn].id)
+    }
+    fn alloc_chains(&self) -> u8 {
+        self.c.cfg.alloc_chains
     }
     fn stats(&mut self) -> MnStats {
         self.c.driver.mn.stats()
@@ -343,7 +373,8 @@ impl Testbed for LoopbackBed {
         // every WQE any MN QP executed: the loop QPs of every CN and the MN's own
         let mut nic = 0;
         for n in &self.c.cns {
-            for q in [n.mn_qps.alloc_loop, n.mn_qps.free_loop].into_iter().flatten() {
+            let extra = n.mn_extra.iter().filter_map(|x| x.lp);
+            for q in [n.mn_qps.alloc_loop, n.mn_qps.free_loop].into_iter().flatten().chain(extra) {
                 nic += f.qp_stats(QpAddr::new(self.c.mn_host, q)).map(|s| s.wqes_executed).unwrap_or(0);
             }
         }

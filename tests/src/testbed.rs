@@ -375,8 +375,18 @@ pub trait Testbed {
     /// Groups the MN's alloc chains hold popped ahead for their CNs' next requests (offloaded
     /// mode, `omw_core::chain::alloc`): not in the queue, not handed to any CN yet.
     fn ahead(&mut self) -> u32;
-    /// Whether CN `cn`'s alloc chain holds a group popped ahead.
+    /// Whether CN `cn`'s alloc chain holds a group popped ahead (any of its chains, where it
+    /// has several).
     fn ahead_of(&mut self, cn: usize) -> bool;
+    /// How many groups CN `cn`'s alloc chains hold popped ahead (one per chain at most).
+    fn ahead_count(&mut self, cn: usize) -> u32 {
+        u32::from(self.ahead_of(cn))
+    }
+    /// Alloc chains each CN connects with (`omw_core::mn::MnConfig::alloc_chains`): a CN may
+    /// have that many allocations in flight.
+    fn alloc_chains(&self) -> u8 {
+        1
+    }
     /// Groups no CN has been handed: in the queue, or popped ahead.
     fn unallocated(&mut self) -> u32 {
         self.free_groups() + self.ahead()

@@ -5,7 +5,7 @@
 //! scenarios; `-- --nocapture` shows each outcome and every skip.
 
 use omw_loopback::Conformance;
-use omw_tests::loopback::{Loopback, LoopbackMw};
+use omw_tests::loopback::{Loopback, LoopbackChains, LoopbackMw};
 use omw_tests::mw::conform_mw;
 use omw_tests::runner::conform;
 use omw_tests::Mode;
@@ -33,6 +33,27 @@ fn host_engine() {
 #[test]
 fn rxe_compatible() {
     conform(&Loopback(Mode::Rxe));
+}
+
+/// Every scenario with two alloc chains per CN (issue 23 item 6), in each mode.
+#[test]
+fn offloaded_two_alloc_chains() {
+    conform(&LoopbackChains { mode: Mode::Offloaded, chains: 2 });
+}
+
+#[test]
+fn offloaded_mlx5_form_two_alloc_chains() {
+    conform(&LoopbackChains { mode: Mode::OffloadedMlx5, chains: 2 });
+}
+
+#[test]
+fn host_engine_two_alloc_chains() {
+    conform(&LoopbackChains { mode: Mode::HostEngine, chains: 2 });
+}
+
+#[test]
+fn rxe_compatible_two_alloc_chains() {
+    conform(&LoopbackChains { mode: Mode::Rxe, chains: 2 });
 }
 
 #[test]

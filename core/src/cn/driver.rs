@@ -19,6 +19,7 @@
 use crate::cn::{Allocation, Client, ClientError, ClientEvent};
 use crate::device::{Completion, QpState, RdmaBackend, WcOpcode, WcStatus};
 use crate::ids::{CnId, Qpn, Rkey};
+use crate::mn::MAX_ALLOC_CHAINS;
 use crate::wire::message::{ErrorCode, Request, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
 use crate::wire::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe};
 use core::fmt;
@@ -46,6 +47,19 @@ pub const IO_SLOTS: usize = 8;
 pub const EVENT_CAPACITY: usize = 32;
 
 const MSG_AREA: u64 = 2 * RECVS_PER_QP as u64 * MSG_SLOT;
+/// Message queues: the Alloc QP, access QP 0, then each extra Alloc QP (several alloc chains:
+/// their replies' immediates consume receives there; no message is ever sent on them).
+const QUEUES: usize = 2 + MAX_ALLOC_CHAINS - 1;
+/// Receives kept posted on each extra Alloc QP: its chain's one reply in flight, and one for a
+/// late reply to a request the CN gave up on.
+pub const EXTRA_ALLOC_RECVS: usize = 2;
+
+/// An allocation in flight on one of the CN's alloc chains, and when it is given up.
+#[derive(Clone, Copy, Debug)]
+struct AllocInFlight {
+    token: u32,
+    deadline: Option<u64>,
+}
 const SEND_AREA: u64 = SEND_SLOTS as u64 * MSG_SLOT;
 
 // wr_id tags: a CN's completions are told apart by these, never by position
@@ -106,6 +120,11 @@ pub fn prime_receives<B: RdmaBackend>(b: &mut B, mem: &CnMemory, q: MessageQueue
 
 fn recv_wqe(mem: &CnMemory, k: usize, i: usize) -> RecvWqe {
     let wr_id = (TAG_RECV << TAG_SHIFT) | ((k as u64) << 8) | i as u64;
+    if k >= 2 {
+        // an extra Alloc QP: only replies' immediates consume its receives (a WRITE_WITH_IMM
+        // writes nothing there); a message sent there would not fit and errors that QP alone
+        return RecvWqe::single(wr_id, Sge { addr: mem.msg_slot(0, i), length: 0, lkey: mem.lkey });
+    }
     RecvWqe::single(wr_id, Sge { addr: mem.msg_slot(k, i), length: MSG_SLOT as u32, lkey: mem.lkey })
 }
 
@@ -328,7 +347,15 @@ pub struct CnDriver<B: RdmaBackend, const N: usize, const S: usize = IO_SLOTS> {
     qps: CnQpSet,
     mem: CnMemory,
     /// Posted receive slots per message queue (bit i: slot i posted).
-    posted: [u16; 2],
+    posted: [u16; QUEUES],
+    /// The CN ends of its Alloc QPs beyond the first, one per extra alloc chain
+    /// ([`CnDriver::with_alloc_chains`]).
+    extra_alloc: heapless::Vec<Qpn, { MAX_ALLOC_CHAINS - 1 }>,
+    /// Per alloc chain, the allocation in flight on it (each chain serves one lap at a time).
+    chains: [Option<AllocInFlight>; MAX_ALLOC_CHAINS],
+    /// The chain after the one last used: requests go round the idle chains, so a chain gets
+    /// the longest time to re-arm before its next request.
+    next_chain: usize,
     sends: [Option<SendSlot>; SEND_SLOTS],
     next_send: usize,
     io: [Option<IoSlot>; S],
@@ -341,7 +368,6 @@ pub struct CnDriver<B: RdmaBackend, const N: usize, const S: usize = IO_SLOTS> {
     record: bool,
     /// How long an allocation may go unanswered (ns of the caller's clock; 0: forever).
     pub reply_timeout: u64,
-    pending_deadline: Option<(u32, u64)>,
     /// Token of a raw request's free slot: a forged free still expects a refusal.
     forged_token: u32,
 }
@@ -364,7 +390,9 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// A driver whose message queues were primed with [`prime_receives`] while connecting.
     pub fn with_primed_receives(backend: B, qps: CnQpSet, mem: CnMemory) -> Result<Self, CnError<B::Error>> {
         let mut d = Self::build(backend, qps, mem)?;
-        d.posted = [(1 << RECVS_PER_QP) - 1; 2];
+        d.posted = [0; QUEUES];
+        d.posted[0] = (1 << RECVS_PER_QP) - 1;
+        d.posted[1] = (1 << RECVS_PER_QP) - 1;
         Ok(d)
     }
 
@@ -384,7 +412,10 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
             client: Client::new(),
             qps,
             mem,
-            posted: [0; 2],
+            posted: [0; QUEUES],
+            extra_alloc: heapless::Vec::new(),
+            chains: [None; MAX_ALLOC_CHAINS],
+            next_chain: 0,
             sends: [None; SEND_SLOTS],
             next_send: 0,
             io: [None; S],
@@ -394,9 +425,101 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
             events: heapless::Deque::new(),
             record: false,
             reply_timeout: 0,
-            pending_deadline: None,
             forged_token: 0xF0F0_0000,
         })
+    }
+
+    /// Use several alloc chains ([`crate::mn::MnConfig::alloc_chains`]): `extra` are the CN
+    /// ends of the Alloc QPs beyond the first, in the order the MN was given their MN ends
+    /// (`MnDriver::connect_with_chains`). Up to `1 + extra.len()` allocations are then in flight
+    /// at once, one per chain, each with its own reply buffer: the [`CnMemory`] reply region
+    /// must hold `(1 + extra.len()) × REPLY_LEN` bytes, `reply_len` says how many it holds.
+    pub fn with_alloc_chains(mut self, extra: &[Qpn], reply_len: u64) -> Result<Self, CnError<B::Error>> {
+        let chains = 1 + extra.len();
+        if chains > MAX_ALLOC_CHAINS {
+            return Err(CnError::BadSlotCount(chains));
+        }
+        let need = chains as u64 * CnMemory::REPLY_LEN;
+        if reply_len < need {
+            return Err(CnError::MemoryTooSmall { need, have: reply_len });
+        }
+        self.extra_alloc = extra.iter().copied().collect();
+        self.client.set_alloc_chains(chains as u8);
+        self.refill()?;
+        Ok(self)
+    }
+
+    /// Give up every allocation in flight (the caller reset the QPs under them): the client
+    /// forgets them and every alloc chain is idle again.
+    pub fn abandon_allocs(&mut self) {
+        self.client.abandon_pending();
+        self.chains = [None; MAX_ALLOC_CHAINS];
+    }
+
+    /// Give up the allocation with `token` (its reply will not be read): its chain is idle again.
+    pub fn abandon_alloc(&mut self, token: u32) {
+        self.client.abandon(token);
+        self.chain_done(token);
+    }
+
+    /// The CN's alloc chains (its Alloc QPs).
+    pub fn alloc_chains(&self) -> usize {
+        1 + self.extra_alloc.len()
+    }
+
+    /// The CN end of alloc chain `j`'s Alloc QP.
+    pub fn alloc_qp(&self, j: usize) -> Option<Qpn> {
+        match j {
+            0 => Some(self.qps.alloc),
+            _ => self.extra_alloc.get(j - 1).copied(),
+        }
+    }
+
+    /// Alloc chains with no allocation in flight.
+    pub fn idle_alloc_chains(&self) -> usize {
+        self.chains[..self.alloc_chains()].iter().filter(|c| c.is_none()).count()
+    }
+
+    /// The queues MN messages (and alloc replies' immediates) arrive on, by queue index.
+    fn message_qps(&self) -> [Option<Qpn>; QUEUES] {
+        let mut q = [None; QUEUES];
+        let [a, b] = self.qps.message_qps();
+        q[0] = a;
+        q[1] = b;
+        for (i, x) in self.extra_alloc.iter().enumerate() {
+            q[2 + i] = Some(*x);
+        }
+        q
+    }
+
+    /// Receives kept posted on message queue `k`: an extra Alloc QP carries only its chain's
+    /// replies, one request in flight at a time — a CN that stops reading them is found after
+    /// as many more replies as it has receives there, so few keep its chains from holding
+    /// many more groups than one chain would before the MN evicts it.
+    const fn recvs_on(k: usize) -> usize {
+        if k >= 2 {
+            EXTRA_ALLOC_RECVS
+        } else {
+            RECVS_PER_QP
+        }
+    }
+
+    /// The alloc chain whose replies' immediates arrive on message queue `k`.
+    fn chain_of_queue(k: usize) -> usize {
+        if k >= 2 {
+            k - 1
+        } else {
+            0
+        }
+    }
+
+    /// The allocation with `token` is over (answered, refused, given up): its chain is idle.
+    fn chain_done(&mut self, token: u32) {
+        for c in self.chains.iter_mut() {
+            if c.is_some_and(|c| c.token == token) {
+                *c = None;
+            }
+        }
     }
 
     /// Report every byte string the MN delivers as [`CnEvent::Delivered`].
@@ -437,7 +560,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// completions into their slots; then keep the receives posted.
     pub fn poll(&mut self, now: u64) -> Result<(), CnError<B::Error>> {
         let mut drained = true;
-        for (k, q) in self.qps.message_qps().into_iter().enumerate() {
+        for (k, q) in self.message_qps().into_iter().enumerate() {
             let Some(qp) = q else { continue };
             drained &= self.poll_messages(now, k, qp)?;
         }
@@ -456,8 +579,9 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
 
     /// Every distinct QP's send CQ; true when all were drained.
     fn poll_every_send_queue(&mut self) -> Result<bool, CnError<B::Error>> {
-        let mut all: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
-        for qp in [self.qps.alloc, self.qps.free].into_iter().chain(self.qps.access.iter().copied()) {
+        let mut all: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS + MAX_ALLOC_CHAINS - 1 }> = heapless::Vec::new();
+        let extra = self.extra_alloc.clone();
+        for qp in [self.qps.alloc, self.qps.free].into_iter().chain(self.qps.access.iter().copied()).chain(extra) {
             if !all.contains(&qp) {
                 let pushed = all.push(qp);
                 debug_assert!(pushed.is_ok(), "the CN's QPs: Alloc, Free and at most MAX_ACCESS_QPS access QPs");
@@ -508,11 +632,11 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         if c.opcode == WcOpcode::RecvRdmaWithImm {
             let imm = c.imm.unwrap_or(0);
             let mut b = [0u8; ALLOC_REPLY_LEN];
-            self.backend.read_local(self.mem.reply, &mut b).map_err(CnError::Device)?;
+            // each alloc chain's reply lands in its own buffer
+            let reply = self.mem.reply + Self::chain_of_queue(k) as u64 * CnMemory::REPLY_LEN;
+            self.backend.read_local(reply, &mut b).map_err(CnError::Device)?;
             self.deliver(qp, &b);
-            if self.pending_deadline.is_some_and(|(t, _)| t == imm) {
-                self.pending_deadline = None;
-            }
+            self.chain_done(imm);
             let result = self.client.on_alloc_reply(imm, &b);
             self.push(CnEvent::Allocated { token: imm, result });
             return Ok(());
@@ -521,22 +645,20 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         let len = (c.byte_len as usize).min(b.len());
         self.backend.read_local(self.mem.msg_slot(k, slot), &mut b[..len]).map_err(CnError::Device)?;
         self.deliver(qp, &b[..len]);
-        let pending = self.client.pending_token();
+        let pending: heapless::Vec<u32, MAX_ALLOC_CHAINS> = self.chains.iter().flatten().map(|c| c.token).collect();
         let ev = match self.client.on_message(now, &b[..len]) {
             Ok(ClientEvent::Connected(id)) => CnEvent::Connected(id),
             Ok(ClientEvent::Empty) => CnEvent::Empty,
             Ok(ClientEvent::Available) => CnEvent::Available,
             Ok(ClientEvent::Revoked) => {
-                self.pending_deadline = None;
+                self.chains = [None; MAX_ALLOC_CHAINS];
                 CnEvent::Revoked
             }
             Ok(ClientEvent::Probed) => CnEvent::Probed,
             Ok(ClientEvent::Rekeyed { entry_addr, mw, rkey }) => CnEvent::Rekeyed { entry_addr, mw, rkey },
             Ok(ClientEvent::Failed { token, code }) => {
-                let ours = Some(token) == pending || self.free_tokens.contains(&token);
-                if Some(token) == pending {
-                    self.pending_deadline = None;
-                }
+                let ours = pending.contains(&token) || self.free_tokens.contains(&token);
+                self.chain_done(token);
                 CnEvent::Refused { token, code, ours }
             }
             Err(e) => CnEvent::Undecodable(e),
@@ -575,9 +697,9 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
                     TAG_SEND => {
                         if let Some(s) = self.sends.get_mut(idx).and_then(Option::take) {
                             if !c.status.is_ok() {
-                                if s.token.is_some() && s.token == self.client.pending_token() {
-                                    self.client.abandon_pending();
-                                    self.pending_deadline = None;
+                                if let Some(t) = s.token.filter(|t| self.client.is_pending(*t)) {
+                                    self.client.abandon(t);
+                                    self.chain_done(t);
                                 }
                                 self.push(CnEvent::SendFailed { qp, token: s.token, status: c.status });
                             }
@@ -604,7 +726,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// completions. With every CQ drained, anything the device no longer holds is gone:
     /// receive slots are posted again, send slots freed, accesses reported flushed.
     fn resync(&mut self) {
-        for (k, q) in self.qps.message_qps().into_iter().enumerate() {
+        for (k, q) in self.message_qps().into_iter().enumerate() {
             let Some(qp) = q else { continue };
             if let Some(n) = self.backend.outstanding(qp, QueueSel::Recv) {
                 if n < self.posted[k].count_ones() as u64 {
@@ -614,12 +736,15 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         }
         // sends and accesses go only on the CN's own QPs (`CnQpSet::get`): distinct, at most
         // Alloc, Free and MAX_ACCESS_QPS access QPs
-        let mut qps: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS }> = heapless::Vec::new();
+        let mut qps: heapless::Vec<Qpn, { 2 + MAX_ACCESS_QPS + MAX_ALLOC_CHAINS - 1 }> = heapless::Vec::new();
         let busy = self.sends.iter().flatten().map(|s| s.qp);
         for qp in busy.chain(self.io.iter().flatten().filter(|s| s.done.is_none()).map(|s| s.qp)) {
             if !qps.contains(&qp) {
                 let pushed = qps.push(qp);
-                debug_assert!(pushed.is_ok(), "distinct QPs of this CN: at most 2 + MAX_ACCESS_QPS");
+                debug_assert!(
+                    pushed.is_ok(),
+                    "distinct QPs of this CN: at most its Alloc QPs, Free and MAX_ACCESS_QPS"
+                );
             }
         }
         for qp in qps {
@@ -639,15 +764,16 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
 
     /// Keep every receive slot of both message queues posted (while the QP is in RTS).
     fn refill(&mut self) -> Result<(), CnError<B::Error>> {
-        for (k, q) in self.qps.message_qps().into_iter().enumerate() {
+        for (k, q) in self.message_qps().into_iter().enumerate() {
             let Some(qp) = q else { continue };
-            if self.posted[k] == (1 << RECVS_PER_QP) - 1 {
+            let n = Self::recvs_on(k);
+            if self.posted[k] == (1 << n) - 1 {
                 continue;
             }
             if self.backend.qp_state(qp).map_err(CnError::Device)? != QpState::Rts {
                 continue;
             }
-            for i in 0..RECVS_PER_QP {
+            for i in 0..n {
                 if self.posted[k] & (1 << i) != 0 {
                     continue;
                 }
@@ -674,23 +800,28 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         now: u64,
         shape: impl FnOnce(u32, &mut [u8; MSG_SLOT as usize], usize) -> Result<usize, ClientError>,
     ) -> Result<u32, CnError<B::Error>> {
-        let slot = self.free_send_slot(self.qps.alloc)?;
+        // an idle alloc chain, going round them (none idle: the client says Busy below)
+        let n = self.alloc_chains();
+        let j = (0..n).map(|i| (self.next_chain + i) % n).find(|j| self.chains[*j].is_none()).unwrap_or(0);
+        let qp = self.alloc_qp(j).unwrap_or(self.qps.alloc);
+        let slot = self.free_send_slot(qp)?;
         let mut req = [0u8; MSG_SLOT as usize];
-        let (token, len) = self.client.alloc_request(now, self.mem.reply, self.mem.reply_rkey, &mut req)?;
+        let reply = self.mem.reply + j as u64 * CnMemory::REPLY_LEN;
+        let (token, len) = self.client.alloc_request(now, reply, self.mem.reply_rkey, &mut req)?;
         let len = match shape(token, &mut req, len) {
             Ok(l) => l,
             Err(e) => {
-                self.client.abandon_pending();
+                self.client.abandon(token);
                 return Err(e.into());
             }
         };
-        if let Err(e) = self.send_in(slot, self.qps.alloc, Some(token), &req[..len]) {
-            self.client.abandon_pending();
+        if let Err(e) = self.send_in(slot, qp, Some(token), &req[..len]) {
+            self.client.abandon(token);
             return Err(e);
         }
-        if self.reply_timeout > 0 {
-            self.pending_deadline = Some((token, now.saturating_add(self.reply_timeout)));
-        }
+        let deadline = (self.reply_timeout > 0).then(|| now.saturating_add(self.reply_timeout));
+        self.chains[j] = Some(AllocInFlight { token, deadline });
+        self.next_chain = (j + 1) % n;
         Ok(token)
     }
 
@@ -737,7 +868,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// empty), so a free — the request that refills the pool — always finds one; every other
     /// request may take any free slot.
     fn free_send_slot(&mut self, qp: Qpn) -> Result<usize, CnError<B::Error>> {
-        if qp == self.qps.alloc {
+        if qp == self.qps.alloc || self.extra_alloc.contains(&qp) {
             let held = self.sends.iter().flatten().filter(|s| s.qp == qp).count();
             if held >= ALLOC_SEND_SLOTS {
                 return Err(CnError::SlotsBusy);
@@ -948,7 +1079,8 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// When [`CnDriver::handle_timeout`] must next run (the caller's clock), if ever.
     pub fn poll_timeout(&self) -> Option<u64> {
         let backoff = self.client.backoff_until();
-        match (backoff, self.pending_deadline.map(|(_, t)| t)) {
+        let deadline = self.chains.iter().flatten().filter_map(|c| c.deadline).min();
+        match (backoff, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -958,12 +1090,13 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// ([`CnEvent::ReplyTimedOut`]); an "empty" back-off that ran out lets allocations go
     /// out again.
     pub fn handle_timeout(&mut self, now: u64) {
-        if let Some((token, at)) = self.pending_deadline {
-            if now >= at && self.events.len() < EVENT_CAPACITY {
-                self.pending_deadline = None;
-                if self.client.pending_token() == Some(token) {
-                    self.client.abandon_pending();
-                    self.push(CnEvent::ReplyTimedOut { token });
+        for j in 0..MAX_ALLOC_CHAINS {
+            let Some(c) = self.chains[j] else { continue };
+            if c.deadline.is_some_and(|at| now >= at) && self.events.len() < EVENT_CAPACITY {
+                self.chains[j] = None;
+                if self.client.is_pending(c.token) {
+                    self.client.abandon(c.token);
+                    self.push(CnEvent::ReplyTimedOut { token: c.token });
                 }
             }
         }

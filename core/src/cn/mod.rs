@@ -3,6 +3,7 @@
 //! for a traffic class. A backend moves the bytes; this decides what they mean.
 
 use crate::ids::{CnId, Qpn, Rkey};
+use crate::mn::MAX_ALLOC_CHAINS;
 use crate::wire::message::{
     AllocReply, AllocRequest, ConnectInfo, ErrorCode, FreeRequest, MnMessage, Notice, WireError, MAX_ACCESS_QPS,
 };
@@ -247,7 +248,10 @@ pub struct Client<const N: usize> {
     info: Option<ConnectInfo>,
     live: heapless::Vec<Allocation, N>,
     index: LiveIndex<N>,
-    pending: Option<Pending>,
+    /// Allocations in flight, one per alloc chain at most (oldest first).
+    pending: heapless::Vec<Pending, MAX_ALLOC_CHAINS>,
+    /// How many may be in flight: the CN's alloc chains ([`Client::set_alloc_chains`]).
+    alloc_chains: u8,
     next_token: u32,
     empty: bool,
     backoff_until: u64,
@@ -267,7 +271,8 @@ impl<const N: usize> Client<N> {
             info: None,
             live: heapless::Vec::new(),
             index: LiveIndex::new(),
-            pending: None,
+            pending: heapless::Vec::new(),
+            alloc_chains: 1,
             next_token: 1,
             empty: false,
             backoff_until: 0,
@@ -307,8 +312,34 @@ impl<const N: usize> Client<N> {
             self.backoff_until = 0;
         }
     }
+    /// The oldest allocation in flight.
     pub fn pending_token(&self) -> Option<u32> {
-        self.pending.map(|p| p.token)
+        self.pending.first().map(|p| p.token)
+    }
+    /// Whether the allocation with this token is in flight.
+    pub fn is_pending(&self, token: u32) -> bool {
+        self.pending.iter().any(|p| p.token == token)
+    }
+    /// Allocations in flight.
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+    /// Let up to `k` allocations be in flight at once (1..=[`MAX_ALLOC_CHAINS`]): one per alloc
+    /// chain the CN connected with — each chain serves one lap at a time.
+    pub fn set_alloc_chains(&mut self, k: u8) {
+        self.alloc_chains = k.clamp(1, MAX_ALLOC_CHAINS as u8);
+    }
+    pub fn alloc_chains(&self) -> u8 {
+        self.alloc_chains
+    }
+    fn forget_pending(&mut self, token: u32) -> bool {
+        match self.pending.iter().position(|p| p.token == token) {
+            Some(i) => {
+                self.pending.remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// A message from the MN (it arrives on the first access QP, see `wire::MnMessage`).
@@ -336,14 +367,12 @@ impl<const N: usize> Client<N> {
                     // the MN rebuilt its pool: nothing we held is valid, and the queue is full
                     self.live.clear();
                     self.index.clear();
-                    self.pending = None;
+                    self.pending.clear();
                     self.empty = false;
                     self.backoff_until = 0;
                     return Ok(ClientEvent::Revoked);
                 }
-                if self.pending.map(|p| p.token) == Some(e.token) {
-                    self.pending = None;
-                }
+                self.forget_pending(e.token);
                 if e.code == ErrorCode::Empty {
                     self.empty = true;
                     self.backoff_until = now.saturating_add(self.backoff);
@@ -392,10 +421,11 @@ impl<const N: usize> Client<N> {
         if self.is_backing_off(now) {
             return Err(ClientError::Backoff { until: self.backoff_until });
         }
-        if self.pending.is_some() {
+        if self.pending.len() >= self.alloc_chains as usize {
             return Err(ClientError::Busy);
         }
-        if self.live.is_full() {
+        // room for this reply beside those of the allocations already in flight
+        if self.live.len() + self.pending.len() >= N {
             return Err(ClientError::TooManyAllocations);
         }
         let token = self.next_token;
@@ -403,18 +433,20 @@ impl<const N: usize> Client<N> {
         let access_qpns: heapless::Vec<Qpn, MAX_ACCESS_QPS> = info.access_qpns.clone();
         let req = AllocRequest { token, reply_addr, reply_rkey, access_qpns };
         let n = req.encode(out)?;
-        self.pending = Some(Pending { token, since: now });
+        let pushed = self.pending.push(Pending { token, since: now });
+        debug_assert!(pushed.is_ok(), "fewer than alloc_chains <= MAX_ALLOC_CHAINS in flight, checked above");
         Ok((token, n))
     }
 
     /// The reply WRITE landed (`imm` is its immediate): decode and adopt the allocation.
     pub fn on_alloc_reply(&mut self, imm: u32, bytes: &[u8]) -> Result<Allocation, ClientError> {
-        let info = self.info.as_ref().ok_or(ClientError::NotConnected)?;
-        match self.pending {
-            Some(p) if p.token == imm => {}
-            _ => return Err(ClientError::UnexpectedReply { token: imm }),
+        if self.info.is_none() {
+            return Err(ClientError::NotConnected);
         }
-        self.pending = None;
+        if !self.forget_pending(imm) {
+            return Err(ClientError::UnexpectedReply { token: imm });
+        }
+        let info = self.info.as_ref().ok_or(ClientError::NotConnected)?;
         let r = AllocReply::decode(bytes)?;
         let g = info.group_size as usize;
         if r.entry.owner() != info.cn.get() || r.entry.length.get() as u64 != info.chunk_size || r.entry_addr == 0 {
@@ -453,9 +485,13 @@ impl<const N: usize> Client<N> {
         Ok(FreeRequest { token, entry_addr }.encode())
     }
 
-    /// Forget the in-flight request (the caller gave up on it, e.g. its QP was reset).
+    /// Forget every in-flight allocation (the caller gave up on them, e.g. its QPs were reset).
     pub fn abandon_pending(&mut self) {
-        self.pending = None;
+        self.pending.clear();
+    }
+    /// Forget one in-flight allocation (its request failed or timed out).
+    pub fn abandon(&mut self, token: u32) {
+        self.forget_pending(token);
     }
 }
 

@@ -10,8 +10,10 @@
 //! - registrations: the plan's metadata registrations ([`MnPlan::metadata_registrations`]) and
 //!   the pool's (one, or one per chunk where window bounds are not enforced);
 //! - QPs: per CN its Alloc and Free QPs and G − 1 access QPs, offloaded two chain loopback
-//!   QPs (both ends on the MN: four), plus the MN's admin QP pair and, offloaded, its atomic
-//!   QP pair;
+//!   QPs (both ends on the MN: four), and per extra alloc chain ([`Footprint::of_chains`]) one
+//!   more Alloc QP and, offloaded, one more loopback QP (two ends); plus the MN's admin QP pair
+//!   and, offloaded, its atomic QP pair;
+//! - metadata: a scratch area per alloc chain of every CN slot.
 //! - on devices whose windows and MRs are the same kind of object (mlx5: both are mkeys,
 //!   `max_mr = max_mw = 1 << log_max_mkey` in Linux `drivers/infiniband/hw/mlx5/main.c`),
 //!   windows and registrations together.
@@ -62,15 +64,24 @@ impl Footprint {
     /// The pool `spec` under `plan`. A geometry the core cannot hold (more than
     /// [`MAX_CHUNKS`] chunks, a chunk size out of range) is the geometry's error.
     pub fn of(plan: &MnPlan, spec: &PoolSpec) -> Result<Footprint, GeometryError> {
+        Self::of_chains(plan, spec, 1)
+    }
+
+    /// [`Footprint::of`] for an MN whose CNs connect with `alloc_chains` alloc chains each
+    /// ([`crate::mn::MnConfig::alloc_chains`], clamped as
+    /// [`MnPlan::provision_chains`](crate::mn::plan::MnPlan::provision_chains) does).
+    pub fn of_chains(plan: &MnPlan, spec: &PoolSpec, alloc_chains: u8) -> Result<Footprint, GeometryError> {
         let geo = PoolGeometry::new(spec.chunk_size, spec.chunk_size, spec.chunks, spec.group_size)?;
+        let k = alloc_chains.clamp(1, crate::mn::MAX_ALLOC_CHAINS as u8);
         let cns = spec.max_cns.clamp(1, crate::mn::MAX_CNS as u32) as u64;
         let chunks = spec.chunks as u64;
         let g = spec.group_size as u64;
         let offloaded = plan.mode == ExecutionMode::Offloaded;
         let pool_mrs = if plan.per_chunk_mrs { chunks } else { 1 };
-        let per_cn = 2 + (g - 1) + if offloaded { 4 } else { 0 };
+        let extra = k as u64 - 1;
+        let per_cn = 2 + (g - 1) + if offloaded { 4 } else { 0 } + extra * (1 + if offloaded { 2 } else { 0 });
         let mn_own = 2 + if offloaded { 2 } else { 0 };
-        let metadata = MnMemoryMap::len_for(&geo, cns as u32);
+        let metadata = MnMemoryMap::len_for(&geo, crate::mn::MemoryNode::scratch_slots(cns as u32, k));
         Ok(Footprint {
             chunks: spec.chunks,
             windows: chunks * g,
@@ -216,6 +227,27 @@ mod tests {
         // 56 B of MWTable entry, 2 × 8 B of queue slot (the ring rounded up to 2^21 slots)
         // per chunk
         assert!((72.0..73.0).contains(&f.metadata_per_chunk()), "{}", f.metadata_per_chunk());
+    }
+
+    #[test]
+    fn extra_alloc_chains_count_their_qps_and_scratch() {
+        let plan = offloaded();
+        let one = Footprint::of(&plan, &spec(1024, 3)).unwrap();
+        let three = Footprint::of_chains(&plan, &spec(1024, 3), 3).unwrap();
+        // per CN and extra chain: an Alloc QP and a loop QP's two ends
+        assert_eq!(three.qps, one.qps + 16 * 2 * 3);
+        // a scratch area per chain (and the ring's room for a ticket per chain)
+        assert!(three.metadata_bytes >= one.metadata_bytes + 16 * 2 * crate::wire::memory_map::SCRATCH_PER_CN);
+        assert_eq!(three.metadata_bytes, MnMemoryMap::len_for(&PoolGeometry::new(4096, 4096, 1024, 3).unwrap(), 48));
+        // clamped as provisioning clamps
+        assert_eq!(Footprint::of_chains(&plan, &spec(1024, 3), 9), Footprint::of_chains(&plan, &spec(1024, 3), 4));
+        assert_eq!(Footprint::of_chains(&plan, &spec(1024, 3), 0), Ok(one));
+        // the host engine: one more Alloc QP per extra chain, no loop QPs
+        let host = MnPlan::decide(Capabilities::SECURE_MINIMUM, MnOptions::default()).unwrap();
+        assert_eq!(host.mode, ExecutionMode::HostEngine);
+        let h1 = Footprint::of(&host, &spec(1024, 3)).unwrap();
+        let h2 = Footprint::of_chains(&host, &spec(1024, 3), 2).unwrap();
+        assert_eq!(h2.qps, h1.qps + 16);
     }
 
     #[test]

@@ -28,6 +28,26 @@ impl MemoryNode {
         qps: CnQps,
         tenant: Option<TenantId>,
     ) -> Result<CnId, MnError<P::Error>> {
+        self.connect_with_chains(port, qps, &[], tenant)
+    }
+
+    /// [`MemoryNode::connect_as`] for a CN with alloc chains beyond its first: `extra` names
+    /// the MN ends of each one's management QP (the CN's extra Alloc QP) and loop QP. At most
+    /// [`MnConfig::alloc_chains`] in all, refused before anything is set up otherwise. Each is
+    /// armed, stopped, repaired and counted exactly like the first.
+    pub fn connect_with_chains<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        qps: CnQps,
+        extra: &[AllocChainQps],
+        tenant: Option<TenantId>,
+    ) -> Result<CnId, MnError<P::Error>> {
+        let asked = 1 + extra.len();
+        if asked > self.cfg.alloc_chains as usize
+            || (self.cfg.mode == ExecutionMode::Offloaded && extra.iter().any(|c| c.lp.is_none()))
+        {
+            return Err(MnError::AllocChains { allowed: self.cfg.alloc_chains, asked: asked.min(255) as u8 });
+        }
         if let Some(t) = tenant {
             let connected = self.cns().filter(|r| r.tenant == Some(t)).count();
             self.tenants.admit(t, connected).map_err(MnError::Tenant)?;
@@ -49,6 +69,7 @@ impl MemoryNode {
             qps: qps.clone(),
             status: CnStatus::Active,
             alloc_parked: false,
+            parked_chains: 0,
             allocs: 0,
             frees: 0,
             forged_frees: 0,
@@ -57,6 +78,7 @@ impl MemoryNode {
             probes: 0,
             probe_outstanding: false,
             tenant,
+            extra_alloc: extra.iter().copied().collect(),
         };
         self.cns[slot as usize] = Some(rec);
         // the slot's counts were a departed CN's
@@ -64,7 +86,8 @@ impl MemoryNode {
         self.audit_pass[slot as usize] = 0;
         self.audit_held[slot as usize] = 0;
         self.counted_at[slot as usize] = (0, 0);
-        self.init_scratch(port, slot, cn)?;
+        self.alloc_in_flight[slot as usize] = 0;
+        self.init_scratch(port, slot, cn, asked as u8)?;
         let info = ConnectInfo {
             cn,
             group_size: self.cfg.geometry.group_size() as u8,
@@ -82,7 +105,7 @@ impl MemoryNode {
         self.send(port, cn, &info.encode())?;
         self.arm(port, cn, ChainKind::Free)?;
         if self.empty {
-            self.park(cn);
+            self.park_all(cn);
             self.send(port, cn, &Notice::Empty.encode())?;
         } else {
             self.arm(port, cn, ChainKind::Alloc)?;
@@ -90,12 +113,16 @@ impl MemoryNode {
         Ok(cn)
     }
 
-    pub(super) fn init_scratch<P: MnPort>(&mut self, port: &mut P, slot: u32, cn: CnId) -> R<P::Error> {
-        let s = self.map.scratch(slot).ok_or(MnError::BadConfig)?;
-        port.write(s, &[0u8; SCRATCH_PER_CN as usize]).map_err(MnError::Port)?;
-        let a = s + ALLOC_SCRATCH_OFF;
-        port.write(a + alloc_scratch::OWNER, &cn.get().to_le_bytes()).map_err(MnError::Port)?;
-        port.write(a + alloc_scratch::REPLY, &AllocReply::header_image()).map_err(MnError::Port)?;
+    /// Fresh scratch for the CN in `slot` and each of its `chains` alloc chains: every
+    /// chain's reply image names the CN as owner.
+    pub(super) fn init_scratch<P: MnPort>(&mut self, port: &mut P, slot: u32, cn: CnId, chains: u8) -> R<P::Error> {
+        for j in 0..chains {
+            let s = self.chain_scratch(slot, j).ok_or(MnError::BadConfig)?;
+            port.write(s, &[0u8; SCRATCH_PER_CN as usize]).map_err(MnError::Port)?;
+            let a = s + ALLOC_SCRATCH_OFF;
+            port.write(a + alloc_scratch::OWNER, &cn.get().to_le_bytes()).map_err(MnError::Port)?;
+            port.write(a + alloc_scratch::REPLY, &AllocReply::header_image()).map_err(MnError::Port)?;
+        }
         Ok(())
     }
 

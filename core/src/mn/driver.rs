@@ -16,7 +16,7 @@ use crate::mn::host_engine::{
     run_lap, HostEngineError, HostRegions, Lap, LapContext, LapFailure, LapOutcome, OwnerWrite, Progress,
     MAX_OWNER_WRITES,
 };
-use crate::mn::{Action, CnQps, Event, MemoryNode, MnError, MnPort};
+use crate::mn::{Action, AllocChainQps, CnQps, Event, MemoryNode, MnError, MnPort, MAX_ALLOC_CHAINS};
 use crate::wire::memory_map::{
     ALLOC_REQUEST_BUF_OFF, FREE_REQUEST_BUF_OFF, REQUEST_BUF_LEN, SEND_BUF_COUNT, SEND_BUF_LEN, SEND_BUF_OFF,
 };
@@ -101,20 +101,22 @@ pub struct PollReport {
     pub laps_advanced: u32,
 }
 
-/// Host-engine laps in flight at once (one per CN and kind at most).
+/// Host-engine laps in flight at once (one per CN and chain at most).
 pub const MAX_LAPS_IN_FLIGHT: usize = 16;
 
 /// The requester's QPs a host-engine lap's software checks compare against.
 struct LapQps {
     access: heapless::Vec<Qpn, { crate::geometry::MAX_GROUP_SIZE - 1 }>,
     free: Qpn,
+    /// The lap's chain's scratch area (an alloc chain's own, or the CN's first).
+    scratch: u64,
 }
 
 impl LapQps {
-    fn context<'a>(&'a self, mn: &MemoryNode, cn: CnId) -> LapContext<'a> {
+    fn context<'a>(&'a self, mn: &MemoryNode, cn: CnId, scratch: u64) -> LapContext<'a> {
         LapContext {
             requester: cn,
-            scratch: mn.scratch_of(cn).unwrap_or(0),
+            scratch,
             access_qpns: &self.access,
             free_qpn: self.free,
             software_ownership_check: mn.config().software_ownership_check,
@@ -130,6 +132,8 @@ impl LapQps {
 struct InFlight {
     cn: CnId,
     kind: ChainKind,
+    /// Which of the CN's alloc chains (0 for the free chain).
+    chain: u8,
     lap: Lap,
     /// When its current step was posted, and MN polls since.
     since: u64,
@@ -162,8 +166,9 @@ pub struct MnDriver<B: MnDevice> {
     laps: heapless::Vec<InFlight, MAX_LAPS_IN_FLIGHT>,
     pub stats: DriverStats,
     send_seq: [u8; crate::mn::MAX_CNS],
-    /// Host-engine mode: whether the request buffer of [Alloc, Free] is posted, per CN slot.
-    request_posted: [[bool; 2]; crate::mn::MAX_CNS],
+    /// Host-engine mode: whether the request buffer of each alloc chain (then, last, of the
+    /// free chain) is posted, per CN slot ([`rq_index`]).
+    request_posted: [[bool; MAX_ALLOC_CHAINS + 1]; crate::mn::MAX_CNS],
     /// Offloaded mode: the send WQEs each CN slot's [Alloc, Free] management QP had executed
     /// when the CN connected (or the RNIC was reset), so a counter sample counts its laps.
     lap_base: [[u64; 2]; crate::mn::MAX_CNS],
@@ -197,15 +202,23 @@ struct Port<'a, B: MnDevice> {
     laps: &'a mut heapless::Vec<InFlight, MAX_LAPS_IN_FLIGHT>,
     /// Requests the MN decided to serve ([`Action::ServeLap`]); the driver runs their laps once
     /// the reaction is over.
-    serve: heapless::Vec<(CnId, ChainKind, u32), 4>,
+    serve: heapless::Vec<(CnId, ChainKind, u8, u32), 4>,
     /// Owner changes of the laps [`Action::StopLaps`] ended: the driver hands them to the MN
     /// when its reaction returns.
     stopped_owners: heapless::Vec<OwnerWrite, { MAX_LAPS_IN_FLIGHT * MAX_OWNER_WRITES }>,
 }
 
 /// QPs the MN holds for one CN: the Alloc and Free QPs, their two chain loopback QPs
-/// (offloaded) and the access QPs.
-const MAX_QPS_PER_CN: usize = 4 + crate::wire::message::MAX_ACCESS_QPS;
+/// (offloaded), the access QPs, and each extra alloc chain's management and loop QPs.
+const MAX_QPS_PER_CN: usize = 4 + crate::wire::message::MAX_ACCESS_QPS + 2 * (MAX_ALLOC_CHAINS - 1);
+
+/// Where a chain's request buffer flag lives in [`MnDriver::request_posted`]'s row.
+fn rq_index(kind: ChainKind, chain: u8) -> usize {
+    match kind {
+        ChainKind::Alloc => (chain as usize).min(MAX_ALLOC_CHAINS - 1),
+        ChainKind::Free => MAX_ALLOC_CHAINS,
+    }
+}
 
 impl<B: MnDevice> MnPort for Port<'_, B> {
     type Error = DriverError<B::Error>;
@@ -275,8 +288,8 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                 let layout = build(kind, &env).map_err(DriverError::Chain)?;
                 arm(b, &layout, 1).map_err(DriverError::Arm)
             }
-            Action::ServeLap { cn, kind, len } => {
-                let pushed = self.serve.push((cn, kind, len));
+            Action::ServeLap { cn, kind, chain, len } => {
+                let pushed = self.serve.push((cn, kind, chain, len));
                 debug_assert!(pushed.is_ok(), "one request arrives per reaction (RequestArrived): 4 > 1");
                 Ok(())
             }
@@ -333,14 +346,14 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                 Ok(())
             }
             Action::StopLaps { cn, alloc, free } => {
-                let stop = |k: ChainKind| match k {
-                    ChainKind::Alloc => alloc,
+                let stop = |k: ChainKind, chain: u8| match k {
+                    ChainKind::Alloc => alloc & (1 << chain) != 0,
                     ChainKind::Free => free,
                 };
                 let mut i = 0;
                 while i < self.laps.len() {
                     let l = &self.laps[i];
-                    if l.cn != cn || !stop(l.kind) {
+                    if l.cn != cn || !stop(l.kind, l.chain) {
                         i += 1;
                         continue;
                     }
@@ -426,6 +439,13 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                 }
                 Ok(())
             }
+            Action::ReleaseQps { qps } => {
+                // best effort, as for a departure
+                for q in qps {
+                    let _ = b.destroy_qp(q);
+                }
+                Ok(())
+            }
             Action::ReleaseCn { qps } => {
                 // best effort, as for a disconnect: a QP the device already lost is as good as
                 // destroyed, and one CN's departure must not fail the MN's reaction
@@ -462,7 +482,7 @@ impl<B: MnDevice> MnDriver<B> {
             laps: heapless::Vec::new(),
             stats: DriverStats::default(),
             send_seq: [0; crate::mn::MAX_CNS],
-            request_posted: [[false; 2]; crate::mn::MAX_CNS],
+            request_posted: [[false; MAX_ALLOC_CHAINS + 1]; crate::mn::MAX_CNS],
             lap_base: [[0; 2]; crate::mn::MAX_CNS],
             lap_wqes: None,
             now: 0,
@@ -550,6 +570,20 @@ impl<B: MnDevice> MnDriver<B> {
         Ok(Some((a, f)))
     }
 
+    /// The loop QP of one more alloc chain of a CN (offloaded mode; `None` for the host
+    /// engine): as the first alloc chain's ([`MnDriver::create_loop_qps`]).
+    pub fn create_alloc_loop_qp(&mut self) -> Result<Option<Qpn>, DriverError<B::Error>> {
+        if self.mn.mode() != ExecutionMode::Offloaded {
+            return Ok(None);
+        }
+        let d = self.mn.chain_ring_depths().map_err(DriverError::Chain)?;
+        let w = self.mn.chain_mgmt_wqes_per_lap().map_err(DriverError::Chain)?;
+        self.lap_wqes = Some([w[0].max(1), w[1].max(1)]);
+        let a =
+            self.backend.create_loopback_qp(Domain::MnPrivate, Some(d[0][0] as u32)).map_err(DriverError::Backend)?;
+        Ok(Some(a))
+    }
+
     /// A CN connected (its QPs already up): register it, arm or post, tell it who it is.
     pub fn connect(&mut self, qps: CnQps) -> Result<CnId, DriverError<B::Error>> {
         self.connect_as(qps, None)
@@ -561,9 +595,24 @@ impl<B: MnDevice> MnDriver<B> {
         qps: CnQps,
         tenant: Option<crate::mn::tenant::TenantId>,
     ) -> Result<CnId, DriverError<B::Error>> {
-        let base = [self.backend.send_wqes_executed(qps.alloc), self.backend.send_wqes_executed(qps.free)];
+        self.connect_with_chains(qps, &[], tenant)
+    }
+
+    /// [`MnDriver::connect_as`] for a CN with extra alloc chains
+    /// ([`MemoryNode::connect_with_chains`]).
+    pub fn connect_with_chains(
+        &mut self,
+        qps: CnQps,
+        extra: &[AllocChainQps],
+        tenant: Option<crate::mn::tenant::TenantId>,
+    ) -> Result<CnId, DriverError<B::Error>> {
+        let mut alloc = self.backend.send_wqes_executed(qps.alloc);
+        for c in extra {
+            alloc = alloc.map(|a| a + self.backend.send_wqes_executed(c.mgmt).unwrap_or(0));
+        }
+        let base = [alloc, self.backend.send_wqes_executed(qps.free)];
         let (mn, mut port) = self.port();
-        let cn = mn.connect_as(&mut port, qps.clone(), tenant).map_err(DriverError::from)?;
+        let cn = mn.connect_with_chains(&mut port, qps.clone(), extra, tenant).map_err(DriverError::from)?;
         let resets = core::mem::take(&mut port.resets);
         drop(port);
         if let Some(slot) = self.mn.cn(cn).map(|r| r.slot as usize) {
@@ -573,7 +622,7 @@ impl<B: MnDevice> MnDriver<B> {
         }
         // the slot may have served a CN that left: none of the new CN's QPs has a buffer yet
         if let Some(p) = self.mn.cn(cn).and_then(|r| self.request_posted.get_mut(r.slot as usize)) {
-            *p = [false; 2];
+            *p = [false; MAX_ALLOC_CHAINS + 1];
         }
         self.forget_receives(&resets);
         self.keep_request_buffers()?;
@@ -613,8 +662,8 @@ impl<B: MnDevice> MnDriver<B> {
         let mn = &self.mn;
         self.laps.retain(|l| mn.cn(l.cn).is_some());
         r?;
-        for (cn, kind, len) in serve {
-            self.serve_request(cn, kind, len)?;
+        for (cn, kind, chain, len) in serve {
+            self.serve_request(cn, kind, chain, len)?;
         }
         self.keep_request_buffers()
     }
@@ -622,16 +671,16 @@ impl<B: MnDevice> MnDriver<B> {
     /// A reset dropped whatever receives these QPs had posted.
     fn forget_receives(&mut self, qps: &[Qpn]) {
         for qp in qps {
-            if let Some((cn, kind)) = self.mn.cn_of_mgmt_qp(*qp) {
-                self.set_request_posted(cn, kind, false);
+            if let Some((cn, kind, chain)) = self.mn.cn_of_mgmt_qp(*qp) {
+                self.set_request_posted(cn, kind, chain, false);
             }
         }
     }
 
-    fn set_request_posted(&mut self, cn: CnId, kind: ChainKind, v: bool) {
+    fn set_request_posted(&mut self, cn: CnId, kind: ChainKind, chain: u8, v: bool) {
         if let Some(r) = self.mn.cn(cn) {
             if let Some(p) = self.request_posted.get_mut(r.slot as usize) {
-                p[kind as usize] = v;
+                p[rq_index(kind, chain)] = v;
             }
         }
     }
@@ -646,36 +695,54 @@ impl<B: MnDevice> MnDriver<B> {
         if self.mn.mode() != ExecutionMode::HostEngine {
             return Ok(());
         }
-        let cns: heapless::Vec<CnId, { crate::mn::MAX_CNS }> =
-            self.mn.cns().filter(|r| r.status == crate::mn::CnStatus::Active).map(|r| r.cn).collect();
-        for cn in cns {
-            for kind in [ChainKind::Alloc, ChainKind::Free] {
-                if !self.laps.iter().any(|l| l.cn == cn && l.kind == kind) {
-                    self.post_request_buffer(cn, kind)?;
+        let cns: heapless::Vec<(CnId, u8), { crate::mn::MAX_CNS }> = self
+            .mn
+            .cns()
+            .filter(|r| r.status == crate::mn::CnStatus::Active)
+            .map(|r| (r.cn, r.alloc_chain_count()))
+            .collect();
+        for (cn, chains) in cns {
+            for (kind, chain) in (0..chains).map(|j| (ChainKind::Alloc, j)).chain([(ChainKind::Free, 0)]) {
+                if !self.laps.iter().any(|l| l.cn == cn && l.kind == kind && l.chain == chain) {
+                    self.post_request_buffer(cn, kind, chain)?;
                 }
             }
         }
         Ok(())
     }
 
-    fn request_buf(&self, cn: CnId, kind: ChainKind) -> Option<u64> {
-        let s = self.mn.scratch_of(cn)?;
+    /// The scratch area of a CN's chain: alloc chain `chain`'s own, the CN's first for the free
+    /// chain.
+    fn chain_scratch(&self, cn: CnId, kind: ChainKind, chain: u8) -> Option<u64> {
+        let r = self.mn.cn(cn)?;
+        match kind {
+            ChainKind::Alloc if chain < r.alloc_chain_count() => self.mn.chain_scratch(r.slot, chain),
+            ChainKind::Alloc => None,
+            ChainKind::Free => self.mn.map().scratch(r.slot),
+        }
+    }
+
+    fn request_buf(&self, cn: CnId, kind: ChainKind, chain: u8) -> Option<u64> {
+        let s = self.chain_scratch(cn, kind, chain)?;
         Some(s + if kind == ChainKind::Alloc { ALLOC_REQUEST_BUF_OFF } else { FREE_REQUEST_BUF_OFF })
     }
 
     /// Keep exactly one request buffer posted per management QP: a second one would leak a
     /// receive slot per failed request until the queue overflows (a remote denial of service).
-    fn post_request_buffer(&mut self, cn: CnId, kind: ChainKind) -> Result<(), DriverError<B::Error>> {
+    fn post_request_buffer(&mut self, cn: CnId, kind: ChainKind, chain: u8) -> Result<(), DriverError<B::Error>> {
         let Some(r) = self.mn.cn(cn) else { return Ok(()) };
-        if self.request_posted.get(r.slot as usize).is_some_and(|p| p[kind as usize]) {
+        if self.request_posted.get(r.slot as usize).is_some_and(|p| p[rq_index(kind, chain)]) {
             return Ok(());
         }
-        let qp = if kind == ChainKind::Alloc { r.qps.alloc } else { r.qps.free };
-        let addr = self.request_buf(cn, kind).ok_or(DriverError::NoScratch(cn))?;
-        let wr_id = WR_ID_REQUEST | ((kind as u64) << 32) | cn.get() as u64;
+        let qp = match kind {
+            ChainKind::Alloc => r.alloc_chain(chain).ok_or(DriverError::NoScratch(cn))?.0,
+            ChainKind::Free => r.qps.free,
+        };
+        let addr = self.request_buf(cn, kind, chain).ok_or(DriverError::NoScratch(cn))?;
+        let wr_id = WR_ID_REQUEST | ((kind as u64) << 32) | ((chain as u64) << 36) | (cn.get() as u64 & 0xFFFF_FFFF);
         let w = RecvWqe::single(wr_id, Sge { addr, length: REQUEST_BUF_LEN, lkey: self.regions.cn_meta_lkey });
         self.backend.post_recv(qp, &w).map_err(DriverError::Backend)?;
-        self.set_request_posted(cn, kind, true);
+        self.set_request_posted(cn, kind, chain, true);
         Ok(())
     }
 
@@ -684,10 +751,23 @@ impl<B: MnDevice> MnDriver<B> {
     pub fn poll(&mut self, now: u64) -> Result<PollReport, DriverError<B::Error>> {
         self.now = now;
         let mut report = PollReport::default();
-        let cns: heapless::Vec<(CnId, CnQps), { crate::mn::MAX_CNS }> =
-            self.mn.cns().filter(|r| r.status == crate::mn::CnStatus::Active).map(|r| (r.cn, r.qps.clone())).collect();
+        type Chains = heapless::Vec<(ChainKind, u8, Qpn, Option<Qpn>), { MAX_ALLOC_CHAINS + 1 }>;
+        let cns: heapless::Vec<(CnId, CnQps, Chains), { crate::mn::MAX_CNS }> = self
+            .mn
+            .cns()
+            .filter(|r| r.status == crate::mn::CnStatus::Active)
+            .map(|r| {
+                // every alloc chain, then the free chain
+                let chains = r
+                    .alloc_chains()
+                    .map(|(j, m, l)| (ChainKind::Alloc, j, m, l))
+                    .chain([(ChainKind::Free, 0, r.qps.free, r.qps.free_loop)])
+                    .collect();
+                (r.cn, r.qps.clone(), chains)
+            })
+            .collect();
         let mut buf = [Completion::EMPTY; 16];
-        for (cn, qps) in cns.iter() {
+        for (cn, qps, chains) in cns.iter() {
             if self.mn.cn(*cn).is_none() {
                 continue;
             }
@@ -701,16 +781,12 @@ impl<B: MnDevice> MnDriver<B> {
                     continue;
                 }
             }
-            for kind in [ChainKind::Alloc, ChainKind::Free] {
+            for &(kind, chain, mgmt, lp) in chains.iter() {
                 // serving the alloc side may have disconnected this CN (quota): its management
                 // QPs are gone
                 if self.mn.cn(*cn).map(|r| r.status) != Some(crate::mn::CnStatus::Active) {
                     break;
                 }
-                let (mgmt, lp) = match kind {
-                    ChainKind::Alloc => (qps.alloc, qps.alloc_loop),
-                    ChainKind::Free => (qps.free, qps.free_loop),
-                };
                 match self.mn.mode() {
                     ExecutionMode::Offloaded => {
                         let mut failure: Option<(Option<u8>, WcStatus)> = None;
@@ -763,7 +839,7 @@ impl<B: MnDevice> MnDriver<B> {
                             self.stats.chain_failures += 1;
                             report.events += 1;
                             let failure = LapFailure::Status(status);
-                            self.handle(now, Event::ChainFailed { cn: *cn, kind, step, failure })?;
+                            self.handle(now, Event::ChainFailed { cn: *cn, kind, chain, step, failure })?;
                         }
                         for rkey in invalidated {
                             report.events += 1;
@@ -786,7 +862,7 @@ impl<B: MnDevice> MnDriver<B> {
                         report.events += 1;
                         let c = buf[0];
                         // that receive is consumed, whatever its status
-                        self.set_request_posted(*cn, kind, false);
+                        self.set_request_posted(*cn, kind, chain, false);
                         // A SEND_WITH_INV: no request of an honest CN. It is not served; the MN
                         // checks whose window it revoked (and may evict the sender).
                         if let Some(rkey) = c.invalidated.filter(|_| c.status.is_ok()) {
@@ -798,12 +874,12 @@ impl<B: MnDevice> MnDriver<B> {
                             // a flushed request buffer: the management QP is in error (the
                             // CN's side failed); the MN resets it and posts a buffer again
                             let failure = LapFailure::Status(c.status);
-                            self.handle(now, Event::ChainFailed { cn: *cn, kind, step: None, failure })?;
+                            self.handle(now, Event::ChainFailed { cn: *cn, kind, chain, step: None, failure })?;
                             continue;
                         }
                         // the MN answers it or has it served (Action::ServeLap)
                         let before = self.stats.laps - self.stats.laps_failed;
-                        self.handle(now, Event::RequestArrived { cn: *cn, kind, len: c.byte_len })?;
+                        self.handle(now, Event::RequestArrived { cn: *cn, kind, chain, len: c.byte_len })?;
                         report.laps_committed += (self.stats.laps - self.stats.laps_failed - before) as u32;
                     }
                 }
@@ -915,7 +991,7 @@ impl<B: MnDevice> MnDriver<B> {
                     }
                 },
             };
-            if self.finish_lap(f.cn, f.kind, outcome, f.entry)? {
+            if self.finish_lap(f.cn, f.kind, f.chain, outcome, f.entry)? {
                 committed += 1;
             }
         }
@@ -929,11 +1005,11 @@ impl<B: MnDevice> MnDriver<B> {
 
     /// Run a lap's CPU steps up to its next device step. `Some` outcome when it ended.
     fn advance_lap(&mut self, f: &mut InFlight) -> Result<Option<LapOutcome>, DriverError<B::Error>> {
-        let Some((layout, who)) = self.lap_setting(f.cn, f.kind)? else {
+        let Some((layout, who)) = self.lap_setting(f.cn, f.kind, f.chain)? else {
             // its CN was evicted or left meanwhile: the repair saw to its markers
             return Ok(Some(f.lap.timed_out()));
         };
-        let ctx = who.context(&self.mn, f.cn);
+        let ctx = who.context(&self.mn, f.cn, who.scratch);
         match f.lap.advance(&mut self.backend, &layout, &self.regions, &ctx).map_err(DriverError::HostEngine)? {
             Progress::Done(o) => Ok(Some(o)),
             Progress::Waiting(_) => Ok(None),
@@ -942,10 +1018,15 @@ impl<B: MnDevice> MnDriver<B> {
 
     /// The layout a CN's lap runs and the QPs its software checks compare against (None: the
     /// CN is not connected).
-    fn lap_setting(&self, cn: CnId, kind: ChainKind) -> Result<Option<(ChainLayout, LapQps)>, DriverError<B::Error>> {
-        let (Some(env), Some(r)) = (self.mn.chain_env(cn, kind), self.mn.cn(cn)) else { return Ok(None) };
+    fn lap_setting(
+        &self,
+        cn: CnId,
+        kind: ChainKind,
+        chain: u8,
+    ) -> Result<Option<(ChainLayout, LapQps)>, DriverError<B::Error>> {
+        let (Some(env), Some(r)) = (self.mn.chain_env_of(cn, kind, chain), self.mn.cn(cn)) else { return Ok(None) };
         let layout = build(kind, &env).map_err(DriverError::Chain)?;
-        Ok(Some((layout, LapQps { access: r.qps.access.clone(), free: r.qps.free })))
+        Ok(Some((layout, LapQps { access: r.qps.access.clone(), free: r.qps.free, scratch: env.scratch() })))
     }
 
     /// When the driver next needs [`MnDriver::handle_timeout`], if ever: the MN's lease
@@ -995,9 +1076,12 @@ impl<B: MnDevice> MnDriver<B> {
         };
         let mut samples: heapless::Vec<(CnId, u64, u64), { crate::mn::MAX_CNS }> = heapless::Vec::new();
         for r in self.mn.cns() {
-            let (Some(a), Some(f)) =
-                (self.backend.send_wqes_executed(r.qps.alloc), self.backend.send_wqes_executed(r.qps.free))
-            else {
+            // every alloc chain's laps count as the CN's allocations
+            let mut a = Some(0u64);
+            for (_, m, _) in r.alloc_chains() {
+                a = a.zip(self.backend.send_wqes_executed(m)).map(|(x, y)| x + y);
+            }
+            let (Some(a), Some(f)) = (a, self.backend.send_wqes_executed(r.qps.free)) else {
                 continue;
             };
             let base = self.lap_base.get(r.slot as usize).copied().unwrap_or([0; 2]);
@@ -1015,15 +1099,16 @@ impl<B: MnDevice> MnDriver<B> {
     fn rebase_lap_counters(&mut self) {
         for r in self.mn.cns() {
             if let Some(b) = self.lap_base.get_mut(r.slot as usize) {
-                *b = [r.qps.alloc, r.qps.free].map(|q| self.backend.send_wqes_executed(q).unwrap_or(0));
+                let alloc = r.alloc_chains().map(|(_, m, _)| self.backend.send_wqes_executed(m).unwrap_or(0)).sum();
+                *b = [alloc, self.backend.send_wqes_executed(r.qps.free).unwrap_or(0)];
             }
         }
     }
 
     /// Host-engine mode: start (or, with `concurrent_laps` off, run) a lap for a request that
     /// arrived in the CN's request buffer. True when it committed right away.
-    fn serve_request(&mut self, cn: CnId, kind: ChainKind, len: u32) -> Result<bool, DriverError<B::Error>> {
-        let addr = self.request_buf(cn, kind).ok_or(DriverError::NoScratch(cn))?;
+    fn serve_request(&mut self, cn: CnId, kind: ChainKind, chain: u8, len: u32) -> Result<bool, DriverError<B::Error>> {
+        let addr = self.request_buf(cn, kind, chain).ok_or(DriverError::NoScratch(cn))?;
         let mut req = [0u8; REQUEST_BUF_LEN as usize];
         let n = (len as usize).min(req.len());
         self.backend.read_local(addr, &mut req[..n]).map_err(DriverError::Backend)?;
@@ -1040,8 +1125,8 @@ impl<B: MnDevice> MnDriver<B> {
             Ok(r) if kind == ChainKind::Free => r.free_entry_addr(),
             _ => None,
         };
-        let (layout, who) = self.lap_setting(cn, kind)?.ok_or(DriverError::Node(MnError::UnknownCn(cn)))?;
-        let ctx = who.context(&self.mn, cn);
+        let (layout, who) = self.lap_setting(cn, kind, chain)?.ok_or(DriverError::Node(MnError::UnknownCn(cn)))?;
+        let ctx = who.context(&self.mn, cn, who.scratch);
         // a request longer than the receive buffer was truncated by the device (LocLenErr)
         let outcome = if len as usize > req.len() {
             LapOutcome::Failed {
@@ -1063,7 +1148,7 @@ impl<B: MnDevice> MnDriver<B> {
                 {
                     Progress::Done(o) => o,
                     Progress::Waiting(_) => {
-                        let f = InFlight { cn, kind, lap, since: self.now, rounds: 0, entry, done: None };
+                        let f = InFlight { cn, kind, chain, lap, since: self.now, rounds: 0, entry, done: None };
                         let pushed = self.laps.push(f);
                         debug_assert!(pushed.is_ok(), "not full: a full table runs the lap to its end above");
                         return Ok(false);
@@ -1071,7 +1156,7 @@ impl<B: MnDevice> MnDriver<B> {
                 },
             }
         };
-        self.finish_lap(cn, kind, outcome, entry)
+        self.finish_lap(cn, kind, chain, outcome, entry)
     }
 
     /// A lap ended: account for it, scrub a freed chunk, tell the MN (its request buffer is
@@ -1080,6 +1165,7 @@ impl<B: MnDevice> MnDriver<B> {
         &mut self,
         cn: CnId,
         kind: ChainKind,
+        chain: u8,
         outcome: LapOutcome,
         entry: Option<u64>,
     ) -> Result<bool, DriverError<B::Error>> {
@@ -1094,7 +1180,7 @@ impl<B: MnDevice> MnDriver<B> {
             LapOutcome::Committed { device_ops, cpu_steps, .. } => {
                 self.stats.cpu_steps += cpu_steps as u64;
                 self.stats.device_ops += device_ops as u64;
-                self.handle(now, Event::LapCommitted { cn, kind, freed: entry })?;
+                self.handle(now, Event::LapCommitted { cn, kind, chain, freed: entry })?;
                 true
             }
             LapOutcome::Failed { step, failure, device_ops, cpu_steps, .. } => {
@@ -1102,7 +1188,7 @@ impl<B: MnDevice> MnDriver<B> {
                 self.stats.device_ops += device_ops as u64;
                 self.stats.laps_failed += 1;
                 if self.mn.cn(cn).is_some() {
-                    self.handle(now, Event::ChainFailed { cn, kind, step, failure })?;
+                    self.handle(now, Event::ChainFailed { cn, kind, chain, step, failure })?;
                     self.recover_errored_qps(cn)?;
                 }
                 false
@@ -1124,8 +1210,10 @@ impl<B: MnDevice> MnDriver<B> {
             return Ok(());
         }
         let qps = r.qps.clone();
-        let mut reset: heapless::Vec<Qpn, { 2 + crate::wire::message::MAX_ACCESS_QPS }> = heapless::Vec::new();
-        for q in [qps.alloc, qps.free].into_iter().chain(qps.access) {
+        let extra: heapless::Vec<Qpn, { MAX_ALLOC_CHAINS - 1 }> = r.extra_alloc.iter().map(|c| c.mgmt).collect();
+        let mut reset: heapless::Vec<Qpn, { 2 + crate::wire::message::MAX_ACCESS_QPS + MAX_ALLOC_CHAINS - 1 }> =
+            heapless::Vec::new();
+        for q in [qps.alloc, qps.free].into_iter().chain(qps.access).chain(extra) {
             if self.backend.qp_state(q).map_err(DriverError::Backend)? != QpState::Err {
                 continue;
             }
@@ -1134,7 +1222,7 @@ impl<B: MnDevice> MnDriver<B> {
             match self.backend.reset_qp(q) {
                 Ok(()) => {
                     let pushed = reset.push(q);
-                    debug_assert!(pushed.is_ok(), "the CN's Alloc, Free and at most MAX_ACCESS_QPS access QPs");
+                    debug_assert!(pushed.is_ok(), "the CN's Alloc QPs, Free and at most MAX_ACCESS_QPS access QPs");
                 }
                 Err(_) => self.stats.qps_left_in_error += 1,
             }
@@ -1148,13 +1236,22 @@ impl<B: MnDevice> MnDriver<B> {
     /// The group CN `cn`'s alloc chain holds popped ahead for its next request
     /// (`chain::alloc`): owned by the CN in the MWTable, not yet handed out. Read from the
     /// chain's marker: exact where no lap is in flight (tests, tools, metrics).
+    /// With several alloc chains, the first chain's (see [`MnDriver::groups_ahead_of`]).
     pub fn group_ahead_of(&self, cn: CnId) -> Option<GroupId> {
+        self.group_ahead_on(cn, 0)
+    }
+
+    /// The group alloc chain `chain` of `cn` holds popped ahead ([`MnDriver::group_ahead_of`]).
+    pub fn group_ahead_on(&self, cn: CnId, chain: u8) -> Option<GroupId> {
         if self.mn.mode() != ExecutionMode::Offloaded {
             return None;
         }
         let map = self.mn.map();
         let r = self.mn.cn(cn)?;
-        let marker = map.scratch(r.slot)?
+        if chain >= r.alloc_chain_count() {
+            return None;
+        }
+        let marker = self.mn.chain_scratch(r.slot, chain)?
             + crate::wire::memory_map::ALLOC_SCRATCH_OFF
             + crate::wire::memory_map::alloc_scratch::REPLY_ENTRY_ADDR;
         let mut b = [0u8; 8];
@@ -1163,9 +1260,15 @@ impl<B: MnDevice> MnDriver<B> {
         (self.entry(g)?.owner() == cn.get()).then_some(g)
     }
 
-    /// Groups every CN's alloc chain holds popped ahead ([`MnDriver::group_ahead_of`]).
+    /// Groups the alloc chains of `cn` hold popped ahead, one per chain at most.
+    pub fn groups_ahead_of(&self, cn: CnId) -> u32 {
+        let chains = self.mn.cn(cn).map_or(0, |r| r.alloc_chain_count());
+        (0..chains).filter(|j| self.group_ahead_on(cn, *j).is_some()).count() as u32
+    }
+
+    /// Groups every CN's alloc chains hold popped ahead ([`MnDriver::groups_ahead_of`]).
     pub fn groups_ahead(&self) -> u32 {
-        self.mn.cns().filter(|r| self.group_ahead_of(r.cn).is_some()).count() as u32
+        self.mn.cns().map(|r| self.groups_ahead_of(r.cn)).sum()
     }
 
     /// The MWTable entry of a group (for tests and tools).

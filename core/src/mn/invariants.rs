@@ -94,13 +94,17 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
     }
     // the group each CN's alloc chain popped ahead for its next request (its `REPLY_ENTRY_ADDR`
     // marker, 0: none): owned by that CN, no window bound yet, not in its holdings
-    let mut ahead = [0u64; crate::mn::MAX_CNS + 1];
+    // (one per alloc chain of the CN)
+    let mut ahead = [[0u64; crate::mn::MAX_ALLOC_CHAINS]; crate::mn::MAX_CNS + 1];
     for r in mn.cns() {
-        let s = map.scratch(r.slot).ok_or(InvariantViolation::Unreadable)?;
-        let marker =
-            s + crate::wire::memory_map::ALLOC_SCRATCH_OFF + crate::wire::memory_map::alloc_scratch::REPLY_ENTRY_ADDR;
-        if let Some(a) = ahead.get_mut(r.slot as usize) {
-            *a = rd(port, marker)?;
+        for j in 0..r.alloc_chain_count() {
+            let s = mn.chain_scratch(r.slot, j).ok_or(InvariantViolation::Unreadable)?;
+            let marker = s
+                + crate::wire::memory_map::ALLOC_SCRATCH_OFF
+                + crate::wire::memory_map::alloc_scratch::REPLY_ENTRY_ADDR;
+            if let Some(a) = ahead.get_mut(r.slot as usize).and_then(|a| a.get_mut(j as usize)) {
+                *a = rd(port, marker)?;
+            }
         }
     }
     // every group: exactly one of free-in-queue, owned, reclaiming
@@ -125,7 +129,7 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
         let rec = if owner != 0 {
             let r =
                 mn.cns().find(|r| r.cn.get() == owner).ok_or(InvariantViolation::UnknownOwner { group: g, owner })?;
-            if ahead.get(r.slot as usize) != Some(&addr) {
+            if !ahead.get(r.slot as usize).is_some_and(|a| a.contains(&addr)) {
                 held[r.slot as usize] += 1;
             }
             Some(r)
@@ -148,7 +152,8 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
                     }
                 }
                 // popped ahead: its windows are bound when the request comes
-                (Some(MwBinding::Unbound), Some(rec)) if ahead.get(rec.slot as usize) == Some(&addr) => {}
+                (Some(MwBinding::Unbound), Some(rec))
+                    if ahead.get(rec.slot as usize).is_some_and(|a| a.contains(&addr)) => {}
                 (Some(MwBinding::Unbound), Some(_)) => {
                     return Err(InvariantViolation::WindowMisbound { group: g, mw: k })
                 }

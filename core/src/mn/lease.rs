@@ -69,10 +69,13 @@ impl MemoryNode {
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
         // in-flight laps first (a pop the CN never saw, a half-done free), then what it owns;
         // a ticket its lap took stays with the MN (settle() places the group when it arrives)
-        self.repair_alloc(port, &q, s + ALLOC_SCRATCH_OFF)?;
+        self.repair_alloc_chains(port, &q)?;
         self.repair_free(port, &q, s + FREE_SCRATCH_OFF)?;
         self.reclaim_all_of(port, &q)?;
         port.apply(Action::ReleaseCn { qps: r.qps.clone() }).map_err(MnError::Port)?;
+        if !r.extra_alloc.is_empty() {
+            port.apply(Action::ReleaseQps { qps: r.extra_qps().collect() }).map_err(MnError::Port)?;
+        }
         self.cns[r.slot as usize] = None;
         self.settle(port)
     }

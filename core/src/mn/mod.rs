@@ -47,10 +47,13 @@ mod repair;
 pub mod tenant;
 #[cfg(test)]
 mod tests;
-pub use quiesce::{scan_free, Chains, FreeCount, PushRefused, Quiesced, Whereabouts};
+pub use quiesce::{scan_free, Chains, FreeCount, PushRefused, Quiesced, Whereabouts, ALL_ALLOC_CHAINS};
 
 /// Most CNs one MN serves (fixed so the control plane needs no heap).
 pub const MAX_CNS: usize = 32;
+/// Most alloc chains one CN may have ([`MnConfig::alloc_chains`]): each is a whole alloc chain
+/// (loop QP, management QP, scratch area), so a CN can have that many allocations in flight.
+pub const MAX_ALLOC_CHAINS: usize = 4;
 const _: () = assert!(crate::mn::tenant::MAX_TENANTS == MAX_CNS);
 /// `reserved` value of an MWTable entry whose group the MN is reclaiming.
 pub const ENTRY_RECLAIMING: u32 = 1;
@@ -80,7 +83,8 @@ pub struct MnConfig {
     /// the previous reply went out, so a request passes only its WAIT and one ENABLE on the
     /// way to its reply (`chain::alloc`). It costs one group per armed chain withheld from the
     /// others — the default ([`MnConfig::pop_ahead_pays`]) turns it on only where that is a
-    /// small share of the pool.
+    /// small share of the pool. Off with several alloc chains per CN
+    /// ([`MemoryNode::set_pop_ahead`] says why).
     pub pop_ahead: bool,
     /// The chain layout variant (`chain::variant`): chosen from the device's answers to the
     /// open CORE-Direct questions; the paper's device's by default.
@@ -89,6 +93,13 @@ pub struct MnConfig {
     /// and a whole pass over the table takes `⌈chunks / audit_batch⌉` ticks
     /// ([`MemoryNode::audit_period_ns`]).
     pub audit_batch: u32,
+    /// Alloc chains a CN may connect with (1..=[`MAX_ALLOC_CHAINS`]; each CN chooses up to
+    /// this many at connect time). Every alloc chain serves one lap at a time and is re-armed
+    /// only after its commit, so a CN's allocations overlap only across its chains. The memory
+    /// map must hold a scratch area per chain (`max_cns × alloc_chains`,
+    /// [`MemoryNode::scratch_slots`]), which also sizes the free queue's ring for one ticket per
+    /// chain.
+    pub alloc_chains: u8,
 }
 
 impl MnConfig {
@@ -135,6 +146,15 @@ pub struct CnQps {
     pub free_loop: Option<Qpn>,
 }
 
+/// The MN ends of one of a CN's extra alloc chains (chain 1 and up; chain 0 is
+/// [`CnQps::alloc`] / [`CnQps::alloc_loop`]): its management QP (an extra "Alloc QP" the CN
+/// sends requests on and receives that chain's replies through) and its loop QP (offloaded).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AllocChainQps {
+    pub mgmt: Qpn,
+    pub lp: Option<Qpn>,
+}
+
 /// What an interrupted alloc lap left, as its repair found it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum AllocRepair {
@@ -161,8 +181,11 @@ pub struct CnRecord {
     pub cn: CnId,
     pub qps: CnQps,
     pub status: CnStatus,
-    /// The alloc chain is parked (not armed) until the queue is available again.
+    /// Every alloc chain of the CN is parked (not armed) until the queue is available again.
     pub alloc_parked: bool,
+    /// Which of its alloc chains are parked (bit j: chain j): each one whose pop found the
+    /// queue empty holds its one ticket and waits for "available".
+    pub parked_chains: u8,
     /// Host-engine mode: laps committed. Offloaded: last counter sample.
     pub allocs: u64,
     pub frees: u64,
@@ -177,6 +200,31 @@ pub struct CnRecord {
     /// The tenant it was admitted as ([`MemoryNode::connect_as`]): its quota and CN slots are
     /// the tenant's, shared with the tenant's other CNs. None: the per-CN quota.
     pub tenant: Option<TenantId>,
+    /// Its alloc chains beyond the first ([`MnConfig::alloc_chains`]).
+    pub extra_alloc: heapless::Vec<AllocChainQps, { MAX_ALLOC_CHAINS - 1 }>,
+}
+
+impl CnRecord {
+    /// How many alloc chains the CN has (at least one).
+    pub fn alloc_chain_count(&self) -> u8 {
+        1 + self.extra_alloc.len() as u8
+    }
+    /// The MN ends (management, loop) of alloc chain `j` (0: the first).
+    pub fn alloc_chain(&self, j: u8) -> Option<(Qpn, Option<Qpn>)> {
+        match j {
+            0 => Some((self.qps.alloc, self.qps.alloc_loop)),
+            _ => self.extra_alloc.get(j as usize - 1).map(|c| (c.mgmt, c.lp)),
+        }
+    }
+    /// Every alloc chain's MN ends, chain 0 first.
+    pub fn alloc_chains(&self) -> impl Iterator<Item = (u8, Qpn, Option<Qpn>)> + '_ {
+        (0..self.alloc_chain_count()).filter_map(|j| self.alloc_chain(j).map(|(m, l)| (j, m, l)))
+    }
+    /// Every QP the MN holds for the CN beyond [`CnQps`]: the extra alloc chains' management and
+    /// loop QPs.
+    pub fn extra_qps(&self) -> impl Iterator<Item = Qpn> + '_ {
+        self.extra_alloc.iter().flat_map(|c| [Some(c.mgmt), c.lp]).flatten()
+    }
 }
 
 /// What the MN asks its port to do. Each completes before `apply` returns.
@@ -188,9 +236,9 @@ pub enum Action {
     /// Build and arm a chain (offloaded mode).
     ArmChain { kind: ChainKind, env: ChainEnv },
     /// Host-engine mode: run a lap for the request that arrived in the CN's request buffer of
-    /// `kind` ([`Event::RequestArrived`]); the port reports its end as
-    /// [`Event::LapCommitted`] or [`Event::ChainFailed`].
-    ServeLap { cn: CnId, kind: ChainKind, len: u32 },
+    /// `kind` (of alloc chain `chain`; 0 for the free chain) ([`Event::RequestArrived`]); the
+    /// port reports its end as [`Event::LapCommitted`] or [`Event::ChainFailed`].
+    ServeLap { cn: CnId, kind: ChainKind, chain: u8, len: u32 },
     /// Invalidate the window with this exact rkey if it is bound; nothing if it is not.
     Unbind { rkey: Rkey },
     /// Send a message to a CN: on the MN end of its first access QP (the only CN-facing send
@@ -200,10 +248,14 @@ pub enum Action {
     DisconnectMgmt { alloc: Qpn, free: Qpn },
     /// Destroy all QPs of a CN that left (its windows are already invalidated).
     ReleaseCn { qps: CnQps },
+    /// Destroy QPs of a CN beyond its [`CnQps`] (its extra alloc chains': management and loop),
+    /// when it leaves or — management QPs only — loses them for its quota.
+    ReleaseQps { qps: heapless::Vec<Qpn, { 2 * (MAX_ALLOC_CHAINS - 1) }> },
     /// Host-engine mode's quiesce: end the MN CPU's in-flight laps of `cn` (of the chains
-    /// named), each once the device step it posted has completed or been flushed — so nothing
-    /// of them lands after the MN decided. Offloaded mode stops chains with [`Action::ResetQp`].
-    StopLaps { cn: CnId, alloc: bool, free: bool },
+    /// named: `alloc` the alloc chains' bit mask), each once the device step it posted has
+    /// completed or been flushed — so nothing of them lands after the MN decided. Offloaded
+    /// mode stops chains with [`Action::ResetQp`].
+    StopLaps { cn: CnId, alloc: u8, free: bool },
     /// Bind the (unbound) window `rkey.index()` again under `rkey`, over `[addr, addr+len)` of
     /// the MR `lkey`, to QP `qp` (a window someone else invalidated, restored for its owner).
     /// The port reports the outcome through [`MnPort::mw_binding`] where it can tell.
@@ -216,15 +268,16 @@ pub enum Action {
 pub enum Event {
     /// A chain lap failed (`step` None: the trigger RECV): the device's completion status when
     /// the NIC ran it ([`LapFailure::Status`]), the host engine's own finding when the CPU did.
-    ChainFailed { cn: CnId, kind: ChainKind, step: Option<u8>, failure: LapFailure },
+    /// `chain`: which of the CN's alloc chains (0 for the free chain).
+    ChainFailed { cn: CnId, kind: ChainKind, chain: u8, step: Option<u8>, failure: LapFailure },
     /// Host-engine mode: a request of `len` bytes (as the receive completion reported)
     /// arrived in the CN's request buffer of `kind`. The CN is alive; the MN answers it at
     /// once (an alloc while parked on its ticket: "empty"; one over the quota:
     /// `QuotaExceeded`) or has it served ([`Action::ServeLap`]).
-    RequestArrived { cn: CnId, kind: ChainKind, len: u32 },
+    RequestArrived { cn: CnId, kind: ChainKind, chain: u8, len: u32 },
     /// Host-engine mode: a lap committed (the MN CPU ran it). `freed` is the MWTable entry a
     /// committed free returned to the queue: its chunk is scrubbed before any other lap runs.
-    LapCommitted { cn: CnId, kind: ChainKind, freed: Option<u64> },
+    LapCommitted { cn: CnId, kind: ChainKind, chain: u8, freed: Option<u64> },
     /// A message the MN sent the CN completed: the CN is alive and receiving (its lease is
     /// renewed).
     CnAnswered { cn: CnId },
@@ -269,6 +322,12 @@ pub enum MnError<E> {
     },
     /// A connect as a tenant the MN does not know, or one whose CN slots are taken.
     Tenant(TenantError),
+    /// A CN asked for more alloc chains than the MN allows ([`MnConfig::alloc_chains`]), or
+    /// offered a chain without its loop QP in offloaded mode.
+    AllocChains {
+        allowed: u8,
+        asked: u8,
+    },
     /// More pops of the empty free queue are waiting for a push than the MN can track (one per
     /// CN slot, [`MAX_CNS`]: the queue's ring has room for that many beyond the groups).
     TicketsFull,
@@ -285,6 +344,7 @@ impl<E> MnError<E> {
             MnError::MissingLoopQps => MnError::MissingLoopQps,
             MnError::WrongAccessQpCount { expected, got } => MnError::WrongAccessQpCount { expected, got },
             MnError::Tenant(e) => MnError::Tenant(e),
+            MnError::AllocChains { allowed, asked } => MnError::AllocChains { allowed, asked },
             MnError::TicketsFull => MnError::TicketsFull,
         })
     }
@@ -302,9 +362,12 @@ impl<E: fmt::Display> fmt::Display for MnError<E> {
                 write!(f, "CN offered {got} access QPs, the pool's group size needs {expected}")
             }
             MnError::Tenant(e) => write!(f, "{e}"),
+            MnError::AllocChains { allowed, asked } => {
+                write!(f, "CN asked for {asked} alloc chains, the MN allows 1 to {allowed} (each with its loop QP when offloaded)")
+            }
             MnError::TicketsFull => write!(
                 f,
-                "more than {MAX_CNS} pops of the empty free queue wait for a push: the queue's ring has no room for more"
+                "more than one pop per alloc chain of the empty free queue waits for a push: the queue's ring has no room for more"
             ),
         }
     }
@@ -431,8 +494,9 @@ pub struct MemoryNode {
     keys: MnKeys,
     cns: heapless::Vec<Option<CnRecord>, MAX_CNS>,
     next_cn: u32,
-    /// Slot addresses of pops that found the queue empty, not yet settled.
-    tickets: heapless::Vec<u64, MAX_CNS>,
+    /// Slot addresses of pops that found the queue empty, not yet settled (one per alloc
+    /// chain at most).
+    tickets: heapless::Vec<u64, { MAX_CNS * MAX_ALLOC_CHAINS }>,
     /// CNs evicted since the deployment last asked ([`MemoryNode::take_evicted`]).
     evicted: heapless::Vec<CnId, MAX_CNS>,
     empty: bool,
@@ -463,6 +527,10 @@ pub struct MemoryNode {
     recounted_this_pass: u32,
     /// Per slot: the lap counters (allocs, frees) when the CN was last counted in the table.
     counted_at: [(u64, u64); MAX_CNS],
+    /// Per slot, host-engine mode: the alloc chains (bit j: chain j) with a lap served
+    /// ([`Action::ServeLap`]) that has neither committed nor been stopped — with several alloc
+    /// chains a CN has up to that many in flight, and the exact quota counts them.
+    alloc_in_flight: [u8; MAX_CNS],
     /// The quota in bytes across the MN's size classes, and what each CN holds in the other
     /// classes (`mn/class_quota.rs`).
     class_quota: class_quota::ClassQuota,
@@ -490,7 +558,13 @@ fn write_entry<P: MnPort>(p: &mut P, addr: u64, e: &MwTableEntry) -> R<P::Error>
 
 impl MemoryNode {
     pub fn new(cfg: MnConfig, map: MnMemoryMap, keys: MnKeys) -> Result<Self, MnError<core::convert::Infallible>> {
-        if cfg.max_cns as usize > MAX_CNS || map.max_cns < cfg.max_cns || map.geometry != cfg.geometry {
+        if cfg.max_cns as usize > MAX_CNS
+            || cfg.alloc_chains == 0
+            || cfg.alloc_chains as usize > MAX_ALLOC_CHAINS
+            || map.max_cns < cfg.max_cns * cfg.alloc_chains as u32
+            || (cfg.pop_ahead && cfg.alloc_chains > 1)
+            || map.geometry != cfg.geometry
+        {
             return Err(MnError::BadConfig);
         }
         let mut cns = heapless::Vec::new();
@@ -518,6 +592,7 @@ impl MemoryNode {
             audit_held: [0; MAX_CNS],
             recounted_this_pass: 0,
             counted_at: [(0, 0); MAX_CNS],
+            alloc_in_flight: [0; MAX_CNS],
             class_quota: class_quota::ClassQuota::new(),
         })
     }
@@ -563,16 +638,14 @@ impl MemoryNode {
     pub fn cn(&self, cn: CnId) -> Option<&CnRecord> {
         self.cns().find(|r| r.cn == cn)
     }
-    /// The CN whose management QP (MN end) is `qp`.
-    pub fn cn_of_mgmt_qp(&self, qp: Qpn) -> Option<(CnId, ChainKind)> {
+    /// The CN whose management QP (MN end) is `qp`, which chain's it is, and for an alloc
+    /// chain which one (0 for the free chain).
+    pub fn cn_of_mgmt_qp(&self, qp: Qpn) -> Option<(CnId, ChainKind, u8)> {
         self.cns().find_map(|r| {
-            if r.qps.alloc == qp {
-                Some((r.cn, ChainKind::Alloc))
-            } else if r.qps.free == qp {
-                Some((r.cn, ChainKind::Free))
-            } else {
-                None
+            if r.qps.free == qp {
+                return Some((r.cn, ChainKind::Free, 0));
             }
+            r.alloc_chains().find(|(_, m, _)| *m == qp).map(|(j, _, _)| (r.cn, ChainKind::Alloc, j))
         })
     }
     /// The CN one of whose QPs (MN ends: management, access, chain loopback) is `qp`.
@@ -584,20 +657,63 @@ impl MemoryNode {
                     || r.qps.alloc_loop == Some(qp)
                     || r.qps.free_loop == Some(qp)
                     || r.qps.access.contains(&qp)
+                    || r.extra_qps().any(|q| q == qp)
             })
             .map(|r| r.cn)
     }
 
-    /// The environment a CN's chain is built for.
+    /// Scratch areas the memory map must hold: one per alloc chain of every CN slot (the first
+    /// chain's area also holds the CN's free chain, request and send buffers).
+    pub const fn scratch_slots(max_cns: u32, alloc_chains: u8) -> u32 {
+        max_cns * alloc_chains as u32
+    }
+
+    /// The memory-map slot of alloc chain `j` of the CN in connection slot `slot`: chain 0 is
+    /// the CN's own slot, chain j the slot `slot + j × max_cns` — so every chain's markers,
+    /// reply image and request buffer lie in a scratch area of their own.
+    pub fn chain_slot(&self, slot: u32, j: u8) -> u32 {
+        slot + j as u32 * self.cfg.max_cns
+    }
+
+    /// The scratch area of alloc chain `j` of the CN in `slot`.
+    pub fn chain_scratch(&self, slot: u32, j: u8) -> Option<u64> {
+        if j as usize >= MAX_ALLOC_CHAINS {
+            return None;
+        }
+        self.map.scratch(self.chain_slot(slot, j))
+    }
+
+    /// The scratch areas of every alloc chain of `cn`, chain 0 first.
+    fn alloc_scratches(&self, cn: CnId) -> heapless::Vec<u64, MAX_ALLOC_CHAINS> {
+        let mut v = heapless::Vec::new();
+        if let Some(r) = self.cn(cn) {
+            for j in 0..r.alloc_chain_count() {
+                if let Some(s) = self.chain_scratch(r.slot, j) {
+                    let pushed = v.push(s);
+                    debug_assert!(pushed.is_ok(), "at most MAX_ALLOC_CHAINS chains per CN");
+                }
+            }
+        }
+        v
+    }
+
+    /// The environment a CN's chain is built for (its first alloc chain for `Alloc`).
     pub fn chain_env(&self, cn: CnId, kind: ChainKind) -> Option<ChainEnv> {
+        self.chain_env_of(cn, kind, 0)
+    }
+
+    /// The environment of alloc chain `chain` of `cn` (`chain` 0 for the free chain): its own
+    /// QPs and its own scratch area ([`MemoryNode::chain_slot`]).
+    pub fn chain_env_of(&self, cn: CnId, kind: ChainKind, chain: u8) -> Option<ChainEnv> {
         let r = self.cn(cn)?;
-        let (mgmt, lp) = match kind {
-            ChainKind::Alloc => (r.qps.alloc, r.qps.alloc_loop),
-            ChainKind::Free => (r.qps.free, r.qps.free_loop),
+        let (slot, (mgmt, lp)) = match kind {
+            ChainKind::Alloc => (self.chain_slot(r.slot, chain), r.alloc_chain(chain)?),
+            ChainKind::Free => (r.slot, (r.qps.free, r.qps.free_loop)),
         };
+        self.map.scratch(slot)?;
         // host-engine mode has no loop QP: the engine never posts to it
         let loop_qpn = lp.map(|q| q.get()).unwrap_or(0xFF_FFFF);
-        Some(self.env_for(r.slot, cn, [loop_qpn, mgmt.get(), r.qps.free.get()]))
+        Some(self.env_for(slot, cn, [loop_qpn, mgmt.get(), r.qps.free.get()]))
     }
 
     /// The chain environment of CN `cn` in slot `slot` with QPs `[loop, mgmt, free]`.
@@ -635,9 +751,12 @@ impl MemoryNode {
     }
 
     /// Turn popping ahead on or off ([`MnConfig::pop_ahead`]); only while no CN is connected
-    /// (connected CNs' chains are armed with the layout they have).
+    /// (connected CNs' chains are armed with the layout they have), and never on with several
+    /// alloc chains per CN ([`MnConfig::alloc_chains`]): a chain whose pop found the queue
+    /// empty would tell its CN "empty" while another of its chains still held a group popped
+    /// ahead, and the CN cannot tell which of its chains is parked.
     pub fn set_pop_ahead(&mut self, on: bool) -> bool {
-        if self.cns().next().is_some() {
+        if self.cns().next().is_some() || (on && self.cfg.alloc_chains > 1) {
             return false;
         }
         self.cfg.pop_ahead = on;
@@ -737,37 +856,70 @@ impl MemoryNode {
         port.apply(Action::Send { slot, qp, bytes: v }).map_err(MnError::Port)
     }
 
-    fn park(&mut self, cn: CnId) {
+    /// Park alloc chain `j` of `cn` (its pop found the queue empty).
+    fn park(&mut self, cn: CnId, j: u8) {
         if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
+            r.parked_chains |= 1 << j;
+            r.alloc_parked = r.parked_chains == (1u8 << r.alloc_chain_count()) - 1;
+        }
+    }
+
+    /// Park every alloc chain of `cn`.
+    fn park_all(&mut self, cn: CnId) {
+        if let Some(r) = self.cns.iter_mut().flatten().find(|r| r.cn == cn) {
+            r.parked_chains = (1u8 << r.alloc_chain_count()) - 1;
             r.alloc_parked = true;
         }
     }
 
+    /// Whether alloc chain `j` of `cn` is parked.
+    fn chain_parked(&self, cn: CnId, j: u8) -> bool {
+        self.cn(cn).is_some_and(|r| r.parked_chains & (1 << j) != 0)
+    }
+
+    /// The alloc chains of `cn` in `mask` that are not parked.
+    fn unparked(&self, cn: CnId, mask: u8) -> u8 {
+        self.cn(cn).map_or(0, |r| mask & !r.parked_chains & ((1u8 << r.alloc_chain_count()) - 1))
+    }
+
     /// (Re-)arm a chain: reset its QPs, then post it (offloaded) or post request buffers.
+    /// `Alloc`: every alloc chain of the CN.
     fn arm<P: MnPort>(&mut self, port: &mut P, cn: CnId, kind: ChainKind) -> R<P::Error> {
+        self.arm_chains(port, cn, kind, ALL_ALLOC_CHAINS)
+    }
+
+    /// [`MemoryNode::arm`] for the alloc chains in `mask` (bit j: chain j) alone.
+    fn arm_chains<P: MnPort>(&mut self, port: &mut P, cn: CnId, kind: ChainKind, mask: u8) -> R<P::Error> {
         let r = self.cn(cn).ok_or(MnError::UnknownCn(cn))?.clone();
         if r.status != CnStatus::Active {
             return Ok(());
         }
-        let (mgmt, lp) = match kind {
-            ChainKind::Alloc => (r.qps.alloc, r.qps.alloc_loop),
-            ChainKind::Free => (r.qps.free, r.qps.free_loop),
+        let chains = match kind {
+            ChainKind::Alloc => r.alloc_chain_count(),
+            ChainKind::Free => 1,
         };
-        match self.cfg.mode {
-            ExecutionMode::Offloaded => {
-                let lp = lp.ok_or(MnError::MissingLoopQps)?;
-                port.apply(Action::ResetQp(lp)).map_err(MnError::Port)?;
-                port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
-                let env = self.chain_env(cn, kind).ok_or(MnError::UnknownCn(cn))?;
-                port.apply(Action::ArmChain { kind, env }).map_err(MnError::Port)?;
-            }
-            ExecutionMode::HostEngine => {
-                // (the driver posts its request buffer again: a reset dropped it)
-                port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+        for j in (0..chains).filter(|j| kind == ChainKind::Free || mask & (1 << j) != 0) {
+            let (mgmt, lp) = match kind {
+                ChainKind::Alloc => r.alloc_chain(j).ok_or(MnError::UnknownCn(cn))?,
+                ChainKind::Free => (r.qps.free, r.qps.free_loop),
+            };
+            match self.cfg.mode {
+                ExecutionMode::Offloaded => {
+                    let lp = lp.ok_or(MnError::MissingLoopQps)?;
+                    port.apply(Action::ResetQp(lp)).map_err(MnError::Port)?;
+                    port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+                    let env = self.chain_env_of(cn, kind, j).ok_or(MnError::UnknownCn(cn))?;
+                    port.apply(Action::ArmChain { kind, env }).map_err(MnError::Port)?;
+                }
+                ExecutionMode::HostEngine => {
+                    // (the driver posts its request buffer again: a reset dropped it)
+                    port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+                }
             }
         }
         if kind == ChainKind::Alloc {
             if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == cn) {
+                rec.parked_chains &= !mask;
                 rec.alloc_parked = false;
             }
         }
@@ -778,16 +930,16 @@ impl MemoryNode {
         self.now = now;
         self.stats.events += 1;
         match event {
-            Event::ChainFailed { cn, kind, step, failure } => {
+            Event::ChainFailed { cn, kind, chain, step, failure } => {
                 self.last_chain_failure = Some((cn, kind, step, failure));
-                self.on_chain_failed(port, cn, kind, step, failure)
+                self.on_chain_failed(port, cn, kind, chain, step, failure)
             }
-            Event::RequestArrived { cn, kind, len } => self.on_request(port, cn, kind, len),
+            Event::RequestArrived { cn, kind, chain, len } => self.on_request(port, cn, kind, chain, len),
             Event::CnAnswered { cn } => {
                 self.cn_answered(cn);
                 Ok(())
             }
-            Event::LapCommitted { cn, kind, freed } => {
+            Event::LapCommitted { cn, kind, chain, freed } => {
                 if let Some(entry) = freed {
                     // the group is back in the queue, but no other lap runs a step before the
                     // MN returns (one thread; the NIC pops nothing in this mode): clear the
@@ -798,6 +950,9 @@ impl MemoryNode {
                     match kind {
                         ChainKind::Alloc => r.allocs += 1,
                         ChainKind::Free => r.frees += 1,
+                    }
+                    if kind == ChainKind::Alloc && (chain as usize) < MAX_ALLOC_CHAINS {
+                        self.alloc_in_flight[r.slot as usize] &= !(1 << chain);
                     }
                 }
                 self.enforce_quota(port, cn)?;
@@ -867,11 +1022,11 @@ impl MemoryNode {
             if n > 0 {
                 self.empty = false;
                 self.broadcast(port, Notice::Available { free_groups: n as u64 })?;
-                let parked: heapless::Vec<CnId, MAX_CNS> =
-                    self.cns().filter(|r| r.alloc_parked).map(|r| r.cn).collect();
-                for cn in parked {
+                let parked: heapless::Vec<(CnId, u8), MAX_CNS> =
+                    self.cns().filter(|r| r.parked_chains != 0).map(|r| (r.cn, r.parked_chains)).collect();
+                for (cn, mask) in parked {
                     self.stats.chains_rearmed += 1;
-                    self.arm(port, cn, ChainKind::Alloc)?;
+                    self.arm_chains(port, cn, ChainKind::Alloc, mask)?;
                 }
             }
         }
@@ -942,10 +1097,13 @@ impl MemoryNode {
         // a lap of the owner on this very group is uncommitted (it popped it and is binding,
         // or it is freeing it): its commit or its repair decides first
         let s = self.map.scratch(rec.slot).ok_or(MnError::BadConfig)?;
-        if rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)? == addr
-            || rd(port, s + FREE_SCRATCH_OFF + free_scratch::ENTRY_ADDR)? == addr
-        {
+        if rd(port, s + FREE_SCRATCH_OFF + free_scratch::ENTRY_ADDR)? == addr {
             return Ok(Restore::Deferred);
+        }
+        for a in self.alloc_scratches(p.owner) {
+            if rd(port, a + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)? == addr {
+                return Ok(Restore::Deferred);
+            }
         }
         let old = e.rkey(k);
         match port.mw_binding(old) {

@@ -305,6 +305,7 @@ impl MnConfig {
             pop_ahead: MnConfig::pop_ahead_pays(plan.mode, geometry.chunk_count(), max_cns),
             chain_variant: crate::chain::variant::ChainVariant::default(),
             audit_batch: crate::mn::DEFAULT_AUDIT_BATCH,
+            alloc_chains: 1,
         }
     }
 }

@@ -66,20 +66,32 @@ impl MnPlan {
     /// CPU's atomic QP in the private domain; the windows, whose table keys follow
     /// [`MnPlan::initial_table_key`]; a formatted MWTable and full free queue. Every deployment
     /// and test starts its MN here, so none of them decides policy.
-    pub fn provision<B: MnDevice>(
+    pub fn provision<B: MnDevice>(&self, backend: B, spec: &PoolSpec) -> Result<MnDriver<B>, ProvisionError<B::Error>> {
+        self.provision_chains(backend, spec, 1)
+    }
+
+    /// [`MnPlan::provision`] for an MN whose CNs may connect with up to `alloc_chains` alloc
+    /// chains each ([`MnConfig::alloc_chains`], clamped to 1..=[`crate::mn::MAX_ALLOC_CHAINS`]):
+    /// a scratch area per chain in the memory map, and room in the free queue's ring for one
+    /// ticket per chain.
+    pub fn provision_chains<B: MnDevice>(
         &self,
         mut backend: B,
         spec: &PoolSpec,
+        alloc_chains: u8,
     ) -> Result<MnDriver<B>, ProvisionError<B::Error>> {
         let max_cns = spec.max_cns.clamp(1, crate::mn::MAX_CNS as u32);
+        let alloc_chains = alloc_chains.clamp(1, crate::mn::MAX_ALLOC_CHAINS as u8);
+        let scratch_slots = MemoryNode::scratch_slots(max_cns, alloc_chains);
         let sizing = PoolGeometry::new(spec.chunk_size, spec.chunk_size, spec.chunks, spec.group_size)
             .map_err(ProvisionError::Geometry)?;
         let pool = backend.alloc_memory(sizing.pool_len(), spec.chunk_size).map_err(ProvisionError::Backend)?;
         let geo =
             PoolGeometry::new(pool, spec.chunk_size, spec.chunks, spec.group_size).map_err(ProvisionError::Geometry)?;
-        let align = MnMemoryMap::required_alignment(&geo, max_cns).max(64);
-        let meta = backend.alloc_memory(MnMemoryMap::len_for(&geo, max_cns), align).map_err(ProvisionError::Backend)?;
-        let map = MnMemoryMap::new(geo, max_cns, meta).ok_or(ProvisionError::Misaligned { addr: meta, align })?;
+        let align = MnMemoryMap::required_alignment(&geo, scratch_slots).max(64);
+        let meta =
+            backend.alloc_memory(MnMemoryMap::len_for(&geo, scratch_slots), align).map_err(ProvisionError::Backend)?;
+        let map = MnMemoryMap::new(geo, scratch_slots, meta).ok_or(ProvisionError::Misaligned { addr: meta, align })?;
         let zero_source = match self.needs_zero_source() {
             true => Some(backend.alloc_memory(geo.chunk_size(), 64).map_err(ProvisionError::Backend)?),
             false => None,
@@ -100,6 +112,9 @@ impl MnPlan {
         let quota = if spec.quota == 0 { spec.chunks } else { spec.quota };
         let mut cfg = MnConfig::from_plan(self, geo, max_cns, quota);
         cfg.lease_ns = spec.lease_ns;
+        cfg.alloc_chains = alloc_chains;
+        // with several alloc chains per CN no chain pops ahead (`MemoryNode::set_pop_ahead`)
+        cfg.pop_ahead = alloc_chains == 1 && MnConfig::pop_ahead_pays(self.mode, geo.chunk_count(), max_cns);
         if let Some(d) = spec.queue_depth {
             cfg.queue_depth = d;
         }

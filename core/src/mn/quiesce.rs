@@ -47,24 +47,42 @@
 use super::{rd, read_entry, wr, MemoryNode, MnError, MnPort};
 use crate::chain::ChainKind;
 use crate::device::{ExecutionMode, MwBinding};
-use crate::ids::{CnId, GroupId};
+use crate::ids::{CnId, GroupId, Qpn};
 use crate::mn::{Action, CnStatus, ENTRY_RECLAIMING};
 use crate::wire::memory_map::{alloc_scratch, ALLOC_SCRATCH_OFF};
 
 /// Which of a CN's chains a quiesce stopped.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Chains {
+    /// Alloc chains of the CN (a CN may have several: [`crate::mn::MnConfig::alloc_chains`]):
+    /// those whose bit is set in `alloc_mask`.
     pub alloc: bool,
     pub free: bool,
+    /// Which alloc chains `alloc` means (bit j: chain j); every one unless a single chain's
+    /// failure stopped only that chain — its siblings keep the groups they popped ahead.
+    pub alloc_mask: u8,
 }
 
 impl Chains {
-    pub const BOTH: Chains = Chains { alloc: true, free: true };
+    pub const BOTH: Chains = Chains { alloc: true, free: true, alloc_mask: ALL_ALLOC_CHAINS };
     pub const fn only(kind: ChainKind) -> Chains {
         match kind {
-            ChainKind::Alloc => Chains { alloc: true, free: false },
-            ChainKind::Free => Chains { alloc: false, free: true },
+            ChainKind::Alloc => Chains { alloc: true, free: false, alloc_mask: ALL_ALLOC_CHAINS },
+            ChainKind::Free => Chains { alloc: false, free: true, alloc_mask: 0 },
         }
+    }
+    /// The alloc chains in `mask` alone (no free chain).
+    pub const fn alloc_chains(mask: u8) -> Chains {
+        Chains { alloc: mask != 0, free: false, alloc_mask: mask }
+    }
+    /// These chains and the free chain.
+    pub const fn and_free(self) -> Chains {
+        Chains { free: true, ..self }
+    }
+    /// These chains and the alloc chains in `mask`.
+    pub const fn and_alloc(self, mask: u8) -> Chains {
+        let m = self.alloc_mask | mask;
+        Chains { alloc: m != 0, free: self.free, alloc_mask: m }
     }
     pub const fn has(&self, kind: ChainKind) -> bool {
         match kind {
@@ -72,7 +90,14 @@ impl Chains {
             ChainKind::Free => self.free,
         }
     }
+    /// Whether alloc chain `j` is among them.
+    pub const fn has_alloc_chain(&self, j: u8) -> bool {
+        self.alloc && self.alloc_mask & (1 << j) != 0
+    }
 }
+
+/// [`Chains::alloc_mask`] naming every alloc chain.
+pub const ALL_ALLOC_CHAINS: u8 = (1 << super::MAX_ALLOC_CHAINS) - 1;
 
 /// Proof that some of one CN's chains are stopped. Only [`MemoryNode::quiesce`] builds one, and
 /// every MN path that returns a group of that CN takes it.
@@ -167,14 +192,20 @@ impl MemoryNode {
                 // A loop ring ENABLEs its management ring and the management ring ENABLEs the
                 // loop ring's second half; a reset queue is empty, so an ENABLE that reaches it
                 // between the two resets releases nothing.
-                for kind in [ChainKind::Alloc, ChainKind::Free] {
-                    if !chains.has(kind) {
-                        continue;
+                // `alloc`: every alloc chain of the CN, so no sibling chain's lap can touch
+                // a group the MN decides about
+                let mut stop: heapless::Vec<(Qpn, Option<Qpn>), { super::MAX_ALLOC_CHAINS + 1 }> = heapless::Vec::new();
+                if chains.alloc {
+                    for (_, m, l) in r.alloc_chains().filter(|(j, _, _)| chains.has_alloc_chain(*j)) {
+                        let pushed = stop.push((m, l));
+                        debug_assert!(pushed.is_ok(), "at most MAX_ALLOC_CHAINS alloc chains and the free chain");
                     }
-                    let (mgmt, lp) = match kind {
-                        ChainKind::Alloc => (r.qps.alloc, r.qps.alloc_loop),
-                        ChainKind::Free => (r.qps.free, r.qps.free_loop),
-                    };
+                }
+                if chains.free {
+                    let pushed = stop.push((r.qps.free, r.qps.free_loop));
+                    debug_assert!(pushed.is_ok(), "at most MAX_ALLOC_CHAINS alloc chains and the free chain");
+                }
+                for (mgmt, lp) in stop {
                     if let Some(lp) = lp {
                         port.apply(Action::ResetQp(lp)).map_err(MnError::Port)?;
                     }
@@ -185,13 +216,22 @@ impl MemoryNode {
                 }
             }
             ExecutionMode::HostEngine => {
-                port.apply(Action::StopLaps { cn, alloc: chains.alloc, free: chains.free }).map_err(MnError::Port)?;
+                let alloc_mask = if chains.alloc { chains.alloc_mask } else { 0 };
+                port.apply(Action::StopLaps { cn, alloc: alloc_mask, free: chains.free }).map_err(MnError::Port)?;
+                // those chains' laps have ended (a failed one already had)
+                if let Some(n) = self.alloc_in_flight.get_mut(r.slot as usize) {
+                    *n &= !alloc_mask;
+                }
                 // a management QP a failed request left in ERR comes back before the MN
                 // answers on it (a healthy one keeps its state and the CN its receives)
-                for kind in [ChainKind::Alloc, ChainKind::Free] {
-                    if chains.has(kind) && r.status == CnStatus::Active {
-                        let mgmt = if kind == ChainKind::Alloc { r.qps.alloc } else { r.qps.free };
-                        port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+                if r.status == CnStatus::Active {
+                    if chains.alloc {
+                        for (_, mgmt, _) in r.alloc_chains().filter(|(j, _, _)| chains.has_alloc_chain(*j)) {
+                            port.apply(Action::ResetQp(mgmt)).map_err(MnError::Port)?;
+                        }
+                    }
+                    if chains.free {
+                        port.apply(Action::ResetQp(r.qps.free)).map_err(MnError::Port)?;
                     }
                 }
             }
@@ -237,7 +277,13 @@ impl MemoryNode {
         let mut w = Whereabouts::default();
         let e = read_entry(port, entry)?;
         let chunk = self.map.group_of_entry(entry).and_then(|g| self.cfg.geometry.chunk_base(g));
-        let slots: heapless::Vec<(u32, CnId), { super::MAX_CNS }> = self.cns().map(|r| (r.slot, r.cn)).collect();
+        let mut slots: heapless::Vec<(u32, CnId), { super::MAX_CNS * super::MAX_ALLOC_CHAINS }> = heapless::Vec::new();
+        for r in self.cns() {
+            for j in 0..r.alloc_chain_count() {
+                let pushed = slots.push((self.chain_slot(r.slot, j), r.cn));
+                debug_assert!(pushed.is_ok(), "MAX_ALLOC_CHAINS chains per CN record");
+            }
+        }
         for (slot, cn) in slots {
             let Some(s) = self.map.scratch(slot) else { continue };
             let a = s + ALLOC_SCRATCH_OFF;

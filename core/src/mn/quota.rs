@@ -89,13 +89,27 @@ impl MemoryNode {
             self.cns().filter(|r| charged.contains(&r.cn.get())).map(|r| (r.cn.get(), r.slot)).collect();
         let mut n = 0;
         for (owner, slot) in slots {
-            let s = self.map.scratch(slot).ok_or(MnError::BadConfig)?;
-            let entry = rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)?;
-            if self.map.group_of_entry(entry).is_some() && read_entry(port, entry)?.owner() == owner {
-                n += 1;
+            // every alloc chain of the CN holds one group ahead at most
+            let chains = CnId::new(owner).ok().and_then(|c| self.cn(c)).map_or(1, |r| r.alloc_chain_count());
+            for j in 0..chains {
+                let s = self.chain_scratch(slot, j).ok_or(MnError::BadConfig)?;
+                let entry = rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)?;
+                if self.map.group_of_entry(entry).is_some() && read_entry(port, entry)?.owner() == owner {
+                    n += 1;
+                }
             }
         }
         Ok(n)
+    }
+
+    /// Host-engine alloc laps of `cn` (and of the CNs its tenant's quota is shared with) that
+    /// were served and have neither committed nor been stopped.
+    fn alloc_laps_in_flight(&self, cn: CnId) -> u32 {
+        let charged = crate::mn::tenant::charged_with(self.cns().map(|r| (r.cn, r.tenant)), cn);
+        self.cns()
+            .filter(|r| charged.contains(&r.cn.get()))
+            .map(|r| self.alloc_in_flight.get(r.slot as usize).copied().unwrap_or(0).count_ones())
+            .sum()
     }
 
     /// The quota `cn` is held to: its tenant's (shared), or the per-CN one.
@@ -108,7 +122,14 @@ impl MemoryNode {
     /// once while the CN is parked on its ticket or when it would exceed the quota; anything
     /// else is served. A refused request's buffer is free again at once (no lap holds it): the
     /// driver posts it with its one rule.
-    pub(super) fn on_request<P: MnPort>(&mut self, port: &mut P, cn: CnId, kind: ChainKind, len: u32) -> R<P::Error> {
+    pub(super) fn on_request<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        cn: CnId,
+        kind: ChainKind,
+        chain: u8,
+        len: u32,
+    ) -> R<P::Error> {
         let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
         // a request: the CN is alive (a lap may drop the completions of its probes while it
         // waits for its own steps)
@@ -118,7 +139,8 @@ impl MemoryNode {
         }
         if kind == ChainKind::Alloc {
             // the token, where the request is long enough to carry one (a refusal names it)
-            let token = match (len as usize >= crate::wire::message::HEADER_LEN, self.map.scratch(r.slot)) {
+            let buf = self.chain_scratch(r.slot, chain).filter(|_| chain < r.alloc_chain_count());
+            let token = match (len as usize >= crate::wire::message::HEADER_LEN, buf) {
                 (true, Some(s)) => Some(self.token_at(port, s + ALLOC_REQUEST_BUF_OFF)?),
                 _ => None,
             };
@@ -126,7 +148,7 @@ impl MemoryNode {
             // receive. Here it must not run either: the CN's empty pop already holds its one
             // ticket, and another pop would take a second one the queue ring has no room for.
             // Answer it "empty" (matched by its token) without running it.
-            let refused = if r.alloc_parked {
+            let refused = if r.parked_chains & (1 << chain) != 0 {
                 if let Some(token) = token {
                     self.refuse_parked(port, cn, token)?;
                 }
@@ -143,7 +165,14 @@ impl MemoryNode {
                 return Ok(());
             }
         }
-        port.apply(Action::ServeLap { cn, kind, len }).map_err(MnError::Port)
+        if kind == ChainKind::Alloc {
+            // counted until it commits or is stopped: laps on the CN's other alloc chains are
+            // checked against it
+            if let Some(n) = self.alloc_in_flight.get_mut(r.slot as usize) {
+                *n |= 1 << chain;
+            }
+        }
+        port.apply(Action::ServeLap { cn, kind, chain, len }).map_err(MnError::Port)
     }
 
     /// Host-engine mode's exact quota: refuse an allocation that would exceed it (the CN is
@@ -151,7 +180,9 @@ impl MemoryNode {
     /// O(CNs): the kept counts, no table read.
     fn refuse_over_quota<P: MnPort>(&mut self, port: &mut P, cn: CnId, token: u32) -> Result<bool, MnError<P::Error>> {
         let quota = self.quota_of(cn);
-        let held = self.held_by(cn);
+        // what it holds, and what its alloc laps in flight on its other chains will hold when
+        // they commit: K chains never take it past its quota
+        let held = self.held_by(cn) + self.alloc_laps_in_flight(cn);
         if held < quota && self.bytes_allow(cn, held + 1) {
             return Ok(false);
         }
@@ -228,8 +259,13 @@ impl MemoryNode {
             rec.status = CnStatus::MgmtDisconnected;
         }
         port.apply(Action::DisconnectMgmt { alloc: r.qps.alloc, free: r.qps.free }).map_err(MnError::Port)?;
+        if !r.extra_alloc.is_empty() {
+            // every extra alloc chain's management QP goes too (its loop QP stays, as the first's)
+            port.apply(Action::ReleaseQps { qps: r.extra_alloc.iter().map(|c| c.mgmt).collect() })
+                .map_err(MnError::Port)?;
+        }
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
-        self.repair_alloc(port, &q, s + ALLOC_SCRATCH_OFF)?;
+        self.repair_alloc_chains(port, &q)?;
         self.repair_free(port, &q, s + FREE_SCRATCH_OFF)?;
         self.reclaim_all_of(port, &q)?;
         self.settle(port)

@@ -149,9 +149,11 @@ impl MemoryNode {
             self.stats.chains_rearmed += 1;
             self.arm(port, cn, ChainKind::Free)?;
         }
-        if q.chains().alloc && !self.cn(cn).is_some_and(|r| r.alloc_parked) {
+        // the stopped alloc chains that are not parked
+        let mask = if q.chains().alloc { self.unparked(cn, q.chains().alloc_mask) } else { 0 };
+        if mask != 0 {
             self.stats.chains_rearmed += 1;
-            self.arm(port, cn, ChainKind::Alloc)?;
+            self.arm_chains(port, cn, ChainKind::Alloc, mask)?;
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ impl MemoryNode {
         port: &mut P,
         cn: CnId,
         kind: ChainKind,
+        chain: u8,
         step: Option<u8>,
         failure: LapFailure,
     ) -> R<P::Error> {
@@ -28,30 +29,49 @@ impl MemoryNode {
         // layouts) can then free it through its own free chain while the repair reclaims it —
         // so its free chain stops too, before anything is decided.
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
-        let mut q = self.quiesce(port, cn, Chains::only(kind))?;
-        let popped = rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)?;
-        if kind == ChainKind::Alloc && popped != 0 {
-            q = self.quiesce(port, cn, Chains::BOTH)?;
+        // the failed chain's own scratch (an alloc chain's; the CN's first for the free chain)
+        let sa = match kind {
+            ChainKind::Alloc => self.chain_scratch(r.slot, chain).filter(|_| chain < r.alloc_chain_count()),
+            ChainKind::Free => Some(s),
+        }
+        .ok_or(MnError::BadConfig)?;
+        // Only the failed chain stops: the CN's other alloc chains go on with their own laps
+        // and the groups they popped ahead (stopping them would hand those back, and an empty
+        // queue would then take turns failing the CN's chains for ever).
+        let mine = match kind {
+            ChainKind::Alloc => Chains::alloc_chains(1 << chain),
+            ChainKind::Free => Chains::only(ChainKind::Free),
+        };
+        let mut q = self.quiesce(port, cn, mine)?;
+        if kind == ChainKind::Alloc && rd(port, sa + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)? != 0 {
+            q = self.quiesce(port, cn, mine.and_free())?;
             self.repair_interrupted(port, &q, ChainKind::Free)?;
         }
-        // ... and a failed free of the very group this CN's own alloc lap is still binding
-        // (a hostile CN that guessed the entry before its reply) stops that alloc lap first
-        if kind == ChainKind::Free
-            && popped != 0
-            && rd(port, s + FREE_SCRATCH_OFF + free_scratch::ENTRY_ADDR)? == popped
-        {
-            q = self.quiesce(port, cn, Chains::BOTH)?;
-            self.repair_interrupted(port, &q, ChainKind::Alloc)?;
+        // ... and a failed free of the very group one of this CN's own alloc laps is still
+        // binding (a hostile CN that guessed the entry before its reply) stops that lap first
+        if kind == ChainKind::Free {
+            let freeing = rd(port, s + FREE_SCRATCH_OFF + free_scratch::ENTRY_ADDR)?;
+            let mut binding = 0u8;
+            for (j, a) in self.alloc_scratches(cn).into_iter().enumerate() {
+                let popped = rd(port, a + ALLOC_SCRATCH_OFF + alloc_scratch::REPLY_ENTRY_ADDR)?;
+                if popped != 0 && popped == freeing {
+                    binding |= 1 << j;
+                }
+            }
+            if binding != 0 {
+                q = self.quiesce(port, cn, mine.and_alloc(binding))?;
+                self.repair_interrupted(port, &q, ChainKind::Alloc)?;
+            }
         }
         let other_stopped = q.chains().has(kind.other());
         match kind {
             ChainKind::Alloc => {
-                let a = s + ALLOC_SCRATCH_OFF;
+                let a = sa + ALLOC_SCRATCH_OFF;
                 let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
                 let repair = self.repair_alloc(port, &q, a)?;
                 if repair == AllocRepair::TookTicket {
                     // the queue was empty: park this chain until frees refill it
-                    self.park(cn);
+                    self.park(cn, chain);
                     if token != 0 || self.cfg.mode == ExecutionMode::HostEngine {
                         self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
                     }
@@ -91,14 +111,14 @@ impl MemoryNode {
                 // for (capacity = groups + one ticket per CN + 1). Offloaded, a parked chain is
                 // not armed; host engine, its request buffer is posted and requests are
                 // answered "empty" until "available".
-                if r.alloc_parked {
+                if self.chain_parked(cn, chain) {
                     if self.cfg.mode == ExecutionMode::HostEngine {
-                        self.arm(port, cn, ChainKind::Alloc)?;
-                        self.park(cn);
+                        self.arm_chains(port, cn, ChainKind::Alloc, 1 << chain)?;
+                        self.park(cn, chain);
                     }
                 } else {
                     self.stats.chains_rearmed += 1;
-                    self.arm(port, cn, ChainKind::Alloc)?;
+                    self.arm_chains(port, cn, ChainKind::Alloc, 1 << chain)?;
                 }
                 if other_stopped {
                     self.stats.chains_rearmed += 1;
@@ -128,9 +148,10 @@ impl MemoryNode {
                 }
                 self.stats.chains_rearmed += 1;
                 self.arm(port, cn, ChainKind::Free)?;
-                if other_stopped && !self.cn(cn).is_some_and(|r| r.alloc_parked) {
+                let stopped = if other_stopped { self.unparked(cn, q.chains().alloc_mask) } else { 0 };
+                if stopped != 0 {
                     self.stats.chains_rearmed += 1;
-                    self.arm(port, cn, ChainKind::Alloc)?;
+                    self.arm_chains(port, cn, ChainKind::Alloc, stopped)?;
                 }
                 self.settle(port)
             }
@@ -154,24 +175,54 @@ impl MemoryNode {
         let s = self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
         match kind {
             ChainKind::Alloc => {
-                let a = s + ALLOC_SCRATCH_OFF;
-                let hdr = rd(port, a + alloc_scratch::REQ_HDR)?;
-                let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
-                let repair = self.repair_alloc(port, q, a)?;
-                wr(port, a + alloc_scratch::REQ_HDR, 0)?;
-                if repair == AllocRepair::TookTicket {
-                    self.park(cn);
-                    if r.status == CnStatus::Active && hdr != 0 {
-                        self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
+                // each alloc chain of the CN the quiesce stopped
+                for (j, a) in self.alloc_scratches(cn).into_iter().enumerate() {
+                    if q.chains().has_alloc_chain(j as u8) {
+                        self.repair_interrupted_alloc(port, q, j as u8, a)?;
                     }
-                } else if hdr != 0 && r.status == CnStatus::Active {
-                    self.send(port, cn, &ErrorReply { token, code: ErrorCode::AllocFailed, detail: 0 }.encode())?;
                 }
             }
             ChainKind::Free => {
                 let f = s + FREE_SCRATCH_OFF;
                 self.repair_free(port, q, f)?;
                 wr(port, f + free_scratch::REQ_HDR, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`MemoryNode::repair_interrupted`] for alloc chain `j`, whose scratch area is `s`.
+    pub(super) fn repair_interrupted_alloc<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        q: &Quiesced,
+        j: u8,
+        s: u64,
+    ) -> R<P::Error> {
+        let cn = q.cn();
+        let Some(r) = self.cn(cn).cloned() else { return Ok(()) };
+        let a = s + ALLOC_SCRATCH_OFF;
+        let hdr = rd(port, a + alloc_scratch::REQ_HDR)?;
+        let token = self.token_at(port, a + alloc_scratch::REQ_HDR)?;
+        let repair = self.repair_alloc(port, q, a)?;
+        wr(port, a + alloc_scratch::REQ_HDR, 0)?;
+        if repair == AllocRepair::TookTicket {
+            self.park(cn, j);
+            if r.status == CnStatus::Active && hdr != 0 {
+                self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
+            }
+        } else if hdr != 0 && r.status == CnStatus::Active {
+            self.send(port, cn, &ErrorReply { token, code: ErrorCode::AllocFailed, detail: 0 }.encode())?;
+        }
+        Ok(())
+    }
+
+    /// Every alloc chain's lap of a CN that is leaving or losing everything (crash, eviction,
+    /// quota) undone from its own markers, without telling the CN.
+    pub(super) fn repair_alloc_chains<P: MnPort>(&mut self, port: &mut P, q: &Quiesced) -> R<P::Error> {
+        for (j, a) in self.alloc_scratches(q.cn()).into_iter().enumerate() {
+            if q.chains().has_alloc_chain(j as u8) {
+                self.repair_alloc(port, q, a + ALLOC_SCRATCH_OFF)?;
             }
         }
         Ok(())
@@ -352,7 +403,7 @@ impl MemoryNode {
         self.empty = false;
         for r in cns.iter() {
             self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
-            self.init_scratch(port, r.slot, r.cn)?;
+            self.init_scratch(port, r.slot, r.cn, r.alloc_chain_count())?;
             if let Some(rec) = self.cns.iter_mut().flatten().find(|x| x.cn == r.cn) {
                 rec.allocs = 0;
                 rec.frees = 0;

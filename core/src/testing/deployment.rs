@@ -26,7 +26,7 @@ use crate::device::{DataPath, RdmaBackend};
 use crate::ids::CnId;
 use crate::mn::driver::{DriverError, MnDriver};
 use crate::mn::tenant::TenantId;
-use crate::mn::{CnQps, Event};
+use crate::mn::{AllocChainQps, CnQps, Event};
 use core::fmt;
 
 /// Pump rounds before a deployment that never goes idle is reported ([`PumpError::NeverIdle`]):
@@ -332,7 +332,18 @@ impl<'a, F: Fabric, D: MnDevice, C: CnSide> Deployment<'a, F, D, C> {
     /// ends of its QPs), alone or as one of `tenant`'s CNs: the MN admits it and sends its
     /// connect info; pump until it arrived. The id, and what the MN CPU did meanwhile.
     pub fn connect(&mut self, index: usize, qps: CnQps, tenant: Option<TenantId>) -> Res<(CnId, MnActivity), F, D, C> {
-        let id = self.mn.connect_as(qps, tenant).map_err(PumpError::Mn)?;
+        self.connect_with_chains(index, qps, &[], tenant)
+    }
+
+    /// [`Deployment::connect`] for a CN with extra alloc chains (`extra`: their MN ends).
+    pub fn connect_with_chains(
+        &mut self,
+        index: usize,
+        qps: CnQps,
+        extra: &[AllocChainQps],
+        tenant: Option<TenantId>,
+    ) -> Res<(CnId, MnActivity), F, D, C> {
+        let id = self.mn.connect_with_chains(qps, extra, tenant).map_err(PumpError::Mn)?;
         if let Some(c) = self.cns.get_mut(index) {
             c.set_mn_id(id);
         }

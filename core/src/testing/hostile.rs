@@ -22,6 +22,8 @@ pub trait HostileCn {
     fn free_entry(&mut self, entry_addr: u64) -> Result<u32, Self::Error>;
     /// Any bytes (up to a message slot) as a request on any of the CN's QPs.
     fn send_raw(&mut self, qp: CnQp, bytes: &[u8]) -> Result<(), Self::Error>;
+    /// Any bytes as a request on the Alloc QP of the CN's alloc chain `chain` (0: the first).
+    fn send_raw_on_chain(&mut self, chain: usize, bytes: &[u8]) -> Result<(), Self::Error>;
 }
 
 impl<B: RdmaBackend, const N: usize, const S: usize> HostileCn for CnDriver<B, N, S> {
@@ -45,6 +47,11 @@ impl<B: RdmaBackend, const N: usize, const S: usize> HostileCn for CnDriver<B, N
 
     fn send_raw(&mut self, qp: CnQp, bytes: &[u8]) -> Result<(), Self::Error> {
         let q = self.qps().get(qp).ok_or(CnError::NoSuchQp(qp))?;
+        self.send_request(q, None, false, bytes)
+    }
+
+    fn send_raw_on_chain(&mut self, chain: usize, bytes: &[u8]) -> Result<(), Self::Error> {
+        let q = self.alloc_qp(chain).ok_or(CnError::NoSuchQp(CnQp::Alloc))?;
         self.send_request(q, None, false, bytes)
     }
 }

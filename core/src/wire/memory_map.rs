@@ -13,6 +13,10 @@
 //!                                                  host-mode request buffers, the mlx5
 //!                                                  form's lap counters, send buffers)
 //! ```
+//!
+//! `max_cns` here counts scratch areas: an MN whose CNs have K alloc chains each is mapped with
+//! `max_cns × K` of them (`MemoryNode::scratch_slots`), chain j of the CN in slot s using area
+//! `s + j × max_cns` — which also gives the free queue's ring room for one ticket per chain.
 
 use crate::geometry::PoolGeometry;
 use crate::ids::GroupId;

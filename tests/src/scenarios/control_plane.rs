@@ -45,7 +45,7 @@ fn honest_takes_everything(t: &mut dyn Testbed, cn: usize, held_elsewhere: u32, 
     let chunks = t.spec().chunks;
     assert_eq!(t.unallocated(), chunks - held_elsewhere, "{why}: free count");
     // what the other CNs' alloc chains popped ahead is theirs to hand out
-    let others_ahead = (0..t.spec().cns).filter(|i| *i != cn && t.ahead_of(*i)).count() as u32;
+    let others_ahead: u32 = (0..t.spec().cns).filter(|i| *i != cn).map(|i| t.ahead_count(i)).sum();
     let mut got: Vec<Allocation> = Vec::new();
     while let Ok(a) = t.alloc(cn) {
         let tag = format!("{why} #{}", got.len());

@@ -33,7 +33,7 @@ fn crash_holding(f: &dyn Factory) -> Outcome {
     assert_eq!(t.write(1, &other, 0, 0, b"fine"), WcStatus::Success);
     // the MN keeps serving: the others get every chunk that is left (but one cn1's alloc chain
     // may hold popped ahead)
-    let left = 7 - u32::from(t.ahead_of(1));
+    let left = 7 - t.ahead_count(1);
     let mut n = 0;
     while t.alloc(2).is_ok() {
         n += 1;
