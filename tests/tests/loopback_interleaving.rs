@@ -94,6 +94,9 @@ fn run_in(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) {
         c.set_interleaving(seed, per_mille);
         let mut tokens = Vec::new();
         let mut freed = Vec::new();
+        // CNs with a free of a misbound group in flight (`MisbindFree`): one free at a time
+        // per CN, like the honest ones in `freed`
+        let mut misbind_freeing: HashSet<usize> = HashSet::new();
         // a CN that allocates in this batch may receive the very group it names in a "forged"
         // free, which then is its own, legitimately freed: forgers here do not allocate
         let allocating: HashSet<usize> =
@@ -109,7 +112,7 @@ fn run_in(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) {
                     }
                 }
                 Act::Free(i, k) => {
-                    if !live[*i].is_empty() && freed.iter().all(|(j, _, _)| j != i) {
+                    if !live[*i].is_empty() && freed.iter().all(|(j, _, _)| j != i) && !misbind_freeing.contains(i) {
                         let n = live[*i].len();
                         let (a, tag) = live[*i].swap_remove(k % n);
                         c.free_begin(*i, &a).unwrap();
@@ -138,13 +141,18 @@ fn run_in(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) {
                 }
                 Act::MisbindFree(i) => {
                     // (not while this CN has a request of its own in flight: one at a time)
-                    if tokens.iter().all(|(j, _)| j != i) && freed.iter().all(|(j, _, _)| j != i) {
+                    if tokens.iter().all(|(j, _)| j != i)
+                        && freed.iter().all(|(j, _, _)| j != i)
+                        && !misbind_freeing.contains(i)
+                    {
                         let victim = c.cns[(i + 1) % CNS].mn_qps.access[0];
                         let mut qpns: Vec<_> = c.cns[*i].mn_qps.access.iter().copied().collect();
                         qpns[0] = victim;
                         // the host engine refuses the request outright
                         if let Ok(a) = c.alloc_naming(*i, &qpns) {
-                            let _ = c.free_begin(*i, &a);
+                            if c.free_begin(*i, &a).is_ok() {
+                                misbind_freeing.insert(*i);
+                            }
                         }
                     }
                 }
