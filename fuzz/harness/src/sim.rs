@@ -163,9 +163,13 @@ pub fn owned_by(c: &Cluster, cn: usize, a: &Allocation) -> bool {
 }
 
 /// Groups the MN records for CN `cn`.
+/// Groups CN `cn` holds by the MN's table — not the one its alloc chain popped ahead for its
+/// next request (owned by it in the table, but the MN's: the quota allows for it).
 pub fn held_by(c: &Cluster, cn: usize) -> u32 {
     let id = c.cns[cn].id.get();
+    let ahead = c.driver.group_ahead_of(c.cns[cn].id);
     (0..c.driver.mn.map().geometry.chunk_count())
+        .filter(|i| ahead != Some(GroupId(*i)))
         .filter(|i| c.driver.entry(GroupId(*i)).map(|e| e.owner() == id).unwrap_or(false))
         .count() as u32
 }
