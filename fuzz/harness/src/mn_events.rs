@@ -563,8 +563,19 @@ fn step(w: &mut World, op: &Op) {
                 return;
             }
             w.connects += 1;
-            if let Err(e) = w.c.connect_cn() {
-                cluster_err(op, e);
+            match w.c.connect_cn() {
+                Ok(_) => {}
+                // every slot still taken: a CN that vanished keeps its slot until the MN has
+                // seen it go (its lease, its connection's error) — a typed refusal, not a fault
+                Err(omw_loopback::cluster::ClusterError::Driver(omw_core::mn::driver::DriverError::Node(
+                    omw_core::mn::MnError::TooManyCns,
+                ))) => {
+                    // the refused CN never joined: gone, like a crashed one
+                    if let Some(n) = w.c.cns.last_mut() {
+                        n.crashed = true;
+                    }
+                }
+                Err(e) => cluster_err(op, e),
             }
         }
         Op::ResetRnic => {
