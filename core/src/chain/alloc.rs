@@ -206,5 +206,6 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let closing = b.closing;
     b.set_count(closing, len1);
     b.layout.initial_enable = [len1 as u16, 0];
+    b.settle_relays();
     Ok(b.layout)
 }

@@ -85,6 +85,9 @@ pub(crate) struct Builder {
     slot: u32,
     /// Index of the lap-closing ENABLE once `lap_tail` has run.
     pub closing: u8,
+    /// With `ChainVariant::relays_gates`: each relay, as (the Loop ring's ENABLE of the
+    /// management ring that releases it, the management ring's ENABLE of the Loop ring).
+    relays: heapless::Vec<(u8, u8), 8>,
 }
 
 impl Builder {
@@ -135,6 +138,7 @@ impl Builder {
             },
             slot: env.slot,
             closing: 0,
+            relays: heapless::Vec::new(),
         }
     }
     pub fn next(&self) -> u8 {
@@ -166,9 +170,65 @@ impl Builder {
     /// ring completed (and, completions being in order, everything before them), and only then
     /// are the next phase's WQEs — patched by those READs — fetched. A gate that needs no WAIT,
     /// so nothing to bump per lap (ENABLE counts are relative). Its count is set by
-    /// [`Self::set_count`] once the next phase is known.
+    /// [`Self::set_count`] once the next phase is known. Relayed where the variant says so
+    /// ([`Self::enable_loop`]).
     pub fn gate_loop(&mut self, env: &ChainEnv) -> Result<u8, crate::chain::ChainError> {
-        self.push(Ring::Loop, fenced(Wqe::enable(env.loop_qpn, QueueSel::Send, 0)))
+        self.enable_loop(env, true)
+    }
+
+    /// An ENABLE of the Loop ring issued by the Loop ring (FENCEd or not); returns the step
+    /// whose count is the release. With `ChainVariant::relays_gates` the Loop ring enables the
+    /// management ring instead — by exactly the one entry that is the relay, an ENABLE of the
+    /// Loop ring ([`Self::settle_relays`] sets the management counts) — so no queue enables
+    /// itself: the relay runs after the Loop ENABLE (its release), and that after everything
+    /// the FENCE or a WAIT before it holds back.
+    pub fn enable_loop(&mut self, env: &ChainEnv, fence: bool) -> Result<u8, crate::chain::ChainError> {
+        let fence_if = |w: Wqe| if fence { fenced(w) } else { w };
+        if !env.variant.relays_gates {
+            return self.push(Ring::Loop, fence_if(Wqe::enable(env.loop_qpn, QueueSel::Send, 0)));
+        }
+        let release = self.push(Ring::Loop, fence_if(Wqe::enable(env.mgmt_qpn, QueueSel::Send, 1)))?;
+        let relay = self.push(Ring::Mgmt, Wqe::enable(env.loop_qpn, QueueSel::Send, 0))?;
+        self.relays.push((release, relay)).map_err(|_| crate::chain::ChainError::TooManySteps)?;
+        Ok(relay)
+    }
+
+    /// With relayed gates, once every step is placed: the count of each Loop-ring ENABLE of the
+    /// management ring. A relay's releasing ENABLE releases exactly up to and including it;
+    /// every other one up to the next relay not yet released (a management step behind a
+    /// relay in the order runs after the relay's gate, which the sequential order allows); the
+    /// last one to the ring's end, padding included — one lap of the ring per lap.
+    pub fn settle_relays(&mut self) {
+        if self.relays.is_empty() {
+            return;
+        }
+        let depth = self.layout.ring_depth[Ring::Mgmt as usize] as usize;
+        let mgmt_qpn = self.layout.qpns[1];
+        let enablers: heapless::Vec<u8, MAX_STEPS> = (0..self.layout.steps.len())
+            .filter(|&i| {
+                let s = &self.layout.steps[i];
+                s.ring == Ring::Loop
+                    && s.wqe.opcode == Opcode::Enable
+                    && s.wqe.queue_sel() == QueueSel::Send
+                    && s.wqe.qpn == mgmt_qpn
+            })
+            .map(|i| i as u8)
+            .collect();
+        let mut limit = self.layout.initial_enable[Ring::Mgmt as usize] as usize;
+        for (k, e) in enablers.iter().copied().enumerate() {
+            let next = self.relays.iter().map(|(_, r)| (*r, self.layout.position(*r as usize))).find(|(_, p)| *p >= limit);
+            let end = if k + 1 == enablers.len() {
+                depth
+            } else {
+                match next {
+                    Some((r, p)) if self.relays.iter().any(|(rel, rr)| *rel == e && *rr == r) => p + 1,
+                    Some((_, p)) => p,
+                    None => depth,
+                }
+            };
+            self.set_count(e, end.saturating_sub(limit) as u64);
+            limit = limit.max(end);
+        }
     }
     /// Set the count of ENABLE `step`.
     pub fn set_count(&mut self, step: u8, count: u64) {
@@ -227,7 +287,7 @@ impl Builder {
         if !env.variant.lap_enables_its_receive {
             self.push(Ring::Loop, fenced(Wqe::enable(env.mgmt_qpn, QueueSel::Recv, 1)))?;
         }
-        self.closing = self.push(Ring::Loop, fenced(Wqe::enable(env.loop_qpn, QueueSel::Send, 0)))?;
+        self.closing = self.enable_loop(env, true)?;
         for ring in [Ring::Loop, Ring::Mgmt] {
             let len = self.layout.ring_len(ring) as u64;
             let depth = if len == 0 { 0 } else { len.next_power_of_two() };

@@ -57,7 +57,7 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     // The entry READ is patched by the RECV, and a NIC may fetch past an unsatisfied WAIT: it
     // lies beyond the ring's enable limit until this ENABLE, which executes only behind the
     // WAIT — once the RECV, and so its scatter, completed.
-    let open = b.push(Ring::Loop, Wqe::enable(env.loop_qpn, QueueSel::Send, 0))?;
+    let open = b.enable_loop(env, false)?;
     let opened = b.layout.ring_len(Ring::Loop) as u64;
     let rd = b.push(Ring::Loop, Wqe::read(s + f::ENTRY, k.meta_lkey, ENTRY_SIZE as u32, 0, k.table_rkey))?;
     // the entry address, out of the READ the request patched: the marker, the write-back
@@ -166,5 +166,6 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let closing = b.closing;
     b.set_count(closing, opened);
     b.layout.initial_enable = [opened as u16, 0];
+    b.settle_relays();
     Ok(b.layout)
 }

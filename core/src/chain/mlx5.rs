@@ -49,7 +49,7 @@ use crate::wire::wqe_format::WqeFormat;
 use core::fmt;
 
 /// mlx5 WQEs per ring (canonical steps, their expansions, bumps, padding).
-pub const MAX_ITEMS: usize = 160;
+pub const MAX_ITEMS: usize = MAX_RING_WQEBBS;
 /// WQEBBs per ring.
 pub const MAX_RING_WQEBBS: usize = 256;
 /// Scatter entries of the mlx5 RECV (a byte-reversed request needs one per byte). ConnectX
@@ -609,6 +609,29 @@ fn entry_starts(
     Ok(())
 }
 
+/// The lap-closing ENABLE: the Loop ring's last FENCEd SEND_EN — of the Loop ring itself, or,
+/// with relayed gates (`ChainVariant::relays_gates`), of the management ring, whose relay
+/// then enables the Loop ring's next lap. The bump block runs before it.
+fn closing_of(layout: &ChainLayout) -> Option<usize> {
+    (0..layout.steps.len()).rev().find(|&j| {
+        let s = &layout.steps[j];
+        s.ring == Ring::Loop
+            && s.wqe.opcode == Opcode::Enable
+            && s.wqe.queue_sel() == QueueSel::Send
+            && layout.qpns.contains(&s.wqe.qpn)
+            && s.wqe.flags.contains(WqeFlags::FENCE)
+    })
+}
+
+/// Whether the bump of the WAIT / ENABLE at `step` runs *before* the step in each lap: a step
+/// after the closing ENABLE (a relay the closing releases) executes only once the bump block
+/// has run, so its lap counter starts one lap behind and the bump brings the field to this
+/// lap's value just before the step can be fetched (it lies beyond its ring's enable limit
+/// until the closing ENABLE runs).
+fn pre_bumped(layout: &ChainLayout, step: u8) -> bool {
+    closing_of(layout).is_some_and(|c| step as usize > c)
+}
+
 struct Const(Option<u32>, WqeIndex);
 impl QueueResolver for Const {
     fn cqn(&self, _: u32, _: QueueSel) -> Option<u32> {
@@ -637,14 +660,7 @@ impl Mlx5Chain {
         let n = layout.steps.len();
 
         // which steps need a shadow, and their per-lap increments (ENABLE: known after layout)
-        let closing = (0..n).rev().find(|&j| {
-            let s = &layout.steps[j];
-            s.ring == Ring::Loop
-                && s.wqe.opcode == Opcode::Enable
-                && s.wqe.queue_sel() == QueueSel::Send
-                && s.wqe.qpn == layout.qpns[0]
-                && s.wqe.flags.contains(WqeFlags::FENCE)
-        });
+        let closing = closing_of(layout);
         let mut bumped: heapless::Vec<(u8, u64, bool), MAX_SHADOWS> = heapless::Vec::new();
         if layout.rearm == Rearm::SelfEnabling {
             for (j, s) in layout.steps.iter().enumerate() {
@@ -756,9 +772,15 @@ impl Mlx5Chain {
                     (per_lap[t] as u64, 16)
                 }
             };
+            let field_mask = (1u64 << bits) - 1;
+            let initial = if pre_bumped(layout, *j) {
+                value_of(*j).wrapping_sub(increment) & field_mask
+            } else {
+                value_of(*j)
+            };
             let pushed = shadows.push(Shadow {
                 addr: shadow_base + SHADOW_SIZE * k as u64,
-                initial: value_of(*j),
+                initial,
                 increment,
                 bits,
                 step: *j,
@@ -1040,7 +1062,12 @@ impl Mlx5Chain {
                         let Role::Step(s) = p.role else { return Err(bad(Inconsistency::QueueField { step: 0 })) };
                         let sh = self.shadows.iter().find(|x| x.step == s);
                         let rearm = self.canonical.rearm == Rearm::SelfEnabling;
-                        if rearm && sh.map(|x| x.initial) != Some(max_index.get() as u64) {
+                        // a pre-bumped counter starts one lap behind its field
+                        let lap0 = |x: &Shadow| {
+                            let ahead = if pre_bumped(&self.canonical, s) { x.increment } else { 0 };
+                            x.initial.wrapping_add(ahead) & ((1u64 << x.bits) - 1)
+                        };
+                        if rearm && sh.map(lap0) != Some(max_index.get() as u64) {
                             return Err(bad(Inconsistency::QueueField { step: s }));
                         }
                     }
@@ -1171,13 +1198,7 @@ impl Mlx5Chain {
                 return Err(bad(sh.step));
             }
         }
-        let closing = (0..c.steps.len()).rev().find(|&j| {
-            let s = &c.steps[j];
-            s.ring == Ring::Loop
-                && s.wqe.opcode == Opcode::Enable
-                && s.wqe.qpn == self.qpns[0]
-                && s.wqe.flags.contains(WqeFlags::FENCE)
-        });
+        let closing = closing_of(c);
         let closing = closing.ok_or(bad(0))? as u8;
         let close_pi = self.main_placed(closing).ok_or(bad(closing))?.pi;
         let mut blocks: [(bool, bool); 2] = [(false, false); 2]; // (a copy seen, fetch-and-add after it)

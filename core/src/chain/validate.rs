@@ -548,9 +548,10 @@ impl ChainLayout {
 
     fn check_rearm(&self, hb: &HappensBefore) -> Result<(), ChainError> {
         let end = self.steps.len() as u8;
-        // The fenced ENABLE that starts the Loop ring's next lap: every bump must land before it
-        // executes (FENCE waits for this QP's outstanding atomics), and nothing else of the next
-        // lap can run before the Loop ring's does.
+        // The fenced ENABLE that starts the Loop ring's next lap — or, with relayed gates
+        // (`ChainVariant::relays_gates`), releases the management ring's relay that does: every
+        // bump must land before it executes (FENCE waits for this QP's outstanding atomics),
+        // and nothing else of the next lap can run before the Loop ring's does.
         let closing = self
             .steps
             .iter()
@@ -558,7 +559,7 @@ impl ChainLayout {
             .rev()
             .find(|(_, e)| {
                 e.ring == Ring::Loop
-                    && self.is_send_enable_of(e, Ring::Loop)
+                    && (self.is_send_enable_of(e, Ring::Loop) || self.is_send_enable_of(e, Ring::Mgmt))
                     && e.wqe.flags.contains(crate::wire::wqe::WqeFlags::FENCE)
             })
             .map(|(j, _)| j)

@@ -14,7 +14,15 @@
 //!   `chain::mlx5`): an index in the wrong unit would release a multi-WQEBB bind or scatter
 //!   READ early (or stall the ring), so each unit is its own variant and an unknown answer
 //!   admits neither.
-//! - **Self-enable honoured.** Phase gates are FENCEd ENABLEs of the Loop ring by itself.
+//! - **Self-enable: honoured, or any with relayed gates.** A phase gate is a FENCEd ENABLE of
+//!   the Loop ring by itself. No public source shows a queue's SEND_EN of itself running
+//!   (DPDK gives each QP one cd role), so the variants with `relays_gates` put no ENABLE of a
+//!   queue on that queue: each gate becomes a FENCEd ENABLE of the management ring by the Loop
+//!   ring, which releases exactly one management-ring ENABLE of the Loop ring (the relay) —
+//!   relative counts, so nothing more to bump per lap in canonical form; in mlx5 form each
+//!   relay is one more SEND_EN with its lap counter. What it costs: one more gated fetch per
+//!   gate (the relay's hop through the management queue) and two WQEs per gate per lap in
+//!   mlx5 form (`chain_cost_bounds`, docs/CHAINS.md).
 //! - **Foreign binds honoured.** The alloc chain posts every BIND on the management QP, naming
 //!   the CN's Free and access QPs.
 //! - **Receives: by the doorbell, or by the chain.** The device posts every receive slot of a
@@ -30,8 +38,9 @@ use crate::device::behaviour::{DeviceAnswers, ForeignBind, Needs, Question, Recv
 use core::fmt;
 
 /// A chain layout the builders can make, by what it needs of the device: binds on the
-/// management QP naming other QPs, self-enabling phase gates — and SEND_EN indices in
-/// `send_en_unit`, and, with `lap_enables_its_receive`, receives enabled by the chain itself.
+/// management QP naming other QPs — and SEND_EN indices in `send_en_unit`; with
+/// `lap_enables_its_receive`, receives enabled by the chain itself; without `relays_gates`,
+/// phase gates that enable their own queue.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[non_exhaustive]
 pub struct ChainVariant {
@@ -43,36 +52,48 @@ pub struct ChainVariant {
     /// only ever admits the next lap's. Where the doorbell enables receives it is ignored.
     /// Costs one WQE and one lap-counter bump per lap, off the request's path.
     pub lap_enables_its_receive: bool,
+    /// No queue enables itself: every Loop-ring phase gate (and the lap-closing ENABLE) is a
+    /// FENCEd ENABLE of the management ring, which runs the ENABLE of the Loop ring (the
+    /// relay) — correct whether or not a device honours a queue's ENABLE of itself
+    /// (`SelfEnable`). Costs one gated hop per gate.
+    pub relays_gates: bool,
 }
 
 impl ChainVariant {
     /// SEND_EN indices in WQEBBs (Mellanox PCX's `cd_send_enable`), receives from the
     /// doorbell: the paper's device.
     pub const WQEBB_ENABLES: ChainVariant =
-        ChainVariant { send_en_unit: SendEnUnit::Wqebb, lap_enables_its_receive: false };
+        ChainVariant { send_en_unit: SendEnUnit::Wqebb, lap_enables_its_receive: false, relays_gates: false };
     /// SEND_EN indices in WQEs (MLNX_OFED libmlx5's `sq.head`).
     pub const WQE_ENABLES: ChainVariant =
-        ChainVariant { send_en_unit: SendEnUnit::Wqe, lap_enables_its_receive: false };
+        ChainVariant { send_en_unit: SendEnUnit::Wqe, lap_enables_its_receive: false, relays_gates: false };
 
     /// `self` with every lap enabling its own receive.
     pub const fn enabling_receives(self) -> ChainVariant {
         ChainVariant { lap_enables_its_receive: true, ..self }
     }
 
+    /// `self` with every gate relayed through the management ring.
+    pub const fn relaying_gates(self) -> ChainVariant {
+        ChainVariant { relays_gates: true, ..self }
+    }
+
     /// Every layout, in the order the MN prefers them (the cheaper first).
-    pub const ALL: [ChainVariant; 4] = [
+    pub const ALL: [ChainVariant; 8] = [
         Self::WQEBB_ENABLES,
         Self::WQE_ENABLES,
         Self::WQEBB_ENABLES.enabling_receives(),
         Self::WQE_ENABLES.enabling_receives(),
+        Self::WQEBB_ENABLES.relaying_gates(),
+        Self::WQE_ENABLES.relaying_gates(),
+        Self::WQEBB_ENABLES.enabling_receives().relaying_gates(),
+        Self::WQE_ENABLES.enabling_receives().relaying_gates(),
     ];
 
     /// The device behaviours this layout is correct under.
     pub const fn needs(self) -> Needs {
-        let n = Needs::ANY
-            .send_en_unit(self.send_en_unit)
-            .self_enable(SelfEnable::Honoured)
-            .foreign_bind(&[ForeignBind::Honoured]);
+        let n = Needs::ANY.send_en_unit(self.send_en_unit).foreign_bind(&[ForeignBind::Honoured]);
+        let n = if self.relays_gates { n } else { n.self_enable(SelfEnable::Honoured) };
         if self.lap_enables_its_receive {
             n
         } else {
@@ -173,7 +194,29 @@ mod tests {
         let e = ChainVariant::choose(&DeviceAnswers::UNKNOWN).unwrap_err();
         assert_eq!(e.question, Some(Question::SendEnUnit));
         let answers = DeviceAnswers { send_en_unit: Some(SendEnUnit::Wqebb), ..DeviceAnswers::UNKNOWN };
-        assert_eq!(ChainVariant::choose(&answers).unwrap_err().question, Some(Question::SelfEnable));
+        assert_eq!(ChainVariant::choose(&answers).unwrap_err().question, Some(Question::ForeignBind));
+    }
+
+    /// A device that ignores (or has not said whether it honours) a queue's ENABLE of itself
+    /// gets the layout whose gates go through the management ring; the paper's device keeps
+    /// the self-enabling one, which costs fewer hops.
+    #[test]
+    fn self_enable_ignored_or_unknown_gets_relayed_gates() {
+        let mut b = DeviceBehaviour::PAPER;
+        b.self_enable = SelfEnable::Ignored;
+        assert_eq!(ChainVariant::choose(&DeviceAnswers::exactly(b)), Ok(ChainVariant::WQEBB_ENABLES.relaying_gates()));
+        b.recv_enable = RecvEnable::RecvEnOnly;
+        b.send_en_unit = SendEnUnit::Wqe;
+        assert_eq!(
+            ChainVariant::choose(&DeviceAnswers::exactly(b)),
+            Ok(ChainVariant::WQE_ENABLES.enabling_receives().relaying_gates())
+        );
+        let answers = DeviceAnswers { self_enable: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) };
+        assert_eq!(ChainVariant::choose(&answers), Ok(ChainVariant::WQEBB_ENABLES.relaying_gates()));
+        for v in ChainVariant::ALL {
+            let ignored = DeviceBehaviour { self_enable: SelfEnable::Ignored, ..DeviceBehaviour::PAPER };
+            assert_eq!(v.needs().hold_for(&ignored), v.relays_gates && v.send_en_unit == SendEnUnit::Wqebb, "{v:?}");
+        }
     }
 
     #[test]

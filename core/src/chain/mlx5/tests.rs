@@ -114,18 +114,10 @@ fn mn_memory(env: &ChainEnv) -> Mem {
     m
 }
 
-/// The canonical closing ENABLE (the last FENCEd self-ENABLE of the Loop ring).
+/// The canonical closing ENABLE (the Loop ring's last FENCEd SEND_EN: of itself, or of the
+/// management ring's relay).
 fn closing(l: &ChainLayout) -> usize {
-    (0..l.steps.len())
-        .rev()
-        .find(|&j| {
-            let s = &l.steps[j];
-            s.ring == Ring::Loop
-                && s.wqe.opcode == Opcode::Enable
-                && s.wqe.qpn == l.qpns[0]
-                && s.wqe.flags.contains(WqeFlags::FENCE)
-        })
-        .unwrap()
+    super::closing_of(l).unwrap()
 }
 
 struct Pair {
@@ -699,3 +691,4 @@ fn mlx5_lap_doc_is_current() {
     }
     assert!(fresh == doc, "docs/MLX5.md lap costs are stale: run OMW_BLESS=1 cargo test -p omw-core mlx5_lap_doc");
 }
+
