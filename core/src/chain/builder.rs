@@ -216,7 +216,8 @@ impl Builder {
             .collect();
         let mut limit = self.layout.initial_enable[Ring::Mgmt as usize] as usize;
         for (k, e) in enablers.iter().copied().enumerate() {
-            let next = self.relays.iter().map(|(_, r)| (*r, self.layout.position(*r as usize))).find(|(_, p)| *p >= limit);
+            let next =
+                self.relays.iter().map(|(_, r)| (*r, self.layout.position(*r as usize))).find(|(_, p)| *p >= limit);
             let end = if k + 1 == enablers.len() {
                 depth
             } else {

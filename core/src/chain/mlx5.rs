@@ -773,18 +773,10 @@ impl Mlx5Chain {
                 }
             };
             let field_mask = (1u64 << bits) - 1;
-            let initial = if pre_bumped(layout, *j) {
-                value_of(*j).wrapping_sub(increment) & field_mask
-            } else {
-                value_of(*j)
-            };
-            let pushed = shadows.push(Shadow {
-                addr: shadow_base + SHADOW_SIZE * k as u64,
-                initial,
-                increment,
-                bits,
-                step: *j,
-            });
+            let initial =
+                if pre_bumped(layout, *j) { value_of(*j).wrapping_sub(increment) & field_mask } else { value_of(*j) };
+            let pushed =
+                shadows.push(Shadow { addr: shadow_base + SHADOW_SIZE * k as u64, initial, increment, bits, step: *j });
             debug_assert!(pushed.is_ok(), "one shadow per bumped step: bumped holds at most MAX_SHADOWS");
         }
 

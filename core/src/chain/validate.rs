@@ -780,6 +780,57 @@ mod tests {
         }
     }
 
+    /// Relayed gates (`ChainVariant::relays_gates`): no ENABLE of a queue sits on that queue,
+    /// every variant validates for every G and geometry, and what relaying costs is exactly
+    /// one more gate per relay on the path: alloc popping ahead 2 → 2 (its path has no Loop
+    /// gate), not popping ahead 4 → 6, free 5 → 7; one more WQE per relay and lap (in mlx5
+    /// form three: the relay's lap counter adds a fetch-and-add and a copy).
+    #[test]
+    fn relayed_gates_enable_no_queue_from_itself() {
+        use crate::chain::variant::ChainVariant;
+        for g in 2..=crate::geometry::MAX_GROUP_SIZE as u8 {
+            for (cs, n) in [(512u64, 1u32), (4096, 100), (1 << 20, 7)] {
+                for v in ChainVariant::ALL.into_iter().filter(|v| v.relays_gates) {
+                    let plain = ChainVariant { relays_gates: false, ..v };
+                    for pop_ahead in [true, false] {
+                        let env = ChainEnv { variant: v, pop_ahead, ..test_env(cs, n, g) };
+                        let base = ChainEnv { variant: plain, ..env };
+                        for (c, b) in [
+                            (build_alloc_chain(&env).unwrap(), build_alloc_chain(&base).unwrap()),
+                            (build_free_chain(&env).unwrap(), build_free_chain(&base).unwrap()),
+                        ] {
+                            assert_eq!(c.validate(), Ok(()), "{:?} {v:?} G={g} cs={cs}", c.kind);
+                            let selfish = c.steps.iter().any(|s| {
+                                s.wqe.opcode == Opcode::Enable
+                                    && s.wqe.queue_sel() == QueueSel::Send
+                                    && s.wqe.qpn == c.qpns[s.ring as usize]
+                            });
+                            assert!(!selfish, "{:?} {v:?}: a queue enables itself", c.kind);
+                            let relays = c
+                                .steps
+                                .iter()
+                                .filter(|s| s.ring == Ring::Mgmt && s.wqe.opcode == Opcode::Enable)
+                                .count()
+                                - b.steps
+                                    .iter()
+                                    .filter(|s| s.ring == Ring::Mgmt && s.wqe.opcode == Opcode::Enable)
+                                    .count();
+                            let (pc, pb) = (c.critical_path().unwrap(), b.critical_path().unwrap());
+                            let on_path = match (c.kind, pop_ahead) {
+                                (ChainKind::Alloc, true) => 0,
+                                _ => 2,
+                            };
+                            assert_eq!(pc.gates, pb.gates + on_path, "{:?} {v:?} pop_ahead={pop_ahead}", c.kind);
+                            assert_eq!(pc.waits, pb.waits);
+                            let real = |l: &ChainLayout| l.steps.iter().filter(|s| s.wqe.opcode != Opcode::Nop).count();
+                            assert_eq!(real(&c), real(&b) + relays, "{:?} {v:?}: one WQE more per relay", c.kind);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// The counting itself: a WAIT inserted on the path to the reply adds a gate.
     #[test]
     fn critical_path_counts_an_extra_wait() {

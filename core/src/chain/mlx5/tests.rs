@@ -691,4 +691,3 @@ fn mlx5_lap_doc_is_current() {
     }
     assert!(fresh == doc, "docs/MLX5.md lap costs are stale: run OMW_BLESS=1 cargo test -p omw-core mlx5_lap_doc");
 }
-
