@@ -76,6 +76,7 @@ impl ChainLayout {
             match r.loc {
                 Loc::Mem(a) => write!(out, "{sep}{} B → MN {a:#x}", r.len)?,
                 Loc::Field { step, field } => write!(out, "{sep}{} B → #{step}.{field:?}", r.len)?,
+                Loc::RecvDoorbell => write!(out, "{sep}{} B → the receive doorbell", r.len)?,
             }
         }
         writeln!(out)
