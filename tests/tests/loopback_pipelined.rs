@@ -1,6 +1,7 @@
-//! A hostile CN pipelines requests on its own free chain (several free requests posted before
-//! the first lap ended — the client never does): under any interleaving of NIC steps and MN
-//! actions, no other CN loses anything. What the pipelining CN does to itself is its own affair.
+//! Requests pipelined on one free chain (several free requests posted before the first lap
+//! ended): a hostile CN's forged frees among them take nothing from any other CN, and an honest
+//! CN's own frees all land — the chain publishes each next receive only once its lap is done
+//! with the receive's targets (`ChainEnv::posts_receives`).
 
 use omw_core::device::WcStatus;
 use omw_tests::Mode;
