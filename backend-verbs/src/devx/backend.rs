@@ -87,6 +87,12 @@ pub struct DevxConfig {
     pub log_rq_stride: u8,
     /// Bytes of the ring arena every CQ and QP ring is carved from (one MR per domain covers it).
     pub ring_arena_bytes: usize,
+    /// Chains publish their own receives through their management QP's receive doorbell
+    /// record (`Capabilities::RECV_DOORBELL_RECORD`, docs/MLX5.md question 20); off, the
+    /// backend hands each polled chain receive back itself, and a device whose doorbell makes
+    /// every posted receive available lets pipelined requests on one chain land in a running
+    /// lap.
+    pub chains_publish_receives: bool,
 }
 
 impl DevxConfig {
@@ -98,6 +104,7 @@ impl DevxConfig {
             log_rq: 4,
             log_rq_stride: 5,
             ring_arena_bytes: 64 << 20,
+            chains_publish_receives: true,
         }
     }
 }
@@ -655,7 +662,9 @@ impl<D: DevxDevice> DataPath for DevxBackend<D> {
         // a DEVX device fetches the mlx5 form: the chains are laid out for it; a chain QP's
         // receive doorbell record lies in the ring arena the MN-private ring MR covers
         // (`OffloadRings::recv_doorbell`)
-        self.cfg.capabilities | Capabilities::WQE_FORM_MLX5 | Capabilities::RECV_DOORBELL_RECORD
+        let publish =
+            if self.cfg.chains_publish_receives { Capabilities::RECV_DOORBELL_RECORD } else { Capabilities::empty() };
+        self.cfg.capabilities | Capabilities::WQE_FORM_MLX5 | publish
     }
     fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), DevxError> {
         self.post_encoded(qp.get(), wqe)
