@@ -508,4 +508,11 @@ impl DevxDevice for CxDouble {
             .ok_or(Self::refuse_call("next hop (no port has that GID)", EHOSTUNREACH))?;
         Ok(mac_of(h))
     }
+    /// The device runs everything runnable (as time passing on hardware would let it), and the
+    /// completions that made are written into the CQ rings.
+    fn settle(&mut self, _: std::time::Duration) {
+        let steps = self.fabric.borrow().config().poll_max_steps;
+        self.fabric.borrow_mut().run_until_idle(steps);
+        self.sync_cqes();
+    }
 }

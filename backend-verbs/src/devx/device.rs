@@ -38,4 +38,7 @@ pub trait DevxDevice: DevxApi {
     /// The MAC of the next hop towards the peer `attr` addresses (RoCE: the kernel resolves it
     /// for an address handle; `ibv_qp_attr` does not carry it).
     fn next_hop_mac(&mut self, attr: &CmQpAttr) -> Result<[u8; 6], DevxError>;
+    /// Let the device act on what was posted for `d` (the bring-up steps wait between posting
+    /// and looking): a real device is given the time, a device model runs what is runnable.
+    fn settle(&mut self, d: std::time::Duration);
 }

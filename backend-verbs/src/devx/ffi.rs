@@ -456,6 +456,9 @@ impl DevxDevice for RealDevx {
         ah.grh.traffic_class = a.traffic_class;
         self.rmac(&mut ah)
     }
+    fn settle(&mut self, d: std::time::Duration) {
+        std::thread::sleep(d);
+    }
 }
 
 /// The DEVX device's verbs objects (PDs, MRs, windows) are made by `crate::device`.

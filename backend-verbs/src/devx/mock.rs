@@ -277,4 +277,6 @@ impl DevxDevice for RecordingDevx {
         let g = attr.dgid;
         Ok([0x02, 0, g[12], g[13], g[14], g[15]])
     }
+    /// Executes nothing: nothing to wait for.
+    fn settle(&mut self, _: std::time::Duration) {}
 }

@@ -444,8 +444,8 @@ impl<'a, D: DevxDevice> Rig<'a, D> {
     }
 
     /// Let the device act on what was posted.
-    pub fn settle(&self) {
-        std::thread::sleep(self.patience.settle);
+    pub fn settle(&mut self) {
+        self.dev.settle(self.patience.settle);
     }
 
     /// `len` bytes of registered memory (CN-facing PD, where the step QPs are) with `access`.

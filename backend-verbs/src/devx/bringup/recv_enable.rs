@@ -82,7 +82,7 @@ pub fn run<D: DevxDevice>(rig: &mut Rig<'_, D>) -> Result<Finding<RecvEnable>, D
         o.landed_by_doorbell
     ));
     if !o.landed_by_doorbell && !o.send_failed {
-        let en = Wqe::enable(r.qpn(), QueueSel::Recv, 1);
+        let en = Wqe::enable(r.qpn(), QueueSel::Recv, 1).with_flags(omw_core::wire::wqe::WqeFlags::SIGNALED);
         rig.post(&mut m, &en, &mut EnableAt(1))?;
         let en = rig.poll(&mut m.send_cq)?;
         o.recv_en = en.map(|c| c.error.is_none());

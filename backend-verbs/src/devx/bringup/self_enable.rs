@@ -48,7 +48,8 @@ pub fn run<D: DevxDevice>(rig: &mut Rig<'_, D>) -> Result<Finding<SelfEnable>, D
     let buf = rig.buffer(8192, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
     rig.fill(buf.addr, &pattern(8))?;
     let dst = [buf.addr + 0x1000, buf.addr + 0x1100, buf.addr + 0x1200];
-    let me = Wqe::enable(q.qpn(), QueueSel::Send, 0);
+    // signaled: its completion tells "ignored" (completes, releases nothing) from "nothing ran"
+    let me = Wqe::enable(q.qpn(), QueueSel::Send, 0).with_flags(omw_core::wire::wqe::WqeFlags::SIGNALED);
     let en = rig.write(&mut q, &me, &mut EnableAt(3))?;
     for d in dst {
         rig.write(

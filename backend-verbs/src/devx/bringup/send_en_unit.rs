@@ -1,18 +1,21 @@
 //! `send_en_unit`: does a SEND_EN's index count WQEBBs or WQEs?
 //!
 //! QP B (`cd_slave_send`) holds W0, a READ scattered over 14 one-byte segments (4 WQEBBs:
-//! indices 0..4), then two 8-byte WRITEs W1 (index 4) and W2 (index 5), its doorbell rung past
-//! all three. QP M (`cd_master`) then SEND_ENs B to index 2, and later to 5:
+//! indices 0..4), then two 8-byte WRITEs W1 (index 4) and W2 (index 5), no doorbell rung (a
+//! doorbell may release a slave queue too — the arm starts a loop ring's first lap so — and
+//! would hide the unit). QP M (`cd_master`) then SEND_ENs B to index 4, and later to 5 — both
+//! at WQE boundaries in WQEBBs, so no WQE is ever half released (whether a device runs a WQE
+//! whose first WQEBB alone is released is not this question):
 //!
-//! | unit | after SEND_EN 2 | after SEND_EN 5 |
+//! | unit | after SEND_EN 4 | after SEND_EN 5 |
 //! |---|---|---|
-//! | WQEBBs | nothing (W0 is not wholly below 2) | W0, W1 (W2 at index 5 is not below 5) |
-//! | WQEs   | W0, W1 (two WQEs) | W0, W1, W2 |
+//! | WQEBBs | W0 (its four WQEBBs; W1 at index 4 is not below 4) | W0, W1 (W2 at 5 is not below 5) |
+//! | WQEs   | W0, W1, W2 (four WQEs: all there are) | W0, W1, W2 |
 //!
-//! W1 landing after the first SEND_EN is [`SendEnUnit::Wqe`]; W0 and W1 after the second
-//! only, [`SendEnUnit::Wqebb`] (W2 too there: WQEBBs with an inclusive index, which the chains
-//! do not assume — printed). Anything landing before any SEND_EN means the doorbell alone ran
-//! the slave queue, and the unit cannot be seen. A scatter READ is the multi-WQEBB WQE here
+//! All three landing after the first SEND_EN is [`SendEnUnit::Wqe`]; W0 alone after it and W1 after
+//! the second, [`SendEnUnit::Wqebb`] (W2 too after the second: WQEBBs with an inclusive
+//! index, which the chains do not assume — printed). Anything landing before any SEND_EN means the slave queue ran
+//! unreleased, and the unit cannot be seen. A scatter READ is the multi-WQEBB WQE here
 //! rather than a 3-WQEBB bind: its landing is seen directly (a bind only through a later READ)
 //! and it is what the chains' byte-reversing copies are.
 
@@ -28,7 +31,7 @@ use omw_core::wire::wqe::{QueueSel, Wqe, WqeFlags};
 /// Scatter segments of W0: `ds` = 2 + 14 = 16, four WQEBBs.
 pub const W0_SGES: usize = 14;
 /// The SEND_EN indices, in order.
-pub const ENABLES: [u16; 2] = [2, 5];
+pub const ENABLES: [u16; 2] = [4, 5];
 
 /// Which of W0, W1, W2 had landed: before any SEND_EN, after the first, after the second.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -39,20 +42,14 @@ pub struct Observed {
 
 pub fn verdict(o: &Observed) -> Finding<SendEnUnit> {
     if o.before.iter().any(|x| *x) {
-        return Finding::Unknown(
-            "the slave queue ran before any SEND_EN (its doorbell enabled it): the unit cannot be seen",
-        );
+        return Finding::Unknown("the slave queue ran before any SEND_EN: the unit cannot be seen");
     }
     let [first, second] = o.after;
-    if first[1] || first[2] {
-        return Finding::Answer(SendEnUnit::Wqe);
-    }
-    if first[0] {
-        return Finding::Unknown("SEND_EN to 2 released a WQE only half of whose WQEBBs lie below 2");
-    }
-    match second {
-        [true, true, _] => Finding::Answer(SendEnUnit::Wqebb),
-        [false, false, false] => Finding::Unknown("no SEND_EN released anything"),
+    match (first, second) {
+        ([true, true, true], _) => Finding::Answer(SendEnUnit::Wqe),
+        ([true, false, false], [true, true, _]) => Finding::Answer(SendEnUnit::Wqebb),
+        ([false, false, false], [false, false, false]) => Finding::Unknown("no SEND_EN released anything"),
+        ([false, false, false], _) => Finding::Unknown("SEND_EN to 4 released nothing, SEND_EN to 5 something"),
         _ => Finding::Unknown("SEND_EN released the slave's WQEs out of order"),
     }
 }
@@ -69,14 +66,16 @@ pub fn run<D: DevxDevice>(rig: &mut Rig<'_, D>) -> Result<Finding<SendEnUnit>, D
     let mut un = omw_core::mlx5::encode::Unmanaged;
     let w1 = rig.write(&mut b, &Wqe::write(src, buf.keys.lkey, 8, dst[1], buf.keys.rkey), &mut un)?;
     let w2 = rig.write(&mut b, &Wqe::write(src, buf.keys.lkey, 8, dst[2], buf.keys.rkey), &mut un)?;
-    rig.ring(&b, b.pi)?;
+    // no doorbell: a slave queue runs what SEND_EN releases, as the chains' management rings
+    // do (the arm rings no doorbell for a ring whose first enable index is 0) — a doorbell
+    // may release it as well (the arm starts the loop ring's first lap that way), which would
+    // hide the unit
     rig.say(format_args!(
-        "on B: W0 READ over {W0_SGES} one-byte segments at index {} ({} WQEBBs), W1 WRITE at {}, W2 WRITE at {}; doorbell to {}",
+        "on B: W0 READ over {W0_SGES} one-byte segments at index {} ({} WQEBBs), W1 WRITE at {}, W2 WRITE at {}; no doorbell",
         w0.get(),
         w1.get() - w0.get(),
         w1.get(),
         w2.get(),
-        b.pi.get()
     ));
     let lens = [W0_SGES, 8, 8];
     let landed = |rig: &mut Rig<'_, D>| -> Result<[bool; 3], DevxError> {
@@ -112,15 +111,16 @@ mod tests {
     fn the_table_decides() {
         let none = [false; 3];
         let o = |before, a, b| Observed { before, after: [a, b] };
-        assert_eq!(verdict(&o(none, [true, true, false], [true, true, true])), Finding::Answer(SendEnUnit::Wqe));
-        assert_eq!(verdict(&o(none, none, [true, true, false])), Finding::Answer(SendEnUnit::Wqebb));
-        assert_eq!(verdict(&o(none, none, [true, true, true])), Finding::Answer(SendEnUnit::Wqebb));
+        let w0 = [true, false, false];
+        assert_eq!(verdict(&o(none, [true, true, true], [true, true, true])), Finding::Answer(SendEnUnit::Wqe));
+        assert_eq!(verdict(&o(none, w0, [true, true, false])), Finding::Answer(SendEnUnit::Wqebb));
+        assert_eq!(verdict(&o(none, w0, [true, true, true])), Finding::Answer(SendEnUnit::Wqebb));
         for bad in [
-            o([true, false, false], none, [true, true, false]),
-            o(none, [true, false, false], [true, true, false]),
+            o(w0, w0, [true, true, false]),
+            o(none, none, [true, true, false]),
             o(none, none, none),
-            o(none, none, [false, true, false]),
-            o(none, none, [true, false, false]),
+            o(none, w0, w0),
+            o(none, [false, true, false], [true, true, false]),
         ] {
             assert!(matches!(verdict(&bad), Finding::Unknown(_)), "{bad:?}");
         }
