@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! omw-mlx5-bringup questions [--device mlx5_0] [--gid-index 3] [--profile FILE]
-//! omw-mlx5-bringup wait-prefetch|recv-enable|send-en-unit|self-enable|foreign-bind [--device …]
+//! omw-mlx5-bringup wait-prefetch|recv-enable|send-en-unit|self-enable|foreign-bind|recv-publish [--device …]
 //! omw-mlx5-bringup caps      [--device mlx5_0]
 //! omw-mlx5-bringup cd-roles  [--device mlx5_0]
 //! omw-mlx5-bringup loopback  [--device mlx5_0] [--gid-index 3]
@@ -15,7 +15,8 @@
 //! ```
 //! `questions`: one experiment per open question the chains depend on
 //! (`omw_verbs::devx::bringup`: `wait_prefetch`, `recv_enable`, `send_en_unit`, `self_enable`,
-//! `foreign_bind`), each printing what it posted and what the device did, then the answers,
+//! `foreign_bind`, and `recv_publish`: may the chains publish their own receives), each
+//! printing what it posted and what the device did, then the answers,
 //! saved as the device profile (`omw_verbs::devx::profile`; default
 //! `omw-mlx5-profile-<device>.txt`) that `omw mn --offload mlx5 --profile FILE` takes, and
 //! whether that MN would start with it. Exit status 0 only if every question was answered (the
@@ -533,6 +534,11 @@ fn questions(d: &mut RealDevx, c: HcaCaps, which: Option<Question>, path: Option
             let a = profile::answer_name(&profile.answers, q).unwrap_or(profile::UNKNOWN);
             println!("  {:<14} {a}{}", q.key(), why.map(|w| format!(" ({w})")).unwrap_or_default());
         }
+        let rp = match found.recv_publish {
+            bringup::Finding::Answer(a) => format!("{a:?}"),
+            bringup::Finding::Unknown(why) => format!("unknown ({why})"),
+        };
+        println!("  {:<14} {rp}", profile::RECV_PUBLISH);
         let path = path.unwrap_or_else(|| PathBuf::from(format!("omw-mlx5-profile-{device}.txt")));
         std::fs::write(&path, profile.to_text(&found.notes()))
             .map_err(|e| VerbsError::Config(format!("writing the device profile {}: {e}", path.display())))?;
@@ -575,6 +581,11 @@ fn run() -> Result<bool, VerbsError> {
         Some("masked-fa") => Ok(masked_fa(&mut d, &c)?),
         Some("wait") => Ok(wait(&mut d, &c)?),
         Some("questions") => questions(&mut d, c, None, opt("--profile").map(PathBuf::from)),
+        Some("recv-publish") => {
+            let mut stdout = std::io::stdout();
+            let mut rig = Rig::new(&mut d, c, Patience::HARDWARE, &mut stdout)?;
+            Ok(rig.step(bringup::recv_publish::run).answer().is_some())
+        }
         Some(s) if Question::ALL.iter().any(|q| q.key().replace('_', "-") == s) => {
             let q = Question::ALL.into_iter().find(|q| q.key().replace('_', "-") == s);
             questions(&mut d, c, q, None)
@@ -586,7 +597,7 @@ fn run() -> Result<bool, VerbsError> {
         }
         _ => {
             eprintln!(
-                "usage: omw-mlx5-bringup questions|wait-prefetch|recv-enable|send-en-unit|self-enable|foreign-bind|caps|cd-roles|loopback|bind|masked-fa|wait|offload [--device NAME] [--gid-index N] [--profile FILE] [--imm-current]"
+                "usage: omw-mlx5-bringup questions|wait-prefetch|recv-enable|send-en-unit|self-enable|foreign-bind|recv-publish|caps|cd-roles|loopback|bind|masked-fa|wait|offload [--device NAME] [--gid-index N] [--profile FILE] [--imm-current]"
             );
             Ok(false)
         }

@@ -285,6 +285,18 @@ mod start {
             .map_err(|e| VerbsError::Insecure(format!("refusing to start with --offload mlx5: {e}")))?;
             let mut cfg = DevxConfig::new(capabilities);
             cfg.ring_arena_bytes = DevxConfig::arena_for(sizing.max_cns, opts.group_size, &cfg);
+            // the chains publish their own receives only where the bring-up saw the HCA take a
+            // record its own DMA wrote (docs/MLX5.md question 20); otherwise the backend hands
+            // receives back, and a CN's pipelined requests on one chain can land in a running
+            // lap under doorbell-enabled receives (its own loss, never another CN's)
+            let publish = opts.offload_profile.as_ref().and_then(|p| p.recv_publish);
+            cfg.chains_publish_receives = publish == Some(omw_core::device::behaviour::RecvPublish::Honoured);
+            if !cfg.chains_publish_receives {
+                log(format!(
+                    "chains: the CPU hands receives back (the profile's recv_publish is {}): pipelined requests on one chain can land in a running lap under doorbell-enabled receives; run omw-mlx5-bringup recv-publish",
+                    publish.map_or("unknown", |_| "ignored")
+                ));
+            }
             let b = DevxBackend::new(dev, hca, cfg).map_err(VerbsError::Devx)?;
             let mut transport = DevxTransport::new(RealCm::default(), &report.device);
             transport.variant = variant;

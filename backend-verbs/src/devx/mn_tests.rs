@@ -347,6 +347,7 @@ fn start_up_takes_the_chains_answers_from_the_profile() {
         firmware: "16.35.2000".into(),
         date: Timestamp::from_unix(0),
         answers,
+        recv_publish: None,
     };
     let paper = profile(DeviceAnswers::exactly(DeviceBehaviour::PAPER));
     assert_eq!(chain_answers(Some(&paper)).unwrap(), (paper.answers, ChainVariant::WQEBB_ENABLES));

@@ -13,6 +13,7 @@
 //! send_en_unit = wqebb
 //! self_enable = honoured
 //! foreign_bind = honoured
+//! recv_publish = honoured
 //! ```
 //!
 //! Rules, each refused with a [`ParseError`] naming the line and the key:
@@ -23,12 +24,13 @@
 //! - every key below appears exactly once, no other key:
 //!   `device`, `firmware` (1..=64 characters of `A-Z a-z 0-9 . _ - : / +`), `date` (UTC,
 //!   `YYYY-MM-DDTHH:MM:SSZ`), and each question's [`Question::key`] with one of its answers
-//!   ([`answer_names`]) or `unknown`.
+//!   ([`answer_names`]) or `unknown`; and, optionally (profiles written before it was asked
+//!   lack it: unknown), [`RECV_PUBLISH`] `= honoured | ignored | unknown`.
 //!
 //! The tool writes why an answer is unknown as a comment above it; the parser skips comments.
 
 use omw_core::device::behaviour::{
-    DeviceAnswers, ForeignBind, Question, RecvEnable, SelfEnable, SendEnUnit, WaitPrefetch,
+    DeviceAnswers, ForeignBind, Question, RecvEnable, RecvPublish, SelfEnable, SendEnUnit, WaitPrefetch,
 };
 use std::fmt;
 use std::io::Read;
@@ -146,7 +148,14 @@ pub struct Profile {
     pub firmware: String,
     pub date: Timestamp,
     pub answers: DeviceAnswers,
+    /// Whether the HCA takes a receive doorbell record its own DMA wrote (`bringup::
+    /// recv_publish`); `None`: unknown.
+    pub recv_publish: Option<RecvPublish>,
 }
+
+/// The profile key of [`Profile::recv_publish`].
+pub const RECV_PUBLISH: &str = "recv_publish";
+const RECV_PUBLISH_NAMES: [&str; 2] = ["honoured", "ignored"];
 
 /// The names of `q`'s answers in a profile, in declaration order.
 pub fn answer_names(q: Question) -> &'static [&'static str] {
@@ -315,10 +324,12 @@ impl Profile {
         if bytes.len() > MAX_PROFILE_BYTES {
             return Err(ParseError::TooLarge { len: bytes.len() });
         }
-        let keys: Vec<&'static str> = HEADER.into_iter().chain(Question::ALL.map(|q| q.key())).collect();
+        let keys: Vec<&'static str> =
+            HEADER.into_iter().chain(Question::ALL.map(|q| q.key())).chain([RECV_PUBLISH]).collect();
         let mut seen: Vec<Option<usize>> = vec![None; keys.len()];
         let (mut device, mut firmware, mut date) = (None, None, None);
         let mut answers = DeviceAnswers::UNKNOWN;
+        let mut recv_publish = None;
         for (i, raw) in bytes.split(|b| *b == b'\n').enumerate() {
             let line = i + 1;
             if raw.len() > MAX_LINE {
@@ -351,6 +362,13 @@ impl Profile {
                 "firmware" if name_ok(v) => firmware = Some(v.to_string()),
                 "date" => date = Some(Timestamp::parse(v).ok_or_else(bad)?),
                 "device" | "firmware" => return Err(bad()),
+                RECV_PUBLISH => {
+                    recv_publish = match RECV_PUBLISH_NAMES.iter().position(|n| *n == v) {
+                        Some(i) => Some([RecvPublish::Honoured, RecvPublish::Ignored][i]),
+                        None if v == UNKNOWN => None,
+                        None => return Err(bad()),
+                    }
+                }
                 _ => {
                     let q = Question::ALL[slot - HEADER.len()];
                     if !set_answer(&mut answers, q, v) {
@@ -359,11 +377,12 @@ impl Profile {
                 }
             }
         }
-        if let Some(i) = seen.iter().position(Option::is_none) {
+        // every key but the optional last (`recv_publish`)
+        if let Some(i) = seen.iter().position(Option::is_none).filter(|i| keys[*i] != RECV_PUBLISH) {
             return Err(ParseError::Missing { key: keys[i] });
         }
         match (device, firmware, date) {
-            (Some(device), Some(firmware), Some(date)) => Ok(Profile { device, firmware, date, answers }),
+            (Some(device), Some(firmware), Some(date)) => Ok(Profile { device, firmware, date, answers, recv_publish }),
             // every key was seen, and a seen header key was stored
             _ => Err(ParseError::Missing { key: "device" }),
         }
@@ -385,6 +404,11 @@ impl Profile {
             }
             s.push_str(&format!("{} = {}\n", q.key(), answer_name(&self.answers, q).unwrap_or(UNKNOWN)));
         }
+        s.push_str(&format!(
+            "# {RECV_PUBLISH}: does a receive doorbell record written by the HCA's own DMA publish the receive?\n"
+        ));
+        let rp = self.recv_publish.map_or(UNKNOWN, |r| RECV_PUBLISH_NAMES[r as usize]);
+        s.push_str(&format!("{RECV_PUBLISH} = {rp}\n"));
         s
     }
 
@@ -449,6 +473,7 @@ mod tests {
             firmware: "16.35.2000".into(),
             date: Timestamp::parse("2026-08-21T09:30:00Z").unwrap(),
             answers: DeviceAnswers { send_en_unit: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) },
+            recv_publish: Some(RecvPublish::Honoured),
         }
     }
 
@@ -484,7 +509,17 @@ mod tests {
         assert_eq!(p.answers.foreign_bind, Some(ForeignBind::Honoured));
         // blanks around keys and values, CRLF line ends
         let crlf = doc.replace('\n', "\r\n").replace("device = mlx5_0", "  device=mlx5_0  ");
-        assert_eq!(Profile::parse(crlf.as_bytes()), Ok(p));
+        assert_eq!(Profile::parse(crlf.as_bytes()), Ok(p.clone()));
+        // written before recv_publish was asked: unknown; with it, read; once only; its values
+        assert_eq!(p.recv_publish, None);
+        let with = format!("{doc}recv_publish = honoured\n");
+        assert_eq!(Profile::parse(with.as_bytes()).unwrap().recv_publish, Some(RecvPublish::Honoured));
+        let ignored = format!("{doc}recv_publish = ignored\n");
+        assert_eq!(Profile::parse(ignored.as_bytes()).unwrap().recv_publish, Some(RecvPublish::Ignored));
+        let twice = format!("{doc}recv_publish = honoured\nrecv_publish = ignored\n");
+        assert!(matches!(Profile::parse(twice.as_bytes()), Err(ParseError::Duplicate { key: RECV_PUBLISH, .. })));
+        let bad = format!("{doc}recv_publish = maybe\n");
+        assert!(matches!(Profile::parse(bad.as_bytes()), Err(ParseError::BadValue { key: RECV_PUBLISH, .. })));
     }
 
     #[test]

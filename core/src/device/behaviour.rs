@@ -74,6 +74,19 @@ pub enum ForeignBind {
     BoundToPoster,
 }
 
+/// Does a receive doorbell record written by the HCA's own DMA publish the receive, as the
+/// driver's store does? The chains publish each next receive so
+/// (`Capabilities::RECV_DOORBELL_RECORD`). Not a question a chain layout varies over: where
+/// it is not honoured (or not known) the MN's device hands receives back itself instead, and
+/// pipelined requests on one chain under doorbell-enabled receives can land in a running lap
+/// (docs/MLX5.md question 20).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum RecvPublish {
+    Honoured,
+    /// Only the CPU's store of the record publishes a receive.
+    Ignored,
+}
+
 /// One open question.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Question {

@@ -19,6 +19,7 @@
 
 pub mod foreign_bind;
 pub mod recv_enable;
+pub mod recv_publish;
 pub mod self_enable;
 pub mod send_en_unit;
 #[cfg(test)]
@@ -100,6 +101,9 @@ pub struct Findings {
     pub send_en_unit: Finding<SendEnUnit>,
     pub self_enable: Finding<SelfEnable>,
     pub foreign_bind: Finding<ForeignBind>,
+    /// Not a layout question: whether the chains may publish their own receives
+    /// (`recv_publish`, docs/MLX5.md question 20).
+    pub recv_publish: Finding<omw_core::device::behaviour::RecvPublish>,
 }
 
 impl Findings {
@@ -127,7 +131,13 @@ impl Findings {
     }
     /// The profile of device `device` with firmware `firmware`, measured at `date`.
     pub fn profile(&self, device: &str, firmware: &str, date: Timestamp) -> Profile {
-        Profile { device: device.into(), firmware: firmware.into(), date, answers: self.answers() }
+        Profile {
+            device: device.into(),
+            firmware: firmware.into(),
+            date,
+            answers: self.answers(),
+            recv_publish: self.recv_publish.answer(),
+        }
     }
 }
 
@@ -143,7 +153,11 @@ pub fn questions<D: DevxDevice>(rig: &mut Rig<'_, D>) -> Findings {
     let self_enable = rig.step(self_enable::run);
     rig.say(format_args!("== foreign_bind: {}?", Question::ForeignBind));
     let foreign_bind = rig.step(foreign_bind::run);
-    Findings { wait_prefetch, recv_enable, send_en_unit, self_enable, foreign_bind }
+    rig.say(format_args!(
+        "== recv_publish: does a receive doorbell record written by the HCA's own DMA publish the receive?"
+    ));
+    let recv_publish = rig.step(recv_publish::run);
+    Findings { wait_prefetch, recv_enable, send_en_unit, self_enable, foreign_bind, recv_publish }
 }
 
 /// log2 WQEBBs of every step QP's send ring: no step posts more than this, so no WQE wraps.
@@ -194,6 +208,13 @@ pub struct Buf {
 /// Every SEND_EN / RECV_EN names this absolute index.
 #[derive(Clone, Copy, Debug)]
 pub struct EnableAt(pub u16);
+
+/// A remote address and the rkey that reaches it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Remote {
+    pub addr: u64,
+    pub rkey: u32,
+}
 impl QueueResolver for EnableAt {
     fn cqn(&self, _: u32, _: QueueSel) -> Option<u32> {
         None
@@ -416,9 +437,33 @@ impl<'a, D: DevxDevice> Rig<'a, D> {
 
     /// Post one receive WQE scattering into `sges` and publish it (doorbell record).
     pub fn post_recv(&mut self, qp: &mut Qp, sges: &[RecvSge]) -> Result<(), DevxError> {
-        qp.rq_head = arm::write_recvs(self.dev, &qp.devx, qp.rq_head, 1, sges)?;
+        self.stage_recv(qp, sges)?;
         doorbell::ring_rq(self.dev, &qp.devx, qp.rq_head);
         Ok(())
+    }
+
+    /// Write one receive WQE scattering into `sges` without publishing it (the record keeps
+    /// its count).
+    pub fn stage_recv(&mut self, qp: &mut Qp, sges: &[RecvSge]) -> Result<(), DevxError> {
+        qp.rq_head = arm::write_recvs(self.dev, &qp.devx, qp.rq_head, 1, sges)?;
+        Ok(())
+    }
+
+    /// The CPU stores `count` into `qp`'s receive doorbell record.
+    pub fn publish_recvs(&mut self, qp: &mut Qp, count: u32) -> Result<(), DevxError> {
+        doorbell::ring_rq(self.dev, &qp.devx, count);
+        Ok(())
+    }
+
+    /// `qp`'s receive doorbell record (`dbrec[MLX5_RCV_DBR]`) as a remote target: its address
+    /// and the rkey of an MR (CN-facing domain, where the step QPs are) over the queue's memory
+    /// — the receive ring, the send ring, the record.
+    pub fn record_mr(&mut self, qp: &Qp) -> Result<Remote, DevxError> {
+        let d = &qp.devx;
+        let end = d.dbr_addr + 8;
+        let mem = MemRange { addr: d.rq.addr.min(d.sq.addr), len: end - d.rq.addr.min(d.sq.addr) };
+        let keys = self.dev.reg_mr(Domain::CnFacing, mem, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+        Ok(Remote { addr: d.dbr_addr as u64, rkey: keys.rkey })
     }
 
     /// The next CQE of `cq`, waiting at most `patience.completion` (looks at least once).

@@ -111,7 +111,9 @@ fn on_a_device_that_executes_nothing_every_question_stays_unknown() {
     for q in Question::ALL {
         assert!(out.contains(&format!("== {}", q.key())), "{out}");
     }
-    assert_eq!(out.matches("=> unknown").count(), 5, "{out}");
+    assert!(out.contains("== recv_publish"), "{out}");
+    assert_eq!(f.recv_publish.answer(), None, "{out}");
+    assert_eq!(out.matches("=> unknown").count(), 6, "{out}");
     all_torn_down(&d);
     // the profile says so, with the reasons as comments, and parses back
     let p = f.profile("mlx5_0", "16.35.2000", Timestamp::from_unix(0));
@@ -119,6 +121,37 @@ fn on_a_device_that_executes_nothing_every_question_stays_unknown() {
     let text = p.to_text(&notes);
     assert_eq!(Profile::parse(text.as_bytes()), Ok(p));
     assert!(text.contains(&format!("#   {}", f.foreign_bind.reason().unwrap())), "{text}");
+}
+
+/// `recv_publish`: R's receive written but not published (its record stays 0 until the loop
+/// WRITE), the loop WRITE aimed at R's record with an MR's rkey, and the CPU's store of the
+/// record only as the control after it.
+#[test]
+fn recv_publish_writes_the_record_by_dma_before_the_cpu_does() {
+    let (d, f, out) = on_mock(|rig| rig.step(recv_publish::run));
+    assert!(matches!(f, Finding::Unknown(_)), "{out}");
+    let (qps, _) = created(&d);
+    let (r, l) = (qps[0], qps[2]);
+    assert!(r.rq && r.roles == (0, 0, 0));
+    let writes: Vec<Mlx5Op> = ops_of(&d, l.qpn);
+    let record = match writes[..] {
+        [Mlx5Op::Write { remote, local: Some(l), .. }] if l.length == 4 => remote as usize,
+        _ => panic!("{writes:?}"),
+    };
+    // R's record: no store before the loop WRITE was rung, the CPU's control (1) after it
+    let loop_rung = rung(&d, l.qpn)[0];
+    let record_stores: Vec<(usize, [u8; 4])> = d
+        .calls
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| match c {
+            Call::WriteDbr { addr, value } if *addr == record => Some((i, *value)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(record_stores.len(), 1, "{out}");
+    assert!(record_stores[0].0 > loop_rung && record_stores[0].1 == 1u32.to_be_bytes(), "{out}");
+    all_torn_down(&d);
 }
 
 #[test]
