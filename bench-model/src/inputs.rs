@@ -144,7 +144,10 @@ pub struct Inputs {
 impl Inputs {
     /// The floor of an alloc through a chain with `gates` gated phases binding `g` windows:
     /// the request's transit, a WQE fetch after each gate opens (PCIe read + issue), `g`
-    /// binds (each fences the next, `CostModel::bind_ns`), the reply's transit.
+    /// binds (each fences the next, `CostModel::bind_ns`), the reply's transit. Pass only the
+    /// gates whose next WQE cannot be fetched before the gate opens: an enable limit always;
+    /// a WAIT only on a device that stops fetching at an unsatisfied WAIT (one that fetches
+    /// past it has the next WQE in hand when the WAIT is satisfied: [`fetch_gates`]).
     pub fn alloc_floor(&self, g: u8, gates: u32) -> AllocFloor {
         let c = &self.cost;
         AllocFloor {
@@ -256,6 +259,17 @@ impl Inputs {
     }
 }
 
+/// The gates on a chain's path that cost a WQE fetch once they open: every ENABLE (its limit is
+/// the fetch bound), and a WAIT only where the device stops fetching behind an unsatisfied one
+/// (`WaitPrefetch::Stops`); a device that fetches past it has the next WQE already (the model's
+/// default, `NicConfig::DEFAULT_BEHAVIOUR`).
+pub fn fetch_gates(path: omw_core::chain::Gates, prefetch: omw_core::device::behaviour::WaitPrefetch) -> u32 {
+    match prefetch {
+        omw_core::device::behaviour::WaitPrefetch::Stops => path.gates,
+        omw_core::device::behaviour::WaitPrefetch::FetchesPast => path.gates.saturating_sub(path.waits),
+    }
+}
+
 fn cluster(
     mode: ExecutionMode,
     cns: usize,
@@ -328,8 +342,9 @@ pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result
     // the model ran until idle: the chain's commit (its re-arm) is the last of it
     m.osmw.alloc_rearm_ns = c.now().saturating_sub(c.cns[0].last_reply_at);
     let [layout, _] = c.driver.mn.chain_sizing_layouts().map_err(|e| format!("alloc chain: {e}"))?;
-    m.alloc_gates = layout.critical_path().map_or(0, |p| p.gates);
-    m.alloc_floor = inp.alloc_floor(g, m.alloc_gates);
+    let path = layout.critical_path().unwrap_or(omw_core::chain::Gates::ZERO);
+    m.alloc_gates = path.gates;
+    m.alloc_floor = inp.alloc_floor(g, fetch_gates(path, NicConfig::DEFAULT_BEHAVIOUR.wait_prefetch));
     let (t0, w0) = (c.now(), wq(&c));
     c.free(0, &a).map_err(|e| format!("free: {e}"))?;
     m.osmw.free_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES));
@@ -378,4 +393,21 @@ pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result
     he.free_ns = he.free_cpu_ns + he.free_dev_ns;
     c.check_invariants()?;
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use omw_core::chain::Gates;
+    use omw_core::device::behaviour::WaitPrefetch;
+
+    /// A WAIT on the path costs a fetch only where the device stops fetching at it; an ENABLE
+    /// always (its limit is the fetch bound).
+    #[test]
+    fn a_wait_costs_a_fetch_only_where_fetching_stops_at_it() {
+        let path = Gates { gates: 2, waits: 1 };
+        assert_eq!(fetch_gates(path, WaitPrefetch::Stops), 2);
+        assert_eq!(fetch_gates(path, WaitPrefetch::FetchesPast), 1);
+        assert_eq!(fetch_gates(Gates { gates: 5, waits: 0 }, WaitPrefetch::FetchesPast), 5);
+    }
 }

@@ -314,7 +314,7 @@ pub fn inputs_table(res: &Results) -> Vec<(String, String, String)> {
                 f.bind_ns,
                 f.reply_ns
             ),
-            "independent inputs: the chain's gated phases (critical_path), nothing but the path".into(),
+            "independent inputs: the chain's gated phases that cost a fetch (critical_path; a WAIT not, on a device fetching past it), nothing but the path".into(),
         ));
         v.push((
             format!("OneSidedMW alloc chain re-armed after the reply ({g})"),
