@@ -548,6 +548,9 @@ impl Build<'_> {
                 let item = Item { kind: Kind::Read { src, rkey: w.rkey, sges }, flags: w.flags, role };
                 self.push(s.ring, item)
             }
+            // the canonical lap's padding: the mlx5 ring pads its own lap to a power of two
+            // (`Role::Pad`), so these would only lengthen every lap
+            (Opcode::Nop, None, None) if self.is_lap_padding(i) => Ok(()),
             (_, None, None) => {
                 let item = Item { kind: Kind::Wqe { wqe: w, remote: None }, flags: w.flags, role };
                 self.push(s.ring, item)
@@ -557,6 +560,13 @@ impl Build<'_> {
             }
             (_, _, _) => Err(Mlx5ChainError::Unsupported { step, field: WqeField::LocalAddr }),
         }
+    }
+
+    /// Whether canonical step `i` is a NOP of the padding that ends its ring's lap (the
+    /// builders pad each ring to a power of two after its last real step).
+    fn is_lap_padding(&self, i: usize) -> bool {
+        let ring = self.layout.steps[i].ring;
+        self.layout.steps[i..].iter().filter(|s| s.ring == ring).all(|s| s.wqe.opcode == Opcode::Nop)
     }
 
     /// A WQE field as a READ's source: its single target's value bytes (in ring order, most

@@ -717,3 +717,26 @@ fn mlx5_lap_doc_is_current() {
     }
     assert!(fresh == doc, "docs/MLX5.md lap costs are stale: run OMW_BLESS=1 cargo test -p omw-core mlx5_lap_doc");
 }
+
+/// The mlx5 form pads its own lap (`Role::Pad`): the canonical lap's padding NOPs are not
+/// translated, so they lengthen no lap — the relayed G = 4 alloc chain's Loop ring fits 128
+/// WQEBBs (with them it took 256, 152 of its 211 WQEs NOPs).
+#[test]
+fn canonical_padding_is_not_translated() {
+    for (g, v) in (2..=4).flat_map(|g| ChainVariant::ALL.map(|v| (g, v))) {
+        let env = ChainEnv { variant: v, posts_receives: true, ..test_env(4096, 16, g) };
+        for l in [build_alloc_chain(&env).unwrap(), build_free_chain(&env).unwrap()] {
+            let c = Mlx5Chain::build(&l, queues()).unwrap();
+            for r in [Ring::Loop, Ring::Mgmt] {
+                let last_real =
+                    (0..l.steps.len()).rfind(|&i| l.steps[i].ring == r && l.steps[i].wqe.opcode != Opcode::Nop);
+                for p in c.placed[r as usize].iter() {
+                    if let Role::Step(s) = p.role {
+                        assert!(Some(s as usize) <= last_real, "{:?} {v:?} G={g}: padding step {s} translated", l.kind);
+                    }
+                }
+            }
+            assert!(c.ring_wqebbs(Ring::Loop) <= 128, "{:?} {v:?} G={g}: {} WQEBBs", l.kind, c.ring_wqebbs(Ring::Loop));
+        }
+    }
+}
