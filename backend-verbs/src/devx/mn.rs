@@ -156,8 +156,8 @@ impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
     fn poll_cm(&mut self, _: &mut DevxBackend<D>, timeout: Duration) -> Result<Option<CmEvent>> {
         self.cm.poll(timeout)
     }
-    fn reject(&mut self, _: &mut DevxBackend<D>, id: CmId) {
-        self.cm.reject(id)
+    fn reject(&mut self, _: &mut DevxBackend<D>, id: CmId, private: &[u8]) {
+        self.cm.reject_with(id, private)
     }
     fn accept(
         &mut self,
@@ -167,7 +167,7 @@ impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
         private: &[u8],
     ) -> std::result::Result<Qpn, DeviceError<Self>> {
         let managed = match role {
-            Role::Alloc => Some(self.mgmt_depths[0]),
+            Role::Alloc | Role::AllocChain(_) => Some(self.mgmt_depths[0]),
             Role::Free => Some(self.mgmt_depths[1]),
             Role::Access(_) => None,
         };

@@ -70,7 +70,7 @@ impl ExternalCm for ScriptedCm {
         s.accepted.push((id, a.qp_num, a.private.to_vec(), params));
         Ok(())
     }
-    fn reject(&mut self, id: CmId) {
+    fn reject_with(&mut self, id: CmId, _: &[u8]) {
         let mut s = self.0.borrow_mut();
         if s.pending.remove(&id) {
             s.rejected.push(id);
@@ -126,6 +126,7 @@ fn daemon() -> (Daemon, Rc<RefCell<Script>>) {
         chunk_size: 4096,
         group_size: G,
         max_cns: 4,
+        alloc_chains: 1,
         quota: 0,
         insecure: false,
         stats_every: Duration::ZERO,
@@ -168,7 +169,7 @@ fn request(s: &mut Script, cm_id: CmId, role: Role, nonce: u64, peer: u32) {
         kind: CmEventKind::ConnectRequest,
         id: cm_id,
         status: 0,
-        private_data: Hello { role, nonce, auth: None }.encode(),
+        private_data: Hello::new(role, nonce).encode(),
         remote_qpn: Qpn::new(peer).ok(),
         rnr_retry_count: 6,
         peer: Some("192.0.2.9".parse().unwrap()),

@@ -48,6 +48,11 @@ const SYNC_ENTRY: u64 = 0x10;
 
 impl MnThread {
     pub fn start(spec: MnSpec) -> MnThread {
+        Self::start_with_chains(spec, 1)
+    }
+
+    /// [`MnThread::start`] for an MN whose CNs may open up to `alloc_chains` alloc chains.
+    pub fn start_with_chains(spec: MnSpec, alloc_chains: u8) -> MnThread {
         let ip = std::env::var("OMW_SELF_IP").unwrap_or_else(|_| "192.0.2.1".into());
         let addr: SocketAddr = format!("{ip}:{}", PORT.fetch_add(1, Ordering::Relaxed)).parse().unwrap();
         let chunk = spec.chunk_size.unwrap_or(4096);
@@ -59,6 +64,7 @@ impl MnThread {
             chunk_size: chunk,
             group_size: spec.group_size,
             max_cns: spec.cns as u32 + 1,
+            alloc_chains,
             quota: spec.quota,
             insecure: false,
             stats_every: Duration::ZERO,
@@ -149,6 +155,7 @@ impl Factory for Rxe {
             timeout: PATIENCE,
             credential: None,
             source: None,
+            alloc_chains: 1,
         };
         let mut cns = Vec::new();
         for _ in 0..spec.cns {
