@@ -541,6 +541,7 @@ mod tests {
             timeout: 1,
             tenant: None,
             secret_file: None,
+            alloc_chains: 1,
             cmd: CnCmd::Alloc { count: 1 },
         })
         .unwrap_err();
@@ -552,6 +553,7 @@ mod tests {
             timeout: 1,
             tenant: None,
             secret_file: None,
+            alloc_chains: 1,
             cmd: CnCmd::Kv { keys: 4 },
         })
         .unwrap_err();
@@ -565,6 +567,7 @@ mod tests {
             timeout: 1,
             tenant: None,
             secret_file: None,
+            alloc_chains: 1,
             cmd: CnCmd::Script,
         };
         assert_eq!(cn(cn_args), ExitCode::FAILURE);
