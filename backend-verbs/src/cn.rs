@@ -336,6 +336,11 @@ impl CnClient {
         self.d.alloc_chains()
     }
 
+    /// Allocation requests sent and not yet answered (at most [`Self::alloc_chains`]).
+    pub fn allocs_in_flight(&self) -> usize {
+        self.d.client().pending_count()
+    }
+
     /// Access QPs (CN ends), index i carries window MW[i+1].
     pub fn access_qps(&self) -> &[Qpn] {
         &self.d.qps().access

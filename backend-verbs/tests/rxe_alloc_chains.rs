@@ -9,9 +9,12 @@
 mod common;
 use common::testbed::MnThread;
 use omw_tests::testbed::MnSpec;
+use omw_core::cn::driver::CnError;
+use omw_core::cn::ClientError;
 use omw_verbs::cm::Refusal;
 use omw_verbs::cn::{CnClient, CnOptions};
 use omw_verbs::VerbsError;
+use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
 const CHUNKS: u32 = 16;
@@ -65,6 +68,36 @@ fn a_cn_with_two_alloc_chains_has_two_allocations_in_flight() {
     // and a CN of one chain beside it is served as before
     let mut one = CnClient::connect(mn.addr, &opts(1)).expect("a CN with 1 alloc chain connects");
     assert_eq!(one.alloc_chains(), 1);
+    // with the MN's loop held (a job on its thread waits for the gate) nothing is answered:
+    // the CN of two chains has both its requests in flight, the CN of one is refused a second
+    let (gate, gate_rx) = channel::<()>();
+    let (held, held_rx) = channel::<()>();
+    std::thread::scope(|s| {
+        let mn = &mn;
+        s.spawn(move || {
+            mn.with(move |_, _| {
+                let _ = held.send(());
+                let _ = gate_rx.recv_timeout(Duration::from_secs(20));
+            })
+        });
+        held_rx.recv_timeout(Duration::from_secs(20)).expect("the MN's loop is held");
+        let t0 = c.alloc_begin().expect("first request");
+        let t1 = c.alloc_begin().expect("second request, on the second chain");
+        assert_eq!(c.allocs_in_flight(), 2, "both requests unanswered at once");
+        let solo = one.alloc_begin().expect("the one-chain CN's request");
+        match one.alloc_begin() {
+            Err(VerbsError::Cn(e)) if matches!(*e, CnError::Client(ClientError::Busy)) => {}
+            other => panic!("a second request on one alloc chain: {other:?}"),
+        }
+        gate.send(()).unwrap();
+        let (a, b) = (c.alloc_finish(t0).expect("first answer"), c.alloc_finish(t1).expect("second answer"));
+        assert_ne!(a.entry_addr, b.entry_addr);
+        let s = one.alloc_finish(solo).expect("the one-chain CN's answer");
+        for x in [&a, &b] {
+            c.free(x).unwrap();
+        }
+        one.free(&s).unwrap();
+    });
     let rounds = 24;
     for round in 0..rounds {
         // two requests sent before either answer is read: one per chain
