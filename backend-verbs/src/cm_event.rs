@@ -317,7 +317,9 @@ impl CmChannel {
                 return Ok(ev);
             }
             // the MN said why, in the reject's private data
-            if let Some(r) = (ev.kind == CmEventKind::Rejected).then(|| crate::cm::Refusal::decode(&ev.private_data)).flatten() {
+            if let Some(r) =
+                (ev.kind == CmEventKind::Rejected).then(|| crate::cm::Refusal::decode(&ev.private_data)).flatten()
+            {
                 return Err(VerbsError::Rejected(r));
             }
             let detail = match ev.kind {

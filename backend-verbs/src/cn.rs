@@ -196,10 +196,7 @@ const REPLY_BUF: u64 = 4096;
 pub fn connect_queues(addr: SocketAddr, opts: &CnOptions, local_len: u64, events: bool) -> Result<Queues> {
     let k = opts.alloc_chains;
     if k == 0 || k as usize > omw_core::mn::MAX_ALLOC_CHAINS || k as u64 * CnMemory::REPLY_LEN > REPLY_BUF {
-        return Err(VerbsError::Config(format!(
-            "{k} alloc chains: a CN opens 1..={}",
-            omw_core::mn::MAX_ALLOC_CHAINS
-        )));
+        return Err(VerbsError::Config(format!("{k} alloc chains: a CN opens 1..={}", omw_core::mn::MAX_ALLOC_CHAINS)));
     }
     crate::device::device_names()?;
     let device = match &opts.device {

@@ -127,9 +127,7 @@ fn cm_events_of_other_ids_are_kept_and_remote_qpns_match() {
     let h = Hello::new(Role::Alloc, 1);
     let c1 = c.connect(a, &h, Duration::from_secs(20), |_, _| Ok(())).unwrap();
     to_mn.send(()).unwrap();
-    let c2 = c
-        .connect(a, &Hello::new(Role::Free, 1), Duration::from_secs(20), |_, _| Ok(()))
-        .unwrap();
+    let c2 = c.connect(a, &Hello::new(Role::Free, 1), Duration::from_secs(20), |_, _| Ok(())).unwrap();
     // c1's DISCONNECTED: kept in the backlog (or still on the channel), never lost
     let t = Instant::now();
     let mut got = false;
@@ -190,8 +188,7 @@ fn the_mn_accepts_each_role_of_a_session_once() {
     c.connect(a, &h, Duration::from_secs(20), |_, _| Ok(())).unwrap();
     let again = c.connect(a, &h, Duration::from_secs(20), |_, _| Ok(()));
     assert!(matches!(again, Err(VerbsError::PeerUnreachable { .. })), "{again:?}");
-    c.connect(a, &Hello::new(Role::Free, 0x5e55), Duration::from_secs(20), |_, _| Ok(()))
-        .unwrap();
+    c.connect(a, &Hello::new(Role::Free, 0x5e55), Duration::from_secs(20), |_, _| Ok(())).unwrap();
     mn.wait_log("that connection exists already");
     mn.stop();
 }

@@ -176,7 +176,9 @@ impl<T: Transport> Cn<T> {
         let mut d = d.map_err(|e| Error::transport(DriverSetup(e.to_string())))?;
         if !extra_alloc.is_empty() {
             // several alloc chains: as many allocations in flight at once
-            d = d.with_alloc_chains(&extra_alloc, reply_len).map_err(|e| Error::transport(DriverSetup(e.to_string())))?;
+            d = d
+                .with_alloc_chains(&extra_alloc, reply_len)
+                .map_err(|e| Error::transport(DriverSetup(e.to_string())))?;
         }
         d.reply_timeout = 0;
         // after "empty", wait for "available" (the MN broadcasts it once the pool refilled):

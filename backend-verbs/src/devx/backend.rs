@@ -126,9 +126,8 @@ impl DevxConfig {
         let mgmt = pages(MAX_CHAIN_RING_WQEBBS * WQEBB + rq + dbr);
         let access = pages((WQEBB << cfg.log_sq_wqebbs) + rq + dbr);
         let chain = (loop_qp + responder + 2 * cq) + (mgmt + 2 * cq);
-        let per_cn = 2 * chain
-            + (group_size as usize - 1) * (access + 2 * cq)
-            + (alloc_chains.max(1) as usize - 1) * chain;
+        let per_cn =
+            2 * chain + (group_size as usize - 1) * (access + 2 * cq) + (alloc_chains.max(1) as usize - 1) * chain;
         let mn = 2 * (unmanaged + responder + 2 * cq);
         max_cns as usize * per_cn + mn
     }

@@ -238,8 +238,12 @@ mod start {
     impl StartUp for DevxTransport<RealDevx, RealCm> {
         /// The ring arena, registered in both domains.
         fn extra_pinned(opts: &MnOptions, cns: u32) -> u64 {
-            DevxConfig::arena_for_chains(cns, opts.group_size, opts.alloc_chains, &DevxConfig::new(Capabilities::empty()))
-                as u64
+            DevxConfig::arena_for_chains(
+                cns,
+                opts.group_size,
+                opts.alloc_chains,
+                &DevxConfig::new(Capabilities::empty()),
+            ) as u64
         }
 
         fn open(
@@ -285,7 +289,8 @@ mod start {
             )
             .map_err(|e| VerbsError::Insecure(format!("refusing to start with --offload mlx5: {e}")))?;
             let mut cfg = DevxConfig::new(capabilities);
-            cfg.ring_arena_bytes = DevxConfig::arena_for_chains(sizing.max_cns, opts.group_size, opts.alloc_chains, &cfg);
+            cfg.ring_arena_bytes =
+                DevxConfig::arena_for_chains(sizing.max_cns, opts.group_size, opts.alloc_chains, &cfg);
             let b = DevxBackend::new(dev, hca, cfg).map_err(VerbsError::Devx)?;
             let mut transport = DevxTransport::new(RealCm::default(), &report.device);
             transport.variant = variant;

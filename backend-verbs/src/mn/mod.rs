@@ -620,8 +620,7 @@ impl<T: Transport> MnDaemon<T> {
             },
             CmEventKind::Established => {
                 let Some(q) = self.transport.qp_of(&self.driver.backend, ev.id) else { return };
-                let Some(Complete { nonce, mut qps, extra_alloc, tenant }) = self.sessions.established(ev.id, q)
-                else {
+                let Some(Complete { nonce, mut qps, extra_alloc, tenant }) = self.sessions.established(ev.id, q) else {
                     return;
                 };
                 // offloaded, the CN's chains run on loop QPs of their own (host engine: none),
