@@ -23,13 +23,13 @@
 //! | 20..28 | (version 2) timestamp, Unix seconds                                         |
 //! | 28..48 | (version 2) tag over tenant, nonce, bytes 5..8 and timestamp                |
 //!
-//! The refusal's: magic (4), version 3 (1), reason (1: alloc chains), then the reason's fields
-//! (alloc chains: the MN's maximum, what the CN asked), zero-padded to 8 bytes.
+//! The refusal's layout is `crate::refusal`'s.
 
 use crate::backend::VerbsBackend;
 use crate::cm_event::{reject_raw, sockaddr};
 pub use crate::cm_event::{CmEvent, CmEventKind, CmId};
 use crate::error::{Result, VerbsError};
+pub use crate::refusal::{Refusal, REFUSAL_LEN};
 use omw_core::ids::Qpn;
 use rdma_sys::*;
 use std::fmt;
@@ -37,16 +37,12 @@ use std::net::SocketAddr;
 use std::ptr;
 use std::time::{Duration, Instant};
 
-pub const HELLO_MAGIC: u32 = 0x434D_574F; // "OWMC"
+pub const HELLO_MAGIC: u32 = crate::refusal::MAGIC; // "OWMC"
 /// A hello without a credential (an MN running open).
 pub const HELLO_LEN: usize = 16;
 /// A hello with a credential: tenant u32, timestamp u64 (Unix seconds), tag (20 bytes) after
 /// the 16 bytes of the plain one — 48 of rdma_cm RC's 56 bytes of private data.
 pub const AUTH_HELLO_LEN: usize = HELLO_LEN + 4 + 8 + crate::admission::TAG_LEN;
-/// A refusal's bytes ([`Refusal::encode`]).
-pub const REFUSAL_LEN: usize = 8;
-/// The version byte of a refusal (hellos are 1 and 2).
-const REFUSAL_VERSION: u8 = 3;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Role {
@@ -209,55 +205,6 @@ impl Hello {
     }
 }
 
-/// MN → CN private data of a reject, for a refusal the CN can act on (other rejects carry
-/// none: what else refused a peer is the MN's log's, not the peer's, to know).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[non_exhaustive]
-pub enum Refusal {
-    /// The CN asked for more alloc chains than the MN allows (its `--alloc-chains`): the core's
-    /// `MnError::AllocChains`, before any QP of the CN is set up.
-    AllocChains { allowed: u8, asked: u8 },
-}
-
-impl Refusal {
-    pub fn encode(&self) -> [u8; REFUSAL_LEN] {
-        let mut b = [0u8; REFUSAL_LEN];
-        b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-        b[4] = REFUSAL_VERSION;
-        match *self {
-            Refusal::AllocChains { allowed, asked } => {
-                b[5] = 1;
-                b[6] = allowed;
-                b[7] = asked;
-            }
-        }
-        b
-    }
-
-    /// The refusal in a reject's private data; None for any other bytes (a reject without a
-    /// reason, the IB CM's zero padding, or a peer that is no omw MN).
-    pub fn decode(b: &[u8]) -> Option<Refusal> {
-        if b.len() < REFUSAL_LEN || b[..4] != HELLO_MAGIC.to_le_bytes() || b[4] != REFUSAL_VERSION {
-            return None;
-        }
-        match b[5] {
-            1 => Some(Refusal::AllocChains { allowed: b[6], asked: b[7] }),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Refusal::AllocChains { allowed, asked } => write!(
-                f,
-                "this CN asked for {asked} alloc chains, the MN allows at most {allowed} (its --alloc-chains)"
-            ),
-        }
-    }
-}
-
 /// MN → CN private data of the Alloc connection's accept: the pool's group size.
 pub fn welcome(group_size: u8) -> [u8; 8] {
     let mut b = [0u8; 8];
@@ -340,21 +287,6 @@ mod tests {
         let tag = h.auth.unwrap().tag;
         assert!(cred.verify(9, [0, 0, 2], 1234, &tag));
         assert!(!cred.verify(9, [0, 0, 4], 1234, &tag), "a changed chain count fails the tag");
-    }
-
-    #[test]
-    fn refusals_round_trip_inside_the_reject_padding() {
-        let r = Refusal::AllocChains { allowed: 2, asked: 3 };
-        // the IB CM delivers a REJ's 148 bytes of private data: ours, then zeros
-        let mut rej = [0u8; 148];
-        rej[..REFUSAL_LEN].copy_from_slice(&r.encode());
-        assert_eq!(Refusal::decode(&rej), Some(r));
-        assert_eq!(Refusal::decode(&[0u8; 148]), None, "a reject without a reason");
-        assert_eq!(Refusal::decode(&Hello::new(Role::Alloc, 1).encode()), None, "a hello is no refusal");
-        let mut odd = r.encode();
-        odd[5] = 77;
-        assert_eq!(Refusal::decode(&odd), None);
-        assert_eq!(Refusal::decode(&r.encode()[..7]), None);
     }
 }
 

@@ -280,7 +280,7 @@ impl CmChannel {
     }
 
     /// Refuse a pending connection request (ignored if `id` is not one), with `private` as the
-    /// reject's private data (empty: none; else a [`crate::cm::Refusal`]).
+    /// reject's private data (empty: none; else a [`crate::refusal::Refusal`]).
     pub fn reject_with(&mut self, id: CmId, private: &[u8]) {
         if let Some(raw) = self.take_request(id) {
             reject_raw_with(raw, private);
@@ -318,7 +318,7 @@ impl CmChannel {
             }
             // the MN said why, in the reject's private data
             if let Some(r) =
-                (ev.kind == CmEventKind::Rejected).then(|| crate::cm::Refusal::decode(&ev.private_data)).flatten()
+                (ev.kind == CmEventKind::Rejected).then(|| crate::refusal::Refusal::decode(&ev.private_data)).flatten()
             {
                 return Err(VerbsError::Rejected(r));
             }

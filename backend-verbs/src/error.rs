@@ -32,7 +32,7 @@ pub enum VerbsError {
     /// rdma_cm could not reach the peer (address/route resolution, rejection, timeout).
     PeerUnreachable { addr: String, detail: String },
     /// The MN refused the connection and said why (the reject's private data).
-    Rejected(crate::cm::Refusal),
+    Rejected(crate::refusal::Refusal),
     /// The peer closed the connection.
     Disconnected,
     /// A verbs or rdma_cm call failed.

@@ -245,7 +245,7 @@ pub trait ExternalCm {
     fn reject(&mut self, id: CmId) {
         self.reject_with(id, &[])
     }
-    /// [`Self::reject`] with `private` as the reject's private data (a `crate::cm::Refusal`).
+    /// [`Self::reject`] with `private` as the reject's private data (a `crate::refusal::Refusal`).
     fn reject_with(&mut self, id: CmId, private: &[u8]);
     /// `rdma_disconnect` and destroy an accepted id (its QP is gone or going).
     fn disconnect(&mut self, id: CmId);
