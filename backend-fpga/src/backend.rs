@@ -1227,6 +1227,11 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> OffloadRings for FpgaBackend<M, H> {
     fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
         None
     }
+    /// The extension block's receive rings have no doorbell record a chain could write
+    /// (docs/FPGA.md register map): receives are posted by the host.
+    fn recv_doorbell(&self, _: Qpn) -> Result<Option<omw_core::device::RecvDoorbell>, Error> {
+        Ok(None)
+    }
 }
 
 impl<M: Mmio + CoyoteDriver, H: HostMemory> WindowState for FpgaBackend<M, H> {

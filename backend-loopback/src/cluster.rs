@@ -385,6 +385,9 @@ impl OffloadRings for NodeBackend {
     fn send_wqes_executed(&self, qp: Qpn) -> Option<u64> {
         self.fabric.borrow().qp_stats(self.qa(qp)).ok().map(|s| s.wqes_executed)
     }
+    fn recv_doorbell(&self, qp: Qpn) -> Result<Option<omw_core::device::RecvDoorbell>, LoopbackError> {
+        self.fabric.borrow().recv_doorbell(self.qa(qp))
+    }
 }
 
 impl WindowState for NodeBackend {

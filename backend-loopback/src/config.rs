@@ -54,6 +54,12 @@ pub struct NicConfig {
     /// (`backend-loopback/README.md`, "Device behaviour"); default
     /// [`NicConfig::DEFAULT_BEHAVIOUR`]: the paper's device's answers but prefetch past WAITs.
     pub behaviour: DeviceBehaviour,
+    /// With offload, each managed receive queue keeps its doorbell record in the ring arena,
+    /// where a chain's loop QP can write it (`Capabilities::RECV_DOORBELL_RECORD`): the chains
+    /// publish their own receives, one per lap. Off: the CPU hands each polled receive back,
+    /// so all of a chain's receive slots may be available at once under
+    /// `RecvEnable::Doorbell` (what the chains did before; kept to show the difference).
+    pub recv_doorbell_records: bool,
 }
 
 impl Default for NicConfig {
@@ -79,6 +85,7 @@ impl NicConfig {
             seed: 0x5EED_0F0E_5EED,
             wqe_format: omw_core::wire::wqe_format::WqeFormat::Canonical,
             behaviour: NicConfig::DEFAULT_BEHAVIOUR,
+            recv_doorbell_records: true,
         }
     }
     /// The model's answers to the open CORE-Direct questions unless told otherwise: the
@@ -151,6 +158,9 @@ impl NicConfig {
         }
         if self.offload {
             c |= Capabilities::WAIT_ENABLE | Capabilities::SELF_MODIFYING_WQE | Capabilities::BIND_TO_OTHER_QP;
+            if self.recv_doorbell_records {
+                c |= Capabilities::RECV_DOORBELL_RECORD;
+            }
         }
         if self.wqe_format == omw_core::wire::wqe_format::WqeFormat::Mlx5 {
             c |= Capabilities::WQE_FORM_MLX5;

@@ -49,6 +49,9 @@ pub struct DeviceQp {
     pub managed_recv: bool,
     /// `cd_master`: it may post WAIT, SEND_EN and RECV_EN (without: they complete in error).
     pub cd_master: bool,
+    /// The receive doorbell record (`dbrec[MLX5_RCV_DBR]`): any write of it — the driver's,
+    /// or a DMA's — publishes receives, as the HCA reads it when it needs a receive WQE.
+    pub recv_doorbell: Option<u64>,
 }
 
 /// A QP state transition (PRM `RST2INIT_QP`, `INIT2RTR_QP`, `RTR2RTS_QP`, `2RST_QP`,
@@ -173,6 +176,9 @@ impl Fabric {
         // no receive queue: one entry nobody ever posts
         let rq = q.rq.unwrap_or(RingAt { base: q.sq.base, entries: 1, stride: 16 });
         self.hosts[h.0 as usize].qps.push(gq);
+        if let Some(a) = q.recv_doorbell {
+            self.hosts[h.0 as usize].doorbells.push((a, gq));
+        }
         self.qps.push(Qp {
             host: h.0,
             qpn,
@@ -194,6 +200,8 @@ impl Fabric {
             in_active: false,
             parked_on: None,
             mlx5: true,
+            rq_doorbell: q.recv_doorbell,
+            rq_published: false,
             sq_wr_ids: Vec::new(),
             rq_wr_ids: Vec::new(),
             head_wqebbs: 1,

@@ -434,6 +434,7 @@ impl Fabric {
         match self.hosts[h as usize].mem.slice_mut(addr, len as u64) {
             Some(s) => {
                 s.copy_from_slice(&self.scratch[from..from + len]);
+                self.record_landed(h, addr, len as u64);
                 true
             }
             None => len == 0,
@@ -735,6 +736,8 @@ impl Fabric {
         };
         mem.write_u64(eff, new);
         self.hosts[h as usize].mem.write_u64(w.local_addr, old);
+        self.record_landed(ph, eff, 8);
+        self.record_landed(h, w.local_addr, 8);
         self.complete(g, w, WcStatus::Success, ack, 8);
     }
 

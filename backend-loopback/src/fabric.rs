@@ -43,6 +43,8 @@ pub(crate) struct Host {
     pub prot: Protection,
     /// Local QP index → global index (NONE once destroyed).
     pub qps: Vec<u32>,
+    /// Receive doorbell records in this host's memory: (address, global QP index).
+    pub doorbells: Vec<(u64, u32)>,
     pub crashed: bool,
     pub ring_base: u64,
     pub ring_len: u64,
@@ -148,6 +150,7 @@ impl Fabric {
             mem,
             prot,
             qps: Vec::new(),
+            doorbells: Vec::new(),
             crashed: false,
             ring_base,
             ring_len,
@@ -215,9 +218,11 @@ impl Fabric {
     }
 
     /// Host (CPU) write of its own memory. Writing into a ring changes what the NIC fetches
-    /// next (unless it already prefetched the entry).
+    /// next (unless it already prefetched the entry); into a receive doorbell record, what
+    /// receives are published.
     pub fn write(&mut self, h: HostId, addr: u64, data: &[u8]) -> Result<()> {
         if self.host_mut(h)?.mem.write(addr, data) {
+            self.record_landed(h.0, addr, data.len() as u64);
             Ok(())
         } else {
             Err(LoopbackError::BadAddress { host: h, addr, len: data.len() as u64 })
@@ -389,6 +394,9 @@ impl Fabric {
         let rstride = if mlx5 { crate::qp::MLX5_RQ_STRIDE } else { RECV_WQE_SIZE as u32 };
         let gq = self.qps.len() as u32;
         let first_cq = self.cqs.len() as u32;
+        // a managed (chain) receive queue keeps a doorbell record a chain can write, in the
+        // ring arena after the rings (`NicConfig::recv_doorbell_records`)
+        let record = cfg.managed_recv && self.cfg.offload && self.cfg.recv_doorbell_records;
         let host = self.host_mut(h)?;
         if !host.prot.pd_exists(cfg.pd) {
             return Err(LoopbackError::NoSuchPd { host: h, pd: cfg.pd.0 });
@@ -401,11 +409,16 @@ impl Fabric {
         let rbytes = cfg.recv_depth as u64 * rstride as u64;
         let s_off = host.ring_brk.next_multiple_of(64);
         let r_off = (s_off + sbytes).next_multiple_of(64);
-        let end = r_off + rbytes;
+        let d_off = (r_off + rbytes).next_multiple_of(64);
+        let end = if record { d_off + 8 } else { r_off + rbytes };
         if end > host.ring_len {
-            return Err(LoopbackError::RingArenaFull { host: h, requested: sbytes + rbytes });
+            return Err(LoopbackError::RingArenaFull { host: h, requested: end - s_off });
         }
         host.ring_brk = end;
+        let rq_doorbell = record.then_some(host.ring_base + d_off);
+        if let Some(a) = rq_doorbell {
+            host.doorbells.push((a, gq));
+        }
         let qpn = qpn_of(h.0, local);
         let cq_nums = [QueueSel::Send, QueueSel::Recv].map(|q| ((qpn << 1) | q as u32) & CqIndex::MASK);
         if cq_nums.iter().any(|n| host.cqns.contains_key(n)) {
@@ -438,6 +451,8 @@ impl Fabric {
             in_active: false,
             parked_on: None,
             mlx5,
+            rq_doorbell,
+            rq_published: false,
             sq_wr_ids: if mlx5 { vec![0; cfg.send_depth as usize] } else { Vec::new() },
             rq_wr_ids: if mlx5 { vec![0; cfg.recv_depth as usize] } else { Vec::new() },
             head_wqebbs: 1,
@@ -550,6 +565,7 @@ impl Fabric {
     fn reset_gq(&mut self, g: u32) {
         let q = &mut self.qps[g as usize];
         q.state = if q.peer.is_some() { QpState::Rts } else { QpState::Init };
+        q.rq_published = false;
         let (sbase, slen) = (q.sq.base, q.sq.ring_bytes());
         let (rbase, rlen) = (q.rq.base, q.rq.ring_bytes());
         q.sq.clear();
@@ -719,6 +735,46 @@ impl Fabric {
         Ok(n)
     }
 
+    /// Bytes landed in host `h`'s memory at `[addr, addr + len)` — a CPU store or a DMA (a
+    /// READ response, a WRITE, an atomic): where they cover a receive doorbell record, the
+    /// record now says how many receives are published, and the queue's producer index
+    /// follows it — an mlx5 record's 16 bits counted on from the consumer, as the HCA reads
+    /// `dbrec[MLX5_RCV_DBR]` when it needs a receive WQE; a canonical record's count as is.
+    pub(crate) fn record_landed(&mut self, h: u32, addr: u64, len: u64) {
+        let Some(host) = self.hosts.get(h as usize) else { return };
+        if host.doorbells.is_empty() {
+            return;
+        }
+        let hits: Vec<(u64, u32)> =
+            host.doorbells.iter().copied().filter(|(a, _)| *a < addr.saturating_add(len) && addr < a + 8).collect();
+        for (a, g) in hits {
+            let Some(q) = self.qps.get(g as usize) else { continue };
+            let mut b = [0u8; 8];
+            if !self.hosts[h as usize].mem.read(a, &mut b) {
+                continue;
+            }
+            let q_mlx5 = q.mlx5;
+            let q = &mut self.qps[g as usize];
+            q.rq.producer = if q_mlx5 {
+                let v = (u32::from_be_bytes([b[0], b[1], b[2], b[3]]) & 0xFFFF) as u16;
+                q.rq.consumer + u64::from(v.wrapping_sub(q.rq.consumer as u16))
+            } else {
+                u64::from_le_bytes(b).max(q.rq.consumer)
+            };
+            q.rq_published = true;
+            if q.state == QpState::Err {
+                self.flush_recvs(g);
+            }
+        }
+    }
+
+    /// `qp`'s receive doorbell record, if the model keeps one for it (a managed receive queue
+    /// of an offloading NIC), and how many receive WQEs its ring holds.
+    pub fn recv_doorbell(&self, qp: QpAddr) -> Result<Option<omw_core::device::RecvDoorbell>> {
+        let q = &self.qps[self.gq(qp)? as usize];
+        Ok(q.rq_doorbell.map(|addr| omw_core::device::RecvDoorbell { addr, slots: q.rq.depth }))
+    }
+
     /// A chain's (managed) receive queue: each receive the CPU polled goes back to the device
     /// as posted again — its bytes are still in the slot — as the DEVX backend hands a
     /// consumed chain receive back with the doorbell record. Where the doorbell is what makes
@@ -726,7 +782,9 @@ impl Fabric {
     /// under `RecvEnOnly` the RECV_EN limit still decides.
     fn hand_back(&mut self, g: u32, n: usize) {
         let q = &mut self.qps[g as usize];
-        if !q.rq.managed || q.state == QpState::Err {
+        // a chain that publishes its own receives through the doorbell record gets none back
+        // from the CPU: it admits each request once its lap is done with the last
+        if !q.rq.managed || q.state == QpState::Err || q.rq_published {
             return;
         }
         for _ in 0..n {

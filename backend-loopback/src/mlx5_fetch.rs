@@ -129,6 +129,15 @@ impl Fabric {
         for _ in 0..recv_copies.max(1) {
             self.post_recv_mlx5(qps[1], wr_id, &chain.recv)?;
         }
+        // a chain that publishes its receives: the record says how many are available, from
+        // the arm's count on (the posts above only filled the slots)
+        if let Some(n) = chain.published_at_arm() {
+            let g = self.gq(qps[1])?;
+            let record = self.qps[g as usize]
+                .rq_doorbell
+                .ok_or(LoopbackError::BadArgument("the chain publishes its receives; its QP keeps no record"))?;
+            self.write(qps[1].host, record, &u32::from(n).to_be_bytes())?;
+        }
         Ok(())
     }
 

@@ -242,6 +242,13 @@ pub(crate) struct Qp {
     pub parked_on: Option<u32>,
     /// The rings hold mlx5 WQEs (`crate::mlx5_fetch`): send indices count WQEBBs.
     pub mlx5: bool,
+    /// The receive queue's doorbell record in host memory: whatever writes it — the CPU, or a
+    /// chain's loopback DMA — publishes receives (`Fabric::record_landed`). Its bytes: mlx5's
+    /// `htobe32(count & 0xffff)` on an mlx5-form queue, a little-endian u64 count otherwise.
+    pub rq_doorbell: Option<u64>,
+    /// The record was written since the last reset: the chain publishes this queue's
+    /// receives, so the CPU hands none back when it polls (`Fabric::hand_back`).
+    pub rq_published: bool,
     /// mlx5 keeps no wr_id in a WQE: per send WQEBB / receive slot, the one its completion
     /// reports (a driver's wrid array).
     pub sq_wr_ids: Vec<u64>,

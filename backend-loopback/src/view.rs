@@ -126,6 +126,9 @@ impl OffloadRings for HostView<'_> {
     fn send_wqes_executed(&self, qp: Qpn) -> Option<u64> {
         self.fabric.qp_stats(self.qp(qp)).ok().map(|s| s.wqes_executed)
     }
+    fn recv_doorbell(&self, qp: Qpn) -> Result<Option<omw_core::device::RecvDoorbell>, LoopbackError> {
+        self.fabric.recv_doorbell(self.qp(qp))
+    }
 }
 
 impl WindowState for HostView<'_> {

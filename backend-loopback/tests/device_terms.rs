@@ -34,6 +34,7 @@ fn device_qp(f: &mut Fabric, h: HostId, cqn: u32, master: bool) -> QpAddr {
         managed_send: false,
         managed_recv: false,
         cd_master: master,
+        recv_doorbell: None,
     };
     let q = QpAddr::new(h, f.create_qp_with(h, &spec).unwrap());
     assert_eq!(f.qp_state(q).unwrap(), QpState::Reset);

@@ -1489,6 +1489,10 @@ impl OffloadRings for VerbsBackend {
     fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
         None
     }
+    /// No chains, no record for them (the provider keeps its doorbell records to itself).
+    fn recv_doorbell(&self, _: Qpn) -> Result<Option<omw_core::device::RecvDoorbell>> {
+        Ok(None)
+    }
 }
 
 impl WindowState for VerbsBackend {

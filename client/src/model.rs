@@ -667,6 +667,9 @@ impl OffloadRings for ModelDevice {
     fn send_wqes_executed(&self, qp: Qpn) -> Option<u64> {
         self.call(move |w, i| Ok(w.fabric().qp_stats(w.qa(i, qp)?).ok().map(|s| s.wqes_executed))).ok().flatten()
     }
+    fn recv_doorbell(&self, qp: Qpn) -> R<Option<omw_core::device::RecvDoorbell>> {
+        self.call(move |w, i| Ok(w.fabric().recv_doorbell(w.qa(i, qp)?)?))
+    }
 }
 
 impl WindowState for ModelDevice {

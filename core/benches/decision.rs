@@ -213,6 +213,7 @@ fn chain_env() -> ChainEnv {
         owner_window_access: AccessFlags::REMOTE_READ,
         pop_ahead: true,
         variant: omw_core::chain::variant::ChainVariant::default(),
+        posts_receives: false,
     }
 }
 

@@ -235,6 +235,10 @@ fn create_qp(d: &mut CxDouble, input: &[u8], out: &mut [u8]) -> R<ObjHandle> {
         managed_send: ss,
         managed_recv: sr,
         cd_master: master,
+        // `dbrec[MLX5_RCV_DBR]` (rdma-core providers/mlx5/mlx5.h: index 0 of the record): the
+        // HCA reads it when it needs a receive WQE, whoever wrote it — the driver, or a
+        // chain's loopback DMA
+        recv_doorbell: rq.map(|_| dbr),
     };
     let host = d.host;
     let qpn = d.fabric.borrow_mut().create_qp_with(host, &spec).map_err(|_| no(status::LIM, 0x2f, "QPs exhausted"))?;

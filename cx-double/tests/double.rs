@@ -299,6 +299,7 @@ fn cq_run(oi: bool, n: u16, consumed: Option<u32>) -> (omw_loopback::CqStatus, V
         managed_send: false,
         managed_recv: false,
         cd_master: false,
+        recv_doorbell: None,
     };
     let mut fb = f.borrow_mut();
     let q = omw_loopback::QpAddr::new(h, fb.create_qp_with(h, &spec).unwrap());

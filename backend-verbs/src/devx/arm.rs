@@ -272,7 +272,10 @@ pub fn arm_chain<A: DevxApi>(
     for (r, _) in RINGS.iter().enumerate() {
         write_ring(api, qps[r], WqeIndex::new(0), &chain.rings[r])?;
     }
-    let rq_head = write_recvs(api, q.mgmt_qp, 0, copies, &chain.recv)?;
+    let written = write_recvs(api, q.mgmt_qp, 0, copies, &chain.recv)?;
+    // every slot holds the chain's receive; the record publishes them all — or, where the
+    // chain publishes its own (one per lap, `Mlx5Chain::published_at_arm`), the first lap's
+    let rq_head = chain.published_at_arm().map_or(written, u32::from);
     doorbell::ring_rq(api, q.mgmt_qp, rq_head);
     for r in [Ring::Mgmt as usize, Ring::Loop as usize] {
         if let Some(c) = &ctrl[r] {

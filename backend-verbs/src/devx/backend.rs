@@ -87,6 +87,12 @@ pub struct DevxConfig {
     pub log_rq_stride: u8,
     /// Bytes of the ring arena every CQ and QP ring is carved from (one MR per domain covers it).
     pub ring_arena_bytes: usize,
+    /// Chains publish their own receives through their management QP's receive doorbell
+    /// record (`Capabilities::RECV_DOORBELL_RECORD`, docs/MLX5.md question 20); off, the
+    /// backend hands each polled chain receive back itself, and a device whose doorbell makes
+    /// every posted receive available lets pipelined requests on one chain land in a running
+    /// lap.
+    pub chains_publish_receives: bool,
 }
 
 impl DevxConfig {
@@ -98,6 +104,7 @@ impl DevxConfig {
             log_rq: 4,
             log_rq_stride: 5,
             ring_arena_bytes: 64 << 20,
+            chains_publish_receives: true,
         }
     }
 }
@@ -205,8 +212,12 @@ struct QpSlot {
     rq_head: u32,
     rq_wr_ids: VecDeque<u64>,
     /// A chain's receive queue: every slot holds the chain's receive WQE; a consumed one is
-    /// handed back when its completion is polled. The wr_id its completions carry.
+    /// handed back when its completion is polled — unless the chain publishes its receives
+    /// itself (`chain_publishes`). The wr_id its completions carry.
     chain_recv: Option<u64>,
+    /// The chain writes this queue's receive doorbell record (`ChainEnv::posts_receives`):
+    /// the CPU must not (its count would race the chain's).
+    chain_publishes: bool,
     mem: MemRange,
     cq_snd: u32,
     cq_rcv: Option<u32>,
@@ -456,6 +467,7 @@ impl<D: DevxDevice> DevxBackend<D> {
                 rq_head: 0,
                 rq_wr_ids: VecDeque::new(),
                 chain_recv: None,
+                chain_publishes: false,
                 mem,
                 cq_snd,
                 cq_rcv,
@@ -584,6 +596,7 @@ impl<D: DevxDevice> DevxBackend<D> {
             q.rq_head = 0;
             q.rq_wr_ids.clear();
             q.chain_recv = None;
+            q.chain_publishes = false;
         }
         Ok(())
     }
@@ -654,8 +667,12 @@ fn log2_exact(what: &'static str, n: u32) -> Result<u8, DevxError> {
 impl<D: DevxDevice> DataPath for DevxBackend<D> {
     type Error = DevxError;
     fn capabilities(&self) -> Capabilities {
-        // a DEVX device fetches the mlx5 form: the chains are laid out for it
-        self.cfg.capabilities | Capabilities::WQE_FORM_MLX5
+        // a DEVX device fetches the mlx5 form: the chains are laid out for it; a chain QP's
+        // receive doorbell record lies in the ring arena the MN-private ring MR covers
+        // (`OffloadRings::recv_doorbell`)
+        let publish =
+            if self.cfg.chains_publish_receives { Capabilities::RECV_DOORBELL_RECORD } else { Capabilities::empty() };
+        self.cfg.capabilities | Capabilities::WQE_FORM_MLX5 | publish
     }
     fn post_send(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), DevxError> {
         self.post_encoded(qp.get(), wqe)
@@ -721,7 +738,7 @@ impl<D: DevxDevice> DataPath for DevxBackend<D> {
                         // it completed in error: the QP is in ERR, where a posted receive is
                         // flushed at once, so handing flushes back would feed the MN's poll
                         // a new flush for every one it takes (found by the ConnectX double)
-                        Some(w) if status.is_ok() => {
+                        Some(w) if status.is_ok() && !q.chain_publishes => {
                             q.rq_head = q.rq_head.wrapping_add(1);
                             handed_back = true;
                             w
@@ -900,6 +917,17 @@ impl<D: DevxDevice> OffloadRings for DevxBackend<D> {
     fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
         None
     }
+    /// A chain QP's receive doorbell record (`dbrec[MLX5_RCV_DBR]`), in the QP's umem inside
+    /// the ring arena, which the MN-private ring MR covers: the chain's loop QP writes it to
+    /// publish the next receive. Only queues a chain gates (`cd_slave_receive`).
+    fn recv_doorbell(&self, qp: Qpn) -> Result<Option<omw_core::device::RecvDoorbell>, DevxError> {
+        let q = self.qp(qp)?;
+        if !q.devx.cd.contains(omw_core::mlx5::prm::qp::CdRole::SLAVE_RECEIVE) {
+            return Ok(None);
+        }
+        let slots = (q.devx.rq.len / (16usize << q.devx.log_rq_stride)) as u32;
+        Ok(Some(omw_core::device::RecvDoorbell { addr: q.devx.dbr_addr as u64, slots }))
+    }
 }
 
 /// A window's state is read from the device, one QUERY_MKEY per question: its mkey context says
@@ -1034,6 +1062,7 @@ impl<D: DevxDevice> DevxBackend<D> {
         if let Some(q) = self.qps.get_mut(&mq) {
             q.rq_head = armed.rq_head;
             q.chain_recv = Some(omw_core::chain::builder::chain_wr_id(chain.kind, 0, 0xFF));
+            q.chain_publishes = chain.published_at_arm().is_some();
         }
         Ok(())
     }

@@ -42,9 +42,14 @@ fn caps() -> HcaCaps {
 }
 
 fn backend() -> DevxBackend<RecordingDevx> {
+    backend_with(|_| {})
+}
+
+fn backend_with(f: impl FnOnce(&mut DevxConfig)) -> DevxBackend<RecordingDevx> {
     let mut cfg = DevxConfig::new(Capabilities::OFFLOAD | Capabilities::MW_BOUNDS_ENFORCED);
     cfg.ring_arena_bytes = 16 << 20;
     cfg.log_cqes = 6;
+    f(&mut cfg);
     DevxBackend::new(RecordingDevx::numbered(PDN), caps(), cfg).unwrap()
 }
 
@@ -223,10 +228,17 @@ fn connect_arms_both_chains_from_the_bytes_the_core_built() {
         }
         assert!(waits > 0);
         assert_ne!(dbr_word(&m, ls.devx.dbr_addr + 4), 0, "{kind:?}: loop send doorbell record");
-        // every receive slot of the management QP holds the chain's receive; all posted
+        // every receive slot of the management QP holds the chain's receive; the record
+        // publishes only the first lap's (the chain publishes each next one itself)
         let entries = ms.devx.rq.len / (16 << ms.devx.log_rq_stride);
-        assert_eq!(dbr_word(&m, ms.devx.dbr_addr), entries as u32);
+        let stride = 16usize << ms.devx.log_rq_stride;
+        let first = dev(&m).bytes(ms.devx.rq.addr, stride);
+        for k in 1..entries {
+            assert_eq!(dev(&m).bytes(ms.devx.rq.addr + k * stride, stride), first, "{kind:?}: receive slot {k}");
+        }
+        assert_eq!(dbr_word(&m, ms.devx.dbr_addr), 1);
         assert_eq!(ms.chain_recv, Some(chain_wr_id(kind, 0, 0xFF)));
+        assert!(ms.chain_publishes);
     }
     // the host posts nothing on a chain's rings
     let mut m = m;
@@ -321,9 +333,27 @@ fn a_full_ring_refuses_and_a_wrap_pads_with_nops() {
     assert_eq!(decode_sq(&m, q, after + 4).fm_ce_se.fence, FenceMode::SmallAndFence);
 }
 
+/// A chain that publishes its own receives (the default): the backend hands none back when the
+/// MN polls the chain's receive CQ — the record moves only by the chain's own write.
+#[test]
+fn a_publishing_chain_gets_no_receive_handed_back() {
+    let mut m = mn_with_cn();
+    let mgmt = m.qps.alloc;
+    let s = slot(&m, mgmt);
+    let (rcq, dbr) = (s.cq_rcv.unwrap(), s.devx.dbr_addr);
+    assert_eq!(dbr_word(&m, dbr), 1);
+    plant_cqe(&mut m, rcq, 0, cqe_op::RESP_SEND, mgmt.get(), 0, None);
+    let mut out = [Completion::EMPTY; 2];
+    assert_eq!(m.driver.backend.poll_cq(mgmt, QueueSel::Recv, &mut out).unwrap(), 1);
+    assert_eq!(out[0].wr_id, chain_wr_id(ChainKind::Alloc, 0, 0xFF));
+    assert_eq!(dbr_word(&m, dbr), 1, "the CPU publishes nothing: the chain does");
+}
+
+/// With `chains_publish_receives` off, every slot is published at arming and each consumed one
+/// handed back when polled.
 #[test]
 fn chain_receives_are_handed_back_when_polled() {
-    let mut m = mn_with_cn();
+    let mut m = mn_on(backend_with(|c| c.chains_publish_receives = false));
     let mgmt = m.qps.alloc;
     let s = slot(&m, mgmt);
     let (rcq, dbr) = (s.cq_rcv.unwrap(), s.devx.dbr_addr);

@@ -30,6 +30,9 @@ pub enum ArmError<E> {
     Mlx5(crate::chain::mlx5::Mlx5ChainError),
     /// The device fetches the mlx5 form but the backend offers no mlx5 arming.
     NoMlx5Arming,
+    /// The chain publishes its receives through the management QP's receive doorbell record,
+    /// and the device names none for that QP (`OffloadRings::recv_doorbell`).
+    NoRecvDoorbell(u32),
 }
 
 impl<E: fmt::Display> fmt::Display for ArmError<E> {
@@ -42,6 +45,10 @@ impl<E: fmt::Display> fmt::Display for ArmError<E> {
             ArmError::NoMlx5Arming => {
                 f.write_str("the device fetches mlx5 WQEs but its backend cannot arm mlx5 chains")
             }
+            ArmError::NoRecvDoorbell(q) => write!(
+                f,
+                "the chain publishes its own receives but the device names no receive doorbell record for QP {q:#x}"
+            ),
         }
     }
 }
@@ -60,15 +67,20 @@ pub fn field_addr(layout: &ChainLayout, bases: [u64; 2], step: u8, field: crate:
     bases[ring as usize] + (layout.position(i) * WQE_SIZE) as u64 + field.offset() as u64
 }
 
-pub fn resolve(layout: &ChainLayout, bases: [u64; 2]) -> ResolvedChain {
+/// The layout's WQEs and RECV with every symbolic location made an address: ring fields from
+/// the send-ring `bases` [Loop, Mgmt], the receive doorbell record from `recv_doorbell` (0
+/// where the chain does not publish its receives).
+pub fn resolve(layout: &ChainLayout, bases: [u64; 2], recv_doorbell: u64) -> ResolvedChain {
     let mut wqes = heapless::Vec::new();
     for s in layout.steps.iter() {
         let mut w = s.wqe;
         if let Some(Loc::Field { step, field }) = s.local {
             w.local_addr = field_addr(layout, bases, step, field);
         }
-        if let Some(Loc::Field { step, field }) = s.remote {
-            w.remote_addr = field_addr(layout, bases, step, field);
+        match s.remote {
+            Some(Loc::Field { step, field }) => w.remote_addr = field_addr(layout, bases, step, field),
+            Some(Loc::RecvDoorbell) => w.remote_addr = recv_doorbell,
+            _ => {}
         }
         let pushed = wqes.push(w);
         debug_assert!(pushed.is_ok(), "one WQE per step: both hold MAX_STEPS");
@@ -80,6 +92,8 @@ pub fn resolve(layout: &ChainLayout, bases: [u64; 2]) -> ResolvedChain {
             Loc::Field { step, field } => {
                 Sge { addr: field_addr(layout, bases, step, field), length: r.len, lkey: layout.ring_lkey }
             }
+            // refused by validation; an unchecked arm gets what it asked for
+            Loc::RecvDoorbell => Sge { addr: recv_doorbell, length: r.len, lkey: layout.ring_lkey },
         };
         let pushed = recv.sges.push(sge);
         debug_assert!(pushed.is_ok(), "one entry per RECV target: MAX_RECV_TARGETS = MAX_RECV_SGES");
@@ -113,7 +127,14 @@ fn arm_mlx5<B: MnDevice>(
         backend.ring_base(qpns[1], QueueSel::Send).map_err(ArmError::Backend)?,
     ];
     let cqns = backend.cq_numbers(qpns[0], qpns[1]).ok_or(ArmError::NoMlx5Arming)?;
-    let queues = Mlx5Queues { cqns, ring_bases, cq_base: backend.cq_producer_indices(qpns[0], qpns[1]) };
+    let doorbell = recv_doorbell(backend, layout, qpns[1])?;
+    let queues = Mlx5Queues {
+        cqns,
+        ring_bases,
+        cq_base: backend.cq_producer_indices(qpns[0], qpns[1]),
+        recv_doorbell: doorbell.map_or(0, |d| d.addr),
+    };
+    let recv_copies = doorbell.map_or(recv_copies, |d| d.slots);
     let chain = if checked { Mlx5Chain::build(layout, queues) } else { Mlx5Chain::build_unchecked(layout, queues) };
     let chain = chain.map_err(ArmError::Mlx5)?;
     for (base, ring) in ring_bases.iter().zip(chain.rings.iter()) {
@@ -123,6 +144,21 @@ fn arm_mlx5<B: MnDevice>(
         backend.write_local(sh.addr, &sh.initial.to_le_bytes()).map_err(ArmError::Backend)?;
     }
     backend.arm_mlx5(&chain, recv_copies.max(1)).ok_or(ArmError::NoMlx5Arming)?.map_err(ArmError::Backend)
+}
+
+/// The receive doorbell record of the management QP, where the chain publishes its receives.
+fn recv_doorbell<B: MnDevice>(
+    backend: &B,
+    layout: &ChainLayout,
+    mgmt: Qpn,
+) -> Result<Option<crate::device::RecvDoorbell>, ArmError<B::Error>> {
+    if layout.recv_publish().is_none() {
+        return Ok(None);
+    }
+    match backend.recv_doorbell(mgmt).map_err(ArmError::Backend)? {
+        Some(d) => Ok(Some(d)),
+        None => Err(ArmError::NoRecvDoorbell(mgmt.get())),
+    }
 }
 
 /// [`arm`] without validation: only for demonstrating what an invalid chain does on a device
@@ -141,7 +177,8 @@ pub fn arm_unchecked<B: MnDevice>(
         backend.ring_base(qpns[0], QueueSel::Send).map_err(ArmError::Backend)?,
         backend.ring_base(qpns[1], QueueSel::Send).map_err(ArmError::Backend)?,
     ];
-    let resolved = resolve(layout, bases);
+    let doorbell = recv_doorbell(backend, layout, qpns[1])?;
+    let resolved = resolve(layout, bases, doorbell.map_or(0, |d| d.addr));
     for ring in [Ring::Loop, Ring::Mgmt] {
         for (s, w) in layout.steps.iter().zip(resolved.wqes.iter()) {
             if s.ring == ring {
@@ -149,8 +186,16 @@ pub fn arm_unchecked<B: MnDevice>(
             }
         }
     }
-    for _ in 0..recv_copies.max(1) {
+    // a chain that publishes its receives: the chain's receive in every slot, and the record
+    // counting the ones published (a little-endian u64 in canonical form) — none yet, or the
+    // first lap's where the lap's tail admits the next request
+    let copies = doorbell.map_or(recv_copies.max(1), |d| d.slots.max(1));
+    for _ in 0..copies {
         backend.post_recv(qpns[1], &resolved.recv).map_err(ArmError::Backend)?;
+    }
+    if let Some(d) = doorbell {
+        let published = u64::from(layout.initial_recv_enable);
+        backend.write_local(d.addr, &published.to_le_bytes()).map_err(ArmError::Backend)?;
     }
     for ring in [Ring::Loop, Ring::Mgmt] {
         let n = layout.initial_enable[ring as usize] as u64;

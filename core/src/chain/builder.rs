@@ -38,6 +38,13 @@ pub struct ChainEnv {
     pub pop_ahead: bool,
     /// The layout variant the device's answers chose (`chain::variant`).
     pub variant: crate::chain::variant::ChainVariant,
+    /// Each lap publishes the next receive itself through the receive doorbell record
+    /// (`Capabilities::RECV_DOORBELL_RECORD`), right after its receive ENABLE: one receive
+    /// available at a time under either receive answer, so a second request on the chain waits
+    /// (RNR) until the lap before it is done with the receive's targets, instead of scattering
+    /// into it. Without it, a device whose doorbell makes every posted receive available lets
+    /// pipelined requests on one chain land in a running lap.
+    pub posts_receives: bool,
 }
 
 impl ChainEnv {
@@ -248,8 +255,32 @@ impl Builder {
     pub fn lap_head(&mut self, env: &ChainEnv) -> Result<(), crate::chain::ChainError> {
         if env.variant.lap_enables_its_receive {
             self.push(Ring::Loop, Wqe::enable(env.mgmt_qpn, QueueSel::Recv, 1))?;
+            self.publish_receive(env)?;
         }
         Ok(())
+    }
+
+    /// Behind the receive ENABLE: publish one more receive through the doorbell record, where
+    /// the chain does (`ChainEnv::posts_receives`). Unsignaled: the CQ counts stay the lap's.
+    fn publish_receive(&mut self, env: &ChainEnv) -> Result<(), crate::chain::ChainError> {
+        if env.posts_receives {
+            let k = env.keys;
+            let w = Wqe::fetch_add(env.scratch() + self.junk_off(), k.meta_lkey, 0, k.ring_rkey, 1)
+                .with_flags(WqeFlags::empty());
+            let i = self.push(Ring::Loop, w)?;
+            self.layout.steps[i as usize].remote = Some(Loc::RecvDoorbell);
+        }
+        Ok(())
+    }
+
+    /// The scratch offset of this chain's junk word (an atomic's unneeded result).
+    fn junk_off(&self) -> u64 {
+        match self.layout.kind {
+            ChainKind::Alloc => {
+                crate::wire::memory_map::ALLOC_SCRATCH_OFF + crate::wire::memory_map::alloc_scratch::JUNK
+            }
+            ChainKind::Free => crate::wire::memory_map::FREE_SCRATCH_OFF + crate::wire::memory_map::free_scratch::JUNK,
+        }
     }
 
     /// The lap tail: bump every WAIT by its queue's per-lap completions, enable one more RECV
@@ -287,6 +318,7 @@ impl Builder {
         // lap still uses.
         if !env.variant.lap_enables_its_receive {
             self.push(Ring::Loop, fenced(Wqe::enable(env.mgmt_qpn, QueueSel::Recv, 1)))?;
+            self.publish_receive(env)?;
         }
         self.closing = self.enable_loop(env, true)?;
         for ring in [Ring::Loop, Ring::Mgmt] {
@@ -330,6 +362,7 @@ impl ChainEnv {
             owner_window_access: AccessFlags::REMOTE_READ,
             pop_ahead: true,
             variant: crate::chain::variant::ChainVariant::default(),
+            posts_receives: false,
         })
     }
 }

@@ -74,6 +74,9 @@ pub struct Mlx5Queues {
     /// waits for `base + canonical count`. Zero on freshly created CQs and on a model whose
     /// reset zeroes CQ counts.
     pub cq_base: [u32; 3],
+    /// MN address of the management QP's receive doorbell record, where the chain publishes
+    /// its receives (`crate::device::RecvDoorbell`); 0 where it does not.
+    pub recv_doorbell: u64,
 }
 
 /// Which of [`Mlx5Queues::cqns`] counts the completions of the queue a WAIT names:
@@ -96,7 +99,7 @@ fn wait_target(qpns: [u32; 2], queues: &Mlx5Queues, w: &Wqe) -> u64 {
 impl Mlx5Queues {
     /// Queues on fresh CQs (producer indices 0).
     pub const fn new(cqns: [u32; 3], ring_bases: [u64; 2]) -> Self {
-        Mlx5Queues { cqns, ring_bases, cq_base: [0; 3] }
+        Mlx5Queues { cqns, ring_bases, cq_base: [0; 3], recv_doorbell: 0 }
     }
 }
 
@@ -356,6 +359,7 @@ struct Build<'a> {
     layout: &'a ChainLayout,
     items: [heapless::Vec<Item, MAX_ITEMS>; 2],
     junk: u64,
+    recv_doorbell: u64,
 }
 
 impl Build<'_> {
@@ -521,6 +525,29 @@ impl Build<'_> {
             }
             // the canonical bump of a WAIT count: replaced by a shadow counter (added later)
             (Opcode::FetchAdd, None, Some(Loc::Field { .. })) => Ok(()),
+            // publish the next receive: the record takes rdma-core's `htobe32(count & 0xffff)`,
+            // which is exactly the 4 bytes of the receive ENABLE just before it (its absolute
+            // RECV_EN index, big-endian, 16 significant bits, this lap's value: the lap counter
+            // moves it only in the bump block after) — a plain READ of them into the record
+            (Opcode::FetchAdd, None, Some(Loc::RecvDoorbell)) => {
+                let misplaced = Mlx5ChainError::Invalid(ChainError::MisplacedRecvDoorbell { step });
+                let en = (0..i)
+                    .rev()
+                    .find(|&j| {
+                        let e = &self.layout.steps[j];
+                        e.ring == s.ring && e.wqe.opcode == Opcode::Enable && e.wqe.queue_sel() == QueueSel::Recv
+                    })
+                    .ok_or(misplaced)?;
+                let ts = targets_of(self.step_wqe(en as u8)?, WqeField::Operand0, en as u8)?;
+                let tg = ts.first().ok_or(misplaced)?;
+                let mut sges: heapless::Vec<Sg, MAX_SCATTER_SGES> = heapless::Vec::new();
+                let sg =
+                    Sg { dst: Addr::Mem(self.recv_doorbell), len: tg.width as u32, lkey: self.layout.mlx5.ring_lkey };
+                sges.push(sg).map_err(|_| Mlx5ChainError::Capacity)?;
+                let src = Addr::Field { step: en as u8, off: tg.offset as u16 };
+                let item = Item { kind: Kind::Read { src, rkey: w.rkey, sges }, flags: w.flags, role };
+                self.push(s.ring, item)
+            }
             (_, None, None) => {
                 let item = Item { kind: Kind::Wqe { wqe: w, remote: None }, flags: w.flags, role };
                 self.push(s.ring, item)
@@ -656,7 +683,12 @@ impl Mlx5Chain {
     /// prefetching). Never for a real chain.
     pub fn build_unchecked(layout: &ChainLayout, queues: Mlx5Queues) -> Result<Self, Mlx5ChainError> {
         let (junk, shadow_base) = (layout.mlx5.junk, layout.mlx5.shadows);
-        let mut b = Build { layout, items: [heapless::Vec::new(), heapless::Vec::new()], junk };
+        let mut b = Build {
+            layout,
+            items: [heapless::Vec::new(), heapless::Vec::new()],
+            junk,
+            recv_doorbell: queues.recv_doorbell,
+        };
         let n = layout.steps.len();
 
         // which steps need a shadow, and their per-lap increments (ENABLE: known after layout)
@@ -882,6 +914,9 @@ impl Mlx5Chain {
                         add(a + k, layout.meta_lkey)?;
                     }
                 }
+                Loc::RecvDoorbell => {
+                    return Err(Mlx5ChainError::Invalid(ChainError::MisplacedRecvDoorbell { step: 0 }))
+                }
                 Loc::Field { step, field } => {
                     for f in covered(field, t.len) {
                         let d = b.field_dests(step, f)?;
@@ -916,6 +951,15 @@ impl Mlx5Chain {
             canonical: layout.clone(),
         };
         Ok(chain)
+    }
+
+    /// Where the chain publishes its own receives (`ChainEnv::posts_receives`): the count the
+    /// arm writes into the receive doorbell record (rdma-core's `htobe32(count & 0xffff)`)
+    /// after filling every receive slot — the first lap's receive where the lap's tail admits
+    /// the next request, none where each lap admits its own. `None`: the device's receives are
+    /// posted as usual.
+    pub fn published_at_arm(&self) -> Option<u16> {
+        self.canonical.recv_publish().map(|_| self.canonical.initial_recv_enable)
     }
 
     /// The wr_id a completion of the WQE at `placed[ring][k]` reports: its canonical step's

@@ -68,6 +68,10 @@ pub enum Loc {
     Mem(u64),
     /// A field (or span of consecutive fields starting at `field`) of a chain WQE.
     Field { step: u8, field: WqeField },
+    /// The doorbell record of the management QP's receive queue
+    /// (`crate::device::RecvDoorbell`), resolved when the chain is armed: the remote of the
+    /// fetch-and-add by which a lap publishes the next receive.
+    RecvDoorbell,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -136,6 +140,14 @@ pub struct ChainLayout {
     pub request_wait: Option<u8>,
     /// What the mlx5 form adds in MN memory and with which keys (unused by the canonical form).
     pub mlx5: Mlx5Scratch,
+}
+
+impl ChainLayout {
+    /// The step that publishes the next receive through the receive doorbell record
+    /// ([`Loc::RecvDoorbell`]), where the chain does (`ChainEnv::posts_receives`).
+    pub fn recv_publish(&self) -> Option<u8> {
+        self.steps.iter().position(|s| s.remote == Some(Loc::RecvDoorbell)).map(|i| i as u8)
+    }
 }
 
 /// The scratch and the loop-domain keys the mlx5 form of a chain uses besides the canonical
@@ -227,6 +239,12 @@ pub enum ChainError {
         field: WqeField,
     },
     TooManySteps,
+    /// The receive doorbell is written other than by one unsignaled fetch-and-add of 1 on the
+    /// Loop ring right after the lap's receive ENABLE, or is named as a local address or a
+    /// receive target.
+    MisplacedRecvDoorbell {
+        step: u8,
+    },
     /// The chain has no mlx5 form within that form's fixed capacities (`crate::chain::mlx5`).
     NoMlx5Form,
 }
@@ -282,6 +300,10 @@ impl fmt::Display for ChainError {
                 write!(f, "{field:?} of step {step} comes from the request but is not cleared for the next lap")
             }
             Self::TooManySteps => write!(f, "chain exceeds {MAX_STEPS} steps"),
+            Self::MisplacedRecvDoorbell { step } => write!(
+                f,
+                "step {step} writes the receive doorbell other than as the lap's one publish after its receive ENABLE"
+            ),
             Self::NoMlx5Form => f.write_str("chain has no mlx5 form within its fixed capacities"),
         }
     }

@@ -76,6 +76,7 @@ impl ChainLayout {
             match r.loc {
                 Loc::Mem(a) => write!(out, "{sep}{} B → MN {a:#x}", r.len)?,
                 Loc::Field { step, field } => write!(out, "{sep}{} B → #{step}.{field:?}", r.len)?,
+                Loc::RecvDoorbell => write!(out, "{sep}{} B → the receive doorbell", r.len)?,
             }
         }
         writeln!(out)
@@ -116,6 +117,7 @@ impl ChainLayout {
         let w = &s.wqe;
         let loc = |l: Option<Loc>, addr: u64| match l {
             Some(Loc::Field { step, field }) => FieldOrAddr::Field(step, field),
+            Some(Loc::RecvDoorbell) => FieldOrAddr::RecvDoorbell,
             _ => FieldOrAddr::Addr(addr),
         };
         match w.opcode {
@@ -160,6 +162,7 @@ fn f_write(out: &mut impl fmt::Write, s: &str) -> fmt::Result {
 enum FieldOrAddr {
     Field(u8, WqeField),
     Addr(u64),
+    RecvDoorbell,
 }
 
 impl fmt::Display for FieldOrAddr {
@@ -167,6 +170,7 @@ impl fmt::Display for FieldOrAddr {
         match self {
             FieldOrAddr::Field(s, fl) => write!(f, "#{s}.{fl:?}"),
             FieldOrAddr::Addr(a) => write!(f, "[{a:#x}]"),
+            FieldOrAddr::RecvDoorbell => f.write_str("[Mgmt receive doorbell record]"),
         }
     }
 }
@@ -224,6 +228,9 @@ How the chains keep short (the mechanisms are checked by `ChainLayout::validate`
         env.keys.zero_lkey = 0x18;
         env.keys.pool_scrub_rkey = 0x19;
         env.keys.zero_addr = 1 << 40;
+        // as deployed on a device that keeps its receive doorbell records where a chain can
+        // write them (the model, DEVX): each lap publishes the next receive itself
+        env.posts_receives = true;
         let mut doc = String::new();
         doc.push_str("# The alloc and free chains, step by step\n\n");
         doc.push_str("Generated from `omw_core::chain::alloc` / `free_chain` for G = 3, 4 KiB chunks, 16 chunks,\n");
@@ -234,6 +241,9 @@ How the chains keep short (the mechanisms are checked by `ChainLayout::validate`
         doc.push_str("`Loop` the MN loopback QP's send queue, `Mgmt` the MN end of the CN's Alloc/Free QP.\n");
         doc.push_str("WAITs are bumped by a FETCH_ADD at the end of each lap (`bump Operand0←#n`), request-supplied\n");
         doc.push_str("fields are `cleared` for the next lap, `Field→#n` marks a loop READ copying that field out.\n");
+        doc.push_str("Each lap publishes the next receive itself (`ChainEnv::posts_receives`): a FETCH_ADD of the\n");
+        doc.push_str("management QP's receive doorbell record right behind the receive ENABLE, so a second request\n");
+        doc.push_str("on the chain waits (RNR) until this lap is done with the receive's targets.\n");
         doc.push_str(HEAD);
         doc.push_str("## Alloc chain\n\n");
         let a = build_alloc_chain(&env).unwrap();

@@ -107,6 +107,7 @@ impl ChainLayout {
                 return Err(ChainError::ChainTooLong { ring, steps: len, depth: self.queue_depth });
             }
         }
+        self.check_recv_publish()?;
         // --- happens-before ------------------------------------------------------------------
         let hb = self.happens_before()?;
         let (fetch, exec) = (&hb.fetch, &hb.exec);
@@ -220,6 +221,7 @@ impl ChainLayout {
                         return Err(ChainError::OutOfRegion { step: 0 });
                     }
                 }
+                Loc::RecvDoorbell => return Err(ChainError::MisplacedRecvDoorbell { step: 0 }),
             }
         }
         // Nothing after the empty probe / ownership check may run before it completed: the
@@ -250,6 +252,40 @@ impl ChainLayout {
         }
         if self.rearm == Rearm::SelfEnabling {
             self.check_rearm(&hb)?;
+        }
+        Ok(())
+    }
+
+    /// The receive doorbell ([`Loc::RecvDoorbell`]) is written only by the lap's one publish: an
+    /// unsignaled fetch-and-add of 1 on the Loop ring right behind the lap's receive ENABLE —
+    /// so it admits the next request exactly when the ENABLE would (whatever the RECV's targets
+    /// need finished by then is checked against the ENABLE, `check_rearm`), it keeps the CQ
+    /// counts the WAITs expect, and the mlx5 form can take the ENABLE's index as the count.
+    fn check_recv_publish(&self) -> Result<(), ChainError> {
+        let mut seen = false;
+        for (i, s) in self.steps.iter().enumerate() {
+            let bad = ChainError::MisplacedRecvDoorbell { step: i as u8 };
+            if s.local == Some(Loc::RecvDoorbell) {
+                return Err(bad);
+            }
+            if s.remote != Some(Loc::RecvDoorbell) {
+                continue;
+            }
+            let prev = (0..i).rev().find(|&j| self.steps[j].ring == s.ring).map(|j| &self.steps[j]);
+            let behind_recv_enable = prev.is_some_and(|p| {
+                p.wqe.opcode == Opcode::Enable && p.wqe.queue_sel() == QueueSel::Recv && p.wqe.qpn == self.qpns[1]
+            });
+            let w = &s.wqe;
+            if seen
+                || s.ring != Ring::Loop
+                || w.opcode != Opcode::FetchAdd
+                || w.operand0 != 1
+                || w.flags.contains(crate::wire::wqe::WqeFlags::SIGNALED)
+                || !behind_recv_enable
+            {
+                return Err(bad);
+            }
+            seen = true;
         }
         Ok(())
     }
@@ -620,6 +656,7 @@ impl ChainLayout {
                         step as usize == j || matches!(w.remote, Some(Loc::Field { step: s, .. }) if s == step)
                     }
                     Loc::Mem(a) => self.mem_accesses(j).iter().any(|(pa, pl, _)| overlaps(*pa, *pl, a, t.len)),
+                    Loc::RecvDoorbell => false,
                 });
                 if uses && j != r && hb.exec[r] & bit(j) == 0 {
                     return Err(ChainError::RecvReuse { step: j as u8 });
@@ -826,6 +863,59 @@ mod tests {
                             assert_eq!(real(&c), real(&b) + relays, "{:?} {v:?}: one WQE more per relay", c.kind);
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Chains that publish their own receives: every variant validates with one publish per
+    /// lap right behind the receive ENABLE, nothing else touches the record, and the publish
+    /// costs one WQE off the path; a publish anywhere else, or of another count, is refused.
+    #[test]
+    fn receive_publish_is_one_fetch_add_behind_the_receive_enable() {
+        use crate::chain::variant::ChainVariant;
+        for g in 2..=crate::geometry::MAX_GROUP_SIZE as u8 {
+            for v in ChainVariant::ALL {
+                let env = ChainEnv { variant: v, posts_receives: true, ..test_env(4096, 100, g) };
+                let base = ChainEnv { posts_receives: false, ..env };
+                for (c, b) in [
+                    (build_alloc_chain(&env).unwrap(), build_alloc_chain(&base).unwrap()),
+                    (build_free_chain(&env).unwrap(), build_free_chain(&base).unwrap()),
+                ] {
+                    assert_eq!(c.validate(), Ok(()), "{:?} {v:?} G={g}", c.kind);
+                    let p = c.recv_publish().expect("a publish") as usize;
+                    let en = (0..p).rev().find(|&j| c.steps[j].ring == Ring::Loop).unwrap();
+                    assert_eq!(c.steps[en].wqe.queue_sel(), QueueSel::Recv);
+                    assert_eq!(c.steps.iter().filter(|s| s.remote == Some(Loc::RecvDoorbell)).count(), 1);
+                    assert_eq!(c.critical_path(), b.critical_path(), "{:?}: off the path", c.kind);
+                    let real = |l: &ChainLayout| l.steps.iter().filter(|s| s.wqe.opcode != Opcode::Nop).count();
+                    assert_eq!(real(&c), real(&b) + 1);
+                    // of 2, signaled, as a local address, twice, or away from the ENABLE: refused
+                    let refused = |d: ChainLayout| {
+                        assert!(
+                            matches!(d.validate(), Err(ChainError::MisplacedRecvDoorbell { .. })),
+                            "{:?}",
+                            d.validate()
+                        )
+                    };
+                    let mut d = c.clone();
+                    d.steps[p].wqe.operand0 = 2;
+                    refused(d);
+                    let mut d = c.clone();
+                    d.steps[p].wqe.flags |= WqeFlags::SIGNALED;
+                    refused(d);
+                    let mut d = c.clone();
+                    d.steps[p].local = Some(Loc::RecvDoorbell);
+                    refused(d);
+                    let mut d = c.clone();
+                    let other = (0..d.steps.len())
+                        .find(|&j| j != p && d.steps[j].ring == Ring::Loop && d.steps[j].wqe.opcode == Opcode::Read)
+                        .unwrap();
+                    d.steps[other].remote = Some(Loc::RecvDoorbell);
+                    refused(d);
+                    let mut d = c.clone();
+                    d.recv[0].loc = Loc::RecvDoorbell;
+                    assert!(d.validate().is_err());
                 }
             }
         }

@@ -44,6 +44,15 @@ bitflags::bitflags! {
         /// for READ/WRITE). ConnectX does not support atomics through windows (DESIGN.md §6.4):
         /// there the MN binds data windows READ/WRITE only and tells its CNs so.
         const MW_ATOMICS = 1 << 11;
+        /// Each managed receive queue's doorbell record lies in the ring MR
+        /// ([`OffloadRings::recv_doorbell`]), where a chain's loop QP can write it: the chain
+        /// publishes its next receive itself, one per lap, so a request can land only once the
+        /// lap before it is done with the receive's targets — whether the doorbell or RECV_EN
+        /// makes receives available. (mlx5 has no MMIO doorbell for receives: rdma-core's
+        /// `mlx5_post_recv` only stores `htobe32(head & 0xffff)` into the record, which the
+        /// HCA reads when it needs a receive WQE; a store by the HCA's own loopback DMA is the
+        /// same store.)
+        const RECV_DOORBELL_RECORD = 1 << 12;
     }
 }
 
@@ -330,6 +339,18 @@ pub trait Provision: DataPath {
 }
 
 /// Offload only: where the chains' rings are, so the core can lay WQE bytes into them.
+/// Where a managed receive queue's doorbell record is, for a chain that publishes its own
+/// receives ([`Capabilities::RECV_DOORBELL_RECORD`]). Its bytes: in canonical form the count of
+/// receives published, a little-endian u64; in mlx5 form rdma-core's `htobe32(count & 0xffff)`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RecvDoorbell {
+    /// MN address of the record, inside the ring MR.
+    pub addr: u64,
+    /// Receive WQEs the queue holds: the arm writes the chain's receive into every one, so
+    /// whatever slot a published count reaches holds it.
+    pub slots: u32,
+}
+
 pub trait OffloadRings: DataPath {
     /// Address of entry 0 of `qp`'s ring (send entries are 64 B, receive entries
     /// [`crate::wire::wqe::RECV_WQE_SIZE`]). A device that cannot offload says so here.
@@ -343,6 +364,9 @@ pub trait OffloadRings: DataPath {
     /// quota check ([`crate::mn::Event::CounterSample`]), which the chains cannot do themselves.
     /// `None`: the device cannot tell (the MN then relies on its audit of the MWTable alone).
     fn send_wqes_executed(&self, qp: Qpn) -> Option<u64>;
+    /// The doorbell record of `qp`'s managed receive queue, where the device keeps one a chain
+    /// can write ([`Capabilities::RECV_DOORBELL_RECORD`]); `None` otherwise.
+    fn recv_doorbell(&self, qp: Qpn) -> Result<Option<RecvDoorbell>, Self::Error>;
 }
 
 /// What the device can tell about its windows, for the MN's audit and the invariant checker.

@@ -470,7 +470,10 @@ pub fn build(kind: ChainKind, env: &ChainEnv) -> Result<ChainLayout, ChainError>
 }
 
 impl<B: MnDevice> MnDriver<B> {
-    pub fn new(backend: B, mn: MemoryNode, regions: HostRegions, admin_qp: Qpn) -> Self {
+    pub fn new(backend: B, mut mn: MemoryNode, regions: HostRegions, admin_qp: Qpn) -> Self {
+        // the chains publish their own receives where the device lets them
+        // (`ChainEnv::posts_receives`)
+        mn.set_chains_post_receives(backend.capabilities().contains(crate::device::Capabilities::RECV_DOORBELL_RECORD));
         MnDriver {
             backend,
             mn,

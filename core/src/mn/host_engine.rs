@@ -318,6 +318,8 @@ impl Lap {
                         field.patch(c, data);
                     }
                 }
+                // no layout scatters there (`ChainLayout::validate`)
+                Loc::RecvDoorbell => {}
             }
             off += n;
         }
@@ -403,6 +405,11 @@ impl Lap {
             // lap bumps rewrite WAIT counts for the NIC's next lap: meaningless here (a READ whose
             // remote side is a field copies that field out of this lap's WQE: see below)
             if matches!(step.remote, Some(Loc::Field { .. })) && w.opcode != Opcode::Read {
+                continue;
+            }
+            // the engine posts its own receives: a publish through the doorbell record is the
+            // NIC's business
+            if step.remote == Some(Loc::RecvDoorbell) {
                 continue;
             }
             let loop_mem_op = step.ring == Ring::Loop && (w.opcode.is_remote());

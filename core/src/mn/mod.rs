@@ -504,6 +504,8 @@ pub struct MemoryNode {
     now: u64,
     /// The form the device fetches the chains in: it sizes their rings.
     wqe_format: crate::wire::wqe_format::WqeFormat,
+    /// [`MemoryNode::set_chains_post_receives`].
+    chains_post_receives: bool,
     /// Why the last refused push was refused (tests and logs).
     last_push_refused: Option<PushRefused>,
     /// The last chain failure the MN handled (tests and logs).
@@ -581,6 +583,7 @@ impl MemoryNode {
             stats: MnStats::default(),
             now: 0,
             wqe_format: crate::wire::wqe_format::WqeFormat::Canonical,
+            chains_post_receives: false,
             last_push_refused: None,
             last_chain_failure: None,
             restores: heapless::Vec::new(),
@@ -601,6 +604,18 @@ impl MemoryNode {
     /// depths ([`MemoryNode::chain_ring_depths`]) follow.
     pub fn set_wqe_format(&mut self, f: crate::wire::wqe_format::WqeFormat) {
         self.wqe_format = f;
+    }
+
+    /// Offloaded chains publish their own receives through the management QP's receive
+    /// doorbell record (`ChainEnv::posts_receives`): the device has one a chain can write
+    /// (`Capabilities::RECV_DOORBELL_RECORD`). Only while no CN is connected (their chains keep
+    /// the layout they were armed with); `MnDriver::new` sets it from the device.
+    pub fn set_chains_post_receives(&mut self, on: bool) -> bool {
+        if self.cns().next().is_some() {
+            return false;
+        }
+        self.chains_post_receives = on;
+        true
     }
 
     pub fn config(&self) -> &MnConfig {
@@ -736,6 +751,7 @@ impl MemoryNode {
                 ExecutionMode::Offloaded => self.cfg.chain_variant,
                 _ => crate::chain::variant::ChainVariant::default(),
             },
+            posts_receives: self.chains_post_receives && self.cfg.mode == ExecutionMode::Offloaded,
         }
     }
 

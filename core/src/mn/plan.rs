@@ -392,6 +392,9 @@ mod tests {
         fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
             None
         }
+        fn recv_doorbell(&self, _: Qpn) -> Result<Option<crate::device::RecvDoorbell>, Self::Error> {
+            Ok(None)
+        }
     }
 
     impl WindowState for Recorder {

@@ -436,6 +436,9 @@ impl<B: RdmaBackend> OffloadRings for FaultInjector<B> {
     fn send_wqes_executed(&self, qp: Qpn) -> Option<u64> {
         self.inner.send_wqes_executed(qp)
     }
+    fn recv_doorbell(&self, qp: Qpn) -> Result<Option<crate::device::RecvDoorbell>, Self::Error> {
+        self.inner.recv_doorbell(qp).map_err(FaultError::Device)
+    }
 }
 
 impl<B: RdmaBackend> WindowState for FaultInjector<B> {

@@ -1013,6 +1013,10 @@ impl<const N: usize, const Q: usize, const K: usize> OffloadRings for Node<'_, '
     fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
         None
     }
+    /// No chains, no doorbell record for them.
+    fn recv_doorbell(&self, _: Qpn) -> Result<Option<crate::device::RecvDoorbell>> {
+        Ok(None)
+    }
 }
 
 impl<const N: usize, const Q: usize, const K: usize> WindowState for Node<'_, '_, N, Q, K> {

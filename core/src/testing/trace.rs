@@ -96,6 +96,10 @@ pub enum TraceEvent<'a> {
         qp: Qpn,
         result: Option<u64>,
     },
+    RecvDoorbell {
+        qp: Qpn,
+        result: Outcome<'a, Option<crate::device::RecvDoorbell>>,
+    },
     AllocMemory {
         len: u64,
         align: u64,
@@ -155,6 +159,7 @@ impl TraceEvent<'_> {
             TraceEvent::RingBase { .. } => "ring_base",
             TraceEvent::RingKeys { .. } => "ring_keys",
             TraceEvent::SendWqesExecuted { .. } => "send_wqes_executed",
+            TraceEvent::RecvDoorbell { .. } => "recv_doorbell",
             TraceEvent::AllocMemory { .. } => "alloc_memory",
             TraceEvent::CreateLoopbackQp { .. } => "create_loopback_qp",
             TraceEvent::Outstanding { .. } => "outstanding",
@@ -180,6 +185,7 @@ impl TraceEvent<'_> {
             TraceEvent::RegMr { result, .. } | TraceEvent::RingKeys { result, .. } => result.is_err(),
             TraceEvent::AllocMw { result } => result.is_err(),
             TraceEvent::RingBase { result, .. } | TraceEvent::AllocMemory { result, .. } => result.is_err(),
+            TraceEvent::RecvDoorbell { result, .. } => result.is_err(),
             TraceEvent::CreateLoopbackQp { result, .. } => result.is_err(),
             TraceEvent::ArmMlx5 { result, .. } => result.as_ref().is_some_and(|r| r.is_err()),
             TraceEvent::Capabilities(_)
@@ -337,6 +343,11 @@ impl<B: RdmaBackend, F: FnMut(&TraceEvent<'_>)> OffloadRings for Tracer<B, F> {
     fn send_wqes_executed(&self, qp: Qpn) -> Option<u64> {
         let r = self.inner.send_wqes_executed(qp);
         self.emit(TraceEvent::SendWqesExecuted { qp, result: r });
+        r
+    }
+    fn recv_doorbell(&self, qp: Qpn) -> Result<Option<crate::device::RecvDoorbell>, B::Error> {
+        let r = self.inner.recv_doorbell(qp);
+        self.emit(TraceEvent::RecvDoorbell { qp, result: outcome(&r) });
         r
     }
 }

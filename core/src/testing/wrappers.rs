@@ -100,6 +100,9 @@ impl OffloadRings for Stub {
     fn send_wqes_executed(&self, _: Qpn) -> Option<u64> {
         None
     }
+    fn recv_doorbell(&self, _: Qpn) -> Result<Option<crate::device::RecvDoorbell>, Self::Error> {
+        Ok(None)
+    }
 }
 impl WindowState for Stub {
     fn mw_binding(&self, _: Rkey) -> Option<MwBinding> {

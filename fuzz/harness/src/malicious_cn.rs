@@ -702,14 +702,9 @@ fn batch(w: &mut World, schedule: Option<Schedule>, items: &[Timed], what: &Step
             }
             Timed::HonestFree(second, which) => {
                 let i = honest(second);
-                // one free in flight per honest CN: under a device whose doorbell makes every
-                // posted receive available (PAPER's answer), a second request on the same free
-                // chain can scatter into the running lap and one of the two frees does not land
-                // — the sender's own loss, never another CN's (tests/tests/loopback_pipelined.rs);
-                // an open bug (issue 22's note), so the honest CNs here do not pipeline frees
-                if freed.iter().any(|f| f.cn == i) {
-                    continue;
-                }
+                // several frees in flight per honest CN, on its one free chain: each lap
+                // publishes the next receive only once it is done with the last
+                // (`ChainEnv::posts_receives`), so every one of them lands
                 let mine: Vec<Held> = w
                     .shadow
                     .of(i)

@@ -308,12 +308,8 @@ fn batch(w: &mut World, schedule: Option<Schedule>, items: &[Timed], what: &Step
             }
             Timed::Free(i, which) => {
                 let i = w.cn(i);
-                // one free in flight per CN: a second on the same free chain can scatter into
-                // the running lap when the doorbell enables every posted receive (an open bug,
-                // issue 22's note; the sender's own loss: tests/tests/loopback_pipelined.rs)
-                if freed.iter().any(|f| f.cn == i) {
-                    continue;
-                }
+                // several frees in flight per CN: the chain admits each only once the lap
+                // before it is done (`ChainEnv::posts_receives`)
                 let mine: Vec<Held> = w
                     .shadow
                     .of(i)

@@ -19,9 +19,11 @@ use std::collections::BTreeMap;
 use std::vec::Vec;
 
 fn queues() -> Mlx5Queues {
-    Mlx5Queues::new([0x21, 0x22, 0x23], [0x5_0000_0000, 0x5_0010_0000])
+    Mlx5Queues { recv_doorbell: 0x5_0020_0000, ..Mlx5Queues::new([0x21, 0x22, 0x23], [0x5_0000_0000, 0x5_0010_0000]) }
 }
 const CANON_BASES: [u64; 2] = [0x6_0000_0000, 0x6_0010_0000];
+/// The receive doorbell record in canonical form (a little-endian count).
+const CANON_DOORBELL: u64 = 0x6_0020_0000;
 const CN_BUF: u64 = 0x9_0000_0000;
 
 #[derive(Clone, Default)]
@@ -132,7 +134,7 @@ impl Pair {
         let chain = Mlx5Chain::build(&layout, queues()).unwrap();
         let mut canon = mn_memory(env);
         let mut mlx5 = canon.clone();
-        let r = arm::resolve(&layout, CANON_BASES);
+        let r = arm::resolve(&layout, CANON_BASES, CANON_DOORBELL);
         for (i, (s, w)) in layout.steps.iter().zip(r.wqes.iter()).enumerate() {
             canon.wr(CANON_BASES[s.ring as usize] + (layout.position(i) * WQE_SIZE) as u64, &w.encode());
         }
@@ -142,12 +144,16 @@ impl Pair {
         for sh in chain.shadows.iter() {
             mlx5.wr(sh.addr, &sh.initial.to_le_bytes());
         }
+        // what the arm publishes before the first lap
+        let published = u64::from(layout.initial_recv_enable);
+        canon.wr(CANON_DOORBELL, &published.to_le_bytes());
+        mlx5.wr(queues().recv_doorbell, &(published as u32).to_be_bytes());
         Pair { layout, chain, canon, mlx5 }
     }
 
     /// One lap of `request`, sequentially in the canonical order on both forms.
     fn lap(&mut self, request: &[u8]) {
-        let r = arm::resolve(&self.layout, CANON_BASES);
+        let r = arm::resolve(&self.layout, CANON_BASES, CANON_DOORBELL);
         let mut at = 0usize;
         for s in r.recv.sges.iter() {
             let n = (s.length as usize).min(request.len().saturating_sub(at));
@@ -186,6 +192,17 @@ impl Pair {
         }
     }
 
+    /// Receives published after `laps` laps, in both forms' record formats: the arm's plus one
+    /// a lap where the chain publishes them (the canonical count little-endian, mlx5's
+    /// rdma-core `htobe32(count & 0xffff)`); the records untouched otherwise.
+    fn published(&self, laps: u64) {
+        let arm = u64::from(self.layout.initial_recv_enable);
+        let want = if self.layout.recv_publish().is_some() { arm + laps } else { arm };
+        assert_eq!(self.canon.u64(CANON_DOORBELL), want, "{:?}: canonical record", self.layout.kind);
+        let be = u32::from_be_bytes(self.mlx5.rd(queues().recv_doorbell, 4).try_into().unwrap());
+        assert_eq!(u64::from(be), want & 0xFFFF, "{:?}: mlx5 record", self.layout.kind);
+    }
+
     /// Same MN memory (but the mlx5 form's own shadows and junk), same bytes at the CN.
     fn same_observable(&self, env: &ChainEnv, ignore: &[(u64, u64)]) {
         let (lo, len) = (env.map.meta_base, env.map.meta_len);
@@ -212,6 +229,7 @@ impl Pair {
                     (Opcode::Read, Some(Loc::Field { .. }), _)
                         | (Opcode::Read, _, Some(Loc::Field { .. }))
                         | (Opcode::Write, _, Some(Loc::Field { .. }))
+                        | (Opcode::FetchAdd, _, Some(Loc::RecvDoorbell))
                 );
                 if reshaped {
                     continue;
@@ -289,14 +307,15 @@ fn scrubbing_env(g: u8, scrub: bool) -> ChainEnv {
     env
 }
 
-fn run_alloc(g: u8, variant: ChainVariant, laps: &[(u32, u64, u32, [u32; 3])]) {
-    let env = ChainEnv { variant, ..scrubbing_env(g, false) };
+fn run_alloc(g: u8, variant: ChainVariant, posts_receives: bool, laps: &[(u32, u64, u32, [u32; 3])]) {
+    let env = ChainEnv { variant, posts_receives, ..scrubbing_env(g, false) };
     let mut p = Pair::new(build_alloc_chain(&env).unwrap(), &env);
     for (lap, (token, off, rkey, qpns)) in laps.iter().enumerate() {
         let req = alloc_request(*token, CN_BUF + off, *rkey, &qpns[..g as usize - 1]);
         p.lap(&req);
         p.same_observable(&env, &ignore(&env));
         p.same_wqes(lap as u64 + 1);
+        p.published(lap as u64 + 1);
         // the reply reached the CN: entry address and the popped group's entry, owner set
         let reply = p.mlx5.rd(CN_BUF + off, crate::wire::message::ALLOC_REPLY_LEN as u32);
         let entry = env.map.table_base + lap as u64 * ENTRY_SIZE as u64;
@@ -325,8 +344,8 @@ fn run_alloc(g: u8, variant: ChainVariant, laps: &[(u32, u64, u32, [u32; 3])]) {
     }
 }
 
-fn run_free(g: u8, scrub: bool, variant: ChainVariant, entries: &[u32]) {
-    let env = ChainEnv { variant, ..scrubbing_env(g, scrub) };
+fn run_free(g: u8, scrub: bool, variant: ChainVariant, posts_receives: bool, entries: &[u32]) {
+    let env = ChainEnv { variant, posts_receives, ..scrubbing_env(g, scrub) };
     let mut p = Pair::new(build_free_chain(&env).unwrap(), &env);
     for (lap, i) in entries.iter().enumerate() {
         let entry = env.map.table_base + (*i % 16) as u64 * ENTRY_SIZE as u64;
@@ -337,6 +356,7 @@ fn run_free(g: u8, scrub: bool, variant: ChainVariant, entries: &[u32]) {
         p.lap(&req);
         p.same_observable(&env, &ignore(&env));
         p.same_wqes(lap as u64 + 1);
+        p.published(lap as u64 + 1);
         // the entry was pushed at the tail and its keys advanced, in MN memory both forms share
         let q = env.map.queue;
         let pushed = q.slot_addr(16 + lap as u32);
@@ -346,10 +366,13 @@ fn run_free(g: u8, scrub: bool, variant: ChainVariant, entries: &[u32]) {
 
 #[test]
 fn alloc_laps_agree_with_the_canonical_form() {
-    for (g, v) in (2..=4).flat_map(|g| ChainVariant::ALL.map(|v| (g, v))) {
+    for (g, v, posts) in
+        (2..=4).flat_map(|g| ChainVariant::ALL.map(|v| (g, v))).flat_map(|(g, v)| [(g, v, false), (g, v, true)])
+    {
         run_alloc(
             g,
             v,
+            posts,
             &[
                 (0x1111, 0, 0xAB_CD01, [0x300, 0x301, 0x302]),
                 (0x2222, 64, 0x12_3402, [0x400, 0x401, 0x402]),
@@ -364,7 +387,9 @@ fn free_laps_agree_with_the_canonical_form() {
     for g in 2..=4 {
         for scrub in [false, true] {
             for v in ChainVariant::ALL {
-                run_free(g, scrub, v, &[3, 0, 15, 3]);
+                for posts in [false, true] {
+                    run_free(g, scrub, v, posts, &[3, 0, 15, 3]);
+                }
             }
         }
     }
@@ -637,10 +662,11 @@ proptest! {
         frees in proptest::collection::vec(0u32..16, 1..5),
         scrub in any::<bool>(),
         variant in proptest::sample::select(ChainVariant::ALL.to_vec()),
+        posts_receives in any::<bool>(),
     ) {
         let laps: Vec<_> = laps.into_iter().map(|(t, o, r, q)| (t, o * 32, r, q)).collect();
-        run_alloc(g, variant, &laps);
-        run_free(g, scrub, variant, &frees);
+        run_alloc(g, variant, posts_receives, &laps);
+        run_free(g, scrub, variant, posts_receives, &frees);
     }
 }
 
