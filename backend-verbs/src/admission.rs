@@ -65,14 +65,15 @@ impl fmt::Debug for Credential {
     }
 }
 
-/// The bytes a tag covers.
-fn tagged(tenant: TenantId, nonce: u64, role: [u8; 2], timestamp: u64) -> [u8; 30] {
-    let mut b = [0u8; 30];
+/// The bytes a tag covers: `fields` are the hello's role kind, role index and alloc chains
+/// (`crate::cm::Hello::signed_fields`).
+fn tagged(tenant: TenantId, nonce: u64, fields: [u8; 3], timestamp: u64) -> [u8; 31] {
+    let mut b = [0u8; 31];
     b[..8].copy_from_slice(b"omw-helo");
     b[8..12].copy_from_slice(&tenant.0.to_le_bytes());
     b[12..20].copy_from_slice(&nonce.to_le_bytes());
-    b[20..22].copy_from_slice(&role);
-    b[22..30].copy_from_slice(&timestamp.to_le_bytes());
+    b[20..23].copy_from_slice(&fields);
+    b[23..31].copy_from_slice(&timestamp.to_le_bytes());
     b
 }
 
@@ -97,8 +98,8 @@ impl Credential {
         <Hmac<Sha256> as Mac>::new_from_slice(&self.secret).expect("HMAC accepts every key length")
     }
 
-    /// The tag of a hello (`role` as the hello encodes it: kind, access index).
-    pub fn tag(&self, nonce: u64, role: [u8; 2], timestamp: u64) -> [u8; TAG_LEN] {
+    /// The tag of a hello (`role`: its bytes 5..8 — role kind, role index, alloc chains).
+    pub fn tag(&self, nonce: u64, role: [u8; 3], timestamp: u64) -> [u8; TAG_LEN] {
         let full = self.mac().chain_update(tagged(self.id, nonce, role, timestamp)).finalize().into_bytes();
         let mut t = [0u8; TAG_LEN];
         t.copy_from_slice(&full[..TAG_LEN]);
@@ -106,7 +107,7 @@ impl Credential {
     }
 
     /// Whether `tag` is this tenant's for these fields (constant-time comparison).
-    pub fn verify(&self, nonce: u64, role: [u8; 2], timestamp: u64, tag: &[u8]) -> bool {
+    pub fn verify(&self, nonce: u64, role: [u8; 3], timestamp: u64, tag: &[u8]) -> bool {
         tag.len() == TAG_LEN
             && self.mac().chain_update(tagged(self.id, nonce, role, timestamp)).verify_truncated_left(tag).is_ok()
     }
@@ -370,7 +371,7 @@ impl fmt::Display for CredentialError {
 pub struct ReplayTable(Arc<Mutex<SeenHellos>>);
 
 /// Per tenant: (nonce, role) → the hello's timestamp.
-type SeenHellos = HashMap<TenantId, HashMap<(u64, [u8; 2]), u64>>;
+type SeenHellos = HashMap<TenantId, HashMap<(u64, [u8; 3]), u64>>;
 
 /// The MN's side of the credentials: the tenants and the hellos seen within the window.
 #[derive(Debug, Default)]
@@ -399,7 +400,7 @@ impl Authenticator {
         &mut self,
         tenant: TenantId,
         nonce: u64,
-        role: [u8; 2],
+        role: [u8; 3],
         timestamp: u64,
         tag: &[u8],
         now: u64,
@@ -514,38 +515,38 @@ mod tests {
         let mut class_4k = Authenticator::with_replays(t.clone(), shared.clone());
         let mut class_64k = Authenticator::with_replays(t.clone(), shared);
         let now = 1_800_000_000;
-        let tag = c.tag(9, [0, 0], now);
-        assert_eq!(class_4k.check(c.id, 9, [0, 0], now, &tag, now), Ok(()));
-        assert_eq!(class_64k.check(c.id, 9, [0, 0], now, &tag, now + 2), Err(CredentialError::Replayed(c.id)));
+        let tag = c.tag(9, [0, 0, 1], now);
+        assert_eq!(class_4k.check(c.id, 9, [0, 0, 1], now, &tag, now), Ok(()));
+        assert_eq!(class_64k.check(c.id, 9, [0, 0, 1], now, &tag, now + 2), Err(CredentialError::Replayed(c.id)));
         // another MN process (its own table) judges alone
         let mut elsewhere = Authenticator::new(t);
-        assert_eq!(elsewhere.check(c.id, 9, [0, 0], now, &tag, now + 2), Ok(()));
+        assert_eq!(elsewhere.check(c.id, 9, [0, 0, 1], now, &tag, now + 2), Ok(()));
     }
 
     #[test]
     fn a_good_credential_passes_once_and_a_wrong_one_never() {
         let (mut a, c) = auth();
         let now = 1_800_000_000;
-        let tag = c.tag(7, [0, 0], now);
-        assert_eq!(a.check(c.id, 7, [0, 0], now, &tag, now), Ok(()));
+        let tag = c.tag(7, [0, 0, 1], now);
+        assert_eq!(a.check(c.id, 7, [0, 0, 1], now, &tag, now), Ok(()));
         // the same hello again: replayed
-        assert_eq!(a.check(c.id, 7, [0, 0], now, &tag, now + 1), Err(CredentialError::Replayed(c.id)));
+        assert_eq!(a.check(c.id, 7, [0, 0, 1], now, &tag, now + 1), Err(CredentialError::Replayed(c.id)));
         // the same session's next role has its own tag
-        assert_eq!(a.check(c.id, 7, [1, 0], now, &c.tag(7, [1, 0], now), now), Ok(()));
+        assert_eq!(a.check(c.id, 7, [1, 0, 1], now, &c.tag(7, [1, 0, 1], now), now), Ok(()));
         // a tag for other fields, a truncated tag, another key
-        assert_eq!(a.check(c.id, 8, [0, 0], now, &tag, now), Err(CredentialError::BadTag(c.id)));
+        assert_eq!(a.check(c.id, 8, [0, 0, 1], now, &tag, now), Err(CredentialError::BadTag(c.id)));
         assert_eq!(
-            a.check(c.id, 8, [0, 0], now, &c.tag(8, [0, 0], now)[..10], now),
+            a.check(c.id, 8, [0, 0, 1], now, &c.tag(8, [0, 0, 1], now)[..10], now),
             Err(CredentialError::BadTag(c.id))
         );
         let mallory = Credential::new("alice", vec![0x55; 16]).unwrap();
         assert_eq!(
-            a.check(c.id, 9, [0, 0], now, &mallory.tag(9, [0, 0], now), now),
+            a.check(c.id, 9, [0, 0, 1], now, &mallory.tag(9, [0, 0, 1], now), now),
             Err(CredentialError::BadTag(c.id))
         );
         let bob = Credential::new("bob", vec![0x55; 16]).unwrap();
         assert_eq!(
-            a.check(bob.id, 9, [0, 0], now, &bob.tag(9, [0, 0], now), now),
+            a.check(bob.id, 9, [0, 0, 1], now, &bob.tag(9, [0, 0, 1], now), now),
             Err(CredentialError::UnknownTenant(bob.id))
         );
     }
@@ -556,28 +557,28 @@ mod tests {
         let now = 1_800_000_000;
         let old = now - REPLAY_WINDOW_S - 1;
         assert!(matches!(
-            a.check(c.id, 1, [0, 0], old, &c.tag(1, [0, 0], old), now),
+            a.check(c.id, 1, [0, 0, 1], old, &c.tag(1, [0, 0, 1], old), now),
             Err(CredentialError::Stale { skew_s: -31, .. })
         ));
         let future = now + REPLAY_WINDOW_S + 5;
         assert!(matches!(
-            a.check(c.id, 1, [0, 0], future, &c.tag(1, [0, 0], future), now),
+            a.check(c.id, 1, [0, 0, 1], future, &c.tag(1, [0, 0, 1], future), now),
             Err(CredentialError::Stale { skew_s: 35, .. })
         ));
         // at the edge of the window: accepted
         let edge = now - REPLAY_WINDOW_S;
-        assert_eq!(a.check(c.id, 2, [0, 0], edge, &c.tag(2, [0, 0], edge), now), Ok(()));
+        assert_eq!(a.check(c.id, 2, [0, 0, 1], edge, &c.tag(2, [0, 0, 1], edge), now), Ok(()));
         // fill the tenant's table: then refused, until the entries age out
         for n in 3..3 + SEEN_PER_TENANT as u64 - 1 {
-            assert_eq!(a.check(c.id, n, [0, 0], now, &c.tag(n, [0, 0], now), now), Ok(()));
+            assert_eq!(a.check(c.id, n, [0, 0, 1], now, &c.tag(n, [0, 0, 1], now), now), Ok(()));
         }
         let n = 1 << 40;
         assert_eq!(
-            a.check(c.id, n, [0, 0], now, &c.tag(n, [0, 0], now), now),
+            a.check(c.id, n, [0, 0, 1], now, &c.tag(n, [0, 0, 1], now), now),
             Err(CredentialError::TooManyHellos(c.id))
         );
         let later = now + REPLAY_WINDOW_S + 1;
-        assert_eq!(a.check(c.id, n, [0, 0], later, &c.tag(n, [0, 0], later), later), Ok(()));
+        assert_eq!(a.check(c.id, n, [0, 0, 1], later, &c.tag(n, [0, 0, 1], later), later), Ok(()));
     }
 
     #[test]

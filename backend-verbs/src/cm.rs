@@ -1,21 +1,43 @@
 //! RC connections through rdma_cm: the MN listens on IP:port, CNs connect.
 //!
-//! Each CN opens one Alloc QP, one Free QP and G−1 access QPs. Every connect request carries a
-//! [`Hello`] in its private data (role, access index, the CN's session nonce) so the MN can
-//! group a CN's connections; the MN's accept of the Alloc connection answers with the pool's
-//! group size, which tells the CN how many access QPs to open.
+//! Each CN opens one Alloc QP per alloc chain it asks for (1 ..= the MN's `--alloc-chains`), one
+//! Free QP and G−1 access QPs. Every connect request carries a [`Hello`] in its private data
+//! (role, the alloc chains the CN opens, the CN's session nonce) so the MN can group a CN's
+//! connections; the MN's accept of the Alloc connection answers with the pool's group size,
+//! which tells the CN how many access QPs to open. A request the MN refuses for a reason the CN
+//! can act on (asking more alloc chains than the MN allows) carries a [`Refusal`] in the
+//! reject's private data.
+//!
+//! The hello's layout (little-endian; rdma_cm RC carries at most 56 bytes of private data in a
+//! connect request, and 148 in a reject — the IB CM's REQ and REJ private data):
+//!
+//! | bytes  | field                                                                       |
+//! |--------|-----------------------------------------------------------------------------|
+//! | 0..4   | magic `"OWMC"` (`HELLO_MAGIC`)                                              |
+//! | 4      | version: 1 plain, 2 with a credential                                       |
+//! | 5      | role kind: 0 Alloc (alloc chain 0), 1 Free, 2 access, 3 Alloc of chain ≥ 1  |
+//! | 6      | role index: the access QP's (kind 2), the alloc chain's (kind 3), else 0    |
+//! | 7      | alloc chains the CN opens, ≥ 1 (the same on each of its connections)        |
+//! | 8..16  | the CN's session nonce                                                      |
+//! | 16..20 | (version 2) tenant id                                                       |
+//! | 20..28 | (version 2) timestamp, Unix seconds                                         |
+//! | 28..48 | (version 2) tag over tenant, nonce, bytes 5..8 and timestamp                |
+//!
+//! The refusal's layout is `crate::refusal`'s.
 
 use crate::backend::VerbsBackend;
 use crate::cm_event::{reject_raw, sockaddr};
 pub use crate::cm_event::{CmEvent, CmEventKind, CmId};
 use crate::error::{Result, VerbsError};
+pub use crate::refusal::{Refusal, REFUSAL_LEN};
 use omw_core::ids::Qpn;
 use rdma_sys::*;
+use std::fmt;
 use std::net::SocketAddr;
 use std::ptr;
 use std::time::{Duration, Instant};
 
-pub const HELLO_MAGIC: u32 = 0x434D_574F; // "OWMC"
+pub const HELLO_MAGIC: u32 = crate::refusal::MAGIC; // "OWMC"
 /// A hello without a credential (an MN running open).
 pub const HELLO_LEN: usize = 16;
 /// A hello with a credential: tenant u32, timestamp u64 (Unix seconds), tag (20 bytes) after
@@ -24,21 +46,63 @@ pub const AUTH_HELLO_LEN: usize = HELLO_LEN + 4 + 8 + crate::admission::TAG_LEN;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Role {
+    /// The Alloc QP of the CN's first alloc chain (its connect info and, host engine, the MN's
+    /// messages arrive on it).
     Alloc,
     Free,
     Access(u8),
+    /// The Alloc QP of the CN's alloc chain `j` (1 ≤ j < the chains its hello names): that
+    /// chain's requests and replies only.
+    AllocChain(u8),
 }
 
 impl Role {
-    /// The role as the hello encodes (and the credential tags) it: kind, access index.
+    /// The role as the hello encodes it: kind, index.
     pub fn wire(self) -> [u8; 2] {
         match self {
             Role::Alloc => [0, 0],
             Role::Free => [1, 0],
             Role::Access(i) => [2, i],
+            Role::AllocChain(j) => [3, j],
         }
     }
 }
+
+/// Why private data is no hello: the MN refuses the request with it (hostile or foreign peers
+/// send anything).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum HelloError {
+    /// Fewer bytes than a hello (or, version 2, than a hello with its credential).
+    TooShort { len: usize, need: usize },
+    /// Not an omw hello at all.
+    BadMagic,
+    /// A version this MN does not speak.
+    Version(u8),
+    /// A role kind outside 0..=3, or an alloc chain index of 0 (that is the Alloc role).
+    Role { kind: u8, index: u8 },
+    /// No alloc chain at all: every CN opens at least its first.
+    NoAllocChains,
+    /// An alloc chain index at or past the chains the hello names.
+    ChainIndex { index: u8, chains: u8 },
+}
+
+impl fmt::Display for HelloError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HelloError::TooShort { len, need } => write!(f, "{len} bytes of private data, a hello needs {need}"),
+            HelloError::BadMagic => f.write_str("no omw hello magic"),
+            HelloError::Version(v) => write!(f, "hello version {v} (this MN speaks 1 and 2)"),
+            HelloError::Role { kind, index } => write!(f, "no role of kind {kind} index {index}"),
+            HelloError::NoAllocChains => f.write_str("a hello naming 0 alloc chains"),
+            HelloError::ChainIndex { index, chains } => {
+                write!(f, "alloc chain {index} of a CN opening {chains} alloc chain(s)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for HelloError {}
 
 /// A hello's credential ([`crate::admission`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -52,22 +116,50 @@ pub struct HelloAuth {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Hello {
     pub role: Role,
+    /// Alloc chains the CN opens (one Alloc QP each, [`Role::Alloc`] and [`Role::AllocChain`]).
+    pub alloc_chains: u8,
     pub nonce: u64,
     pub auth: Option<HelloAuth>,
 }
 
 impl Hello {
-    /// A hello signed with `cred` at Unix time `timestamp`.
+    /// An unsigned hello of a CN with one alloc chain.
+    pub fn new(role: Role, nonce: u64) -> Hello {
+        Hello { role, alloc_chains: 1, nonce, auth: None }
+    }
+
+    /// A hello of a CN opening `alloc_chains` alloc chains, signed with `cred` at Unix time
+    /// `timestamp`.
+    pub fn signed_with_chains(
+        role: Role,
+        alloc_chains: u8,
+        nonce: u64,
+        cred: &crate::admission::Credential,
+        timestamp: u64,
+    ) -> Hello {
+        let mut h = Hello { role, alloc_chains, nonce, auth: None };
+        let tag = cred.tag(nonce, h.signed_fields(), timestamp);
+        h.auth = Some(HelloAuth { tenant: cred.id, timestamp, tag });
+        h
+    }
+
+    /// [`Hello::signed_with_chains`] for one alloc chain.
     pub fn signed(role: Role, nonce: u64, cred: &crate::admission::Credential, timestamp: u64) -> Hello {
-        let tag = cred.tag(nonce, role.wire(), timestamp);
-        Hello { role, nonce, auth: Some(HelloAuth { tenant: cred.id, timestamp, tag }) }
+        Self::signed_with_chains(role, 1, nonce, cred, timestamp)
+    }
+
+    /// The hello's bytes 5..8 (role kind, role index, alloc chains), which the credential's tag
+    /// covers besides tenant, nonce and timestamp.
+    pub fn signed_fields(&self) -> [u8; 3] {
+        let [k, i] = self.role.wire();
+        [k, i, self.alloc_chains]
     }
 
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; if self.auth.is_some() { AUTH_HELLO_LEN } else { HELLO_LEN }];
         b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
         b[4] = if self.auth.is_some() { 2 } else { 1 };
-        b[5..7].copy_from_slice(&self.role.wire());
+        b[5..8].copy_from_slice(&self.signed_fields());
         b[8..16].copy_from_slice(&self.nonce.to_le_bytes());
         if let Some(a) = &self.auth {
             b[16..20].copy_from_slice(&a.tenant.0.to_le_bytes());
@@ -76,28 +168,40 @@ impl Hello {
         }
         b
     }
-    pub fn decode(b: &[u8]) -> Option<Hello> {
-        if b.len() < HELLO_LEN || b[..4] != HELLO_MAGIC.to_le_bytes() {
-            return None;
+
+    /// The hello in `b` (extra bytes after it are ignored: rdma_cm may pad private data).
+    pub fn decode(b: &[u8]) -> std::result::Result<Hello, HelloError> {
+        if b.len() < HELLO_LEN {
+            return Err(HelloError::TooShort { len: b.len(), need: HELLO_LEN });
         }
-        let role = match b[5] {
-            0 => Role::Alloc,
-            1 => Role::Free,
-            2 => Role::Access(b[6]),
-            _ => return None,
+        if b[..4] != HELLO_MAGIC.to_le_bytes() {
+            return Err(HelloError::BadMagic);
+        }
+        let chains = b[7];
+        if chains == 0 {
+            return Err(HelloError::NoAllocChains);
+        }
+        let role = match (b[5], b[6]) {
+            (0, 0) => Role::Alloc,
+            (1, 0) => Role::Free,
+            (2, i) => Role::Access(i),
+            (3, j) if j >= 1 && j < chains => Role::AllocChain(j),
+            (3, j) if j >= 1 => return Err(HelloError::ChainIndex { index: j, chains }),
+            (kind, index) => return Err(HelloError::Role { kind, index }),
         };
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
         let auth = match b[4] {
             1 => None,
-            2 if b.len() >= AUTH_HELLO_LEN => {
+            2 if b.len() < AUTH_HELLO_LEN => return Err(HelloError::TooShort { len: b.len(), need: AUTH_HELLO_LEN }),
+            2 => {
                 let mut tag = [0u8; crate::admission::TAG_LEN];
                 tag.copy_from_slice(&b[28..AUTH_HELLO_LEN]);
                 let tenant = omw_core::mn::tenant::TenantId(u32::from_le_bytes([b[16], b[17], b[18], b[19]]));
                 Some(HelloAuth { tenant, timestamp: u64_at(20), tag })
             }
-            _ => return None,
+            v => return Err(HelloError::Version(v)),
         };
-        Some(Hello { role, nonce: u64_at(8), auth })
+        Ok(Hello { role, alloc_chains: chains, nonce: u64_at(8), auth })
     }
 }
 
@@ -126,16 +230,63 @@ mod tests {
     #[test]
     fn hellos_round_trip_and_fit_rdma_cm() {
         let cred = crate::admission::Credential::new("alice", vec![7; 16]).unwrap();
-        for h in
-            [Hello { role: Role::Access(1), nonce: 0xdead_beef, auth: None }, Hello::signed(Role::Free, 9, &cred, 1234)]
-        {
+        for h in [
+            Hello::new(Role::Access(1), 0xdead_beef),
+            Hello::signed(Role::Free, 9, &cred, 1234),
+            Hello { role: Role::AllocChain(3), alloc_chains: 4, nonce: 5, auth: None },
+            Hello::signed_with_chains(Role::AllocChain(1), 2, 9, &cred, 1234),
+        ] {
             let b = h.encode();
             assert!(b.len() <= 56);
-            assert_eq!(Hello::decode(&b), Some(h));
+            assert_eq!(Hello::decode(&b), Ok(h));
         }
         let b = Hello::signed(Role::Alloc, 9, &cred, 1234).encode();
-        assert_eq!(Hello::decode(&b[..HELLO_LEN + 4]), None, "a cut credential is no hello");
-        assert_eq!(Hello::decode(&[0; 16]), None);
+        assert_eq!(
+            Hello::decode(&b[..HELLO_LEN + 4]),
+            Err(HelloError::TooShort { len: HELLO_LEN + 4, need: AUTH_HELLO_LEN }),
+            "a cut credential is no hello"
+        );
+        assert_eq!(Hello::decode(&[0; 16]), Err(HelloError::BadMagic));
+        assert_eq!(Hello::decode(&[1, 2, 3]), Err(HelloError::TooShort { len: 3, need: HELLO_LEN }));
+    }
+
+    /// What a hostile peer can put in bytes 4..8: each a typed error, none a panic.
+    #[test]
+    fn hostile_hellos_are_typed_errors() {
+        let good = Hello { role: Role::AllocChain(1), alloc_chains: 2, nonce: 7, auth: None }.encode();
+        let with = |i: usize, v: u8| {
+            let mut b = good.clone();
+            b[i] = v;
+            Hello::decode(&b)
+        };
+        assert_eq!(with(7, 0), Err(HelloError::NoAllocChains));
+        assert_eq!(with(6, 2), Err(HelloError::ChainIndex { index: 2, chains: 2 }));
+        assert_eq!(with(6, 255), Err(HelloError::ChainIndex { index: 255, chains: 2 }));
+        assert_eq!(with(6, 0), Err(HelloError::Role { kind: 3, index: 0 }), "chain 0 is the Alloc role");
+        assert_eq!(with(5, 4), Err(HelloError::Role { kind: 4, index: 1 }));
+        assert_eq!(with(4, 9), Err(HelloError::Version(9)));
+        assert_eq!(with(4, 2), Err(HelloError::TooShort { len: HELLO_LEN, need: AUTH_HELLO_LEN }));
+        // the Alloc and Free roles have no index
+        let mut b = Hello::new(Role::Free, 7).encode();
+        b[6] = 1;
+        assert_eq!(Hello::decode(&b), Err(HelloError::Role { kind: 1, index: 1 }));
+        // any count the byte holds decodes: the MN's limit is the MN's to apply (a refusal)
+        assert_eq!(with(7, 255).map(|h| h.alloc_chains), Ok(255));
+        // every value of each of bytes 4..8: typed, never a panic
+        for v in 0..=255u8 {
+            for i in 4..8 {
+                let _ = with(i, v);
+            }
+        }
+    }
+
+    #[test]
+    fn the_tag_covers_the_alloc_chains() {
+        let cred = crate::admission::Credential::new("alice", vec![7; 16]).unwrap();
+        let h = Hello::signed_with_chains(Role::Alloc, 2, 9, &cred, 1234);
+        let tag = h.auth.unwrap().tag;
+        assert!(cred.verify(9, [0, 0, 2], 1234, &tag));
+        assert!(!cred.verify(9, [0, 0, 4], 1234, &tag), "a changed chain count fails the tag");
     }
 }
 
@@ -207,9 +358,10 @@ impl VerbsBackend {
         Ok(q)
     }
 
-    /// MN side: refuse a pending connection request (ignored if `id` is not one).
-    pub fn reject(&mut self, id: CmId) {
-        self.cm.reject(id)
+    /// MN side: refuse a pending connection request (ignored if `id` is not one), with
+    /// `private` as the reject's private data (empty: none).
+    pub fn reject(&mut self, id: CmId, private: &[u8]) {
+        self.cm.reject_with(id, private)
     }
 
     /// CN side, step 1: resolve the MN's address and route with a fresh id; returns the id

@@ -50,10 +50,19 @@ pub struct CmEvent {
 
 /// Reject and destroy a connection request id that was taken out of the pending table.
 pub(crate) fn reject_raw(id: *mut rdma_cm_id) {
+    reject_raw_with(id, &[])
+}
+
+/// [`reject_raw`] with `private` as the reject's private data (at most the IB CM REJ's 148
+/// bytes; longer is cut).
+pub(crate) fn reject_raw_with(id: *mut rdma_cm_id, private: &[u8]) {
+    let len = private.len().min(148) as u8;
+    let data = if len == 0 { ptr::null() } else { private.as_ptr() as *const libc::c_void };
     // SAFETY: id is a live connection-request id owned by the caller (taken out of the
-    // backend's pending table, so nothing else uses or destroys it).
+    // backend's pending table, so nothing else uses or destroys it); `private` outlives the
+    // call, which copies it.
     unsafe {
-        rdma_reject(id, ptr::null(), 0);
+        rdma_reject(id, data, len);
         rdma_destroy_id(id);
     }
 }
@@ -270,10 +279,11 @@ impl CmChannel {
         self.requests.contains(&id.0)
     }
 
-    /// Refuse a pending connection request (ignored if `id` is not one).
-    pub fn reject(&mut self, id: CmId) {
+    /// Refuse a pending connection request (ignored if `id` is not one), with `private` as the
+    /// reject's private data (empty: none; else a [`crate::refusal::Refusal`]).
+    pub fn reject_with(&mut self, id: CmId, private: &[u8]) {
         if let Some(raw) = self.take_request(id) {
-            reject_raw(raw);
+            reject_raw_with(raw, private);
         }
     }
 
@@ -305,6 +315,12 @@ impl CmChannel {
             }
             if ev.kind == want {
                 return Ok(ev);
+            }
+            // the MN said why, in the reject's private data
+            if let Some(r) =
+                (ev.kind == CmEventKind::Rejected).then(|| crate::refusal::Refusal::decode(&ev.private_data)).flatten()
+            {
+                return Err(VerbsError::Rejected(r));
             }
             let detail = match ev.kind {
                 CmEventKind::Rejected => {

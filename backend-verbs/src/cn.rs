@@ -94,11 +94,15 @@ pub struct CnOptions {
     pub credential: Option<crate::admission::Credential>,
     /// Source address of the connections (None: the route's).
     pub source: Option<std::net::Ipv4Addr>,
+    /// Alloc chains to open (1..=`omw_core::mn::MAX_ALLOC_CHAINS`; at most the MN's
+    /// `--alloc-chains`, or the MN refuses the connection with [`VerbsError::Rejected`]): one
+    /// Alloc QP each, and up to this many allocations in flight at once.
+    pub alloc_chains: u8,
 }
 
 impl Default for CnOptions {
     fn default() -> Self {
-        CnOptions { device: None, timeout: Duration::from_secs(20), credential: None, source: None }
+        CnOptions { device: None, timeout: Duration::from_secs(20), credential: None, source: None, alloc_chains: 1 }
     }
 }
 
@@ -148,9 +152,10 @@ impl std::fmt::Debug for CnClient {
 
 /// The hello of one of a CN's connections: signed when the CN has a credential.
 fn hello(opts: &CnOptions, role: Role, nonce: u64) -> Hello {
+    let k = opts.alloc_chains;
     match &opts.credential {
-        Some(c) => Hello::signed(role, nonce, c, crate::admission::unix_now()),
-        None => Hello { role, nonce, auth: None },
+        Some(c) => Hello::signed_with_chains(role, k, nonce, c, crate::admission::unix_now()),
+        None => Hello { role, alloc_chains: k, nonce, auth: None },
     }
 }
 
@@ -167,8 +172,9 @@ fn cn_err(e: CnError<VerbsError>) -> VerbsError {
 /// A CN's connections to its MN, before any driver runs on them: the device, the CN's QPs
 /// (receives primed on both message queues), its registered memory (the core's layout, a
 /// local region of `local_len` bytes), the MN's QP numbers as rdma_cm negotiated them (Alloc,
-/// Free, access 0..; to check against the connect info) and the group size the MN's accept
-/// named.
+/// Free, access 0..; to check against the connect info), the group size the MN's accept
+/// named, and the Alloc QPs of its alloc chains beyond the first (for
+/// `CnDriver::with_alloc_chains`, with `reply_len` bytes of reply buffer).
 #[derive(Debug)]
 pub struct Queues {
     pub backend: VerbsBackend,
@@ -176,27 +182,40 @@ pub struct Queues {
     pub mem: CnMemory,
     pub mn_qpns: Vec<Option<Qpn>>,
     pub group_size: u8,
+    pub extra_alloc: Vec<Qpn>,
+    pub reply_len: u64,
 }
 
-/// Open the device that routes to `addr`, register the CN's memory and connect its G + 1 QPs
-/// (what [`CnClient::connect`] and omw-client's verbs transport share). With `events`, the
-/// CQs are made on a completion channel first ([`VerbsBackend::enable_completion_events`]).
+/// Bytes of a CN's reply buffer: a reply slot per alloc chain, in one page.
+const REPLY_BUF: u64 = 4096;
+
+/// Open the device that routes to `addr`, register the CN's memory and connect its G + K QPs
+/// (K: its alloc chains; what [`CnClient::connect`] and omw-client's verbs transport share).
+/// With `events`, the CQs are made on a completion channel first
+/// ([`VerbsBackend::enable_completion_events`]).
 pub fn connect_queues(addr: SocketAddr, opts: &CnOptions, local_len: u64, events: bool) -> Result<Queues> {
+    let k = opts.alloc_chains;
+    if k == 0 || k as usize > omw_core::mn::MAX_ALLOC_CHAINS || k as u64 * CnMemory::REPLY_LEN > REPLY_BUF {
+        return Err(VerbsError::Config(format!("{k} alloc chains: a CN opens 1..={}", omw_core::mn::MAX_ALLOC_CHAINS)));
+    }
     crate::device::device_names()?;
     let device = match &opts.device {
         Some(d) => d.clone(),
         None => crate::cm::route_device(addr, opts.timeout)?,
     };
-    crate::memlock::ensure_memlock(crate::memlock::MemlockNeed::cn(local_len + 4096))?;
+    let mut need = crate::memlock::MemlockNeed::cn(local_len + REPLY_BUF);
+    need.qps += k as u64 - 1;
+    crate::memlock::ensure_memlock(need)?;
     let mut b = VerbsBackend::open_cn(Some(&device))?;
     if events {
         b.enable_completion_events()?;
     }
     let local = b.alloc_memory(local_len, 4096)?;
     let lk = b.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE)?;
-    let reply = b.alloc_memory(4096, 4096)?;
-    // the MN's alloc reply is a WRITE_WITH_IMM into this buffer: the only remote right
-    let rk = b.reg_mr(Domain::CnFacing, reply, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    let reply = b.alloc_memory(REPLY_BUF, 4096)?;
+    // the MN's alloc reply is a WRITE_WITH_IMM into this buffer (a slot per alloc chain): the
+    // only remote right
+    let rk = b.reg_mr(Domain::CnFacing, reply, REPLY_BUF, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
     let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
     // unguessable: a half-open session is joined by its nonce
     let n = crate::admission::random_nonce()
@@ -224,8 +243,16 @@ pub fn connect_queues(addr: SocketAddr, opts: &CnOptions, local_len: u64, events
         let _ = access.push(c.qp);
         mn_qpns.push(c.remote_qpn);
     }
+    // each further alloc chain's Alloc QP carries only that chain's requests and replies: its
+    // receives are posted once the driver takes it over (`CnDriver::with_alloc_chains`), before
+    // the CN sends anything on it
+    let mut extra_alloc = Vec::new();
+    for j in 1..k {
+        let c = b.connect_from(opts.source, addr, &hello(opts, Role::AllocChain(j), n), opts.timeout, |_, _| Ok(()))?;
+        extra_alloc.push(c.qp);
+    }
     let qps = CnQpSet { alloc: alloc.qp, free: free.qp, access };
-    Ok(Queues { backend: b, qps, mem, mn_qpns, group_size: g })
+    Ok(Queues { backend: b, qps, mem, mn_qpns, group_size: g, extra_alloc, reply_len: REPLY_BUF })
 }
 
 /// Whether the MN's connect info names, for each connection, the QP rdma_cm connected it to
@@ -247,8 +274,12 @@ pub fn check_connect_info(info: &ConnectInfo, mn_qpns: &[Option<Qpn>]) -> Result
 impl CnClient {
     /// Connect to the MN at `addr`: Alloc QP, Free QP, then the G−1 access QPs the MN asks for.
     pub fn connect(addr: SocketAddr, opts: &CnOptions) -> Result<Self> {
-        let Queues { backend: b, qps, mem, mn_qpns, group_size: g } = connect_queues(addr, opts, LOCAL_LEN, false)?;
+        let Queues { backend: b, qps, mem, mn_qpns, group_size: g, extra_alloc, reply_len } =
+            connect_queues(addr, opts, LOCAL_LEN, false)?;
         let mut d = CnDriver::with_primed_receives(b, qps, mem).map_err(cn_err)?;
+        if !extra_alloc.is_empty() {
+            d = d.with_alloc_chains(&extra_alloc, reply_len).map_err(cn_err)?;
+        }
         let timeout_ns = opts.timeout.as_nanos().min(u64::MAX as u128) as u64;
         d.reply_timeout = timeout_ns;
         let placeholder = ConnectInfo {
@@ -295,6 +326,16 @@ impl CnClient {
 
     fn now(&self) -> u64 {
         self.t0.elapsed().as_nanos() as u64
+    }
+
+    /// Alloc chains this CN opened (its Alloc QPs): how many allocations may be in flight.
+    pub fn alloc_chains(&self) -> usize {
+        self.d.alloc_chains()
+    }
+
+    /// Allocation requests sent and not yet answered (at most [`Self::alloc_chains`]).
+    pub fn allocs_in_flight(&self) -> usize {
+        self.d.client().pending_count()
     }
 
     /// Access QPs (CN ends), index i carries window MW[i+1].
@@ -433,7 +474,8 @@ impl CnClient {
     }
 
     /// Send an allocation request without waiting for its answer (several CNs' requests can
-    /// then contend); collect it with [`Self::alloc_finish`].
+    /// then contend; with several alloc chains, one CN has up to one in flight per chain);
+    /// collect it with [`Self::alloc_finish`].
     pub fn alloc_begin(&mut self) -> Result<u32> {
         self.pump()?;
         let now = self.now();
@@ -496,9 +538,10 @@ impl CnClient {
                     code => VerbsError::Refused(code),
                 });
             }
-            if Instant::now() > deadline || self.d.client().pending_token() != Some(token) {
-                if self.d.client().pending_token() == Some(token) {
-                    self.d.client_mut().abandon_pending();
+            if Instant::now() > deadline || !self.d.client().is_pending(token) {
+                if self.d.client().is_pending(token) {
+                    // its chain is idle again; the others' requests stay in flight
+                    self.d.abandon_alloc(token);
                 }
                 return Err(VerbsError::Timeout { what: "the allocation reply".into() });
             }

@@ -31,6 +31,8 @@ pub enum VerbsError {
     AddressNotRdma { addr: String, detail: String },
     /// rdma_cm could not reach the peer (address/route resolution, rejection, timeout).
     PeerUnreachable { addr: String, detail: String },
+    /// The MN refused the connection and said why (the reject's private data).
+    Rejected(crate::refusal::Refusal),
     /// The peer closed the connection.
     Disconnected,
     /// A verbs or rdma_cm call failed.
@@ -126,6 +128,7 @@ impl fmt::Display for VerbsError {
             VerbsError::PeerUnreachable { addr, detail } => {
                 write!(f, "memory node {addr} unreachable: {detail}")
             }
+            VerbsError::Rejected(r) => write!(f, "the memory node refused the connection: {r}"),
             VerbsError::Disconnected => f.write_str("the peer disconnected"),
             VerbsError::Call { call, errno } => {
                 write!(f, "{call} failed: {} (errno {errno})", strerror(*errno))

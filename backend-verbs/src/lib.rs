@@ -28,6 +28,7 @@ pub mod mn;
 pub mod notify;
 pub mod port;
 pub mod probe;
+pub mod refusal;
 pub mod sessions;
 pub mod signals;
 

@@ -1,12 +1,13 @@
-//! A CN arrives as G + 1 rdma_cm connections (Alloc, Free, G − 1 access QPs), each opening with
-//! an omw hello that names its role and the CN's session nonce. This is the MN's bookkeeping of
-//! them: which connection requests to accept, which connections belong together, when a CN is
-//! complete (every connection established), and what to tear down when one goes. The MN
-//! daemon (`crate::mn`) uses it on every transport and decides nothing else: the CN's QPs go to
-//! the core's `MnDriver::connect_as`.
+//! A CN arrives as G + K rdma_cm connections (an Alloc QP per alloc chain — K of them, at most
+//! the MN's `--alloc-chains` —, Free, G − 1 access QPs), each opening with an omw hello that
+//! names its role, K and the CN's session nonce. This is the MN's bookkeeping of them: which
+//! connection requests to accept, which connections belong together, when a CN is complete
+//! (every connection established), and what to tear down when one goes. The MN daemon
+//! (`crate::mn`) uses it on every transport and decides nothing else: the CN's QPs go to the
+//! core's `MnDriver::connect_with_chains`.
 
 use crate::admission::{unix_now, Authenticator, CredentialError};
-use crate::cm::{welcome, CmEvent, CmId, Hello, Role};
+use crate::cm::{welcome, CmEvent, CmId, Hello, HelloError, Refusal, Role};
 use omw_core::ids::{CnId, Qpn};
 use omw_core::mn::tenant::TenantId;
 use omw_core::mn::CnQps;
@@ -30,6 +31,10 @@ pub struct Session {
     pub alloc: Option<Qpn>,
     pub free: Option<Qpn>,
     pub access: Vec<Option<Qpn>>,
+    /// Alloc chains the CN opens (its hellos' count; 0 until its first connection).
+    pub alloc_chains: u8,
+    /// The Alloc QPs of its alloc chains beyond the first ([`Role::AllocChain`] j at j − 1).
+    pub extra_alloc: Vec<Option<Qpn>>,
     established: Vec<Qpn>,
     ids: Vec<CmId>,
     pub cn: Option<CnId>,
@@ -43,7 +48,11 @@ pub struct Session {
 impl Session {
     /// Every QP accepted for this session.
     pub fn qps(&self) -> impl Iterator<Item = Qpn> + '_ {
-        [self.alloc, self.free].into_iter().flatten().chain(self.access.iter().flatten().copied())
+        [self.alloc, self.free]
+            .into_iter()
+            .flatten()
+            .chain(self.access.iter().flatten().copied())
+            .chain(self.extra_alloc.iter().flatten().copied())
     }
     fn half_open(&self) -> bool {
         self.cn.is_none()
@@ -53,8 +62,21 @@ impl Session {
 /// Why a connection request was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rejection {
-    /// No omw hello in the private data.
-    NoHello,
+    /// No omw hello in the private data: why not.
+    BadHello(HelloError),
+    /// The CN asked for more alloc chains than the MN allows (the core's
+    /// `MnError::AllocChains`, refused before any QP is set up; the CN gets it as a
+    /// [`Refusal`]).
+    AllocChains {
+        allowed: u8,
+        asked: u8,
+    },
+    /// A join naming another alloc-chain count than the session's first hello did.
+    ChainsDiffer {
+        nonce: u64,
+        session: u8,
+        hello: u8,
+    },
     /// It asked the MN to retry RNR forever (rnr_retry_count 7).
     RnrForever {
         role: Role,
@@ -117,7 +139,13 @@ pub struct Rejections {
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Rejection::NoHello => f.write_str("a connection without an omw hello"),
+            Rejection::BadHello(e) => write!(f, "a connection without an omw hello ({e})"),
+            Rejection::AllocChains { allowed, asked } => {
+                write!(f, "a CN asking for {asked} alloc chains: this MN allows at most {allowed} (--alloc-chains)")
+            }
+            Rejection::ChainsDiffer { nonce, session, hello } => {
+                write!(f, "a join of session {nonce:#x} naming {hello} alloc chain(s), the session {session}")
+            }
             Rejection::RnrForever { role, nonce } => {
                 write!(f, "{role:?} of session {nonce:#x}: it asked the MN to retry RNR forever (rnr_retry_count 7)")
             }
@@ -147,6 +175,28 @@ impl fmt::Display for Rejection {
     }
 }
 
+impl Rejection {
+    /// What the CN is told in the reject's private data: only a refusal it can act on (the
+    /// rest is for the MN's log).
+    pub fn refusal(&self) -> Option<Refusal> {
+        match *self {
+            Rejection::AllocChains { allowed, asked } => Some(Refusal::AllocChains { allowed, asked }),
+            _ => None,
+        }
+    }
+}
+
+/// A CN whose connections are all established ([`Sessions::established`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Complete {
+    pub nonce: u64,
+    /// Its QPs (without loop QPs: the MN adds its own).
+    pub qps: CnQps,
+    /// The MN ends of the Alloc QPs of its alloc chains beyond the first, in chain order.
+    pub extra_alloc: Vec<Qpn>,
+    pub tenant: Option<TenantId>,
+}
+
 /// Whether to accept a connection request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Admission {
@@ -159,6 +209,8 @@ pub enum Admission {
 #[derive(Debug)]
 pub struct Sessions {
     group_size: u8,
+    /// Alloc chains a CN may open (the MN's `MnConfig::alloc_chains`).
+    alloc_chains: u8,
     max_cns: usize,
     sessions: HashMap<u64, Session>,
     by_id: HashMap<CmId, u64>,
@@ -171,12 +223,20 @@ impl Sessions {
     pub fn new(group_size: u8, max_cns: usize) -> Self {
         Sessions {
             group_size,
+            alloc_chains: 1,
             max_cns,
             sessions: HashMap::new(),
             by_id: HashMap::new(),
             auth: None,
             rejected: Rejections::default(),
         }
+    }
+
+    /// Admit CNs with up to `k` alloc chains each (the MN's `MnConfig::alloc_chains`; 1
+    /// unless set).
+    pub fn with_alloc_chains(mut self, k: u8) -> Self {
+        self.alloc_chains = k;
+        self
     }
 
     /// Admit only the authenticator's tenants, each within its CN slots.
@@ -205,7 +265,8 @@ impl Sessions {
                 Rejection::Full { .. }
                 | Rejection::TenantSlots { .. }
                 | Rejection::HalfOpenPerSource { .. }
-                | Rejection::HalfOpenPerTenant { .. } => &mut self.rejected.limit,
+                | Rejection::HalfOpenPerTenant { .. }
+                | Rejection::AllocChains { .. } => &mut self.rejected.limit,
                 _ => &mut self.rejected.session,
             };
             *c += 1;
@@ -217,7 +278,7 @@ impl Sessions {
     }
 
     fn decide(&mut self, ev: &CmEvent, now: u64) -> Result<(Hello, Vec<u8>), Rejection> {
-        let hello = Hello::decode(&ev.private_data).ok_or(Rejection::NoHello)?;
+        let hello = Hello::decode(&ev.private_data).map_err(Rejection::BadHello)?;
         let (role, nonce) = (hello.role, hello.nonce);
         // The CM request sets how often *our* QP retries a send the CN answers with RNR: 7 is
         // forever. A CN-facing QP must have a finite count (the MN's own step budget and lease
@@ -234,10 +295,16 @@ impl Sessions {
             (None, _) => None,
             (Some(_), None) => return Err(Rejection::Credential(CredentialError::Missing)),
             (Some(a), Some(h)) => {
-                a.check(h.tenant, nonce, role.wire(), h.timestamp, &h.tag, now).map_err(Rejection::Credential)?;
+                a.check(h.tenant, nonce, hello.signed_fields(), h.timestamp, &h.tag, now)
+                    .map_err(Rejection::Credential)?;
                 Some(h.tenant)
             }
         };
+        // the core's check (`MemoryNode::connect_with_chains`), made on the first connection
+        // so the CN hears why before it opens the rest
+        if hello.alloc_chains > self.alloc_chains {
+            return Err(Rejection::AllocChains { allowed: self.alloc_chains, asked: hello.alloc_chains });
+        }
         if let Some(s) = self.sessions.get(&nonce) {
             // a join: from the address and as the tenant that opened the session
             if s.source != ev.peer {
@@ -249,12 +316,16 @@ impl Sessions {
             if s.cn.is_some() {
                 return Err(Rejection::Registered { nonce });
             }
+            if s.alloc_chains != hello.alloc_chains {
+                return Err(Rejection::ChainsDiffer { nonce, session: s.alloc_chains, hello: hello.alloc_chains });
+            }
             // one connection per role: a second one would replace (and leak) the first QP, so a
             // CN repeating a role could pin MN memory without end
             let taken = match role {
                 Role::Alloc => s.alloc.is_some(),
                 Role::Free => s.free.is_some(),
                 Role::Access(i) => s.access.get(i as usize).is_some_and(|q| q.is_some()),
+                Role::AllocChain(j) => s.extra_alloc.get(j as usize - 1).is_some_and(|q| q.is_some()),
             };
             if taken {
                 return Err(Rejection::RoleTaken { role, nonce });
@@ -286,31 +357,42 @@ impl Sessions {
     pub fn accepted(&mut self, id: CmId, hello: Hello, source: Option<IpAddr>, q: Qpn) {
         let g = self.group_size as usize;
         let tenant = if self.auth.is_some() { hello.auth.map(|a| a.tenant) } else { None };
-        let s = self.sessions.entry(hello.nonce).or_insert_with(|| Session { source, tenant, ..Session::default() });
+        let s = self.sessions.entry(hello.nonce).or_insert_with(|| Session {
+            source,
+            tenant,
+            alloc_chains: hello.alloc_chains,
+            extra_alloc: vec![None; hello.alloc_chains.saturating_sub(1) as usize],
+            ..Session::default()
+        });
         s.opened.get_or_insert_with(Instant::now);
         if s.access.len() < g - 1 {
             s.access.resize(g - 1, None);
         }
+        // admitted: the role fits the group and the session's chain count (`decide`)
         match hello.role {
             Role::Alloc => s.alloc = Some(q),
             Role::Free => s.free = Some(q),
             Role::Access(i) => s.access[i as usize] = Some(q),
+            Role::AllocChain(j) => s.extra_alloc[j as usize - 1] = Some(q),
         }
         s.ids.push(id);
         self.by_id.insert(id, hello.nonce);
     }
 
     /// Connection `id` (QP `q`) is established. When that completes its session — every
-    /// connection established and no CN registered yet — the session's nonce, the CN's QPs
-    /// (without loop QPs: the MN adds its own) and its tenant.
-    pub fn established(&mut self, id: CmId, q: Qpn) -> Option<(u64, CnQps, Option<TenantId>)> {
+    /// connection established and no CN registered yet — the CN.
+    pub fn established(&mut self, id: CmId, q: Qpn) -> Option<Complete> {
         let nonce = *self.by_id.get(&id)?;
         let s = self.sessions.get_mut(&nonce)?;
         if !s.established.contains(&q) {
             s.established.push(q);
         }
         let up = |q: Option<Qpn>| q.is_some_and(|q| s.established.contains(&q));
-        let complete = s.cn.is_none() && up(s.alloc) && up(s.free) && s.access.iter().all(|a| up(*a));
+        let complete = s.cn.is_none()
+            && up(s.alloc)
+            && up(s.free)
+            && s.access.iter().all(|a| up(*a))
+            && s.extra_alloc.iter().all(|a| up(*a));
         complete.then(|| {
             let qps = CnQps {
                 alloc: s.alloc.unwrap_or_default(),
@@ -319,7 +401,7 @@ impl Sessions {
                 alloc_loop: None,
                 free_loop: None,
             };
-            (nonce, qps, s.tenant)
+            Complete { nonce, qps, extra_alloc: s.extra_alloc.iter().flatten().copied().collect(), tenant: s.tenant }
         })
     }
 
@@ -378,7 +460,7 @@ mod tests {
         }
     }
     fn req(id: usize, role: Role, nonce: u64, rnr: u8) -> CmEvent {
-        ev(id, Hello { role, nonce, auth: None }, rnr, HOST)
+        ev(id, Hello::new(role, nonce), rnr, HOST)
     }
     fn q(n: u32) -> Qpn {
         Qpn::new(n).unwrap()
@@ -407,11 +489,12 @@ mod tests {
         for k in 0..3 {
             assert!(s.established(CmId((0x10 + k) as *mut _), q(0x100 + k as u32)).is_none());
         }
-        let (nonce, qps, tenant) = s.established(CmId(0x13 as *mut _), q(0x103)).unwrap();
+        let Complete { nonce, qps, extra_alloc, tenant } = s.established(CmId(0x13 as *mut _), q(0x103)).unwrap();
         assert_eq!(
             (nonce, qps.alloc, qps.free, qps.access.as_slice(), tenant),
             (7, q(0x100), q(0x101), &[q(0x102), q(0x103)][..], None)
         );
+        assert!(extra_alloc.is_empty());
         s.set_cn(7, CnId::new(1).unwrap());
         // registered: a repeated ESTABLISHED does not complete it again
         assert!(s.established(CmId(0x13 as *mut _), q(0x103)).is_none());
@@ -440,7 +523,7 @@ mod tests {
         let mut s = Sessions::new(3, 0);
         let mut bad = req(1, Role::Alloc, 1, 6);
         bad.private_data = vec![1, 2, 3];
-        assert_eq!(open(&mut s, &bad), Err(Rejection::NoHello));
+        assert_eq!(open(&mut s, &bad), Err(Rejection::BadHello(HelloError::TooShort { len: 3, need: 16 })));
         assert!(matches!(open(&mut s, &req(1, Role::Alloc, 1, 7)), Err(Rejection::RnrForever { .. })));
         // no room (max 0 CNs); an access index outside the group
         assert_eq!(open(&mut s, &req(1, Role::Alloc, 1, 6)), Err(Rejection::Full { max: 0 }));
@@ -464,10 +547,10 @@ mod tests {
         ));
         // a join of the attacker's session from another host is refused, whatever the nonce
         let other = [192, 0, 2, 3];
-        let join = ev(21, Hello { role: Role::Free, nonce: 100, auth: None }, 6, other);
+        let join = ev(21, Hello::new(Role::Free, 100), 6, other);
         assert!(matches!(open(&mut s, &join), Err(Rejection::OtherSource { nonce: 100, .. })));
         // an honest CN on another host opens its session
-        open(&mut s, &ev(22, Hello { role: Role::Alloc, nonce: 300, auth: None }, 6, other)).unwrap();
+        open(&mut s, &ev(22, Hello::new(Role::Alloc, 300), 6, other)).unwrap();
         // completing a session frees a half-open place of its source
         s.set_cn(100, CnId::new(1).unwrap());
         open(&mut s, &req(23, Role::Alloc, 400, 6)).unwrap();
@@ -538,7 +621,7 @@ mod tests {
         );
         // alice is unaffected
         open(&mut s, &signed(24, Role::Alloc, 24, &alice, HOST)).unwrap();
-        let (_, _, t) = {
+        let Complete { tenant: t, .. } = {
             for (k, r) in [Role::Free, Role::Access(0), Role::Access(1)].iter().enumerate() {
                 open(&mut s, &signed(30 + k, *r, 24, &alice, HOST)).unwrap();
             }
@@ -548,5 +631,53 @@ mod tests {
             s.established(CmId(32 as *mut _), q(0x100 + 32)).unwrap()
         };
         assert_eq!(t, Some(alice.id));
+    }
+
+    fn chains_req(id: usize, role: Role, chains: u8, nonce: u64) -> CmEvent {
+        ev(id, Hello { role, alloc_chains: chains, nonce, auth: None }, 6, HOST)
+    }
+
+    /// A CN with K alloc chains is complete once its K Alloc QPs are up too; the extra ones
+    /// come out in chain order, whatever order they connected in.
+    #[test]
+    fn a_cn_with_several_alloc_chains_is_complete_with_all_its_alloc_qps() {
+        let mut s = Sessions::new(2, 4).with_alloc_chains(3);
+        let roles = [Role::Alloc, Role::Free, Role::Access(0), Role::AllocChain(2), Role::AllocChain(1)];
+        for (k, r) in roles.iter().enumerate() {
+            open(&mut s, &chains_req(0x10 + k, *r, 3, 7)).unwrap();
+        }
+        // a chain's Alloc QP twice, or one past the count
+        assert_eq!(
+            open(&mut s, &chains_req(0x20, Role::AllocChain(1), 3, 7)),
+            Err(Rejection::RoleTaken { role: Role::AllocChain(1), nonce: 7 })
+        );
+        assert_eq!(
+            open(&mut s, &chains_req(0x21, Role::Free, 2, 7)),
+            Err(Rejection::ChainsDiffer { nonce: 7, session: 3, hello: 2 })
+        );
+        for k in 0..4 {
+            assert!(s.established(CmId((0x10 + k) as *mut _), q(0x110 + k as u32)).is_none());
+        }
+        let c = s.established(CmId(0x14 as *mut _), q(0x114)).unwrap();
+        assert_eq!(c.extra_alloc, vec![q(0x114), q(0x113)], "chain 1's QP, then chain 2's");
+        assert_eq!(s.get(7).unwrap().qps().count(), 5);
+    }
+
+    /// More chains than the MN allows: refused on the first connection, with the refusal the
+    /// CN reads; nothing of the session is kept.
+    #[test]
+    fn more_alloc_chains_than_allowed_are_refused_with_a_reason() {
+        let mut s = Sessions::new(3, 4).with_alloc_chains(2);
+        let r = open(&mut s, &chains_req(1, Role::Alloc, 3, 9));
+        assert_eq!(r, Err(Rejection::AllocChains { allowed: 2, asked: 3 }));
+        assert_eq!(r.unwrap_err().refusal(), Some(Refusal::AllocChains { allowed: 2, asked: 3 }));
+        assert!(s.get(9).is_none());
+        assert_eq!(s.rejections().limit, 1);
+        // the other reasons stay the MN's
+        assert_eq!(Rejection::Full { max: 1 }.refusal(), None);
+        // a hello of an MN-allowed count is admitted; one chain is every MN's floor
+        open(&mut s, &chains_req(2, Role::Alloc, 2, 10)).unwrap();
+        let mut one = Sessions::new(3, 4);
+        assert!(matches!(open(&mut one, &chains_req(3, Role::Alloc, 2, 11)), Err(Rejection::AllocChains { .. })));
     }
 }

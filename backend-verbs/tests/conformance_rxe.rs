@@ -14,6 +14,15 @@ fn conformance_on_rxe() {
     omw_tests::runner::conform(&common::testbed::Rxe);
 }
 
+/// Every scenario with two alloc chains per CN (issue 23 item 6) over rdma_cm.
+#[test]
+fn conformance_on_rxe_two_alloc_chains() {
+    if !common::rxe() {
+        return;
+    }
+    omw_tests::runner::conform(&common::testbed::RxeChains(2));
+}
+
 #[test]
 fn memory_windows_on_rxe() {
     if !common::rxe() {

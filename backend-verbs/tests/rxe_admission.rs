@@ -27,7 +27,7 @@ fn cred(name: &str, hex: &str) -> Credential {
 }
 
 fn opts(c: Option<Credential>, source: Option<Ipv4Addr>) -> CnOptions {
-    CnOptions { device: Some(device()), timeout: Duration::from_secs(5), credential: c, source }
+    CnOptions { device: Some(device()), timeout: Duration::from_secs(5), credential: c, source, alloc_chains: 1 }
 }
 
 /// One half-open session: only the Alloc connection, signed by `c` (None: no credential).
@@ -35,7 +35,7 @@ fn half_open(addr: SocketAddr, src: Ipv4Addr, c: Option<&Credential>, n: u64) ->
     let mut b = VerbsBackend::open_cn(Some(&device())).ok()?;
     let h = match c {
         Some(c) => Hello::signed(Role::Alloc, n, c, unix_now()),
-        None => Hello { role: Role::Alloc, nonce: n, auth: None },
+        None => Hello::new(Role::Alloc, n),
     };
     b.connect_from(Some(src), addr, &h, Duration::from_secs(2), |_, _| Ok(())).ok().map(|_| b)
 }

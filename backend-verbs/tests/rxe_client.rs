@@ -51,7 +51,7 @@ fn batched_one_sided_operations() {
     let (_mn, addr) = Mn::start(7483);
     let mut c = CnClient::connect(
         addr,
-        &CnOptions { device: None, timeout: Duration::from_secs(20), credential: None, source: None },
+        &CnOptions { device: None, timeout: Duration::from_secs(20), credential: None, source: None, alloc_chains: 1 },
     )
     .unwrap();
     let a = c.alloc().unwrap();

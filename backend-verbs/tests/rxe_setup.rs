@@ -124,12 +124,10 @@ fn cm_events_of_other_ids_are_kept_and_remote_qpns_match() {
     });
     ready.recv().unwrap();
     let mut c = VerbsBackend::open(Some(&device())).unwrap();
-    let h = Hello { role: Role::Alloc, nonce: 1, auth: None };
+    let h = Hello::new(Role::Alloc, 1);
     let c1 = c.connect(a, &h, Duration::from_secs(20), |_, _| Ok(())).unwrap();
     to_mn.send(()).unwrap();
-    let c2 = c
-        .connect(a, &Hello { role: Role::Free, nonce: 1, auth: None }, Duration::from_secs(20), |_, _| Ok(()))
-        .unwrap();
+    let c2 = c.connect(a, &Hello::new(Role::Free, 1), Duration::from_secs(20), |_, _| Ok(())).unwrap();
     // c1's DISCONNECTED: kept in the backlog (or still on the channel), never lost
     let t = Instant::now();
     let mut got = false;
@@ -186,12 +184,11 @@ fn the_mn_accepts_each_role_of_a_session_once() {
     mn.wait_log("listening on");
     let a: SocketAddr = a.parse().unwrap();
     let mut c = VerbsBackend::open(Some(&device())).unwrap();
-    let h = Hello { role: Role::Alloc, nonce: 0x5e55, auth: None };
+    let h = Hello::new(Role::Alloc, 0x5e55);
     c.connect(a, &h, Duration::from_secs(20), |_, _| Ok(())).unwrap();
     let again = c.connect(a, &h, Duration::from_secs(20), |_, _| Ok(()));
     assert!(matches!(again, Err(VerbsError::PeerUnreachable { .. })), "{again:?}");
-    c.connect(a, &Hello { role: Role::Free, nonce: 0x5e55, auth: None }, Duration::from_secs(20), |_, _| Ok(()))
-        .unwrap();
+    c.connect(a, &Hello::new(Role::Free, 0x5e55), Duration::from_secs(20), |_, _| Ok(())).unwrap();
     mn.wait_log("that connection exists already");
     mn.stop();
 }

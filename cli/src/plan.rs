@@ -60,6 +60,10 @@ pub struct PlanArgs {
     /// Most CNs served at once.
     #[arg(long, default_value_t = 16)]
     pub max_cns: u32,
+    /// Alloc chains each CN may open (`omw mn --alloc-chains`): each extra one costs a CN an
+    /// Alloc QP and, offloaded, a loop QP (both ends on the MN) and a scratch area.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=omw_core::mn::MAX_ALLOC_CHAINS as i64))]
+    pub alloc_chains: u8,
     /// Execution mode (default: offloaded for a ConnectX profile, host engine for a probed
     /// device without CORE-Direct).
     #[arg(long, value_enum)]
@@ -147,13 +151,14 @@ pub fn report(a: &PlanArgs, device: &str, limits: DeviceLimits) -> Result<String
     );
     let _ = writeln!(
         s,
-        "pool: {} in {} chunks of {}, G = {} ({} access QP(s) per CN), {} CNs, {}",
+        "pool: {} in {} chunks of {}, G = {} ({} access QP(s) per CN), {} CNs of {} alloc chain(s), {}",
         human(a.pool_size),
         chunks64,
         human(a.chunk_size),
         a.group_size,
         a.group_size.saturating_sub(1),
         a.max_cns,
+        a.alloc_chains,
         plan.mode
     );
     let suggest = |s: &mut String| {
@@ -183,7 +188,7 @@ pub fn report(a: &PlanArgs, device: &str, limits: DeviceLimits) -> Result<String
         lease_ns: 0,
         queue_depth: None,
     };
-    let f = match Footprint::of(&plan, &spec) {
+    let f = match Footprint::of_chains(&plan, &spec, a.alloc_chains) {
         Ok(f) => f,
         Err(e) => {
             let windows = chunks64 * a.group_size as u64;
@@ -268,7 +273,7 @@ fn classes_report(
             lease_ns: 0,
             queue_depth: None,
         };
-        let f = match Footprint::of(plan, &spec) {
+        let f = match Footprint::of_chains(plan, &spec, a.alloc_chains) {
             Ok(f) => f,
             Err(e) => {
                 let _ = writeln!(s, "REFUSED: class {}: {e}", human(c.chunk_size));
@@ -440,6 +445,35 @@ mod tests {
         // a class the core cannot hold is named
         let out = report(&args(&["--classes", "4K:2097152"]), "cx6", DeviceLimits::CONNECTX6).unwrap_err();
         assert!(out.contains("REFUSED: class 4 KiB"), "{out}");
+    }
+
+    /// Each extra alloc chain costs every CN QPs: a device that holds one chain per CN can
+    /// refuse four.
+    #[test]
+    fn extra_alloc_chains_count_in_the_qp_check() {
+        let one = args(&["--pool-size", "1G", "--chunk-size", "64K", "--group-size", "3"]);
+        let four = args(&["--pool-size", "1G", "--chunk-size", "64K", "--group-size", "3", "--alloc-chains", "4"]);
+        let plan = MnPlan::decide(connectx_caps(), MnOptions::default()).unwrap();
+        let spec = PoolSpec {
+            chunk_size: 64 << 10,
+            chunks: 1 << 14,
+            group_size: 3,
+            max_cns: 16,
+            quota: 0,
+            lease_ns: 0,
+            queue_depth: None,
+        };
+        let (q1, q4) =
+            (Footprint::of_chains(&plan, &spec, 1).unwrap().qps, Footprint::of_chains(&plan, &spec, 4).unwrap().qps);
+        // offloaded: per CN and extra chain an Alloc QP and a loop QP's two ends
+        assert_eq!(q4, q1 + 16 * 3 * 3);
+        let limits = DeviceLimits { max_qp: q1, ..DeviceLimits::CONNECTX6 };
+        let out = report(&one, "dev", limits).unwrap();
+        assert!(out.contains("FITS") && out.contains(&format!("{q1} QPs")), "{out}");
+        let out = report(&four, "dev", limits).unwrap_err();
+        assert!(out.contains(&format!("{q4} QPs")) && out.contains("4 alloc chain(s)"), "{out}");
+        assert!(out.contains(&format!("queue pairs, the device's max_qp is {q1}")), "{out}");
+        assert!(P::try_parse_from(["plan", "--alloc-chains", "5"]).is_err());
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub struct MnArgs {
     /// Most CNs served at once.
     #[arg(long, default_value_t = 16)]
     pub max_cns: u32,
+    /// Alloc chains one CN may open (1–4): each its own Alloc QP, scratch area and (offloaded)
+    /// loop QP, so one CN's allocations overlap; a CN asking for more is refused and told why.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=omw_core::mn::MAX_ALLOC_CHAINS as i64))]
+    pub alloc_chains: u8,
     /// Chunks one CN may hold (0: unlimited).
     #[arg(long, default_value_t = 0)]
     pub quota: u32,
@@ -179,6 +183,10 @@ pub struct CnArgs {
     /// File holding the tenant's secret in hex (keep it readable only by its owner).
     #[arg(long, requires = "tenant")]
     pub secret_file: Option<std::path::PathBuf>,
+    /// Alloc chains to open (1–4, at most the MN's --alloc-chains): one Alloc QP each, and as
+    /// many allocations in flight at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=omw_core::mn::MAX_ALLOC_CHAINS as i64))]
+    pub alloc_chains: u8,
     #[command(subcommand)]
     pub cmd: CnCmd,
 }
@@ -274,6 +282,7 @@ fn run_mn(a: MnArgs) -> Result<(), omw_verbs::VerbsError> {
         chunk_size: a.chunk_size,
         group_size: a.group_size,
         max_cns: a.max_cns,
+        alloc_chains: a.alloc_chains,
         quota: a.quota,
         insecure: a.insecure,
         stats_every: Duration::from_millis(a.stats_ms),
@@ -371,7 +380,13 @@ fn run_cn(a: CnArgs) -> Result<(), CnError> {
         ),
         _ => None,
     };
-    let o = CnOptions { device: a.device, timeout: Duration::from_secs(a.timeout), credential, source: None };
+    let o = CnOptions {
+        device: a.device,
+        timeout: Duration::from_secs(a.timeout),
+        credential,
+        source: None,
+        alloc_chains: a.alloc_chains,
+    };
     let cmd = match a.cmd {
         CnCmd::Alloc { count } => CnCommand::Alloc { count },
         CnCmd::Roundtrip { bytes } => CnCommand::Roundtrip { bytes },
@@ -526,6 +541,7 @@ mod tests {
             timeout: 1,
             tenant: None,
             secret_file: None,
+            alloc_chains: 1,
             cmd: CnCmd::Alloc { count: 1 },
         })
         .unwrap_err();
@@ -537,6 +553,7 @@ mod tests {
             timeout: 1,
             tenant: None,
             secret_file: None,
+            alloc_chains: 1,
             cmd: CnCmd::Kv { keys: 4 },
         })
         .unwrap_err();
@@ -550,6 +567,7 @@ mod tests {
             timeout: 1,
             tenant: None,
             secret_file: None,
+            alloc_chains: 1,
             cmd: CnCmd::Script,
         };
         assert_eq!(cn(cn_args), ExitCode::FAILURE);

@@ -164,7 +164,7 @@ impl<T: Transport> Cn<T> {
     /// assert_eq!(cn.held_chunks(), 0);
     /// ```
     pub fn new(conn: Connection<T>, opts: Options) -> Result<Self, Error> {
-        let Connection { device, qps, mem, primed, mn_qpns } = conn;
+        let Connection { device, qps, mem, primed, mn_qpns, extra_alloc, reply_len } = conn;
         let signal = device.signal().map_err(Error::transport)?;
         let d: Result<Driver<T>, _> =
             if primed { CnDriver::with_primed_receives(device, qps, mem) } else { CnDriver::new(device, qps, mem) };
@@ -174,6 +174,12 @@ impl<T: Transport> Cn<T> {
         // connection breaks; waiters give up on their own deadlines, and whatever arrives for
         // nobody goes to the reserve or back to the MN.
         let mut d = d.map_err(|e| Error::transport(DriverSetup(e.to_string())))?;
+        if !extra_alloc.is_empty() {
+            // several alloc chains: as many allocations in flight at once
+            d = d
+                .with_alloc_chains(&extra_alloc, reply_len)
+                .map_err(|e| Error::transport(DriverSetup(e.to_string())))?;
+        }
         d.reply_timeout = 0;
         // after "empty", wait for "available" (the MN broadcasts it once the pool refilled):
         // a request sent while the MN has this CN parked finds no receive (offloaded: the

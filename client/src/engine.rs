@@ -154,9 +154,9 @@ pub(crate) struct Engine<T: Transport> {
     alloc_queue: VecDeque<u64>,
     alloc_waiters: HashMap<u64, AllocWaiter>,
     next_waiter: u64,
-    /// Token of our allocation request in flight, and whether a waiter asked for it (else the
-    /// reserve did).
-    pending: Option<u32>,
+    /// Tokens of our allocation requests in flight: at most one per alloc chain of the CN
+    /// (`CnDriver::alloc_chains`), so with several chains a burst of waiters overlaps.
+    pending: Vec<u32>,
     reserve: VecDeque<u64>,
     policy: Option<ReservePolicy>,
     /// The MN said "empty" and has not said "available" since: the reserve went back and
@@ -215,7 +215,7 @@ impl<T: Transport> Engine<T> {
             alloc_queue: VecDeque::new(),
             alloc_waiters: HashMap::new(),
             next_waiter: 1,
-            pending: None,
+            pending: Vec::new(),
             reserve: VecDeque::new(),
             policy: opts.reserve,
             pressure: false,
@@ -368,17 +368,14 @@ impl<T: Transport> Engine<T> {
     fn on_event(&mut self, ev: CnEvent) {
         match ev {
             CnEvent::Allocated { token, result } => {
-                if self.pending == Some(token) {
-                    self.pending = None;
-                }
+                self.take_pending(token);
                 match result {
                     Ok(a) => self.adopt(a),
                     Err(e) => self.fail_head(Error::Client(e)),
                 }
             }
             CnEvent::Refused { token, code, ours } => {
-                if self.pending == Some(token) {
-                    self.pending = None;
+                if self.take_pending(token) {
                     match code {
                         ErrorCode::Empty => self.fail_try_waiters(),
                         ErrorCode::QuotaExceeded => {
@@ -402,7 +399,7 @@ impl<T: Transport> Engine<T> {
             }
             CnEvent::Available => self.pressure = false,
             CnEvent::Revoked => {
-                self.pending = None;
+                self.pending.clear();
                 self.chunks.clear();
                 self.by_entry.clear();
                 self.reserve.clear();
@@ -416,17 +413,26 @@ impl<T: Transport> Engine<T> {
                     }
                 }
             }
-            CnEvent::ReplyTimedOut { token } if self.pending == Some(token) => {
-                self.pending = None;
+            CnEvent::ReplyTimedOut { token } if self.take_pending(token) => {
                 self.fail_head(Error::Timeout { what: "the allocation reply" });
             }
-            CnEvent::SendFailed { token: Some(t), status, .. } if self.pending == Some(t) => {
-                self.pending = None;
+            CnEvent::SendFailed { token: Some(t), status, .. } if self.take_pending(t) => {
                 self.fail_head(Error::Access(status));
             }
             // a message queue left RTS: the MN's end is gone or broke the pair
             CnEvent::ReceiveFailed { .. } if !self.lost => self.on_lost(),
             _ => {}
+        }
+    }
+
+    /// Whether `token` was one of our requests in flight (it is not any more).
+    fn take_pending(&mut self, token: u32) -> bool {
+        match self.pending.iter().position(|t| *t == token) {
+            Some(i) => {
+                self.pending.swap_remove(i);
+                true
+            }
+            None => false,
         }
     }
 
@@ -469,7 +475,7 @@ impl<T: Transport> Engine<T> {
 
     fn dispatch_allocs(&mut self) -> Result<(), Error> {
         self.serve_from_reserve();
-        if self.pending.is_some() || self.lost || !self.connected() {
+        if self.pending.len() >= self.d.alloc_chains() || self.lost || !self.connected() {
             return Ok(());
         }
         let waiting = self.alloc_queue.len();
@@ -488,18 +494,28 @@ impl<T: Transport> Engine<T> {
                 false
             }
         };
-        if waiting == 0 && !refill {
-            return Ok(());
-        }
-        let now = self.now();
-        match self.d.alloc(now) {
-            Ok(t) => self.pending = Some(t),
-            Err(CnError::Client(ClientError::Backoff { .. })) => self.fail_try_waiters(),
-            Err(CnError::SlotsBusy) | Err(CnError::Client(ClientError::Busy)) => {}
-            Err(CnError::Client(ClientError::TooManyAllocations)) => {
-                self.fail_head(Error::Client(ClientError::TooManyAllocations))
+        // a request per waiter and, refilling, per chunk the reserve lacks — at most one in
+        // flight per alloc chain
+        let lacking = match (refill, self.policy) {
+            (true, Some(p)) => p.target().saturating_sub(self.reserve.len()),
+            _ => 0,
+        };
+        let wanted = waiting.max(lacking).min(self.d.alloc_chains());
+        while self.pending.len() < wanted {
+            let now = self.now();
+            match self.d.alloc(now) {
+                Ok(t) => self.pending.push(t),
+                Err(CnError::Client(ClientError::Backoff { .. })) => {
+                    self.fail_try_waiters();
+                    break;
+                }
+                Err(CnError::SlotsBusy) | Err(CnError::Client(ClientError::Busy)) => break,
+                Err(CnError::Client(ClientError::TooManyAllocations)) => {
+                    self.fail_head(Error::Client(ClientError::TooManyAllocations));
+                    break;
+                }
+                Err(e) => return Err(cn_err(e)),
             }
-            Err(e) => return Err(cn_err(e)),
         }
         Ok(())
     }

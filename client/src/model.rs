@@ -488,7 +488,16 @@ impl Model {
         };
         let mn_qpns =
             [cn.mn_qps.alloc, cn.mn_qps.free].into_iter().chain(cn.mn_qps.access.iter().copied()).map(Some).collect();
-        Ok(Connection { device, qps: cn.qps, mem: cn.mem, primed: true, mn_qpns })
+        // one alloc chain: the model's detached CNs connect with the MN's first only
+        Ok(Connection {
+            device,
+            qps: cn.qps,
+            mem: cn.mem,
+            primed: true,
+            mn_qpns,
+            extra_alloc: Vec::new(),
+            reply_len: CnMemory::REPLY_LEN,
+        })
     }
 }
 

@@ -170,4 +170,9 @@ pub struct Connection<T> {
     /// it could not tell), checked against the MN's connect info: a mismatch means the MN
     /// mixed up sessions. Empty: nothing to check.
     pub mn_qpns: Vec<Option<omw_core::ids::Qpn>>,
+    /// The CN ends of the Alloc QPs of its alloc chains beyond the first (empty: one chain),
+    /// and the bytes of its reply buffer (`CnMemory::reply`), which holds a reply slot per
+    /// chain (`CnDriver::with_alloc_chains`).
+    pub extra_alloc: Vec<omw_core::ids::Qpn>,
+    pub reply_len: u64,
 }

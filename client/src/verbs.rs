@@ -55,6 +55,18 @@ impl Target {
     pub fn new(addr: SocketAddr) -> Target {
         Target { addr, opts: CnOptions::default() }
     }
+
+    /// Open `k` alloc chains (1..=4, at most the MN's `--alloc-chains`; the MN refuses more,
+    /// saying so): `k` allocations of the CN in flight at once.
+    ///
+    /// ```
+    /// let t = omw_client::verbs::Target::new("192.0.2.1:7471".parse().unwrap()).alloc_chains(2);
+    /// assert_eq!(t.opts.alloc_chains, 2);
+    /// ```
+    pub fn alloc_chains(mut self, k: u8) -> Target {
+        self.opts.alloc_chains = k;
+        self
+    }
 }
 
 impl Connect for Target {
@@ -62,7 +74,15 @@ impl Connect for Target {
     fn connect(self) -> Result<Connection<VerbsBackend>, Error> {
         let len = CnMemory::local_len_for(IO_SLOTS, VERBS_STAGING_SLOT);
         let q = omw_verbs::cn::connect_queues(self.addr, &self.opts, len, true).map_err(Error::transport)?;
-        Ok(Connection { device: q.backend, qps: q.qps, mem: q.mem, primed: true, mn_qpns: q.mn_qpns })
+        Ok(Connection {
+            device: q.backend,
+            qps: q.qps,
+            mem: q.mem,
+            primed: true,
+            mn_qpns: q.mn_qpns,
+            extra_alloc: q.extra_alloc,
+            reply_len: q.reply_len,
+        })
     }
 }
 

@@ -41,6 +41,11 @@ struct Mn {
 impl Mn {
     /// 16 chunks of 4 KiB, G = 3, a quota above the pool (a full pool answers "empty").
     fn start(port: u16) -> (Mn, SocketAddr) {
+        Self::start_with(port, &[])
+    }
+
+    /// [`Mn::start`] with more `omw mn` flags.
+    fn start_with(port: u16, extra: &[&str]) -> (Mn, SocketAddr) {
         let dir = std::env::var("OMW_RXE_VM_OUT").unwrap_or_else(|_| env!("CARGO_TARGET_TMPDIR").into());
         let log = PathBuf::from(dir).join(format!("lib-mn-{port}.log"));
         let ip = std::env::var("OMW_SELF_IP").unwrap_or_else(|_| "192.0.2.1".into());
@@ -48,6 +53,7 @@ impl Mn {
         let child = Command::new(node())
             .args(["mn", "--listen", &addr.to_string(), "--pool-size", "65536", "--chunk-size", "4096"])
             .args(["--group-size", "3", "--quota", "17"])
+            .args(extra)
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
@@ -259,4 +265,63 @@ fn an_mn_that_goes_away_fails_every_pending_future_with_disconnected() {
         assert!(all.iter().all(|r| *r == Err(Error::Disconnected)), "{all:?}");
         assert_eq!(cn.read(&held[0], 0, 8).await, Err(Error::Disconnected));
     });
+}
+
+/// A client of two alloc chains (`Target::alloc_chains`) against `omw mn --alloc-chains 2`:
+/// threads and futures allocating at once keep both chains busy, every chunk is its own, the
+/// pool comes back whole; a client asking for three is refused with the MN's reason.
+#[test]
+fn a_client_of_two_alloc_chains_overlaps_its_allocations() {
+    if !rxe() {
+        return;
+    }
+    let (_mn, addr) = Mn::start_with(7489, &["--alloc-chains", "2"]);
+    let cn = Cn::connect(target(addr).alloc_chains(2), Options { wait: WaitPolicy::SLEEP, ..Options::default() })
+        .expect("a client of two alloc chains connects");
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let cn = cn.clone();
+            std::thread::spawn(move || {
+                for i in 0..25u8 {
+                    let c = cn.alloc().unwrap();
+                    let data = [t.wrapping_mul(31) ^ i; 256];
+                    cn.write(&c, 128, &data).unwrap();
+                    let mut back = [0u8; 256];
+                    cn.read(&c, 128, &mut back).unwrap();
+                    assert_eq!(back, data, "thread {t} round {i}: another allocation's bytes");
+                    cn.free(c).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(cn.stats().allocs_round_trip, 100);
+    cn.shutdown().unwrap();
+    drop(cn);
+    // futures: eight allocations awaited together on one thread
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let cn = AsyncCn::new(Cn::connect(target(addr).alloc_chains(2), Options::default()).unwrap()).unwrap();
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let cn = cn.clone();
+            set.spawn(async move { cn.alloc().await });
+        }
+        let mut held = Vec::new();
+        while let Some(r) = set.join_next().await {
+            held.push(r.unwrap().unwrap());
+        }
+        let distinct: std::collections::HashSet<_> = held.iter().cloned().collect();
+        assert_eq!(distinct.len(), 8);
+        for c in held {
+            cn.free(c).await.unwrap();
+        }
+    });
+    match Cn::connect(target(addr).alloc_chains(3), Options::default()) {
+        Err(e) => assert!(e.to_string().contains("allows at most 2"), "{e}"),
+        Ok(_) => panic!("three alloc chains on an MN allowing two"),
+    }
+    whole_pool_allocatable(addr);
 }

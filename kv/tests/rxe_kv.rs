@@ -132,7 +132,7 @@ fn kv_store_against_a_real_mn() {
     let (mn, addr) = Mn::start(7482);
     let mut client = CnClient::connect(
         addr,
-        &CnOptions { device: None, timeout: Duration::from_secs(20), credential: None, source: None },
+        &CnOptions { device: None, timeout: Duration::from_secs(20), credential: None, source: None, alloc_chains: 1 },
     )
     .unwrap();
     assert_eq!(client.info.chunk_size, 4096);

@@ -290,6 +290,7 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
         chunk_size: a.chunk_size,
         group_size: a.group_size,
         max_cns: 4,
+        alloc_chains: 1,
         quota: 0,
         insecure: false,
         stats_every: Duration::ZERO,
@@ -325,7 +326,7 @@ fn part_alloc(a: &Args, floor: Option<Duration>) -> Result<()> {
     let r = (|| -> Result<()> {
         let mut c = CnClient::connect(
             a.listen,
-            &CnOptions { device: a.device.clone(), timeout: T, credential: None, source: None },
+            &CnOptions { device: a.device.clone(), timeout: T, credential: None, source: None, alloc_chains: 1 },
         )?;
         alloc_bench(&mut c, a.alloc_iters, floor)
     })();

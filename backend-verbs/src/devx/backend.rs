@@ -116,6 +116,13 @@ impl DevxConfig {
     /// receive queue) and `group_size − 1` access QPs (two CQs, an unmanaged ring, a receive
     /// queue); the MN's admin and atomic pairs once. Every piece rounded up to pages.
     pub fn arena_for(max_cns: u32, group_size: u8, cfg: &DevxConfig) -> usize {
+        Self::arena_for_chains(max_cns, group_size, 1, cfg)
+    }
+
+    /// [`DevxConfig::arena_for`] for CNs of up to `alloc_chains` alloc chains: each chain beyond
+    /// the first costs a CN one more loop pair and management QP (`MnDriver::create_alloc_loop_qp`,
+    /// its extra Alloc QP).
+    pub fn arena_for_chains(max_cns: u32, group_size: u8, alloc_chains: u8, cfg: &DevxConfig) -> usize {
         let pages = |b: usize| b.div_ceil(PAGE) * PAGE;
         let cq = pages(CqSpec::mem_needed(cfg.log_cqes));
         let rq = (16usize << cfg.log_rq_stride) << cfg.log_rq;
@@ -125,8 +132,9 @@ impl DevxConfig {
         let loop_qp = pages(MAX_CHAIN_RING_WQEBBS * WQEBB + dbr);
         let mgmt = pages(MAX_CHAIN_RING_WQEBBS * WQEBB + rq + dbr);
         let access = pages((WQEBB << cfg.log_sq_wqebbs) + rq + dbr);
+        let chain = (loop_qp + responder + 2 * cq) + (mgmt + 2 * cq);
         let per_cn =
-            2 * (loop_qp + responder + 2 * cq) + 2 * (mgmt + 2 * cq) + (group_size as usize - 1) * (access + 2 * cq);
+            2 * chain + (group_size as usize - 1) * (access + 2 * cq) + (alloc_chains.max(1) as usize - 1) * chain;
         let mn = 2 * (unmanaged + responder + 2 * cq);
         max_cns as usize * per_cn + mn
     }

@@ -242,7 +242,11 @@ pub trait ExternalCm {
     /// request is rejected (nothing of it is left).
     fn accept(&mut self, id: CmId, accept: &Accept<'_>) -> Result<(), DevxError>;
     /// Refuse the pending request `id` (ignored if it is not one).
-    fn reject(&mut self, id: CmId);
+    fn reject(&mut self, id: CmId) {
+        self.reject_with(id, &[])
+    }
+    /// [`Self::reject`] with `private` as the reject's private data (a `crate::refusal::Refusal`).
+    fn reject_with(&mut self, id: CmId, private: &[u8]);
     /// `rdma_disconnect` and destroy an accepted id (its QP is gone or going).
     fn disconnect(&mut self, id: CmId);
 }

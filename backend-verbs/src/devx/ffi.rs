@@ -822,8 +822,8 @@ impl ExternalCm for RealCm {
         }
         Ok(())
     }
-    fn reject(&mut self, id: CmId) {
-        self.channel.reject(id)
+    fn reject_with(&mut self, id: CmId, private: &[u8]) {
+        self.channel.reject_with(id, private)
     }
     fn disconnect(&mut self, id: CmId) {
         // SAFETY: an id this side accepted and owns (the DEVX transport forgets it now, so it

@@ -156,8 +156,8 @@ impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
     fn poll_cm(&mut self, _: &mut DevxBackend<D>, timeout: Duration) -> Result<Option<CmEvent>> {
         self.cm.poll(timeout)
     }
-    fn reject(&mut self, _: &mut DevxBackend<D>, id: CmId) {
-        self.cm.reject(id)
+    fn reject(&mut self, _: &mut DevxBackend<D>, id: CmId, private: &[u8]) {
+        self.cm.reject_with(id, private)
     }
     fn accept(
         &mut self,
@@ -167,7 +167,7 @@ impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
         private: &[u8],
     ) -> std::result::Result<Qpn, DeviceError<Self>> {
         let managed = match role {
-            Role::Alloc => Some(self.mgmt_depths[0]),
+            Role::Alloc | Role::AllocChain(_) => Some(self.mgmt_depths[0]),
             Role::Free => Some(self.mgmt_depths[1]),
             Role::Access(_) => None,
         };
@@ -238,7 +238,12 @@ mod start {
     impl StartUp for DevxTransport<RealDevx, RealCm> {
         /// The ring arena, registered in both domains.
         fn extra_pinned(opts: &MnOptions, cns: u32) -> u64 {
-            DevxConfig::arena_for(cns, opts.group_size, &DevxConfig::new(Capabilities::empty())) as u64
+            DevxConfig::arena_for_chains(
+                cns,
+                opts.group_size,
+                opts.alloc_chains,
+                &DevxConfig::new(Capabilities::empty()),
+            ) as u64
         }
 
         fn open(
@@ -284,7 +289,8 @@ mod start {
             )
             .map_err(|e| VerbsError::Insecure(format!("refusing to start with --offload mlx5: {e}")))?;
             let mut cfg = DevxConfig::new(capabilities);
-            cfg.ring_arena_bytes = DevxConfig::arena_for(sizing.max_cns, opts.group_size, &cfg);
+            cfg.ring_arena_bytes =
+                DevxConfig::arena_for_chains(sizing.max_cns, opts.group_size, opts.alloc_chains, &cfg);
             // the chains publish their own receives only where the bring-up saw the HCA take a
             // record its own DMA wrote (docs/MLX5.md question 20); otherwise the backend hands
             // receives back, and a CN's pipelined requests on one chain can land in a running

@@ -35,6 +35,8 @@ struct Script {
     /// (id, qp_num, private data, responder resources, initiator depth, retry, RNR retry)
     accepted: Vec<(CmId, u32, Vec<u8>, [u8; 4])>,
     rejected: Vec<CmId>,
+    /// The private data of each reject that carried any.
+    refusals: Vec<(CmId, Vec<u8>)>,
     disconnected: Vec<CmId>,
 }
 
@@ -70,10 +72,13 @@ impl ExternalCm for ScriptedCm {
         s.accepted.push((id, a.qp_num, a.private.to_vec(), params));
         Ok(())
     }
-    fn reject(&mut self, id: CmId) {
+    fn reject_with(&mut self, id: CmId, private: &[u8]) {
         let mut s = self.0.borrow_mut();
         if s.pending.remove(&id) {
             s.rejected.push(id);
+            if !private.is_empty() {
+                s.refusals.push((id, private.to_vec()));
+            }
         }
     }
     fn disconnect(&mut self, id: CmId) {
@@ -109,6 +114,11 @@ type Daemon = MnDaemon<DevxTransport<RecordingDevx, ScriptedCm>>;
 
 /// The DEVX MN daemon up on the mock: G = 3, 16 chunks of 4 KiB, 4 CNs, no lease.
 fn daemon() -> (Daemon, Rc<RefCell<Script>>) {
+    daemon_with_chains(1)
+}
+
+/// [`daemon`] admitting CNs of up to `alloc_chains` alloc chains.
+fn daemon_with_chains(alloc_chains: u8) -> (Daemon, Rc<RefCell<Script>>) {
     let mut cfg = DevxConfig::new(Capabilities::OFFLOAD | Capabilities::MW_BOUNDS_ENFORCED);
     cfg.ring_arena_bytes = 16 << 20;
     cfg.log_cqes = 6;
@@ -126,6 +136,7 @@ fn daemon() -> (Daemon, Rc<RefCell<Script>>) {
         chunk_size: 4096,
         group_size: G,
         max_cns: 4,
+        alloc_chains,
         quota: 0,
         insecure: false,
         stats_every: Duration::ZERO,
@@ -163,12 +174,17 @@ fn attrs(peer: u32) -> [CmQpAttr; 3] {
 
 /// A CN's connection requests: session `nonce`, each role once, from 192.0.2.9.
 fn request(s: &mut Script, cm_id: CmId, role: Role, nonce: u64, peer: u32) {
+    request_chains(s, cm_id, Hello::new(role, nonce), peer)
+}
+
+/// [`request`] with this hello (a CN of several alloc chains).
+fn request_chains(s: &mut Script, cm_id: CmId, hello: Hello, peer: u32) {
     s.attrs.insert(cm_id, attrs(peer));
     s.events.push_back(CmEvent {
         kind: CmEventKind::ConnectRequest,
         id: cm_id,
         status: 0,
-        private_data: Hello { role, nonce, auth: None }.encode(),
+        private_data: hello.encode(),
         remote_qpn: Qpn::new(peer).ok(),
         rnr_retry_count: 6,
         peer: Some("192.0.2.9".parse().unwrap()),
@@ -284,6 +300,65 @@ fn the_daemon_accepts_a_cn_into_devx_qps_and_arms_its_chains() {
         assert!(d.driver.backend.qp_state(Qpn::new(*q).unwrap()).is_err(), "QP {q:#x} destroyed");
     }
     assert_eq!(d.counters().cns, 0);
+}
+
+/// A CN of two alloc chains on the offloaded MN: its second Alloc QP is a management QP like
+/// the first, the MN makes a third loop QP for it and connects the CN with both chains armed;
+/// its departure destroys all of it. A CN asking for three is refused on its first connection
+/// with the reason in the reject.
+#[test]
+fn a_cn_of_two_alloc_chains_gets_a_loop_qp_per_chain_and_three_are_refused() {
+    use crate::cm::Refusal;
+    let (mut d, s) = daemon_with_chains(2);
+    let roles = [Role::Alloc, Role::Free, Role::Access(0), Role::Access(1), Role::AllocChain(1)];
+    let creates_before = d.driver.backend.device().inputs("CREATE_QP").len();
+    for (k, r) in roles.iter().enumerate() {
+        let h = Hello { role: *r, alloc_chains: 2, nonce: 0xc4, auth: None };
+        request_chains(&mut s.borrow_mut(), id(0x50 + k), h, 0x900 + k as u32);
+    }
+    d.step().unwrap();
+    let accepted = s.borrow().accepted.clone();
+    assert_eq!(accepted.len(), 5);
+    let created =
+        d.driver.backend.device().inputs("CREATE_QP")[creates_before..].iter().map(|i| roles_of(i)).collect::<Vec<_>>();
+    assert_eq!(
+        created,
+        [(1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0), (1, 1, 1)],
+        "the extra Alloc QP is a management QP"
+    );
+    let creates_before = d.driver.backend.device().inputs("CREATE_QP").len();
+    for k in 0..roles.len() {
+        event(&mut s.borrow_mut(), id(0x50 + k), CmEventKind::Established);
+    }
+    d.step().unwrap();
+    let cn = d.driver.mn.cns().next().expect("the CN connected").clone();
+    assert_eq!(cn.extra_alloc.len(), 1);
+    let chain = cn.extra_alloc[0];
+    assert_eq!(chain.mgmt.get(), accepted[4].1);
+    let loops =
+        d.driver.backend.device().inputs("CREATE_QP")[creates_before..].iter().map(|i| roles_of(i)).collect::<Vec<_>>();
+    assert_eq!(loops.iter().filter(|r| **r == (1, 1, 0)).count(), 3, "a loop QP per chain: {loops:?}");
+    let lp = chain.lp.expect("offloaded: the extra chain has its loop QP");
+    assert_eq!(d.driver.backend.qp_state(lp).unwrap(), QpState::Rts);
+    // a CN asking for three: refused at once, told why; no session, no QP
+    let accepted_before = s.borrow().accepted.len();
+    let h = Hello { role: Role::Alloc, alloc_chains: 3, nonce: 0xc5, auth: None };
+    request_chains(&mut s.borrow_mut(), id(0x60), h, 0x990);
+    d.step().unwrap();
+    assert_eq!(s.borrow().accepted.len(), accepted_before);
+    let (who, private) = s.borrow().refusals.last().cloned().expect("a reject with a reason");
+    assert_eq!(who, id(0x60));
+    assert_eq!(Refusal::decode(&private), Some(Refusal::AllocChains { allowed: 2, asked: 3 }));
+    assert!(d.sessions().nonce_of(id(0x60)).is_none());
+    assert_eq!(d.counters().rejected_limit, 1);
+    // the CN of two leaves: every QP of it goes, the extra chain's loop QP too
+    event(&mut s.borrow_mut(), id(0x51), CmEventKind::Disconnected);
+    d.step().unwrap();
+    assert_eq!(d.driver.mn.cns().count(), 0);
+    for q in [chain.mgmt, lp] {
+        assert!(d.driver.backend.qp_state(q).is_err(), "QP {q} destroyed");
+    }
+    d.driver.check_invariants().unwrap();
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //!
 //! All protocol decisions are the core's. The loop only turns the connection manager's events
 //! into sessions (`crate::sessions`: admission, a CN's connections grouped), hands a complete
-//! session to `MnDriver::connect_as`, turns disconnects into `Event::CnGone`, drops the
+//! session to `MnDriver::connect_with_chains` (with a loop QP per extra alloc chain, offloaded), turns disconnects into `Event::CnGone`, drops the
 //! connections of CNs the MN evicted, runs the MN's timers when `MnDriver::poll_timeout` says,
 //! and counts, logs and exports what happened. How a CN connection gets its QP, and which
 //! device the MN runs on, is the transport's.
@@ -24,7 +24,7 @@ use crate::log::Level;
 use crate::memlock::{ensure_memlock, memlock_limit, MemlockNeed};
 use crate::metrics::{MetricsServer, MnCounters};
 use crate::probe;
-use crate::sessions::{Admission, Rejections, Sessions, SESSION_PATIENCE};
+use crate::sessions::{Admission, Complete, Rejections, Sessions, SESSION_PATIENCE};
 use omw_core::device::DataPath;
 use omw_core::device::ExecutionMode;
 use omw_core::geometry::PoolGeometry;
@@ -32,7 +32,7 @@ use omw_core::mn::capacity::{DeviceLimits, Footprint};
 use omw_core::mn::driver::MnDriver;
 use omw_core::mn::plan::MnPlan;
 use omw_core::mn::provision::PoolSpec;
-use omw_core::mn::{Event, MnStats};
+use omw_core::mn::{AllocChainQps, Event, MemoryNode, MnStats};
 use omw_core::wire::memory_map::MnMemoryMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,6 +48,10 @@ pub struct MnOptions {
     pub chunk_size: u64,
     pub group_size: u8,
     pub max_cns: u32,
+    /// Alloc chains one CN may open (1..=`omw_core::mn::MAX_ALLOC_CHAINS`; `--alloc-chains`):
+    /// each is a whole alloc chain of its own (an Alloc QP, a scratch area, offloaded a loop
+    /// QP), so a CN's allocations overlap. A CN asking for more is refused with the reason.
+    pub alloc_chains: u8,
     /// Groups one CN may hold (0: the whole pool).
     pub quota: u32,
     /// Start even if the device cannot isolate CNs.
@@ -186,21 +190,32 @@ pub(crate) fn checked_sizing(opts: &MnOptions, extra_pinned: impl Fn(u32) -> u64
     }
     let chunks = opts.pool_size / opts.chunk_size;
     let chunks = u32::try_from(chunks).map_err(|_| VerbsError::Config("too many chunks".into()))?;
+    if opts.alloc_chains == 0 || opts.alloc_chains as usize > omw_core::mn::MAX_ALLOC_CHAINS {
+        return Err(VerbsError::Config(format!(
+            "--alloc-chains {} outside 1..={}",
+            opts.alloc_chains,
+            omw_core::mn::MAX_ALLOC_CHAINS
+        )));
+    }
     crate::device::device_names()?;
     let max_cns = opts.max_cns.clamp(1, omw_core::mn::MAX_CNS as u32);
     let sizing = PoolGeometry::new(opts.chunk_size, opts.chunk_size, chunks, opts.group_size)
         .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
-    let meta_need = MnMemoryMap::len_for(&sizing, max_cns);
+    // a scratch area per CN and alloc chain, and an Alloc QP per extra chain
+    let meta_need = MnMemoryMap::len_for(&sizing, MemoryNode::scratch_slots(max_cns, opts.alloc_chains));
     let mut need = MemlockNeed::mn(opts.pool_size, meta_need, max_cns, opts.group_size);
+    need.qps += max_cns as u64 * (opts.alloc_chains as u64 - 1);
     need.registered += extra_pinned(max_cns);
     ensure_memlock(need)?;
     Ok(Sizing { chunks, max_cns })
 }
 
-/// Refuse a pool the device's windows, registrations or QPs cannot hold (the check `omw plan`
-/// prints), naming every limit it breaks and the largest pool of these chunks that fits.
-pub fn fits_device(plan: &MnPlan, spec: &PoolSpec, limits: &DeviceLimits) -> Result<()> {
-    let f = Footprint::of(plan, spec).map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
+/// Refuse a pool the device's windows, registrations or QPs cannot hold with `alloc_chains`
+/// alloc chains per CN (the check `omw plan` prints), naming every limit it breaks and the
+/// largest pool of these chunks that fits.
+pub fn fits_device(plan: &MnPlan, spec: &PoolSpec, alloc_chains: u8, limits: &DeviceLimits) -> Result<()> {
+    let f = Footprint::of_chains(plan, spec, alloc_chains)
+        .map_err(|e| VerbsError::Config(format!("pool geometry: {e}")))?;
     let broken = f.check(limits);
     if broken.is_empty() {
         return Ok(());
@@ -220,7 +235,7 @@ pub fn fits_device(plan: &MnPlan, spec: &PoolSpec, limits: &DeviceLimits) -> Res
 /// quotas and CN slots), and the sessions' bookkeeping that checks their credentials — or, without
 /// a file, an open MN, logged as such.
 fn admission(opts: &MnOptions, max_cns: u32, mn: &mut omw_core::mn::MemoryNode) -> Result<Sessions> {
-    let sessions = Sessions::new(opts.group_size, max_cns as usize);
+    let sessions = Sessions::new(opts.group_size, max_cns as usize).with_alloc_chains(mn.config().alloc_chains);
     let Some(path) = &opts.tenants else {
         log("admission: OPEN — no --tenants file: any peer that reaches the port may connect, quotas are per CN (and per size class: no identity holds across classes without tenants)");
         return Ok(sessions);
@@ -261,7 +276,7 @@ impl<T: StartUp> MnDaemon<T> {
         // the check `omw plan` makes: a pool the device cannot hold is refused before one
         // window is allocated, naming the limit it breaks
         let spec = opts.pool_spec(sizing.chunks, sizing.max_cns, T::QUEUE_DEPTH);
-        fits_device(&plan, &spec, &report.limits)?;
+        fits_device(&plan, &spec, opts.alloc_chains, &report.limits)?;
         Self::up(opts, transport, device, plan, sizing, &report.device)
     }
 }
@@ -282,7 +297,7 @@ impl<T: Transport> MnDaemon<T> {
         let Sizing { chunks, max_cns } = sizing;
         let spec = opts.pool_spec(chunks, max_cns, T::QUEUE_DEPTH);
         let t = Instant::now();
-        let mut driver = plan.provision(device, &spec).map_err(T::provision_error)?;
+        let mut driver = plan.provision_chains(device, &spec, opts.alloc_chains).map_err(T::provision_error)?;
         let reg_time = t.elapsed();
         driver.concurrent_laps = !opts.serial_engine;
         transport.provisioned(&mut driver)?;
@@ -301,6 +316,10 @@ impl<T: Transport> MnDaemon<T> {
             transport.describe(&driver.backend),
         ));
         log(format!("protection: {protection} ({mrs} pool MR(s); MN set up in {reg_time:?})"));
+        let chains = driver.mn.config().alloc_chains;
+        if chains > 1 {
+            log(format!("alloc chains: a CN may open up to {chains} (each its own Alloc QP: its allocations overlap)"));
+        }
         log(format!(
             "execution: {}; free ownership check: {}",
             plan.mode,
@@ -588,7 +607,9 @@ impl<T: Transport> MnDaemon<T> {
             CmEventKind::ConnectRequest => match self.sessions.admit(&ev) {
                 Admission::Reject(why) => {
                     log(format!("rejected {why}"));
-                    self.transport.reject(&mut self.driver.backend, ev.id);
+                    // a reason the CN can act on travels in the reject; the rest stays here
+                    let private = why.refusal().map(|r| r.encode().to_vec()).unwrap_or_default();
+                    self.transport.reject(&mut self.driver.backend, ev.id, &private);
                 }
                 Admission::Accept { hello, private, source } => {
                     match self.transport.accept(&mut self.driver.backend, ev.id, hello.role, &private) {
@@ -599,14 +620,22 @@ impl<T: Transport> MnDaemon<T> {
             },
             CmEventKind::Established => {
                 let Some(q) = self.transport.qp_of(&self.driver.backend, ev.id) else { return };
-                let Some((nonce, mut qps, tenant)) = self.sessions.established(ev.id, q) else { return };
-                // offloaded, the CN's chains run on loop QPs of their own (host engine: none)
+                let Some(Complete { nonce, mut qps, extra_alloc, tenant }) = self.sessions.established(ev.id, q) else {
+                    return;
+                };
+                // offloaded, the CN's chains run on loop QPs of their own (host engine: none),
+                // one more per extra alloc chain
+                let mut extra: Vec<AllocChainQps> = Vec::new();
                 let r = self.driver.create_loop_qps().and_then(|l| {
                     if let Some((a, f)) = l {
                         qps.alloc_loop = Some(a);
                         qps.free_loop = Some(f);
                     }
-                    self.driver.connect_as(qps.clone(), tenant)
+                    for mgmt in &extra_alloc {
+                        let lp = self.driver.create_alloc_loop_qp()?;
+                        extra.push(AllocChainQps { mgmt: *mgmt, lp });
+                    }
+                    self.driver.connect_with_chains(qps.clone(), &extra, tenant)
                 });
                 match r {
                     Ok(cn) => {
@@ -616,14 +645,16 @@ impl<T: Transport> MnDaemon<T> {
                             self.tell_elsewhere(cn, t);
                         }
                         log(format!(
-                            "{cn} connected (session {nonce:#x}, {} QPs){}",
-                            2 + self.opts.group_size - 1,
+                            "{cn} connected (session {nonce:#x}, {} QPs, {} alloc chain(s)){}",
+                            2 + self.opts.group_size as usize - 1 + extra.len(),
+                            1 + extra.len(),
                             if qps.alloc_loop.is_some() { "; its chains are armed in the NIC" } else { "" }
                         ));
                     }
                     Err(e) => {
                         log(format!("could not admit session {nonce:#x}: {e}"));
-                        for q in [qps.alloc_loop, qps.free_loop].into_iter().flatten() {
+                        let extra_loops = extra.iter().filter_map(|c| c.lp);
+                        for q in [qps.alloc_loop, qps.free_loop].into_iter().flatten().chain(extra_loops) {
                             let _ = self.driver.backend.destroy_qp(q);
                         }
                         self.drop_session(nonce);

@@ -45,8 +45,9 @@ pub trait Transport {
 
     /// The next connection event, waiting at most `timeout` (zero: do not wait).
     fn poll_cm(&mut self, dev: &mut Self::Device, timeout: Duration) -> Result<Option<CmEvent>>;
-    /// Refuse the pending connection request `id`.
-    fn reject(&mut self, dev: &mut Self::Device, id: CmId);
+    /// Refuse the pending connection request `id`, with `private` as the reject's private data
+    /// (empty: none; else a [`crate::refusal::Refusal`] the CN reads).
+    fn reject(&mut self, dev: &mut Self::Device, id: CmId, private: &[u8]);
     /// Give the admitted connection request `id` (a CN's `role` connection) a QP and accept it
     /// with `private` as the reply's private data. On failure the request is refused and
     /// nothing of it is left.

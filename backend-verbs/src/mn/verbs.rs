@@ -51,8 +51,8 @@ impl Transport for VerbsTransport {
     fn poll_cm(&mut self, dev: &mut VerbsBackend, timeout: Duration) -> Result<Option<CmEvent>> {
         dev.poll_cm(timeout)
     }
-    fn reject(&mut self, dev: &mut VerbsBackend, id: CmId) {
-        dev.reject(id)
+    fn reject(&mut self, dev: &mut VerbsBackend, id: CmId, private: &[u8]) {
+        dev.reject(id, private)
     }
     fn accept(&mut self, dev: &mut VerbsBackend, id: CmId, _: Role, private: &[u8]) -> Result<Qpn, DeviceError<Self>> {
         dev.accept(id, private)

@@ -48,6 +48,11 @@ const SYNC_ENTRY: u64 = 0x10;
 
 impl MnThread {
     pub fn start(spec: MnSpec) -> MnThread {
+        Self::start_with_chains(spec, 1)
+    }
+
+    /// [`MnThread::start`] for an MN whose CNs may open up to `alloc_chains` alloc chains.
+    pub fn start_with_chains(spec: MnSpec, alloc_chains: u8) -> MnThread {
         let ip = std::env::var("OMW_SELF_IP").unwrap_or_else(|_| "192.0.2.1".into());
         let addr: SocketAddr = format!("{ip}:{}", PORT.fetch_add(1, Ordering::Relaxed)).parse().unwrap();
         let chunk = spec.chunk_size.unwrap_or(4096);
@@ -59,6 +64,7 @@ impl MnThread {
             chunk_size: chunk,
             group_size: spec.group_size,
             max_cns: spec.cns as u32 + 1,
+            alloc_chains,
             quota: spec.quota,
             insecure: false,
             stats_every: Duration::ZERO,
@@ -143,12 +149,30 @@ impl Factory for Rxe {
         CAPS
     }
     fn start(&self, spec: MnSpec) -> Box<dyn Testbed> {
-        let mn = MnThread::start(spec);
+        RxeChains(1).start(spec)
+    }
+}
+
+/// [`Rxe`] with every CN connecting with this many alloc chains (`omw mn --alloc-chains`,
+/// `CnOptions::alloc_chains`): every scenario must hold when a CN's allocations may overlap.
+pub struct RxeChains(pub u8);
+
+impl Factory for RxeChains {
+    fn name(&self) -> String {
+        format!("verbs on soft-RoCE (MN daemon thread, CnClient) with {} alloc chains per CN", self.0)
+    }
+    fn caps(&self) -> Caps {
+        CAPS
+    }
+    fn start(&self, spec: MnSpec) -> Box<dyn Testbed> {
+        let chains = self.0;
+        let mn = MnThread::start_with_chains(spec, chains);
         let opts = CnOptions {
             device: std::env::var("OMW_RXE_DEVICE").ok(),
             timeout: PATIENCE,
             credential: None,
             source: None,
+            alloc_chains: chains,
         };
         let mut cns = Vec::new();
         for _ in 0..spec.cns {
@@ -157,7 +181,7 @@ impl Factory for Rxe {
         let ids = cns.iter().map(|c| c.as_ref().unwrap().cn).collect();
         let mode = mn.with(|d, _| d.mode);
         // CNs drop before the MN (fields drop in order)
-        Box::new(RxeBed { heard: vec![Vec::new(); spec.cns], cns, ids, mn, spec, mode })
+        Box::new(RxeBed { heard: vec![Vec::new(); spec.cns], cns, ids, mn, spec, mode, chains })
     }
 }
 
@@ -168,6 +192,7 @@ pub struct RxeBed {
     mn: MnThread,
     spec: MnSpec,
     mode: ExecutionMode,
+    chains: u8,
 }
 
 fn refusal(e: VerbsError) -> Refusal {
@@ -225,6 +250,9 @@ impl RxeBed {
 impl Testbed for RxeBed {
     fn caps(&self) -> Caps {
         CAPS
+    }
+    fn alloc_chains(&self) -> u8 {
+        self.chains
     }
     fn mode(&self) -> ExecutionMode {
         self.mode
