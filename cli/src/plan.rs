@@ -447,6 +447,36 @@ mod tests {
         assert!(out.contains("REFUSED: class 4 KiB"), "{out}");
     }
 
+    /// `omw mn --classes` refuses at start-up what `omw plan --classes` refuses: the classes'
+    /// footprints together against every limit (`omw_verbs::mn::classes_fit_device`), not only
+    /// the windows.
+    #[test]
+    fn the_mn_checks_its_classes_as_plan_does() {
+        let plan = MnPlan::decide(connectx_caps(), MnOptions::default()).unwrap();
+        let spec = |chunk_size: u64, chunks: u32| PoolSpec {
+            chunk_size,
+            chunks,
+            group_size: 2,
+            max_cns: 16,
+            quota: 0,
+            lease_ns: 0,
+            queue_depth: None,
+        };
+        let tight = DeviceLimits { max_mw: 1 << 21, max_mr: 1 << 21, ..DeviceLimits::CONNECTX6 };
+        let fits = omw_verbs::mn::classes_fit_device;
+        assert!(fits(&plan, &[spec(4096, 524_288)], 1, &tight).is_ok());
+        assert!(fits(&plan, &[spec(65536, 524_288)], 1, &tight).is_ok());
+        let both = fits(&plan, &[spec(4096, 524_288), spec(65536, 524_288)], 1, &tight).unwrap_err();
+        assert!(both.to_string().contains("2 classes together"), "{both}");
+        // a QP limit the windows alone would not show: room for one alloc chain per CN, not four
+        let classes = [spec(4096, 1024), spec(65536, 1024)];
+        let qps = Footprint::combined(classes.iter().map(|s| Footprint::of_chains(&plan, s, 1).unwrap())).qps;
+        let few_qps = DeviceLimits { max_qp: qps, ..DeviceLimits::CONNECTX6 };
+        assert!(fits(&plan, &classes, 1, &few_qps).is_ok());
+        let e = fits(&plan, &classes, 4, &few_qps).unwrap_err();
+        assert!(e.to_string().contains("queue pairs"), "{e}");
+    }
+
     /// Each extra alloc chain costs every CN QPs: a device that holds one chain per CN can
     /// refuse four.
     #[test]

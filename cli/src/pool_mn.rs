@@ -110,18 +110,30 @@ pub fn serve(opts: MnOptions, classes: &[ClassSpec], m: Option<Membership>) -> R
         log(&format!("class {i}: {} chunks of {} B on port {port}", c.chunks, c.chunk_size));
         let mut d = MemoryNodeDaemon::start(o)?;
         if i == 0 {
-            // the classes' windows together against the device's limit, before any other class
-            // pins anything (`omw plan` is not in this build: this is the MN's own check)
-            let need: u64 = classes.iter().map(|c| c.chunks as u64 * opts.group_size as u64).sum();
-            let max = d.driver.backend.device_info().max_mw;
-            if max > 0 && need > max as u64 {
-                return Err(config(format!(
-                    "the classes need {need} memory windows ({} chunks × group size {}), the device allows {max}",
-                    classes.iter().map(|c| c.chunks as u64).sum::<u64>(),
-                    opts.group_size
-                )));
-            }
-            log(&format!("windows: {need} for {} class(es) of the device's {max}", classes.len()));
+            // the classes together against the device's windows, registrations and QPs, before
+            // any other class pins anything — `omw plan --classes`' check (`Footprint::combined`)
+            let max_cns = d.driver.mn.config().max_cns;
+            let specs: Vec<omw_core::mn::provision::PoolSpec> = classes
+                .iter()
+                .map(|c| omw_core::mn::provision::PoolSpec {
+                    chunk_size: c.chunk_size,
+                    chunks: c.chunks,
+                    group_size: opts.group_size,
+                    max_cns,
+                    quota: 0,
+                    lease_ns: 0,
+                    queue_depth: None,
+                })
+                .collect();
+            let limits = d.driver.backend.device_info().limits();
+            omw_verbs::mn::classes_fit_device(&d.plan, &specs, opts.alloc_chains, &limits)?;
+            log(&format!(
+                "classes: {} of them fit the device together (max_mw {}, max_mr {}, max_qp {})",
+                classes.len(),
+                limits.max_mw,
+                limits.max_mr,
+                limits.max_qp
+            ));
         }
         let sink = counts.clone();
         let all: Vec<u32> = classes.iter().map(|c| c.chunks).collect();

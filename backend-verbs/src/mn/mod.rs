@@ -140,6 +140,9 @@ pub struct MnDaemon<T: Transport> {
     pub protection: Protection,
     pub mode: ExecutionMode,
     pub software_ownership_check: bool,
+    /// What the MN decided from the device (`MnPlan::decide`): what the capacity checks of
+    /// several classes on one device count with (`classes_fit_device`).
+    pub plan: MnPlan,
     opts: MnOptions,
     sessions: Sessions,
     t0: Instant,
@@ -228,6 +231,29 @@ pub fn fits_device(plan: &MnPlan, spec: &PoolSpec, alloc_chains: u8, limits: &De
         spec.chunks,
         human(spec.chunk_size),
         spec.group_size
+    )))
+}
+
+/// Refuse size classes that together break the device's window, registration or QP limits
+/// (each may fit alone): the check `omw plan --classes` prints, `Footprint::combined` of every
+/// class's footprint against the limits, naming every limit broken.
+pub fn classes_fit_device(plan: &MnPlan, specs: &[PoolSpec], alloc_chains: u8, limits: &DeviceLimits) -> Result<()> {
+    let mut each = Vec::new();
+    for s in specs {
+        let f = Footprint::of_chains(plan, s, alloc_chains)
+            .map_err(|e| VerbsError::Config(format!("class of {}: pool geometry: {e}", human(s.chunk_size))))?;
+        each.push(f);
+    }
+    let f = Footprint::combined(each);
+    let broken = f.check(limits);
+    if broken.is_empty() {
+        return Ok(());
+    }
+    let why: Vec<String> = broken.iter().map(|e| e.to_string()).collect();
+    Err(VerbsError::Config(format!(
+        "the device cannot hold these {} classes together: {} (`omw plan --classes` shows each class's share)",
+        specs.len(),
+        why.join("; ")
     )))
 }
 
@@ -346,6 +372,7 @@ impl<T: Transport> MnDaemon<T> {
             protection,
             mode: plan.mode,
             software_ownership_check: plan.software_ownership_check,
+            plan,
             sessions,
             opts,
             t0: now,
