@@ -571,6 +571,7 @@ impl CnSide for CnNode {
                 }
                 CnEvent::Connected(id) => self.events.push(ClientEvent::Connected(id)),
                 CnEvent::Empty => self.events.push(ClientEvent::Empty),
+                CnEvent::ChainParked { chain } => self.events.push(ClientEvent::ChainParked { chain }),
                 CnEvent::Available => self.events.push(ClientEvent::Available),
                 CnEvent::Revoked => self.events.push(ClientEvent::Revoked),
                 // the client already holds the window's new key
@@ -655,8 +656,6 @@ impl Cluster {
             queue_depth: None,
         };
         let mut driver = plan.provision_chains(backend, &spec, cfg.alloc_chains).map_err(ClusterError::Provision)?;
-        // the chains' rings (and so their depths) in the NIC's WQE format
-        driver.mn.set_wqe_format(cfg.nic.wqe_format);
         if let Some(on) = cfg.pop_ahead {
             driver.mn.set_pop_ahead(on);
         }

@@ -155,6 +155,14 @@ impl Factory for LoopbackChains {
     fn start(&self, spec: MnSpec) -> Box<dyn Testbed> {
         let mut cfg = Loopback(self.mode).config(spec);
         cfg.alloc_chains = self.chains;
+        if self.mode == Mode::OffloadedPopAhead && spec.chunks as usize <= spec.cns * self.chains as usize {
+            // Popping ahead, every chain withholds a group: with at least as many chains as
+            // groups some CN is starved by design (its chains parked while others hold every
+            // group ahead), which is why the MN pops ahead only where the pool has 8 groups per
+            // chain (`MnConfig::pop_ahead_pays`). The one-chain run forces it on pools of one
+            // group more than chains; here too, and the smaller pools run without it.
+            cfg.pop_ahead = Some(false);
+        }
         let c = Cluster::new(cfg).expect("loopback cluster");
         Box::new(LoopbackBed { c, spec, caps: self.caps() })
     }

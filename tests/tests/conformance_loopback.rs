@@ -42,6 +42,11 @@ fn offloaded_two_alloc_chains() {
 }
 
 #[test]
+fn offloaded_pop_ahead_two_alloc_chains() {
+    conform(&LoopbackChains { mode: Mode::OffloadedPopAhead, chains: 2 });
+}
+
+#[test]
 fn offloaded_mlx5_form_two_alloc_chains() {
     conform(&LoopbackChains { mode: Mode::OffloadedMlx5, chains: 2 });
 }

@@ -113,10 +113,11 @@ fn a_crash_with_k_chains_reclaims_everything_of_every_chain() {
         let mut c = cluster(mode, 3, 2, 64, 64);
         let id = c.cns[0].id;
         let held: Vec<_> = (0..5).map(|_| c.alloc(0).unwrap()).collect();
-        // (no chain pops ahead with several per CN: `MemoryNode::set_pop_ahead`)
-        assert!(!c.driver.mn.config().pop_ahead);
-        assert!(!c.driver.mn.set_pop_ahead(true));
-        assert_eq!(c.driver.groups_ahead_of(id), 0);
+        // offloaded, every chain holds a group popped ahead (64 chunks ≥ 8 × 2 CNs × 3 chains:
+        // `MnConfig::pop_ahead_pays`) — the crash must give those back too
+        let ahead = if mode == ExecutionMode::Offloaded { 3 } else { 0 };
+        assert_eq!(c.driver.mn.config().pop_ahead, mode == ExecutionMode::Offloaded);
+        assert_eq!(c.driver.groups_ahead_of(id), ahead, "{mode:?}");
         // two requests in flight when it dies
         c.alloc_begin(0).unwrap();
         c.alloc_begin(0).unwrap();
@@ -261,4 +262,62 @@ fn more_chains_than_the_mn_allows_are_refused() {
         other => panic!("{other:?}"),
     }
     assert_eq!(c.driver.mn.cns().count(), before);
+}
+
+/// Popping ahead with K chains (issue 23 item 6): every chain holds a group ahead; a chain whose
+/// pop finds the queue empty is parked alone and its CN told which, so the CN's next allocation
+/// goes on a chain that still holds one. Every group of the pool is handed out — none stays
+/// stranded ahead on a chain the CN stopped using — and the CN hears "empty" only once every
+/// chain is parked. (Were a parked chain reported as "empty", as before, the CN would back off
+/// holding fewer than the pool's groups.) A free re-arms them all and nothing is lost.
+#[test]
+fn popping_ahead_with_k_chains_parks_each_chain_alone() {
+    use omw_core::cn::ClientEvent;
+    for chains in [2u8, 3] {
+        let chunks = 8 * u32::from(chains);
+        let mut c = cluster(ExecutionMode::Offloaded, chains, 1, chunks, chunks);
+        assert!(c.driver.mn.set_pop_ahead(true) || c.driver.mn.config().pop_ahead);
+        assert!(c.driver.mn.config().pop_ahead, "{chains} chains pop ahead");
+        let id = c.cns[0].id;
+        assert_eq!(c.driver.groups_ahead_of(id), u32::from(chains));
+        let mut held = Vec::new();
+        let mut refused = 0;
+        loop {
+            match c.alloc(0) {
+                Ok(a) => held.push(a),
+                // a request that met its chain parked (its lap popped before it came)
+                Err(CnOpError::Mn(ErrorCode::Empty)) => refused += 1,
+                Err(CnOpError::Client(ClientError::Backoff { .. }))
+                | Err(CnOpError::Cn(CnError::Client(ClientError::Backoff { .. }))) => break,
+                Err(e) => panic!("{chains} chains: {e:?}"),
+            }
+            assert!(held.len() <= chunks as usize && refused <= usize::from(chains), "{chains} chains");
+        }
+        assert_eq!(held.len(), chunks as usize, "{chains} chains: every group handed out, none left ahead");
+        let ev = &c.cns[0].events;
+        let parked: Vec<u8> = ev
+            .iter()
+            .filter_map(|e| if let ClientEvent::ChainParked { chain } = e { Some(*chain) } else { None })
+            .collect();
+        assert!(!parked.is_empty(), "{chains} chains: some chain was parked alone first");
+        let first_empty = ev.iter().position(|e| *e == ClientEvent::Empty).expect("then every chain: empty");
+        let last_parked = ev.iter().rposition(|e| matches!(e, ClientEvent::ChainParked { .. })).unwrap();
+        assert!(last_parked < first_empty, "{chains} chains: \"empty\" only after the chains parked one by one");
+        assert!(c.driver.mn.stats().chain_parked_notices >= 1);
+        assert!(c.driver.mn.tickets().len() <= usize::from(chains), "one ticket per chain at most");
+        c.check_invariants().unwrap();
+        // a free: "available", every chain re-armed and popping ahead again
+        let x = held.pop().unwrap();
+        c.free(0, &x).unwrap();
+        c.advance(5_000_000).unwrap();
+        let y = c.alloc(0).unwrap();
+        held.push(y);
+        for a in held {
+            c.free(0, &a).unwrap();
+        }
+        c.advance(5_000_000).unwrap();
+        c.check_invariants().unwrap();
+        assert_eq!(c.free_groups() + c.driver.groups_ahead_of(id), chunks, "{chains} chains: nothing lost");
+        assert_eq!(c.driver.groups_ahead_of(id), u32::from(chains), "{chains} chains: each holds one ahead again");
+    }
 }

@@ -9,11 +9,12 @@
 //!
 //! After every batch: the core's invariant checker, conservation (free + held = all groups,
 //! no group held twice), and every honest CN still owns and can use every chunk it was given.
-//! Runs in offloaded (chains in canonical and in mlx5 form), host-engine and rxe-compatible
-//! modes.
+//! Runs in offloaded (chains in canonical and in mlx5 form, with relayed gates, and popping
+//! ahead with two alloc chains per CN), host-engine and rxe-compatible modes.
 
 use omw_core::chain::ChainKind;
 use omw_core::cn::Allocation;
+use omw_core::device::behaviour::SelfEnable;
 use omw_core::device::ExecutionMode;
 use omw_core::device::WcStatus;
 use omw_core::ids::GroupId;
@@ -43,11 +44,25 @@ enum Act {
     MisbindFree(usize),
 }
 
-/// How a run's MN is set up: a shared mode, or offloaded with the chains in mlx5 form.
+/// How a run's MN is set up: a shared mode; offloaded with the chains in mlx5 form; offloaded
+/// with relayed gates (a device that ignores a queue's ENABLE of itself,
+/// `ChainVariant::relays_gates`); or offloaded popping ahead with two alloc chains per CN (more
+/// chains than groups: chains park one by one).
 #[derive(Clone, Copy, Debug)]
 enum Setup {
     Mode(Mode),
     Mlx5,
+    Relayed,
+    PopAheadTwoChains,
+}
+
+impl Setup {
+    fn alloc_chains(self) -> usize {
+        match self {
+            Setup::PopAheadTwoChains => 2,
+            _ => 1,
+        }
+    }
 }
 
 fn cluster(setup: Setup) -> Cluster {
@@ -59,6 +74,24 @@ fn cluster(setup: Setup) -> Cluster {
             (cfg.cns, cfg.chunks, cfg.chunk_size, cfg.quota, cfg.scrub) = (CNS, CHUNKS, 512, CHUNKS, true);
             cfg.mode = Some(ExecutionMode::Offloaded);
             Cluster::new(cfg).expect("cluster")
+        }
+        Setup::Relayed | Setup::PopAheadTwoChains => {
+            let mut cfg = ClusterConfig::paper_like();
+            (cfg.cns, cfg.chunks, cfg.chunk_size, cfg.quota, cfg.scrub) = (CNS, CHUNKS, 512, CHUNKS, true);
+            cfg.mode = Some(ExecutionMode::Offloaded);
+            if let Setup::Relayed = setup {
+                let mut b = cfg.nic.behaviour;
+                b.self_enable = SelfEnable::Ignored;
+                cfg.nic = cfg.nic.with_behaviour(b);
+            } else {
+                cfg.alloc_chains = 2;
+                cfg.pop_ahead = Some(true);
+            }
+            let c = Cluster::new(cfg).expect("cluster");
+            if let Setup::Relayed = setup {
+                assert!(c.driver.mn.config().chain_variant.relays_gates, "the relayed layout runs");
+            }
+            c
         }
     }
 }
@@ -104,8 +137,8 @@ fn run_in(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) {
         for a in &acts {
             match a {
                 Act::Alloc(i) => {
-                    // one outstanding allocation per CN (the client's rule)
-                    if tokens.iter().all(|(j, _)| j != i) {
+                    // one outstanding allocation per alloc chain of the CN (the client's rule)
+                    if tokens.iter().filter(|(j, _)| j == i).count() < mode.alloc_chains() {
                         if let Ok(t) = c.alloc_begin(*i) {
                             tokens.push((*i, t));
                         }
@@ -220,9 +253,10 @@ fn run_in(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) {
         let mut unknown = Vec::new();
         for (i, held) in live.iter().enumerate() {
             let id = c.cns[i].id.get();
-            // the group its alloc chain popped ahead is the MN's, not a leak
-            let ahead = c.driver.group_ahead_of(c.cns[i].id);
-            for g in (0..CHUNKS).filter(|g| ahead != Some(GroupId(*g))) {
+            // the groups its alloc chains popped ahead are the MN's, not a leak
+            let ahead: Vec<GroupId> =
+                (0..mode.alloc_chains() as u8).filter_map(|j| c.driver.group_ahead_on(c.cns[i].id, j)).collect();
+            for g in (0..CHUNKS).filter(|g| !ahead.contains(&GroupId(*g))) {
                 let owned = c.driver.entry(GroupId(g)).is_some_and(|e| e.owner() == id);
                 let entry = c.driver.mn.map().entry_addr(GroupId(g)).unwrap();
                 if owned && !held.iter().any(|(a, _)| a.entry_addr == entry) {
@@ -288,6 +322,10 @@ proptest! {
     #[test]
     fn mlx5_form_laps_race_free(b in batches()) { run_in(Setup::Mlx5, b) }
     #[test]
+    fn relayed_gates_laps_race_free(b in batches()) { run_in(Setup::Relayed, b) }
+    #[test]
+    fn popping_ahead_on_two_chains_laps_race_free(b in batches()) { run_in(Setup::PopAheadTwoChains, b) }
+    #[test]
     fn host_engine_laps_race_free(b in batches()) { run(Mode::HostEngine, b) }
     #[test]
     fn rxe_compatible_laps_race_free(b in batches()) { run(Mode::Rxe, b) }
@@ -297,7 +335,14 @@ proptest! {
 /// its clear, and a forged free of an entry a victim is popping right now.
 #[test]
 fn pinned_pop_push_and_forged_free_races() {
-    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5, Setup::Mode(Mode::HostEngine), Setup::Mode(Mode::Rxe)] {
+    for mode in [
+        Setup::Mode(Mode::Offloaded),
+        Setup::Mlx5,
+        Setup::Relayed,
+        Setup::PopAheadTwoChains,
+        Setup::Mode(Mode::HostEngine),
+        Setup::Mode(Mode::Rxe),
+    ] {
         for seed in 0..64u64 {
             let mut b = Vec::new();
             // fill the pool
@@ -325,7 +370,14 @@ fn pinned_pop_push_and_forged_free_races() {
 /// the CN's free already pushed.
 #[test]
 fn pinned_garbage_alloc_free_and_forge_push_nothing_twice() {
-    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5, Setup::Mode(Mode::HostEngine), Setup::Mode(Mode::Rxe)] {
+    for mode in [
+        Setup::Mode(Mode::Offloaded),
+        Setup::Mlx5,
+        Setup::Relayed,
+        Setup::PopAheadTwoChains,
+        Setup::Mode(Mode::HostEngine),
+        Setup::Mode(Mode::Rxe),
+    ] {
         for (seed, pm) in [(0u64, 20u16), (1, 300), (7, 800)] {
             run_in(
                 mode,
@@ -342,7 +394,7 @@ fn pinned_garbage_alloc_free_and_forge_push_nothing_twice() {
 /// garbage alloc request, its next alloc and a free of its own interleave with the MN.
 #[test]
 fn pinned_misbind_free_then_garbage_alloc_and_free() {
-    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5] {
+    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5, Setup::Relayed, Setup::PopAheadTwoChains] {
         run_in(
             mode,
             vec![
@@ -366,7 +418,7 @@ fn pinned_garbage_free_and_alloc_of_one_cn() {
 /// misbound group freed, in one interleaved batch.
 #[test]
 fn pinned_forge_garbage_and_misbind_free() {
-    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5] {
+    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5, Setup::Relayed, Setup::PopAheadTwoChains] {
         run_in(
             mode,
             vec![(

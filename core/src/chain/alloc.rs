@@ -196,7 +196,7 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         b.recv(field(*bind, WqeField::Qpn), 4)?;
     }
 
-    b.lap_tail(env, s + a::JUNK)?;
+    b.lap_tail(env)?;
     let [loop_depth, mgmt_depth] = b.layout.ring_depth.map(u64::from);
     // per lap: the management ring runs once round (its padding too), the commit and the Loop
     // ring's padding come from the management ring, the next lap's first phase from the closing

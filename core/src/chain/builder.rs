@@ -265,22 +265,11 @@ impl Builder {
     fn publish_receive(&mut self, env: &ChainEnv) -> Result<(), crate::chain::ChainError> {
         if env.posts_receives {
             let k = env.keys;
-            let w = Wqe::fetch_add(env.scratch() + self.junk_off(), k.meta_lkey, 0, k.ring_rkey, 1)
-                .with_flags(WqeFlags::empty());
+            let w = Wqe::fetch_add(self.layout.mlx5.junk, k.meta_lkey, 0, k.ring_rkey, 1).with_flags(WqeFlags::empty());
             let i = self.push(Ring::Loop, w)?;
             self.layout.steps[i as usize].remote = Some(Loc::RecvDoorbell);
         }
         Ok(())
-    }
-
-    /// The scratch offset of this chain's junk word (an atomic's unneeded result).
-    fn junk_off(&self) -> u64 {
-        match self.layout.kind {
-            ChainKind::Alloc => {
-                crate::wire::memory_map::ALLOC_SCRATCH_OFF + crate::wire::memory_map::alloc_scratch::JUNK
-            }
-            ChainKind::Free => crate::wire::memory_map::FREE_SCRATCH_OFF + crate::wire::memory_map::free_scratch::JUNK,
-        }
     }
 
     /// The lap tail: bump every WAIT by its queue's per-lap completions, enable one more RECV
@@ -289,7 +278,8 @@ impl Builder {
     /// bytes, which is what makes the chain re-arm itself. The chain sets the counts of its
     /// own ENABLEs from the depths afterwards; `closing` is left pointing at the lap-closing
     /// ENABLE (count 0 until then).
-    pub fn lap_tail(&mut self, env: &ChainEnv, junk: u64) -> Result<(), crate::chain::ChainError> {
+    pub fn lap_tail(&mut self, env: &ChainEnv) -> Result<(), crate::chain::ChainError> {
+        let junk = self.layout.mlx5.junk;
         let waits: heapless::Vec<u8, MAX_STEPS> = self
             .layout
             .steps

@@ -154,7 +154,7 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.recv(Loc::Mem(s + f::REQ_HDR), req::ENTRY_ADDR as u32)?;
     b.recv(field(rd, WqeField::RemoteAddr), 8)?;
 
-    b.lap_tail(env, s + f::JUNK)?;
+    b.lap_tail(env)?;
     let [loop_depth, mgmt_depth] = b.layout.ring_depth.map(u64::from);
     // Per lap: the Free QP ring runs once round (padding too); it releases the second half,
     // the gate the push phase; the push phase's length covers the commit, the tail and the

@@ -225,6 +225,11 @@ pub enum CnEvent {
         ours: bool,
     },
     Empty,
+    /// Alloc chain `chain` is parked on an empty queue while the CN's others still serve
+    /// (`Notice::ChainParked`): allocations go on the others until "available".
+    ChainParked {
+        chain: u8,
+    },
     Available,
     /// Every allocation was revoked (MN RNIC reset); the client forgot them.
     Revoked,
@@ -649,6 +654,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         let ev = match self.client.on_message(now, &b[..len]) {
             Ok(ClientEvent::Connected(id)) => CnEvent::Connected(id),
             Ok(ClientEvent::Empty) => CnEvent::Empty,
+            Ok(ClientEvent::ChainParked { chain }) => CnEvent::ChainParked { chain },
             Ok(ClientEvent::Available) => CnEvent::Available,
             Ok(ClientEvent::Revoked) => {
                 self.chains = [None; MAX_ALLOC_CHAINS];
@@ -800,14 +806,22 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         now: u64,
         shape: impl FnOnce(u32, &mut [u8; MSG_SLOT as usize], usize) -> Result<usize, ClientError>,
     ) -> Result<u32, CnError<B::Error>> {
-        // an idle alloc chain, going round them (none idle: the client says Busy below)
+        // an idle alloc chain, going round them, one the MN did not say is parked if any is
+        // left (none idle: the client says Busy below)
         let n = self.alloc_chains();
-        let j = (0..n).map(|i| (self.next_chain + i) % n).find(|j| self.chains[*j].is_none()).unwrap_or(0);
+        let idle = |j: &usize| self.chains[*j].is_none();
+        let round = (0..n).map(|i| (self.next_chain + i) % n);
+        let j = round
+            .clone()
+            .filter(idle)
+            .find(|j| !self.client.chain_parked(*j as u8))
+            .or_else(|| round.clone().find(idle))
+            .unwrap_or(0);
         let qp = self.alloc_qp(j).unwrap_or(self.qps.alloc);
         let slot = self.free_send_slot(qp)?;
         let mut req = [0u8; MSG_SLOT as usize];
         let reply = self.mem.reply + j as u64 * CnMemory::REPLY_LEN;
-        let (token, len) = self.client.alloc_request(now, reply, self.mem.reply_rkey, &mut req)?;
+        let (token, len) = self.client.alloc_request_on(now, j as u8, reply, self.mem.reply_rkey, &mut req)?;
         let len = match shape(token, &mut req, len) {
             Ok(l) => l,
             Err(e) => {

@@ -124,6 +124,12 @@ pub enum ClientEvent {
     Revoked,
     /// The MN's lease probe arrived (nothing to do: receiving it renewed the lease).
     Probed,
+    /// Alloc chain `chain` found the queue empty popping ahead and is parked until
+    /// "available" ([`Notice::ChainParked`]); the CN's other chains still serve. Once every
+    /// chain is parked the client reports [`ClientEvent::Empty`] instead.
+    ChainParked {
+        chain: u8,
+    },
     /// The MN bound window MW[`mw`] of the allocation at `entry_addr` again under `rkey`
     /// (someone invalidated it, see [`crate::wire::message::Rebound`]); the live allocation now holds
     /// the new key, so an access retried through [`Client::live`] succeeds.
@@ -138,6 +144,8 @@ pub enum ClientEvent {
 struct Pending {
     token: u32,
     since: u64,
+    /// The alloc chain it went out on.
+    chain: u8,
 }
 
 /// Where each live allocation sits in [`Client::live`], by entry address, so a free (and a
@@ -252,6 +260,9 @@ pub struct Client<const N: usize> {
     pending: heapless::Vec<Pending, MAX_ALLOC_CHAINS>,
     /// How many may be in flight: the CN's alloc chains ([`Client::set_alloc_chains`]).
     alloc_chains: u8,
+    /// Alloc chains the MN said are parked on an empty queue (bit j: chain j), until
+    /// "available" or the back-off runs out. All of them: `empty`.
+    parked: u8,
     next_token: u32,
     empty: bool,
     backoff_until: u64,
@@ -273,6 +284,7 @@ impl<const N: usize> Client<N> {
             index: LiveIndex::new(),
             pending: heapless::Vec::new(),
             alloc_chains: 1,
+            parked: 0,
             next_token: 1,
             empty: false,
             backoff_until: 0,
@@ -309,8 +321,28 @@ impl<const N: usize> Client<N> {
     pub fn expire_backoff(&mut self, now: u64) {
         if self.empty && now >= self.backoff_until {
             self.empty = false;
+            self.parked = 0;
             self.backoff_until = 0;
         }
+    }
+    /// Whether the MN said alloc chain `j` is parked on an empty queue: a request on it would
+    /// wait for "available", so an allocation goes on another chain if one is free.
+    pub fn chain_parked(&self, j: u8) -> bool {
+        self.parked & (1 << j) != 0
+    }
+    fn all_chains(&self) -> u8 {
+        ((1u16 << self.alloc_chains) - 1) as u8
+    }
+    /// Chain `j` is parked (bit), or all of them (`None`); once all are, the client backs off.
+    /// True when every chain is now parked.
+    fn park(&mut self, now: u64, j: Option<u8>) -> bool {
+        self.parked |= j.map_or(self.all_chains(), |j| 1 << j);
+        let all = self.parked & self.all_chains() == self.all_chains();
+        if all {
+            self.empty = true;
+            self.backoff_until = now.saturating_add(self.backoff);
+        }
+        all
     }
     /// The oldest allocation in flight.
     pub fn pending_token(&self) -> Option<u32> {
@@ -332,14 +364,10 @@ impl<const N: usize> Client<N> {
     pub fn alloc_chains(&self) -> u8 {
         self.alloc_chains
     }
-    fn forget_pending(&mut self, token: u32) -> bool {
-        match self.pending.iter().position(|p| p.token == token) {
-            Some(i) => {
-                self.pending.remove(i);
-                true
-            }
-            None => false,
-        }
+    /// The chain the allocation with `token` was in flight on, now forgotten.
+    fn forget_pending(&mut self, token: u32) -> Option<u8> {
+        let i = self.pending.iter().position(|p| p.token == token)?;
+        Some(self.pending.remove(i).chain)
     }
 
     /// A message from the MN (it arrives on the first access QP, see `wire::MnMessage`).
@@ -351,12 +379,18 @@ impl<const N: usize> Client<N> {
                 Ok(ClientEvent::Connected(cn))
             }
             MnMessage::Notice(Notice::Empty) => {
-                self.empty = true;
-                self.backoff_until = now.saturating_add(self.backoff);
+                self.park(now, None);
                 Ok(ClientEvent::Empty)
+            }
+            MnMessage::Notice(Notice::ChainParked { chain }) => {
+                if chain >= self.alloc_chains {
+                    return Err(ClientError::Wire(WireError::BadChain(chain as u64)));
+                }
+                Ok(if self.park(now, Some(chain)) { ClientEvent::Empty } else { ClientEvent::ChainParked { chain } })
             }
             MnMessage::Notice(Notice::Available { .. }) => {
                 self.empty = false;
+                self.parked = 0;
                 self.backoff_until = 0;
                 Ok(ClientEvent::Available)
             }
@@ -369,13 +403,15 @@ impl<const N: usize> Client<N> {
                     self.index.clear();
                     self.pending.clear();
                     self.empty = false;
+                    self.parked = 0;
                     self.backoff_until = 0;
                     return Ok(ClientEvent::Revoked);
                 }
-                self.forget_pending(e.token);
+                let chain = self.forget_pending(e.token);
                 if e.code == ErrorCode::Empty {
-                    self.empty = true;
-                    self.backoff_until = now.saturating_add(self.backoff);
+                    // the chain that took the request is parked (an "empty" for no request
+                    // of ours: all of them)
+                    self.park(now, chain);
                 }
                 Ok(ClientEvent::Failed { token: e.token, code: e.code })
             }
@@ -409,10 +445,34 @@ impl<const N: usize> Client<N> {
         }
     }
 
-    /// Build an alloc request; the reply will be WRITTEN to `reply_addr` (`reply_rkey`).
+    /// Build an alloc request; the reply will be WRITTEN to `reply_addr` (`reply_rkey`). It
+    /// goes on [`Client::idle_chain`].
     pub fn alloc_request(
         &mut self,
         now: u64,
+        reply_addr: u64,
+        reply_rkey: u32,
+        out: &mut [u8],
+    ) -> Result<(u32, usize), ClientError> {
+        self.info.as_ref().ok_or(ClientError::NotConnected)?;
+        let chain = self.idle_chain().ok_or(ClientError::Busy)?;
+        self.alloc_request_on(now, chain, reply_addr, reply_rkey, out)
+    }
+
+    /// The alloc chain an allocation should go on: one with nothing in flight, not parked if
+    /// any such is left (a request on a parked chain waits for "available").
+    pub fn idle_chain(&self) -> Option<u8> {
+        let idle = |j: &u8| !self.pending.iter().any(|p| p.chain == *j);
+        let mut chains = 0..self.alloc_chains;
+        chains.clone().filter(idle).find(|j| !self.chain_parked(*j)).or_else(|| chains.find(idle))
+    }
+
+    /// Build an alloc request for alloc chain `chain` (the caller sends it on that chain's
+    /// Alloc QP); refused while that chain has one in flight — each serves one lap at a time.
+    pub fn alloc_request_on(
+        &mut self,
+        now: u64,
+        chain: u8,
         reply_addr: u64,
         reply_rkey: u32,
         out: &mut [u8],
@@ -421,7 +481,7 @@ impl<const N: usize> Client<N> {
         if self.is_backing_off(now) {
             return Err(ClientError::Backoff { until: self.backoff_until });
         }
-        if self.pending.len() >= self.alloc_chains as usize {
+        if chain >= self.alloc_chains || self.pending.iter().any(|p| p.chain == chain) {
             return Err(ClientError::Busy);
         }
         // room for this reply beside those of the allocations already in flight
@@ -433,7 +493,7 @@ impl<const N: usize> Client<N> {
         let access_qpns: heapless::Vec<Qpn, MAX_ACCESS_QPS> = info.access_qpns.clone();
         let req = AllocRequest { token, reply_addr, reply_rkey, access_qpns };
         let n = req.encode(out)?;
-        let pushed = self.pending.push(Pending { token, since: now });
+        let pushed = self.pending.push(Pending { token, since: now, chain });
         debug_assert!(pushed.is_ok(), "fewer than alloc_chains <= MAX_ALLOC_CHAINS in flight, checked above");
         Ok((token, n))
     }
@@ -443,7 +503,7 @@ impl<const N: usize> Client<N> {
         if self.info.is_none() {
             return Err(ClientError::NotConnected);
         }
-        if !self.forget_pending(imm) {
+        if self.forget_pending(imm).is_none() {
             return Err(ClientError::UnexpectedReply { token: imm });
         }
         let info = self.info.as_ref().ok_or(ClientError::NotConnected)?;
@@ -665,5 +725,52 @@ mod tests {
         assert_eq!(ev, ClientEvent::Failed { token: tok, code: ErrorCode::AllocFailed });
         assert!(c.pending_token().is_none());
         assert!(c.on_message(0, &[1, 2, 3]).is_err());
+    }
+
+    /// Several alloc chains popping ahead: a parked chain is set aside alone, "empty" comes
+    /// once every chain is parked (from the notice, or an "empty" error for a request on the
+    /// last unparked chain), and "available" or the back-off brings them all back.
+    #[test]
+    fn a_parked_chain_is_set_aside_alone() {
+        let mut c: Client<8> = Client::new();
+        c.set_alloc_chains(3);
+        c.on_message(0, &info().encode()).unwrap();
+        let mut buf = [0u8; 64];
+        let parked = |chain| Notice::ChainParked { chain }.encode();
+        assert_eq!(c.on_message(1, &parked(0)), Ok(ClientEvent::ChainParked { chain: 0 }));
+        assert!(c.chain_parked(0) && !c.chain_parked(1));
+        // allocations go on the chains still serving, then on the parked one (it waits there)
+        assert_eq!(c.idle_chain(), Some(1));
+        let (t1, _) = c.alloc_request(2, 0, 0, &mut buf).unwrap();
+        assert_eq!(c.idle_chain(), Some(2));
+        let (t2, _) = c.alloc_request(2, 0, 0, &mut buf).unwrap();
+        assert_eq!(c.idle_chain(), Some(0));
+        assert_eq!(c.alloc_request_on(2, 1, 0, 0, &mut buf), Err(ClientError::Busy), "one lap per chain");
+        assert_eq!(c.alloc_request_on(2, 3, 0, 0, &mut buf), Err(ClientError::Busy), "no such chain");
+        // chain 1's request met its chain empty: only chain 1 is parked with it
+        let e = ErrorReply { token: t1, code: ErrorCode::Empty, detail: 0 }.encode();
+        assert_eq!(c.on_message(3, &e), Ok(ClientEvent::Failed { token: t1, code: ErrorCode::Empty }));
+        assert!(c.chain_parked(1) && !c.is_backing_off(3));
+        // the last one: empty, back off
+        assert_eq!(c.on_message(4, &parked(2)), Ok(ClientEvent::Empty));
+        assert!(c.is_backing_off(5));
+        assert!(matches!(c.alloc_request(5, 0, 0, &mut buf), Err(ClientError::Backoff { .. })));
+        assert!(c.is_pending(t2), "chain 2's request stays in flight");
+        c.on_message(6, &Notice::Available { free_groups: 1 }.encode()).unwrap();
+        assert!(!(0..3).any(|j| c.chain_parked(j)));
+        assert_eq!(c.idle_chain(), Some(0));
+        // a chain this CN does not have is bad input, and changes nothing
+        assert_eq!(c.on_message(7, &parked(3)), Err(ClientError::Wire(WireError::BadChain(3))));
+        assert!(!c.chain_parked(3) && !c.is_backing_off(7));
+        // the back-off running out forgets the parked chains too
+        c.on_message(8, &Notice::Empty.encode()).unwrap();
+        assert!((0..3).all(|j| c.chain_parked(j)));
+        c.expire_backoff(8 + c.backoff);
+        assert!(!(0..3).any(|j| c.chain_parked(j)) && !c.is_backing_off(8 + c.backoff));
+        // one chain: parked is empty, as before
+        let mut one: Client<4> = Client::new();
+        one.on_message(0, &info().encode()).unwrap();
+        assert_eq!(one.on_message(1, &parked(0)), Ok(ClientEvent::Empty));
+        assert!(one.is_backing_off(2));
     }
 }

@@ -473,7 +473,10 @@ impl<B: MnDevice> MnDriver<B> {
     pub fn new(backend: B, mut mn: MemoryNode, regions: HostRegions, admin_qp: Qpn) -> Self {
         // the chains publish their own receives where the device lets them
         // (`ChainEnv::posts_receives`)
-        mn.set_chains_post_receives(backend.capabilities().contains(crate::device::Capabilities::RECV_DOORBELL_RECORD));
+        let caps = backend.capabilities();
+        mn.set_chains_post_receives(caps.contains(crate::device::Capabilities::RECV_DOORBELL_RECORD));
+        // the chains' ring sizes and bytes follow the form the device fetches
+        mn.set_wqe_format(caps.wqe_format());
         MnDriver {
             backend,
             mn,

@@ -83,8 +83,8 @@ pub struct MnConfig {
     /// the previous reply went out, so a request passes only its WAIT and one ENABLE on the
     /// way to its reply (`chain::alloc`). It costs one group per armed chain withheld from the
     /// others — the default ([`MnConfig::pop_ahead_pays`]) turns it on only where that is a
-    /// small share of the pool. Off with several alloc chains per CN
-    /// ([`MemoryNode::set_pop_ahead`] says why).
+    /// small share of the pool — with several alloc chains per CN, one group per chain
+    /// ([`MemoryNode::set_pop_ahead`]).
     pub pop_ahead: bool,
     /// The chain layout variant (`chain::variant`): chosen from the device's answers to the
     /// open CORE-Direct questions; the paper's device's by default.
@@ -407,6 +407,9 @@ pub trait MnPort {
 pub struct MnStats {
     pub events: u64,
     pub empty_notices: u64,
+    /// "Alloc chain j parked" notices: popping ahead with several alloc chains per CN, a
+    /// chain found the queue empty while others of its CN still served.
+    pub chain_parked_notices: u64,
     pub available_notices: u64,
     pub groups_reclaimed: u64,
     pub forged_frees: u64,
@@ -564,7 +567,6 @@ impl MemoryNode {
             || cfg.alloc_chains == 0
             || cfg.alloc_chains as usize > MAX_ALLOC_CHAINS
             || map.max_cns < cfg.max_cns * cfg.alloc_chains as u32
-            || (cfg.pop_ahead && cfg.alloc_chains > 1)
             || map.geometry != cfg.geometry
         {
             return Err(MnError::BadConfig);
@@ -767,12 +769,12 @@ impl MemoryNode {
     }
 
     /// Turn popping ahead on or off ([`MnConfig::pop_ahead`]); only while no CN is connected
-    /// (connected CNs' chains are armed with the layout they have), and never on with several
-    /// alloc chains per CN ([`MnConfig::alloc_chains`]): a chain whose pop found the queue
-    /// empty would tell its CN "empty" while another of its chains still held a group popped
-    /// ahead, and the CN cannot tell which of its chains is parked.
+    /// (connected CNs' chains are armed with the layout they have). With several alloc chains
+    /// per CN every chain holds a group ahead; a chain whose pop found the queue empty is
+    /// parked alone, and its CN told which ([`Notice::ChainParked`]) — "empty" only once all
+    /// of them are.
     pub fn set_pop_ahead(&mut self, on: bool) -> bool {
-        if self.cns().next().is_some() || (on && self.cfg.alloc_chains > 1) {
+        if self.cns().next().is_some() {
             return false;
         }
         self.cfg.pop_ahead = on;
@@ -1006,6 +1008,7 @@ impl MemoryNode {
     fn broadcast<P: MnPort>(&mut self, port: &mut P, n: Notice) -> R<P::Error> {
         match n {
             Notice::Empty => self.stats.empty_notices += 1,
+            Notice::ChainParked { .. } => self.stats.chain_parked_notices += 1,
             Notice::Available { .. } => self.stats.available_notices += 1,
             Notice::Probe { .. } => {}
         }

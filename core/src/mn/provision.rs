@@ -113,8 +113,9 @@ impl MnPlan {
         let mut cfg = MnConfig::from_plan(self, geo, max_cns, quota);
         cfg.lease_ns = spec.lease_ns;
         cfg.alloc_chains = alloc_chains;
-        // with several alloc chains per CN no chain pops ahead (`MemoryNode::set_pop_ahead`)
-        cfg.pop_ahead = alloc_chains == 1 && MnConfig::pop_ahead_pays(self.mode, geo.chunk_count(), max_cns);
+        // every alloc chain holds a group ahead
+        cfg.pop_ahead =
+            MnConfig::pop_ahead_pays(self.mode, geo.chunk_count(), max_cns.saturating_mul(alloc_chains.into()));
         if let Some(d) = spec.queue_depth {
             cfg.queue_depth = d;
         }
@@ -123,10 +124,7 @@ impl MnPlan {
             Err(never) => match never {},
         })?;
         let regions = HostRegions::new(&map, &keys);
-        let format = backend.capabilities().wqe_format();
         let mut driver = MnDriver::new(backend, node, regions, admin);
-        // the chains' ring sizes and bytes follow the form the device fetches
-        driver.mn.set_wqe_format(format);
         if let Some(q) = atomic {
             driver = driver.with_atomic_qp(q);
         }

@@ -76,12 +76,19 @@ impl MemoryNode {
                         self.send(port, cn, &ErrorReply { token, code: ErrorCode::Empty, detail: 0 }.encode())?;
                     }
                     if self.cfg.mode == ExecutionMode::Offloaded && self.cfg.pop_ahead {
-                        // The lap was popping ahead (chain::alloc): only this CN's next request
-                        // has no group; every other armed chain still holds one it popped ahead,
-                        // so "empty" is this CN's news alone. "available" goes to everyone.
+                        // The lap was popping ahead (chain::alloc): only this chain's next
+                        // request has no group; every other armed chain still holds one it
+                        // popped ahead, so this is this CN's news alone — and, with several
+                        // alloc chains, this chain's: the CN hears which one is parked, and
+                        // "empty" once all of its chains are. "available" goes to everyone.
                         self.empty = true;
-                        self.send(port, cn, &Notice::Empty.encode())?;
-                        self.stats.empty_notices += 1;
+                        if self.cn(cn).is_some_and(|r| r.alloc_parked) {
+                            self.send(port, cn, &Notice::Empty.encode())?;
+                            self.stats.empty_notices += 1;
+                        } else {
+                            self.send(port, cn, &Notice::ChainParked { chain }.encode())?;
+                            self.stats.chain_parked_notices += 1;
+                        }
                     } else if !self.empty {
                         self.empty = true;
                         self.broadcast(port, Notice::Empty)?;

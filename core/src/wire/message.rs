@@ -53,6 +53,9 @@ pub enum Kind {
     /// One of the CN's windows was invalidated by someone else (soft-RoCE: a SEND_WITH_INV
     /// from any QP) and the MN bound it again under a new key ([`Rebound`]).
     Rebound = 9,
+    /// One of the CN's alloc chains found the free queue empty while popping ahead and is
+    /// parked until "available" (`Notice::ChainParked`); its other chains still serve.
+    ChainParked = 10,
 }
 
 impl Kind {
@@ -67,6 +70,7 @@ impl Kind {
             7 => Kind::ConnectInfo,
             8 => Kind::Probe,
             9 => Kind::Rebound,
+            10 => Kind::ChainParked,
             _ => return None,
         })
     }
@@ -125,6 +129,8 @@ pub enum WireError {
     /// A rebound notice naming a window index past the largest group, no entry, or with
     /// its reserved bytes set.
     BadRebound,
+    /// A chain-parked notice naming an alloc chain past [`crate::mn::MAX_ALLOC_CHAINS`].
+    BadChain(u64),
 }
 
 impl fmt::Display for WireError {
@@ -148,6 +154,7 @@ impl fmt::Display for WireError {
             Self::InconsistentReply => f.write_str("allocation reply is internally inconsistent"),
             Self::UnknownErrorCode(c) => write!(f, "unknown error code {c}"),
             Self::BadRebound => f.write_str("rebound notice names no window"),
+            Self::BadChain(c) => write!(f, "chain-parked notice names alloc chain {c}, past the largest"),
         }
     }
 }
@@ -366,10 +373,20 @@ impl AllocReply {
     }
 }
 
-/// MN → CN notices about the free queue (`hdr | free_groups u64`).
+/// MN → CN notices about the free queue (`hdr | value u64`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Notice {
+    /// The free queue is empty for this CN: every alloc chain of it is parked until
+    /// [`Notice::Available`].
     Empty,
+    /// Alloc chain `chain` of this CN (0: the one on its first Alloc QP) found the queue empty
+    /// while popping ahead (`chain::alloc`) and is parked until [`Notice::Available`]; the
+    /// CN's other chains may still hold a group popped ahead, so only a request on this chain
+    /// would wait. With several alloc chains a CN cannot tell this from "empty" otherwise
+    /// (`MemoryNode` sends [`Notice::Empty`] once every chain of the CN is parked).
+    ChainParked {
+        chain: u8,
+    },
     Available {
         free_groups: u64,
     },
@@ -380,7 +397,8 @@ pub enum Notice {
 }
 /// Byte offsets of a notice.
 pub mod notice {
-    /// The free groups (available), the sequence number (probe); zero for empty.
+    /// The free groups (available), the sequence number (probe), the alloc chain (chain
+    /// parked); zero for empty.
     pub const VALUE: usize = 8;
     pub const LEN: usize = 16;
 }
@@ -390,6 +408,7 @@ impl Notice {
     pub fn encode(&self) -> [u8; NOTICE_LEN] {
         let (k, n) = match *self {
             Notice::Empty => (Kind::Empty, 0),
+            Notice::ChainParked { chain } => (Kind::ChainParked, chain as u64),
             Notice::Available { free_groups } => (Kind::Available, free_groups),
             Notice::Probe { seq } => (Kind::Probe, seq),
         };
@@ -646,10 +665,19 @@ impl MnMessage {
     pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         let (kind, token) = parse_header(bytes)?;
         match kind {
-            Kind::Empty | Kind::Available | Kind::Probe => {
+            Kind::Empty | Kind::Available | Kind::Probe | Kind::ChainParked => {
                 expect(bytes, kind, NOTICE_LEN)?;
                 Ok(MnMessage::Notice(match kind {
                     Kind::Empty => Notice::Empty,
+                    Kind::ChainParked => {
+                        let v = le64(bytes, notice::VALUE);
+                        match u8::try_from(v) {
+                            Ok(chain) if (chain as usize) < crate::mn::MAX_ALLOC_CHAINS => {
+                                Notice::ChainParked { chain }
+                            }
+                            _ => return Err(WireError::BadChain(v)),
+                        }
+                    }
                     Kind::Available => Notice::Available { free_groups: le64(bytes, notice::VALUE) },
                     _ => Notice::Probe { seq: le64(bytes, notice::VALUE) },
                 }))
@@ -738,13 +766,30 @@ mod tests {
         );
     }
 
+    /// A chain-parked notice naming a chain no CN can have is refused, whatever its other bytes.
+    #[test]
+    fn a_chain_parked_notice_names_a_chain_that_can_exist() {
+        let mut b = Notice::ChainParked { chain: 0 }.encode();
+        for v in [crate::mn::MAX_ALLOC_CHAINS as u64, 255, 256, u64::MAX] {
+            b[notice::VALUE..notice::VALUE + 8].copy_from_slice(&v.to_le_bytes());
+            assert_eq!(MnMessage::decode(&b), Err(WireError::BadChain(v)));
+        }
+        assert!(matches!(MnMessage::decode(&b[..NOTICE_LEN - 1]), Err(WireError::Truncated { .. })));
+    }
+
     #[test]
     fn replies_notices_errors_connect() {
         let e = MwTableEntry::new(0x1000, 512, 3, &[Rkey(0x100), Rkey(0x200)]);
         let r = AllocReply { entry_addr: 0x2000, entry: e };
         assert_eq!(AllocReply::decode(&r.encode()), Ok(r));
         assert_eq!(&r.encode()[..8], &AllocReply::header_image());
-        for n in [Notice::Empty, Notice::Available { free_groups: 7 }, Notice::Probe { seq: 9 }] {
+        for n in [
+            Notice::Empty,
+            Notice::Available { free_groups: 7 },
+            Notice::Probe { seq: 9 },
+            Notice::ChainParked { chain: 0 },
+            Notice::ChainParked { chain: crate::mn::MAX_ALLOC_CHAINS as u8 - 1 },
+        ] {
             assert_eq!(MnMessage::decode(&n.encode()), Ok(MnMessage::Notice(n)));
         }
         let er = ErrorReply { token: 5, code: ErrorCode::NotOwner, detail: 1 };

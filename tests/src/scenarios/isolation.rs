@@ -389,21 +389,24 @@ fn mn_private_memory(f: &dyn Factory) -> Outcome {
     let victim = t.alloc(0)?;
     assert_eq!(t.write(0, &victim, 0, 0, b"victim's"), WcStatus::Success);
     let g = t.group_of(&victim).unwrap();
-    let entry_before = t.entry(g).unwrap();
-    let owners_before: Vec<u32> = (0..t.spec().chunks).map(|k| t.entry(GroupId(k)).unwrap().owner()).collect();
-    let map = t.mn_map();
     let mrs = t.mn_mrs();
     assert!(mrs.len() >= 4, "the MN registers metadata, table, rings, pool");
-    let windows = |t: &mut dyn Testbed| [victim.owner_rkey, victim.rkeys[0], victim.rkeys[1]].map(|k| t.mw_binding(k));
-    let windows_before = windows(&mut *t);
-    let pool = (map.geometry.base(), map.geometry.chunk_size() as usize * t.spec().chunks as usize);
-    let pool_before = t.mn_read(pool.0, pool.1);
-    // control: the attacker's verbs work on what is its own
+    // control: the attacker's verbs work on what is its own (before the owners are noted: the
+    // group it frees goes to whichever parked alloc chain pops it first — with more chains
+    // than groups, maybe another CN's)
     let own = t.alloc(1)?;
     let rk = own.rkey(0).unwrap().0;
     assert_eq!(t.cn_post(1, CnQp::Access(0), Wqe::write(0, 0, 8, own.base, rk)), WcStatus::Success, "control");
     assert_eq!(t.cn_post(1, CnQp::Access(0), Wqe::read(0, 0, 8, own.base, rk)), WcStatus::Success, "control");
     t.free(1, &own)?;
+    t.tick();
+    let entry_before = t.entry(g).unwrap();
+    let owners_before: Vec<u32> = (0..t.spec().chunks).map(|k| t.entry(GroupId(k)).unwrap().owner()).collect();
+    let map = t.mn_map();
+    let windows = |t: &mut dyn Testbed| [victim.owner_rkey, victim.rkeys[0], victim.rkeys[1]].map(|k| t.mw_binding(k));
+    let windows_before = windows(&mut *t);
+    let pool = (map.geometry.base(), map.geometry.chunk_size() as usize * t.spec().chunks as usize);
+    let pool_before = t.mn_read(pool.0, pool.1);
     for mr in &mrs {
         let targets = [mr.addr, mr.addr + ((mr.len / 2) & !7), (mr.addr + mr.len).saturating_sub(8)];
         for at in targets {
@@ -635,6 +638,24 @@ fn corrupted_span(f: &dyn Factory) -> Outcome {
     while t.mode() == ExecutionMode::Offloaded && r.is_ok() {
         clean.extend(r.ok());
         r = t.alloc(0);
+    }
+    if t.mode() == ExecutionMode::Offloaded && t.stats().groups_reclaimed == 0 {
+        t.tick();
+        if t.stats().spans_refused == 0 && !clean.is_empty() {
+            // every group had been popped before the corruption (more alloc chains than
+            // groups: several per CN, popping ahead) and nothing corrupted was bound: give the
+            // clean ones back — they are popped again, now from the corrupted entries — and
+            // allocate again
+            for a in clean.drain(..) {
+                t.free(0, &a)?;
+            }
+            t.tick();
+            r = t.alloc(0);
+            while r.is_ok() {
+                clean.extend(r.ok());
+                r = t.alloc(0);
+            }
+        }
     }
     if t.mode() == ExecutionMode::Offloaded {
         // the NIC bound the corrupted span (the CN's client refuses a reply whose length is
