@@ -60,6 +60,10 @@ pub struct NicConfig {
     /// so all of a chain's receive slots may be available at once under
     /// `RecvEnable::Doorbell` (what the chains did before; kept to show the difference).
     pub recv_doorbell_records: bool,
+    /// With offload, how the device answers an invalidate without the QPN check of a window
+    /// bound to another QP (`UncheckedUnbind`, docs/MLX5.md question 21): the chains and the
+    /// MN's own unbinds rest on `Honoured` (the default); `Refused` shows what breaks.
+    pub unchecked_unbind: omw_core::device::behaviour::UncheckedUnbind,
 }
 
 impl Default for NicConfig {
@@ -86,6 +90,7 @@ impl NicConfig {
             wqe_format: omw_core::wire::wqe_format::WqeFormat::Canonical,
             behaviour: NicConfig::DEFAULT_BEHAVIOUR,
             recv_doorbell_records: true,
+            unchecked_unbind: omw_core::device::behaviour::UncheckedUnbind::Honoured,
         }
     }
     /// The model's answers to the open CORE-Direct questions unless told otherwise: the
@@ -116,6 +121,10 @@ impl NicConfig {
         self
     }
     /// The NIC answers the open questions as `b` ([`NicConfig::behaviour`]).
+    pub const fn with_unchecked_unbind(mut self, u: omw_core::device::behaviour::UncheckedUnbind) -> Self {
+        self.unchecked_unbind = u;
+        self
+    }
     pub const fn with_behaviour(mut self, b: DeviceBehaviour) -> Self {
         self.behaviour = b;
         self

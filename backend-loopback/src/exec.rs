@@ -29,7 +29,7 @@ use crate::mlx5_fetch::Recv;
 use crate::protection::{BindTarget, MwOpFail};
 use crate::sched::needs_recv;
 use omw_core::access::AccessFlags;
-use omw_core::device::behaviour::{ForeignBind, RecvEnable, SelfEnable};
+use omw_core::device::behaviour::{ForeignBind, RecvEnable, SelfEnable, UncheckedUnbind};
 use omw_core::device::mw_rules::{Invalidator, Mode, Nak, QpRef, RemoteFail};
 use omw_core::device::{Completion, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
@@ -767,7 +767,13 @@ impl Fabric {
             self.counters.binds_refused += 1;
             Err(MwOpFail::Refused)
         } else if w.flags.contains(WqeFlags::UNBIND) {
-            self.hosts[h as usize].prot.invalidate(mode, w.imm, Invalidator::Unbind).map_err(MwOpFail::Invalidate)
+            // a device that checks the QPN anyway treats it as the posting QP's LOCAL_INV
+            let by = if self.cfg.offload && self.cfg.unchecked_unbind == UncheckedUnbind::Refused {
+                Invalidator::LocalInv { qp: g }
+            } else {
+                Invalidator::Unbind
+            };
+            self.hosts[h as usize].prot.invalidate(mode, w.imm, by).map_err(MwOpFail::Invalidate)
         } else {
             let target = self.resolve(h, named).map(|t| BindTarget { gq: t, qpn: named, pd: self.qps[t as usize].pd });
             let posting = QpRef { qp: g, pd };

@@ -165,11 +165,15 @@ impl CxDouble {
     /// A fabric for a double (and the CNs beside it): the model's strict NIC with prefetching,
     /// mlx5 WQEs on every device QP, answering the open questions as `behaviour`.
     pub fn fabric(behaviour: DeviceBehaviour) -> Fabric {
-        let nic = NicConfig::strict()
+        Fabric::new(CxDouble::nic(behaviour))
+    }
+
+    /// The model NIC the double executes with under `behaviour` (mlx5 form, prefetching).
+    pub fn nic(behaviour: DeviceBehaviour) -> NicConfig {
+        NicConfig::strict()
             .with_prefetch(8)
             .with_wqe_format(omw_core::wire::wqe_format::WqeFormat::Mlx5)
-            .with_behaviour(behaviour);
-        Fabric::new(nic)
+            .with_behaviour(behaviour)
     }
 
     pub fn host(&self) -> HostId {

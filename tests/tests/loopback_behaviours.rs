@@ -49,3 +49,49 @@ fn every_behaviour_in_mlx5_form() {
     println!("{}", matrix::render("loopback, mlx5 form, every behaviour", &list, &rows));
     claimed_rows_pass(&rows);
 }
+
+/// The chains rest on one more device answer no layout varies over (`UncheckedUnbind`, docs/
+/// MLX5.md question 21): the free chain unbinds the group's access windows from the CN's Free
+/// QP — and the MN its own unbinds from its admin QP — with the UMR invalidate that asks no
+/// QPN check. With the answer the MN relies on, a free lands and the freed chunk is out of
+/// reach. On a device that checks the QPN anyway the chain's unbind fails, so does the MN's
+/// own in its repair, and the window stays bound to the CN that freed it: the MN's checked push
+/// refuses the group and quarantines it — nobody else is handed a chunk its last owner can
+/// still reach, but every free then loses a group. That is why the MN does not offload without
+/// the answer (`omw_verbs::devx::mn::chain_answers`, profile key `unchecked_unbind`).
+#[test]
+fn offloaded_frees_need_the_unchecked_unbind() {
+    use omw_core::device::behaviour::UncheckedUnbind;
+    use omw_core::device::{ExecutionMode, WcStatus};
+    use omw_core::wire::wqe_format::WqeFormat;
+    use omw_loopback::cluster::{Cluster, ClusterConfig};
+    for answer in [UncheckedUnbind::Honoured, UncheckedUnbind::Refused] {
+        let mut cfg = ClusterConfig::paper_like().with_wqe_format(WqeFormat::Mlx5);
+        (cfg.cns, cfg.chunks, cfg.chunk_size, cfg.quota) = (1, 16, 512, 16);
+        cfg.mode = Some(ExecutionMode::Offloaded);
+        cfg.nic = cfg.nic.with_unchecked_unbind(answer);
+        let mut c = Cluster::new(cfg).unwrap();
+        let a = c.alloc(0).unwrap();
+        let free_before = c.free_groups();
+        let _ = c.free(0, &a);
+        c.advance(5_000_000).unwrap();
+        let stale = c.read(0, &a, 0, 0, 8).0;
+        let s = c.driver.mn.stats();
+        match answer {
+            UncheckedUnbind::Honoured => {
+                assert_eq!(stale, WcStatus::RemAccessErr, "the freed chunk is out of reach");
+                assert_eq!(c.free_groups(), free_before + 1, "the group is back in the queue");
+                assert_eq!((s.pushes_refused, s.groups_quarantined), (0, 0));
+                c.check_invariants().unwrap();
+            }
+            UncheckedUnbind::Refused => {
+                assert_eq!(stale, WcStatus::Success, "the window stayed bound to the CN that freed it");
+                assert_eq!((s.pushes_refused, s.groups_quarantined), (1, 1), "{s:?}");
+                assert_eq!(c.free_groups(), free_before, "never pushed: nobody else is handed it");
+                // the one invariant broken is the quarantined group's bound window
+                let e = c.check_invariants().unwrap_err();
+                assert!(e.contains("FreeGroupBound"), "{e}");
+            }
+        }
+    }
+}

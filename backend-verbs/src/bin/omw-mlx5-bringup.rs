@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! omw-mlx5-bringup questions [--device mlx5_0] [--gid-index 3] [--profile FILE]
-//! omw-mlx5-bringup wait-prefetch|recv-enable|send-en-unit|self-enable|foreign-bind|recv-publish [--device …]
+//! omw-mlx5-bringup wait-prefetch|recv-enable|send-en-unit|self-enable|foreign-bind|recv-publish|unchecked-unbind [--device …]
 //! omw-mlx5-bringup caps      [--device mlx5_0]
 //! omw-mlx5-bringup cd-roles  [--device mlx5_0]
 //! omw-mlx5-bringup loopback  [--device mlx5_0] [--gid-index 3]
@@ -15,7 +15,8 @@
 //! ```
 //! `questions`: one experiment per open question the chains depend on
 //! (`omw_verbs::devx::bringup`: `wait_prefetch`, `recv_enable`, `send_en_unit`, `self_enable`,
-//! `foreign_bind`, and `recv_publish`: may the chains publish their own receives), each
+//! `foreign_bind`; `recv_publish`: may the chains publish their own receives; and
+//! `unchecked_unbind`: do the chains' and the MN's unbinds work at all), each
 //! printing what it posted and what the device did, then the answers,
 //! saved as the device profile (`omw_verbs::devx::profile`; default
 //! `omw-mlx5-profile-<device>.txt`) that `omw mn --offload mlx5 --profile FILE` takes, and
@@ -539,6 +540,11 @@ fn questions(d: &mut RealDevx, c: HcaCaps, which: Option<Question>, path: Option
             bringup::Finding::Unknown(why) => format!("unknown ({why})"),
         };
         println!("  {:<14} {rp}", profile::RECV_PUBLISH);
+        let uu = match found.unchecked_unbind {
+            bringup::Finding::Answer(a) => format!("{a:?}"),
+            bringup::Finding::Unknown(why) => format!("unknown ({why})"),
+        };
+        println!("  {:<14} {uu}", profile::UNCHECKED_UNBIND);
         let path = path.unwrap_or_else(|| PathBuf::from(format!("omw-mlx5-profile-{device}.txt")));
         std::fs::write(&path, profile.to_text(&found.notes()))
             .map_err(|e| VerbsError::Config(format!("writing the device profile {}: {e}", path.display())))?;
@@ -586,6 +592,11 @@ fn run() -> Result<bool, VerbsError> {
             let mut rig = Rig::new(&mut d, c, Patience::HARDWARE, &mut stdout)?;
             Ok(rig.step(bringup::recv_publish::run).answer().is_some())
         }
+        Some("unchecked-unbind") => {
+            let mut stdout = std::io::stdout();
+            let mut rig = Rig::new(&mut d, c, Patience::HARDWARE, &mut stdout)?;
+            Ok(rig.step(bringup::unchecked_unbind::run).answer().is_some())
+        }
         Some(s) if Question::ALL.iter().any(|q| q.key().replace('_', "-") == s) => {
             let q = Question::ALL.into_iter().find(|q| q.key().replace('_', "-") == s);
             questions(&mut d, c, q, None)
@@ -597,7 +608,7 @@ fn run() -> Result<bool, VerbsError> {
         }
         _ => {
             eprintln!(
-                "usage: omw-mlx5-bringup questions|wait-prefetch|recv-enable|send-en-unit|self-enable|foreign-bind|recv-publish|caps|cd-roles|loopback|bind|masked-fa|wait|offload [--device NAME] [--gid-index N] [--profile FILE] [--imm-current]"
+                "usage: omw-mlx5-bringup questions|wait-prefetch|recv-enable|send-en-unit|self-enable|foreign-bind|recv-publish|unchecked-unbind|caps|cd-roles|loopback|bind|masked-fa|wait|offload [--device NAME] [--gid-index N] [--profile FILE] [--imm-current]"
             );
             Ok(false)
         }

@@ -182,6 +182,10 @@ pub enum DevxError {
         answer: Option<&'static str>,
         tolerated: Vec<&'static str>,
     },
+    /// The chains' and the MN's unbinds need an invalidate without the QPN check to revoke a
+    /// window bound to another QP (`UncheckedUnbind`); the profile says it does not (`Some`)
+    /// or does not say (`None`).
+    UncheckedUnbind(Option<omw_core::device::behaviour::UncheckedUnbind>),
 }
 
 fn strerror(e: i32) -> String {
@@ -309,6 +313,12 @@ impl fmt::Display for DevxError {
             DevxError::ProfileFirmware { profile, device } => write!(
                 f,
                 "the device profile was measured on firmware {profile}, the device runs {device}: the answers hold for the firmware they were measured on — run `omw-mlx5-bringup questions --profile FILE` on this device again"
+            ),
+            DevxError::UncheckedUnbind(None) => f.write_str(
+                "the chains and the MN unbind windows bound to the CNs' QPs with an invalidate that asks no QPN check, and no device profile says this device honours it (unchecked_unbind): run `omw-mlx5-bringup unchecked-unbind` (or `questions --profile FILE`) on it (docs/MLX5.md question 21) — or run `omw mn` without --offload (the host engine serves the same protocol)",
+            ),
+            DevxError::UncheckedUnbind(Some(_)) => f.write_str(
+                "the device profile says unchecked_unbind = refused: an invalidate without the QPN check does not revoke a window bound to another QP, so offloaded frees would leave windows bound (the MN would quarantine every freed group): run `omw mn` without --offload (the host engine serves the same protocol)",
             ),
             DevxError::Unsuited { question, answer, tolerated } => {
                 let need = tolerated.join(" or ");

@@ -24,7 +24,7 @@ use crate::error::{human, Result, VerbsError};
 use crate::mn::transport::{DeviceError, Transport};
 use crate::sessions::Session;
 use omw_core::chain::variant::ChainVariant;
-use omw_core::device::behaviour::{DeviceAnswers, DeviceBehaviour, Question};
+use omw_core::device::behaviour::{DeviceAnswers, DeviceBehaviour, Question, UncheckedUnbind};
 use omw_core::device::{Capabilities, DataPath};
 use omw_core::ids::Qpn;
 use omw_core::mn::driver::MnDriver;
@@ -61,6 +61,11 @@ fn tolerated(q: Question) -> Vec<&'static str> {
 pub fn chain_answers(profile: Option<&Profile>) -> Result<(DeviceAnswers, ChainVariant), DevxError> {
     let answers = profile.map_or(DeviceAnswers::UNKNOWN, |p| p.answers);
     match ChainVariant::choose(&answers) {
+        // every layout, and the MN's own repairs, unbind windows bound to the CNs' QPs without
+        // the QPN check (`UncheckedUnbind`): no layout varies over it
+        Ok(_) if profile.and_then(|p| p.unchecked_unbind) != Some(UncheckedUnbind::Honoured) => {
+            Err(DevxError::UncheckedUnbind(profile.and_then(|p| p.unchecked_unbind)))
+        }
         Ok(v) => Ok((answers, v)),
         Err(no) => {
             // the closest layout's unmet question is what the operator can answer next

@@ -423,9 +423,20 @@ fn start_up_takes_the_chains_answers_from_the_profile() {
         date: Timestamp::from_unix(0),
         answers,
         recv_publish: None,
+        unchecked_unbind: Some(omw_core::device::behaviour::UncheckedUnbind::Honoured),
     };
     let paper = profile(DeviceAnswers::exactly(DeviceBehaviour::PAPER));
     assert_eq!(chain_answers(Some(&paper)).unwrap(), (paper.answers, ChainVariant::WQEBB_ENABLES));
+    // the unbinds every layout and the MN itself rest on: refused or not known, no offload
+    for (u, says) in [
+        (None, "no device profile says"),
+        (Some(omw_core::device::behaviour::UncheckedUnbind::Refused), "unchecked_unbind = refused"),
+    ] {
+        let p = Profile { unchecked_unbind: u, ..paper.clone() };
+        let e = chain_answers(Some(&p)).unwrap_err();
+        assert!(matches!(e, DevxError::UncheckedUnbind(x) if x == u), "{e:?}");
+        assert!(e.to_string().contains(says) && e.to_string().contains("without --offload"), "{e}");
+    }
     // a device counting SEND_EN in WQEs gets the variant laid out in WQEs
     let in_wqes = profile(DeviceAnswers {
         send_en_unit: Some(omw_core::device::behaviour::SendEnUnit::Wqe),

@@ -14,6 +14,7 @@
 //! self_enable = honoured
 //! foreign_bind = honoured
 //! recv_publish = honoured
+//! unchecked_unbind = honoured
 //! ```
 //!
 //! Rules, each refused with a [`ParseError`] naming the line and the key:
@@ -25,12 +26,14 @@
 //!   `device`, `firmware` (1..=64 characters of `A-Z a-z 0-9 . _ - : / +`), `date` (UTC,
 //!   `YYYY-MM-DDTHH:MM:SSZ`), and each question's [`Question::key`] with one of its answers
 //!   ([`answer_names`]) or `unknown`; and, optionally (profiles written before it was asked
-//!   lack it: unknown), [`RECV_PUBLISH`] `= honoured | ignored | unknown`.
+//!   lack it: unknown), [`RECV_PUBLISH`] `= honoured | ignored | unknown` and
+//!   [`UNCHECKED_UNBIND`] `= honoured | refused | unknown`.
 //!
 //! The tool writes why an answer is unknown as a comment above it; the parser skips comments.
 
 use omw_core::device::behaviour::{
-    DeviceAnswers, ForeignBind, Question, RecvEnable, RecvPublish, SelfEnable, SendEnUnit, WaitPrefetch,
+    DeviceAnswers, ForeignBind, Question, RecvEnable, RecvPublish, SelfEnable, SendEnUnit, UncheckedUnbind,
+    WaitPrefetch,
 };
 use std::fmt;
 use std::io::Read;
@@ -151,11 +154,21 @@ pub struct Profile {
     /// Whether the HCA takes a receive doorbell record its own DMA wrote (`bringup::
     /// recv_publish`); `None`: unknown.
     pub recv_publish: Option<RecvPublish>,
+    /// Whether an invalidate without the QPN check revokes a window bound to another QP
+    /// (`bringup::unchecked_unbind`); `None`: unknown. The MN offloads only on `Honoured`.
+    pub unchecked_unbind: Option<UncheckedUnbind>,
 }
 
 /// The profile key of [`Profile::recv_publish`].
 pub const RECV_PUBLISH: &str = "recv_publish";
 const RECV_PUBLISH_NAMES: [&str; 2] = ["honoured", "ignored"];
+/// The profile key of [`Profile::unchecked_unbind`].
+pub const UNCHECKED_UNBIND: &str = "unchecked_unbind";
+const UNCHECKED_UNBIND_NAMES: [&str; 2] = ["honoured", "refused"];
+/// The profile's name of an unchecked-unbind answer (`unknown` for none).
+pub fn unchecked_unbind_name(u: Option<UncheckedUnbind>) -> &'static str {
+    u.map_or(UNKNOWN, |u| UNCHECKED_UNBIND_NAMES[u as usize])
+}
 
 /// The names of `q`'s answers in a profile, in declaration order.
 pub fn answer_names(q: Question) -> &'static [&'static str] {
@@ -325,11 +338,12 @@ impl Profile {
             return Err(ParseError::TooLarge { len: bytes.len() });
         }
         let keys: Vec<&'static str> =
-            HEADER.into_iter().chain(Question::ALL.map(|q| q.key())).chain([RECV_PUBLISH]).collect();
+            HEADER.into_iter().chain(Question::ALL.map(|q| q.key())).chain([RECV_PUBLISH, UNCHECKED_UNBIND]).collect();
         let mut seen: Vec<Option<usize>> = vec![None; keys.len()];
         let (mut device, mut firmware, mut date) = (None, None, None);
         let mut answers = DeviceAnswers::UNKNOWN;
         let mut recv_publish = None;
+        let mut unchecked_unbind = None;
         for (i, raw) in bytes.split(|b| *b == b'\n').enumerate() {
             let line = i + 1;
             if raw.len() > MAX_LINE {
@@ -369,6 +383,13 @@ impl Profile {
                         None => return Err(bad()),
                     }
                 }
+                UNCHECKED_UNBIND => {
+                    unchecked_unbind = match UNCHECKED_UNBIND_NAMES.iter().position(|n| *n == v) {
+                        Some(i) => Some([UncheckedUnbind::Honoured, UncheckedUnbind::Refused][i]),
+                        None if v == UNKNOWN => None,
+                        None => return Err(bad()),
+                    }
+                }
                 _ => {
                     let q = Question::ALL[slot - HEADER.len()];
                     if !set_answer(&mut answers, q, v) {
@@ -377,12 +398,16 @@ impl Profile {
                 }
             }
         }
-        // every key but the optional last (`recv_publish`)
-        if let Some(i) = seen.iter().position(Option::is_none).filter(|i| keys[*i] != RECV_PUBLISH) {
+        // every key but the optional last two (`recv_publish`, `unchecked_unbind`)
+        if let Some(i) =
+            seen.iter().position(Option::is_none).filter(|i| ![RECV_PUBLISH, UNCHECKED_UNBIND].contains(&keys[*i]))
+        {
             return Err(ParseError::Missing { key: keys[i] });
         }
         match (device, firmware, date) {
-            (Some(device), Some(firmware), Some(date)) => Ok(Profile { device, firmware, date, answers, recv_publish }),
+            (Some(device), Some(firmware), Some(date)) => {
+                Ok(Profile { device, firmware, date, answers, recv_publish, unchecked_unbind })
+            }
             // every key was seen, and a seen header key was stored
             _ => Err(ParseError::Missing { key: "device" }),
         }
@@ -409,6 +434,10 @@ impl Profile {
         ));
         let rp = self.recv_publish.map_or(UNKNOWN, |r| RECV_PUBLISH_NAMES[r as usize]);
         s.push_str(&format!("{RECV_PUBLISH} = {rp}\n"));
+        s.push_str(&format!(
+            "# {UNCHECKED_UNBIND}: does an invalidate without the QPN check revoke a window bound to another QP?\n"
+        ));
+        s.push_str(&format!("{UNCHECKED_UNBIND} = {}\n", unchecked_unbind_name(self.unchecked_unbind)));
         s
     }
 
@@ -474,7 +503,26 @@ mod tests {
             date: Timestamp::parse("2026-08-21T09:30:00Z").unwrap(),
             answers: DeviceAnswers { send_en_unit: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) },
             recv_publish: Some(RecvPublish::Honoured),
+            unchecked_unbind: Some(UncheckedUnbind::Honoured),
         }
+    }
+
+    /// `unchecked_unbind`: optional (unknown when absent), each value read, once only.
+    #[test]
+    fn the_unchecked_unbind_key() {
+        let base = Profile { unchecked_unbind: None, ..sample() }.to_text(&[]);
+        assert!(base.contains("unchecked_unbind = unknown"), "{base}");
+        let without: String =
+            base.lines().filter(|l| !l.starts_with("unchecked_unbind")).map(|l| format!("{l}\n")).collect();
+        assert_eq!(Profile::parse(without.as_bytes()).unwrap().unchecked_unbind, None);
+        for u in [UncheckedUnbind::Honoured, UncheckedUnbind::Refused] {
+            let p = Profile { unchecked_unbind: Some(u), ..sample() };
+            assert_eq!(Profile::parse(p.to_text(&[]).as_bytes()), Ok(p));
+        }
+        let twice = format!("{without}unchecked_unbind = honoured\nunchecked_unbind = refused\n");
+        assert!(matches!(Profile::parse(twice.as_bytes()), Err(ParseError::Duplicate { .. })));
+        let bad = format!("{without}unchecked_unbind = sometimes\n");
+        assert!(matches!(Profile::parse(bad.as_bytes()), Err(ParseError::BadValue { .. })));
     }
 
     #[test]

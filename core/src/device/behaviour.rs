@@ -87,6 +87,26 @@ pub enum RecvPublish {
     Ignored,
 }
 
+/// Does a UMR invalidate **without** `CHECK_QPN` revoke a type-2 window bound to another QP?
+///
+/// The free chain unbinds a group's access windows from the CN's Free QP, and the MN's repair
+/// and reclaim unbind windows bound to any CN's QPs, with the UMR rdma-core uses for
+/// LOCAL_INV (`set_bind_wr(qp, IBV_MW_TYPE_2, 0, …)`) less its `CHECK_QPN` flag and the QPN
+/// in its mask (`mlx5::umr::Umr::invalidate(false)`) — a form rdma-core never emits, and
+/// mlx5 checks the QPN on a local invalidate that asks it to. Not a question a chain layout
+/// varies over: every layout unbinds so, and so does the MN itself; where it is refused (or not
+/// known) the MN does not offload (`omw mn --offload mlx5` names the profile key
+/// `unchecked_unbind`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, Default)]
+pub enum UncheckedUnbind {
+    /// The window is revoked whichever QP it was bound to.
+    #[default]
+    Honoured,
+    /// The device checks the QPN anyway: the invalidate completes in error unless the window
+    /// is bound to the posting QP (which then enters the error state).
+    Refused,
+}
+
 /// One open question.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Question {

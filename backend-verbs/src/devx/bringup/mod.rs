@@ -10,6 +10,11 @@
 //! | `self_enable` | [`self_enable`] | a QP whose first WQE SEND_ENs itself past two WRITEs |
 //! | `foreign_bind` | [`foreign_bind`] | a bind posted on QP A naming QP B, READs through the window from B's peer and A's |
 //!
+//! Two more steps answer what no layout varies over but the MN needs: `recv_publish`
+//! ([`recv_publish`]: may the chains publish their own receives) and `unchecked_unbind`
+//! ([`unchecked_unbind`]: a window bound on B to B, invalidated from A without the QPN check,
+//! READ from B's peer before and after — the chains' and the MN's unbinds).
+//!
 //! Every step prints what it posted and what the device did, and returns a [`Finding`]: an
 //! answer, or unknown with the reason (the device did something neither answer predicts, or a
 //! call failed). The steps are written against [`DevxDevice`], so they run on a ConnectX
@@ -24,6 +29,7 @@ pub mod self_enable;
 pub mod send_en_unit;
 #[cfg(test)]
 mod tests;
+pub mod unchecked_unbind;
 pub mod wait_prefetch;
 
 use super::api::{MemRange, UarHandle};
@@ -104,6 +110,9 @@ pub struct Findings {
     /// Not a layout question: whether the chains may publish their own receives
     /// (`recv_publish`, docs/MLX5.md question 20).
     pub recv_publish: Finding<omw_core::device::behaviour::RecvPublish>,
+    /// Not a layout question either: whether the chains' and the MN's unbinds work at all
+    /// (`unchecked_unbind`, docs/MLX5.md question 21); the MN offloads only where they do.
+    pub unchecked_unbind: Finding<omw_core::device::behaviour::UncheckedUnbind>,
 }
 
 impl Findings {
@@ -137,6 +146,7 @@ impl Findings {
             date,
             answers: self.answers(),
             recv_publish: self.recv_publish.answer(),
+            unchecked_unbind: self.unchecked_unbind.answer(),
         }
     }
 }
@@ -157,7 +167,11 @@ pub fn questions<D: DevxDevice>(rig: &mut Rig<'_, D>) -> Findings {
         "== recv_publish: does a receive doorbell record written by the HCA's own DMA publish the receive?"
     ));
     let recv_publish = rig.step(recv_publish::run);
-    Findings { wait_prefetch, recv_enable, send_en_unit, self_enable, foreign_bind, recv_publish }
+    rig.say(format_args!(
+        "== unchecked_unbind: does an invalidate without the QPN check revoke a window bound to another QP?"
+    ));
+    let unchecked_unbind = rig.step(unchecked_unbind::run);
+    Findings { wait_prefetch, recv_enable, send_en_unit, self_enable, foreign_bind, recv_publish, unchecked_unbind }
 }
 
 /// log2 WQEBBs of every step QP's send ring: no step posts more than this, so no WQE wraps.
