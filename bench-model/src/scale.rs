@@ -51,13 +51,45 @@ const G: u8 = 2;
 pub struct ScaleRow {
     pub op: &'static str,
     pub chunks: u32,
-    /// Wall-clock ns per operation (median of the batches).
+    /// Wall-clock ns per operation (median of the batches): the operation's own, `gross_ns`
+    /// less `subtracted_ns`.
     pub ns_per_op: f64,
+    /// The timed loop per operation, before anything is subtracted.
+    pub gross_ns: f64,
+    /// What the same loop costs without the operation, measured in the same run at the same
+    /// size (`subtracted_what` says what that is); 0 where nothing is subtracted.
+    pub subtracted_ns: f64,
+    pub subtracted_what: &'static str,
     pub ops: u64,
     /// A count that shows the work per operation (see `what`), per operation.
     pub count_per_op: f64,
     pub count_what: &'static str,
+    /// Records at random places of tables that grow with the pool, touched per operation (by
+    /// the path's construction, stated where each row is measured): each costs about the
+    /// memory baseline once its table outgrows the caches. None where not stated (the host
+    /// engine's request path, dominated by the model's chain execution).
+    pub random_records: Option<f64>,
 }
+
+impl ScaleRow {
+    fn plain(op: &'static str, chunks: u32, ns: f64, ops: u64, count: (f64, &'static str)) -> ScaleRow {
+        ScaleRow {
+            op,
+            chunks,
+            ns_per_op: ns,
+            gross_ns: ns,
+            subtracted_ns: 0.0,
+            subtracted_what: "",
+            ops,
+            count_per_op: count.0,
+            count_what: count.1,
+            random_records: None,
+        }
+    }
+}
+
+/// The memory baseline's op name: the rows' random records are read against it.
+pub const BASELINE_OP: &str = "memory baseline, per access";
 
 /// Start-up and memory of one pool size.
 #[derive(Clone, Debug)]
@@ -140,53 +172,66 @@ fn host_engine_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String>
         v.sort_by(|a, b| a.total_cmp(b));
     }
     let scans = c.driver.mn.stats().queue_scans as f64 / (10 * per) as f64;
-    rows.push(ScaleRow {
-        op: "alloc (host engine)",
-        chunks,
-        ns_per_op: alloc_ns[2],
-        ops: 5 * per,
-        count_per_op: c.driver.mn.stats().quota_recounts as f64 / (5 * per) as f64,
-        count_what: "quota recounts",
-    });
-    rows.push(ScaleRow {
-        op: "free (host engine)",
-        chunks,
-        ns_per_op: free_ns[2],
-        ops: 5 * per,
-        count_per_op: scans,
-        count_what: "queue scans",
-    });
+    let recounts = c.driver.mn.stats().quota_recounts as f64 / (5 * per) as f64;
+    rows.push(ScaleRow::plain("alloc (host engine)", chunks, alloc_ns[2], 5 * per, (recounts, "quota recounts")));
+    rows.push(ScaleRow::plain("free (host engine)", chunks, free_ns[2], 5 * per, (scans, "queue scans")));
     Ok(())
 }
 
 fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
-    // three CNs hold a sixteenth of the pool between them (at least 3 × 128 groups); a
-    // fourth holds nothing and stays
-    let mut c = cluster(ExecutionMode::Offloaded, chunks, 4)?;
-    let k = (chunks / 48).max(128);
+    // Three CNs hold a sixteenth of the pool each at every size (the audit's work per entry
+    // depends on the share of entries owned: a fixed share keeps the sizes comparable); a
+    // fourth holds nothing and crashes first (what a crash costs besides its groups); a fifth
+    // holds nothing and stays.
+    let mut c = cluster(ExecutionMode::Offloaded, chunks, 5)?;
+    let k = chunks / 16;
     for cn in 0..3 {
         hold(&mut c, cn, k)?;
     }
     // warm-up tick: the counters moved, so its quota check counts the holders in the table
     c.tick().map_err(|e| e.to_string())?;
     // a tick does more than the audit (counter samples, probes, tickets): its time with a
-    // batch of one entry is subtracted, so the row is the audit's own time per entry
+    // batch of one entry is subtracted per tick, so the row is the audit's own time per entry
     c.driver.mn.set_audit_batch(1);
     let one = median_ns(5, 1, || c.tick().map_err(|e| e.to_string()))?;
     let batch = chunks.min(16 * 1024);
     c.driver.mn.set_audit_batch(batch);
+    // finish the pass under way, so each timed pass covers the whole table once (every size
+    // then examines the same share of owned entries)
+    let passes = c.driver.mn.stats().audit_passes;
+    while c.driver.mn.stats().audit_passes == passes {
+        c.tick().map_err(|e| e.to_string())?;
+    }
+    let ticks = chunks.div_ceil(batch) as u64;
     let e0 = c.driver.mn.stats().audit_entries;
     let r0 = c.driver.mn.stats().quota_recounts;
-    let ns = median_ns(5, 1, || c.tick().map_err(|e| e.to_string()))?;
+    let pass = median_ns(3, 1, || {
+        for _ in 0..ticks {
+            c.tick().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })?;
     let s = c.driver.mn.stats();
+    let entries = (s.audit_entries - e0).max(1);
+    let per_pass = entries as f64 / 3.0;
+    let (gross, sub) = (pass / per_pass, ticks as f64 * one / per_pass);
     rows.push(ScaleRow {
         op: "audit, per entry",
         chunks,
-        ns_per_op: (ns - one).max(0.0) / (batch.max(2) - 1) as f64,
-        ops: s.audit_entries - e0,
-        count_per_op: (s.quota_recounts - r0) as f64 / (s.audit_entries - e0).max(1) as f64,
+        ns_per_op: (gross - sub).max(0.0),
+        gross_ns: gross,
+        subtracted_ns: sub,
+        subtracted_what: "the tick's other work (a tick of one entry) per tick",
+        ops: entries,
+        count_per_op: (s.quota_recounts - r0) as f64 / entries as f64,
         count_what: "quota recounts",
+        // the pass reads the table and the windows in table order
+        random_records: Some(0.0),
     });
+    // a crash of a CN holding nothing: quiescing, the pass over the table, the pump
+    let t = Instant::now();
+    c.crash_cn(3).map_err(|e| e.to_string())?;
+    let empty = t.elapsed().as_nanos() as f64;
     let start = c.driver.mn.stats();
     let mut per_group = Vec::new();
     for cn in 0..3 {
@@ -199,13 +244,20 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
     per_group.sort_by(|a, b| a.total_cmp(b));
     let end = c.driver.mn.stats();
     let n = (end.groups_reclaimed - start.groups_reclaimed).max(1);
+    let sub = empty / (n as f64 / 3.0);
     rows.push(ScaleRow {
         op: "reclaim, per group",
         chunks,
-        ns_per_op: per_group[1],
+        ns_per_op: (per_group[1] - sub).max(0.0),
+        gross_ns: per_group[1],
+        subtracted_ns: sub,
+        subtracted_what: "the crash of a CN holding nothing (quiesce, the pass over the table) per group",
         ops: n,
         count_per_op: (end.queue_scans - start.queue_scans) as f64 / n as f64,
         count_what: "queue scans",
+        // the groups a CN took from a fresh queue lie in table order: entries, windows,
+        // chunks and the queue's tail are reached in order
+        random_records: Some(0.0),
     });
     Ok(())
 }
@@ -239,50 +291,92 @@ fn hold(c: &mut Cluster, cn: usize, k: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// The object allocator holding `chunks` chunks (4 objects each), then alloc/free churn.
+/// The object allocator holding `chunks` chunks (4 objects each), then alloc/free churn: a
+/// uniformly random live object freed, one allocated. The victims are picked (and taken out of
+/// the list of live objects, a `Vec` of 32 MiB at 1 Mi chunks) before the clock starts, so the
+/// timed loop reads them and records the new objects in order; the same loop with both
+/// operations left out is timed in the same run and subtracted. One random record per pair:
+/// the freed object's chunk (the alloc then fills that chunk, the fullest with room).
 fn object_alloc_row<const C: usize>(chunks: u32) -> Result<ScaleRow, String> {
-    let mut a =
-        Box::new(ObjectAllocator::<u32, C, 2, 1>::new(4 * CHUNK, &[CHUNK, 2 * CHUNK]).map_err(|e| e.to_string())?);
+    type A<const C: usize> = ObjectAllocator<u32, C, 2, 1>;
+    let mut a = Box::new(A::<C>::new(4 * CHUNK, &[CHUNK, 2 * CHUNK]).map_err(|e| e.to_string())?);
     let mut live: Vec<ObjectRef> = Vec::with_capacity(C * 4);
     let mut next = 0u32;
+    let mut alloc = |a: &mut A<C>| {
+        a.alloc_with(0, || {
+            next += 1;
+            Ok::<_, &str>(next)
+        })
+        .map(|(o, _)| o)
+        .map_err(|e| e.to_string())
+    };
     for _ in 0..(chunks as usize * 4) {
-        let (o, _) = a
-            .alloc_with(0, || {
-                next += 1;
-                Ok::<_, &str>(next)
-            })
-            .map_err(|e| e.to_string())?;
-        live.push(o);
+        live.push(alloc(&mut a)?);
     }
     let mut rng = SeededRng::new(chunks as u64);
-    let per = 20_000u64;
+    let per = 20_000usize;
+    let mut victims: Vec<ObjectRef> = Vec::with_capacity(per);
+    let mut born: Vec<ObjectRef> = Vec::with_capacity(per);
     let p0 = a.probes();
-    let ns = median_ns(5, 2 * per, || {
-        for _ in 0..per {
-            let i = rng.below(live.len() as u64) as usize;
-            let o = live.swap_remove(i);
-            a.free(o).map_err(|e| e.to_string())?;
-            let (o, _) = a
-                .alloc_with(0, || {
-                    next += 1;
-                    Ok::<_, &str>(next)
-                })
-                .map_err(|e| e.to_string())?;
-            live.push(o);
+    let (mut gross, mut harness) = (Vec::new(), Vec::new());
+    // victims in rounds of at most half the live objects
+    let round = per.min(live.len() / 2);
+    for _ in 0..5 {
+        for ops in [true, false] {
+            let (mut ns, mut done) = (0u128, 0);
+            while done < per {
+                victims.clear();
+                born.clear();
+                for _ in 0..round {
+                    let i = rng.below(live.len() as u64) as usize;
+                    victims.push(live.swap_remove(i));
+                }
+                let t = Instant::now();
+                for &o in &victims {
+                    if ops {
+                        a.free(o).map_err(|e| e.to_string())?;
+                        born.push(alloc(&mut a)?);
+                    } else {
+                        born.push(std::hint::black_box(o));
+                    }
+                }
+                ns += t.elapsed().as_nanos();
+                live.append(&mut born);
+                done += round;
+            }
+            let el = ns as f64 / (2 * done) as f64;
+            if ops {
+                gross.push(el);
+            } else {
+                harness.push(el);
+            }
         }
-        Ok(())
-    })?;
+    }
+    let ops = 10 * per as u64;
+    let probes = a.probes() - p0;
+    for v in [&mut gross, &mut harness] {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
     Ok(ScaleRow {
         op: "object allocator, per op",
         chunks,
-        ns_per_op: ns,
-        ops: 10 * per,
-        count_per_op: (a.probes() - p0) as f64 / (10 * per) as f64,
+        ns_per_op: (gross[2] - harness[2]).max(0.0),
+        gross_ns: gross[2],
+        subtracted_ns: harness[2],
+        subtracted_what: "the same loop without the free and the alloc",
+        ops,
+        count_per_op: probes as f64 / ops as f64,
         count_what: "chunk records examined",
+        random_records: Some(0.5),
     })
 }
 
-/// A CN `Client` with `live` allocations, each freed (and a new one adopted) in turn.
+/// A CN `Client` with `live` allocations, each freed (and a new one adopted) in turn. The
+/// victims are picked before the clock starts; each free is timed on its own, and the same
+/// loop with the free moved out of its timed interval (an empty interval, the clock's own
+/// cost) is run at the same size and subtracted. Two random records per free: the index slot
+/// of the freed allocation and its record in the live list (the last allocation, moved into
+/// the freed position, is the newest: its slot was just written by its adoption).
 fn client_free_row<const N: usize>(live: u32) -> Result<ScaleRow, String> {
     use omw_core::ids::{CnId, Qpn, Rkey};
     use omw_core::wire::message::{AllocReply, ConnectInfo};
@@ -315,26 +409,60 @@ fn client_free_row<const N: usize>(live: u32) -> Result<ScaleRow, String> {
     }
     let mut rng = SeededRng::new(live as u64);
     let mut spare = table + 40 * live as u64;
-    let per = 20_000u64;
+    let per = 20_000usize;
+    let mut victims: Vec<u64> = Vec::with_capacity(per);
     let p0 = c.index_probes();
-    let ns = median_ns(5, per, || {
-        for _ in 0..per {
-            let i = rng.below(addrs.len() as u64) as usize;
-            let a = addrs.swap_remove(i);
-            c.free_request(a).map_err(|e| e.to_string())?;
-            adopt(&mut c, spare)?;
-            addrs.push(spare);
-            spare += 40;
+    let mut frees = 0u64;
+    let (mut gross, mut harness) = (Vec::new(), Vec::new());
+    // victims in rounds of at most half the live allocations
+    let round = per.min(addrs.len() / 2);
+    for _ in 0..5 {
+        for timed in [true, false] {
+            let (mut ns, mut done) = (0u128, 0);
+            while done < per {
+                victims.clear();
+                for _ in 0..round {
+                    let i = rng.below(addrs.len() as u64) as usize;
+                    victims.push(addrs.swap_remove(i));
+                }
+                for &a in &victims {
+                    let t = Instant::now();
+                    if timed {
+                        c.free_request(a).map_err(|e| e.to_string())?;
+                    }
+                    ns += t.elapsed().as_nanos();
+                    if !timed {
+                        c.free_request(a).map_err(|e| e.to_string())?;
+                    }
+                    adopt(&mut c, spare)?;
+                    addrs.push(spare);
+                    spare += 40;
+                }
+                done += round;
+            }
+            frees += done as u64;
+            let el = ns as f64 / done as f64;
+            if timed {
+                gross.push(el);
+            } else {
+                harness.push(el);
+            }
         }
-        Ok(())
-    })?;
+    }
+    for v in [&mut gross, &mut harness] {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
     Ok(ScaleRow {
         op: "CN free lookup, per free",
         chunks: live,
-        ns_per_op: ns,
-        ops: 5 * per,
-        count_per_op: (c.index_probes() - p0) as f64 / (5 * per) as f64,
+        ns_per_op: (gross[2] - harness[2]).max(0.0),
+        gross_ns: gross[2],
+        subtracted_ns: harness[2],
+        subtracted_what: "the clock around an empty interval (the free moved out of it)",
+        ops: frees,
+        count_per_op: (c.index_probes() - p0) as f64 / frees as f64,
         count_what: "index slots examined",
+        random_records: Some(2.0),
     })
 }
 
@@ -366,12 +494,8 @@ fn memory_row(chunks: u32) -> Result<ScaleRow, String> {
     })?;
     std::hint::black_box(at);
     Ok(ScaleRow {
-        op: "memory baseline, per access",
-        chunks,
-        ns_per_op: ns,
-        ops: 5 * per,
-        count_per_op: 1.0,
-        count_what: "dependent reads",
+        random_records: Some(1.0),
+        ..ScaleRow::plain(BASELINE_OP, chunks, ns, 5 * per, (1.0, "dependent reads"))
     })
 }
 
