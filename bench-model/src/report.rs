@@ -520,13 +520,13 @@ fn scale_text(s: &mut String, sc: &crate::scale::ScaleResults) {
         s,
         "\nPool size vs cost per operation (WALL CLOCK on this machine, median of batches; ratio = largest / smallest, flat ≤ 1.5):"
     );
-    let mut head = format!("  {:<28}", "operation");
+    let mut head = format!("  {:<33}", "operation");
     for n in &sizes {
         head += &format!(" {:>9}", human_count(*n as u64));
     }
     let _ = writeln!(s, "{head}  ratio  count per op");
     for (op, ratio) in &sc.ratios {
-        let mut line = format!("  {op:<28}");
+        let mut line = format!("  {op:<33}");
         for n in &sizes {
             match sc.rows.iter().find(|r| r.op == *op && r.chunks == *n) {
                 Some(r) => line += &format!(" {:>7.0}ns", r.ns_per_op),
@@ -542,35 +542,42 @@ fn scale_text(s: &mut String, sc: &crate::scale::ScaleResults) {
     // where the time goes at the smallest and the largest pool: what was subtracted (measured
     // in the same run), and the floor the random records put under the net time
     let (Some(&lo), Some(&hi)) = (sizes.first(), sizes.last()) else { return };
-    let baseline =
-        |n: u32| sc.rows.iter().find(|r| r.op == crate::scale::BASELINE_OP && r.chunks == n).map(|r| r.ns_per_op);
+    let base = |op: &str, n: u32| sc.rows.iter().find(|r| r.op == op && r.chunks == n).map(|r| r.ns_per_op);
     let _ = writeln!(
         s,
-        "\nWhere the time goes (net = gross − subtracted, both timed in this run; floor = random records per op × the memory baseline at that size):"
+        "\nWhere the time goes (net = gross − subtracted, both timed in this run; memory = random records × the memory baseline + lines read and written in order × the in-order baselines, at that size):"
     );
     let _ = writeln!(
         s,
-        "  {:<28} {:>6} {:>9} {:>11} {:>9} {:>8} {:>9}  subtracted",
-        "operation", "chunks", "gross", "subtracted", "net", "records", "floor"
+        "  {:<33} {:>6} {:>9} {:>11} {:>9} {:>8} {:>6} {:>7} {:>9}  subtracted",
+        "operation", "chunks", "gross", "subtracted", "net", "records", "read", "written", "memory"
     );
     for (op, _) in &sc.ratios {
-        if *op == crate::scale::BASELINE_OP {
+        if [crate::scale::BASELINE_OP, crate::scale::STREAM_OP, crate::scale::WRITE_OP].contains(op) {
             continue;
         }
         for n in [lo, hi] {
             let Some(r) = sc.rows.iter().find(|r| r.op == *op && r.chunks == n) else { continue };
-            let (recs, floor) = match (r.random_records, baseline(n)) {
-                (Some(k), Some(b)) => (format!("{k:.1}"), format!("{:.0}ns", k * b)),
-                _ => ("-".to_string(), "-".to_string()),
+            let rb = base(crate::scale::BASELINE_OP, n);
+            let sb = base(crate::scale::STREAM_OP, n);
+            let wb = base(crate::scale::WRITE_OP, n);
+            let (recs, lines, written, mem) = match (r.random_records, r.streamed_lines, r.written_lines, rb, sb, wb) {
+                (Some(k), Some(l), Some(w), Some(rb), Some(sb), Some(wb)) => (
+                    format!("{k:.1}"),
+                    format!("{l:.1}"),
+                    format!("{w:.1}"),
+                    format!("{:.0}ns", k * rb + l * sb + w * wb),
+                ),
+                _ => ("-".to_string(), "-".to_string(), "-".to_string(), "-".to_string()),
             };
+            let what = if r.subtracted_what.is_empty() { "nothing" } else { r.subtracted_what };
             let _ = writeln!(
                 s,
-                "  {op:<28} {:>6} {:>7.0}ns {:>9.0}ns {:>7.0}ns {recs:>8} {floor:>9}  {}",
+                "  {op:<33} {:>6} {:>7.0}ns {:>9.0}ns {:>7.0}ns {recs:>8} {lines:>6} {written:>7} {mem:>9}  {what}",
                 human_count(n as u64),
                 r.gross_ns,
                 r.subtracted_ns,
                 r.ns_per_op,
-                r.subtracted_what
             );
         }
     }
@@ -829,7 +836,7 @@ pub fn write_files(res: &Results) -> Result<(), String> {
         .iter()
         .map(|r| {
             format!(
-                "{},{},{:.1},{:.1},{:.1},{},{},{:.4},{},{}",
+                "{},{},{:.1},{:.1},{:.1},{},{},{:.4},{},{},{},{}",
                 csv_escape(r.op),
                 r.chunks,
                 r.ns_per_op,
@@ -839,13 +846,15 @@ pub fn write_files(res: &Results) -> Result<(), String> {
                 r.ops,
                 r.count_per_op,
                 csv_escape(r.count_what),
-                r.random_records.map_or(String::new(), |k| format!("{k}"))
+                r.random_records.map_or(String::new(), |k| format!("{k}")),
+                r.streamed_lines.map_or(String::new(), |k| format!("{k}")),
+                r.written_lines.map_or(String::new(), |k| format!("{k}"))
             )
         })
         .collect();
     write_csv(
         &dir.join("scale.csv"),
-        "operation,chunks,wall_ns_per_op,gross_ns_per_op,subtracted_ns_per_op,subtracted,ops,count_per_op,count,random_records_per_op",
+        "operation,chunks,wall_ns_per_op,gross_ns_per_op,subtracted_ns_per_op,subtracted,ops,count_per_op,count,random_records_per_op,lines_read_per_op,lines_written_per_op",
         &sc,
     )
     .map_err(io)?;
@@ -1050,7 +1059,7 @@ pub fn json(res: &Results) -> String {
         "scale": res.scale.rows.iter().map(|r| json!({"operation": r.op, "chunks": r.chunks, "wall_ns_per_op": r.ns_per_op,
             "gross_ns_per_op": r.gross_ns, "subtracted_ns_per_op": r.subtracted_ns, "subtracted": r.subtracted_what,
             "ops": r.ops, "count_per_op": r.count_per_op, "count": r.count_what,
-            "random_records_per_op": r.random_records})).collect::<Vec<_>>(),
+            "random_records_per_op": r.random_records, "lines_read_per_op": r.streamed_lines, "lines_written_per_op": r.written_lines})).collect::<Vec<_>>(),
         "scale_ratios": res.scale.ratios.iter().map(|(op, r)| json!({"operation": op, "largest_over_smallest": r})).collect::<Vec<_>>(),
         "startup": res.scale.startup.iter().map(|r| json!({"chunks": r.chunks, "windows": r.windows,
             "metadata_bytes": r.metadata_bytes, "metadata_per_chunk": r.metadata_per_chunk,

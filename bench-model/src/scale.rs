@@ -69,6 +69,13 @@ pub struct ScaleRow {
     /// memory baseline once its table outgrows the caches. None where not stated (the host
     /// engine's request path, dominated by the model's chain execution).
     pub random_records: Option<f64>,
+    /// 64-byte lines of tables that grow with the pool, read or written in order per
+    /// operation (the MN's own memory: MWTable entries, chunks scrubbed, queue slots; the
+    /// model's window records not counted): each costs about the in-order baseline.
+    pub streamed_lines: Option<f64>,
+    /// 64-byte lines written in order per operation (a chunk scrubbed): each costs about the
+    /// in-order write baseline.
+    pub written_lines: Option<f64>,
 }
 
 impl ScaleRow {
@@ -84,12 +91,18 @@ impl ScaleRow {
             count_per_op: count.0,
             count_what: count.1,
             random_records: None,
+            streamed_lines: None,
+            written_lines: None,
         }
     }
 }
 
 /// The memory baseline's op name: the rows' random records are read against it.
 pub const BASELINE_OP: &str = "memory baseline, per access";
+/// The in-order baseline's op name: the rows' streamed lines are read against it.
+pub const STREAM_OP: &str = "memory in order, per 64 B";
+/// The in-order write baseline's op name: the rows' written lines are read against it.
+pub const WRITE_OP: &str = "memory written in order, per 64 B";
 
 /// Start-up and memory of one pool size.
 #[derive(Clone, Debug)]
@@ -225,9 +238,30 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
         ops: entries,
         count_per_op: (s.quota_recounts - r0) as f64 / entries as f64,
         count_what: "quota recounts",
-        // the pass reads the table and the windows in table order
+        // the pass reads the table (a 56-byte entry each) and the windows in table order
         random_records: Some(0.0),
+        streamed_lines: Some(56.0 / 64.0),
+        written_lines: Some(0.0),
     });
+    // the reclaim's scrub alone: the same 512-byte write of zeros, through the model's host
+    // memory as the MN's does it, in order over as many chunks nobody has touched since
+    // provisioning (the last k of the pool, free) as a holder's
+    let geometry = c.driver.mn.config().geometry;
+    let mut scrub_ns = Vec::new();
+    {
+        let zeros = [0u8; CHUNK as usize];
+        let mut f = c.fabric.borrow_mut();
+        for part in 0..3u32 {
+            let first = chunks - k + part * (k / 3);
+            let t = Instant::now();
+            for g in first..first + k / 3 {
+                let base = geometry.chunk_base(omw_core::ids::GroupId(g)).ok_or("chunk base")?;
+                f.write(c.mn_host, base, &zeros).map_err(|e| e.to_string())?;
+            }
+            scrub_ns.push(t.elapsed().as_nanos() as f64 / (k / 3).max(1) as f64);
+        }
+    }
+    scrub_ns.sort_by(|a, b| a.total_cmp(b));
     // a crash of a CN holding nothing: quiescing, the pass over the table, the pump
     let t = Instant::now();
     c.crash_cn(3).map_err(|e| e.to_string())?;
@@ -256,8 +290,31 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
         count_per_op: (end.queue_scans - start.queue_scans) as f64 / n as f64,
         count_what: "queue scans",
         // the groups a CN took from a fresh queue lie in table order: entries, windows,
-        // chunks and the queue's tail are reached in order
+        // chunks and the queue's tail are reached in order — the entry and an 8-byte queue
+        // slot read (and written back), the chunk's 8 lines scrubbed
         random_records: Some(0.0),
+        streamed_lines: Some(1.0 + 8.0 / 64.0),
+        written_lines: Some(CHUNK as f64 / 64.0),
+    });
+    rows.push(ScaleRow {
+        op: "reclaim less its scrub",
+        chunks,
+        ns_per_op: (per_group[1] - sub - scrub_ns[1]).max(0.0),
+        gross_ns: per_group[1],
+        subtracted_ns: sub + scrub_ns[1],
+        subtracted_what: "the empty CN's crash, and a 512-byte write to an untouched chunk through the model",
+        ops: n,
+        count_per_op: (end.queue_scans - start.queue_scans) as f64 / n as f64,
+        count_what: "queue scans",
+        random_records: Some(0.0),
+        streamed_lines: Some(1.0 + 8.0 / 64.0),
+        written_lines: Some(0.0),
+    });
+    rows.push(ScaleRow {
+        random_records: Some(0.0),
+        streamed_lines: Some(0.0),
+        written_lines: Some(CHUNK as f64 / 64.0),
+        ..ScaleRow::plain("scrub write, per chunk", chunks, scrub_ns[1], k as u64, (0.0, "queue scans"))
     });
     Ok(())
 }
@@ -368,6 +425,8 @@ fn object_alloc_row<const C: usize>(chunks: u32) -> Result<ScaleRow, String> {
         count_per_op: probes as f64 / ops as f64,
         count_what: "chunk records examined",
         random_records: Some(0.5),
+        streamed_lines: Some(0.0),
+        written_lines: Some(0.0),
     })
 }
 
@@ -463,6 +522,8 @@ fn client_free_row<const N: usize>(live: u32) -> Result<ScaleRow, String> {
         count_per_op: (c.index_probes() - p0) as f64 / frees as f64,
         count_what: "index slots examined",
         random_records: Some(2.0),
+        streamed_lines: Some(0.0),
+        written_lines: Some(0.0),
     })
 }
 
@@ -495,7 +556,69 @@ fn memory_row(chunks: u32) -> Result<ScaleRow, String> {
     std::hint::black_box(at);
     Ok(ScaleRow {
         random_records: Some(1.0),
+        streamed_lines: Some(0.0),
+        written_lines: Some(0.0),
         ..ScaleRow::plain(BASELINE_OP, chunks, ns, 5 * per, (1.0, "dependent reads"))
+    })
+}
+
+/// The memory hierarchy's share for a path that goes through a table in order: a 56-byte
+/// record copied out of each 64-byte line of a table of 64 bytes per chunk (an MWTable entry
+/// read the way the model reads its host memory), in order, measured in the same run. What
+/// the audit's pass and the reclaim's groups pay per line once the table outgrows the caches.
+fn stream_row(chunks: u32) -> Result<ScaleRow, String> {
+    let lines = chunks as usize;
+    let table: Vec<u8> = (0..lines * 64).map(|i| i as u8).collect();
+    let per = 200_000u64.max(lines as u64);
+    let mut at = 0usize;
+    let mut sum = 0u8;
+    let ns = median_ns(5, per, || {
+        for _ in 0..per {
+            let mut rec = [0u8; 56];
+            rec.copy_from_slice(&table[at * 64..at * 64 + 56]);
+            sum = sum.wrapping_add(std::hint::black_box(rec)[7]);
+            at += 1;
+            if at == lines {
+                at = 0;
+            }
+        }
+        Ok(())
+    })?;
+    std::hint::black_box(sum);
+    Ok(ScaleRow {
+        random_records: Some(0.0),
+        streamed_lines: Some(1.0),
+        written_lines: Some(0.0),
+        ..ScaleRow::plain(STREAM_OP, chunks, ns, 5 * per, (1.0, "lines in order"))
+    })
+}
+
+/// The same for writes: 64 bytes of zeros copied over each 64-byte line of a table of 64 bytes
+/// per chunk, in order (a chunk scrubbed the way the MN does, through a copy), measured in the
+/// same run. The table is filled once before (so its pages are resident, as registered MN
+/// memory is).
+fn write_row(chunks: u32) -> Result<ScaleRow, String> {
+    static ZEROS: [u8; 64] = [0; 64];
+    let lines = chunks as usize;
+    let mut table: Vec<u8> = vec![1u8; lines * 64];
+    let per = 200_000u64.max(lines as u64);
+    let mut at = 0usize;
+    let ns = median_ns(5, per, || {
+        for _ in 0..per {
+            table[at * 64..at * 64 + 64].copy_from_slice(std::hint::black_box(&ZEROS));
+            at += 1;
+            if at == lines {
+                at = 0;
+            }
+        }
+        Ok(())
+    })?;
+    std::hint::black_box(&table);
+    Ok(ScaleRow {
+        random_records: Some(0.0),
+        streamed_lines: Some(0.0),
+        written_lines: Some(1.0),
+        ..ScaleRow::plain(WRITE_OP, chunks, ns, 5 * per, (1.0, "lines written in order"))
     })
 }
 
@@ -588,6 +711,8 @@ pub fn run(sizes: &[u32], tick: &mut dyn FnMut(&str)) -> Result<ScaleResults, St
             .map_err(|_| "the CN-side sweep panicked".to_string())??;
         out.rows.extend(rows);
         out.rows.push(memory_row(n)?);
+        out.rows.push(stream_row(n)?);
+        out.rows.push(write_row(n)?);
     }
     for big in [1u64 << 20, 1 << 24] {
         if !sizes.contains(&(big as u32)) || big > MAX_CHUNKS as u64 {
