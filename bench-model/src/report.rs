@@ -502,6 +502,14 @@ pub fn text(res: &Results) -> String {
     s
 }
 
+/// [`scale_text`] alone: the pool-size sweep without the rest of the bench
+/// (`cargo run --release -p omw-bench --example scale`).
+pub fn scale_report(sc: &crate::scale::ScaleResults) -> String {
+    let mut s = String::new();
+    scale_text(&mut s, sc);
+    s
+}
+
 /// The pool-size sweep: wall-clock ns per operation by pool size, the ratio largest/smallest,
 /// and start-up and metadata at scale.
 fn scale_text(s: &mut String, sc: &crate::scale::ScaleResults) {
@@ -512,13 +520,13 @@ fn scale_text(s: &mut String, sc: &crate::scale::ScaleResults) {
         s,
         "\nPool size vs cost per operation (WALL CLOCK on this machine, median of batches; ratio = largest / smallest, flat ≤ 1.5):"
     );
-    let mut head = format!("  {:<28}", "operation");
+    let mut head = format!("  {:<33}", "operation");
     for n in &sizes {
         head += &format!(" {:>9}", human_count(*n as u64));
     }
     let _ = writeln!(s, "{head}  ratio  count per op");
     for (op, ratio) in &sc.ratios {
-        let mut line = format!("  {op:<28}");
+        let mut line = format!("  {op:<33}");
         for n in &sizes {
             match sc.rows.iter().find(|r| r.op == *op && r.chunks == *n) {
                 Some(r) => line += &format!(" {:>7.0}ns", r.ns_per_op),
@@ -530,6 +538,48 @@ fn scale_text(s: &mut String, sc: &crate::scale::ScaleResults) {
         let what = sc.rows.iter().find(|r| r.op == *op).map_or("", |r| r.count_what);
         let flag = if *ratio <= 1.5 { "" } else { " NOT FLAT" };
         let _ = writeln!(s, "{line}  {ratio:>5.2}{flag}  {what}: {}", counts.join(" / "));
+    }
+    // where the time goes at the smallest and the largest pool: what was subtracted (measured
+    // in the same run), and the floor the random records put under the net time
+    let (Some(&lo), Some(&hi)) = (sizes.first(), sizes.last()) else { return };
+    let base = |op: &str, n: u32| sc.rows.iter().find(|r| r.op == op && r.chunks == n).map(|r| r.ns_per_op);
+    let _ = writeln!(
+        s,
+        "\nWhere the time goes (net = gross − subtracted, both timed in this run; memory = random records × the memory baseline + lines read and written in order × the in-order baselines, at that size):"
+    );
+    let _ = writeln!(
+        s,
+        "  {:<33} {:>6} {:>9} {:>11} {:>9} {:>8} {:>6} {:>7} {:>9}  subtracted",
+        "operation", "chunks", "gross", "subtracted", "net", "records", "read", "written", "memory"
+    );
+    for (op, _) in &sc.ratios {
+        if [crate::scale::BASELINE_OP, crate::scale::STREAM_OP, crate::scale::WRITE_OP].contains(op) {
+            continue;
+        }
+        for n in [lo, hi] {
+            let Some(r) = sc.rows.iter().find(|r| r.op == *op && r.chunks == n) else { continue };
+            let rb = base(crate::scale::BASELINE_OP, n);
+            let sb = base(crate::scale::STREAM_OP, n);
+            let wb = base(crate::scale::WRITE_OP, n);
+            let (recs, lines, written, mem) = match (r.random_records, r.streamed_lines, r.written_lines, rb, sb, wb) {
+                (Some(k), Some(l), Some(w), Some(rb), Some(sb), Some(wb)) => (
+                    format!("{k:.1}"),
+                    format!("{l:.1}"),
+                    format!("{w:.1}"),
+                    format!("{:.0}ns", k * rb + l * sb + w * wb),
+                ),
+                _ => ("-".to_string(), "-".to_string(), "-".to_string(), "-".to_string()),
+            };
+            let what = if r.subtracted_what.is_empty() { "nothing" } else { r.subtracted_what };
+            let _ = writeln!(
+                s,
+                "  {op:<33} {:>6} {:>7.0}ns {:>9.0}ns {:>7.0}ns {recs:>8} {lines:>6} {written:>7} {mem:>9}  {what}",
+                human_count(n as u64),
+                r.gross_ns,
+                r.subtracted_ns,
+                r.ns_per_op,
+            );
+        }
     }
     let _ = writeln!(
         s,
@@ -786,17 +836,28 @@ pub fn write_files(res: &Results) -> Result<(), String> {
         .iter()
         .map(|r| {
             format!(
-                "{},{},{:.1},{},{:.4},{}",
+                "{},{},{:.1},{:.1},{:.1},{},{},{:.4},{},{},{},{}",
                 csv_escape(r.op),
                 r.chunks,
                 r.ns_per_op,
+                r.gross_ns,
+                r.subtracted_ns,
+                csv_escape(r.subtracted_what),
                 r.ops,
                 r.count_per_op,
-                csv_escape(r.count_what)
+                csv_escape(r.count_what),
+                r.random_records.map_or(String::new(), |k| format!("{k}")),
+                r.streamed_lines.map_or(String::new(), |k| format!("{k}")),
+                r.written_lines.map_or(String::new(), |k| format!("{k}"))
             )
         })
         .collect();
-    write_csv(&dir.join("scale.csv"), "operation,chunks,wall_ns_per_op,ops,count_per_op,count", &sc).map_err(io)?;
+    write_csv(
+        &dir.join("scale.csv"),
+        "operation,chunks,wall_ns_per_op,gross_ns_per_op,subtracted_ns_per_op,subtracted,ops,count_per_op,count,random_records_per_op,lines_read_per_op,lines_written_per_op",
+        &sc,
+    )
+    .map_err(io)?;
     let st: Vec<String> = res
         .scale
         .startup
@@ -996,7 +1057,9 @@ pub fn json(res: &Results) -> String {
         "sensitivity": res.sensitivity.iter().map(|x| json!({"input": x.input, "value_ns": x.value, "alloc_ns": x.alloc_ns,
             "rpcmw2_24_ns": x.rpc2_24_ns, "speedup_one_cn": x.speedup_one, "speedup_at_scale": x.speedup_scale})).collect::<Vec<_>>(),
         "scale": res.scale.rows.iter().map(|r| json!({"operation": r.op, "chunks": r.chunks, "wall_ns_per_op": r.ns_per_op,
-            "ops": r.ops, "count_per_op": r.count_per_op, "count": r.count_what})).collect::<Vec<_>>(),
+            "gross_ns_per_op": r.gross_ns, "subtracted_ns_per_op": r.subtracted_ns, "subtracted": r.subtracted_what,
+            "ops": r.ops, "count_per_op": r.count_per_op, "count": r.count_what,
+            "random_records_per_op": r.random_records, "lines_read_per_op": r.streamed_lines, "lines_written_per_op": r.written_lines})).collect::<Vec<_>>(),
         "scale_ratios": res.scale.ratios.iter().map(|(op, r)| json!({"operation": op, "largest_over_smallest": r})).collect::<Vec<_>>(),
         "startup": res.scale.startup.iter().map(|r| json!({"chunks": r.chunks, "windows": r.windows,
             "metadata_bytes": r.metadata_bytes, "metadata_per_chunk": r.metadata_per_chunk,

@@ -152,42 +152,63 @@ struct Pending {
 /// rebind notice) finds its allocation in O(1) expected instead of searching the list
 /// (issue 23). Open addressing with linear probing over `2N` slots — two arrays of `N`, so
 /// the load stays at most one half without const-generic arithmetic — and backward-shift
-/// deletion (no tombstones, so probe runs stay short however long the client lives). A slot
-/// holds a position + 1 (0: empty); keys are read from `live` itself.
+/// deletion (no tombstones, so probe runs stay short however long the client lives).
+///
+/// A slot holds the address's 32-bit hash (the upper half) and its position + 1 (the lower
+/// half; 0: empty). The hash gives a member's home slot without reading its allocation, so
+/// probing past other members of a run and shifting them back on deletion stay inside the
+/// index: a lookup reads one allocation record (the one whose hash matches), where it used to
+/// read one per slot of the run — with a million live allocations each of those was a cache
+/// and TLB miss in a table of tens of MiB (`omw bench --scale`, docs/BENCH.md).
 #[derive(Debug)]
 struct LiveIndex<const N: usize> {
-    slots: [[u32; N]; 2],
+    slots: [[u64; N]; 2],
     /// Slots examined by lookups (`Client::index_probes`): tests count them.
     probes: u64,
+    /// Allocation records read by lookups to confirm a hash match (`Client::index_record_reads`).
+    record_reads: u64,
 }
 
 impl<const N: usize> LiveIndex<N> {
     const fn new() -> Self {
-        LiveIndex { slots: [[0; N]; 2], probes: 0 }
+        LiveIndex { slots: [[0; N]; 2], probes: 0, record_reads: 0 }
     }
     const fn len() -> usize {
         2 * N
     }
-    fn get(&self, i: usize) -> u32 {
+    fn get(&self, i: usize) -> u64 {
         self.slots[i / N][i % N]
     }
-    fn set(&mut self, i: usize, v: u32) {
+    fn set(&mut self, i: usize, v: u64) {
         self.slots[i / N][i % N] = v;
     }
-    /// The home slot of an entry address: MurmurHash3's 64-bit finalizer (Appleby's `fmix64`)
-    /// over the address, reduced to the table by multiply-shift. MWTable entries are 40 bytes
-    /// apart: a bare multiplicative hash spreads such an arithmetic sequence so evenly that
-    /// the keys added while others are freed pile into runs (5 slots per lookup at 256 Ki
-    /// live, measured); the finalizer keeps lookups at the 1.5 linear probing promises at
-    /// half load.
-    fn home(addr: u64) -> usize {
+    fn slot(hash: u32, pos: usize) -> u64 {
+        (hash as u64) << 32 | (pos as u64 + 1)
+    }
+    fn hash_of(v: u64) -> u32 {
+        (v >> 32) as u32
+    }
+    /// The position in `live` a non-empty slot holds.
+    fn pos_of(v: u64) -> usize {
+        (v as u32 as usize).wrapping_sub(1)
+    }
+    /// An entry address's 32-bit hash: MurmurHash3's 64-bit finalizer (Appleby's `fmix64`),
+    /// upper half. MWTable entries are 40 bytes apart: a bare multiplicative hash spreads such
+    /// an arithmetic sequence so evenly that the keys added while others are freed pile into
+    /// runs (5 slots per lookup at 256 Ki live, measured); the finalizer keeps lookups at the
+    /// 1.5 linear probing promises at half load.
+    fn hash(addr: u64) -> u32 {
         let mut k = addr;
         k ^= k >> 33;
         k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
         k ^= k >> 33;
         k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
         k ^= k >> 33;
-        (((k >> 32) * Self::len() as u64) >> 32) as usize
+        (k >> 32) as u32
+    }
+    /// The home slot of a hash, by multiply-shift.
+    fn home(hash: u32) -> usize {
+        ((hash as u64 * Self::len() as u64) >> 32) as usize
     }
     fn next(i: usize) -> usize {
         if i + 1 == Self::len() {
@@ -201,32 +222,60 @@ impl<const N: usize> LiveIndex<N> {
         if N == 0 {
             return None;
         }
-        let mut i = Self::home(addr);
+        let h = Self::hash(addr);
+        let mut i = Self::home(h);
         for _ in 0..Self::len() {
             self.probes += 1;
             let v = self.get(i);
             if v == 0 {
                 return None;
             }
-            let pos = v as usize - 1;
-            if live.get(pos).is_some_and(|a| a.entry_addr == addr) {
-                return Some((i, pos));
+            if Self::hash_of(v) == h {
+                let pos = Self::pos_of(v);
+                self.record_reads += 1;
+                if live.get(pos).is_some_and(|a| a.entry_addr == addr) {
+                    return Some((i, pos));
+                }
             }
             i = Self::next(i);
+        }
+        None
+    }
+    /// The slot holding position `pos` for `addr` (known to be indexed there): no allocation
+    /// record is read, the position itself tells the members of the run apart.
+    fn find_at(&mut self, addr: u64, pos: usize) -> Option<usize> {
+        if N == 0 {
+            return None;
+        }
+        let want = Self::slot(Self::hash(addr), pos);
+        let mut i = Self::home(Self::hash_of(want));
+        for _ in 0..Self::len() {
+            self.probes += 1;
+            match self.get(i) {
+                0 => return None,
+                v if v == want => return Some(i),
+                _ => i = Self::next(i),
+            }
         }
         None
     }
     /// Index `live[pos]` (there is always an empty slot: at most N of 2N are used).
     fn insert(&mut self, live: &[Allocation], pos: usize) {
         let Some(a) = live.get(pos) else { return };
-        let mut i = Self::home(a.entry_addr);
+        let h = Self::hash(a.entry_addr);
+        let mut i = Self::home(h);
         while self.get(i) != 0 {
             i = Self::next(i);
         }
-        self.set(i, pos as u32 + 1);
+        self.set(i, Self::slot(h, pos));
+    }
+    /// Slot `i` now points at position `pos` (its allocation moved there).
+    fn repoint(&mut self, i: usize, pos: usize) {
+        let v = self.get(i);
+        self.set(i, Self::slot(Self::hash_of(v), pos));
     }
     /// Empty slot `i`, moving later members of its probe run back so none is cut off.
-    fn remove(&mut self, live: &[Allocation], mut i: usize) {
+    fn remove(&mut self, mut i: usize) {
         let mut j = i;
         loop {
             j = Self::next(j);
@@ -234,8 +283,7 @@ impl<const N: usize> LiveIndex<N> {
             if v == 0 {
                 break;
             }
-            let Some(a) = live.get(v as usize - 1) else { break };
-            let k = Self::home(a.entry_addr);
+            let k = Self::home(Self::hash_of(v));
             // move it back unless its home lies cyclically in (i, j]
             let stays = if i <= j { i < k && k <= j } else { i < k || k <= j };
             if !stays {
@@ -304,6 +352,11 @@ impl<const N: usize> Client<N> {
     /// small constant per lookup whatever the number of live allocations.
     pub fn index_probes(&self) -> u64 {
         self.index.probes
+    }
+    /// Allocation records read so far by those lookups: one per lookup that finds its
+    /// allocation (the slot's hash matched), none for the slots passed on the way.
+    pub fn index_record_reads(&self) -> u64 {
+        self.index.record_reads
     }
     /// The live allocation at `entry_addr`, found in O(1) expected.
     pub fn live_at(&mut self, entry_addr: u64) -> Option<&Allocation> {
@@ -530,13 +583,13 @@ impl<const N: usize> Client<N> {
         entry_addr: u64,
     ) -> Result<[u8; crate::wire::message::free_request::LEN], ClientError> {
         let (slot, pos) = self.index.find(&self.live, entry_addr).ok_or(ClientError::NotMine { entry_addr })?;
-        self.index.remove(&self.live, slot);
+        self.index.remove(slot);
         // the last allocation moves into the freed position: its slot follows it
         let last = self.live.len() - 1;
         if pos != last {
             let moved = self.live[last].entry_addr;
-            if let Some((s, _)) = self.index.find(&self.live, moved) {
-                self.index.set(s, pos as u32 + 1);
+            if let Some(s) = self.index.find_at(moved, last) {
+                self.index.repoint(s, pos);
             }
         }
         self.live.swap_remove(pos);
@@ -661,12 +714,12 @@ mod tests {
     }
 
     /// Issue 23: a free finds its allocation in O(1) expected. Counted: index slots examined
-    /// per free, with 8 and with 256 allocations live (MWTable entries 40 bytes apart, in a
+    /// (and allocation records read) per free, with 8 and with 256 allocations live (MWTable entries 40 bytes apart, in a
     /// scattered order), each freed in another scattered order; the list used to be searched
     /// from the start (up to 256 comparisons here).
     #[test]
     fn a_free_examines_a_few_index_slots_however_many_allocations_are_live() {
-        fn probes_per_free(n: u64) -> f64 {
+        fn probes_per_free(n: u64) -> (f64, f64) {
             let mut c: Client<256> = Client::new();
             c.on_message(0, &info().encode()).unwrap();
             let mut rng = crate::rng::SeededRng::new(n);
@@ -678,18 +731,25 @@ mod tests {
             for i in (1..addrs.len()).rev() {
                 addrs.swap(i, rng.below(i as u64 + 1) as usize);
             }
-            let before = c.index_probes();
+            let (before, reads) = (c.index_probes(), c.index_record_reads());
             for (k, a) in addrs.iter().enumerate() {
                 assert!(c.live_at(*a).is_some());
                 c.free_request(*a).unwrap();
                 assert_eq!(c.free_request(*a), Err(ClientError::NotMine { entry_addr: *a }));
                 assert_eq!(c.live().len(), addrs.len() - k - 1);
             }
-            (c.index_probes() - before) as f64 / n as f64
+            ((c.index_probes() - before) as f64 / n as f64, (c.index_record_reads() - reads) as f64 / n as f64)
         }
-        let (small, large) = (probes_per_free(8), probes_per_free(256));
+        let ((small, small_reads), (large, large_reads)) = (probes_per_free(8), probes_per_free(256));
         // a lookup, a miss and the moved allocation's lookup per free, each a short run
         assert!(small < 12.0 && large < 12.0, "index slots per free: {small} (8 live), {large} (256 live)");
+        // allocation records read: one for `live_at`, one for the free's own lookup; none for
+        // the slots passed, the miss, the moved allocation or the run shifted back (the slot's
+        // hash tells them apart without the record)
+        assert!(
+            small_reads <= 2.0 && large_reads <= 2.0,
+            "records read per free: {small_reads} (8 live), {large_reads} (256 live)"
+        );
     }
 
     #[test]

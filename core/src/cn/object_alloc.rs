@@ -163,16 +163,26 @@ pub const LEVELS: usize = 64;
 /// No chunk (end of a list, not listed).
 const NIL: u32 = u32::MAX;
 
+/// Most size classes: a chunk record keeps its class in a byte.
+pub const MAX_CLASSES: usize = 256;
+
+/// A held chunk's record. Kept small — 32 bytes for a 4-byte handle and one bitmap word, so a
+/// record never straddles two cache lines — because a free touches the record of whatever
+/// chunk its object lies in: with a million chunks held, a cache (and TLB) miss per free
+/// whatever the layout, and a second one when the record spans two lines (the class used to be
+/// a `usize`: 40 bytes, docs/BENCH.md "The pool-size sweep"). Aligned to its size so the
+/// table's records sit two to a line wherever the allocator itself is placed.
+#[repr(align(32))]
 struct Chunk<H, const WORDS: usize> {
     handle: H,
-    class: usize,
     slots: u32,
     live: u32,
-    used: [u64; WORDS],
-    /// Its class's fullness list while it has room: the level and the neighbours.
-    level: Option<u8>,
+    /// Its class's fullness list while it has room: the neighbours and the level.
     prev: u32,
     next: u32,
+    used: [u64; WORDS],
+    level: Option<u8>,
+    class: u8,
 }
 
 /// The fullness lists of one class: their heads, and a bit per non-empty one.
@@ -255,6 +265,9 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
         if classes.is_empty() {
             return Err(ClassConfigError::NoClasses);
         }
+        if classes.len() > MAX_CLASSES {
+            return Err(ClassConfigError::TooManyClasses { given: classes.len(), capacity: CLASSES.min(MAX_CLASSES) });
+        }
         let v = heapless::Vec::from_slice(classes)
             .map_err(|()| ClassConfigError::TooManyClasses { given: classes.len(), capacity: CLASSES })?;
         for (i, &size) in classes.iter().enumerate() {
@@ -305,7 +318,7 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
             c.level = None;
             return;
         };
-        let l = &mut self.lists[c.class];
+        let l = &mut self.lists[c.class as usize];
         let head = l.heads[level as usize];
         c.level = Some(level);
         c.prev = NIL;
@@ -321,7 +334,7 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
     fn unlink(&mut self, ci: u32) {
         let Some(c) = self.chunks[ci as usize].as_mut() else { return };
         let Some(level) = c.level.take() else { return };
-        let (prev, next, class) = (c.prev, c.next, c.class);
+        let (prev, next, class) = (c.prev, c.next, c.class as usize);
         if let Some(Some(p)) = self.chunks.get_mut(prev as usize) {
             p.next = next;
         } else {
@@ -440,7 +453,10 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
         let i = self.free_slots[self.free_top];
         self.probes += 1;
         let slots = (self.chunk_size / size) as u32;
-        let c = Chunk { handle, class, slots, live: 0, used: [0; WORDS], level: None, prev: NIL, next: NIL };
+        // `new` admitted at most MAX_CLASSES classes, so the index fits the record's byte
+        let class_byte = u8::try_from(class).map_err(|_| ObjectAllocError::UnknownClass { class })?;
+        let c =
+            Chunk { handle, class: class_byte, slots, live: 0, used: [0; WORDS], level: None, prev: NIL, next: NIL };
         self.chunks[i as usize] = Some(c);
         // an empty chunk has room: on the lowest list until its first object
         self.link(i);
@@ -480,7 +496,7 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
         };
         c.used[object.slot as usize / 64] &= !(1 << (object.slot % 64));
         c.live -= 1;
-        let (class, empty) = (c.class, c.live == 0);
+        let (class, empty) = (c.class as usize, c.live == 0);
         self.live_objects -= 1;
         self.live_bytes -= self.classes[class];
         if !empty {
@@ -507,8 +523,14 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
     pub fn placement(&self, object: ObjectRef) -> Result<Placement<'_, H>, ObjectAllocError> {
         match self.chunks.get(object.chunk.0 as usize) {
             Some(Some(c)) if c.is_used(object.slot) => {
-                let len = self.classes[c.class];
-                Ok(Placement { object, chunk: &c.handle, offset: object.slot as u64 * len, len, class: c.class })
+                let len = self.classes[c.class as usize];
+                Ok(Placement {
+                    object,
+                    chunk: &c.handle,
+                    offset: object.slot as u64 * len,
+                    len,
+                    class: c.class as usize,
+                })
             }
             _ => Err(ObjectAllocError::NotLive { object }),
         }
@@ -520,7 +542,7 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
             c.as_ref().map(|c| ChunkInfo {
                 index: ChunkIndex(i as u32),
                 handle: &c.handle,
-                class: c.class,
+                class: c.class as usize,
                 live: c.live,
                 slots: c.slots,
             })
@@ -531,13 +553,13 @@ impl<H, const CHUNKS: usize, const CLASSES: usize, const WORDS: usize> ObjectAll
     pub fn objects(&self) -> impl Iterator<Item = Placement<'_, H>> + '_ {
         self.chunks.iter().enumerate().flat_map(move |(i, c)| {
             c.iter().flat_map(move |c| {
-                let len = self.classes[c.class];
+                let len = self.classes[c.class as usize];
                 (0..c.slots).filter(move |s| c.is_used(*s)).map(move |s| Placement {
                     object: ObjectRef { chunk: ChunkIndex(i as u32), slot: s },
                     chunk: &c.handle,
                     offset: s as u64 * len,
                     len,
-                    class: c.class,
+                    class: c.class as usize,
                 })
             })
         })
@@ -564,6 +586,14 @@ mod tests {
     use std::vec::Vec;
 
     type A = ObjectAllocator<u32, 8, 3, 1>;
+
+    /// A chunk record with a 4-byte handle and one bitmap word fills half a cache line, so a
+    /// free's one record never spans two lines (the `usize` class made it 40 bytes).
+    #[test]
+    fn a_chunk_record_is_half_a_cache_line() {
+        assert_eq!(core::mem::size_of::<Option<Chunk<u32, 1>>>(), 32);
+        assert_eq!(core::mem::align_of::<Option<Chunk<u32, 1>>>(), 32);
+    }
 
     #[test]
     fn configuration_errors() {
