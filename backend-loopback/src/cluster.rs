@@ -1002,6 +1002,15 @@ impl Cluster {
         Ok(())
     }
 
+    /// The answer to CN `i`'s alloc request `token` if it has arrived (after a
+    /// [`Cluster::pump`]); `None` while it has not — the request stays in flight (unlike
+    /// [`Cluster::alloc_take`], which gives it up), as a CN waiting on several chains polls each.
+    pub fn alloc_poll(&mut self, i: usize, token: u32) -> Option<Result<Allocation, CnOpError>> {
+        let n = self.cns.get_mut(i)?;
+        let pos = n.replies.iter().position(|(t, _)| *t == token)?;
+        Some(n.replies.remove(pos).1)
+    }
+
     /// The answer to alloc request `token` if it has arrived (after a [`Cluster::pump`]).
     pub fn alloc_take(&mut self, i: usize, token: u32) -> Result<Allocation, CnOpError> {
         self.take_reply(i, token)

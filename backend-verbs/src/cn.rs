@@ -521,27 +521,54 @@ impl CnClient {
     }
 
     fn alloc_answer(&mut self, token: u32, deadline: Instant) -> Result<Allocation> {
+        self.first_answer(&[token], deadline)?.1
+    }
+
+    /// The first answer to any of the allocation requests `tokens` (waits up to the client's
+    /// timeout): its token, and the allocation or why it failed. An allocation that arrived is
+    /// handed out before any refusal, so a CN with several chains never waits on a request the
+    /// MN could not serve while chunks it was sent sit unread.
+    pub fn alloc_finish_any(&mut self, tokens: &[u32]) -> Result<(u32, Result<Allocation>)> {
+        let deadline = Instant::now() + self.timeout;
+        self.first_answer(tokens, deadline)
+    }
+
+    fn first_answer(&mut self, tokens: &[u32], deadline: Instant) -> Result<(u32, Result<Allocation>)> {
         loop {
-            if let Some(r) = self.replies.remove(&token) {
-                return r.map_err(VerbsError::Client);
+            if let Some(t) = tokens.iter().copied().find(|t| matches!(self.replies.get(t), Some(Ok(_)))) {
+                if let Some(r) = self.replies.remove(&t) {
+                    return Ok((t, r.map_err(VerbsError::Client)));
+                }
             }
-            if let Some(status) = self.send_failed(Some(token)) {
-                return Err(VerbsError::Completion { what: "SEND to the MN".into(), status });
+            for &token in tokens {
+                if let Some(r) = self.replies.remove(&token) {
+                    return Ok((token, r.map_err(VerbsError::Client)));
+                }
+                if let Some(status) = self.send_failed(Some(token)) {
+                    return Ok((token, Err(VerbsError::Completion { what: "SEND to the MN".into(), status })));
+                }
+                if let Some(pos) =
+                    self.notices.iter().position(|n| matches!(n, Notice::Failed { token: t, .. } if *t == token))
+                {
+                    if let Some(Notice::Failed { code, .. }) = self.notices.remove(pos) {
+                        return Ok((
+                            token,
+                            Err(match code {
+                                ErrorCode::Empty => VerbsError::PoolEmpty,
+                                ErrorCode::QuotaExceeded => VerbsError::QuotaExceeded,
+                                code => VerbsError::Refused(code),
+                            }),
+                        ));
+                    }
+                }
             }
-            if let Some(pos) =
-                self.notices.iter().position(|n| matches!(n, Notice::Failed { token: t, .. } if *t == token))
-            {
-                let Some(Notice::Failed { code, .. }) = self.notices.remove(pos) else { continue };
-                return Err(match code {
-                    ErrorCode::Empty => VerbsError::PoolEmpty,
-                    ErrorCode::QuotaExceeded => VerbsError::QuotaExceeded,
-                    code => VerbsError::Refused(code),
-                });
-            }
-            if Instant::now() > deadline || !self.d.client().is_pending(token) {
-                if self.d.client().is_pending(token) {
-                    // its chain is idle again; the others' requests stay in flight
-                    self.d.abandon_alloc(token);
+            let pending = tokens.iter().any(|t| self.d.client().is_pending(*t));
+            if Instant::now() > deadline || !pending {
+                for &t in tokens {
+                    if self.d.client().is_pending(t) {
+                        // its chain is idle again; other requests stay in flight
+                        self.d.abandon_alloc(t);
+                    }
                 }
                 return Err(VerbsError::Timeout { what: "the allocation reply".into() });
             }
