@@ -463,6 +463,12 @@ impl CnClient {
                     self.pump()?;
                     continue;
                 }
+                // every send slot holds a request the MN has not taken yet (frees sent faster
+                // than it serves them): wait for one, as for any answer
+                Err(CnError::SlotsBusy) if Instant::now() < deadline => {
+                    self.pump()?;
+                    continue;
+                }
                 Err(e) => return Err(cn_err(e)),
             };
             match self.alloc_answer(token, deadline) {
@@ -577,9 +583,19 @@ impl CnClient {
     }
 
     /// Free a chunk this client holds. The MN does not confirm a free; it reports a refusal.
+    /// With every send slot taken (frees sent faster than the MN takes them: each waits in RNR
+    /// retries for the MN's one request buffer on the Free QP, holding its slot) it waits for
+    /// one, up to the client's timeout — back-pressure, not an error.
     pub fn free(&mut self, a: &Allocation) -> Result<u32> {
-        let token = self.d.free(a).map_err(cn_err)?;
-        Ok(token)
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match self.d.free(a) {
+                Err(CnError::SlotsBusy) if Instant::now() < deadline => {
+                    self.pump()?;
+                }
+                r => return r.map_err(cn_err),
+            }
+        }
     }
 
     /// Send a free request for any entry address (even one this client does not hold), then

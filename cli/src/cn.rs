@@ -35,10 +35,14 @@ pub trait CnOps {
         &mut self,
         tokens: &[u32],
     ) -> std::result::Result<(u32, std::result::Result<Allocation, Self::Error>), Self::Error>;
-    /// Allocate, waiting through "empty" for "available" (needs an idle chain).
+    /// Allocate, waiting through "empty" for "available" and for a send slot (needs an idle
+    /// chain).
     fn alloc(&mut self) -> std::result::Result<Allocation, Self::Error>;
     /// Whether `e` says the MN's pool is empty (answered "empty", or backing off after it).
     fn pool_empty(e: &Self::Error) -> bool;
+    /// Whether `e` says every send slot holds a request the MN has not taken yet (frees sent
+    /// faster than it serves them): a request can go out later.
+    fn slots_busy(e: &Self::Error) -> bool;
     /// Whether `e` is an answer that allocated nothing and may be asked again: `AllocFailed`
     /// (the MN stopped the lap — e.g. it raced a push on an empty queue — and undid it), or
     /// `QuotaExceeded` while this CN's own requests in flight count against its quota (they
@@ -84,6 +88,9 @@ impl CnOps for CnClient {
     fn pool_empty(e: &VerbsError) -> bool {
         matches!(e, VerbsError::PoolEmpty)
     }
+    fn slots_busy(e: &VerbsError) -> bool {
+        matches!(e, VerbsError::TooManyInFlight { .. })
+    }
     fn allocated_nothing(e: &VerbsError) -> bool {
         matches!(e, VerbsError::QuotaExceeded | VerbsError::Refused(omw_core::wire::message::ErrorCode::AllocFailed))
     }
@@ -102,7 +109,8 @@ impl CnOps for CnClient {
 /// every idle chain gets a request before an answer is waited for, and again as soon as one
 /// came, so the chains re-arm while the caller uses the chunk. Whichever request is answered
 /// first is handed out (a chunk the CN was sent is never left unread while it waits on a
-/// request the MN parked for want of one). A pool found empty stops the topping up; a request
+/// request the MN parked for want of one). A pool found empty or every send slot taken stops
+/// the topping up; a request
 /// refused "empty" is asked again once the pool refills, one answered `AllocFailed` or
 /// `QuotaExceeded` ([`CnOps::allocated_nothing`]) at once — up to [`Pipeline::RETRIES`]
 /// answers in a row; with nothing in flight the next allocation waits for "available".
@@ -139,7 +147,9 @@ impl Pipeline {
         while self.pending.len() < self.window && self.served + (self.pending.len() as u64) < self.total {
             match c.alloc_begin() {
                 Ok(t) => self.pending.push_back((t, Instant::now())),
-                Err(e) if C::pool_empty(&e) => break,
+                // no chunk now, or no send slot now: what is in flight goes on, the next
+                // allocation with nothing in flight waits (`CnOps::alloc`)
+                Err(e) if C::pool_empty(&e) || C::slots_busy(&e) => break,
                 Err(e) => return Err(e),
             }
             self.peak = self.peak.max(c.allocs_in_flight());
@@ -668,6 +678,9 @@ mod tests {
                     | CnOpError::Client(ClientError::Backoff { .. })
                     | CnOpError::Cn(CnError::Client(ClientError::Backoff { .. }))
             )
+        }
+        fn slots_busy(e: &CnOpError) -> bool {
+            matches!(e, CnOpError::Cn(CnError::SlotsBusy))
         }
         fn allocated_nothing(e: &CnOpError) -> bool {
             matches!(e, CnOpError::Mn(ErrorCode::AllocFailed | ErrorCode::QuotaExceeded))
