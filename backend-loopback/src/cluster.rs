@@ -427,10 +427,25 @@ pub struct DetachedCn {
     pub id: CnId,
     /// Its ends of the Alloc, Free and access QPs.
     pub qps: CnQpSet,
-    /// Its registered memory; the receives of both message queues are posted in it.
+    /// Its registered memory; the receives of both message queues are posted in it. The reply
+    /// buffer holds a reply slot per alloc chain (`reply_len` bytes).
     pub mem: CnMemory,
     /// The MN's ends.
     pub mn_qps: CnQps,
+    /// Its ends of the Alloc QPs of its alloc chains beyond the first (empty: one chain), in
+    /// the order `mn_extra` names their MN ends — what `CnDriver::with_alloc_chains` takes.
+    pub extra_alloc: Vec<Qpn>,
+    /// The MN's ends of those chains (management and loop QP).
+    pub mn_extra: Vec<AllocChainQps>,
+    /// Bytes of its reply buffer (`CnMemory::REPLY_LEN` per alloc chain).
+    pub reply_len: u64,
+}
+
+impl DetachedCn {
+    /// Its alloc chains (its Alloc QPs).
+    pub fn alloc_chains(&self) -> usize {
+        1 + self.extra_alloc.len()
+    }
 }
 
 /// One modelled compute node: its host and QPs, driven by the core's [`CnDriver`].
@@ -783,6 +798,22 @@ impl Cluster {
     /// `CnDriver::with_primed_receives` over any device that reaches its host and polls it;
     /// the cluster's pumps never service it. [`Cluster::disconnect_detached_cn`] takes it down.
     pub fn connect_detached_cn(&mut self, local_len: u64) -> Result<DetachedCn, ClusterError> {
+        self.connect_detached_cn_with_chains(local_len, 1)
+    }
+
+    /// [`Cluster::connect_detached_cn`] for a CN that opens `chains` alloc chains: an extra
+    /// Alloc QP (and, offloaded, an MN loop QP) per chain beyond the first and a reply slot per
+    /// chain, connected with `MnDriver::connect_with_chains`. More than the MN allows
+    /// (`MnConfig::alloc_chains`), or none, is refused with `MnError::AllocChains` — the
+    /// refusal an MN over rdma_cm sends — before anything of the CN is set up.
+    pub fn connect_detached_cn_with_chains(&mut self, local_len: u64, chains: u8) -> Result<DetachedCn, ClusterError> {
+        let allowed = self.driver.mn.config().alloc_chains;
+        if chains == 0 || chains > allowed {
+            return Err(ClusterError::Driver(DriverError::Node(omw_core::mn::MnError::AllocChains {
+                allowed,
+                asked: chains,
+            })));
+        }
         let g = self.cfg.group_size as usize;
         let offload = self.mode == ExecutionMode::Offloaded;
         let d = self.ring_depths;
@@ -806,10 +837,21 @@ impl Cluster {
             let _ = mn_access.push(m.qpn);
         }
         drop(f);
+        // each alloc chain beyond the first: its own Alloc QP pair and loop QP (its receives are
+        // posted when the CN's driver takes it over: `CnDriver::with_alloc_chains`)
+        let mut extra_alloc = Vec::new();
+        let mut mn_extra = Vec::new();
+        for _ in 1..chains {
+            let lp = self.driver.create_alloc_loop_qp()?;
+            let (c, m) = self.fabric.borrow_mut().create_connected_pair(host, cn_cfg, self.mn_host, mgmt_cfg(0))?;
+            extra_alloc.push(c.qpn);
+            mn_extra.push(AllocChainQps { mgmt: m.qpn, lp });
+        }
         let mut b = NodeBackend::new(self.fabric.clone(), host, None);
-        let reply = b.alloc_memory(CnMemory::REPLY_LEN, 64)?;
+        let reply_len = chains as u64 * CnMemory::REPLY_LEN;
+        let reply = b.alloc_memory(reply_len, 64)?;
         let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-        let rk = b.reg_mr(Domain::CnFacing, reply, CnMemory::REPLY_LEN, rights)?;
+        let rk = b.reg_mr(Domain::CnFacing, reply, reply_len, rights)?;
         let local = b.alloc_memory(local_len, 64)?;
         let lk = b.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE)?;
         let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
@@ -818,9 +860,9 @@ impl Cluster {
         prime_receives(&mut b, &mem, MessageQueue::Alloc, qps.alloc)?;
         prime_receives(&mut b, &mem, MessageQueue::Access0, qps.access[0])?;
         let mn_qps = CnQps { alloc: mn_alloc.qpn, free: mn_free.qpn, access: mn_access, alloc_loop, free_loop };
-        let id = self.driver.connect_as(mn_qps.clone(), None)?;
+        let id = self.driver.connect_with_chains(mn_qps.clone(), &mn_extra, None)?;
         self.pump()?;
-        Ok(DetachedCn { host, id, qps, mem, mn_qps })
+        Ok(DetachedCn { host, id, qps, mem, mn_qps, extra_alloc, mn_extra, reply_len })
     }
 
     /// A detached CN leaves: its host goes down and the MN hears of it the way a connection
@@ -957,6 +999,15 @@ impl Cluster {
         let qp = if kind == ChainKind::Alloc { CnQp::Alloc } else { CnQp::Free };
         self.live_cn(i)?.driver.send_raw(qp, bytes)?;
         Ok(())
+    }
+
+    /// The answer to CN `i`'s alloc request `token` if it has arrived (after a
+    /// [`Cluster::pump`]); `None` while it has not — the request stays in flight (unlike
+    /// [`Cluster::alloc_take`], which gives it up), as a CN waiting on several chains polls each.
+    pub fn alloc_poll(&mut self, i: usize, token: u32) -> Option<Result<Allocation, CnOpError>> {
+        let n = self.cns.get_mut(i)?;
+        let pos = n.replies.iter().position(|(t, _)| *t == token)?;
+        Some(n.replies.remove(pos).1)
     }
 
     /// The answer to alloc request `token` if it has arrived (after a [`Cluster::pump`]).

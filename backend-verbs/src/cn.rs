@@ -463,6 +463,12 @@ impl CnClient {
                     self.pump()?;
                     continue;
                 }
+                // every send slot holds a request the MN has not taken yet (frees sent faster
+                // than it serves them): wait for one, as for any answer
+                Err(CnError::SlotsBusy) if Instant::now() < deadline => {
+                    self.pump()?;
+                    continue;
+                }
                 Err(e) => return Err(cn_err(e)),
             };
             match self.alloc_answer(token, deadline) {
@@ -521,27 +527,54 @@ impl CnClient {
     }
 
     fn alloc_answer(&mut self, token: u32, deadline: Instant) -> Result<Allocation> {
+        self.first_answer(&[token], deadline)?.1
+    }
+
+    /// The first answer to any of the allocation requests `tokens` (waits up to the client's
+    /// timeout): its token, and the allocation or why it failed. An allocation that arrived is
+    /// handed out before any refusal, so a CN with several chains never waits on a request the
+    /// MN could not serve while chunks it was sent sit unread.
+    pub fn alloc_finish_any(&mut self, tokens: &[u32]) -> Result<(u32, Result<Allocation>)> {
+        let deadline = Instant::now() + self.timeout;
+        self.first_answer(tokens, deadline)
+    }
+
+    fn first_answer(&mut self, tokens: &[u32], deadline: Instant) -> Result<(u32, Result<Allocation>)> {
         loop {
-            if let Some(r) = self.replies.remove(&token) {
-                return r.map_err(VerbsError::Client);
+            if let Some(t) = tokens.iter().copied().find(|t| matches!(self.replies.get(t), Some(Ok(_)))) {
+                if let Some(r) = self.replies.remove(&t) {
+                    return Ok((t, r.map_err(VerbsError::Client)));
+                }
             }
-            if let Some(status) = self.send_failed(Some(token)) {
-                return Err(VerbsError::Completion { what: "SEND to the MN".into(), status });
+            for &token in tokens {
+                if let Some(r) = self.replies.remove(&token) {
+                    return Ok((token, r.map_err(VerbsError::Client)));
+                }
+                if let Some(status) = self.send_failed(Some(token)) {
+                    return Ok((token, Err(VerbsError::Completion { what: "SEND to the MN".into(), status })));
+                }
+                if let Some(pos) =
+                    self.notices.iter().position(|n| matches!(n, Notice::Failed { token: t, .. } if *t == token))
+                {
+                    if let Some(Notice::Failed { code, .. }) = self.notices.remove(pos) {
+                        return Ok((
+                            token,
+                            Err(match code {
+                                ErrorCode::Empty => VerbsError::PoolEmpty,
+                                ErrorCode::QuotaExceeded => VerbsError::QuotaExceeded,
+                                code => VerbsError::Refused(code),
+                            }),
+                        ));
+                    }
+                }
             }
-            if let Some(pos) =
-                self.notices.iter().position(|n| matches!(n, Notice::Failed { token: t, .. } if *t == token))
-            {
-                let Some(Notice::Failed { code, .. }) = self.notices.remove(pos) else { continue };
-                return Err(match code {
-                    ErrorCode::Empty => VerbsError::PoolEmpty,
-                    ErrorCode::QuotaExceeded => VerbsError::QuotaExceeded,
-                    code => VerbsError::Refused(code),
-                });
-            }
-            if Instant::now() > deadline || !self.d.client().is_pending(token) {
-                if self.d.client().is_pending(token) {
-                    // its chain is idle again; the others' requests stay in flight
-                    self.d.abandon_alloc(token);
+            let pending = tokens.iter().any(|t| self.d.client().is_pending(*t));
+            if Instant::now() > deadline || !pending {
+                for &t in tokens {
+                    if self.d.client().is_pending(t) {
+                        // its chain is idle again; other requests stay in flight
+                        self.d.abandon_alloc(t);
+                    }
                 }
                 return Err(VerbsError::Timeout { what: "the allocation reply".into() });
             }
@@ -550,9 +583,19 @@ impl CnClient {
     }
 
     /// Free a chunk this client holds. The MN does not confirm a free; it reports a refusal.
+    /// With every send slot taken (frees sent faster than the MN takes them: each waits in RNR
+    /// retries for the MN's one request buffer on the Free QP, holding its slot) it waits for
+    /// one, up to the client's timeout — back-pressure, not an error.
     pub fn free(&mut self, a: &Allocation) -> Result<u32> {
-        let token = self.d.free(a).map_err(cn_err)?;
-        Ok(token)
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match self.d.free(a) {
+                Err(CnError::SlotsBusy) if Instant::now() < deadline => {
+                    self.pump()?;
+                }
+                r => return r.map_err(cn_err),
+            }
+        }
     }
 
     /// Send a free request for any entry address (even one this client does not hold), then

@@ -193,24 +193,29 @@ pub struct CnArgs {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum CnCmd {
-    /// Allocate N chunks, print them, free them.
+    /// Allocate N chunks (up to one request in flight per alloc chain), print them, free them.
     Alloc {
         #[arg(default_value_t = 1)]
         count: u32,
     },
-    /// Allocate, write through every access QP, read back, free, reallocate.
+    /// Allocate, write through every access QP, read back, free, reallocate — one allocation at
+    /// a time whatever --alloc-chains: it checks each chunk's windows, not throughput.
     Roundtrip {
         #[arg(long, default_value_t = 512)]
         bytes: usize,
     },
-    /// A short load: alloc → write → read → verify → free, N times.
+    /// A short load: alloc → write → read → verify → free, N times, with up to one allocation
+    /// request in flight per alloc chain (each idle chain gets one before the oldest answer is
+    /// waited for).
     Load {
         #[arg(default_value_t = 1000)]
         ops: u32,
         #[arg(long, default_value_t = 64)]
         bytes: usize,
     },
-    /// Allocation latency vs a SEND/RECV round trip through the MN on the same QPs.
+    /// Allocation latency vs a SEND/RECV round trip through the MN on the same QPs; then the
+    /// CN's allocation throughput with 1..=K requests in flight on its K alloc chains, each as a
+    /// ratio to a CN of one chain measured in the same run.
     Bench {
         #[arg(default_value_t = 200)]
         iters: u32,

@@ -294,6 +294,30 @@ impl<T: Transport> Cn<T> {
         self.lock().in_flight()
     }
 
+    /// The alloc chains this client opened (its Alloc QPs): how many of its allocation
+    /// requests may be in flight at once.
+    ///
+    /// ```
+    /// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+    /// # let cn = omw_client::Cn::connect(&model, Default::default()).unwrap();
+    /// assert_eq!(cn.alloc_chains(), 1);
+    /// ```
+    pub fn alloc_chains(&self) -> usize {
+        self.lock().d.alloc_chains()
+    }
+
+    /// Allocation requests sent to the MN and not yet answered (at most
+    /// [`Cn::alloc_chains`]): waiters beyond that wait for a chain.
+    ///
+    /// ```
+    /// # let model = omw_client::model::Model::start(Default::default()).unwrap();
+    /// # let cn = omw_client::Cn::connect(&model, Default::default()).unwrap();
+    /// assert_eq!(cn.allocs_in_flight(), 0);
+    /// ```
+    pub fn allocs_in_flight(&self) -> usize {
+        self.lock().allocs_in_flight()
+    }
+
     /// Whether remote atomics work on this connection (the device has them and the MN's
     /// windows grant them).
     ///

@@ -425,6 +425,11 @@ impl<T: Transport> Engine<T> {
         }
     }
 
+    /// Our allocation requests in flight (at most one per alloc chain).
+    pub(crate) fn allocs_in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Whether `token` was one of our requests in flight (it is not any more).
     fn take_pending(&mut self, token: u32) -> bool {
         match self.pending.iter().position(|t| *t == token) {

@@ -64,6 +64,11 @@ pub enum Error {
     /// The MN's connect info names another QP for `connection` than the transport connected
     /// (the MN mixed up sessions). Reconnect.
     WrongSession { connection: usize },
+    /// The MN refused the connection: this CN asked for `asked` alloc chains, the MN allows at
+    /// most `allowed` (`omw mn --alloc-chains`, the model's `ModelConfig::alloc_chains`).
+    /// Connect asking for at most `allowed` (`verbs::Target::alloc_chains`,
+    /// `model::Target::alloc_chains`).
+    AllocChains { allowed: u8, asked: u8 },
     /// The transport failed (the device or the model); the source says how.
     Transport(Arc<dyn std::error::Error + Send + Sync>),
 }
@@ -110,6 +115,9 @@ impl fmt::Display for Error {
             Error::WrongSession { connection } => {
                 write!(f, "the MN's connect info names another QP for connection {connection} than rdma_cm connected")
             }
+            Error::AllocChains { allowed, asked } => {
+                write!(f, "this CN asked for {asked} alloc chains, the MN allows at most {allowed}")
+            }
             Error::Transport(e) => write!(f, "transport: {e}"),
         }
     }
@@ -145,6 +153,9 @@ impl PartialEq for Error {
             (Error::Access(a), Error::Access(b)) => a == b,
             (Error::Client(a), Error::Client(b)) => a == b,
             (Error::WrongSession { connection: a }, Error::WrongSession { connection: b }) => a == b,
+            (Error::AllocChains { allowed: a, asked: b }, Error::AllocChains { allowed: x, asked: y }) => {
+                (a, b) == (x, y)
+            }
             _ => core::mem::discriminant(self) == core::mem::discriminant(other),
         }
     }

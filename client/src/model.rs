@@ -36,6 +36,8 @@ use omw_core::device::{
     WindowState,
 };
 use omw_core::ids::{Qpn, Rkey};
+use omw_core::mn::MnError;
+use omw_core::mn::driver::DriverError;
 use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe};
 use omw_loopback::cluster::{Cluster, ClusterConfig, ClusterError, DetachedCn};
 use omw_loopback::{Fabric, HostId, LoopbackError, NicConfig, PdId, QpAddr};
@@ -82,6 +84,12 @@ pub struct ModelConfig {
     /// The largest single message the CNs' QPs carry (the model has no port limit of its own;
     /// this stands in for `max_msg_sz`).
     pub max_message: u64,
+    /// Alloc chains one CN may open (1..=`MAX_ALLOC_CHAINS`, as `omw mn --alloc-chains`): the
+    /// MN is provisioned for that many per CN; each CN opens as many as its [`Target`] asks
+    /// (one by default), and one asking for more is refused ([`crate::Error::AllocChains`]).
+    ///
+    /// [`MAX_ALLOC_CHAINS`]: omw_core::mn::MAX_ALLOC_CHAINS
+    pub alloc_chains: u8,
 }
 
 impl Default for ModelConfig {
@@ -96,6 +104,7 @@ impl Default for ModelConfig {
             nic: NicConfig::strict(),
             mode: None,
             max_message: 1 << 30,
+            alloc_chains: 1,
         }
     }
 }
@@ -120,6 +129,13 @@ pub enum ModelError {
     NoSuchCn,
     /// The signal sockets could not be set up.
     Signal(io::ErrorKind),
+    /// A CN asked to open a number of alloc chains outside 1..=`MAX_ALLOC_CHAINS`.
+    AllocChainsOutOfRange { asked: u8 },
+    /// The MN refused a CN asking more alloc chains than it allows
+    /// ([`ModelConfig::alloc_chains`]; the core's `MnError::AllocChains`, what an MN over
+    /// rdma_cm sends as a `Refusal`), before anything of the CN was set up. The library
+    /// reports it as [`crate::Error::AllocChains`].
+    AllocChains { allowed: u8, asked: u8 },
 }
 
 impl fmt::Display for ModelError {
@@ -130,6 +146,12 @@ impl fmt::Display for ModelError {
             ModelError::Stopped => f.write_str("the model's thread has stopped"),
             ModelError::NoSuchCn => f.write_str("no such CN on the model"),
             ModelError::Signal(k) => write!(f, "the signal sockets: {k}"),
+            ModelError::AllocChains { allowed, asked } => {
+                write!(f, "this CN asked for {asked} alloc chains, the MN allows at most {allowed}")
+            }
+            ModelError::AllocChainsOutOfRange { asked } => {
+                write!(f, "{asked} alloc chains: a CN opens 1..={}", omw_core::mn::MAX_ALLOC_CHAINS)
+            }
         }
     }
 }
@@ -175,6 +197,8 @@ struct World {
     cns: Vec<Option<Cn>>,
     /// The MN host crashed ([`Model::kill_mn`]): only the fabric runs any more.
     mn_dead: bool,
+    /// [`Model::pause`]: nothing runs — posts queue, virtual time stands still.
+    paused: bool,
 }
 
 impl World {
@@ -188,7 +212,9 @@ impl World {
 
     /// Run what was posted: the whole cluster while the MN lives, else the fabric alone.
     fn pump(&mut self) -> R<()> {
-        if self.mn_dead {
+        if self.paused {
+            // what is already visible still signals; nothing new happens
+        } else if self.mn_dead {
             self.fabric().run_until_idle(10_000_000);
         } else {
             self.cluster.pump()?;
@@ -231,6 +257,10 @@ impl World {
         };
         if let Some(Some(c)) = self.cns.get_mut(i) {
             c.armed = Some(sum);
+        }
+        if self.paused {
+            // no time passes while the model is paused: [`Model::resume`] signals
+            return Ok(());
         }
         let step = self.fabric().config().cost.rnr_timeout_ns;
         if self.mn_dead {
@@ -346,7 +376,7 @@ impl Model {
                     pop_ahead: None,
                     // the CNs this handle connects later, each a detached CN
                     max_cns: Some(cfg.max_cns as u32),
-                    alloc_chains: 1,
+                    alloc_chains: cfg.alloc_chains,
                 };
                 let cluster = match Cluster::new(cc) {
                     Ok(c) => c,
@@ -357,7 +387,7 @@ impl Model {
                 };
                 let caps = cluster.fabric.borrow().capabilities();
                 let _ = ready_tx.send(Ok(caps));
-                let mut w = World { cluster, cns: Vec::new(), mn_dead: false };
+                let mut w = World { cluster, cns: Vec::new(), mn_dead: false, paused: false };
                 while let Ok(job) = rx.recv() {
                     job(&mut w);
                 }
@@ -441,14 +471,82 @@ impl Model {
         })?
     }
 
-    /// Connect a CN (what [`crate::Cn::connect`] calls).
+    /// Stop the model: from now on nothing runs — a CN's posts queue on its QPs, nothing is
+    /// delivered or executed, virtual time stands still, a polling CN sees only what completed
+    /// before — until [`Model::resume`]. What tests use to hold a CN's requests in flight
+    /// (an MN whose loop is held), as the verbs tests hold the MN's thread.
+    ///
+    /// ```
+    /// use omw_client::{model::Model, AsyncCn, Cn};
+    /// let m = Model::start(Default::default()).unwrap();
+    /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    /// rt.block_on(async {
+    ///     let cn = AsyncCn::new(Cn::connect(&m, Default::default()).unwrap()).unwrap();
+    ///     m.pause().unwrap();
+    ///     let a = tokio::spawn({ let cn = cn.clone(); async move { cn.alloc().await } });
+    ///     tokio::task::yield_now().await;
+    ///     assert_eq!(cn.cn().allocs_in_flight(), 1); // sent, unanswered
+    ///     m.resume().unwrap();
+    ///     let c = a.await.unwrap().unwrap();
+    ///     cn.free(c).await.unwrap();
+    /// });
+    /// ```
+    pub fn pause(&self) -> R<()> {
+        self.inner.call(|w| w.paused = true)
+    }
+
+    /// Let the model run again after [`Model::pause`]: what was posted meanwhile runs, and every
+    /// CN whose queues grew is signalled.
+    pub fn resume(&self) -> R<()> {
+        self.inner.call(|w| {
+            w.paused = false;
+            w.pump()
+        })?
+    }
+
+    /// A CN to connect to this model, opening one alloc chain unless told otherwise
+    /// ([`Target::alloc_chains`]).
+    ///
+    /// ```
+    /// use omw_client::model::{Model, ModelConfig};
+    /// let m = Model::start(ModelConfig { alloc_chains: 2, ..Default::default() }).unwrap();
+    /// let cn = omw_client::Cn::connect(m.target().alloc_chains(2), Default::default()).unwrap();
+    /// assert_eq!(cn.alloc_chains(), 2);
+    /// ```
+    pub fn target(&self) -> Target {
+        Target { model: self.clone(), alloc_chains: 1 }
+    }
+
+    /// Connect a CN of one alloc chain (what [`crate::Cn::connect`] calls with `&Model`).
     ///
     /// ```
     /// let m = omw_client::model::Model::start(Default::default()).unwrap();
     /// let c = m.connect().unwrap();
     /// assert!(c.primed);
+    /// assert!(c.extra_alloc.is_empty());
     /// ```
     pub fn connect(&self) -> Result<Connection<ModelDevice>, ModelError> {
+        self.connect_with_chains(1)
+    }
+
+    /// Connect a CN that opens `chains` alloc chains (1..=`MAX_ALLOC_CHAINS`, at most
+    /// [`ModelConfig::alloc_chains`]): an Alloc QP and a reply slot per chain, so up to `chains`
+    /// of its allocations are in flight at once. More than the MN allows is refused
+    /// ([`ModelError::AllocChains`]) before anything of the CN is set up.
+    ///
+    /// [`MAX_ALLOC_CHAINS`]: omw_core::mn::MAX_ALLOC_CHAINS
+    ///
+    /// ```
+    /// use omw_client::model::{Model, ModelConfig, ModelError};
+    /// let m = Model::start(ModelConfig { alloc_chains: 2, ..Default::default() }).unwrap();
+    /// assert_eq!(m.connect_with_chains(2).unwrap().extra_alloc.len(), 1);
+    /// let e = m.connect_with_chains(3).unwrap_err();
+    /// assert!(matches!(e, ModelError::AllocChains { allowed: 2, asked: 3 }));
+    /// ```
+    pub fn connect_with_chains(&self, chains: u8) -> Result<Connection<ModelDevice>, ModelError> {
+        if chains == 0 || chains as usize > omw_core::mn::MAX_ALLOC_CHAINS {
+            return Err(ModelError::AllocChainsOutOfRange { asked: chains });
+        }
         let pair = || -> io::Result<(UdpSocket, UdpSocket)> {
             let rx = UdpSocket::bind("127.0.0.1:0")?;
             let tx = UdpSocket::bind("127.0.0.1:0")?;
@@ -467,10 +565,17 @@ impl Model {
             if w.mn_dead {
                 return Err(ModelError::Stopped);
             }
-            let cn = w.cluster.connect_detached_cn(local_len)?;
+            let cn = match w.cluster.connect_detached_cn_with_chains(local_len, chains) {
+                Err(ClusterError::Driver(DriverError::Node(MnError::AllocChains { allowed, asked }))) => {
+                    return Err(ModelError::AllocChains { allowed, asked });
+                }
+                r => r?,
+            };
+            // every queue a completion may arrive on signals the CN: its extra Alloc QPs' too
             let qps: Vec<QpAddr> = [cn.qps.alloc, cn.qps.free]
                 .into_iter()
                 .chain(cn.qps.access.iter().copied())
+                .chain(cn.extra_alloc.iter().copied())
                 .map(|q| QpAddr::new(cn.host, q))
                 .collect();
             w.cns.push(Some(Cn { cn: cn.clone(), qps, tx, bell: b2, lost: l2, armed: None }));
@@ -488,23 +593,65 @@ impl Model {
         };
         let mn_qpns =
             [cn.mn_qps.alloc, cn.mn_qps.free].into_iter().chain(cn.mn_qps.access.iter().copied()).map(Some).collect();
-        // one alloc chain: the model's detached CNs connect with the MN's first only
         Ok(Connection {
             device,
             qps: cn.qps,
             mem: cn.mem,
             primed: true,
             mn_qpns,
-            extra_alloc: Vec::new(),
-            reply_len: CnMemory::REPLY_LEN,
+            extra_alloc: cn.extra_alloc,
+            reply_len: cn.reply_len,
         })
+    }
+}
+
+/// What a model CN opens: the model's counterpart of `verbs::Target` (feature `verbs`).
+///
+/// ```
+/// use omw_client::model::{Model, ModelConfig};
+/// let m = Model::start(ModelConfig { alloc_chains: 4, ..Default::default() }).unwrap();
+/// let t = m.target().alloc_chains(3);
+/// assert_eq!(t.chains(), 3);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Target {
+    model: Model,
+    alloc_chains: u8,
+}
+
+impl Target {
+    /// Open `k` alloc chains (1..=4, at most the model's [`ModelConfig::alloc_chains`]; the MN
+    /// refuses more with [`Error::AllocChains`]): `k` allocations of the CN in flight at once.
+    pub fn alloc_chains(mut self, k: u8) -> Target {
+        self.alloc_chains = k;
+        self
+    }
+
+    /// The alloc chains it will open.
+    pub fn chains(&self) -> u8 {
+        self.alloc_chains
+    }
+}
+
+/// A refusal the application can act on becomes the library's own error, as over verbs.
+fn connect_err(e: ModelError) -> Error {
+    match e {
+        ModelError::AllocChains { allowed, asked } => Error::AllocChains { allowed, asked },
+        e => Error::transport(e),
+    }
+}
+
+impl Connect for Target {
+    type Transport = ModelDevice;
+    fn connect(self) -> Result<Connection<ModelDevice>, Error> {
+        self.model.connect_with_chains(self.alloc_chains).map_err(connect_err)
     }
 }
 
 impl Connect for &Model {
     type Transport = ModelDevice;
     fn connect(self) -> Result<Connection<ModelDevice>, Error> {
-        Model::connect(self).map_err(Error::transport)
+        Model::connect(self).map_err(connect_err)
     }
 }
 
@@ -584,7 +731,8 @@ impl DataPath for ModelDevice {
             let mut v = vec![Completion::EMPTY; n];
             let before = w.fabric().now();
             // a CPU spinning on its CQ: the NIC runs, the clock reaches the first completion
-            let k = w.fabric().poll_cq(q, queue, &mut v)?;
+            // (paused: only what completed before)
+            let k = if w.paused { w.fabric().poll(q, queue, &mut v)? } else { w.fabric().poll_cq(q, queue, &mut v)? };
             v.truncate(k);
             if w.fabric().now() != before {
                 // time passed: the MN's timers may be due

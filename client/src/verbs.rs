@@ -56,8 +56,8 @@ impl Target {
         Target { addr, opts: CnOptions::default() }
     }
 
-    /// Open `k` alloc chains (1..=4, at most the MN's `--alloc-chains`; the MN refuses more,
-    /// saying so): `k` allocations of the CN in flight at once.
+    /// Open `k` alloc chains (1..=4, at most the MN's `--alloc-chains`; the MN refuses more
+    /// with [`Error::AllocChains`]): `k` allocations of the CN in flight at once.
     ///
     /// ```
     /// let t = omw_client::verbs::Target::new("192.0.2.1:7471".parse().unwrap()).alloc_chains(2);
@@ -73,7 +73,13 @@ impl Connect for Target {
     type Transport = VerbsBackend;
     fn connect(self) -> Result<Connection<VerbsBackend>, Error> {
         let len = CnMemory::local_len_for(IO_SLOTS, VERBS_STAGING_SLOT);
-        let q = omw_verbs::cn::connect_queues(self.addr, &self.opts, len, true).map_err(Error::transport)?;
+        let q = omw_verbs::cn::connect_queues(self.addr, &self.opts, len, true).map_err(|e| match e {
+            // a refusal the application can act on: the library's own error, as on the model
+            VerbsError::Rejected(omw_verbs::cm::Refusal::AllocChains { allowed, asked }) => {
+                Error::AllocChains { allowed, asked }
+            }
+            e => Error::transport(e),
+        })?;
         Ok(Connection {
             device: q.backend,
             qps: q.qps,

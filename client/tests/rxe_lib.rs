@@ -320,7 +320,11 @@ fn a_client_of_two_alloc_chains_overlaps_its_allocations() {
         }
     });
     match Cn::connect(target(addr).alloc_chains(3), Options::default()) {
-        Err(e) => assert!(e.to_string().contains("allows at most 2"), "{e}"),
+        Err(e) => {
+            // the library's own error, as on the model (model_alloc_chains.rs)
+            assert_eq!(e, Error::AllocChains { allowed: 2, asked: 3 });
+            assert!(e.to_string().contains("allows at most 2"), "{e}");
+        }
         Ok(_) => panic!("three alloc chains on an MN allowing two"),
     }
     whole_pool_allocatable(addr);
