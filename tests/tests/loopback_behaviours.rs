@@ -82,11 +82,15 @@ fn offloaded_frees_need_the_unchecked_unbind() {
                 assert_eq!(stale, WcStatus::RemAccessErr, "the freed chunk is out of reach");
                 assert_eq!(c.free_groups(), free_before + 1, "the group is back in the queue");
                 assert_eq!((s.pushes_refused, s.groups_quarantined), (0, 0));
+                assert_eq!(c.driver.stats.unbinds_refused, 0);
                 c.check_invariants().unwrap();
             }
             UncheckedUnbind::Refused => {
                 assert_eq!(stale, WcStatus::Success, "the window stayed bound to the CN that freed it");
                 assert_eq!((s.pushes_refused, s.groups_quarantined), (1, 1), "{s:?}");
+                // and the MN's own unbind in its repair was refused too: counted, so an operator
+                // sees why groups go to quarantine
+                assert!(c.driver.stats.unbinds_refused >= 1, "{:?}", c.driver.stats);
                 assert_eq!(c.free_groups(), free_before, "never pushed: nobody else is handed it");
                 // the one invariant broken is the quarantined group's bound window
                 let e = c.check_invariants().unwrap_err();

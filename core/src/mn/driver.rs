@@ -89,6 +89,11 @@ pub struct DriverStats {
     pub qps_left_in_error: u64,
     /// Host-engine laps ended by a quiesce ([`Action::StopLaps`]) after their device step landed.
     pub laps_stopped: u64,
+    /// The MN's own unbinds ([`Action::Unbind`]) after which a backend that reports window
+    /// state still shows the window bound under the same key: the device refused the
+    /// invalidate without the QPN check (`UncheckedUnbind`). The MN's checked push keeps such
+    /// a group out of the queue; this says why groups go to quarantine.
+    pub unbinds_refused: u64,
 }
 
 /// What one [`MnDriver::poll`] saw.
@@ -319,6 +324,9 @@ impl<B: MnDevice> MnPort for Port<'_, B> {
                 }
                 if b.qp_state(self.admin_qp).map_err(DriverError::Backend)? != QpState::Rts {
                     b.reset_qp(self.admin_qp).map_err(DriverError::Backend)?;
+                }
+                if matches!(b.mw_binding(rkey), Some(MwBinding::Bound { rkey: r, .. }) if r == rkey) {
+                    self.stats.unbinds_refused += 1;
                 }
                 Ok(())
             }
