@@ -53,7 +53,8 @@ pub use quiesce::{scan_free, Chains, FreeCount, PushRefused, Quiesced, Whereabou
 pub const MAX_CNS: usize = 32;
 /// Most alloc chains one CN may have ([`MnConfig::alloc_chains`]): each is a whole alloc chain
 /// (loop QP, management QP, scratch area), so a CN can have that many allocations in flight.
-pub const MAX_ALLOC_CHAINS: usize = 4;
+/// Defined with the protocol, whose messages name chains.
+pub use crate::wire::message::MAX_ALLOC_CHAINS;
 const _: () = assert!(crate::mn::tenant::MAX_TENANTS == MAX_CNS);
 /// `reserved` value of an MWTable entry whose group the MN is reclaiming.
 pub const ENTRY_RECLAIMING: u32 = 1;

@@ -129,7 +129,7 @@ pub enum WireError {
     /// A rebound notice naming a window index past the largest group, no entry, or with
     /// its reserved bytes set.
     BadRebound,
-    /// A chain-parked notice naming an alloc chain past [`crate::mn::MAX_ALLOC_CHAINS`].
+    /// A chain-parked notice naming an alloc chain past [`MAX_ALLOC_CHAINS`].
     BadChain(u64),
 }
 
@@ -372,6 +372,10 @@ impl AllocReply {
         h
     }
 }
+
+/// Most alloc chains one CN may have (`mn::MnConfig::alloc_chains`): a chain-parked notice
+/// naming one at or past it is refused.
+pub const MAX_ALLOC_CHAINS: usize = 4;
 
 /// MN → CN notices about the free queue (`hdr | value u64`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -672,9 +676,7 @@ impl MnMessage {
                     Kind::ChainParked => {
                         let v = le64(bytes, notice::VALUE);
                         match u8::try_from(v) {
-                            Ok(chain) if (chain as usize) < crate::mn::MAX_ALLOC_CHAINS => {
-                                Notice::ChainParked { chain }
-                            }
+                            Ok(chain) if (chain as usize) < MAX_ALLOC_CHAINS => Notice::ChainParked { chain },
                             _ => return Err(WireError::BadChain(v)),
                         }
                     }
@@ -770,7 +772,7 @@ mod tests {
     #[test]
     fn a_chain_parked_notice_names_a_chain_that_can_exist() {
         let mut b = Notice::ChainParked { chain: 0 }.encode();
-        for v in [crate::mn::MAX_ALLOC_CHAINS as u64, 255, 256, u64::MAX] {
+        for v in [MAX_ALLOC_CHAINS as u64, 255, 256, u64::MAX] {
             b[notice::VALUE..notice::VALUE + 8].copy_from_slice(&v.to_le_bytes());
             assert_eq!(MnMessage::decode(&b), Err(WireError::BadChain(v)));
         }
@@ -788,7 +790,7 @@ mod tests {
             Notice::Available { free_groups: 7 },
             Notice::Probe { seq: 9 },
             Notice::ChainParked { chain: 0 },
-            Notice::ChainParked { chain: crate::mn::MAX_ALLOC_CHAINS as u8 - 1 },
+            Notice::ChainParked { chain: MAX_ALLOC_CHAINS as u8 - 1 },
         ] {
             assert_eq!(MnMessage::decode(&n.encode()), Ok(MnMessage::Notice(n)));
         }
