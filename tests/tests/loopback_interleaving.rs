@@ -56,6 +56,18 @@ enum Setup {
     PopAheadTwoChains,
 }
 
+/// Every set-up the pinned races run in; the offloaded ones first.
+const EVERY_SETUP: [Setup; 6] = [
+    Setup::Mode(Mode::Offloaded),
+    Setup::Mlx5,
+    Setup::Relayed,
+    Setup::PopAheadTwoChains,
+    Setup::Mode(Mode::HostEngine),
+    Setup::Mode(Mode::Rxe),
+];
+/// The set-ups that run chains.
+const OFFLOADED_SETUPS: [Setup; 4] = [EVERY_SETUP[0], EVERY_SETUP[1], EVERY_SETUP[2], EVERY_SETUP[3]];
+
 impl Setup {
     fn alloc_chains(self) -> usize {
         match self {
@@ -335,14 +347,7 @@ proptest! {
 /// its clear, and a forged free of an entry a victim is popping right now.
 #[test]
 fn pinned_pop_push_and_forged_free_races() {
-    for mode in [
-        Setup::Mode(Mode::Offloaded),
-        Setup::Mlx5,
-        Setup::Relayed,
-        Setup::PopAheadTwoChains,
-        Setup::Mode(Mode::HostEngine),
-        Setup::Mode(Mode::Rxe),
-    ] {
+    for mode in EVERY_SETUP {
         for seed in 0..64u64 {
             let mut b = Vec::new();
             // fill the pool
@@ -370,14 +375,7 @@ fn pinned_pop_push_and_forged_free_races() {
 /// the CN's free already pushed.
 #[test]
 fn pinned_garbage_alloc_free_and_forge_push_nothing_twice() {
-    for mode in [
-        Setup::Mode(Mode::Offloaded),
-        Setup::Mlx5,
-        Setup::Relayed,
-        Setup::PopAheadTwoChains,
-        Setup::Mode(Mode::HostEngine),
-        Setup::Mode(Mode::Rxe),
-    ] {
+    for mode in EVERY_SETUP {
         for (seed, pm) in [(0u64, 20u16), (1, 300), (7, 800)] {
             run_in(
                 mode,
@@ -394,7 +392,7 @@ fn pinned_garbage_alloc_free_and_forge_push_nothing_twice() {
 /// garbage alloc request, its next alloc and a free of its own interleave with the MN.
 #[test]
 fn pinned_misbind_free_then_garbage_alloc_and_free() {
-    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5, Setup::Relayed, Setup::PopAheadTwoChains] {
+    for mode in OFFLOADED_SETUPS {
         run_in(
             mode,
             vec![
@@ -418,7 +416,7 @@ fn pinned_garbage_free_and_alloc_of_one_cn() {
 /// misbound group freed, in one interleaved batch.
 #[test]
 fn pinned_forge_garbage_and_misbind_free() {
-    for mode in [Setup::Mode(Mode::Offloaded), Setup::Mlx5, Setup::Relayed, Setup::PopAheadTwoChains] {
+    for mode in OFFLOADED_SETUPS {
         run_in(
             mode,
             vec![(

@@ -67,25 +67,8 @@ pub fn run<D: DevxDevice>(rig: &mut Rig<'_, D>) -> Result<Finding<ForeignBind>, 
     let mut o = Observed { bind: bound.map(|c| c.error.is_none()), ..Observed::default() };
     rig.say(format_args!("window {mw:#010x}: bind posted on A naming B, key {key:#010x}: {}", show(&bound)));
     if o.bind == Some(true) {
-        for (who, reader, at) in [("B'", &mut bp, 0x1000u64), ("A'", &mut ap, 0x1800)] {
-            let dst = buf.addr + at;
-            rig.post_plain(reader, &Wqe::read(dst, buf.keys.lkey, READ_LEN as u32, buf.addr, key))?;
-            let c = rig.poll(&mut reader.send_cq)?;
-            rig.settle();
-            let mut got = vec![0u8; READ_LEN];
-            rig.dev.read_mem(dst as usize, &mut got)?;
-            let out = c.map(|c| c.error.is_none() && got == data);
-            rig.say(format_args!(
-                "READ through the window from {who}: {}; data {}",
-                show(&c),
-                if got == data { "matches" } else { "absent" }
-            ));
-            if who == "B'" {
-                o.read_from_b = out;
-            } else {
-                o.read_from_a = out;
-            }
-        }
+        o.read_from_b = rig.read_through_window(&mut bp, &buf, 0x1000, key, &data, "B'")?;
+        o.read_from_a = rig.read_through_window(&mut ap, &buf, 0x1800, key, &data, "A'")?;
     }
     Ok(verdict(&o))
 }

@@ -518,6 +518,33 @@ impl<'a, D: DevxDevice> Rig<'a, D> {
         self.dev.store(addr as usize, bytes)
     }
 
+    /// `reader` READs `expect.len()` bytes through the window `rkey` over `buf`'s start into
+    /// `buf` at `at`, and says what happened as `from`: `None` no completion, `Some(true)`
+    /// success with `expect` arrived, `Some(false)` an error completion or other bytes.
+    pub fn read_through_window(
+        &mut self,
+        reader: &mut Qp,
+        buf: &Buf,
+        at: u64,
+        rkey: u32,
+        expect: &[u8],
+        from: &str,
+    ) -> Result<Option<bool>, DevxError> {
+        let dst = buf.addr + at;
+        self.post_plain(reader, &Wqe::read(dst, buf.keys.lkey, expect.len() as u32, buf.addr, rkey))?;
+        let c = self.poll(&mut reader.send_cq)?;
+        self.settle();
+        let mut got = vec![0u8; expect.len()];
+        self.dev.read_mem(dst as usize, &mut got)?;
+        let matches = got == expect;
+        self.say(format_args!(
+            "READ through the window from {from}: {}; data {}",
+            show(&c),
+            if matches { "matches" } else { "absent" }
+        ));
+        Ok(c.map(|c| c.error.is_none() && matches))
+    }
+
     /// Whether any of the `len` bytes at `addr` is non-zero (the steps zero what they watch
     /// and copy non-zero patterns).
     pub fn landed(&mut self, addr: u64, len: usize) -> Result<bool, DevxError> {

@@ -25,12 +25,8 @@ use omw_core::device::behaviour::UncheckedUnbind;
 use omw_core::mlx5::prm::qp::CdRole;
 use omw_core::wire::wqe::Wqe;
 
-/// Bytes each READ through the window fetches.
-pub const READ_LEN: usize = 256;
-
-/// `None` no completion, `Some(true)` success (a READ: and the data arrived), `Some(false)` an
-/// error completion (or a READ whose data did not arrive).
-pub type Outcome = Option<bool>;
+/// What a READ, the bind or the invalidate did (as in `foreign_bind`).
+pub use super::foreign_bind::{Outcome, READ_LEN};
 
 /// What the step saw.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -73,21 +69,7 @@ pub fn run<D: DevxDevice>(rig: &mut Rig<'_, D>) -> Result<Finding<UncheckedUnbin
     if o.bind != Some(true) {
         return Ok(verdict(&o));
     }
-    let mut read = |rig: &mut Rig<'_, D>, at: u64, what: &str| -> Result<Outcome, DevxError> {
-        let dst = buf.addr + at;
-        rig.post_plain(&mut bp, &Wqe::read(dst, buf.keys.lkey, READ_LEN as u32, buf.addr, key))?;
-        let c = rig.poll(&mut bp.send_cq)?;
-        rig.settle();
-        let mut got = vec![0u8; READ_LEN];
-        rig.dev.read_mem(dst as usize, &mut got)?;
-        rig.say(format_args!(
-            "READ through the window from B' {what}: {}; data {}",
-            show(&c),
-            if got == data { "matches" } else { "absent" }
-        ));
-        Ok(c.map(|c| c.error.is_none() && got == data))
-    };
-    o.read_before = read(rig, 0x1000, "(control)")?;
+    o.read_before = rig.read_through_window(&mut bp, &buf, 0x1000, key, &data, "B' (control)")?;
     if o.read_before != Some(true) {
         return Ok(verdict(&o));
     }
@@ -96,7 +78,7 @@ pub fn run<D: DevxDevice>(rig: &mut Rig<'_, D>) -> Result<Finding<UncheckedUnbin
     o.unbind = inv.map(|c| c.error.is_none());
     rig.say(format_args!("invalidate without the QPN check, posted on A: {}", show(&inv)));
     if o.unbind == Some(true) {
-        o.read_after = read(rig, 0x1800, "after it")?;
+        o.read_after = rig.read_through_window(&mut bp, &buf, 0x1800, key, &data, "B' after it")?;
     }
     Ok(verdict(&o))
 }
