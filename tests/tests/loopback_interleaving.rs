@@ -336,6 +336,8 @@ proptest! {
     #[test]
     fn relayed_gates_laps_race_free(b in batches()) { run_in(Setup::Relayed, b) }
     #[test]
+    fn popping_ahead_on_two_chains_laps_race_free(b in batches()) { run_in(Setup::PopAheadTwoChains, b) }
+    #[test]
     fn host_engine_laps_race_free(b in batches()) { run(Mode::HostEngine, b) }
     #[test]
     fn rxe_compatible_laps_race_free(b in batches()) { run(Mode::Rxe, b) }
@@ -426,15 +428,14 @@ fn pinned_forge_garbage_and_misbind_free() {
     }
 }
 
-/// Found by the proptest with two alloc chains per CN popping ahead (CI of 296d36b), and not yet
-/// explained, so the random run of that set-up is off until it is: after garbage on CN 0's own
-/// Alloc QP and two misbound frees of its own, CN 0's record still lists group 1 as held while
-/// the MWTable gives it to CN 1's chain 0, popped ahead. Not an isolation breach — CN 0's
-/// windows on group 1 are unbound and its READ is refused (checked) — but CN 0 lost an
-/// allocation without being told, or the harness's record of a self-inflicted CN is stale;
-/// which one is open. The pinned races above run this set-up and pass.
+/// Found by the proptest with two alloc chains per CN popping ahead (CI of 296d36b): after
+/// garbage on CN 0's own Alloc QP, its misbound alloc went on chain 1 but named chain 0's reply
+/// buffer (the hostile-CN API's `alloc_naming` always did), so CN 0 read chain 1's *previous*
+/// reply — group 1, which it already held — freed it as the misbound group, and its record
+/// still listed group 1 while the MN (correctly) had taken the free and handed group 1 on. The
+/// MN and the chains were right; the test API now keeps the client's reply target for the
+/// chain the request goes on. The random run of this set-up is back on.
 #[test]
-#[ignore = "open finding: a self-inflicted CN's held group re-popped by another CN's chain (two chains popping ahead)"]
 fn popping_ahead_two_chains_garbage_then_misbound_frees() {
     run_in(
         Setup::PopAheadTwoChains,

@@ -31,10 +31,13 @@ impl<B: RdmaBackend, const N: usize, const S: usize> HostileCn for CnDriver<B, N
 
     fn alloc_naming(&mut self, now: u64, access_qpns: &[Qpn]) -> Result<u32, Self::Error> {
         let g = self.client().info().map(|i| i.access_qpns.len()).unwrap_or(0);
-        let (reply_addr, reply_rkey) = (self.memory().reply, self.memory().reply_rkey);
-        self.send_alloc_request(now, |token, req, _| {
-            let access_qpns = access_qpns.iter().copied().take(g).collect();
-            AllocRequest { token, reply_addr, reply_rkey, access_qpns }.encode(req).map_err(ClientError::Wire)
+        // Only the access QPs are the hostile part: the reply target stays the one the client
+        // chose for the chain the request goes on (each chain's reply lands in its own buffer;
+        // naming chain 0's for every chain made the CN read a stale reply of its own).
+        self.send_alloc_request(now, |_, req, len| {
+            let mut r = AllocRequest::decode(&req[..len], g).map_err(ClientError::Wire)?;
+            r.access_qpns = access_qpns.iter().copied().take(g).collect();
+            r.encode(req).map_err(ClientError::Wire)
         })
     }
 
