@@ -111,6 +111,11 @@ pub const STREAM_OP: &str = "memory in order, per 64 B";
 /// The in-order write baseline's op name: the rows' written lines are read against it.
 pub const WRITE_OP: &str = "memory written in order, per 64 B";
 
+/// The field's allocator under the object allocator's churn (its baseline, same run).
+pub const MALLOC_OP: &str = "system malloc, same churn, per op";
+/// The field's hash map under the CN free lookup's churn (its baseline, same run).
+pub const HASHMAP_OP: &str = "std HashMap, same churn, per free";
+
 /// Start-up and memory of one pool size.
 #[derive(Clone, Debug)]
 pub struct StartupRow {
@@ -534,6 +539,125 @@ fn client_free_row<const N: usize>(live: u32) -> Result<ScaleRow, String> {
     })
 }
 
+/// What the field's allocator pays for the object allocator's churn, in the same run: the
+/// process's `malloc`/`free` (glibc's on this machine, through Rust's `System` allocator)
+/// holding 4 live 16-byte objects per chunk, a uniformly random live object freed and one
+/// allocated per pair, the victims picked before the clock, the same loop without the two
+/// calls subtracted. Any allocator's free touches the freed object's metadata, so once the
+/// live set outgrows the caches this grows with the memory baseline exactly as ours does: it
+/// is the yardstick for whether the object allocator's growth is its own or the memory's.
+fn malloc_row(chunks: u32) -> Result<ScaleRow, String> {
+    let mut live: Vec<Box<[u64; 2]>> = (0..chunks as u64 * 4).map(|i| Box::new([i, i])).collect();
+    let mut rng = SeededRng::new(0xA110C ^ chunks as u64);
+    let per = 20_000usize;
+    let round = per.min(live.len() / 2);
+    let mut victims: Vec<Box<[u64; 2]>> = Vec::with_capacity(round);
+    let mut born: Vec<Box<[u64; 2]>> = Vec::with_capacity(round);
+    let mut keep: Vec<Box<[u64; 2]>> = Vec::with_capacity(round);
+    let (mut gross, mut harness) = (Vec::new(), Vec::new());
+    let mut next = 0u64;
+    for _ in 0..5 {
+        for ops in [true, false] {
+            let (mut ns, mut done) = (0u128, 0);
+            while done < per {
+                for _ in 0..round {
+                    let i = rng.below(live.len() as u64) as usize;
+                    victims.push(live.swap_remove(i));
+                }
+                let t = Instant::now();
+                for v in victims.drain(..) {
+                    if ops {
+                        drop(std::hint::black_box(v));
+                        next += 1;
+                        born.push(Box::new([next, next]));
+                    } else {
+                        keep.push(std::hint::black_box(v));
+                    }
+                }
+                ns += t.elapsed().as_nanos();
+                live.append(&mut born);
+                live.append(&mut keep);
+                done += round;
+            }
+            let el = ns as f64 / (2 * done) as f64;
+            if ops {
+                gross.push(el);
+            } else {
+                harness.push(el);
+            }
+        }
+    }
+    for v in [&mut gross, &mut harness] {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
+    Ok(ScaleRow {
+        ns_per_op: (gross[2] - harness[2]).max(0.0),
+        gross_ns: gross[2],
+        subtracted_ns: harness[2],
+        subtracted_what: "the same loop without the free and the malloc",
+        ..ScaleRow::plain(MALLOC_OP, chunks, 0.0, 10 * per as u64, (1.0, "frees of a random live object"))
+    })
+}
+
+/// What the field's hash map pays for the CN free lookup's churn, in the same run: a
+/// `std::collections::HashMap` from entry address to position holding `live` allocations, a
+/// uniformly random one removed and a new one inserted per free, the victims picked before
+/// the clock, each removal timed alone and the clock's own cost (an empty interval, timed the
+/// same way) subtracted — the CN free lookup row's method.
+fn hashmap_row(live: u32) -> Result<ScaleRow, String> {
+    use std::collections::HashMap;
+    let mut map: HashMap<u64, u32> = (0..live as u64).map(|i| (0x10_0000 + 40 * i, i as u32)).collect();
+    let mut addrs: Vec<u64> = map.keys().copied().collect();
+    let mut rng = SeededRng::new(0x4A54 ^ live as u64);
+    let mut spare = 0x10_0000 + 40 * live as u64;
+    let per = 20_000usize;
+    let round = per.min(addrs.len() / 2);
+    let mut victims: Vec<u64> = Vec::with_capacity(round);
+    let (mut gross, mut harness) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        for timed in [true, false] {
+            let (mut ns, mut done) = (0u128, 0);
+            while done < per {
+                victims.clear();
+                for _ in 0..round {
+                    let i = rng.below(addrs.len() as u64) as usize;
+                    victims.push(addrs.swap_remove(i));
+                }
+                for &a in &victims {
+                    let t = Instant::now();
+                    if timed {
+                        std::hint::black_box(map.remove(&a)).ok_or("victim not in the map")?;
+                    }
+                    ns += t.elapsed().as_nanos();
+                    if !timed {
+                        std::hint::black_box(map.remove(&a)).ok_or("victim not in the map")?;
+                    }
+                    map.insert(spare, 0);
+                    addrs.push(spare);
+                    spare += 40;
+                }
+                done += round;
+            }
+            let el = ns as f64 / done as f64;
+            if timed {
+                gross.push(el);
+            } else {
+                harness.push(el);
+            }
+        }
+    }
+    for v in [&mut gross, &mut harness] {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
+    Ok(ScaleRow {
+        ns_per_op: (gross[2] - harness[2]).max(0.0),
+        gross_ns: gross[2],
+        subtracted_ns: harness[2],
+        subtracted_what: "the clock around an empty interval (the removal moved out of it)",
+        ..ScaleRow::plain(HASHMAP_OP, live, 0.0, 10 * per as u64, (1.0, "removals of a random live key"))
+    })
+}
+
 /// The memory hierarchy's own share: one dependent random read in a table of 64 bytes per
 /// chunk (a chain of pointers through a random cycle), measured in the same run. An O(1)
 /// operation that touches a random chunk's record pays this once its table outgrows the
@@ -717,6 +841,8 @@ pub fn run(sizes: &[u32], tick: &mut dyn FnMut(&str)) -> Result<ScaleResults, St
             .join()
             .map_err(|_| "the CN-side sweep panicked".to_string())??;
         out.rows.extend(rows);
+        out.rows.push(malloc_row(n)?);
+        out.rows.push(hashmap_row(n)?);
         out.rows.push(memory_row(n)?);
         out.rows.push(stream_row(n)?);
         out.rows.push(write_row(n)?);
