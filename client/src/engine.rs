@@ -140,6 +140,10 @@ pub struct Stats {
     pub free_refusals: u64,
     /// Allocations that arrived after their waiter had gone (kept in the reserve or freed).
     pub orphaned_allocs: u64,
+    /// Chunks the MN took back while this CN stayed connected (`CnEvent::TakenBack`: a window
+    /// the MN found bound elsewhere, one it could not bind again, an allocation it undid after
+    /// its reply); their handles now fail with [`crate::Error::Freed`].
+    pub taken_back: u64,
 }
 
 pub(crate) struct Engine<T: Transport> {
@@ -404,6 +408,16 @@ impl<T: Transport> Engine<T> {
                 self.by_entry.clear();
                 self.reserve.clear();
                 self.frees.clear();
+            }
+            CnEvent::TakenBack { entry_addr, held: true } => {
+                // the MN took this chunk back (the driver's client forgot it): its handle
+                // answers Freed, and it is neither kept in the reserve nor freed again
+                if let Some(id) = self.by_entry.remove(&entry_addr) {
+                    self.chunks.remove(&id);
+                    self.reserve.retain(|r| *r != id);
+                    self.frees.retain(|f| *f != id);
+                    self.stats.taken_back += 1;
+                }
             }
             CnEvent::Rekeyed { entry_addr, .. } => {
                 let fresh = self.d.client().live().iter().find(|a| a.entry_addr == entry_addr).cloned();

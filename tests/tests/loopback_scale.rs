@@ -53,6 +53,12 @@ fn the_audit_examines_a_bounded_batch_per_tick_and_covers_the_table_in_one_pass(
         "the misbound group, within the pass"
     );
     assert_ne!(c.write(1, &bad, 0, 0, b"gone"), omw_core::device::WcStatus::Success, "its windows are dead");
+    // and the CN was told (a taken-back notice): its client no longer lists the group, and
+    // still lists everything else it holds
+    assert!(c.driver.mn.stats().taken_back_notices > start.taken_back_notices);
+    let live = c.cns[1].driver.client().live();
+    assert!(live.iter().all(|a| a.entry_addr != bad.entry_addr), "the taken-back group is forgotten");
+    assert!(held.iter().all(|h| live.iter().any(|a| a.entry_addr == h.entry_addr)), "nothing else is");
     // the tally counts what the pass saw: 200 groups, the misbound one and the one popped
     // ahead, owned when examined
     assert_eq!(c.driver.mn.audit_tally(c.driver.mn.cns().nth(1).unwrap().cn), Some(201 + ahead as u32));

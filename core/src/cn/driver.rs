@@ -243,6 +243,13 @@ pub enum CnEvent {
         mw: u8,
         rkey: Rkey,
     },
+    /// The MN took the allocation at `entry_addr` back while this CN stays connected
+    /// (`wire::message::TakenBack`); `held`: the client held it and forgot it (its windows no
+    /// longer work, its bytes are gone) — false when the notice was about nothing it holds.
+    TakenBack {
+        entry_addr: u64,
+        held: bool,
+    },
     /// A message that is not the protocol (dropped; its receive is posted again).
     Undecodable(ClientError),
     /// A request could not be sent (the QP's peer is gone, the transport gave up).
@@ -662,6 +669,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
             }
             Ok(ClientEvent::Probed) => CnEvent::Probed,
             Ok(ClientEvent::Rekeyed { entry_addr, mw, rkey }) => CnEvent::Rekeyed { entry_addr, mw, rkey },
+            Ok(ClientEvent::TakenBack { entry_addr, held }) => CnEvent::TakenBack { entry_addr, held },
             Ok(ClientEvent::Failed { token, code }) => {
                 let ours = pending.contains(&token) || self.free_tokens.contains(&token);
                 self.chain_done(token);

@@ -138,6 +138,14 @@ pub enum ClientEvent {
         mw: u8,
         rkey: Rkey,
     },
+    /// The MN took the allocation at `entry_addr` back ([`crate::wire::message::TakenBack`]):
+    /// the client forgot it (its windows no longer work; its bytes are gone). `held`: whether
+    /// the client held it under the keys the notice names — false for a notice about a group
+    /// it never got, or got again since under new keys, which changed nothing.
+    TakenBack {
+        entry_addr: u64,
+        held: bool,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -449,6 +457,16 @@ impl<const N: usize> Client<N> {
             }
             MnMessage::Notice(Notice::Probe { .. }) => Ok(ClientEvent::Probed),
             MnMessage::Rebound(r) => self.on_rebound(r),
+            MnMessage::TakenBack(t) => {
+                let held = self
+                    .index
+                    .find(&self.live, t.entry_addr)
+                    .is_some_and(|(_, pos)| self.live.get(pos).is_some_and(|a| a.owner_rkey == t.owner_rkey));
+                if held {
+                    self.forget_live(t.entry_addr);
+                }
+                Ok(ClientEvent::TakenBack { entry_addr: t.entry_addr, held })
+            }
             MnMessage::Error(e) => {
                 if e.code == ErrorCode::Revoked {
                     // the MN rebuilt its pool: nothing we held is valid, and the queue is full
@@ -582,7 +600,15 @@ impl<const N: usize> Client<N> {
         &mut self,
         entry_addr: u64,
     ) -> Result<[u8; crate::wire::message::free_request::LEN], ClientError> {
-        let (slot, pos) = self.index.find(&self.live, entry_addr).ok_or(ClientError::NotMine { entry_addr })?;
+        self.forget_live(entry_addr).ok_or(ClientError::NotMine { entry_addr })?;
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1).max(1);
+        Ok(FreeRequest { token, entry_addr }.encode())
+    }
+
+    /// Take a live allocation out of the list and the index (O(1)).
+    fn forget_live(&mut self, entry_addr: u64) -> Option<Allocation> {
+        let (slot, pos) = self.index.find(&self.live, entry_addr)?;
         self.index.remove(slot);
         // the last allocation moves into the freed position: its slot follows it
         let last = self.live.len() - 1;
@@ -592,10 +618,7 @@ impl<const N: usize> Client<N> {
                 self.index.repoint(s, pos);
             }
         }
-        self.live.swap_remove(pos);
-        let token = self.next_token;
-        self.next_token = self.next_token.wrapping_add(1).max(1);
-        Ok(FreeRequest { token, entry_addr }.encode())
+        Some(self.live.swap_remove(pos))
     }
 
     /// Forget every in-flight allocation (the caller gave up on them, e.g. its QPs were reset).
@@ -661,6 +684,39 @@ mod tests {
         let bad = Rebound { entry_addr: 0x6000, mw: 1, rkey: Rkey(0x201) };
         assert_eq!(c.on_message(1, &bad.encode()), Err(ClientError::NotMine { entry_addr: 0x6000 }));
         assert_eq!(c.live()[0], before);
+    }
+
+    #[test]
+    fn taken_back_forgets_only_the_allocation_held_under_those_keys() {
+        use crate::wire::message::TakenBack;
+        let mut c: Client<4> = Client::new();
+        let mut buf = [0u8; 64];
+        c.on_message(0, &info().encode()).unwrap();
+        let mut adopt = |c: &mut Client<4>, entry_addr: u64, k: u32| {
+            let (tok, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+            let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(k), Rkey(k + 0x100), Rkey(k + 0x200)]);
+            e.owner = 3.into();
+            c.on_alloc_reply(tok, &AllocReply { entry_addr, entry: e }.encode()).unwrap();
+        };
+        adopt(&mut c, 0x5000, 0x100);
+        adopt(&mut c, 0x6000, 0x400);
+        adopt(&mut c, 0x7000, 0x700);
+        // a late notice about an earlier allocation of the same group (other keys), and one
+        // about a group it does not hold: nothing changes
+        let stale = TakenBack { entry_addr: 0x6000, owner_rkey: Rkey(0x3ff) };
+        assert_eq!(c.on_message(1, &stale.encode()), Ok(ClientEvent::TakenBack { entry_addr: 0x6000, held: false }));
+        let other = TakenBack { entry_addr: 0x8000, owner_rkey: Rkey(0x400) };
+        assert_eq!(c.on_message(1, &other.encode()), Ok(ClientEvent::TakenBack { entry_addr: 0x8000, held: false }));
+        assert_eq!(c.live().len(), 3);
+        // the one it holds under those keys is forgotten, and the index still finds the others
+        let t = TakenBack { entry_addr: 0x6000, owner_rkey: Rkey(0x400) };
+        assert_eq!(c.on_message(1, &t.encode()), Ok(ClientEvent::TakenBack { entry_addr: 0x6000, held: true }));
+        assert_eq!(c.live().len(), 2);
+        assert!(c.live().iter().all(|a| a.entry_addr != 0x6000));
+        assert_eq!(c.free_request(0x6000), Err(ClientError::NotMine { entry_addr: 0x6000 }));
+        assert!(c.free_request(0x7000).is_ok());
+        assert!(c.free_request(0x5000).is_ok());
+        assert!(c.live().is_empty());
     }
 
     #[test]

@@ -61,7 +61,7 @@ impl MemoryNode {
                 if f.outside {
                     self.stats.spans_refused += 1;
                 }
-                self.reclaim(port, &q, gid)?;
+                self.reclaim_from_connected(port, &q, gid)?;
             }
             self.resume(port, &q)?;
             self.settle(port)?;

@@ -23,7 +23,9 @@ use crate::wire::memory_map::{
     alloc_scratch, free_scratch, MnMemoryMap, ALLOC_REQUEST_BUF_OFF, ALLOC_SCRATCH_OFF, FREE_SCRATCH_OFF,
     SCRATCH_PER_CN,
 };
-use crate::wire::message::{AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice, Rebound, MAX_MESSAGE_LEN};
+use crate::wire::message::{
+    AllocReply, ConnectInfo, ErrorCode, ErrorReply, Notice, Rebound, TakenBack, MAX_MESSAGE_LEN,
+};
 use crate::wire::mwtable::{MwTableEntry, ENTRY_SIZE};
 use crate::wire::wqe::masked_add;
 use core::fmt;
@@ -412,6 +414,10 @@ pub struct MnStats {
     /// chain found the queue empty while others of its CN still served.
     pub chain_parked_notices: u64,
     pub available_notices: u64,
+    /// "Taken back" notices: a single group of a CN that stays connected reclaimed (the
+    /// audit's findings, a window that could not be bound again, an undone alloc lap whose
+    /// reply may have gone out), the CN told which.
+    pub taken_back_notices: u64,
     pub groups_reclaimed: u64,
     pub forged_frees: u64,
     pub chains_rearmed: u64,

@@ -51,6 +51,33 @@ impl MemoryNode {
         Ok(())
     }
 
+    /// Reclaim one group of `cn`, a CN that stays connected, and tell it (a [`TakenBack`]
+    /// naming MW\[0\]'s key as the CN holds it, read before the reclaim moves the keys on):
+    /// without the notice it would keep the allocation in its books, its accesses failing.
+    pub(super) fn reclaim_from_connected<P: MnPort>(&mut self, port: &mut P, q: &Quiesced, g: GroupId) -> R<P::Error> {
+        let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
+        let owner_rkey = read_entry(port, addr)?.rkey(0);
+        self.reclaim(port, q, g)?;
+        self.tell_taken_back(port, q.cn(), addr, owner_rkey)
+    }
+
+    /// Send `cn` a [`TakenBack`] for the allocation at `entry_addr` it was given with
+    /// `owner_rkey`, if it is still an active CN (one leaving, evicted or over its quota
+    /// loses everything and is told so otherwise).
+    pub(super) fn tell_taken_back<P: MnPort>(
+        &mut self,
+        port: &mut P,
+        cn: CnId,
+        entry_addr: u64,
+        owner_rkey: Rkey,
+    ) -> R<P::Error> {
+        if self.cn(cn).is_some_and(|r| r.status == CnStatus::Active) {
+            self.stats.taken_back_notices += 1;
+            self.send(port, cn, &TakenBack { entry_addr, owner_rkey }.encode())?;
+        }
+        Ok(())
+    }
+
     /// Zero a chunk on the MN CPU, so its next owner cannot read what the last one left. Done
     /// for every group the MN handles itself (host-engine frees, reclaims); the offloaded free
     /// chain cannot (the loopback QP has no write rights on the pool), see ARCHITECTURE.md.
@@ -135,7 +162,7 @@ impl MemoryNode {
         self.repair_interrupted(port, &q, ChainKind::Free)?;
         let addr = self.map.entry_addr(g).ok_or(MnError::BadConfig)?;
         if read_entry(port, addr)?.owner() == cn.get() {
-            self.reclaim(port, &q, g)?;
+            self.reclaim_from_connected(port, &q, g)?;
         }
         self.resume(port, &q)?;
         self.settle(port)

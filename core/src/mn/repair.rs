@@ -280,6 +280,12 @@ impl MemoryNode {
                     self.stats.stale_repairs += 1;
                 } else {
                     self.reclaim_given(port, q, g, known)?;
+                    // The lap may have got as far as its reply (the commit clears the markers
+                    // only after the reply completed): the CN may hold this group under the
+                    // image's keys. Tell it it is gone; a CN that never got the reply ignores it.
+                    if image_is_ours {
+                        self.tell_taken_back(port, cn, entry, image.rkey(0))?;
+                    }
                 }
             }
             return Ok(AllocRepair::Undone);

@@ -56,6 +56,9 @@ pub enum Kind {
     /// One of the CN's alloc chains found the free queue empty while popping ahead and is
     /// parked until "available" (`Notice::ChainParked`); its other chains still serve.
     ChainParked = 10,
+    /// The MN took one of the CN's allocations back while the CN stays connected
+    /// ([`TakenBack`]).
+    TakenBack = 11,
 }
 
 impl Kind {
@@ -71,6 +74,7 @@ impl Kind {
             8 => Kind::Probe,
             9 => Kind::Rebound,
             10 => Kind::ChainParked,
+            11 => Kind::TakenBack,
             _ => return None,
         })
     }
@@ -131,6 +135,8 @@ pub enum WireError {
     BadRebound,
     /// A chain-parked notice naming an alloc chain past [`MAX_ALLOC_CHAINS`].
     BadChain(u64),
+    /// A taken-back notice naming no entry, or with its reserved bytes set.
+    BadTakenBack,
 }
 
 impl fmt::Display for WireError {
@@ -155,6 +161,7 @@ impl fmt::Display for WireError {
             Self::UnknownErrorCode(c) => write!(f, "unknown error code {c}"),
             Self::BadRebound => f.write_str("rebound notice names no window"),
             Self::BadChain(c) => write!(f, "chain-parked notice names alloc chain {c}, past the largest"),
+            Self::BadTakenBack => f.write_str("taken-back notice names no allocation"),
         }
     }
 }
@@ -478,6 +485,59 @@ impl Rebound {
     }
 }
 
+/// MN → CN: the MN took the allocation whose MWTable entry is at `entry_addr` back from this
+/// CN while the CN stays connected — its windows are invalidated, its chunk scrubbed and
+/// returned to the free queue. Sent wherever the MN reclaims a single group of a connected
+/// CN: a window the audit found bound elsewhere or spanning outside its chunk, a window that
+/// could not be bound again for its owner (host engine), and an alloc lap the MN stopped and
+/// undid — which may already have delivered its reply (the commit clears the lap's markers
+/// only after the reply completed), so without this notice the CN would hold a group it no
+/// longer has. `owner_rkey` is MW\[0\]'s key as the CN was given it: a later allocation of
+/// the same group has other keys, so a notice that arrives late (it travels on another QP than
+/// the alloc reply) never takes a newer allocation away. A CN that does not hold it ignores it.
+///
+/// ```text
+///   0  8 hdr (token 0)
+///   8  8 entry address
+///  16  4 MW[0]'s rkey as the CN was given it
+///  20  4 reserved, zero
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TakenBack {
+    pub entry_addr: u64,
+    pub owner_rkey: Rkey,
+}
+/// Byte offsets of a taken-back notice.
+pub mod taken_back {
+    pub const ENTRY_ADDR: usize = 8;
+    pub const OWNER_RKEY: usize = 16;
+    pub const RESERVED: usize = 20;
+    pub const LEN: usize = 24;
+}
+pub const TAKEN_BACK_LEN: usize = taken_back::LEN;
+
+impl TakenBack {
+    pub fn encode(&self) -> [u8; TAKEN_BACK_LEN] {
+        let mut out = [0u8; TAKEN_BACK_LEN];
+        Header::new(Kind::TakenBack, 0).put(&mut out);
+        put64(&mut out, taken_back::ENTRY_ADDR, self.entry_addr);
+        put32(&mut out, taken_back::OWNER_RKEY, self.owner_rkey.0);
+        out
+    }
+    /// Hostile input: exact length, an entry address, zero reserved bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        expect(bytes, Kind::TakenBack, TAKEN_BACK_LEN)?;
+        let t = TakenBack {
+            entry_addr: le64(bytes, taken_back::ENTRY_ADDR),
+            owner_rkey: Rkey(le32(bytes, taken_back::OWNER_RKEY)),
+        };
+        if t.entry_addr == 0 || bytes[taken_back::RESERVED..taken_back::LEN].iter().any(|b| *b != 0) {
+            return Err(WireError::BadTakenBack);
+        }
+        Ok(t)
+    }
+}
+
 /// Why the MN refused a request (`hdr | code u32 | detail u32`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[repr(u32)]
@@ -663,6 +723,7 @@ pub enum MnMessage {
     Error(ErrorReply),
     ConnectInfo(ConnectInfo),
     Rebound(Rebound),
+    TakenBack(TakenBack),
 }
 
 impl MnMessage {
@@ -692,6 +753,7 @@ impl MnMessage {
             }
             Kind::ConnectInfo => Ok(MnMessage::ConnectInfo(ConnectInfo::decode(bytes)?)),
             Kind::Rebound => Ok(MnMessage::Rebound(Rebound::decode(bytes)?)),
+            Kind::TakenBack => Ok(MnMessage::TakenBack(TakenBack::decode(bytes)?)),
             other => Err(WireError::UnexpectedKind { expected: Kind::Empty, got: other }),
         }
     }
@@ -854,6 +916,33 @@ mod tests {
         );
     }
 
+    #[test]
+    fn taken_back_round_trip_offsets_and_hostile_input() {
+        let t = TakenBack { entry_addr: 0x2028, owner_rkey: Rkey(0x0000_0305) };
+        let b = t.encode();
+        assert_eq!(b.len(), TAKEN_BACK_LEN);
+        assert_eq!(b[3], Kind::TakenBack as u8);
+        assert_eq!(b[3], 11);
+        assert_eq!(&b[8..16], &0x2028u64.to_le_bytes());
+        assert_eq!(&b[16..20], &0x0305u32.to_le_bytes());
+        assert_eq!(&b[20..24], &[0; 4]);
+        assert_eq!(MnMessage::decode(&b), Ok(MnMessage::TakenBack(t)));
+        assert_eq!(TakenBack::decode(&b[..23]), Err(WireError::Truncated { need: 24, got: 23 }));
+        let mut long = [0u8; 25];
+        long[..24].copy_from_slice(&b);
+        assert_eq!(TakenBack::decode(&long), Err(WireError::TrailingBytes { expected: 24, got: 25 }));
+        let mut bad = b;
+        bad[23] = 1;
+        assert_eq!(TakenBack::decode(&bad), Err(WireError::BadTakenBack));
+        let mut bad = b;
+        bad[8..16].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(MnMessage::decode(&bad), Err(WireError::BadTakenBack));
+        assert_eq!(
+            TakenBack::decode(&Notice::Empty.encode()),
+            Err(WireError::UnexpectedKind { expected: Kind::TakenBack, got: Kind::Empty })
+        );
+    }
+
     proptest! {
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..80), g in 0usize..6) {
@@ -862,6 +951,7 @@ mod tests {
             let _ = AllocReply::decode(&bytes);
             let _ = MnMessage::decode(&bytes);
             let _ = Rebound::decode(&bytes);
+            let _ = TakenBack::decode(&bytes);
             let _ = parse_header(&bytes);
         }
 

@@ -74,6 +74,7 @@ fn mn_message(data: &[u8]) {
         MnMessage::Error(e) => MnMessage::decode(&e.encode()),
         MnMessage::ConnectInfo(c) => MnMessage::decode(&c.encode()),
         MnMessage::Rebound(r) => MnMessage::decode(&r.encode()),
+        MnMessage::TakenBack(t) => MnMessage::decode(&t.encode()),
     };
     assert_eq!(again, Ok(m), "MnMessage does not round-trip");
 }
