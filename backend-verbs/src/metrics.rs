@@ -24,6 +24,9 @@ pub struct MnCounters {
     pub empty_notices: u64,
     pub available_notices: u64,
     pub groups_reclaimed: u64,
+    /// Single chunks taken back from CNs that stay connected, each CN told which
+    /// (`wire::message::TakenBack`).
+    pub taken_back_notices: u64,
     pub forged_frees: u64,
     pub quota_disconnects: u64,
     pub chunks_scrubbed: u64,
@@ -42,7 +45,7 @@ pub struct MnCounters {
     pub rejected_session: u64,
 }
 
-const FIELDS: [(&str, &str, &str); 19] = [
+const FIELDS: [(&str, &str, &str); 20] = [
     ("uptime_ms", "gauge", "milliseconds since the MN started"),
     ("cns", "gauge", "compute nodes connected"),
     ("free_chunks", "gauge", "chunks in the free queue"),
@@ -52,6 +55,11 @@ const FIELDS: [(&str, &str, &str); 19] = [
     ("empty_notices", "counter", "times every CN was told the free queue is empty"),
     ("available_notices", "counter", "times every CN was told the free queue has chunks again"),
     ("groups_reclaimed", "counter", "chunks reclaimed from failed laps, departed CNs, quota and audits"),
+    (
+        "taken_back_notices",
+        "counter",
+        "single chunks taken back from CNs that stay connected (audit findings, undone laps), each CN told",
+    ),
     ("forged_frees", "counter", "frees refused because the requester did not own the chunk"),
     ("quota_disconnects", "counter", "CNs disconnected for exceeding their quota"),
     ("chunks_scrubbed", "counter", "chunks zeroed by the MN CPU before reuse"),
@@ -73,7 +81,7 @@ const FIELDS: [(&str, &str, &str); 19] = [
 ];
 
 impl MnCounters {
-    fn values(&self) -> [u64; 19] {
+    fn values(&self) -> [u64; 20] {
         [
             self.uptime_ms,
             self.cns,
@@ -84,6 +92,7 @@ impl MnCounters {
             self.empty_notices,
             self.available_notices,
             self.groups_reclaimed,
+            self.taken_back_notices,
             self.forged_frees,
             self.quota_disconnects,
             self.chunks_scrubbed,
@@ -200,7 +209,7 @@ mod tests {
         let p = sample().prometheus();
         assert!(p.contains("# TYPE omw_mn_allocs_total counter\nomw_mn_allocs_total 5\n"), "{p}");
         assert!(p.contains("# TYPE omw_mn_free_chunks gauge\nomw_mn_free_chunks 14\n"), "{p}");
-        assert_eq!(p.lines().filter(|l| !l.starts_with('#')).count(), 19);
+        assert_eq!(p.lines().filter(|l| !l.starts_with('#')).count(), 20);
         let w = MnCounters { window_query_failures: 4, ..sample() }.prometheus();
         assert!(w.contains("# TYPE omw_mn_window_query_failures_total counter\nomw_mn_window_query_failures_total 4\n"));
         let j = sample().json();

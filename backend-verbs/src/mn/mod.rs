@@ -586,6 +586,7 @@ impl<T: Transport> MnDaemon<T> {
             empty_notices: s.empty_notices,
             available_notices: s.available_notices,
             groups_reclaimed: s.groups_reclaimed,
+            taken_back_notices: s.taken_back_notices,
             forged_frees: s.forged_frees,
             quota_disconnects: s.quota_disconnects,
             chunks_scrubbed: s.chunks_scrubbed,

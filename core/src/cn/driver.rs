@@ -815,16 +815,9 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         shape: impl FnOnce(u32, &mut [u8; MSG_SLOT as usize], usize) -> Result<usize, ClientError>,
     ) -> Result<u32, CnError<B::Error>> {
         // an idle alloc chain, going round them, one the MN did not say is parked if any is
-        // left (none idle: the client says Busy below)
+        // left (the client's choice; none idle: it says Busy below)
         let n = self.alloc_chains();
-        let idle = |j: &usize| self.chains[*j].is_none();
-        let round = (0..n).map(|i| (self.next_chain + i) % n);
-        let j = round
-            .clone()
-            .filter(idle)
-            .find(|j| !self.client.chain_parked(*j as u8))
-            .or_else(|| round.clone().find(idle))
-            .unwrap_or(0);
+        let j = self.client.idle_chain_from(self.next_chain as u8).map_or(0, usize::from);
         let qp = self.alloc_qp(j).unwrap_or(self.qps.alloc);
         let slot = self.free_send_slot(qp)?;
         let mut req = [0u8; MSG_SLOT as usize];

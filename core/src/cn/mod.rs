@@ -533,9 +533,16 @@ impl<const N: usize> Client<N> {
     /// The alloc chain an allocation should go on: one with nothing in flight, not parked if
     /// any such is left (a request on a parked chain waits for "available").
     pub fn idle_chain(&self) -> Option<u8> {
+        self.idle_chain_from(0)
+    }
+
+    /// [`Client::idle_chain`], going round the chains from `start` (a driver that spreads its
+    /// requests over the chains passes the one after its last).
+    pub fn idle_chain_from(&self, start: u8) -> Option<u8> {
+        let n = self.alloc_chains;
         let idle = |j: &u8| !self.pending.iter().any(|p| p.chain == *j);
-        let mut chains = 0..self.alloc_chains;
-        chains.clone().filter(idle).find(|j| !self.chain_parked(*j)).or_else(|| chains.find(idle))
+        let round = (0..n).map(|i| (start % n + i) % n);
+        round.clone().filter(idle).find(|j| !self.chain_parked(*j)).or_else(|| round.clone().find(idle))
     }
 
     /// Build an alloc request for alloc chain `chain` (the caller sends it on that chain's

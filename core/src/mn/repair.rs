@@ -279,11 +279,20 @@ impl MemoryNode {
                 if moved_on {
                     self.stats.stale_repairs += 1;
                 } else {
-                    self.reclaim_given(port, q, g, known)?;
                     // The lap may have got as far as its reply (the commit clears the markers
-                    // only after the reply completed): the CN may hold this group under the
-                    // image's keys. Tell it it is gone; a CN that never got the reply ignores it.
-                    if image_is_ours {
+                    // only after the reply completed): if every window is bound under the
+                    // image's keys — the binds precede the reply on one send queue, and a bind
+                    // that failed flushed it — the CN may hold this group. Tell it it is gone
+                    // (a CN that never got the reply ignores the notice). A device that cannot
+                    // report a binding counts as "may have".
+                    let may_have_replied = image_is_ours
+                        && (0..self.cfg.geometry.group_size()).all(|i| match port.mw_binding(image.rkey(i)) {
+                            Some(MwBinding::Bound { rkey, .. }) => rkey == image.rkey(i),
+                            Some(MwBinding::Unbound) => false,
+                            None => true,
+                        });
+                    self.reclaim_given(port, q, g, known)?;
+                    if may_have_replied {
                         self.tell_taken_back(port, cn, entry, image.rkey(0))?;
                     }
                 }
