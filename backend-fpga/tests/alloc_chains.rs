@@ -1,0 +1,107 @@
+//! Several alloc chains per CN on the extension double (`MnConfig::alloc_chains`;
+//! docs/ARCHITECTURE.md "Several alloc chains per CN", docs/FPGA.md §5): what the conformance
+//! list (`conformance.rs` `*_two_alloc_chains`) cannot show — that a CN's requests are in
+//! flight on two chains at once and each chain's lap runs on the block, that every chain pops
+//! ahead, and what the testbed refuses (typed, before anything is set up).
+
+mod support;
+
+use omw_core::mn::capacity::Limit;
+use omw_fpga::ext as map;
+use omw_fpga::mmio::Mmio;
+use omw_tests::testbed::{MnSpec, Refusal, Testbed};
+use std::collections::HashSet;
+use support::mn::{BedError, Cluster};
+
+/// Receives the MN end of QP `q` completed, read from the block's `RCQ_COUNT` register.
+fn receives_completed(c: &Cluster, q: omw_core::ids::Qpn) -> u64 {
+    let ctid = (q.get() & 0x3F) as u8;
+    c.world.f.user_csr(c.mn_id).read_csr(map::DEFAULT_BASE + map::qp_reg(ctid, map::qp::RCQ_COUNT)).unwrap()
+}
+
+#[test]
+fn a_cn_has_a_request_in_flight_on_each_of_its_two_chains() {
+    let mut c = Cluster::try_new(MnSpec::new(1, 16), 2, Some(false)).unwrap();
+    assert_eq!(c.alloc_chains(), 2);
+    let mn_chain1 = c.cns[0].mn_extra[0];
+    assert!(mn_chain1.lp.is_some(), "offloaded: chain 1 has its own loop QP");
+    assert_ne!(mn_chain1.mgmt, c.cns[0].mq[0]);
+    let before = receives_completed(&c, mn_chain1.mgmt);
+    let t0 = c.alloc_begin(0).unwrap();
+    let t1 = c.alloc_begin(0).unwrap();
+    assert_ne!(t0, t1);
+    // both chains are busy: a third request has no chain (with one chain the second had none)
+    assert_eq!(c.cns[0].driver.idle_alloc_chains(), 0);
+    assert!(matches!(c.alloc_begin(0), Err(Refusal::Client(_))));
+    let a0 = c.alloc_finish(0, t0).unwrap();
+    let a1 = c.alloc_finish(0, t1).unwrap();
+    assert_ne!(a0.entry_addr, a1.entry_addr, "two laps, two groups");
+    // the second request went on chain 1's Alloc QP: its MN end took it
+    assert_eq!(receives_completed(&c, mn_chain1.mgmt), before + 1);
+    assert_eq!(c.live(0).len(), 2);
+    for a in [&a0, &a1] {
+        assert_eq!(c.write_raw(0, 0, a.base, a.rkeys[0], b"chain"), omw_core::device::WcStatus::Success);
+    }
+    c.free(0, &a0).unwrap();
+    c.free(0, &a1).unwrap();
+    c.check_invariants().unwrap();
+    assert_eq!(c.free_groups(), 16);
+}
+
+#[test]
+fn popping_ahead_every_chain_of_every_cn_holds_a_group() {
+    let mut c = Cluster::try_new(MnSpec::new(2, 32), 2, Some(true)).unwrap();
+    for cn in 0..2 {
+        assert_eq!(c.ahead_count(cn), 2, "cn{cn}: a group ahead on each chain");
+    }
+    assert_eq!(c.ahead(), 4);
+    assert_eq!(c.free_groups(), 32 - 4);
+    c.check_invariants().unwrap();
+    // two allocations at once take both groups held ahead; the chains pop the next ones
+    let t0 = c.alloc_begin(0).unwrap();
+    let t1 = c.alloc_begin(0).unwrap();
+    let a0 = c.alloc_finish(0, t0).unwrap();
+    let a1 = c.alloc_finish(0, t1).unwrap();
+    assert_ne!(a0.entry_addr, a1.entry_addr);
+    assert_eq!(c.ahead_count(0), 2);
+    assert_eq!(c.free_groups(), 32 - 4 - 2);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn five_cns_of_two_chains_fit_one_vfpga_and_each_allocates_twice_at_once() {
+    // 5 × 11 + 4 = 59 QPs of the vFPGA's 64
+    let mut c = Cluster::try_new(MnSpec::new(5, 64), 2, None).unwrap();
+    let mut entries = HashSet::new();
+    for cn in 0..5 {
+        let t0 = c.alloc_begin(cn).unwrap();
+        let t1 = c.alloc_begin(cn).unwrap();
+        for t in [t0, t1] {
+            assert!(entries.insert(c.alloc_finish(cn, t).unwrap().entry_addr));
+        }
+    }
+    assert_eq!(entries.len(), 10);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn what_the_double_cannot_hold_is_refused_with_the_reason() {
+    for k in [0, 5] {
+        match Cluster::try_new(MnSpec::new(1, 16), k, None) {
+            Err(BedError::AllocChains(got)) => assert_eq!(got, k),
+            Err(e) => panic!("{k} chains: refused for another reason: {e}"),
+            Ok(_) => panic!("{k} chains accepted"),
+        }
+    }
+    match Cluster::try_new(MnSpec::new(6, 64), 2, None) {
+        Err(BedError::DoesNotFit { cns, chains, exceeded }) => {
+            assert_eq!((cns, chains), (6, 2));
+            assert_eq!(exceeded.len(), 1, "{exceeded:?}");
+            assert_eq!((exceeded[0].limit, exceeded[0].need, exceeded[0].have), (Limit::QueuePairs, 70, 64));
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("6 CNs of 2 chains fit 64 QPs"),
+    }
+    // one chain per CN, the same 6 CNs fit: 6 × 8 + 4 = 52
+    assert!(Cluster::try_new(MnSpec::new(6, 64), 1, None).is_ok());
+}
