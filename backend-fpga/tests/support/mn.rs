@@ -294,10 +294,13 @@ impl Cluster {
         }
     }
 
-    /// The MN's next ctid for a CN-facing QP.
+    /// The MN's next ctid for a CN-facing QP (the footprint check made sure there is one; a
+    /// ctid a loop pair already took from the top would be a bug of this testbed).
     fn take_ctid(&mut self) -> u8 {
         let c = self.next_ctid;
         self.next_ctid += 1;
+        let q = self.d.backend.qpn(c).unwrap();
+        assert_eq!(self.d.backend.qp_state(q).unwrap(), QpState::Reset, "MN ctid {c} is already a QP");
         c
     }
 
