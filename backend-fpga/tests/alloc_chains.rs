@@ -68,20 +68,32 @@ fn popping_ahead_every_chain_of_every_cn_holds_a_group() {
     c.check_invariants().unwrap();
 }
 
+/// At group size 3 a CN costs the vFPGA 8 QPs and 3 more per extra chain, the MN 4 of its
+/// own: the most CNs one vFPGA (64 QPs) holds is 7, 5, 4, 3 with 1, 2, 3, 4 chains. Each of
+/// those MNs comes up (rings, scratch and all), every CN has a request on every chain at once
+/// and each is answered; one CN more is refused.
 #[test]
-fn five_cns_of_two_chains_fit_one_vfpga_and_each_allocates_twice_at_once() {
-    // 5 × 11 + 4 = 59 QPs of the vFPGA's 64
-    let mut c = Cluster::try_new(MnSpec::new(5, 64), 2, None).unwrap();
-    let mut entries = HashSet::new();
-    for cn in 0..5 {
-        let t0 = c.alloc_begin(cn).unwrap();
-        let t1 = c.alloc_begin(cn).unwrap();
-        for t in [t0, t1] {
-            assert!(entries.insert(c.alloc_finish(cn, t).unwrap().entry_addr));
+fn the_most_cns_a_vfpga_holds_each_allocate_on_every_chain_at_once() {
+    for (k, most) in [(1u8, 7usize), (2, 5), (3, 4), (4, 3)] {
+        let chunks = 64;
+        let mut c = Cluster::try_new(MnSpec::new(most, chunks), k, None)
+            .unwrap_or_else(|e| panic!("{most} CNs of {k} chains: {e}"));
+        let mut entries = HashSet::new();
+        for cn in 0..most {
+            let tokens: Vec<u32> = (0..k).map(|_| c.alloc_begin(cn).unwrap()).collect();
+            assert_eq!(c.cns[cn].driver.idle_alloc_chains(), 0, "{k} chains: cn{cn} has one in flight on each");
+            for t in tokens {
+                assert!(entries.insert(c.alloc_finish(cn, t).unwrap().entry_addr), "{k} chains: a group twice");
+            }
         }
+        assert_eq!(entries.len(), most * k as usize);
+        c.check_invariants().unwrap();
+        assert!(
+            matches!(Cluster::try_new(MnSpec::new(most + 1, chunks), k, None), Err(BedError::DoesNotFit { .. })),
+            "{} CNs of {k} chains fit",
+            most + 1
+        );
     }
-    assert_eq!(entries.len(), 10);
-    c.check_invariants().unwrap();
 }
 
 #[test]
