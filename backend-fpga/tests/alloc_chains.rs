@@ -117,3 +117,19 @@ fn what_the_double_cannot_hold_is_refused_with_the_reason() {
     // one chain per CN, the same 6 CNs fit: 6 × 8 + 4 = 52
     assert!(Cluster::try_new(MnSpec::new(6, 64), 1, None).is_ok());
 }
+
+/// The limits the refusals rest on, as the backend reads them off the vFPGA: a QP per Coyote
+/// thread it holds, the block's window entries (`CAPS[47:32]`) and MR indexes; the stock engine
+/// has no key table.
+#[test]
+fn device_limits_are_the_vfpgas() {
+    use omw_fpga::encoding::OpcodeEncoding;
+    let f = omw_fpga::double::Fabric::new();
+    let ext = support::host(&f, 0x0A00_0010, 0x1000_0000, true, OpcodeEncoding::AppOpcodes);
+    let l = ext.be.device_limits();
+    assert_eq!(l.max_qp, ext.be.threads().count() as u64);
+    assert_eq!((l.max_qp, l.max_mw, l.max_mr, l.shared_keys), (64, 0xFFFF - 0x1000, 0x0FFF, false));
+    let stock = support::host(&f, 0x0A00_0011, 0x2000_0000, false, OpcodeEncoding::CoyoteV2);
+    let l = stock.be.device_limits();
+    assert_eq!((l.max_qp, l.max_mw, l.max_mr), (64, 0, 0));
+}
