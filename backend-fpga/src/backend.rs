@@ -30,6 +30,7 @@ use crate::secure::{secure_protocol_mode, SecureProtocolError};
 use omw_core::access::AccessFlags;
 use omw_core::device::{Capabilities, Completion, ExecutionMode, MrKeys, MwBinding, QpState, WcOpcode, WcStatus};
 use omw_core::ids::{Qpn, Rkey};
+use omw_core::mn::capacity::DeviceLimits;
 use omw_core::wire::wqe::{Opcode, QueueSel, RecvWqe, Wqe, WqeError, WqeFlags, RECV_WQE_SIZE, WQE_SIZE};
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -633,6 +634,27 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
             }
         }
         Err(Error::NotReady { what })
+    }
+
+    /// What this vFPGA can hold, as the core's capacity check takes it
+    /// (`omw_core::mn::capacity::Footprint::check`, the check `omw plan` prints for verbs
+    /// devices): one QP per Coyote thread this backend holds (a vFPGA has at most
+    /// [`N_CTID_MAX`]: QPN = `vfid << 6 | ctid`, and the extension block has a register block
+    /// for each of those 64 QPs); windows as many as the key table's window entries
+    /// (`CAPS[47:32]`); MRs the indexes below the first window's ([`map::FIRST_MW_INDEX`]).
+    /// Windows and MRs are separate index ranges of one table, so not `shared_keys`. The stock
+    /// engine has no key table: no windows, no registrations.
+    pub fn device_limits(&self) -> DeviceLimits {
+        let max_qp = self.threads().count() as u64;
+        match self.ext {
+            Some(e) if e.caps & map::caps::KEY_TABLE != 0 => DeviceLimits {
+                max_mw: (e.caps >> 32) & 0xFFFF,
+                max_mr: (map::FIRST_MW_INDEX - map::FIRST_MR_INDEX) as u64,
+                max_qp,
+                shared_keys: false,
+            },
+            _ => DeviceLimits { max_mw: 0, max_mr: 0, max_qp, shared_keys: false },
+        }
     }
 
     /// Whether the omw extension block is present, and its version.

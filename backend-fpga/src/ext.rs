@@ -173,6 +173,12 @@ pub const fn id_word() -> u64 {
     (MAGIC as u64) << 32 | (VERSION_MAJOR as u64) << 16 | VERSION_MINOR as u64
 }
 
+/// The key table's index space (rkey = `index << 8 | key byte`): MRs take indexes from
+/// [`FIRST_MR_INDEX`] up to, not including, [`FIRST_MW_INDEX`]; windows from
+/// [`FIRST_MW_INDEX`] (their count is [`CAPS`] `[47:32]`).
+pub const FIRST_MR_INDEX: u32 = 1;
+pub const FIRST_MW_INDEX: u32 = 0x1000;
+
 /// Feature bits of [`CAPS`].
 pub mod caps {
     /// Responder-side MR / type-2 MW table; every incoming READ/WRITE/atomic is checked.

@@ -56,8 +56,8 @@ enum Key {
 }
 
 /// First MR index and first MW index (they share the 24-bit index space of the rkey).
-const FIRST_MR: u32 = 1;
-const FIRST_MW: u32 = 0x1000;
+const FIRST_MR: u32 = map::FIRST_MR_INDEX;
+const FIRST_MW: u32 = map::FIRST_MW_INDEX;
 const MAX_KEYS: u32 = 0xFFFF;
 /// Ticks a key-mailbox command runs (a model parameter: the host must poll for DONE).
 pub(crate) const MAILBOX_TICKS: u8 = 2;

@@ -3,7 +3,13 @@
 //! and atomic pair, metadata / table / rings remotely reachable only in the private domain, the
 //! pool registered CN-facing and privately with a chunk of zeros for the NIC scrub) and
 //! `MnDriver::create_loop_qps`; each CN is a node whose CN side is the core's `CnDriver` over
-//! this crate's `RdmaBackend`, with four QPs connected to the MN (Alloc, Free, two access QPs).
+//! this crate's `RdmaBackend`, with four QPs connected to the MN (Alloc, Free, two access QPs)
+//! and, where the MN gives each CN K alloc chains (`MnConfig::alloc_chains`), one more Alloc QP
+//! per chain beyond the first — the MN end of each with its own loop QP
+//! (`MnDriver::create_alloc_loop_qp`), all connected with `MnDriver::connect_with_chains`.
+//! Before anything is provisioned the MN's footprint (`Footprint::of_chains`) is checked
+//! against what one vFPGA holds (`FpgaBackend::device_limits`): a configuration that needs
+//! more QPs than the vFPGA's 64 Coyote threads is refused ([`BedError::DoesNotFit`]).
 
 use super::*;
 use omw_core::access::AccessFlags;
@@ -15,10 +21,11 @@ use omw_core::device::Provision;
 use omw_core::device::WindowState;
 use omw_core::device::{Domain, ExecutionMode, MwBinding, QpState, WcStatus};
 use omw_core::ids::{CnId, GroupId, Qpn, Rkey};
+use omw_core::mn::capacity::{Exceeded, Footprint};
 use omw_core::mn::driver::MnDriver;
 use omw_core::mn::plan::{MnOptions, MnPlan};
 use omw_core::mn::provision::PoolSpec;
-use omw_core::mn::{CnQps, Event, MnStats};
+use omw_core::mn::{AllocChainQps, CnQps, Event, MnStats, MAX_ALLOC_CHAINS};
 use omw_core::testing::deployment::{self, CnSide, Deployment, Life};
 use omw_core::testing::hostile::HostileCn;
 use omw_core::wire::memory_map::MnMemoryMap;
@@ -38,6 +45,10 @@ pub struct Cn {
     pub driver: CnDriver<Be, 256>,
     /// MN ends: alloc, free, access 0, access 1.
     pub mq: [Qpn; 4],
+    /// Alloc chains beyond the first: the CN ends of their Alloc QPs and, in the same order,
+    /// the MN ends (management and loop QP).
+    pub extra: Vec<Qpn>,
+    pub mn_extra: Vec<AllocChainQps>,
     pub loops: Option<(Qpn, Qpn)>,
     pub mn_id: CnId,
     pub heard: Vec<Heard>,
@@ -108,14 +119,67 @@ pub struct Cluster {
     pub cns: Vec<Cn>,
     pub plan: MnPlan,
     pub spec: MnSpec,
+    /// Alloc chains every CN connects with.
+    pub chains: u8,
+    /// The next MN ctid a CN-facing QP takes (the loop QPs' pairs take theirs from the top:
+    /// `FpgaBackend::create_loopback_qp`).
+    next_ctid: u8,
 }
 
+/// Why the testbed could not bring an MN up on the double.
+#[derive(Debug)]
+pub enum BedError {
+    /// Alloc chains per CN out of 1..=`MAX_ALLOC_CHAINS`.
+    AllocChains(u8),
+    /// The MN this spec asks for does not fit one vFPGA: every limit it breaks (on the double:
+    /// the QPs, one per Coyote thread, at most 64 per vFPGA since QPN = `vfid << 6 | ctid`).
+    DoesNotFit { cns: usize, chains: u8, exceeded: Vec<Exceeded> },
+    /// The pool's geometry.
+    Geometry(String),
+    /// The block cannot isolate CNs (`MnPlan::decide`).
+    Plan(String),
+    /// `MnPlan::provision_chains` failed.
+    Provision(String),
+}
+
+impl std::fmt::Display for BedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BedError::AllocChains(k) => write!(f, "{k} alloc chains per CN: the MN takes 1..={MAX_ALLOC_CHAINS}"),
+            BedError::DoesNotFit { cns, chains, exceeded } => {
+                let why: Vec<String> = exceeded.iter().map(|e| e.to_string()).collect();
+                write!(
+                    f,
+                    "an MN of {cns} CNs with {chains} alloc chains each does not fit one vFPGA: {} (one QP per \
+                     Coyote thread, QPN = vfid << 6 | ctid)",
+                    why.join("; ")
+                )
+            }
+            BedError::Geometry(e) => write!(f, "pool geometry: {e}"),
+            BedError::Plan(e) => write!(f, "MnPlan::decide: {e}"),
+            BedError::Provision(e) => write!(f, "MnPlan::provision_chains: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BedError {}
+
 impl Cluster {
+    /// One alloc chain per CN, the MN's own choice of popping ahead.
     pub fn new(spec: MnSpec) -> Cluster {
+        Cluster::try_new(spec, 1, None).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `chains` alloc chains per CN; `pop_ahead` overrides the MN's choice
+    /// (`MnConfig::pop_ahead_pays`) where given.
+    pub fn try_new(spec: MnSpec, chains: u8, pop_ahead: Option<bool>) -> Result<Cluster, BedError> {
+        if chains == 0 || chains as usize > MAX_ALLOC_CHAINS {
+            return Err(BedError::AllocChains(chains));
+        }
         let f = Fabric::new();
         let mn = host_with(&f, MN_IP, MN, true, OpcodeEncoding::AppOpcodes, |c| c.with_node_memory(MN, ARENA_OFF));
         let opts = MnOptions { scrub: spec.scrub, ..MnOptions::default() };
-        let plan = MnPlan::decide(mn.be.capabilities(), opts).expect("the extension block can isolate CNs");
+        let plan = MnPlan::decide(mn.be.capabilities(), opts).map_err(|e| BedError::Plan(e.to_string()))?;
         let pool = PoolSpec {
             chunk_size: spec.chunk_size.unwrap_or(4096),
             chunks: spec.chunks,
@@ -125,13 +189,23 @@ impl Cluster {
             lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
             queue_depth: None,
         };
+        // what one vFPGA holds, before anything of the MN is set up (as an MN over verbs checks
+        // its device: `omw_verbs::mn::fits_device`)
+        let need = Footprint::of_chains(&plan, &pool, chains).map_err(|e| BedError::Geometry(e.to_string()))?;
+        let exceeded: Vec<Exceeded> = need.check(&mn.be.device_limits()).into_iter().collect();
+        if !exceeded.is_empty() {
+            return Err(BedError::DoesNotFit { cns: spec.cns, chains, exceeded });
+        }
         let mn_id = mn.id;
-        let d = plan.provision(mn.be, &pool).expect("MnPlan::provision on the double");
-        let mut c = Cluster { world: World { f, now: 0 }, mn_id, d, cns: Vec::new(), plan, spec };
+        let mut d = plan.provision_chains(mn.be, &pool, chains).map_err(|e| BedError::Provision(e.to_string()))?;
+        if let Some(on) = pop_ahead {
+            d.mn.set_pop_ahead(on);
+        }
+        let mut c = Cluster { world: World { f, now: 0 }, mn_id, d, cns: Vec::new(), plan, spec, chains, next_ctid: 1 };
         for i in 0..spec.cns {
             c.connect_cn(i);
         }
-        c
+        Ok(c)
     }
 
     fn connect_cn(&mut self, i: usize) {
@@ -140,39 +214,65 @@ impl Cluster {
         let depths = self.d.mn.chain_ring_depths().unwrap();
         let loops = self.d.create_loop_qps().unwrap();
         let cn_domain = self.plan.cn_facing_domain();
+        let cn_setup = QpSetup::plain(64, 2 * RECVS_PER_QP as u32);
         // the MN ends: managed rings for the chains' management QPs (offloaded)
-        let c0 = 1 + 4 * i as u8;
+        let alloc_mgmt = match loops.is_some() {
+            true => QpSetup::managed(depths[0][1] as u32, 1),
+            false => cn_setup,
+        };
         let mut mq = [Qpn::default(); 4];
         let mut q = [Qpn::default(); 4];
         for k in 0..4u8 {
             let setup = match (k, loops.is_some()) {
                 (0 | 1, true) => QpSetup::managed(depths[k as usize][1] as u32, 1),
-                _ => QpSetup::plain(64, 2 * RECVS_PER_QP as u32),
+                _ => cn_setup,
             };
-            self.d.backend.create_qp(c0 + k, setup.in_domain(cn_domain)).unwrap();
-            setup_qp(&mut h, 1 + k, QpSetup::plain(64, 2 * RECVS_PER_QP as u32));
-            let (a, b) = connect_mn(&mut h, 1 + k, &mut self.d.backend, c0 + k);
+            let c = self.take_ctid();
+            self.d.backend.create_qp(c, setup.in_domain(cn_domain)).unwrap();
+            setup_qp(&mut h, 1 + k, cn_setup);
+            let (a, b) = connect_mn(&mut h, 1 + k, &mut self.d.backend, c);
             q[k as usize] = a;
             mq[k as usize] = b;
         }
+        // each alloc chain beyond the first: its own Alloc QP pair (the MN end managed, as the
+        // first chain's) and its own loop QP
+        let mut extra = Vec::new();
+        let mut mn_extra = Vec::new();
+        for j in 1..self.chains {
+            let lp = self.d.create_alloc_loop_qp().unwrap();
+            let c = self.take_ctid();
+            self.d.backend.create_qp(c, alloc_mgmt.in_domain(cn_domain)).unwrap();
+            let cn_ctid = 4 + j;
+            setup_qp(&mut h, cn_ctid, cn_setup);
+            let (a, b) = connect_mn(&mut h, cn_ctid, &mut self.d.backend, c);
+            extra.push(a);
+            mn_extra.push(AllocChainQps { mgmt: b, lp });
+        }
         let chunk = self.spec.chunk_size.unwrap_or(4096).max(4096);
         let reply = base + 0x1000;
+        // a reply slot per chain
+        let reply_len = self.chains as u64 * CnMemory::REPLY_LEN;
         let local = base + 0x10000;
+        assert!(reply + reply_len <= local, "the CN's reply slots overlap its local memory");
         let local_len = CnMemory::local_len_for(omw_core::cn::driver::IO_SLOTS, chunk);
         assert!(local + local_len <= base + ARENA_OFF, "CN memory overlaps its ring arena");
-        let rk = h
-            .be
-            .reg_mr(Domain::CnFacing, reply, CnMemory::REPLY_LEN, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-            .unwrap();
+        let rk =
+            h.be.reg_mr(Domain::CnFacing, reply, reply_len, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+                .unwrap();
         let lk = h.be.reg_mr(Domain::CnFacing, local, local_len, AccessFlags::LOCAL_WRITE).unwrap();
         let mem = CnMemory { local, local_len, lkey: lk.lkey, reply, reply_rkey: rk.rkey };
         let qps = CnQpSet { alloc: q[0], free: q[1], access: [q[2], q[3]].into_iter().collect() };
         let mut driver = CnDriver::new(h.be, qps, mem).unwrap();
+        if !extra.is_empty() {
+            driver = driver.with_alloc_chains(&extra, reply_len).unwrap();
+        }
         driver.record_deliveries(true);
         self.cns.push(Cn {
             id: h.id,
             driver,
             mq,
+            extra,
+            mn_extra: mn_extra.clone(),
             loops,
             mn_id: CnId::UNASSIGNED,
             heard: Vec::new(),
@@ -187,9 +287,21 @@ impl Cluster {
             alloc_loop: loops.map(|l| l.0),
             free_loop: loops.map(|l| l.1),
         };
-        if let Err(e) = Deployment::new(&mut self.world, &mut self.d, &mut self.cns).connect(i, qps, None) {
+        if let Err(e) =
+            Deployment::new(&mut self.world, &mut self.d, &mut self.cns).connect_with_chains(i, qps, &mn_extra, None)
+        {
             panic!("connecting cn{i}: {e}");
         }
+    }
+
+    /// The MN's next ctid for a CN-facing QP (the footprint check made sure there is one; a
+    /// ctid a loop pair already took from the top would be a bug of this testbed).
+    fn take_ctid(&mut self) -> u8 {
+        let c = self.next_ctid;
+        self.next_ctid += 1;
+        let q = self.d.backend.qpn(c).unwrap();
+        assert_eq!(self.d.backend.qp_state(q).unwrap(), QpState::Reset, "MN ctid {c} is already a QP");
+        c
     }
 
     /// Run the double, the MN CPU and every CN until nothing moves (the core's one pump,
@@ -271,6 +383,8 @@ fn connect_mn(h: &mut Host, ctid: u8, mn: &mut Be, mctid: u8) -> (Qpn, Qpn) {
 fn reconnect<M: DataPath>(c: &mut Cn, mn: &mut M) -> bool {
     let q = c.driver.qps().clone();
     let mut moved = false;
+    // the extra Alloc QPs are chain management QPs, as the first: the MN repairs its ends
+    let extra = c.extra.clone();
     for (k, cq) in [q.alloc, q.free, q.access[0], q.access[1]].into_iter().enumerate() {
         if c.driver.backend.qp_state(cq).unwrap() != QpState::Rts {
             c.driver.backend.reset_qp(cq).unwrap();
@@ -278,6 +392,12 @@ fn reconnect<M: DataPath>(c: &mut Cn, mn: &mut M) -> bool {
         }
         if k >= 2 && mn.qp_state(c.mq[k]).ok() != Some(QpState::Rts) {
             let _ = mn.reset_qp(c.mq[k]);
+            moved = true;
+        }
+    }
+    for cq in extra {
+        if c.driver.backend.qp_state(cq).unwrap() != QpState::Rts {
+            c.driver.backend.reset_qp(cq).unwrap();
             moved = true;
         }
     }
@@ -331,18 +451,45 @@ const CAPS: Caps = Caps::OFFLOAD
     .union(Caps::WINDOW_SPANS)
     .union(Caps::SEND_WITH_INV);
 
-/// Starts MNs on the extension double.
-pub struct Double;
+/// Starts MNs on the extension double whose CNs connect with `chains` alloc chains each;
+/// `pop_ahead: Some(true)` has every alloc chain pop ahead (as the loopback's
+/// `Mode::OffloadedPopAhead`) wherever the pool has more groups than the CNs have chains —
+/// with as many chains as groups some CN is starved by design (`MnConfig::pop_ahead_pays`),
+/// so those pools run without; `None` leaves it to the MN.
+#[derive(Clone, Copy, Debug)]
+pub struct Double {
+    pub chains: u8,
+    pub pop_ahead: Option<bool>,
+}
+
+impl Double {
+    /// One alloc chain per CN, popping ahead the MN's choice: the double as it always ran.
+    pub const ONE_CHAIN: Double = Double { chains: 1, pop_ahead: None };
+}
 
 impl Factory for Double {
     fn name(&self) -> String {
-        "FPGA double (extension block)".into()
+        let ahead = match self.pop_ahead {
+            Some(true) => ", popping ahead",
+            Some(false) => ", not popping ahead",
+            None => "",
+        };
+        format!("FPGA double (extension block), {} alloc chain(s) per CN{ahead}", self.chains)
     }
     fn caps(&self) -> Caps {
         CAPS
     }
+    /// A spec the double cannot hold fails the scenario with the refusal's reason
+    /// ([`BedError`]).
     fn start(&self, spec: MnSpec) -> Box<dyn Testbed> {
-        Box::new(Cluster::new(spec))
+        let ahead = match self.pop_ahead {
+            Some(true) if spec.chunks as usize <= spec.cns * self.chains as usize => Some(false),
+            a => a,
+        };
+        match Cluster::try_new(spec, self.chains, ahead) {
+            Ok(c) => Box::new(c),
+            Err(e) => panic!("{e}"),
+        }
     }
 }
 
@@ -467,7 +614,13 @@ impl Testbed for Cluster {
         self.d.groups_ahead()
     }
     fn ahead_of(&mut self, cn: usize) -> bool {
-        self.d.group_ahead_of(self.cns[cn].mn_id).is_some()
+        self.d.groups_ahead_of(self.cns[cn].mn_id) > 0
+    }
+    fn ahead_count(&mut self, cn: usize) -> u32 {
+        self.d.groups_ahead_of(self.cns[cn].mn_id)
+    }
+    fn alloc_chains(&self) -> u8 {
+        self.chains
     }
     fn free_groups(&mut self) -> u32 {
         let map = *self.d.mn.map();
