@@ -1,0 +1,83 @@
+//! A chunk the MN takes back while the CN stays connected (`wire::message::TakenBack`), through
+//! the library end to end: the MN's audit finds the chunk's windows bound where no access QP
+//! of its owner is — here because the device binds every window to the QP that posted the
+//! bind (`ForeignBind::BoundToPoster`, docs/MLX5.md question 5) and the MN was made to
+//! offload anyway — reclaims the group and tells the CN. The library then answers `Freed` on
+//! every handle of that chunk, counts it in `Stats::taken_back`, never frees it again, and
+//! keeps serving: the next chunk it gets is counted in the pool once.
+
+use omw_client::model::{Model, ModelConfig};
+use omw_client::{Cn, Error, Options};
+use omw_core::device::ExecutionMode;
+use omw_core::device::behaviour::ForeignBind;
+use omw_loopback::NicConfig;
+
+const CHUNKS: u32 = 16;
+
+fn model(foreign_bind: ForeignBind) -> Model {
+    let mut b = NicConfig::DEFAULT_BEHAVIOUR;
+    b.foreign_bind = foreign_bind;
+    Model::start(ModelConfig {
+        chunks: CHUNKS,
+        mode: Some(ExecutionMode::Offloaded),
+        nic: NicConfig::strict().with_behaviour(b),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Run the MN's audit over the whole table, with the CN's library making progress between
+/// ticks (it receives the notice on its message QP).
+fn audit_whole_table(m: &Model, cn: &Cn<omw_client::model::ModelDevice>) {
+    let passes = m.with_cluster(|c| c.driver.mn.stats().audit_passes).unwrap();
+    for _ in 0..64 {
+        m.with_cluster(|c| c.tick().map(|_| c.driver.mn.stats().audit_passes)).unwrap().unwrap();
+        cn.progress().unwrap();
+        if m.with_cluster(|c| c.driver.mn.stats().audit_passes).unwrap() > passes {
+            break;
+        }
+    }
+    cn.progress().unwrap();
+}
+
+#[test]
+fn a_chunk_the_mn_took_back_answers_freed_and_is_not_freed_again() {
+    let m = model(ForeignBind::BoundToPoster);
+    let cn = Cn::connect(&m, Options::default()).unwrap();
+    let c = cn.alloc().unwrap();
+    let twin = c.clone();
+    // bound to the alloc chain's management QP, not to an access QP: the CN cannot reach it
+    // (an access now would fail with RemAccessErr and put the access QP pair in ERR, which the
+    // library reports as a lost connection: `Error::Access`, docs/CN-LIBRARY.md)
+    let notices = m.with_cluster(|c| c.driver.mn.stats().taken_back_notices).unwrap();
+    audit_whole_table(&m, &cn);
+    let s = m.with_cluster(|c| c.driver.mn.stats()).unwrap();
+    assert!(s.taken_back_notices > notices, "the MN told the CN");
+    assert_eq!(cn.stats().taken_back, 1, "the library heard it once");
+    // every handle of the chunk now answers Freed, before anything is posted
+    assert_eq!(cn.write(&c, 0, b"late"), Err(Error::Freed));
+    let mut buf = [0u8; 4];
+    assert_eq!(cn.read(&twin, 0, &mut buf), Err(Error::Freed));
+    assert_eq!(cn.free(twin), Err(Error::Freed), "a chunk taken back is never freed again");
+    assert_eq!(cn.held_chunks(), 0);
+    // conservation at the MN: every group is free or held by a chain popping ahead
+    m.with_cluster(|c| c.check_invariants()).unwrap().unwrap();
+}
+
+/// The control: on a device that honours foreign binds the same audit finds nothing, the
+/// library hears nothing, and the chunk works.
+#[test]
+fn nothing_is_taken_back_where_the_windows_are_bound_to_the_access_qps() {
+    let m = model(ForeignBind::Honoured);
+    let cn = Cn::connect(&m, Options::default()).unwrap();
+    let c = cn.alloc().unwrap();
+    cn.write(&c, 0, b"kept").unwrap();
+    audit_whole_table(&m, &cn);
+    assert_eq!(m.with_cluster(|c| c.driver.mn.stats().taken_back_notices).unwrap(), 0);
+    assert_eq!(cn.stats().taken_back, 0);
+    let mut buf = [0u8; 4];
+    cn.read(&c, 0, &mut buf).unwrap();
+    assert_eq!(&buf, b"kept");
+    cn.free(c).unwrap();
+    cn.progress().unwrap();
+}
