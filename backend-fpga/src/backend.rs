@@ -1,4 +1,4 @@
-//! [`RdmaBackend`] over the engine: a thin translation of the core's canonical WQEs.
+//! [`RdmaBackend`](omw_core::device::RdmaBackend) over the engine: a thin translation of the core's canonical WQEs.
 //!
 //! * **Stock engine** (no extension block): READ, WRITE and SEND become one engine command
 //!   each (always with LAST), pushed through [`crate::mmio::post_command`]. The engine reports
@@ -840,7 +840,7 @@ impl<M: Mmio + CoyoteDriver, H: HostMemory> FpgaBackend<M, H> {
 
     // ---- stock engine path ------------------------------------------------------------------
 
-    /// Post one WQE as a stock engine command (the path [`RdmaBackend::post_send`] takes
+    /// Post one WQE as a stock engine command (the path [`RdmaBackend::post_send`](omw_core::device::DataPath::post_send) takes
     /// without the extension block). The rkey a stock command carries is the QP context's;
     /// an extension block at the responder checks it.
     pub fn post_stock(&mut self, qp: Qpn, wqe: &Wqe) -> Result<(), Error> {

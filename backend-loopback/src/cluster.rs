@@ -248,7 +248,7 @@ impl Interleave {
     }
 }
 
-/// A node's [`RdmaBackend`]: its host on the shared fabric. [`Domain::CnFacing`] is the
+/// A node's [`RdmaBackend`](omw_core::device::RdmaBackend): its host on the shared fabric. [`Domain::CnFacing`] is the
 /// host's PD 0; [`Domain::MnPrivate`] a PD of its own that only the MN's loopback QPs are in
 /// (a CN has none and is refused it).
 #[derive(Clone, Debug)]

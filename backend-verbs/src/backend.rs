@@ -1,4 +1,4 @@
-//! [`VerbsBackend`]: the core's [`RdmaBackend`] contract on libibverbs.
+//! [`VerbsBackend`]: the core's [`RdmaBackend`](omw_core::device::RdmaBackend) contract on libibverbs.
 //!
 //! A thin translation: a canonical [`Wqe`] becomes one `ibv_send_wr`, an `ibv_wc` becomes a
 //! [`Completion`]. What the device does not keep for us, we keep here:
@@ -831,7 +831,7 @@ impl VerbsBackend {
         Ok(())
     }
 
-    /// Bring QP `q` back to RTS in place (see [`Self::invalidate_target`]): for executing a
+    /// Bring QP `q` back to RTS in place (see `invalidate_target`): for executing a
     /// LOCAL_INV of a window bound to a QP in ERR on a device that accepts it only there.
     pub fn revive_qp(&mut self, q: Qpn) -> Result<()> {
         self.revive_raw(q.get())

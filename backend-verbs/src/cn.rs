@@ -116,7 +116,7 @@ pub enum Notice {
         code: ErrorCode,
     },
     Revoked,
-    /// The MN bound window MW[`mw`] of the allocation at `entry_addr` again under `rkey`
+    /// The MN bound window MW\[`mw`\] of the allocation at `entry_addr` again under `rkey`
     /// (someone else's SEND_WITH_INV had revoked it); [`CnClient::live`] holds the new key.
     Rekeyed {
         entry_addr: u64,

@@ -142,7 +142,7 @@ pub struct ChainsRow {
 /// starts — `allocs` allocations in all, no frees (the pool holds them all). Offloaded: no MN
 /// CPU on the path. What it shows is the overlap of a CN's laps across its chains; a request
 /// meeting its chain still re-arming (the MN's RNR timer) is the simulator's
-/// ([`sim::Stage::Chain`]). Returns allocations per second of modelled time, the mean latency
+/// (`sim::Stage::Chain`). Returns allocations per second of modelled time, the mean latency
 /// from a round's start to each reply, the samples.
 pub fn osmw_chains_on_model(
     inp: &Inputs,

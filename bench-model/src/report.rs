@@ -502,7 +502,7 @@ pub fn text(res: &Results) -> String {
     s
 }
 
-/// [`scale_text`] alone: the pool-size sweep without the rest of the bench
+/// `scale_text` alone: the pool-size sweep without the rest of the bench
 /// (`cargo run --release -p omw-bench --example scale`).
 pub fn scale_report(sc: &crate::scale::ScaleResults) -> String {
     let mut s = String::new();

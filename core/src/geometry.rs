@@ -10,7 +10,7 @@ use core::fmt;
 /// Largest MW group size G this build supports. The MWTable entry reserves room for this many
 /// rkeys, so it is a compile-time constant, not a const generic, to keep the entry a fixed layout.
 pub const MAX_GROUP_SIZE: usize = 4;
-/// Smallest group: MW[0] for the Free QP plus at least one access window.
+/// Smallest group: MW\[0\] for the Free QP plus at least one access window.
 pub const MIN_GROUP_SIZE: usize = 2;
 pub const MIN_CHUNK_SIZE: u64 = 512;
 pub const MAX_CHUNK_SIZE: u64 = 1 << 30;
@@ -95,7 +95,7 @@ impl PoolGeometry {
     pub const fn group_size(&self) -> usize {
         self.group_size as usize
     }
-    /// Access windows per group (G − 1: MW[0] belongs to the Free QP).
+    /// Access windows per group (G − 1: MW\[0\] belongs to the Free QP).
     pub const fn access_windows(&self) -> usize {
         self.group_size as usize - 1
     }

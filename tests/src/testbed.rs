@@ -198,7 +198,7 @@ pub enum Heard {
     Available,
     Failed(ErrorCode),
     Revoked,
-    /// Window MW[`mw`] of the allocation at `entry_addr` was bound again under `rkey`.
+    /// Window MW\[`mw`\] of the allocation at `entry_addr` was bound again under `rkey`.
     Rekeyed {
         entry_addr: u64,
         mw: u8,

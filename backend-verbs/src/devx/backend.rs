@@ -1,4 +1,4 @@
-//! The MN's [`RdmaBackend`] on DEVX: every queue of the MN is a DEVX QP whose rings are umem in
+//! The MN's [`RdmaBackend`](omw_core::device::RdmaBackend) on DEVX: every queue of the MN is a DEVX QP whose rings are umem in
 //! one ring arena, so the mlx5-form chains can be armed on them (issue 13 part 4).
 //!
 //! What it translates, and nothing more (policy stays in the core):
@@ -28,7 +28,7 @@
 //!   where it is bound (QUERY_MKEY) — DEVX cannot query a verbs MW; destroyed with the backend.
 //! - **reset**: `2RST_QP`, drain what the QP's CQs still hold, software state to zero, then
 //!   RST→INIT→RTR→RTS again with the attributes it was connected with. The CQs keep counting
-//!   (they are separate objects), so [`RdmaBackend::cq_producer_indices`] tells a re-armed
+//!   (they are separate objects), so [`Mlx5Arm::cq_producer_indices`] tells a re-armed
 //!   chain where its WAITs start. A QP that was never used is already "freshly reset" and is
 //!   left alone (a CN-facing QP must not lose the PSN state its CN already shares).
 //!

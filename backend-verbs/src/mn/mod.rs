@@ -413,7 +413,7 @@ impl<T: Transport> MnDaemon<T> {
     /// Run several daemons in one loop until `stop` is set — an MN's size classes, each its own
     /// `MemoryNode` (MWTable, free queue, chains) on its own port of the same device. Each turn
     /// steps every one; when all are idle they take turns waiting for the connection manager
-    /// (each at most [`IDLE_WAIT`] / n, so none waits long for another's quiet).
+    /// (each at most `IDLE_WAIT` / n, so none waits long for another's quiet).
     ///
     /// A tenant's byte quota holds over all the classes: around every step (and every wait,
     /// which may connect or disconnect a CN) a class learns what each tenant holds in the others

@@ -20,7 +20,7 @@ pub struct ChainEnv {
     pub loop_qpn: u32,
     /// MN end of the management QP (Alloc QP for the alloc chain, Free QP for the free chain).
     pub mgmt_qpn: u32,
-    /// MN end of the CN's Free QP: MW[0] of every group the CN allocates is bound there.
+    /// MN end of the CN's Free QP: MW\[0\] of every group the CN allocates is bound there.
     pub free_qpn: u32,
     /// The MN's registrations: `meta_*` over the whole metadata region (queue, table,
     /// scratch), `table_rkey` over the MWTable only (entry addresses from the network are
@@ -31,7 +31,7 @@ pub struct ChainEnv {
     pub queue_depth: u16,
     /// Rights of the access windows MW[1..G).
     pub window_access: AccessFlags,
-    /// Rights of MW[0] (bound to the Free QP; it proves ownership, it is not for data).
+    /// Rights of MW\[0\] (bound to the Free QP; it proves ownership, it is not for data).
     pub owner_window_access: AccessFlags,
     /// The alloc chain pops the next request's group before that request arrives
     /// (`chain::alloc`); otherwise after it, on the request's path.

@@ -1,5 +1,5 @@
 //! The free chain (DESIGN.md §2): return a group to the free queue — but only if the caller
-//! owns it, which the NIC proves by invalidating MW[0] on the caller's own Free QP (a type-2
+//! owns it, which the NIC proves by invalidating MW\[0\] on the caller's own Free QP (a type-2
 //! window bound elsewhere refuses). The step table, with the gated phases and the WQEs per lap,
 //! is in docs/CHAINS.md.
 //!
@@ -12,7 +12,7 @@
 //!    the address out of that WQE into scratch (the `ENTRY_ADDR` marker) and into the
 //!    write-back; FENCEd behind the entry READ, others patch the chunk base into the scrub
 //!    WRITE and the rkeys into the Free QP's LOCAL_INV and UNBINDs.
-//! 2. *FENCEd ENABLE of the Free QP's ring*: LOCAL_INV of MW[0] (the ownership check), the
+//! 2. *FENCEd ENABLE of the Free QP's ring*: LOCAL_INV of MW\[0\] (the ownership check), the
 //!    UNBINDs of the access windows, and an ENABLE of the Loop ring's second half — in one send
 //!    queue, so the ENABLE runs only after the invalidations completed (the small fence mlx5
 //!    puts after them) and never if the check failed: the Free QP enters the error state, the
@@ -27,7 +27,7 @@
 //!    markers, the request header and the entry address in the entry READ (a later request
 //!    too short to supply one faults instead of freeing this entry again).
 //!
-//! Nothing is pushed before MW[0] is invalidated, so no group whose MW[0] is bound ever enters
+//! Nothing is pushed before MW\[0\] is invalidated, so no group whose MW\[0\] is bound ever enters
 //! the queue; nothing is pushed before its scrub and write-back completed (the FENCE of
 //! phase 4), so the next owner finds the chunk clean and the keys advanced. Only the first
 //! WAIT needs a per-lap bump: every other gate is an ENABLE, whose count is relative.

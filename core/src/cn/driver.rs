@@ -235,7 +235,7 @@ pub enum CnEvent {
     Revoked,
     /// The MN's lease probe (receiving it renewed the lease).
     Probed,
-    /// The MN bound window MW[`mw`] of the allocation at `entry_addr` again under `rkey`
+    /// The MN bound window MW\[`mw`\] of the allocation at `entry_addr` again under `rkey`
     /// (it was invalidated behind this CN's back); the client's live allocation was updated,
     /// so an access retried with [`Client::live`]'s keys succeeds.
     Rekeyed {

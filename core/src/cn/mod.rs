@@ -18,7 +18,7 @@ pub struct Allocation {
     pub entry_addr: u64,
     /// rkey of MW[i+1], usable only through access QP i.
     pub rkeys: heapless::Vec<Rkey, MAX_ACCESS_QPS>,
-    /// rkey of MW[0] (bound to the Free QP; proves ownership, not for data).
+    /// rkey of MW\[0\] (bound to the Free QP; proves ownership, not for data).
     pub owner_rkey: Rkey,
 }
 
@@ -130,7 +130,7 @@ pub enum ClientEvent {
     ChainParked {
         chain: u8,
     },
-    /// The MN bound window MW[`mw`] of the allocation at `entry_addr` again under `rkey`
+    /// The MN bound window MW\[`mw`\] of the allocation at `entry_addr` again under `rkey`
     /// (someone invalidated it, see [`crate::wire::message::Rebound`]); the live allocation now holds
     /// the new key, so an access retried through [`Client::live`] succeeds.
     Rekeyed {

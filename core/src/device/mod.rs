@@ -279,7 +279,7 @@ pub enum Domain {
 
 /// The data path every device and every wrapper implements in full: queues, completions, QP
 /// state and the node's own memory. Nothing here is defaulted, so a wrapper
-/// ([`crate::testing::fault::FaultInjector`], [`crate::testing::trace::Tracer`]) that forgets a
+/// (`testing::fault::FaultInjector`, `testing::trace::Tracer`) that forgets a
 /// method does not compile — it cannot silently answer for the device it wraps.
 ///
 /// The contract is split by who needs what (smoltcp's `phy::Device` is the model):

@@ -4,7 +4,7 @@ use super::*;
 
 impl MemoryNode {
     /// Write a fresh MWTable (every group free, owner 0) and a full free queue. `rkey(g, i)`
-    /// is the initial rkey of MW[i] of group g; `lkey(g)` the MR the group's windows bind in.
+    /// is the initial rkey of MW\[i\] of group g; `lkey(g)` the MR the group's windows bind in.
     pub fn format<P: MnPort>(
         &mut self,
         port: &mut P,

@@ -46,7 +46,7 @@ pub struct LapContext<'a> {
     pub scratch: u64,
     /// MN ends of the requester's access QPs: request-supplied bind targets must be among them.
     pub access_qpns: &'a [Qpn],
-    /// MN end of the requester's Free QP (where MW[0] is bound).
+    /// MN end of the requester's Free QP (where MW\[0\] is bound).
     pub free_qpn: Qpn,
     /// Compare the MWTable owner with the requester before the ownership-proving invalidate.
     pub software_ownership_check: bool,
@@ -94,7 +94,7 @@ impl LapFailure {
     pub const fn request_too_long(self) -> bool {
         matches!(self, LapFailure::RequestTooLong | LapFailure::Status(WcStatus::LocLenErr))
     }
-    /// The requester proved it does not own the group: its free's invalidation of MW[0] on its
+    /// The requester proved it does not own the group: its free's invalidation of MW\[0\] on its
     /// own Free QP was refused by the NIC (a bind error), or the host engine's software
     /// ownership check said so.
     pub const fn not_owner(self) -> bool {

@@ -17,7 +17,7 @@ pub struct PoolSpec {
     /// Bytes per chunk (a power of two, 512 B–1 GiB).
     pub chunk_size: u64,
     pub chunks: u32,
-    /// Windows per chunk G (2..=4): MW[0] proves ownership, MW[1..G) carry data.
+    /// Windows per chunk G (2..=4): MW\[0\] proves ownership, MW[1..G) carry data.
     pub group_size: u8,
     pub max_cns: u32,
     /// Groups one CN may hold at once (0: the whole pool).

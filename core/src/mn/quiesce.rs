@@ -242,7 +242,7 @@ impl MemoryNode {
 
     /// Where the group with MWTable entry `entry` is now (step 2's facts), by scanning the
     /// queue: for tools and tests; the MN's own decisions use the evidence they hold
-    /// ([`Known`]) and scan only without it.
+    /// (`Known`) and scan only without it.
     pub fn whereabouts<P: MnPort>(&mut self, port: &mut P, entry: u64) -> Result<Whereabouts, MnError<P::Error>> {
         let mut w = self.whereabouts_but_queue(port, entry)?;
         w.in_queue = self.queue_holds(port, entry)?;

@@ -80,7 +80,7 @@ pub mod free_scratch {
     /// when a lap commits (the push landed).
     pub const ENTRY_ADDR: u64 = 8;
     /// Set (to the entry address) by the first step of the second half — which runs only once
-    /// MW[0] was invalidated on the requester's own Free QP — and cleared at commit: after a
+    /// MW\[0\] was invalidated on the requester's own Free QP — and cleared at commit: after a
     /// failure, non-zero means "this lap proved ownership", whatever the MWTable says. The MN's
     /// repair decides from this lap's own markers alone, never from state another lap (e.g. a
     /// victim's alloc lap half-way through the same entry) may be changing.

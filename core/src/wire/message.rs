@@ -430,7 +430,7 @@ impl Notice {
     }
 }
 
-/// MN → CN: window MW[`mw`] of the allocation whose MWTable entry is at `entry_addr` was
+/// MN → CN: window MW\[`mw`\] of the allocation whose MWTable entry is at `entry_addr` was
 /// invalidated behind the CN's back (on soft-RoCE any QP's SEND_WITH_INV revokes a window) and
 /// the MN bound it again, over the same chunk and to the same QP, under `rkey` (the same window
 /// index, the next key byte). The CN's chunk and bytes are untouched; an access that failed
@@ -759,7 +759,7 @@ impl MnMessage {
     }
 }
 
-/// Rkeys of an entry for the given group size (MW[0] first).
+/// Rkeys of an entry for the given group size (MW\[0\] first).
 pub fn entry_rkeys(e: &MwTableEntry, g: usize) -> heapless::Vec<Rkey, { crate::geometry::MAX_GROUP_SIZE }> {
     (0..g.min(crate::geometry::MAX_GROUP_SIZE)).map(|i| e.rkey(i)).collect()
 }
