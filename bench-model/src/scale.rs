@@ -371,7 +371,7 @@ fn object_alloc_row<const C: usize>(chunks: u32) -> Result<ScaleRow, String> {
     let mut a = Box::new(A::<C>::new(4 * CHUNK, &[CHUNK, 2 * CHUNK]).map_err(|e| e.to_string())?);
     let mut live: Vec<ObjectRef> = Vec::with_capacity(C * 4);
     let mut next = 0u32;
-    let mut alloc = |a: &mut A<C>| {
+    let mut alloc = move |a: &mut A<C>| {
         a.alloc_with(0, || {
             next += 1;
             Ok::<_, &str>(next)
@@ -382,56 +382,29 @@ fn object_alloc_row<const C: usize>(chunks: u32) -> Result<ScaleRow, String> {
     for _ in 0..(chunks as usize * 4) {
         live.push(alloc(&mut a)?);
     }
-    let mut rng = SeededRng::new(chunks as u64);
-    let per = 20_000usize;
-    let mut victims: Vec<ObjectRef> = Vec::with_capacity(per);
-    let mut born: Vec<ObjectRef> = Vec::with_capacity(per);
     let p0 = a.probes();
-    let (mut gross, mut harness) = (Vec::new(), Vec::new());
-    // victims in rounds of at most half the live objects
-    let round = per.min(live.len() / 2);
-    for _ in 0..5 {
-        for ops in [true, false] {
-            let (mut ns, mut done) = (0u128, 0);
-            while done < per {
-                victims.clear();
-                born.clear();
-                for _ in 0..round {
-                    let i = rng.below(live.len() as u64) as usize;
-                    victims.push(live.swap_remove(i));
-                }
-                let t = Instant::now();
-                for &o in &victims {
-                    if ops {
-                        a.free(o).map_err(|e| e.to_string())?;
-                        born.push(alloc(&mut a)?);
-                    } else {
-                        born.push(std::hint::black_box(o));
-                    }
-                }
-                ns += t.elapsed().as_nanos();
-                live.append(&mut born);
-                done += round;
-            }
-            let el = ns as f64 / (2 * done) as f64;
-            if ops {
-                gross.push(el);
+    // the whole batch timed at once; two operations per victim
+    let (gross, harness) = churn(&mut live, &mut SeededRng::new(chunks as u64), |victims, operate, born| {
+        let t = Instant::now();
+        for o in victims.drain(..) {
+            if operate {
+                a.free(o).map_err(|e| e.to_string())?;
+                born.push(alloc(&mut a)?);
             } else {
-                harness.push(el);
+                born.push(std::hint::black_box(o));
             }
         }
-    }
-    let ops = 10 * per as u64;
+        Ok(t.elapsed().as_nanos())
+    })?;
+    let (gross, harness) = (gross / 2.0, harness / 2.0);
+    let ops = 2 * CHURN_OPERATED;
     let probes = a.probes() - p0;
-    for v in [&mut gross, &mut harness] {
-        v.sort_by(|a, b| a.total_cmp(b));
-    }
     Ok(ScaleRow {
         op: "object allocator, per op",
         chunks,
-        ns_per_op: (gross[2] - harness[2]).max(0.0),
-        gross_ns: gross[2],
-        subtracted_ns: harness[2],
+        ns_per_op: (gross - harness).max(0.0),
+        gross_ns: gross,
+        subtracted_ns: harness,
         subtracted_what: "the same loop without the free and the alloc",
         ops,
         count_per_op: probes as f64 / ops as f64,
@@ -440,6 +413,56 @@ fn object_alloc_row<const C: usize>(chunks: u32) -> Result<ScaleRow, String> {
         streamed_lines: Some(0.0),
         written_lines: Some(0.0),
     })
+}
+
+/// Victims per measurement: five of `CHURN_PER` with the operation, five without.
+const CHURN_PER: usize = 20_000;
+/// Victims operated on per row.
+const CHURN_OPERATED: u64 = 5 * CHURN_PER as u64;
+
+/// The churn every per-operation row shares, with its harness measured the same way in the
+/// same run: five times, `CHURN_PER` victims with the operation and as many without it, the
+/// victims drawn uniformly from `live` before the clock in batches of at most half of it.
+/// `step` gets a batch (to drain), whether to operate, and where to put what replaces the
+/// victims in `live` (new objects, or the victims themselves when it does not operate); it
+/// returns the nanoseconds it timed. Returns the medians of ns per victim, (with, without).
+fn churn<T>(
+    live: &mut Vec<T>,
+    rng: &mut SeededRng,
+    mut step: impl FnMut(&mut Vec<T>, bool, &mut Vec<T>) -> Result<u128, String>,
+) -> Result<(f64, f64), String> {
+    if live.len() < 2 {
+        return Err(format!("a churn needs at least 2 live objects, not {}", live.len()));
+    }
+    let batch = CHURN_PER.min(live.len() / 2);
+    let mut victims = Vec::with_capacity(batch);
+    let mut born = Vec::with_capacity(batch);
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        for operate in [true, false] {
+            let (mut ns, mut done) = (0u128, 0);
+            while done < CHURN_PER {
+                victims.clear();
+                for _ in 0..batch {
+                    let i = rng.below(live.len() as u64) as usize;
+                    victims.push(live.swap_remove(i));
+                }
+                ns += step(&mut victims, operate, &mut born)?;
+                live.append(&mut born);
+                done += batch;
+            }
+            let per_victim = ns as f64 / done as f64;
+            if operate {
+                with.push(per_victim);
+            } else {
+                without.push(per_victim);
+            }
+        }
+    }
+    for v in [&mut with, &mut without] {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
+    Ok((with[2], without[2]))
 }
 
 /// A CN `Client` with `live` allocations, each freed (and a new one adopted) in turn. The
@@ -478,57 +501,34 @@ fn client_free_row<const N: usize>(live: u32) -> Result<ScaleRow, String> {
     for a in &addrs {
         adopt(&mut c, *a)?;
     }
-    let mut rng = SeededRng::new(live as u64);
     let mut spare = table + 40 * live as u64;
-    let per = 20_000usize;
-    let mut victims: Vec<u64> = Vec::with_capacity(per);
     let p0 = c.index_probes();
-    let mut frees = 0u64;
-    let (mut gross, mut harness) = (Vec::new(), Vec::new());
-    // victims in rounds of at most half the live allocations
-    let round = per.min(addrs.len() / 2);
-    for _ in 0..5 {
-        for timed in [true, false] {
-            let (mut ns, mut done) = (0u128, 0);
-            while done < per {
-                victims.clear();
-                for _ in 0..round {
-                    let i = rng.below(addrs.len() as u64) as usize;
-                    victims.push(addrs.swap_remove(i));
-                }
-                for &a in &victims {
-                    let t = Instant::now();
-                    if timed {
-                        c.free_request(a).map_err(|e| e.to_string())?;
-                    }
-                    ns += t.elapsed().as_nanos();
-                    if !timed {
-                        c.free_request(a).map_err(|e| e.to_string())?;
-                    }
-                    adopt(&mut c, spare)?;
-                    addrs.push(spare);
-                    spare += 40;
-                }
-                done += round;
+    // each free timed alone; without the operation, the free moves out of the interval
+    let (gross, harness) = churn(&mut addrs, &mut SeededRng::new(live as u64), |victims, operate, born| {
+        let mut ns = 0;
+        for a in victims.drain(..) {
+            let t = Instant::now();
+            if operate {
+                c.free_request(a).map_err(|e| e.to_string())?;
             }
-            frees += done as u64;
-            let el = ns as f64 / done as f64;
-            if timed {
-                gross.push(el);
-            } else {
-                harness.push(el);
+            ns += t.elapsed().as_nanos();
+            if !operate {
+                c.free_request(a).map_err(|e| e.to_string())?;
             }
+            adopt(&mut c, spare)?;
+            born.push(spare);
+            spare += 40;
         }
-    }
-    for v in [&mut gross, &mut harness] {
-        v.sort_by(|a, b| a.total_cmp(b));
-    }
+        Ok(ns)
+    })?;
+    // every victim was freed, timed or not
+    let frees = 2 * CHURN_OPERATED;
     Ok(ScaleRow {
         op: "CN free lookup, per free",
         chunks: live,
-        ns_per_op: (gross[2] - harness[2]).max(0.0),
-        gross_ns: gross[2],
-        subtracted_ns: harness[2],
+        ns_per_op: (gross - harness).max(0.0),
+        gross_ns: gross,
+        subtracted_ns: harness,
         subtracted_what: "the clock around an empty interval (the free moved out of it)",
         ops: frees,
         count_per_op: (c.index_probes() - p0) as f64 / frees as f64,
@@ -548,54 +548,28 @@ fn client_free_row<const N: usize>(live: u32) -> Result<ScaleRow, String> {
 /// is the yardstick for whether the object allocator's growth is its own or the memory's.
 fn malloc_row(chunks: u32) -> Result<ScaleRow, String> {
     let mut live: Vec<Box<[u64; 2]>> = (0..chunks as u64 * 4).map(|i| Box::new([i, i])).collect();
-    let mut rng = SeededRng::new(0xA110C ^ chunks as u64);
-    let per = 20_000usize;
-    let round = per.min(live.len() / 2);
-    let mut victims: Vec<Box<[u64; 2]>> = Vec::with_capacity(round);
-    let mut born: Vec<Box<[u64; 2]>> = Vec::with_capacity(round);
-    let mut keep: Vec<Box<[u64; 2]>> = Vec::with_capacity(round);
-    let (mut gross, mut harness) = (Vec::new(), Vec::new());
     let mut next = 0u64;
-    for _ in 0..5 {
-        for ops in [true, false] {
-            let (mut ns, mut done) = (0u128, 0);
-            while done < per {
-                for _ in 0..round {
-                    let i = rng.below(live.len() as u64) as usize;
-                    victims.push(live.swap_remove(i));
-                }
-                let t = Instant::now();
-                for v in victims.drain(..) {
-                    if ops {
-                        drop(std::hint::black_box(v));
-                        next += 1;
-                        born.push(Box::new([next, next]));
-                    } else {
-                        keep.push(std::hint::black_box(v));
-                    }
-                }
-                ns += t.elapsed().as_nanos();
-                live.append(&mut born);
-                live.append(&mut keep);
-                done += round;
-            }
-            let el = ns as f64 / (2 * done) as f64;
-            if ops {
-                gross.push(el);
+    // the whole batch timed at once; two calls per victim
+    let (gross, harness) = churn(&mut live, &mut SeededRng::new(0xA110C ^ chunks as u64), |victims, operate, born| {
+        let t = Instant::now();
+        for v in victims.drain(..) {
+            if operate {
+                drop(std::hint::black_box(v));
+                next += 1;
+                born.push(Box::new([next, next]));
             } else {
-                harness.push(el);
+                born.push(std::hint::black_box(v));
             }
         }
-    }
-    for v in [&mut gross, &mut harness] {
-        v.sort_by(|a, b| a.total_cmp(b));
-    }
+        Ok(t.elapsed().as_nanos())
+    })?;
+    let (gross, harness) = (gross / 2.0, harness / 2.0);
     Ok(ScaleRow {
-        ns_per_op: (gross[2] - harness[2]).max(0.0),
-        gross_ns: gross[2],
-        subtracted_ns: harness[2],
+        ns_per_op: (gross - harness).max(0.0),
+        gross_ns: gross,
+        subtracted_ns: harness,
         subtracted_what: "the same loop without the free and the malloc",
-        ..ScaleRow::plain(MALLOC_OP, chunks, 0.0, 10 * per as u64, (1.0, "frees of a random live object"))
+        ..ScaleRow::plain(MALLOC_OP, chunks, 0.0, 2 * CHURN_OPERATED, (1.0, "frees of a random live object"))
     })
 }
 
@@ -608,53 +582,31 @@ fn hashmap_row(live: u32) -> Result<ScaleRow, String> {
     use std::collections::HashMap;
     let mut map: HashMap<u64, u32> = (0..live as u64).map(|i| (0x10_0000 + 40 * i, i as u32)).collect();
     let mut addrs: Vec<u64> = map.keys().copied().collect();
-    let mut rng = SeededRng::new(0x4A54 ^ live as u64);
     let mut spare = 0x10_0000 + 40 * live as u64;
-    let per = 20_000usize;
-    let round = per.min(addrs.len() / 2);
-    let mut victims: Vec<u64> = Vec::with_capacity(round);
-    let (mut gross, mut harness) = (Vec::new(), Vec::new());
-    for _ in 0..5 {
-        for timed in [true, false] {
-            let (mut ns, mut done) = (0u128, 0);
-            while done < per {
-                victims.clear();
-                for _ in 0..round {
-                    let i = rng.below(addrs.len() as u64) as usize;
-                    victims.push(addrs.swap_remove(i));
-                }
-                for &a in &victims {
-                    let t = Instant::now();
-                    if timed {
-                        std::hint::black_box(map.remove(&a)).ok_or("victim not in the map")?;
-                    }
-                    ns += t.elapsed().as_nanos();
-                    if !timed {
-                        std::hint::black_box(map.remove(&a)).ok_or("victim not in the map")?;
-                    }
-                    map.insert(spare, 0);
-                    addrs.push(spare);
-                    spare += 40;
-                }
-                done += round;
+    // each removal timed alone; without the operation, it moves out of the interval
+    let (gross, harness) = churn(&mut addrs, &mut SeededRng::new(0x4A54 ^ live as u64), |victims, operate, born| {
+        let mut ns = 0;
+        for a in victims.drain(..) {
+            let t = Instant::now();
+            if operate {
+                std::hint::black_box(map.remove(&a)).ok_or("victim not in the map")?;
             }
-            let el = ns as f64 / done as f64;
-            if timed {
-                gross.push(el);
-            } else {
-                harness.push(el);
+            ns += t.elapsed().as_nanos();
+            if !operate {
+                std::hint::black_box(map.remove(&a)).ok_or("victim not in the map")?;
             }
+            map.insert(spare, 0);
+            born.push(spare);
+            spare += 40;
         }
-    }
-    for v in [&mut gross, &mut harness] {
-        v.sort_by(|a, b| a.total_cmp(b));
-    }
+        Ok(ns)
+    })?;
     Ok(ScaleRow {
-        ns_per_op: (gross[2] - harness[2]).max(0.0),
-        gross_ns: gross[2],
-        subtracted_ns: harness[2],
+        ns_per_op: (gross - harness).max(0.0),
+        gross_ns: gross,
+        subtracted_ns: harness,
         subtracted_what: "the clock around an empty interval (the removal moved out of it)",
-        ..ScaleRow::plain(HASHMAP_OP, live, 0.0, 10 * per as u64, (1.0, "removals of a random live key"))
+        ..ScaleRow::plain(HASHMAP_OP, live, 0.0, 2 * CHURN_OPERATED, (1.0, "removals of a random live key"))
     })
 }
 
