@@ -486,3 +486,29 @@ fn popping_ahead_two_chains_misbind_free_alloc_and_tick() {
     );
     assert!(c.driver.mn.stats().taken_back_notices >= 1, "the undone lap's CN was told");
 }
+
+/// Found by the relayed-gate proptest at 10 000 cases (2026-12-06), and failing in every
+/// offloaded set-up: a group queued twice. CN 0's garbage alloc request ran a lap that popped
+/// the last free group, g2, and bound its windows (MW[0] to CN 0's own Free QP) before its
+/// reply failed; CN 0's "forged" free of g2 then passed the ownership check — the group was,
+/// for the moment, its own — and pushed g2 into the tail slot. CN 1's pop had already taken
+/// that slot, found it empty and failed at its probe: g2 now lay below the head, in a ticket
+/// the MN learns of only when it repairs CN 1's lap. The repair of CN 0's lap scanned the live
+/// window and the known tickets, found g2 nowhere and pushed it; CN 1's repair then moved it
+/// from its slot to the tail as well. The queue check now also reads the slot every alloc lap
+/// in flight took (its `SLOT_ADDR` marker).
+#[test]
+fn garbage_alloc_lap_forged_free_and_a_pending_ticket() {
+    for mode in OFFLOADED_SETUPS {
+        run_in(
+            mode,
+            vec![
+                (0, 20, vec![Act::Alloc(0)]),
+                (0, 20, vec![Act::Alloc(2)]),
+                (0, 20, vec![Act::Alloc(1), Act::Free(2, 0), Act::Tick(1), Act::Alloc(0)]),
+                (0, 20, vec![Act::Alloc(1), Act::Alloc(0), Act::Free(1, 0)]),
+                (10, 20, vec![Act::Alloc(1), Act::Garbage(0, true, vec![]), Act::Tick(18), Act::Forge(0, 2)]),
+            ],
+        );
+    }
+}

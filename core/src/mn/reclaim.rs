@@ -133,6 +133,25 @@ impl MemoryNode {
                 return Ok(true);
             }
         }
+        // Slots alloc laps took whose outcome the MN has not seen yet: a pop that found its
+        // slot empty failed at its probe and holds a ticket the MN learns of only when it
+        // repairs that lap — and a push (a free chain's, the MN's own) may fill the slot
+        // first, below the head, outside the live window. Until that repair moves the group
+        // on, it is queued there: a second push would queue it twice.
+        let mut taken: heapless::Vec<u32, { super::MAX_CNS * super::MAX_ALLOC_CHAINS }> = heapless::Vec::new();
+        for r in self.cns() {
+            for j in 0..r.alloc_chain_count() {
+                let pushed = taken.push(self.chain_slot(r.slot, j));
+                debug_assert!(pushed.is_ok(), "MAX_ALLOC_CHAINS chains per CN record");
+            }
+        }
+        for chain in taken {
+            let Some(s) = self.map.scratch(chain) else { continue };
+            let slot = rd(port, s + ALLOC_SCRATCH_OFF + alloc_scratch::SLOT_ADDR)?;
+            if q.contains_slot(slot) && rd(port, slot)? == entry {
+                return Ok(true);
+            }
+        }
         Ok(false)
     }
 
