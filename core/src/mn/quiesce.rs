@@ -28,8 +28,8 @@
 //! **Whereabouts in O(1).** "Is it in the queue?" is answered from evidence the caller holds,
 //! each piece checked against the bytes, never from an index a chain could invalidate:
 //!
-//! - the group's MWTable owner is the quiesced CN ([`Known::OwnedByQuiesced`], read from the
-//!   entry at the check): an owner is written only by its own alloc lap after the pop, and
+//! - the group's MWTable owner is the quiesced CN (read from the entry at the check, whatever
+//!   the caller knows): an owner is written only by its own alloc lap after the pop, and
 //!   every path back into the queue clears it before pushing (the free chain writes the entry
 //!   back before it takes a tail slot; the MN writes owner 0 before its push) — and the only
 //!   chain that could free it, the owner's, is stopped;
@@ -42,7 +42,10 @@
 //! "never stamped" from 256 alloc/free cycles by other CNs since: an 8-bit key wraps), a free
 //! whose push slot was taken — is decided by scanning the queue, counted in
 //! [`crate::mn::MnStats::queue_scans`]: at most one scan per interrupted lap, never one per
-//! group of a reclaim.
+//! group of a reclaim. "The queue" is more than its live window: the slots of the tickets the
+//! MN holds, and the slot every alloc lap in flight took (its `SLOT_ADDR` marker) — a pop that
+//! found its slot empty fails at its probe, and a push may fill that slot, below the head,
+//! before the MN repairs the lap and learns of the ticket. A group there is queued.
 
 use super::{rd, read_entry, wr, MemoryNode, MnError, MnPort};
 use crate::chain::ChainKind;
