@@ -1149,10 +1149,18 @@ impl Cluster {
 
     /// The CN host crashes: its QPs and memory are gone; the MN notices and reclaims.
     pub fn crash_cn(&mut self, i: usize) -> Result<(), ClusterError> {
+        self.crash_cn_begin(i)?;
+        self.pump()?;
+        Ok(())
+    }
+
+    /// [`Cluster::crash_cn`] without the pump: CN `i`'s host goes down now, and the MN hears of
+    /// it in the next pump — under [`Cluster::set_interleaving`], between whichever NIC steps
+    /// the schedule picks, while other CNs' laps run.
+    pub fn crash_cn_begin(&mut self, i: usize) -> Result<(), ClusterError> {
         let h = self.cns[i].host;
         self.fabric.borrow_mut().crash_host(h)?;
         self.cns[i].crashed = true;
-        self.pump()?;
         Ok(())
     }
 

@@ -5,10 +5,13 @@
 //! [`Cluster::set_interleaving`] lets the MN act between any two NIC steps and lets NIC steps
 //! pre-empt the MN's own accesses, and batches of requests from several CNs — honest
 //! allocations and frees, frees forged for *any* entry (including ones another CN is popping
-//! right now), garbage — are posted together and run to completion under a seeded schedule.
+//! right now), garbage, a CN's host crashing mid-batch (the MN reclaiming what it held while
+//! the other CNs' laps run) — are posted together and run to completion under a seeded
+//! schedule.
 //!
 //! After every batch: the core's invariant checker, conservation (free + held = all groups,
-//! no group held twice), and every honest CN still owns and can use every chunk it was given.
+//! no group held twice), every honest CN still owns and can use every chunk it was given, and
+//! a crashed CN is no longer served and owns nothing.
 //! Runs in offloaded (chains in canonical and in mlx5 form, with relayed gates, and popping
 //! ahead with two alloc chains per CN), host-engine and rxe-compatible modes.
 
@@ -42,6 +45,10 @@ enum Act {
     /// A hostile CN allocates naming the next CN's access QP for its first access window (the
     /// audit reclaims such a group), then frees that group in this batch — racing any `Tick`.
     MisbindFree(usize),
+    /// The CN's host crashes after this many NIC steps, while this batch's laps are under way:
+    /// the MN reclaims everything it held, racing the other CNs' laps (at most one crash per
+    /// run; the CN stays down).
+    Crash(usize, u8),
 }
 
 /// How a run's MN is set up: a shared mode; offloaded with the chains in mlx5 form; offloaded
@@ -116,7 +123,8 @@ fn act() -> impl Strategy<Value = Act> {
         2 => (cn.clone(), 0..CHUNKS).prop_map(|(c, g)| Act::Forge(c, g)),
         1 => (cn.clone(), any::<bool>(), proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(c, a, b)| Act::Garbage(c, a, b)),
         2 => (0u8..48).prop_map(Act::Tick),
-        1 => cn.prop_map(Act::MisbindFree),
+        1 => cn.clone().prop_map(Act::MisbindFree),
+        1 => (cn, 0u8..48).prop_map(|(c, steps)| Act::Crash(c, steps)),
     ]
 }
 
@@ -125,6 +133,15 @@ fn owner_keeps(c: &mut Cluster, i: usize, a: &Allocation, tag: &[u8]) {
     let (st, got) = c.read(i, a, 0, 0, tag.len());
     assert_eq!(st, WcStatus::Success, "cn{i} lost access to its chunk at {:#x}", a.base);
     assert_eq!(got, tag, "cn{i}'s bytes changed");
+}
+
+/// Whether act `a` is one of CN `i`'s.
+fn names(a: &Act, i: usize) -> bool {
+    match a {
+        Act::Alloc(j) | Act::Free(j, _) | Act::Forge(j, _) | Act::Garbage(j, ..) | Act::MisbindFree(j) => *j == i,
+        Act::Crash(j, _) => *j == i,
+        Act::Tick(_) => false,
+    }
 }
 
 fn run(mode: Mode, batches: Vec<(u64, u16, Vec<Act>)>) {
@@ -140,7 +157,11 @@ fn run_keeping(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) -> Cluster {
     let mut c = cluster(mode);
     // what each honest CN holds, with the tag it wrote
     let mut live: Vec<Vec<(Allocation, Vec<u8>)>> = vec![Vec::new(); CNS];
+    // the CN that crashed (`Act::Crash`), from its crash on: nothing of it runs any more
+    let mut crashed: Option<usize> = None;
     for (seed, per_mille, acts) in batches {
+        // a crashed CN does nothing
+        let acts: Vec<Act> = acts.into_iter().filter(|a| crashed.is_none_or(|d| !names(a, d))).collect();
         c.set_interleaving(seed, per_mille);
         let mut tokens = Vec::new();
         let mut freed = Vec::new();
@@ -152,6 +173,9 @@ fn run_keeping(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) -> Cluster {
         let allocating: HashSet<usize> =
             acts.iter().filter_map(|a| if let Act::Alloc(i) = a { Some(*i) } else { None }).collect();
         for a in &acts {
+            if crashed.is_some_and(|d| names(a, d)) {
+                continue; // crashed earlier in this batch
+            }
             match a {
                 Act::Alloc(i) => {
                     // one outstanding allocation per alloc chain of the CN (the client's rule)
@@ -189,6 +213,15 @@ fn run_keeping(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) -> Cluster {
                     let now = c.now();
                     c.driver.handle(now, Event::Tick).unwrap_or_else(|e| panic!("{mode:?}: tick: {e}"));
                 }
+                Act::Crash(i, steps) => {
+                    if crashed.is_none() {
+                        for _ in 0..*steps {
+                            c.fabric.borrow_mut().step();
+                        }
+                        c.crash_cn_begin(*i).unwrap();
+                        crashed = Some(*i);
+                    }
+                }
                 Act::MisbindFree(i) => {
                     // (not while this CN has a request of its own in flight: one at a time)
                     if tokens.iter().all(|(j, _)| j != i)
@@ -209,6 +242,19 @@ fn run_keeping(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) -> Cluster {
             }
         }
         c.pump().unwrap();
+        if let Some(d) = crashed {
+            // what it held, asked for or was freeing is the MN's to reclaim: none of it is its
+            // any more, and its requests of this batch are void
+            live[d].clear();
+            tokens.retain(|(i, _)| *i != d);
+            freed.retain(|(i, _, _)| *i != d);
+            assert!(!c.is_served(d), "{mode:?}: the MN still serves crashed cn{d}");
+            let id = c.cns[d].id.get();
+            for g in 0..CHUNKS {
+                let e = c.driver.entry(GroupId(g)).unwrap();
+                assert_ne!(e.owner(), id, "{mode:?}: group {g} still owned by crashed cn{d}");
+            }
+        }
         // A CN that broke its own management QP in this batch (a forged free or garbage on
         // it) may have had its honest free flushed with it: the chunk is then still its own
         // (it is told by its SEND's error) — never anyone else's. Other CNs' frees must land.
@@ -510,5 +556,38 @@ fn garbage_alloc_lap_forged_free_and_a_pending_ticket() {
                 (10, 20, vec![Act::Alloc(1), Act::Garbage(0, true, vec![]), Act::Tick(18), Act::Forge(0, 2)]),
             ],
         );
+    }
+}
+
+/// A CN's host crashes while its own laps and other CNs' run, and the MN reclaims what it held
+/// between any two NIC steps: its alloc in flight, its free in flight, the groups it holds —
+/// racing another CN's alloc and free and a forged free of the crashed CN's group. Nothing is
+/// lost or queued twice, nothing stays the crashed CN's, the others keep what they hold.
+#[test]
+fn pinned_crash_mid_batch_races_other_laps() {
+    for mode in EVERY_SETUP {
+        for (seed, steps) in [(0u64, 0u8), (1, 5), (2, 12), (3, 20), (4, 33), (5, 47)] {
+            let c = run_keeping(
+                mode,
+                vec![
+                    (seed, 0, vec![Act::Alloc(0), Act::Alloc(1), Act::Alloc(2)]),
+                    (seed, 0, vec![Act::Alloc(2), Act::Alloc(0)]),
+                    (
+                        seed,
+                        300,
+                        vec![
+                            Act::Alloc(2),
+                            Act::Free(2, 0),
+                            Act::Alloc(1),
+                            Act::Free(0, 0),
+                            Act::Crash(2, steps),
+                            Act::Forge(1, 2),
+                        ],
+                    ),
+                    (seed, 300, vec![Act::Alloc(0), Act::Alloc(1), Act::Free(1, 0), Act::Tick(3)]),
+                ],
+            );
+            assert!(!c.is_served(2), "{mode:?}: cn2 crashed");
+        }
     }
 }
