@@ -494,7 +494,8 @@ fn client_free_row<const N: usize>(live: u32) -> Result<ScaleRow, String> {
         let (tok, _) = c.alloc_request(0, 0x100, 1, &mut buf).map_err(|e| e.to_string())?;
         let mut e = MwTableEntry::new(0x1000_0000, CHUNK as u32, 1, &[Rkey(0x100), Rkey(0x200)]);
         e.owner = 1.into();
-        c.on_alloc_reply(tok, &AllocReply { entry_addr, entry: e }.encode()).map_err(|e| e.to_string())?;
+        c.on_alloc_reply(tok, &AllocReply { entry_addr, entry: e, generation: 0 }.encode())
+            .map_err(|e| e.to_string())?;
         Ok(())
     };
     let mut addrs: Vec<u64> = (0..live as u64).map(|i| table + 40 * i).collect();

@@ -375,6 +375,8 @@ impl<T: Transport> Engine<T> {
                 self.take_pending(token);
                 match result {
                     Ok(a) => self.adopt(a),
+                    // handed out before an RNIC reset: the waiter may allocate again at once
+                    Err(ClientError::RevokedReply { .. }) => self.fail_head(Error::Revoked),
                     Err(e) => self.fail_head(Error::Client(e)),
                 }
             }
@@ -403,11 +405,19 @@ impl<T: Transport> Engine<T> {
             }
             CnEvent::Available => self.pressure = false,
             CnEvent::Revoked => {
-                self.pending.clear();
-                self.chunks.clear();
-                self.by_entry.clear();
-                self.reserve.clear();
-                self.frees.clear();
+                // the chunks of older pool generations are gone (their handles answer Freed);
+                // one of the new generation that arrived before the notice stays, and so do
+                // requests in flight (the driver's client decided both)
+                let live = self.d.client().live();
+                let gone: Vec<u64> =
+                    self.chunks.iter().filter(|(_, c)| !live.contains(&c.alloc)).map(|(id, _)| *id).collect();
+                for id in gone {
+                    if let Some(c) = self.chunks.remove(&id) {
+                        self.by_entry.remove(&c.alloc.entry_addr);
+                    }
+                    self.reserve.retain(|r| *r != id);
+                    self.frees.retain(|f| *f != id);
+                }
             }
             CnEvent::TakenBack { entry_addr, held: true } => {
                 // the MN took this chunk back (the driver's client forgot it): its handle

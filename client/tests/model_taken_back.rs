@@ -1,5 +1,5 @@
-//! A chunk the MN takes back while the CN stays connected (`wire::message::TakenBack`), through
-//! the library end to end: the MN's audit finds the chunk's windows bound where no access QP
+//! Chunks the MN takes back while the CN stays connected, through the library end to end: an
+//! RNIC reset's `Revoked` (last test), and one group (`wire::message::TakenBack`): the MN's audit finds the chunk's windows bound where no access QP
 //! of its owner is — here because the device binds every window to the QP that posted the
 //! bind (`ForeignBind::BoundToPoster`, docs/MLX5.md question 5) and the MN was made to
 //! offload anyway — reclaims the group and tells the CN. The library then answers `Freed` on
@@ -80,4 +80,31 @@ fn nothing_is_taken_back_where_the_windows_are_bound_to_the_access_qps() {
     assert_eq!(&buf, b"kept");
     cn.free(c).unwrap();
     cn.progress().unwrap();
+}
+
+/// An RNIC reset at the MN revokes every chunk (`Revoked`): their handles answer `Freed`, the
+/// library does not free them again, and the next allocation — whichever of its reply and the
+/// notice arrives first — is kept and works; nothing leaks at the MN.
+#[test]
+fn an_rnic_reset_revokes_every_chunk_and_the_next_one_is_kept() {
+    for mode in [ExecutionMode::Offloaded, ExecutionMode::HostEngine] {
+        let m = Model::start(ModelConfig { chunks: CHUNKS, mode: Some(mode), ..Default::default() }).unwrap();
+        let cn = Cn::connect(&m, Options::default()).unwrap();
+        let old = cn.alloc().unwrap();
+        cn.write(&old, 0, b"before").unwrap();
+        m.with_cluster(|c| c.reset_mn_rnic()).unwrap().unwrap();
+        cn.progress().unwrap();
+        assert_eq!(cn.write(&old, 0, b"after"), Err(Error::Freed), "{mode:?}: revoked");
+        assert_eq!(cn.free(old), Err(Error::Freed), "{mode:?}: never freed again");
+        let new = cn.alloc().unwrap();
+        cn.write(&new, 0, b"new generation").unwrap();
+        let mut buf = [0u8; 14];
+        cn.read(&new, 0, &mut buf).unwrap();
+        assert_eq!(&buf, b"new generation");
+        assert_eq!(cn.held_chunks(), 1, "{mode:?}");
+        cn.free(new).unwrap();
+        cn.progress().unwrap();
+        let ahead = m.with_cluster(|c| c.driver.groups_ahead()).unwrap();
+        assert_eq!(m.free_groups().unwrap() + ahead, CHUNKS, "{mode:?}: every group back");
+    }
 }

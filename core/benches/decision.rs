@@ -170,7 +170,7 @@ fn connect_info() -> [u8; omw_core::wire::message::CONNECT_INFO_LEN] {
 fn reply_bytes() -> [u8; omw_core::wire::message::ALLOC_REPLY_LEN] {
     let mut e = omw_core::wire::mwtable::MwTableEntry::new(0x10000, 4096, 1, &[Rkey(0x100), Rkey(0x200), Rkey(0x300)]);
     e.owner = 3.into();
-    AllocReply { entry_addr: 0x5000, entry: e }.encode()
+    AllocReply { entry_addr: 0x5000, entry: e, generation: 0 }.encode()
 }
 
 fn connected_client() -> Client<64> {

@@ -49,6 +49,9 @@ enum Act {
     /// the MN reclaims everything it held, racing the other CNs' laps (at most one crash per
     /// run; the CN stays down).
     Crash(usize, u8),
+    /// The MN's RNIC resets after this many NIC steps, under every lap in flight: every
+    /// allocation is revoked, the table rebuilt, the chains re-armed (at most once per run).
+    RnicReset(u8),
 }
 
 /// How a run's MN is set up: a shared mode; offloaded with the chains in mlx5 form; offloaded
@@ -125,6 +128,7 @@ fn act() -> impl Strategy<Value = Act> {
         2 => (0u8..48).prop_map(Act::Tick),
         1 => cn.clone().prop_map(Act::MisbindFree),
         1 => (cn, 0u8..48).prop_map(|(c, steps)| Act::Crash(c, steps)),
+        1 => (0u8..48).prop_map(Act::RnicReset),
     ]
 }
 
@@ -140,7 +144,7 @@ fn names(a: &Act, i: usize) -> bool {
     match a {
         Act::Alloc(j) | Act::Free(j, _) | Act::Forge(j, _) | Act::Garbage(j, ..) | Act::MisbindFree(j) => *j == i,
         Act::Crash(j, _) => *j == i,
-        Act::Tick(_) => false,
+        Act::Tick(_) | Act::RnicReset(_) => false,
     }
 }
 
@@ -159,7 +163,9 @@ fn run_keeping(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) -> Cluster {
     let mut live: Vec<Vec<(Allocation, Vec<u8>)>> = vec![Vec::new(); CNS];
     // the CN that crashed (`Act::Crash`), from its crash on: nothing of it runs any more
     let mut crashed: Option<usize> = None;
+    let mut reset_done = false;
     for (seed, per_mille, acts) in batches {
+        let mut reset_now = false;
         // a crashed CN does nothing
         let acts: Vec<Act> = acts.into_iter().filter(|a| crashed.is_none_or(|d| !names(a, d))).collect();
         c.set_interleaving(seed, per_mille);
@@ -220,6 +226,21 @@ fn run_keeping(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) -> Cluster {
                         }
                         c.crash_cn_begin(*i).unwrap();
                         crashed = Some(*i);
+                    }
+                }
+                Act::RnicReset(steps) => {
+                    if !reset_done {
+                        for _ in 0..*steps {
+                            c.fabric.borrow_mut().step();
+                        }
+                        let mn = c.mn_host;
+                        c.fabric.borrow_mut().reset_rnic(mn).unwrap();
+                        let now = c.now();
+                        c.driver.handle(now, Event::RnicReset).unwrap_or_else(|e| panic!("{mode:?}: reset: {e}"));
+                        // every allocation is revoked; what is asked from here on is new
+                        live.iter_mut().for_each(Vec::clear);
+                        misbind_freeing.clear();
+                        (reset_done, reset_now) = (true, true);
                     }
                 }
                 Act::MisbindFree(i) => {
@@ -294,9 +315,13 @@ fn run_keeping(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) -> Cluster {
                     // quiesce of a misbinding CN, a repair after the CN's own garbage. It then
                     // tells the CN (a taken-back notice), whose client forgets the group — only
                     // a CN that misbehaved in this batch, and never silently.
-                    let held = c.cns[i].driver.client().live().iter().any(|x| x.entry_addr == a.entry_addr);
+                    // (the very allocation: the CN may hold the same group again under new keys)
+                    let held = c.cns[i].driver.client().live().contains(&a);
                     if !held {
-                        assert!(self_inflicted.contains(&i), "{mode:?}: cn{i}'s new chunk was taken back");
+                        // (or a reset in this batch revoked it — handed out in the generation
+                        // before: the CN was told and forgot it)
+                        let revoked = reset_now && a.generation != c.driver.mn.generation();
+                        assert!(self_inflicted.contains(&i) || revoked, "{mode:?}: cn{i}'s new chunk was taken back");
                         assert_ne!(
                             c.driver.entry(c.group_of(&a).unwrap()).map(|e| (e.owner(), e.rkey(0))),
                             Some((c.cns[i].id.get(), a.owner_rkey)),
@@ -588,6 +613,30 @@ fn pinned_crash_mid_batch_races_other_laps() {
                 ],
             );
             assert!(!c.is_served(2), "{mode:?}: cn2 crashed");
+        }
+    }
+}
+
+/// Found by the proptest once it could reset the MN's RNIC mid-batch (every set-up, at once):
+/// a CN allocating right after the reset held its new chunk only until the `Revoked` notice
+/// arrived — on another QP than the reply, so after it — and the notice made its client forget
+/// everything; in host-engine mode (notice and replies on one QP) the notice dropped the
+/// requests in flight, whose replies then went unclaimed. Either way the group stayed the
+/// CN's in the table and nobody used or freed it. Replies now carry the pool generation
+/// (`AllocReply::generation`), the notice names the new one, and the client forgets only
+/// older allocations and keeps its requests in flight.
+#[test]
+fn pinned_rnic_reset_under_laps_in_flight() {
+    for mode in EVERY_SETUP {
+        for steps in [0u8, 3, 8, 17, 30] {
+            run_in(
+                mode,
+                vec![
+                    (0, 20, vec![Act::Alloc(0), Act::Alloc(1)]),
+                    (steps as u64, 200, vec![Act::Alloc(1), Act::Free(0, 0), Act::RnicReset(steps), Act::Alloc(0)]),
+                    (0, 20, vec![Act::Alloc(1), Act::Alloc(0), Act::Alloc(2)]),
+                ],
+            );
         }
     }
 }

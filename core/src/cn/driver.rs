@@ -663,10 +663,9 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
             Ok(ClientEvent::Empty) => CnEvent::Empty,
             Ok(ClientEvent::ChainParked { chain }) => CnEvent::ChainParked { chain },
             Ok(ClientEvent::Available) => CnEvent::Available,
-            Ok(ClientEvent::Revoked) => {
-                self.chains = [None; MAX_ALLOC_CHAINS];
-                CnEvent::Revoked
-            }
+            // requests in flight stay in flight (`Client::on_message`): a re-armed chain may
+            // still answer one, and one that nobody answers times out
+            Ok(ClientEvent::Revoked) => CnEvent::Revoked,
             Ok(ClientEvent::Probed) => CnEvent::Probed,
             Ok(ClientEvent::Rekeyed { entry_addr, mw, rkey }) => CnEvent::Rekeyed { entry_addr, mw, rkey },
             Ok(ClientEvent::TakenBack { entry_addr, held }) => CnEvent::TakenBack { entry_addr, held },

@@ -20,6 +20,9 @@ pub struct Allocation {
     pub rkeys: heapless::Vec<Rkey, MAX_ACCESS_QPS>,
     /// rkey of MW\[0\] (bound to the Free QP; proves ownership, not for data).
     pub owner_rkey: Rkey,
+    /// The MN's pool generation it was handed out in (`AllocReply::generation`): a `Revoked`
+    /// notice takes back every allocation of an older one.
+    pub generation: u32,
 }
 
 impl Allocation {
@@ -84,6 +87,12 @@ pub enum ClientError {
     UnexpectedReply {
         token: u32,
     },
+    /// A reply of a pool generation the MN has revoked since (an RNIC reset): the group is
+    /// not ours any more. The request it answers is over.
+    RevokedReply {
+        token: u32,
+        generation: u32,
+    },
     /// The reply names another owner or a chunk of the wrong size: refuse to use it.
     ReplyMismatch,
 }
@@ -98,6 +107,9 @@ impl fmt::Display for ClientError {
             ClientError::NotMine { entry_addr } => write!(f, "entry {entry_addr:#x} is not one of our allocations"),
             ClientError::Wire(e) => write!(f, "bad message from MN: {e}"),
             ClientError::UnexpectedReply { token } => write!(f, "reply for unknown token {token}"),
+            ClientError::RevokedReply { token, generation } => {
+                write!(f, "reply for token {token} of pool generation {generation}, revoked since")
+            }
             ClientError::ReplyMismatch => f.write_str("allocation reply is not for us"),
         }
     }
@@ -301,9 +313,6 @@ impl<const N: usize> LiveIndex<N> {
         }
         self.set(i, 0);
     }
-    fn clear(&mut self) {
-        self.slots = [[0; N]; 2];
-    }
 }
 
 /// `N`: most live allocations tracked.
@@ -320,6 +329,8 @@ pub struct Client<const N: usize> {
     /// "available" or the back-off runs out. All of them: `empty`.
     parked: u8,
     next_token: u32,
+    /// The newest pool generation a `Revoked` notice announced (0 before any).
+    generation: u32,
     empty: bool,
     backoff_until: u64,
     /// How long to back off after "empty" if no "available" arrives (ns of the caller's clock).
@@ -342,6 +353,7 @@ impl<const N: usize> Client<N> {
             alloc_chains: 1,
             parked: 0,
             next_token: 1,
+            generation: 0,
             empty: false,
             backoff_until: 0,
             backoff: 1_000_000,
@@ -469,10 +481,25 @@ impl<const N: usize> Client<N> {
             }
             MnMessage::Error(e) => {
                 if e.code == ErrorCode::Revoked {
-                    // the MN rebuilt its pool: nothing we held is valid, and the queue is full
-                    self.live.clear();
-                    self.index.clear();
-                    self.pending.clear();
+                    // The MN rebuilt its pool: nothing we got in an older generation is valid,
+                    // and the queue is full. A reply of the new generation may have come
+                    // first (it travels on another QP): that allocation is good. Requests in
+                    // flight stay in flight — the reset killed the laps serving them, but one
+                    // may still be served by a re-armed chain (its reply then says the new
+                    // generation), and one that is not times out.
+                    if newer(e.detail, self.generation) {
+                        self.generation = e.detail;
+                    }
+                    let gen = self.generation;
+                    let mut i = 0;
+                    while let Some(a) = self.live.get(i) {
+                        if newer(gen, a.generation) {
+                            let addr = a.entry_addr;
+                            self.forget_live(addr);
+                        } else {
+                            i += 1;
+                        }
+                    }
                     self.empty = false;
                     self.parked = 0;
                     self.backoff_until = 0;
@@ -586,6 +613,10 @@ impl<const N: usize> Client<N> {
         }
         let info = self.info.as_ref().ok_or(ClientError::NotConnected)?;
         let r = AllocReply::decode(bytes)?;
+        if newer(self.generation, r.generation) {
+            // handed out before an RNIC reset we heard of: the reset took it back
+            return Err(ClientError::RevokedReply { token: imm, generation: r.generation });
+        }
         let g = info.group_size as usize;
         if r.entry.owner() != info.cn.get() || r.entry.length.get() as u64 != info.chunk_size || r.entry_addr == 0 {
             return Err(ClientError::ReplyMismatch);
@@ -596,6 +627,7 @@ impl<const N: usize> Client<N> {
             entry_addr: r.entry_addr,
             rkeys: (1..g).map(|i| r.entry.rkey(i)).collect(),
             owner_rkey: r.entry.rkey(0),
+            generation: r.generation,
         };
         self.live.push(a.clone()).map_err(|_| ClientError::TooManyAllocations)?;
         self.index.insert(&self.live, self.live.len() - 1);
@@ -638,6 +670,12 @@ impl<const N: usize> Client<N> {
     }
 }
 
+/// Whether pool generation `a` is newer than `b` (generations wrap: the later of two within
+/// 2^31 of each other).
+fn newer(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
 pub mod driver;
 #[cfg(all(test, feature = "test-nic"))]
 mod driver_tests;
@@ -671,7 +709,7 @@ mod tests {
         let (tok, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
         let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(0x100), Rkey(0x200), Rkey(0x300)]);
         e.owner = 3.into();
-        c.on_alloc_reply(tok, &AllocReply { entry_addr: 0x5000, entry: e }.encode()).unwrap();
+        c.on_alloc_reply(tok, &AllocReply { entry_addr: 0x5000, entry: e, generation: 0 }.encode()).unwrap();
         let r = Rebound { entry_addr: 0x5000, mw: 2, rkey: Rkey(0x301) };
         assert_eq!(
             c.on_message(1, &r.encode()),
@@ -703,7 +741,7 @@ mod tests {
             let (tok, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
             let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(k), Rkey(k + 0x100), Rkey(k + 0x200)]);
             e.owner = 3.into();
-            c.on_alloc_reply(tok, &AllocReply { entry_addr, entry: e }.encode()).unwrap();
+            c.on_alloc_reply(tok, &AllocReply { entry_addr, entry: e, generation: 0 }.encode()).unwrap();
         };
         adopt(&mut c, 0x5000, 0x100);
         adopt(&mut c, 0x6000, 0x400);
@@ -726,6 +764,55 @@ mod tests {
         assert!(c.live().is_empty());
     }
 
+    /// An RNIC reset's `Revoked` and the replies travel on different QPs: whichever comes
+    /// first, the generation decides. A reply of the new generation seen before the notice
+    /// survives it; one of the old generation seen after it is refused; requests in flight
+    /// stay in flight; a late copy of an older notice takes nothing.
+    #[test]
+    fn revoked_takes_back_only_older_generations() {
+        use crate::wire::message::ErrorReply;
+        let mut c: Client<4> = Client::new();
+        c.set_alloc_chains(3);
+        let mut buf = [0u8; 64];
+        c.on_message(0, &info().encode()).unwrap();
+        let reply = |entry_addr: u64, k: u32, generation: u32| {
+            let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(k), Rkey(k + 0x100), Rkey(k + 0x200)]);
+            e.owner = 3.into();
+            AllocReply { entry_addr, entry: e, generation }.encode()
+        };
+        let revoked = |generation: u32| ErrorReply { token: 0, code: ErrorCode::Revoked, detail: generation }.encode();
+        let (t0, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        c.on_alloc_reply(t0, &reply(0x5000, 0x100, 0)).unwrap();
+        // three requests in flight when the MN's RNIC resets
+        let (t1, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        let (t2, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        let (t3, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        // the new generation's reply to one overtakes the notice
+        let fresh = c.on_alloc_reply(t1, &reply(0x6000, 0x400, 1)).unwrap();
+        assert_eq!(fresh.generation, 1);
+        assert_eq!(c.on_message(1, &revoked(1)), Ok(ClientEvent::Revoked));
+        assert_eq!(c.live(), &[fresh.clone()][..], "the old generation's allocation is gone, the new one kept");
+        assert_eq!(c.free_request(0x5000), Err(ClientError::NotMine { entry_addr: 0x5000 }));
+        // an old generation's reply that lagged behind the notice is refused, and its request
+        // is over; the other request in flight is still answered
+        assert_eq!(
+            c.on_alloc_reply(t2, &reply(0x7000, 0x700, 0)),
+            Err(ClientError::RevokedReply { token: t2, generation: 0 })
+        );
+        assert_eq!(c.on_alloc_reply(t2, &reply(0x7000, 0x700, 1)), Err(ClientError::UnexpectedReply { token: t2 }));
+        c.on_alloc_reply(t3, &reply(0x8000, 0x800, 1)).unwrap();
+        assert_eq!(c.live().len(), 2);
+        // a late copy of an older notice changes nothing; the next reset's takes everything
+        assert_eq!(c.on_message(2, &revoked(1)), Ok(ClientEvent::Revoked));
+        assert_eq!(c.on_message(2, &revoked(0)), Ok(ClientEvent::Revoked));
+        assert_eq!(c.live().len(), 2);
+        assert_eq!(c.on_message(3, &revoked(2)), Ok(ClientEvent::Revoked));
+        assert!(c.live().is_empty());
+        assert_eq!(c.free_request(0x8000), Err(ClientError::NotMine { entry_addr: 0x8000 }));
+        // generations wrap
+        assert!(newer(0, u32::MAX) && !newer(u32::MAX, 0) && !newer(5, 5));
+    }
+
     #[test]
     fn span_refuses_every_range_outside_the_chunk() {
         let a = Allocation {
@@ -734,6 +821,7 @@ mod tests {
             entry_addr: 0x5000,
             rkeys: heapless::Vec::new(),
             owner_rkey: Rkey(1),
+            generation: 0,
         };
         assert_eq!(a.span(0, 4096), Ok(0x1_0000));
         assert_eq!(a.span(4088, 8), Ok(0x1_0000 + 4088));
@@ -756,7 +844,7 @@ mod tests {
         assert_eq!(c.alloc_request(0, 0x100, 1, &mut buf), Err(ClientError::Busy));
         let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(0x100), Rkey(0x200), Rkey(0x300)]);
         e.owner = 3.into();
-        let reply = AllocReply { entry_addr: 0x5000, entry: e }.encode();
+        let reply = AllocReply { entry_addr: 0x5000, entry: e, generation: 0 }.encode();
         assert_eq!(c.on_alloc_reply(tok + 1, &reply), Err(ClientError::UnexpectedReply { token: tok + 1 }));
         let a = c.on_alloc_reply(tok, &reply).unwrap();
         assert_eq!(a.rkey(0), Some(Rkey(0x200)));
@@ -773,7 +861,7 @@ mod tests {
         let (tok, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
         let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(0x100), Rkey(0x200), Rkey(0x300)]);
         e.owner = 3.into();
-        c.on_alloc_reply(tok, &AllocReply { entry_addr, entry: e }.encode()).unwrap();
+        c.on_alloc_reply(tok, &AllocReply { entry_addr, entry: e, generation: 0 }.encode()).unwrap();
     }
 
     /// Issue 23: a free finds its allocation in O(1) expected. Counted: index slots examined
@@ -823,7 +911,7 @@ mod tests {
         let (tok, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
         let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(1), Rkey(2), Rkey(3)]);
         e.owner = 9.into();
-        let reply = AllocReply { entry_addr: 0x5000, entry: e }.encode();
+        let reply = AllocReply { entry_addr: 0x5000, entry: e, generation: 0 }.encode();
         assert_eq!(c.on_alloc_reply(tok, &reply), Err(ClientError::ReplyMismatch));
         assert!(c.live().is_empty());
     }

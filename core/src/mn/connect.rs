@@ -121,7 +121,7 @@ impl MemoryNode {
             port.write(s, &[0u8; SCRATCH_PER_CN as usize]).map_err(MnError::Port)?;
             let a = s + ALLOC_SCRATCH_OFF;
             port.write(a + alloc_scratch::OWNER, &cn.get().to_le_bytes()).map_err(MnError::Port)?;
-            port.write(a + alloc_scratch::REPLY, &AllocReply::header_image()).map_err(MnError::Port)?;
+            port.write(a + alloc_scratch::REPLY, &AllocReply::header_image(self.generation)).map_err(MnError::Port)?;
         }
         Ok(())
     }

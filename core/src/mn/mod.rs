@@ -507,6 +507,9 @@ pub struct MemoryNode {
     /// Slot addresses of pops that found the queue empty, not yet settled (one per alloc
     /// chain at most).
     tickets: heapless::Vec<u64, { MAX_CNS * MAX_ALLOC_CHAINS }>,
+    /// The pool's generation: an RNIC reset revokes every allocation and starts the next
+    /// (`wire::message::AllocReply::generation`).
+    generation: u32,
     /// CNs evicted since the deployment last asked ([`MemoryNode::take_evicted`]).
     evicted: heapless::Vec<CnId, MAX_CNS>,
     empty: bool,
@@ -587,6 +590,7 @@ impl MemoryNode {
             cns,
             next_cn: 1,
             tickets: heapless::Vec::new(),
+            generation: 0,
             evicted: heapless::Vec::new(),
             empty: false,
             stats: MnStats::default(),
@@ -639,6 +643,11 @@ impl MemoryNode {
     pub fn mode(&self) -> ExecutionMode {
         self.cfg.mode
     }
+    /// The pool's generation (`wire::message::AllocReply::generation`): RNIC resets so far.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
     pub fn stats(&self) -> MnStats {
         self.stats
     }

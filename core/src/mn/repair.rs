@@ -423,6 +423,8 @@ impl MemoryNode {
         }
         self.tickets.clear();
         self.empty = false;
+        // every reply from here on says so; the notice names the generation it starts
+        self.generation = self.generation.wrapping_add(1);
         for r in cns.iter() {
             self.map.scratch(r.slot).ok_or(MnError::BadConfig)?;
             self.init_scratch(port, r.slot, r.cn, r.alloc_chain_count())?;
@@ -431,7 +433,8 @@ impl MemoryNode {
                 rec.frees = 0;
                 self.counted_at[rec.slot as usize] = (0, 0);
             }
-            self.send(port, r.cn, &ErrorReply { token: 0, code: ErrorCode::Revoked, detail: 0 }.encode())?;
+            let revoked = ErrorReply { token: 0, code: ErrorCode::Revoked, detail: self.generation };
+            self.send(port, r.cn, &revoked.encode())?;
             self.arm(port, r.cn, ChainKind::Free)?;
             self.arm(port, r.cn, ChainKind::Alloc)?;
         }

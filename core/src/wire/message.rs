@@ -348,20 +348,29 @@ pub mod alloc_reply {
     pub const LEN: usize = ENTRY + crate::wire::mwtable::ENTRY_SIZE;
 }
 
-/// `hdr | entry_addr u64 | MWTable entry (56 B)`: written by the alloc chain's reply WRITE
-/// (the token travels as the immediate; the header's token field is 0).
+/// `hdr | entry_addr u64 | MWTable entry (56 B)`: written by the alloc chain's reply WRITE.
+/// The token travels as the immediate; the header's token field carries the MN's pool
+/// generation instead ([`AllocReply::generation`]).
 pub const ALLOC_REPLY_LEN: usize = alloc_reply::LEN;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct AllocReply {
     pub entry_addr: u64,
     pub entry: MwTableEntry,
+    /// The MN's pool generation the group was handed out in: an RNIC reset revokes every
+    /// allocation and starts the next one, announced by a `Revoked` error reply whose
+    /// `detail` is the new generation. The notice and the replies travel on different QPs
+    /// (offloaded: the first access QP and the alloc chains' own), so a CN may see a reply of
+    /// the new generation before the notice, or one of the old after it: the generation says
+    /// which allocations the notice revokes. The MN writes it into the reply image's header
+    /// when it arms a chain; the chain never touches it.
+    pub generation: u32,
 }
 
 impl AllocReply {
     pub fn encode(&self) -> [u8; ALLOC_REPLY_LEN] {
         let mut out = [0u8; ALLOC_REPLY_LEN];
-        Header::new(Kind::AllocReply, 0).put(&mut out);
+        Header::new(Kind::AllocReply, self.generation).put(&mut out);
         put64(&mut out, alloc_reply::ENTRY_ADDR, self.entry_addr);
         out[alloc_reply::ENTRY..].copy_from_slice(self.entry.as_bytes());
         out
@@ -370,12 +379,17 @@ impl AllocReply {
         expect(bytes, Kind::AllocReply, ALLOC_REPLY_LEN)?;
         let entry = MwTableEntry::read(&bytes[alloc_reply::ENTRY..])
             .ok_or(WireError::Truncated { need: ALLOC_REPLY_LEN, got: bytes.len() })?;
-        Ok(AllocReply { entry_addr: le64(bytes, alloc_reply::ENTRY_ADDR), entry })
+        Ok(AllocReply {
+            entry_addr: le64(bytes, alloc_reply::ENTRY_ADDR),
+            entry,
+            generation: le32(bytes, header::TOKEN),
+        })
     }
-    /// The reply header image the MN pre-writes into the alloc scratch area.
-    pub fn header_image() -> [u8; HEADER_LEN] {
+    /// The reply header image the MN pre-writes into the alloc scratch area, for pool
+    /// generation `generation`.
+    pub fn header_image(generation: u32) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
-        Header::new(Kind::AllocReply, 0).put(&mut h);
+        Header::new(Kind::AllocReply, generation).put(&mut h);
         h
     }
 }
@@ -844,9 +858,9 @@ mod tests {
     #[test]
     fn replies_notices_errors_connect() {
         let e = MwTableEntry::new(0x1000, 512, 3, &[Rkey(0x100), Rkey(0x200)]);
-        let r = AllocReply { entry_addr: 0x2000, entry: e };
+        let r = AllocReply { entry_addr: 0x2000, entry: e, generation: 7 };
         assert_eq!(AllocReply::decode(&r.encode()), Ok(r));
-        assert_eq!(&r.encode()[..8], &AllocReply::header_image());
+        assert_eq!(&r.encode()[..8], &AllocReply::header_image(7));
         for n in [
             Notice::Empty,
             Notice::Available { free_groups: 7 },
