@@ -375,8 +375,10 @@ impl<T: Transport> Engine<T> {
                 self.take_pending(token);
                 match result {
                     Ok(a) => self.adopt(a),
-                    // handed out before an RNIC reset: the waiter may allocate again at once
-                    Err(ClientError::RevokedReply { .. }) => self.fail_head(Error::Revoked),
+                    // the MN took the group back before this reply landed (an RNIC reset, a
+                    // taken-back notice that overtook it): the waiter keeps waiting, and the
+                    // next dispatch asks again for it
+                    Err(ClientError::RevokedReply { .. } | ClientError::TakenBackReply { .. }) => {}
                     Err(e) => self.fail_head(Error::Client(e)),
                 }
             }

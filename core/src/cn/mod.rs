@@ -87,6 +87,12 @@ pub enum ClientError {
     UnexpectedReply {
         token: u32,
     },
+    /// A reply for a group the MN took back (a `TakenBack` notice for it arrived first: the
+    /// two travel on different QPs). The request it answers is over.
+    TakenBackReply {
+        token: u32,
+        entry_addr: u64,
+    },
     /// A reply of a pool generation the MN has revoked since (an RNIC reset): the group is
     /// not ours any more. The request it answers is over.
     RevokedReply {
@@ -107,6 +113,9 @@ impl fmt::Display for ClientError {
             ClientError::NotMine { entry_addr } => write!(f, "entry {entry_addr:#x} is not one of our allocations"),
             ClientError::Wire(e) => write!(f, "bad message from MN: {e}"),
             ClientError::UnexpectedReply { token } => write!(f, "reply for unknown token {token}"),
+            ClientError::TakenBackReply { token, entry_addr } => {
+                write!(f, "reply for token {token}: the MN took entry {entry_addr:#x} back before it landed")
+            }
             ClientError::RevokedReply { token, generation } => {
                 write!(f, "reply for token {token} of pool generation {generation}, revoked since")
             }
@@ -331,6 +340,9 @@ pub struct Client<const N: usize> {
     next_token: u32,
     /// The newest pool generation a `Revoked` notice announced (0 before any).
     generation: u32,
+    /// Taken-back notices about allocations not (yet) ours, `(entry, MW[0] rkey)`: their
+    /// replies may still land, after the notice.
+    taken_back: heapless::Deque<(u64, Rkey), TAKEN_BACK_MEMORY>,
     empty: bool,
     backoff_until: u64,
     /// How long to back off after "empty" if no "available" arrives (ns of the caller's clock).
@@ -354,6 +366,7 @@ impl<const N: usize> Client<N> {
             parked: 0,
             next_token: 1,
             generation: 0,
+            taken_back: heapless::Deque::new(),
             empty: false,
             backoff_until: 0,
             backoff: 1_000_000,
@@ -476,6 +489,14 @@ impl<const N: usize> Client<N> {
                     .is_some_and(|(_, pos)| self.live.get(pos).is_some_and(|a| a.owner_rkey == t.owner_rkey));
                 if held {
                     self.forget_live(t.entry_addr);
+                } else if !self.pending.is_empty() {
+                    // The notice may have overtaken the reply it is about (they travel on
+                    // different QPs): remember it, so that reply is refused when it lands.
+                    // Bounded: a notice is about a lap of ours, one per alloc chain at a time.
+                    if self.taken_back.is_full() {
+                        self.taken_back.pop_front();
+                    }
+                    let _ = self.taken_back.push_back((t.entry_addr, t.owner_rkey));
                 }
                 Ok(ClientEvent::TakenBack { entry_addr: t.entry_addr, held })
             }
@@ -617,6 +638,18 @@ impl<const N: usize> Client<N> {
             // handed out before an RNIC reset we heard of: the reset took it back
             return Err(ClientError::RevokedReply { token: imm, generation: r.generation });
         }
+        let key = (r.entry_addr, r.entry.rkey(0));
+        if let Some(i) = self.taken_back.iter().position(|t| *t == key) {
+            // the MN took it back, and said so before this reply landed
+            let mut kept = heapless::Deque::new();
+            for (j, t) in self.taken_back.iter().enumerate() {
+                if j != i {
+                    let _ = kept.push_back(*t);
+                }
+            }
+            self.taken_back = kept;
+            return Err(ClientError::TakenBackReply { token: imm, entry_addr: r.entry_addr });
+        }
         let g = info.group_size as usize;
         if r.entry.owner() != info.cn.get() || r.entry.length.get() as u64 != info.chunk_size || r.entry_addr == 0 {
             return Err(ClientError::ReplyMismatch);
@@ -669,6 +702,10 @@ impl<const N: usize> Client<N> {
         self.forget_pending(token);
     }
 }
+
+/// Taken-back notices remembered for replies that have not landed yet (one per alloc chain
+/// in flight is all a well-behaved MN can send; twice that absorbs duplicates).
+const TAKEN_BACK_MEMORY: usize = 2 * MAX_ALLOC_CHAINS;
 
 /// Whether pool generation `a` is newer than `b` (generations wrap: the later of two within
 /// 2^31 of each other).
@@ -762,6 +799,42 @@ mod tests {
         assert!(c.free_request(0x7000).is_ok());
         assert!(c.free_request(0x5000).is_ok());
         assert!(c.live().is_empty());
+    }
+
+    /// A taken-back notice may overtake the reply it is about (different QPs): the reply is
+    /// refused when it lands, once; other replies, and a later allocation of the same group
+    /// under new keys, are not.
+    #[test]
+    fn taken_back_before_its_reply_refuses_that_reply() {
+        use crate::wire::message::TakenBack;
+        let mut c: Client<4> = Client::new();
+        c.set_alloc_chains(2);
+        let mut buf = [0u8; 64];
+        c.on_message(0, &info().encode()).unwrap();
+        let reply = |entry_addr: u64, k: u32| {
+            let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(k), Rkey(k + 0x100), Rkey(k + 0x200)]);
+            e.owner = 3.into();
+            AllocReply { entry_addr, entry: e, generation: 0 }.encode()
+        };
+        // no request in flight: nothing to remember
+        let early = TakenBack { entry_addr: 0x4000, owner_rkey: Rkey(0x100) };
+        assert_eq!(c.on_message(1, &early.encode()), Ok(ClientEvent::TakenBack { entry_addr: 0x4000, held: false }));
+        let (t1, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        let (t2, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        c.on_alloc_reply(t1, &reply(0x4000, 0x100)).unwrap();
+        c.free_request(0x4000).unwrap();
+        // the notice about t2's group lands first
+        let t = TakenBack { entry_addr: 0x5000, owner_rkey: Rkey(0x500) };
+        assert_eq!(c.on_message(1, &t.encode()), Ok(ClientEvent::TakenBack { entry_addr: 0x5000, held: false }));
+        assert_eq!(
+            c.on_alloc_reply(t2, &reply(0x5000, 0x500)),
+            Err(ClientError::TakenBackReply { token: t2, entry_addr: 0x5000 })
+        );
+        assert!(c.live().is_empty());
+        // remembered once: the same group handed out again (new keys) is ours
+        let (t3, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        c.on_alloc_reply(t3, &reply(0x5000, 0x501)).unwrap();
+        assert_eq!(c.live().len(), 1);
     }
 
     /// An RNIC reset's `Revoked` and the replies travel on different QPs: whichever comes
