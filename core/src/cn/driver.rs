@@ -614,8 +614,9 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// True when the CQ was drained.
     fn poll_messages(&mut self, now: u64, k: usize, qp: Qpn) -> Result<bool, CnError<B::Error>> {
         loop {
-            // each completion may yield two events (the delivery record and its meaning)
-            let room = (EVENT_CAPACITY - self.events.len()) / 2;
+            // each completion may yield three events (the delivery record, a revocation a
+            // newer generation's reply reveals, and its meaning)
+            let room = (EVENT_CAPACITY - self.events.len()) / 3;
             if room == 0 {
                 return Ok(false);
             }
@@ -650,6 +651,10 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
             self.deliver(qp, &b);
             self.chain_done(imm);
             let result = self.client.on_alloc_reply(imm, &b);
+            if self.client.take_revocation() {
+                // the reply says the MN's RNIC was reset before its `Revoked` reached us
+                self.push(CnEvent::Revoked);
+            }
             self.push(CnEvent::Allocated { token: imm, result });
             return Ok(());
         }
@@ -691,7 +696,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         let pushed = self.events.push_back(e);
         debug_assert!(
             pushed.is_ok(),
-            "room is reserved before a completion leaves the CQ (two events each) or a deadline expires"
+            "room is reserved before a completion leaves the CQ (three events each) or a deadline expires"
         );
     }
 

@@ -343,6 +343,8 @@ pub struct Client<const N: usize> {
     /// Taken-back notices about allocations not (yet) ours, `(entry, MW[0] rkey)`: their
     /// replies may still land, after the notice.
     taken_back: heapless::Deque<(u64, Rkey), TAKEN_BACK_MEMORY>,
+    /// A reply of a newer generation revoked older allocations ([`Client::take_revocation`]).
+    revocation_unreported: bool,
     empty: bool,
     backoff_until: u64,
     /// How long to back off after "empty" if no "available" arrives (ns of the caller's clock).
@@ -367,6 +369,7 @@ impl<const N: usize> Client<N> {
             next_token: 1,
             generation: 0,
             taken_back: heapless::Deque::new(),
+            revocation_unreported: false,
             empty: false,
             backoff_until: 0,
             backoff: 1_000_000,
@@ -508,19 +511,8 @@ impl<const N: usize> Client<N> {
                     // flight stay in flight — the reset killed the laps serving them, but one
                     // may still be served by a re-armed chain (its reply then says the new
                     // generation), and one that is not times out.
-                    if newer(e.detail, self.generation) {
-                        self.generation = e.detail;
-                    }
-                    let gen = self.generation;
-                    let mut i = 0;
-                    while let Some(a) = self.live.get(i) {
-                        if newer(gen, a.generation) {
-                            let addr = a.entry_addr;
-                            self.forget_live(addr);
-                        } else {
-                            i += 1;
-                        }
-                    }
+                    self.enter_generation(e.detail);
+                    self.revocation_unreported = false;
                     self.empty = false;
                     self.parked = 0;
                     self.backoff_until = 0;
@@ -633,10 +625,21 @@ impl<const N: usize> Client<N> {
             return Err(ClientError::UnexpectedReply { token: imm });
         }
         let info = self.info.as_ref().ok_or(ClientError::NotConnected)?;
+        let (cn, chunk_size, g) = (info.cn.get(), info.chunk_size, info.group_size as usize);
         let r = AllocReply::decode(bytes)?;
+        if r.entry.owner() != cn || r.entry.length.get() as u64 != chunk_size || r.entry_addr == 0 {
+            return Err(ClientError::ReplyMismatch);
+        }
         if newer(self.generation, r.generation) {
             // handed out before an RNIC reset we heard of: the reset took it back
             return Err(ClientError::RevokedReply { token: imm, generation: r.generation });
+        }
+        if newer(r.generation, self.generation) {
+            // a reply of a newer generation: the MN's RNIC was reset, whether or not its
+            // `Revoked` reaches us (it travels on a QP the reset may have broken) — everything
+            // older is gone now ([`Client::take_revocation`] tells the caller)
+            self.enter_generation(r.generation);
+            self.revocation_unreported = true;
         }
         let key = (r.entry_addr, r.entry.rkey(0));
         if let Some(i) = self.taken_back.iter().position(|t| *t == key) {
@@ -649,10 +652,6 @@ impl<const N: usize> Client<N> {
             }
             self.taken_back = kept;
             return Err(ClientError::TakenBackReply { token: imm, entry_addr: r.entry_addr });
-        }
-        let g = info.group_size as usize;
-        if r.entry.owner() != info.cn.get() || r.entry.length.get() as u64 != info.chunk_size || r.entry_addr == 0 {
-            return Err(ClientError::ReplyMismatch);
         }
         let a = Allocation {
             base: r.entry.base.get(),
@@ -691,6 +690,33 @@ impl<const N: usize> Client<N> {
             }
         }
         Some(self.live.swap_remove(pos))
+    }
+
+    /// The pool is in generation `g` (if it is newer than ours): every allocation of an older
+    /// one is gone.
+    fn enter_generation(&mut self, g: u32) {
+        if newer(g, self.generation) {
+            self.generation = g;
+        }
+        let gen = self.generation;
+        let mut i = 0;
+        while let Some(a) = self.live.get(i) {
+            if newer(gen, a.generation) {
+                let addr = a.entry_addr;
+                if self.forget_live(addr).is_none() {
+                    // (the index always finds a live allocation; never spin if it did not)
+                    i += 1;
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Whether an alloc reply of a newer pool generation revoked older allocations since the
+    /// last call, before any `Revoked` notice said so (then reported once, like the notice).
+    pub fn take_revocation(&mut self) -> bool {
+        core::mem::take(&mut self.revocation_unreported)
     }
 
     /// Forget every in-flight allocation (the caller gave up on them, e.g. its QPs were reset).
@@ -884,6 +910,20 @@ mod tests {
         assert_eq!(c.free_request(0x8000), Err(ClientError::NotMine { entry_addr: 0x8000 }));
         // generations wrap
         assert!(newer(0, u32::MAX) && !newer(u32::MAX, 0) && !newer(5, 5));
+        assert!(!c.take_revocation(), "every revocation so far came with its notice");
+        // a reply of a newer generation before (or without) its notice: the reset happened,
+        // everything older is gone, and the caller is told once
+        let (t4, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        c.on_alloc_reply(t4, &reply(0x5000, 0x900, 2)).unwrap();
+        let (t5, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
+        let newest = c.on_alloc_reply(t5, &reply(0x6000, 0xa00, 3)).unwrap();
+        assert!(c.take_revocation());
+        assert!(!c.take_revocation());
+        assert_eq!(c.live(), &[newest][..]);
+        // its notice, late, takes nothing more and is not a second revocation
+        assert_eq!(c.on_message(4, &revoked(3)), Ok(ClientEvent::Revoked));
+        assert_eq!(c.live().len(), 1);
+        assert!(!c.take_revocation());
     }
 
     #[test]
