@@ -139,11 +139,22 @@ fn owner_keeps(c: &mut Cluster, i: usize, a: &Allocation, tag: &[u8]) {
     assert_eq!(got, tag, "cn{i}'s bytes changed");
 }
 
+/// Let the NIC run `n` steps before the MN acts (the acts that race the laps under way).
+fn nic_steps(c: &mut Cluster, n: u8) {
+    for _ in 0..n {
+        c.fabric.borrow_mut().step();
+    }
+}
+
 /// Whether act `a` is one of CN `i`'s.
 fn names(a: &Act, i: usize) -> bool {
     match a {
-        Act::Alloc(j) | Act::Free(j, _) | Act::Forge(j, _) | Act::Garbage(j, ..) | Act::MisbindFree(j) => *j == i,
-        Act::Crash(j, _) => *j == i,
+        Act::Alloc(j)
+        | Act::Free(j, _)
+        | Act::Forge(j, _)
+        | Act::Garbage(j, ..)
+        | Act::MisbindFree(j)
+        | Act::Crash(j, _) => *j == i,
         Act::Tick(_) | Act::RnicReset(_) => false,
     }
 }
@@ -213,26 +224,20 @@ fn run_keeping(mode: Setup, batches: Vec<(u64, u16, Vec<Act>)>) -> Cluster {
                     let _ = c.send_raw_begin(*i, kind, bytes);
                 }
                 Act::Tick(steps) => {
-                    for _ in 0..*steps {
-                        c.fabric.borrow_mut().step();
-                    }
+                    nic_steps(&mut c, *steps);
                     let now = c.now();
                     c.driver.handle(now, Event::Tick).unwrap_or_else(|e| panic!("{mode:?}: tick: {e}"));
                 }
                 Act::Crash(i, steps) => {
                     if crashed.is_none() {
-                        for _ in 0..*steps {
-                            c.fabric.borrow_mut().step();
-                        }
+                        nic_steps(&mut c, *steps);
                         c.crash_cn_begin(*i).unwrap();
                         crashed = Some(*i);
                     }
                 }
                 Act::RnicReset(steps) => {
                     if !reset_done {
-                        for _ in 0..*steps {
-                            c.fabric.borrow_mut().step();
-                        }
+                        nic_steps(&mut c, *steps);
                         let mn = c.mn_host;
                         c.fabric.borrow_mut().reset_rnic(mn).unwrap();
                         let now = c.now();

@@ -342,7 +342,7 @@ pub struct Client<const N: usize> {
     generation: u32,
     /// Taken-back notices about allocations not (yet) ours, `(entry, MW[0] rkey)`: their
     /// replies may still land, after the notice.
-    taken_back: heapless::Deque<(u64, Rkey), TAKEN_BACK_MEMORY>,
+    taken_back: heapless::Vec<(u64, Rkey), TAKEN_BACK_MEMORY>,
     /// A reply of a newer generation revoked older allocations ([`Client::take_revocation`]).
     revocation_unreported: bool,
     empty: bool,
@@ -368,7 +368,7 @@ impl<const N: usize> Client<N> {
             parked: 0,
             next_token: 1,
             generation: 0,
-            taken_back: heapless::Deque::new(),
+            taken_back: heapless::Vec::new(),
             revocation_unreported: false,
             empty: false,
             backoff_until: 0,
@@ -497,9 +497,9 @@ impl<const N: usize> Client<N> {
                     // different QPs): remember it, so that reply is refused when it lands.
                     // Bounded: a notice is about a lap of ours, one per alloc chain at a time.
                     if self.taken_back.is_full() {
-                        self.taken_back.pop_front();
+                        self.taken_back.remove(0);
                     }
-                    let _ = self.taken_back.push_back((t.entry_addr, t.owner_rkey));
+                    let _ = self.taken_back.push((t.entry_addr, t.owner_rkey));
                 }
                 Ok(ClientEvent::TakenBack { entry_addr: t.entry_addr, held })
             }
@@ -644,13 +644,7 @@ impl<const N: usize> Client<N> {
         let key = (r.entry_addr, r.entry.rkey(0));
         if let Some(i) = self.taken_back.iter().position(|t| *t == key) {
             // the MN took it back, and said so before this reply landed
-            let mut kept = heapless::Deque::new();
-            for (j, t) in self.taken_back.iter().enumerate() {
-                if j != i {
-                    let _ = kept.push_back(*t);
-                }
-            }
-            self.taken_back = kept;
+            self.taken_back.remove(i);
             return Err(ClientError::TakenBackReply { token: imm, entry_addr: r.entry_addr });
         }
         let a = Allocation {
@@ -827,6 +821,14 @@ mod tests {
         assert!(c.live().is_empty());
     }
 
+    /// An alloc reply to CN 3 (`info()`) for `entry_addr`, window keys from `k`, in pool
+    /// generation `generation`.
+    fn reply_for_cn3(entry_addr: u64, k: u32, generation: u32) -> [u8; crate::wire::message::ALLOC_REPLY_LEN] {
+        let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(k), Rkey(k + 0x100), Rkey(k + 0x200)]);
+        e.owner = 3.into();
+        AllocReply { entry_addr, entry: e, generation }.encode()
+    }
+
     /// A taken-back notice may overtake the reply it is about (different QPs): the reply is
     /// refused when it lands, once; other replies, and a later allocation of the same group
     /// under new keys, are not.
@@ -837,11 +839,7 @@ mod tests {
         c.set_alloc_chains(2);
         let mut buf = [0u8; 64];
         c.on_message(0, &info().encode()).unwrap();
-        let reply = |entry_addr: u64, k: u32| {
-            let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(k), Rkey(k + 0x100), Rkey(k + 0x200)]);
-            e.owner = 3.into();
-            AllocReply { entry_addr, entry: e, generation: 0 }.encode()
-        };
+        let reply = |entry_addr: u64, k: u32| reply_for_cn3(entry_addr, k, 0);
         // no request in flight: nothing to remember
         let early = TakenBack { entry_addr: 0x4000, owner_rkey: Rkey(0x100) };
         assert_eq!(c.on_message(1, &early.encode()), Ok(ClientEvent::TakenBack { entry_addr: 0x4000, held: false }));
@@ -874,11 +872,7 @@ mod tests {
         c.set_alloc_chains(3);
         let mut buf = [0u8; 64];
         c.on_message(0, &info().encode()).unwrap();
-        let reply = |entry_addr: u64, k: u32, generation: u32| {
-            let mut e = MwTableEntry::new(0x10000, 4096, 1, &[Rkey(k), Rkey(k + 0x100), Rkey(k + 0x200)]);
-            e.owner = 3.into();
-            AllocReply { entry_addr, entry: e, generation }.encode()
-        };
+        let reply = reply_for_cn3;
         let revoked = |generation: u32| ErrorReply { token: 0, code: ErrorCode::Revoked, detail: generation }.encode();
         let (t0, _) = c.alloc_request(0, 0x100, 1, &mut buf).unwrap();
         c.on_alloc_reply(t0, &reply(0x5000, 0x100, 0)).unwrap();
