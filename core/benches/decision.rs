@@ -214,6 +214,7 @@ fn chain_env() -> ChainEnv {
         pop_ahead: true,
         variant: omw_core::chain::variant::ChainVariant::default(),
         posts_receives: false,
+        owner_proof: None,
     }
 }
 

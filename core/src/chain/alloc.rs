@@ -159,7 +159,10 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     // without windows, no commit without a reply — the markers stay set for the MN.
     let mut binds: heapless::Vec<u8, MAX_GROUP_SIZE> = heapless::Vec::new();
     for (i, (span, rk, cur)) in copies.iter().copied().enumerate() {
-        let (qpn, access) = if i == 0 {
+        let (qpn, access) = if i == 0 && env.variant.binds_to_poster {
+            // the poster: whatever the device does with a bind naming another QP
+            (env.mgmt_qpn, env.owner_window_access)
+        } else if i == 0 {
             (env.free_qpn, env.owner_window_access)
         } else {
             (0, env.window_access) // patched from the request

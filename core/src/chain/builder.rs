@@ -45,6 +45,27 @@ pub struct ChainEnv {
     /// into it. Without it, a device whose doorbell makes every posted receive available lets
     /// pipelined requests on one chain land in a running lap.
     pub posts_receives: bool,
+    /// With `ChainVariant::binds_to_poster`: the CN's proof word and the key of the MR that
+    /// covers it and nothing else (`chain::free`; the MN registers one per CN slot,
+    /// `MnDriver::register_owner_proofs`). The free chain needs it; `None` elsewhere.
+    pub owner_proof: Option<OwnerProof>,
+}
+
+/// One CN slot's proof of ownership under `ChainVariant::binds_to_poster`: an 8-byte word
+/// outside every other registration of the MN's private domain, and the local key of the MR
+/// over exactly that word. The alloc chain stamps the key into every entry it hands the CN
+/// (`MwTableEntry::proof_lkey`); the free chain READs into the word with the key the entry
+/// names — only the owner's key covers the requester's word, so any other entry fails the
+/// READ with a local protection error and stops the lap.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct OwnerProof {
+    pub addr: u64,
+    pub lkey: u32,
+}
+
+impl OwnerProof {
+    /// Bytes of one proof word.
+    pub const LEN: u32 = 8;
 }
 
 impl ChainEnv {
@@ -118,6 +139,10 @@ impl Builder {
                     (env.keys.zero_addr, env.map.geometry.chunk_size())
                 } else {
                     (0, 0)
+                },
+                proof_sink: match (kind, env.owner_proof) {
+                    (ChainKind::Free, Some(p)) if env.variant.binds_to_poster => (p.addr, OwnerProof::LEN as u64),
+                    _ => (0, 0),
                 },
                 empty_probe: None,
                 ownership_check: None,
@@ -353,6 +378,7 @@ impl ChainEnv {
             pop_ahead: true,
             variant: crate::chain::variant::ChainVariant::default(),
             posts_receives: false,
+            owner_proof: Some(OwnerProof { addr: 0x3000_0000, lkey: 0x18 }),
         })
     }
 }

@@ -38,7 +38,7 @@ use crate::geometry::MAX_GROUP_SIZE;
 use crate::wire::memory_map::{free_scratch as f, FREE_SCRATCH_OFF};
 use crate::wire::message::free_request as req;
 use crate::wire::mwtable::{
-    entry_off_rkey, ENTRY_OFF_BASE, ENTRY_OFF_CUR_RKEYS, ENTRY_OFF_OWNER, ENTRY_OFF_RKEYS, ENTRY_SIZE,
+    entry_off_rkey, ENTRY_OFF_BASE, ENTRY_OFF_CUR_RKEYS, ENTRY_OFF_OWNER, ENTRY_OFF_PROOF, ENTRY_OFF_RKEYS, ENTRY_SIZE,
     RKEY_PAIR_KEY_BOUNDARY, RKEY_PAIR_KEY_INCREMENT,
 };
 use crate::wire::wqe::{QueueSel, Wqe, WqeField};
@@ -85,14 +85,43 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         Ring::Loop,
         Wqe::read(s + f::ENTRY + ENTRY_OFF_CUR_RKEYS, k.meta_lkey, 16, s + f::ENTRY + ENTRY_OFF_RKEYS, k.meta_rkey),
     )?;
+    // Binds to the poster: MW[0] is bound to the owner's Alloc QP, where this chain cannot
+    // invalidate it with the QPN check. The proof is the owner's key instead: the entry's
+    // proof key into the lkey of a READ into this CN's own proof word (after the entry landed:
+    // behind the FENCEd copy above), released by a gate (the READ is patched); only the
+    // requester's key covers its word — any other owner's, a free entry's 0, a group the MN
+    // is taking back — fails the READ with a local protection error, the Loop QP errors and
+    // nothing behind it runs. FENCEd behind it, the Free QP's ring unbinds every window.
+    let proof = match env.owner_proof {
+        Some(p) if env.variant.binds_to_poster => Some(p),
+        Some(_) => None,
+        None if env.variant.binds_to_poster => return Err(ChainError::NoOwnerProof),
+        None => None,
+    };
+    let mut proof_gate = None;
+    if let Some(p) = proof {
+        let cp = b.push(Ring::Loop, Wqe::read(0, k.ring_lkey, 4, s + f::ENTRY + ENTRY_OFF_PROOF, k.meta_rkey))?;
+        let gate = b.gate_loop(env)?;
+        let gated_from = b.layout.ring_len(Ring::Loop) as u64;
+        let read = b.push(Ring::Loop, Wqe::read(p.addr, 0, 8, s + f::ZERO, k.meta_rkey))?;
+        b.set_local(cp, field(read, WqeField::Lkey));
+        b.layout.ownership_check = Some(read);
+        proof_gate = Some((gate, gated_from));
+    }
     let release_mgmt = b.push(Ring::Loop, fenced(Wqe::enable(env.mgmt_qpn, QueueSel::Send, 0)))?;
     let first_half = b.layout.ring_len(Ring::Loop) as u64;
 
-    // ---- phase 2, the Free QP's ring: the ownership check, the unbinds, release the second half
-    let inv = b.push(Ring::Mgmt, Wqe::local_inv(0))?;
-    b.set_local(copies[0], field(inv, WqeField::Imm));
-    b.layout.ownership_check = Some(inv);
-    for c in copies.iter().skip(1).copied() {
+    // ---- phase 2, the Free QP's ring: the ownership check (paper binds), the unbinds, release
+    // the second half
+    let unchecked = if proof.is_some() {
+        &copies[..]
+    } else {
+        let inv = b.push(Ring::Mgmt, Wqe::local_inv(0))?;
+        b.set_local(copies[0], field(inv, WqeField::Imm));
+        b.layout.ownership_check = Some(inv);
+        &copies[1..]
+    };
+    for c in unchecked.iter().copied() {
         let u = b.push(Ring::Mgmt, Wqe::unbind_mw(0))?;
         b.set_local(c, field(u, WqeField::Imm));
     }
@@ -120,8 +149,11 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
             ),
         )?;
     }
-    // owner 0 (a READ of zeros, so the write-back's FENCE covers it)
-    b.push(Ring::Loop, Wqe::read(s + f::ENTRY + ENTRY_OFF_OWNER, k.meta_lkey, 4, s + f::ZERO, k.meta_rkey))?;
+    // owner 0 — and its proof key 0, where the entry holds one (a READ of zeros, so the
+    // write-back's FENCE covers it)
+    let owner_len = if proof.is_some() { 8 } else { 4 };
+    const _: () = assert!(ENTRY_OFF_PROOF == ENTRY_OFF_OWNER + 4);
+    b.push(Ring::Loop, Wqe::read(s + f::ENTRY + ENTRY_OFF_OWNER, k.meta_lkey, owner_len, s + f::ZERO, k.meta_rkey))?;
     // FENCE: after the key bumps and the owner clear landed
     let wb = b.push(Ring::Loop, fenced(Wqe::write(s + f::ENTRY, k.meta_lkey, ENTRY_SIZE as u32, 0, k.table_rkey)))?;
     b.set_local(cp_wb, field(wb, WqeField::RemoteAddr));
@@ -162,7 +194,13 @@ pub fn build_free_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     b.set_count(release_mgmt, mgmt_depth);
     b.set_count(release, second_end - first_half);
     b.set_count(gate, loop_depth - second_end);
-    b.set_count(open, first_half - opened);
+    match proof_gate {
+        Some((gate, from)) => {
+            b.set_count(open, from - opened);
+            b.set_count(gate, first_half - from);
+        }
+        None => b.set_count(open, first_half - opened),
+    }
     let closing = b.closing;
     b.set_count(closing, opened);
     b.layout.initial_enable = [opened as u16, 0];

@@ -127,6 +127,9 @@ pub struct ChainLayout {
     /// A read-only source the chain may read from besides the metadata: the MN-private chunk
     /// of zeros the free chain scrubs from (`(0, 0)`: none). Nothing may write it.
     pub zero_source: (u64, u64),
+    /// A write-only sink outside the metadata: the requester's proof word the free chain's
+    /// ownership proof READs into under `ChainVariant::binds_to_poster` (`(0, 0)`: none).
+    pub proof_sink: (u64, u64),
     /// Step index whose failure means "the free queue is empty" (alloc chain).
     pub empty_probe: Option<u8>,
     /// Step index whose failure means "the caller does not own that chunk" (free chain).
@@ -247,6 +250,9 @@ pub enum ChainError {
     },
     /// The chain has no mlx5 form within that form's fixed capacities (`crate::chain::mlx5`).
     NoMlx5Form,
+    /// A free chain that binds to the poster (`ChainVariant::binds_to_poster`) needs the CN's
+    /// proof word and key (`ChainEnv::owner_proof`), and none was given.
+    NoOwnerProof,
 }
 
 /// Who wrote a byte: a step, or the trigger RECV.
@@ -305,6 +311,7 @@ impl fmt::Display for ChainError {
                 "step {step} writes the receive doorbell other than as the lap's one publish after its receive ENABLE"
             ),
             Self::NoMlx5Form => f.write_str("chain has no mlx5 form within its fixed capacities"),
+            Self::NoOwnerProof => f.write_str("a free chain with binds to the poster needs the CN's owner proof"),
         }
     }
 }

@@ -166,7 +166,10 @@ impl ChainLayout {
                 let in_meta = addr >= self.meta.0 && addr.saturating_add(len as u64) <= self.meta_end();
                 let (z, zl) = self.zero_source;
                 let in_zero = is_read && zl > 0 && addr >= z && addr.saturating_add(len as u64) <= z.saturating_add(zl);
-                if !in_meta && !in_zero {
+                let (p, pl) = self.proof_sink;
+                let in_sink =
+                    !is_read && pl > 0 && addr >= p && addr.saturating_add(len as u64) <= p.saturating_add(pl);
+                if !in_meta && !in_zero && !in_sink {
                     return Err(ChainError::OutOfRegion { step: i as u8 });
                 }
                 if !is_read {
@@ -827,7 +830,7 @@ mod tests {
         use crate::chain::variant::ChainVariant;
         for g in 2..=crate::geometry::MAX_GROUP_SIZE as u8 {
             for (cs, n) in [(512u64, 1u32), (4096, 100), (1 << 20, 7)] {
-                for v in ChainVariant::ALL.into_iter().filter(|v| v.relays_gates) {
+                for v in ChainVariant::EVERY.into_iter().filter(|v| v.relays_gates) {
                     let plain = ChainVariant { relays_gates: false, ..v };
                     for pop_ahead in [true, false] {
                         let env = ChainEnv { variant: v, pop_ahead, ..test_env(cs, n, g) };
@@ -853,8 +856,10 @@ mod tests {
                                     .filter(|s| s.ring == Ring::Mgmt && s.wqe.opcode == Opcode::Enable)
                                     .count();
                             let (pc, pb) = (c.critical_path().unwrap(), b.critical_path().unwrap());
+                            // (binds to the poster: the free chain's proof gate is one more)
                             let on_path = match (c.kind, pop_ahead) {
                                 (ChainKind::Alloc, true) => 0,
+                                (ChainKind::Free, _) if v.binds_to_poster => 3,
                                 _ => 2,
                             };
                             assert_eq!(pc.gates, pb.gates + on_path, "{:?} {v:?} pop_ahead={pop_ahead}", c.kind);
@@ -875,7 +880,7 @@ mod tests {
     fn receive_publish_is_one_fetch_add_behind_the_receive_enable() {
         use crate::chain::variant::ChainVariant;
         for g in 2..=crate::geometry::MAX_GROUP_SIZE as u8 {
-            for v in ChainVariant::ALL {
+            for v in ChainVariant::EVERY {
                 let env = ChainEnv { variant: v, posts_receives: true, ..test_env(4096, 100, g) };
                 let base = ChainEnv { posts_receives: false, ..env };
                 for (c, b) in [
@@ -1010,6 +1015,68 @@ mod tests {
             }
         }
         assert!(matches!(f.validate(), Err(ChainError::UncheckedEffect { .. })), "{:?}", f.validate());
+    }
+
+    /// Binds to the poster (`ChainVariant::binds_to_poster`): every bind names the management
+    /// QP that posts it; the free chain proves ownership by a Loop READ into the CN's proof word
+    /// whose local key comes from the entry's proof field, released by a gate (it is patched)
+    /// and FENCEd before the Free QP's ring, which unbinds all G windows without a LOCAL_INV.
+    /// Without the proof word the free chain is refused; the proof READ's FENCE, its gate or
+    /// its patch removed, the layout is refused.
+    #[test]
+    fn binds_to_the_poster_prove_ownership_by_the_owners_key() {
+        use crate::chain::builder::OwnerProof;
+        use crate::chain::variant::ChainVariant;
+        use crate::wire::memory_map::{free_scratch, FREE_SCRATCH_OFF};
+        use crate::wire::mwtable::ENTRY_OFF_PROOF;
+        for g in 2..=crate::geometry::MAX_GROUP_SIZE as u8 {
+            for v in ChainVariant::BINDING_TO_POSTER {
+                for pop_ahead in [true, false] {
+                    let env = ChainEnv { variant: v, pop_ahead, ..test_env(4096, 100, g) };
+                    let proof: OwnerProof = env.owner_proof.unwrap();
+                    let a = build_alloc_chain(&env).unwrap();
+                    assert_eq!(a.validate(), Ok(()), "alloc {v:?} G={g}");
+                    let binds: std::vec::Vec<_> = a.steps.iter().filter(|s| s.wqe.opcode == Opcode::BindMw).collect();
+                    assert_eq!(binds.len(), g as usize);
+                    assert_eq!(binds[0].wqe.qpn, env.mgmt_qpn, "MW[0] to the poster");
+                    assert!(binds.iter().all(|b| b.ring == Ring::Mgmt));
+                    let f = build_free_chain(&env).unwrap();
+                    assert_eq!(f.validate(), Ok(()), "free {v:?} G={g}");
+                    let check = f.ownership_check.unwrap() as usize;
+                    let st = f.steps[check];
+                    assert_eq!((st.ring, st.wqe.opcode, st.wqe.local_addr), (Ring::Loop, Opcode::Read, proof.addr));
+                    // its key is the entry's proof field, copied by a Loop READ
+                    let cp = f
+                        .steps
+                        .iter()
+                        .find(|s| s.local == Some(Loc::Field { step: check as u8, field: WqeField::Lkey }))
+                        .unwrap();
+                    let s = env.scratch() + FREE_SCRATCH_OFF + free_scratch::ENTRY + ENTRY_OFF_PROOF;
+                    assert_eq!((cp.ring, cp.wqe.remote_addr, cp.wqe.length), (Ring::Loop, s, 4));
+                    assert!(f.steps.iter().all(|s| s.wqe.opcode != Opcode::LocalInv));
+                    let unbinds = f.steps.iter().filter(|s| s.wqe.flags.contains(WqeFlags::UNBIND)).count();
+                    assert_eq!(unbinds, g as usize, "every window, MW[0] too");
+                    // one gated phase more than the paper's free chain (relayed: and its hop)
+                    let paper = ChainVariant { binds_to_poster: false, ..v };
+                    let pf = build_free_chain(&ChainEnv { variant: paper, ..env }).unwrap();
+                    let more = if v.relays_gates { 2 } else { 1 };
+                    assert_eq!(f.critical_path().unwrap().gates, pf.critical_path().unwrap().gates + more, "{v:?}");
+                    let pa = build_alloc_chain(&ChainEnv { variant: paper, ..env }).unwrap();
+                    assert_eq!(a.critical_path(), pa.critical_path(), "{v:?}: the alloc path unchanged");
+                    // refusals
+                    let none = ChainEnv { owner_proof: None, ..env };
+                    assert_eq!(build_free_chain(&none), Err(ChainError::NoOwnerProof));
+                    let mut unfenced = f.clone();
+                    let rel = (check + 1..f.steps.len()).find(|&i| f.steps[i].ring == Ring::Loop).unwrap();
+                    assert_eq!(f.steps[rel].wqe.opcode, Opcode::Enable);
+                    unfenced.steps[rel].wqe.flags.remove(WqeFlags::FENCE);
+                    assert!(unfenced.validate().is_err(), "{v:?}: the unbinds before the proof completed");
+                    let mut outside = f.clone();
+                    outside.proof_sink = (0, 0);
+                    assert!(matches!(outside.validate(), Err(ChainError::OutOfRegion { .. })));
+                }
+            }
+        }
     }
 
     /// A request-supplied address that is not cleared for the next lap is refused (a short

@@ -23,8 +23,19 @@
 //!   relay is one more SEND_EN with its lap counter. What it costs: one more gated fetch per
 //!   gate (the relay's hop through the management queue) and two WQEs per gate per lap in
 //!   mlx5 form (`chain_cost_bounds`, docs/CHAINS.md).
-//! - **Foreign binds honoured.** The alloc chain posts every BIND on the management QP, naming
-//!   the CN's Free and access QPs.
+//! - **Foreign binds: honoured, or any with binds to the poster.** The alloc chain posts every
+//!   BIND on the management QP. The paper's layout names the CN's Free QP for MW\[0\] (the
+//!   free chain's ownership proof is a checked LOCAL_INV there) and the access QPs the request
+//!   names. rdma-core and libmlx5 only ever name the posting QP (`providers/mlx5/qp.c`), so a
+//!   device may refuse another QP or bind to the poster silently. The variants with
+//!   `binds_to_poster` name only the poster: MW\[0\] is bound to the alloc chain's own
+//!   management QP, the CN names that QP for its access windows too (it reaches its windows
+//!   through its Alloc QP, `ConnectInfo::access_qpns`), and the free chain proves ownership
+//!   without a window — its proof READ's local key is the owner's proof key, copied out of the
+//!   MWTable entry, and its local address the requester's own proof word, which only the
+//!   requester's proof MR covers (`chain::free`). What it costs: the CN has no access QPs of
+//!   its own (its accesses share the Alloc QP with its requests), one alloc chain per CN, one
+//!   more gated phase and one loopback READ per free, one MR per CN slot.
 //! - **Receives: by the doorbell, or by the chain.** The device posts every receive slot of a
 //!   chain's management QP through the doorbell record when the chain is armed and hands each
 //!   consumed one back when the MN drains the chain's CQs (`DevxBackend`); DEVX has no
@@ -57,16 +68,23 @@ pub struct ChainVariant {
     /// relay) — correct whether or not a device honours a queue's ENABLE of itself
     /// (`SelfEnable`). Costs one gated hop per gate.
     pub relays_gates: bool,
+    /// Every BIND names the QP that posts it (the alloc chain's management QP); the free chain
+    /// proves ownership with the owner's proof key (module doc) — correct whatever a device
+    /// does with a bind naming another QP (`ForeignBind`).
+    pub binds_to_poster: bool,
 }
 
 impl ChainVariant {
     /// SEND_EN indices in WQEBBs (Mellanox PCX's `cd_send_enable`), receives from the
     /// doorbell: the paper's device.
-    pub const WQEBB_ENABLES: ChainVariant =
-        ChainVariant { send_en_unit: SendEnUnit::Wqebb, lap_enables_its_receive: false, relays_gates: false };
+    pub const WQEBB_ENABLES: ChainVariant = ChainVariant {
+        send_en_unit: SendEnUnit::Wqebb,
+        lap_enables_its_receive: false,
+        relays_gates: false,
+        binds_to_poster: false,
+    };
     /// SEND_EN indices in WQEs (MLNX_OFED libmlx5's `sq.head`).
-    pub const WQE_ENABLES: ChainVariant =
-        ChainVariant { send_en_unit: SendEnUnit::Wqe, lap_enables_its_receive: false, relays_gates: false };
+    pub const WQE_ENABLES: ChainVariant = ChainVariant { send_en_unit: SendEnUnit::Wqe, ..Self::WQEBB_ENABLES };
 
     /// `self` with every lap enabling its own receive.
     pub const fn enabling_receives(self) -> ChainVariant {
@@ -78,7 +96,13 @@ impl ChainVariant {
         ChainVariant { relays_gates: true, ..self }
     }
 
-    /// Every layout, in the order the MN prefers them (the cheaper first).
+    /// `self` with every bind naming the QP that posts it, and ownership proved by the owner's
+    /// proof key instead of MW\[0\] (module doc).
+    pub const fn binding_to_poster(self) -> ChainVariant {
+        ChainVariant { binds_to_poster: true, ..self }
+    }
+
+    /// Every layout `choose` offers, in the order the MN prefers them (the cheaper first).
     pub const ALL: [ChainVariant; 8] = [
         Self::WQEBB_ENABLES,
         Self::WQE_ENABLES,
@@ -90,9 +114,37 @@ impl ChainVariant {
         Self::WQE_ENABLES.enabling_receives().relaying_gates(),
     ];
 
+    /// The layouts of [`ChainVariant::ALL`] with binds to the poster. The builders lay them out
+    /// and the validator and the mlx5 form take them, but `choose` does not offer them yet:
+    /// the MN does not register the CN slots' proof words (`ChainEnv::owner_proof` is `None`
+    /// on an MN) and the CN does not yet reach its windows through its Alloc QP.
+    pub const BINDING_TO_POSTER: [ChainVariant; 8] = {
+        let mut all = Self::ALL;
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = all[i].binding_to_poster();
+            i += 1;
+        }
+        all
+    };
+
+    /// Every layout the builders make: [`ChainVariant::ALL`], then
+    /// [`ChainVariant::BINDING_TO_POSTER`] (what the validator and the mlx5 form are tested on).
+    pub const EVERY: [ChainVariant; 16] = {
+        let mut all = [Self::WQEBB_ENABLES; 16];
+        let mut i = 0;
+        while i < 8 {
+            all[i] = Self::ALL[i];
+            all[i + 8] = Self::BINDING_TO_POSTER[i];
+            i += 1;
+        }
+        all
+    };
+
     /// The device behaviours this layout is correct under.
     pub const fn needs(self) -> Needs {
-        let n = Needs::ANY.send_en_unit(self.send_en_unit).foreign_bind(&[ForeignBind::Honoured]);
+        let n = Needs::ANY.send_en_unit(self.send_en_unit);
+        let n = if self.binds_to_poster { n } else { n.foreign_bind(&[ForeignBind::Honoured]) };
         let n = if self.relays_gates { n } else { n.self_enable(SelfEnable::Honoured) };
         if self.lap_enables_its_receive {
             n
@@ -235,6 +287,26 @@ mod tests {
         b.foreign_bind = ForeignBind::BoundToPoster;
         let e = ChainVariant::choose(&DeviceAnswers::exactly(b)).unwrap_err();
         assert_eq!(e.question, Some(Question::ForeignBind));
+    }
+
+    /// Each layout binding to the poster is correct under every foreign-bind answer, and
+    /// needs what its paper-binds twin needs of every other question.
+    #[test]
+    fn binds_to_the_poster_tolerate_every_foreign_bind_answer() {
+        for (paper, poster) in ChainVariant::ALL.into_iter().zip(ChainVariant::BINDING_TO_POSTER) {
+            for b in DeviceBehaviour::ALL {
+                let twin = DeviceBehaviour { foreign_bind: ForeignBind::Honoured, ..b };
+                assert_eq!(poster.needs().hold_for(&b), paper.needs().hold_for(&twin), "{poster:?} {b:?}");
+            }
+        }
+        // and with them every one of the 48 behaviours has a layout
+        for b in DeviceBehaviour::ALL {
+            assert!(ChainVariant::BINDING_TO_POSTER.iter().any(|v| v.needs().hold_for(&b)), "{b:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_answers_are_refused_with_the_question() {
         let e = ChainVariant::choose(&DeviceAnswers::UNKNOWN).unwrap_err();
         assert!(e.question.is_some());
         assert!(std::format!("{e}").contains(e.question.unwrap().key()));

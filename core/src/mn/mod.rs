@@ -770,6 +770,9 @@ impl MemoryNode {
                 _ => crate::chain::variant::ChainVariant::default(),
             },
             posts_receives: self.chains_post_receives && self.cfg.mode == ExecutionMode::Offloaded,
+            // the MN registers no proof words yet: `ChainVariant::choose` offers no layout that
+            // binds to the poster (`chain::variant`)
+            owner_proof: None,
         }
     }
 

@@ -17,7 +17,9 @@
 //!                 names as the window's current one (rdma-core's `ctrl->imm = mw->rkey`,
 //!                 providers/mlx5/qp.c); `rkeys[i]`'s predecessor (`Rkey::prev_key`)
 //!  48  4  owner   CnId of the owner, 0 = free
-//!  52  4  reserved (zero; ENTRY_RECLAIMING while the MN takes the group back)
+//!  52  4  reserved zero while free; while owned, the owner's proof key under binds to the
+//!                 poster (`chain::variant`, `OwnerProof`), zero otherwise; ENTRY_RECLAIMING
+//!                 while the MN takes the group back
 //! ```
 //! The current keys sit before the owner so that one READ short of the owner brings a chain
 //! everything it binds with (the alloc chain's entry READ into the reply image, whose owner
@@ -38,6 +40,8 @@ pub const ENTRY_OFF_LKEY: u64 = 12;
 pub const ENTRY_OFF_RKEYS: u64 = 16;
 pub const ENTRY_OFF_CUR_RKEYS: u64 = 32;
 pub const ENTRY_OFF_OWNER: u64 = 48;
+/// The owner's proof key while owned under binds to the poster (`MwTableEntry::reserved`).
+pub const ENTRY_OFF_PROOF: u64 = 52;
 /// Bytes of one rkey in the entry.
 pub const RKEY_SIZE: u64 = 4;
 
@@ -76,6 +80,7 @@ const _: () = assert!(core::mem::offset_of!(MwTableEntry, length) as u64 == ENTR
 const _: () = assert!(core::mem::offset_of!(MwTableEntry, lkey) as u64 == ENTRY_OFF_LKEY);
 const _: () = assert!(core::mem::offset_of!(MwTableEntry, rkeys) as u64 == ENTRY_OFF_RKEYS);
 const _: () = assert!(core::mem::offset_of!(MwTableEntry, owner) as u64 == ENTRY_OFF_OWNER);
+const _: () = assert!(core::mem::offset_of!(MwTableEntry, reserved) as u64 == ENTRY_OFF_PROOF);
 const _: () = assert!(core::mem::offset_of!(MwTableEntry, cur_rkeys) as u64 == ENTRY_OFF_CUR_RKEYS);
 const _: () = assert!(entry_off_rkey(MAX_GROUP_SIZE) == ENTRY_OFF_CUR_RKEYS);
 const _: () = assert!(entry_off_cur_rkey(MAX_GROUP_SIZE) == ENTRY_OFF_OWNER);

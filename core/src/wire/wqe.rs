@@ -194,7 +194,9 @@ impl WqeField {
         match op {
             BindMw => matches!(self, Imm | Rkey | LocalAddr | Length | Lkey | Qpn),
             LocalInv | SendWithInv => matches!(self, Imm),
-            Read | Write | WriteWithImm => matches!(self, Imm | RemoteAddr | Rkey | LocalAddr),
+            // a READ's local key: the free chain's ownership proof (`chain::free`)
+            Read => matches!(self, Imm | RemoteAddr | Rkey | LocalAddr | Lkey),
+            Write | WriteWithImm => matches!(self, Imm | RemoteAddr | Rkey | LocalAddr),
             Send | SendWithImm => matches!(self, Imm | LocalAddr),
             FetchAdd | MaskedFetchAdd | CompareSwap => {
                 matches!(self, RemoteAddr | Rkey | Operand0 | Operand1)
