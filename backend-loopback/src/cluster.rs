@@ -65,6 +65,9 @@ pub struct ClusterConfig {
     /// CN slots of the MN; None: `cns` (a pool's MN is provisioned with slots for CNs that
     /// connect later, [`Cluster::connect_cn`]).
     pub max_cns: Option<u32>,
+    /// Lay the chains out for this variant instead of the one the NIC's answers choose
+    /// (`ChainVariant::choose`) — a layout `choose` does not offer yet, say.
+    pub chain_variant: Option<omw_core::chain::variant::ChainVariant>,
     /// Alloc chains per CN (`MnConfig::alloc_chains`, 1..=`MAX_ALLOC_CHAINS`): the MN is
     /// provisioned for that many and every CN the cluster drives connects with them all, so it
     /// has that many allocations in flight at once.
@@ -91,6 +94,7 @@ impl ClusterConfig {
             lease_ns: omw_core::mn::DEFAULT_LEASE_NS,
             pop_ahead: None,
             max_cns: None,
+            chain_variant: None,
             alloc_chains: 1,
         }
     }
@@ -679,7 +683,13 @@ impl Cluster {
         // still runs — to show what breaks (tests/src/matrix.rs) — where a real MN would refuse
         // to offload (`omw_verbs::devx::mn::chain_answers`)
         let answers = omw_core::device::behaviour::DeviceAnswers::exactly(cfg.nic.behaviour);
-        driver.mn.set_chain_variant(omw_core::chain::variant::ChainVariant::choose(&answers).unwrap_or_default());
+        let variant = cfg
+            .chain_variant
+            .unwrap_or_else(|| omw_core::chain::variant::ChainVariant::choose(&answers).unwrap_or_default());
+        if variant.binds_to_poster && mode == ExecutionMode::Offloaded {
+            driver.register_owner_proofs().map_err(|e| ClusterError::Provision(ProvisionError::Backend(e)))?;
+        }
+        driver.mn.set_chain_variant(variant);
         let d = driver
             .mn
             .chain_ring_depths()

@@ -377,6 +377,7 @@ impl Model {
                     // the CNs this handle connects later, each a detached CN
                     max_cns: Some(cfg.max_cns as u32),
                     alloc_chains: cfg.alloc_chains,
+                    chain_variant: None,
                 };
                 let cluster = match Cluster::new(cc) {
                     Ok(c) => c,

@@ -121,6 +121,12 @@ impl MemoryNode {
             port.write(s, &[0u8; SCRATCH_PER_CN as usize]).map_err(MnError::Port)?;
             let a = s + ALLOC_SCRATCH_OFF;
             port.write(a + alloc_scratch::OWNER, &cn.get().to_le_bytes()).map_err(MnError::Port)?;
+            // binds to the poster: every entry the chain hands this CN carries its proof key
+            // (the word after the owner, which the chain's write-back copies with it)
+            let binds_to_poster = self.cfg.mode == ExecutionMode::Offloaded && self.cfg.chain_variant.binds_to_poster;
+            if let (true, Some(p)) = (binds_to_poster, self.owner_proof(slot)) {
+                port.write(a + alloc_scratch::OWNER + 4, &p.lkey.to_le_bytes()).map_err(MnError::Port)?;
+            }
             port.write(a + alloc_scratch::REPLY, &AllocReply::header_image(self.generation)).map_err(MnError::Port)?;
         }
         Ok(())

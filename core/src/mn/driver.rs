@@ -503,6 +503,33 @@ impl<B: MnDevice> MnDriver<B> {
         }
     }
 
+    /// Register one proof word per CN slot for layouts that bind to the poster
+    /// (`chain::builder::OwnerProof`): an allocation of its own, so no other registration of
+    /// the private domain covers a word, and one MR over each word; then hand them to the MN.
+    /// Only while no CN is connected (`false` otherwise, nothing registered).
+    pub fn register_owner_proofs(&mut self) -> Result<bool, B::Error> {
+        use crate::chain::builder::OwnerProof;
+        if self.mn.cns().next().is_some() {
+            return Ok(false);
+        }
+        let slots = self.mn.config().max_cns.clamp(1, crate::mn::MAX_CNS as u32);
+        let len = u64::from(OwnerProof::LEN);
+        let words = self.backend.alloc_memory(len * u64::from(slots), 64)?;
+        let mut proofs: heapless::Vec<OwnerProof, { crate::mn::MAX_CNS }> = heapless::Vec::new();
+        for i in 0..u64::from(slots) {
+            let addr = words + i * len;
+            let k = self.backend.reg_mr(
+                crate::device::Domain::MnPrivate,
+                addr,
+                len,
+                crate::access::AccessFlags::LOCAL_WRITE,
+            )?;
+            let pushed = proofs.push(OwnerProof { addr, lkey: k.lkey });
+            debug_assert!(pushed.is_ok(), "slots <= MAX_CNS");
+        }
+        Ok(self.mn.set_owner_proofs(&proofs))
+    }
+
     /// Give the driver a private-domain loopback QP for its queue atomics (offloaded mode).
     pub fn with_atomic_qp(mut self, qp: Qpn) -> Self {
         self.atomic_qp = Some(qp);

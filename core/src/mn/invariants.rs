@@ -146,7 +146,7 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
                     return Err(InvariantViolation::FreeGroupBound { group: g, mw: k })
                 }
                 (Some(MwBinding::Bound { rkey: r, qpn }), Some(rec)) => {
-                    let ok = r == rkey && if k == 0 { qpn == rec.qps.free } else { rec.qps.access.contains(&qpn) };
+                    let ok = r == rkey && mn.window_home(rec, k, qpn);
                     if !ok {
                         return Err(InvariantViolation::WindowMisbound { group: g, mw: k });
                     }

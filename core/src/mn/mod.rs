@@ -519,6 +519,9 @@ pub struct MemoryNode {
     wqe_format: crate::wire::wqe_format::WqeFormat,
     /// [`MemoryNode::set_chains_post_receives`].
     chains_post_receives: bool,
+    /// Per CN slot: its proof word and key, for layouts that bind to the poster
+    /// ([`MemoryNode::set_owner_proofs`], `chain::builder::OwnerProof`).
+    owner_proofs: [Option<crate::chain::builder::OwnerProof>; MAX_CNS],
     /// Why the last refused push was refused (tests and logs).
     last_push_refused: Option<PushRefused>,
     /// The last chain failure the MN handled (tests and logs).
@@ -597,6 +600,7 @@ impl MemoryNode {
             now: 0,
             wqe_format: crate::wire::wqe_format::WqeFormat::Canonical,
             chains_post_receives: false,
+            owner_proofs: [None; MAX_CNS],
             last_push_refused: None,
             last_chain_failure: None,
             restores: heapless::Vec::new(),
@@ -770,10 +774,49 @@ impl MemoryNode {
                 _ => crate::chain::variant::ChainVariant::default(),
             },
             posts_receives: self.chains_post_receives && self.cfg.mode == ExecutionMode::Offloaded,
-            // the MN registers no proof words yet: `ChainVariant::choose` offers no layout that
-            // binds to the poster (`chain::variant`)
-            owner_proof: None,
+            owner_proof: self.owner_proof(slot),
         }
+    }
+
+    /// Whether window `k` of a group CN `rec` owns may be bound to `qpn`: MW\[0\] to its Free
+    /// QP, access windows to its access QPs — or, with chains that bind to the poster
+    /// (`ChainVariant::binds_to_poster`), any window to the management QP of one of its alloc
+    /// chains (the poster), and access windows still to the access QPs its requests may name
+    /// where the device honours a foreign QPN.
+    pub fn window_home(&self, rec: &CnRecord, k: usize, qpn: Qpn) -> bool {
+        let poster = self.cfg.mode == ExecutionMode::Offloaded
+            && self.cfg.chain_variant.binds_to_poster
+            && rec.alloc_chains().any(|(_, m, _)| m == qpn);
+        poster || if k == 0 { qpn == rec.qps.free } else { rec.qps.access.contains(&qpn) }
+    }
+
+    /// What an entry `rec` owns holds after its owner: the CN's proof key where its chains bind
+    /// to the poster, else 0.
+    pub fn proof_key_of(&self, rec: &CnRecord) -> u32 {
+        match self.cfg.mode == ExecutionMode::Offloaded && self.cfg.chain_variant.binds_to_poster {
+            true => self.owner_proof(rec.slot).map_or(0, |p| p.lkey),
+            false => 0,
+        }
+    }
+
+    /// The proof word of the CN in scratch slot `slot` (or of the CN whose alloc chain uses
+    /// it), where the MN registered them ([`MemoryNode::set_owner_proofs`]).
+    pub fn owner_proof(&self, slot: u32) -> Option<crate::chain::builder::OwnerProof> {
+        let cn_slot = slot % self.cfg.max_cns.max(1);
+        self.owner_proofs.get(cn_slot as usize).copied().flatten()
+    }
+
+    /// The CN slots' proof words and keys (slot `i` gets `proofs[i]`), registered by the MN's
+    /// device (`MnDriver::register_owner_proofs`); only while no CN is connected.
+    pub fn set_owner_proofs(&mut self, proofs: &[crate::chain::builder::OwnerProof]) -> bool {
+        if self.cns().next().is_some() {
+            return false;
+        }
+        self.owner_proofs = [None; MAX_CNS];
+        for (slot, p) in self.owner_proofs.iter_mut().zip(proofs) {
+            *slot = Some(*p);
+        }
+        true
     }
 
     /// Lay chains out for another variant ([`MnConfig::chain_variant`], from the device's
