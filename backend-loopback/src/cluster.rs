@@ -686,10 +686,9 @@ impl Cluster {
         let variant = cfg
             .chain_variant
             .unwrap_or_else(|| omw_core::chain::variant::ChainVariant::choose(&answers).unwrap_or_default());
-        if variant.binds_to_poster && mode == ExecutionMode::Offloaded {
-            driver.register_owner_proofs().map_err(|e| ClusterError::Provision(ProvisionError::Backend(e)))?;
-        }
-        driver.mn.set_chain_variant(variant);
+        // (a layout that binds to the poster registers the CN slots' proof words first; one the
+        // MN refuses — several alloc chains per CN — leaves the default)
+        driver.set_chain_variant(variant).map_err(|e| ClusterError::Provision(ProvisionError::Backend(e)))?;
         let d = driver
             .mn
             .chain_ring_depths()
@@ -1133,14 +1132,32 @@ impl Cluster {
             None => n.driver.post_read(q, addr, rkey, len),
         };
         let Ok(op) = posted else { return (WcStatus::LocQpOpErr, Vec::new()) };
+        // the QP the access went on: access QP `q`, or the Alloc QP where the windows live there
+        // (`ConnectFlags::WINDOWS_ON_ALLOC_QP`)
+        let qpn = n.driver.op_qpn(op);
         let mut got = vec![0u8; len];
         let status = self.finish_access(i, op, &mut got).map(|d| d.status).unwrap_or(WcStatus::GeneralErr);
         // the MN sees nothing of one-sided traffic; a failed access left the pair in ERR:
         // bring it back the way a CN would reconnect
+        let mut alloc_qp_broke = false;
         if !status.is_ok() {
-            self.reconnect(i, CnQp::Access(q));
+            match qpn {
+                Some(qpn) => {
+                    let h = self.cns[i].host;
+                    let _ = self.fabric.borrow_mut().reset_qp(QpAddr::new(h, qpn));
+                    alloc_qp_broke = self.cns[i].driver.qps().get(CnQp::Alloc) == Some(qpn);
+                }
+                None => self.reconnect(i, CnQp::Access(q)),
+            }
         }
-        let _ = self.service_cns();
+        if alloc_qp_broke {
+            // windows on the Alloc QP (`ConnectFlags::WINDOWS_ON_ALLOC_QP`): the refused access
+            // broke the pair and with it the alloc chain; a CN reconnects its Alloc QP through
+            // the MN, which repairs and re-arms the chain on that occasion
+            let _ = self.pump();
+        } else {
+            let _ = self.service_cns();
+        }
         (status, if data.is_none() && status.is_ok() { got } else { Vec::new() })
     }
 

@@ -235,6 +235,10 @@ impl Testbed for LoopbackBed {
     fn mgmt_qpns(&self, cn: usize) -> [Qpn; 2] {
         [self.c.cns[cn].mn_qps.alloc, self.c.cns[cn].mn_qps.free]
     }
+    fn windows_on_alloc_qp(&self, cn: usize) -> bool {
+        let info = self.c.cns[cn].driver.client().info();
+        info.is_some_and(|i| i.flags.contains(omw_core::wire::message::ConnectFlags::WINDOWS_ON_ALLOC_QP))
+    }
     fn alloc_begin(&mut self, cn: usize) -> Result<u32, Refusal> {
         self.c.alloc_begin(cn).map_err(refusal)
     }

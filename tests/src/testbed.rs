@@ -293,6 +293,12 @@ pub trait Testbed {
     fn access_qpns(&self, cn: usize) -> Vec<Qpn>;
     /// The MN ends of CN `cn`'s Alloc and Free QPs.
     fn mgmt_qpns(&self, cn: usize) -> [Qpn; 2];
+    /// Whether CN `cn`'s windows all live on its Alloc QP, as its connect info says
+    /// (`ConnectFlags::WINDOWS_ON_ALLOC_QP`: the MN's chains bind only to the QP that posts the
+    /// bind, `ChainVariant::binds_to_poster`).
+    fn windows_on_alloc_qp(&self, _cn: usize) -> bool {
+        false
+    }
 
     // ---- contention (`CONTENTION`)
     fn alloc_begin(&mut self, cn: usize) -> Result<u32, Refusal> {

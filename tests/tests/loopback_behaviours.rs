@@ -100,65 +100,100 @@ fn offloaded_frees_need_the_unchecked_unbind() {
     }
 }
 
-/// The free chain of a layout that binds to the poster (`ChainVariant::BINDING_TO_POSTER`),
-/// executed on the model: an entry a CN is handed carries its slot's proof key; another CN's
-/// free of it fails at the proof READ (a local protection error on its own Loop QP) and
-/// changes nothing — the owner still reads its chunk and still holds the group; the owner's
-/// free passes the proof, unbinds every window (MW\[0\] from the Alloc QP it is bound to,
-/// unchecked) and clears owner and proof key; the forger's chains serve it again. Foreign
-/// binds honoured here: the CN side of the layout (accesses through the Alloc QP) is not built,
-/// so the access windows still go to the access QPs the request names.
+/// The layouts that bind to the poster (`ChainVariant::BINDING_TO_POSTER`), executed on the
+/// model under each foreign-bind answer: every window is bound to the CN's Alloc QP (the CN
+/// told so at connect, `ConnectFlags::WINDOWS_ON_ALLOC_QP`, and reaching its chunk through it);
+/// an entry handed out carries its owner's proof key; another CN's free of it fails at the
+/// proof READ (a local protection error on its own Loop QP) and changes nothing — the owner
+/// still reads its chunk; the owner's free of the group its chain popped *ahead* (not handed
+/// out, not stamped) fails the same way; the owner's free of its own passes the proof, unbinds
+/// every window (MW\[0\] from the Alloc QP, unchecked) and clears owner and proof key; the
+/// forger is served again.
 #[test]
 fn binds_to_the_poster_free_chain_proves_ownership_by_the_owners_key() {
     use omw_core::chain::variant::ChainVariant;
+    use omw_core::device::behaviour::{DeviceBehaviour, ForeignBind};
     use omw_core::device::{ExecutionMode, MwBinding, WcStatus};
     use omw_core::wire::wqe_format::WqeFormat;
     use omw_loopback::cluster::{Cluster, ClusterConfig};
-    for (form, v) in [
-        (WqeFormat::Canonical, ChainVariant::WQEBB_ENABLES.binding_to_poster()),
-        (WqeFormat::Mlx5, ChainVariant::WQEBB_ENABLES.binding_to_poster()),
-        (WqeFormat::Mlx5, ChainVariant::WQEBB_ENABLES.relaying_gates().enabling_receives().binding_to_poster()),
-    ] {
-        let mut cfg = ClusterConfig::paper_like().with_wqe_format(form);
-        (cfg.cns, cfg.max_cns, cfg.chunks, cfg.chunk_size, cfg.quota) = (0, Some(2), 16, 512, 16);
-        cfg.mode = Some(ExecutionMode::Offloaded);
-        cfg.chain_variant = Some(v);
-        let mut c = Cluster::new(cfg).unwrap();
-        assert!(c.driver.mn.owner_proof(0).is_some(), "the cluster registered the proof words");
-        let (cn0, cn1) = (c.connect_cn().unwrap(), c.connect_cn().unwrap());
-        let owner_and_proof = |c: &Cluster, entry: u64| {
-            let w = c.fabric.borrow().read_u64(c.mn_host, entry + 48).unwrap();
-            (w as u32, (w >> 32) as u32)
-        };
-        let a = c.alloc(cn0).unwrap();
-        let proof0 = c.driver.mn.owner_proof(c.driver.mn.cns().next().unwrap().slot).unwrap();
-        let owner = owner_and_proof(&c, a.entry_addr);
-        assert_eq!(owner.1, proof0.lkey, "{form:?} {v:?}: the entry carries the owner's proof key");
-        assert!(
-            matches!(c.mw_binding(a.owner_rkey), Some(MwBinding::Bound { qpn, .. }) if qpn == c.cns[cn0].mn_qps.alloc),
-            "MW[0] is bound to the poster, the CN's Alloc QP"
-        );
-        // the forger names the owner's entry
-        let _ = c.free_raw(cn1, a.entry_addr);
-        c.advance(5_000_000).unwrap();
-        assert_eq!(owner_and_proof(&c, a.entry_addr), owner, "{form:?} {v:?}: the forged free changed nothing");
-        assert_eq!(c.read(cn0, &a, 0, 0, 8).0, WcStatus::Success, "the owner still reaches its chunk");
-        let failure = c.driver.mn.last_chain_failure();
-        assert!(failure.is_some(), "the forger's lap failed");
-        c.check_invariants().unwrap();
-        // the owner's free passes the proof
-        let free_before = c.free_groups();
-        c.free(cn0, &a).unwrap();
-        c.advance(5_000_000).unwrap();
-        assert_eq!(owner_and_proof(&c, a.entry_addr), (0, 0), "{form:?} {v:?}: owner and proof key cleared");
-        assert_eq!(c.free_groups(), free_before + 1);
-        assert_eq!(c.read(cn0, &a, 0, 0, 8).0, WcStatus::RemAccessErr, "the freed chunk is out of reach");
-        assert_eq!(c.mw_binding(a.owner_rkey), Some(MwBinding::Unbound));
-        // the forger is served again, and frees its own
-        let b = c.alloc(cn1).unwrap();
-        c.free(cn1, &b).unwrap();
-        c.advance(5_000_000).unwrap();
-        c.check_invariants().unwrap();
-        assert_eq!(c.driver.mn.stats().groups_quarantined, 0);
+    for fb in [ForeignBind::Honoured, ForeignBind::Refused, ForeignBind::BoundToPoster] {
+        for (form, v) in [
+            (WqeFormat::Canonical, ChainVariant::WQEBB_ENABLES.binding_to_poster()),
+            (WqeFormat::Mlx5, ChainVariant::WQEBB_ENABLES.binding_to_poster()),
+            (WqeFormat::Mlx5, ChainVariant::WQEBB_ENABLES.relaying_gates().enabling_receives().binding_to_poster()),
+        ] {
+            let mut cfg = ClusterConfig::paper_like().with_wqe_format(form);
+            (cfg.cns, cfg.max_cns, cfg.chunks, cfg.chunk_size, cfg.quota) = (0, Some(2), 16, 512, 16);
+            cfg.mode = Some(ExecutionMode::Offloaded);
+            cfg.pop_ahead = Some(true);
+            cfg.nic = cfg.nic.with_behaviour(DeviceBehaviour { foreign_bind: fb, ..DeviceBehaviour::PAPER });
+            cfg.chain_variant = Some(v);
+            let mut c = Cluster::new(cfg).unwrap();
+            assert!(c.driver.mn.owner_proof(0).is_some(), "the cluster registered the proof words");
+            let (cn0, cn1) = (c.connect_cn().unwrap(), c.connect_cn().unwrap());
+            let at = |c: &Cluster, entry: u64| {
+                let w = c.fabric.borrow().read_u64(c.mn_host, entry + 48).unwrap();
+                (w as u32, (w >> 32) as u32)
+            };
+            let ctx = format!("{fb:?} {form:?} {v:?}");
+            let a = c.alloc(cn0).unwrap_or_else(|e| panic!("{ctx}: {e:?} {:?}", c.driver.mn.last_chain_failure()));
+            let r0 = c.driver.mn.cns().next().unwrap().clone();
+            let proof0 = c.driver.mn.owner_proof(r0.slot).unwrap();
+            let owner = at(&c, a.entry_addr);
+            assert_eq!(owner, (r0.cn.get(), proof0.lkey), "{ctx}: the entry carries its owner and proof key");
+            for rk in core::iter::once(a.owner_rkey).chain(a.rkeys.iter().copied()) {
+                assert!(
+                    matches!(c.mw_binding(rk), Some(MwBinding::Bound { qpn, .. }) if qpn == c.cns[cn0].mn_qps.alloc),
+                    "{ctx}: every window is bound to the poster, the CN's Alloc QP"
+                );
+            }
+            assert_eq!(c.write(cn0, &a, 0, 0, &[7; 8]), WcStatus::Success, "{ctx}: through the Alloc QP");
+            // the forger names the owner's entry
+            let _ = c.free_raw(cn1, a.entry_addr);
+            c.advance(5_000_000).unwrap();
+            assert_eq!(at(&c, a.entry_addr), owner, "{ctx}: the forged free changed nothing");
+            let (st, bytes) = c.read(cn0, &a, 0, 0, 8);
+            assert_eq!(
+                (st, &bytes[..]),
+                (WcStatus::Success, &[7u8; 8][..]),
+                "{ctx}: the owner still reaches its chunk"
+            );
+            assert!(c.driver.mn.last_chain_failure().is_some(), "{ctx}: the forger's lap failed");
+            c.check_invariants().unwrap();
+            // the owner's free of the group its chain popped ahead: not handed out, not stamped
+            let ahead = c.driver.group_ahead_of(r0.cn).expect("a group popped ahead");
+            let ahead_entry = c.driver.mn.map().entry_addr(ahead).unwrap();
+            assert_eq!(at(&c, ahead_entry), (r0.cn.get(), 0), "{ctx}: owned ahead, not stamped");
+            let _ = c.free_raw(cn0, ahead_entry);
+            c.advance(5_000_000).unwrap();
+            assert_eq!(c.driver.mn.stats().groups_quarantined, 0, "{ctx}");
+            if c.driver.group_ahead_of(r0.cn) == Some(ahead) {
+                assert_eq!(at(&c, ahead_entry), (r0.cn.get(), 0), "{ctx}: still popped ahead, untouched");
+            }
+            c.check_invariants().unwrap();
+            // the owner's free passes the proof
+            let free_before = c.free_groups();
+            c.free(cn0, &a).unwrap();
+            c.advance(5_000_000).unwrap();
+            assert_eq!(at(&c, a.entry_addr), (0, 0), "{ctx}: owner and proof key cleared");
+            assert_eq!(c.free_groups(), free_before + 1, "{ctx}");
+            assert_eq!(c.read(cn0, &a, 0, 0, 8).0, WcStatus::RemAccessErr, "{ctx}: the freed chunk is out of reach");
+            assert_eq!(c.mw_binding(a.owner_rkey), Some(MwBinding::Unbound));
+            // that refused access broke the Alloc QP pair, and with it the alloc chain (a
+            // responder's access error is fatal to its QP): the CN reconnected its end; the
+            // MN notices its chain failed, repairs and re-arms it
+            c.advance(5_000_000).unwrap();
+            // both CNs are served again and free their own
+            for cn in [cn0, cn1] {
+                let b = c.alloc(cn).unwrap_or_else(|e| {
+                    panic!("{ctx}: CN {cn}: {e:?} {:?} {:?}", c.driver.mn.last_chain_failure(), c.cns[cn].events)
+                });
+                assert_eq!(c.write(cn, &b, 0, 0, &[1; 8]), WcStatus::Success, "{ctx}");
+                c.free(cn, &b).unwrap();
+            }
+            c.advance(5_000_000).unwrap();
+            c.check_invariants().unwrap();
+            assert_eq!(c.driver.mn.stats().groups_quarantined, 0, "{ctx}");
+        }
     }
 }

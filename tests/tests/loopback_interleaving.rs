@@ -57,26 +57,30 @@ enum Act {
 /// How a run's MN is set up: a shared mode; offloaded with the chains in mlx5 form; offloaded
 /// with relayed gates (a device that ignores a queue's ENABLE of itself,
 /// `ChainVariant::relays_gates`); or offloaded popping ahead with two alloc chains per CN (more
-/// chains than groups: chains park one by one).
+/// chains than groups: chains park one by one); or offloaded in mlx5 form, popping ahead, on a
+/// device that refuses a bind naming another QP, so the chains bind only to the poster
+/// (`ChainVariant::binds_to_poster`: windows on the Alloc QP, ownership by the proof key).
 #[derive(Clone, Copy, Debug)]
 enum Setup {
     Mode(Mode),
     Mlx5,
     Relayed,
     PopAheadTwoChains,
+    BindsToPoster,
 }
 
 /// Every set-up the pinned races run in; the offloaded ones first.
-const EVERY_SETUP: [Setup; 6] = [
+const EVERY_SETUP: [Setup; 7] = [
     Setup::Mode(Mode::Offloaded),
     Setup::Mlx5,
     Setup::Relayed,
     Setup::PopAheadTwoChains,
+    Setup::BindsToPoster,
     Setup::Mode(Mode::HostEngine),
     Setup::Mode(Mode::Rxe),
 ];
 /// The set-ups that run chains.
-const OFFLOADED_SETUPS: [Setup; 4] = [EVERY_SETUP[0], EVERY_SETUP[1], EVERY_SETUP[2], EVERY_SETUP[3]];
+const OFFLOADED_SETUPS: [Setup; 5] = [EVERY_SETUP[0], EVERY_SETUP[1], EVERY_SETUP[2], EVERY_SETUP[3], EVERY_SETUP[4]];
 
 impl Setup {
     fn alloc_chains(self) -> usize {
@@ -91,11 +95,21 @@ fn cluster(setup: Setup) -> Cluster {
     match setup {
         Setup::Mode(mode) => omw_tests::cluster(mode, CNS, CHUNKS, true),
         // `omw_tests::cluster`'s offloaded set-up, the chains in mlx5 form
-        Setup::Mlx5 => {
+        Setup::Mlx5 | Setup::BindsToPoster => {
             let mut cfg = ClusterConfig::paper_like().with_wqe_format(WqeFormat::Mlx5);
             (cfg.cns, cfg.chunks, cfg.chunk_size, cfg.quota, cfg.scrub) = (CNS, CHUNKS, 512, CHUNKS, true);
             cfg.mode = Some(ExecutionMode::Offloaded);
-            Cluster::new(cfg).expect("cluster")
+            if let Setup::BindsToPoster = setup {
+                let mut b = cfg.nic.behaviour;
+                b.foreign_bind = omw_core::device::behaviour::ForeignBind::Refused;
+                cfg.nic = cfg.nic.with_behaviour(b);
+                cfg.pop_ahead = Some(true);
+            }
+            let c = Cluster::new(cfg).expect("cluster");
+            if let Setup::BindsToPoster = setup {
+                assert!(c.driver.mn.config().chain_variant.binds_to_poster, "the layout binding to the poster runs");
+            }
+            c
         }
         Setup::Relayed | Setup::PopAheadTwoChains => {
             let mut cfg = ClusterConfig::paper_like();
@@ -435,6 +449,8 @@ proptest! {
     fn relayed_gates_laps_race_free(b in batches()) { run_in(Setup::Relayed, b) }
     #[test]
     fn popping_ahead_on_two_chains_laps_race_free(b in batches()) { run_in(Setup::PopAheadTwoChains, b) }
+    #[test]
+    fn binds_to_the_poster_laps_race_free(b in batches()) { run_in(Setup::BindsToPoster, b) }
     #[test]
     fn host_engine_laps_race_free(b in batches()) { run(Mode::HostEngine, b) }
     #[test]

@@ -142,8 +142,16 @@ impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
     }
     fn provisioned(&mut self, driver: &mut MnDriver<DevxBackend<D>>) -> Result<()> {
         // no CN is connected yet: every chain is laid out for the device's answers
-        if !driver.mn.set_chain_variant(self.variant) {
-            return Err(VerbsError::Config("the chain variant is set before any CN connects".into()));
+        // (a layout that binds to the poster registers one proof-word MR per CN slot first)
+        let set = driver
+            .set_chain_variant(self.variant)
+            .map_err(|e| VerbsError::Config(format!("registering the CN slots' proof words: {e}")))?;
+        if !set {
+            return Err(VerbsError::Config(format!(
+                "the MN refused the chain layout {:?}: it is set before any CN connects, and one that binds \
+                 to the poster needs one alloc chain per CN",
+                self.variant
+            )));
         }
         let d = driver
             .mn

@@ -101,6 +101,26 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
     let cp_entry = b.push(Ring::Loop, entry_addr(fenced))?;
     let cp_cmp = b.push(Ring::Loop, entry_addr(|w| w))?;
     let cp_wb = b.push(Ring::Loop, entry_addr(|w| w))?;
+    // Binds to the poster: the entry's owner-and-proof-key address, into the serve phase's
+    // stamp (the copy behind the FENCEd one above, so after the pop landed; the add FENCEd
+    // behind the copy, the copy of its sum behind the add)
+    let cp_stamp = if env.variant.binds_to_poster {
+        b.push(Ring::Loop, Wqe::read(s + a::STAMP_ADDR, k.meta_lkey, 8, s + a::REPLY_ENTRY_ADDR, k.meta_rkey))?;
+        b.push(
+            Ring::Loop,
+            fenced(Wqe::masked_fetch_add(
+                s + a::JUNK,
+                k.meta_lkey,
+                s + a::STAMP_ADDR,
+                k.meta_rkey,
+                ENTRY_OFF_OWNER,
+                1 << 63,
+            )),
+        )?;
+        Some(b.push(Ring::Loop, fenced(Wqe::read(0, k.ring_lkey, 8, s + a::STAMP_ADDR, k.meta_rkey)))?)
+    } else {
+        None
+    };
     let gate3 = b.gate_loop(env)?;
     b.set_count(gate2, b.layout.ring_len(Ring::Loop) as u64 - len1);
     let len2 = b.layout.ring_len(Ring::Loop) as u64;
@@ -150,6 +170,14 @@ pub fn build_alloc_chain(env: &ChainEnv) -> Result<ChainLayout, ChainError> {
         }
     };
     b.layout.request_wait = Some(request);
+    // Binds to the poster: the request is here, so the group is being handed out — stamp the
+    // entry with the requester's proof key (and its id again), which the free chain's proof
+    // needs. A group popped ahead stays unstamped: its owner's free cannot pass before a
+    // request is binding its windows (the paper layout's MW[0], bound in the serve phase too).
+    if let Some(cp) = cp_stamp {
+        let stamp = b.push(Ring::Loop, Wqe::write(s + a::STAMP, k.meta_lkey, 8, 0, k.table_rkey))?;
+        b.set_local(cp, field(stamp, WqeField::RemoteAddr));
+    }
     let release_mgmt = b.push(Ring::Loop, fenced(Wqe::enable(env.mgmt_qpn, QueueSel::Send, 0)))?;
     b.set_count(gate3, b.layout.ring_len(Ring::Loop) as u64 - len2);
     let first_half = b.layout.ring_len(Ring::Loop) as u64;

@@ -830,7 +830,7 @@ mod tests {
         use crate::chain::variant::ChainVariant;
         for g in 2..=crate::geometry::MAX_GROUP_SIZE as u8 {
             for (cs, n) in [(512u64, 1u32), (4096, 100), (1 << 20, 7)] {
-                for v in ChainVariant::EVERY.into_iter().filter(|v| v.relays_gates) {
+                for v in ChainVariant::ALL.into_iter().filter(|v| v.relays_gates) {
                     let plain = ChainVariant { relays_gates: false, ..v };
                     for pop_ahead in [true, false] {
                         let env = ChainEnv { variant: v, pop_ahead, ..test_env(cs, n, g) };
@@ -880,7 +880,7 @@ mod tests {
     fn receive_publish_is_one_fetch_add_behind_the_receive_enable() {
         use crate::chain::variant::ChainVariant;
         for g in 2..=crate::geometry::MAX_GROUP_SIZE as u8 {
-            for v in ChainVariant::EVERY {
+            for v in ChainVariant::ALL {
                 let env = ChainEnv { variant: v, posts_receives: true, ..test_env(4096, 100, g) };
                 let base = ChainEnv { posts_receives: false, ..env };
                 for (c, b) in [

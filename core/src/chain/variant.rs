@@ -102,8 +102,8 @@ impl ChainVariant {
         ChainVariant { binds_to_poster: true, ..self }
     }
 
-    /// Every layout `choose` offers, in the order the MN prefers them (the cheaper first).
-    pub const ALL: [ChainVariant; 8] = [
+    /// The layouts that bind as the paper does, in the order the MN prefers them.
+    pub const PAPER_BINDS: [ChainVariant; 8] = [
         Self::WQEBB_ENABLES,
         Self::WQE_ENABLES,
         Self::WQEBB_ENABLES.enabling_receives(),
@@ -114,12 +114,9 @@ impl ChainVariant {
         Self::WQE_ENABLES.enabling_receives().relaying_gates(),
     ];
 
-    /// The layouts of [`ChainVariant::ALL`] with binds to the poster. The builders lay them out
-    /// and the validator and the mlx5 form take them, but `choose` does not offer them yet:
-    /// the MN does not register the CN slots' proof words (`ChainEnv::owner_proof` is `None`
-    /// on an MN) and the CN does not yet reach its windows through its Alloc QP.
+    /// [`ChainVariant::PAPER_BINDS`] with binds to the poster.
     pub const BINDING_TO_POSTER: [ChainVariant; 8] = {
-        let mut all = Self::ALL;
+        let mut all = Self::PAPER_BINDS;
         let mut i = 0;
         while i < all.len() {
             all[i] = all[i].binding_to_poster();
@@ -128,13 +125,14 @@ impl ChainVariant {
         all
     };
 
-    /// Every layout the builders make: [`ChainVariant::ALL`], then
-    /// [`ChainVariant::BINDING_TO_POSTER`] (what the validator and the mlx5 form are tested on).
-    pub const EVERY: [ChainVariant; 16] = {
+    /// Every layout, in the order the MN prefers them (the cheaper first): the paper's binds
+    /// before binds to the poster, which cost a gated phase per free and the CN's own access
+    /// QPs for data.
+    pub const ALL: [ChainVariant; 16] = {
         let mut all = [Self::WQEBB_ENABLES; 16];
         let mut i = 0;
         while i < 8 {
-            all[i] = Self::ALL[i];
+            all[i] = Self::PAPER_BINDS[i];
             all[i + 8] = Self::BINDING_TO_POSTER[i];
             i += 1;
         }
@@ -245,8 +243,12 @@ mod tests {
     fn the_refusal_names_a_question_that_must_be_answered() {
         let e = ChainVariant::choose(&DeviceAnswers::UNKNOWN).unwrap_err();
         assert_eq!(e.question, Some(Question::SendEnUnit));
+        // the SEND_EN unit alone is enough: the layout that tolerates every other answer
         let answers = DeviceAnswers { send_en_unit: Some(SendEnUnit::Wqebb), ..DeviceAnswers::UNKNOWN };
-        assert_eq!(ChainVariant::choose(&answers).unwrap_err().question, Some(Question::ForeignBind));
+        assert_eq!(
+            ChainVariant::choose(&answers),
+            Ok(ChainVariant::WQEBB_ENABLES.enabling_receives().relaying_gates().binding_to_poster())
+        );
     }
 
     /// A device that ignores (or has not said whether it honours) a queue's ENABLE of itself
@@ -282,18 +284,35 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_foreign_bind_or_unknowns_are_refused_with_the_question() {
-        let mut b = DeviceBehaviour::PAPER;
-        b.foreign_bind = ForeignBind::BoundToPoster;
-        let e = ChainVariant::choose(&DeviceAnswers::exactly(b)).unwrap_err();
-        assert_eq!(e.question, Some(Question::ForeignBind));
+    fn a_foreign_bind_refused_redirected_or_unknown_gets_binds_to_the_poster() {
+        for fb in [ForeignBind::Refused, ForeignBind::BoundToPoster] {
+            let b = DeviceBehaviour { foreign_bind: fb, ..DeviceBehaviour::PAPER };
+            assert_eq!(
+                ChainVariant::choose(&DeviceAnswers::exactly(b)),
+                Ok(ChainVariant::WQEBB_ENABLES.binding_to_poster())
+            );
+        }
+        let answers = DeviceAnswers { foreign_bind: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) };
+        assert_eq!(ChainVariant::choose(&answers), Ok(ChainVariant::WQEBB_ENABLES.binding_to_poster()));
+        // the paper's device keeps its binds (cheaper frees, the CN's own access QPs)
+        assert_eq!(
+            ChainVariant::choose(&DeviceAnswers::exactly(DeviceBehaviour::PAPER)),
+            Ok(ChainVariant::WQEBB_ENABLES)
+        );
+        // every one of the 48 behaviours has a layout, binding to the poster exactly where
+        // foreign binds are not honoured
+        for b in DeviceBehaviour::ALL {
+            let v = ChainVariant::choose(&DeviceAnswers::exactly(b)).unwrap();
+            assert!(v.needs().hold_for(&b), "{b:?} {v:?}");
+            assert_eq!(v.binds_to_poster, b.foreign_bind != ForeignBind::Honoured, "{b:?}");
+        }
     }
 
     /// Each layout binding to the poster is correct under every foreign-bind answer, and
     /// needs what its paper-binds twin needs of every other question.
     #[test]
     fn binds_to_the_poster_tolerate_every_foreign_bind_answer() {
-        for (paper, poster) in ChainVariant::ALL.into_iter().zip(ChainVariant::BINDING_TO_POSTER) {
+        for (paper, poster) in ChainVariant::PAPER_BINDS.into_iter().zip(ChainVariant::BINDING_TO_POSTER) {
             for b in DeviceBehaviour::ALL {
                 let twin = DeviceBehaviour { foreign_bind: ForeignBind::Honoured, ..b };
                 assert_eq!(poster.needs().hold_for(&b), paper.needs().hold_for(&twin), "{poster:?} {b:?}");

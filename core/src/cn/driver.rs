@@ -20,7 +20,7 @@ use crate::cn::{Allocation, Client, ClientError, ClientEvent};
 use crate::device::{Completion, QpState, RdmaBackend, WcOpcode, WcStatus};
 use crate::ids::{CnId, Qpn, Rkey};
 use crate::mn::MAX_ALLOC_CHAINS;
-use crate::wire::message::{ErrorCode, Request, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
+use crate::wire::message::{ConnectFlags, ErrorCode, Request, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
 use crate::wire::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe};
 use core::fmt;
 
@@ -990,8 +990,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     /// Whether [`CnDriver::post_atomic`] can run: the device has atomics and the MN's windows
     /// grant them (false before the connect info arrived).
     pub fn atomics_available(&self) -> bool {
-        let granted =
-            self.client.info().is_some_and(|i| i.flags.contains(crate::wire::message::ConnectFlags::WINDOW_ATOMICS));
+        let granted = self.client.info().is_some_and(|i| i.flags.contains(ConnectFlags::WINDOW_ATOMICS));
         granted && self.backend.capabilities().contains(crate::device::Capabilities::ATOMICS)
     }
 
@@ -1023,7 +1022,12 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
     }
 
     fn post_io(&mut self, slot: usize, qp: CnQp, w: Wqe, result_len: usize) -> Result<OpId, CnError<B::Error>> {
-        let q = self.qps.get(qp).ok_or(CnError::NoSuchQp(qp))?;
+        // windows bound to the poster live on the Alloc QP (`ConnectFlags::WINDOWS_ON_ALLOC_QP`)
+        let on_alloc = self.client.info().is_some_and(|i| i.flags.contains(ConnectFlags::WINDOWS_ON_ALLOC_QP));
+        let q = match qp {
+            CnQp::Access(i) if on_alloc && self.qps.access.get(i).is_some() => self.qps.alloc,
+            _ => self.qps.get(qp).ok_or(CnError::NoSuchQp(qp))?,
+        };
         self.io_seq = self.io_seq.wrapping_add(1);
         let seq = self.io_seq;
         let w = w

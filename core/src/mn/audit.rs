@@ -126,10 +126,11 @@ impl MemoryNode {
         let Some(rec) = self.cns().find(|r| r.cn.get() == e.owner() && r.status == CnStatus::Active) else {
             return Ok(None);
         };
-        let (cn, slot, access) = (rec.cn, rec.slot, rec.qps.access.clone());
-        let misbound = (1..g).any(
-            |k| matches!(port.mw_binding(e.rkey(k)), Some(MwBinding::Bound { qpn, .. }) if !access.contains(&qpn)),
-        );
+        let rec = rec.clone();
+        let (cn, slot) = (rec.cn, rec.slot);
+        let misbound = (1..g).any(|k| {
+            matches!(port.mw_binding(e.rkey(k)), Some(MwBinding::Bound { qpn, .. }) if !self.window_home(&rec, k, qpn))
+        });
         // defence in depth: every bound window of the group must lie inside its own chunk
         let (base, size) =
             (self.cfg.geometry.chunk_base(gid).ok_or(MnError::BadConfig)?, self.cfg.geometry.chunk_size());

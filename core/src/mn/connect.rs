@@ -88,19 +88,26 @@ impl MemoryNode {
         self.counted_at[slot as usize] = (0, 0);
         self.alloc_in_flight[slot as usize] = 0;
         self.init_scratch(port, slot, cn, asked as u8)?;
+        let mut flags = ConnectFlags::empty();
+        flags.set(ConnectFlags::WINDOW_ATOMICS, self.cfg.window_access.contains(AccessFlags::REMOTE_ATOMIC));
+        // chains that bind to the poster bind every window to the Alloc QP's MN end: the CN
+        // names it for its access windows and reaches them through its Alloc QP (its access
+        // QPs still carry the MN's messages)
+        let on_alloc_qp = self.cfg.mode == ExecutionMode::Offloaded && self.cfg.chain_variant.binds_to_poster;
+        flags.set(ConnectFlags::WINDOWS_ON_ALLOC_QP, on_alloc_qp);
+        let access_qpns = match on_alloc_qp {
+            true => qps.access.iter().map(|_| qps.alloc).collect(),
+            false => qps.access.clone(),
+        };
         let info = ConnectInfo {
             cn,
             group_size: self.cfg.geometry.group_size() as u8,
             chunk_size: self.cfg.geometry.chunk_size(),
             alloc_qpn: qps.alloc,
             free_qpn: qps.free,
-            access_qpns: qps.access.clone(),
+            access_qpns,
             quota: self.quota_of(cn),
-            flags: if self.cfg.window_access.contains(AccessFlags::REMOTE_ATOMIC) {
-                ConnectFlags::WINDOW_ATOMICS
-            } else {
-                ConnectFlags::empty()
-            },
+            flags,
         };
         self.send(port, cn, &info.encode())?;
         self.arm(port, cn, ChainKind::Free)?;
@@ -121,11 +128,12 @@ impl MemoryNode {
             port.write(s, &[0u8; SCRATCH_PER_CN as usize]).map_err(MnError::Port)?;
             let a = s + ALLOC_SCRATCH_OFF;
             port.write(a + alloc_scratch::OWNER, &cn.get().to_le_bytes()).map_err(MnError::Port)?;
-            // binds to the poster: every entry the chain hands this CN carries its proof key
-            // (the word after the owner, which the chain's write-back copies with it)
+            // binds to the poster: the stamp the serve phase writes over the entry it hands this
+            // CN — its id and its proof key (`alloc_scratch::STAMP`)
             let binds_to_poster = self.cfg.mode == ExecutionMode::Offloaded && self.cfg.chain_variant.binds_to_poster;
             if let (true, Some(p)) = (binds_to_poster, self.owner_proof(slot)) {
-                port.write(a + alloc_scratch::OWNER + 4, &p.lkey.to_le_bytes()).map_err(MnError::Port)?;
+                let stamp = (u64::from(p.lkey) << 32) | u64::from(cn.get());
+                port.write(a + alloc_scratch::STAMP, &stamp.to_le_bytes()).map_err(MnError::Port)?;
             }
             port.write(a + alloc_scratch::REPLY, &AllocReply::header_image(self.generation)).map_err(MnError::Port)?;
         }

@@ -530,6 +530,17 @@ impl<B: MnDevice> MnDriver<B> {
         Ok(self.mn.set_owner_proofs(&proofs))
     }
 
+    /// Lay the chains out for `v` ([`MemoryNode::set_chain_variant`]), first registering the
+    /// CN slots' proof words where `v` binds to the poster and the MN offloads. `Ok(false)`:
+    /// refused (a CN is connected, or `v` binds to the poster and CNs have several alloc chains).
+    pub fn set_chain_variant(&mut self, v: crate::chain::variant::ChainVariant) -> Result<bool, B::Error> {
+        let offloaded = self.mn.mode() == ExecutionMode::Offloaded;
+        if v.binds_to_poster && offloaded && self.mn.owner_proof(0).is_none() && !self.register_owner_proofs()? {
+            return Ok(false);
+        }
+        Ok(self.mn.set_chain_variant(v))
+    }
+
     /// Give the driver a private-domain loopback QP for its queue atomics (offloaded mode).
     pub fn with_atomic_qp(mut self, qp: Qpn) -> Self {
         self.atomic_qp = Some(qp);

@@ -765,7 +765,14 @@ impl MemoryNode {
             keys: self.keys,
             queue_depth: self.cfg.queue_depth,
             window_access: self.cfg.window_access,
-            owner_window_access: AccessFlags::REMOTE_READ,
+            // bound to the poster, MW[0] proves nothing and grants nothing: it lives on the QP
+            // the CN reaches its data through
+            owner_window_access: match self.cfg.mode == ExecutionMode::Offloaded
+                && self.cfg.chain_variant.binds_to_poster
+            {
+                true => AccessFlags::empty(),
+                false => AccessFlags::REMOTE_READ,
+            },
             pop_ahead: self.cfg.pop_ahead && self.cfg.mode == ExecutionMode::Offloaded,
             // a device's answers shape offloaded chains only: the host engine runs the layout
             // on the MN CPU
@@ -788,6 +795,17 @@ impl MemoryNode {
             && self.cfg.chain_variant.binds_to_poster
             && rec.alloc_chains().any(|(_, m, _)| m == qpn);
         poster || if k == 0 { qpn == rec.qps.free } else { rec.qps.access.contains(&qpn) }
+    }
+
+    /// The step of `cn`'s free chain whose failure means "not the owner" where the chains bind
+    /// to the poster (the proof READ, `chain::free`); `None` elsewhere — there the NIC's own
+    /// refusal of the MW\[0\] invalidation says so (`LapFailure::not_owner`).
+    pub fn owner_proof_step(&self, cn: CnId) -> Option<u8> {
+        if self.cfg.mode != ExecutionMode::Offloaded || !self.cfg.chain_variant.binds_to_poster {
+            return None;
+        }
+        let env = self.chain_env(cn, ChainKind::Free)?;
+        crate::chain::free::build_free_chain(&env).ok()?.ownership_check
     }
 
     /// What an entry `rec` owns holds after its owner: the CN's proof key where its chains bind
@@ -822,8 +840,17 @@ impl MemoryNode {
     /// Lay chains out for another variant ([`MnConfig::chain_variant`], from the device's
     /// answers: `chain::variant`); only while no CN is connected (connected CNs' chains are
     /// armed with the layout they have).
+    ///
+    /// Refused too (`false`) for a layout that binds to the poster on an MN whose CNs have
+    /// several alloc chains: each chain's windows would be bound to that chain's own QP, while
+    /// a CN names one QP for all its windows (`ConnectFlags::WINDOWS_ON_ALLOC_QP`), or without
+    /// the CN slots' proof words (`MnDriver::register_owner_proofs`), which its free chains need.
     pub fn set_chain_variant(&mut self, v: crate::chain::variant::ChainVariant) -> bool {
         if self.cns().next().is_some() {
+            return false;
+        }
+        let offloaded = self.cfg.mode == ExecutionMode::Offloaded;
+        if v.binds_to_poster && offloaded && (self.cfg.alloc_chains > 1 || self.owner_proofs[0].is_none()) {
             return false;
         }
         self.cfg.chain_variant = v;
@@ -1137,6 +1164,17 @@ impl MemoryNode {
             }
         } else {
             self.stats.foreign_invalidations += 1;
+        }
+        if let (Some((g, _, _)), Some((_, o)), true) = (hit, owner, own) {
+            // Offloaded, a CN reaches its own windows' QP only where they live on its Alloc QP
+            // (chains that bind to the poster): its SEND_WITH_INV there revoked one of its own
+            // windows, and the MN cannot bind it again from its admin QP (a bind naming another
+            // QP is what such a device refuses or redirects). The group is taken back, the CN
+            // told (`TakenBack`); nobody else is affected.
+            if self.cfg.mode == ExecutionMode::Offloaded && self.cfg.chain_variant.binds_to_poster {
+                self.stats.restores_failed += 1;
+                return self.take_back(port, o, g);
+            }
         }
         if let (Some((g, k, _)), Some((_, o))) = (hit, owner) {
             if self.cfg.mode == ExecutionMode::HostEngine {

@@ -24,6 +24,16 @@ impl MemoryNode {
         if failure.unresponsive() {
             return self.evict(port, cn);
         }
+        // Binds to the poster: the free chain's ownership proof is a Loop READ whose local
+        // protection error says exactly "the requester does not own that entry" (`chain::free`)
+        let failure = match (kind, step, failure) {
+            (ChainKind::Free, Some(si), LapFailure::Status(crate::device::WcStatus::LocProtErr))
+                if self.owner_proof_step(cn) == Some(si) =>
+            {
+                LapFailure::NotOwner
+            }
+            _ => failure,
+        };
         // Quiesce the failed chain before reading what it left behind. A failed alloc lap that
         // popped a group may have bound MW[0] to this CN's Free QP: the CN (knowing the
         // layouts) can then free it through its own free chain while the repair reclaims it —
@@ -350,7 +360,7 @@ impl MemoryNode {
         f: u64,
     ) -> Result<bool, MnError<P::Error>> {
         let cn = q.cn();
-        let free_qp = self.cn(cn).map(|r| r.qps.free);
+        let rec = self.cn(cn).cloned();
         let entry = rd(port, f + free_scratch::ENTRY_ADDR)?;
         let passed = rd(port, f + free_scratch::PASSED)?;
         let push_slot = rd(port, f + free_scratch::PUSH_SLOT)?;
@@ -360,13 +370,18 @@ impl MemoryNode {
         let Some(g) = self.map.group_of_entry(entry) else { return Ok(false) };
         if passed != entry {
             // No PASSED marker. The request named `entry`; the CN owns it if the MWTable says
-            // so and MW[0] is either already invalidated (the lap failed after its proof) or
-            // still bound to this CN's own Free QP (the lap was stopped before its proof: the
-            // device's binding is the same proof the chain would have made).
+            // so — its owner, and the word after it what the CN's own entries hold (0, or its
+            // proof key where the chains bind to the poster; not a group being taken back) —
+            // and MW[0] is either already invalidated (the lap failed after its proof) or still
+            // bound where this CN's MW[0] lives (its Free QP, or its Alloc QP: the lap was
+            // stopped before its proof, and the device's binding is the same proof the chain
+            // would have made).
             let e = read_entry(port, entry)?;
+            let Some(rec) = rec else { return Ok(false) };
+            let stamped = e.reserved.get() == self.proof_key_of(&rec);
             let proof = match port.mw_binding(e.rkey(0)) {
-                Some(MwBinding::Unbound) => true,
-                Some(MwBinding::Bound { qpn, .. }) => Some(qpn) == free_qp && e.reserved.get() == 0,
+                Some(MwBinding::Unbound) => stamped,
+                Some(MwBinding::Bound { qpn, .. }) => self.window_home(&rec, 0, qpn) && stamped,
                 None => false,
             };
             if e.owner() == cn.get() && proof {

@@ -70,7 +70,16 @@ pub mod alloc_scratch {
     pub const OWNER: u64 = REPLY_ENTRY + ENTRY_OFF_OWNER;
     /// Destination of fetch-and-add results nobody reads (lap re-arm bumps).
     pub const JUNK: u64 = 104;
-    pub const END: u64 = 112;
+    /// Binds to the poster (`ChainVariant::binds_to_poster`): the popped entry's address plus
+    /// the owner's offset — where the serve phase's stamp lands (the chain computes it with a
+    /// fetch-and-add; a WQE field cannot take an address plus an offset otherwise).
+    pub const STAMP_ADDR: u64 = 112;
+    /// The stamp: the CN's id and its proof key (u32 each, the entry's `owner` and `reserved`),
+    /// written by the MN when the CN connects. The serve phase writes it over the entry once
+    /// the request is here, so a group popped ahead is owned but not yet stamped: no free can
+    /// prove ownership of a group whose windows are not being bound.
+    pub const STAMP: u64 = 120;
+    pub const END: u64 = 128;
 }
 
 /// Offsets inside the free chain's scratch area.

@@ -647,6 +647,11 @@ bitflags::bitflags! {
         /// a type-2 window (ConnectX: DESIGN.md §6.4) — an atomic there would fail with
         /// REM_ACCESS_ERR and break the CN's access QP, so the CN refuses it before posting.
         const WINDOW_ATOMICS = 1 << 0;
+        /// Every window is bound to the MN end of the CN's Alloc QP (the MN's chains bind only
+        /// to the QP that posts the bind, `ChainVariant::binds_to_poster`): the CN reaches its
+        /// windows through its Alloc QP, and `access_qpns` all name that QP's MN end. An MN
+        /// that predates the flag never sets it, and binds where the request names.
+        const WINDOWS_ON_ALLOC_QP = 1 << 1;
     }
 }
 
@@ -890,7 +895,8 @@ mod tests {
         // unknown flag bits (a newer MN) are ignored, never a refusal; a clear byte grants nothing
         let mut b = ci.encode();
         b[connect_info::FLAGS] = 0xFF;
-        assert_eq!(ConnectInfo::decode(&b).map(|c| c.flags), Ok(ConnectFlags::WINDOW_ATOMICS));
+        assert_eq!(ConnectInfo::decode(&b).map(|c| c.flags), Ok(ConnectFlags::all()));
+        assert_eq!(ConnectFlags::all().bits(), 0b11);
         b[connect_info::FLAGS] = 0;
         assert_eq!(ConnectInfo::decode(&b).map(|c| c.flags), Ok(ConnectFlags::empty()));
         let mut b = ci.encode();

@@ -258,7 +258,7 @@ impl Bed {
         // correct the preferred one runs, and the matrix shows what breaks
         let answers = omw_core::device::behaviour::DeviceAnswers::exactly(behaviour);
         let variant = omw_core::chain::variant::ChainVariant::choose(&answers).unwrap_or_default();
-        assert!(d.mn.set_chain_variant(variant), "no CN yet");
+        assert!(d.set_chain_variant(variant).expect("proof words registered"), "no CN yet");
         let mut b = Bed { world: World { f, mn_host }, d, cns: Vec::new(), spec, mn_cpu_events: 0 };
         for i in 0..spec.cns {
             b.connect_cn(i);
@@ -470,6 +470,10 @@ impl Testbed for Bed {
     }
     fn access_qpns(&self, cn: usize) -> Vec<Qpn> {
         self.cns[cn].mq[2..].to_vec()
+    }
+    fn windows_on_alloc_qp(&self, cn: usize) -> bool {
+        let info = self.cns[cn].driver.client().info();
+        info.is_some_and(|i| i.flags.contains(omw_core::wire::message::ConnectFlags::WINDOWS_ON_ALLOC_QP))
     }
     fn mgmt_qpns(&self, cn: usize) -> [Qpn; 2] {
         [self.cns[cn].mq[0], self.cns[cn].mq[1]]
