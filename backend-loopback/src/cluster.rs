@@ -66,7 +66,7 @@ pub struct ClusterConfig {
     /// connect later, [`Cluster::connect_cn`]).
     pub max_cns: Option<u32>,
     /// Lay the chains out for this variant instead of the one the NIC's answers choose
-    /// (`ChainVariant::choose`) — a layout `choose` does not offer yet, say.
+    /// (`ChainVariant::choose`) — to run one layout under a behaviour another would be chosen for.
     pub chain_variant: Option<omw_core::chain::variant::ChainVariant>,
     /// Alloc chains per CN (`MnConfig::alloc_chains`, 1..=`MAX_ALLOC_CHAINS`): the MN is
     /// provisioned for that many and every CN the cluster drives connects with them all, so it

@@ -370,6 +370,25 @@ impl Bed {
         }
     }
 
+    /// An access through CN `i`'s windows, once more if it failed for the transport where the
+    /// windows live on its Alloc QP (`ConnectFlags::WINDOWS_ON_ALLOC_QP`): the MN resets its
+    /// end of that QP whenever it stops the CN's alloc chain (a repair, a take-back), and a
+    /// DEVX reset starts the MN end's PSNs again, so the CN's next access on it finds no
+    /// responder and its end breaks — then it reconnects (`wait_op`) and asks again, as a CN
+    /// library must. An access refused by the MN's windows (`RemAccessErr`) is not repeated.
+    fn with_alloc_qp_retry(
+        &mut self,
+        i: usize,
+        mut access: impl FnMut(&mut Self) -> (WcStatus, Vec<u8>),
+    ) -> (WcStatus, Vec<u8>) {
+        let r = access(self);
+        let transport = matches!(r.0, WcStatus::RetryExcErr | WcStatus::WrFlushErr);
+        if transport && self.windows_on_alloc_qp(i) {
+            return access(self);
+        }
+        r
+    }
+
     /// Run until access `op` of CN `i` completed (the CN spinning on its send CQ); a failed one
     /// brings the pair back (the CN reconnecting), then everything runs.
     fn wait_op(&mut self, i: usize, op: OpId, qp: DQp, len: usize) -> (WcStatus, Vec<u8>) {
@@ -396,6 +415,23 @@ impl Bed {
         if !d.status.is_ok() {
             let mn = &mut self.d.backend;
             reconnect(&mut self.cns[i], mn);
+            // Windows on the Alloc QP (`ConnectFlags::WINDOWS_ON_ALLOC_QP`): the failed access
+            // broke the MN end too (a responder's access error is fatal to its QP), and a
+            // managed send queue with nothing enabled may flush nothing the MN would poll. The
+            // CN reconnecting its Alloc QP is how the MN learns: its chain failed.
+            let alloc_qp = self.cns[i].driver.qps().get(DQp::Alloc);
+            if self.windows_on_alloc_qp(i) && on.map(|q| q.qpn) == alloc_qp {
+                let (cn, now) = (self.cns[i].mn_id, self.now_ns());
+                let failure = omw_core::mn::host_engine::LapFailure::Status(WcStatus::WrFlushErr);
+                let event = omw_core::mn::Event::ChainFailed {
+                    cn,
+                    kind: omw_core::chain::ChainKind::Alloc,
+                    chain: 0,
+                    step: None,
+                    failure,
+                };
+                self.d.handle(now, event).unwrap_or_else(|e| panic!("the MN on a CN's reconnect: {e}"));
+            }
         }
         self.pump();
         out.truncate(len.min(d.len));
@@ -433,16 +469,17 @@ impl Testbed for Bed {
         self.free_wait(cn, t)
     }
     fn write_raw(&mut self, cn: usize, window: usize, addr: u64, rkey: Rkey, data: &[u8]) -> WcStatus {
-        match self.cns[cn].driver.post_write(window, addr, rkey, data) {
-            Ok(op) => self.wait_op(cn, op, DQp::Access(window), 0).0,
-            Err(_) => WcStatus::LocQpOpErr,
-        }
+        self.with_alloc_qp_retry(cn, |b| match b.cns[cn].driver.post_write(window, addr, rkey, data) {
+            Ok(op) => b.wait_op(cn, op, DQp::Access(window), 0),
+            Err(_) => (WcStatus::LocQpOpErr, Vec::new()),
+        })
+        .0
     }
     fn read_raw(&mut self, cn: usize, window: usize, addr: u64, rkey: Rkey, len: usize) -> (WcStatus, Vec<u8>) {
-        match self.cns[cn].driver.post_read(window, addr, rkey, len) {
-            Ok(op) => self.wait_op(cn, op, DQp::Access(window), len),
+        self.with_alloc_qp_retry(cn, |b| match b.cns[cn].driver.post_read(window, addr, rkey, len) {
+            Ok(op) => b.wait_op(cn, op, DQp::Access(window), len),
             Err(_) => (WcStatus::LocQpOpErr, Vec::new()),
-        }
+        })
     }
     fn cn_post(&mut self, cn: usize, qp: CnQp, w: Wqe) -> WcStatus {
         let qp = match qp {
