@@ -1116,6 +1116,11 @@ impl Cluster {
         self.one_sided(i, q, addr, rkey, None, len)
     }
 
+    /// One access — once more where it failed for the transport on the Alloc QP its windows
+    /// live on (`ConnectFlags::WINDOWS_ON_ALLOC_QP`): every MN repair or take-back of the CN's
+    /// alloc chain resets the MN end of that QP, and a CN whose access then finds no responder
+    /// reconnects the QP and asks again, as a CN library must. An access the MN's windows
+    /// refused is not repeated.
     fn one_sided(
         &mut self,
         i: usize,
@@ -1125,13 +1130,40 @@ impl Cluster {
         data: Option<&[u8]>,
         len: usize,
     ) -> (WcStatus, Vec<u8>) {
-        let Ok(n) = self.live_cn(i) else { return (WcStatus::LocQpOpErr, Vec::new()) };
+        let (status, got, alloc_qp_broke) = self.one_sided_once(i, q, addr, rkey, data, len);
+        let refused = matches!(
+            status,
+            WcStatus::Success
+                | WcStatus::RemAccessErr
+                | WcStatus::RemInvReqErr
+                | WcStatus::RemOpErr
+                | WcStatus::LocProtErr
+                | WcStatus::LocLenErr
+                | WcStatus::LocQpOpErr
+        );
+        if alloc_qp_broke && !refused {
+            let (status, got, _) = self.one_sided_once(i, q, addr, rkey, data, len);
+            return (status, got);
+        }
+        (status, got)
+    }
+
+    fn one_sided_once(
+        &mut self,
+        i: usize,
+        q: usize,
+        addr: u64,
+        rkey: Rkey,
+        data: Option<&[u8]>,
+        len: usize,
+    ) -> (WcStatus, Vec<u8>, bool) {
+        let Ok(n) = self.live_cn(i) else { return (WcStatus::LocQpOpErr, Vec::new(), false) };
         let len = len.min(n.driver.io_slot_len());
         let posted = match data {
             Some(d) => n.driver.post_write(q, addr, rkey, &d[..len]),
             None => n.driver.post_read(q, addr, rkey, len),
         };
-        let Ok(op) = posted else { return (WcStatus::LocQpOpErr, Vec::new()) };
+        let Ok(op) = posted else { return (WcStatus::LocQpOpErr, Vec::new(), false) };
         // the QP the access went on: access QP `q`, or the Alloc QP where the windows live there
         // (`ConnectFlags::WINDOWS_ON_ALLOC_QP`)
         let qpn = n.driver.op_qpn(op);
@@ -1158,7 +1190,7 @@ impl Cluster {
         } else {
             let _ = self.service_cns();
         }
-        (status, if data.is_none() && status.is_ok() { got } else { Vec::new() })
+        (status, if data.is_none() && status.is_ok() { got } else { Vec::new() }, alloc_qp_broke)
     }
 
     /// Write `data` at `offset` of an allocation through access QP `q` with its own rkey.
