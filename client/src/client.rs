@@ -203,12 +203,17 @@ impl<T: Transport> Cn<T> {
         })?;
         // the connect info names the MN's ends of our QPs: they must be the ones the transport
         // connected us to
-        let told =
-            cn.lock().d.client().info().map(|i| {
-                [i.alloc_qpn, i.free_qpn].into_iter().chain(i.access_qpns.iter().copied()).collect::<Vec<_>>()
-            });
-        for (i, (t, n)) in told.unwrap_or_default().iter().zip(&mn_qpns).enumerate() {
-            if n.is_some_and(|n| n != *t) {
+        // (where the MN binds every window to our Alloc QP's MN end,
+        // `ConnectFlags::WINDOWS_ON_ALLOC_QP`, the access entries name that QP)
+        let told = cn.lock().d.client().info().map(|i| {
+            let on_alloc = i.flags.contains(omw_core::wire::message::ConnectFlags::WINDOWS_ON_ALLOC_QP);
+            let ends = [i.alloc_qpn, i.free_qpn].into_iter().chain(i.access_qpns.iter().copied());
+            (on_alloc, ends.collect::<Vec<_>>())
+        });
+        let (on_alloc, told) = told.unwrap_or_default();
+        for (i, (t, n)) in told.iter().zip(&mn_qpns).enumerate() {
+            let want = if on_alloc && i >= 2 { mn_qpns.first().copied().flatten() } else { *n };
+            if want.is_some_and(|n| n != *t) {
                 return Err(Error::WrongSession { connection: i });
             }
         }

@@ -90,6 +90,10 @@ pub struct ModelConfig {
     ///
     /// [`MAX_ALLOC_CHAINS`]: omw_core::mn::MAX_ALLOC_CHAINS
     pub alloc_chains: u8,
+    /// Lay the MN's chains out for this layout instead of the one the NIC's answers choose
+    /// (`ClusterConfig::chain_variant`): to run a layout on a device it does not fit, and see
+    /// what the MN and the library do then.
+    pub chain_variant: Option<omw_core::chain::variant::ChainVariant>,
 }
 
 impl Default for ModelConfig {
@@ -105,6 +109,7 @@ impl Default for ModelConfig {
             mode: None,
             max_message: 1 << 30,
             alloc_chains: 1,
+            chain_variant: None,
         }
     }
 }
@@ -377,7 +382,7 @@ impl Model {
                     // the CNs this handle connects later, each a detached CN
                     max_cns: Some(cfg.max_cns as u32),
                     alloc_chains: cfg.alloc_chains,
-                    chain_variant: None,
+                    chain_variant: cfg.chain_variant,
                 };
                 let cluster = match Cluster::new(cc) {
                     Ok(c) => c,

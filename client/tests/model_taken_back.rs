@@ -2,12 +2,15 @@
 //! RNIC reset's `Revoked` (last test), and one group (`wire::message::TakenBack`): the MN's audit finds the chunk's windows bound where no access QP
 //! of its owner is — here because the device binds every window to the QP that posted the
 //! bind (`ForeignBind::BoundToPoster`, docs/MLX5.md question 5) and the MN was made to
-//! offload anyway — reclaims the group and tells the CN. The library then answers `Freed` on
+//! offload with the paper's layout anyway (not the one that binds to the poster, which `choose`
+//! picks for such a device) — reclaims the group and tells the CN. And the layout that binds to
+//! the poster, through the library: every access on the Alloc QP, nothing taken back. The library then answers `Freed` on
 //! every handle of that chunk, counts it in `Stats::taken_back`, never frees it again, and
 //! keeps serving: the next chunk it gets is counted in the pool once.
 
 use omw_client::model::{Model, ModelConfig};
 use omw_client::{Cn, Error, Options};
+use omw_core::chain::variant::ChainVariant;
 use omw_core::device::ExecutionMode;
 use omw_core::device::behaviour::ForeignBind;
 use omw_loopback::NicConfig;
@@ -15,12 +18,17 @@ use omw_loopback::NicConfig;
 const CHUNKS: u32 = 16;
 
 fn model(foreign_bind: ForeignBind) -> Model {
+    model_laid_out(foreign_bind, None)
+}
+
+fn model_laid_out(foreign_bind: ForeignBind, chain_variant: Option<ChainVariant>) -> Model {
     let mut b = NicConfig::DEFAULT_BEHAVIOUR;
     b.foreign_bind = foreign_bind;
     Model::start(ModelConfig {
         chunks: CHUNKS,
         mode: Some(ExecutionMode::Offloaded),
         nic: NicConfig::strict().with_behaviour(b),
+        chain_variant,
         ..Default::default()
     })
     .unwrap()
@@ -42,7 +50,8 @@ fn audit_whole_table(m: &Model, cn: &Cn<omw_client::model::ModelDevice>) {
 
 #[test]
 fn a_chunk_the_mn_took_back_answers_freed_and_is_not_freed_again() {
-    let m = model(ForeignBind::BoundToPoster);
+    // the paper's layout forced onto a device that binds to the poster
+    let m = model_laid_out(ForeignBind::BoundToPoster, Some(ChainVariant::WQEBB_ENABLES));
     let cn = Cn::connect(&m, Options::default()).unwrap();
     let c = cn.alloc().unwrap();
     let twin = c.clone();
@@ -80,6 +89,32 @@ fn nothing_is_taken_back_where_the_windows_are_bound_to_the_access_qps() {
     assert_eq!(&buf, b"kept");
     cn.free(c).unwrap();
     cn.progress().unwrap();
+}
+
+/// The layout `choose` picks for a device that refuses or redirects a bind naming another QP
+/// (`ChainVariant::binds_to_poster`): the library connects (its connect info names the Alloc
+/// QP for every window), reaches its chunks through its Alloc QP, the audit finds nothing to
+/// take back, and a free gives the chunk back to the pool.
+#[test]
+fn windows_on_the_alloc_qp_work_through_the_library() {
+    for fb in [ForeignBind::BoundToPoster, ForeignBind::Refused] {
+        let m = model(fb);
+        assert!(m.with_cluster(|c| c.driver.mn.config().chain_variant.binds_to_poster).unwrap(), "{fb:?}");
+        let cn = Cn::connect(&m, Options::default()).unwrap();
+        let c = cn.alloc().unwrap();
+        cn.write(&c, 0, b"on the Alloc QP").unwrap();
+        audit_whole_table(&m, &cn);
+        assert_eq!(m.with_cluster(|c| c.driver.mn.stats().taken_back_notices).unwrap(), 0, "{fb:?}");
+        let mut buf = [0u8; 15];
+        cn.read(&c, 0, &mut buf).unwrap();
+        assert_eq!(&buf, b"on the Alloc QP");
+        let free = m.with_cluster(|c| c.free_groups()).unwrap();
+        cn.free(c).unwrap();
+        cn.progress().unwrap();
+        m.with_cluster(|c| c.pump().map(|_| ())).unwrap().unwrap();
+        assert_eq!(m.with_cluster(|c| c.free_groups()).unwrap(), free + 1, "{fb:?}: back in the pool");
+        m.with_cluster(|c| c.check_invariants()).unwrap().unwrap();
+    }
 }
 
 /// An RNIC reset at the MN revokes every chunk (`Revoked`): their handles answer `Freed`, the
