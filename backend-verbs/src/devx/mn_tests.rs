@@ -443,30 +443,27 @@ fn start_up_takes_the_chains_answers_from_the_profile() {
         ..DeviceAnswers::exactly(DeviceBehaviour::PAPER)
     });
     assert_eq!(chain_answers(Some(&in_wqes)).unwrap().1, ChainVariant::WQE_ENABLES);
-    // every question the chains depend on settled but the bind's: refused on that one; the
-    // prefetch answer left open does not matter
+    // every question the chains depend on settled but the bind's: the layout that binds to the
+    // poster, correct whatever the answer; the prefetch answer left open does not matter
     let open_bind = profile(DeviceAnswers {
         wait_prefetch: Some(WaitPrefetch::FetchesPast),
         foreign_bind: None,
         ..DeviceAnswers::exactly(DeviceBehaviour::PAPER)
     });
-    assert!(matches!(
-        chain_answers(Some(&open_bind)),
-        Err(DevxError::Unsuited { question: Question::ForeignBind, answer: None, .. })
-    ));
+    assert_eq!(chain_answers(Some(&open_bind)).unwrap().1, ChainVariant::WQEBB_ENABLES.binding_to_poster());
     let open_prefetch =
         profile(DeviceAnswers { wait_prefetch: None, ..DeviceAnswers::exactly(DeviceBehaviour::PAPER) });
     assert!(chain_answers(Some(&open_prefetch)).is_ok());
-    // an answer the chains cannot run under
-    for (fb, name) in [(ForeignBind::Refused, "refused"), (ForeignBind::BoundToPoster, "bound_to_poster")] {
+    // a bind naming another QP refused or redirected: the layout that binds to the poster
+    for fb in [ForeignBind::Refused, ForeignBind::BoundToPoster] {
         let p = profile(DeviceAnswers { foreign_bind: Some(fb), ..paper.answers });
-        let e = chain_answers(Some(&p)).unwrap_err();
-        assert!(
-            matches!(&e, DevxError::Unsuited { question: Question::ForeignBind, answer: Some(a), tolerated } if *a == name && tolerated[..] == ["honoured"]),
-            "{e:?}"
-        );
-        assert!(e.to_string().contains("without --offload"), "{e}");
+        assert_eq!(chain_answers(Some(&p)).unwrap().1, ChainVariant::WQEBB_ENABLES.binding_to_poster(), "{fb:?}");
     }
+    // the SEND_EN unit left open: no layout tolerates it, refused naming the question
+    let open_unit = profile(DeviceAnswers { send_en_unit: None, ..paper.answers });
+    let e = chain_answers(Some(&open_unit)).unwrap_err();
+    assert!(matches!(&e, DevxError::Unsuited { question: Question::SendEnUnit, answer: None, .. }), "{e:?}");
+    assert!(e.to_string().contains("without --offload"), "{e}");
     // every behaviour a layout accepts is one chain_answers starts on, every other refused
     for b in DeviceBehaviour::ALL {
         assert_eq!(
