@@ -93,7 +93,7 @@ impl MemoryNode {
         // chains that bind to the poster bind every window to the Alloc QP's MN end: the CN
         // names it for its access windows and reaches them through its Alloc QP (its access
         // QPs still carry the MN's messages)
-        let on_alloc_qp = self.cfg.mode == ExecutionMode::Offloaded && self.cfg.chain_variant.binds_to_poster;
+        let on_alloc_qp = self.binds_to_poster();
         flags.set(ConnectFlags::WINDOWS_ON_ALLOC_QP, on_alloc_qp);
         let access_qpns = match on_alloc_qp {
             true => qps.access.iter().map(|_| qps.alloc).collect(),
@@ -130,8 +130,7 @@ impl MemoryNode {
             port.write(a + alloc_scratch::OWNER, &cn.get().to_le_bytes()).map_err(MnError::Port)?;
             // binds to the poster: the stamp the serve phase writes over the entry it hands this
             // CN — its id and its proof key (`alloc_scratch::STAMP`)
-            let binds_to_poster = self.cfg.mode == ExecutionMode::Offloaded && self.cfg.chain_variant.binds_to_poster;
-            if let (true, Some(p)) = (binds_to_poster, self.owner_proof(slot)) {
+            if let (true, Some(p)) = (self.binds_to_poster(), self.owner_proof(slot)) {
                 let stamp = (u64::from(p.lkey) << 32) | u64::from(cn.get());
                 port.write(a + alloc_scratch::STAMP, &stamp.to_le_bytes()).map_err(MnError::Port)?;
             }

@@ -767,9 +767,7 @@ impl MemoryNode {
             window_access: self.cfg.window_access,
             // bound to the poster, MW[0] proves nothing and grants nothing: it lives on the QP
             // the CN reaches its data through
-            owner_window_access: match self.cfg.mode == ExecutionMode::Offloaded
-                && self.cfg.chain_variant.binds_to_poster
-            {
+            owner_window_access: match self.binds_to_poster() {
                 true => AccessFlags::empty(),
                 false => AccessFlags::REMOTE_READ,
             },
@@ -785,15 +783,20 @@ impl MemoryNode {
         }
     }
 
+    /// Whether this MN's chains bind only to the QP that posts the bind
+    /// (`ChainVariant::binds_to_poster`, offloaded): windows on the CN's Alloc QP, ownership by
+    /// the owner's proof key.
+    pub fn binds_to_poster(&self) -> bool {
+        self.cfg.mode == ExecutionMode::Offloaded && self.cfg.chain_variant.binds_to_poster
+    }
+
     /// Whether window `k` of a group CN `rec` owns may be bound to `qpn`: MW\[0\] to its Free
     /// QP, access windows to its access QPs — or, with chains that bind to the poster
     /// (`ChainVariant::binds_to_poster`), any window to the management QP of one of its alloc
     /// chains (the poster), and access windows still to the access QPs its requests may name
     /// where the device honours a foreign QPN.
     pub fn window_home(&self, rec: &CnRecord, k: usize, qpn: Qpn) -> bool {
-        let poster = self.cfg.mode == ExecutionMode::Offloaded
-            && self.cfg.chain_variant.binds_to_poster
-            && rec.alloc_chains().any(|(_, m, _)| m == qpn);
+        let poster = self.binds_to_poster() && rec.alloc_chains().any(|(_, m, _)| m == qpn);
         poster || if k == 0 { qpn == rec.qps.free } else { rec.qps.access.contains(&qpn) }
     }
 
@@ -801,7 +804,7 @@ impl MemoryNode {
     /// to the poster (the proof READ, `chain::free`); `None` elsewhere — there the NIC's own
     /// refusal of the MW\[0\] invalidation says so (`LapFailure::not_owner`).
     pub fn owner_proof_step(&self, cn: CnId) -> Option<u8> {
-        if self.cfg.mode != ExecutionMode::Offloaded || !self.cfg.chain_variant.binds_to_poster {
+        if !self.binds_to_poster() {
             return None;
         }
         let env = self.chain_env(cn, ChainKind::Free)?;
@@ -811,7 +814,7 @@ impl MemoryNode {
     /// What an entry `rec` owns holds after its owner: the CN's proof key where its chains bind
     /// to the poster, else 0.
     pub fn proof_key_of(&self, rec: &CnRecord) -> u32 {
-        match self.cfg.mode == ExecutionMode::Offloaded && self.cfg.chain_variant.binds_to_poster {
+        match self.binds_to_poster() {
             true => self.owner_proof(rec.slot).map_or(0, |p| p.lkey),
             false => 0,
         }
@@ -1171,7 +1174,7 @@ impl MemoryNode {
             // windows, and the MN cannot bind it again from its admin QP (a bind naming another
             // QP is what such a device refuses or redirects). The group is taken back, the CN
             // told (`TakenBack`); nobody else is affected.
-            if self.cfg.mode == ExecutionMode::Offloaded && self.cfg.chain_variant.binds_to_poster {
+            if self.binds_to_poster() {
                 self.stats.restores_failed += 1;
                 return self.take_back(port, o, g);
             }
