@@ -1130,24 +1130,27 @@ impl Cluster {
         data: Option<&[u8]>,
         len: usize,
     ) -> (WcStatus, Vec<u8>) {
-        let (status, got, alloc_qp_broke) = self.one_sided_once(i, q, addr, rkey, data, len);
-        let refused = matches!(
-            status,
-            WcStatus::Success
-                | WcStatus::RemAccessErr
-                | WcStatus::RemInvReqErr
-                | WcStatus::RemOpErr
-                | WcStatus::LocProtErr
-                | WcStatus::LocLenErr
-                | WcStatus::LocQpOpErr
-        );
-        if alloc_qp_broke && !refused {
-            let (status, got, _) = self.one_sided_once(i, q, addr, rkey, data, len);
-            return (status, got);
+        let mut asked_again = false;
+        loop {
+            let (status, got, alloc_qp_broke) = self.one_sided_once(i, q, addr, rkey, data, len);
+            let refused = matches!(
+                status,
+                WcStatus::Success
+                    | WcStatus::RemAccessErr
+                    | WcStatus::RemInvReqErr
+                    | WcStatus::RemOpErr
+                    | WcStatus::LocProtErr
+                    | WcStatus::LocLenErr
+                    | WcStatus::LocQpOpErr
+            );
+            if !alloc_qp_broke || refused || asked_again {
+                return (status, got);
+            }
+            asked_again = true;
         }
-        (status, got)
     }
 
+    /// One attempt of [`Cluster::one_sided`]; also whether it broke the CN's Alloc QP.
     fn one_sided_once(
         &mut self,
         i: usize,
