@@ -8,13 +8,18 @@
 //! can act on (asking more alloc chains than the MN allows) carries a [`Refusal`] in the
 //! reject's private data.
 //!
+//! A CN whose Alloc QP broke (a refused access on it, the MN's repair of its alloc chain) asks
+//! for it again with a *rejoin* hello: its session's nonce and the rejoin ticket the MN's
+//! welcome gave it (`crate::rejoin`). The MN connects the same MN-side QP to the new CN QP,
+//! so the CN keeps everything it holds.
+//!
 //! The hello's layout (little-endian; rdma_cm RC carries at most 56 bytes of private data in a
 //! connect request, and 148 in a reject — the IB CM's REQ and REJ private data):
 //!
 //! | bytes  | field                                                                       |
 //! |--------|-----------------------------------------------------------------------------|
 //! | 0..4   | magic `"OWMC"` (`HELLO_MAGIC`)                                              |
-//! | 4      | version: 1 plain, 2 with a credential                                       |
+//! | 4      | version: 1 plain, 2 with a credential, 4 rejoin (3 is a refusal's)          |
 //! | 5      | role kind: 0 Alloc (alloc chain 0), 1 Free, 2 access, 3 Alloc of chain ≥ 1  |
 //! | 6      | role index: the access QP's (kind 2), the alloc chain's (kind 3), else 0    |
 //! | 7      | alloc chains the CN opens, ≥ 1 (the same on each of its connections)        |
@@ -22,6 +27,10 @@
 //! | 16..20 | (version 2) tenant id                                                       |
 //! | 20..28 | (version 2) timestamp, Unix seconds                                         |
 //! | 28..48 | (version 2) tag over tenant, nonce, bytes 5..8 and timestamp                |
+//! | 16..24 | (version 4) the session's rejoin ticket, from the MN's welcome              |
+//!
+//! The welcome (the Alloc connection's accept): magic, version 1, group size, two zero bytes,
+//! then the session's rejoin ticket (bytes 8..16; an MN that predates rejoins sends 8 bytes).
 //!
 //! The refusal's layout is `crate::refusal`'s.
 
@@ -43,6 +52,10 @@ pub const HELLO_LEN: usize = 16;
 /// A hello with a credential: tenant u32, timestamp u64 (Unix seconds), tag (20 bytes) after
 /// the 16 bytes of the plain one — 48 of rdma_cm RC's 56 bytes of private data.
 pub const AUTH_HELLO_LEN: usize = HELLO_LEN + 4 + 8 + crate::admission::TAG_LEN;
+/// A rejoin hello: the plain one's 16 bytes and the rejoin ticket.
+pub const REJOIN_HELLO_LEN: usize = HELLO_LEN + 8;
+/// The welcome: the pool's group size and the session's rejoin ticket.
+pub const WELCOME_LEN: usize = 16;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Role {
@@ -92,7 +105,7 @@ impl fmt::Display for HelloError {
         match self {
             HelloError::TooShort { len, need } => write!(f, "{len} bytes of private data, a hello needs {need}"),
             HelloError::BadMagic => f.write_str("no omw hello magic"),
-            HelloError::Version(v) => write!(f, "hello version {v} (this MN speaks 1 and 2)"),
+            HelloError::Version(v) => write!(f, "hello version {v} (this MN speaks 1, 2 and 4)"),
             HelloError::Role { kind, index } => write!(f, "no role of kind {kind} index {index}"),
             HelloError::NoAllocChains => f.write_str("a hello naming 0 alloc chains"),
             HelloError::ChainIndex { index, chains } => {
@@ -120,12 +133,21 @@ pub struct Hello {
     pub alloc_chains: u8,
     pub nonce: u64,
     pub auth: Option<HelloAuth>,
+    /// A rejoin: the session's rejoin ticket (the welcome's). It stands in for the credential:
+    /// a rejoin opens no session and takes no slot, it reconnects one of a complete session's.
+    pub rejoin: Option<u64>,
 }
 
 impl Hello {
     /// An unsigned hello of a CN with one alloc chain.
     pub fn new(role: Role, nonce: u64) -> Hello {
-        Hello { role, alloc_chains: 1, nonce, auth: None }
+        Hello { role, alloc_chains: 1, nonce, auth: None, rejoin: None }
+    }
+
+    /// A rejoin of connection `role` of the complete session `nonce` (whose CN opened
+    /// `alloc_chains` alloc chains), with the session's rejoin `ticket`.
+    pub fn rejoin(role: Role, alloc_chains: u8, nonce: u64, ticket: u64) -> Hello {
+        Hello { role, alloc_chains, nonce, auth: None, rejoin: Some(ticket) }
     }
 
     /// A hello of a CN opening `alloc_chains` alloc chains, signed with `cred` at Unix time
@@ -137,7 +159,7 @@ impl Hello {
         cred: &crate::admission::Credential,
         timestamp: u64,
     ) -> Hello {
-        let mut h = Hello { role, alloc_chains, nonce, auth: None };
+        let mut h = Hello { role, alloc_chains, nonce, auth: None, rejoin: None };
         let tag = cred.tag(nonce, h.signed_fields(), timestamp);
         h.auth = Some(HelloAuth { tenant: cred.id, timestamp, tag });
         h
@@ -155,13 +177,21 @@ impl Hello {
         [k, i, self.alloc_chains]
     }
 
+    /// The hello's bytes (a rejoin carries its ticket and no credential).
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; if self.auth.is_some() { AUTH_HELLO_LEN } else { HELLO_LEN }];
+        let (len, version) = match (self.rejoin, self.auth) {
+            (Some(_), _) => (REJOIN_HELLO_LEN, 4),
+            (None, Some(_)) => (AUTH_HELLO_LEN, 2),
+            (None, None) => (HELLO_LEN, 1),
+        };
+        let mut b = vec![0u8; len];
         b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-        b[4] = if self.auth.is_some() { 2 } else { 1 };
+        b[4] = version;
         b[5..8].copy_from_slice(&self.signed_fields());
         b[8..16].copy_from_slice(&self.nonce.to_le_bytes());
-        if let Some(a) = &self.auth {
+        if let Some(t) = self.rejoin {
+            b[16..24].copy_from_slice(&t.to_le_bytes());
+        } else if let Some(a) = &self.auth {
             b[16..20].copy_from_slice(&a.tenant.0.to_le_bytes());
             b[20..28].copy_from_slice(&a.timestamp.to_le_bytes());
             b[28..].copy_from_slice(&a.tag);
@@ -190,8 +220,16 @@ impl Hello {
             (kind, index) => return Err(HelloError::Role { kind, index }),
         };
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        let mut rejoin = None;
         let auth = match b[4] {
             1 => None,
+            4 if b.len() < REJOIN_HELLO_LEN => {
+                return Err(HelloError::TooShort { len: b.len(), need: REJOIN_HELLO_LEN })
+            }
+            4 => {
+                rejoin = Some(u64_at(16));
+                None
+            }
             2 if b.len() < AUTH_HELLO_LEN => return Err(HelloError::TooShort { len: b.len(), need: AUTH_HELLO_LEN }),
             2 => {
                 let mut tag = [0u8; crate::admission::TAG_LEN];
@@ -201,20 +239,28 @@ impl Hello {
             }
             v => return Err(HelloError::Version(v)),
         };
-        Ok(Hello { role, alloc_chains: chains, nonce: u64_at(8), auth })
+        Ok(Hello { role, alloc_chains: chains, nonce: u64_at(8), auth, rejoin })
     }
 }
 
 /// MN → CN private data of the Alloc connection's accept: the pool's group size.
-pub fn welcome(group_size: u8) -> [u8; 8] {
-    let mut b = [0u8; 8];
+pub fn welcome(group_size: u8, rejoin_ticket: u64) -> [u8; WELCOME_LEN] {
+    let mut b = [0u8; WELCOME_LEN];
     b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
     b[4] = 1;
     b[5] = group_size;
+    b[8..].copy_from_slice(&rejoin_ticket.to_le_bytes());
     b
 }
+/// The welcome's group size.
 pub fn parse_welcome(b: &[u8]) -> Option<u8> {
     (b.len() >= 8 && b[..4] == HELLO_MAGIC.to_le_bytes() && b[4] == 1).then_some(b[5])
+}
+/// The welcome's rejoin ticket (None: an MN that predates rejoins, or no welcome).
+pub fn parse_rejoin_ticket(b: &[u8]) -> Option<u64> {
+    parse_welcome(b)?;
+    let t: [u8; 8] = b.get(8..WELCOME_LEN)?.try_into().ok()?;
+    Some(u64::from_le_bytes(t))
 }
 
 /// RNR retry count the CN asks the MN's QP to use for sends to it: finite (7 is infinite), so a
@@ -228,13 +274,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_rejoin_carries_its_ticket_and_a_short_one_is_refused() {
+        let b = Hello::rejoin(Role::Alloc, 2, 0x77, 0xfeed).encode();
+        assert_eq!((b.len(), b[4]), (REJOIN_HELLO_LEN, 4));
+        assert_eq!(Hello::decode(&b).unwrap().rejoin, Some(0xfeed));
+        assert_eq!(
+            Hello::decode(&b[..HELLO_LEN]),
+            Err(HelloError::TooShort { len: HELLO_LEN, need: REJOIN_HELLO_LEN })
+        );
+        // the welcome names the ticket; an 8-byte one (an MN before rejoins) names none
+        let w = welcome(5, 0xfeed);
+        assert_eq!((parse_welcome(&w), parse_rejoin_ticket(&w)), (Some(5), Some(0xfeed)));
+        assert_eq!((parse_welcome(&w[..8]), parse_rejoin_ticket(&w[..8])), (Some(5), None));
+    }
+
+    #[test]
     fn hellos_round_trip_and_fit_rdma_cm() {
         let cred = crate::admission::Credential::new("alice", vec![7; 16]).unwrap();
         for h in [
             Hello::new(Role::Access(1), 0xdead_beef),
             Hello::signed(Role::Free, 9, &cred, 1234),
-            Hello { role: Role::AllocChain(3), alloc_chains: 4, nonce: 5, auth: None },
+            Hello { role: Role::AllocChain(3), alloc_chains: 4, nonce: 5, auth: None, rejoin: None },
             Hello::signed_with_chains(Role::AllocChain(1), 2, 9, &cred, 1234),
+            Hello::rejoin(Role::Alloc, 1, 9, 0x0123_4567_89ab_cdef),
+            Hello::rejoin(Role::AllocChain(2), 3, 9, 1),
         ] {
             let b = h.encode();
             assert!(b.len() <= 56);
@@ -253,7 +316,7 @@ mod tests {
     /// What a hostile peer can put in bytes 4..8: each a typed error, none a panic.
     #[test]
     fn hostile_hellos_are_typed_errors() {
-        let good = Hello { role: Role::AllocChain(1), alloc_chains: 2, nonce: 7, auth: None }.encode();
+        let good = Hello { role: Role::AllocChain(1), alloc_chains: 2, nonce: 7, auth: None, rejoin: None }.encode();
         let with = |i: usize, v: u8| {
             let mut b = good.clone();
             b[i] = v;

@@ -155,7 +155,7 @@ fn hello(opts: &CnOptions, role: Role, nonce: u64) -> Hello {
     let k = opts.alloc_chains;
     match &opts.credential {
         Some(c) => Hello::signed_with_chains(role, k, nonce, c, crate::admission::unix_now()),
-        None => Hello { role, alloc_chains: k, nonce, auth: None },
+        None => Hello { role, alloc_chains: k, nonce, auth: None, rejoin: None },
     }
 }
 

@@ -29,6 +29,7 @@ pub mod notify;
 pub mod port;
 pub mod probe;
 pub mod refusal;
+pub mod rejoin;
 pub mod sessions;
 pub mod signals;
 

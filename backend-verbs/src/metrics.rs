@@ -43,9 +43,11 @@ pub struct MnCounters {
     pub rejected_limit: u64,
     /// … for anything else (no hello, a bad role, a join from another address).
     pub rejected_session: u64,
+    /// CN connections rejoined (an MN-side QP reconnected to a CN's new QP, `crate::rejoin`).
+    pub rejoins: u64,
 }
 
-const FIELDS: [(&str, &str, &str); 20] = [
+const FIELDS: [(&str, &str, &str); 21] = [
     ("uptime_ms", "gauge", "milliseconds since the MN started"),
     ("cns", "gauge", "compute nodes connected"),
     ("free_chunks", "gauge", "chunks in the free queue"),
@@ -78,10 +80,11 @@ const FIELDS: [(&str, &str, &str); 20] = [
     ),
     ("rejected_limit", "counter", "connection requests refused for a CN-slot or half-open-session limit"),
     ("rejected_session", "counter", "connection requests refused otherwise (no hello, bad role, join from elsewhere)"),
+    ("rejoins", "counter", "CN connections rejoined: an MN-side QP reconnected to the CN's new QP, its chain re-armed"),
 ];
 
 impl MnCounters {
-    fn values(&self) -> [u64; 20] {
+    fn values(&self) -> [u64; 21] {
         [
             self.uptime_ms,
             self.cns,
@@ -103,6 +106,7 @@ impl MnCounters {
             self.rejected_credential,
             self.rejected_limit,
             self.rejected_session,
+            self.rejoins,
         ]
     }
 

@@ -1,10 +1,11 @@
 //! What an MN tells a CN whose connection request it refuses, in the reject's private data: only
-//! a refusal the CN can act on (asking more alloc chains than the MN allows); what else refused a
-//! peer is the MN's log's to know. Its layout (the IB CM carries 148 bytes of REJ private data,
-//! `IB_CM_REJ_PRIVATE_DATA_SIZE` in linux `include/rdma/ib_cm.h`, and rdma_cm's REJECTED event
-//! hands the CN all 148, `drivers/infiniband/core/cma.c`; the rest is zero): magic `"OWMC"` (4 bytes, the hello's, `crate::cm::HELLO_MAGIC`), version 3
-//! (hellos are 1 and 2), reason (1: alloc chains), then the reason's fields (alloc chains: the
-//! MN's maximum, what the CN asked), zero-padded to [`REFUSAL_LEN`] bytes.
+//! a refusal the CN can act on (asking more alloc chains than the MN allows, a rejoin the MN does
+//! not serve); what else refused a peer is the MN's log's to know. Its layout (the IB CM carries
+//! 148 bytes of REJ private data, `IB_CM_REJ_PRIVATE_DATA_SIZE` in linux `include/rdma/ib_cm.h`,
+//! and rdma_cm's REJECTED event hands the CN all 148, `drivers/infiniband/core/cma.c`; the rest
+//! is zero): magic `"OWMC"` (4 bytes, the hello's, `crate::cm::HELLO_MAGIC`), version 3 (hellos
+//! are 1, 2 and 4), reason (1: alloc chains, 2: no rejoin), then the reason's fields (alloc
+//! chains: the MN's maximum, what the CN asked), zero-padded to [`REFUSAL_LEN`] bytes.
 
 use std::fmt;
 
@@ -12,7 +13,7 @@ use std::fmt;
 pub const MAGIC: u32 = 0x434D_574F; // "OWMC"
 /// A refusal's bytes ([`Refusal::encode`]).
 pub const REFUSAL_LEN: usize = 8;
-/// The version byte of a refusal (hellos are 1 and 2).
+/// The version byte of a refusal (hellos are 1, 2 and 4).
 const REFUSAL_VERSION: u8 = 3;
 
 /// MN → CN private data of a reject, for a refusal the CN can act on (other rejects carry
@@ -23,6 +24,9 @@ pub enum Refusal {
     /// The CN asked for more alloc chains than the MN allows (its `--alloc-chains`): the core's
     /// `MnError::AllocChains`, before any QP of the CN is set up.
     AllocChains { allowed: u8, asked: u8 },
+    /// The CN asked to rejoin a connection of its session, and this MN rejoins none (its
+    /// transport's QPs are rdma_cm's): start a new session.
+    NoRejoin,
 }
 
 impl Refusal {
@@ -36,6 +40,7 @@ impl Refusal {
                 b[6] = allowed;
                 b[7] = asked;
             }
+            Refusal::NoRejoin => b[5] = 2,
         }
         b
     }
@@ -48,6 +53,7 @@ impl Refusal {
         }
         match b[5] {
             1 => Some(Refusal::AllocChains { allowed: b[6], asked: b[7] }),
+            2 => Some(Refusal::NoRejoin),
             _ => None,
         }
     }
@@ -60,6 +66,9 @@ impl fmt::Display for Refusal {
                 f,
                 "this CN asked for {asked} alloc chains, the MN allows at most {allowed} (its --alloc-chains)"
             ),
+            Refusal::NoRejoin => f.write_str(
+                "the MN rejoins no connection (its QPs are rdma_cm's, not its own): connect as a new CN",
+            ),
         }
     }
 }
@@ -70,14 +79,16 @@ mod tests {
 
     #[test]
     fn refusals_round_trip_inside_the_reject_padding() {
-        let r = Refusal::AllocChains { allowed: 2, asked: 3 };
-        // the IB CM delivers a REJ's 148 bytes of private data: ours, then zeros
-        let mut rej = [0u8; 148];
-        rej[..REFUSAL_LEN].copy_from_slice(&r.encode());
-        assert_eq!(Refusal::decode(&rej), Some(r));
+        for r in [Refusal::AllocChains { allowed: 2, asked: 3 }, Refusal::NoRejoin] {
+            // the IB CM delivers a REJ's 148 bytes of private data: ours, then zeros
+            let mut rej = [0u8; 148];
+            rej[..REFUSAL_LEN].copy_from_slice(&r.encode());
+            assert_eq!(Refusal::decode(&rej), Some(r));
+        }
         assert_eq!(Refusal::decode(&[0u8; 148]), None, "a reject without a reason");
         // a hello (version 1) is no refusal
         assert_eq!(Refusal::decode(&[0x4f, 0x57, 0x4d, 0x43, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]), None);
+        let r = Refusal::AllocChains { allowed: 2, asked: 3 };
         let mut odd = r.encode();
         odd[5] = 77;
         assert_eq!(Refusal::decode(&odd), None);

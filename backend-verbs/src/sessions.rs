@@ -5,9 +5,14 @@
 //! (every connection established), and what to tear down when one goes. The MN daemon
 //! (`crate::mn`) uses it on every transport and decides nothing else: the CN's QPs go to the
 //! core's `MnDriver::connect_with_chains`.
+//!
+//! A complete session's chain connections (its Alloc QPs and its Free QP) may be *rejoined*: a
+//! hello carrying the session's rejoin ticket (`crate::rejoin`) from the session's address
+//! reconnects the MN-side QP of that role to a new CN QP, and the CN keeps what it holds.
 
 use crate::admission::{unix_now, Authenticator, CredentialError};
 use crate::cm::{welcome, CmEvent, CmId, Hello, HelloError, Refusal, Role};
+use crate::rejoin::RejoinKey;
 use omw_core::ids::{CnId, Qpn};
 use omw_core::mn::tenant::TenantId;
 use omw_core::mn::CnQps;
@@ -36,7 +41,8 @@ pub struct Session {
     /// The Alloc QPs of its alloc chains beyond the first ([`Role::AllocChain`] j at j − 1).
     pub extra_alloc: Vec<Option<Qpn>>,
     established: Vec<Qpn>,
-    ids: Vec<CmId>,
+    /// Its connections and the role each was accepted for.
+    ids: Vec<(CmId, Role)>,
     pub cn: Option<CnId>,
     pub opened: Option<Instant>,
     /// The address that opened it: the only one that may join it.
@@ -56,6 +62,15 @@ impl Session {
     }
     fn half_open(&self) -> bool {
         self.cn.is_none()
+    }
+    /// The MN-side QP accepted for `role`.
+    pub fn qp_of(&self, role: Role) -> Option<Qpn> {
+        match role {
+            Role::Alloc => self.alloc,
+            Role::Free => self.free,
+            Role::Access(i) => self.access.get(i as usize).copied().flatten(),
+            Role::AllocChain(j) => self.extra_alloc.get((j as usize).wrapping_sub(1)).copied().flatten(),
+        }
     }
 }
 
@@ -123,6 +138,25 @@ pub enum Rejection {
     Registered {
         nonce: u64,
     },
+    /// A rejoin of a session that is not (or not yet) complete: a half-open session's roles
+    /// are joined, not rejoined.
+    RejoinNoSession {
+        nonce: u64,
+    },
+    /// A rejoin with a ticket that is not the session's.
+    RejoinTicket {
+        nonce: u64,
+    },
+    /// A rejoin of a role that is rejoined by no MN (the access QPs: the MN's messages and, in
+    /// the paper's layout, windows ride on them), or that the session does not have.
+    RejoinRole {
+        role: Role,
+        nonce: u64,
+    },
+    /// This MN could draw no key for rejoin tickets: it rejoins nothing.
+    RejoinOff {
+        nonce: u64,
+    },
 }
 
 /// What the rejection counters count ([`Sessions::rejections`]).
@@ -171,6 +205,16 @@ impl fmt::Display for Rejection {
                 write!(f, "{role:?} of session {nonce:#x}: that connection exists already")
             }
             Rejection::Registered { nonce } => write!(f, "a join of session {nonce:#x}, which is complete"),
+            Rejection::RejoinNoSession { nonce } => {
+                write!(f, "a rejoin of session {nonce:#x}, which is not a complete session here")
+            }
+            Rejection::RejoinTicket { nonce } => write!(f, "a rejoin of session {nonce:#x} with a wrong ticket"),
+            Rejection::RejoinRole { role, nonce } => {
+                write!(f, "a rejoin of {role:?} of session {nonce:#x}: only its Alloc and Free connections rejoin")
+            }
+            Rejection::RejoinOff { nonce } => {
+                write!(f, "a rejoin of session {nonce:#x}: this MN drew no rejoin key (the OS's random source failed)")
+            }
         }
     }
 }
@@ -202,6 +246,9 @@ pub struct Complete {
 pub enum Admission {
     /// Accept with this private data (the welcome on the Alloc connection).
     Accept { hello: Hello, private: Vec<u8>, source: Option<IpAddr> },
+    /// Reconnect `qp`, the MN end of `cn`'s `role` connection (its cm id `old`), to the CN QP
+    /// of this request, and accept it with this private data (`Sessions::rejoined` after).
+    Rejoin { role: Role, cn: CnId, qp: Qpn, old: CmId, private: Vec<u8> },
     /// Reject; the reason, for the log.
     Reject(Rejection),
 }
@@ -216,6 +263,8 @@ pub struct Sessions {
     by_id: HashMap<CmId, u64>,
     /// The tenants' credentials (None: the MN runs open — any hello is admitted).
     auth: Option<Authenticator>,
+    /// The key of the sessions' rejoin tickets (None: the OS gave no random key; no rejoins).
+    rejoin: Option<RejoinKey>,
     rejected: Rejections,
 }
 
@@ -228,8 +277,21 @@ impl Sessions {
             sessions: HashMap::new(),
             by_id: HashMap::new(),
             auth: None,
+            rejoin: RejoinKey::random().ok(),
             rejected: Rejections::default(),
         }
+    }
+
+    /// Sign rejoin tickets with `key` (tests; `new` draws one from the OS).
+    pub fn with_rejoin_key(mut self, key: RejoinKey) -> Self {
+        self.rejoin = Some(key);
+        self
+    }
+
+    /// The welcome of session `nonce`'s Alloc connection: the group size and its rejoin ticket
+    /// (0, which no MN verifies, when this MN has no key).
+    fn welcome(&self, nonce: u64) -> Vec<u8> {
+        welcome(self.group_size, self.rejoin.as_ref().map_or(0, |k| k.ticket(nonce))).to_vec()
     }
 
     /// Admit CNs with up to `k` alloc chains each (the MN's `MnConfig::alloc_chains`; 1
@@ -272,12 +334,12 @@ impl Sessions {
             *c += 1;
         }
         match r {
-            Ok((hello, private)) => Admission::Accept { hello, private, source: ev.peer },
+            Ok(a) => a,
             Err(why) => Admission::Reject(why),
         }
     }
 
-    fn decide(&mut self, ev: &CmEvent, now: u64) -> Result<(Hello, Vec<u8>), Rejection> {
+    fn decide(&mut self, ev: &CmEvent, now: u64) -> Result<Admission, Rejection> {
         let hello = Hello::decode(&ev.private_data).map_err(Rejection::BadHello)?;
         let (role, nonce) = (hello.role, hello.nonce);
         // The CM request sets how often *our* QP retries a send the CN answers with RNR: 7 is
@@ -285,6 +347,9 @@ impl Sessions {
         // bound it anyway; this keeps stuck sends from outliving the CN).
         if ev.rnr_retry_count >= 7 {
             return Err(Rejection::RnrForever { role, nonce });
+        }
+        if let Some(ticket) = hello.rejoin {
+            return self.decide_rejoin(ev, &hello, ticket);
         }
         if let Role::Access(i) = role {
             if i as usize >= self.group_size as usize - 1 {
@@ -349,8 +414,45 @@ impl Sessions {
                 }
             }
         }
-        let private = if role == Role::Alloc { welcome(self.group_size).to_vec() } else { Vec::new() };
-        Ok((hello, private))
+        let private = if role == Role::Alloc { self.welcome(nonce) } else { Vec::new() };
+        Ok(Admission::Accept { hello, private, source: ev.peer })
+    }
+
+    /// A rejoin: of a complete session, from its address, with its ticket, of a chain
+    /// connection it has. The ticket stands in for the credential (a rejoin takes no slot).
+    fn decide_rejoin(&self, ev: &CmEvent, hello: &Hello, ticket: u64) -> Result<Admission, Rejection> {
+        let (role, nonce) = (hello.role, hello.nonce);
+        let key = self.rejoin.as_ref().ok_or(Rejection::RejoinOff { nonce })?;
+        let s = self.sessions.get(&nonce).ok_or(Rejection::RejoinNoSession { nonce })?;
+        // the ticket first: a peer without it learns nothing about the session
+        if !key.verify(nonce, ticket) {
+            return Err(Rejection::RejoinTicket { nonce });
+        }
+        if s.source != ev.peer {
+            return Err(Rejection::OtherSource { nonce, source: ev.peer });
+        }
+        let cn = s.cn.ok_or(Rejection::RejoinNoSession { nonce })?;
+        if s.alloc_chains != hello.alloc_chains {
+            return Err(Rejection::ChainsDiffer { nonce, session: s.alloc_chains, hello: hello.alloc_chains });
+        }
+        let chain_role = matches!(role, Role::Alloc | Role::AllocChain(_) | Role::Free);
+        let qp = s.qp_of(role).filter(|_| chain_role).ok_or(Rejection::RejoinRole { role, nonce })?;
+        let old = s.ids.iter().find(|(_, r)| *r == role).map(|(i, _)| *i).ok_or(Rejection::RejoinRole { role, nonce })?;
+        let private = if role == Role::Alloc { self.welcome(nonce) } else { Vec::new() };
+        Ok(Admission::Rejoin { role, cn, qp, old, private })
+    }
+
+    /// The rejoin of connection `old` was accepted as `new`: `new` is that role's connection
+    /// now, and `old` (which the transport ends) no longer belongs to the session — its
+    /// disconnect is not the CN's departure.
+    pub fn rejoined(&mut self, old: CmId, new: CmId) {
+        let Some(nonce) = self.by_id.remove(&old) else { return };
+        if let Some(s) = self.sessions.get_mut(&nonce) {
+            for (id, _) in s.ids.iter_mut().filter(|(id, _)| *id == old) {
+                *id = new;
+            }
+        }
+        self.by_id.insert(new, nonce);
     }
 
     /// Connection `id` of `hello`'s session, from `source`, was accepted with QP `q`.
@@ -375,7 +477,7 @@ impl Sessions {
             Role::Access(i) => s.access[i as usize] = Some(q),
             Role::AllocChain(j) => s.extra_alloc[j as usize - 1] = Some(q),
         }
-        s.ids.push(id);
+        s.ids.push((id, hello.role));
         self.by_id.insert(id, hello.nonce);
     }
 
@@ -432,7 +534,7 @@ impl Sessions {
     /// Forget a session and its connections; the caller destroys its QPs.
     pub fn remove(&mut self, nonce: u64) -> Option<Session> {
         let s = self.sessions.remove(&nonce)?;
-        for id in &s.ids {
+        for (id, _) in &s.ids {
             self.by_id.remove(id);
         }
         Some(s)
@@ -473,7 +575,95 @@ mod tests {
                 Ok(())
             }
             Admission::Reject(r) => Err(r),
+            a @ Admission::Rejoin { .. } => panic!("a plain hello admitted as a rejoin: {a:?}"),
         }
+    }
+
+    /// Session `nonce` of `s` (G = 3) complete as CN 1 from HOST: Alloc (id 0x10, QP 0x110),
+    /// Free (0x11), two access QPs; each hello signed with `cred` if given.
+    fn complete_in(mut s: Sessions, nonce: u64, cred: Option<&Credential>) -> Sessions {
+        for (k, r) in [Role::Alloc, Role::Free, Role::Access(0), Role::Access(1)].into_iter().enumerate() {
+            let hello = match cred {
+                Some(c) => Hello::signed(r, nonce, c, NOW),
+                None => Hello::new(r, nonce),
+            };
+            let e = ev(0x10 + k, hello, 6, HOST);
+            let Admission::Accept { hello, source, .. } = s.admit_at(&e, NOW) else { panic!("{r:?} refused") };
+            s.accepted(e.id, hello, source, q(0x110 + k as u32));
+            s.established(e.id, q(0x110 + k as u32));
+        }
+        s.set_cn(nonce, CnId::new(1).unwrap());
+        s
+    }
+    fn complete(nonce: u64, key: RejoinKey) -> Sessions {
+        complete_in(Sessions::new(3, 4).with_rejoin_key(key), nonce, None)
+    }
+
+    #[test]
+    fn a_complete_sessions_chain_connection_rejoins_with_its_ticket_only() {
+        let key = RejoinKey::from_bytes([3; 32]);
+        let mut s = complete(0x51, key.clone());
+        let ticket = key.ticket(0x51);
+        // the welcome carried the ticket
+        let w = Sessions::new(3, 4).with_rejoin_key(key.clone()).welcome(0x51);
+        assert_eq!(crate::cm::parse_rejoin_ticket(&w), Some(ticket));
+        let rejoin = |id: usize, role: Role, t: u64, peer: [u8; 4]| ev(id, Hello::rejoin(role, 1, 0x51, t), 6, peer);
+        // the Alloc connection: its QP, its old id, the welcome again
+        match s.admit_at(&rejoin(0x20, Role::Alloc, ticket, HOST), NOW) {
+            Admission::Rejoin { role, cn, qp, old, private } => {
+                assert_eq!((role, cn, qp, old), (Role::Alloc, CnId::new(1).unwrap(), q(0x110), CmId(0x10 as *mut _)));
+                assert_eq!(private, w);
+            }
+            a => panic!("{a:?}"),
+        }
+        assert!(matches!(s.admit_at(&rejoin(0x21, Role::Free, ticket, HOST), NOW),
+            Admission::Rejoin { qp, private, .. } if qp == q(0x111) && private.is_empty()));
+        // a wrong ticket, another address, an access QP, a chain it does not have, another count
+        let no = |s: &mut Sessions, e: CmEvent| match s.admit_at(&e, NOW) {
+            Admission::Reject(r) => r,
+            a => panic!("admitted {a:?}"),
+        };
+        assert_eq!(no(&mut s, rejoin(0x22, Role::Alloc, ticket ^ 1, HOST)), Rejection::RejoinTicket { nonce: 0x51 });
+        assert!(matches!(no(&mut s, rejoin(0x22, Role::Alloc, ticket, [192, 0, 2, 9])), Rejection::OtherSource { .. }));
+        assert_eq!(
+            no(&mut s, rejoin(0x22, Role::Access(0), ticket, HOST)),
+            Rejection::RejoinRole { role: Role::Access(0), nonce: 0x51 }
+        );
+        let two = ev(0x22, Hello::rejoin(Role::AllocChain(1), 2, 0x51, ticket), 6, HOST);
+        assert!(matches!(no(&mut s, two), Rejection::ChainsDiffer { .. }));
+        // another session's ticket, an unknown session
+        let other = ev(0x22, Hello::rejoin(Role::Alloc, 1, 0x52, ticket), 6, HOST);
+        assert_eq!(no(&mut s, other), Rejection::RejoinNoSession { nonce: 0x52 });
+        // accepted: the new id is the role's connection; the old one's end is no departure
+        s.rejoined(CmId(0x10 as *mut _), CmId(0x20 as *mut _));
+        assert_eq!(s.nonce_of(CmId(0x10 as *mut _)), None);
+        assert_eq!(s.nonce_of(CmId(0x20 as *mut _)), Some(0x51));
+        // an ESTABLISHED of the rejoined connection completes nothing again
+        assert!(s.established(CmId(0x20 as *mut _), q(0x110)).is_none());
+        // and it rejoins again under the same ticket (the connection it replaces is the new one)
+        assert!(matches!(s.admit_at(&rejoin(0x23, Role::Alloc, ticket, HOST), NOW),
+            Admission::Rejoin { old, .. } if old == CmId(0x20 as *mut _)));
+        assert_eq!(s.remove(0x51).unwrap().qps().count(), 4);
+        assert_eq!(s.nonce_of(CmId(0x20 as *mut _)), None, "removing the session forgets the new id");
+    }
+
+    #[test]
+    fn a_half_open_session_is_not_rejoined_and_a_rejoin_needs_no_credential() {
+        let key = RejoinKey::from_bytes([4; 32]);
+        let mut s = Sessions::new(3, 4).with_rejoin_key(key.clone());
+        open(&mut s, &req(1, Role::Alloc, 0x61, 6)).unwrap();
+        let e = ev(2, Hello::rejoin(Role::Alloc, 1, 0x61, key.ticket(0x61)), 6, HOST);
+        assert!(matches!(s.admit_at(&e, NOW), Admission::Reject(Rejection::RejoinNoSession { nonce: 0x61 })));
+        // a tenant's complete session rejoins without signing: the ticket is the session's
+        let (t, a, _) = tenants();
+        let mut s = complete_in(t.with_rejoin_key(key.clone()), 0x62, Some(&a));
+        let e = ev(3, Hello::rejoin(Role::Alloc, 1, 0x62, key.ticket(0x62)), 6, HOST);
+        assert!(matches!(s.admit_at(&e, NOW), Admission::Rejoin { .. }));
+        // an MN without a key rejoins nothing
+        let mut s = complete(0x63, key.clone());
+        s.rejoin = None;
+        let e = ev(4, Hello::rejoin(Role::Alloc, 1, 0x63, key.ticket(0x63)), 6, HOST);
+        assert!(matches!(s.admit_at(&e, NOW), Admission::Reject(Rejection::RejoinOff { nonce: 0x63 })));
     }
 
     #[test]
@@ -634,7 +824,7 @@ mod tests {
     }
 
     fn chains_req(id: usize, role: Role, chains: u8, nonce: u64) -> CmEvent {
-        ev(id, Hello { role, alloc_chains: chains, nonce, auth: None }, 6, HOST)
+        ev(id, Hello { role, alloc_chains: chains, nonce, auth: None, rejoin: None }, 6, HOST)
     }
 
     /// A CN with K alloc chains is complete once its K Alloc QPs are up too; the extra ones

@@ -530,6 +530,24 @@ impl<D: DevxDevice> DevxBackend<D> {
         self.connect_cn(qp.get())
     }
 
+    /// Take a new path for a connected CN-facing QP (a rejoin: rdma_cm's attributes of the CN's
+    /// new connection) without touching the device: the next [`DataPath::reset_qp`] — the
+    /// repair of the QP's chain — resets the QP and connects it on this path.
+    pub fn set_cn_path(&mut self, qp: Qpn, attr: &CmQpAttr, rmac: [u8; 6]) -> Result<(), DevxError> {
+        let s = self.qp_mut(qp)?;
+        if !matches!(s.link, Link::Cn { attr: Some(_) }) {
+            return Err(if matches!(s.link, Link::Cn { .. }) {
+                DevxError::NotConnected(qp.get())
+            } else {
+                DevxError::NotCnFacing(qp.get())
+            });
+        }
+        s.link = Link::Cn { attr: Some((*attr, rmac)) };
+        // connected to another peer now: the next reset must not leave it as it is
+        s.used = true;
+        Ok(())
+    }
+
     fn connect_cn(&mut self, qpn: u32) -> Result<(), DevxError> {
         let s = self.qps.get(&qpn).ok_or(DevxError::UnknownQp(qpn))?;
         let Link::Cn { attr: Some((a, rmac)) } = s.link else { return Err(DevxError::NotConnected(qpn)) };

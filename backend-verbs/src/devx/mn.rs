@@ -15,7 +15,7 @@
 //! Written without a ConnectX and never run on one.
 
 use super::backend::DevxBackend;
-use super::cm::{merge_states, Accept, ExternalCm};
+use super::cm::{merge_states, Accept, CmQpAttr, ExternalCm};
 use super::device::DevxDevice;
 use super::profile::{self, Profile};
 use super::DevxError;
@@ -116,9 +116,27 @@ impl<D, C: ExternalCm> DevxTransport<D, C> {
     }
 }
 
-/// Connect the CN-facing DEVX QP `qp` for the pending connection request `id` with the
-/// attributes rdma_cm gives for INIT, RTR and RTS and the next hop's MAC, then `rdma_accept`
-/// it naming `qp`, with `private` as the reply's private data.
+/// The path of the pending connection request `id`: the attributes rdma_cm gives for INIT, RTR
+/// and RTS folded into one, and the next hop's MAC.
+fn path_of<D: DevxDevice, C: ExternalCm>(
+    cm: &mut C,
+    b: &mut DevxBackend<D>,
+    id: CmId,
+) -> std::result::Result<(CmQpAttr, [u8; 6]), DevxError> {
+    let [init, rtr, rts] = cm.qp_attrs(id)?;
+    let rmac = if rtr.ah_is_global { b.device_mut().next_hop_mac(&rtr)? } else { [0; 6] };
+    Ok((merge_states(&init, &rtr, &rts), rmac))
+}
+
+/// `rdma_accept` of the pending request `id` naming our QP `qp`, with `private` as the reply's
+/// private data and the RTR / RTS parameters rdma_cm negotiated.
+fn accept_naming<C: ExternalCm>(cm: &mut C, id: CmId, qp: Qpn, private: &[u8]) -> std::result::Result<(), DevxError> {
+    let [_, rtr, rts] = cm.qp_attrs(id)?;
+    cm.accept(id, &Accept::of(qp.get(), &rtr, &rts, private))
+}
+
+/// Connect the CN-facing DEVX QP `qp` on the path of the pending connection request `id`, then
+/// `rdma_accept` it naming `qp`, with `private` as the reply's private data.
 fn connect_and_accept<D: DevxDevice, C: ExternalCm>(
     cm: &mut C,
     b: &mut DevxBackend<D>,
@@ -126,10 +144,9 @@ fn connect_and_accept<D: DevxDevice, C: ExternalCm>(
     qp: Qpn,
     private: &[u8],
 ) -> std::result::Result<(), DevxError> {
-    let [init, rtr, rts] = cm.qp_attrs(id)?;
-    let rmac = if rtr.ah_is_global { b.device_mut().next_hop_mac(&rtr)? } else { [0; 6] };
-    b.connect_cn_qp(qp, &merge_states(&init, &rtr, &rts), rmac)?;
-    cm.accept(id, &Accept::of(qp.get(), &rtr, &rts, private))
+    let (attr, rmac) = path_of(cm, b, id)?;
+    b.connect_cn_qp(qp, &attr, rmac)?;
+    accept_naming(cm, id, qp, private)
 }
 
 impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
@@ -202,6 +219,32 @@ impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
     }
     fn qp_of(&self, _: &DevxBackend<D>, id: CmId) -> Option<Qpn> {
         self.accepted.get(&id).copied()
+    }
+    /// The QP is a DEVX object of the MN's: any connection request's path can be put on it.
+    const REJOINS: bool = true;
+    fn rejoin_path(&mut self, b: &mut DevxBackend<D>, id: CmId, qp: Qpn) -> std::result::Result<(), DevxError> {
+        let (attr, rmac) = path_of(&mut self.cm, b, id)?;
+        b.set_cn_path(qp, &attr, rmac)
+    }
+    fn rejoin_accept(
+        &mut self,
+        _: &mut DevxBackend<D>,
+        id: CmId,
+        old: CmId,
+        qp: Qpn,
+        private: &[u8],
+    ) -> std::result::Result<(), DevxError> {
+        if let Err(e) = accept_naming(&mut self.cm, id, qp, private) {
+            // ignored if the failed accept rejected it already
+            self.cm.reject(id);
+            return Err(e);
+        }
+        // the old connection's QP is this one, now the new connection's: only its id goes
+        if self.accepted.remove(&old).is_some() {
+            self.cm.disconnect(old);
+        }
+        self.accepted.insert(id, qp);
+        Ok(())
     }
     fn release(&mut self, b: &mut DevxBackend<D>, session: &Session) {
         for q in session.qps() {

@@ -9,7 +9,7 @@ use super::cm::{self, Accept, CmQpAttr, ExternalCm, LocalPath};
 use super::mn::DevxTransport;
 use super::mock::{Call, RecordingDevx};
 use super::DevxError;
-use crate::cm::{welcome, CmEvent, CmEventKind, CmId, Hello, Role};
+use crate::cm::{parse_rejoin_ticket, welcome, CmEvent, CmEventKind, CmId, Hello, Role};
 use crate::mn::{MnDaemon, MnOptions, Sizing};
 use omw_core::device::{Capabilities, DataPath, ExecutionMode, QpState};
 use omw_core::ids::Qpn;
@@ -259,8 +259,12 @@ fn the_daemon_accepts_a_cn_into_devx_qps_and_arms_its_chains() {
         assert_eq!(bits::get(&rtr_in, pq::qpc::REMOTE_QPN.at(pq::QPC_BASE)).unwrap(), 0x900 + k as u64);
         // the Alloc connection's reply tells the CN the group size; what rdma_cm negotiated
         // goes back as it came
-        let want: &[u8] = if k == 0 { &welcome(G) } else { &[] };
-        assert_eq!(private, want);
+        if k == 0 {
+            let ticket = parse_rejoin_ticket(private).expect("the welcome names the rejoin ticket");
+            assert_eq!(private[..], welcome(G, ticket)[..]);
+        } else {
+            assert!(private.is_empty());
+        }
         assert_eq!(*params, [rtr.max_dest_rd_atomic, rts.max_rd_atomic, rts.retry_cnt, rts.rnr_retry]);
         assert_eq!(*params, [8, 4, 6, 3]);
     }
@@ -313,7 +317,7 @@ fn a_cn_of_two_alloc_chains_gets_a_loop_qp_per_chain_and_three_are_refused() {
     let roles = [Role::Alloc, Role::Free, Role::Access(0), Role::Access(1), Role::AllocChain(1)];
     let creates_before = d.driver.backend.device().inputs("CREATE_QP").len();
     for (k, r) in roles.iter().enumerate() {
-        let h = Hello { role: *r, alloc_chains: 2, nonce: 0xc4, auth: None };
+        let h = Hello { role: *r, alloc_chains: 2, nonce: 0xc4, auth: None, rejoin: None };
         request_chains(&mut s.borrow_mut(), id(0x50 + k), h, 0x900 + k as u32);
     }
     d.step().unwrap();
@@ -342,7 +346,7 @@ fn a_cn_of_two_alloc_chains_gets_a_loop_qp_per_chain_and_three_are_refused() {
     assert_eq!(d.driver.backend.qp_state(lp).unwrap(), QpState::Rts);
     // a CN asking for three: refused at once, told why; no session, no QP
     let accepted_before = s.borrow().accepted.len();
-    let h = Hello { role: Role::Alloc, alloc_chains: 3, nonce: 0xc5, auth: None };
+    let h = Hello { role: Role::Alloc, alloc_chains: 3, nonce: 0xc5, auth: None, rejoin: None };
     request_chains(&mut s.borrow_mut(), id(0x60), h, 0x990);
     d.step().unwrap();
     assert_eq!(s.borrow().accepted.len(), accepted_before);
@@ -473,3 +477,100 @@ fn start_up_takes_the_chains_answers_from_the_profile() {
         );
     }
 }
+
+/// The remote QPN each `INIT2RTR_QP` of QP `qp` named, in order.
+fn init2rtr_remotes(d: &Daemon, qp: Qpn) -> Vec<u64> {
+    let dev = d.driver.backend.device();
+    dev.inputs("INIT2RTR_QP")
+        .into_iter()
+        .filter(|i| i[9..12] == qp.get().to_be_bytes()[1..])
+        .map(|i| bits::get(i, pq::qpc::REMOTE_QPN.at(pq::QPC_BASE)).unwrap())
+        .collect()
+}
+
+/// A CN whose Alloc connection broke rejoins it with its session's ticket (`crate::rejoin`):
+/// the MN repairs the alloc chain — its management QP reset and connected on the new
+/// request's path — and accepts the request naming the same QP, with the welcome again; the
+/// old connection ends without the CN's departure (nothing reclaimed, the session and CN
+/// stay). A wrong ticket, a rejoin of an access QP and a rejoin from another address are
+/// refused without touching anything; the CN rejoins again later on the new connection.
+#[test]
+fn a_cn_rejoins_its_alloc_connection_without_losing_its_session() {
+    let (mut d, s) = daemon();
+    connect_cn(&mut d, &s, 0xabc, 0x10);
+    let (cn, mgmt) = {
+        let r = d.driver.mn.cns().next().unwrap();
+        (r.cn, r.qps.alloc)
+    };
+    let ticket = parse_rejoin_ticket(&s.borrow().accepted[0].2).unwrap();
+    let reclaimed = d.driver.mn.stats().groups_reclaimed;
+    let resets = |d: &Daemon, q: Qpn| {
+        d.driver.backend.device().inputs("2RST_QP").iter().filter(|i| i[9..12] == q.get().to_be_bytes()[1..]).count()
+    };
+    let resets_before = resets(&d, mgmt);
+    let uar_before = d.driver.backend.device().calls.iter().filter(|c| matches!(c, Call::WriteUar { .. })).count();
+    assert_eq!(init2rtr_remotes(&d, mgmt), [0x900]);
+    // refused: a wrong ticket, an access QP, another host; nothing is touched
+    request_chains(&mut s.borrow_mut(), id(0x30), Hello::rejoin(Role::Alloc, 1, 0xabc, ticket ^ 1), 0xa00);
+    request_chains(&mut s.borrow_mut(), id(0x31), Hello::rejoin(Role::Access(0), 1, 0xabc, ticket), 0xa01);
+    d.step().unwrap();
+    let mut elsewhere = CmEvent {
+        kind: CmEventKind::ConnectRequest,
+        id: id(0x32),
+        status: 0,
+        private_data: Hello::rejoin(Role::Alloc, 1, 0xabc, ticket).encode(),
+        remote_qpn: Qpn::new(0xa02).ok(),
+        rnr_retry_count: 6,
+        peer: Some("192.0.2.66".parse().unwrap()),
+    };
+    s.borrow_mut().attrs.insert(id(0x32), attrs(0xa02));
+    s.borrow_mut().events.push_back(elsewhere.clone());
+    d.step().unwrap();
+    assert_eq!(s.borrow().rejected, [id(0x30), id(0x31), id(0x32)]);
+    assert!(s.borrow().refusals.is_empty(), "a bad rejoin learns nothing");
+    assert_eq!(init2rtr_remotes(&d, mgmt), [0x900]);
+    assert_eq!(resets(&d, mgmt), resets_before);
+    // the rejoin: the chain repaired, the QP on the new path, the same QP accepted
+    request_chains(&mut s.borrow_mut(), id(0x40), Hello::rejoin(Role::Alloc, 1, 0xabc, ticket), 0xb00);
+    d.step().unwrap();
+    assert_eq!(resets(&d, mgmt), resets_before + 1, "the chain was repaired: its management QP reset");
+    assert_eq!(init2rtr_remotes(&d, mgmt), [0x900, 0xb00], "connected to the CN's new QP");
+    assert_eq!(d.driver.backend.qp_state(mgmt).unwrap(), QpState::Rts);
+    let (acc_id, acc_qp, acc_private, _) = s.borrow().accepted.last().cloned().unwrap();
+    assert_eq!((acc_id, acc_qp), (id(0x40), mgmt.get()));
+    assert_eq!(acc_private[..], welcome(G, ticket)[..]);
+    let uar_after = d.driver.backend.device().calls.iter().filter(|c| matches!(c, Call::WriteUar { .. })).count();
+    assert!(uar_after > uar_before, "the chain re-armed and rung");
+    assert_eq!(s.borrow().disconnected, [id(0x10)], "only the old connection ended");
+    assert_eq!((d.driver.mn.cns().count(), d.driver.mn.stats().groups_reclaimed), (1, reclaimed));
+    assert_eq!(d.counters().rejoins, 1);
+    let nonce = d.sessions().nonce_of(id(0x40)).unwrap();
+    assert_eq!(d.sessions().get(nonce).and_then(|x| x.cn), Some(cn));
+    assert_eq!(d.sessions().nonce_of(id(0x10)), None);
+    // the old connection's DISCONNECTED (rdma_disconnect's echo) is no departure
+    event(&mut s.borrow_mut(), id(0x10), CmEventKind::Disconnected);
+    // the new connection's ESTABLISHED completes nothing again
+    event(&mut s.borrow_mut(), id(0x40), CmEventKind::Established);
+    d.step().unwrap();
+    assert_eq!(d.driver.mn.cns().count(), 1);
+    // the same ticket rejoins again, replacing the new connection
+    request_chains(&mut s.borrow_mut(), id(0x41), Hello::rejoin(Role::Alloc, 1, 0xabc, ticket), 0xc00);
+    d.step().unwrap();
+    assert_eq!(init2rtr_remotes(&d, mgmt), [0x900, 0xb00, 0xc00]);
+    assert_eq!(s.borrow().disconnected, [id(0x10), id(0x40)]);
+    // the Free connection rejoins the same way
+    let free = d.driver.mn.cns().next().unwrap().qps.free;
+    request_chains(&mut s.borrow_mut(), id(0x42), Hello::rejoin(Role::Free, 1, 0xabc, ticket), 0xd00);
+    d.step().unwrap();
+    assert_eq!(init2rtr_remotes(&d, free), [0x901, 0xd00]);
+    assert_eq!(d.counters().rejoins, 3);
+    // the CN leaving on its newest connection is its departure
+    event(&mut s.borrow_mut(), id(0x41), CmEventKind::Disconnected);
+    d.step().unwrap();
+    assert_eq!(d.driver.mn.cns().count(), 0);
+    elsewhere.id = id(0x43);
+    s.borrow_mut().events.push_back(elsewhere);
+    d.step().unwrap();
+    assert_eq!(s.borrow().rejected.last(), Some(&id(0x43)), "no session to rejoin any more");
+}
+

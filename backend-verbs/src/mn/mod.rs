@@ -17,7 +17,7 @@ pub mod verbs;
 pub use transport::{StartUp, Transport};
 pub use verbs::{serve, MemoryNodeDaemon, VerbsTransport};
 
-use crate::cm::{CmEvent, CmEventKind};
+use crate::cm::{CmEvent, CmEventKind, CmId, Refusal, Role};
 use crate::device::DeviceChoice;
 use crate::error::{human, Result, VerbsError};
 use crate::log::Level;
@@ -25,7 +25,10 @@ use crate::memlock::{ensure_memlock, memlock_limit, MemlockNeed};
 use crate::metrics::{MetricsServer, MnCounters};
 use crate::probe;
 use crate::sessions::{Admission, Complete, Rejections, Sessions, SESSION_PATIENCE};
-use omw_core::device::DataPath;
+use omw_core::chain::ChainKind;
+use omw_core::device::{DataPath, QpState, WcStatus};
+use omw_core::ids::{CnId, Qpn};
+use omw_core::mn::host_engine::LapFailure;
 use omw_core::device::ExecutionMode;
 use omw_core::geometry::PoolGeometry;
 use omw_core::mn::capacity::{DeviceLimits, Footprint};
@@ -151,6 +154,8 @@ pub struct MnDaemon<T: Transport> {
     last_counts: (u64, u64, MnStats),
     /// Allocations and frees of CNs that left (so the exported counters stay monotonic).
     departed: (u64, u64),
+    /// CN connections rejoined (`MnDaemon::rejoin`).
+    rejoins: u64,
     metrics: Option<MetricsServer>,
     last_publish: Instant,
     /// Called with the counters as often as `--metrics` gets them (the pool's announcer).
@@ -380,6 +385,7 @@ impl<T: Transport> MnDaemon<T> {
             last_heartbeat: now,
             last_counts: (0, 0, MnStats::default()),
             departed: (0, 0),
+            rejoins: 0,
             metrics,
             last_publish: now,
             counter_hook: None,
@@ -577,6 +583,7 @@ impl<T: Transport> MnDaemon<T> {
             rejected_credential: credential,
             rejected_limit: limit,
             rejected_session: session,
+            rejoins: self.rejoins,
             uptime_ms: self.t0.elapsed().as_millis() as u64,
             cns: self.driver.mn.cns().count() as u64,
             free_chunks: q.live_len(word(q.head), word(q.tail), map.max_cns) as u64,
@@ -645,6 +652,7 @@ impl<T: Transport> MnDaemon<T> {
                         Err(e) => log(format!("accept of {:?} failed: {e}", hello.role)),
                     }
                 }
+                Admission::Rejoin { role, cn, qp, old, private } => self.rejoin(ev.id, role, cn, qp, old, &private),
             },
             CmEventKind::Established => {
                 let Some(q) = self.transport.qp_of(&self.driver.backend, ev.id) else { return };
@@ -710,6 +718,57 @@ impl<T: Transport> MnDaemon<T> {
                 self.drop_session(nonce);
             }
             _ => {}
+        }
+    }
+
+    /// A rejoin the sessions admitted (`crate::rejoin`): connection request `id` replaces `old`,
+    /// `cn`'s `role` connection, whose MN end is `qp`. The CN's end broke (a refused access on
+    /// it, the MN's own repair of the chain), so the chain on `qp` is repaired like any failed
+    /// one — quiesced, what it left taken stock of, reset — and connected on the new request's
+    /// path before it is re-armed; then the request is accepted naming the same QP. Everything
+    /// the CN holds stays: its windows are bound to `qp`, not to the CN's QP.
+    fn rejoin(&mut self, id: CmId, role: Role, cn: CnId, qp: Qpn, old: CmId, private: &[u8]) {
+        if !T::REJOINS {
+            log(format!("refused {cn}'s rejoin of its {role:?} connection: this transport's QPs are rdma_cm's"));
+            self.transport.reject(&mut self.driver.backend, id, &Refusal::NoRejoin.encode());
+            return;
+        }
+        let (kind, chain) = match role {
+            Role::Alloc => (ChainKind::Alloc, 0),
+            Role::AllocChain(j) => (ChainKind::Alloc, j),
+            Role::Free => (ChainKind::Free, 0),
+            // the sessions admit chain connections only
+            Role::Access(_) => {
+                self.transport.reject(&mut self.driver.backend, id, &[]);
+                return;
+            }
+        };
+        if let Err(e) = self.transport.rejoin_path(&mut self.driver.backend, id, qp) {
+            log(format!("{cn}'s rejoin of its {role:?} connection: {e}"));
+            self.transport.reject(&mut self.driver.backend, id, &[]);
+            return;
+        }
+        let now = self.now();
+        let replaced = Event::ChainFailed { cn, kind, chain, step: None, failure: LapFailure::Status(WcStatus::WrFlushErr) };
+        let repaired = self.driver.handle(now, replaced).map_err(|e| e.to_string()).and_then(|()| {
+            match self.driver.backend.qp_state(qp) {
+                Ok(QpState::Rts) => Ok(()),
+                Ok(s) => Err(format!("its QP is {s:?} after the repair")),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        if let Err(e) = repaired {
+            log(format!("{cn}'s rejoin of its {role:?} connection: repairing the chain: {e}"));
+            self.transport.reject(&mut self.driver.backend, id, &[]);
+            return;
+        }
+        match self.transport.rejoin_accept(&mut self.driver.backend, id, old, qp, private) {
+            Ok(()) => {
+                self.sessions.rejoined(old, id);
+                self.rejoins += 1;
+                log(format!("{cn} rejoined its {role:?} connection: QP {qp} repaired, reconnected and re-armed"));
+            }
+            Err(e) => log(format!("{cn}'s rejoin of its {role:?} connection: accept failed: {e}")),
         }
     }
 

@@ -60,6 +60,26 @@ pub trait Transport {
     ) -> std::result::Result<Qpn, DeviceError<Self>>;
     /// The QP accepted for `id`.
     fn qp_of(&self, dev: &Self::Device, id: CmId) -> Option<Qpn>;
+
+    /// Whether a complete session's chain connection can be rejoined (`crate::rejoin`): the
+    /// MN-side QP reconnected to the CN QP of a new request. Only a transport whose QPs are
+    /// the MN's own (DEVX, rdma_cm's external-QP mode) can; an rdma_cm QP belongs to its id.
+    const REJOINS: bool;
+    /// A rejoin, first half: take the path of the new connection request `id` for `qp` (the MN
+    /// end of the connection it replaces) without touching the QP. The repair of `qp`'s chain
+    /// that follows resets it and connects it on that path.
+    fn rejoin_path(&mut self, dev: &mut Self::Device, id: CmId, qp: Qpn) -> std::result::Result<(), DeviceError<Self>>;
+    /// A rejoin, second half, once `qp` is connected on the new path: accept `id` naming
+    /// `qp`, with `private` as the reply's private data, and end the connection `old` it
+    /// replaces. On failure the request is refused.
+    fn rejoin_accept(
+        &mut self,
+        dev: &mut Self::Device,
+        id: CmId,
+        old: CmId,
+        qp: Qpn,
+        private: &[u8],
+    ) -> std::result::Result<(), DeviceError<Self>>;
     /// A session is over: destroy its QPs and end its connections.
     fn release(&mut self, dev: &mut Self::Device, session: &Session);
     /// Windows the device gave up at teardown (the `lost_windows` gauge).

@@ -61,6 +61,15 @@ impl Transport for VerbsTransport {
         dev.qp_of_id(id)
     }
     /// Destroying an rdma_cm QP disconnects and destroys its id too.
+    /// An rdma_cm QP is its id's: a new request gets a new QP, which the MN's tables do not
+    /// name. The CN starts a new session instead (told so by `Refusal::NoRejoin`).
+    const REJOINS: bool = false;
+    fn rejoin_path(&mut self, _: &mut VerbsBackend, _: CmId, _: Qpn) -> Result<()> {
+        Err(VerbsError::Unsupported("rejoining an rdma_cm connection (its QP is the id's)"))
+    }
+    fn rejoin_accept(&mut self, _: &mut VerbsBackend, _: CmId, _: CmId, _: Qpn, _: &[u8]) -> Result<()> {
+        Err(VerbsError::Unsupported("rejoining an rdma_cm connection (its QP is the id's)"))
+    }
     fn release(&mut self, dev: &mut VerbsBackend, session: &Session) {
         for q in session.qps() {
             let _ = dev.destroy_qp(q);
