@@ -147,6 +147,9 @@ pub struct VerbsBackend {
     events: Option<crate::notify::EventFd>,
     /// rdma_cm reported one of this backend's connections gone.
     disconnected: bool,
+    /// A CN's: what a rejoin of one of its chain connections needs (`crate::rejoin`; None:
+    /// no MN session, or one whose welcome named no rejoin ticket).
+    rejoiner: Option<crate::rejoin::Rejoiner>,
 }
 
 // SAFETY: the backend's raw pointers are libibverbs and librdmacm objects it alone owns and
@@ -202,6 +205,7 @@ impl VerbsBackend {
             comp: None,
             events: None,
             disconnected: false,
+            rejoiner: None,
         })
     }
 
@@ -254,7 +258,10 @@ impl VerbsBackend {
         }
         while let Some(ev) = self.cm.poll(Duration::ZERO)? {
             use crate::cm_event::CmEventKind;
-            if matches!(ev.kind, CmEventKind::Disconnected | CmEventKind::Error(_)) && !self.disconnected {
+            // only a connection this backend still has: one a rejoin replaced (its QP destroyed,
+            // its id with it) ends without the MN going away
+            let ours = self.qps.values().any(|e| matches!(e.link, Link::Cm { id } if id == ev.id.0));
+            if matches!(ev.kind, CmEventKind::Disconnected | CmEventKind::Error(_)) && ours && !self.disconnected {
                 self.disconnected = true;
                 for e in self.qps.values() {
                     if let Link::Cm { id } = e.link {
@@ -266,6 +273,27 @@ impl VerbsBackend {
             }
         }
         Ok(self.disconnected)
+    }
+
+    /// Keep what a rejoin of this CN's chain connections needs (`crate::cn::connect_queues`).
+    pub fn set_rejoiner(&mut self, r: Option<crate::rejoin::Rejoiner>) {
+        self.rejoiner = r;
+    }
+
+    /// Connect chain connection `c` anew to the same MN-side QP (`crate::rejoin::Rejoiner`):
+    /// the new QP, or None where no rejoin is possible — no ticket from the MN, or an MN that
+    /// refused with `Refusal::NoRejoin`.
+    pub fn rejoin_chain(
+        &mut self,
+        c: omw_core::cn::driver::ChainConnection,
+        mem: &omw_core::cn::driver::CnMemory,
+    ) -> Result<Option<crate::rejoin::Rejoined>> {
+        let Some(r) = self.rejoiner.clone() else { return Ok(None) };
+        match r.rejoin(self, mem, c) {
+            Ok(x) => Ok(Some(x)),
+            Err(VerbsError::Rejected(crate::refusal::Refusal::NoRejoin)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The largest message one work request may carry on this port (`max_msg_sz`).

@@ -43,10 +43,12 @@ use crate::backend::VerbsBackend;
 use crate::cm::{parse_welcome, Hello, Role};
 use crate::error::{Result, VerbsError};
 use omw_core::access::AccessFlags;
-use omw_core::cn::driver::{prime_receives, CnDriver, CnError, CnEvent, CnMemory, CnQp, CnQpSet, MessageQueue};
+use omw_core::cn::driver::{
+    prime_receives, ChainConnection, CnDriver, CnError, CnEvent, CnMemory, CnQp, CnQpSet, MessageQueue,
+};
 pub use omw_core::cn::Allocation;
 use omw_core::cn::ClientError;
-use omw_core::device::Provision;
+use omw_core::device::{DataPath, Provision};
 use omw_core::device::{Domain, WcStatus};
 use omw_core::ids::{CnId, Qpn, Rkey};
 use omw_core::testing::hostile::HostileCn;
@@ -247,10 +249,25 @@ pub fn connect_queues(addr: SocketAddr, opts: &CnOptions, local_len: u64, events
     // receives are posted once the driver takes it over (`CnDriver::with_alloc_chains`), before
     // the CN sends anything on it
     let mut extra_alloc = Vec::new();
+    let mut mn_alloc = vec![alloc.remote_qpn];
     for j in 1..k {
         let c = b.connect_from(opts.source, addr, &hello(opts, Role::AllocChain(j), n), opts.timeout, |_, _| Ok(()))?;
         extra_alloc.push(c.qp);
+        mn_alloc.push(c.remote_qpn);
     }
+    let rejoiner = crate::cm::parse_rejoin_ticket(&alloc.private_data).map(|ticket| crate::rejoin::Rejoiner {
+        addr,
+        source: opts.source,
+        timeout: opts.timeout,
+        alloc_chains: k,
+        nonce: n,
+        ticket,
+        mn_alloc,
+        mn_free: free.remote_qpn,
+    });
+    // an MN that predates rejoins names no ticket: the CN's chain connections are then lost
+    // with their QPs
+    b.set_rejoiner(rejoiner);
     let qps = CnQpSet { alloc: alloc.qp, free: free.qp, access };
     Ok(Queues { backend: b, qps, mem, mn_qpns, group_size: g, extra_alloc, reply_len: REPLY_BUF })
 }
@@ -326,6 +343,30 @@ impl CnClient {
 
     fn now(&self) -> u64 {
         self.t0.elapsed().as_nanos() as u64
+    }
+
+    /// Reconnect chain connection `c`, whose QP broke (a refused access on it, the MN's repair
+    /// of its chain), to the same MN-side QP (`crate::rejoin`): everything the CN holds stays
+    /// reachable. What was in flight on the old QP is over — an allocation on it is given up
+    /// (`CnDriver::replace_chain_qp`) — and the old QP is destroyed. An MN that rejoins
+    /// nothing refuses ([`VerbsError::Rejected`] with `Refusal::NoRejoin`): connect anew.
+    pub fn rejoin(&mut self, c: ChainConnection) -> Result<()> {
+        let mem = *self.d.memory();
+        let new = self.d.backend.rejoin_chain(c, &mem)?.ok_or(VerbsError::Unsupported(
+            "rejoining: the MN named no rejoin ticket, or refused (its QPs are rdma_cm's): connect anew",
+        ))?;
+        let now = self.now();
+        let replaced = match self.d.replace_chain_qp(now, c, new.qp, new.primed) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = self.d.backend.destroy_qp(new.qp);
+                return Err(cn_err(e));
+            }
+        };
+        if let Some(t) = replaced.abandoned {
+            self.replies.remove(&t);
+        }
+        self.d.backend.destroy_qp(replaced.old)
     }
 
     /// Alloc chains this CN opened (its Alloc QPs): how many allocations may be in flight.

@@ -17,9 +17,20 @@
 //! which the IB CM delivers to the requesting port only. The MN checks it in constant time; a
 //! wrong one is refused without a reason, like any other bad join (`Rejection::RejoinTicket`).
 //! Guessing costs a connection request per try against 2^64 tickets.
+//!
+//! The CN's side is [`Rejoiner`]: a new QP for the connection, a rejoin hello, the check that
+//! the MN put it on the same MN-side QP.
 
+use crate::backend::VerbsBackend;
+use crate::cm::{Hello, Role};
+use crate::error::{Result, VerbsError};
 use hmac::{Hmac, Mac};
+use omw_core::cn::driver::{prime_receives, ChainConnection, CnMemory, MessageQueue};
+use omw_core::device::DataPath;
+use omw_core::ids::Qpn;
 use sha2::Sha256;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 /// The MN's key for rejoin tickets: one per daemon, from the OS's random source.
 #[derive(Clone)]
@@ -69,6 +80,62 @@ impl RejoinKey {
     /// Whether `ticket` is session `nonce`'s (constant-time comparison).
     pub fn verify(&self, nonce: u64, ticket: u64) -> bool {
         self.mac().chain_update(covered(nonce)).verify_truncated_left(&ticket.to_le_bytes()).is_ok()
+    }
+}
+
+/// The CN's side: what it needs to rejoin one of its chain connections — where its MN is,
+/// its session, the ticket the welcome gave it, and the MN's QP of each connection (a rejoin
+/// must land on the same one, or the MN mixed up sessions).
+#[derive(Clone, Debug)]
+pub struct Rejoiner {
+    pub addr: SocketAddr,
+    pub source: Option<Ipv4Addr>,
+    pub timeout: Duration,
+    pub alloc_chains: u8,
+    pub nonce: u64,
+    pub ticket: u64,
+    /// The MN ends: of each alloc chain's Alloc QP (chain order), and of the Free QP.
+    pub mn_alloc: Vec<Option<Qpn>>,
+    pub mn_free: Option<Qpn>,
+}
+
+/// A chain connection connected anew: the CN's new QP, and whether its receives were posted
+/// before it connected (`CnDriver::replace_chain_qp`'s `primed`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Rejoined {
+    pub qp: Qpn,
+    pub primed: bool,
+}
+
+impl Rejoiner {
+    /// Connect a new QP of `b` for chain connection `c` with a rejoin hello (its receives
+    /// posted first where the MN may write at once: the first Alloc QP's, which alloc
+    /// replies consume) and check that the MN accepted it on the QP the old one was
+    /// connected to. The caller hands it to the driver and destroys the old one. An MN that
+    /// rejoins nothing refuses with [`crate::refusal::Refusal::NoRejoin`]
+    /// ([`VerbsError::Rejected`]): then the CN can only connect anew.
+    pub fn rejoin(&self, b: &mut VerbsBackend, mem: &CnMemory, c: ChainConnection) -> Result<Rejoined> {
+        let (role, want) = match c {
+            ChainConnection::Alloc(0) => (Role::Alloc, self.mn_alloc.first().copied().flatten()),
+            ChainConnection::Alloc(j) => (Role::AllocChain(j), self.mn_alloc.get(j as usize).copied().flatten()),
+            ChainConnection::Free => (Role::Free, self.mn_free),
+        };
+        let hello = Hello::rejoin(role, self.alloc_chains, self.nonce, self.ticket);
+        let primed = c == ChainConnection::Alloc(0);
+        let got = b.connect_from(self.source, self.addr, &hello, self.timeout, |b, q| {
+            if primed {
+                prime_receives(b, mem, MessageQueue::Alloc, q)?;
+            }
+            Ok(())
+        })?;
+        if want.is_some() && got.remote_qpn.is_some() && got.remote_qpn != want {
+            let _ = b.destroy_qp(got.qp);
+            return Err(VerbsError::Protocol(format!(
+                "the MN rejoined {role:?} on QP {:?}, the connection it replaces was on {want:?}",
+                got.remote_qpn
+            )));
+        }
+        Ok(Rejoined { qp: got.qp, primed })
     }
 }
 

@@ -15,10 +15,10 @@ use crate::chunk::Chunk;
 use crate::error::Error;
 use crate::policy::{Options, ReservePolicy};
 use crate::transport::{Link, Registered, Transport};
-use omw_core::cn::driver::{AtomicOp, CnDriver, CnError, CnEvent, LocalBuf, OpId};
+use omw_core::cn::driver::{AtomicOp, ChainConnection, CnDriver, CnError, CnEvent, LocalBuf, OpId};
 use omw_core::cn::{Allocation, ClientError};
 use omw_core::device::WcStatus;
-use omw_core::ids::Rkey;
+use omw_core::ids::{Qpn, Rkey};
 use omw_core::wire::message::ErrorCode;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
@@ -144,6 +144,9 @@ pub struct Stats {
     /// the MN found bound elsewhere, one it could not bind again, an allocation it undid after
     /// its reply); their handles now fail with [`crate::Error::Freed`].
     pub taken_back: u64,
+    /// Chain connections (Alloc, Free QPs) the library connected again after their QP broke
+    /// ([`crate::transport::Transport::rejoin`]): the chunks it holds kept working.
+    pub rejoins: u64,
 }
 
 pub(crate) struct Engine<T: Transport> {
@@ -180,6 +183,8 @@ pub(crate) struct Engine<T: Transport> {
     pub(crate) stats: Stats,
     /// Caller buffers registered now.
     registered: usize,
+    /// Chain connections whose QP broke, to rejoin at the next progress.
+    broken: Vec<ChainConnection>,
 }
 
 fn cn_err<E: std::error::Error + Send + Sync + 'static>(e: CnError<E>) -> Error {
@@ -233,6 +238,7 @@ impl<T: Transport> Engine<T> {
             t0: Instant::now(),
             stats: Stats::default(),
             registered: 0,
+            broken: Vec::new(),
         }
     }
 
@@ -302,11 +308,54 @@ impl<T: Transport> Engine<T> {
             self.on_event(ev);
         }
         n += self.settle()?;
+        n += self.rejoin_broken()?;
         self.send_frees()?;
         self.dispatch_allocs()?;
         if self.d.free_io_slots() > 0 {
             for w in self.slot_wakers.drain(..) {
                 w.wake();
+            }
+        }
+        Ok(n)
+    }
+
+    /// A chain connection's QP broke (an access or request on it failed, its receives were
+    /// flushed): rejoin it at the next progress; an access QP's loss is the connection's.
+    fn broke(&mut self, qp: Qpn) {
+        match self.d.chain_connection_of(qp) {
+            Some(c) if !self.broken.contains(&c) => self.broken.push(c),
+            Some(_) => {}
+            None => self.on_lost(),
+        }
+    }
+
+    /// Rejoin every broken chain connection (`Transport::rejoin`): its new QP goes to the
+    /// driver, the old one is destroyed, the allocation that was in flight on it goes out again
+    /// (its waiter still waits), and frees lost with it are sent again (the driver's). Where
+    /// no rejoin is possible, the connection is lost.
+    fn rejoin_broken(&mut self) -> Result<usize, Error> {
+        let mut n = 0;
+        while let Some(c) = self.broken.pop() {
+            if self.lost {
+                self.broken.clear();
+                break;
+            }
+            let Some(old) = self.d.chain_qp(c) else { continue };
+            let mem = *self.d.memory();
+            match self.d.backend.rejoin(c, old, &mem) {
+                Ok(Some(r)) => {
+                    let now = self.now();
+                    let replaced = self.d.replace_chain_qp(now, c, r.qp, r.primed).map_err(cn_err)?;
+                    if let Some(t) = replaced.abandoned {
+                        self.take_pending(t);
+                    }
+                    if replaced.old != r.qp {
+                        let _ = self.d.backend.destroy_qp(replaced.old);
+                    }
+                    self.stats.rejoins += 1;
+                    n += 1;
+                }
+                Ok(None) | Err(_) => self.on_lost(),
             }
         }
         Ok(n)
@@ -442,11 +491,22 @@ impl<T: Transport> Engine<T> {
             CnEvent::ReplyTimedOut { token } if self.take_pending(token) => {
                 self.fail_head(Error::Timeout { what: "the allocation reply" });
             }
-            CnEvent::SendFailed { token: Some(t), status, .. } if self.take_pending(t) => {
-                self.fail_head(Error::Access(status));
+            // a request's SEND failed: its QP broke. The allocation goes out again once the
+            // connection is rejoined (its waiter keeps waiting); a free lost with it is the
+            // driver's to send again
+            CnEvent::SendFailed { qp, token, status } if !self.lost => {
+                if self.d.chain_connection_of(qp).is_some() {
+                    if let Some(t) = token {
+                        self.take_pending(t);
+                    }
+                    self.broke(qp);
+                } else if token.is_some_and(|t| self.take_pending(t)) {
+                    self.fail_head(Error::Access(status));
+                }
             }
-            // a message queue left RTS: the MN's end is gone or broke the pair
-            CnEvent::ReceiveFailed { .. } if !self.lost => self.on_lost(),
+            // a message queue left RTS: the MN's end is gone or broke the pair — a chain
+            // connection is rejoined, access QP 0's loss is the connection's
+            CnEvent::ReceiveFailed { qp, .. } if !self.lost => self.broke(qp),
             _ => {}
         }
     }
@@ -826,6 +886,13 @@ impl<T: Transport> Engine<T> {
             let Some(op) = self.ops.get(&id) else { continue };
             let Some(status) = self.d.op_status(op.core).map_err(cn_err)? else { continue };
             let (core, kind, chunk) = (op.core, op.kind, op.chunk);
+            // a failed access broke its QP: one of a chain connection (windows on the Alloc
+            // QP) is rejoined
+            if status != WcStatus::Success && !self.lost {
+                if let Some(q) = self.d.op_qpn(core).filter(|q| self.d.chain_connection_of(*q).is_some()) {
+                    self.broke(q);
+                }
+            }
             let want = match kind {
                 Kind::Read(len) => len,
                 Kind::Atomic => 8,

@@ -27,13 +27,16 @@
 use crate::client::Connect;
 use crate::engine::IO_SLOTS;
 use crate::error::Error;
-use crate::transport::{Connection, Link, Registered, Signal, Transport};
+use crate::transport::{Connection, Link, Registered, Rejoined, Signal, Transport};
 use omw_core::access::AccessFlags;
 use omw_core::chain::mlx5::Mlx5Arm;
-use omw_core::cn::driver::CnMemory;
+use omw_core::chain::ChainKind;
+use omw_core::cn::driver::{ChainConnection, CnMemory};
+use omw_core::mn::host_engine::LapFailure;
+use omw_core::mn::Event;
 use omw_core::device::{
     Capabilities, Completion, DataPath, Domain, ExecutionMode, MrKeys, MwBinding, OffloadRings, Provision, QpState,
-    WindowState,
+    WcStatus, WindowState,
 };
 use omw_core::ids::{Qpn, Rkey};
 use omw_core::mn::MnError;
@@ -281,6 +284,31 @@ impl World {
 
     fn qa(&self, i: usize, q: Qpn) -> R<QpAddr> {
         Ok(QpAddr::new(self.cn(i)?.cn.host, q))
+    }
+
+    /// CN `i` rejoins chain connection `c`, whose QP `qp` broke: the model reconnects the pair
+    /// in place (the same QP numbers; a pair the MN's own repair reset already is up again),
+    /// and the MN hears of it as the DEVX MN does (`omw_verbs::mn`'s rejoin): a failure of
+    /// that chain, repaired and re-armed on the new connection. False: no MN to rejoin.
+    fn rejoin(&mut self, i: usize, c: ChainConnection, qp: Qpn) -> R<bool> {
+        if self.mn_dead {
+            return Ok(false);
+        }
+        let q = self.qa(i, qp)?;
+        if self.fabric().qp_state(q)? != QpState::Rts {
+            self.fabric().reset_qp(q)?;
+        }
+        let cn = self.cn(i)?.cn.id;
+        let (kind, chain) = match c {
+            ChainConnection::Alloc(j) => (ChainKind::Alloc, j),
+            ChainConnection::Free => (ChainKind::Free, 0),
+        };
+        let now = self.cluster.now();
+        let failure = LapFailure::Status(WcStatus::WrFlushErr);
+        let replaced = Event::ChainFailed { cn, kind, chain, step: None, failure };
+        self.cluster.driver.handle(now, replaced).map_err(ClusterError::Driver)?;
+        self.pump()?;
+        Ok(true)
     }
 }
 
@@ -703,6 +731,11 @@ impl Drop for ModelDevice {
 }
 
 impl ModelDevice {
+    /// The model host this CN runs on (for a test's faults: `omw_loopback::MessageFilter`).
+    pub fn host(&self) -> HostId {
+        self.host
+    }
+
     fn call<T: Send + 'static>(&self, f: impl FnOnce(&mut World, usize) -> R<T> + Send + 'static) -> R<T> {
         let i = self.idx;
         self.model.call(move |w| f(w, i))?
@@ -955,6 +988,11 @@ impl Transport for ModelDevice {
     }
     fn mirrors_buffers(&self) -> bool {
         true
+    }
+    /// The pair reconnected in place: the same QP, its receives to post again.
+    fn rejoin(&mut self, c: ChainConnection, old: Qpn, _: &CnMemory) -> R<Option<Rejoined>> {
+        let up = self.call(move |w, i| w.rejoin(i, c, old))?;
+        Ok(up.then_some(Rejoined { qp: old, primed: false }))
     }
     fn max_message_len(&self) -> u64 {
         self.max_message

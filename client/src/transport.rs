@@ -9,7 +9,7 @@
 //!
 //! [`CnDriver`]: omw_core::cn::driver::CnDriver
 
-use omw_core::cn::driver::{CnMemory, CnQpSet};
+use omw_core::cn::driver::{ChainConnection, CnMemory, CnQpSet};
 use omw_core::device::{DataPath, RdmaBackend};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -66,6 +66,27 @@ pub trait Transport: RdmaBackend + DataPath<Error = <Self as Transport>::Fault> 
     /// The largest single message the connection's QPs carry (the port's `max_msg_sz`): a
     /// zero-copy access is one work request, so a longer one is refused before posting.
     fn max_message_len(&self) -> u64;
+
+    /// Connect chain connection `c` (whose QP is `old`) anew to the same MN-side QP after its
+    /// QP broke (an access the MN refused on it, the MN's repair of its chain): the CN's new
+    /// QP, or None where the transport or its MN cannot rejoin (then the connection is lost). The library hands the
+    /// new QP to its driver (`CnDriver::replace_chain_qp`) and destroys the old one. The
+    /// windows the CN holds are bound to the MN's end, so they all keep working.
+    fn rejoin(
+        &mut self,
+        c: ChainConnection,
+        old: omw_core::ids::Qpn,
+        mem: &CnMemory,
+    ) -> Result<Option<Rejoined>, Self::Error>;
+}
+
+/// A chain connection a transport connected anew ([`Transport::rejoin`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Rejoined {
+    /// The CN's QP now (the model reconnects the old one in place: the same number).
+    pub qp: omw_core::ids::Qpn,
+    /// Its receives were posted before it connected (`prime_receives`).
+    pub primed: bool,
 }
 
 /// The event fd's waiting side.

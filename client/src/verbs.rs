@@ -14,8 +14,9 @@
 use crate::client::Connect;
 use crate::engine::IO_SLOTS;
 use crate::error::Error;
-use crate::transport::{Connection, Link, Registered, Signal, Transport};
-use omw_core::cn::driver::CnMemory;
+use crate::transport::{Connection, Link, Registered, Rejoined, Signal, Transport};
+use omw_core::cn::driver::{ChainConnection, CnMemory};
+use omw_core::ids::Qpn;
 pub use omw_verbs::cn::CnOptions;
 use omw_verbs::notify::EventFd;
 use omw_verbs::{VerbsBackend, VerbsError};
@@ -164,6 +165,11 @@ impl Transport for VerbsBackend {
     }
     fn mirrors_buffers(&self) -> bool {
         false
+    }
+    /// `omw_verbs::rejoin`: a new rdma_cm connection with the session's rejoin ticket; an MN
+    /// whose QPs are rdma_cm's refuses (`Refusal::NoRejoin`), and the connection is lost.
+    fn rejoin(&mut self, c: ChainConnection, _: Qpn, mem: &CnMemory) -> Result<Option<Rejoined>, VerbsError> {
+        Ok(self.rejoin_chain(c, mem)?.map(|r| Rejoined { qp: r.qp, primed: r.primed }))
     }
     fn max_message_len(&self) -> u64 {
         self.max_message_len()

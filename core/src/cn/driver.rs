@@ -20,7 +20,7 @@ use crate::cn::{Allocation, Client, ClientError, ClientEvent};
 use crate::device::{Completion, QpState, RdmaBackend, WcOpcode, WcStatus};
 use crate::ids::{CnId, Qpn, Rkey};
 use crate::mn::MAX_ALLOC_CHAINS;
-use crate::wire::message::{ConnectFlags, ErrorCode, Request, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
+use crate::wire::message::{ConnectFlags, ErrorCode, FreeRequest, Request, ALLOC_REPLY_LEN, MAX_ACCESS_QPS};
 use crate::wire::wqe::{Opcode, QueueSel, RecvWqe, Sge, Wqe};
 use core::fmt;
 
@@ -74,6 +74,22 @@ pub enum CnQp {
     Alloc,
     Free,
     Access(usize),
+}
+
+/// One of the CN's chain connections: its Alloc QP of alloc chain `j` (0: the first), or its
+/// Free QP — what a rejoin replaces ([`CnDriver::replace_chain_qp`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum ChainConnection {
+    Alloc(u8),
+    Free,
+}
+
+/// What [`CnDriver::replace_chain_qp`] left behind: the old QP, for the caller to destroy, and
+/// the allocation that was in flight on it, given up.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Replaced {
+    pub old: Qpn,
+    pub abandoned: Option<u32>,
 }
 
 /// The CN ends of its QPs to the MN, in the order the MN's connect info names the MN's ends.
@@ -341,6 +357,9 @@ impl<E> From<ClientError> for CnError<E> {
 struct SendSlot {
     qp: Qpn,
     token: Option<u32>,
+    /// An honest free's entry: sent again on a rejoined Free QP if this send is lost with the
+    /// old one ([`CnDriver::replace_chain_qp`]).
+    free_entry: Option<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -382,6 +401,9 @@ pub struct CnDriver<B: RdmaBackend, const N: usize, const S: usize = IO_SLOTS> {
     pub reply_timeout: u64,
     /// Token of a raw request's free slot: a forged free still expects a refusal.
     forged_token: u32,
+    /// Honest frees whose requests failed with their Free QP (token, entry): sent again when
+    /// a rejoin replaces it ([`CnDriver::replace_chain_qp`]).
+    lost_frees: heapless::Vec<(u32, u64), { 2 * SEND_SLOTS }>,
 }
 
 impl<B: RdmaBackend, const N: usize, const S: usize> fmt::Debug for CnDriver<B, N, S> {
@@ -438,6 +460,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
             record: false,
             reply_timeout: 0,
             forged_token: 0xF0F0_0000,
+            lost_frees: heapless::Vec::new(),
         })
     }
 
@@ -534,6 +557,110 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         }
     }
 
+    /// The CN end of chain connection `c`.
+    pub fn chain_qp(&self, c: ChainConnection) -> Option<Qpn> {
+        match c {
+            ChainConnection::Alloc(j) => self.alloc_qp(j as usize),
+            ChainConnection::Free => Some(self.qps.free),
+        }
+    }
+
+    /// The chain connection whose CN end is `qp` (None: an access QP or no QP of this CN).
+    pub fn chain_connection_of(&self, qp: Qpn) -> Option<ChainConnection> {
+        if qp == self.qps.free {
+            return Some(ChainConnection::Free);
+        }
+        (0..self.alloc_chains()).find(|j| self.alloc_qp(*j) == Some(qp)).map(|j| ChainConnection::Alloc(j as u8))
+    }
+
+    /// Chain connection `c`'s CN end is `new` now: a rejoin connected it to the same MN end,
+    /// which keeps everything bound to it. The old QP broke (it is in error, or its peer reset
+    /// under it), so what was in flight on it is over: its request sends are forgotten — an
+    /// allocation waiting on one is given up (the MN's repair of that chain takes back what
+    /// its lap got, and tells the CN) —, its accesses report `WrFlushErr`, and the receives of
+    /// its message queue are posted on `new` unless `primed` says they were posted before
+    /// `new` connected ([`prime_receives`]). Frees lost with an old Free QP are sent again on
+    /// the new one. The old QP is the caller's to destroy.
+    ///
+    /// What the old QP completed before it broke still counts: a request it sent is not sent
+    /// again, a reply or message it received is taken (`now`: the caller's clock). Its flushed
+    /// receives are not reported: the break is what this call handles.
+    pub fn replace_chain_qp(
+        &mut self,
+        now: u64,
+        c: ChainConnection,
+        new: Qpn,
+        primed: bool,
+    ) -> Result<Replaced, CnError<B::Error>> {
+        let old = self.chain_qp(c).ok_or(CnError::NoSuchQp(match c {
+            ChainConnection::Alloc(_) => CnQp::Alloc,
+            ChainConnection::Free => CnQp::Free,
+        }))?;
+        // what the old QP completed counts (a free that was sent is not sent again); what it
+        // flushed is lost
+        let _ = self.poll_sends(old);
+        // the message queue the old QP was, if any
+        let queue = self.message_qps().iter().position(|q| *q == Some(old));
+        if let Some(k) = queue {
+            self.take_old_receives(now, k, old);
+        }
+        match c {
+            ChainConnection::Alloc(0) => self.qps.alloc = new,
+            ChainConnection::Alloc(j) => self.extra_alloc[j as usize - 1] = new,
+            ChainConnection::Free => self.qps.free = new,
+        }
+        let mut abandoned = None;
+        for s in self.sends.iter_mut().filter(|s| s.is_some_and(|s| s.qp == old)) {
+            if let Some(t) = s.and_then(|s| s.token).filter(|t| self.client.is_pending(*t)) {
+                abandoned = Some(t);
+            }
+            if let Some(SendSlot { token: Some(t), free_entry: Some(e), .. }) = *s {
+                let _ = self.lost_frees.push((t, e));
+            }
+            *s = None;
+        }
+        // the chain's allocation in flight, whether or not its request's send completed
+        if let ChainConnection::Alloc(j) = c {
+            if let Some(a) = self.chains[j as usize].take() {
+                abandoned = Some(a.token);
+            }
+        }
+        if let Some(t) = abandoned {
+            self.client.abandon(t);
+            self.chain_done(t);
+        }
+        for s in self.io.iter_mut().flatten().filter(|s| s.qp == old && s.done.is_none()) {
+            s.done = Some(WcStatus::WrFlushErr);
+        }
+        if let Some(k) = queue {
+            self.posted[k] = if primed { (1 << Self::recvs_on(k)) - 1 } else { 0 };
+        }
+        self.refill()?;
+        if c == ChainConnection::Free {
+            self.resend_lost_frees()?;
+        }
+        Ok(Replaced { old, abandoned })
+    }
+
+    /// Take what a broken message queue's QP still reports (as far as the event queue has
+    /// room): replies and messages that arrived before it broke, not its flushes.
+    fn take_old_receives(&mut self, now: u64, k: usize, qp: Qpn) {
+        for _ in 0..RECVS_PER_QP {
+            let room = (EVENT_CAPACITY - self.events.len()) / 3;
+            if room == 0 {
+                return;
+            }
+            let mut c = [Completion::EMPTY; 1];
+            match self.backend.poll_cq(qp, QueueSel::Recv, &mut c) {
+                Ok(1) if c[0].status.is_ok() => {
+                    let _ = self.on_receive(now, k, qp, &c[0]);
+                }
+                Ok(1) => {}
+                _ => return,
+            }
+        }
+    }
+
     /// Report every byte string the MN delivers as [`CnEvent::Delivered`].
     pub fn record_deliveries(&mut self, on: bool) {
         self.record = on;
@@ -580,7 +707,11 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         if drained {
             self.resync();
         }
-        self.refill()
+        self.refill()?;
+        if !self.lost_frees.is_empty() && self.backend.qp_state(self.qps.free).map_err(CnError::Device)? == QpState::Rts {
+            self.resend_lost_frees()?;
+        }
+        Ok(())
     }
 
     /// Only the send side: completions of requests and accesses, no receive taken or posted
@@ -719,6 +850,10 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
                                     self.client.abandon(t);
                                     self.chain_done(t);
                                 }
+                                if let (Some(e), Some(t)) = (s.free_entry, s.token) {
+                                    // room for every send slot's: only a rejoin clears them
+                                    let _ = self.lost_frees.push((t, e));
+                                }
                                 self.push(CnEvent::SendFailed { qp, token: s.token, status: c.status });
                             }
                         }
@@ -849,9 +984,45 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         let slot = self.free_send_slot(self.qps.free)?;
         let bytes = self.client.free_request(a.entry_addr)?;
         let token = Request::from_array(bytes).token();
-        self.remember_free(token);
-        self.send_in(slot, self.qps.free, Some(token), &bytes)?;
+        self.send_free(slot, token, a.entry_addr, &bytes)?;
         Ok(token)
+    }
+
+    /// Send the free request `bytes` (`token`, of `entry`) from send slot `slot` on the Free QP.
+    fn send_free(&mut self, slot: usize, token: u32, entry: u64, bytes: &[u8]) -> Result<(), CnError<B::Error>> {
+        self.remember_free(token);
+        self.send_in(slot, self.qps.free, Some(token), bytes)?;
+        if let Some(s) = self.sends[slot].as_mut() {
+            s.free_entry = Some(entry);
+        }
+        Ok(())
+    }
+
+    /// Send again the frees whose requests were lost with a broken Free QP, once a new one is in
+    /// place ([`CnDriver::replace_chain_qp`]; then each [`CnDriver::poll`] until all went). A
+    /// free that reached the MN after all (its ack was what got lost) is refused as not the
+    /// owner's ([`CnEvent::Refused`]); one that did not gives the chunk back now.
+    ///
+    /// A lost free may have landed and its group come back to this very CN: sent again, it
+    /// would free the CN's new allocation. So nothing is sent while an allocation is in flight
+    /// (its reply could be that group), and an entry the CN holds again is dropped — it can
+    /// only hold it again if the first free landed.
+    fn resend_lost_frees(&mut self) -> Result<(), CnError<B::Error>> {
+        if self.chains.iter().any(Option::is_some) {
+            return Ok(());
+        }
+        let live = &self.client;
+        self.lost_frees.retain(|(_, e)| !live.live().iter().any(|a| a.entry_addr == *e));
+        while let Some(&(token, entry)) = self.lost_frees.last() {
+            let slot = match self.free_send_slot(self.qps.free) {
+                Ok(s) => s,
+                Err(CnError::SlotsBusy) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            self.lost_frees.pop();
+            self.send_free(slot, token, entry, &FreeRequest { token, entry_addr: entry }.encode())?;
+        }
+        Ok(())
     }
 
     /// A request of `bytes` on `qp` from a free send slot (the hostile-CN API's raw sends);
@@ -909,7 +1080,7 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         self.backend.write_local(at, bytes).map_err(CnError::Device)?;
         let w = Wqe::send(at, self.mem.lkey, bytes.len() as u32).with_wr_id((TAG_SEND << TAG_SHIFT) | slot as u64);
         self.backend.post_send(qp, &w).map_err(CnError::Device)?;
-        self.sends[slot] = Some(SendSlot { qp, token });
+        self.sends[slot] = Some(SendSlot { qp, token, free_entry: None });
         self.next_send = (slot + 1) % SEND_SLOTS;
         Ok(())
     }
