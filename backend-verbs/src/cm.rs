@@ -489,6 +489,24 @@ impl VerbsBackend {
         let id = Self::resolve(self, src, addr, deadline)?;
         let q = self.create_cm_qp(id)?;
         self.cm.forget_id(id); // owned by the QP entry from now on
+        let r = self.connect_qp(q, id, addr, hello, deadline, prepare);
+        if r.is_err() {
+            // refused, unreachable, timed out: nothing of the attempt stays (its QP and id)
+            let _ = omw_core::device::DataPath::destroy_qp(self, q);
+        }
+        r
+    }
+
+    /// The part of [`Self::connect_from`] after the QP exists: prepare it, connect, wait.
+    fn connect_qp(
+        &mut self,
+        q: Qpn,
+        id: *mut rdma_cm_id,
+        addr: SocketAddr,
+        hello: &Hello,
+        deadline: Instant,
+        prepare: impl FnOnce(&mut Self, Qpn) -> Result<()>,
+    ) -> Result<Connected> {
         prepare(self, q)?;
         let private = hello.encode();
         debug_assert!(private.len() <= 56, "rdma_cm RC private data is at most 56 bytes");

@@ -66,9 +66,9 @@ impl fmt::Display for Refusal {
                 f,
                 "this CN asked for {asked} alloc chains, the MN allows at most {allowed} (its --alloc-chains)"
             ),
-            Refusal::NoRejoin => f.write_str(
-                "the MN rejoins no connection (its QPs are rdma_cm's, not its own): connect as a new CN",
-            ),
+            Refusal::NoRejoin => {
+                f.write_str("the MN rejoins no connection (its QPs are rdma_cm's, not its own): connect as a new CN")
+            }
         }
     }
 }

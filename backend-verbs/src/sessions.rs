@@ -437,7 +437,8 @@ impl Sessions {
         }
         let chain_role = matches!(role, Role::Alloc | Role::AllocChain(_) | Role::Free);
         let qp = s.qp_of(role).filter(|_| chain_role).ok_or(Rejection::RejoinRole { role, nonce })?;
-        let old = s.ids.iter().find(|(_, r)| *r == role).map(|(i, _)| *i).ok_or(Rejection::RejoinRole { role, nonce })?;
+        let old =
+            s.ids.iter().find(|(_, r)| *r == role).map(|(i, _)| *i).ok_or(Rejection::RejoinRole { role, nonce })?;
         let private = if role == Role::Alloc { self.welcome(nonce) } else { Vec::new() };
         Ok(Admission::Rejoin { role, cn, qp, old, private })
     }

@@ -3,12 +3,13 @@
 //! invariants hold throughout; a CN asking for more chains than the MN's `--alloc-chains` is
 //! refused on its first connection with the typed reason, and nothing of it is left at the MN.
 //! The MN daemon runs on a thread of this process (`common::testbed::MnThread`: the host engine
-//! on rxe), the CNs are `CnClient`s. Skipped unless OMW_RXE is set (scripts/verbs-ci runs it in
-//! its single-VM part).
+//! on rxe), the CNs are `CnClient`s. Also here: a rejoin of one of those chain connections
+//! (`omw_verbs::rejoin`), which this MN — its QPs rdma_cm's — refuses with the reason. Skipped
+//! unless OMW_RXE is set (scripts/verbs-ci runs it in its single-VM part).
 
 mod common;
 use common::testbed::MnThread;
-use omw_core::cn::driver::CnError;
+use omw_core::cn::driver::{ChainConnection, CnError};
 use omw_core::cn::ClientError;
 use omw_tests::testbed::MnSpec;
 use omw_verbs::cm::Refusal;
@@ -180,4 +181,38 @@ fn more_alloc_chains_than_the_mn_allows_are_refused_with_the_reason() {
     }
     invariants(&mn);
     invariants(&single);
+}
+
+/// A rejoin over real rdma_cm: the welcome carried the session's ticket (16 bytes of accept
+/// private data), the rejoin hello passes admission (ticket, address, complete session), and
+/// this MN — whose QPs are rdma_cm's, not its own — refuses it with `Refusal::NoRejoin`, which
+/// the CN reads as "connect anew" (`VerbsError::Unsupported`; a wrong ticket would be refused
+/// without a reason). Its session goes on untouched: the chunk it holds still works, the MN
+/// counts no rejoin and reclaimed nothing, and the next chain works.
+#[test]
+fn the_verbs_mn_refuses_a_rejoin_with_the_reason_and_the_session_goes_on() {
+    if !common::rxe() {
+        return;
+    }
+    let mn = MnThread::start_with_chains(MnSpec::new(2, CHUNKS), 2);
+    let mut c = CnClient::connect(mn.addr, &opts(2)).unwrap();
+    let a = c.alloc().unwrap();
+    c.write(&a, 0, 0, b"kept").unwrap();
+    let reclaimed = mn.with(|d, _| d.counters().groups_reclaimed);
+    for conn in [ChainConnection::Alloc(0), ChainConnection::Alloc(1), ChainConnection::Free] {
+        match c.rejoin(conn) {
+            Err(VerbsError::Unsupported(why)) => assert!(why.contains("connect anew"), "{why}"),
+            other => panic!("a rejoin of {conn:?} on the verbs MN: {other:?}"),
+        }
+    }
+    assert_eq!(c.read(&a, 0, 0, 4).unwrap(), b"kept");
+    let b = c.alloc().unwrap();
+    c.free(&a).unwrap();
+    c.free(&b).unwrap();
+    c.pump().unwrap();
+    let (cns, rejoins, now_reclaimed) =
+        mn.with(|d, _| (d.driver.mn.cns().count(), d.counters().rejoins, d.counters().groups_reclaimed));
+    assert_eq!((cns, rejoins, now_reclaimed), (1, 0, reclaimed));
+    pool_whole(&mn);
+    invariants(&mn);
 }

@@ -29,18 +29,18 @@ use crate::engine::IO_SLOTS;
 use crate::error::Error;
 use crate::transport::{Connection, Link, Registered, Rejoined, Signal, Transport};
 use omw_core::access::AccessFlags;
-use omw_core::chain::mlx5::Mlx5Arm;
 use omw_core::chain::ChainKind;
+use omw_core::chain::mlx5::Mlx5Arm;
 use omw_core::cn::driver::{ChainConnection, CnMemory};
-use omw_core::mn::host_engine::LapFailure;
-use omw_core::mn::Event;
 use omw_core::device::{
     Capabilities, Completion, DataPath, Domain, ExecutionMode, MrKeys, MwBinding, OffloadRings, Provision, QpState,
     WcStatus, WindowState,
 };
 use omw_core::ids::{Qpn, Rkey};
+use omw_core::mn::Event;
 use omw_core::mn::MnError;
 use omw_core::mn::driver::DriverError;
+use omw_core::mn::host_engine::LapFailure;
 use omw_core::wire::wqe::{QueueSel, RecvWqe, Wqe};
 use omw_loopback::cluster::{Cluster, ClusterConfig, ClusterError, DetachedCn};
 use omw_loopback::{Fabric, HostId, LoopbackError, NicConfig, PdId, QpAddr};

@@ -573,4 +573,3 @@ fn a_cn_rejoins_its_alloc_connection_without_losing_its_session() {
     d.step().unwrap();
     assert_eq!(s.borrow().rejected.last(), Some(&id(0x43)), "no session to rejoin any more");
 }
-

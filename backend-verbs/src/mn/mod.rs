@@ -26,13 +26,13 @@ use crate::metrics::{MetricsServer, MnCounters};
 use crate::probe;
 use crate::sessions::{Admission, Complete, Rejections, Sessions, SESSION_PATIENCE};
 use omw_core::chain::ChainKind;
-use omw_core::device::{DataPath, QpState, WcStatus};
-use omw_core::ids::{CnId, Qpn};
-use omw_core::mn::host_engine::LapFailure;
 use omw_core::device::ExecutionMode;
+use omw_core::device::{DataPath, QpState, WcStatus};
 use omw_core::geometry::PoolGeometry;
+use omw_core::ids::{CnId, Qpn};
 use omw_core::mn::capacity::{DeviceLimits, Footprint};
 use omw_core::mn::driver::MnDriver;
+use omw_core::mn::host_engine::LapFailure;
 use omw_core::mn::plan::MnPlan;
 use omw_core::mn::provision::PoolSpec;
 use omw_core::mn::{AllocChainQps, Event, MemoryNode, MnStats};
@@ -749,7 +749,8 @@ impl<T: Transport> MnDaemon<T> {
             return;
         }
         let now = self.now();
-        let replaced = Event::ChainFailed { cn, kind, chain, step: None, failure: LapFailure::Status(WcStatus::WrFlushErr) };
+        let replaced =
+            Event::ChainFailed { cn, kind, chain, step: None, failure: LapFailure::Status(WcStatus::WrFlushErr) };
         let repaired = self.driver.handle(now, replaced).map_err(|e| e.to_string()).and_then(|()| {
             match self.driver.backend.qp_state(qp) {
                 Ok(QpState::Rts) => Ok(()),

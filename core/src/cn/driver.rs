@@ -708,7 +708,8 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
             self.resync();
         }
         self.refill()?;
-        if !self.lost_frees.is_empty() && self.backend.qp_state(self.qps.free).map_err(CnError::Device)? == QpState::Rts {
+        if !self.lost_frees.is_empty() && self.backend.qp_state(self.qps.free).map_err(CnError::Device)? == QpState::Rts
+        {
             self.resend_lost_frees()?;
         }
         Ok(())
