@@ -213,9 +213,10 @@ mod tests {
         let p = sample().prometheus();
         assert!(p.contains("# TYPE omw_mn_allocs_total counter\nomw_mn_allocs_total 5\n"), "{p}");
         assert!(p.contains("# TYPE omw_mn_free_chunks gauge\nomw_mn_free_chunks 14\n"), "{p}");
-        assert_eq!(p.lines().filter(|l| !l.starts_with('#')).count(), 20);
-        let w = MnCounters { window_query_failures: 4, ..sample() }.prometheus();
+        assert_eq!(p.lines().filter(|l| !l.starts_with('#')).count(), FIELDS.len());
+        let w = MnCounters { window_query_failures: 4, rejoins: 2, ..sample() }.prometheus();
         assert!(w.contains("# TYPE omw_mn_window_query_failures_total counter\nomw_mn_window_query_failures_total 4\n"));
+        assert!(w.contains("# TYPE omw_mn_rejoins_total counter\nomw_mn_rejoins_total 2\n"));
         let j = sample().json();
         assert!(j.starts_with("{\"uptime_ms\":0,\"cns\":2,\"free_chunks\":14,\"chunks\":16,\"allocs\":5,"), "{j}");
         assert!(!j.contains('\n'));
