@@ -102,6 +102,22 @@ pub struct Measured {
     pub alloc_gates: u32,
     /// The alloc latency's floor from independent inputs ([`Inputs::alloc_floor`]).
     pub alloc_floor: AllocFloor,
+    /// The chain layout the model's default device chose for the chains measured here.
+    pub variant: omw_core::chain::variant::ChainVariant,
+    /// The same chains laid out to bind every window to the poster (the layout a device that
+    /// refuses or redirects a bind naming another QP runs; docs/MLX5.md "Binds to the
+    /// poster"), measured the same way in the same run ([`measure_poster`]; only for the
+    /// geometries `omw bench` reports, not for every point of a sweep).
+    pub poster: Option<PosterLatency>,
+}
+
+/// One alloc and one free of the layout that binds to the poster, as [`measure_geometry`]
+/// times the default layout's: request to reply, and the free's chain until idle.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PosterLatency {
+    pub alloc_ns: u64,
+    pub free_ns: u64,
+    pub alloc_floor: AllocFloor,
 }
 
 /// What no alloc chain can beat on the modelled device: the request's transit, one WQE fetch
@@ -278,7 +294,22 @@ fn cluster(
     chunks: u32,
     cost: CostModel,
 ) -> Result<Cluster, String> {
+    cluster_laid_out(mode, cns, g, chunk, chunks, cost, None)
+}
+
+/// [`cluster`] with the chains laid out as `variant` (None: the one the device's answers
+/// choose).
+fn cluster_laid_out(
+    mode: ExecutionMode,
+    cns: usize,
+    g: u8,
+    chunk: u64,
+    chunks: u32,
+    cost: CostModel,
+    variant: Option<omw_core::chain::variant::ChainVariant>,
+) -> Result<Cluster, String> {
     let mut cfg = ClusterConfig::paper_like();
+    cfg.chain_variant = variant;
     cfg.cns = cns;
     cfg.group_size = g;
     cfg.chunk_size = chunk;
@@ -293,6 +324,30 @@ fn cluster(
     // MN's default turns it on); the measuring pools here are small only to save model memory
     cfg.pop_ahead = Some(mode == ExecutionMode::Offloaded);
     Cluster::new(cfg).map_err(|e| format!("model cluster: {e}"))
+}
+
+/// [`PosterLatency`] for the geometry `m` measured: its layout binding to the poster, on a
+/// cluster of its own with one CN, timed as [`measure_geometry`] times the default.
+pub fn measure_poster(inp: &Inputs, m: &Measured) -> Result<PosterLatency, String> {
+    let (g, chunk) = (m.group_size, m.chunk_size);
+    let variant = Some(m.variant.binding_to_poster());
+    let mut c = cluster_laid_out(ExecutionMode::Offloaded, 1, g, chunk, 8, inp.cost, variant)?;
+    if !c.driver.mn.config().chain_variant.binds_to_poster {
+        return Err("the model did not lay the chains out to bind to the poster".into());
+    }
+    let mut p = PosterLatency::default();
+    let a = c.alloc(0).map_err(|e| format!("poster alloc: {e}"))?;
+    c.free(0, &a).map_err(|e| format!("poster free: {e}"))?;
+    let t0 = c.now();
+    let a = c.alloc(0).map_err(|e| format!("poster alloc: {e}"))?;
+    p.alloc_ns = c.cns[0].last_reply_at - t0;
+    let [layout, _] = c.driver.mn.chain_sizing_layouts().map_err(|e| format!("poster alloc chain: {e}"))?;
+    let path = layout.critical_path().unwrap_or(omw_core::chain::Gates::ZERO);
+    p.alloc_floor = inp.alloc_floor(g, fetch_gates(path, NicConfig::DEFAULT_BEHAVIOUR.wait_prefetch));
+    let t0 = c.now();
+    c.free(0, &a).map_err(|e| format!("poster free: {e}"))?;
+    p.free_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES));
+    Ok(p)
 }
 
 /// One-sided READ/WRITE round trips on the model, through a bound window. `nic_units`
@@ -349,6 +404,7 @@ pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result
     c.free(0, &a).map_err(|e| format!("free: {e}"))?;
     m.osmw.free_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES));
     m.osmw.free_mn_wqes = wq(&c) - w0;
+    m.variant = c.driver.mn.config().chain_variant;
     // a batch: every CN posts one alloc at the same instant; they contend in the MN NIC
     let t0 = c.now();
     let b0 = busy(&c);

@@ -339,7 +339,9 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
     let mut geos = Vec::new();
     for (g, chunk) in [(2u8, 4096u64), (2, 16384), (2, 2048), (3, 1 << 20)] {
         tick(&format!("measuring chains and host-engine laps: G={g}, {} KiB chunks", chunk >> 10));
-        geos.push(inputs::measure_geometry(&inp, g, chunk, 24)?);
+        let mut m = inputs::measure_geometry(&inp, g, chunk, 24)?;
+        m.poster = Some(inputs::measure_poster(&inp, &m)?);
+        geos.push(m);
     }
     let (micro_g, kv_g, kv2_g, swap_g) = (&geos[0], &geos[1], &geos[2], &geos[3]);
     // the 4 KiB KV granularity run uses the micro-benchmark geometry (G = 2, 4 KiB)

@@ -316,6 +316,23 @@ pub fn inputs_table(res: &Results) -> Vec<(String, String, String)> {
             ),
             "independent inputs: the chain's gated phases that cost a fetch (critical_path; a WAIT not, on a device fetching past it), nothing but the path".into(),
         ));
+        if let Some(p) = &m.poster {
+            v.push((
+                format!("OneSidedMW alloc, binding to the poster ({g})"),
+                format!(
+                    "{} ns ({:.2}× the layout above); floor {} ns",
+                    p.alloc_ns,
+                    p.alloc_ns as f64 / m.osmw.alloc_ns.max(1) as f64,
+                    p.alloc_floor.total_ns()
+                ),
+                "measured: the layout a device refusing a bind naming another QP runs (docs/MLX5.md)".into(),
+            ));
+            v.push((
+                format!("OneSidedMW free, binding to the poster ({g})"),
+                format!("{} ns ({:.2}× the layout above)", p.free_ns, p.free_ns as f64 / m.osmw.free_ns.max(1) as f64),
+                "measured: one gated phase more (the owner's-key proof), same run".into(),
+            ));
+        }
         v.push((
             format!("OneSidedMW alloc chain re-armed after the reply ({g})"),
             format!("{} ns", m.osmw.alloc_rearm_ns),
