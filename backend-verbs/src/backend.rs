@@ -280,20 +280,9 @@ impl VerbsBackend {
         self.rejoiner = r;
     }
 
-    /// Connect chain connection `c` anew to the same MN-side QP (`crate::rejoin::Rejoiner`):
-    /// the new QP, or None where no rejoin is possible — no ticket from the MN, or an MN that
-    /// refused with `Refusal::NoRejoin`.
-    pub fn rejoin_chain(
-        &mut self,
-        c: omw_core::cn::driver::ChainConnection,
-        mem: &omw_core::cn::driver::CnMemory,
-    ) -> Result<Option<crate::rejoin::Rejoined>> {
-        let Some(r) = self.rejoiner.clone() else { return Ok(None) };
-        match r.rejoin(self, mem, c) {
-            Ok(x) => Ok(Some(x)),
-            Err(VerbsError::Rejected(crate::refusal::Refusal::NoRejoin)) => Ok(None),
-            Err(e) => Err(e),
-        }
+    /// What a rejoin of this CN's chain connections needs (`crate::cn`'s `rejoin_chain`).
+    pub fn rejoiner(&self) -> Option<&crate::rejoin::Rejoiner> {
+        self.rejoiner.as_ref()
     }
 
     /// The largest message one work request may carry on this port (`max_msg_sz`).

@@ -42,6 +42,7 @@
 use crate::backend::VerbsBackend;
 use crate::cm::{parse_welcome, Hello, Role};
 use crate::error::{Result, VerbsError};
+use crate::rejoin::Rejoined;
 use omw_core::access::AccessFlags;
 use omw_core::cn::driver::{
     prime_receives, ChainConnection, CnDriver, CnError, CnEvent, CnMemory, CnQp, CnQpSet, MessageQueue,
@@ -286,6 +287,44 @@ pub fn check_connect_info(info: &ConnectInfo, mn_qpns: &[Option<Qpn>]) -> Result
         }
     }
     Ok(())
+}
+
+impl VerbsBackend {
+    /// Connect chain connection `c` anew to the same MN-side QP (`crate::rejoin`) with the
+    /// session this backend connected (`set_rejoiner`): a new QP with a rejoin hello (its
+    /// receives posted first where the MN may write at once: the first Alloc QP's, which alloc
+    /// replies consume), checked to be on the MN QP the old one was connected to. None where no
+    /// rejoin is possible: no ticket from the MN, or an MN that refused with
+    /// `Refusal::NoRejoin` (its QPs are rdma_cm's). The caller hands the new QP to its driver
+    /// (`CnDriver::replace_chain_qp`) and destroys the old one.
+    pub fn rejoin_chain(&mut self, c: ChainConnection, mem: &CnMemory) -> Result<Option<Rejoined>> {
+        let Some(r) = self.rejoiner().cloned() else { return Ok(None) };
+        let (role, want) = match c {
+            ChainConnection::Alloc(0) => (Role::Alloc, r.mn_alloc.first().copied().flatten()),
+            ChainConnection::Alloc(j) => (Role::AllocChain(j), r.mn_alloc.get(j as usize).copied().flatten()),
+            ChainConnection::Free => (Role::Free, r.mn_free),
+        };
+        let hello = Hello::rejoin(role, r.alloc_chains, r.nonce, r.ticket);
+        let primed = c == ChainConnection::Alloc(0);
+        let got = match self.connect_from(r.source, r.addr, &hello, r.timeout, |b, q| {
+            if primed {
+                prime_receives(b, mem, MessageQueue::Alloc, q)?;
+            }
+            Ok(())
+        }) {
+            Ok(g) => g,
+            Err(VerbsError::Rejected(crate::refusal::Refusal::NoRejoin)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if want.is_some() && got.remote_qpn.is_some() && got.remote_qpn != want {
+            let _ = self.destroy_qp(got.qp);
+            return Err(VerbsError::Protocol(format!(
+                "the MN rejoined {role:?} on QP {:?}, the connection it replaces was on {want:?}",
+                got.remote_qpn
+            )));
+        }
+        Ok(Some(Rejoined { qp: got.qp, primed }))
+    }
 }
 
 impl CnClient {

@@ -18,15 +18,11 @@
 //! wrong one is refused without a reason, like any other bad join (`Rejection::RejoinTicket`).
 //! Guessing costs a connection request per try against 2^64 tickets.
 //!
-//! The CN's side is [`Rejoiner`]: a new QP for the connection, a rejoin hello, the check that
-//! the MN put it on the same MN-side QP.
+//! The CN's side is [`Rejoiner`], what a rejoin needs to know; `VerbsBackend::rejoin_chain`
+//! (`crate::cn`) makes the new QP, sends the rejoin hello and checks that the MN put it on the
+//! same MN-side QP.
 
-use crate::backend::VerbsBackend;
-use crate::cm::{Hello, Role};
-use crate::error::{Result, VerbsError};
 use hmac::{Hmac, Mac};
-use omw_core::cn::driver::{prime_receives, ChainConnection, CnMemory, MessageQueue};
-use omw_core::device::DataPath;
 use omw_core::ids::Qpn;
 use sha2::Sha256;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -105,38 +101,6 @@ pub struct Rejoiner {
 pub struct Rejoined {
     pub qp: Qpn,
     pub primed: bool,
-}
-
-impl Rejoiner {
-    /// Connect a new QP of `b` for chain connection `c` with a rejoin hello (its receives
-    /// posted first where the MN may write at once: the first Alloc QP's, which alloc
-    /// replies consume) and check that the MN accepted it on the QP the old one was
-    /// connected to. The caller hands it to the driver and destroys the old one. An MN that
-    /// rejoins nothing refuses with [`crate::refusal::Refusal::NoRejoin`]
-    /// ([`VerbsError::Rejected`]): then the CN can only connect anew.
-    pub fn rejoin(&self, b: &mut VerbsBackend, mem: &CnMemory, c: ChainConnection) -> Result<Rejoined> {
-        let (role, want) = match c {
-            ChainConnection::Alloc(0) => (Role::Alloc, self.mn_alloc.first().copied().flatten()),
-            ChainConnection::Alloc(j) => (Role::AllocChain(j), self.mn_alloc.get(j as usize).copied().flatten()),
-            ChainConnection::Free => (Role::Free, self.mn_free),
-        };
-        let hello = Hello::rejoin(role, self.alloc_chains, self.nonce, self.ticket);
-        let primed = c == ChainConnection::Alloc(0);
-        let got = b.connect_from(self.source, self.addr, &hello, self.timeout, |b, q| {
-            if primed {
-                prime_receives(b, mem, MessageQueue::Alloc, q)?;
-            }
-            Ok(())
-        })?;
-        if want.is_some() && got.remote_qpn.is_some() && got.remote_qpn != want {
-            let _ = b.destroy_qp(got.qp);
-            return Err(VerbsError::Protocol(format!(
-                "the MN rejoined {role:?} on QP {:?}, the connection it replaces was on {want:?}",
-                got.remote_qpn
-            )));
-        }
-        Ok(Rejoined { qp: got.qp, primed })
-    }
 }
 
 #[cfg(test)]
