@@ -118,6 +118,10 @@ pub struct PosterLatency {
     pub alloc_ns: u64,
     pub free_ns: u64,
     pub alloc_floor: AllocFloor,
+    /// NIC unit time per alloc and per free with every CN asking at once (as
+    /// [`CtlCosts::alloc_nic_ns`] for the default layout).
+    pub alloc_nic_ns: u64,
+    pub free_nic_ns: u64,
 }
 
 /// What no alloc chain can beat on the modelled device: the request's transit, one WQE fetch
@@ -327,11 +331,13 @@ fn cluster_laid_out(
 }
 
 /// [`PosterLatency`] for the geometry `m` measured: its layout binding to the poster, on a
-/// cluster of its own with one CN, timed as [`measure_geometry`] times the default.
+/// cluster of its own with as many CNs, timed as [`measure_geometry`] times the default.
 pub fn measure_poster(inp: &Inputs, m: &Measured) -> Result<PosterLatency, String> {
     let (g, chunk) = (m.group_size, m.chunk_size);
     let variant = Some(m.variant.binding_to_poster());
-    let mut c = cluster_laid_out(ExecutionMode::Offloaded, 1, g, chunk, 8, inp.cost, variant)?;
+    let batch = m.osmw_batch.len().max(1);
+    let chunks = (batch as u32 * 2).max(8);
+    let mut c = cluster_laid_out(ExecutionMode::Offloaded, batch, g, chunk, chunks, inp.cost, variant)?;
     if !c.driver.mn.config().chain_variant.binds_to_poster {
         return Err("the model did not lay the chains out to bind to the poster".into());
     }
@@ -347,6 +353,23 @@ pub fn measure_poster(inp: &Inputs, m: &Measured) -> Result<PosterLatency, Strin
     let t0 = c.now();
     c.free(0, &a).map_err(|e| format!("poster free: {e}"))?;
     p.free_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES));
+    // every CN asks at once: the NIC's unit time per alloc, then per free
+    let mn = c.mn_host;
+    let busy = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.nic_send_busy_ns).unwrap_or(0);
+    let b0 = busy(&c);
+    let toks: Vec<u32> = (0..batch).map(|i| c.alloc_begin(i)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+    c.pump().map_err(|e| e.to_string())?;
+    let mut held = Vec::new();
+    for (i, t) in toks.into_iter().enumerate() {
+        held.push(c.alloc_finish(i, t).map_err(|e| format!("poster batch alloc cn{i}: {e}"))?);
+    }
+    p.alloc_nic_ns = (busy(&c) - b0) / batch as u64;
+    let b0 = busy(&c);
+    for (i, a) in held.iter().enumerate() {
+        c.free_begin(i, a).map_err(|e| format!("poster batch free cn{i}: {e}"))?;
+    }
+    c.pump().map_err(|e| e.to_string())?;
+    p.free_nic_ns = (busy(&c) - b0) / batch as u64;
     Ok(p)
 }
 

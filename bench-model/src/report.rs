@@ -320,16 +320,26 @@ pub fn inputs_table(res: &Results) -> Vec<(String, String, String)> {
             v.push((
                 format!("OneSidedMW alloc, binding to the poster ({g})"),
                 format!(
-                    "{} ns ({:.2}× the layout above); floor {} ns",
+                    "{} ns ({:.2}× the layout above); floor {} ns; NIC {} ns/alloc at {} ({:.2}×)",
                     p.alloc_ns,
                     p.alloc_ns as f64 / m.osmw.alloc_ns.max(1) as f64,
-                    p.alloc_floor.total_ns()
+                    p.alloc_floor.total_ns(),
+                    p.alloc_nic_ns,
+                    m.osmw_batch.len(),
+                    p.alloc_nic_ns as f64 / m.osmw.alloc_nic_ns.max(1) as f64
                 ),
                 "measured: the layout a device refusing a bind naming another QP runs (docs/MLX5.md)".into(),
             ));
             v.push((
                 format!("OneSidedMW free, binding to the poster ({g})"),
-                format!("{} ns ({:.2}× the layout above)", p.free_ns, p.free_ns as f64 / m.osmw.free_ns.max(1) as f64),
+                format!(
+                    "{} ns ({:.2}× the layout above); NIC {} ns/free at {} ({:.2}×)",
+                    p.free_ns,
+                    p.free_ns as f64 / m.osmw.free_ns.max(1) as f64,
+                    p.free_nic_ns,
+                    m.osmw_batch.len(),
+                    p.free_nic_ns as f64 / m.osmw.free_nic_ns.max(1) as f64
+                ),
                 "measured: one gated phase more (the owner's-key proof), same run".into(),
             ));
         }
