@@ -331,46 +331,93 @@ fn cluster_laid_out(
 }
 
 /// [`PosterLatency`] for the geometry `m` measured: its layout binding to the poster, on a
-/// cluster of its own with as many CNs, timed as [`measure_geometry`] times the default.
+/// cluster of its own with as many CNs, measured as [`measure_geometry`] measures the default.
 pub fn measure_poster(inp: &Inputs, m: &Measured) -> Result<PosterLatency, String> {
-    let (g, chunk) = (m.group_size, m.chunk_size);
     let variant = Some(m.variant.binding_to_poster());
-    let batch = m.osmw_batch.len().max(1);
-    let chunks = (batch as u32 * 2).max(8);
-    let mut c = cluster_laid_out(ExecutionMode::Offloaded, batch, g, chunk, chunks, inp.cost, variant)?;
-    if !c.driver.mn.config().chain_variant.binds_to_poster {
+    let r = measure_chains(inp, m.group_size, m.chunk_size, m.osmw_batch.len().max(1), variant)?;
+    if !r.variant.binds_to_poster {
         return Err("the model did not lay the chains out to bind to the poster".into());
     }
-    let mut p = PosterLatency::default();
-    let a = c.alloc(0).map_err(|e| format!("poster alloc: {e}"))?;
-    c.free(0, &a).map_err(|e| format!("poster free: {e}"))?;
-    let t0 = c.now();
-    let a = c.alloc(0).map_err(|e| format!("poster alloc: {e}"))?;
-    p.alloc_ns = c.cns[0].last_reply_at - t0;
-    let [layout, _] = c.driver.mn.chain_sizing_layouts().map_err(|e| format!("poster alloc chain: {e}"))?;
-    let path = layout.critical_path().unwrap_or(omw_core::chain::Gates::ZERO);
-    p.alloc_floor = inp.alloc_floor(g, fetch_gates(path, NicConfig::DEFAULT_BEHAVIOUR.wait_prefetch));
-    let t0 = c.now();
-    c.free(0, &a).map_err(|e| format!("poster free: {e}"))?;
-    p.free_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES));
-    // every CN asks at once: the NIC's unit time per alloc, then per free
+    Ok(PosterLatency {
+        alloc_ns: r.osmw.alloc_ns,
+        free_ns: r.osmw.free_ns,
+        alloc_floor: r.alloc_floor,
+        alloc_nic_ns: r.osmw.alloc_nic_ns,
+        free_nic_ns: r.osmw.free_nic_ns,
+    })
+}
+
+/// One layout's chains measured on the model ([`measure_chains`]).
+struct ChainsRun {
+    osmw: CtlCosts,
+    alloc_gates: u32,
+    alloc_floor: AllocFloor,
+    batch: Vec<u64>,
+    batch_round_ns: u64,
+    variant: omw_core::chain::variant::ChainVariant,
+}
+
+/// The offloaded chains laid out as `variant` (None: as the device's answers choose) with
+/// `batch` CNs: a warmed-up alloc and free of one CN, then every CN asking at once.
+fn measure_chains(
+    inp: &Inputs,
+    g: u8,
+    chunk: u64,
+    batch: usize,
+    variant: Option<omw_core::chain::variant::ChainVariant>,
+) -> Result<ChainsRun, String> {
+    let chunks = (batch as u32 * 2).max(8);
+    let mut c = cluster_laid_out(ExecutionMode::Offloaded, batch, g, chunk, chunks, inp.cost, variant)?;
+    let mut r = ChainsRun {
+        osmw: CtlCosts::default(),
+        alloc_gates: 0,
+        alloc_floor: AllocFloor::default(),
+        batch: Vec::new(),
+        batch_round_ns: 0,
+        variant: c.driver.mn.config().chain_variant,
+    };
     let mn = c.mn_host;
+    let wq = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.wqes_executed).unwrap_or(0);
     let busy = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.nic_send_busy_ns).unwrap_or(0);
+    // warm-up lap (first laps of each CN are armed at connect)
+    let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
+    c.free(0, &a).map_err(|e| format!("free: {e}"))?;
+    let (t0, w0) = (c.now(), wq(&c));
+    let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
+    r.osmw.alloc_ns = c.cns[0].last_reply_at - t0;
+    r.osmw.alloc_mn_wqes = wq(&c) - w0;
+    // the model ran until idle: the chain's commit (its re-arm) is the last of it
+    r.osmw.alloc_rearm_ns = c.now().saturating_sub(c.cns[0].last_reply_at);
+    let [layout, _] = c.driver.mn.chain_sizing_layouts().map_err(|e| format!("alloc chain: {e}"))?;
+    let path = layout.critical_path().unwrap_or(omw_core::chain::Gates::ZERO);
+    r.alloc_gates = path.gates;
+    r.alloc_floor = inp.alloc_floor(g, fetch_gates(path, NicConfig::DEFAULT_BEHAVIOUR.wait_prefetch));
+    let (t0, w0) = (c.now(), wq(&c));
+    c.free(0, &a).map_err(|e| format!("free: {e}"))?;
+    r.osmw.free_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES));
+    r.osmw.free_mn_wqes = wq(&c) - w0;
+    // a batch: every CN posts one alloc at the same instant; they contend in the MN NIC
+    let t0 = c.now();
     let b0 = busy(&c);
     let toks: Vec<u32> = (0..batch).map(|i| c.alloc_begin(i)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
     c.pump().map_err(|e| e.to_string())?;
+    r.batch_round_ns = c.now() - t0;
     let mut held = Vec::new();
     for (i, t) in toks.into_iter().enumerate() {
-        held.push(c.alloc_finish(i, t).map_err(|e| format!("poster batch alloc cn{i}: {e}"))?);
+        held.push(c.alloc_finish(i, t).map_err(|e| format!("batch alloc cn{i}: {e}"))?);
+        r.batch.push(c.cns[i].last_reply_at - t0);
     }
-    p.alloc_nic_ns = (busy(&c) - b0) / batch as u64;
+    r.batch.sort_unstable();
+    // the NIC occupancy of one alloc: unit time summed over the units, per alloc
+    r.osmw.alloc_nic_ns = (busy(&c) - b0) / batch as u64;
     let b0 = busy(&c);
     for (i, a) in held.iter().enumerate() {
-        c.free_begin(i, a).map_err(|e| format!("poster batch free cn{i}: {e}"))?;
+        c.free_begin(i, a).map_err(|e| format!("batch free cn{i}: {e}"))?;
     }
     c.pump().map_err(|e| e.to_string())?;
-    p.free_nic_ns = (busy(&c) - b0) / batch as u64;
-    Ok(p)
+    r.osmw.free_nic_ns = (busy(&c) - b0) / batch as u64;
+    c.check_invariants()?;
+    Ok(r)
 }
 
 /// One-sided READ/WRITE round trips on the model, through a bound window. `nic_units`
@@ -406,52 +453,17 @@ pub fn measure_geometry(inp: &Inputs, g: u8, chunk: u64, batch: usize) -> Result
     let chunks = (batch as u32 * 2).max(8);
     let mut m = Measured { group_size: g, chunk_size: chunk, ..Default::default() };
     // ---- offloaded: the real chains in the modelled NIC
-    let mut c = cluster(ExecutionMode::Offloaded, batch, g, chunk, chunks, inp.cost)?;
-    let mn = c.mn_host;
-    let wq = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.wqes_executed).unwrap_or(0);
-    let busy = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.nic_send_busy_ns).unwrap_or(0);
-    // warm-up lap (first laps of each CN are armed at connect)
-    let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
-    c.free(0, &a).map_err(|e| format!("free: {e}"))?;
-    let (t0, w0) = (c.now(), wq(&c));
-    let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
-    m.osmw.alloc_ns = c.cns[0].last_reply_at - t0;
-    m.osmw.alloc_mn_wqes = wq(&c) - w0;
-    // the model ran until idle: the chain's commit (its re-arm) is the last of it
-    m.osmw.alloc_rearm_ns = c.now().saturating_sub(c.cns[0].last_reply_at);
-    let [layout, _] = c.driver.mn.chain_sizing_layouts().map_err(|e| format!("alloc chain: {e}"))?;
-    let path = layout.critical_path().unwrap_or(omw_core::chain::Gates::ZERO);
-    m.alloc_gates = path.gates;
-    m.alloc_floor = inp.alloc_floor(g, fetch_gates(path, NicConfig::DEFAULT_BEHAVIOUR.wait_prefetch));
-    let (t0, w0) = (c.now(), wq(&c));
-    c.free(0, &a).map_err(|e| format!("free: {e}"))?;
-    m.osmw.free_ns = (c.now() - t0).saturating_sub(inp.transit(FREE_REQ_BYTES));
-    m.osmw.free_mn_wqes = wq(&c) - w0;
-    m.variant = c.driver.mn.config().chain_variant;
-    // a batch: every CN posts one alloc at the same instant; they contend in the MN NIC
-    let t0 = c.now();
-    let b0 = busy(&c);
-    let toks: Vec<u32> = (0..batch).map(|i| c.alloc_begin(i)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
-    c.pump().map_err(|e| e.to_string())?;
-    m.osmw_batch_round_ns = c.now() - t0;
-    let mut held = Vec::new();
-    for (i, t) in toks.into_iter().enumerate() {
-        held.push(c.alloc_finish(i, t).map_err(|e| format!("batch alloc cn{i}: {e}"))?);
-        m.osmw_batch.push(c.cns[i].last_reply_at - t0);
-    }
-    m.osmw_batch.sort_unstable();
-    // the NIC occupancy of one alloc: unit time summed over the units, per alloc
-    m.osmw.alloc_nic_ns = (busy(&c) - b0) / batch as u64;
-    let b0 = busy(&c);
-    for (i, a) in held.iter().enumerate() {
-        c.free_begin(i, a).map_err(|e| format!("batch free cn{i}: {e}"))?;
-    }
-    c.pump().map_err(|e| e.to_string())?;
-    m.osmw.free_nic_ns = (busy(&c) - b0) / batch as u64;
-    c.check_invariants()?;
+    let r = measure_chains(inp, g, chunk, batch, None)?;
+    m.osmw = r.osmw;
+    m.alloc_gates = r.alloc_gates;
+    m.alloc_floor = r.alloc_floor;
+    m.osmw_batch = r.batch;
+    m.osmw_batch_round_ns = r.batch_round_ns;
+    m.variant = r.variant;
 
     // ---- host engine: the same layout run by the MN CPU (RPC-MW type-2)
     let mut c = cluster(ExecutionMode::HostEngine, 1, g, chunk, chunks, inp.cost)?;
+    let mn = c.mn_host;
     let cpu = |c: &Cluster| c.fabric.borrow().host_stats(mn).map(|s| s.cpu_busy_ns).unwrap_or(0);
     let a = c.alloc(0).map_err(|e| format!("alloc: {e}"))?;
     c.free(0, &a).map_err(|e| format!("free: {e}"))?;
