@@ -117,22 +117,28 @@ impl<D, C: ExternalCm> DevxTransport<D, C> {
 }
 
 /// The path of the pending connection request `id`: the attributes rdma_cm gives for INIT, RTR
-/// and RTS folded into one, and the next hop's MAC.
+/// and RTS (as it gave them, and folded into one), and the next hop's MAC.
 fn path_of<D: DevxDevice, C: ExternalCm>(
     cm: &mut C,
     b: &mut DevxBackend<D>,
     id: CmId,
-) -> std::result::Result<(CmQpAttr, [u8; 6]), DevxError> {
+) -> std::result::Result<([CmQpAttr; 3], CmQpAttr, [u8; 6]), DevxError> {
     let [init, rtr, rts] = cm.qp_attrs(id)?;
     let rmac = if rtr.ah_is_global { b.device_mut().next_hop_mac(&rtr)? } else { [0; 6] };
-    Ok((merge_states(&init, &rtr, &rts), rmac))
+    Ok(([init, rtr, rts], merge_states(&init, &rtr, &rts), rmac))
 }
 
 /// `rdma_accept` of the pending request `id` naming our QP `qp`, with `private` as the reply's
-/// private data and the RTR / RTS parameters rdma_cm negotiated.
-fn accept_naming<C: ExternalCm>(cm: &mut C, id: CmId, qp: Qpn, private: &[u8]) -> std::result::Result<(), DevxError> {
-    let [_, rtr, rts] = cm.qp_attrs(id)?;
-    cm.accept(id, &Accept::of(qp.get(), &rtr, &rts, private))
+/// private data and the RTR / RTS parameters rdma_cm negotiated (`attrs`, its three answers).
+fn accept_naming<C: ExternalCm>(
+    cm: &mut C,
+    id: CmId,
+    qp: Qpn,
+    attrs: &[CmQpAttr; 3],
+    private: &[u8],
+) -> std::result::Result<(), DevxError> {
+    let [_, rtr, rts] = attrs;
+    cm.accept(id, &Accept::of(qp.get(), rtr, rts, private))
 }
 
 /// Connect the CN-facing DEVX QP `qp` on the path of the pending connection request `id`, then
@@ -144,9 +150,9 @@ fn connect_and_accept<D: DevxDevice, C: ExternalCm>(
     qp: Qpn,
     private: &[u8],
 ) -> std::result::Result<(), DevxError> {
-    let (attr, rmac) = path_of(cm, b, id)?;
+    let (attrs, attr, rmac) = path_of(cm, b, id)?;
     b.connect_cn_qp(qp, &attr, rmac)?;
-    accept_naming(cm, id, qp, private)
+    accept_naming(cm, id, qp, &attrs, private)
 }
 
 impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
@@ -223,7 +229,7 @@ impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
     /// The QP is a DEVX object of the MN's: any connection request's path can be put on it.
     const REJOINS: bool = true;
     fn rejoin_path(&mut self, b: &mut DevxBackend<D>, id: CmId, qp: Qpn) -> std::result::Result<(), DevxError> {
-        let (attr, rmac) = path_of(&mut self.cm, b, id)?;
+        let (_, attr, rmac) = path_of(&mut self.cm, b, id)?;
         b.set_cn_path(qp, &attr, rmac)
     }
     fn rejoin_accept(
@@ -234,7 +240,10 @@ impl<D: DevxDevice, C: ExternalCm> Transport for DevxTransport<D, C> {
         qp: Qpn,
         private: &[u8],
     ) -> std::result::Result<(), DevxError> {
-        if let Err(e) = accept_naming(&mut self.cm, id, qp, private) {
+        // the request's attributes again: `rejoin_path` ran before the chain's repair, and
+        // rdma_cm keeps them for the pending request
+        let accepted = self.cm.qp_attrs(id).and_then(|a| accept_naming(&mut self.cm, id, qp, &a, private));
+        if let Err(e) = accepted {
             // ignored if the failed accept rejected it already
             self.cm.reject(id);
             return Err(e);

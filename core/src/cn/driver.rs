@@ -1012,8 +1012,8 @@ impl<B: RdmaBackend, const N: usize, const S: usize> CnDriver<B, N, S> {
         if self.chains.iter().any(Option::is_some) {
             return Ok(());
         }
-        let live = &self.client;
-        self.lost_frees.retain(|(_, e)| !live.live().iter().any(|a| a.entry_addr == *e));
+        let client = &mut self.client;
+        self.lost_frees.retain(|(_, e)| client.live_at(*e).is_none());
         while let Some(&(token, entry)) = self.lost_frees.last() {
             let slot = match self.free_send_slot(self.qps.free) {
                 Ok(s) => s,
