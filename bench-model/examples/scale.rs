@@ -1,6 +1,6 @@
 //! The pool-size sweep of `omw bench --scale` alone, for working on the per-operation paths:
 //! `cargo run --release -p omw-bench --example scale [CHUNKS...]` (powers of four from 1024 to
-//! 1048576; default 1024 4096 16384).
+//! 4194304; default 1024 4096 16384).
 
 fn main() {
     let sizes: Vec<u32> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();

@@ -55,7 +55,7 @@ pub struct Options {
     /// Compute nodes in the "at scale" runs.
     pub cns: usize,
     pub seed: u64,
-    /// The pool-size sweep up to 2^20 chunks (minutes; otherwise up to 16 Ki chunks, or
+    /// The pool-size sweep up to 2^22 chunks (minutes; otherwise up to 16 Ki chunks, or
     /// 4 Ki with `quick`).
     pub scale: bool,
 }
@@ -453,7 +453,7 @@ pub fn run(args: &Options, tick: &mut dyn FnMut(&str)) -> Result<Results, String
     let sensitivity = sweep::sensitivity(&heavy, threads, tick)?;
 
     let scale_sizes: &[u32] = if args.scale {
-        &[1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20]
+        &[1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22]
     } else if args.quick {
         &[1 << 10, 1 << 12]
     } else {

@@ -31,10 +31,13 @@
 //! Flat means the algorithm; the memory hierarchy does not stay flat from 64 KiB of table
 //! to 64 MiB, and the rows that touch random records grow with the baseline.
 //!
-//! Where it stops: the core holds at most `geometry::MAX_CHUNKS` = 2^20 chunks per pool
-//! (`PoolGeometry::new` refuses more), and a pool of 16 Mi chunks needs 32 Mi windows at G = 2
-//! — twice the 2^24 keys of a ConnectX-6 function (`mn::capacity`). So the measured sweep ends
-//! at 1 Mi chunks; the start-up table reports 16 Mi chunks from the capacity check alone.
+//! Where it stops: at 4 Mi chunks. A window's rkey has a 24-bit index, so a device has at most
+//! 2^24 keys (a ConnectX-6 function has all of them; the loopback model, like rxe, the same
+//! space), and at G = 2 the next size, 8 Mi chunks, needs all 2^24 for its windows and the
+//! MN's registrations besides (`mn::capacity`); the core's bound, `geometry::MAX_CHUNKS` =
+//! 2^23, is that space at the smallest G. 16 Mi chunks is refused twice over (32 Mi windows,
+//! and more than the core's bound). The start-up table reports 8 and 16 Mi chunks from the
+//! capacity check alone.
 
 use omw_core::cn::object_alloc::{ObjectAllocator, ObjectRef};
 use omw_core::cn::Client;
@@ -48,8 +51,8 @@ use omw_loopback::cluster::{Cluster, ClusterConfig};
 use omw_loopback::{CostModel, NicConfig};
 use std::time::Instant;
 
-/// Chunk size of the sweep's pools: the smallest the core allows, so 2^20 chunks fit the
-/// model's memory (512 MiB of pool).
+/// Chunk size of the sweep's pools: the smallest the core allows, so 2^22 chunks fit the
+/// model's memory (2 GiB of pool).
 pub const CHUNK: u64 = 512;
 const G: u8 = 2;
 
@@ -716,7 +719,7 @@ fn cn_rows(chunks: u32) -> Result<Vec<ScaleRow>, String> {
             }
         };
     }
-    at!(1024, 4096, 16384, 65536, 262144, 1048576)
+    at!(1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 }
 
 /// Start-up and metadata of `chunks` chunks (4 KiB, G = 2, 16 CNs, offloaded as on a ConnectX).
@@ -773,7 +776,7 @@ pub fn startup(chunks: u64, model_wall_s: Option<f64>) -> StartupRow {
     }
 }
 
-/// The sweep over `sizes` (each a power of four from 1 Ki to 1 Mi chunks), progress to `tick`.
+/// The sweep over `sizes` (each a power of four from 1 Ki to 4 Mi chunks), progress to `tick`.
 pub fn run(sizes: &[u32], tick: &mut dyn FnMut(&str)) -> Result<ScaleResults, String> {
     let mut out = ScaleResults::default();
     for &n in sizes {
@@ -788,7 +791,7 @@ pub fn run(sizes: &[u32], tick: &mut dyn FnMut(&str)) -> Result<ScaleResults, St
         // the object allocator's table of a million chunks is tens of MiB: built on a thread
         // with room for it (the allocator is a value, as on a CN without a heap)
         let rows = std::thread::Builder::new()
-            .stack_size(512 << 20)
+            .stack_size(2 << 30)
             .spawn(move || cn_rows(n))
             .map_err(|e| e.to_string())?
             .join()
@@ -800,7 +803,7 @@ pub fn run(sizes: &[u32], tick: &mut dyn FnMut(&str)) -> Result<ScaleResults, St
         out.rows.push(stream_row(n)?);
         out.rows.push(write_row(n)?);
     }
-    for big in [1u64 << 20, 1 << 24] {
+    for big in [1u64 << 20, 1 << 22, 1 << 23, 1 << 24] {
         if !sizes.contains(&(big as u32)) || big > MAX_CHUNKS as u64 {
             out.startup.push(startup(big, None));
         }
@@ -827,8 +830,14 @@ mod tests {
     fn startup_reports_what_does_not_fit() {
         let r = startup(1 << 24, None);
         let why = r.fits_cx6.unwrap_err();
-        assert!(why.contains("1048576 chunks") && why.contains("33554432 memory windows"), "{why}");
+        assert!(why.contains("8388608 chunks") && why.contains("33554432 memory windows"), "{why}");
         assert_eq!(r.metadata_bytes, None);
+        // the core holds 8 Mi chunks; a ConnectX-6 does not hold their windows and its own keys
+        let r = startup(1 << 23, None);
+        assert!(r.metadata_bytes.is_some());
+        let why = r.fits_cx6.unwrap_err();
+        assert!(why.contains("needs 16777224 memory windows and registrations"), "{why}");
+        assert!(startup(1 << 22, None).fits_cx6.is_ok());
         let ok = startup(1 << 20, None);
         assert!(ok.fits_cx6.is_ok());
         // a 56-B MWTable entry and the free-queue slots (rounded up to a power of two) per chunk

@@ -33,7 +33,7 @@ pub struct BenchArgs {
     pub cns: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Sweep pool sizes from 1 Ki to 1 Mi chunks (several minutes and about 2 GiB; without it
+    /// Sweep pool sizes from 1 Ki to 4 Mi chunks (several minutes and about 2 GiB; without it
     /// the sweep stops at 16 Ki chunks, 4 Ki with --quick).
     #[arg(long)]
     pub scale: bool,

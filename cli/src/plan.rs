@@ -408,10 +408,18 @@ mod tests {
     fn a_64_gib_pool_of_4_kib_chunks_is_refused_on_a_connectx6_naming_the_limit() {
         let a = args(&["--pool-size", "64G", "--chunk-size", "4K"]);
         let out = report(&a, "cx6", DeviceLimits::CONNECTX6).unwrap_err();
-        // 16 Mi chunks: beyond the core's pool bound, and 32 Mi windows for 16 Mi keys
-        assert!(out.contains("REFUSED"), "{out}");
+        // 16 Mi chunks: beyond the core's pool bound (2^23, the key index space at G = 2), and
+        // 32 Mi windows for 16 Mi keys
+        assert!(out.contains("REFUSED: 16777216 chunks exceeds the maximum of 8388608"), "{out}");
         assert!(out.contains("33554432 memory windows"), "{out}");
-        assert!(out.contains("this pool needs chunks of at least 64 KiB"), "{out}");
+        // 4 Mi chunks of 16 KiB: the device bounds, not the core (8 Mi chunks of 8 KiB would
+        // need every key and the MN's registrations besides)
+        assert!(out.contains("at most 8388604 chunks fit; this pool needs chunks of at least 16 KiB"), "{out}");
+        let fits = report(&args(&["--pool-size", "64G", "--chunk-size", "16K"]), "cx6", DeviceLimits::CONNECTX6);
+        assert!(fits.as_ref().is_ok_and(|o| o.contains("FITS") && o.contains("8388608 windows")), "{fits:?}");
+        let out = report(&args(&["--pool-size", "32G", "--chunk-size", "4K"]), "cx6", DeviceLimits::CONNECTX6);
+        let out = out.unwrap_err();
+        assert!(out.contains("needs 16777224 memory windows and registrations (one key table)"), "{out}");
     }
 
     #[test]
@@ -443,7 +451,7 @@ mod tests {
         let out = both.unwrap_err();
         assert!(out.contains("REFUSED") && out.contains("2097152"), "{out}");
         // a class the core cannot hold is named
-        let out = report(&args(&["--classes", "4K:2097152"]), "cx6", DeviceLimits::CONNECTX6).unwrap_err();
+        let out = report(&args(&["--classes", "4K:16777216"]), "cx6", DeviceLimits::CONNECTX6).unwrap_err();
         assert!(out.contains("REFUSED: class 4 KiB"), "{out}");
     }
 

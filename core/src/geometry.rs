@@ -14,9 +14,15 @@ pub const MAX_GROUP_SIZE: usize = 4;
 pub const MIN_GROUP_SIZE: usize = 2;
 pub const MIN_CHUNK_SIZE: u64 = 512;
 pub const MAX_CHUNK_SIZE: u64 = 1 << 30;
-/// The free queue's counters wrap with a masked fetch-and-add on a 2^k boundary, and a 24-bit
-/// rkey index space bounds how many windows a device can have; 2^20 groups is far below both.
-pub const MAX_CHUNKS: u32 = 1 << 20;
+/// Most chunks a pool can have: the 24-bit key index of an rkey (IBTA; mlx5's mkey index, rxe's
+/// pool index) bounds a device's windows to 2^24, and a group has at least
+/// [`MIN_GROUP_SIZE`] = 2 of them, so no device can hold more than 2^23 groups — and none quite
+/// that many, since the MN's registrations draw from the same keys on mlx5 (`mn::capacity`
+/// says by how much a given device falls short). The free queue's counters wrap with a masked
+/// fetch-and-add at the ring's size (2^24 slots of 8 bytes here), and the scans that tell a
+/// group seen twice go in windows of 2^20 groups (`mn/group_window.rs`), so nothing in the
+/// core grows with this bound on the stack.
+pub const MAX_CHUNKS: u32 = 1 << 23;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct PoolGeometry {

@@ -254,7 +254,7 @@ mod tests {
     fn windows_beyond_the_key_table_are_refused_naming_the_limit() {
         let plan = offloaded();
         let cx6 = DeviceLimits::CONNECTX6;
-        // 2^20 chunks is the core's bound; a device with a quarter of the keys cannot
+        // 2^20 chunks at G = 3: a device with 2^21 keys cannot
         let small = DeviceLimits { max_mw: 1 << 21, max_mr: 1 << 21, ..cx6 };
         let f = Footprint::of(&plan, &spec(1 << 20, 3)).unwrap();
         let broken = f.check(&small);
@@ -264,7 +264,14 @@ mod tests {
         assert!(std::format!("{}", broken[0]).contains("max_mw is 2097152"));
         assert_eq!(max_chunks(&small, &plan, 3), ((1u64 << 21) - plan.metadata_registrations() - 1) as u32 / 3);
         // beyond the core's bound the geometry refuses
-        assert_eq!(Footprint::of(&plan, &spec((1 << 20) + 1, 2)), Err(GeometryError::TooManyChunks((1 << 20) + 1)));
+        assert_eq!(Footprint::of(&plan, &spec(MAX_CHUNKS + 1, 2)), Err(GeometryError::TooManyChunks(MAX_CHUNKS + 1)));
+        // the core's bound is the key index space's, so on a ConnectX-6 it is the device that
+        // bounds: 2^22 chunks fit at G = 2, 2^23 (the core's bound) need every key and more
+        assert!(Footprint::of(&plan, &spec(1 << 22, 2)).unwrap().check(&cx6).is_empty());
+        let all = Footprint::of(&plan, &spec(MAX_CHUNKS, 2)).unwrap().check(&cx6);
+        assert_eq!((all.len(), all[0].need), (1, (1 << 24) + plan.metadata_registrations() + 1));
+        assert_eq!(max_chunks(&cx6, &plan, 2), ((1u64 << 24) - plan.metadata_registrations() - 1) as u32 / 2);
+        assert!(max_chunks(&cx6, &plan, 2) < MAX_CHUNKS && max_chunks(&cx6, &plan, 2) > 1 << 22);
         // queue pairs: a device with 64
         let few = DeviceLimits { max_qp: 64, ..cx6 };
         let broken = Footprint::of(&plan, &spec(1024, 3)).unwrap().check(&few);

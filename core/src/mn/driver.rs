@@ -1337,4 +1337,13 @@ impl<B: MnDevice> MnDriver<B> {
         let (mn, mut port) = self.port();
         crate::mn::invariants::check(mn, &mut port)
     }
+
+    /// [`MnDriver::check_invariants`] scanning the pool in windows of `WORDS` × 64 groups.
+    #[cfg(test)]
+    pub(crate) fn check_invariants_in<const WORDS: usize>(
+        &mut self,
+    ) -> Result<(), crate::mn::invariants::InvariantViolation> {
+        let (mn, mut port) = self.port();
+        crate::mn::invariants::check_in::<WORDS, _>(mn, &mut port)
+    }
 }

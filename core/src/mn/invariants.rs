@@ -56,42 +56,21 @@ fn rd<P: MnPort>(p: &mut P, a: u64) -> Result<u64, InvariantViolation> {
 }
 
 pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantViolation> {
+    check_in::<{ crate::mn::group_window::WINDOW_WORDS }, P>(mn, port)
+}
+
+/// [`check`] with a window of `WORDS` × 64 groups: the queue is walked once per window, and
+/// each window's part of the table after it (`group_window.rs`). The same checks as one pass;
+/// where several fail, the first one found may differ (it is looked for window by window).
+pub(crate) fn check_in<const WORDS: usize, P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantViolation> {
+    use crate::mn::group_window::{GroupWindow, Mark};
     let map = *mn.map();
     let geo = map.geometry;
     let q = map.queue;
     let n = geo.chunk_count();
-    // which groups are in the queue: a bitmap kept in 64-bit words, bounded by MAX_CHUNKS
-    const WORDS: usize = (crate::geometry::MAX_CHUNKS as usize) / 64;
-    let mut in_queue = [0u64; WORDS];
-    let mut mark = |g: GroupId| -> bool {
-        let (w, b) = (g.0 as usize / 64, g.0 % 64);
-        let seen = in_queue[w] & (1 << b) != 0;
-        in_queue[w] |= 1 << b;
-        seen
-    };
     let head = rd(port, q.head)?;
     let tail = rd(port, q.tail)?;
     let live = q.live_len(head, tail, map.max_cns);
-    for at in q.walk(head, live) {
-        let v = rd(port, at)?;
-        let g = map.group_of_entry(v).ok_or(InvariantViolation::BadQueueSlot { slot: at, value: v })?;
-        if mark(g) {
-            return Err(InvariantViolation::DuplicateInQueue(g));
-        }
-    }
-    // slots outside [head, tail): zero, except unsettled tickets that a push already filled
-    for slot in q.walk(tail, q.capacity - live) {
-        let v = rd(port, slot)?;
-        if v != 0 {
-            if !mn.tickets().contains(&slot) {
-                return Err(InvariantViolation::StaleSlot { slot });
-            }
-            let g = map.group_of_entry(v).ok_or(InvariantViolation::BadQueueSlot { slot, value: v })?;
-            if mark(g) {
-                return Err(InvariantViolation::DuplicateInQueue(g));
-            }
-        }
-    }
     // the group each CN's alloc chain popped ahead for its next request (its `REPLY_ENTRY_ADDR`
     // marker, 0: none): owned by that CN, no window bound yet, not in its holdings
     // (one per alloc chain of the CN)
@@ -107,9 +86,77 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
             }
         }
     }
-    // every group: exactly one of free-in-queue, owned, reclaiming
     let mut held = [0u32; crate::mn::MAX_CNS + 1];
-    for i in 0..n {
+    // which groups of the window are in the queue
+    let mut in_queue = GroupWindow::<WORDS>::new();
+    for lo in GroupWindow::<WORDS>::starts(n) {
+        in_queue.reset(lo);
+        let mut mark = |g: GroupId| match in_queue.mark(g) {
+            Mark::Again => Err(InvariantViolation::DuplicateInQueue(g)),
+            Mark::First | Mark::Outside => Ok(()),
+        };
+        for at in q.walk(head, live) {
+            let v = rd(port, at)?;
+            let g = map.group_of_entry(v).ok_or(InvariantViolation::BadQueueSlot { slot: at, value: v })?;
+            mark(g)?;
+        }
+        // slots outside [head, tail): zero, except unsettled tickets that a push already filled
+        // (the first pass reads them all; once that holds, the later ones read the tickets)
+        if lo == 0 {
+            for slot in q.walk(tail, q.capacity - live) {
+                let v = rd(port, slot)?;
+                if v != 0 {
+                    if !mn.tickets().contains(&slot) {
+                        return Err(InvariantViolation::StaleSlot { slot });
+                    }
+                    let g = map.group_of_entry(v).ok_or(InvariantViolation::BadQueueSlot { slot, value: v })?;
+                    mark(g)?;
+                }
+            }
+        } else {
+            let head_index = q.index_of(head) as u64 % q.capacity as u64;
+            for &slot in mn.tickets() {
+                let in_live = (q.index_of(slot) as u64 + q.capacity as u64 - head_index) % q.capacity as u64;
+                let v = rd(port, slot)?;
+                if v != 0 && in_live >= live as u64 {
+                    let g = map.group_of_entry(v).ok_or(InvariantViolation::BadQueueSlot { slot, value: v })?;
+                    mark(g)?;
+                }
+            }
+        }
+        check_groups(mn, port, &in_queue, &ahead, &mut held)?;
+    }
+    for r in mn.cns() {
+        // a tenant's CNs share one quota: what they hold together
+        let charged = crate::mn::tenant::charged_with(mn.cns().map(|r| (r.cn, r.tenant)), r.cn);
+        let total: u32 = mn.cns().filter(|c| charged.contains(&c.cn.get())).map(|c| held[c.slot as usize]).sum();
+        if total > mn.quota_of(r.cn) {
+            return Err(InvariantViolation::OverQuota { owner: r.cn.get(), held: total });
+        }
+    }
+    if mn.mode() == crate::device::ExecutionMode::HostEngine {
+        for r in mn.cns() {
+            let (kept, table) = (mn.held(r.cn).unwrap_or(0), held[r.slot as usize]);
+            if kept != table {
+                return Err(InvariantViolation::HeldCountDrift { owner: r.cn.get(), kept, table });
+            }
+        }
+    }
+    check_rkeys_distinct(&map, port)
+}
+
+/// The window's groups: each exactly one of free-in-queue, owned, reclaiming; its windows bound
+/// as its state says; what each CN holds added to `held`.
+fn check_groups<const WORDS: usize, P: MnPort>(
+    mn: &MemoryNode,
+    port: &mut P,
+    in_queue: &crate::mn::group_window::GroupWindow<WORDS>,
+    ahead: &[[u64; crate::mn::MAX_ALLOC_CHAINS]; crate::mn::MAX_CNS + 1],
+    held: &mut [u32; crate::mn::MAX_CNS + 1],
+) -> Result<(), InvariantViolation> {
+    let map = *mn.map();
+    let geo = map.geometry;
+    for i in in_queue.range(geo.chunk_count()) {
         let g = GroupId(i);
         let addr = map.entry_addr(g).ok_or(InvariantViolation::Unreadable)?;
         let mut b = [0u8; ENTRY_SIZE];
@@ -118,7 +165,7 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
         if geo.chunk_base(g) != Some(e.base.get()) || e.length.get() as u64 != geo.chunk_size() {
             return Err(InvariantViolation::ChunkMismatch(g));
         }
-        let queued = in_queue[i as usize / 64] & (1 << (i % 64)) != 0;
+        let queued = in_queue.contains(g);
         let owner = e.owner();
         if queued && owner != 0 {
             return Err(InvariantViolation::OwnedGroupInQueue(g));
@@ -160,23 +207,7 @@ pub fn check<P: MnPort>(mn: &MemoryNode, port: &mut P) -> Result<(), InvariantVi
             }
         }
     }
-    for r in mn.cns() {
-        // a tenant's CNs share one quota: what they hold together
-        let charged = crate::mn::tenant::charged_with(mn.cns().map(|r| (r.cn, r.tenant)), r.cn);
-        let total: u32 = mn.cns().filter(|c| charged.contains(&c.cn.get())).map(|c| held[c.slot as usize]).sum();
-        if total > mn.quota_of(r.cn) {
-            return Err(InvariantViolation::OverQuota { owner: r.cn.get(), held: total });
-        }
-    }
-    if mn.mode() == crate::device::ExecutionMode::HostEngine {
-        for r in mn.cns() {
-            let (kept, table) = (mn.held(r.cn).unwrap_or(0), held[r.slot as usize]);
-            if kept != table {
-                return Err(InvariantViolation::HeldCountDrift { owner: r.cn.get(), kept, table });
-            }
-        }
-    }
-    check_rkeys_distinct(&map, port)
+    Ok(())
 }
 
 /// No two groups share a window index (so no live rkey can repeat across groups).

@@ -37,6 +37,7 @@ pub mod class_quota;
 mod connect;
 pub mod driver;
 mod format;
+mod group_window;
 pub mod host_engine;
 pub mod invariants;
 mod lease;

@@ -477,40 +477,51 @@ impl MemoryNode {
 pub fn scan_free(
     map: &crate::wire::memory_map::MnMemoryMap,
     tickets: &[u64],
+    read: impl FnMut(u64) -> Option<u64>,
+) -> Option<FreeCount> {
+    scan_free_in::<{ crate::mn::group_window::WINDOW_WORDS }>(map, tickets, read)
+}
+
+/// [`scan_free`] with a window of `WORDS` × 64 groups: one pass over the queue per window
+/// (`group_window.rs`). The counters are read once, so every pass walks the same slots.
+pub(crate) fn scan_free_in<const WORDS: usize>(
+    map: &crate::wire::memory_map::MnMemoryMap,
+    tickets: &[u64],
     mut read: impl FnMut(u64) -> Option<u64>,
 ) -> Option<FreeCount> {
+    use crate::mn::group_window::{GroupWindow, Mark};
     let q = map.queue;
     let head = read(q.head)?;
     let tail = read(q.tail)?;
     let live = q.len(head, tail);
-    const WORDS: usize = (crate::geometry::MAX_CHUNKS as usize) / 64;
-    let mut seen = [0u64; WORDS];
-    let mut out = FreeCount::default();
-    let mut count = |v: u64, out: &mut FreeCount, hole_if_bad: bool| match map.group_of_entry(v) {
-        Some(g) => {
-            let (w, b) = (g.0 as usize / 64, g.0 % 64);
-            if seen[w] & (1 << b) != 0 {
-                out.duplicates += 1;
-            } else {
-                seen[w] |= 1 << b;
-                out.groups += 1;
-            }
-        }
-        None if hole_if_bad => out.holes += 1,
-        None => {}
-    };
     // a live length the chains' "ahead" rule reads as 0 is an empty queue whose head ran past
     // its tail by the tickets of pops that found it empty
     let ahead = q.live_len(head, tail, map.max_cns) == 0 && live != 0;
-    if !ahead {
-        for at in q.walk(head, live) {
-            count(read(at)?, &mut out, true);
+    let mut out = FreeCount::default();
+    let mut set = GroupWindow::<WORDS>::new();
+    for lo in GroupWindow::<WORDS>::starts(map.geometry.chunk_count()) {
+        set.reset(lo);
+        // a hole is a slot, not a group: the first pass counts them
+        let first = lo == 0;
+        let mut count = |v: u64, out: &mut FreeCount, hole_if_bad: bool| match map.group_of_entry(v) {
+            Some(g) => match set.mark(g) {
+                Mark::Outside => {}
+                Mark::First => out.groups += 1,
+                Mark::Again => out.duplicates += 1,
+            },
+            None if hole_if_bad && first => out.holes += 1,
+            None => {}
+        };
+        if !ahead {
+            for at in q.walk(head, live) {
+                count(read(at)?, &mut out, true);
+            }
         }
-    }
-    for t in tickets {
-        let v = read(*t)?;
-        if v != 0 {
-            count(v, &mut out, false);
+        for t in tickets {
+            let v = read(*t)?;
+            if v != 0 {
+                count(v, &mut out, false);
+            }
         }
     }
     Some(out)

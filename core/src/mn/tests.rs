@@ -745,6 +745,79 @@ mod invariant_violations {
         r.d.mn.account_owner_write(w);
         assert_eq!(r.d.check_invariants(), Err(V::HeldCountDrift { owner: id.get(), kept: 2, table: 1 }));
     }
+
+    /// A pool past one window of the scans (2^20 groups, `group_window.rs`) is scanned in
+    /// passes. The same scans with a window of 64 groups, over a pool of 200 (four windows),
+    /// must find what one pass finds: healthy, with duplicates and a hole in the queue (in
+    /// different windows), and with a queued group owned in the last window.
+    #[test]
+    fn the_scans_in_windows_of_the_pool_find_what_one_pass_finds() {
+        use crate::mn::FreeCount;
+        // (with several violations each may name a different one first: the checks are the
+        // same, their order by window)
+        fn both(r: &mut Rig) -> (Result<(), V>, FreeCount) {
+            let one = r.d.check_invariants();
+            let windowed = r.d.check_invariants_in::<1>();
+            match (one, windowed) {
+                (Err(V::DuplicateInQueue(_)), Err(V::DuplicateInQueue(_))) => {}
+                _ => assert_eq!(windowed, one),
+            }
+            let (map, tickets) = (*r.d.mn.map(), r.d.mn.tickets().to_vec());
+            let backend = &r.d.backend;
+            let read = |a: u64| {
+                let mut b = [0u8; 8];
+                backend.read_local(a, &mut b).ok().map(|()| u64::from_le_bytes(b))
+            };
+            let all = crate::mn::scan_free(&map, &tickets, read).unwrap();
+            assert_eq!(crate::mn::quiesce::scan_free_in::<1>(&map, &tickets, read), Some(all));
+            (one, all)
+        }
+        fn append(r: &mut Rig, v: u64) {
+            let q = r.d.mn.map().queue;
+            let mut t = [0u8; 8];
+            r.d.backend.read_local(q.tail, &mut t).unwrap();
+            let tail = u64::from_le_bytes(t);
+            r.d.backend.write_local(tail, &v.to_le_bytes()).unwrap();
+            r.d.backend.write_local(q.tail, &q.next(tail).to_le_bytes()).unwrap();
+        }
+        let mut r = Rig::new(200, 2, 64);
+        let (a, b) = (r.connect(), r.connect());
+        let xs: Vec<_> = (0..30).map(|i| r.alloc(if i % 2 == 0 { a } else { b }).unwrap()).collect();
+        for (i, x) in xs.iter().enumerate().take(10) {
+            assert_eq!(r.free(if i % 2 == 0 { a } else { b }, x), None);
+        }
+        let (ok, count) = both(&mut r);
+        assert_eq!((ok, count.groups, count.corrupt()), (Ok(()), 180, false));
+
+        // groups twice: one of the last window, then one of the first
+        let mut r = Rig::new(200, 2, 64);
+        let (gl, gh) = (GroupId(5), GroupId(197));
+        let low = r.d.mn.map().entry_addr(gl).unwrap();
+        let high = r.d.mn.map().entry_addr(gh).unwrap();
+        append(&mut r, high);
+        let (err, count) = both(&mut r);
+        assert_eq!((err, count.groups, count.duplicates, count.holes), (Err(V::DuplicateInQueue(gh)), 200, 1, 0));
+        append(&mut r, low);
+        let (err, count) = both(&mut r);
+        assert_eq!((err, count.groups, count.duplicates), (Err(V::DuplicateInQueue(gh)), 200, 2));
+        assert_eq!(r.d.check_invariants_in::<1>(), Err(V::DuplicateInQueue(gl)), "the first window's");
+        // a hole: counted once, whatever the passes
+        let mut r = Rig::new(200, 2, 64);
+        append(&mut r, 0);
+        append(&mut r, high);
+        let (err, count) = both(&mut r);
+        assert!(matches!(err, Err(V::BadQueueSlot { value: 0, .. })), "{err:?}");
+        assert_eq!((count.groups, count.duplicates, count.holes), (200, 1, 1));
+
+        // a queued group of the last window owned by a CN
+        let mut r = Rig::new(200, 2, 64);
+        let a = r.connect();
+        let (addr, mut e) = entry(&r, 199);
+        e.owner = r.cns[a].0.get().into();
+        put(&mut r, addr, &e);
+        let (err, count) = both(&mut r);
+        assert_eq!((err, count.groups), (Err(V::OwnedGroupInQueue(GroupId(199))), 200));
+    }
 }
 
 /// Host-engine mode keeps exactly one request buffer posted per management QP: failed
