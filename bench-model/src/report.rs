@@ -545,7 +545,8 @@ fn scale_text(s: &mut String, sc: &crate::scale::ScaleResults) {
     sizes.dedup();
     let _ = writeln!(
         s,
-        "\nPool size vs cost per operation (WALL CLOCK on this machine, median of batches; ratio = largest / smallest, flat ≤ 1.5):"
+        "\nPool size vs cost per operation (WALL CLOCK on this machine: median of batches, the fastest of {} round(s) over the sizes; ratio = largest / smallest, flat ≤ 1.5):",
+        sc.rounds
     );
     let mut head = format!("  {:<33}", "operation");
     for n in &sizes {

@@ -7,16 +7,18 @@
 //! Each size runs the real MN (`MnPlan::provision`, `MnDriver`, the `MemoryNode`) on the
 //! loopback model with 512-byte chunks, G = 2:
 //! - **alloc**, **free**: host-engine mode (RPC-MW type-2, where the MN CPU serves every
-//!   request: its quota decision is where the pool size used to show), request to reply;
+//!   request: its quota decision is where the pool size used to show), request to reply, the
+//!   median of five batches of 64;
 //! - **audit per entry**: offloaded, three CNs holding a sixteenth of the pool each (the same
 //!   share at every size: an owned entry costs more than a free one), whole passes of the
-//!   incremental audit (`audit_batch` entries a tick), less a tick of one entry per tick (the
-//!   tick's other work), per entry examined;
-//! - **reclaim per group**: those CNs crash one after another; the MN's reaction per group
-//!   each held (its share of the pass over the table plus the group's unbind, scrub and
-//!   checked push), the median of the three, less the crash of a CN holding nothing (the
-//!   quiesce and the pass) per group; and the same less the scrub's 512-byte write, timed on as
-//!   many untouched chunks through the model's memory (**scrub write**);
+//!   incremental audit (`audit_batch` entries a tick), as many as examine 2^22 entries (3 at
+//!   least), less a tick of one entry per tick (the tick's other work), per entry examined;
+//! - **reclaim per group**: three CNs holding a sixteenth of the pool each and a fourth holding
+//!   a quarter of that crash, the fourth first; the MN's reaction per group is the slope between
+//!   the small crash and the median of the three (so whatever a crash costs besides its groups
+//!   — the quiesce, the pass over the table, the pump — cancels), the median of samples taken
+//!   until 2^16 groups were reclaimed (at most 16); and the same less the scrub's 512-byte
+//!   write, timed on as many untouched chunks through the model's memory (**scrub write**);
 //! - **object allocator**: `ObjectAllocator` holding that many chunks, per alloc or free of a
 //!   uniformly random object, victims picked before the clock starts, the same loop without
 //!   the operations subtracted;
@@ -143,6 +145,8 @@ pub struct StartupRow {
 pub struct ScaleResults {
     pub rows: Vec<ScaleRow>,
     pub startup: Vec<StartupRow>,
+    /// Rounds over the sizes each row is the fastest of ([`ROUNDS`]).
+    pub rounds: usize,
     /// Largest / smallest ns per op, per operation (flat: ≤ 1.5).
     pub ratios: Vec<(&'static str, f64)>,
 }
@@ -208,9 +212,8 @@ fn host_engine_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String>
 
 fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
     // Three CNs hold a sixteenth of the pool each at every size (the audit's work per entry
-    // depends on the share of entries owned: a fixed share keeps the sizes comparable); a
-    // fourth holds nothing and crashes first (what a crash costs besides its groups); a fifth
-    // holds nothing and stays.
+    // depends on the share of entries owned: a fixed share keeps the sizes comparable); two
+    // more hold nothing.
     let mut c = cluster(ExecutionMode::Offloaded, chunks, 5)?;
     let k = chunks / 16;
     for cn in 0..3 {
@@ -222,10 +225,10 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
     // batch of one entry is subtracted per tick, so the row is the audit's own time per entry
     c.driver.mn.set_audit_batch(1);
     let one = median_ns(5, 1, || c.tick().map_err(|e| e.to_string()))?;
-    let batch = chunks.min(16 * 1024);
-    c.driver.mn.set_audit_batch(batch);
     // finish the pass under way, so each timed pass covers the whole table once (every size
     // then examines the same share of owned entries)
+    let batch = chunks.min(16 * 1024);
+    c.driver.mn.set_audit_batch(batch);
     let passes = c.driver.mn.stats().audit_passes;
     while c.driver.mn.stats().audit_passes == passes {
         c.tick().map_err(|e| e.to_string())?;
@@ -233,7 +236,10 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
     let ticks = chunks.div_ceil(batch) as u64;
     let e0 = c.driver.mn.stats().audit_entries;
     let r0 = c.driver.mn.stats().quota_recounts;
-    let pass = median_ns(3, 1, || {
+    // as many passes as it takes to examine 2^22 entries (at least 3): a pass of a small pool
+    // is over in tens of µs, and its median needs more of them to rest on
+    let passes = ((1u32 << 22) / chunks).clamp(3, 1025) as usize | 1;
+    let pass = median_ns(passes, 1, || {
         for _ in 0..ticks {
             c.tick().map_err(|e| e.to_string())?;
         }
@@ -241,7 +247,7 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
     })?;
     let s = c.driver.mn.stats();
     let entries = (s.audit_entries - e0).max(1);
-    let per_pass = entries as f64 / 3.0;
+    let per_pass = entries as f64 / passes as f64;
     let (gross, sub) = (pass / per_pass, ticks as f64 * one / per_pass);
     rows.push(ScaleRow {
         op: "audit, per entry",
@@ -277,32 +283,31 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
         }
     }
     scrub_ns.sort_by(|a, b| a.total_cmp(b));
-    // a crash of a CN holding nothing: quiescing, the pass over the table, the pump
-    let t = Instant::now();
-    c.crash_cn(3).map_err(|e| e.to_string())?;
-    let empty = t.elapsed().as_nanos() as f64;
-    let start = c.driver.mn.stats();
-    let mut per_group = Vec::new();
-    for cn in 0..3 {
-        let before = c.driver.mn.stats().groups_reclaimed;
-        let t = Instant::now();
-        c.crash_cn(cn).map_err(|e| e.to_string())?;
-        let el = t.elapsed().as_nanos() as f64;
-        per_group.push(el / (c.driver.mn.stats().groups_reclaimed - before).max(1) as f64);
+    drop(c);
+    // Reclaim: samples (each its own cluster) until enough groups were reclaimed for a small
+    // pool's figure to rest on as many as a large one's (a crash of 48 groups takes tens of µs).
+    let mut samples = Vec::new();
+    let mut groups = 0u64;
+    let mut scans = 0u64;
+    while samples.len() < 16 && (samples.is_empty() || groups < 1 << 16) {
+        let r = reclaim_once(chunks)?;
+        groups += r.groups;
+        scans += r.queue_scans;
+        samples.push(r);
     }
-    per_group.sort_by(|a, b| a.total_cmp(b));
-    let end = c.driver.mn.stats();
-    let n = (end.groups_reclaimed - start.groups_reclaimed).max(1);
-    let sub = empty / (n as f64 / 3.0);
+    samples.sort_by(|a, b| a.per_group.total_cmp(&b.per_group));
+    let mid = &samples[samples.len() / 2];
+    let scan_rate = scans as f64 / groups.max(1) as f64;
+    let what = "a crash's fixed work (quiesce, the pass over the table, the pump): the slope between crashes of k/4 and of k groups";
     rows.push(ScaleRow {
         op: "reclaim, per group",
         chunks,
-        ns_per_op: (per_group[1] - sub).max(0.0),
-        gross_ns: per_group[1],
-        subtracted_ns: sub,
-        subtracted_what: "the crash of a CN holding nothing (quiesce, the pass over the table) per group",
-        ops: n,
-        count_per_op: (end.queue_scans - start.queue_scans) as f64 / n as f64,
+        ns_per_op: mid.per_group,
+        gross_ns: mid.gross,
+        subtracted_ns: mid.gross - mid.per_group,
+        subtracted_what: what,
+        ops: groups,
+        count_per_op: scan_rate,
         count_what: "queue scans",
         // the groups a CN took from a fresh queue lie in table order: entries, windows,
         // chunks and the queue's tail are reached in order — the entry and an 8-byte queue
@@ -314,12 +319,12 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
     rows.push(ScaleRow {
         op: "reclaim less its scrub",
         chunks,
-        ns_per_op: (per_group[1] - sub - scrub_ns[1]).max(0.0),
-        gross_ns: per_group[1],
-        subtracted_ns: sub + scrub_ns[1],
-        subtracted_what: "the empty CN's crash, and a 512-byte write to an untouched chunk through the model",
-        ops: n,
-        count_per_op: (end.queue_scans - start.queue_scans) as f64 / n as f64,
+        ns_per_op: (mid.per_group - scrub_ns[1]).max(0.0),
+        gross_ns: mid.gross,
+        subtracted_ns: mid.gross - mid.per_group + scrub_ns[1],
+        subtracted_what: "that, and a 512-byte write to an untouched chunk through the model",
+        ops: groups,
+        count_per_op: scan_rate,
         count_what: "queue scans",
         random_records: Some(0.0),
         streamed_lines: Some(1.0 + 8.0 / 64.0),
@@ -332,6 +337,53 @@ fn offloaded_rows(chunks: u32, rows: &mut Vec<ScaleRow>) -> Result<(), String> {
         ..ScaleRow::plain("scrub write, per chunk", chunks, scrub_ns[1], k as u64, (1.0, "chunks written"))
     });
     Ok(())
+}
+
+/// One reclaim sample: what a crash costs per group it hands back.
+struct ReclaimSample {
+    /// Net ns per group: the slope.
+    per_group: f64,
+    /// A crash of k groups, per group, before anything is subtracted.
+    gross: f64,
+    groups: u64,
+    queue_scans: u64,
+}
+
+/// Three CNs holding a sixteenth of the pool each and a fourth holding a quarter of that crash,
+/// the fourth first: the per-group cost is the slope between its crash and the median of the
+/// three others' (whatever a crash costs besides its groups cancels).
+fn reclaim_once(chunks: u32) -> Result<ReclaimSample, String> {
+    let mut c = cluster(ExecutionMode::Offloaded, chunks, 5)?;
+    let k = chunks / 16;
+    for cn in 0..3 {
+        hold(&mut c, cn, k)?;
+    }
+    hold(&mut c, 3, k / 4)?;
+    let start = c.driver.mn.stats();
+    let crash = |c: &mut Cluster, cn: usize| -> Result<(f64, u64), String> {
+        let before = c.driver.mn.stats().groups_reclaimed;
+        let t = Instant::now();
+        c.crash_cn(cn).map_err(|e| e.to_string())?;
+        let el = t.elapsed().as_nanos() as f64;
+        Ok((el, c.driver.mn.stats().groups_reclaimed - before))
+    };
+    let (small, small_n) = crash(&mut c, 3)?;
+    let mut big = Vec::new();
+    for cn in 0..3 {
+        big.push(crash(&mut c, cn)?);
+    }
+    big.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (big_ns, big_n) = big[1];
+    if big_n <= small_n {
+        return Err(format!("a crash reclaimed {big_n} groups, the smaller one {small_n}"));
+    }
+    let end = c.driver.mn.stats();
+    Ok(ReclaimSample {
+        per_group: ((big_ns - small) / (big_n - small_n) as f64).max(0.0),
+        gross: big_ns / big_n as f64,
+        groups: end.groups_reclaimed - start.groups_reclaimed,
+        queue_scans: end.queue_scans - start.queue_scans,
+    })
 }
 
 /// CN `cn` takes `k` groups with alloc requests it sends as raw bytes (its `Client` tracks at most
@@ -722,6 +774,28 @@ fn cn_rows(chunks: u32) -> Result<Vec<ScaleRow>, String> {
     at!(1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 }
 
+/// Every row of one pool size, once.
+fn size_rows(n: u32) -> Result<Vec<ScaleRow>, String> {
+    let mut rows = Vec::new();
+    host_engine_rows(n, &mut rows)?;
+    offloaded_rows(n, &mut rows)?;
+    // the object allocator's table of a million chunks is tens of MiB: built on a thread
+    // with room for it (the allocator is a value, as on a CN without a heap)
+    let cn = std::thread::Builder::new()
+        .stack_size(2 << 30)
+        .spawn(move || cn_rows(n))
+        .map_err(|e| e.to_string())?
+        .join()
+        .map_err(|_| "the CN-side sweep panicked".to_string())??;
+    rows.extend(cn);
+    rows.push(malloc_row(n)?);
+    rows.push(hashmap_row(n)?);
+    rows.push(memory_row(n)?);
+    rows.push(stream_row(n)?);
+    rows.push(write_row(n)?);
+    Ok(rows)
+}
+
 /// Start-up and metadata of `chunks` chunks (4 KiB, G = 2, 16 CNs, offloaded as on a ConnectX).
 pub fn startup(chunks: u64, model_wall_s: Option<f64>) -> StartupRow {
     let windows = chunks * G as u64;
@@ -776,32 +850,36 @@ pub fn startup(chunks: u64, model_wall_s: Option<f64>) -> StartupRow {
     }
 }
 
+/// Rounds of the sweep: every size is measured once a round, the sizes in turn, and each row
+/// keeps its fastest round. This shared guest has slow spells of seconds to tens of seconds
+/// that lift every wall-clock figure measured during them by 1.3–1.7× (2026-12-06: in whole
+/// sweeps of one round, one to four sizes slow in every row, different sizes each run; with
+/// nine host-engine clusters of 1 Ki chunks built one after another, one 45 % slower in all
+/// five of its batches). A disturbance only adds time, and over rounds a spell falls on
+/// different sizes.
+pub const ROUNDS: usize = 3;
+
 /// The sweep over `sizes` (each a power of four from 1 Ki to 4 Mi chunks), progress to `tick`.
 pub fn run(sizes: &[u32], tick: &mut dyn FnMut(&str)) -> Result<ScaleResults, String> {
-    let mut out = ScaleResults::default();
-    for &n in sizes {
-        tick(&format!("pool-size sweep: {n} chunks"));
-        let t = Instant::now();
-        let c = cluster(ExecutionMode::Offloaded, n, 2)?;
-        let wall = t.elapsed().as_secs_f64();
-        drop(c);
-        out.startup.push(startup(n as u64, Some(wall)));
-        host_engine_rows(n, &mut out.rows)?;
-        offloaded_rows(n, &mut out.rows)?;
-        // the object allocator's table of a million chunks is tens of MiB: built on a thread
-        // with room for it (the allocator is a value, as on a CN without a heap)
-        let rows = std::thread::Builder::new()
-            .stack_size(2 << 30)
-            .spawn(move || cn_rows(n))
-            .map_err(|e| e.to_string())?
-            .join()
-            .map_err(|_| "the CN-side sweep panicked".to_string())??;
-        out.rows.extend(rows);
-        out.rows.push(malloc_row(n)?);
-        out.rows.push(hashmap_row(n)?);
-        out.rows.push(memory_row(n)?);
-        out.rows.push(stream_row(n)?);
-        out.rows.push(write_row(n)?);
+    let mut out = ScaleResults { rounds: ROUNDS, ..ScaleResults::default() };
+    for round in 1..=ROUNDS {
+        for &n in sizes {
+            tick(&format!("pool-size sweep, round {round}/{ROUNDS}: {n} chunks"));
+            if round == 1 {
+                let t = Instant::now();
+                let c = cluster(ExecutionMode::Offloaded, n, 2)?;
+                let wall = t.elapsed().as_secs_f64();
+                drop(c);
+                out.startup.push(startup(n as u64, Some(wall)));
+            }
+            for r in size_rows(n)? {
+                match out.rows.iter_mut().find(|b| b.op == r.op && b.chunks == r.chunks) {
+                    Some(b) if r.ns_per_op < b.ns_per_op => *b = r,
+                    Some(_) => {}
+                    None => out.rows.push(r),
+                }
+            }
+        }
     }
     for big in [1u64 << 20, 1 << 22, 1 << 23, 1 << 24] {
         if !sizes.contains(&(big as u32)) || big > MAX_CHUNKS as u64 {
