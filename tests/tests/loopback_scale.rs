@@ -108,3 +108,41 @@ fn lazy_quota_counts_a_cn_in_the_table_at_most_once_per_audit_pass() {
     assert_eq!(s.quota_disconnects, 0);
     c.check_invariants().unwrap();
 }
+
+/// A pool past one window of the MN's duplicate-telling scans (2^20 groups,
+/// `omw_core::mn::group_window`): served, crashed into and checked clean on the model at a
+/// size that takes two windows, so the windowed invariant check and free count run for real
+/// (the unit test `the_scans_in_windows_of_the_pool_find_what_one_pass_finds` runs them with
+/// windows of 64 groups against one pass). About 0.7 GiB and 4 s in a debug build.
+#[test]
+fn a_pool_past_one_scan_window_is_served_and_checks_clean() {
+    let chunks = (1 << 20) + 4096;
+    let mut cfg = ClusterConfig::paper_like();
+    cfg.cns = 3;
+    cfg.chunks = chunks;
+    cfg.chunk_size = 512;
+    cfg.group_size = 2;
+    cfg.quota = chunks;
+    cfg.mode = Some(ExecutionMode::Offloaded);
+    cfg.nic.mem_limit = 4 << 30;
+    let mut c = Cluster::new(cfg).unwrap();
+    // every group free but those held and those the CNs' alloc chains popped ahead
+    let whole = |c: &mut Cluster, held: u32| {
+        c.check_invariants().unwrap();
+        let f = c.free_count().unwrap();
+        let ahead = c.cns.iter().filter(|n| c.driver.group_ahead_of(n.id).is_some()).count() as u32;
+        assert_eq!((f.groups + held + ahead, f.corrupt()), (chunks, false), "{f:?}, {ahead} ahead");
+    };
+    whole(&mut c, 0);
+    let mut held = Vec::new();
+    for i in 0..40 {
+        held.push((i % 2, c.alloc(i % 2).unwrap()));
+    }
+    for (cn, a) in held.drain(..10) {
+        c.free(cn, &a).unwrap();
+    }
+    c.tick().unwrap();
+    whole(&mut c, 30);
+    c.crash_cn(1).unwrap();
+    whole(&mut c, 15);
+}
